@@ -1,0 +1,79 @@
+"""Config dialects: verl and ROLL files translate into the native schema.
+
+A dialect is a function ``translate(raw) -> Translation`` registered under its name.
+``detect`` picks one from the file's shape. Translations never drop a key silently:
+each key is mapped to a native field, listed in ``notes`` (accepted, with why it has
+no effect here), or rejected with a ``ConfigError`` naming the key, reason and fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from temper.config.errors import ConfigError
+from temper.config.loader import RawConfig
+from temper.config.schema import TemperConfig
+
+
+@dataclasses.dataclass
+class Translation:
+    """A dialect's output: a native config dict plus notes for ``temper check``."""
+
+    native: dict[str, Any]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+Translator = Callable[[RawConfig], Translation]
+DIALECTS: dict[str, Translator] = {}
+
+
+def register_dialect(name: str) -> Callable[[Translator], Translator]:
+    def wrap(fn: Translator) -> Translator:
+        DIALECTS[name] = fn
+        return fn
+
+    return wrap
+
+
+NATIVE_KEYS = {f.name for f in dataclasses.fields(TemperConfig)}
+VERL_MARKERS = {"actor_rollout_ref", "trainer", "custom_reward_function", "ray_init",
+                "backend_config", "reward_model", "ray_kwargs"}
+ROLL_MARKERS = {"actor_train", "actor_infer", "rollout_batch_size", "pretrain", "exp_name",
+                "num_return_sequences_in_group", "train_env_manager", "track_with"}
+
+
+def detect(data: dict[str, Any]) -> str:
+    """'native', 'verl' or 'roll' from the top-level keys."""
+    keys = set(data)
+    scores = {
+        "verl": len(keys & VERL_MARKERS),
+        "roll": len(keys & ROLL_MARKERS),
+        "native": len(keys & (NATIVE_KEYS - {"data", "critic", "algorithm", "reward"})),
+    }
+    best = max(scores, key=lambda k: scores[k])
+    if scores[best] == 0:
+        return "native"
+    return best
+
+
+@register_dialect("native")
+def translate_native(raw: RawConfig) -> Translation:
+    return Translation(native=dict(raw.data))
+
+
+def translate(raw: RawConfig, dialect: str = "auto") -> tuple[str, Translation]:
+    """Translate ``raw`` with ``dialect`` (or the detected one)."""
+    _load_builtin_dialects()
+    name = detect(raw.data) if dialect == "auto" else dialect
+    if name not in DIALECTS:
+        raise ConfigError(
+            "--dialect", f"unknown dialect '{name}'", f"use one of: auto, {', '.join(DIALECTS)}"
+        )
+    return name, DIALECTS[name](raw)
+
+
+def _load_builtin_dialects() -> None:
+    # Imported lazily so each dialect module registers itself on first use.
+    from temper.config.dialects import roll, verl  # noqa: F401

@@ -1,0 +1,577 @@
+"""The native configuration schema: one typed dataclass per component.
+
+Every field has a type, a default and a one-line doc (``field(metadata={"doc": ...})``),
+so ``temper check`` can explain any key. Dialects (verl, ROLL) translate into this
+schema; nothing downstream ever reads a dialect key.
+
+Units, stated once because frameworks differ here:
+- ``data.train_batch_size`` counts *prompts* per RL step (verl ``data.train_batch_size``,
+  ROLL ``rollout_batch_size``).
+- ``actor.mini_batch_size`` / ``critic.mini_batch_size`` count *samples* (responses)
+  per optimizer step: verl's ``ppo_mini_batch_size`` (prompts) times ``rollout.n``;
+  ROLL's ``per_device_train_batch_size × gradient_accumulation_steps × dp_size``.
+- ``*_per_device`` micro-batch sizes count samples per forward pass on one device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def doc(default: Any, text: str) -> Any:
+    """A dataclass field with a default (copied for mutables) and a one-line doc."""
+    if isinstance(default, (list, dict)):
+        value = default
+        return field(default_factory=lambda: type(value)(value), metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+def sub(cls: type, text: str) -> Any:
+    """A nested config section."""
+    return field(default_factory=cls, metadata={"doc": text})
+
+
+Dtype = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+# --------------------------------------------------------------------------- experiment
+
+
+@dataclass
+class ExperimentConfig:
+    """Run identity, length, saving, validation cadence and logging."""
+
+    project_name: str = doc("temper", "Project name (tracker project, output folder).")
+    experiment_name: str = doc("run", "Experiment name (tracker run name, output folder).")
+    output_dir: str = doc("", "Run directory; empty means outputs/<project_name>/<experiment_name>.")
+    seed: int = doc(42, "Seed for data order, sampling, initialisation; everything is seeded.")
+    max_steps: int | None = doc(None, "RL steps to run; None derives it from total_epochs.")
+    total_epochs: int = doc(1, "Passes over the training prompts when max_steps is None.")
+    save_freq: int = doc(-1, "Save a checkpoint every N steps (-1: only at the end/on signal).")
+    save_on_signal: bool = doc(True, "On SIGTERM/SIGINT finish the step and save before exit.")
+    max_actor_ckpt_to_keep: int | None = doc(None, "Keep the newest N actor checkpoints.")
+    max_critic_ckpt_to_keep: int | None = doc(None, "Keep the newest N critic checkpoints.")
+    resume_mode: Literal["auto", "disable", "resume_path"] = doc(
+        "auto", "auto: latest valid checkpoint in output_dir; disable; resume_path."
+    )
+    resume_from_path: str | None = doc(None, "Checkpoint to resume from (resume_mode=resume_path).")
+    test_freq: int = doc(-1, "Validate every N steps (-1: never during training).")
+    val_before_train: bool = doc(False, "Run validation before the first step.")
+    val_only: bool = doc(False, "Only validate, do not train.")
+    log_val_generations: int = doc(0, "Number of validation generations to log.")
+    logging_steps: int = doc(1, "Log metrics every N steps.")
+    trackers: list[str] = doc(
+        ["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb."
+    )
+    tracker_kwargs: dict[str, Any] = doc({}, "Extra arguments for the trackers (e.g. log_dir).")
+    rollout_data_dir: str | None = doc(None, "Dump rollouts (prompt, response, score) here.")
+    validation_data_dir: str | None = doc(None, "Dump validation generations here.")
+    render_save_dir: str | None = doc(None, "Agentic: write rendered episodes here.")
+    critic_warmup: int = doc(0, "Steps that train only the critic before the actor updates.")
+    balance_batch: bool = doc(True, "Reorder samples so data-parallel ranks get equal tokens.")
+    device: Literal["auto", "cpu", "cuda"] = doc("auto", "Compute device; auto picks cuda if any.")
+    profile_steps: list[int] | None = doc(None, "Steps to run under torch.profiler.")
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters through peft (rank 0 disables them)."""
+
+    rank: int = doc(0, "LoRA rank; 0 trains all weights.")
+    alpha: int = doc(16, "LoRA alpha (scaling = alpha / rank).")
+    dropout: float = doc(0.0, "Dropout on the LoRA branch.")
+    target_modules: list[str] | str = doc("all-linear", "Modules to adapt (peft names).")
+
+
+@dataclass
+class ModelConfig:
+    """The policy model (actor, reference and rollout share it)."""
+
+    path: str = doc("", "Hugging Face model directory or hub id.")
+    tokenizer_path: str | None = doc(None, "Tokenizer location; None uses path.")
+    trust_remote_code: bool = doc(False, "Allow the model repo's own Python code.")
+    dtype: Dtype = doc("auto", "Training weights dtype; auto = fp32 on CPU, bf16 on GPU.")
+    attn_implementation: str = doc("auto", "sdpa, eager, flash_attention_2; auto picks.")
+    override_config: dict[str, Any] = doc({}, "Overrides applied to the model's config.")
+    external_lib: str | None = doc(None, "Module imported before loading (registers models).")
+    enable_gradient_checkpointing: bool = doc(False, "Recompute activations in backward.")
+    enable_activation_offload: bool = doc(False, "Offload activations to CPU in training.")
+    use_remove_padding: bool = doc(True, "Pack sequences (no padding) in training forwards.")
+    use_liger: bool = doc(False, "Use Liger fused kernels (GPU, needs liger-kernel).")
+    use_fused_kernels: bool = doc(False, "Fused log-prob/entropy kernels (GPU).")
+    lora: LoraConfig = sub(LoraConfig, "LoRA settings.")
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    """Prompt datasets, templating and truncation."""
+
+    train_files: list[str] = doc([], "Training files: parquet, jsonl, json, csv or a datasets dir.")
+    val_files: list[str] = doc([], "Validation files (same formats).")
+    prompt_key: str = doc("prompt", "Column with the prompt (a string or a chat message list).")
+    messages_key: str | None = doc(None, "Column with chat messages (instead of prompt_key).")
+    ground_truth_key: str = doc(
+        "reward_model.ground_truth", "Column (dotted path) with the answer given to the reward."
+    )
+    data_source_key: str = doc("data_source", "Column naming the task; selects the reward fn.")
+    tag_key: str = doc("tag", "Column with a domain tag (ROLL routing of rewards by tag).")
+    extra_info_key: str = doc("extra_info", "Column passed to reward functions as extra_info.")
+    chat_template: str = doc("native", "native: tokenizer.apply_chat_template; raw: plain text.")
+    system_prompt: str | None = doc(None, "System message prepended to every chat prompt.")
+    max_prompt_length: int = doc(512, "Longest prompt in tokens (after templating).")
+    truncation: Literal["error", "left", "right", "middle"] = doc(
+        "error", "What to do with longer prompts."
+    )
+    filter_overlong_prompts: bool = doc(False, "Drop (and count) prompts over max_prompt_length.")
+    train_batch_size: int = doc(8, "Prompts per RL step.")
+    val_batch_size: int | None = doc(None, "Prompts per validation batch; None = all at once.")
+    shuffle: bool = doc(True, "Shuffle training prompts (seeded).")
+    validation_shuffle: bool = doc(False, "Shuffle validation prompts.")
+    dataloader_drop_last: bool = doc(True, "Drop the last incomplete batch of an epoch.")
+    bad_rows: Literal["skip", "error"] = doc("skip", "Malformed rows: report and skip, or fail.")
+    source_weights: dict[str, float] = doc(
+        {}, "Sampling probability per tag (ROLL domain_interleave_probs); empty = uniform."
+    )
+
+
+# --------------------------------------------------------------------------- rollout
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters for validation generations."""
+
+    n: int = doc(1, "Responses per validation prompt.")
+    temperature: float = doc(0.0, "Sampling temperature (0 = greedy).")
+    top_p: float = doc(1.0, "Nucleus sampling mass.")
+    top_k: int = doc(-1, "Top-k (-1 or 0 disables).")
+    do_sample: bool = doc(False, "Sample (True) or decode greedily (False).")
+
+
+@dataclass
+class MultiTurnConfig:
+    """verl-style multi-turn tool calling inside a rollout."""
+
+    enable: bool = doc(False, "Enable multi-turn tool calling.")
+    max_assistant_turns: int | None = doc(None, "Max model turns per episode.")
+    max_user_turns: int | None = doc(None, "Max tool/user turns per episode.")
+    tool_config_path: str | None = doc(None, "YAML with OpenAI function schemas of the tools.")
+    max_tool_response_length: int = doc(256, "Tool outputs are cut to this many characters.")
+    tool_timeout_s: float = doc(10.0, "Seconds a tool may run.")
+    use_inference_chat_template: bool = doc(False, "Use the inference-time chat template.")
+    enable_tokenization_sanity_check: bool = doc(True, "Compare incremental vs full tokenization.")
+    format: str = doc("hermes", "Tool-call syntax (hermes: <tool_call>{json}</tool_call>).")
+
+
+@dataclass
+class RolloutConfig:
+    """Generation engine and sampling."""
+
+    engine: Literal["hf", "vllm", "sglang"] = doc("hf", "Rollout engine.")
+    n: int = doc(1, "Responses per prompt (the GRPO group size).")
+    response_length: int = doc(512, "Maximum new tokens per response.")
+    temperature: float = doc(1.0, "Sampling temperature.")
+    top_p: float = doc(1.0, "Nucleus sampling mass.")
+    top_k: int = doc(-1, "Top-k (-1 or 0 disables).")
+    do_sample: bool = doc(True, "Sample (True) or greedy (False).")
+    ignore_eos: bool = doc(False, "Keep generating after EOS until response_length.")
+    repetition_penalty: float = doc(1.0, "Repetition penalty (1 = none).")
+    stop: list[str] = doc([], "Stop strings (the stop string is kept in the response).")
+    stop_token_ids: list[int] = doc([], "Extra stop token ids besides EOS.")
+    infer_batch_size: int | None = doc(None, "Prompts per generate call (hf); None = all.")
+    dtype: Dtype = doc("auto", "Rollout weights dtype; auto = the model dtype.")
+    val: SamplingConfig = sub(SamplingConfig, "Validation sampling (verl val_kwargs).")
+    # engine settings (vllm / sglang)
+    gpu_memory_utilization: float = doc(0.5, "Fraction of device memory for the engine.")
+    tensor_parallel_size: int = doc(1, "Tensor parallel degree of the rollout engine.")
+    enforce_eager: bool = doc(True, "vLLM: no CUDA graphs.")
+    free_cache_engine: bool = doc(True, "Free the KV cache between rollout and training.")
+    load_format: str = doc("auto", "Initial weights: auto, or dummy (random; first sync loads).")
+    max_model_len: int | None = doc(None, "Engine context length; None = prompt + response.")
+    max_num_seqs: int = doc(256, "Max sequences in flight in the engine.")
+    max_num_batched_tokens: int = doc(8192, "Max tokens per engine step.")
+    enable_chunked_prefill: bool = doc(True, "Chunk long prefills.")
+    block_size: int = doc(16, "KV-cache block size in tokens.")
+    disable_log_stats: bool = doc(True, "Silence the engine's periodic stats.")
+    enable_prefix_caching: bool = doc(True, "Reuse KV of shared prompt prefixes.")
+    engine_kwargs: dict[str, Any] = doc({}, "Extra engine arguments (engine_kwargs.vllm.*).")
+    model_update_frequency: int = doc(1, "Sync weights to the engine every N updates.")
+    # log-prob recompute
+    log_prob_micro_batch_size_per_device: int | None = doc(None, "Micro-batch for old log-probs.")
+    log_prob_use_dynamic_bsz: bool = doc(False, "Token-budget micro-batches for old log-probs.")
+    log_prob_max_token_len_per_device: int = doc(16384, "Token budget for old log-probs.")
+    calculate_log_probs: bool = doc(True, "Return the sampling log-probs of generated tokens.")
+    multi_turn: MultiTurnConfig = sub(MultiTurnConfig, "Multi-turn tool calling.")
+
+
+# --------------------------------------------------------------------------- training roles
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its learning-rate schedule."""
+
+    optimizer: Literal["adamw"] = doc("adamw", "Optimizer.")
+    lr: float = doc(1e-6, "Peak learning rate.")
+    weight_decay: float = doc(0.01, "Decoupled weight decay.")
+    betas: list[float] = doc([0.9, 0.999], "Adam betas.")
+    eps: float = doc(1e-8, "Adam epsilon.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = doc("constant", "Schedule after warmup.")
+    warmup_steps: int = doc(0, "Linear warmup optimizer steps; -1 uses warmup_ratio.")
+    warmup_ratio: float = doc(0.0, "Warmup as a fraction of total optimizer steps.")
+    min_lr_ratio: float = doc(0.0, "Floor of the decay as a fraction of lr.")
+    num_cycles: float = doc(0.5, "Cosine cycles over the decay.")
+    total_training_steps: int | None = doc(None, "Optimizer steps of the schedule; None derives.")
+
+
+@dataclass
+class FSDPConfig:
+    """FSDP2 settings (fully_shard per decoder layer)."""
+
+    param_offload: bool = doc(False, "Keep parameters on CPU between uses.")
+    optimizer_offload: bool = doc(False, "Keep optimizer state on CPU.")
+    reshard_after_forward: bool = doc(True, "Free gathered params after forward.")
+    fsdp_size: int = doc(-1, "Ranks per sharding group (-1: all ranks; else HSDP).")
+    wrap_min_num_params: int = doc(0, "Also wrap modules with at least this many params.")
+    offload_policy: bool = doc(False, "FSDP2 CPUOffloadPolicy for params/grads/optimizer.")
+
+
+@dataclass
+class MegatronConfig:
+    """Megatron-Core parallelism."""
+
+    tensor_model_parallel_size: int = doc(1, "Tensor parallel degree.")
+    pipeline_model_parallel_size: int = doc(1, "Pipeline parallel degree.")
+    virtual_pipeline_model_parallel_size: int | None = doc(None, "Interleaved pipeline chunks.")
+    context_parallel_size: int = doc(1, "Context (sequence) parallel degree.")
+    expert_model_parallel_size: int = doc(1, "Expert parallel degree (MoE).")
+    sequence_parallel: bool = doc(False, "Sequence parallelism with TP.")
+    use_distributed_optimizer: bool = doc(True, "Shard optimizer state over DP.")
+    recompute_granularity: str | None = doc(None, "full or selective activation recompute.")
+    overlap_grad_reduce: bool = doc(False, "Overlap grad reduce-scatter with backward.")
+    extra: dict[str, Any] = doc({}, "Other Megatron-Core TransformerConfig arguments.")
+
+
+@dataclass
+class TrainEngineConfig:
+    """What every trained role (actor, critic) shares: engine, batching, optimizer."""
+
+    strategy: Literal["torch", "fsdp2", "deepspeed", "megatron"] = doc(
+        "torch", "Training engine: torch (one process), fsdp2, deepspeed, megatron."
+    )
+    mini_batch_size: int | None = doc(
+        None, "Samples per optimizer step; None = the whole step's batch (one update)."
+    )
+    micro_batch_size_per_device: int = doc(1, "Samples per forward/backward on one device.")
+    use_dynamic_bsz: bool = doc(False, "Micro-batches by token budget instead of sample count.")
+    max_token_len_per_device: int = doc(16384, "Token budget per micro-batch (use_dynamic_bsz).")
+    ppo_epochs: int = doc(1, "Passes over the step's batch.")
+    shuffle: bool = doc(False, "Shuffle samples between mini-batches (seeded).")
+    grad_clip: float | None = doc(1.0, "Clip the global grad norm (None: no clipping).")
+    optim: OptimConfig = sub(OptimConfig, "Optimizer.")
+    fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")
+    megatron: MegatronConfig = sub(MegatronConfig, "Megatron settings (strategy=megatron).")
+    deepspeed: dict[str, Any] = doc({}, "DeepSpeed config (strategy=deepspeed), e.g. zero stage.")
+    use_torch_compile: bool = doc(False, "torch.compile the model forward.")
+    ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence parallel degree.")
+    log_prob_micro_batch_size_per_device: int | None = doc(None, "Micro-batch for inference.")
+    log_prob_max_token_len_per_device: int | None = doc(None, "Token budget for inference.")
+    checkpoint_contents: list[str] = doc(
+        ["model", "optimizer", "extra"], "What a checkpoint holds (model, optimizer, extra, hf)."
+    )
+
+
+@dataclass
+class ActorConfig(TrainEngineConfig):
+    """The policy being trained: PPO-style loss and its terms."""
+
+    policy_loss: str = doc("vanilla", "Policy loss (registry name, e.g. vanilla, gspo, cispo).")
+    clip_ratio: float = doc(0.2, "PPO clip epsilon (both sides unless low/high set).")
+    clip_ratio_low: float | None = doc(None, "Lower clip epsilon (default clip_ratio).")
+    clip_ratio_high: float | None = doc(None, "Upper clip epsilon (default clip_ratio).")
+    clip_ratio_c: float | None = doc(3.0, "Dual-clip constant for negative advantages (None: off).")
+    policy_loss_kwargs: dict[str, Any] = doc({}, "Extra parameters of the chosen policy loss.")
+    loss_agg_mode: str = doc("token-mean", "Loss aggregation over tokens and sequences.")
+    entropy_coeff: float = doc(0.0, "Entropy bonus coefficient.")
+    use_kl_loss: bool = doc(False, "Add a KL(actor||reference) loss term (GRPO style).")
+    kl_loss_coef: float = doc(0.001, "Coefficient of the KL loss.")
+    kl_loss_type: str = doc("low_var_kl", "KL estimator of the loss (kl, abs, mse, low_var_kl).")
+    sft_loss_coef: float = doc(0.0, "NLL loss on positive samples (reward > 0).")
+    rl_loss_coef: float = doc(1.0, "Coefficient of the policy-gradient loss.")
+    l2_coef: float = doc(0.0, "L2 penalty on weights added to the loss (ROLL l2).")
+    recompute_old_log_prob: bool = doc(
+        True, "Recompute old log-probs with the trainer (False: use rollout log-probs)."
+    )
+    rollout_is: Literal["none", "token", "sequence"] = doc(
+        "none", "Truncated importance sampling for rollout/train mismatch."
+    )
+    rollout_is_threshold: float = doc(2.0, "Upper bound of the truncated IS weight.")
+    entropy_chunk_size: int = doc(0, "Compute entropy in chunks of this many rows (0: whole).")
+
+
+@dataclass
+class CriticConfig(TrainEngineConfig):
+    """Value model: causal-LM backbone plus a scalar head."""
+
+    enable: bool | None = doc(None, "None: on iff the advantage estimator needs values (gae).")
+    model_path: str | None = doc(None, "Critic initialisation; None = the policy model.")
+    cliprange_value: float | None = doc(0.5, "Value clipping range (None: no clipping).")
+    loss_agg_mode: str = doc("token-mean", "Aggregation of the value loss.")
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-5), metadata={"doc": "Critic optimizer."}
+    )
+
+
+@dataclass
+class ReferenceConfig:
+    """Frozen reference policy for KL."""
+
+    enable: bool | None = doc(None, "None: on iff a KL term (loss or reward) is used.")
+    strategy: Literal["torch", "fsdp2", "deepspeed", "megatron"] = doc("torch", "Engine.")
+    log_prob_micro_batch_size_per_device: int | None = doc(None, "Micro-batch size.")
+    use_dynamic_bsz: bool = doc(False, "Token-budget micro-batches.")
+    log_prob_max_token_len_per_device: int = doc(16384, "Token budget per micro-batch.")
+    param_offload: bool = doc(False, "Keep reference weights on CPU between uses.")
+    fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")
+    megatron: MegatronConfig = sub(MegatronConfig, "Megatron settings.")
+
+
+# --------------------------------------------------------------------------- reward
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user function ``compute_score(data_source, solution_str, ground_truth, extra_info)``."""
+
+    path: str | None = doc(None, "Python file defining the function.")
+    name: str = doc("compute_score", "Function name in that file.")
+    kwargs: dict[str, Any] = doc({}, "Extra keyword arguments passed to the function.")
+
+
+@dataclass
+class RewardModelConfig:
+    """A sequence-classification reward model."""
+
+    enable: bool = doc(False, "Score responses with a reward model.")
+    path: str | None = doc(None, "AutoModelForSequenceClassification directory.")
+    input_tokenizer: str | None = doc(None, "Policy tokenizer, if the RM's template differs.")
+    trust_remote_code: bool = doc(False, "Allow the RM repo's own code.")
+    strategy: Literal["torch", "fsdp2", "deepspeed", "megatron"] = doc("torch", "Engine.")
+    micro_batch_size_per_device: int | None = doc(None, "Micro-batch size for scoring.")
+    use_dynamic_bsz: bool = doc(False, "Token-budget micro-batches.")
+    forward_max_token_len_per_device: int = doc(16384, "Token budget per micro-batch.")
+    max_length: int | None = doc(None, "Truncate RM inputs to this many tokens.")
+    fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")
+
+
+@dataclass
+class RewardRoute:
+    """Which reward function scores the samples of some tags (ROLL ``rewards.<name>``)."""
+
+    function: str = doc("auto", "Reward function name (gsm8k, math, countdown, format, custom).")
+    tags: list[str] = doc([], "Data tags this route scores; empty = every tag.")
+    kwargs: dict[str, Any] = doc({}, "Keyword arguments of the reward function.")
+
+
+@dataclass
+class RewardConfig:
+    """How responses are scored."""
+
+    function: str = doc("auto", "Reward function; auto picks by data_source (gsm8k, math, …).")
+    function_kwargs: dict[str, Any] = doc({}, "Keyword arguments of the reward function.")
+    custom_function: CustomRewardFunctionConfig = sub(
+        CustomRewardFunctionConfig, "User reward function (verl custom_reward_function)."
+    )
+    routes: dict[str, RewardRoute] = doc({}, "Reward functions per data tag (ROLL rewards).")
+    reward_manager: Literal["naive", "batch", "dapo", "prime"] = doc(
+        "naive", "How per-sample scores become token-level rewards."
+    )
+    num_workers: int = doc(2, "Processes that run reward functions.")
+    timeout_s: float = doc(10.0, "Seconds one sample's reward may take.")
+    failure_score: float = doc(0.0, "Score of a sample whose reward raised or timed out.")
+    launch_async: bool = doc(False, "Compute rewards while log-probs are computed.")
+    format_penalty: float = doc(0.0, "Added to the score when the response breaks the format.")
+    model: RewardModelConfig = sub(RewardModelConfig, "Reward model.")
+
+
+# --------------------------------------------------------------------------- algorithm
+
+
+@dataclass
+class KLControlConfig:
+    """Coefficient of the KL penalty in the reward."""
+
+    type: Literal["fixed", "adaptive"] = doc("fixed", "fixed or adaptive (Ziegler et al.).")
+    kl_coef: float = doc(0.001, "Initial (or fixed) KL coefficient.")
+    target_kl: float = doc(0.1, "Adaptive: target KL.")
+    horizon: int = doc(10000, "Adaptive: horizon in samples.")
+
+
+@dataclass
+class PFPPOConfig:
+    """Preference-feedback PPO sample reweighting."""
+
+    reweight_method: Literal["pow", "max_min", "max_random"] = doc("pow", "Reweighting rule.")
+    weight_pow: float = doc(2.0, "Exponent of the pow rule.")
+
+
+@dataclass
+class FilterGroupsConfig:
+    """Dynamic sampling: drop groups that carry no learning signal (DAPO)."""
+
+    enable: bool = doc(False, "Drop groups whose metric has zero std (or out of range).")
+    metric: str = doc("score", "Per-sample value inspected (score or reward).")
+    std_threshold: float = doc(0.0, "Drop groups whose std is <= this.")
+    mean_low: float | None = doc(None, "Drop groups whose mean is below this.")
+    mean_high: float | None = doc(None, "Drop groups whose mean is above this.")
+    max_num_gen_batches: int = doc(0, "Extra generation rounds to refill the batch (0: none).")
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO soft overlong punishment."""
+
+    enable: bool = doc(False, "Penalise responses that enter the last `len` tokens.")
+    len: int = doc(0, "Buffer length in tokens before response_length.")
+    penalty_factor: float = doc(1.0, "Penalty at the very end of the buffer.")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantages, KL in the reward, and reward/advantage shaping."""
+
+    adv_estimator: str = doc("grpo", "Advantage estimator (gae, grpo, rloo, reinforce, …).")
+    gamma: float = doc(1.0, "Discount factor.")
+    lam: float = doc(1.0, "GAE lambda.")
+    norm_adv_by_std_in_grpo: bool = doc(True, "GRPO: divide by the group std (False: Dr.GRPO).")
+    use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
+    kl_penalty: str = doc("kl", "KL estimator in the reward (kl, abs, mse, low_var_kl, full).")
+    kl_ctrl: KLControlConfig = sub(KLControlConfig, "KL coefficient controller.")
+    reward_norm: Literal["none", "batch", "group", "running"] = doc(
+        "none", "Normalise scores over the batch, the prompt group, or running stats."
+    )
+    reward_shift: bool = doc(False, "Normalisation subtracts the mean only.")
+    reward_scale: bool = doc(False, "Normalisation divides by the std only.")
+    reward_clip: float | None = doc(None, "Clip rewards to [-c, c].")
+    whiten_rewards: bool = doc(False, "Whiten token rewards before advantages.")
+    whiten_advantages: bool = doc(False, "Whiten advantages over the batch.")
+    advantage_clip: float | None = doc(None, "Clip advantages to [-c, c].")
+    add_len_reward: bool = doc(False, "Add a response-length reward term.")
+    difficulty_loss_weight: bool = doc(False, "Weight samples by prompt difficulty.")
+    length_loss_weight: bool = doc(False, "Weight samples by response length.")
+    difficulty_mask: bool = doc(False, "Drop prompts whose mean score is outside thresholds.")
+    difficulty_low_threshold: float = doc(0.0, "difficulty_mask lower bound of the mean score.")
+    difficulty_high_threshold: float = doc(1.0, "difficulty_mask upper bound of the mean score.")
+    max_len_mask: bool = doc(False, "Mask the loss of responses cut at response_length.")
+    use_pf_ppo: bool = doc(False, "Reweight samples by reward (PF-PPO).")
+    pf_ppo: PFPPOConfig = sub(PFPPOConfig, "PF-PPO settings.")
+    filter_groups: FilterGroupsConfig = sub(FilterGroupsConfig, "Dynamic sampling filter.")
+    overlong_buffer: OverlongBufferConfig = sub(OverlongBufferConfig, "DAPO overlong penalty.")
+
+
+# --------------------------------------------------------------------------- resources
+
+
+@dataclass
+class RayConfig:
+    """Ray cluster connection."""
+
+    address: str | None = doc(None, "Existing cluster address; None starts a local one.")
+    num_cpus: int | None = doc(None, "CPUs Ray may use (local cluster).")
+    rpc_timeout: float = doc(3600.0, "Seconds a remote call may take before the run stops.")
+    system_envs: dict[str, str] = doc({}, "Environment variables for every worker.")
+    timeline_json_file: str | None = doc(None, "Write a Ray timeline here at the end.")
+
+
+@dataclass
+class ResourcesConfig:
+    """Where roles run. A device is a GPU, or on CPU a process slot."""
+
+    backend: Literal["local", "ray"] = doc("local", "local: one process; ray: worker groups.")
+    nnodes: int = doc(1, "Nodes.")
+    devices_per_node: int = doc(1, "Devices (GPUs, or CPU slots) per node.")
+    actor_train: list[int] | None = doc(None, "Device ids of the actor trainer (None: all).")
+    actor_infer: list[int] | None = doc(None, "Device ids of the rollout engine (None: colocated).")
+    reference: list[int] | None = doc(None, "Device ids of the reference (None: with actor).")
+    critic: list[int] | None = doc(None, "Device ids of the critic (None: with actor).")
+    reward: list[int] | None = doc(None, "Device ids of the reward model (None: with actor).")
+    devices_per_infer_worker: int = doc(1, "Devices per rollout engine instance.")
+    ray: RayConfig = sub(RayConfig, "Ray settings (backend=ray).")
+
+
+# --------------------------------------------------------------------------- agentic
+
+
+@dataclass
+class EnvTagConfig:
+    """One environment kind (ROLL ``custom_envs.<tag>``)."""
+
+    env_type: str = doc("sokoban", "Registered environment (sokoban, frozen_lake, …).")
+    max_turns: int = doc(5, "Max model turns per episode.")
+    max_tokens_per_turn: int = doc(128, "Max new tokens per model turn.")
+    env_instruction: str = doc("", "Instruction shown before the first observation.")
+    action_pattern: str = doc(r"<answer>(.*?)</answer>", "Regex extracting the action.")
+    format_penalty: float = doc(-0.1, "Reward added for an unparsable or invalid action.")
+    env_config: dict[str, Any] = doc({}, "Environment parameters (grid size, boxes, …).")
+
+
+@dataclass
+class EnvManagerConfig:
+    """A pool of environments played in parallel (ROLL train/val_env_manager)."""
+
+    num_env_groups: int = doc(8, "Environment groups per step.")
+    group_size: int = doc(8, "Episodes per group; same seed and config within a group.")
+    tags: list[str] = doc(["SimpleSokoban"], "Environment tags (keys of agentic.custom_envs).")
+    n_groups: list[int] | None = doc(None, "Groups per tag; None splits evenly.")
+    max_traj_per_env: int = doc(-1, "Episodes per environment instance (-1: unlimited).")
+    format_penalty: float | None = doc(None, "Override the tags' format penalty.")
+
+
+@dataclass
+class RewardNormalizationConfig:
+    """How episode returns are normalised (ROLL reward_normalization)."""
+
+    grouping: Literal["batch", "state", "tag", "inductive"] = doc("state", "Normalise within.")
+    method: Literal["identity", "mean_std", "asym_clip", "mean"] = doc("identity", "How.")
+
+
+@dataclass
+class AgenticConfig:
+    """Multi-turn episodes in text environments."""
+
+    train_env_manager: EnvManagerConfig = sub(EnvManagerConfig, "Training environments.")
+    val_env_manager: EnvManagerConfig = sub(EnvManagerConfig, "Validation environments.")
+    custom_envs: dict[str, EnvTagConfig] = doc({}, "Environment tags and their settings.")
+    reward_normalization: RewardNormalizationConfig = sub(
+        RewardNormalizationConfig, "Return normalisation."
+    )
+    max_actions_per_traj: int | None = doc(None, "Cap on actions per trajectory.")
+    use_turn_rewards: bool = doc(False, "Per-turn rewards discounted by algorithm.gamma.")
+
+
+# --------------------------------------------------------------------------- root
+
+
+@dataclass
+class TemperConfig:
+    """A whole run."""
+
+    pipeline: Literal["rlvr", "agentic"] = doc("rlvr", "rlvr: single-turn; agentic: multi-turn.")
+    experiment: ExperimentConfig = sub(ExperimentConfig, "Run identity, length, logging.")
+    model: ModelConfig = sub(ModelConfig, "Policy model.")
+    data: DataConfig = sub(DataConfig, "Datasets.")
+    rollout: RolloutConfig = sub(RolloutConfig, "Generation.")
+    actor: ActorConfig = sub(ActorConfig, "Policy training.")
+    critic: CriticConfig = sub(CriticConfig, "Value model.")
+    reference: ReferenceConfig = sub(ReferenceConfig, "Reference policy.")
+    reward: RewardConfig = sub(RewardConfig, "Rewards.")
+    algorithm: AlgorithmConfig = sub(AlgorithmConfig, "Advantages and shaping.")
+    resources: ResourcesConfig = sub(ResourcesConfig, "Placement.")
+    agentic: AgenticConfig = sub(AgenticConfig, "Agentic pipeline (pipeline=agentic).")

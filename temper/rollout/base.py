@@ -1,0 +1,67 @@
+"""The rollout-engine interface every engine (hf, vllm, sglang) implements.
+
+Token in, token out: prompts arrive as token ids (left-padded ``prompt_ids`` with
+``prompt_mask``) and responses leave as token ids with the log-probs they were
+sampled with, so nothing is re-tokenized between rollout and training.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterable
+
+import torch
+
+from temper.data.batch import Batch
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """Per-call sampling settings (training or validation)."""
+
+    n: int = 1
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: disabled
+    do_sample: bool = True
+    ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    stop: list[str] = dataclasses.field(default_factory=list)
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0.0
+
+
+class RolloutEngine(abc.ABC):
+    """Generates responses for a batch of tokenized prompts."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Return ``params.n`` responses per prompt, rows grouped per prompt (aabb).
+
+        Input tensors: ``prompt_ids`` (B, P) left-padded, ``prompt_mask`` (B, P).
+        Output: the prompt rows repeated ``n`` times (objects too) plus
+        ``response_ids`` (B·n, R) right-padded with the pad id, ``response_mask``
+        (B·n, R) 1 on generated tokens (EOS included, nothing after it),
+        ``rollout_log_probs`` (B·n, R) log-probs under the *sampling* distribution
+        (after temperature/top-k/top-p), 0 where masked, and object column
+        ``truncated`` (bool: the response hit max_new_tokens without EOS/stop).
+        """
+
+    @abc.abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with the trainer's (Hugging Face names)."""
+
+    def sleep(self) -> None:
+        """Free device memory between rollouts (engines that can)."""
+
+    def wake_up(self) -> None:
+        """Take device memory back before a rollout."""
+
+    def close(self) -> None:
+        """Release the engine."""
