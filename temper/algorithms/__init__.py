@@ -1,0 +1,171 @@
+"""The algorithm library: pure tensor math of an RL step, registered by config name.
+
+Layer rule: imports torch and the standard library only. Parameters arrive as the
+dataclasses defined here (:class:`AdvantageParams`, :class:`PolicyLossParams`,
+:class:`LossAggregator`) or as keyword scalars.
+"""
+
+from __future__ import annotations
+
+from temper.algorithms.advantages import (
+    ADV_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageParams,
+    compute_advantages,
+    discounted_returns,
+)
+from temper.algorithms.aggregation import (
+    LOSS_AGG_MODES,
+    GlobalNormalizers,
+    LossAggregator,
+    compute_global_normalizers,
+)
+from temper.algorithms.groups import GroupStats, as_group_ids, group_stats
+from temper.algorithms.kl import (
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    KLNeedsLogitsError,
+    apply_kl_penalty,
+    kl_estimator_needs_logits,
+    kl_loss,
+    kl_penalty,
+    make_kl_controller,
+)
+from temper.algorithms.logprobs import (
+    entropy_from_logits,
+    full_kl_from_logits,
+    logprobs_from_logits,
+    response_logprobs_from_sequence_logits,
+)
+from temper.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from temper.algorithms.objectives import actor_loss, entropy_loss, sft_loss
+from temper.algorithms.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossParams,
+    compute_policy_loss,
+    roll_dual_clip_constant,
+)
+from temper.algorithms.registry import Registry, UnknownNameError
+from temper.algorithms.reward_shaping import (
+    REWARD_NORMALIZATION_METHODS,
+    REWARD_NORMS,
+    RunningMoments,
+    clip_with_fraction,
+    format_penalty,
+    grouped_reward_normalization,
+    length_reward,
+    normalize_rewards,
+    overlong_penalty,
+    reward_norm_types,
+)
+from temper.algorithms.rollout_correction import ROLLOUT_IS_LEVELS, rollout_is_weights
+from temper.algorithms.sample_filters import (
+    PF_PPO_REWEIGHT,
+    filter_groups_by_mean,
+    filter_groups_nonzero_std,
+    pf_ppo_resample_indices,
+    pf_ppo_weights,
+    sample_loss_weights,
+)
+from temper.algorithms.value_loss import value_loss
+
+#: config key -> the registry of its valid values (for the config validator).
+REGISTRIES: dict[str, Registry] = {
+    "adv_estimator": ADV_ESTIMATORS,
+    "policy_loss": POLICY_LOSSES,
+    "kl_penalty": KL_ESTIMATORS,
+    "kl_loss_type": KL_ESTIMATORS,
+    "loss_agg_mode": LOSS_AGG_MODES,
+    "kl_ctrl.type": KL_CONTROLLERS,
+    "reward_norm": REWARD_NORMS,
+    "reward_normalization.method": REWARD_NORMALIZATION_METHODS,
+    "pf_ppo.reweight_method": PF_PPO_REWEIGHT,
+    "rollout_correction.rollout_is": ROLLOUT_IS_LEVELS,
+}
+
+
+def registry_names() -> dict[str, list[str]]:
+    """``config key -> sorted valid names`` (aliases included), e.g.
+    ``{"adv_estimator": ["gae", "gpg", "grpo", …], …}``. ``reward_norm`` and
+    ``rollout_correction.rollout_is`` also accept ``null`` (disabled)."""
+    return {key: reg.names() for key, reg in REGISTRIES.items()}
+
+
+def check_name(key: str, name: str) -> str:
+    """Validate ``name`` for config ``key``; returns the canonical name or raises
+    :class:`UnknownNameError` (``unknown adv_estimator 'grpoo', did you mean 'grpo'?``)."""
+    reg = REGISTRIES.get(key)
+    if reg is None:
+        raise UnknownNameError("algorithm config key", key, sorted(REGISTRIES))
+    if name not in reg:
+        raise UnknownNameError(key, name, reg.names())
+    return reg.canonical(name)
+
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "KL_CONTROLLERS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "PF_PPO_REWEIGHT",
+    "POLICY_LOSSES",
+    "REGISTRIES",
+    "REWARD_NORMALIZATION_METHODS",
+    "REWARD_NORMS",
+    "ROLLOUT_IS_LEVELS",
+    "AdaptiveKLController",
+    "AdvantageInputs",
+    "AdvantageParams",
+    "FixedKLController",
+    "GlobalNormalizers",
+    "GroupStats",
+    "KLController",
+    "KLNeedsLogitsError",
+    "LossAggregator",
+    "PolicyLossParams",
+    "Registry",
+    "RunningMoments",
+    "UnknownNameError",
+    "actor_loss",
+    "apply_kl_penalty",
+    "as_group_ids",
+    "check_name",
+    "clip_with_fraction",
+    "compute_advantages",
+    "compute_global_normalizers",
+    "compute_policy_loss",
+    "discounted_returns",
+    "entropy_from_logits",
+    "entropy_loss",
+    "filter_groups_by_mean",
+    "filter_groups_nonzero_std",
+    "format_penalty",
+    "full_kl_from_logits",
+    "group_stats",
+    "grouped_reward_normalization",
+    "kl_estimator_needs_logits",
+    "kl_loss",
+    "kl_penalty",
+    "length_reward",
+    "logprobs_from_logits",
+    "make_kl_controller",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "normalize_rewards",
+    "overlong_penalty",
+    "pf_ppo_resample_indices",
+    "pf_ppo_weights",
+    "registry_names",
+    "response_logprobs_from_sequence_logits",
+    "reward_norm_types",
+    "roll_dual_clip_constant",
+    "rollout_is_weights",
+    "sample_loss_weights",
+    "sft_loss",
+    "value_loss",
+]

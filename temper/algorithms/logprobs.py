@@ -1,0 +1,141 @@
+"""Log-probabilities, entropy and exact KL from logits, chunked for large vocabularies.
+
+Logits are ``(..., V)``; every function flattens the leading dims to ``N`` rows and works
+on ``chunk_size`` rows at a time, upcasting each chunk to fp32, so a 150k vocabulary
+never materializes a full ``(N, V)`` fp32 log-softmax copy (peak extra memory is
+``chunk_size × V`` fp32). ``temperature`` divides the logits first (the same temperature
+the rollout engine sampled with, so train log-probs match rollout log-probs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK = 2048
+
+
+def _rows(x: Tensor) -> Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def _scaled(chunk: Tensor, temperature: float) -> Tensor:
+    c = chunk.float()
+    return c / temperature if temperature != 1.0 else c
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def logprobs_from_logits(
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> Tensor:
+    """Log-probability of each chosen token.
+
+    Shapes: ``logits (..., V)``, ``labels (...)`` int64 -> ``(...)`` fp32.
+    Formula: ``log p(y) = l_y/τ - logsumexp(l/τ)``, computed per chunk of rows with
+    ``gather`` and ``logsumexp`` (no full log-softmax). Labels must already be aligned
+    with the logits (``logits[t]`` scores ``labels[t]``); see
+    :func:`response_logprobs_from_sequence_logits` for the shift.
+    """
+    _check_temperature(temperature)
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
+    flat, lab = _rows(logits), labels.reshape(-1, 1).long()
+    out = []
+    for i in range(0, flat.shape[0], chunk_size):
+        c = _scaled(flat[i : i + chunk_size], temperature)
+        out.append(c.gather(-1, lab[i : i + chunk_size]).squeeze(-1) - torch.logsumexp(c, dim=-1))
+    res = torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)
+    return res.reshape(labels.shape)
+
+
+def response_logprobs_from_sequence_logits(
+    logits: Tensor,
+    input_ids: Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> Tensor:
+    """Log-probs of the response tokens from a causal LM's full-sequence logits.
+
+    Shapes: ``logits (B, L, V)``, ``input_ids (B, L)`` = prompt (left-padded) followed by
+    the response (right-padded) of length ``response_len`` -> ``(B, response_len)``.
+    Alignment: the logits at position ``p`` predict token ``p+1``, so the response tokens
+    ``input_ids[:, L-R:]`` are scored by ``logits[:, L-R-1 : L-1]``.
+    """
+    L = input_ids.shape[1]
+    R = response_len
+    if not 0 < R < L:
+        raise ValueError(f"response_len must be in [1, {L - 1}], got {R}")
+    return logprobs_from_logits(
+        logits[:, L - R - 1 : L - 1],
+        input_ids[:, L - R :],
+        temperature=temperature,
+        chunk_size=chunk_size,
+    )
+
+
+def entropy_from_logits(
+    logits: Tensor, *, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK
+) -> Tensor:
+    """Entropy of the categorical distribution of each row.
+
+    Shapes: ``logits (..., V) -> (...)`` fp32.
+    Formula: ``H = logsumexp(l) - Σ_v softmax(l)_v l_v`` (with ``l`` divided by ``τ``),
+    chunked over rows. Differentiable.
+    """
+    _check_temperature(temperature)
+    flat = _rows(logits)
+    out = []
+    for i in range(0, flat.shape[0], chunk_size):
+        c = _scaled(flat[i : i + chunk_size], temperature)
+        p = torch.softmax(c, dim=-1)
+        out.append(torch.logsumexp(c, dim=-1) - (p * c).sum(dim=-1))
+    res = torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)
+    return res.reshape(logits.shape[:-1])
+
+
+def full_kl_from_logits(
+    logits: Tensor,
+    ref_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> Tensor:
+    """Exact KL(π_θ ‖ π_ref) over the vocabulary at each position (``kl_penalty: full``).
+
+    Shapes: ``logits, ref_logits (..., V)``, ``mask (...)`` optional -> ``(...)`` fp32,
+    0 where ``mask`` is 0.
+    Formula: ``KL = Σ_v p_v (log p_v - log q_v)`` with ``p = softmax(l/τ)``,
+    ``q = softmax(l_ref/τ)``; terms with ``p_v = 0`` are 0. Same direction as the ``k1``/
+    ``k3`` sample estimators (which estimate it from the sampled token only). verl raises
+    ``NotImplementedError`` for ``full``; ROLL computes it without chunking.
+    Differentiable w.r.t. ``logits`` (and ``ref_logits``).
+    """
+    _check_temperature(temperature)
+    if logits.shape != ref_logits.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} and ref_logits {tuple(ref_logits.shape)} differ"
+        )
+    flat, ref = _rows(logits), _rows(ref_logits)
+    out = []
+    for i in range(0, flat.shape[0], chunk_size):
+        lp = torch.log_softmax(_scaled(flat[i : i + chunk_size], temperature), dim=-1)
+        lq = torch.log_softmax(_scaled(ref[i : i + chunk_size], temperature), dim=-1)
+        p = lp.exp()
+        term = torch.where(p > 0, p * (lp - lq), torch.zeros_like(p))
+        out.append(term.sum(dim=-1))
+    res = torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)
+    res = res.reshape(logits.shape[:-1])
+    if mask is not None:
+        res = torch.where(mask > 0, res, torch.zeros_like(res))
+    return res

@@ -1,0 +1,468 @@
+"""Policy losses, registered under the ``policy_loss`` config name (verl
+``actor.policy_loss.loss_mode``).
+
+One signature for all::
+
+    fn(log_prob, old_log_prob, advantages, response_mask,
+       params: PolicyLossParams, agg: LossAggregator,
+       rollout_is_weights: Tensor | None = None) -> (loss, metrics)
+
+Shapes: every tensor ``(B, T)``; ``loss`` is a scalar, already divided by the *global*
+normalizers of ``agg`` (sum the micro-batch losses, do not average them). ``metrics``
+are detached 0-dim tensors computed on the micro-batch: ``pg_loss``, ``ppo_kl`` (k1
+estimate of KL(π_old‖π_θ) = mean(log π_old - log π_θ)), ``pg_clipfrac``,
+``pg_clipfrac_lower``. ``rollout_is_weights`` (see :mod:`rollout_correction`) multiply
+the per-token loss. ``r = π_θ/π_old = exp(clamp(log π_θ - log π_old, ±20))`` so very
+negative log-probs never give inf/NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from temper.algorithms.aggregation import LossAggregator
+from temper.algorithms.masked import masked_mean
+from temper.algorithms.registry import Registry
+
+Metrics = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class PolicyLossParams:
+    """Scalars of the policy losses.
+
+    Attributes:
+        clip_ratio: PPO ε (verl ``clip_ratio``, ROLL ``pg_clip``).
+        clip_ratio_low / clip_ratio_high: asymmetric ε (DAPO clip-higher); default
+            ``clip_ratio`` (ROLL ``pg_clip_low``/``pg_clip_high`` with ``use_pg_clip_range``).
+        clip_ratio_c: dual-clip constant ``c`` (Ye et al. 2019, arXiv:1912.09729); ``None``
+            disables dual clip. verl always applies it with ``clip_ratio_c`` (default 3.0);
+            ROLL applies it only with ``dual_clip_loss: true`` and then ``c = 1 + 2·pg_clip``
+            — use :meth:`from_roll`.
+        loss_agg_mode_override: aggregate the policy loss with this mode instead of
+            ``agg.mode`` (verl's ``gspo`` and ``sapo`` always use ``seq-mean-token-mean``).
+        clip_cov_ratio / clip_cov_lb / clip_cov_ub: Clip-Cov parameters.
+        kl_cov_ratio / ppo_kl_coef: KL-Cov parameters.
+        tau_pos / tau_neg: SAPO gate temperatures for positive/negative advantages.
+        topr_positive_weight / topr_negative_weight: TOPR weights of the two sets.
+        log_ratio_clamp: bound on ``|log π_θ - log π_old|`` before ``exp``.
+    """
+
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float | None = 3.0
+    loss_agg_mode_override: str | None = None
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    topr_positive_weight: float = 1.0
+    topr_negative_weight: float = 1.0
+    log_ratio_clamp: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
+            raise ValueError(
+                f"dual-clip constant clip_ratio_c must be > 1, got {self.clip_ratio_c}"
+            )
+
+    @property
+    def low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+    @classmethod
+    def from_roll(
+        cls,
+        pg_clip: float = 0.2,
+        *,
+        use_pg_clip_range: bool = False,
+        pg_clip_low: float | None = None,
+        pg_clip_high: float | None = None,
+        dual_clip_loss: bool = False,
+    ) -> PolicyLossParams:
+        """ROLL's convention: dual clip only if ``dual_clip_loss``, with ``c = 1 + 2·pg_clip``."""
+        return cls(
+            clip_ratio=pg_clip,
+            clip_ratio_low=pg_clip_low if use_pg_clip_range else None,
+            clip_ratio_high=pg_clip_high if use_pg_clip_range else None,
+            clip_ratio_c=roll_dual_clip_constant(pg_clip) if dual_clip_loss else None,
+        )
+
+
+def roll_dual_clip_constant(pg_clip: float) -> float:
+    """ROLL's dual-clip bound ``c = 1 + 2·pg_clip`` (1.4 for ``pg_clip = 0.2``)."""
+    return 1.0 + 2.0 * pg_clip
+
+
+PolicyLossFn = Callable[..., tuple[Tensor, Metrics]]
+
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy_loss")
+
+
+def _log_ratio(log_prob: Tensor, old_log_prob: Tensor, p: PolicyLossParams) -> Tensor:
+    return torch.clamp(log_prob - old_log_prob, -p.log_ratio_clamp, p.log_ratio_clamp)
+
+
+def _finish(
+    pg_losses: Tensor,
+    mask: Tensor,
+    p: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None,
+    metrics: Metrics,
+) -> tuple[Tensor, Metrics]:
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights.detach()
+    a = agg.with_mode(p.loss_agg_mode_override) if p.loss_agg_mode_override else agg
+    loss = a(pg_losses, mask)
+    metrics = {"pg_loss": loss.detach(), **{k: v.detach() for k, v in metrics.items()}}
+    return loss, metrics
+
+
+def _ppo_clip_terms(
+    ratio: Tensor, adv: Tensor, p: PolicyLossParams
+) -> tuple[Tensor, Tensor, Tensor]:
+    l1 = -adv * ratio
+    l2 = -adv * torch.clamp(ratio, 1.0 - p.low, 1.0 + p.high)
+    return l1, l2, torch.maximum(l1, l2)
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with dual clip.
+
+    ``L = max(-A r, -A clip(r, 1-ε_low, 1+ε_high))``; for ``A < 0`` and dual clip on,
+    ``L = min(L, -A c)`` (Ye et al. 2019). Metrics: ``pg_clipfrac`` (share of tokens where
+    the clipped term is active), ``pg_clipfrac_lower`` (share capped by the dual clip).
+    """
+    lr = _log_ratio(log_prob, old_log_prob, params)
+    ratio = torch.exp(lr)
+    l1, l2, clipped = _ppo_clip_terms(ratio, advantages, params)
+    losses = clipped
+    lower = torch.zeros_like(clipped, dtype=torch.bool)
+    if params.clip_ratio_c is not None:
+        l3 = -advantages * params.clip_ratio_c
+        lower = (clipped > l3) & (advantages < 0)
+        losses = torch.where(advantages < 0, torch.minimum(clipped, l3), clipped)
+    m = response_mask
+    metrics = {
+        "pg_clipfrac": masked_mean((l2 > l1).float(), m),
+        "pg_clipfrac_lower": masked_mean(lower.float(), m),
+        "ppo_kl": masked_mean(-lr, m),
+    }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
+
+    Sequence ratio ``s_i = exp(mean_t log(π_θ/π_old))``, applied per token as
+    ``s_it = sg[s_i]·π_θ(y_t)/sg[π_θ(y_t)]`` (log clamped to ≤ 10, as verl), then the PPO
+    clip on ``s_it``: ``L = max(-A s, -A clip(s, 1-ε_low, 1+ε_high))``. With
+    ``seq-mean-token-mean`` aggregation the gradient is the paper's ``∇s_i``. No dual clip.
+    """
+    m = response_mask
+    lr = log_prob - old_log_prob
+    seq_lr = masked_mean(lr, m, dim=-1)
+    log_s = log_prob - log_prob.detach() + seq_lr.detach().unsqueeze(-1)
+    s = torch.exp(torch.clamp(log_s, min=-params.log_ratio_clamp, max=10.0))
+    l1, l2, losses = _ppo_clip_terms(s, advantages, params)
+    metrics = {
+        "pg_clipfrac": masked_mean((l2 > l1).float(), m),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
+        "ppo_kl": masked_mean(-_log_ratio(log_prob, old_log_prob, params), m),
+    }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585): clipped IS weight, stop-gradient.
+
+    ``L = -sg[clip(r, 1-ε_low, 1+ε_high)]·A·log π_θ`` — every token keeps a gradient,
+    only the weight is clipped.
+    """
+    m = response_mask
+    lr = _log_ratio(log_prob, old_log_prob, params)
+    ratio = torch.exp(lr)
+    w = torch.clamp(ratio, 1.0 - params.low, 1.0 + params.high)
+    losses = -w.detach() * advantages * log_prob
+    metrics = {
+        "pg_clipfrac": masked_mean((ratio != w).float(), m),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
+        "ppo_kl": masked_mean(-lr, m),
+    }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+@POLICY_LOSSES.register("gpg")
+def gpg(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """GPG (arXiv:2504.02546): plain policy gradient ``L = -A·log π_θ`` (no ratio, no clip)."""
+    m = response_mask
+    losses = -advantages * log_prob
+    metrics = {
+        "pg_clipfrac": torch.zeros((), device=log_prob.device),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
+        "ppo_kl": masked_mean(-_log_ratio(log_prob, old_log_prob, params), m),
+    }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+def _covariance(advantages: Tensor, log_prob: Tensor, valid: Tensor) -> Tensor:
+    """Per-token ``(A - mean A)(log π - mean log π)`` over valid tokens (detached)."""
+    a, lp = advantages.detach(), log_prob.detach()
+    return (a - masked_mean(a, valid)) * (lp - masked_mean(lp, valid))
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
+    arXiv:2505.22617), verl's definition.
+
+    PPO clip loss, plus: among valid tokens not already clipped whose covariance
+    ``(A - Ā)(log π - mean log π)`` lies in ``(clip_cov_lb, clip_cov_ub)``, a random
+    ``max(1, ⌊clip_cov_ratio·N⌋)`` have their loss (and gradient) set to 0. Statistics
+    are over the micro-batch (as verl); randomness from torch's global RNG.
+    """
+    m = response_mask
+    valid = m > 0
+    lr = _log_ratio(log_prob, old_log_prob, params)
+    ratio = torch.exp(lr)
+    l1, l2, losses = _ppo_clip_terms(ratio, advantages, params)
+    clipped_by_ppo = (l2 > l1) & valid
+    cov = _covariance(advantages, log_prob, valid)
+    cand = (cov > params.clip_cov_lb) & (cov < params.clip_cov_ub) & valid & ~clipped_by_ppo
+    corr = torch.ones_like(losses)
+    idx = cand.nonzero()
+    if idx.shape[0] > 0:
+        n_clip = max(int(params.clip_cov_ratio * int(valid.sum().item())), 1)
+        pick = idx[torch.randperm(idx.shape[0], device=idx.device)[:n_clip]]
+        corr[pick[:, 0], pick[:, 1]] = 0.0
+    metrics = {
+        "pg_clipfrac": masked_mean((corr == 0).float(), m),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
+        "ppo_kl": masked_mean(-lr, m),
+    }
+    return _finish(losses * corr, m, params, agg, rollout_is_weights, metrics)
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """KL-Cov (arXiv:2505.22617), verl's definition.
+
+    Unclipped ``L = -A r``; the top ``max(1, ⌊kl_cov_ratio·N⌋)`` valid tokens by covariance
+    ``(A - Ā)(log π - mean log π)`` get ``L = -A r + ppo_kl_coef·|log r|``. Micro-batch
+    statistics (as verl). Extra metric ``ppo_kl_abs``.
+    """
+    m = response_mask
+    valid = m > 0
+    lr = _log_ratio(log_prob, old_log_prob, params)
+    ratio = torch.exp(lr)
+    losses = -advantages * ratio
+    n_valid = int(valid.sum().item())
+    if n_valid > 0:
+        cov = _covariance(advantages, log_prob, valid).masked_fill(~valid, float("-inf"))
+        k = max(1, int(n_valid * params.kl_cov_ratio))
+        top = torch.topk(cov.reshape(-1), k).indices
+        sel = torch.zeros(losses.numel(), dtype=torch.bool, device=losses.device)
+        sel[top] = True
+        sel = sel.reshape(losses.shape)
+        losses = torch.where(sel, losses + params.ppo_kl_coef * lr.abs(), losses)
+    metrics = {
+        "pg_clipfrac": torch.zeros((), device=log_prob.device),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
+        "ppo_kl": masked_mean(-lr, m),
+        "ppo_kl_abs": masked_mean(lr.abs(), m),
+    }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+@POLICY_LOSSES.register("geo_mean")
+def geo_mean(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """Geometric-Mean Policy Optimization (GMPO, Zhao et al. 2025, arXiv:2507.20673).
+
+    Token log-ratios are clipped in log space to ``[-ε_low, ε_high]`` (pessimistically,
+    by the sign of ``A``): ``ℓ_t = sgn(A)·min(sgn(A)·lr_t, sgn(A)·clip(lr_t))``. Per
+    sequence ``ρ_i = exp(mean_t ℓ_t)``, ``Ā_i = mean_t A_t`` and ``L_i = -Ā_i ρ_i``
+    (times the geometric mean of ``rollout_is_weights``). The loss is the mean of ``L_i``
+    over non-empty sequences with the global sequence count (``agg.seq_mean``);
+    ``loss_agg_mode`` is not used (as verl).
+    """
+    m = response_mask
+    mf = (m > 0).to(log_prob.dtype)
+    lr = _log_ratio(log_prob, old_log_prob, params)
+    sgn = torch.sign(advantages)
+    lr_c = torch.clamp(lr, -params.low, params.high)
+    lr_min = sgn * torch.minimum(sgn * lr, sgn * lr_c)
+    n = mf.sum(dim=-1)
+    rho = torch.exp((lr_min * mf).sum(dim=-1) / n.clamp(min=1.0))
+    adv_seq = (advantages * mf).sum(dim=-1) / n.clamp(min=1.0)
+    seq_losses = -adv_seq * rho
+    if rollout_is_weights is not None:
+        log_w = torch.log(rollout_is_weights.detach() + 1e-10) * mf
+        seq_losses = seq_losses * torch.exp(log_w.sum(dim=-1) / n.clamp(min=1.0))
+    loss = agg.seq_mean(seq_losses, n > 0)
+    clipped = (lr != lr_c).float()
+    metrics = {
+        "pg_loss": loss.detach(),
+        "pg_clipfrac": masked_mean(clipped * (advantages > 0), m).detach(),
+        "pg_clipfrac_lower": masked_mean(clipped * (advantages < 0), m).detach(),
+        "ppo_kl": masked_mean(-lr, m).detach(),
+    }
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """Soft Adaptive Policy Optimization (Qwen, arXiv:2511.20347), verl's definition.
+
+    A smooth gate replaces the hard clip: ``f(r) = σ(τ(r - 1))·4/τ`` with ``τ = tau_pos``
+    if ``A > 0`` else ``tau_neg``; ``L = -f(r)·A``. ``f(1) = 2/τ`` and ``f'(1) = 1``, so
+    near ``r = 1`` the gradient equals PPO's.
+    """
+    m = response_mask
+    lr = _log_ratio(log_prob, old_log_prob, params)
+    ratio = torch.exp(lr)
+    tau = torch.where(
+        advantages > 0,
+        torch.as_tensor(params.tau_pos, dtype=ratio.dtype, device=ratio.device),
+        torch.as_tensor(params.tau_neg, dtype=ratio.dtype, device=ratio.device),
+    )
+    gates = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    losses = -gates * advantages
+    metrics = {
+        "pg_clipfrac": torch.zeros((), device=log_prob.device),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
+        "ppo_kl": masked_mean(-lr, m),
+    }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+@POLICY_LOSSES.register("topr")
+def topr(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """Tapered Off-Policy REINFORCE (TOPR, Le Roux et al. 2025, arXiv:2503.14286).
+
+    Positive set (``A > 0``): SFT-like ``L = -w₊·A·log π_θ`` (no importance ratio).
+    Negative set (``A ≤ 0``): ``L = -w₋·sg[clip(r, 0, 1)]·A·log π_θ`` (truncated ratio).
+    ``w₊ = topr_positive_weight``, ``w₋ = topr_negative_weight``. The sets are split by the
+    sign of the advantage; ROLL splits by the sign of the sample's score, which is the
+    same when advantages are the raw rewards. Metric ``pg_clipfrac``: share of negative
+    tokens with ``r > 1``.
+    """
+    m = response_mask
+    lr = _log_ratio(log_prob, old_log_prob, params)
+    ratio = torch.exp(lr).detach()
+    pos = advantages > 0
+    w = torch.where(
+        pos,
+        torch.full_like(ratio, params.topr_positive_weight),
+        params.topr_negative_weight * torch.clamp(ratio, 0.0, 1.0),
+    )
+    losses = -w * advantages * log_prob
+    metrics = {
+        "pg_clipfrac": masked_mean(((ratio > 1.0) & ~pos).float(), m),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
+        "ppo_kl": masked_mean(-lr, m),
+    }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+def compute_policy_loss(
+    name: str,
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """Look up ``name`` in :data:`POLICY_LOSSES` and call it."""
+    return POLICY_LOSSES.get(name)(
+        log_prob, old_log_prob, advantages, response_mask, params, agg, rollout_is_weights
+    )

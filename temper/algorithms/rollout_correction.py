@@ -1,0 +1,109 @@
+"""Importance weights for the rollout/train log-prob mismatch.
+
+The rollout engine (vLLM, SGLang; bf16, other kernels) samples from ``π_rollout`` which
+differs slightly from the trainer's ``π_old`` on the same weights. Truncated importance
+sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you
+off-policy RL training"; verl ``algorithm.rollout_correction``, ROLL
+``use_rollout_importance_sampling_ratio``) multiplies the per-token policy loss by
+
+    ρ_t = π_old(y_t) / π_rollout(y_t)
+
+truncated at ``threshold``; masked importance sampling (``mode="mask"``) instead drops
+tokens/sequences whose ratio leaves ``[threshold_low, threshold]`` (ROLL
+``train_infer_ratio_mask`` / ``train_infer_ratio_seq_mask``).
+
+Levels (registry :data:`ROLLOUT_IS_LEVELS`, config ``rollout_correction.rollout_is``):
+
+* ``token``: ``ρ_t = exp(log π_old - log π_rollout)`` per token;
+* ``sequence``: ``ρ_i = exp(Σ_t (log π_old - log π_rollout))`` (product), broadcast;
+* ``geometric``: ``ρ_i = exp(mean_t (log π_old - log π_rollout))``, broadcast
+  (ROLL's ``train_infer_ratio_seq``).
+
+Log-ratios are clamped to [-20, 20] before ``exp``. Weights are detached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from temper.algorithms.masked import masked_mean
+from temper.algorithms.registry import Registry
+
+LOG_RATIO_CLAMP = 20.0
+
+ISLevelFn = Callable[[Tensor, Tensor], Tensor]
+ROLLOUT_IS_LEVELS: Registry[ISLevelFn] = Registry("rollout_correction.rollout_is")
+
+
+@ROLLOUT_IS_LEVELS.register("token")
+def _token_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    return log_ratio
+
+
+@ROLLOUT_IS_LEVELS.register("sequence")
+def _sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    return (log_ratio * mask).sum(dim=-1, keepdim=True).expand_as(log_ratio)
+
+
+@ROLLOUT_IS_LEVELS.register("geometric")
+def _geometric_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
+
+
+def rollout_is_weights(
+    old_log_prob: Tensor,
+    rollout_log_prob: Tensor,
+    response_mask: Tensor,
+    *,
+    level: str = "token",
+    threshold: float = 2.0,
+    threshold_low: float | None = None,
+    mode: str = "truncate",
+    batch_normalize: bool = False,
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Rollout-correction weights and mask.
+
+    Shapes: log-probs and mask ``(B, T)`` -> ``(weights (B, T), new_mask (B, T), metrics)``.
+
+    * ``mode="truncate"`` (TIS): ``w = min(ρ, threshold)``; mask unchanged.
+    * ``mode="mask"`` (MIS): ``w = 1``; tokens (or whole sequences, for sequence levels)
+      with ``ρ ∉ [threshold_low, threshold]`` are removed from the mask
+      (``threshold_low`` defaults to ``1/threshold``).
+
+    ``batch_normalize`` rescales the weights to mean 1 over the valid tokens (verl
+    ``rollout_is_batch_normalize``). Weights are 0 on masked tokens and detached.
+    Metrics: ``rollout_is_mean``, ``rollout_is_clipfrac`` (fraction of valid tokens whose
+    ratio was truncated or masked), ``rollout_log_ratio_mean`` (k1 KL(π_rollout‖π_old)).
+    """
+    if mode not in ("truncate", "mask"):
+        raise ValueError(f"rollout correction mode must be 'truncate' or 'mask', got {mode!r}")
+    if threshold <= 0:
+        raise ValueError(f"threshold must be > 0, got {threshold}")
+    level_fn = ROLLOUT_IS_LEVELS.get(level)
+    with torch.no_grad():
+        m = (response_mask > 0).to(old_log_prob.dtype)
+        log_ratio = (old_log_prob - rollout_log_prob) * m
+        lr = torch.clamp(level_fn(log_ratio, m), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = torch.exp(lr)
+        low = threshold_low if threshold_low is not None else 1.0 / threshold
+        if mode == "truncate":
+            outside = ratio > threshold
+            weights = torch.clamp(ratio, max=threshold) * m
+            new_mask = response_mask
+        else:
+            outside = (ratio > threshold) | (ratio < low)
+            weights = m.clone()
+            keep = (~outside).to(response_mask.dtype)
+            new_mask = response_mask * keep
+            weights = weights * keep.to(weights.dtype)
+        if batch_normalize and m.sum() > 0:
+            weights = weights / masked_mean(weights, m).clamp(min=1e-8) * m
+        metrics = {
+            "rollout_is_mean": masked_mean(weights, m),
+            "rollout_is_clipfrac": masked_mean(outside.to(m.dtype), m),
+            "rollout_log_ratio_mean": masked_mean(-log_ratio, m),
+        }
+    return weights.detach(), new_mask, metrics
