@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from temper.config.dialects import Translation, translate
+from temper.config.dialects import translate
 from temper.config.errors import ConfigError
 from temper.config.loader import load_yaml
 from temper.config.schema import TemperConfig
@@ -25,18 +26,23 @@ class LoadedConfig:
 
 
 def load_config(
-    path: str | Path, overrides: list[str] | None = None, dialect: str = "auto"
+    path: str | Path,
+    overrides: list[str] | None = None,
+    dialect: str = "auto",
+    names: Mapping[str, Sequence[str]] | None = None,
 ) -> LoadedConfig:
     """Load a native, verl or ROLL YAML file into a validated ``TemperConfig``.
 
-    Raises ``ConfigError`` (key, reason, fix) before anything heavy is imported.
+    ``names`` (registry name lists from higher layers) lets validation reject
+    unknown estimator/loss/reward names. Raises ``ConfigError`` (key, reason, fix)
+    before anything heavy is imported.
     """
     from temper.config.validate import validate
 
     raw = load_yaml(path, overrides)
     name, translation = translate(raw, dialect)
     cfg = from_dict(TemperConfig, translation.native)
-    validate(cfg)
+    validate(cfg, names)
     return LoadedConfig(config=cfg, dialect=name, notes=translation.notes, source=str(path))
 
 
@@ -48,6 +54,3 @@ def build_config(data: dict, validate_it: bool = True) -> TemperConfig:
     if validate_it:
         validate(cfg)
     return cfg
-
-
-_ = Translation

@@ -178,7 +178,9 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
     """Apply Hydra-syntax overrides in place."""
     for text in overrides:
         op, key, value = parse_override(text)
-        exists = OmegaConf.select(cfg, key, throw_on_missing=False, default=_MISSING) is not _MISSING
+        exists = (
+            OmegaConf.select(cfg, key, throw_on_missing=False, default=_MISSING) is not _MISSING
+        )
         if op == "~":
             if not exists:
                 raise ConfigError(key, "cannot delete a key that is not set", "check the key")
@@ -207,7 +209,8 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> RawConfig
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", "") or "interpolation"
         raise ConfigError(
-            str(key), f"cannot resolve: {err.msg if hasattr(err, 'msg') else err}",
+            str(key),
+            f"cannot resolve: {err.msg if hasattr(err, 'msg') else err}",
             "point the ${...} reference at a key that exists",
         ) from err
     return RawConfig(data=data, source=str(path), from_defaults=from_defaults)

@@ -57,9 +57,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         return value
     if origin in (Union, types.UnionType):
         args = get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
+        if value is None and type(None) in args:
+            return None
         errors = []
         for arg in args:
             if arg is type(None):

@@ -9,6 +9,7 @@ no effect here), or rejected with a ``ConfigError`` naming the key, reason and f
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ class Translation:
 
 Translator = Callable[[RawConfig], Translation]
 DIALECTS: dict[str, Translator] = {}
+BUILTIN = ("native", "verl", "roll")
 
 
 def register_dialect(name: str) -> Callable[[Translator], Translator]:
@@ -38,10 +40,25 @@ def register_dialect(name: str) -> Callable[[Translator], Translator]:
 
 
 NATIVE_KEYS = {f.name for f in dataclasses.fields(TemperConfig)}
-VERL_MARKERS = {"actor_rollout_ref", "trainer", "custom_reward_function", "ray_init",
-                "backend_config", "reward_model", "ray_kwargs"}
-ROLL_MARKERS = {"actor_train", "actor_infer", "rollout_batch_size", "pretrain", "exp_name",
-                "num_return_sequences_in_group", "train_env_manager", "track_with"}
+VERL_MARKERS = {
+    "actor_rollout_ref",
+    "trainer",
+    "custom_reward_function",
+    "ray_init",
+    "backend_config",
+    "reward_model",
+    "ray_kwargs",
+}
+ROLL_MARKERS = {
+    "actor_train",
+    "actor_infer",
+    "rollout_batch_size",
+    "pretrain",
+    "exp_name",
+    "num_return_sequences_in_group",
+    "train_env_manager",
+    "track_with",
+}
 
 
 def detect(data: dict[str, Any]) -> str:
@@ -65,15 +82,12 @@ def translate_native(raw: RawConfig) -> Translation:
 
 def translate(raw: RawConfig, dialect: str = "auto") -> tuple[str, Translation]:
     """Translate ``raw`` with ``dialect`` (or the detected one)."""
-    _load_builtin_dialects()
     name = detect(raw.data) if dialect == "auto" else dialect
+    if name in BUILTIN and name not in DIALECTS:
+        # Each dialect module registers itself on import; load only the one used.
+        importlib.import_module(f"temper.config.dialects.{name}")
     if name not in DIALECTS:
         raise ConfigError(
-            "--dialect", f"unknown dialect '{name}'", f"use one of: auto, {', '.join(DIALECTS)}"
+            "--dialect", f"unknown dialect '{name}'", f"use one of: auto, {', '.join(BUILTIN)}"
         )
     return name, DIALECTS[name](raw)
-
-
-def _load_builtin_dialects() -> None:
-    # Imported lazily so each dialect module registers itself on first use.
-    from temper.config.dialects import roll, verl  # noqa: F401

@@ -1,0 +1,5 @@
+import sys
+
+from temper.cli.main import main
+
+sys.exit(main())

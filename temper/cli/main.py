@@ -1,0 +1,99 @@
+"""``temper`` command line: check, convert, train (and more as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import yaml
+
+from temper.config import ConfigError, LoadedConfig, load_config
+from temper.config.typed import diff_from_default, to_dict
+
+
+def _load(args: argparse.Namespace) -> LoadedConfig:
+    from temper.cli.registries import registry_names
+
+    return load_config(args.config, args.overrides, dialect=args.dialect, names=registry_names())
+
+
+def _dump(data: dict) -> str:
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=None)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from temper.config.derive import derive, explain
+
+    loaded = _load(args)
+    cfg = loaded.config
+    print(f"# {loaded.source}: {loaded.dialect} dialect, valid")
+    if loaded.notes:
+        print("# notes (accepted keys that have no effect here):")
+        for note in loaded.notes:
+            print(f"#   - {note}")
+    shown = to_dict(cfg) if args.full else diff_from_default(cfg)
+    label = "full" if args.full else "non-default keys; --full shows all"
+    print(f"# resolved native config ({label}):")
+    print(_dump(shown))
+    rows = explain(cfg, derive(cfg))
+    width = max(len(r[0]) for r in rows)
+    vwidth = max(len(r[1]) for r in rows)
+    print("# derived values")
+    for name, value, how in rows:
+        print(f"  {name:<{width}}  {value:>{vwidth}}  {how}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    shown = to_dict(loaded.config) if args.full else diff_from_default(loaded.config)
+    for note in loaded.notes:
+        print(f"# note: {note}")
+    print(_dump(shown), end="")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from temper.pipelines import run_pipeline
+
+    loaded = _load(args)
+    run_pipeline(loaded.config)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="temper", description="RL post-training for LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("config", help="YAML config (native, verl or ROLL)")
+        p.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
+        p.add_argument("--dialect", default="auto", help="auto, native, verl or roll")
+        return p
+
+    p = add("check", "validate a config and explain its derived values")
+    p.add_argument("--full", action="store_true", help="show every key, defaults included")
+    p.set_defaults(func=cmd_check)
+    p = add("convert", "print a config translated into the native schema")
+    p.add_argument("--to", default="native", choices=["native"], help="target dialect")
+    p.add_argument("--full", action="store_true", help="write every key, defaults included")
+    p.set_defaults(func=cmd_convert)
+    p = add("train", "train with a config")
+    p.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""Values every run derives from its config, and the batch arithmetic behind them.
+
+``derive(cfg)`` computes them (raising ``ConfigError`` on impossible arithmetic);
+``explain(derived)`` gives the rows ``temper check`` prints: name, value, formula.
+
+The arithmetic (samples = responses):
+
+    samples_per_step   = data.train_batch_size × rollout.n
+    dp(role)           = devices(role) / (TP × PP × CP)     (megatron)
+                       = devices(role) / ulysses_sp          (fsdp2, deepspeed)
+                       = 1                                    (torch: one process)
+    mini_batch_size    = actor.mini_batch_size or samples_per_step
+    per_rank_mini      = mini_batch_size / dp
+    grad_accum         = per_rank_mini / micro_batch_size_per_device
+    optimizer steps    = ppo_epochs × samples_per_step / mini_batch_size   (per RL step)
+
+This matches document 001 (DeepSpeed: per_device × accumulation × world; Megatron:
+the same divided by TP × PP × CP) and documents 002/004 (verl ppo_mini_batch_size ×
+n split into micro-batches of ppo_micro_batch_size_per_gpu).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from temper.config.errors import ConfigError
+from temper.config.schema import TemperConfig, TrainEngineConfig
+
+ROLES = ("actor_train", "actor_infer", "reference", "critic", "reward")
+
+# Advantage estimators that bootstrap from a learned value function. GAE is the only
+# one among those the manuals name; the others are critic-free by construction.
+VALUE_ESTIMATORS = frozenset({"gae"})
+
+
+@dataclasses.dataclass
+class TrainArithmetic:
+    """Batch arithmetic of one trained role."""
+
+    role: str
+    devices: int
+    dp: int
+    mini_batch_size: int
+    per_rank_mini_batch: int
+    micro_batch_size: int | None
+    grad_accum: int | None
+    optimizer_steps_per_rl_step: int
+
+
+@dataclasses.dataclass
+class Derived:
+    """What a run derives from its config before loading anything."""
+
+    prompts_per_step: int
+    samples_per_step: int
+    max_steps: int | None
+    total_devices: int
+    placement: dict[str, list[int]]
+    use_critic: bool
+    use_reference: bool
+    actor: TrainArithmetic
+    critic: TrainArithmetic | None
+    episodes_per_step: int | None = None
+
+
+def total_devices(cfg: TemperConfig) -> int:
+    return cfg.resources.nnodes * cfg.resources.devices_per_node
+
+
+def placement(cfg: TemperConfig) -> dict[str, list[int]]:
+    """Device ids per role; unset roles share the actor's devices (colocated)."""
+    res = cfg.resources
+    everything = list(range(total_devices(cfg)))
+    train = list(res.actor_train) if res.actor_train is not None else everything
+    out = {"actor_train": train}
+    for role in ROLES[1:]:
+        ids = getattr(res, role)
+        out[role] = list(ids) if ids is not None else list(train)
+    return out
+
+
+def uses_critic(cfg: TemperConfig) -> bool:
+    if cfg.critic.enable is not None:
+        return cfg.critic.enable
+    return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
+
+
+def uses_reference(cfg: TemperConfig) -> bool:
+    if cfg.reference.enable is not None:
+        return cfg.reference.enable
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def _dp_size(engine: TrainEngineConfig, devices: int, key: str) -> int:
+    if engine.strategy == "torch":
+        if devices > 1:
+            raise ConfigError(
+                f"{key}.strategy",
+                f"the torch engine trains in one process but {devices} devices are placed",
+                f"set {key}.strategy=fsdp2 (or deepspeed/megatron), or place one device",
+            )
+        return 1
+    if engine.strategy == "megatron":
+        m = engine.megatron
+        model_parallel = (
+            m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+        )
+        if devices % model_parallel:
+            raise ConfigError(
+                f"{key}.megatron",
+                f"{devices} devices are not divisible by TP×PP×CP = {model_parallel}",
+                "choose parallel sizes whose product divides the role's device count",
+            )
+        return devices // model_parallel
+    sp = engine.ulysses_sequence_parallel_size
+    if devices % sp:
+        raise ConfigError(
+            f"{key}.ulysses_sequence_parallel_size",
+            f"{devices} devices are not divisible by the sequence-parallel size {sp}",
+            "choose a size that divides the role's device count",
+        )
+    return devices // sp
+
+
+def train_arithmetic(
+    engine: TrainEngineConfig, key: str, role: str, devices: int, samples: int
+) -> TrainArithmetic:
+    """Mini/micro-batch arithmetic of one trained role; errors name the key and fix."""
+    dp = _dp_size(engine, devices, key)
+    mini = engine.mini_batch_size if engine.mini_batch_size is not None else samples
+    if mini <= 0:
+        raise ConfigError(f"{key}.mini_batch_size", "must be positive", "set a positive size")
+    if mini > samples:
+        raise ConfigError(
+            f"{key}.mini_batch_size",
+            f"{mini} samples per mini-batch exceed the {samples} samples of a step "
+            f"(train_batch_size × n)",
+            f"set {key}.mini_batch_size ≤ {samples} or raise data.train_batch_size",
+        )
+    if samples % mini:
+        raise ConfigError(
+            f"{key}.mini_batch_size",
+            f"{samples} samples per step (train_batch_size × n) are not divisible by {mini}",
+            f"use a divisor of {samples}, e.g. {_nearest_divisor(samples, mini)}",
+        )
+    if mini % dp:
+        raise ConfigError(
+            f"{key}.mini_batch_size",
+            f"{mini} samples cannot be split evenly over {dp} data-parallel ranks",
+            f"use a multiple of {dp}",
+        )
+    per_rank = mini // dp
+    micro: int | None = None
+    accum: int | None = None
+    if not engine.use_dynamic_bsz:
+        micro = engine.micro_batch_size_per_device
+        if micro <= 0:
+            raise ConfigError(
+                f"{key}.micro_batch_size_per_device", "must be positive", "set it to 1 or more"
+            )
+        if per_rank % micro:
+            raise ConfigError(
+                f"{key}.micro_batch_size_per_device",
+                f"the {per_rank} samples each rank gets per mini-batch are not divisible "
+                f"by {micro}",
+                f"use a divisor of {per_rank}, e.g. {_nearest_divisor(per_rank, micro)}",
+            )
+        accum = per_rank // micro
+    steps = engine.ppo_epochs * (samples // mini)
+    return TrainArithmetic(role, devices, dp, mini, per_rank, micro, accum, steps)
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - near), d))
+
+
+def derive(cfg: TemperConfig) -> Derived:
+    """All derived values; raises ConfigError on impossible arithmetic."""
+    prompts = cfg.data.train_batch_size
+    episodes = None
+    if cfg.pipeline == "agentic":
+        mgr = cfg.agentic.train_env_manager
+        episodes = mgr.num_env_groups * mgr.group_size
+        samples = episodes
+    else:
+        samples = prompts * cfg.rollout.n
+    place = placement(cfg)
+    actor = train_arithmetic(cfg.actor, "actor", "actor_train", len(place["actor_train"]), samples)
+    critic = None
+    if uses_critic(cfg):
+        critic = train_arithmetic(cfg.critic, "critic", "critic", len(place["critic"]), samples)
+    return Derived(
+        prompts_per_step=prompts,
+        samples_per_step=samples,
+        max_steps=cfg.experiment.max_steps,
+        total_devices=total_devices(cfg),
+        placement=place,
+        use_critic=uses_critic(cfg),
+        use_reference=uses_reference(cfg),
+        actor=actor,
+        critic=critic,
+        episodes_per_step=episodes,
+    )
+
+
+def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
+    """Rows (name, value, how it is derived) for ``temper check``."""
+    rows: list[tuple[str, str, str]] = []
+    if d.episodes_per_step is not None:
+        rows.append(
+            (
+                "episodes per step",
+                str(d.episodes_per_step),
+                "agentic.train_env_manager.num_env_groups × group_size",
+            )
+        )
+    else:
+        rows.append(("prompts per step", str(d.prompts_per_step), "data.train_batch_size"))
+        rows.append(
+            (
+                "samples per step",
+                str(d.samples_per_step),
+                f"prompts per step × rollout.n ({cfg.rollout.n})",
+            )
+        )
+    steps = str(d.max_steps) if d.max_steps is not None else "from data"
+    how = (
+        "experiment.max_steps"
+        if d.max_steps is not None
+        else f"experiment.total_epochs ({cfg.experiment.total_epochs}) × ⌊train rows / prompts⌋"
+    )
+    rows.append(("RL steps", steps, how))
+    for arith, key in ((d.actor, "actor"), (d.critic, "critic")):
+        if arith is None:
+            continue
+        engine = getattr(cfg, key)
+        rows.append(
+            (
+                f"{key} data-parallel size",
+                str(arith.dp),
+                f"{arith.devices} devices, strategy {engine.strategy}",
+            )
+        )
+        rows.append(
+            (
+                f"{key} mini-batch (samples)",
+                str(arith.mini_batch_size),
+                f"{key}.mini_batch_size" if engine.mini_batch_size else "samples per step",
+            )
+        )
+        if arith.grad_accum is not None:
+            rows.append(
+                (
+                    f"{key} gradient accumulation",
+                    str(arith.grad_accum),
+                    f"mini-batch / dp ({arith.dp}) / micro_batch_size_per_device "
+                    f"({arith.micro_batch_size})",
+                )
+            )
+        else:
+            rows.append(
+                (
+                    f"{key} micro-batches",
+                    "by token budget",
+                    f"{key}.max_token_len_per_device = {engine.max_token_len_per_device}",
+                )
+            )
+        rows.append(
+            (
+                f"{key} optimizer steps per RL step",
+                str(arith.optimizer_steps_per_rl_step),
+                f"ppo_epochs ({engine.ppo_epochs}) × samples per step / mini-batch",
+            )
+        )
+    rows.append(("critic", "on" if d.use_critic else "off", "critic.enable or adv_estimator=gae"))
+    rows.append(
+        (
+            "reference",
+            "on" if d.use_reference else "off",
+            "reference.enable or use_kl_loss or use_kl_in_reward",
+        )
+    )
+    rows.append(
+        (
+            "devices",
+            str(d.total_devices),
+            f"resources.nnodes ({cfg.resources.nnodes}) × devices_per_node "
+            f"({cfg.resources.devices_per_node}), backend {cfg.resources.backend}",
+        )
+    )
+    for role, ids in d.placement.items():
+        if role == "critic" and not d.use_critic:
+            continue
+        if role == "reference" and not d.use_reference:
+            continue
+        if role == "reward" and not cfg.reward.model.enable:
+            continue
+        rows.append((f"placement {role}", _ids(ids), f"resources.{role}"))
+    return rows
+
+
+def _ids(ids: list[int]) -> str:
+    if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
+        return f"{ids[0]}..{ids[-1]}"
+    return ",".join(map(str, ids))

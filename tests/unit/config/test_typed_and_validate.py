@@ -1,0 +1,154 @@
+"""Typed building and validation: every failure names the key, the reason and the fix."""
+
+import pytest
+
+from temper.config import build_config
+from temper.config.derive import derive
+from temper.config.errors import ConfigError
+from temper.config.schema import TemperConfig
+from temper.config.typed import diff_from_default, from_dict, to_dict
+from temper.config.validate import validate
+
+BASE = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}}
+
+
+def cfg(**sections):
+    data = {k: dict(v) for k, v in BASE.items()}
+    for key, value in sections.items():
+        data.setdefault(key, {}).update(value)
+    return data
+
+
+def one_line(err: pytest.ExceptionInfo) -> str:
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_roundtrip_full_and_minimal():
+    c = build_config(cfg(actor={"optim": {"lr": 3e-6}}, rollout={"n": 4}))
+    assert from_dict(TemperConfig, to_dict(c)) == c
+    assert diff_from_default(c)["rollout"] == {"n": 4}
+
+
+def test_typo_says_did_you_mean():
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(actor={"mini_bach_size": 4}))
+    msg = one_line(err)
+    assert msg.startswith("actor.mini_bach_size: unknown key (did you mean 'mini_batch_size'?)")
+    assert "Fix: remove it" in msg
+
+
+def test_wrong_type_names_key_and_type():
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(rollout={"n": "four"}))
+    assert one_line(err) == (
+        "rollout.n: expected int, got 'four' (str). Fix: set rollout.n to a value of type int"
+    )
+    with pytest.raises(ConfigError, match="expected bool"):
+        build_config(cfg(actor={"use_kl_loss": "yes"}))
+
+
+def test_literal_suggests_value():
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(data={"truncation": "lefft"}))
+    msg = one_line(err)
+    assert "data.truncation: 'lefft' is not allowed (did you mean 'left'?)" in msg
+    assert "use one of: error, left, right, middle" in msg
+
+
+def test_indivisible_batch():
+    with pytest.raises(ConfigError) as err:
+        build_config(
+            cfg(data={"train_batch_size": 3}, rollout={"n": 4}, actor={"mini_batch_size": 5})
+        )
+    msg = one_line(err)
+    assert msg.startswith("actor.mini_batch_size: 12 samples per step")
+    assert "not divisible by 5" in msg and "Fix: use a divisor of 12, e.g. 4" in msg
+
+
+def test_mini_batch_larger_than_batch():
+    with pytest.raises(ConfigError, match=r"actor.mini_batch_size: 16 samples .* exceed the 8"):
+        build_config(
+            cfg(data={"train_batch_size": 2}, rollout={"n": 4}, actor={"mini_batch_size": 16})
+        )
+
+
+def test_micro_batch_must_divide():
+    with pytest.raises(ConfigError, match=r"actor.micro_batch_size_per_device: .* 8 samples"):
+        build_config(
+            cfg(
+                data={"train_batch_size": 2},
+                rollout={"n": 4},
+                actor={"micro_batch_size_per_device": 3},
+            )
+        )
+
+
+def test_gae_needs_critic():
+    with pytest.raises(ConfigError, match="critic.enable: adv_estimator gae needs a critic"):
+        build_config(cfg(algorithm={"adv_estimator": "gae"}, critic={"enable": False}))
+    c = build_config(cfg(algorithm={"adv_estimator": "gae"}))
+    assert derive(c).use_critic
+
+
+def test_kl_loss_needs_reference():
+    with pytest.raises(ConfigError, match="reference.enable: actor.use_kl_loss needs"):
+        build_config(cfg(actor={"use_kl_loss": True}, reference={"enable": False}))
+    assert derive(build_config(cfg(actor={"use_kl_loss": True}))).use_reference
+
+
+def test_placement_checks():
+    with pytest.raises(ConfigError, match=r"resources.actor_train: device ids \[4\] are outside"):
+        build_config(
+            cfg(resources={"backend": "ray", "devices_per_node": 4, "actor_train": [3, 4]})
+        )
+    with pytest.raises(ConfigError, match="not contiguous"):
+        build_config(
+            cfg(resources={"backend": "ray", "devices_per_node": 4, "actor_train": [0, 2]})
+        )
+    with pytest.raises(ConfigError, match="resources.backend: the local backend"):
+        build_config(cfg(resources={"devices_per_node": 2}, actor={"strategy": "fsdp2"}))
+    with pytest.raises(ConfigError, match="actor.strategy: the torch engine trains in one process"):
+        build_config(cfg(resources={"backend": "ray", "devices_per_node": 2}))
+
+
+def test_derived_arithmetic_fsdp_and_megatron():
+    c = build_config(
+        cfg(
+            data={"train_batch_size": 16},
+            rollout={"n": 8},
+            actor={"strategy": "fsdp2", "mini_batch_size": 64, "micro_batch_size_per_device": 2},
+            resources={"backend": "ray", "devices_per_node": 8},
+        )
+    )
+    d = derive(c)
+    assert (d.samples_per_step, d.actor.dp, d.actor.per_rank_mini_batch) == (128, 8, 8)
+    assert (d.actor.grad_accum, d.actor.optimizer_steps_per_rl_step) == (4, 2)
+    # document 001: megatron global batch = per_device × accumulation × world / TP / PP / CP
+    c = build_config(
+        cfg(
+            data={"train_batch_size": 8},
+            rollout={"n": 8},
+            actor={
+                "strategy": "megatron",
+                "micro_batch_size_per_device": 1,
+                "megatron": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
+            },
+            resources={"backend": "ray", "devices_per_node": 16},
+        )
+    )
+    d = derive(c)
+    assert d.actor.dp == 4 and d.actor.grad_accum == 64 // 4
+
+
+def test_registry_names_checked():
+    c = build_config(cfg(algorithm={"adv_estimator": "grpoo"}), validate_it=False)
+    with pytest.raises(ConfigError) as err:
+        validate(c, {"adv_estimator": ["gae", "grpo", "rloo"]})
+    assert "algorithm.adv_estimator: unknown value 'grpoo' (did you mean 'grpo'?)" in one_line(err)
+
+
+def test_dynamic_bsz_budget_must_hold_a_sample():
+    with pytest.raises(ConfigError, match="actor.max_token_len_per_device: a token budget of 100"):
+        build_config(cfg(actor={"use_dynamic_bsz": True, "max_token_len_per_device": 100}))
