@@ -68,6 +68,10 @@ class ExperimentConfig:
     rollout_data_dir: str | None = doc(None, "Dump rollouts (prompt, response, score) here.")
     validation_data_dir: str | None = doc(None, "Dump validation generations here.")
     render_save_dir: str | None = doc(None, "Agentic: write rendered episodes here.")
+    checkpoint_dir: str | None = doc(
+        None,
+        "Where checkpoints are written; None = <output_dir>/checkpoints (ROLL checkpoint_config).",
+    )
     critic_warmup: int = doc(0, "Steps that train only the critic before the actor updates.")
     balance_batch: bool = doc(True, "Reorder samples so data-parallel ranks get equal tokens.")
     device: Literal["auto", "cpu", "cuda"] = doc("auto", "Compute device; auto picks cuda if any.")
@@ -464,6 +468,12 @@ class AlgorithmConfig:
     whiten_advantages: bool = doc(False, "Whiten advantages over the batch.")
     advantage_clip: float | None = doc(None, "Clip advantages to [-c, c].")
     add_len_reward: bool = doc(False, "Add a response-length reward term.")
+    use_reward_scaling: bool = doc(
+        False, "Divide scores by a running std (ROLL use_reward_scaling)."
+    )
+    use_reward_norm: bool = doc(
+        False, "With use_reward_scaling, also subtract the running mean (ROLL use_reward_norm)."
+    )
     difficulty_loss_weight: bool = doc(False, "Weight samples by prompt difficulty.")
     length_loss_weight: bool = doc(False, "Weight samples by response length.")
     difficulty_mask: bool = doc(False, "Drop prompts whose mean score is outside thresholds.")
@@ -520,6 +530,7 @@ class EnvTagConfig:
     action_pattern: str = doc(r"<answer>(.*?)</answer>", "Regex extracting the action.")
     format_penalty: float = doc(-0.1, "Reward added for an unparsable or invalid action.")
     env_config: dict[str, Any] = doc({}, "Environment parameters (grid size, boxes, …).")
+    max_words: int | None = doc(None, "Word limit stated in the turn prompt (ROLL max_tokens).")
 
 
 @dataclass
@@ -554,6 +565,10 @@ class AgenticConfig:
     )
     max_actions_per_traj: int | None = doc(None, "Cap on actions per trajectory.")
     use_turn_rewards: bool = doc(False, "Per-turn rewards discounted by algorithm.gamma.")
+    enable_think: bool = doc(
+        False, "Ask for <think>…</think> before each <answer> (ROLL enable_think)."
+    )
+    action_sep: str = doc("||", "Separator of several actions in one answer (ROLL action_sep).")
 
 
 # --------------------------------------------------------------------------- root

@@ -1,0 +1,508 @@
+"""Derivations of the ROLL dialect: values that come from several ROLL keys.
+
+Model path, response lengths, mini-batch arithmetic, strategies and engine settings,
+placement, reward routes. Each reads the (defaults-completed) ROLL data through
+``Ctx.get`` and writes native keys through ``Ctx.set``, which refuses two keys setting
+one native field to different values.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from temper.config.dialects.roll_devices import parse_device_mapping
+from temper.config.dialects.roll_rules import (
+    INFER_STRATEGIES,
+    REWARD_WORKERS,
+    ROLE_WORKERS,
+    ROLLOUT_ENGINES,
+    TRACKERS,
+    TRAIN_STRATEGIES,
+    choice,
+    listify,
+)
+from temper.config.errors import ConfigError
+from temper.config.loader import RawConfig
+
+MISSING = object()
+
+
+class Ctx:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.native: dict[str, Any] = {}
+        self.src: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.used: list[Any] = []  # values of keys read by rules (for definition refs)
+
+    def get(self, path: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def has(self, path: str) -> bool:
+        return self.get(path, MISSING) is not MISSING
+
+    def set(self, dst: str, value: Any, src: str) -> None:
+        if dst in self.src and self.native_get(dst) != value:
+            raise ConfigError(
+                src,
+                f"sets {dst} to {value!r}, but {self.src[dst]} set it to {self.native_get(dst)!r}",
+                f"make {src} and {self.src[dst]} agree",
+            )
+        node = self.native
+        *parents, leaf = dst.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+        self.src[dst] = src
+
+    def native_get(self, dst: str, default: Any = None) -> Any:
+        node: Any = self.native
+        for part in dst.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def note(self, key: str, why: str) -> None:
+        self.notes.append(f"{key}: accepted, no effect here: {why}")
+
+
+def model(ctx: Ctx) -> None:
+    path = ctx.get("actor_train.model_args.model_name_or_path") or ctx.get("pretrain")
+    if path:
+        ctx.set("model.path", path, "pretrain")
+    for role in ("actor_infer", "reference"):
+        key = f"{role}.model_args.model_name_or_path"
+        other = ctx.get(key)
+        if other and path and other != path:
+            raise ConfigError(
+                key,
+                f"'{other}' differs from the policy model '{path}'; the "
+                "actor, rollout and reference share one model here",
+                f"remove {key} or set it to '{path}'",
+            )
+    critic = ctx.get("critic.model_args.model_name_or_path") or ctx.get("reward_pretrain")
+    if critic and not ctx.native_get("critic.model_path"):
+        ctx.set("critic.model_path", critic, "reward_pretrain")
+    reward_model = ctx.get("reward.model_args.model_name_or_path")
+    if reward_model:
+        ctx.set("reward.model.path", reward_model, "reward.model_args.model_name_or_path")
+        ctx.set("reward.model.enable", True, "reward.model_args.model_name_or_path")
+
+
+def lengths(ctx: Ctx, agentic: bool) -> None:
+    gen_key = "actor_infer.generating_args.max_new_tokens"
+    seq, prompt = ctx.get("sequence_length"), ctx.get("prompt_length")
+    if seq is not None:
+        ctx.set("rollout.max_model_len", seq, "sequence_length")
+    if agentic:  # per-turn generation budget
+        per_turn = ctx.get(gen_key)
+        if per_turn is not None:
+            ctx.set("rollout.response_length", per_turn, gen_key)
+            for tag in ctx.get("custom_envs") or {}:
+                ctx.set(f"agentic.custom_envs.{tag}.max_tokens_per_turn", per_turn, gen_key)
+        elif ctx.has("response_length"):
+            ctx.set("rollout.response_length", ctx.get("response_length"), "response_length")
+        return
+    if ctx.get("response_length") is not None:
+        length, src = ctx.get("response_length"), "response_length"
+    elif seq is not None:
+        length, src = seq - prompt, "sequence_length"
+    else:
+        length, src = ctx.get(gen_key), gen_key
+    if length is not None:
+        ctx.set("rollout.response_length", length, src)
+    n_key = "actor_infer.generating_args.num_return_sequences"
+    n = ctx.get(n_key)
+    if n is not None and n != ctx.get("num_return_sequences_in_group"):
+        raise ConfigError(
+            n_key,
+            f"{n} differs from num_return_sequences_in_group "
+            f"({ctx.get('num_return_sequences_in_group')})",
+            "set it to ${num_return_sequences_in_group} or remove it",
+        )
+
+
+def algorithm(ctx: Ctx) -> None:
+    if ctx.get("target_kl") is not None:
+        ctx.set("algorithm.kl_ctrl.type", "adaptive", "target_kl")
+        ctx.set("algorithm.kl_ctrl.target_kl", ctx.get("target_kl"), "target_kl")
+    elif ctx.has("target_kl"):
+        ctx.set("algorithm.kl_ctrl.type", "fixed", "target_kl")
+    if ctx.get("use_topr_loss"):
+        ctx.set("actor.policy_loss", "topr", "use_topr_loss")
+    pg_clip = ctx.get("pg_clip")
+    c = 1.0 + 2.0 * pg_clip if ctx.get("dual_clip_loss") and pg_clip is not None else None
+    ctx.set("actor.clip_ratio_c", c, "dual_clip_loss")
+    if ctx.get("use_pg_clip_range"):
+        for side in ("low", "high"):
+            if ctx.has(f"pg_clip_{side}"):
+                ctx.set(f"actor.clip_ratio_{side}", ctx.get(f"pg_clip_{side}"), f"pg_clip_{side}")
+    else:
+        for side in ("low", "high"):
+            if ctx.has(f"pg_clip_{side}"):
+                ctx.note(f"pg_clip_{side}", "used only with use_pg_clip_range: true")
+    track = ctx.get("track_with")
+    if ctx.has("track_with"):
+        name = choice(TRACKERS, "track_with")(track)
+        ctx.set("experiment.trackers", list(dict.fromkeys([name, "jsonl"])), "track_with")
+    resume = ctx.get("resume_from_checkpoint", MISSING)
+    if resume is not MISSING:
+        if isinstance(resume, str) and resume:
+            ctx.set("experiment.resume_mode", "resume_path", "resume_from_checkpoint")
+            ctx.set("experiment.resume_from_path", resume, "resume_from_checkpoint")
+        else:
+            mode = "auto" if resume else "disable"
+            ctx.set("experiment.resume_mode", mode, "resume_from_checkpoint")
+
+
+def data(ctx: Ctx) -> None:
+    base = ctx.get("actor_train.data_args.dataset_dir")
+
+    def files(value: Any) -> list[str]:
+        out = []
+        for f in listify(value):
+            f = str(f)
+            norm = os.path.normpath(f)
+            if (
+                base
+                and not os.path.isabs(f)
+                and not (
+                    norm == os.path.normpath(base)
+                    or norm.startswith(os.path.normpath(base) + os.sep)
+                )
+            ):
+                f = os.path.join(base, f)
+            out.append(f)
+        return out
+
+    for src, dst in (
+        ("actor_train.data_args.file_name", "data.train_files"),
+        ("validation.data_args.file_name", "data.val_files"),
+        ("actor_train.data_args.eval_file_name", "data.val_files"),
+    ):
+        if ctx.get(src) is not None:
+            ctx.set(dst, files(ctx.get(src)), src)
+    if ctx.get("actor_train.data_args.prompt") and ctx.get("actor_train.data_args.messages"):
+        raise ConfigError(
+            "actor_train.data_args.messages",
+            "prompt and messages are both set; they are exclusive",
+            "keep one of data_args.prompt and data_args.messages",
+        )
+    template = ctx.get("actor_train.data_args.template", MISSING)
+    if template is not MISSING:
+        ctx.set("data.chat_template", "native", "actor_train.data_args.template")
+        if template not in (None, "native"):
+            ctx.notes.append(
+                f"actor_train.data_args.template: '{template}' -> native: the "
+                "tokenizer's own chat template is used (apply_chat_template)"
+            )
+    temp = ctx.get("validation.generating_args.temperature")
+    if temp is not None:
+        ctx.set("rollout.val.temperature", temp, "validation.generating_args.temperature")
+        if not ctx.has("validation.generating_args.do_sample"):
+            ctx.set("rollout.val.do_sample", temp > 0, "validation.generating_args.temperature")
+
+
+def strategies(ctx: Ctx) -> None:
+    for role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
+        ckey = f"{role}.strategy_args.strategy_config"
+        if ctx.has(ckey) and not ctx.get(ckey):
+            ctx.note(ckey, "empty: the engine's defaults apply")
+        elif ctx.get(ckey) and ctx.get(f"{role}.strategy_args.strategy_name") is None:
+            raise ConfigError(
+                ckey,
+                "strategy_config without strategy_name",
+                f"set {role}.strategy_args.strategy_name",
+            )
+    roles = {
+        "actor_train": ("actor", TRAIN_STRATEGIES),
+        "critic": ("critic", TRAIN_STRATEGIES),
+        "reference": ("reference", INFER_STRATEGIES),
+        "reward": ("reward.model", INFER_STRATEGIES),
+    }
+    for role, (dst, table) in roles.items():
+        key = f"{role}.strategy_args.strategy_name"
+        name = ctx.get(key)
+        if name is None:
+            continue
+        engine = choice(table, key)(name)
+        ctx.set(f"{dst}.strategy", engine, key)
+        cfg = ctx.get(f"{role}.strategy_args.strategy_config") or {}
+        ckey = f"{role}.strategy_args.strategy_config"
+        if engine == "deepspeed" and role in ("actor_train", "critic"):
+            ctx.set(f"{dst}.deepspeed", dict(cfg), ckey)
+        elif engine == "megatron" and role != "reward":
+            _megatron(ctx, cfg, f"{dst}.megatron", ckey)
+        elif cfg:
+            ctx.note(ckey, f"{name} takes no strategy_config here")
+    key = "actor_infer.strategy_args.strategy_name"
+    if ctx.get(key) is not None:
+        engine = choice(ROLLOUT_ENGINES, key)(ctx.get(key))
+        ctx.set("rollout.engine", engine, key)
+        _engine_cfg(ctx, engine, ctx.get("actor_infer.strategy_args.strategy_config") or {})
+    gpus = ctx.get("actor_infer.num_gpus_per_worker")
+    if gpus is not None and not ctx.native_get("rollout.tensor_parallel_size"):
+        ctx.set("rollout.tensor_parallel_size", gpus, "actor_infer.num_gpus_per_worker")
+
+
+MEGATRON_KEYS = {
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "sequence_parallel",
+    "use_distributed_optimizer",
+    "recompute_granularity",
+    "overlap_grad_reduce",
+}
+VLLM_KEYS = {
+    "gpu_memory_utilization",
+    "block_size",
+    "max_model_len",
+    "load_format",
+    "enforce_eager",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "tensor_parallel_size",
+    "max_num_seqs",
+    "enable_chunked_prefill",
+    "disable_log_stats",
+}
+SGLANG_KEYS = {
+    "mem_fraction_static": "gpu_memory_utilization",
+    "load_format": "load_format",
+    "tp_size": "tensor_parallel_size",
+    "context_length": "max_model_len",
+}
+
+
+def _megatron(ctx: Ctx, cfg: dict[str, Any], dst: str, key: str) -> None:
+    extra = {}
+    for k, v in cfg.items():
+        if k in MEGATRON_KEYS:
+            ctx.set(f"{dst}.{k}", v, f"{key}.{k}")
+        else:  # moe_* and other TransformerConfig arguments
+            extra[k] = v
+    if extra:
+        ctx.set(f"{dst}.extra", extra, key)
+
+
+def _engine_cfg(ctx: Ctx, engine: str, cfg: dict[str, Any]) -> None:
+    key = "actor_infer.strategy_args.strategy_config"
+    extra = {}
+    for k, v in cfg.items():
+        if engine == "vllm" and k in VLLM_KEYS:
+            ctx.set(f"rollout.{k}", v, f"{key}.{k}")
+        elif engine == "sglang" and k in SGLANG_KEYS:
+            ctx.set(f"rollout.{SGLANG_KEYS[k]}", v, f"{key}.{k}")
+        else:
+            extra[k] = v
+    if extra:
+        ctx.set(f"rollout.engine_kwargs.{engine}", extra, key)
+
+
+def placement(ctx: Ctx) -> None:
+    used: set[int] = set()
+    reward_devices: list[int] = []
+    roles = ["actor_train", "actor_infer", "reference", "critic", "reward"]
+    roles += [f"rewards.{name}" for name in ctx.get("rewards") or {}]
+    for role in roles:
+        key = f"{role}.device_mapping"
+        devices = parse_device_mapping(ctx.get(key), key)
+        if devices is None:
+            continue
+        used.update(devices)
+        world = ctx.get(f"{role}.world_size")
+        per = ctx.get(f"{role}.num_gpus_per_worker", 1) if role == "actor_infer" else 1
+        if world is not None and world * per != len(devices):
+            raise ConfigError(
+                f"{role}.world_size",
+                f"{world} workers × {per} devices do not "
+                f"match {len(devices)} devices in device_mapping",
+                "remove world_size (ROLL derives it from device_mapping)",
+            )
+        if role.startswith("rewards.") or role == "reward":
+            reward_devices += [d for d in devices if d not in reward_devices]
+        else:
+            ctx.set(f"resources.{role}", devices, key)
+    if reward_devices:
+        ctx.set("resources.reward", reward_devices, "rewards.*.device_mapping")
+    ctx.set("resources.backend", "ray" if len(used) > 1 else "local", "device_mapping")
+    per_node = ctx.get("num_gpus_per_node")
+    if used and per_node and not ctx.has("num_nodes"):  # ROLL derives it from the ids
+        ctx.set("resources.nnodes", -(-(max(used) + 1) // per_node), "num_gpus_per_node")
+    envs = dict(ctx.native_get("resources.ray.system_envs") or {})
+    for role in roles:
+        for k, v in (ctx.get(f"{role}.system_envs") or {}).items():
+            if k in envs and envs[k] != str(v):
+                raise ConfigError(
+                    f"{role}.system_envs.{k}",
+                    f"'{v}' conflicts with '{envs[k]}'",
+                    "temper sets one environment for every worker",
+                )
+            envs[k] = str(v)
+    if envs:
+        ctx.native.setdefault("resources", {}).setdefault("ray", {})["system_envs"] = envs
+        if "USE_MODELSCOPE" in envs:
+            ctx.notes.append(
+                "system_envs.USE_MODELSCOPE: passed to workers; temper loads models "
+                "with transformers (local dir or Hugging Face id), not ModelScope"
+            )
+    for role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
+        cls = ctx.get(f"{role}.worker_cls")
+        if cls is not None and cls not in ROLE_WORKERS[role]:
+            raise ConfigError(
+                f"{role}.worker_cls",
+                f"'{cls}' is a custom ROLL worker class, which cannot run here",
+                f"remove worker_cls (temper runs its own {role} role)",
+            )
+
+
+def mini_batch(ctx: Ctx) -> None:
+    for role, dst in (("actor_train", "actor"), ("critic", "critic")):
+        per = ctx.get(f"{role}.training_args.per_device_train_batch_size")
+        ga = ctx.get(f"{role}.training_args.gradient_accumulation_steps")
+        if per is None and ga is None:
+            continue
+        per, ga = per or 1, ga or 1
+        devices = parse_device_mapping(ctx.get(f"{role}.device_mapping")) or [0]
+        dp = len(devices)
+        if ctx.get(f"{role}.strategy_args.strategy_name") == "megatron_train":
+            cfg = ctx.get(f"{role}.strategy_args.strategy_config") or {}
+            split = 1
+            for k in (
+                "tensor_model_parallel_size",
+                "pipeline_model_parallel_size",
+                "context_parallel_size",
+            ):
+                split *= int(cfg.get(k) or 1)
+            if dp % split:
+                raise ConfigError(
+                    f"{role}.device_mapping",
+                    f"{dp} devices are not divisible by TP×PP×CP = {split}",
+                    "use a device count that is a multiple of tensor × pipeline × context "
+                    "parallel sizes",
+                )
+            dp //= split
+        ctx.set(
+            f"{dst}.mini_batch_size",
+            per * ga * dp,
+            f"{role}.training_args.gradient_accumulation_steps",
+        )
+        betas = [ctx.get(f"{role}.training_args.adam_beta{i}") for i in (1, 2)]
+        if any(b is not None for b in betas):
+            ctx.set(
+                f"{dst}.optim.betas",
+                [b if b is not None else d for b, d in zip(betas, (0.9, 0.999))],
+                f"{role}.training_args.adam_beta1",
+            )
+
+
+def rewards(ctx: Ctx) -> None:
+    rewards = ctx.get("rewards") or {}
+    workers = 0
+    for name, spec in rewards.items():
+        key = f"rewards.{name}.worker_cls"
+        cls = (spec or {}).get("worker_cls")
+        short = str(cls).rsplit(".", 1)[-1] if cls else None
+        if short not in REWARD_WORKERS:
+            known = ", ".join(sorted(REWARD_WORKERS))
+            raise ConfigError(
+                key,
+                f"'{cls}' is not a ROLL reward worker temper can replace (known: {known})",
+                "use one of those workers, or a native config with reward.custom_function",
+            )
+        function = REWARD_WORKERS[short]
+        ctx.set(f"reward.routes.{name}.function", function, key)
+        if function == "llm_judge":
+            margs, sargs = spec.get("model_args") or {}, spec.get("strategy_args") or {}
+            kw = {
+                "model_path": margs.get("model_name_or_path"),
+                "dtype": margs.get("dtype"),
+                "model_type": margs.get("model_type"),
+                "generating_args": spec.get("generating_args") or {},
+                "engine": sargs.get("strategy_name"),
+                "strategy_config": sargs.get("strategy_config"),
+                "infer_batch_size": spec.get("infer_batch_size"),
+            }
+            if "strategy_config" in sargs and not sargs["strategy_config"]:
+                ctx.note(
+                    f"rewards.{name}.strategy_args.strategy_config",
+                    "empty: the judge engine's defaults apply",
+                )
+            for k, v in kw.items():
+                if v is not None:
+                    ctx.set(f"reward.routes.{name}.kwargs.{k}", v, f"rewards.{name}")
+        else:
+            for k in ("model_args", "strategy_args", "generating_args", "infer_batch_size"):
+                if k in spec:
+                    ctx.notes.append(
+                        f"rewards.{name}.{k}: accepted, no effect here: the "
+                        f"{function} reward is a rule; it loads no model"
+                    )
+        workers = max(workers, int(spec.get("world_size") or 0))
+    if workers:
+        ctx.set("reward.num_workers", workers, "rewards.*.world_size")
+
+
+def definitions(ctx: Ctx, raw: RawConfig, defs: list[str]) -> None:
+    for name in defs:
+        value = raw.data[name]
+        if any(value is u or (isinstance(value, dict) and value == u) for u in ctx.used):
+            continue  # referenced: its value arrived through the referencing key
+        ctx.notes.append(
+            f"{name}: accepted, no effect here: a definition from a defaults "
+            "file that nothing references"
+        )
+
+
+ROLL_ENV_MANAGER = {"num_env_groups": 128, "group_size": 1, "format_penalty": 0.0}
+
+
+def episodes(ctx: Ctx) -> None:
+    """ROLL's batch counts trajectories; each env replays batch / envs episodes.
+
+    Natively a step plays ``num_env_groups × group_size`` episodes, so the groups are
+    multiplied by the replay count (each replay is a fresh seed, i.e. a new group).
+    """
+    for mgr, batch_key in (
+        ("train_env_manager", "rollout_batch_size"),
+        ("val_env_manager", "val_batch_size"),
+    ):
+        dst = ctx.native_get(f"agentic.{mgr}")
+        batch = ctx.get(batch_key)
+        if not isinstance(dst, dict) or batch is None or batch < 0:
+            continue
+        missing = {k: v for k, v in ROLL_ENV_MANAGER.items() if k not in dst}
+        dst.update(missing)
+        if missing:
+            ctx.notes.append(
+                f"{mgr}: ROLL defaults applied for keys the file omits: "
+                + ", ".join(f"{k}={v!r}" for k, v in missing.items())
+            )
+        groups, size = dst["num_env_groups"], dst["group_size"]
+        envs = groups * size
+        if batch % envs:
+            raise ConfigError(
+                batch_key,
+                f"{batch} trajectories are not a multiple of the {envs} environments of "
+                f"{mgr} (env_groups {groups} × group_size {size})",
+                f"set {batch_key} to a multiple of {envs}",
+            )
+        replays = batch // envs
+        dst["num_env_groups"] = groups * replays
+        if dst.get("n_groups") is not None:
+            dst["n_groups"] = [n * replays for n in dst["n_groups"]]
+        if replays > 1:
+            ctx.notes.append(
+                f"{mgr}: {envs} environments × {replays} episodes each = {batch_key} "
+                f"{batch} -> agentic.{mgr}.num_env_groups = {groups * replays}"
+            )

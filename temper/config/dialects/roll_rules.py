@@ -1,0 +1,162 @@
+"""Rule types of the ROLL key table and the value transforms its rows use."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from temper.config.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Map:
+    dst: str | tuple[str, ...]
+    fn: Callable[[Any], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Use:
+    what: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Note:
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Reject:
+    why: str
+    fix: str
+    ok: Callable[[Any], bool] = lambda v: False
+    note: str = "the value given is the one temper always uses"
+
+
+@dataclasses.dataclass(frozen=True)
+class Same:
+    other: str
+    why: str
+
+
+Rule = Map | Use | Note | Reject | Same
+
+# --------------------------------------------------------------------------- value transforms
+
+TRAIN_STRATEGIES = {
+    "deepspeed_train": "deepspeed",
+    "megatron_train": "megatron",
+    "fsdp2_train": "fsdp2",
+    "hf_train": "torch",
+    "torch": "torch",
+}
+INFER_STRATEGIES = {  # reference / reward model: a training engine run forward-only
+    "megatron_infer": "megatron",
+    "deepspeed_infer": "deepspeed",
+    "fsdp2_infer": "fsdp2",
+    "hf_infer": "torch",
+    "megatron_train": "megatron",
+    "deepspeed_train": "deepspeed",
+    "fsdp2_train": "fsdp2",
+}
+ROLLOUT_ENGINES = {"vllm": "vllm", "sglang": "sglang", "hf_infer": "hf"}
+TRACKERS = {"wandb": "wandb", "tensorboard": "tensorboard", "stdout": "console"}
+DTYPES = {
+    "fp32": "fp32",
+    "float32": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    None: "auto",
+    "auto": "auto",
+}
+ATTN = {
+    "fa2": "flash_attention_2",
+    "flash_attention_2": "flash_attention_2",
+    "sdpa": "sdpa",
+    "eager": "eager",
+    "disabled": "eager",
+    "auto": "auto",
+    None: "auto",
+}
+LR_SCHEDULERS = {
+    "constant": "constant",
+    "constant_with_warmup": "constant",
+    "linear": "linear",
+    "cosine": "cosine",
+}
+GROUPINGS = {
+    "state": "state",
+    "traj_group_id": "state",
+    "batch": "batch",
+    "tags": "tag",
+    "tag": "tag",
+    "inductive": "inductive",
+}
+# ROLL reward worker classes -> temper reward function names.
+REWARD_WORKERS = {
+    "MathRuleRewardWorker": "math",
+    "CodeSandboxRewardWorker": "code_sandbox",
+    "LLMJudgeRewardWorker": "llm_judge",
+    "GeneralRuleRewardWorker": "ifeval",  # roll...ifeval_rule_reward_worker
+    "CrossThinkQARuleRewardWorker": "crossthinkqa",
+}
+# Worker classes whose behaviour is temper's own role logic for that role.
+ROLE_WORKERS = {
+    "actor_train": {
+        "roll.pipeline.rlvr.actor_worker.ActorWorker",
+        "roll.pipeline.agentic.agentic_actor_worker.ActorWorker",
+        "roll.pipeline.base_worker.ActorWorker",
+    },
+    "actor_infer": {
+        "roll.pipeline.base_worker.InferWorker",
+        "roll.pipeline.base_worker.ActorWorker",
+    },
+    "reference": {
+        "roll.pipeline.rlvr.actor_worker.ActorWorker",
+        "roll.pipeline.base_worker.ActorWorker",
+    },
+    "critic": {"roll.pipeline.base_worker.CriticWorker"},
+    "reward": {"roll.pipeline.base_worker.RewardWorker", "roll.pipeline.base_worker.InferWorker"},
+    "env": {"roll.pipeline.agentic.environment_worker.EnvironmentWorker"},
+}
+
+
+def choice(table: dict[Any, str], key: str) -> Callable[[Any], str]:
+    """A transform through ``table`` that raises a ConfigError naming ``key``."""
+
+    def fn(value: Any) -> str:
+        if value in table:
+            return table[value]
+        valid = ", ".join(sorted(str(k) for k in table if k is not None))
+        raise ConfigError(key, f"'{value}' is not supported here", f"use one of: {valid}")
+
+    return fn
+
+
+def listify(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def nonpositive_none(value: Any) -> Any:
+    return None if value is not None and value <= 0 else value
+
+
+def negative_none(value: Any) -> Any:
+    return None if value is not None and value < 0 else value
+
+
+def zero_none(value: Any) -> Any:
+    return value or None
+
+
+def str_values(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+def uniform(value: Any) -> bool:
+    if value is None:
+        return True
+    parts = [float(p) for p in str(value).split(",") if p.strip()]
+    return len(set(parts)) <= 1
