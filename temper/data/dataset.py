@@ -1,0 +1,254 @@
+"""Prompt datasets: files → parsed, templated, tokenized, length-checked prompts.
+
+Everything is done once at load, so a bad row or an overlong prompt is found before the
+first rollout, not hours into a run. Malformed rows are reported (``file:line N: reason``)
+and skipped and counted — or fail the load with ``data.bad_rows=error``; they are never
+dropped silently. The counts are exposed as metrics (``data/skipped_rows``, …).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from temper.config.schema import DataConfig, TemperConfig
+from temper.data.batch import Batch
+from temper.data.collate import PromptExample, collate_prompts
+from temper.data.errors import DataError, RowIssue, RowProblem
+from temper.data.prompts import check_template, parse_row, render, tokenize, truncate_ids
+from temper.data.sources import read_rows
+
+log = logging.getLogger("temper.data")
+
+_TOKENIZE_CHUNK = 1024
+_LOGGED_ISSUES = 10
+
+
+class PromptDataset:
+    """Ready prompts plus the record of what was skipped, filtered and truncated on load."""
+
+    def __init__(
+        self,
+        examples: Sequence[PromptExample],
+        pad_token_id: int,
+        name: str = "train",
+        skipped: Sequence[RowIssue] = (),
+        filtered_overlong: int = 0,
+        truncated: int = 0,
+        rows_read: int | None = None,
+    ) -> None:
+        self.examples = list(examples)
+        self.pad_token_id = pad_token_id
+        self.name = name
+        self.skip_reasons: list[RowIssue] = list(skipped)
+        self.filtered_overlong = filtered_overlong
+        self.truncated = truncated
+        self.rows_read = len(self.examples) + len(self.skip_reasons) + filtered_overlong
+        if rows_read is not None:
+            self.rows_read = rows_read
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> PromptExample:
+        return self.examples[index]
+
+    @property
+    def skipped_rows(self) -> int:
+        """Malformed rows reported and skipped at load (the ``data/skipped_rows`` metric)."""
+        return len(self.skip_reasons)
+
+    @property
+    def tags(self) -> list[str]:
+        """The tag of every prompt, in dataset order (for weighted sampling)."""
+        return [e.tag for e in self.examples]
+
+    def metrics(self) -> dict[str, float]:
+        """Load-time counts for the trackers: ``data/<count>`` (train) or ``data/<name>/<count>``."""
+        prefix = "data" if self.name == "train" else f"data/{self.name}"
+        return {
+            f"{prefix}/skipped_rows": float(self.skipped_rows),
+            f"{prefix}/filtered_overlong_prompts": float(self.filtered_overlong),
+            f"{prefix}/truncated_prompts": float(self.truncated),
+            f"{prefix}/num_prompts": float(len(self)),
+        }
+
+    def make_batch(
+        self, indices: Sequence[int], uids: Sequence[str] | None = None, pad_to: int | None = None
+    ) -> Batch:
+        """The prompt :class:`Batch` of rows ``indices``; uids default to ``f"{name}-{index}"``."""
+        if uids is None:
+            uids = [f"{self.name}-{i}" for i in indices]
+        return collate_prompts(
+            [self.examples[i] for i in indices], uids, self.pad_token_id, pad_to, indices
+        )
+
+    def eval_batches(
+        self, batch_size: int | None = None, shuffle: bool = False, seed: int = 0
+    ) -> Iterator[Batch]:
+        """Every prompt once (validation), in batches of ``batch_size`` (None: one batch)."""
+        order = np.arange(len(self))
+        if shuffle:
+            order = np.random.default_rng((seed, 0x5EED)).permutation(len(self))
+        size = batch_size or max(len(self), 1)
+        for start in range(0, len(self), size):
+            yield self.make_batch(order[start : start + size].tolist())
+
+
+def _report(issue: RowIssue, cfg: DataConfig, key: str, count: int) -> None:
+    if cfg.bad_rows == "error":
+        raise DataError(
+            key,
+            f"malformed row {issue}",
+            "fix or remove the row, or set data.bad_rows=skip to report and skip such rows",
+        )
+    if count < _LOGGED_ISSUES:
+        log.warning("skipping malformed row %s", issue)
+
+
+def _overlong(where: str, length: int, cfg: DataConfig) -> DataError:
+    return DataError(
+        "data.max_prompt_length",
+        f"prompt at {where} has {length} tokens after templating, more than "
+        f"max_prompt_length={cfg.max_prompt_length}",
+        "raise data.max_prompt_length, set data.truncation to left/right/middle, or set "
+        "data.filter_overlong_prompts=true",
+    )
+
+
+def build_dataset(
+    files: str | Path | Sequence[str | Path],
+    cfg: DataConfig,
+    tokenizer: Any,
+    name: str = "train",
+    key: str = "data.train_files",
+    max_samples: int = -1,
+) -> PromptDataset:
+    """Load, template, tokenize and length-check the prompts of ``files``.
+
+    ``key`` is the config key the files came from (named in errors). Raises
+    :class:`DataError` for unreadable files, for a malformed row when ``bad_rows=error``,
+    for an overlong prompt when ``truncation=error`` (unless filtered), and when no
+    usable prompt is left. ``max_samples > 0`` keeps the first that many usable prompts
+    and stops reading there (quick runs on big files).
+    """
+    check_template(cfg, tokenizer)
+    raw = cfg.chat_template == "raw"
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.eos_token_id
+    if pad_id is None:
+        raise DataError(
+            "model.tokenizer_path",
+            "the tokenizer has no pad and no eos token",
+            "use a tokenizer that defines pad_token or eos_token",
+        )
+
+    skipped: list[RowIssue] = []
+    examples: list[PromptExample] = []
+    filtered = truncated = rows_read = 0
+    pending: list[tuple[str, str, str, list[dict[str, str]], Any]] = []
+
+    def flush() -> None:
+        nonlocal filtered, truncated
+        all_ids = tokenize(tokenizer, [p[2] for p in pending], raw)
+        for (file, where, text, messages, fields), ids in zip(pending, all_ids):
+            if not ids:
+                issue = RowIssue(file, where, "prompt is empty after templating")
+                _report(issue, cfg, key, len(skipped))
+                skipped.append(issue)
+                continue
+            location = f"{file}:{where}"
+            if len(ids) > cfg.max_prompt_length:
+                if cfg.filter_overlong_prompts:
+                    filtered += 1
+                    continue
+                if cfg.truncation == "error":
+                    raise _overlong(location, len(ids), cfg)
+                ids = truncate_ids(ids, cfg.max_prompt_length, cfg.truncation)
+                text = tokenizer.decode(ids, skip_special_tokens=False)
+                truncated += 1
+            examples.append(
+                PromptExample(
+                    prompt_ids=tuple(ids),
+                    prompt_text=text,
+                    raw_prompt=messages,
+                    data_source=fields.data_source,
+                    tag=fields.tag,
+                    ground_truth=fields.ground_truth,
+                    extra_info=fields.extra_info,
+                    source=location,
+                )
+            )
+        pending.clear()
+
+    for item in read_rows(files, key):
+        if 0 < max_samples <= len(examples) + len(pending):
+            flush()
+            if len(examples) >= max_samples:
+                break
+        rows_read += 1
+        try:
+            if item.problem is not None:
+                raise RowProblem(item.problem)
+            assert item.row is not None
+            fields = parse_row(item.row, cfg)
+            text, messages = render(fields, cfg, tokenizer)
+        except RowProblem as err:
+            issue = RowIssue(item.file, item.where, str(err))
+            _report(issue, cfg, key, len(skipped))
+            skipped.append(issue)
+            continue
+        pending.append((item.file, item.where, text, messages, fields))
+        if len(pending) >= _TOKENIZE_CHUNK:
+            flush()
+    flush()
+    if max_samples > 0:
+        del examples[max_samples:]
+
+    if skipped:
+        log.warning(
+            "%s data: skipped %d of %d rows as malformed (first: %s)",
+            name,
+            len(skipped),
+            rows_read,
+            skipped[0],
+        )
+    if filtered:
+        log.info(
+            "%s data: dropped %d prompts longer than %d tokens",
+            name,
+            filtered,
+            cfg.max_prompt_length,
+        )
+    if not examples:
+        first = f" (first skipped: {skipped[0]})" if skipped else ""
+        raise DataError(
+            key,
+            f"no usable prompt in {files}: {rows_read} rows read, {len(skipped)} malformed, "
+            f"{filtered} overlong{first}",
+            "check the files and data.prompt_key/messages_key",
+        )
+    return PromptDataset(examples, pad_id, name, skipped, filtered, truncated, rows_read)
+
+
+def build_datasets(
+    cfg: TemperConfig, tokenizer: Any
+) -> tuple[PromptDataset | None, PromptDataset | None]:
+    """The train and validation datasets of a run (None where no files are configured).
+
+    Honors ``data.train_max_samples``/``val_max_samples`` (first N usable prompts).
+    """
+    data = cfg.data
+    train = val = None
+    if data.train_files:
+        limit = getattr(data, "train_max_samples", -1)
+        train = build_dataset(data.train_files, data, tokenizer, "train", "data.train_files", limit)
+    if data.val_files:
+        limit = getattr(data, "val_max_samples", -1)
+        val = build_dataset(data.val_files, data, tokenizer, "val", "data.val_files", limit)
+    return train, val

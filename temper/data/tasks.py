@@ -1,0 +1,175 @@
+"""Synthetic, seeded RLVR tasks that temper makes itself (quickstart, tests, CI).
+
+No machine here reaches a dataset hub, and a learnable toy task is the fastest proof that
+a pipeline trains. Rows have verl's shape, so the same files work with verl::
+
+    {"data_source": "arithmetic", "ability": "math",
+     "prompt": [{"role": "user", "content": "What is 7 + 5? Put the final answer after ####."}],
+     "reward_model": {"style": "rule", "ground_truth": "12"},
+     "extra_info": {"split": "train", "index": 0, ...}}
+
+- ``arithmetic``: sums/differences of small numbers; ground truth the result as a string
+  (scored like gsm8k: the number after ``####``).
+- ``countdown``: reach ``target`` with ``numbers`` (each once, ``+ - * /``); ground truth
+  the JSON *string* ``{"target": T, "numbers": [...]}`` (a string so that every file format,
+  csv included, stores it the same). Targets are always reachable (built from an
+  expression, kept in ``extra_info.solution``).
+
+    python -m temper.data.tasks arithmetic data/train.parquet --n 1000 --seed 0 max_operand=20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from temper.config.errors import unknown_name
+from temper.data.sources import write_rows
+
+ARITHMETIC_SUFFIX = "Put the final answer after ####."
+
+
+def _row(source: str, content: str, truth: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "data_source": source,
+        "ability": "math",
+        "prompt": [{"role": "user", "content": content}],
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": extra,
+    }
+
+
+def arithmetic_rows(
+    n: int,
+    seed: int = 0,
+    max_operand: int = 10,
+    num_terms: int = 2,
+    ops: str = "+-",
+    allow_negative: bool = False,
+    split: str = "train",
+) -> list[dict[str, Any]]:
+    """``n`` questions "What is a + b - c?" with operands in [0, max_operand].
+
+    ``allow_negative=False`` redraws expressions whose value is below 0 (small models
+    find negative answers much harder, which hides whether training works at all).
+    """
+    if num_terms < 2 or max_operand < 1 or not ops or set(ops) - set("+-"):
+        raise ValueError("arithmetic needs num_terms >= 2, max_operand >= 1, ops within '+-'")
+    rng = random.Random(seed)
+    rows = []
+    for index in range(n):
+        while True:
+            terms = [rng.randint(0, max_operand) for _ in range(num_terms)]
+            signs = [rng.choice(ops) for _ in range(num_terms - 1)]
+            value = terms[0]
+            for sign, term in zip(signs, terms[1:]):
+                value = value + term if sign == "+" else value - term
+            if allow_negative or value >= 0:
+                break
+        expr = str(terms[0]) + "".join(f" {s} {t}" for s, t in zip(signs, terms[1:]))
+        extra = {"split": split, "index": index, "expression": expr, "num_terms": num_terms}
+        rows.append(_row("arithmetic", f"What is {expr}? {ARITHMETIC_SUFFIX}", str(value), extra))
+    return rows
+
+
+def countdown_prompt(numbers: list[int], target: int) -> str:
+    """The TinyZero countdown instruction (answer inside <answer> tags)."""
+    return (
+        f"Using the numbers {numbers}, create an equation that equals {target}. "
+        "You can use basic arithmetic operations (+, -, *, /) and each number can only be "
+        "used once. Show your work in <think> </think> tags. And return the final answer "
+        "in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+    )
+
+
+def countdown_rows(
+    n: int,
+    seed: int = 0,
+    num_numbers: int = 3,
+    max_number: int = 20,
+    ops: str = "+-*",
+    max_target: int = 1000,
+    split: str = "train",
+) -> list[dict[str, Any]]:
+    """``n`` puzzles: ``num_numbers`` numbers in [1, max_number] and a reachable target.
+
+    The target is the value (in 1..max_target) of a random left-to-right expression over a
+    shuffle of all the numbers, so every puzzle has at least that solution.
+    """
+    if num_numbers < 2 or max_number < 1 or not ops or set(ops) - set("+-*"):
+        raise ValueError("countdown needs num_numbers >= 2, max_number >= 1, ops within '+-*'")
+    rng = random.Random(seed)
+    rows = []
+    for index in range(n):
+        while True:
+            numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
+            order = rng.sample(numbers, len(numbers))
+            expr, value = str(order[0]), order[0]
+            for number in order[1:]:
+                op = rng.choice(ops)
+                value = (
+                    value + number
+                    if op == "+"
+                    else value - number
+                    if op == "-"
+                    else (value * number)
+                )
+                expr = f"({expr} {op} {number})"
+            if 1 <= value <= max_target:
+                break
+        truth = json.dumps({"target": value, "numbers": numbers})
+        extra = {"split": split, "index": index, "solution": expr[1:-1] if expr[0] == "(" else expr}
+        rows.append(_row("countdown", countdown_prompt(numbers, value), truth, extra))
+    return rows
+
+
+TASKS: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "arithmetic": arithmetic_rows,
+    "countdown": countdown_rows,
+}
+
+
+def make_task_rows(name: str, n: int, seed: int = 0, **kwargs: Any) -> list[dict[str, Any]]:
+    """``n`` rows of task ``name`` (deterministic in ``seed`` and ``kwargs``)."""
+    if name not in TASKS:
+        raise unknown_name("task", name, TASKS)
+    return TASKS[name](n, seed, **kwargs)
+
+
+def write_task(name: str, path: str | Path, n: int, seed: int = 0, **kwargs: Any) -> Path:
+    """Write ``n`` rows of task ``name`` to ``path`` (.parquet, .jsonl, .json or .csv)."""
+    return write_rows(make_task_rows(name, n, seed, **kwargs), path)
+
+
+def _value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write a synthetic RLVR task dataset.")
+    parser.add_argument("name", choices=sorted(TASKS))
+    parser.add_argument("path")
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("options", nargs="*", help="task knobs as key=value (max_operand=20)")
+    args = parser.parse_intermixed_args(argv)
+    kwargs = {}
+    for option in args.options:
+        key, sep, value = option.partition("=")
+        if not sep:
+            parser.error(f"option '{option}' is not key=value")
+        kwargs[key] = _value(value)
+    print(write_task(args.name, args.path, args.n, args.seed, **kwargs))
+
+
+if __name__ == "__main__":
+    main()
