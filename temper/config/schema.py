@@ -122,10 +122,12 @@ class DataConfig:
     prompt_key: str = doc("prompt", "Column with the prompt (a string or a chat message list).")
     messages_key: str | None = doc(None, "Column with chat messages (instead of prompt_key).")
     ground_truth_key: str = doc(
-        "reward_model.ground_truth", "Column (dotted path) with the answer given to the reward."
+        "reward_model.ground_truth",
+        "Column (dotted path) with the answer given to the reward; if absent, the row's "
+        "ground_truth, then answer column.",
     )
     data_source_key: str = doc("data_source", "Column naming the task; selects the reward fn.")
-    tag_key: str = doc("tag", "Column with a domain tag (ROLL routing of rewards by tag).")
+    tag_key: str = doc("tag", "Column with a domain tag (ROLL reward routing); default: source.")
     extra_info_key: str = doc("extra_info", "Column passed to reward functions as extra_info.")
     chat_template: str = doc("native", "native: tokenizer.apply_chat_template; raw: plain text.")
     system_prompt: str | None = doc(None, "System message prepended to every chat prompt.")
