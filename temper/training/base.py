@@ -14,10 +14,14 @@ from typing import Any
 import torch
 
 from temper.data.batch import Batch
+from temper.training.micro_batching import MicroBatching
 
 # loss_fn(micro_batch, model_outputs) -> (loss already scaled by the *global*
 # normalizer of the mini-batch, metrics). Summing micro-batch losses gives the
 # mini-batch loss exactly, so the engine never rescales by micro-batch count.
+# Metrics follow the same rule: the engine *sums* them over micro-batches, so a
+# loss_fn reports a partial sum (e.g. a micro-batch mean times its share of the
+# mini-batch's tokens), and the sum is the mini-batch value whatever the split.
 LossFn = Callable[[Batch, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -25,19 +29,39 @@ class TrainEngine(abc.ABC):
     """A trainable (or frozen) causal LM / value model behind micro-batching."""
 
     @abc.abstractmethod
-    def forward(self, batch: Batch, *, with_entropy: bool = False, temperature: float = 1.0,
-                with_values: bool = False) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        batch: Batch,
+        *,
+        with_entropy: bool = False,
+        temperature: float = 1.0,
+        with_values: bool = False,
+        micro_batching: MicroBatching | None = None,
+    ) -> dict[str, torch.Tensor]:
         """No-grad forward in micro-batches; returns per-response-token tensors
-        ``log_probs`` (B, R), optionally ``entropy`` (B, R) or ``values`` (B, R)."""
+        ``log_probs`` (B, R), optionally ``entropy`` (B, R) or ``values`` (B, R), in
+        batch order, 0 on masked tokens. ``micro_batching`` overrides the engine's
+        inference micro-batching (the reference may share the actor's engine)."""
 
     @abc.abstractmethod
-    def train_mini_batch(self, batch: Batch, loss_fn: LossFn, *, temperature: float = 1.0,
-                         with_entropy: bool = False) -> dict[str, float]:
+    def train_mini_batch(
+        self, batch: Batch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = False
+    ) -> dict[str, float]:
         """Forward/backward every micro-batch of ``batch``, then one optimizer step.
 
         Raises ``NonFiniteError`` before the optimizer step when the loss or the
-        gradient norm is not finite. Returns averaged metrics plus grad_norm and lr.
+        gradient norm is not finite. Returns the loss_fn metrics summed over
+        micro-batches plus ``loss`` (the mini-batch loss), ``grad_norm`` (before
+        clipping) and ``lr`` (of this step).
         """
+
+    @abc.abstractmethod
+    def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
+        """Parameters the optimizer updates (LoRA: the adapters only)."""
+
+    @abc.abstractmethod
+    def set_total_steps(self, total_steps: int) -> None:
+        """Optimizer steps of the whole run (LR decay length, warmup_ratio base)."""
 
     @abc.abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,223 @@
+"""The actor: old log-probs before the update, and the PPO-style policy update.
+
+The loss is assembled from the algorithms package (policy loss by registry name, KL,
+entropy, SFT terms, aggregation) — never re-derived here. Every term is aggregated with
+the **global** normalizers of its mini-batch, so summing micro-batch losses gives the
+mini-batch loss whatever the micro-batch split (1×N equals N×1 accumulation).
+
+Keys read by ``update``: ``prompt_ids``, ``prompt_mask``, ``response_ids``,
+``response_mask``, ``advantages``, ``old_log_probs`` (or ``rollout_log_probs`` with
+``recompute_old_log_prob: false``); ``ref_log_probs`` for the KL loss;
+``rollout_log_probs`` for ``rollout_is``; ``token_level_scores`` (or
+``token_level_rewards``) for the SFT term's positive samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from temper.algorithms.aggregation import LossAggregator
+from temper.algorithms.kl import kl_loss, kl_penalty
+from temper.algorithms.masked import masked_mean
+from temper.algorithms.objectives import actor_loss, entropy_loss, sft_loss
+from temper.algorithms.policy_losses import PolicyLossParams, compute_policy_loss
+from temper.algorithms.rollout_correction import rollout_is_weights
+from temper.config.errors import ConfigError
+from temper.config.schema import ActorConfig
+from temper.data.batch import Batch
+from temper.roles.minibatch import StepMetrics, mini_batches, optimizer_steps
+from temper.training.base import LossFn, TrainEngine
+
+_POSITIVE = "_sft_positive"
+_IS_WEIGHTS = "rollout_is_weights"
+
+
+def policy_loss_params(cfg: ActorConfig) -> PolicyLossParams:
+    """``PolicyLossParams`` from the actor section (clip ratios + ``policy_loss_kwargs``)."""
+    known = {f.name for f in dataclasses.fields(PolicyLossParams)}
+    for key in cfg.policy_loss_kwargs:
+        if key not in known:
+            raise ConfigError(
+                f"actor.policy_loss_kwargs.{key}",
+                "not a parameter of any policy loss",
+                f"use one of: {', '.join(sorted(known))}",
+            )
+    try:
+        return PolicyLossParams(
+            clip_ratio=cfg.clip_ratio,
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            **cfg.policy_loss_kwargs,
+        )
+    except ValueError as err:
+        raise ConfigError("actor.clip_ratio_c", str(err), "use a value > 1 or null") from err
+
+
+class Actor:
+    """Policy role over a trainable causal-LM engine."""
+
+    def __init__(
+        self, cfg: ActorConfig, engine: TrainEngine, *, temperature: float = 1.0, seed: int = 0
+    ) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.seed = seed
+        self.params = policy_loss_params(cfg)
+        self.updates = 0
+
+    def _temperature(self, batch: Batch) -> float:
+        t = float(batch.meta.get("temperature", self.temperature) or 1.0)
+        return t if t > 0 else 1.0
+
+    # ------------------------------------------------------------------ inference
+
+    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+        """A copy of ``batch`` with ``old_log_probs`` (B, R) (and ``entropy`` if asked)."""
+        out = self.engine.forward(
+            batch, with_entropy=with_entropy, temperature=self._temperature(batch)
+        )
+        new = {"old_log_probs": out["log_probs"]}
+        if with_entropy:
+            new["entropy"] = out["entropy"]
+        return batch.union(Batch.from_dict(new))
+
+    # ------------------------------------------------------------------ update
+
+    def optimizer_steps_per_update(self, num_samples: int) -> int:
+        """Optimizer steps one ``update`` of ``num_samples`` samples takes."""
+        return optimizer_steps(num_samples, self.cfg.mini_batch_size, self.cfg.ppo_epochs)
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """Total optimizer steps of the run, for the LR schedule."""
+        self.engine.set_total_steps(total_steps)
+
+    def _prepare(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Fill in old log-probs, rollout IS weights and SFT positives on a copy."""
+        cfg = self.cfg
+        work = Batch(batch.tensors.clone(recurse=False), dict(batch.objects), dict(batch.meta))
+        metrics: dict[str, float] = {}
+        if "old_log_probs" not in work:
+            if cfg.recompute_old_log_prob or "rollout_log_probs" not in work:
+                raise KeyError("actor.update needs old_log_probs: call compute_log_probs first")
+            work["old_log_probs"] = work["rollout_log_probs"]
+        if cfg.use_kl_loss and "ref_log_probs" not in work:
+            raise KeyError("actor.use_kl_loss needs ref_log_probs from the reference")
+        if cfg.rollout_is != "none":
+            if "rollout_log_probs" not in work:
+                raise KeyError(f"actor.rollout_is={cfg.rollout_is} needs rollout_log_probs")
+            weights, _, m = rollout_is_weights(
+                work["old_log_probs"],
+                work["rollout_log_probs"],
+                work["response_mask"],
+                level=cfg.rollout_is,
+                threshold=cfg.rollout_is_threshold,
+            )
+            work[_IS_WEIGHTS] = weights
+            metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
+        if cfg.sft_loss_coef:
+            key = "token_level_scores" if "token_level_scores" in work else "token_level_rewards"
+            if key not in work:
+                raise KeyError("actor.sft_loss_coef needs token_level_scores to pick positives")
+            work[_POSITIVE] = (work[key].sum(dim=-1) > 0).float()
+        return work, metrics
+
+    def _loss_fn(self, mini: Batch) -> LossFn:
+        """The loss of one mini-batch's micro-batches, with the mini-batch's normalizers."""
+        cfg = self.cfg
+        full_mask = mini["response_mask"]
+        agg = LossAggregator.from_mask(cfg.loss_agg_mode, full_mask)
+        n_tokens = max(agg.num_tokens, 1.0)
+        n_samples = len(mini)
+        sft_agg = None
+        if cfg.sft_loss_coef:
+            sft_agg = LossAggregator.from_mask(
+                cfg.loss_agg_mode, full_mask * mini[_POSITIVE].unsqueeze(-1).to(full_mask.dtype)
+            )
+        engine = self.engine
+
+        def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+            mask = mb["response_mask"]
+            log_prob = out["log_probs"]
+            share = float((mask > 0).sum()) / n_tokens  # local means → partial sums
+            weights = mb[_IS_WEIGHTS] if _IS_WEIGHTS in mb else None  # noqa: SIM401
+            pg, pg_m = compute_policy_loss(
+                cfg.policy_loss,
+                log_prob,
+                mb["old_log_probs"],
+                mb["advantages"],
+                mask,
+                self.params,
+                agg,
+                weights,
+            )
+            metrics: dict[str, Any] = {"pg_loss": pg.detach()}
+            for k, v in pg_m.items():
+                if k != "pg_loss":
+                    metrics[k] = v.detach() * share
+            ent = None
+            if cfg.entropy_coeff:
+                ent = entropy_loss(out["entropy"], mask, agg)
+                metrics["entropy"] = masked_mean(out["entropy"].detach(), mask) * share
+            kl = None
+            if "ref_log_probs" in mb:
+                ref = mb["ref_log_probs"]
+                if cfg.use_kl_loss:
+                    kl, _ = kl_loss(log_prob, ref, mask, agg, cfg.kl_loss_type)
+                    metrics["kl_loss"] = kl.detach()
+                est = kl_penalty(log_prob.detach(), ref, cfg.kl_loss_type)
+                metrics["kl"] = masked_mean(est, mask) * share
+            sft = sft_loss(log_prob, mask, mb[_POSITIVE], sft_agg) if sft_agg else None
+            total = actor_loss(
+                pg,
+                kl_loss=kl,
+                kl_loss_coef=cfg.kl_loss_coef,
+                entropy=ent,
+                entropy_coef=cfg.entropy_coeff,
+                sft_loss=sft,
+                sft_loss_coef=cfg.sft_loss_coef,
+                rl_loss_coef=cfg.rl_loss_coef,
+            )
+            if sft is not None:
+                metrics["sft_loss"] = sft.detach()
+            if cfg.l2_coef:
+                # once per optimizer step: each micro-batch adds its share of the samples
+                l2 = sum(p.pow(2).sum() for p in engine.trainable_parameters())
+                total = total + cfg.l2_coef * l2 * (len(mb) / n_samples)
+            return total, metrics
+
+        return loss_fn
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over mini-batches of the step's batch; averaged ``actor/*`` metrics."""
+        cfg = self.cfg
+        work, extra = self._prepare(batch)
+        temperature = self._temperature(batch)
+        steps = StepMetrics()
+        seed = self.seed * 1_000_003 + self.updates
+        for mini in mini_batches(
+            work, cfg.mini_batch_size, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed
+        ):
+            steps.add(
+                self.engine.train_mini_batch(
+                    mini,
+                    self._loss_fn(mini),
+                    temperature=temperature,
+                    with_entropy=bool(cfg.entropy_coeff),
+                )
+            )
+        self.updates += 1
+        return {**steps.result("actor"), **extra}
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.engine.load_state_dict(state["engine"])
+        self.updates = int(state.get("updates", 0))

@@ -1,0 +1,132 @@
+"""Roles from a whole config: which exist, on which engine, with which batching.
+
+* actor: always; engine ``actor.strategy``.
+* reference: iff ``reference.enable``, or (unset and a KL term is used —
+  ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``). With LoRA it is the actor's
+  engine with adapters disabled (no second model).
+* critic: iff ``critic.enable``, or (unset and the advantage estimator needs values,
+  e.g. ``gae``); a value model from ``critic.model_path`` or the policy.
+
+Inference micro-batching (old log-probs) takes the first of ``actor.log_prob_*``,
+``rollout.log_prob_*`` (verl keeps them there), and the training micro-batch settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from temper.config.derive import uses_critic, uses_reference
+from temper.config.schema import TemperConfig, TrainEngineConfig
+from temper.roles.actor import Actor
+from temper.roles.critic import Critic
+from temper.roles.reference import Reference
+from temper.training.micro_batching import MicroBatching
+from temper.training.models import resolve_device
+from temper.training.registry import build_engine
+from temper.training.spec import EngineSpec
+
+
+@dataclass
+class Roles:
+    """The trained and frozen roles of a run (``None``: not used by this config)."""
+
+    actor: Actor
+    reference: Reference | None
+    critic: Critic | None
+
+
+def infer_micro_batching(cfg: TemperConfig, engine: TrainEngineConfig) -> MicroBatching:
+    """No-grad micro-batching of a trained role (actor old log-probs, critic values)."""
+    ro = cfg.rollout
+    size = (
+        engine.log_prob_micro_batch_size_per_device
+        or ro.log_prob_micro_batch_size_per_device
+        or engine.micro_batch_size_per_device
+    )
+    budget = None
+    if engine.log_prob_max_token_len_per_device is not None:
+        budget = engine.log_prob_max_token_len_per_device
+    elif ro.log_prob_use_dynamic_bsz:
+        budget = ro.log_prob_max_token_len_per_device
+    elif engine.use_dynamic_bsz:
+        budget = engine.max_token_len_per_device
+    return MicroBatching(size=size, max_tokens=budget)
+
+
+def reference_micro_batching(cfg: TemperConfig, actor_micro: MicroBatching) -> MicroBatching:
+    ref = cfg.reference
+    size = ref.log_prob_micro_batch_size_per_device or actor_micro.size
+    budget = ref.log_prob_max_token_len_per_device if ref.use_dynamic_bsz else None
+    return MicroBatching(size=size, max_tokens=budget)
+
+
+def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> Roles:
+    """Load the models and build ``Roles(actor, reference | None, critic | None)``.
+
+    ``device`` defaults to ``experiment.device`` (``auto``: cuda when available).
+    """
+    dev = resolve_device(device if device is not None else cfg.experiment.device)
+    seed = cfg.experiment.seed
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+
+    actor_micro = infer_micro_batching(cfg, cfg.actor)
+    actor_engine = build_engine(
+        cfg.actor.strategy,
+        EngineSpec(
+            model=cfg.model,
+            device=dev,
+            train=cfg.actor,
+            infer_micro=actor_micro,
+            entropy_chunk_size=cfg.actor.entropy_chunk_size,
+            seed=seed,
+            total_steps=cfg.actor.optim.total_training_steps,
+            role="actor",
+        ),
+    )
+    actor = Actor(cfg.actor, actor_engine, temperature=temperature, seed=seed)
+
+    reference = None
+    if uses_reference(cfg):
+        ref_micro = reference_micro_batching(cfg, actor_micro)
+        if cfg.model.lora.rank > 0:
+            reference = Reference(
+                actor_engine,
+                disable_adapters=True,
+                micro_batching=ref_micro,
+                temperature=temperature,
+            )
+        else:
+            ref_engine = build_engine(
+                cfg.reference.strategy,
+                EngineSpec(
+                    model=cfg.model,
+                    device=dev,
+                    train=None,
+                    infer_micro=ref_micro,
+                    param_offload=cfg.reference.param_offload,
+                    seed=seed,
+                    role="reference",
+                ),
+            )
+            reference = Reference(ref_engine, temperature=temperature)
+
+    critic = None
+    if uses_critic(cfg):
+        critic_engine = build_engine(
+            cfg.critic.strategy,
+            EngineSpec(
+                model=cfg.model,
+                device=dev,
+                kind="value",
+                model_path=cfg.critic.model_path,
+                train=cfg.critic,
+                infer_micro=infer_micro_batching(cfg, cfg.critic),
+                seed=seed,
+                total_steps=cfg.critic.optim.total_training_steps,
+                role="critic",
+            ),
+        )
+        critic = Critic(cfg.critic, critic_engine, seed=seed)
+    return Roles(actor=actor, reference=reference, critic=critic)

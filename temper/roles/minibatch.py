@@ -1,0 +1,55 @@
+"""PPO's outer loops, shared by actor and critic: epochs × (shuffled) mini-batches.
+
+One mini-batch is one optimizer step. Shuffling is seeded by ``(seed, update index)``
+so a resumed run replays the same order; metrics of the steps are averaged (``lr``:
+the last step's value, which is what the schedule is at).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from temper.data.batch import Batch
+
+
+def mini_batches(
+    batch: Batch, mini_batch_size: int | None, epochs: int, *, shuffle: bool, seed: int
+) -> Iterator[Batch]:
+    """``epochs`` passes over ``batch`` in pieces of ``mini_batch_size`` samples (None: all)."""
+    n = len(batch)
+    size = mini_batch_size or n
+    if size <= 0 or n == 0:
+        raise ValueError(f"cannot cut {n} samples into mini-batches of {size}")
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = batch.select(torch.randperm(n, generator=gen)) if shuffle else batch
+        yield from order.split(size)
+
+
+def optimizer_steps(num_samples: int, mini_batch_size: int | None, epochs: int) -> int:
+    """Optimizer steps one ``update`` of ``num_samples`` takes (for the LR schedule)."""
+    size = mini_batch_size or num_samples
+    return epochs * -(-num_samples // size)
+
+
+class StepMetrics:
+    """Mean over optimizer steps of each metric; ``lr`` keeps the last value."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+        self._last: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self._sums[k] = self._sums.get(k, 0.0) + float(v)
+            self._counts[k] = self._counts.get(k, 0) + 1
+            self._last[k] = float(v)
+
+    def result(self, prefix: str) -> dict[str, float]:
+        out = {}
+        for k, total in self._sums.items():
+            out[f"{prefix}/{k}"] = self._last[k] if k == "lr" else total / self._counts[k]
+        return out

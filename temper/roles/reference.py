@@ -1,0 +1,47 @@
+"""The reference policy: frozen log-probs for the KL terms.
+
+Either its own frozen engine (a second copy of the weights, stored in the compute
+dtype), or — when the actor trains LoRA adapters — the actor's engine with the adapters
+switched off: the base weights *are* the reference, so no second copy is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from temper.data.batch import Batch
+from temper.training.base import TrainEngine
+from temper.training.micro_batching import MicroBatching
+
+
+class Reference:
+    """``compute_ref_log_probs`` over a frozen engine or the actor's adapter-free base."""
+
+    def __init__(
+        self,
+        engine: TrainEngine,
+        *,
+        disable_adapters: bool = False,
+        micro_batching: MicroBatching | None = None,
+        temperature: float = 1.0,
+    ) -> None:
+        if disable_adapters and not getattr(engine, "has_adapters", False):
+            raise ValueError("disable_adapters needs an engine with LoRA adapters")
+        self.engine = engine
+        self.disable_adapters = disable_adapters
+        self.micro_batching = micro_batching
+        self.temperature = temperature if temperature > 0 else 1.0
+
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        """A copy of ``batch`` with ``ref_log_probs`` (B, R), 0 on masked tokens."""
+        t = float(batch.meta.get("temperature", self.temperature) or 1.0)
+        ctx = (
+            self.engine.adapters_disabled()  # type: ignore[attr-defined]
+            if self.disable_adapters
+            else contextlib.nullcontext()
+        )
+        with ctx:
+            out = self.engine.forward(
+                batch, temperature=t if t > 0 else 1.0, micro_batching=self.micro_batching
+            )
+        return batch.union(Batch.from_dict({"ref_log_probs": out["log_probs"]}))

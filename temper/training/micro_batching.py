@@ -1,0 +1,159 @@
+"""Cutting a batch into micro-batches and building the trimmed model inputs of each.
+
+Two ways to cut (``MicroBatching``):
+
+* a fixed number of samples per micro-batch (``size``), in order;
+* a token budget (``max_tokens``): samples are packed first-fit-decreasing by their real
+  (unpadded) length into as few micro-batches as fit, which also groups similar lengths
+  and so wastes less padding. A sample longer than the budget gets a micro-batch alone.
+  Callers scatter results back with the returned indices, so the original order holds.
+
+Each micro-batch is then trimmed to its own longest real prompt and response instead of
+the global padded width: prompts are left-padded, so leading all-pad columns go;
+responses are right-padded, so trailing all-pad columns go. Full padding removal
+(varlen packing with flash-attention) is a GPU follow-up; on CPU, sdpa with a padded
+mask is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from temper.data.batch import Batch
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a batch is cut: ``max_tokens`` set → token budget, else ``size`` samples."""
+
+    size: int = 1
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"micro-batch size must be >= 1, got {self.size}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"micro-batch token budget must be >= 1, got {self.max_tokens}")
+
+
+def response_attention(batch: Batch) -> torch.Tensor:
+    """``(B, R)`` 1 on response positions that hold a real token.
+
+    Taken from ``attention_mask`` when the batch has it. Otherwise every position up to
+    the last trained token counts: in multi-turn responses the tool/observation tokens
+    (``response_mask`` 0) sit *between* trained tokens and must stay visible.
+    """
+    R = batch["response_ids"].shape[1]
+    if "attention_mask" in batch:
+        return batch["attention_mask"][:, -R:].to(torch.long)
+    m = batch["response_mask"] > 0
+    pos = torch.arange(R, device=m.device).expand_as(m)
+    last = torch.where(m, pos, torch.full_like(pos, -1)).max(dim=1, keepdim=True).values
+    return (pos <= last).to(torch.long)
+
+
+def real_lengths(batch: Batch) -> torch.Tensor:
+    """``(B,)`` prompt + response tokens that are not padding."""
+    return batch["prompt_mask"].sum(dim=1).long() + response_attention(batch).sum(dim=1)
+
+
+def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped so each group's total length is <= ``budget`` (oversized alone).
+
+    Longest first, each into the first group with room; groups keep ascending indices.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for g, load in enumerate(loads):
+            if load + lengths[i] <= budget:
+                groups[g].append(i)
+                loads[g] += lengths[i]
+                break
+        else:
+            groups.append([i])
+            loads.append(lengths[i])
+    return [sorted(g) for g in groups]
+
+
+def micro_batch_indices(batch: Batch, spec: MicroBatching) -> list[list[int]]:
+    """Row indices of each micro-batch of ``batch`` under ``spec``."""
+    n = len(batch)
+    if spec.max_tokens is None:
+        return [list(range(i, min(i + spec.size, n))) for i in range(0, n, spec.size)]
+    return first_fit_decreasing(real_lengths(batch).tolist(), spec.max_tokens)
+
+
+def split_micro_batches(batch: Batch, spec: MicroBatching) -> tuple[list[Batch], list[list[int]]]:
+    """The micro-batches and their row indices in ``batch``."""
+    groups = micro_batch_indices(batch, spec)
+    if spec.max_tokens is None:
+        return [batch.slice(g[0], g[-1] + 1) for g in groups], groups
+    return [batch.select(g) for g in groups], groups
+
+
+@dataclass
+class ModelInputs:
+    """Trimmed model inputs of one micro-batch.
+
+    ``input_ids = prompt[:, -P':] ‖ response[:, :R']``; the logits (or hidden states) at
+    the last ``R' + 1`` positions, minus the final one, score the ``R'`` response tokens.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_ids: torch.Tensor
+    response_len: int
+    full_response_len: int
+
+
+def model_inputs(batch: Batch, device: torch.device) -> ModelInputs:
+    """Concatenate, trim to the micro-batch's real extent, and derive position ids.
+
+    Position ids count real tokens only (``cumsum(mask) - 1``), so a left-padded row sees
+    the same positions as it would alone: batch-of-1 equals batch-of-N.
+    """
+    prompt_mask = batch["prompt_mask"].to(torch.long)
+    resp_attn = response_attention(batch)
+    R = resp_attn.shape[1]
+    has_prompt = prompt_mask.any(dim=0).nonzero()
+    if has_prompt.numel() == 0:
+        raise ValueError("every prompt in the micro-batch is empty; the first token has no logits")
+    p_start = int(has_prompt[0])
+    has_resp = resp_attn.any(dim=0).nonzero()
+    r_len = max(int(has_resp[-1]) + 1 if has_resp.numel() else 0, 1)
+    ids = torch.cat([batch["prompt_ids"][:, p_start:], batch["response_ids"][:, :r_len]], dim=1)
+    mask = torch.cat([prompt_mask[:, p_start:], resp_attn[:, :r_len]], dim=1)
+    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    return ModelInputs(
+        input_ids=ids.to(device, torch.long),
+        attention_mask=mask.to(device),
+        position_ids=pos.to(device),
+        response_ids=batch["response_ids"][:, :r_len].to(device, torch.long),
+        response_len=r_len,
+        full_response_len=R,
+    )
+
+
+def pad_response(x: torch.Tensor, full_len: int) -> torch.Tensor:
+    """Right-pad a ``(b, R')`` per-response-token tensor with zeros back to ``(b, R)``."""
+    if x.shape[1] == full_len:
+        return x
+    return torch.nn.functional.pad(x, (0, full_len - x.shape[1]))
+
+
+__all__ = [
+    "MicroBatching",
+    "ModelInputs",
+    "first_fit_decreasing",
+    "micro_batch_indices",
+    "model_inputs",
+    "pad_response",
+    "real_lengths",
+    "response_attention",
+    "split_micro_batches",
+]

@@ -1,0 +1,63 @@
+"""What it takes to build an engine, in one value every strategy's factory accepts.
+
+Roles describe the engine they need (model, trained or frozen, policy or value head,
+batching) as an :class:`EngineSpec`; the registry (:mod:`temper.training.registry`)
+turns it into a ``torch`` / ``fsdp2`` / … engine. One signature keeps the roles free of
+strategy branches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from temper.config.schema import ModelConfig, OptimConfig, TrainEngineConfig
+from temper.training.micro_batching import MicroBatching
+
+ModelKind = Literal["causal_lm", "value"]
+
+
+@dataclass
+class EngineSpec:
+    """Inputs of an engine factory.
+
+    Attributes:
+        model: the model section (path, dtype, LoRA, checkpointing, …).
+        device: where compute runs.
+        kind: ``causal_lm`` (log-probs, entropy) or ``value`` (backbone + scalar head).
+        model_path: weights to load instead of ``model.path`` (critic ``model_path``).
+        train: batching, clipping and optimizer of a trained role; ``None`` = frozen.
+        infer_micro: micro-batching of no-grad forwards (log-probs, values).
+        entropy_chunk_size: rows per entropy chunk (0: one chunk per micro-batch).
+        param_offload: keep a frozen model on CPU between forwards (GPU memory).
+        seed: seeds fresh heads (value model) deterministically.
+        total_steps: optimizer steps of the LR schedule, if known now.
+        role: config section name used in error messages (``actor``, ``critic``, …).
+    """
+
+    model: ModelConfig
+    device: torch.device
+    kind: ModelKind = "causal_lm"
+    model_path: str | None = None
+    train: TrainEngineConfig | None = None
+    infer_micro: MicroBatching = MicroBatching()
+    entropy_chunk_size: int = 0
+    param_offload: bool = False
+    seed: int = 0
+    total_steps: int | None = None
+    role: str = "actor"
+
+    @property
+    def optim(self) -> OptimConfig | None:
+        return self.train.optim if self.train is not None else None
+
+    @property
+    def train_micro(self) -> MicroBatching:
+        """Micro-batching of forward/backward passes (samples or token budget)."""
+        t = self.train
+        if t is None:
+            return self.infer_micro
+        budget = t.max_token_len_per_device if t.use_dynamic_bsz else None
+        return MicroBatching(size=t.micro_batch_size_per_device, max_tokens=budget)

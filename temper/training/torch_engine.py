@@ -1,0 +1,323 @@
+"""The single-process engine: one model on the CPU or one GPU, plain torch.
+
+It is the reference implementation of :class:`TrainEngine` (the distributed engines must
+agree with it) and what CI and laptops run. Memory choices:
+
+* trained models keep fp32 master weights and run under ``torch.autocast`` in the
+  configured compute dtype (bf16 on GPU by default) — AdamW updates of ~1e-6 would be
+  lost in bf16 weights; frozen models are stored in the compute dtype directly;
+* only the logits of response positions are computed (``logits_to_keep``), and
+  log-probs/entropy are chunked over rows by the algorithms package;
+* each micro-batch is trimmed to its longest real prompt/response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from temper.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
+from temper.config.errors import ConfigError
+from temper.data.batch import Batch
+from temper.training.base import LossFn, NonFiniteError, TrainEngine
+from temper.training.micro_batching import (
+    MicroBatching,
+    ModelInputs,
+    model_inputs,
+    pad_response,
+    split_micro_batches,
+)
+from temper.training.models import (
+    load_causal_lm,
+    load_tokenizer,
+    load_value_model,
+    resolve_dtype,
+)
+from temper.training.schedule import LRSchedule
+from temper.training.spec import EngineSpec
+from temper.training.weights import hf_named_weights, is_peft_model, save_hf_model
+
+log = logging.getLogger(__name__)
+
+
+def _check_supported(spec: EngineSpec) -> None:
+    """Fail early on settings that would change results and that this engine lacks."""
+    t = spec.train
+    if t is not None and t.ulysses_sequence_parallel_size > 1:
+        raise ConfigError(
+            f"{spec.role}.ulysses_sequence_parallel_size",
+            "sequence parallelism needs several ranks; the torch engine is one process",
+            f"set it to 1 or use {spec.role}.strategy: fsdp2 when available",
+        )
+    m = spec.model
+    for flag in ("use_liger", "use_fused_kernels"):
+        if getattr(m, flag):
+            log.warning("model.%s is a GPU speed option the torch engine ignores", flag)
+
+
+class TorchEngine(TrainEngine):
+    """Causal LM or value model, micro-batched forward/backward, AdamW, LR schedule."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        _check_supported(spec)
+        self.spec = spec
+        self.device = spec.device
+        self.compute_dtype = resolve_dtype(spec.model.dtype, spec.device)
+        self.trainable = spec.train is not None
+        storage = torch.float32 if self.trainable else self.compute_dtype
+        load_device = torch.device("cpu") if spec.param_offload else spec.device
+        loader = load_value_model if spec.kind == "value" else load_causal_lm
+        kwargs: dict[str, Any] = {"seed": spec.seed} if spec.kind == "value" else {}
+        self.model: nn.Module = loader(
+            spec.model,
+            device=load_device,
+            dtype=storage,
+            path=spec.model_path,
+            trainable=self.trainable,
+            **kwargs,
+        )
+        self.infer_micro = spec.infer_micro
+        self.train_micro = spec.train_micro
+        self.grad_clip = spec.train.grad_clip if spec.train is not None else None
+        self._logits_to_keep = self._accepts_logits_to_keep()
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.schedule: LRSchedule | None = None
+        if spec.optim is not None:
+            o = spec.optim
+            self.optimizer = torch.optim.AdamW(
+                list(self.trainable_parameters()),
+                lr=o.lr,
+                betas=(o.betas[0], o.betas[1]),
+                eps=o.eps,
+                weight_decay=o.weight_decay,
+            )
+            self.schedule = LRSchedule(self.optimizer, o, spec.total_steps)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _accepts_logits_to_keep(self) -> bool:
+        if self.spec.kind == "value":
+            return False
+        base = self.model.get_base_model() if is_peft_model(self.model) else self.model
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        """With ``param_offload`` the weights visit the device only for the forward."""
+        if not self.spec.param_offload or self.device.type == "cpu":
+            yield
+            return
+        self.model.to(self.device)
+        try:
+            yield
+        finally:
+            self.model.to("cpu")
+
+    @contextlib.contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """Run the base model without its LoRA adapters (the reference policy, for free)."""
+        if not is_peft_model(self.model):
+            raise RuntimeError("adapters_disabled() needs a LoRA model (model.lora.rank > 0)")
+        with self.model.disable_adapter():
+            yield
+
+    @property
+    def has_adapters(self) -> bool:
+        return is_peft_model(self.model)
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        return (p for p in self.model.parameters() if p.requires_grad)
+
+    def set_total_steps(self, total_steps: int) -> None:
+        if self.schedule is not None:
+            self.schedule.set_total_steps(total_steps)
+
+    # ------------------------------------------------------------------ forward
+
+    def _logits(self, inp: ModelInputs, keep: int) -> torch.Tensor:
+        kwargs: dict[str, Any] = {"use_cache": False}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(
+            input_ids=inp.input_ids,
+            attention_mask=inp.attention_mask,
+            position_ids=inp.position_ids,
+            **kwargs,
+        )
+        return out.logits[:, -keep:]
+
+    def _run(self, mb: Batch, *, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
+        """Per-response-token outputs ``(b, R)`` of one micro-batch, 0 where masked."""
+        inp = model_inputs(mb, self.device)
+        r = inp.response_len
+        out: dict[str, torch.Tensor] = {}
+        with self._autocast():
+            if self.spec.kind == "value":
+                out["values"] = self.model(
+                    inp.input_ids, inp.attention_mask, inp.position_ids, keep_last=r + 1
+                )[:, :r]
+            else:
+                # logits at position p predict token p+1: the r+1 last positions minus the
+                # final one score the r response tokens
+                logits = self._logits(inp, r + 1)[:, :r]
+                out["log_probs"] = logprobs_from_logits(
+                    logits, inp.response_ids, temperature=temperature
+                )
+                if with_entropy:
+                    chunk = self.spec.entropy_chunk_size or max(1, logits.shape[0] * r)
+                    out["entropy"] = entropy_from_logits(
+                        logits, temperature=temperature, chunk_size=chunk
+                    )
+        mask = mb["response_mask"][:, :r].to(self.device) > 0
+        return {
+            k: pad_response(
+                torch.where(mask, v.float(), torch.zeros_like(v, dtype=torch.float32)),
+                inp.full_response_len,
+            )
+            for k, v in out.items()
+        }
+
+    @torch.no_grad()
+    def forward(
+        self,
+        batch: Batch,
+        *,
+        with_entropy: bool = False,
+        temperature: float = 1.0,
+        with_values: bool = False,
+        micro_batching: MicroBatching | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """No-grad ``log_probs`` (+``entropy``) or ``values``, ``(B, R)`` in batch order.
+
+        ``micro_batching`` overrides the engine's inference micro-batching (the reference
+        shares the actor's engine under LoRA but has its own batch settings).
+        """
+        if with_values and self.spec.kind != "value":
+            raise ValueError("values need a value-model engine (kind='value')")
+        spec = micro_batching or self.infer_micro
+        self.model.eval()
+        B, R = batch["response_ids"].shape
+        home = batch["response_ids"].device
+        results: dict[str, torch.Tensor] = {}
+        with self._on_device():
+            micro, groups = split_micro_batches(batch, spec)
+            for mb, rows in zip(micro, groups):
+                out = self._run(mb, temperature=temperature, with_entropy=with_entropy)
+                index = torch.as_tensor(rows, device=home)
+                for key, value in out.items():
+                    if key not in results:
+                        results[key] = torch.zeros(B, R, dtype=torch.float32, device=home)
+                    results[key][index] = value.to(home)
+        return results
+
+    # ------------------------------------------------------------------ training
+
+    def train_mini_batch(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """Accumulate gradients over micro-batches, check finiteness, clip, step.
+
+        ``loss_fn`` losses and metrics are partial sums (scaled by the mini-batch's global
+        normalizers), so both are summed here, never averaged.
+        """
+        if self.optimizer is None or self.schedule is None:
+            raise RuntimeError(f"the {self.spec.role} engine is frozen (no optimizer)")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        micro, _ = split_micro_batches(batch, self.train_micro)
+        total = 0.0
+        sums: dict[str, float] = {}
+        for i, mb in enumerate(micro):
+            out = self._run(mb, temperature=temperature, with_entropy=with_entropy)
+            loss, metrics = loss_fn(mb.to(self.device), out)
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError(
+                    f"{self.spec.role}: loss is {loss.item()} in micro-batch {i}; "
+                    "optimizer step skipped, weights unchanged"
+                )
+            loss.backward()
+            total += float(loss.detach())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        params = list(self.trainable_parameters())
+        clip = self.grad_clip if self.grad_clip is not None and self.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        if not torch.isfinite(torch.tensor(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(
+                f"{self.spec.role}: gradient norm is {grad_norm}; optimizer step skipped, "
+                "weights unchanged"
+            )
+        lr = self.schedule.apply()
+        self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}
+
+    # ------------------------------------------------------------------ weights and state
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return hf_named_weights(self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Trainable parameters (adapters only, under LoRA), optimizer and schedule.
+
+        Tensors are the live ones (like ``nn.Module.state_dict``): serialize or copy them
+        before training on.
+        """
+        state: dict[str, Any] = {
+            "model": {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+        }
+        if self.optimizer is not None and self.schedule is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+            state["scheduler"] = self.schedule.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        params = dict(self.model.named_parameters())
+        saved = state["model"]
+        missing = [n for n, p in params.items() if p.requires_grad and n not in saved]
+        unknown = [n for n in saved if n not in params]
+        if missing or unknown:
+            raise ValueError(
+                f"{self.spec.role} checkpoint does not match the model: missing {missing[:5]}, "
+                f"unexpected {unknown[:5]} (was it saved with another LoRA/model setting?)"
+            )
+        with torch.no_grad():
+            for name, tensor in saved.items():
+                params[name].copy_(tensor)
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.schedule is not None and "scheduler" in state:
+            self.schedule.load_state_dict(state["scheduler"])
+
+    def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
+        """HF directory (+ tokenizer); LoRA: merged model + ``lora_adapter/`` (see weights)."""
+        try:
+            tokenizer = load_tokenizer(self.spec.model, self.spec.model_path)
+        except (OSError, ValueError) as err:
+            log.warning("no tokenizer saved with %s: %s", path, err)
+            tokenizer = None
+        if self.spec.kind == "value":
+            self.model.save_pretrained(path)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(path)
+            return
+        save_hf_model(self.model, path, tokenizer, merge_lora=merge_lora)

@@ -1,0 +1,148 @@
+"""Actor, reference and critic over the torch engine, built from a TemperConfig."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from temper.config.errors import ConfigError
+from temper.config.schema import LoraConfig, ModelConfig
+from temper.data.batch import Batch
+from temper.roles import build_roles
+
+from .conftest import PROMPTS, RESPONSES, make_batch, make_config
+
+ACTOR_METRICS = {
+    "actor/pg_loss",
+    "actor/kl",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/lr",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/kl_loss",
+    "actor/loss",
+}
+
+
+def base_log_probs(path: str, batch: Batch) -> torch.Tensor:
+    """Log-probs of a freshly loaded (untrained) base model."""
+    from temper.training import EngineSpec, TorchEngine
+
+    spec = EngineSpec(model=ModelConfig(path=path), device=torch.device("cpu"))
+    return TorchEngine(spec).forward(batch)["log_probs"]
+
+
+def test_role_selection_from_config(tiny_path: str) -> None:
+    cfg = make_config(tiny_path)
+    roles = build_roles(cfg, "cpu")
+    assert roles.reference is None and roles.critic is None
+    cfg.actor.strategy = "fsdp2"
+    with pytest.raises(ConfigError, match=r"actor\.strategy"):
+        build_roles(cfg, "cpu")
+
+
+def test_actor_update_moves_every_parameter(tiny_path: str) -> None:
+    cfg = make_config(tiny_path)
+    cfg.actor.use_kl_loss = True
+    cfg.actor.entropy_coeff = 0.01
+    cfg.actor.mini_batch_size = 2
+    cfg.actor.ppo_epochs = 2
+    cfg.actor.shuffle = True
+    roles = build_roles(cfg, "cpu")
+    assert roles.reference is not None and roles.reference.engine is not roles.actor.engine
+    batch = make_batch(PROMPTS, RESPONSES)
+    batch = roles.actor.compute_log_probs(batch, with_entropy=True)
+    batch = roles.reference.compute_ref_log_probs(batch)
+    torch.testing.assert_close(batch["old_log_probs"], batch["ref_log_probs"])
+    assert "entropy" in batch and "old_log_probs" not in make_batch(PROMPTS, RESPONSES)
+
+    model = roles.actor.engine.model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    metrics = roles.actor.update(batch)
+    assert set(metrics) >= ACTOR_METRICS
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    assert roles.actor.optimizer_steps_per_update(len(batch)) == 4
+    assert roles.actor.engine.schedule.step_count == 4
+    for n, p in model.named_parameters():
+        assert not torch.equal(p, before[n]), f"{n} did not move"
+    new = roles.actor.compute_log_probs(batch)["old_log_probs"]
+    assert not torch.allclose(new, batch["old_log_probs"])
+
+
+def test_actor_loss_is_micro_batch_invariant(tiny_path: str) -> None:
+    """Every loss term uses mini-batch normalizers: 1×4, 4×1 and token budgets agree."""
+    batch = make_batch(PROMPTS, RESPONSES, seed=1)
+    g = torch.Generator().manual_seed(0)
+    results = []
+    for micro, budget in ((4, None), (1, None), (1, 11)):
+        cfg = make_config(tiny_path)
+        cfg.actor.loss_agg_mode = "seq-mean-token-mean"
+        cfg.actor.use_kl_loss = True
+        cfg.actor.entropy_coeff = 0.01
+        cfg.actor.sft_loss_coef = 0.1
+        cfg.actor.l2_coef = 1e-4
+        cfg.actor.micro_batch_size_per_device = micro
+        cfg.actor.use_dynamic_bsz = budget is not None
+        cfg.actor.max_token_len_per_device = budget or 16384
+        cfg.actor.optim.eps = 1.0  # update linear in the gradient (see engine test)
+        cfg.reference.enable = False
+        actor = build_roles(cfg, "cpu").actor
+        b = actor.compute_log_probs(batch)
+        if not results:
+            noise = 0.1 * torch.randn(b["old_log_probs"].shape, generator=g)
+            ref = (b["old_log_probs"] + noise) * b["response_mask"]
+        b["ref_log_probs"] = ref
+        metrics = actor.update(b)
+        results.append((metrics, dict(actor.engine.model.named_parameters())))
+    m0, w0 = results[0]
+    for m, w in results[1:]:
+        for key in (
+            "actor/loss",
+            "actor/pg_loss",
+            "actor/kl",
+            "actor/entropy",
+            "actor/ppo_kl",
+            "actor/sft_loss",
+            "actor/grad_norm",
+        ):
+            assert m[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+        for name, p in w.items():
+            torch.testing.assert_close(p, w0[name], atol=1e-8, rtol=0, msg=name)
+
+
+def test_lora_reference_is_the_base_model(tiny_path: str) -> None:
+    cfg = make_config(tiny_path)
+    cfg.model.lora = LoraConfig(rank=4, alpha=8)
+    cfg.actor.use_kl_loss = True
+    roles = build_roles(cfg, "cpu")
+    assert roles.reference is not None and roles.reference.engine is roles.actor.engine
+    batch = roles.actor.compute_log_probs(make_batch(PROMPTS, RESPONSES, seed=2))
+    batch = roles.reference.compute_ref_log_probs(batch)
+    model = roles.actor.engine.model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    roles.actor.update(batch)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) == ("lora_B" not in n), n
+    ref = roles.reference.compute_ref_log_probs(batch)["ref_log_probs"]
+    torch.testing.assert_close(ref, base_log_probs(tiny_path, batch), atol=1e-6, rtol=0)
+    actor_now = roles.actor.compute_log_probs(batch)["old_log_probs"]
+    assert not torch.allclose(actor_now, ref)
+
+
+def test_critic_update_reduces_value_loss(tiny_path: str) -> None:
+    cfg = make_config(tiny_path, adv_estimator="gae")
+    cfg.critic.optim.lr = 3e-3
+    cfg.critic.micro_batch_size_per_device = 2
+    cfg.critic.cliprange_value = 0.2
+    roles = build_roles(cfg, "cpu")
+    assert roles.critic is not None and roles.reference is None
+    batch = make_batch(PROMPTS, RESPONSES, seed=3)
+    batch["returns"] = 0.7 * batch["response_mask"].float()
+    losses = []
+    for _ in range(8):
+        batch = roles.critic.compute_values(batch)
+        metrics = roles.critic.update(batch)
+        losses.append(metrics["critic/value_loss"])
+    assert {"critic/value_loss", "critic/vf_clipfrac", "critic/grad_norm"} <= set(metrics)
+    assert losses[-1] < 0.5 * losses[0]
