@@ -182,9 +182,9 @@ def rloo(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]
 def reinforce(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """REINFORCE discounted return, ROLL's ``reinforce`` estimator.
 
-    ``A_t = R_t = Σ_{k≥t, valid} γ^{(#valid tokens between)} r_k`` (see
-    :func:`discounted_returns`); no baseline and no whitening (ROLL applies its reward
-    normalization before and ``whiten_advantages`` after, as separate steps).
+    ``A_t = R_t = r_t + γ·R_{t'}`` (``t'`` the next valid token, see
+    :func:`discounted_returns`); no baseline and no whitening — ROLL applies its reward
+    normalization before and ``whiten_advantages`` after, as separate steps.
     """
     r = _float(inp.token_level_rewards)
     ret = discounted_returns(r, inp.response_mask, params.gamma)

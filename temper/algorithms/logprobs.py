@@ -2,7 +2,7 @@
 
 Logits are ``(..., V)``; every function flattens the leading dims to ``N`` rows and works
 on ``chunk_size`` rows at a time, upcasting each chunk to fp32, so a 150k vocabulary
-never materializes a full ``(N, V)`` fp32 log-softmax copy (peak extra memory is
+never materializes a full ``(N, V)`` fp32 log-softmax copy for bf16/fp16 logits (peak extra memory is
 ``chunk_size × V`` fp32). ``temperature`` divides the logits first (the same temperature
 the rollout engine sampled with, so train log-probs match rollout log-probs).
 """
@@ -20,7 +20,8 @@ def _rows(x: Tensor) -> Tensor:
 
 
 def _scaled(chunk: Tensor, temperature: float) -> Tensor:
-    c = chunk.float()
+    # upcast half precision to fp32; fp32/fp64 stay as they are
+    c = chunk if chunk.dtype in (torch.float32, torch.float64) else chunk.float()
     return c / temperature if temperature != 1.0 else c
 
 
