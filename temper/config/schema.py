@@ -95,7 +95,9 @@ class LoraConfig:
 class ModelConfig:
     """The policy model (actor, reference and rollout share it)."""
 
-    path: str = doc("", "Hugging Face model directory or hub id.")
+    path: str = doc(
+        "", "Hugging Face model directory or hub id; smollm2:135m-instruct = the quickstart model."
+    )
     tokenizer_path: str | None = doc(None, "Tokenizer location; None uses path.")
     trust_remote_code: bool = doc(False, "Allow the model repo's own Python code.")
     dtype: Dtype = doc("auto", "Training weights dtype; auto = fp32 on CPU, bf16 on GPU.")

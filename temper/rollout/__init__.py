@@ -1,0 +1,23 @@
+"""Generation engines behind one interface (``hf`` now; ``vllm``/``sglang`` by name).
+
+``build_rollout_engine(rollout_cfg, model_cfg, module=...)`` picks the engine named
+by ``rollout.engine``; ``sampling_params_from_config`` turns ``rollout.*`` (or
+``rollout.val.*``) into the ``SamplingParams`` every engine takes.
+"""
+
+from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.registry import (
+    ROLLOUT_ENGINES,
+    build_rollout_engine,
+    register_rollout_engine,
+    sampling_params_from_config,
+)
+
+__all__ = [
+    "ROLLOUT_ENGINES",
+    "RolloutEngine",
+    "SamplingParams",
+    "build_rollout_engine",
+    "register_rollout_engine",
+    "sampling_params_from_config",
+]

@@ -1,0 +1,317 @@
+"""Rollout with Hugging Face ``model.generate`` — the engine that runs anywhere.
+
+Two ways to hold the model:
+
+* **shared** (``HFRolloutEngine(module, tokenizer)``): colocated with the trainer in
+  one process, the engine generates with the actor's own ``nn.Module``. There is no
+  second copy and no weight sync: ``load_weights`` is a no-op, because the trainer's
+  optimizer step already changed the very tensors generation reads.
+* **owned** (``HFRolloutEngine.from_pretrained(path)``): the engine loads its own copy
+  and ``load_weights`` copies the trainer's tensors in by (Hugging Face) name.
+
+Log-probs. ``rollout_log_probs`` are log-probs under the distribution the token was
+actually drawn from: raw logits → repetition penalty → temperature → top-k → top-p,
+then log-softmax (filtered tokens are -inf, the drawn one never is). Greedy decoding
+(``do_sample=False`` or temperature 0) reports log-softmax of the (penalized) raw
+logits, i.e. temperature 1, like vLLM's raw log-probs. To get them without keeping
+a (steps × batch × vocab) tensor (``output_scores``), the engine builds the whole
+processor chain itself with a recorder last, and gathers the drawn token's log-prob
+in a stopping criterion, which ``generate`` calls right after it appends the token.
+
+Determinism. ``generate`` samples with ``torch.multinomial`` on torch's *global* RNG
+(it takes no ``torch.Generator``): call ``torch.manual_seed(s)`` (which also seeds
+CUDA) before ``generate`` to reproduce a rollout exactly; the driver's seeded,
+checkpointed RNG state makes resumed runs continue the same stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from temper.data.batch import Batch
+from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.stops import finish_responses, right_pad
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _LogProbRecorder(LogitsProcessor):
+    """Last logits processor: keeps the log-softmax of this step's processed scores.
+
+    ``record_drawn`` (called by ``_RecordDrawn`` once ``generate`` has appended the
+    drawn token) gathers that token's log-prob, so only (B,) per step is kept.
+    """
+
+    def __init__(self) -> None:
+        self._step: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._step = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def record_drawn(self, input_ids: torch.Tensor) -> None:
+        if self._step is None:
+            raise RuntimeError("transformers called the stopping criteria before the processors")
+        self.steps.append(self._step.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._step = None
+
+    def log_probs(self, length: int) -> torch.Tensor:
+        """(B, length) log-probs of the generated tokens."""
+        return torch.stack(self.steps[:length], dim=1)
+
+
+class _RecordDrawn(StoppingCriteria):
+    """A stopping criterion that never stops: it runs right after each drawn token
+    is appended to ``input_ids`` — the one hook that sees the token *and* comes
+    after the processors (``generate`` passes criteria the stored scores, not the
+    current ones)."""
+
+    def __init__(self, recorder: _LogProbRecorder) -> None:
+        self.recorder = recorder
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        self.recorder.record_drawn(input_ids)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def _as_list(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+@contextlib.contextmanager
+def _generation_mode(module: torch.nn.Module, config: GenerationConfig) -> Iterator[None]:
+    """Eval mode (no dropout, no gradient checkpointing) and our generation config.
+
+    The model's own ``generation_config`` is swapped out for the call because
+    ``generate`` fills every unset field from it (a hub ``top_k=50`` or ``min_p``
+    would silently change the sampling distribution and our log-probs).
+    """
+    was_training = module.training
+    saved = module.generation_config
+    module.eval()
+    module.generation_config = config
+    try:
+        yield
+    finally:
+        module.generation_config = saved
+        module.train(was_training)
+
+
+class HFRolloutEngine(RolloutEngine):
+    """``RolloutEngine`` over ``transformers`` ``generate`` (see the module doc)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        infer_batch_size: int | None = None,
+        shared: bool = True,
+    ) -> None:
+        """Generate with ``module`` (a causal LM with ``generate``).
+
+        ``shared=True`` means the module is the trainer's (``load_weights`` does
+        nothing); ``infer_batch_size`` is prompts per ``generate`` call (None: all).
+        """
+        if not hasattr(module, "generate"):
+            raise TypeError(f"{type(module).__name__} has no generate(); pass the causal LM")
+        if infer_batch_size is not None and infer_batch_size <= 0:
+            raise ValueError(f"infer_batch_size must be positive, got {infer_batch_size}")
+        self.module = module
+        self.tokenizer = tokenizer
+        self.shared = shared
+        self.infer_batch_size = infer_batch_size
+        gen = getattr(module, "generation_config", None)
+        # EOS = the tokenizer's plus the model's (Llama-3 style models list several)
+        self.eos_token_ids = sorted(
+            set(_as_list(tokenizer.eos_token_id))
+            | set(_as_list(getattr(gen, "eos_token_id", None)))
+        )
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = self.eos_token_ids[0] if self.eos_token_ids else 0
+        self.pad_token_id = int(pad)
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        *,
+        tokenizer_path: str | None = None,
+        dtype: str = "auto",
+        device: str | torch.device | None = None,
+        infer_batch_size: int | None = None,
+        trust_remote_code: bool = False,
+        attn_implementation: str | None = None,
+    ) -> HFRolloutEngine:
+        """Load an owned copy of the model at ``path`` (a dir, hub id or temper alias)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from temper.utils.model_path import resolve_model_path
+
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype == "auto":
+            torch_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+        else:
+            torch_dtype = _DTYPES[dtype]
+        model_path = resolve_model_path(path)
+        kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
+        if attn_implementation and attn_implementation != "auto":
+            kwargs["attn_implementation"] = attn_implementation
+        module = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
+        tok_path = resolve_model_path(tokenizer_path) if tokenizer_path else model_path
+        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=trust_remote_code)
+        return cls(module, tokenizer, infer_batch_size=infer_batch_size, shared=False)
+
+    # ----------------------------------------------------------------- interface
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy weights in by Hugging Face name; a no-op for a shared module.
+
+        A shared module *is* the trainer's model, so its weights are always current.
+        """
+        if self.shared:
+            return
+        state = self.module.state_dict()
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in state:
+                    raise KeyError(f"load_weights: '{name}' is not a weight of the rollout model")
+                target = state[name]
+                if target.shape != tensor.shape:
+                    raise ValueError(
+                        f"load_weights: '{name}' has shape {tuple(tensor.shape)}, "
+                        f"the rollout model expects {tuple(target.shape)}"
+                    )
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """``params.n`` responses per prompt, rows grouped per prompt (aabb).
+
+        See ``RolloutEngine.generate`` for the output keys. ``rollout_log_probs`` is
+        left out when ``params.logprobs`` is False.
+        """
+        if len(prompts) == 0:
+            raise ValueError("generate() got an empty batch")
+        if params.n < 1 or params.max_new_tokens < 1:
+            raise ValueError(
+                f"need n ≥ 1 and max_new_tokens ≥ 1, got {params.n}, {params.max_new_tokens}"
+            )
+        rows = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
+        per_call = (self.infer_batch_size or len(prompts)) * params.n
+        out_device = rows["prompt_ids"].device
+        ids, masks, logps, truncated = [], [], [], []
+        for start in range(0, len(rows), per_call):
+            chunk = rows.slice(start, min(start + per_call, len(rows)))
+            done = self._generate_chunk(chunk["prompt_ids"], chunk["prompt_mask"], params)
+            ids.append(done.response_ids.to(out_device))
+            masks.append(done.response_mask.to(out_device))
+            if done.log_probs is not None:
+                logps.append(done.log_probs.to(out_device))
+            truncated.extend(done.truncated)
+        rows = Batch(rows.tensors.clone(recurse=False), dict(rows.objects), dict(rows.meta))
+        rows["response_ids"] = right_pad(ids, self.pad_token_id)
+        rows["response_mask"] = right_pad(masks, 0)
+        if logps:
+            rows["rollout_log_probs"] = right_pad(logps, 0.0)
+        rows["truncated"] = truncated
+        return rows
+
+    # ----------------------------------------------------------------- internals
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def _stop_token_ids(self, params: SamplingParams) -> list[int]:
+        """EOS (unless ``ignore_eos``) plus the extra stop ids, as vLLM does."""
+        ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            ids |= set(self.eos_token_ids)
+        return sorted(ids)
+
+    def _processors(self, params: SamplingParams, recorder: _LogProbRecorder | None):
+        """The full logits-processor chain, in ``generate``'s own order."""
+        chain: list[LogitsProcessor] = []
+        if params.repetition_penalty != 1.0:
+            chain.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+        if not params.greedy:
+            if params.temperature != 1.0:
+                chain.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                chain.append(TopKLogitsWarper(top_k=params.top_k))
+            if params.top_p < 1.0:
+                chain.append(TopPLogitsWarper(top_p=params.top_p))
+        if recorder is not None:
+            chain.append(recorder)
+        return LogitsProcessorList(chain)
+
+    def _generation_config(self, params: SamplingParams, stop_ids: list[int]) -> GenerationConfig:
+        # Warpers are ours (see _processors): generate must add none of its own.
+        # Greedy leaves them unset: generate would only warn that they are unused.
+        warpers = {} if params.greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        return GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not params.greedy,
+            **warpers,
+            repetition_penalty=1.0,
+            num_beams=1,
+            eos_token_id=stop_ids,  # [] (ignore_eos, no stop ids) is "never stop"
+            pad_token_id=self.pad_token_id,
+            use_cache=True,  # even if training set config.use_cache=False (grad ckpt)
+            stop_strings=list(params.stop) or None,
+            return_dict_in_generate=False,
+        )
+
+    def _generate_chunk(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+    ):
+        # drop the left columns that are padding in every row of this chunk
+        present = prompt_mask.bool().any(dim=0).nonzero()
+        first = int(present[0]) if present.numel() else 0
+        device = self.device
+        input_ids = prompt_ids[:, first:].to(device)
+        attention_mask = prompt_mask[:, first:].to(device)
+        recorder = _LogProbRecorder() if params.logprobs else None
+        stop_ids = self._stop_token_ids(params)
+        config = self._generation_config(params, stop_ids)
+        criteria = StoppingCriteriaList([_RecordDrawn(recorder)] if recorder else [])
+        with _generation_mode(self.module, config), torch.no_grad():
+            out = self.module.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                logits_processor=self._processors(params, recorder),
+                stopping_criteria=criteria,
+                tokenizer=self.tokenizer if params.stop else None,
+            )
+        response = out[:, input_ids.shape[1] :]
+        log_probs = recorder.log_probs(response.shape[1]) if recorder else None
+        return finish_responses(
+            response,
+            log_probs,
+            stop_token_ids=stop_ids,
+            stop_strings=params.stop,
+            tokenizer=self.tokenizer,
+            pad_token_id=self.pad_token_id,
+        )

