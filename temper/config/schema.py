@@ -132,6 +132,9 @@ class DataConfig:
     tag_key: str = doc("tag", "Column with a domain tag (ROLL reward routing); default: source.")
     extra_info_key: str = doc("extra_info", "Column passed to reward functions as extra_info.")
     chat_template: str = doc("native", "native: tokenizer.apply_chat_template; raw: plain text.")
+    apply_chat_template_kwargs: dict[str, Any] = doc(
+        {}, "Extra arguments of apply_chat_template (e.g. enable_thinking: false)."
+    )
     system_prompt: str | None = doc(None, "System message prepended to every chat prompt.")
     max_prompt_length: int = doc(512, "Longest prompt in tokens (after templating).")
     truncation: Literal["error", "left", "right", "middle"] = doc(
@@ -139,6 +142,8 @@ class DataConfig:
     )
     filter_overlong_prompts: bool = doc(False, "Drop (and count) prompts over max_prompt_length.")
     train_batch_size: int = doc(8, "Prompts per RL step.")
+    train_max_samples: int = doc(-1, "Use only the first N training rows (-1: all).")
+    val_max_samples: int = doc(-1, "Use only the first N validation rows (-1: all).")
     val_batch_size: int | None = doc(None, "Prompts per validation batch; None = all at once.")
     shuffle: bool = doc(True, "Shuffle training prompts (seeded).")
     validation_shuffle: bool = doc(False, "Shuffle validation prompts.")
@@ -172,6 +177,9 @@ class MultiTurnConfig:
     max_user_turns: int | None = doc(None, "Max tool/user turns per episode.")
     tool_config_path: str | None = doc(None, "YAML with OpenAI function schemas of the tools.")
     max_tool_response_length: int = doc(256, "Tool outputs are cut to this many characters.")
+    tool_response_truncate_side: Literal["left", "right", "middle"] = doc(
+        "middle", "Long tool outputs: left keeps the start, right the end, middle both ends."
+    )
     tool_timeout_s: float = doc(10.0, "Seconds a tool may run.")
     use_inference_chat_template: bool = doc(False, "Use the inference-time chat template.")
     enable_tokenization_sanity_check: bool = doc(True, "Compare incremental vs full tokenization.")

@@ -1,0 +1,312 @@
+"""The verl dialect: a verl PPO trainer config -> the native schema.
+
+The translator is generic code over :data:`verl_sections.TABLE`: it walks the input
+tree, looks every key up, and maps it to a native field, notes it (accepted, no effect
+here, with why) or rejects it (``ConfigError`` naming the verl key, the reason and the
+fix). Keys that are not in the table are typos: "did you mean …". Nothing is dropped
+silently. Conventions that differ between verl and temper:
+
+- ``ppo_mini_batch_size`` counts prompts in verl; temper's ``mini_batch_size`` counts
+  samples, so it is multiplied by ``rollout.n``. Deprecated global micro-batch sizes are
+  divided by the data-parallel size, as verl's workers do.
+- verl always runs through Ray. Here one device (``nnodes × n_gpus_per_node == 1``)
+  runs on the ``local`` backend, more on ``ray``; verl's hybrid engine (actor, rollout
+  and reference on all devices) is temper's default colocated placement.
+- Keys that several verl keys feed (``experiment.seed``, ``rollout.response_length``
+  from ``data.max_response_length`` and ``rollout.response_length``, …) must agree.
+- verl defaults that differ from temper's and change a run (``DEFAULTS``: GAE with a
+  critic, FSDP, 30 epochs) are applied when the file omits them, and listed in the notes.
+- Document 003's vendor wrapper (``backend_config:`` holding the verl config, plus
+  ``af_output_dir`` and top-level ``engine_kwargs``) is unwrapped.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import types
+import typing
+from typing import Any, Union, get_args, get_origin
+
+from temper.config.dialects import Translation, register_dialect
+from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
+from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
+from temper.config.errors import ConfigError, did_you_mean
+from temper.config.loader import RawConfig
+from temper.config.schema import RolloutConfig, TemperConfig
+from temper.config.typed import _convert
+
+_MISSING = object()
+
+
+def _children(table: dict[str, Rule]) -> dict[str, set[str]]:
+    """Known child names per parent path ('' is the root)."""
+    out: dict[str, set[str]] = {}
+    for key in table:
+        parts = key.split(".")
+        for i in range(len(parts)):
+            out.setdefault(".".join(parts[:i]), set()).add(parts[i])
+    return out
+
+
+_TABLE_CHILDREN = _children(TABLE)
+_WRAPPER_CHILDREN = _children({**WRAPPER, "backend_config": Note("")})
+
+
+@register_dialect("verl")
+def translate_verl(raw: RawConfig) -> Translation:
+    """Translate a verl config (or document 003's ``backend_config`` wrapper)."""
+    return _Translator(raw.data).run()
+
+
+@functools.cache
+def native_type(path: str) -> Any:
+    """The annotated type of a native field (``Any`` inside free-form dict fields)."""
+    cls: Any = TemperConfig
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            raise KeyError(f"verl table names a native field that does not exist: {path}")
+        tp = hints[part]
+        if i == len(parts) - 1:
+            return tp
+        inner = _strip_optional(tp)
+        if not dataclasses.is_dataclass(inner):
+            return Any
+        cls = inner
+    return Any
+
+
+def _strip_optional(tp: Any) -> Any:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _allows_none(tp: Any) -> bool:
+    return tp is Any or (get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp))
+
+
+def _leaves(value: Any, key: str) -> list[str]:
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{key}.{k}")]
+    return [key]
+
+
+class _Translator:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = copy.deepcopy(data)
+        self.tree: dict[str, Any] = {}
+        self.prefix = ""
+        self.key = ""  # the verl key being translated, as the user wrote it
+        self.path = ""  # the same without the wrapper prefix
+        self.notes: dict[str, list[str]] = {}
+        self.writes: dict[str, tuple[Any, str, bool]] = {}
+        self.state: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ context API
+
+    @property
+    def leaf(self) -> str:
+        return self.key.rsplit(".", 1)[-1]
+
+    def get(self, path: str, default: Any = None) -> Any:
+        node: Any = self.tree
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return default if node is None or node == UNSET else node
+
+    def note(self, why: str, key: str | None = None) -> None:
+        keys = self.notes.setdefault(why, [])
+        key = key or self.key
+        if key not in keys:
+            keys.append(key)
+
+    def error(self, reason: str, fix: str) -> ConfigError:
+        return ConfigError(self.key, reason, fix)
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> Translation:
+        self._unwrap()
+        self._apply_defaults()
+        self._walk(self.tree, "", TABLE, _TABLE_CHILDREN)
+        self._finish()
+        return Translation(native=self._native(), notes=self._render_notes())
+
+    def _unwrap(self) -> None:
+        if "backend_config" not in self.data:
+            self.tree = self.data
+            return
+        tree = self.data.pop("backend_config")
+        if not isinstance(tree, dict):
+            raise ConfigError("backend_config", "must be a mapping holding a verl config", "")
+        self.tree, self.prefix = tree, "backend_config."
+        self._walk(self.data, "", WRAPPER, _WRAPPER_CHILDREN, display_prefix="")
+
+    def _apply_defaults(self) -> None:
+        for key, value in DEFAULTS.items():
+            if self._lookup(key) is _MISSING:
+                self._set(key, value)
+                self.note("verl default applied (the file does not set it)", f"{key}={value}")
+        for target, source in INHERIT:
+            if self._lookup(target) is _MISSING and self._lookup(source) is not _MISSING:
+                self._set(target, copy.deepcopy(self._lookup(source)))
+
+    def _lookup(self, path: str) -> Any:
+        node: Any = self.tree
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return _MISSING
+            node = node[part]
+        return node
+
+    def _set(self, path: str, value: Any) -> None:
+        node = self.tree
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                return
+        node[last] = value
+
+    def _walk(
+        self,
+        node: dict[str, Any],
+        parent: str,
+        table: dict[str, Rule],
+        children: dict[str, set[str]],
+        display_prefix: str | None = None,
+    ) -> None:
+        shown = self.prefix if display_prefix is None else display_prefix
+        for name, value in node.items():
+            path = f"{parent}.{name}" if parent else str(name)
+            self.path, self.key = path, shown + path
+            if name == "_target_":
+                self.note("Hydra _target_ (a verl class path): temper builds its own objects")
+                continue
+            rule = table.get(path)
+            if rule is not None:
+                self._apply(rule, value)
+                continue
+            if path in children:
+                if value is None:
+                    self.note("null section: the temper defaults apply")
+                elif not isinstance(value, dict):
+                    raise ConfigError(self.key, f"expected a mapping, got {value!r}", "")
+                else:
+                    self._walk(value, path, table, children, display_prefix)
+                continue
+            valid = sorted(children.get(parent, set()))
+            where = f"'{shown}{parent}'" if parent else "the top level"
+            raise ConfigError(
+                self.key,
+                f"unknown verl key{did_you_mean(str(name), valid)}",
+                f"remove it, or use one of the keys of {where}: {', '.join(valid)}",
+            )
+
+    # ------------------------------------------------------------------ rules
+
+    def _apply(self, rule: Rule, value: Any) -> None:
+        if isinstance(rule, Map):
+            self._map(rule, value)
+        elif isinstance(rule, Note):
+            for leaf in _leaves(value, self.key):
+                self.note(f"no effect here ({rule.why})", leaf)
+        elif isinstance(rule, Inert):
+            ok = rule.ok(value, self) if callable(rule.ok) else value == UNSET or value in rule.ok
+            if not ok:
+                raise ConfigError(self.key, f"{rule.reason} (got {value!r})", rule.fix)
+            self.note(f"accepted at its inert value ({rule.why})")
+        elif isinstance(rule, Gated):
+            self._gated(rule, value)
+        elif isinstance(rule, Call):
+            rule.fn(value, self)
+
+    def _gated(self, rule: Gated, value: Any) -> None:
+        if value is None:
+            self.note(f"accepted at its inert value ({rule.why})")
+            return
+        if not isinstance(value, dict):
+            raise ConfigError(self.key, f"expected a mapping, got {value!r}", "")
+        gate = value.get(rule.gate, rule.off[0])
+        if gate not in rule.off:
+            raise ConfigError(f"{self.key}.{rule.gate}", f"{rule.reason} (got {gate!r})", rule.fix)
+        for leaf in _leaves(value, self.key):
+            self.note(f"accepted at its inert value ({rule.why})", leaf)
+
+    def _map(self, rule: Map, value: Any) -> None:
+        if value == UNSET:
+            self.note("'???' (verl's mandatory-value marker, unset): the temper default applies")
+            return
+        out = rule.fn(value, self) if rule.fn else value
+        tp = native_type(rule.native)
+        if out is None and not _allows_none(tp):
+            self.note("null (unset): the temper default applies")
+            return
+        if out is not None:
+            out = _convert(out, tp, self.key)
+        self._write(rule.native, out, rule.weak)
+
+    def _write(self, native: str, value: Any, weak: bool = False) -> None:
+        old = self.writes.get(native)
+        if old is None or (old[0] is None and value is not None):
+            self.writes[native] = (value, self.key, weak)
+            return
+        old_value, old_key, old_weak = old
+        if value is None or value == old_value:
+            return
+        if weak and not old_weak:
+            self.note(f"overridden by {old_key} (both set {native})")
+            return
+        if old_weak and not weak:
+            self.note(f"overridden by {self.key} (both set {native})", old_key)
+            self.writes[native] = (value, self.key, weak)
+            return
+        raise ConfigError(
+            self.key,
+            f"sets {native} to {value!r} but {old_key} sets it to {old_value!r}",
+            f"give both the same value (temper has one {native})",
+        )
+
+    # ------------------------------------------------------------------ final pass
+
+    def _finish(self) -> None:
+        self.key = self.prefix + "actor_rollout_ref.rollout.engine_kwargs"
+        chosen = self.writes.get("rollout.engine", (RolloutConfig.engine, "", False))[0]
+        kwargs = self.state.get("engine_kwargs", {})
+        for name, keys in self.state.get("engine_kwargs_keys", {}).items():
+            if name != chosen and kwargs.get(name):
+                for key in keys:
+                    self.note(f"no effect here (used only when rollout.name is {name})", key)
+        if kwargs.get(chosen):
+            self._write("rollout.engine_kwargs", _convert(kwargs[chosen], dict[str, Any], self.key))
+        if self.writes.get("reward.custom_function.path", (None,))[0]:
+            self.key = self.prefix + "custom_reward_function.path"
+            self._write("reward.function", "custom")
+        nnodes = self.writes.get("resources.nnodes", (1,))[0]
+        per_node = self.writes.get("resources.devices_per_node", (1,))[0]
+        self.key = self.prefix + "trainer.n_gpus_per_node"
+        self._write("resources.backend", "ray" if nnodes * per_node > 1 else "local")
+        self.note(
+            "verl always runs through Ray; temper uses the local backend for one device "
+            "and Ray for more",
+        )
+
+    def _native(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for native, (value, _key, _weak) in sorted(self.writes.items()):
+            node = out
+            *parents, last = native.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        return out
+
+    def _render_notes(self) -> list[str]:
+        return [f"{why}: {', '.join(keys)}" for why, keys in self.notes.items()]

@@ -1,0 +1,265 @@
+"""Rule kinds and value transforms of the verl dialect table (see ``verl_table``).
+
+A rule says what one verl key (a dotted path, section included) becomes:
+
+- :class:`Map` — the value arrives at a native field, optionally through a transform;
+- :class:`Note` — accepted whatever its value, listed in the notes with why it has no
+  effect here (only for keys that change speed or memory, never results);
+- :class:`Inert` — accepted with a note at its inert value(s), rejected otherwise;
+- :class:`Gated` — a whole section that is inert while its gate key is off (profilers,
+  sandboxes, …): every leaf is noted, and switching the gate on is rejected;
+- :class:`Call` — custom handling (collects state for the translator's final pass).
+
+Transforms have the signature ``fn(value, ctx) -> value``; ``ctx`` (the translator's
+context) gives ``ctx.get(verl_key, default)``, ``ctx.note(why)``, ``ctx.error(reason, fix)``
+and ``ctx.key`` (the verl key being translated, as the user wrote it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+UNSET = "???"  # Hydra's mandatory-value marker, left unresolved by verl's default config
+
+Transform = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class Map:
+    native: str
+    fn: Transform | None = None
+    weak: bool = False  # yields (with a note) to another key that sets the same field
+
+
+@dataclass(frozen=True)
+class Note:
+    why: str
+
+
+@dataclass(frozen=True)
+class Inert:
+    ok: tuple[Any, ...] | Callable[[Any, Any], bool]
+    why: str
+    reason: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Gated:
+    gate: str
+    off: tuple[Any, ...]
+    why: str
+    reason: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Call:
+    fn: Callable[[Any, Any], None]
+
+
+Rule = Map | Note | Inert | Gated | Call
+
+
+# --------------------------------------------------------------------------- predicates
+
+
+def when_off(gate: str, off: tuple[Any, ...] = (False, None)) -> Callable[[Any, Any], bool]:
+    """Inert predicate: any value is inert while verl key ``gate`` is off."""
+    return lambda _v, ctx: ctx.get(gate, off[0]) in off
+
+
+def equals(other: str, default: Any = None) -> Callable[[Any, Any], bool]:
+    """Inert predicate: the value repeats verl key ``other`` (or is null)."""
+    return lambda v, ctx: v is None or v == ctx.get(other, default)
+
+
+def same_tokenizer(v: Any, ctx: Any) -> bool:
+    model = ctx.get("actor_rollout_ref.model.path")
+    tok = ctx.get("actor_rollout_ref.model.tokenizer_path") or ctx.get("data.tokenizer")
+    return v is None or v in (model, tok)
+
+
+def same_dtype(v: Any, ctx: Any) -> bool:
+    actor = ctx.get("actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16")
+    return v is None or _DTYPES.get(str(v)) == _DTYPES.get(str(actor))
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def times_n(v: Any, ctx: Any) -> Any:
+    """verl counts mini-batches in prompts; temper in samples (prompts × rollout.n)."""
+    if v is None:
+        return None
+    n = ctx.get("actor_rollout_ref.rollout.n", 1)
+    if isinstance(v, int) and isinstance(n, int) and n != 1:
+        ctx.note(f"ppo_mini_batch_size counts prompts in verl; × rollout.n ({n}) = samples here")
+        return v * n
+    return v
+
+
+def per_device(sp_key: str | None) -> Transform:
+    """A deprecated *global* micro-batch size -> per device (÷ data-parallel size)."""
+
+    def fn(v: Any, ctx: Any) -> Any:
+        if v is None or not isinstance(v, int):
+            return v
+        devices = ctx.get("trainer.nnodes", 1) * ctx.get("trainer.n_gpus_per_node", 1)
+        sp = ctx.get(sp_key, 1) if sp_key else 1
+        dp = max(devices // max(sp, 1), 1)
+        if v < dp:
+            raise ctx.error(
+                f"the global micro-batch {v} is smaller than the {dp} data-parallel ranks",
+                f"use the *_per_gpu key instead (e.g. {ctx.leaf}_per_gpu: 1)",
+            )
+        ctx.note(
+            f"deprecated global micro-batch sizes are divided by the data-parallel size "
+            f"({devices} devices / sequence-parallel {sp} = {dp}), as verl does"
+        )
+        return v // dp
+
+    return fn
+
+
+def strategy(v: Any, ctx: Any) -> Any:
+    if v in ("fsdp", "fsdp2"):
+        if v == "fsdp":
+            ctx.note("strategy fsdp (FSDP1) runs as fsdp2 (per-layer fully_shard)")
+        return "fsdp2"
+    if v == "megatron":
+        return v
+    raise ctx.error(f"unknown strategy '{v}'", "use fsdp, fsdp2 or megatron")
+
+
+_DTYPES = {
+    "bfloat16": "auto",
+    "bf16": "auto",
+    "auto": "auto",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float": "fp32",
+}
+
+
+def dtype(v: Any, ctx: Any) -> Any:
+    if v is None:
+        return None
+    if str(v) not in _DTYPES:
+        raise ctx.error(f"unknown dtype '{v}'", "use bfloat16, float16 or float32")
+    out = _DTYPES[str(v)]
+    if out == "auto" and v != "auto":
+        ctx.note("dtype bfloat16 maps to auto: bf16 on GPU, fp32 on CPU")
+    return out
+
+
+def choice(*valid: str, aliases: dict[str, str] | None = None) -> Transform:
+    def fn(v: Any, ctx: Any) -> Any:
+        v = (aliases or {}).get(v, v)
+        if v is not None and v not in valid:
+            from temper.config.errors import did_you_mean
+
+            raise ctx.error(
+                f"'{v}' is not supported{did_you_mean(str(v), valid)}",
+                f"use one of: {', '.join(valid)}",
+            )
+        return v
+
+    return fn
+
+
+def none_if_negative(v: Any, _ctx: Any) -> Any:
+    return None if v is None or (isinstance(v, int | float) and v < 0) else v
+
+
+def zero_if_none(v: Any, _ctx: Any) -> Any:
+    return 0.0 if v is None else v
+
+
+def file_list(v: Any, ctx: Any) -> Any:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list):
+        return v
+    raise ctx.error(f"expected a path or a list of paths, got {v!r}", "write a path or a list")
+
+
+def top_k(v: Any, _ctx: Any) -> Any:
+    return -1 if v in (0, None) else v
+
+
+def engine(v: Any, ctx: Any) -> Any:
+    return choice("hf", "vllm", "sglang")(v, ctx)
+
+
+def load_format(v: Any, ctx: Any) -> Any:
+    if isinstance(v, str) and v.startswith("dummy"):
+        return "dummy"
+    if v in ("auto", "hf", "dtensor", "safetensors", "megatron"):
+        if v != "auto":
+            ctx.note(f"load_format {v}: temper loads the checkpoint with its own loader (auto)")
+        return "auto"
+    raise ctx.error(f"unknown load_format '{v}'", "use dummy (random init) or auto")
+
+
+_LOGGERS = {
+    "console": "console",
+    "wandb": "wandb",
+    "tracking": "wandb",
+    "tensorboard": "tensorboard",
+}
+
+
+def trackers(v: Any, ctx: Any) -> Any:
+    names = [v] if isinstance(v, str) else list(v or [])
+    out = []
+    for name in names:
+        if name not in _LOGGERS:
+            raise ctx.error(
+                f"logger '{name}' is not supported", "use console, wandb (tracking) or tensorboard"
+            )
+        if _LOGGERS[name] not in out:
+            out.append(_LOGGERS[name])
+    if "jsonl" not in out:
+        out.append("jsonl")
+    ctx.note("trainer.logger: temper always writes metrics.jsonl too; 'tracking' means wandb")
+    return out
+
+
+def sanity_mode(v: Any, ctx: Any) -> Any:
+    if v == "ignore_strippable":
+        ctx.note("tokenization_sanity_check_mode ignore_strippable runs the strict check")
+    return choice("strict", "disable", "ignore_strippable")(v, ctx) != "disable"
+
+
+def filter_metric(v: Any, ctx: Any) -> Any:
+    if v == "acc":
+        ctx.note("filter_groups.metric acc: groups are filtered on the score")
+    return choice(
+        "score",
+        "reward",
+        aliases={"acc": "score", "seq_reward": "reward", "seq_final_reward": "reward"},
+    )(v, ctx)
+
+
+def entropy_chunk(v: Any, _ctx: Any) -> Any:
+    return 2048 if v is True else 0 if v is False else v
+
+
+def rollout_is(v: Any, ctx: Any) -> Any:
+    return "none" if v is None else choice("token", "sequence")(v, ctx)
+
+
+def device(v: Any, ctx: Any) -> Any:
+    return choice("auto", "cpu", "cuda")(v, ctx)
+
+
+def optimizer(v: Any, ctx: Any) -> Any:
+    return choice("adamw")(str(v).lower(), ctx)
