@@ -1,0 +1,107 @@
+"""Log-probs of chosen tokens and entropy from logits (chunked)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.distributions import Categorical
+
+from temper.algorithms import (
+    entropy_from_logits,
+    logprobs_from_logits,
+    response_logprobs_from_sequence_logits,
+)
+
+T = torch.tensor
+
+
+def test_logprobs_hand_values() -> None:
+    # logits [0, ln 3] -> p = [1/4, 3/4]; labels [1, 0]
+    logits = T([[[0.0, math.log(3.0)], [0.0, math.log(3.0)]]])
+    out = logprobs_from_logits(logits, T([[1, 0]]))
+    torch.testing.assert_close(out, T([[math.log(0.75), math.log(0.25)]]))
+    # temperature 2: logits [0, ln3/2] -> p ∝ [1, sqrt 3]: log p1 = ln(sqrt3/(1+sqrt3))
+    out = logprobs_from_logits(logits, T([[1, 0]]), temperature=2.0)
+    s3 = math.sqrt(3.0)
+    torch.testing.assert_close(out, T([[math.log(s3 / (1 + s3)), math.log(1 / (1 + s3))]]))
+
+
+def test_logprobs_match_log_softmax_and_chunking_is_invisible() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 17, generator=g, requires_grad=True)
+    labels = torch.randint(0, 17, (3, 5), generator=g)
+    ref = torch.log_softmax(logits.detach(), -1).gather(-1, labels[..., None]).squeeze(-1)
+    grads = []
+    for chunk in (1, 4, 7, 4096):
+        logits.grad = None
+        out = logprobs_from_logits(logits, labels, chunk_size=chunk)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        grads.append(logits.grad.clone())
+    for gr in grads[1:]:
+        torch.testing.assert_close(gr, grads[0])
+
+
+def test_logprobs_bf16_upcast_and_extreme_logits() -> None:
+    logits = T([[[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4]]]).to(torch.bfloat16)
+    out = logprobs_from_logits(logits, T([[1, 2]]))
+    assert out.dtype == torch.float32
+    assert torch.isfinite(out).all()
+    # bf16 rounds 1e4 to 9984: log p = -2*9984 = -19968, very negative but finite
+    assert out[0, 0].item() == pytest.approx(-19968.0)
+    assert out[0, 1].item() == pytest.approx(-math.log(3.0), rel=1e-2)
+
+
+def test_response_alignment_off_by_one() -> None:
+    # a "model" whose logits at position p put all mass on token input_ids[p+1]
+    input_ids = T([[5, 1, 2, 3, 4]])  # prompt [5, 1], response [2, 3, 4]
+    V = 6
+    logits = torch.full((1, 5, V), -30.0)
+    for p in range(4):
+        logits[0, p, input_ids[0, p + 1]] = 30.0
+    out = response_logprobs_from_sequence_logits(logits, input_ids, response_len=3)
+    assert out.shape == (1, 3)
+    assert (out > -1e-6).all(), "each response token must be scored by the previous position"
+    # the unshifted (wrong) alignment scores them as impossible
+    # (the last position has uniform logits, so only the first two are checked)
+    wrong = logprobs_from_logits(logits[:, 2:], input_ids[:, 2:])
+    assert (wrong[:, :2] < -50).all()
+    with pytest.raises(ValueError):
+        response_logprobs_from_sequence_logits(logits, input_ids, response_len=5)
+
+
+def test_entropy_matches_torch_distributions() -> None:
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 3, 13, generator=g) * 3
+    expected = Categorical(logits=logits).entropy()
+    for chunk in (1, 5, 4096):
+        torch.testing.assert_close(entropy_from_logits(logits, chunk_size=chunk), expected)
+    torch.testing.assert_close(
+        entropy_from_logits(logits, temperature=0.5), Categorical(logits=logits / 0.5).entropy()
+    )
+    # hand values: uniform over 4 -> ln 4; one-hot (very peaked) -> ~0, no NaN
+    assert entropy_from_logits(torch.zeros(4)).item() == pytest.approx(math.log(4))
+    peaked = entropy_from_logits(T([1e4, -1e4, -1e4]))
+    assert torch.isfinite(peaked) and peaked.item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_entropy_gradient_chunked_equals_unchunked() -> None:
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(4, 9, generator=g, requires_grad=True)
+    b = a.detach().clone().requires_grad_(True)
+    entropy_from_logits(a, chunk_size=1).sum().backward()
+    Categorical(logits=b).entropy().sum().backward()
+    torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        entropy_from_logits(torch.zeros(2, 3), temperature=0.0)
+    with pytest.raises(ValueError, match="labels"):
+        logprobs_from_logits(torch.zeros(2, 3, 4), torch.zeros(2, 2, dtype=torch.long))
+    # an empty batch gives an empty result
+    assert logprobs_from_logits(
+        torch.zeros(0, 3, 4), torch.zeros(0, 3, dtype=torch.long)
+    ).shape == (0, 3)
