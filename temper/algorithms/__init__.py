@@ -7,6 +7,7 @@ dataclasses defined here (:class:`AdvantageParams`, :class:`PolicyLossParams`,
 
 from __future__ import annotations
 
+from temper.algorithms import policy_losses_variants  # noqa: F401  (registers the variants)
 from temper.algorithms.advantages import (
     ADV_ESTIMATORS,
     AdvantageInputs,
