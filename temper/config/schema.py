@@ -44,7 +44,9 @@ class ExperimentConfig:
 
     project_name: str = doc("temper", "Project name (tracker project, output folder).")
     experiment_name: str = doc("run", "Experiment name (tracker run name, output folder).")
-    output_dir: str = doc("", "Run directory; empty means outputs/<project_name>/<experiment_name>.")
+    output_dir: str = doc(
+        "", "Run directory; empty means outputs/<project_name>/<experiment_name>."
+    )
     seed: int = doc(42, "Seed for data order, sampling, initialisation; everything is seeded.")
     max_steps: int | None = doc(None, "RL steps to run; None derives it from total_epochs.")
     total_epochs: int = doc(1, "Passes over the training prompts when max_steps is None.")
@@ -239,7 +241,9 @@ class OptimConfig:
     weight_decay: float = doc(0.01, "Decoupled weight decay.")
     betas: list[float] = doc([0.9, 0.999], "Adam betas.")
     eps: float = doc(1e-8, "Adam epsilon.")
-    lr_scheduler: Literal["constant", "linear", "cosine"] = doc("constant", "Schedule after warmup.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = doc(
+        "constant", "Schedule after warmup."
+    )
     warmup_steps: int = doc(0, "Linear warmup optimizer steps; -1 uses warmup_ratio.")
     warmup_ratio: float = doc(0.0, "Warmup as a fraction of total optimizer steps.")
     min_lr_ratio: float = doc(0.0, "Floor of the decay as a fraction of lr.")

@@ -51,6 +51,11 @@ def expand_files(files: str | Path | Sequence[str | Path], key: str) -> list[Pat
     items = [files] if isinstance(files, (str, Path)) else list(files)
     out: list[Path] = []
     for item in items:
+        if str(item).startswith("task:"):
+            from temper.data.tasks import resolve_task_uri  # tasks imports this module
+
+            out.append(resolve_task_uri(str(item)))
+            continue
         text = os.path.expandvars(os.path.expanduser(str(item)))
         path = Path(text)
         if not path.exists() and glob.has_magic(text):

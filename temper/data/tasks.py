@@ -21,7 +21,9 @@ a pipeline trains. Rows have verl's shape, so the same files work with verl::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -143,6 +145,36 @@ def make_task_rows(name: str, n: int, seed: int = 0, **kwargs: Any) -> list[dict
 def write_task(name: str, path: str | Path, n: int, seed: int = 0, **kwargs: Any) -> Path:
     """Write ``n`` rows of task ``name`` to ``path`` (.parquet, .jsonl, .json or .csv)."""
     return write_rows(make_task_rows(name, n, seed, **kwargs), path)
+
+
+TASK_SCHEME = "task:"
+
+
+def task_cache_dir() -> Path:
+    """Where generated task files live: ``$TEMPER_CACHE/tasks`` (default ~/.cache/temper)."""
+    root = os.environ.get("TEMPER_CACHE") or os.path.expanduser("~/.cache/temper")
+    return Path(root) / "tasks"
+
+
+def resolve_task_uri(uri: str) -> Path:
+    """``task:NAME?n=N&seed=S&key=value`` -> a parquet file of that task (written once).
+
+    Lets a config name a generated dataset directly (the quickstart does), so no
+    separate data-preparation step is needed; the file is cached by its parameters.
+    """
+    spec = uri[len(TASK_SCHEME) :]
+    name, _, query = spec.partition("?")
+    params = {k: _value(v) for k, v in (p.split("=", 1) for p in query.split("&") if p)}
+    n = int(params.pop("n", 1000))
+    seed = int(params.pop("seed", 0))
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    path = task_cache_dir() / f"{name}-{digest}.parquet"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.parquet")
+        write_task(name, tmp, n, seed, **params)
+        tmp.replace(path)  # atomic: concurrent runs never read a half-written file
+    return path
 
 
 def _value(text: str) -> Any:

@@ -1,0 +1,209 @@
+"""Metric sinks: console (progress + compact table), jsonl (always), tensorboard, wandb.
+
+``build_trackers`` turns ``experiment.trackers`` into one ``MultiTracker``. Every sink
+gets the same ``log(metrics, step)`` calls; the jsonl file is the run's record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Tracker(Protocol):
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.3e}"
+        return f"{value:.4f}"
+    return str(value)
+
+
+class ConsoleTracker:
+    """One line per logged step: progress, ETA and the headline metrics."""
+
+    HEADLINE = (
+        "train/reward_mean",
+        "train/score_mean",
+        "val/reward_mean",
+        "response/length_mean",
+        "actor/pg_loss",
+        "actor/kl",
+        "actor/entropy",
+        "actor/grad_norm",
+        "critic/value_loss",
+        "timing/step_s",
+    )
+
+    def __init__(self, total_steps: int | None = None, stream=None, every: int = 1) -> None:
+        self.total = total_steps
+        self.stream = stream or sys.stdout
+        self.every = max(1, every)
+        self.start = time.monotonic()
+        self.first_step: int | None = None
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if step % self.every and not any(k.startswith("val/") for k in metrics):
+            return
+        if self.first_step is None:
+            self.first_step = step - 1
+        parts = [f"step {step}" + (f"/{self.total}" if self.total else "")]
+        if self.total:
+            done = step - self.first_step
+            elapsed = time.monotonic() - self.start
+            left = (self.total - step) * elapsed / max(done, 1)
+            parts.append(f"{100 * step / self.total:3.0f}% eta {_duration(left)}")
+        for key in self.HEADLINE:
+            if key in metrics:
+                parts.append(f"{key.split('/', 1)[1]}={_fmt(metrics[key])}")
+        print(" | ".join(parts), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class JsonlTracker:
+    """Appends ``{"step": n, **metrics}`` to ``<output_dir>/metrics.jsonl``."""
+
+    def __init__(self, output_dir: str | Path) -> None:
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = self.path.open("a", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+class TensorboardTracker:
+    """Scalars to TensorBoard event files under ``log_dir`` (default <output>/tensorboard)."""
+
+    def __init__(self, output_dir: str | Path, log_dir: str | None = None, **_: Any) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:  # tensorboard package missing
+            raise ImportError(
+                "experiment.trackers has 'tensorboard' but the tensorboard package is missing; "
+                "install it with: pip install 'temper-rl[tracking]'"
+            ) from err
+        self.writer = SummaryWriter(log_dir=log_dir or str(Path(output_dir) / "tensorboard"))
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    """Weights & Biases; set ``mode: offline`` in tracker_kwargs without a network."""
+
+    def __init__(self, output_dir: str | Path, project: str, name: str, **kwargs: Any) -> None:
+        try:
+            import wandb
+        except ImportError as err:
+            raise ImportError(
+                "experiment.trackers has 'wandb' but the wandb package is missing; "
+                "install it with: pip install 'temper-rl[tracking]'"
+            ) from err
+        kwargs.setdefault("dir", str(output_dir))
+        kwargs.setdefault("project", project)
+        kwargs.setdefault("name", name)
+        self.run = wandb.init(**kwargs)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MultiTracker:
+    def __init__(self, trackers: list[Tracker]) -> None:
+        self.trackers = trackers
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for t in self.trackers:
+            t.log(metrics, step)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+
+
+TRACKERS: dict[str, Callable[..., Tracker]] = {
+    "console": lambda output_dir, total_steps=None, every=1, **_: ConsoleTracker(
+        total_steps, every=every
+    ),
+    "jsonl": lambda output_dir, **_: JsonlTracker(output_dir),
+    "tensorboard": lambda output_dir, kwargs=None, **_: TensorboardTracker(
+        output_dir, **(kwargs or {})
+    ),
+    "wandb": lambda output_dir, kwargs=None, project="temper", name="run", **_: WandbTracker(
+        output_dir, project, name, **(kwargs or {})
+    ),
+}
+
+
+def build_trackers(
+    names: list[str],
+    output_dir: str | Path,
+    *,
+    total_steps: int | None = None,
+    every: int = 1,
+    kwargs: dict[str, Any] | None = None,
+    project: str = "temper",
+    name: str = "run",
+) -> MultiTracker:
+    """Trackers for ``names`` (jsonl is always included: it is the run's record)."""
+    wanted = list(dict.fromkeys([*names, "jsonl"]))
+    unknown = [n for n in wanted if n not in TRACKERS]
+    if unknown:
+        raise ValueError(
+            f"experiment.trackers: unknown tracker(s) {unknown}; use {sorted(TRACKERS)}"
+        )
+    return MultiTracker(
+        [
+            TRACKERS[n](
+                output_dir,
+                total_steps=total_steps,
+                every=every,
+                kwargs=kwargs,
+                project=project,
+                name=name,
+            )
+            for n in wanted
+        ]
+    )

@@ -23,6 +23,7 @@ from torch import nn
 
 from temper.config.errors import ConfigError
 from temper.config.schema import LoraConfig, ModelConfig
+from temper.utils.model_path import resolve_model_path
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,9 @@ def load_hf_config(cfg: ModelConfig, path: str | None = None) -> Any:
     from transformers import AutoConfig
 
     import_external_lib(cfg.external_lib)
-    config = AutoConfig.from_pretrained(path or cfg.path, trust_remote_code=cfg.trust_remote_code)
+    config = AutoConfig.from_pretrained(
+        resolve_model_path(path or cfg.path), trust_remote_code=cfg.trust_remote_code
+    )
     for key, value in cfg.override_config.items():
         if not hasattr(config, key):
             log.warning("model.override_config.%s is not a field of %s", key, type(config).__name__)
@@ -84,6 +87,7 @@ def load_hf_config(cfg: ModelConfig, path: str | None = None) -> Any:
 def _from_pretrained(auto_cls: Any, cfg: ModelConfig, path: str, dtype: torch.dtype) -> nn.Module:
     if not path:
         raise ConfigError("model.path", "no model given", "set model.path to a HF directory or id")
+    path = resolve_model_path(path)
     return auto_cls.from_pretrained(
         path,
         config=load_hf_config(cfg, path),
@@ -235,7 +239,7 @@ def load_value_model(
     from safetensors.torch import load_file
     from transformers import AutoModel
 
-    src = path or cfg.path
+    src = resolve_model_path(path or cfg.path)
     backbone = _from_pretrained(AutoModel, cfg, src, dtype)
     hidden = int(backbone.config.hidden_size)
     head = nn.Linear(hidden, 1, dtype=dtype)
@@ -262,5 +266,6 @@ def load_tokenizer(cfg: ModelConfig, path: str | None = None) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(
-        cfg.tokenizer_path or path or cfg.path, trust_remote_code=cfg.trust_remote_code
+        resolve_model_path(cfg.tokenizer_path or path or cfg.path),
+        trust_remote_code=cfg.trust_remote_code,
     )

@@ -13,6 +13,7 @@ Anything else (a local directory, a hub id) is returned unchanged.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,4 +32,6 @@ MODEL_ALIASES: dict[str, Callable[[], Path]] = {
 def resolve_model_path(path: str) -> str:
     """A loadable directory / hub id for ``path`` (aliases converted on first use)."""
     make = MODEL_ALIASES.get(path.strip().lower())
-    return str(make()) if make is not None else path
+    if make is not None:
+        return str(make())
+    return os.path.expanduser(path) if path.startswith("~") else path

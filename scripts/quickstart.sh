@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install (scripts/install.sh) and run the quickstart: GRPO on SmolLM2-135M-Instruct.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_WAIT_POLICY=PASSIVE
+bash scripts/install.sh
+. .venv/bin/activate
+temper train examples/quickstart.yaml "$@"

@@ -1,0 +1,94 @@
+"""The RLVR pipeline: single-turn prompts → n responses → verifiable reward → PPO update.
+
+``train(cfg)`` is the whole job; ``rl_step`` is one step of DESIGN.md's data flow, each
+phase a named call on a role. Memory moves and engine details live inside the roles.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any
+
+from temper.config.schema import TemperConfig
+from temper.data import next_prompt_batch
+from temper.pipelines.experience import compute_experience
+from temper.pipelines.setup import Run, build_run, response_metrics
+from temper.pipelines.validation import validate
+
+
+class Timer:
+    """Collects ``timing/<name>_s`` for the phases of one step."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.times[f"timing/{name}_s"] = time.perf_counter() - start
+
+
+def rl_step(run: Run) -> dict[str, float]:
+    """One RL step; returns its metrics."""
+    cfg, roles, t = run.cfg, run.roles, Timer()
+    with t("step"):
+        prompts = next_prompt_batch(run.train_data, run.sampler)
+        prompts.meta["temperature"] = cfg.rollout.temperature
+        with t("rollout"):
+            batch = run.rollout.generate(prompts, run.train_sampling)
+        with t("reward"):
+            batch, reward_metrics = run.rewards.score(batch)
+        with t("old_log_probs"):
+            batch = roles.actor.compute_log_probs(batch)
+        if roles.reference is not None:
+            with t("ref"):
+                batch = roles.reference.compute_ref_log_probs(batch)
+        if roles.critic is not None:
+            with t("values"):
+                batch = roles.critic.compute_values(batch)
+        with t("adv"):
+            batch, adv_metrics = compute_experience(batch, cfg.algorithm, cfg.rollout, run.shaping)
+        with t("train"):
+            critic_metrics = roles.critic.update(batch) if roles.critic is not None else {}
+            actor_metrics = {}
+            if run.step > cfg.experiment.critic_warmup:
+                actor_metrics = roles.actor.update(batch)
+        with t("weight_sync"):
+            run.sync_weights()
+    metrics = {**reward_metrics, **adv_metrics, **critic_metrics, **actor_metrics, **t.times}
+    metrics.update(response_metrics(batch, t.times["timing/step_s"]))
+    metrics.update(run.train_data.metrics())
+    return metrics
+
+
+def train(cfg: TemperConfig) -> dict[str, Any]:
+    """Train with ``cfg``; returns a summary (first/last reward, steps, output dir)."""
+    run = build_run(cfg)
+    rewards: list[float] = []
+    try:
+        if cfg.experiment.val_before_train or cfg.experiment.val_only:
+            run.tracker.log(validate(run), run.step)
+        if cfg.experiment.val_only:
+            return run.summary(rewards)
+        while run.step < run.total_steps:
+            run.step += 1
+            metrics = rl_step(run)
+            rewards.append(metrics["train/reward_mean"])
+            if cfg.experiment.test_freq > 0 and run.step % cfg.experiment.test_freq == 0:
+                metrics.update(validate(run))
+            run.tracker.log(metrics, run.step)
+        if cfg.experiment.test_freq > 0 and run.step % cfg.experiment.test_freq:
+            run.tracker.log(validate(run), run.step)
+        run.save_final()
+    finally:
+        run.close()
+    summary = run.summary(rewards)
+    print(
+        f"done: {summary['steps']} steps; train/reward_mean first {summary['reward_first']:.3f} "
+        f"→ last {summary['reward_last']:.3f} (mean of first/last 5 steps: "
+        f"{summary['reward_first5']:.3f} → {summary['reward_last5']:.3f}); "
+        f"outputs in {summary['output_dir']}"
+    )
+    return summary

@@ -1,0 +1,172 @@
+"""Everything a run holds, built once from the config: data, roles, engines, trackers."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from temper.config.derive import derive
+from temper.config.schema import TemperConfig
+from temper.data import PromptDataset, PromptSampler, build_datasets, build_sampler
+from temper.data.batch import Batch
+from temper.pipelines.experience import ShapingState
+from temper.rewards.manager import RewardScorer
+from temper.roles import Roles, build_roles
+from temper.rollout import RolloutEngine, SamplingParams, build_rollout_engine
+from temper.rollout import sampling_params_from_config as sampling_params
+from temper.tracking import MultiTracker, build_trackers
+from temper.utils.model_path import resolve_model_path
+
+
+def output_dir(cfg: TemperConfig) -> Path:
+    exp = cfg.experiment
+    return Path(exp.output_dir or f"outputs/{exp.project_name}/{exp.experiment_name}").expanduser()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_tokenizer(cfg: TemperConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(cfg.model.tokenizer_path or cfg.model.path)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+class RunRewards:
+    """The run's reward scorer, returning the batch with ``scores`` added."""
+
+    def __init__(self, scorer: RewardScorer, tokenizer: Any) -> None:
+        self.scorer, self.tokenizer = scorer, tokenizer
+
+    def score(self, batch: Batch, prefix: str = "train") -> tuple[Batch, dict[str, float]]:
+        out = self.scorer.score_batch(batch, self.tokenizer, prefix=prefix)
+        batch["scores"] = out.scores
+        return batch, dict(out.metrics)
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+@dataclasses.dataclass
+class Run:
+    """A run's long-lived parts and its step counter."""
+
+    cfg: TemperConfig
+    out_dir: Path
+    tokenizer: Any
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    sampler: PromptSampler
+    roles: Roles
+    rollout: RolloutEngine
+    rewards: RunRewards
+    shaping: ShapingState
+    tracker: MultiTracker
+    train_sampling: SamplingParams
+    val_sampling: SamplingParams
+    total_steps: int
+    step: int = 0
+
+    def sync_weights(self) -> None:
+        """Push the actor's weights to the rollout engine (a no-op when it shares them)."""
+        every = max(1, self.cfg.rollout.model_update_frequency)
+        if not getattr(self.rollout, "shared", False) and self.step % every == 0:
+            self.rollout.load_weights(self.roles.actor.engine.named_weights())
+
+    def save_final(self) -> None:
+        """The trained actor as a Hugging Face directory (loads in transformers/vLLM)."""
+        self.roles.actor.engine.save_hf(str(self.out_dir / "final" / "actor"))
+        self.tokenizer.save_pretrained(str(self.out_dir / "final" / "actor"))
+
+    def summary(self, rewards: list[float]) -> dict[str, Any]:
+        first = rewards[0] if rewards else float("nan")
+        last = rewards[-1] if rewards else float("nan")
+        k = min(5, len(rewards)) or 1
+        return {
+            "steps": self.step,
+            "output_dir": str(self.out_dir),
+            "reward_first": first,
+            "reward_last": last,
+            "reward_first5": float(np.mean(rewards[:k])) if rewards else float("nan"),
+            "reward_last5": float(np.mean(rewards[-k:])) if rewards else float("nan"),
+            "rewards": rewards,
+        }
+
+    def close(self) -> None:
+        self.rewards.close()
+        self.rollout.close()
+        self.tracker.close()
+
+
+def build_run(cfg: TemperConfig) -> Run:
+    """Load data, models and engines for ``cfg`` (config already validated)."""
+    derived = derive(cfg)
+    seed_everything(cfg.experiment.seed)
+    out = output_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(cfg)
+    train_data, val_data = build_datasets(cfg, tokenizer)
+    if train_data is None:
+        raise ValueError("data.train_files: no training data")  # validate() catches it first
+    sampler = build_sampler(cfg, len(train_data), train_data.tags)
+    total = cfg.experiment.max_steps or cfg.experiment.total_epochs * sampler.batches_per_epoch
+    roles = build_roles(cfg)
+    samples = derived.samples_per_step
+    roles.actor.set_total_steps(total * roles.actor.optimizer_steps_per_update(samples))
+    if roles.critic is not None:
+        roles.critic.set_total_steps(total * roles.critic.optimizer_steps_per_update(samples))
+    rollout = build_rollout_engine(
+        cfg.rollout, cfg.model, module=roles.actor.engine.model, tokenizer=tokenizer
+    )
+    scorer = RewardScorer.from_config(cfg, device=roles.actor.engine.device)
+    tracker = build_trackers(
+        cfg.experiment.trackers,
+        out,
+        total_steps=total,
+        every=cfg.experiment.logging_steps,
+        kwargs=cfg.experiment.tracker_kwargs,
+        project=cfg.experiment.project_name,
+        name=cfg.experiment.experiment_name,
+    )
+    return Run(
+        cfg=cfg,
+        out_dir=out,
+        tokenizer=tokenizer,
+        train_data=train_data,
+        val_data=val_data,
+        sampler=sampler,
+        roles=roles,
+        rollout=rollout,
+        rewards=RunRewards(scorer, tokenizer),
+        shaping=ShapingState.from_config(cfg.algorithm),
+        tracker=tracker,
+        train_sampling=sampling_params(cfg.rollout, validation=False),
+        val_sampling=sampling_params(cfg.rollout, validation=True),
+        total_steps=total,
+    )
+
+
+def response_metrics(batch: Batch, step_seconds: float) -> dict[str, float]:
+    """Length, truncation and throughput of one step's responses."""
+    lengths = batch["response_mask"].sum(-1).float()
+    prompt_tokens = batch["prompt_mask"].sum().item()
+    truncated = [bool(t) for t in batch["truncated"]] if "truncated" in batch else []
+    return {
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
+        "response/clip_ratio": float(np.mean(truncated)) if truncated else 0.0,
+        "perf/tokens_per_s": (prompt_tokens + lengths.sum().item()) / max(step_seconds, 1e-9),
+        "perf/samples": float(len(batch)),
+    }

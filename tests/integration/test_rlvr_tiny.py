@@ -1,0 +1,108 @@
+"""End-to-end RLVR on a tiny random model: the loop runs, every parameter moves, and
+reward rises on a learnable toy reward (fraction of digit characters in the answer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from temper.config import build_config
+from temper.pipelines.rlvr import train
+
+REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """Fraction of the response's characters that are digits."""
+    if not solution_str:
+        return 0.0
+    return sum(c.isdigit() for c in solution_str) / len(solution_str)
+'''
+
+
+def tiny_config(tmp_path, model_dir, **over):
+    reward_file = tmp_path / "digits.py"
+    reward_file.write_text(REWARD)
+    cfg = {
+        "experiment": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 10,
+            "seed": 1,
+            "trackers": ["jsonl"],
+        },
+        "model": {"path": str(model_dir)},
+        "data": {
+            "train_files": ["task:arithmetic?n=64&seed=3"],
+            "train_batch_size": 4,
+            "max_prompt_length": 96,
+        },
+        "rollout": {"n": 4, "response_length": 12, "temperature": 1.0},
+        "actor": {
+            "mini_batch_size": 8,
+            "micro_batch_size_per_device": 4,
+            "optim": {"lr": 3e-3, "weight_decay": 0.0},
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "reward": {
+            "function": "custom",
+            "custom_function": {"path": str(reward_file)},
+            "num_workers": 1,
+        },
+    }
+    for section, values in over.items():
+        cfg.setdefault(section, {}).update(values)
+    return build_config(cfg)
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def read_metrics(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_grpo_reward_rises_and_every_parameter_moves(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from transformers import AutoModelForCausalLM
+
+    before = params(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    cfg = tiny_config(tmp_path, tiny_model_dir)
+    summary = train(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    for key in (
+        "train/reward_mean",
+        "train/score_mean",
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/lr",
+        "response/length_mean",
+        "timing/step_s",
+        "perf/tokens_per_s",
+    ):
+        assert key in rows[-1], key
+    # learnable toy reward: mean of the last 3 steps beats the first 3 by a clear margin
+    rewards = summary["rewards"]
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.1, rewards
+    after = params(AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor"))
+    unchanged = [n for n in before if torch.equal(before[n], after[n])]
+    assert not unchanged, unchanged
+
+
+@pytest.mark.slow
+def test_ppo_with_critic_runs_and_trains_both(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        experiment={"output_dir": str(tmp_path / "run"), "max_steps": 3, "trackers": ["jsonl"]},
+        algorithm={"adv_estimator": "gae", "gamma": 1.0, "lam": 0.95},
+        critic={"mini_batch_size": 8, "micro_batch_size_per_device": 4, "optim": {"lr": 1e-3}},
+    )
+    train(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 3
+    assert all("critic/value_loss" in r and "actor/pg_loss" in r for r in rows)
