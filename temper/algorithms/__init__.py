@@ -14,6 +14,7 @@ from temper.algorithms.advantages import (
     AdvantageParams,
     compute_advantages,
     discounted_returns,
+    estimator_inputs,
 )
 from temper.algorithms.aggregation import (
     LOSS_AGG_MODES,
@@ -108,6 +109,7 @@ def check_name(key: str, name: str) -> str:
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "estimator_inputs",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",

@@ -298,6 +298,19 @@ def grpo_passk(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, T
     return adv, adv.clone()
 
 
+# Optional AdvantageInputs each estimator reads; the pipeline provides them on demand
+# (a critic's values, a greedy response's reward) without branching on names.
+EXTRA_INPUTS: dict[str, frozenset[str]] = {
+    "gae": frozenset({"values"}),
+    "remax": frozenset({"baseline_rewards"}),
+}
+
+
+def estimator_inputs(name: str) -> frozenset[str]:
+    """The optional inputs (``values``, ``baseline_rewards``) estimator ``name`` needs."""
+    return EXTRA_INPUTS.get(ADV_ESTIMATORS.canonical(name), frozenset())
+
+
 def compute_advantages(
     name: str, inp: AdvantageInputs, params: AdvantageParams | None = None
 ) -> tuple[Tensor, Tensor]:

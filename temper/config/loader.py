@@ -50,7 +50,25 @@ def parse_yaml_text(text: str, where: str = "<string>") -> Any:
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as err:
-        raise ConfigError(where, f"not valid YAML: {err}", "fix the YAML syntax") from err
+        detail = " ".join(str(err).split())  # one line, whatever the parser printed
+        raise ConfigError(where, f"not valid YAML: {detail}", "fix the YAML syntax") from err
+
+
+def parse_override_value(raw: str, key: str) -> Any:
+    """An override's value: YAML where it parses, else Hydra's looser grammar.
+
+    Hydra accepts unquoted strings YAML's flow syntax rejects (``[task:x?n=1]``), so a
+    value that is not YAML is a plain string, or a list of them when bracketed.
+    """
+    try:
+        return yaml.load(raw, Loader=_Loader)
+    except yaml.YAMLError:
+        pass
+    text = raw.strip()
+    if text.startswith("[") and text.endswith("]"):
+        items = [item.strip() for item in text[1:-1].split(",") if item.strip()]
+        return [parse_override_value(item, key) for item in items]
+    return raw
 
 
 @dataclasses.dataclass
@@ -168,7 +186,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         raise ConfigError(
             text, "not an override", "write overrides as key=value, +key=value or ~key"
         )
-    value = parse_yaml_text(raw, key) if eq else None
+    value = parse_override_value(raw, key) if eq else None
     if isinstance(value, float) and math.isnan(value):
         value = raw
     return op, key, value

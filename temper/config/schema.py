@@ -471,6 +471,7 @@ class AlgorithmConfig:
     gamma: float = doc(1.0, "Discount factor.")
     lam: float = doc(1.0, "GAE lambda.")
     norm_adv_by_std_in_grpo: bool = doc(True, "GRPO: divide by the group std (False: Dr.GRPO).")
+    gae_whiten: bool = doc(True, "GAE: whiten advantages in the estimator (verl; ROLL: false).")
     use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
     kl_penalty: str = doc("kl", "KL estimator in the reward (kl, abs, mse, low_var_kl, full).")
     kl_ctrl: KLControlConfig = sub(KLControlConfig, "KL coefficient controller.")

@@ -71,6 +71,10 @@ class Batch:
             return self.tensors[key]
         return self.objects[key]
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """The column ``key`` (tensor or objects), or ``default`` when absent."""
+        return self[key] if key in self else default
+
     def __setitem__(self, key: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
             self.tensors[key] = value

@@ -111,10 +111,14 @@ def compute_experience(
         token_level_rewards=token_rewards,
         response_mask=mask,
         group_index=uid,
-        values=batch.get("values", None),
+        values=batch.get("values"),
+        baseline_rewards=batch.get("baseline_scores"),
     )
     params = A.AdvantageParams(
-        gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo
+        gamma=algo.gamma,
+        lam=algo.lam,
+        norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+        gae_whiten=algo.gae_whiten,
     )
     advantages, returns = A.compute_advantages(algo.adv_estimator, inputs, params)
     if algo.whiten_advantages:

@@ -6,12 +6,16 @@ phase a named call on a role. Memory moves and engine details live inside the ro
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+
+from temper.algorithms import estimator_inputs
 from temper.config.schema import TemperConfig
-from temper.data import next_prompt_batch
+from temper.data import Batch, next_prompt_batch
 from temper.pipelines.experience import compute_experience
 from temper.pipelines.setup import Run, build_run, response_metrics
 from temper.pipelines.validation import validate
@@ -30,6 +34,14 @@ class Timer:
         self.times[f"timing/{name}_s"] = time.perf_counter() - start
 
 
+def greedy_baseline(run: Run, prompts: Batch, uids: list[str]) -> torch.Tensor:
+    """ReMax's baseline: the reward of each prompt's greedy response, per sample row."""
+    greedy = dataclasses.replace(run.train_sampling, n=1, do_sample=False, temperature=0.0)
+    scored, _ = run.rewards.score(run.rollout.generate(prompts, greedy), prefix="baseline")
+    by_uid = dict(zip(scored["uid"], scored["scores"].tolist()))
+    return torch.tensor([by_uid[u] for u in uids], dtype=torch.float32)
+
+
 def rl_step(run: Run) -> dict[str, float]:
     """One RL step; returns its metrics."""
     cfg, roles, t = run.cfg, run.roles, Timer()
@@ -40,8 +52,13 @@ def rl_step(run: Run) -> dict[str, float]:
             batch = run.rollout.generate(prompts, run.train_sampling)
         with t("reward"):
             batch, reward_metrics = run.rewards.score(batch)
-        with t("old_log_probs"):
-            batch = roles.actor.compute_log_probs(batch)
+            if "baseline_rewards" in estimator_inputs(cfg.algorithm.adv_estimator):
+                batch["baseline_scores"] = greedy_baseline(run, prompts, batch["uid"])
+        if cfg.actor.recompute_old_log_prob:
+            with t("old_log_probs"):
+                batch = roles.actor.compute_log_probs(batch, with_entropy=True)
+        else:  # on-policy single update: the sampling log-probs are the old ones
+            batch["old_log_probs"] = batch["rollout_log_probs"]
         if roles.reference is not None:
             with t("ref"):
                 batch = roles.reference.compute_ref_log_probs(batch)
@@ -59,6 +76,9 @@ def rl_step(run: Run) -> dict[str, float]:
             run.sync_weights()
     metrics = {**reward_metrics, **adv_metrics, **critic_metrics, **actor_metrics, **t.times}
     metrics.update(response_metrics(batch, t.times["timing/step_s"]))
+    if "entropy" in batch:
+        mask = batch["response_mask"].float()
+        metrics["actor/entropy"] = ((batch["entropy"] * mask).sum() / mask.sum().clamp(min=1)).item()
     metrics.update(run.train_data.metrics())
     return metrics
 

@@ -13,6 +13,7 @@ Inference micro-batching (old log-probs) takes the first of ``actor.log_prob_*``
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,8 @@ from temper.training.models import resolve_device
 from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
 
+
+log = logging.getLogger(__name__)
 
 @dataclass
 class Roles:
@@ -62,6 +65,26 @@ def reference_micro_batching(cfg: TemperConfig, actor_micro: MicroBatching) -> M
     return MicroBatching(size=size, max_tokens=budget)
 
 
+def local_strategy(cfg: TemperConfig, strategy: str, key: str) -> str:
+    """The engine a role gets on the ``local`` backend.
+
+    The local backend runs every role in this one process on one device (validation
+    guarantees it), where FSDP2 / DeepSpeed / Megatron with a world size of 1 shard
+    nothing and compute exactly what the single-process ``torch`` engine computes. A
+    verl or ROLL file written for those engines therefore runs here on ``torch``; the
+    swap is logged so nobody mistakes it for a sharded run.
+    """
+    if cfg.resources.backend == "local" and strategy != "torch":
+        log.warning(
+            "%s=%s on the local backend (one process, one device): using the torch engine, "
+            "which computes the same update without sharding",
+            key,
+            strategy,
+        )
+        return "torch"
+    return strategy
+
+
 def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> Roles:
     """Load the models and build ``Roles(actor, reference | None, critic | None)``.
 
@@ -73,7 +96,7 @@ def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> 
 
     actor_micro = infer_micro_batching(cfg, cfg.actor)
     actor_engine = build_engine(
-        cfg.actor.strategy,
+        local_strategy(cfg, cfg.actor.strategy, "actor.strategy"),
         EngineSpec(
             model=cfg.model,
             device=dev,
@@ -99,7 +122,7 @@ def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> 
             )
         else:
             ref_engine = build_engine(
-                cfg.reference.strategy,
+                local_strategy(cfg, cfg.reference.strategy, "reference.strategy"),
                 EngineSpec(
                     model=cfg.model,
                     device=dev,
@@ -115,7 +138,7 @@ def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> 
     critic = None
     if uses_critic(cfg):
         critic_engine = build_engine(
-            cfg.critic.strategy,
+            local_strategy(cfg, cfg.critic.strategy, "critic.strategy"),
             EngineSpec(
                 model=cfg.model,
                 device=dev,

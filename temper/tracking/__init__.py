@@ -80,11 +80,24 @@ def _duration(seconds: float) -> str:
 
 
 class JsonlTracker:
-    """Appends ``{"step": n, **metrics}`` to ``<output_dir>/metrics.jsonl``."""
+    """Appends ``{"step": n, **metrics}`` to ``<output_dir>/metrics.jsonl``.
 
-    def __init__(self, output_dir: str | Path) -> None:
+    Rows of steps ≥ ``start_step`` already in the file are dropped on open: a fresh run
+    (start 0) starts an empty record, and a run resumed after step k keeps rows ≤ k once.
+    """
+
+    def __init__(self, output_dir: str | Path, start_step: int = 0) -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if self.path.is_file():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line).get("step", 0) < start_step:
+                        kept.append(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash mid-write
+        self.path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
         self.file = self.path.open("a", encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:

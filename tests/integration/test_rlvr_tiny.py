@@ -106,3 +106,41 @@ def test_ppo_with_critic_runs_and_trains_both(tmp_path, tiny_model_dir, monkeypa
     rows = read_metrics(tmp_path / "run")
     assert len(rows) == 3
     assert all("critic/value_loss" in r and "actor/pg_loss" in r for r in rows)
+
+
+@pytest.mark.slow
+def test_lora_run_trains_adapters_only(tmp_path, tiny_model_dir, monkeypatch):
+    """LoRA: the reference is the same weights with adapters off; only adapters move."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        experiment={"output_dir": str(tmp_path / "run"), "max_steps": 2, "trackers": ["jsonl"]},
+        model={"path": str(tiny_model_dir), "lora": {"rank": 4, "alpha": 8}},
+        actor={
+            "mini_batch_size": 8,
+            "micro_batch_size_per_device": 4,
+            "use_kl_loss": True,
+            "optim": {"lr": 1e-2, "weight_decay": 0.0},
+        },
+    )
+    from temper.pipelines.setup import build_run
+
+    run = build_run(cfg)
+    try:
+        engine = run.roles.actor.engine
+        assert run.roles.reference is not None and run.roles.reference.engine is engine
+        trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+        assert trainable and all("lora_" in n for n in trainable)
+        before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+        from temper.pipelines.rlvr import rl_step
+
+        for _ in range(2):
+            run.step += 1
+            metrics = rl_step(run)
+        assert "actor/kl" in metrics
+        after = dict(engine.model.named_parameters())
+        moved = {n for n in before if not torch.equal(before[n], after[n].detach())}
+        assert moved == trainable
+    finally:
+        run.close()

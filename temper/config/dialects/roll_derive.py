@@ -130,6 +130,8 @@ def lengths(ctx: Ctx, agentic: bool) -> None:
 
 
 def algorithm(ctx: Ctx) -> None:
+    # ROLL's GAE returns raw advantages; whitening is its separate whiten_advantages key.
+    ctx.set("algorithm.gae_whiten", False, "adv_estimator")
     if ctx.get("target_kl") is not None:
         ctx.set("algorithm.kl_ctrl.type", "adaptive", "target_kl")
         ctx.set("algorithm.kl_ctrl.target_kl", ctx.get("target_kl"), "target_kl")

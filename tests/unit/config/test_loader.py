@@ -94,3 +94,20 @@ def test_upstream_roll_file_composes():
     strategy = raw.data["actor_train"]["strategy_args"]
     assert strategy["strategy_config"]["zero_optimization"]["stage"] == 2
     assert "deepspeed_zero3" in raw.from_defaults
+
+
+def test_override_values_hydra_grammar():
+    # YAML flow syntax rejects '?' inside brackets; Hydra's grammar reads a string list
+    assert parse_override("data.train_files=[task:arith?n=5&seed=1,b.jsonl]")[2] == [
+        "task:arith?n=5&seed=1",
+        "b.jsonl",
+    ]
+    assert parse_override("x=[1, 2]")[2] == [1, 2]
+    assert parse_override("x=task:a?n=1")[2] == "task:a?n=1"
+
+
+def test_yaml_errors_are_one_line(tmp_path):
+    bad = write(tmp_path / "bad.yaml", "a: [1, 2\nb: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_yaml(bad)
+    assert "\n" not in str(err.value)

@@ -9,17 +9,11 @@ import torch
 
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
-from temper.utils.tiny import make_tiny_model
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 torch.set_num_threads(2)
 
 PAD = 259
-
-
-@pytest.fixture(scope="session")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(make_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
 def make_config(path: str, adv_estimator: str = "grpo") -> TemperConfig:

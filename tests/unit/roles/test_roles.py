@@ -37,7 +37,11 @@ def test_role_selection_from_config(tiny_path: str) -> None:
     cfg = make_config(tiny_path)
     roles = build_roles(cfg, "cpu")
     assert roles.reference is None and roles.critic is None
+    # one process (local backend): fsdp2 over one rank is the torch engine's update
     cfg.actor.strategy = "fsdp2"
+    assert type(build_roles(cfg, "cpu").actor.engine).__name__ == "TorchEngine"
+    # on ray, an engine this build does not ship is a config error naming the key
+    cfg.resources.backend = "ray"
     with pytest.raises(ConfigError, match=r"actor\.strategy"):
         build_roles(cfg, "cpu")
 

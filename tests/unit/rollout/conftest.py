@@ -11,13 +11,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory):
-    from temper.utils.tiny import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_rollout"))
-
-
-@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_dir):
     from transformers import AutoTokenizer
 

@@ -12,17 +12,11 @@ from temper.data.batch import Batch
 from temper.training.micro_batching import MicroBatching
 from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
-from temper.utils.tiny import make_tiny_model
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 torch.set_num_threads(2)
 
 PAD = 259
-
-
-@pytest.fixture(scope="session")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(make_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
 def make_batch(
