@@ -109,7 +109,6 @@ def check_name(key: str, name: str) -> str:
 
 __all__ = [
     "ADV_ESTIMATORS",
-    "estimator_inputs",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
@@ -143,6 +142,7 @@ __all__ = [
     "discounted_returns",
     "entropy_from_logits",
     "entropy_loss",
+    "estimator_inputs",
     "filter_groups_by_mean",
     "filter_groups_nonzero_std",
     "format_penalty",

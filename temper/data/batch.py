@@ -64,16 +64,16 @@ class Batch:
         return int(self.tensors.batch_size[0]) if self.tensors.batch_dims else 0
 
     def __contains__(self, key: str) -> bool:
-        return key in self.tensors.keys() or key in self.objects
+        return key in self.tensors.keys() or key in self.objects  # noqa: SIM118 (TensorDict keys)
 
     def __getitem__(self, key: str) -> Any:
-        if key in self.tensors.keys():
+        if key in self.tensors.keys():  # noqa: SIM118 (TensorDict keys)
             return self.tensors[key]
         return self.objects[key]
 
     def get(self, key: str, default: Any = None) -> Any:
         """The column ``key`` (tensor or objects), or ``default`` when absent."""
-        return self[key] if key in self else default
+        return self[key] if key in self else default  # noqa: SIM401 (this is get)
 
     def __setitem__(self, key: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
@@ -85,7 +85,7 @@ class Batch:
             self.objects[key] = values
 
     def pop(self, key: str) -> Any:
-        if key in self.tensors.keys():
+        if key in self.tensors.keys():  # noqa: SIM118 (TensorDict keys)
             return self.tensors.pop(key)
         return self.objects.pop(key)
 

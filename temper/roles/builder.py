@@ -28,8 +28,8 @@ from temper.training.models import resolve_device
 from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
 
-
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class Roles:

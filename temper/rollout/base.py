@@ -57,11 +57,11 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights with the trainer's (Hugging Face names)."""
 
-    def sleep(self) -> None:
+    def sleep(self) -> None:  # noqa: B027 (optional hook, no-op by default)
         """Free device memory between rollouts (engines that can)."""
 
-    def wake_up(self) -> None:
+    def wake_up(self) -> None:  # noqa: B027 (optional hook, no-op by default)
         """Take device memory back before a rollout."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook, no-op by default)
         """Release the engine."""

@@ -17,8 +17,13 @@ CONFIGS = sorted(p for p in EXAMPLES.glob("*.yaml"))
 
 def test_examples_exist():
     names = {p.name for p in CONFIGS}
-    assert {"grpo_native.yaml", "verl_gsm8k_ppo.yaml", "roll_rlvr.yaml",
-            "roll_agentic_sokoban.yaml", "quickstart.yaml"} <= names
+    assert {
+        "grpo_native.yaml",
+        "verl_gsm8k_ppo.yaml",
+        "roll_rlvr.yaml",
+        "roll_agentic_sokoban.yaml",
+        "quickstart.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -72,6 +77,9 @@ def test_dialect_detection():
 def test_check_full_lists_every_key(capsys):
     assert main(["check", str(EXAMPLES / "grpo_native.yaml"), "--full"]) == 0
     out = capsys.readouterr().out
-    body = yaml.safe_load("\n".join(ln for ln in out.split("# derived values")[0].splitlines()
-                                    if not ln.startswith("#")))
+    body = yaml.safe_load(
+        "\n".join(
+            ln for ln in out.split("# derived values")[0].splitlines() if not ln.startswith("#")
+        )
+    )
     assert "policy_loss_kwargs" in body["actor"] and "multi_turn" in body["rollout"]
