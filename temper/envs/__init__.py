@@ -1,0 +1,41 @@
+"""Text environments for agentic RL and the env manager.
+
+Public API: ``TextEnv`` (interface), ``EnvManager`` (pool, groups, seeds,
+batch-wise ``step``), ``parse_action``, the env registry (``register_env``,
+``resolve_tag``, ``make_env``), the tool registry (``execute_tool``,
+``tool_schemas``) and ``save_episode_render``. Built-in env types: ``sokoban``,
+``frozen_lake``, ``countdown``, ``countdown_tool`` (imported on first use).
+
+Layer rule: imports nothing of temper except ``temper.config``.
+"""
+
+from .actions import DEFAULT_ACTION_PATTERN, ParsedAction, parse_action
+from .base import EnvSlot, EnvTurnResult, TextEnv
+from .manager import EnvManager, split_groups
+from .registry import EnvSpec, env_types, make_env, register_env, resolve_tag
+from .render import save_episode_render, write_png
+from .tools import ToolResult, ToolSpec, execute_tool, get_tool, register_tool, tool_schemas
+
+__all__ = [
+    "DEFAULT_ACTION_PATTERN",
+    "EnvManager",
+    "EnvSlot",
+    "EnvSpec",
+    "EnvTurnResult",
+    "ParsedAction",
+    "TextEnv",
+    "ToolResult",
+    "ToolSpec",
+    "env_types",
+    "execute_tool",
+    "get_tool",
+    "make_env",
+    "parse_action",
+    "register_env",
+    "register_tool",
+    "resolve_tag",
+    "save_episode_render",
+    "split_groups",
+    "tool_schemas",
+    "write_png",
+]

@@ -1,0 +1,311 @@
+"""The environment manager: a pool of environments, their groups and seeds.
+
+Engine-agnostic: it builds the envs of an ``EnvManagerConfig`` (ROLL
+``train_env_manager`` / ``val_env_manager``), hands out initial observations
+with ``reset`` and applies the model's raw responses with ``step``; generation
+and the turn loop belong to the caller.
+
+Layout (ROLL semantics):
+
+- the pool has ``num_env_groups × group_size`` env instances; ``env_id =
+  group_id × group_size + i``;
+- groups are assigned to tags in order, ``n_groups[k]`` groups for
+  ``tags[k]``; ``n_groups: None`` splits evenly (the first tags take the
+  remainder);
+- all envs of a group play the same tag with the same seed (the GRPO group of
+  the agentic pipeline); groups differ in seed.
+
+Seeds: ``seed(step, group, round)`` hashes (run seed, stream, step, group,
+round) with ``numpy.random.SeedSequence``; training uses even seeds, validation
+(``mode="val"``) odd seeds, so the two sets never meet. For a fixed validation
+set, reset the val manager with the same ``step`` every time (e.g. 0).
+
+``max_traj_per_env`` bounds the trajectories one env instance plays per step:
+a rollout batch larger than the pool takes ``rounds_for(batch)`` rounds, each a
+``reset(step, round)`` with fresh group seeds.
+
+Per turn (``step``): the response is parsed (``parse_action`` with the tag's
+pattern, ``action_sep``, ``enable_think``); the known actions run in order
+until the episode ends or ``max_actions_per_traj`` actions have run; the
+tag's ``format_penalty`` (or the manager's override) is added when the answer
+did not parse or named an unknown/invalid action. The trajectory is truncated
+after ``max_turns`` turns of its tag.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from temper.config.errors import ConfigError
+from temper.config.schema import AgenticConfig, EnvManagerConfig, EnvTagConfig
+
+from .actions import parse_action
+from .base import EnvSlot, EnvTurnResult, TextEnv
+from .registry import EnvSpec, resolve_tag
+
+__all__ = ["EnvManager", "split_groups"]
+
+
+def split_groups(num_groups: int, tags: Sequence[str], n_groups: Sequence[int] | None) -> list[str]:
+    """The tag of each group: ``n_groups`` per tag, or an even split (remainder to the first)."""
+    if not tags:
+        raise ValueError("no environment tags")
+    if n_groups is None:
+        base, extra = divmod(num_groups, len(tags))
+        n_groups = [base + (1 if k < extra else 0) for k in range(len(tags))]
+    if len(n_groups) != len(tags) or sum(n_groups) != num_groups:
+        raise ValueError(f"n_groups {list(n_groups)} must give {num_groups} groups for {tags}")
+    return [t for t, n in zip(tags, n_groups) for _ in range(n)]
+
+
+@dataclass
+class _EnvState:
+    env: TextEnv
+    spec: EnvSpec
+    group_id: int
+    seed: int = 0
+    observation: str = ""
+    instruction: str = ""
+    turns: int = 0
+    actions: int = 0
+    episode_return: float = 0.0
+    done: bool = True
+    success: bool = False
+    frames: list[Any] = field(default_factory=list)
+
+
+class EnvManager:
+    """A pool of text environments played batch-wise (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: EnvManagerConfig,
+        custom_envs: dict[str, EnvTagConfig],
+        *,
+        seed: int = 0,
+        mode: Literal["train", "val"] = "train",
+        action_sep: str = "||",
+        enable_think: bool = False,
+        max_actions_per_traj: int | None = None,
+        record_frames: bool = False,
+        key: str = "agentic.train_env_manager",
+    ) -> None:
+        self.cfg, self.mode, self.run_seed = cfg, mode, int(seed)
+        self.action_sep, self.enable_think = action_sep, enable_think
+        self.max_actions_per_traj = max_actions_per_traj
+        self.record_frames = record_frames
+        specs: dict[str, EnvSpec] = {}
+        for tag in cfg.tags:
+            if tag not in custom_envs:
+                known = ", ".join(sorted(custom_envs)) or "none defined"
+                raise ConfigError(
+                    f"{key}.tags",
+                    f"environment tag '{tag}' is not defined in agentic.custom_envs ({known})",
+                    "define it under agentic.custom_envs or fix the tag",
+                )
+            specs[tag] = resolve_tag(tag, custom_envs[tag])
+        try:
+            self.group_tags = split_groups(cfg.num_env_groups, cfg.tags, cfg.n_groups)
+        except ValueError as e:
+            raise ConfigError(f"{key}.n_groups", str(e), "give one count per tag") from e
+        self.specs = specs
+        self.group_size = cfg.group_size
+        self._states = [
+            _EnvState(specs[tag].make(), specs[tag], g)
+            for g, tag in enumerate(self.group_tags)
+            for _ in range(cfg.group_size)
+        ]
+
+    @classmethod
+    def from_agentic(
+        cls, agentic: AgenticConfig, which: Literal["train", "val"], seed: int, **kw: Any
+    ) -> EnvManager:
+        """The train or val manager of an ``AgenticConfig``."""
+        cfg = agentic.train_env_manager if which == "train" else agentic.val_env_manager
+        return cls(
+            cfg,
+            agentic.custom_envs,
+            seed=seed,
+            mode=which,
+            action_sep=agentic.action_sep,
+            enable_think=agentic.enable_think,
+            max_actions_per_traj=agentic.max_actions_per_traj,
+            key=f"agentic.{which}_env_manager",
+            **kw,
+        )
+
+    # ------------------------------------------------------------------ layout and seeds
+
+    @property
+    def num_envs(self) -> int:
+        """Env instances in the pool (``num_env_groups × group_size``)."""
+        return len(self._states)
+
+    def rounds_for(self, batch_size: int) -> int:
+        """Rounds of ``reset`` needed for ``batch_size`` trajectories; checks max_traj_per_env."""
+        rounds = max(1, math.ceil(batch_size / self.num_envs))
+        limit = self.cfg.max_traj_per_env
+        if limit != -1 and rounds > limit:
+            raise ConfigError(
+                f"agentic.{self.mode}_env_manager.max_traj_per_env",
+                f"{batch_size} trajectories on {self.num_envs} envs need {rounds} per env",
+                f"raise it to {rounds} (or -1), or add env groups",
+            )
+        return rounds
+
+    def seed(self, step: int, group_id: int, round_: int = 0) -> int:
+        """The episode seed of a group (even for train, odd for val)."""
+        stream = 0 if self.mode == "train" else 1
+        ss = np.random.SeedSequence([self.run_seed, stream, int(step), int(group_id), round_])
+        return int(ss.generate_state(1, dtype=np.uint32)[0] >> 1) * 2 + stream
+
+    # ------------------------------------------------------------------ episodes
+
+    def _instruction(self, st: _EnvState) -> str:
+        env, spec = st.env, st.spec
+        parts = [spec.env_instruction or env.instructions]
+        if spec.env_instruction:
+            parts.append(env.action_space_text)
+        fmt = "<think>…</think><answer>…</answer>" if self.enable_think else "<answer>…</answer>"
+        line = f"Reply in the format {fmt}."
+        if env.valid_actions() is not None and self.action_sep:
+            line += f" Several actions may be given, separated by '{self.action_sep}'."
+        if spec.max_words:
+            line += f" Keep the reply under {spec.max_words} words."
+        parts.append(line)
+        return "\n".join(p for p in parts if p)
+
+    def reset(self, step: int, round_: int = 0) -> list[EnvSlot]:
+        """Start one episode in every env; seeds from (run seed, step, group, round)."""
+        slots = []
+        for env_id, st in enumerate(self._states):
+            st.seed = self.seed(step, st.group_id, round_)
+            st.observation, info = st.env.reset(st.seed)
+            st.instruction = self._instruction(st)
+            st.turns = st.actions = 0
+            st.episode_return, st.done, st.success = 0.0, False, False
+            st.frames = [self._frame(st)] if self.record_frames else []
+            slots.append(
+                EnvSlot(
+                    env_id,
+                    st.group_id,
+                    st.spec.tag,
+                    st.seed,
+                    st.observation,
+                    st.instruction,
+                    dict(info),
+                )
+            )
+        return slots
+
+    def _frame(self, st: _EnvState) -> Any:
+        try:
+            return st.env.render("rgb_array")
+        except (NotImplementedError, ValueError):
+            return st.env.render("text")
+
+    def step(self, env_ids: Sequence[int], responses: Sequence[str]) -> list[EnvTurnResult]:
+        """Apply one raw model response to each env; see the module docstring."""
+        if len(env_ids) != len(responses):
+            raise ValueError(f"{len(env_ids)} env ids but {len(responses)} responses")
+        return [self._step_one(int(i), r) for i, r in zip(env_ids, responses)]
+
+    def _step_one(self, env_id: int, response: str) -> EnvTurnResult:
+        st = self._states[env_id]
+        if st.done:
+            raise ValueError(f"env {env_id} is done; reset the manager first")
+        valid = st.env.valid_actions()
+        parsed = parse_action(
+            response,
+            st.spec.action_pattern,
+            valid_actions=valid,
+            require_think=self.enable_think,
+            action_sep=self.action_sep if valid is not None else None,
+        )
+        budget = None
+        if self.max_actions_per_traj is not None:
+            budget = max(0, self.max_actions_per_traj - st.actions)
+        todo = parsed.actions if budget is None else parsed.actions[:budget]
+        reward, terminated, truncated, all_valid, executed = 0.0, False, False, True, 0
+        info: dict[str, Any] = {}
+        for action in todo:
+            obs, r, terminated, truncated, info = st.env.step(action)
+            st.observation, executed = obs, executed + 1
+            reward += float(r)
+            all_valid = all_valid and bool(info.get("action_is_valid", True))
+            if self.record_frames:
+                st.frames.append(self._frame(st))
+            if terminated or truncated:
+                break
+        st.actions += executed
+        st.turns += 1
+        format_ok = parsed.valid and all_valid
+        penalty = 0.0 if format_ok else float(
+            self.cfg.format_penalty if self.cfg.format_penalty is not None
+            else st.spec.format_penalty
+        )  # fmt: skip
+        reward += penalty
+        success = bool(info.get("success", False)) and terminated
+        if not (terminated or truncated) and (
+            st.turns >= st.spec.max_turns
+            or (self.max_actions_per_traj is not None and st.actions >= self.max_actions_per_traj)
+        ):
+            truncated = True
+        st.done, st.success = terminated or truncated, success
+        st.episode_return += reward
+        info = {**info, "parse_reason": parsed.reason, "turn": st.turns, "actions": st.actions}
+        return EnvTurnResult(
+            env_id=env_id,
+            observation=st.observation,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            done=st.done,
+            actions=list(parsed.actions),
+            executed=executed,
+            format_ok=format_ok,
+            penalty=penalty,
+            success=success,
+            info=info,
+        )
+
+    # ------------------------------------------------------------------ queries
+
+    def is_done(self, env_id: int) -> bool:
+        """Whether the env's trajectory is over."""
+        return self._states[env_id].done
+
+    def active(self) -> list[int]:
+        """Env ids whose trajectory is still running."""
+        return [i for i, st in enumerate(self._states) if not st.done]
+
+    def episode_stats(self, env_id: int) -> dict[str, Any]:
+        """Return, success, turns and actions of the env's current/last episode."""
+        st = self._states[env_id]
+        return {
+            "tag": st.spec.tag,
+            "group_id": st.group_id,
+            "seed": st.seed,
+            "return": st.episode_return,
+            "success": st.success,
+            "turns": st.turns,
+            "actions": st.actions,
+        }
+
+    def env(self, env_id: int) -> TextEnv:
+        """The env instance (e.g. to render it)."""
+        return self._states[env_id].env
+
+    def frames(self, env_id: int) -> list[Any]:
+        """Frames recorded this episode (``record_frames=True``): rgb arrays or text."""
+        return list(self._states[env_id].frames)
+
+    def close(self) -> None:
+        """Close every env."""
+        for st in self._states:
+            st.env.close()

@@ -1,0 +1,161 @@
+"""Environment registry: ``env_type`` → ``TextEnv`` class, and tag resolution.
+
+A tag (``agentic.custom_envs.<tag>``, an ``EnvTagConfig``) names an
+``env_type`` and its ``env_config`` parameters. ``resolve_tag`` checks both
+against the registered class — unknown types and unknown parameters raise
+``ConfigError`` naming the key, with did-you-mean — and returns an ``EnvSpec``
+that builds fresh env instances.
+
+ROLL ``env_config`` keys accepted (see ``examples`` and ROLL's ``envs.yaml``):
+
+- sokoban: ``dim_x``, ``dim_y``, ``dim_room`` ([rows, cols]), ``num_boxes``,
+  ``max_steps``, ``search_depth``, ``grid_lookup``, ``grid_vocab``;
+- frozen_lake: ``size``, ``p``, ``is_slippery``, ``map_seed``, ``desc``, ``max_steps``;
+- countdown / countdown_tool: ``num_numbers``, ``max_number``, ``max_target``,
+  ``score``, ``format_score``, ``max_attempts``, ``tools``;
+- every type: ``render_mode`` (ignored: frames are rendered as asked),
+  ``action_lookup`` (ignored: the env's own action names are used; ids 1..n work),
+  and ``env_instruction`` / ``action_pattern`` / ``format_penalty`` /
+  ``max_tokens`` (newer ROLL places them in env_config: they are lifted to the
+  tag when the tag leaves them at their defaults).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from temper.config.errors import ConfigError, did_you_mean
+from temper.config.schema import EnvTagConfig
+
+from .base import TextEnv
+
+__all__ = ["ENV_TYPES", "EnvSpec", "env_types", "make_env", "register_env", "resolve_tag"]
+
+#: built-in types, imported on first use
+ENV_TYPES: dict[str, str] = {
+    "sokoban": "temper.envs.sokoban:SokobanEnv",
+    "frozen_lake": "temper.envs.frozen_lake:FrozenLakeEnv",
+    "countdown": "temper.envs.countdown_tool:CountdownEnv",
+    "countdown_tool": "temper.envs.countdown_tool:CountdownToolEnv",
+}
+_CLASSES: dict[str, type[TextEnv]] = {}
+
+#: ROLL env_config keys with no effect here, and why
+IGNORED_KEYS: dict[str, str] = {
+    "render_mode": "frames are rendered in the mode asked for",
+    "action_lookup": "the env's own action names are used (ids 1..n also work)",
+    "special_token_list": "special tokens <|…|> are always stripped from answers",
+}
+#: keys newer ROLL places in env_config that belong to the tag
+_TAG_LEVEL = {"env_instruction": "env_instruction", "action_pattern": "action_pattern",
+              "format_penalty": "format_penalty", "max_tokens": "max_words"}  # fmt: skip
+
+
+def register_env(name: str) -> Callable[[type[TextEnv]], type[TextEnv]]:
+    """Class decorator registering a ``TextEnv`` subclass as ``env_type: name``."""
+
+    def deco(cls: type[TextEnv]) -> type[TextEnv]:
+        _CLASSES[name] = cls
+        cls.env_type = name
+        return cls
+
+    return deco
+
+
+def env_types() -> list[str]:
+    """All registered env types, sorted."""
+    return sorted(set(ENV_TYPES) | set(_CLASSES))
+
+
+def env_class(env_type: str, key: str = "env_type") -> type[TextEnv]:
+    """The class registered as ``env_type``; ``ConfigError`` on ``key`` otherwise."""
+    if env_type in _CLASSES:
+        return _CLASSES[env_type]
+    if env_type in ENV_TYPES:
+        module, name = ENV_TYPES[env_type].split(":")
+        cls = getattr(importlib.import_module(module), name)
+        _CLASSES[env_type] = cls
+        return cls
+    raise ConfigError(
+        key,
+        f"unknown environment type '{env_type}'{did_you_mean(env_type, env_types())}",
+        f"use one of: {', '.join(env_types())}",
+    )
+
+
+def _params_of(cls: type[TextEnv]) -> set[str]:
+    sig = inspect.signature(cls.__init__)
+    return {n for n, p in sig.parameters.items() if n != "self" and p.kind == p.KEYWORD_ONLY}
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A resolved tag: everything needed to build and drive its environments."""
+
+    tag: str
+    env_type: str
+    cls: type[TextEnv]
+    params: dict[str, Any] = field(default_factory=dict)
+    env_instruction: str = ""
+    action_pattern: str = r"<answer>(.*?)</answer>"
+    format_penalty: float = -0.1
+    max_turns: int = 5
+    max_tokens_per_turn: int = 128
+    max_words: int | None = None
+
+    def make(self) -> TextEnv:
+        """A fresh environment instance."""
+        return self.cls(**self.params)
+
+
+def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs") -> EnvSpec:
+    """Check a tag's ``env_type`` and ``env_config`` and return its ``EnvSpec``."""
+    key = f"{prefix}.{tag}"
+    cls = env_class(cfg.env_type, f"{key}.env_type")
+    accepted = _params_of(cls)
+    defaults = {f.name: f.default for f in fields(EnvTagConfig)}
+    tag_values = {f.name: getattr(cfg, f.name) for f in fields(EnvTagConfig)}
+    params: dict[str, Any] = {}
+    for name, value in (cfg.env_config or {}).items():
+        if name in IGNORED_KEYS:
+            continue
+        if name in _TAG_LEVEL and name not in accepted:
+            dst = _TAG_LEVEL[name]
+            if tag_values[dst] == defaults[dst]:
+                tag_values[dst] = value
+            continue
+        if name not in accepted:
+            valid = sorted(accepted | set(IGNORED_KEYS) | set(_TAG_LEVEL))
+            raise ConfigError(
+                f"{key}.env_config.{name}",
+                f"unknown parameter of env_type '{cfg.env_type}'{did_you_mean(name, valid)}",
+                f"use one of: {', '.join(valid)}",
+            )
+        params[name] = value
+    try:
+        cls(**params)  # fail at load, not mid-run
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{key}.env_config", str(e), "fix the environment parameters") from e
+    if tag_values["max_turns"] < 1:
+        raise ConfigError(f"{key}.max_turns", "must be at least 1", "set a positive turn count")
+    return EnvSpec(
+        tag=tag,
+        env_type=cfg.env_type,
+        cls=cls,
+        params=params,
+        env_instruction=tag_values["env_instruction"] or "",
+        action_pattern=tag_values["action_pattern"],
+        format_penalty=float(tag_values["format_penalty"]),
+        max_turns=int(tag_values["max_turns"]),
+        max_tokens_per_turn=int(tag_values["max_tokens_per_turn"]),
+        max_words=tag_values["max_words"],
+    )
+
+
+def make_env(env_type: str, **params: Any) -> TextEnv:
+    """Build an env directly: ``make_env("sokoban", dim_x=6, dim_y=6)``."""
+    return env_class(env_type)(**params)
