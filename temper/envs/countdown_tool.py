@@ -116,8 +116,11 @@ class CountdownEnv(TextEnv):
 
     @property
     def instructions(self) -> str:
-        tool = (" You may call the calculator tool to check arithmetic before answering."
-                if "calculator" in self.tools else "")  # fmt: skip
+        tool = (
+            " You may call the calculator tool to check arithmetic before answering."
+            if "calculator" in self.tools
+            else ""
+        )
         return (
             "You are solving the Countdown puzzle: combine the numbers into an equation "
             f"equal to the target.{tool}\n{self.action_space_text}"

@@ -46,8 +46,14 @@ ACTIONS = ["Left", "Down", "Right", "Up"]
 _DELTAS = [(0, -1), (1, 0), (0, 1), (-1, 0)]
 SYMBOLS = {"player": "P", "F": "_", "S": "_", "H": "O", "G": "G", "fell": "X", "won": "√"}
 LEGEND = "P player, _ frozen ice, O hole, G goal, X player in a hole, √ player on the goal"
-_COLORS = {0: (200, 230, 255), 1: (20, 40, 90), 2: (80, 200, 80), 3: (230, 60, 40),
-           4: (120, 30, 30), 5: (250, 210, 40)}  # fmt: skip
+_COLORS = {
+    0: (200, 230, 255),
+    1: (20, 40, 90),
+    2: (80, 200, 80),
+    3: (230, 60, 40),
+    4: (120, 30, 30),
+    5: (250, 210, 40),
+}
 
 
 def _reachable(board: np.ndarray, start: tuple[int, int]) -> bool:
@@ -117,8 +123,11 @@ class FrozenLakeEnv(TextEnv):
 
     @property
     def instructions(self) -> str:
-        slip = (" The ice is slippery: you may move in a direction you did not intend."
-                if self.is_slippery else "")  # fmt: skip
+        slip = (
+            " The ice is slippery: you may move in a direction you did not intend."
+            if self.is_slippery
+            else ""
+        )
         return (
             "You are solving the FrozenLake puzzle: walk to the goal G without falling into "
             f"a hole.{slip}\n{self.action_space_text}"

@@ -34,6 +34,7 @@ after ``max_turns`` turns of its tag.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -173,8 +174,6 @@ class EnvManager:
             parts.append(env.action_space_text)
         fmt = "<think>…</think><answer>…</answer>" if self.enable_think else "<answer>…</answer>"
         line = f"Reply in the format {fmt}."
-        if env.valid_actions() is not None and self.action_sep:
-            line += f" Several actions may be given, separated by '{self.action_sep}'."
         if spec.max_words:
             line += f" Keep the reply under {spec.max_words} words."
         parts.append(line)
@@ -189,7 +188,7 @@ class EnvManager:
             st.instruction = self._instruction(st)
             st.turns = st.actions = 0
             st.episode_return, st.done, st.success = 0.0, False, False
-            st.frames = [self._frame(st)] if self.record_frames else []
+            st.frames = self._frame(st) if self.record_frames else []
             slots.append(
                 EnvSlot(
                     env_id,
@@ -203,11 +202,12 @@ class EnvManager:
             )
         return slots
 
-    def _frame(self, st: _EnvState) -> Any:
-        try:
-            return st.env.render("rgb_array")
-        except (NotImplementedError, ValueError):
-            return st.env.render("text")
+    def _frame(self, st: _EnvState) -> list[Any]:
+        """The text frame, plus the image frame where the env renders ``rgb_array``."""
+        out: list[Any] = [st.env.render("text")]
+        with contextlib.suppress(NotImplementedError, ValueError):
+            out.append(st.env.render("rgb_array"))
+        return out
 
     def step(self, env_ids: Sequence[int], responses: Sequence[str]) -> list[EnvTurnResult]:
         """Apply one raw model response to each env; see the module docstring."""
@@ -239,16 +239,21 @@ class EnvManager:
             reward += float(r)
             all_valid = all_valid and bool(info.get("action_is_valid", True))
             if self.record_frames:
-                st.frames.append(self._frame(st))
+                st.frames.extend(self._frame(st))
             if terminated or truncated:
                 break
         st.actions += executed
         st.turns += 1
         format_ok = parsed.valid and all_valid
-        penalty = 0.0 if format_ok else float(
-            self.cfg.format_penalty if self.cfg.format_penalty is not None
-            else st.spec.format_penalty
-        )  # fmt: skip
+        penalty = (
+            0.0
+            if format_ok
+            else float(
+                self.cfg.format_penalty
+                if self.cfg.format_penalty is not None
+                else st.spec.format_penalty
+            )
+        )
         reward += penalty
         success = bool(info.get("success", False)) and terminated
         if not (terminated or truncated) and (
@@ -302,7 +307,8 @@ class EnvManager:
         return self._states[env_id].env
 
     def frames(self, env_id: int) -> list[Any]:
-        """Frames recorded this episode (``record_frames=True``): rgb arrays or text."""
+        """Frames recorded this episode (``record_frames=True``): after the reset and after
+        each executed action, the text frame followed by the rgb image when the env has one."""
         return list(self._states[env_id].frames)
 
     def close(self) -> None:

@@ -51,8 +51,12 @@ IGNORED_KEYS: dict[str, str] = {
     "special_token_list": "special tokens <|…|> are always stripped from answers",
 }
 #: keys newer ROLL places in env_config that belong to the tag
-_TAG_LEVEL = {"env_instruction": "env_instruction", "action_pattern": "action_pattern",
-              "format_penalty": "format_penalty", "max_tokens": "max_words"}  # fmt: skip
+_TAG_LEVEL = {
+    "env_instruction": "env_instruction",
+    "action_pattern": "action_pattern",
+    "format_penalty": "format_penalty",
+    "max_tokens": "max_words",
+}
 
 
 def register_env(name: str) -> Callable[[type[TextEnv]], type[TextEnv]]:

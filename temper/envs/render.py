@@ -59,18 +59,22 @@ def save_episode_render(
     """Save an episode's frames under ``out_dir``; return the files written.
 
     Text frames go to ``<name>.txt`` (one block per frame, headed ``--- frame k ---``);
-    image frames to ``<name>_<k:03d>.png``. ``name`` is made file-safe.
+    image frames to ``<name>_<k:03d>.png``; text and images are numbered separately (k-th
+    text frame and k-th image show the same moment when both are recorded each time).
+    ``name`` is made file-safe.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "episode"
     written: list[Path] = []
-    texts = [(k, f) for k, f in enumerate(frames) if isinstance(f, str)]
+    texts = [f for f in frames if isinstance(f, str)]
+    images = [f for f in frames if not isinstance(f, str)]
     if texts:
         path = out / f"{safe}.txt"
-        path.write_text("".join(f"--- frame {k} ---\n{f}\n" for k, f in texts), encoding="utf-8")
+        path.write_text(
+            "".join(f"--- frame {k} ---\n{f}\n" for k, f in enumerate(texts)), encoding="utf-8"
+        )
         written.append(path)
-    for k, f in enumerate(frames):
-        if not isinstance(f, str):
-            written.append(write_png(out / f"{safe}_{k:03d}.png", f))
+    for k, f in enumerate(images):
+        written.append(write_png(out / f"{safe}_{k:03d}.png", f))
     return written

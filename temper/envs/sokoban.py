@@ -53,16 +53,25 @@ __all__ = ["ACTIONS", "DEFAULT_GRID_LOOKUP", "SokobanEnv", "generate_room", "par
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
 DEFAULT_GRID_LOOKUP: dict[int, str] = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
 DEFAULT_GRID_VOCAB: dict[str, str] = {
-    "#": "wall", "_": "floor", "O": "target", "√": "box on target", "X": "box",
-    "P": "player", "S": "player on target",
-}  # fmt: skip
+    "#": "wall",
+    "_": "floor",
+    "O": "target",
+    "√": "box on target",
+    "X": "box",
+    "P": "player",
+    "S": "player on target",
+}
 ACTIONS = ["Up", "Down", "Left", "Right"]
 _DELTAS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 _COLORS = {  # RGB tile colors for render("rgb_array")
-    WALL: (70, 70, 70), FLOOR: (225, 225, 215), TARGET: (235, 150, 150),
-    BOX_ON_TARGET: (90, 180, 90), BOX: (180, 120, 50), PLAYER: (60, 90, 220),
+    WALL: (70, 70, 70),
+    FLOOR: (225, 225, 215),
+    TARGET: (235, 150, 150),
+    BOX_ON_TARGET: (90, 180, 90),
+    BOX: (180, 120, 50),
+    PLAYER: (60, 90, 220),
     PLAYER_ON_TARGET: (150, 80, 220),
-}  # fmt: skip
+}
 
 
 def _carve(rng: np.random.Generator, rows: int, cols: int, need: int) -> np.ndarray:
@@ -133,8 +142,10 @@ def generate_room(
 def parse_grid(text: str, grid_lookup: dict[int, str] | None = None) -> np.ndarray:
     """The ``state`` array of a rendered grid (inverse of the text rendering)."""
     rev = {v: k for k, v in (grid_lookup or DEFAULT_GRID_LOOKUP).items()}
-    rows = [line.split() if " " in line.strip() else list(line.strip())
-            for line in text.strip().splitlines()]  # fmt: skip
+    rows = [
+        line.split() if " " in line.strip() else list(line.strip())
+        for line in text.strip().splitlines()
+    ]
     return np.array([[rev[s] for s in row] for row in rows], dtype=np.int8)
 
 
