@@ -4,7 +4,7 @@ Public API: ``TextEnv`` (interface), ``EnvManager`` (pool, groups, seeds,
 batch-wise ``step``), ``parse_action``, the env registry (``register_env``,
 ``resolve_tag``, ``make_env``), the tool registry (``execute_tool``,
 ``tool_schemas``) and ``save_episode_render``. Built-in env types: ``sokoban``,
-``frozen_lake``, ``countdown``, ``countdown_tool`` (imported on first use).
+``frozen_lake``, ``countdown``, ``countdown_tool``, ``bandit`` (imported on first use).
 
 Layer rule: imports nothing of temper except ``temper.config``.
 """

@@ -12,7 +12,10 @@ ROLL ``env_config`` keys accepted (see ``examples`` and ROLL's ``envs.yaml``):
   ``max_steps``, ``search_depth``, ``grid_lookup``, ``grid_vocab``;
 - frozen_lake: ``size``, ``p``, ``is_slippery``, ``map_seed``, ``desc``, ``max_steps``;
 - countdown / countdown_tool: ``num_numbers``, ``max_number``, ``max_target``,
-  ``score``, ``format_score``, ``max_attempts``, ``tools``;
+  ``score``, ``format_score``, ``max_attempts``, ``tools`` (ROLL reads puzzles from a
+  dataset; temper draws them from the seed);
+- bandit: ``lo_arm_name``, ``hi_arm_name``, ``lo_arm_score``, ``hi_arm_loscore``,
+  ``hi_arm_hiscore``, ``hi_arm_hiscore_prob``;
 - every type: ``render_mode`` (ignored: frames are rendered as asked),
   ``action_lookup`` (ignored: the env's own action names are used; ids 1..n work),
   and ``env_instruction`` / ``action_pattern`` / ``format_penalty`` /
@@ -41,6 +44,7 @@ ENV_TYPES: dict[str, str] = {
     "frozen_lake": "temper.envs.frozen_lake:FrozenLakeEnv",
     "countdown": "temper.envs.countdown_tool:CountdownEnv",
     "countdown_tool": "temper.envs.countdown_tool:CountdownToolEnv",
+    "bandit": "temper.envs.bandit:BanditEnv",
 }
 _CLASSES: dict[str, type[TextEnv]] = {}
 

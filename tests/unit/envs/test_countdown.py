@@ -55,3 +55,22 @@ def test_env_rewards():
     assert r == 0.1 and term and not inf["success"]
     env.reset(3)
     assert env.tool_names() == [] and CountdownToolEnv().tool_names() == ["calculator"]
+
+
+def test_bandit():
+    from temper.envs import make_env
+
+    env = make_env("bandit", lo_arm_name="Trader", hi_arm_name="Librarian")
+    orders = {tuple(env.reset(s)[1]["order"]) for s in range(20)}
+    assert len(orders) == 2  # shown order drawn from the seed
+    obs, _ = env.reset(0)
+    assert "Trader" in obs and env.step("dance")[4]["action_is_valid"] is False
+    _, r, term, _, info = env.step(" trader ")
+    assert term and r == 0.1 and not info["success"]
+    pays = []
+    for s in range(200):
+        env.reset(s)
+        _, r, _, _, info = env.step("Librarian")
+        pays.append(r)
+        assert info["success"]
+    assert set(pays) == {0.0, 1.0} and 0.15 < np.mean(pays) < 0.35

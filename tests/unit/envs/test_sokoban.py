@@ -58,10 +58,11 @@ def bfs_solve(state: np.ndarray, limit: int = 200_000) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("dims,boxes", [((6, 6), 1), ((7, 7), 2)])
-def test_generated_levels_are_solvable_and_deterministic(dims, boxes):
-    env = SokobanEnv(dim_x=dims[0], dim_y=dims[1], num_boxes=boxes, search_depth=30)
-    other = SokobanEnv(dim_x=dims[0], dim_y=dims[1], num_boxes=boxes, search_depth=30)
+@pytest.mark.parametrize("dims,boxes,depth", [((6, 6), 1, 30), ((7, 7), 2, 30), ((8, 8), 2, 10)])
+def test_generated_levels_are_solvable_and_deterministic(dims, boxes, depth):
+    # the ROLL tags SimpleSokoban, (a 7x7 two-box room), LargerSokoban
+    env = SokobanEnv(dim_x=dims[0], dim_y=dims[1], num_boxes=boxes, search_depth=depth)
+    other = SokobanEnv(dim_x=dims[0], dim_y=dims[1], num_boxes=boxes, search_depth=depth)
     seen = set()
     for seed in range(30):
         obs, _ = env.reset(seed)
