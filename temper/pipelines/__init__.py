@@ -14,8 +14,12 @@ def run_pipeline(cfg: TemperConfig) -> dict[str, Any]:
         from temper.pipelines.rlvr import train
 
         return train(cfg)
+    if cfg.pipeline == "agentic":
+        from temper.pipelines.agentic import train as train_agentic
+
+        return train_agentic(cfg)
     raise ConfigError(
         "pipeline",
         f"the '{cfg.pipeline}' pipeline is not part of this build yet",
-        "use pipeline: rlvr",
+        "use pipeline: rlvr or agentic",
     )

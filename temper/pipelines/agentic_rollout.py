@@ -1,0 +1,216 @@
+"""Environments ↔ the multi-turn runner: episode starts, env steps, tools, rendering.
+
+The env manager (:mod:`temper.envs.manager`) owns environments, groups and seeds; the
+runner (:mod:`temper.rollout.multiturn`) owns token sequences and generation. This
+module connects them: each env slot becomes an episode whose first user message is
+the tag's instruction + the first observation; each model answer is stepped in its
+env (``EnvManager.step`` parses the action and adds the format penalty) and the new
+observation becomes the next user message. Envs that offer tools (``tool_names()``)
+and ``rollout.multi_turn.tool_config_path`` tools run through the hermes tool loop
+first: a turn with ``<tool_call>`` is answered by the tools, a turn without one is the
+env's action.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from temper.config.errors import ConfigError
+from temper.config.schema import TemperConfig
+from temper.envs import EnvManager, EnvSlot, save_episode_render, tool_schemas
+from temper.envs import tools as tool_registry
+from temper.rollout import RolloutEngine, SamplingParams
+from temper.rollout.chat import ChatTokenizer
+from temper.rollout.multiturn import (
+    EpisodeSpec,
+    Feedback,
+    MultiTurnRunner,
+    MultiTurnSettings,
+    Responder,
+    Trajectory,
+)
+from temper.rollout.tools import ToolLoop, ToolSettings, load_tool_schemas, registry_executor
+
+
+def tool_prompt(schemas: list[dict[str, Any]]) -> str:
+    """Hermes tool instructions, for chat templates that ignore ``tools=``."""
+    lines = "\n".join(json.dumps(s, separators=(",", ":")) for s in schemas)
+    return (
+        "You may call tools. Available tools:\n<tools>\n"
+        f"{lines}\n</tools>\n"
+        'To call one, write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> '
+        "and wait for its result; when you are done, give your answer without a tool call."
+    )
+
+
+class EnvResponder:
+    """Steps the envs of ``slots`` with the model's answers (a runner ``Responder``)."""
+
+    def __init__(self, manager: EnvManager, slots: list[EnvSlot]) -> None:
+        self.manager, self.slots = manager, slots
+
+    def __call__(self, indices: list[int], texts: list[str]) -> list[Feedback]:
+        results = self.manager.step([self.slots[i].env_id for i in indices], texts)
+        out = []
+        for r in results:
+            note = (
+                ""
+                if r.format_ok
+                else f"Invalid answer ({r.info.get('parse_reason') or 'invalid action'}).\n"
+            )
+            info = {
+                "success": r.success,
+                "format_ok": r.format_ok,
+                "executed": r.executed,
+                "terminated": r.terminated,
+                "truncated": r.truncated,
+            }
+            messages = [] if r.done else [{"role": "user", "content": note + r.observation}]
+            out.append(Feedback(messages, reward=r.reward, done=r.done, info=info))
+        return out
+
+
+class AgenticPlayer:
+    """Plays one env manager's episodes with the policy; built once per run."""
+
+    def __init__(self, cfg: TemperConfig, engine: RolloutEngine, tokenizer: Any) -> None:
+        mt = cfg.rollout.multi_turn
+        self.cfg = cfg
+        config_schemas: list[dict[str, Any]] = []
+        if mt.tool_config_path:
+            try:
+                config_schemas = load_tool_schemas(mt.tool_config_path)
+            except (OSError, ValueError) as e:
+                raise ConfigError(
+                    "rollout.multi_turn.tool_config_path", str(e), "fix the file"
+                ) from e
+            known = tool_registry.tool_names()
+            for s in config_schemas:
+                name = s["function"]["name"]
+                if name not in known:
+                    raise ConfigError(
+                        "rollout.multi_turn.tool_config_path",
+                        f"tool '{name}' is not in temper's tool registry (known: {', '.join(known)})",
+                        "register it with temper.envs.tools.register_tool, or remove it",
+                    )
+        self.config_tools = [s["function"]["name"] for s in config_schemas]
+        env_tools = sorted(
+            {
+                t
+                for mgr in (cfg.agentic.train_env_manager, cfg.agentic.val_env_manager)
+                for tag in mgr.tags
+                for t in _tag_tools(cfg, tag)
+            }
+        )
+        schemas = config_schemas + tool_schemas(
+            [t for t in env_tools if t not in self.config_tools]
+        )
+        self.tools_on = bool(schemas) and (mt.enable or bool(env_tools))
+        chat = ChatTokenizer(tokenizer, template_kwargs=dict(cfg.data.apply_chat_template_kwargs))
+        self.tool_text = ""
+        if self.tools_on:
+            probe = [{"role": "user", "content": "x"}]
+            with_tools = ChatTokenizer(
+                tokenizer, tools=schemas, template_kwargs=chat.template_kwargs
+            )
+            if with_tools.render(probe, True) != chat.render(probe, True):
+                chat = with_tools  # the template describes the tools itself
+            else:
+                self.tool_text = tool_prompt(schemas)
+        self.chat = chat
+        self.settings = MultiTurnSettings(
+            max_tokens_per_turn=cfg.rollout.response_length,
+            max_assistant_turns=mt.max_assistant_turns,
+            max_user_turns=mt.max_user_turns,
+            max_model_len=cfg.rollout.max_model_len,
+            sanity_check=mt.enable_tokenization_sanity_check,
+        )
+        self.runner = MultiTurnRunner(engine, chat, self.settings)
+        self.tool_loop = ToolLoop(
+            registry_executor(tool_registry.execute_tool),
+            ToolSettings(
+                mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s
+            ),
+        )
+
+    def play(
+        self, manager: EnvManager, step: int, params: SamplingParams
+    ) -> tuple[list[Trajectory], list[EnvSlot], dict[str, float]]:
+        """Reset every env of ``manager`` for ``step`` and play the episodes to the end."""
+        slots = manager.reset(step)
+        specs = []
+        for s in slots:
+            spec = manager.specs[s.tag]
+            text = f"{s.instruction}\n\n{s.observation}"
+            if self.tool_text and self._allowed(manager, s):
+                text = f"{self.tool_text}\n\n{text}"
+            specs.append(
+                EpisodeSpec(
+                    [{"role": "user", "content": text}],
+                    {
+                        "uid": f"{step}:{s.group_id}",
+                        "tag": s.tag,
+                        "group_id": s.group_id,
+                        "seed": s.seed,
+                        "env_id": s.env_id,
+                    },
+                    max_turns=self._turn_cap(spec.max_turns),
+                    max_tokens_per_turn=spec.max_tokens_per_turn,
+                )
+            )
+        respond: Responder = EnvResponder(manager, slots)
+        if self.tools_on:
+            respond = self.tool_loop.responder(respond, lambda i: self._allowed(manager, slots[i]))
+        trajs = self.runner.run(specs, respond, params)
+        metrics = dict(self.runner.metrics)
+        if self.tools_on:
+            metrics.update(self.tool_loop.metrics())
+        return trajs, slots, metrics
+
+    def _turn_cap(self, env_turns: int) -> int | None:
+        """Model turns an episode may take. The manager ends it after the tag's
+        ``max_turns`` env steps; tool turns come on top, so with tools and no
+        ``max_user_turns`` each env step may be preceded by up to 3 tool turns
+        (verl bounds tool loops the same way, by default) — never unbounded."""
+        if not self.tools_on:
+            return None
+        extra = self.settings.max_user_turns
+        return env_turns + (extra if extra is not None else 3 * env_turns)
+
+    def _allowed(self, manager: EnvManager, slot: EnvSlot) -> list[str]:
+        return self.config_tools + [
+            t for t in manager.env(slot.env_id).tool_names() if t not in self.config_tools
+        ]
+
+
+def _tag_tools(cfg: TemperConfig, tag: str) -> list[str]:
+    """Tools a tag's env offers (built once to ask it)."""
+    from temper.envs import resolve_tag
+
+    return resolve_tag(tag, cfg.agentic.custom_envs[tag]).make().tool_names()
+
+
+def save_renders(
+    out_dir: str | Path,
+    step: int,
+    manager: EnvManager,
+    trajs: list[Trajectory],
+    slots: list[EnvSlot],
+    limit: int = 4,
+) -> list[Path]:
+    """Frames (text, and PNG for grid games) and the dialogue of the first ``limit`` episodes."""
+    root = Path(out_dir) / f"step_{step:05d}"
+    written: list[Path] = []
+    for t, s in list(zip(trajs, slots))[:limit]:
+        name = f"{s.tag}_g{s.group_id}_e{s.env_id}"
+        written += save_episode_render(manager.frames(s.env_id), root, name)
+        dialog = root / f"{name}_dialog.txt"
+        dialog.write_text(
+            "".join(f"=== {m['role']} ===\n{m['content']}\n" for m in t.messages)
+            + f"=== return {t.episode_return:.3f}, turns {t.num_turns}, stop {t.stop_reason} ===\n",
+            encoding="utf-8",
+        )
+        written.append(dialog)
+    return written

@@ -1,0 +1,287 @@
+"""The multi-turn episode runner: many conversations, one ``generate`` call per turn.
+
+Every turn, all live episodes go to ``engine.generate`` together (n=1), so the engine
+sees large batches however many turns an episode takes. For each episode the runner
+keeps one growing token sequence (see :mod:`temper.rollout.chat`):
+
+``prompt_ids`` (system + instruction + first observation + generation prompt), then
+``response_ids`` = model turn ‖ closing scaffold + observation/tool messages +
+generation prompt ‖ model turn ‖ …, with ``response_mask`` 1 exactly on the ids the
+model generated and their sampling log-probs kept alongside (0 elsewhere).
+
+What happens between turns is the caller's ``respond(indices, texts) -> [Feedback]``:
+stepping environments, running tools, or both — the runner does not know. An episode
+stops when its feedback says ``done``, at its assistant-turn limit
+(``max_assistant_turns``), at the user/tool-turn limit (``max_user_turns``), or when
+the context budget (``max_model_len``) leaves no room for another turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from temper.data.batch import Batch
+from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.chat import ChatTokenizer, Message, SanityResult, TokenizationMismatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Feedback:
+    """What the world answers to one model turn.
+
+    ``messages`` (observation as a user message, tool results as tool messages) are
+    shown to the model next turn unless ``done``; ``reward`` is this turn's reward;
+    ``info`` is kept per turn in the trajectory (``success``, ``format_ok``, …).
+    """
+
+    messages: list[Message]
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+Responder = Callable[[list[int], list[str]], list[Feedback]]
+
+
+@dataclasses.dataclass
+class EpisodeSpec:
+    """The start of one episode: its first messages, and data carried to the trajectory."""
+
+    messages: list[Message]
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    max_turns: int | None = None  # assistant turns (combined with the runner's limit)
+    max_tokens_per_turn: int | None = None  # None: the runner's
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One played episode as a token sequence plus per-turn bookkeeping."""
+
+    meta: dict[str, Any]
+    messages: list[Message]
+    prompt_ids: list[int]
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    response_mask: list[int] = dataclasses.field(default_factory=list)
+    log_probs: list[float] = dataclasses.field(default_factory=list)
+    turn_rewards: list[float] = dataclasses.field(default_factory=list)
+    turn_ends: list[int] = dataclasses.field(default_factory=list)  # last model token per turn
+    infos: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    user_turns: int = 0
+    cut_turns: int = 0  # model turns cut at the per-turn token limit
+    stop_reason: str = ""  # done | max_turns | max_user_turns | context
+    sanity: SanityResult | None = None
+    has_log_probs: bool = True
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def episode_return(self) -> float:
+        return float(sum(self.turn_rewards))
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def append(
+        self, ids: Sequence[int], mask: int, log_probs: Sequence[float] | None = None
+    ) -> None:
+        self.response_ids.extend(int(i) for i in ids)
+        self.response_mask.extend([mask] * len(ids))
+        if log_probs is None:
+            self.log_probs.extend([0.0] * len(ids))
+        else:
+            self.log_probs.extend(float(x) for x in log_probs)
+
+
+@dataclasses.dataclass
+class MultiTurnSettings:
+    """Limits of the runner (``rollout.multi_turn`` and the agentic tags)."""
+
+    max_tokens_per_turn: int = 128
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    max_model_len: int | None = None  # prompt + response budget per episode
+    sanity_check: bool = True
+    strict: bool = True  # raise on a template mismatch (else warn and count)
+
+
+class MultiTurnRunner:
+    """Plays episodes over any :class:`RolloutEngine` (token in, token out)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        chat: ChatTokenizer,
+        settings: MultiTurnSettings,
+        *,
+        stop_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+    ) -> None:
+        tok = chat.tokenizer
+        if stop_token_ids is None:
+            stop_token_ids = getattr(engine, "eos_token_ids", None) or [tok.eos_token_id]
+        self.engine, self.chat, self.settings = engine, chat, settings
+        self.stop_token_ids = [int(i) for i in stop_token_ids if i is not None]
+        pad = pad_token_id if pad_token_id is not None else getattr(engine, "pad_token_id", None)
+        self.pad_token_id = int(pad if pad is not None else (tok.pad_token_id or 0))
+        self.metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(
+        self, episodes: Sequence[EpisodeSpec], respond: Responder, params: SamplingParams
+    ) -> list[Trajectory]:
+        """Play every episode to its end; trajectories in the order of ``episodes``."""
+        trajs, rendered = [], []
+        for spec in episodes:
+            ids, text = self.chat.prompt(spec.messages)
+            trajs.append(Trajectory(dict(spec.meta), [dict(m) for m in spec.messages], ids))
+            rendered.append(text)
+        live = list(range(len(episodes)))
+        generate_calls = 0
+        while live:
+            budgets = {i: self._turn_budget(trajs[i], episodes[i]) for i in live}
+            for i in [i for i in live if budgets[i] < 1]:
+                trajs[i].stop_reason = "context"
+            live = [i for i in live if budgets[i] >= 1]
+            if not live:
+                break
+            generated = self._generate([trajs[i] for i in live], [budgets[i] for i in live], params)
+            generate_calls += 1
+            texts = []
+            for i, (ids, lps, cut) in zip(live, generated):
+                t = trajs[i]
+                t.append(ids, 1, lps)
+                t.has_log_probs &= lps is not None
+                t.turn_ends.append(len(t.response_ids) - 1)
+                t.cut_turns += int(cut)
+                content = self.chat.assistant_content(ids, self.stop_token_ids)
+                t.messages.append({"role": "assistant", "content": content})
+                texts.append(content)
+            feedback = respond(list(live), texts)
+            if len(feedback) != len(live):
+                raise ValueError(f"respond() answered {len(feedback)} of {len(live)} turns")
+            still = []
+            for i, (ids, _, _), fb in zip(live, generated, feedback):
+                if self._after_turn(trajs[i], episodes[i], ids, fb, rendered, i):
+                    still.append(i)
+            live = still
+        for t in trajs:
+            self._finish(t)
+        self._collect_metrics(trajs, generate_calls)
+        return trajs
+
+    def _after_turn(
+        self,
+        t: Trajectory,
+        spec: EpisodeSpec,
+        ids: list[int],
+        fb: Feedback,
+        rendered: list[str],
+        i: int,
+    ) -> bool:
+        """Record the feedback; append the next messages; False when the episode ends."""
+        t.turn_rewards.append(float(fb.reward))
+        t.infos.append(dict(fb.info))
+        s = self.settings
+        limits = [x for x in (spec.max_turns, s.max_assistant_turns) if x is not None]
+        if fb.done:
+            t.stop_reason = "done"
+        elif limits and t.num_turns >= min(limits):
+            t.stop_reason = "max_turns"
+        elif s.max_user_turns is not None and t.user_turns >= s.max_user_turns:
+            t.stop_reason = "max_user_turns"
+        elif not fb.messages:
+            t.stop_reason = "done"  # nothing to show: nothing left to answer
+        else:
+            content = t.messages[-1]["content"]
+            delta, text = self.chat.continuation(rendered[i], t.messages, ids, content, fb.messages)
+            if s.max_model_len is not None and len(t) + len(delta) >= s.max_model_len:
+                t.stop_reason = "context"
+                return False
+            t.append(delta, 0)
+            t.messages.extend(dict(m) for m in fb.messages)
+            t.user_turns += 1
+            rendered[i] = text
+            return True
+        return False
+
+    def _turn_budget(self, t: Trajectory, spec: EpisodeSpec) -> int:
+        per_turn = spec.max_tokens_per_turn or self.settings.max_tokens_per_turn
+        if self.settings.max_model_len is None:
+            return per_turn
+        return min(per_turn, self.settings.max_model_len - len(t))
+
+    def _generate(
+        self, trajs: list[Trajectory], budgets: list[int], params: SamplingParams
+    ) -> list[tuple[list[int], list[float] | None, bool]]:
+        """One engine call for all live episodes; each row cut to its own budget."""
+        rows = [t.prompt_ids + t.response_ids for t in trajs]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for k, r in enumerate(rows):
+            ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[k, width - len(r) :] = 1
+        call = dataclasses.replace(params, n=1, max_new_tokens=max(budgets))
+        out = self.engine.generate(Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}), call)
+        lps_all = out.get("rollout_log_probs")
+        result = []
+        for k, budget in enumerate(budgets):
+            keep = out["response_mask"][k].bool()
+            gen = out["response_ids"][k][keep].tolist()
+            lps = lps_all[k][keep].tolist() if lps_all is not None else None
+            cut = bool(out["truncated"][k]) or len(gen) > budget
+            result.append((gen[:budget], lps[:budget] if lps is not None else None, cut))
+        return result
+
+    # ------------------------------------------------------------------ the end
+
+    def _finish(self, t: Trajectory) -> None:
+        """Drop trailing non-model tokens (context nobody answered); sanity check."""
+        last = max((k for k, m in enumerate(t.response_mask) if m), default=-1)
+        del t.response_ids[last + 1 :], t.response_mask[last + 1 :], t.log_probs[last + 1 :]
+        messages = t.messages
+        while messages and messages[-1].get("role") != "assistant" and t.num_turns:
+            messages = messages[:-1]  # the trimmed tail is not in the ids
+        if not self.settings.sanity_check:
+            return
+        t.sanity = self.chat.sanity_check(t.prompt_ids + t.response_ids, messages)
+        if not t.sanity.ok and not t.sanity.drift:
+            msg = (
+                f"chat-template tokenization mismatch: {t.sanity.detail}. The template is not "
+                "prefix-stable or rewrites assistant content, so the incremental token "
+                "sequence is not what the template renders."
+            )
+            if self.settings.strict:
+                raise TokenizationMismatch(
+                    f"{msg} Fix: use a template that renders history verbatim, or set "
+                    "rollout.multi_turn.enable_tokenization_sanity_check=false to accept it"
+                )
+            log.warning(msg)
+
+    def _collect_metrics(self, trajs: list[Trajectory], calls: int) -> None:
+        checked = [t.sanity for t in trajs if t.sanity is not None]
+        n = max(len(trajs), 1)
+        self.metrics = {
+            "rollout/generate_calls": float(calls),
+            "rollout/turn_cut_frac": sum(t.cut_turns for t in trajs)
+            / max(sum(t.num_turns for t in trajs), 1),
+            "rollout/context_stop_frac": sum(t.stop_reason == "context" for t in trajs) / n,
+            "rollout/sequence_length_mean": sum(len(t) for t in trajs) / n,
+        }
+        if checked:
+            self.metrics["rollout/tokenization_drift_frac"] = sum(s.drift for s in checked) / len(
+                checked
+            )
+            self.metrics["rollout/tokenization_mismatch_frac"] = sum(
+                not s.ok and not s.drift for s in checked
+            ) / len(checked)

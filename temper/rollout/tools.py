@@ -1,0 +1,214 @@
+"""Tool calling inside a multi-turn rollout (verl ``rollout.multi_turn``), hermes syntax.
+
+The model calls tools by writing ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``
+(one or more per turn). Each call is executed and its result goes back as a ``tool``
+message; the model then continues. A turn without any ``<tool_call>`` is the model's
+final answer, handed to the inner responder (an environment, or nothing).
+
+Nothing a model writes may crash the loop: malformed JSON, a missing name, an unclosed
+tag, an unknown tool, bad arguments, a tool that raises or hangs — each becomes an
+``error: …`` tool message, so the model sees what went wrong and the episode goes on.
+Tool output longer than ``max_tool_response_length`` characters is cut on the side
+``tool_response_truncate_side`` names.
+
+Tools are executed by an injected ``execute(name, arguments, timeout_s) -> (ok, text)``
+(the pipeline wires in :func:`temper.envs.tools.execute_tool`), so this layer knows
+no tool implementations; ``tool_config_path`` (an OpenAI function-schema YAML, verl's
+format) only says which tools are offered and how the chat template describes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from temper.rollout.multiturn import Feedback, Responder
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+Executor = Callable[[str, dict[str, Any], float], tuple[bool, str]]
+
+
+@dataclasses.dataclass
+class ToolCall:
+    """One parsed call; ``error`` set when it could not be parsed (then never executed)."""
+
+    name: str | None
+    arguments: dict[str, Any]
+    error: str | None = None
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Hermes tool calls in ``text``, in order; [] when there is none (a final answer).
+
+    ``arguments`` may be an object or a JSON string holding one (both appear in the
+    wild). An opening ``<tool_call>`` without its closing tag counts as one malformed
+    call, so a half-written call is answered with an error instead of being taken for
+    a final answer.
+    """
+    matches = list(TOOL_CALL.finditer(text))
+    calls = [_parse_one(m.group(1)) for m in matches]
+    tail = text[matches[-1].end() :] if matches else text
+    if "<tool_call>" in tail:
+        calls.append(ToolCall(None, {}, "unclosed <tool_call> (expected </tool_call>)"))
+    return calls
+
+
+def _parse_one(body: str) -> ToolCall:
+    try:
+        obj = json.loads(body.strip())
+    except json.JSONDecodeError as e:
+        return ToolCall(None, {}, f"tool call is not valid JSON: {e.msg} at char {e.pos}")
+    if not isinstance(obj, dict):
+        return ToolCall(None, {}, "tool call must be a JSON object with 'name' and 'arguments'")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return ToolCall(None, {}, "tool call has no 'name'")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            return ToolCall(name, {}, f"'arguments' of {name} is not valid JSON: {e.msg}")
+    if not isinstance(args, dict):
+        return ToolCall(name, {}, f"'arguments' of {name} must be a JSON object")
+    return ToolCall(name, args)
+
+
+def truncate_text(text: str, limit: int, side: Literal["left", "right", "middle"]) -> str:
+    """Cut ``text`` to about ``limit`` characters: ``left`` keeps the start, ``right``
+    the end, ``middle`` both ends (verl's ``tool_response_truncate_side``)."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-limit:]
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - (limit - half) :]
+
+
+def load_tool_schemas(path: str | Path) -> list[dict[str, Any]]:
+    """OpenAI function schemas from a tool config YAML.
+
+    Accepts verl's layout (``tools: [{class_name, config, tool_schema: {type: function,
+    function: {...}}}]``), a ``tools:`` list of schemas, or a bare list. ``class_name``
+    is ignored: tools are looked up by function name in temper's tool registry.
+    """
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())
+    items = data.get("tools", []) if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: expected a list of tools (or 'tools: [...]')")
+    schemas = []
+    for k, item in enumerate(items):
+        schema = item.get("tool_schema", item) if isinstance(item, dict) else None
+        if isinstance(schema, dict) and "function" not in schema and "name" in schema:
+            schema = {"type": "function", "function": schema}
+        name = (schema or {}).get("function", {}).get("name") if isinstance(schema, dict) else None
+        if not name:
+            raise ValueError(f"{path}: tool #{k} has no function name")
+        schemas.append(schema)
+    return schemas
+
+
+def schema_names(schemas: Sequence[dict[str, Any]]) -> list[str]:
+    return [s["function"]["name"] for s in schemas]
+
+
+@dataclasses.dataclass
+class ToolSettings:
+    """``rollout.multi_turn`` keys of the tool loop."""
+
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: Literal["left", "right", "middle"] = "middle"
+    tool_timeout_s: float = 10.0
+
+
+class ToolLoop:
+    """Turns a model response into tool messages, or passes a final answer on."""
+
+    def __init__(self, execute: Executor, settings: ToolSettings) -> None:
+        self.execute, self.settings = execute, settings
+        self.calls = self.errors = self.timeouts = 0
+
+    def feedback(self, text: str, allowed: Sequence[str]) -> Feedback | None:
+        """Tool messages for ``text``'s calls; None when it has no call (final answer)."""
+        calls = parse_tool_calls(text)
+        if not calls:
+            return None
+        messages, errors = [], 0
+        for call in calls:
+            ok, content = self._run(call, allowed)
+            errors += int(not ok)
+            content = truncate_text(
+                content,
+                self.settings.max_tool_response_length,
+                self.settings.tool_response_truncate_side,
+            )
+            message = {"role": "tool", "content": content}
+            if call.name:
+                message["name"] = call.name
+            messages.append(message)
+        self.calls += len(calls)
+        self.errors += errors
+        return Feedback(messages, info={"tool_calls": len(calls), "tool_errors": errors})
+
+    def _run(self, call: ToolCall, allowed: Sequence[str]) -> tuple[bool, str]:
+        if call.error is not None:
+            return False, f"error: {call.error}"
+        assert call.name is not None
+        if call.name not in allowed:
+            known = ", ".join(allowed) or "none"
+            return False, f"error: unknown tool '{call.name}' (available: {known})"
+        try:
+            ok, content = self.execute(call.name, call.arguments, self.settings.tool_timeout_s)
+        except Exception as e:  # an executor must not raise; if it does, the model hears it
+            return False, f"error: {type(e).__name__}: {e}"
+        if not ok and "timed out" in content:
+            self.timeouts += 1
+        return ok, content
+
+    def responder(
+        self, inner: Responder | None, allowed: Callable[[int], Sequence[str]]
+    ) -> Responder:
+        """A responder that answers tool calls itself and passes final answers to
+        ``inner`` (None: a final answer ends the episode with reward 0).
+        ``allowed(i)`` lists the tools episode ``i`` may call."""
+
+        def respond(indices: list[int], texts: list[str]) -> list[Feedback]:
+            out: list[Feedback | None] = [
+                self.feedback(t, allowed(i)) for i, t in zip(indices, texts)
+            ]
+            final = [k for k, fb in enumerate(out) if fb is None]
+            if final:
+                if inner is None:
+                    answers = [Feedback([], done=True) for _ in final]
+                else:
+                    answers = inner([indices[k] for k in final], [texts[k] for k in final])
+                for k, fb in zip(final, answers):
+                    out[k] = fb
+            return [fb for fb in out if fb is not None]
+
+        return respond
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "tools/calls": float(self.calls),
+            "tools/error_frac": self.errors / max(self.calls, 1),
+            "tools/timeouts": float(self.timeouts),
+        }
+
+
+def registry_executor(execute_tool: Callable[..., Any]) -> Executor:
+    """Adapt :func:`temper.envs.tools.execute_tool` (returns a ``ToolResult``)."""
+
+    def execute(name: str, arguments: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
+        result = execute_tool(name, arguments, timeout_s=timeout_s)
+        return bool(result.ok), str(result.content)
+
+    return execute
