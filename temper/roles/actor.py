@@ -28,7 +28,7 @@ from temper.algorithms.rollout_correction import rollout_is_weights
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
-from temper.roles.minibatch import StepMetrics, mini_batches, optimizer_steps
+from temper.roles.minibatch import StepMetrics, mini_batches, optimizer_steps, per_rank_mini_batch
 from temper.training.base import LossFn, TrainEngine
 
 _POSITIVE = "_sft_positive"
@@ -127,18 +127,26 @@ class Actor:
         return work, metrics
 
     def _loss_fn(self, mini: Batch) -> LossFn:
-        """The loss of one mini-batch's micro-batches, with the mini-batch's normalizers."""
+        """The loss of one mini-batch's micro-batches, with the mini-batch's normalizers.
+
+        Under data parallelism ``mini`` is this rank's share and the normalizers are
+        summed over ranks by the engine (a collective), so every rank's loss is a partial
+        sum of the whole mini-batch's loss.
+        """
         cfg = self.cfg
+        engine = self.engine
         full_mask = mini["response_mask"]
-        agg = LossAggregator.from_mask(cfg.loss_agg_mode, full_mask)
+        agg = LossAggregator.from_normalizers(
+            cfg.loss_agg_mode, engine.global_normalizers(full_mask)
+        )
         n_tokens = max(agg.num_tokens, 1.0)
-        n_samples = len(mini)
+        n_samples = engine.global_sum([len(mini)])[0]
         sft_agg = None
         if cfg.sft_loss_coef:
-            sft_agg = LossAggregator.from_mask(
-                cfg.loss_agg_mode, full_mask * mini[_POSITIVE].unsqueeze(-1).to(full_mask.dtype)
+            positives = full_mask * mini[_POSITIVE].unsqueeze(-1).to(full_mask.dtype)
+            sft_agg = LossAggregator.from_normalizers(
+                cfg.loss_agg_mode, engine.global_normalizers(positives)
             )
-        engine = self.engine
 
         def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
             mask = mb["response_mask"]
@@ -199,9 +207,8 @@ class Actor:
         temperature = self._temperature(batch)
         steps = StepMetrics()
         seed = self.seed * 1_000_003 + self.updates
-        for mini in mini_batches(
-            work, cfg.mini_batch_size, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed
-        ):
+        size = per_rank_mini_batch(cfg.mini_batch_size, self.engine.dp_size)
+        for mini in mini_batches(work, size, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed):
             steps.add(
                 self.engine.train_mini_batch(
                     mini,

@@ -85,71 +85,81 @@ def local_strategy(cfg: TemperConfig, strategy: str, key: str) -> str:
     return strategy
 
 
+def build_actor(cfg: TemperConfig, dev: torch.device) -> Actor:
+    """The actor on engine ``actor.strategy`` (``torch`` on the local backend)."""
+    engine = build_engine(
+        local_strategy(cfg, cfg.actor.strategy, "actor.strategy"),
+        EngineSpec(
+            model=cfg.model,
+            device=dev,
+            train=cfg.actor,
+            infer_micro=infer_micro_batching(cfg, cfg.actor),
+            entropy_chunk_size=cfg.actor.entropy_chunk_size,
+            seed=cfg.experiment.seed,
+            total_steps=cfg.actor.optim.total_training_steps,
+            role="actor",
+        ),
+    )
+    return Actor(cfg.actor, engine, temperature=_temperature(cfg), seed=cfg.experiment.seed)
+
+
+def build_reference(cfg: TemperConfig, dev: torch.device, actor: Actor | None = None) -> Reference:
+    """The frozen reference: the actor's engine without adapters under LoRA (``actor``
+    must then be given), else its own engine on ``reference.strategy``."""
+    ref_micro = reference_micro_batching(cfg, infer_micro_batching(cfg, cfg.actor))
+    temperature = _temperature(cfg)
+    if cfg.model.lora.rank > 0:
+        if actor is None:
+            raise ValueError("a LoRA reference shares the actor's engine: pass the actor")
+        return Reference(
+            actor.engine, disable_adapters=True, micro_batching=ref_micro, temperature=temperature
+        )
+    engine = build_engine(
+        local_strategy(cfg, cfg.reference.strategy, "reference.strategy"),
+        EngineSpec(
+            model=cfg.model,
+            device=dev,
+            train=None,
+            infer_micro=ref_micro,
+            param_offload=cfg.reference.param_offload,
+            seed=cfg.experiment.seed,
+            role="reference",
+            fsdp=cfg.reference.fsdp,
+        ),
+    )
+    return Reference(engine, temperature=temperature)
+
+
+def build_critic(cfg: TemperConfig, dev: torch.device) -> Critic:
+    """The critic: a value model on ``critic.strategy``."""
+    engine = build_engine(
+        local_strategy(cfg, cfg.critic.strategy, "critic.strategy"),
+        EngineSpec(
+            model=cfg.model,
+            device=dev,
+            kind="value",
+            model_path=cfg.critic.model_path,
+            train=cfg.critic,
+            infer_micro=infer_micro_batching(cfg, cfg.critic),
+            seed=cfg.experiment.seed,
+            total_steps=cfg.critic.optim.total_training_steps,
+            role="critic",
+        ),
+    )
+    return Critic(cfg.critic, engine, seed=cfg.experiment.seed)
+
+
+def _temperature(cfg: TemperConfig) -> float:
+    return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+
+
 def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> Roles:
     """Load the models and build ``Roles(actor, reference | None, critic | None)``.
 
     ``device`` defaults to ``experiment.device`` (``auto``: cuda when available).
     """
     dev = resolve_device(device if device is not None else cfg.experiment.device)
-    seed = cfg.experiment.seed
-    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
-
-    actor_micro = infer_micro_batching(cfg, cfg.actor)
-    actor_engine = build_engine(
-        local_strategy(cfg, cfg.actor.strategy, "actor.strategy"),
-        EngineSpec(
-            model=cfg.model,
-            device=dev,
-            train=cfg.actor,
-            infer_micro=actor_micro,
-            entropy_chunk_size=cfg.actor.entropy_chunk_size,
-            seed=seed,
-            total_steps=cfg.actor.optim.total_training_steps,
-            role="actor",
-        ),
-    )
-    actor = Actor(cfg.actor, actor_engine, temperature=temperature, seed=seed)
-
-    reference = None
-    if uses_reference(cfg):
-        ref_micro = reference_micro_batching(cfg, actor_micro)
-        if cfg.model.lora.rank > 0:
-            reference = Reference(
-                actor_engine,
-                disable_adapters=True,
-                micro_batching=ref_micro,
-                temperature=temperature,
-            )
-        else:
-            ref_engine = build_engine(
-                local_strategy(cfg, cfg.reference.strategy, "reference.strategy"),
-                EngineSpec(
-                    model=cfg.model,
-                    device=dev,
-                    train=None,
-                    infer_micro=ref_micro,
-                    param_offload=cfg.reference.param_offload,
-                    seed=seed,
-                    role="reference",
-                ),
-            )
-            reference = Reference(ref_engine, temperature=temperature)
-
-    critic = None
-    if uses_critic(cfg):
-        critic_engine = build_engine(
-            local_strategy(cfg, cfg.critic.strategy, "critic.strategy"),
-            EngineSpec(
-                model=cfg.model,
-                device=dev,
-                kind="value",
-                model_path=cfg.critic.model_path,
-                train=cfg.critic,
-                infer_micro=infer_micro_batching(cfg, cfg.critic),
-                seed=seed,
-                total_steps=cfg.critic.optim.total_training_steps,
-                role="critic",
-            ),
-        )
-        critic = Critic(cfg.critic, critic_engine, seed=seed)
+    actor = build_actor(cfg, dev)
+    reference = build_reference(cfg, dev, actor) if uses_reference(cfg) else None
+    critic = build_critic(cfg, dev) if uses_critic(cfg) else None
     return Roles(actor=actor, reference=reference, critic=critic)

@@ -15,7 +15,7 @@ from temper.algorithms.aggregation import LossAggregator
 from temper.algorithms.value_loss import value_loss
 from temper.config.schema import CriticConfig
 from temper.data.batch import Batch
-from temper.roles.minibatch import StepMetrics, mini_batches, optimizer_steps
+from temper.roles.minibatch import StepMetrics, mini_batches, optimizer_steps, per_rank_mini_batch
 from temper.training.base import LossFn, TrainEngine
 
 
@@ -40,7 +40,9 @@ class Critic:
         self.engine.set_total_steps(total_steps)
 
     def _loss_fn(self, mini: Batch) -> LossFn:
-        agg = LossAggregator.from_mask(self.cfg.loss_agg_mode, mini["response_mask"])
+        # global (all data-parallel ranks) denominators: see Actor._loss_fn
+        normalizers = self.engine.global_normalizers(mini["response_mask"])
+        agg = LossAggregator.from_normalizers(self.cfg.loss_agg_mode, normalizers)
         n_tokens = max(agg.num_tokens, 1.0)
         clip = self.cfg.cliprange_value
 
@@ -64,9 +66,8 @@ class Critic:
         cfg = self.cfg
         steps = StepMetrics()
         seed = self.seed * 1_000_003 + self.updates
-        for mini in mini_batches(
-            batch, cfg.mini_batch_size, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed
-        ):
+        size = per_rank_mini_batch(cfg.mini_batch_size, self.engine.dp_size)
+        for mini in mini_batches(batch, size, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed):
             steps.add(self.engine.train_mini_batch(mini, self._loss_fn(mini)))
         self.updates += 1
         return steps.result("critic")

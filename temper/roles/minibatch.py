@@ -28,6 +28,16 @@ def mini_batches(
         yield from order.split(size)
 
 
+def per_rank_mini_batch(mini_batch_size: int | None, dp_size: int) -> int | None:
+    """A rank's share of a global ``mini_batch_size`` (config validation checks that
+    ``dp_size`` divides it); ``None`` (the whole batch) stays ``None``."""
+    if mini_batch_size is None or dp_size == 1:
+        return mini_batch_size
+    if mini_batch_size % dp_size:
+        raise ValueError(f"mini_batch_size {mini_batch_size} is not a multiple of dp {dp_size}")
+    return mini_batch_size // dp_size
+
+
 def optimizer_steps(num_samples: int, mini_batch_size: int | None, epochs: int) -> int:
     """Optimizer steps one ``update`` of ``num_samples`` takes (for the LR schedule)."""
     size = mini_batch_size or num_samples

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from temper.algorithms.aggregation import GlobalNormalizers, compute_global_normalizers
 from temper.data.batch import Batch
 from temper.training.micro_batching import MicroBatching
 
@@ -78,6 +79,24 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def save_hf(self, path: str) -> None:
         """Write a Hugging Face model directory (weights + config + tokenizer)."""
+
+    # Data parallelism. A role builds its loss from the mini-batch's *global* counts; on
+    # one process these are its own, a data-parallel engine sums them over its ranks.
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks, each holding a different share of every mini-batch."""
+        return 1
+
+    def global_sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over the data-parallel ranks (a collective: all ranks call it)."""
+        return [float(v) for v in values]
+
+    def global_normalizers(self, response_mask: torch.Tensor) -> GlobalNormalizers:
+        """Loss denominators of the whole mini-batch, this rank's share being ``response_mask``."""
+        g = compute_global_normalizers(response_mask)
+        tokens, seqs = self.global_sum([g.num_tokens, g.num_seqs])
+        return GlobalNormalizers(num_tokens=tokens, num_seqs=seqs, max_len=g.max_len)
 
 
 class NonFiniteError(RuntimeError):

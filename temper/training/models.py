@@ -201,14 +201,32 @@ class ValueModel(nn.Module):
             hidden = hidden[:, -keep_last:]
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
-    def save_pretrained(self, path: str | Path) -> None:
-        """Backbone as a HF directory (adapters only, with LoRA) + the head weights."""
+    def save_pretrained(
+        self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Backbone as a HF directory (adapters only, with LoRA) + the head weights.
+
+        ``state_dict`` (this module's keys) replaces the live weights: a sharded (FSDP2)
+        model passes its gathered full state.
+        """
         from safetensors.torch import save_file
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(str(out))
-        head = {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
+        if state_dict is None:
+            self.backbone.save_pretrained(str(out))
+            head_sd = self.value_head.state_dict()
+        else:
+            sub = {
+                k[len("backbone.") :]: v for k, v in state_dict.items() if k.startswith("backbone.")
+            }
+            self.backbone.save_pretrained(str(out), state_dict=sub)
+            head_sd = {
+                k[len("value_head.") :]: v
+                for k, v in state_dict.items()
+                if k.startswith("value_head.")
+            }
+        head = {k: v.detach().cpu().contiguous() for k, v in head_sd.items()}
         save_file(head, str(out / VALUE_HEAD_FILE))
         (out / VALUE_MODEL_STAMP).write_text(json.dumps({"hidden_size": self.head_in_features}))
 

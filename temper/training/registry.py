@@ -1,6 +1,7 @@
 """Engines by ``strategy`` name: the one place a role's config key picks an engine.
 
-``torch`` is built in. ``fsdp2``, ``deepspeed`` and ``megatron`` are valid config values
+``torch`` (one process) and ``fsdp2`` (one process per rank, inside a torch.distributed
+process group) are built in. ``deepspeed`` and ``megatron`` are valid config values
 whose engines are not in this build yet: asking for one is a configuration error that
 names the key (``actor.strategy``, …), not a crash deep inside a run.
 """
@@ -11,13 +12,14 @@ from collections.abc import Callable
 
 from temper.config.errors import ConfigError, unknown_name
 from temper.training.base import TrainEngine
+from temper.training.fsdp2_engine import FSDP2Engine
 from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 
 EngineFactory = Callable[[EngineSpec], TrainEngine]
 
-ENGINES: dict[str, EngineFactory] = {"torch": TorchEngine}
-PLANNED_ENGINES: tuple[str, ...] = ("fsdp2", "deepspeed", "megatron")
+ENGINES: dict[str, EngineFactory] = {"torch": TorchEngine, "fsdp2": FSDP2Engine}
+PLANNED_ENGINES: tuple[str, ...] = ("deepspeed", "megatron")
 
 
 def register_engine(name: str, factory: EngineFactory) -> None:

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from temper.config.schema import ModelConfig, OptimConfig, TrainEngineConfig
+from temper.config.schema import FSDPConfig, ModelConfig, OptimConfig, TrainEngineConfig
 from temper.training.micro_batching import MicroBatching
 
 ModelKind = Literal["causal_lm", "value"]
@@ -35,6 +35,7 @@ class EngineSpec:
         seed: seeds fresh heads (value model) deterministically.
         total_steps: optimizer steps of the LR schedule, if known now.
         role: config section name used in error messages (``actor``, ``critic``, …).
+        fsdp: FSDP2 settings of a frozen role (trained roles use ``train.fsdp``).
     """
 
     model: ModelConfig
@@ -48,10 +49,18 @@ class EngineSpec:
     seed: int = 0
     total_steps: int | None = None
     role: str = "actor"
+    fsdp: FSDPConfig | None = None
 
     @property
     def optim(self) -> OptimConfig | None:
         return self.train.optim if self.train is not None else None
+
+    @property
+    def fsdp_config(self) -> FSDPConfig:
+        """FSDP2 settings: ``fsdp`` if given, else the trained role's, else defaults."""
+        if self.fsdp is not None:
+            return self.fsdp
+        return self.train.fsdp if self.train is not None else FSDPConfig()
 
     @property
     def train_micro(self) -> MicroBatching:

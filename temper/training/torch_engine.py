@@ -71,16 +71,18 @@ class TorchEngine(TrainEngine):
         self.compute_dtype = resolve_dtype(spec.model.dtype, spec.device)
         self.trainable = spec.train is not None
         storage = torch.float32 if self.trainable else self.compute_dtype
-        load_device = torch.device("cpu") if spec.param_offload else spec.device
+        load_device = self._load_device()
         loader = load_value_model if spec.kind == "value" else load_causal_lm
         kwargs: dict[str, Any] = {"seed": spec.seed} if spec.kind == "value" else {}
-        self.model: nn.Module = loader(
-            spec.model,
-            device=load_device,
-            dtype=storage,
-            path=spec.model_path,
-            trainable=self.trainable,
-            **kwargs,
+        self.model: nn.Module = self._wrap_model(
+            loader(
+                spec.model,
+                device=load_device,
+                dtype=storage,
+                path=spec.model_path,
+                trainable=self.trainable,
+                **kwargs,
+            )
         )
         self.infer_micro = spec.infer_micro
         self.train_micro = spec.train_micro
@@ -100,6 +102,37 @@ class TorchEngine(TrainEngine):
             self.schedule = LRSchedule(self.optimizer, o, spec.total_steps)
 
     # ------------------------------------------------------------------ plumbing
+
+    # Hooks a data-parallel engine overrides (fsdp2_engine); here one process is the world.
+
+    def _load_device(self) -> torch.device:
+        """Where weights are loaded (an offloaded frozen model stays on the CPU)."""
+        return torch.device("cpu") if self.spec.param_offload else self.device
+
+    def _wrap_model(self, model: nn.Module) -> nn.Module:
+        """Hook for distributed engines (sharding) before the optimizer sees the params."""
+        return model
+
+    def _split(self, batch: Batch, spec: MicroBatching) -> tuple[list[Batch], list[list[int]]]:
+        """Micro-batches and their rows; an empty row list marks a padding micro-batch."""
+        return split_micro_batches(batch, spec)
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        return bool(torch.isfinite(loss))
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """Partial sums of this rank → sums over all data-parallel ranks."""
+        return sums
+
+    def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(params, clip))
+
+    def _optimizer_step(self) -> None:
+        assert self.optimizer is not None
+        self.optimizer.step()
 
     def _accepts_logits_to_keep(self) -> bool:
         if self.spec.kind == "value":
@@ -211,9 +244,11 @@ class TorchEngine(TrainEngine):
         home = batch["response_ids"].device
         results: dict[str, torch.Tensor] = {}
         with self._on_device():
-            micro, groups = split_micro_batches(batch, spec)
+            micro, groups = self._split(batch, spec)
             for mb, rows in zip(micro, groups):
                 out = self._run(mb, temperature=temperature, with_entropy=with_entropy)
+                if not rows:  # a padding micro-batch (collectives only)
+                    continue
                 index = torch.as_tensor(rows, device=home)
                 for key, value in out.items():
                     if key not in results:
@@ -240,25 +275,31 @@ class TorchEngine(TrainEngine):
             raise RuntimeError(f"the {self.spec.role} engine is frozen (no optimizer)")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        micro, _ = split_micro_batches(batch, self.train_micro)
+        micro, groups = self._split(batch, self.train_micro)
         total = 0.0
         sums: dict[str, float] = {}
-        for i, mb in enumerate(micro):
+        for i, (mb, rows) in enumerate(zip(micro, groups)):
             out = self._run(mb, temperature=temperature, with_entropy=with_entropy)
             loss, metrics = loss_fn(mb.to(self.device), out)
-            if not torch.isfinite(loss):
+            if not rows:  # padding micro-batch: same collectives, no contribution
+                loss = loss * 0.0
+            if not self._all_finite(loss):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteError(
                     f"{self.spec.role}: loss is {loss.item()} in micro-batch {i}; "
                     "optimizer step skipped, weights unchanged"
                 )
-            loss.backward()
+            self._backward(loss)
+            if not rows:
+                continue
             total += float(loss.detach())
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
+        sums = self._reduce_sums({**sums, "loss": total})
+        total = sums.pop("loss")
         params = list(self.trainable_parameters())
         clip = self.grad_clip if self.grad_clip is not None and self.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        grad_norm = self._clip_grad_norm(params, clip)
         if not torch.isfinite(torch.tensor(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteError(
@@ -266,7 +307,7 @@ class TorchEngine(TrainEngine):
                 "weights unchanged"
             )
         lr = self.schedule.apply()
-        self.optimizer.step()
+        self._optimizer_step()
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}

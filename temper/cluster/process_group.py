@@ -1,0 +1,117 @@
+"""torch.distributed process groups for the ranks of one role.
+
+Ray workers (:mod:`temper.cluster.ray`) and :func:`spawn_ranks` (tests, benchmarks, a
+quick N-rank run on one machine) both end up in :func:`init_process_group`: TCP
+rendezvous at ``addr:port`` chosen by rank 0's host, gloo on CPU, nccl on GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (bind to port 0; the OS picks)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def default_backend(device_type: str) -> str:
+    """nccl for GPU ranks, gloo for CPU ranks."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def init_process_group(
+    rank: int,
+    world_size: int,
+    *,
+    addr: str,
+    port: int,
+    backend: str = "gloo",
+    timeout_s: float = 1800.0,
+    local_rank: int | None = None,
+) -> None:
+    """Join the group of ``world_size`` ranks meeting at ``addr:port``.
+
+    Also sets the ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_*`` variables that
+    torch and transformers read, as torchrun would.
+    """
+    env = {
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+    }
+    os.environ.update(env)
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("the nccl backend needs CUDA GPUs; on CPU use gloo")
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{addr}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def _rank_entry(
+    rank: int,
+    world: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    out_dir: str,
+    threads: int,
+) -> None:
+    torch.set_num_threads(threads)
+    init_process_group(rank, world, addr="127.0.0.1", port=port, backend="gloo")
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_ranks(
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    threads: int = 1,
+    start_method: str | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` in ``world`` new processes joined by a gloo group
+    on the loopback interface; returns each rank's return value (``torch.save``-able).
+
+    ``start_method`` defaults to ``fork`` where that is safe (Linux, CUDA not yet
+    initialized in this process): the ranks inherit the already imported torch and
+    transformers instead of importing them again, which dominates a small run's time
+    (``spawn``: ``fn`` must then be importable at module level). A failing rank raises
+    here with its traceback (``torch.multiprocessing.ProcessRaisedException``).
+    """
+    import sys
+
+    import torch.multiprocessing as mp
+
+    if start_method is None:
+        cuda_live = torch.cuda.is_available() and torch.cuda.is_initialized()
+        start_method = "fork" if sys.platform == "linux" and not cuda_live else "spawn"
+    with tempfile.TemporaryDirectory(prefix="temper-ranks-") as out:
+        mp.start_processes(
+            _rank_entry,
+            args=(world, free_port(), fn, args, out, threads),
+            nprocs=world,
+            join=True,
+            start_method=start_method,
+        )
+        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -1,0 +1,154 @@
+"""State of an FSDP2 engine: sharded checkpoints (DCP), full weights, HF export.
+
+* Checkpoints are ``torch.distributed.checkpoint`` directories: each rank writes its own
+  shards (no gather, no rank-0 memory peak) and a load reshards, so a run saved on N
+  ranks resumes on M. The model part holds the trainable parameters only (LoRA: the
+  adapters), like the torch engine's checkpoints; optimizer state is keyed by parameter
+  name (``get_state_dict``), and the LR schedule rides along as a plain object.
+* Full weights for rollout sync are gathered one tensor at a time (``full_tensor``), with
+  LoRA merged on the sharded tensors first (DTensor matmul), so no rank ever holds two
+  copies of the model.
+* ``save_hf`` gathers the full state dict to rank 0's host memory (``cpu_offload``) and
+  writes a directory ``transformers`` and vLLM load.
+
+Every function here is a collective over the engine's ranks unless it says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from temper.training.models import load_tokenizer
+from temper.training.weights import hf_named_weights, is_peft_model
+
+if TYPE_CHECKING:
+    from temper.training.fsdp2_engine import FSDP2Engine
+
+log = logging.getLogger(__name__)
+
+_FSDP_PREFIX = "FSDP"  # fully_shard renames the root class FSDP<Class>
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (all-gather); a plain tensor unchanged."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def full_named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``hf_named_weights`` of a sharded model, each tensor gathered as it is yielded."""
+    for name, tensor in hf_named_weights(model):
+        yield name, full_tensor(tensor)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move every tensor of the optimizer state (Adam moments) to ``device`` (local)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device, non_blocking=True)
+
+
+def _options(engine: FSDP2Engine, **kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=engine.trainable, **kwargs)
+
+
+def sharded_state(engine: FSDP2Engine) -> dict[str, Any]:
+    """``{"model", "optimizer", "scheduler"}`` with DTensor shards (frozen: model only)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if engine.optimizer is None or engine.schedule is None:
+        return {"model": get_model_state_dict(engine.model, options=_options(engine))}
+    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer, options=_options(engine))
+    return {"model": model_sd, "optimizer": optim_sd, "scheduler": engine.schedule.state_dict()}
+
+
+def load_sharded_state(engine: FSDP2Engine, state: dict[str, Any]) -> None:
+    """Inverse of :func:`sharded_state`."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    if engine.optimizer is None or "optimizer" not in state:
+        set_model_state_dict(engine.model, state["model"], options=_options(engine))
+        return
+    set_state_dict(
+        engine.model,
+        engine.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=_options(engine),
+    )
+    if engine.schedule is not None and "scheduler" in state:
+        engine.schedule.load_state_dict(state["scheduler"])
+
+
+def save_checkpoint(engine: FSDP2Engine, path: str | Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(sharded_state(engine), checkpoint_id=str(path))
+
+
+def load_checkpoint(engine: FSDP2Engine, path: str | Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"{engine.spec.role}: no checkpoint directory at {path}")
+    state = sharded_state(engine)
+    dcp.load(state, checkpoint_id=str(path))
+    load_sharded_state(engine, state)
+
+
+def _full_state_on_rank0(model: nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=opts)
+
+
+def _unwrap_architectures(path: Path) -> None:
+    """``save_pretrained`` records the class name, which fully_shard prefixed with FSDP."""
+    config = path / "config.json"
+    if not config.is_file():
+        return
+    data = json.loads(config.read_text())
+    archs = data.get("architectures") or []
+    fixed = [a[len(_FSDP_PREFIX) :] if a.startswith(_FSDP_PREFIX) else a for a in archs]
+    if fixed != archs:
+        data["architectures"] = fixed
+        config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_hf(engine: FSDP2Engine, path: str | Path, *, merge_lora: bool = True) -> None:
+    """HF directory at ``path`` written by rank 0 (same layout as the torch engine's)."""
+    model = engine.model
+    out = Path(path)
+    full = _full_state_on_rank0(model)
+    merged: dict[str, torch.Tensor] = {}
+    peft = is_peft_model(model)
+    if peft and merge_lora and engine.spec.kind != "value":
+        for name, tensor in full_named_weights(model):
+            if engine.rank == 0:
+                merged[name] = tensor.detach().cpu().contiguous()
+    if engine.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if engine.spec.kind == "value":
+            model.save_pretrained(out, state_dict=full)  # type: ignore[operator]
+        elif peft and merge_lora:
+            model.get_base_model().save_pretrained(str(out), state_dict=merged)  # type: ignore[operator]
+            model.save_pretrained(str(out / "lora_adapter"), state_dict=full)  # type: ignore[operator]
+        else:
+            model.save_pretrained(str(out), state_dict=full)  # type: ignore[operator]
+        _unwrap_architectures(out)
+        try:
+            load_tokenizer(engine.spec.model, engine.spec.model_path).save_pretrained(str(out))
+        except (OSError, ValueError) as err:
+            log.warning("no tokenizer saved with %s: %s", out, err)
+    dist.barrier()
