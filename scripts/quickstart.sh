@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
 bash scripts/install.sh
 . .venv/bin/activate
-temper train examples/quickstart.yaml "$@"
+# --report: at the end, write the dashboard PNG (reward, KL, entropy, length, grad norm,
+# throughput) and a markdown summary next to metrics.jsonl, and print where they are.
+temper train examples/quickstart.yaml --report "$@"

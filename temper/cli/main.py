@@ -1,4 +1,4 @@
-"""``temper`` command line: check, convert, train (and more as they land)."""
+"""``temper`` command line: check, convert, train, report (and more as they land)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     from temper.pipelines import run_pipeline
 
     loaded = _load(args)
-    run_pipeline(loaded.config)
+    summary = run_pipeline(loaded.config)
+    stopped = summary.get("stopped_by") if isinstance(summary, dict) else None
+    if args.report and isinstance(summary, dict) and summary.get("output_dir"):
+        from temper.report import write_report
+
+        report = write_report(summary["output_dir"])
+        print(f"report: {report.png} (dashboard), {report.markdown} (summary)")
+    if stopped:  # interrupted after a checkpoint: 128 + signal, as a shell reports it
+        import signal
+
+        return 128 + int(signal.Signals[stopped])
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from temper.report import write_report
+
+    try:
+        report = write_report(args.run_dir, args.out)
+    except (OSError, ValueError) as err:
+        print(f"report: {err}", file=sys.stderr)
+        return 1
+    print(f"dashboard: {report.png}\nsummary:   {report.markdown}")
     return 0
 
 
@@ -81,7 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="write every key, defaults included")
     p.set_defaults(func=cmd_convert)
     p = add("train", "train with a config")
+    p.add_argument("--report", action="store_true", help="write the run's report at the end")
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("report", help="draw a run's dashboard (PNG) and summary (markdown)")
+    p.add_argument("run_dir", help="run directory (with metrics.jsonl) or the metrics file")
+    p.add_argument("--out", default=None, help="where to write them (default: the run dir)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -58,6 +58,11 @@ class ExperimentConfig:
         "auto", "auto: latest valid checkpoint in output_dir; disable; resume_path."
     )
     resume_from_path: str | None = doc(None, "Checkpoint to resume from (resume_mode=resume_path).")
+    resume_strict: bool = doc(
+        True,
+        "Stop a resume whose config changes the run's meaning (model, data, batch sizes, "
+        "algorithm); false: report the changes and go on.",
+    )
     test_freq: int = doc(-1, "Validate every N steps (-1: never during training).")
     val_before_train: bool = doc(False, "Run validation before the first step.")
     val_only: bool = doc(False, "Only validate, do not train.")

@@ -16,8 +16,10 @@ import torch
 from temper.algorithms import estimator_inputs
 from temper.config.schema import TemperConfig
 from temper.data import Batch, next_prompt_batch
+from temper.pipelines.dumps import dump_generations, generation_rows
 from temper.pipelines.experience import compute_experience
 from temper.pipelines.setup import Run, build_run, response_metrics
+from temper.pipelines.signals import StopSignals
 from temper.pipelines.validation import validate
 
 
@@ -67,6 +69,10 @@ def rl_step(run: Run) -> dict[str, float]:
                 batch = roles.critic.compute_values(batch)
         with t("adv"):
             batch, adv_metrics = compute_experience(batch, cfg.algorithm, cfg.rollout, run.shaping)
+        if cfg.experiment.rollout_data_dir:
+            dump_generations(
+                cfg.experiment.rollout_data_dir, run.step, generation_rows(batch, run.step)
+            )
         with t("train"):
             critic_metrics = roles.critic.update(batch) if roles.critic is not None else {}
             actor_metrics = {}
@@ -78,36 +84,57 @@ def rl_step(run: Run) -> dict[str, float]:
     metrics.update(response_metrics(batch, t.times["timing/step_s"]))
     if "entropy" in batch:
         mask = batch["response_mask"].float()
-        metrics["actor/entropy"] = ((batch["entropy"] * mask).sum() / mask.sum().clamp(min=1)).item()
+        metrics["actor/entropy"] = (
+            (batch["entropy"] * mask).sum() / mask.sum().clamp(min=1)
+        ).item()
     metrics.update(run.train_data.metrics())
     return metrics
 
 
 def train(cfg: TemperConfig) -> dict[str, Any]:
-    """Train with ``cfg``; returns a summary (first/last reward, steps, output dir)."""
+    """Train with ``cfg`` (resuming per ``experiment.resume_mode``); returns a summary.
+
+    SIGTERM/SIGINT stop the run after the current step with a checkpoint; the summary
+    then has ``stopped_by`` (the signal's name) and ``temper train`` exits 128 + signal.
+    """
     run = build_run(cfg)
-    rewards: list[float] = []
+    exp = cfg.experiment
     try:
-        if cfg.experiment.val_before_train or cfg.experiment.val_only:
-            run.tracker.log(validate(run), run.step)
-        if cfg.experiment.val_only:
-            return run.summary(rewards)
-        while run.step < run.total_steps:
-            run.step += 1
-            metrics = rl_step(run)
-            rewards.append(metrics["train/reward_mean"])
-            if cfg.experiment.test_freq > 0 and run.step % cfg.experiment.test_freq == 0:
-                metrics.update(validate(run))
-            run.tracker.log(metrics, run.step)
-        if cfg.experiment.test_freq > 0 and run.step % cfg.experiment.test_freq:
-            run.tracker.log(validate(run), run.step)
-        run.save_final()
+        with StopSignals(exp.save_on_signal) as stop:
+            if run.step == 0 and (exp.val_before_train or exp.val_only):
+                run.tracker.log(validate(run), run.step)
+            if exp.val_only:
+                return run.summary()
+            if run.step >= run.total_steps:
+                print(
+                    f"nothing to do: {run.resumed_from} already reached step {run.step} of "
+                    f"{run.total_steps} (raise experiment.max_steps to go on, or use "
+                    "experiment.resume_mode=disable / another output_dir to start over)"
+                )
+                return run.summary()
+            while run.step < run.total_steps:
+                run.step += 1
+                metrics = rl_step(run)
+                run.reward_history.append(metrics["train/reward_mean"])
+                if exp.test_freq > 0 and run.step % exp.test_freq == 0:
+                    metrics.update(validate(run))
+                run.tracker.log(metrics, run.step)
+                stopping = stop.received is not None  # read once: save iff we stop
+                if run.should_save(stopping):
+                    run.save_checkpoint()
+                if stopping:
+                    break
+        if stop.received is None:
+            if exp.test_freq > 0 and run.step % exp.test_freq:
+                run.tracker.log(validate(run), run.step)
+            run.save_final()
     finally:
         run.close()
-    summary = run.summary(rewards)
+    summary = {**run.summary(), "stopped_by": stop.name}
     print(
-        f"done: {summary['steps']} steps; train/reward_mean first {summary['reward_first']:.3f} "
-        f"→ last {summary['reward_last']:.3f} (mean of first/last 5 steps: "
+        f"{'stopped by ' + stop.name if stop.name else 'done'}: {summary['steps']} steps; "
+        f"train/reward_mean first {summary['reward_first']:.3f} → last "
+        f"{summary['reward_last']:.3f} (mean of first/last 5 steps: "
         f"{summary['reward_first5']:.3f} → {summary['reward_last5']:.3f}); "
         f"outputs in {summary['output_dir']}"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from temper.config.derive import derive
 from temper.config.schema import TemperConfig
 from temper.data import PromptDataset, PromptSampler, build_datasets, build_sampler
 from temper.data.batch import Batch
+from temper.pipelines import checkpointing as ckpt
 from temper.pipelines.experience import ShapingState
 from temper.rewards.manager import RewardScorer
 from temper.roles import Roles, build_roles
@@ -78,19 +80,38 @@ class Run:
     val_sampling: SamplingParams
     total_steps: int
     step: int = 0
+    resumed_from: Path | None = None
+    reward_history: list[float] = dataclasses.field(default_factory=list)
+    last_save_s: float = 0.0
 
-    def sync_weights(self) -> None:
-        """Push the actor's weights to the rollout engine (a no-op when it shares them)."""
+    def sync_weights(self, force: bool = False) -> None:
+        """Push the actor's weights to the rollout engine (a no-op when it shares them).
+
+        ``force``: regardless of ``model_update_frequency`` (after loading a checkpoint).
+        """
         every = max(1, self.cfg.rollout.model_update_frequency)
-        if not getattr(self.rollout, "shared", False) and self.step % every == 0:
+        if not getattr(self.rollout, "shared", False) and (force or self.step % every == 0):
             self.rollout.load_weights(self.roles.actor.engine.named_weights())
+
+    def should_save(self, stopping: bool) -> bool:
+        """Checkpoint now? Every ``save_freq`` steps, at the last step, and on a signal."""
+        freq = self.cfg.experiment.save_freq
+        periodic = freq > 0 and self.step % freq == 0
+        return periodic or stopping or self.step >= self.total_steps
+
+    def save_checkpoint(self) -> Path:
+        """An atomic, resumable checkpoint of this step (see pipelines.checkpointing)."""
+        path = ckpt.save_checkpoint(self)
+        print(f"checkpoint: {path} ({self.last_save_s:.1f}s)", flush=True)
+        return path
 
     def save_final(self) -> None:
         """The trained actor as a Hugging Face directory (loads in transformers/vLLM)."""
         self.roles.actor.engine.save_hf(str(self.out_dir / "final" / "actor"))
         self.tokenizer.save_pretrained(str(self.out_dir / "final" / "actor"))
 
-    def summary(self, rewards: list[float]) -> dict[str, Any]:
+    def summary(self, rewards: list[float] | None = None) -> dict[str, Any]:
+        rewards = self.reward_history if rewards is None else rewards
         first = rewards[0] if rewards else float("nan")
         last = rewards[-1] if rewards else float("nan")
         k = min(5, len(rewards)) or 1
@@ -116,6 +137,10 @@ def build_run(cfg: TemperConfig) -> Run:
     seed_everything(cfg.experiment.seed)
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
+    resume_from = ckpt.find_resume_checkpoint(cfg, out)
+    if resume_from is not None:  # before any model loads: a bad resume fails fast
+        for line in ckpt.check_resume_config(cfg, resume_from):
+            print(line, flush=True)
     tokenizer = load_tokenizer(cfg)
     train_data, val_data = build_datasets(cfg, tokenizer)
     if train_data is None:
@@ -139,8 +164,9 @@ def build_run(cfg: TemperConfig) -> Run:
         kwargs=cfg.experiment.tracker_kwargs,
         project=cfg.experiment.project_name,
         name=cfg.experiment.experiment_name,
+        start_step=ckpt.checkpoint_step(resume_from) + 1 if resume_from is not None else 0,
     )
-    return Run(
+    run = Run(
         cfg=cfg,
         out_dir=out,
         tokenizer=tokenizer,
@@ -155,7 +181,18 @@ def build_run(cfg: TemperConfig) -> Run:
         train_sampling=sampling_params(cfg.rollout, validation=False),
         val_sampling=sampling_params(cfg.rollout, validation=True),
         total_steps=total,
+        resumed_from=resume_from,
     )
+    if resume_from is not None:
+        start = time.perf_counter()
+        try:
+            ckpt.load_checkpoint(run, resume_from)
+        except BaseException:
+            run.close()  # reward workers and engines must not outlive a failed resume
+            raise
+        took = time.perf_counter() - start
+        print(f"resumed from {resume_from} at step {run.step} ({took:.1f}s)", flush=True)
+    return run
 
 
 def response_metrics(batch: Batch, step_seconds: float) -> dict[str, float]:

@@ -1,4 +1,11 @@
-"""Validation: generate on the held-out prompts with ``rollout.val`` sampling and score."""
+"""Validation: generate on the held-out prompts with ``rollout.val`` sampling and score.
+
+Sampling follows ``rollout.val`` (greedy by default; verl's ``val_kwargs``). Metrics are
+``val/reward_mean`` overall and ``val/<data_source>/reward_mean`` per source, because a
+mixed validation set hides a regression on one task behind gains on another. The first
+``log_val_generations`` samples are printed (and go to the trackers that take text);
+``validation_data_dir`` gets every generation as ``<step>.jsonl``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ from collections import defaultdict
 import numpy as np
 
 from temper.data.batch import Batch
+from temper.pipelines.dumps import dump_generations, generation_rows
 
 
 def validate(run) -> dict[str, float]:  # run: temper.pipelines.setup.Run
@@ -17,6 +25,7 @@ def validate(run) -> dict[str, float]:  # run: temper.pipelines.setup.Run
     scores: list[float] = []
     by_source: dict[str, list[float]] = defaultdict(list)
     lengths: list[float] = []
+    rows: list[dict] = []
     shown = 0
     for prompts in run.val_data.eval_batches(cfg.data.val_batch_size, cfg.data.validation_shuffle):
         prompts.meta["temperature"] = run.val_sampling.temperature
@@ -27,7 +36,11 @@ def validate(run) -> dict[str, float]:  # run: temper.pipelines.setup.Run
         lengths.extend(batch["response_mask"].sum(-1).float().tolist())
         for source, value in zip(batch["data_source"], values):
             by_source[str(source)].append(value)
-        shown = _log_generations(batch, shown, cfg.experiment.log_val_generations)
+        shown = _log_generations(run, batch, shown, cfg.experiment.log_val_generations)
+        if cfg.experiment.validation_data_dir:
+            rows.extend(generation_rows(batch, run.step))
+    if cfg.experiment.validation_data_dir:
+        dump_generations(cfg.experiment.validation_data_dir, run.step, rows)
     metrics = {
         "val/reward_mean": float(np.mean(scores)) if scores else 0.0,
         "val/response_length_mean": float(np.mean(lengths)) if lengths else 0.0,
@@ -37,13 +50,16 @@ def validate(run) -> dict[str, float]:  # run: temper.pipelines.setup.Run
     return metrics
 
 
-def _log_generations(batch: Batch, shown: int, limit: int) -> int:
+def _log_generations(run, batch: Batch, shown: int, limit: int) -> int:
+    """Print up to ``limit`` generations in all, and send them to the text trackers."""
     for i in range(len(batch)):
         if shown >= limit:
             break
-        print(
-            f"[val {shown}] prompt: {batch['prompt_text'][i]!r}\n"
-            f"          response: {batch['response_text'][i]!r}  score={batch['scores'][i]:.3f}"
+        text = (
+            f"prompt: {batch['prompt_text'][i]!r}\n"
+            f"response: {batch['response_text'][i]!r}\nscore: {float(batch['scores'][i]):.3f}"
         )
+        print(f"[val step {run.step} #{shown}] " + text.replace("\n", "\n    "), flush=True)
+        run.tracker.log_text(f"val/generations/{shown}", text, run.step)
         shown += 1
     return shown

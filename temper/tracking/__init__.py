@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 
 class Tracker(Protocol):
+    """A metric sink; sinks that can show text also define ``log_text(tag, text, step)``."""
+
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
     def close(self) -> None: ...
@@ -118,9 +120,15 @@ def _jsonable(v: Any) -> Any:
 
 
 class TensorboardTracker:
-    """Scalars to TensorBoard event files under ``log_dir`` (default <output>/tensorboard)."""
+    """Scalars to TensorBoard event files under ``log_dir`` (default <output>/tensorboard).
 
-    def __init__(self, output_dir: str | Path, log_dir: str | None = None, **_: Any) -> None:
+    On resume (``start_step`` > 0) events of steps ≥ start_step left by the interrupted
+    run are purged, so the curves show each step once.
+    """
+
+    def __init__(
+        self, output_dir: str | Path, log_dir: str | None = None, start_step: int = 0, **_: Any
+    ) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:  # tensorboard package missing
@@ -128,7 +136,10 @@ class TensorboardTracker:
                 "experiment.trackers has 'tensorboard' but the tensorboard package is missing; "
                 "install it with: pip install 'temper-rl[tracking]'"
             ) from err
-        self.writer = SummaryWriter(log_dir=log_dir or str(Path(output_dir) / "tensorboard"))
+        self.writer = SummaryWriter(
+            log_dir=log_dir or str(Path(output_dir) / "tensorboard"),
+            purge_step=start_step if start_step > 0 else None,
+        )
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -136,14 +147,24 @@ class TensorboardTracker:
                 self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        self.writer.add_text(tag, text, step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
 
 class WandbTracker:
-    """Weights & Biases; set ``mode: offline`` in tracker_kwargs without a network."""
+    """Weights & Biases; set ``mode: offline`` in tracker_kwargs without a network.
 
-    def __init__(self, output_dir: str | Path, project: str, name: str, **kwargs: Any) -> None:
+    The run id is kept in ``<output_dir>/wandb_run_id``: a resumed run (``start_step`` >
+    0) continues the same W&B run instead of starting a second one.
+    """
+
+    def __init__(
+        self, output_dir: str | Path, project: str, name: str, start_step: int = 0, **kwargs: Any
+    ) -> None:
         try:
             import wandb
         except ImportError as err:
@@ -154,13 +175,27 @@ class WandbTracker:
         kwargs.setdefault("dir", str(output_dir))
         kwargs.setdefault("project", project)
         kwargs.setdefault("name", name)
+        id_file = Path(output_dir) / "wandb_run_id"
+        if start_step > 0 and id_file.is_file() and "id" not in kwargs:
+            kwargs["id"] = id_file.read_text(encoding="utf-8").strip()
+            kwargs.setdefault("resume", "allow")
         self.run = wandb.init(**kwargs)
+        id_file.write_text(self.run.id, encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
 
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        import wandb
+
+        self.run.log({tag: wandb.Html(f"<pre>{_escape(text)}</pre>")}, step=step)
+
     def close(self) -> None:
         self.run.finish()
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 class MultiTracker:
@@ -171,6 +206,13 @@ class MultiTracker:
         for t in self.trackers:
             t.log(metrics, step)
 
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """Text (e.g. validation generations) to the sinks that show text."""
+        for t in self.trackers:
+            log_text = getattr(t, "log_text", None)
+            if log_text is not None:
+                log_text(tag, text, step)
+
     def close(self) -> None:
         for t in self.trackers:
             t.close()
@@ -180,14 +222,23 @@ TRACKERS: dict[str, Callable[..., Tracker]] = {
     "console": lambda output_dir, total_steps=None, every=1, **_: ConsoleTracker(
         total_steps, every=every
     ),
-    "jsonl": lambda output_dir, **_: JsonlTracker(output_dir),
-    "tensorboard": lambda output_dir, kwargs=None, **_: TensorboardTracker(
-        output_dir, **(kwargs or {})
+    "jsonl": lambda output_dir, start_step=0, **_: JsonlTracker(output_dir, start_step),
+    "tensorboard": lambda output_dir, kwargs=None, start_step=0, **_: TensorboardTracker(
+        output_dir, start_step=start_step, **_section(kwargs, "tensorboard")
     ),
-    "wandb": lambda output_dir, kwargs=None, project="temper", name="run", **_: WandbTracker(
-        output_dir, project, name, **(kwargs or {})
+    "wandb": lambda output_dir, kwargs=None, project="temper", name="run", start_step=0, **_: (
+        WandbTracker(output_dir, project, name, start_step, **_section(kwargs, "wandb"))
     ),
 }
+
+
+def _section(kwargs: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """A tracker's own arguments: ``tracker_kwargs.<name>`` if given (ROLL nests them per
+    tracker), else the flat ``tracker_kwargs`` minus other trackers' sections."""
+    kwargs = dict(kwargs or {})
+    if isinstance(kwargs.get(name), dict):
+        return dict(kwargs[name])
+    return {k: v for k, v in kwargs.items() if k not in TRACKERS}
 
 
 def build_trackers(
@@ -199,8 +250,13 @@ def build_trackers(
     kwargs: dict[str, Any] | None = None,
     project: str = "temper",
     name: str = "run",
+    start_step: int = 0,
 ) -> MultiTracker:
-    """Trackers for ``names`` (jsonl is always included: it is the run's record)."""
+    """Trackers for ``names`` (jsonl is always included: it is the run's record).
+
+    ``start_step`` > 0 marks a resumed run: the first step it will log. Sinks drop or
+    purge what the interrupted run logged from that step on, so each step appears once.
+    """
     wanted = list(dict.fromkeys([*names, "jsonl"]))
     unknown = [n for n in wanted if n not in TRACKERS]
     if unknown:
@@ -216,6 +272,7 @@ def build_trackers(
                 kwargs=kwargs,
                 project=project,
                 name=name,
+                start_step=start_step,
             )
             for n in wanted
         ]

@@ -1,0 +1,253 @@
+"""Runs that survive: a tiny-model run killed (SIGKILL) after step 3's checkpoint, or
+stopped by SIGTERM mid-step, and resumed, ends bit-identical to an uninterrupted run —
+weights, optimizer state and metrics rows (timings aside) — for GRPO and for PPO with a
+critic. Damaged checkpoints are skipped; a checkpoint's actor loads in transformers.
+
+The interrupted runs are subprocesses (``python -m temper train``) so the kill is
+real; the reference and resumed runs train in-process (interpreter start-up dominates
+a tiny run, and the comparison is the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from temper.config import build_config
+
+pytestmark = pytest.mark.slow
+
+REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """Fraction of the response's characters that are digits."""
+    if not solution_str:
+        return 0.0
+    return sum(c.isdigit() for c in solution_str) / len(solution_str)
+'''
+STEPS = 6
+
+
+def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
+    reward_file = tmp / "digits.py"
+    reward_file.write_text(REWARD)
+    cfg = {
+        "experiment": {
+            "max_steps": STEPS,
+            "seed": 1,
+            "save_freq": 3,
+            "trackers": ["jsonl"],
+            "test_freq": 3,
+        },
+        "model": {"path": str(model_dir)},
+        "data": {
+            "train_files": ["task:arithmetic?n=32&seed=3"],
+            "val_files": ["task:arithmetic?n=4&seed=9"],
+            "train_batch_size": 2,
+            "max_prompt_length": 96,
+        },
+        "rollout": {"n": 4, "response_length": 8, "temperature": 1.0},
+        "actor": {"mini_batch_size": 4, "micro_batch_size_per_device": 4, "optim": {"lr": 3e-3}},
+        "algorithm": {"adv_estimator": algo},
+        "reward": {"function": "custom", "custom_function": {"path": str(reward_file)}},
+    }
+    cfg["reward"]["num_workers"] = 1
+    if algo == "gae":
+        cfg["algorithm"].update({"lam": 0.95, "use_kl_in_reward": True})
+        cfg["algorithm"]["kl_ctrl"] = {"type": "adaptive", "kl_coef": 0.01}
+        cfg["critic"] = {"mini_batch_size": 4, "micro_batch_size_per_device": 4}
+    else:
+        cfg["algorithm"]["reward_norm"] = "running"  # running statistics must resume too
+    build_config(cfg)  # fail here, not in the subprocess
+    return cfg
+
+
+def _start(cfg: dict, out: Path, tmp: Path) -> subprocess.Popen:
+    cfg = {**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}}
+    path = tmp / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TEMPER_CACHE": str(tmp / "cache")}
+    log = (tmp / f"{out.name}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "temper", "train", str(path)], env=env, stdout=log, stderr=log
+    )
+
+
+def _train(cfg: dict, out: Path) -> dict:
+    """Train in this process (resume_mode auto picks up what ``out`` holds)."""
+    from temper.pipelines.rlvr import train
+
+    return train(build_config({**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}}))
+
+
+def _finish(proc: subprocess.Popen, tmp: Path, out: Path, expect: int = 0) -> None:
+    rc = proc.wait(timeout=300)
+    assert rc == expect, (tmp / f"{out.name}.log").read_text()[-3000:]
+
+
+def _wait_for(cond, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, "the run ended before the awaited point"
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def _rows(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
+            rows.append(json.loads(line))
+    return rows
+
+
+def _train_rewards(out: Path) -> list[float]:
+    return [r["train/reward_mean"] for r in _rows(out)]
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(("timing/", "perf/"))} for r in rows]
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    """Same final weights, same step-6 optimizer/critic state, same metrics rows."""
+    wa = load_file(str(a / "final" / "actor" / "model.safetensors"))
+    wb = load_file(str(b / "final" / "actor" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
+    ck_a, ck_b = (
+        a / "checkpoints" / f"global_step_{STEPS}",
+        b / "checkpoints" / f"global_step_{STEPS}",
+    )
+    for part in ("actor_train", "critic_train"):
+        if not (ck_a / part).is_dir():
+            continue
+        ta, tb = (
+            load_file(str(ck_a / part / "model.safetensors")),
+            load_file(str(ck_b / part / "model.safetensors")),
+        )
+        assert all(torch.equal(ta[k], tb[k]) for k in ta), part
+        sa = torch.load(ck_a / part / "state.pt", weights_only=True)["engine"]["optimizer"]
+        sb = torch.load(ck_b / part / "state.pt", weights_only=True)["engine"]["optimizer"]
+        for k in sa["state"]:
+            for name, value in sa["state"][k].items():
+                assert torch.equal(value, sb["state"][k][name]), (part, k, name)
+    ra, rb = _comparable(_rows(a)), _comparable(_rows(b))
+    assert [r["step"] for r in ra] == list(range(1, STEPS + 1))
+    assert ra == rb
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model_dir):
+    """Uninterrupted reference runs, one per algorithm, made once."""
+    tmp = tmp_path_factory.mktemp("resume")
+    made = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TEMPER_CACHE", str(tmp / "cache"))
+        for algo in ("grpo", "gae"):
+            cfg = _config(tmp, tiny_model_dir, algo)
+            out = tmp / f"{algo}-full"
+            _train(cfg, out)
+            made[algo] = (cfg, out)
+        yield tmp, made
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gae"])
+def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo, capsys):
+    tmp, made = runs
+    cfg, full = made[algo]
+    out = tmp / f"{algo}-killed"
+    proc = _start(cfg, out, tmp)
+    marker = out / "checkpoints" / "global_step_3" / "manifest.json"
+    _wait_for(marker.is_file, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "final").exists()
+    summary = _train(cfg, out)  # resume_mode: auto
+    assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
+    assert summary["steps"] == STEPS and summary["stopped_by"] is None
+    assert summary["rewards"] == _train_rewards(full)
+    _assert_same_run(full, out)
+
+
+def test_sigterm_mid_step_saves_exits_143_and_resumes_identically(runs):
+    tmp, made = runs
+    cfg, full = made["grpo"]
+    out = tmp / "grpo-term"
+    proc = _start(cfg, out, tmp)
+    _wait_for(lambda: any(r.get("step") == 1 for r in _rows(out)), proc)
+    proc.send_signal(signal.SIGTERM)  # during step 2 (or 3): finish it, save, stop
+    _finish(proc, tmp, out, expect=128 + signal.SIGTERM)
+    log = (tmp / f"{out.name}.log").read_text()
+    assert "SIGTERM: finishing this step" in log and "stopped by SIGTERM" in log
+    saved = sorted((out / "checkpoints").glob("global_step_*"))
+    assert saved and not (out / "final").exists()
+    stopped_at = max(int(p.name.rsplit("_", 1)[1]) for p in saved)
+    assert stopped_at < STEPS and _rows(out)[-1]["step"] == stopped_at
+    _train(cfg, out)
+    _assert_same_run(full, out)
+
+
+def test_truncated_checkpoint_is_skipped_by_auto_resume(runs, tmp_path):
+    import shutil
+
+    from temper.pipelines.checkpointing import find_resume_checkpoint
+
+    _tmp, made = runs
+    cfg, full = made["grpo"]
+    out = tmp_path / "copy"
+    shutil.copytree(full / "checkpoints", out / "checkpoints")
+    weights = out / "checkpoints" / f"global_step_{STEPS}" / "actor_train" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    conf = build_config({**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}})
+    assert find_resume_checkpoint(conf, out) == out / "checkpoints" / "global_step_3"
+
+
+def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from temper.data import next_prompt_batch
+    from temper.pipelines.setup import build_run
+
+    tmp, made = runs
+    cfg, full = made["grpo"]
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp / "cache"))
+    ckpt = full / "checkpoints" / "global_step_3"
+    exp = {
+        **cfg["experiment"],
+        "output_dir": str(tmp / "probe"),
+        "resume_mode": "resume_path",
+        "resume_from_path": str(ckpt),
+    }
+    run = build_run(build_config({**cfg, "experiment": exp}))
+    try:
+        assert run.step == 3
+        batch = run.rollout.generate(
+            next_prompt_batch(run.train_data, run.sampler), run.train_sampling
+        )
+        batch = batch.select([0])
+        trainer = run.roles.actor.compute_log_probs(batch)["old_log_probs"][0]
+    finally:
+        run.close()
+    prompt = batch["prompt_ids"][0][batch["prompt_mask"][0] > 0]
+    n = int(batch["response_mask"][0].sum())
+    response = batch["response_ids"][0][:n]
+    hf = AutoModelForCausalLM.from_pretrained(ckpt / "actor").eval()
+    with torch.no_grad():
+        logits = hf(torch.cat([prompt, response])[None].long()).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    expected = logp.gather(-1, response.long()[:, None]).squeeze(-1)
+    torch.testing.assert_close(trainer[:n], expected, atol=1e-5, rtol=1e-5)
