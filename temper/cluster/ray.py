@@ -1,0 +1,236 @@
+"""Ray worker groups: one Ray actor process per rank of a role (``resources.backend: ray``).
+
+Placement follows ``resources``: a role's device ids (``resources.actor_train``, …, see
+``config.derive.placement``) become one Ray placement group with one bundle per device —
+on GPU ``{"GPU": 1, "CPU": c}``, on CPU a process slot ``{"CPU": c}`` — and rank ``r``
+of the role runs in bundle ``r``. Roles placed on the same devices (colocated, the
+default for reference and critic) share the placement group, each taking a fraction of
+every bundle. Each rank then joins a torch.distributed group of its role's ranks (gloo
+on CPU, nccl on GPU; rendezvous at rank 0's node) and builds its role there, so an
+``fsdp2`` engine shards over exactly the ranks of that role.
+
+Failure handling: every remote call is awaited with ``resources.ray.rpc_timeout``; a
+rank that raises, dies or exceeds the timeout stops the run with a
+:class:`WorkerGroupError` that names the role, the rank and the cause (the other ranks
+of a collective would otherwise hang until their own timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from temper.cluster.base import WorkerGroup
+from temper.config.schema import TemperConfig
+
+log = logging.getLogger(__name__)
+
+
+class WorkerGroupError(RuntimeError):
+    """A rank of a role failed: raised, died, or did not answer in time."""
+
+    def __init__(self, role: str, rank: int | Sequence[int], cause: str) -> None:
+        ranks = rank if isinstance(rank, int) else ", ".join(map(str, rank))
+        super().__init__(f"{role} rank {ranks}: {cause}")
+        self.role, self.rank, self.cause = role, rank, cause
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:
+        raise RuntimeError(
+            "resources.backend: ray needs the ray package: pip install 'ray[default]'"
+        ) from err
+    return ray
+
+
+def init_ray(cfg: TemperConfig) -> None:
+    """Connect to ``resources.ray.address`` or start a local Ray (``num_cpus``), once.
+
+    ``system_envs`` become environment variables of every worker (runtime_env).
+    """
+    ray = require_ray()
+    if ray.is_initialized():
+        return
+    rc = cfg.resources.ray
+    env = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", **rc.system_envs}
+    kwargs: dict[str, Any] = {
+        "runtime_env": {"env_vars": env},
+        "include_dashboard": False,
+        "log_to_driver": True,
+    }
+    if rc.address:
+        kwargs["address"] = rc.address
+    elif rc.num_cpus is not None:
+        kwargs["num_cpus"] = rc.num_cpus
+    ray.init(**kwargs)
+
+
+class RankWorker:
+    """One rank of one role, living in its own Ray actor process.
+
+    Made a Ray actor class by :func:`remote_worker_class` (so importing this module does
+    not need Ray). The driver calls role methods through :meth:`call`.
+    """
+
+    def __init__(self, role: str, rank: int, world: int, cfg: TemperConfig) -> None:
+        self.role_name, self.rank, self.world, self.cfg = role, rank, world, cfg
+        self.role: Any = None
+        torch.set_num_threads(max(1, int(os.environ.get("TEMPER_WORKER_THREADS", "1"))))
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a free port on it (asked of rank 0)."""
+        import ray
+
+        from temper.cluster.process_group import free_port
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def setup(self, addr: str, port: int, device: str, timeout_s: float) -> int:
+        """Join the role's process group and build the role (loads the model shard)."""
+        from temper.cluster.process_group import default_backend, init_process_group
+        from temper.roles.builder import build_actor, build_critic, build_reference
+        from temper.training.models import resolve_device
+
+        dev = resolve_device(device)
+        init_process_group(
+            self.rank,
+            self.world,
+            addr=addr,
+            port=port,
+            backend=default_backend(dev.type),
+            timeout_s=timeout_s,
+            local_rank=0 if dev.type == "cuda" else self.rank,  # Ray sets CUDA_VISIBLE_DEVICES
+        )
+        build = {"actor": build_actor, "reference": build_reference, "critic": build_critic}
+        self.role = build[self.role_name](self.cfg, dev)
+        return os.getpid()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``role.<method>(*args, **kwargs)``; a dotted name reaches inside (``engine.x``)."""
+        target: Any = self.role
+        for part in method.split("."):
+            target = getattr(target, part)
+        return target(*args, **kwargs)
+
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The actor's gathered HF weights on rank 0's host (a collective; others: None)."""
+        out = {}
+        for name, tensor in self.role.engine.named_weights():
+            if self.rank == 0:
+                out[name] = tensor.detach().to("cpu", copy=True)
+        return out if self.rank == 0 else None
+
+
+def remote_worker_class() -> Any:
+    ray = require_ray()
+    return ray.remote(RankWorker)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """The ranks of ``role`` as Ray actors in the bundles of ``placement_group``."""
+
+    def __init__(
+        self,
+        role: str,
+        cfg: TemperConfig,
+        *,
+        placement_group: Any,
+        world_size: int,
+        share: float = 1.0,
+        device: str = "cpu",
+    ) -> None:
+        ray = require_ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.role, self.world_size, self.cfg = role, world_size, cfg
+        self.timeout = float(cfg.resources.ray.rpc_timeout)
+        gpu = device != "cpu"
+        cls = remote_worker_class()
+        self.workers = [
+            cls.options(
+                num_cpus=share,
+                num_gpus=share if gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=placement_group, placement_group_bundle_index=rank
+                ),
+                name=None,
+                max_restarts=0,
+            ).remote(role, rank, world_size, cfg)
+            for rank in range(world_size)
+        ]
+        addr, port = self._wait([self.workers[0].rendezvous.remote()], ranks=[0])[0]
+        self.pids = self._wait(
+            [w.setup.remote(addr, port, device, self.timeout) for w in self.workers]
+        )
+        log.info("%s: %d ranks up (pids %s)", role, world_size, self.pids)
+        self._ray = ray
+
+    # ------------------------------------------------------------------ calls
+
+    def _wait(self, refs: list[Any], ranks: Sequence[int] | None = None) -> list[Any]:
+        """Results of ``refs`` (rank order); the first failure or the timeout raises."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        ranks = list(range(len(refs))) if ranks is None else list(ranks)
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = [ranks[index[r]] for r in pending]
+                raise WorkerGroupError(
+                    self.role,
+                    late,
+                    f"no answer within resources.ray.rpc_timeout={self.timeout:g}s",
+                )
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in done:
+                i = index[ref]
+                try:
+                    results[i] = ray.get(ref)
+                except RayTaskError as err:
+                    cause = err.cause if err.cause is not None else err
+                    raise WorkerGroupError(
+                        self.role, ranks[i], f"raised {type(cause).__name__}: {cause}"
+                    ) from err
+                except RayActorError as err:
+                    raise WorkerGroupError(
+                        self.role, ranks[i], f"worker process died ({_first_line(err)})"
+                    ) from err
+        return results
+
+    def call_ranks(self, method: str, per_rank_args: Sequence[tuple[Any, ...]], **kw: Any) -> list:
+        if len(per_rank_args) != self.world_size:
+            raise ValueError(
+                f"{self.role}: {len(per_rank_args)} argument sets for {self.world_size}"
+            )
+        refs = [w.call.remote(method, *a, **kw) for w, a in zip(self.workers, per_rank_args)]
+        return self._wait(refs)
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Gathered HF weights (rank 0's copy) for the driver's rollout engine."""
+        return self._wait([w.full_weights.remote() for w in self.workers])[0]
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            try:
+                self._ray.kill(w, no_restart=True)
+            except Exception as err:  # already dead: nothing to release
+                log.debug("kill %s: %s", self.role, err)
+        self.workers = []
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

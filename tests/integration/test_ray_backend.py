@@ -1,0 +1,113 @@
+"""The Ray backend: the actor trains on 2 FSDP2 ranks (Ray actor processes, gloo) while
+the driver runs the loop (HF rollout, rewards); a dead worker stops the run by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from temper.config import build_config
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+# differs between any two responses, so GRPO advantages are never all 0
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return (sum(map(ord, solution_str)) % 101) / 100
+"""
+
+
+def ray_config(tmp_path, model_dir, **over):
+    reward_file = tmp_path / "digits.py"
+    reward_file.write_text(REWARD)
+    cfg = {
+        "experiment": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 2,
+            "seed": 1,
+            "device": "cpu",
+            "trackers": ["jsonl"],
+        },
+        "model": {"path": str(model_dir)},
+        "data": {
+            "train_files": ["task:arithmetic?n=16&seed=3"],
+            "train_batch_size": 2,
+            "max_prompt_length": 96,
+        },
+        "rollout": {"engine": "hf", "n": 2, "response_length": 8},
+        "actor": {
+            "strategy": "fsdp2",
+            "mini_batch_size": 4,
+            "micro_batch_size_per_device": 2,
+            "optim": {"lr": 3e-3, "weight_decay": 0.0},
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "reward": {
+            "function": "custom",
+            "custom_function": {"path": str(reward_file)},
+            "num_workers": 1,
+        },
+        "resources": {
+            "backend": "ray",
+            "devices_per_node": 2,
+            "ray": {"num_cpus": 2, "rpc_timeout": 120},
+        },
+    }
+    for section, values in over.items():
+        cfg.setdefault(section, {}).update(values)
+    return build_config(cfg)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for the module (its start costs ~15 s here); stopped at the end."""
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def test_grpo_on_two_fsdp2_ranks(tmp_path, tiny_model_dir, monkeypatch, ray_session) -> None:
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from transformers import AutoModelForCausalLM
+
+    from temper.pipelines.rlvr import train
+
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    train(ray_config(tmp_path, tiny_model_dir))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["actor/grad_norm"] > 0 for r in rows)
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor")
+    after = final.state_dict()
+    assert config_arch(tmp_path / "run" / "final" / "actor") == ["LlamaForCausalLM"]
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(moved) == len(before)
+
+
+def config_arch(path) -> list[str]:
+    return json.loads((path / "config.json").read_text())["architectures"]
+
+
+def test_a_late_or_killed_worker_stops_the_run_naming_role_and_rank(
+    tmp_path, tiny_model_dir, ray_session
+) -> None:
+    from temper.cluster.ray import WorkerGroupError
+    from temper.cluster.roles import build_ray_roles
+
+    roles = build_ray_roles(ray_config(tmp_path, tiny_model_dir))
+    try:
+        group = roles.groups[0]
+        timeout, group.timeout = group.timeout, 1e-3
+        with pytest.raises(WorkerGroupError, match=r"actor rank 0, 1: no answer within"):
+            group.call_all("set_total_steps", 10)
+        group.timeout = timeout
+        os.kill(group.pids[1], signal.SIGKILL)
+        with pytest.raises(WorkerGroupError, match=r"actor rank 1: worker process died"):
+            group.call_all("set_total_steps", 10)
+    finally:
+        roles.shutdown()
