@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from temper.cluster.roles import build_cluster_roles
 from temper.config.derive import derive
 from temper.config.schema import TemperConfig
 from temper.data import PromptDataset, PromptSampler, build_datasets, build_sampler
@@ -18,7 +19,7 @@ from temper.data.batch import Batch
 from temper.pipelines import checkpointing as ckpt
 from temper.pipelines.experience import ShapingState
 from temper.rewards.manager import RewardScorer
-from temper.roles import Roles, build_roles
+from temper.roles import Roles
 from temper.rollout import RolloutEngine, SamplingParams, build_rollout_engine
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.tracking import MultiTracker, build_trackers
@@ -129,6 +130,9 @@ class Run:
         self.rewards.close()
         self.rollout.close()
         self.tracker.close()
+        shutdown = getattr(self.roles, "shutdown", None)  # Ray worker groups
+        if shutdown is not None:
+            shutdown()
 
 
 def build_run(cfg: TemperConfig) -> Run:
@@ -147,7 +151,7 @@ def build_run(cfg: TemperConfig) -> Run:
         raise ValueError("data.train_files: no training data")  # validate() catches it first
     sampler = build_sampler(cfg, len(train_data), train_data.tags)
     total = cfg.experiment.max_steps or cfg.experiment.total_epochs * sampler.batches_per_epoch
-    roles = build_roles(cfg)
+    roles = build_cluster_roles(cfg)  # in process, or Ray worker groups (resources.backend)
     samples = derived.samples_per_step
     roles.actor.set_total_steps(total * roles.actor.optimizer_steps_per_update(samples))
     if roles.critic is not None:
