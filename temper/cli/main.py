@@ -42,6 +42,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("# derived values")
     for name, value, how in rows:
         print(f"  {name:<{width}}  {value:>{vwidth}}  {how}")
+    from temper.cluster.placement import format_table, placement_rows
+
+    print(f"# placement (resources.backend: {cfg.resources.backend})")
+    print("\n".join(format_table(placement_rows(cfg))))
     return 0
 
 

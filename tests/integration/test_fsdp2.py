@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from temper.cluster.process_group import spawn_ranks
-from temper.config.schema import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
+from temper.config.schema import ActorConfig, FSDPConfig, LoraConfig, ModelConfig, OptimConfig
 from temper.data.batch import Batch
 from temper.roles.actor import Actor
 from temper.training.micro_batching import MicroBatching
 from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
+from temper.training.torch_engine import TorchEngine
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
@@ -66,10 +67,10 @@ def actor_config(**fsdp: Any) -> ActorConfig:
     )
 
 
-def make_actor(path: str, strategy: str, **fsdp: Any) -> Actor:
+def make_actor(path: str, strategy: str, model: ModelConfig | None = None, **fsdp: Any) -> Actor:
     cfg = actor_config(**fsdp)
     spec = EngineSpec(
-        model=ModelConfig(path=path),
+        model=model or ModelConfig(path=path),
         device=torch.device("cpu"),
         train=cfg,
         infer_micro=MicroBatching(size=1),
@@ -172,3 +173,47 @@ def test_checkpoint_reshards_between_two_and_one_ranks(tiny_path: str, tmp_path:
     (back, _) = spawn_ranks(_checkpoint_rank, 2, tiny_path, b1, b2, ckpt, "b")
     assert_weights_close(back["w1"], w1)
     assert not torch.equal(w1["lm_head.weight"], w2["lm_head.weight"])
+
+
+def _export_rank(rank: int, world: int, path: str, batch: Batch, out: str) -> dict | None:
+    lora = ModelConfig(path=path, lora=LoraConfig(rank=4, alpha=8))
+    torch.manual_seed(0)  # LoRA A matrices are drawn from the global RNG
+    actor = make_actor(path, "fsdp2", model=lora)
+    actor.update(shard(batch, rank, world))
+    merged = weights(actor)
+    actor.engine.save_hf(f"{out}/actor")
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        kind="value",
+        train=actor_config(),
+        seed=5,
+    )
+    critic = build_engine("fsdp2", spec)
+    critic.save_hf(f"{out}/critic")
+    values = critic.forward(shard(batch, rank, world), with_values=True)["values"]
+    return {"merged": merged, "values": values}
+
+
+def test_lora_and_value_models_export_gathered_weights(tiny_path: str, tmp_path: Path) -> None:
+    """LoRA merged on the shards = the torch engine's merge; save_hf on rank 0 loads in
+    transformers; a sharded value model saves its backbone + head and reloads."""
+    from transformers import AutoModelForCausalLM
+
+    lora = ModelConfig(path=tiny_path, lora=LoraConfig(rank=4, alpha=8))
+    torch.manual_seed(0)
+    single = make_actor(tiny_path, "torch", model=lora)
+    batch = with_log_probs(single, make_batch())
+    single.update(batch)
+    ranks = spawn_ranks(_export_rank, 2, tiny_path, batch, str(tmp_path))
+
+    assert_weights_close(ranks[0]["merged"], weights(single))
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "actor").state_dict()
+    assert_weights_close({k: saved[k] for k in ranks[0]["merged"]}, ranks[0]["merged"])
+    assert (tmp_path / "actor" / "lora_adapter" / "adapter_config.json").is_file()
+    # the sharded value model's export reloads (backbone + head) and gives its values
+    spec = EngineSpec(
+        model=ModelConfig(path=str(tmp_path / "critic")), device=torch.device("cpu"), kind="value"
+    )
+    again = TorchEngine(spec).forward(batch, with_values=True)["values"]
+    torch.testing.assert_close(torch.cat([r["values"] for r in ranks]), again, atol=1e-6, rtol=1e-5)

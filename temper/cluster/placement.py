@@ -1,0 +1,61 @@
+"""Where each role's ranks run, as a table for ``temper check`` (no Ray needed).
+
+It shows what :func:`temper.cluster.roles.build_ray_roles` will ask Ray for: per role its
+device ids, the nodes they are on (``id // devices_per_node``), the number of ranks and
+data-parallel size, the engine, the Ray bundle of each rank, and which roles share
+devices (colocated roles split each bundle).
+"""
+
+from __future__ import annotations
+
+from temper.config.derive import derive, placement, uses_critic, uses_reference
+from temper.config.schema import TemperConfig
+
+_KEYS = {"actor": "actor_train", "reference": "reference", "critic": "critic"}
+
+
+def _ids(ids: list[int]) -> str:
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}..{ids[-1]}"
+    return ",".join(map(str, ids))
+
+
+def placement_rows(cfg: TemperConfig) -> list[tuple[str, ...]]:
+    """Header + one row per trained/frozen role: role, devices, nodes, ranks, dp, engine,
+    bundle, colocated with. On the local backend everything is one process."""
+    d = derive(cfg)
+    roles = ["actor"]
+    if uses_reference(cfg):
+        roles.append("reference")
+    if uses_critic(cfg):
+        roles.append("critic")
+    place = placement(cfg)
+    per_node = cfg.resources.devices_per_node
+    gpu = cfg.experiment.device == "cuda"
+    rows: list[tuple[str, ...]] = [
+        ("role", "devices", "nodes", "ranks", "dp", "engine", "bundle/rank", "colocated with")
+    ]
+    for role in roles:
+        ids = place[_KEYS[role]]
+        section = getattr(cfg, role)
+        strategy = section.strategy
+        dp = {"actor": d.actor.dp, "critic": d.critic.dp if d.critic else len(ids)}.get(
+            role, len(ids)
+        )
+        shared = [r for r in roles if r != role and place[_KEYS[r]] == ids]
+        share = 1.0 / (len(shared) + 1)
+        if cfg.resources.backend == "local":
+            ranks, engine, bundle = "1", "torch (in process)", "-"
+        else:
+            ranks, engine = str(len(ids)), strategy
+            bundle = f"GPU {share:g}, CPU {share:g}" if gpu else f"CPU {share:g} (process slot)"
+        nodes = sorted({i // per_node for i in ids})
+        rows.append(
+            (role, _ids(ids), _ids(nodes), ranks, str(dp), engine, bundle, ",".join(shared) or "-")
+        )
+    return rows
+
+
+def format_table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
