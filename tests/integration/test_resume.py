@@ -122,15 +122,15 @@ def _comparable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(("timing/", "perf/"))} for r in rows]
 
 
-def _assert_same_run(a: Path, b: Path) -> None:
+def _assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
     """Same final weights, same step-6 optimizer/critic state, same metrics rows."""
     wa = load_file(str(a / "final" / "actor" / "model.safetensors"))
     wb = load_file(str(b / "final" / "actor" / "model.safetensors"))
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
     ck_a, ck_b = (
-        a / "checkpoints" / f"global_step_{STEPS}",
-        b / "checkpoints" / f"global_step_{STEPS}",
+        a / "checkpoints" / f"global_step_{steps}",
+        b / "checkpoints" / f"global_step_{steps}",
     )
     for part in ("actor_train", "critic_train"):
         if not (ck_a / part).is_dir():
@@ -146,7 +146,7 @@ def _assert_same_run(a: Path, b: Path) -> None:
             for name, value in sa["state"][k].items():
                 assert torch.equal(value, sb["state"][k][name]), (part, k, name)
     ra, rb = _comparable(_rows(a)), _comparable(_rows(b))
-    assert [r["step"] for r in ra] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in ra] == list(range(1, steps + 1))
     assert ra == rb
 
 
@@ -251,3 +251,24 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
     logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
     expected = logp.gather(-1, response.long()[:, None]).squeeze(-1)
     torch.testing.assert_close(trainer[:n], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_run_extended_past_its_end_equals_the_longer_run(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """LoRA checkpoints hold the adapters; raising max_steps (a harmless change) goes on."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    cfg = _config(tmp_path, tiny_model_dir, "grpo")
+    cfg["model"]["lora"] = {"rank": 4, "alpha": 8}
+    cfg["experiment"].update({"test_freq": -1, "save_freq": -1, "max_steps": 4})
+    _train(cfg, tmp_path / "long")
+    short = {**cfg, "experiment": {**cfg["experiment"], "max_steps": 2}}
+    _train(short, tmp_path / "extended")
+    assert (tmp_path / "extended" / "final" / "actor" / "lora_adapter").is_dir()
+    _train(cfg, tmp_path / "extended")
+    _assert_same_run(tmp_path / "long", tmp_path / "extended", steps=4)
+    adapters = [
+        load_file(str(tmp_path / run / "final/actor/lora_adapter/adapter_model.safetensors"))
+        for run in ("long", "extended")
+    ]
+    assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
