@@ -71,17 +71,22 @@ def ray_session():
         ray.shutdown()
 
 
-def test_grpo_on_two_fsdp2_ranks(tmp_path, tiny_model_dir, monkeypatch, ray_session) -> None:
+def test_grpo_on_two_fsdp2_ranks_with_a_reference(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session
+) -> None:
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from transformers import AutoModelForCausalLM
 
     from temper.pipelines.rlvr import train
 
     before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    train(ray_config(tmp_path, tiny_model_dir))
+    # KL loss: a reference worker group colocated with the actor (half a bundle each)
+    over = {"actor": {"use_kl_loss": True}, "reference": {"strategy": "fsdp2"}}
+    train(ray_config(tmp_path, tiny_model_dir, **over))
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["actor/grad_norm"] > 0 for r in rows)
+    assert all("actor/kl_loss" in r for r in rows)
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor")
     after = final.state_dict()
     assert config_arch(tmp_path / "run" / "final" / "actor") == ["LlamaForCausalLM"]
