@@ -272,3 +272,40 @@ def test_lora_run_extended_past_its_end_equals_the_longer_run(
         for run in ("long", "extended")
     ]
     assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
+
+
+def test_run_dumps_generations_and_shows_validation_samples(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """rollout_data_dir / validation_data_dir get <step>.jsonl; log_val_generations prints."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    cfg = _config(tmp_path, tiny_model_dir, "grpo")
+    cfg["experiment"].update(
+        {
+            "max_steps": 2,
+            "test_freq": 2,
+            "val_before_train": True,
+            "log_val_generations": 2,
+            "rollout_data_dir": str(tmp_path / "rollouts"),
+            "validation_data_dir": str(tmp_path / "val"),
+        }
+    )
+    _train(cfg, tmp_path / "run")
+    out = capsys.readouterr().out
+    assert "[val step 0 #0] prompt:" in out and "[val step 2 #1]" in out
+    assert "[val step 0 #2]" not in out
+    for step in (1, 2):
+        rows = [
+            json.loads(x)
+            for x in (tmp_path / "rollouts" / f"{step}.jsonl").read_text().splitlines()
+        ]
+        assert len(rows) == 8 and {r["step"] for r in rows} == {step}
+        assert {"prompt", "response", "score", "reward", "advantage", "uid"} <= set(rows[0])
+        for uid in {r["uid"] for r in rows}:  # GRPO: advantages of a group sum to ~0
+            assert abs(sum(r["advantage"] for r in rows if r["uid"] == uid)) < 1e-4
+    val = {p.name for p in (tmp_path / "val").iterdir()}
+    assert val == {"0.jsonl", "2.jsonl"}
+    vrows = [json.loads(x) for x in (tmp_path / "val" / "0.jsonl").read_text().splitlines()]
+    assert len(vrows) == 4 and all("advantage" not in r for r in vrows)
+    metrics = _rows(tmp_path / "run")
+    assert metrics[0]["step"] == 0 and "val/arithmetic/reward_mean" in metrics[0]
