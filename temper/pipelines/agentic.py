@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from temper.cluster.roles import build_cluster_roles
 from temper.config.derive import derive
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
@@ -31,7 +32,7 @@ from temper.pipelines.experience import ShapingState
 from temper.pipelines.rlvr import Timer
 from temper.pipelines.setup import load_tokenizer, output_dir, response_metrics, seed_everything
 from temper.pipelines.trajectories import agentic_experience, episode_metrics, trajectory_batch
-from temper.roles import Roles, build_roles
+from temper.roles import Roles
 from temper.rollout import RolloutEngine, SamplingParams, build_rollout_engine
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.tracking import MultiTracker, build_trackers
@@ -68,6 +69,9 @@ class AgenticRun:
         self.val_envs.close()
         self.rollout.close()
         self.tracker.close()
+        shutdown = getattr(self.roles, "shutdown", None)  # Ray worker groups
+        if shutdown is not None:
+            shutdown()
 
 
 def build_agentic_run(cfg: TemperConfig) -> AgenticRun:
@@ -82,7 +86,7 @@ def build_agentic_run(cfg: TemperConfig) -> AgenticRun:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(cfg)
     total = cfg.experiment.max_steps
-    roles = build_roles(cfg)
+    roles = build_cluster_roles(cfg)  # in process, or Ray worker groups (resources.backend)
     samples = derived.samples_per_step
     roles.actor.set_total_steps(total * roles.actor.optimizer_steps_per_update(samples))
     if roles.critic is not None:

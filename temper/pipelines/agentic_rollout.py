@@ -13,7 +13,6 @@ env's action.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from temper.config.schema import TemperConfig
 from temper.envs import EnvManager, EnvSlot, save_episode_render, tool_schemas
 from temper.envs import tools as tool_registry
 from temper.rollout import RolloutEngine, SamplingParams
-from temper.rollout.chat import ChatTokenizer
 from temper.rollout.multiturn import (
     EpisodeSpec,
     Feedback,
@@ -31,18 +29,15 @@ from temper.rollout.multiturn import (
     Responder,
     Trajectory,
 )
-from temper.rollout.tools import ToolLoop, ToolSettings, load_tool_schemas, registry_executor
-
-
-def tool_prompt(schemas: list[dict[str, Any]]) -> str:
-    """Hermes tool instructions, for chat templates that ignore ``tools=``."""
-    lines = "\n".join(json.dumps(s, separators=(",", ":")) for s in schemas)
-    return (
-        "You may call tools. Available tools:\n<tools>\n"
-        f"{lines}\n</tools>\n"
-        'To call one, write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> '
-        "and wait for its result; when you are done, give your answer without a tool call."
-    )
+from temper.rollout.tool_engine import ToolCallingEngine
+from temper.rollout.tools import (
+    ToolLoop,
+    ToolSettings,
+    load_tool_schemas,
+    registry_executor,
+    schema_names,
+    tool_chat,
+)
 
 
 class EnvResponder:
@@ -108,17 +103,8 @@ class AgenticPlayer:
             [t for t in env_tools if t not in self.config_tools]
         )
         self.tools_on = bool(schemas) and (mt.enable or bool(env_tools))
-        chat = ChatTokenizer(tokenizer, template_kwargs=dict(cfg.data.apply_chat_template_kwargs))
-        self.tool_text = ""
-        if self.tools_on:
-            probe = [{"role": "user", "content": "x"}]
-            with_tools = ChatTokenizer(
-                tokenizer, tools=schemas, template_kwargs=chat.template_kwargs
-            )
-            if with_tools.render(probe, True) != chat.render(probe, True):
-                chat = with_tools  # the template describes the tools itself
-            else:
-                self.tool_text = tool_prompt(schemas)
+        kwargs = dict(cfg.data.apply_chat_template_kwargs)
+        chat, self.tool_text = tool_chat(tokenizer, schemas if self.tools_on else [], kwargs)
         self.chat = chat
         self.settings = MultiTurnSettings(
             max_tokens_per_turn=cfg.rollout.response_length,
@@ -214,3 +200,44 @@ def save_renders(
         )
         written.append(dialog)
     return written
+
+
+def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> ToolCallingEngine:
+    """RLVR with ``rollout.multi_turn.enable`` (verl): ``base`` wrapped in a
+    :class:`ToolCallingEngine` offering the ``tool_config_path`` tools (run by
+    :func:`temper.envs.tools.execute_tool`). Lives here because it joins two layers."""
+    mt = cfg.rollout.multi_turn
+    if cfg.data.chat_template != "native":
+        raise ConfigError(
+            "data.chat_template",
+            "multi-turn tool calling renders each turn with the tokenizer's chat template",
+            "set data.chat_template=native",
+        )
+    schemas = load_tool_schemas(mt.tool_config_path) if mt.tool_config_path else []
+    unknown = [n for n in schema_names(schemas) if n not in tool_registry.tool_names()]
+    if unknown:
+        raise ConfigError(
+            "rollout.multi_turn.tool_config_path",
+            f"tools {unknown} are not in temper's tool registry ({tool_registry.tool_names()})",
+            "register them with temper.envs.tools.register_tool, or remove them",
+        )
+    settings = MultiTurnSettings(
+        max_tokens_per_turn=cfg.rollout.response_length,
+        max_assistant_turns=mt.max_assistant_turns,
+        max_user_turns=mt.max_user_turns,
+        max_model_len=cfg.rollout.max_model_len,
+        sanity_check=mt.enable_tokenization_sanity_check,
+    )
+    tools = ToolSettings(
+        mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s
+    )
+    return ToolCallingEngine(
+        base,
+        tokenizer,
+        execute=registry_executor(tool_registry.execute_tool),
+        schemas=schemas,
+        settings=settings,
+        tools=tools,
+        system_prompt=cfg.data.system_prompt,
+        template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+    )

@@ -39,38 +39,12 @@ from temper import algorithms as A
 from temper.config.schema import AgenticConfig, AlgorithmConfig
 from temper.data.batch import Batch
 from temper.pipelines.experience import ShapingState
-from temper.rollout.multiturn import Trajectory
-
-
-def _pad(rows: Sequence[Sequence[float]], value: float, left: bool, dtype) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), max(width, 1)), value, dtype=dtype)
-    for k, r in enumerate(rows):
-        if r:
-            t = torch.tensor(list(r), dtype=dtype)
-            if left:
-                out[k, out.shape[1] - len(r) :] = t
-            else:
-                out[k, : len(r)] = t
-    return out
+from temper.rollout.multiturn import Trajectory, trajectory_tensors
 
 
 def trajectory_batch(trajs: Sequence[Trajectory], pad_token_id: int) -> Batch:
     """Rows of token tensors + per-episode objects (``uid``, ``tag``, return, success …)."""
-    prompt_ids = _pad([t.prompt_ids for t in trajs], pad_token_id, True, torch.long)
-    prompt_mask = _pad([[1] * len(t.prompt_ids) for t in trajs], 0, True, torch.long)
-    response_ids = _pad([t.response_ids for t in trajs], pad_token_id, False, torch.long)
-    response_mask = _pad([t.response_mask for t in trajs], 0, False, torch.long)
-    present = _pad([[1] * len(t.response_ids) for t in trajs], 0, False, torch.long)
-    tensors = {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "response_ids": response_ids,
-        "response_mask": response_mask,
-        "attention_mask": torch.cat([prompt_mask, present], dim=1),
-    }
-    if all(t.has_log_probs for t in trajs):
-        tensors["rollout_log_probs"] = _pad([t.log_probs for t in trajs], 0.0, False, torch.float32)
+    tensors = trajectory_tensors(trajs, pad_token_id)
     objects: dict[str, list[Any]] = {
         "uid": [str(t.meta.get("uid", k)) for k, t in enumerate(trajs)],
         "tag": [str(t.meta.get("tag", "")) for t in trajs],

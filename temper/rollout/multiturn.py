@@ -58,6 +58,7 @@ class EpisodeSpec:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_turns: int | None = None  # assistant turns (combined with the runner's limit)
     max_tokens_per_turn: int | None = None  # None: the runner's
+    max_len: int | None = None  # prompt + response budget of this episode (with the runner's)
 
 
 @dataclasses.dataclass
@@ -204,7 +205,8 @@ class MultiTurnRunner:
         else:
             content = t.messages[-1]["content"]
             delta, text = self.chat.continuation(rendered[i], t.messages, ids, content, fb.messages)
-            if s.max_model_len is not None and len(t) + len(delta) >= s.max_model_len:
+            limit = self._max_len(spec)
+            if limit is not None and len(t) + len(delta) >= limit:
                 t.stop_reason = "context"
                 return False
             t.append(delta, 0)
@@ -216,9 +218,12 @@ class MultiTurnRunner:
 
     def _turn_budget(self, t: Trajectory, spec: EpisodeSpec) -> int:
         per_turn = spec.max_tokens_per_turn or self.settings.max_tokens_per_turn
-        if self.settings.max_model_len is None:
-            return per_turn
-        return min(per_turn, self.settings.max_model_len - len(t))
+        limit = self._max_len(spec)
+        return per_turn if limit is None else min(per_turn, limit - len(t))
+
+    def _max_len(self, spec: EpisodeSpec) -> int | None:
+        limits = [x for x in (spec.max_len, self.settings.max_model_len) if x is not None]
+        return min(limits) if limits else None
 
     def _generate(
         self, trajs: list[Trajectory], budgets: list[int], params: SamplingParams
@@ -285,3 +290,39 @@ class MultiTurnRunner:
             self.metrics["rollout/tokenization_mismatch_frac"] = sum(
                 not s.ok and not s.drift for s in checked
             ) / len(checked)
+
+
+def _pad(
+    rows: Sequence[Sequence[float]], value: float, left: bool, dtype: torch.dtype
+) -> torch.Tensor:
+    width = max([len(r) for r in rows] + [1])
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for k, r in enumerate(rows):
+        if r:
+            t = torch.tensor(list(r), dtype=dtype)
+            if left:
+                out[k, width - len(r) :] = t
+            else:
+                out[k, : len(r)] = t
+    return out
+
+
+def trajectory_tensors(trajs: Sequence[Trajectory], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Training tensors of trajectories: left-padded prompts, right-padded responses.
+
+    ``attention_mask`` (B, P+R) is 1 on every real token — observations and tool output
+    are context the model attends to, only ``response_mask`` keeps them out of the loss.
+    ``rollout_log_probs`` is present only when every trajectory has them.
+    """
+    prompt_mask = _pad([[1] * len(t.prompt_ids) for t in trajs], 0, True, torch.long)
+    present = _pad([[1] * len(t.response_ids) for t in trajs], 0, False, torch.long)
+    out = {
+        "prompt_ids": _pad([t.prompt_ids for t in trajs], pad_token_id, True, torch.long),
+        "prompt_mask": prompt_mask,
+        "response_ids": _pad([t.response_ids for t in trajs], pad_token_id, False, torch.long),
+        "response_mask": _pad([t.response_mask for t in trajs], 0, False, torch.long),
+        "attention_mask": torch.cat([prompt_mask, present], dim=1),
+    }
+    if all(t.has_log_probs for t in trajs):
+        out["rollout_log_probs"] = _pad([t.log_probs for t in trajs], 0.0, False, torch.float32)
+    return out

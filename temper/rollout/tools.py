@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from temper.rollout.chat import ChatTokenizer
 from temper.rollout.multiturn import Feedback, Responder
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -212,3 +213,30 @@ def registry_executor(execute_tool: Callable[..., Any]) -> Executor:
         return bool(result.ok), str(result.content)
 
     return execute
+
+
+def tool_prompt(schemas: Sequence[dict[str, Any]]) -> str:
+    """Hermes tool instructions, for chat templates that ignore ``tools=``."""
+    lines = "\n".join(json.dumps(s, separators=(",", ":")) for s in schemas)
+    return (
+        "You may call tools. Available tools:\n<tools>\n"
+        f"{lines}\n</tools>\n"
+        'To call one, write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> '
+        "and wait for its result; when you are done, give your answer without a tool call."
+    )
+
+
+def tool_chat(
+    tokenizer: Any, schemas: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None
+) -> tuple[ChatTokenizer, str]:
+    """The chat tokenizer for a tool conversation, and the text to prepend to the first
+    user message: templates that render ``tools=`` describe the tools themselves (text
+    ""); for those that ignore it (plain ChatML), :func:`tool_prompt` does."""
+    plain = ChatTokenizer(tokenizer, template_kwargs=template_kwargs)
+    if not schemas:
+        return plain, ""
+    probe = [{"role": "user", "content": "x"}]
+    with_tools = ChatTokenizer(tokenizer, tools=schemas, template_kwargs=template_kwargs)
+    if with_tools.render(probe, True) != plain.render(probe, True):
+        return with_tools, ""
+    return plain, tool_prompt(schemas)

@@ -10,6 +10,7 @@ from temper.envs import tools as registry
 from temper.rollout.base import SamplingParams
 from temper.rollout.chat import ChatTokenizer
 from temper.rollout.multiturn import EpisodeSpec, Feedback, MultiTurnRunner, MultiTurnSettings
+from temper.rollout.scripted import ScriptedEngine, turn_index
 from temper.rollout.tools import (
     ToolLoop,
     ToolSettings,
@@ -18,8 +19,6 @@ from temper.rollout.tools import (
     registry_executor,
     truncate_text,
 )
-
-from temper.rollout.scripted import ScriptedEngine, turn_index
 
 
 def _sleepy(seconds: str = "5") -> str:
@@ -142,3 +141,43 @@ def test_tool_config_yaml_in_verl_format(tmp_path):
     path.write_text("tools:\n  - config: {}\n")
     with pytest.raises(ValueError, match="no function name"):
         load_tool_schemas(path)
+
+
+def test_tool_calling_engine_for_dataset_prompts(tiny_tokenizer):
+    import torch
+
+    from temper.data.batch import Batch
+    from temper.rollout.tool_engine import ToolCallingEngine
+
+    script = [CALC, "The answer is #### 60"]
+    base = ScriptedEngine(tiny_tokenizer, lambda text: script[min(turn_index(text), 1)])
+    engine = ToolCallingEngine(
+        base,
+        tiny_tokenizer,
+        execute=registry_executor(registry.execute_tool),
+        schemas=[registry.CALCULATOR_SCHEMA],
+        settings=MultiTurnSettings(max_tokens_per_turn=200, max_assistant_turns=4),
+        tools=ToolSettings(),
+        system_prompt="Be brief.",
+    )
+    raw = [[{"role": "user", "content": "What is (25-5)*3?"}], [{"role": "user", "content": "Hi"}]]
+    prompts = Batch.from_dict(
+        {"prompt_ids": torch.zeros(2, 3, dtype=torch.long), "prompt_mask": torch.ones(2, 3)},
+        {"uid": ["a", "b"], "raw_prompt": raw},
+    )
+    out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=200))
+    assert out["uid"] == ["a", "a", "b", "b"] and out["num_turns"] == [2, 2, 2, 2]
+    text = tiny_tokenizer.decode(
+        out["response_ids"][0][out["attention_mask"][0, -out["response_ids"].shape[1] :].bool()]
+    )
+    assert text.startswith(CALC) and "<|im_start|>tool\n60<|im_end|>" in text
+    assert text.endswith("#### 60<|im_end|>")
+    prompt = tiny_tokenizer.decode(out["prompt_ids"][0][out["prompt_mask"][0].bool()])
+    assert prompt.startswith("<|im_start|>system\nBe brief.") and "<tools>" in prompt
+    # only model tokens are trained on
+    mask = out["response_mask"][0].bool()
+    trained = tiny_tokenizer.decode(out["response_ids"][0][mask])
+    assert trained == CALC + "<|im_end|>" + "The answer is #### 60<|im_end|>"
+    # the response budget counts the whole exchange (verl's response_length)
+    out = engine.generate(prompts.slice(0, 1), SamplingParams(max_new_tokens=100))
+    assert out["truncated"] == [True] and out["response_ids"].shape[1] <= 100

@@ -1,0 +1,106 @@
+"""verl ``rollout.multi_turn`` for dataset prompts: a rollout engine whose responses may
+call tools.
+
+``ToolCallingEngine`` wraps any engine. Each prompt's chat messages (``raw_prompt``,
+with ``data.system_prompt`` first when set) start a conversation: the model may call
+tools (hermes ``<tool_call>``, see :mod:`temper.rollout.tools`) and see their results
+until it answers without a call, or hits ``max_assistant_turns`` / ``max_user_turns`` /
+the response budget (``rollout.response_length`` tokens after the prompt, verl's rule).
+The response is the whole exchange after the prompt — model turns (mask 1) and tool
+messages with their template scaffolding (mask 0) — so the reward function reads the
+exchange and its final answer, and the loss trains only the model's tokens.
+
+The prompt is re-rendered from ``raw_prompt`` with the chat template (the runner needs
+the messages to render each turn's delta), so ``data.chat_template`` must be ``native``.
+Outputs follow :meth:`RolloutEngine.generate` (rows ``aabb`` by ``n``) plus
+``attention_mask`` and the object column ``num_turns``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from temper.data.batch import Batch
+from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.multiturn import (
+    EpisodeSpec,
+    MultiTurnRunner,
+    MultiTurnSettings,
+    trajectory_tensors,
+)
+from temper.rollout.tools import Executor, ToolLoop, ToolSettings, schema_names, tool_chat
+
+
+class ToolCallingEngine(RolloutEngine):
+    """Multi-turn tool calling over ``base`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        base: RolloutEngine,
+        tokenizer: Any,
+        *,
+        execute: Executor,
+        schemas: Sequence[dict[str, Any]],
+        settings: MultiTurnSettings,
+        tools: ToolSettings,
+        system_prompt: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """``settings.max_tokens_per_turn`` doubles as the response budget (verl's
+        ``response_length`` counts the whole exchange); ``schemas`` are the offered tools."""
+        self.base, self.system_prompt = base, system_prompt
+        self.names = schema_names(schemas)
+        chat, self.tool_text = tool_chat(tokenizer, schemas, template_kwargs)
+        self.runner = MultiTurnRunner(base, chat, settings)
+        self.loop = ToolLoop(execute, tools)
+        self.metrics: dict[str, float] = {}
+
+    @property
+    def shared(self) -> bool:  # weight sync follows the wrapped engine
+        return bool(getattr(self.base, "shared", False))
+
+    def _messages(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        messages = [dict(m) for m in raw]
+        if self.system_prompt and not (messages and messages[0]["role"] == "system"):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        if self.tool_text:
+            first = next(m for m in messages if m["role"] == "user")
+            first["content"] = f"{self.tool_text}\n\n{first['content']}"
+        return messages
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        if "raw_prompt" not in prompts:
+            raise ValueError("multi-turn tool calling needs the 'raw_prompt' chat messages")
+        rows = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
+        budget = params.max_new_tokens
+        specs = []
+        for raw in rows["raw_prompt"]:
+            messages = self._messages(raw)
+            prompt_len = len(self.runner.chat.prompt(messages)[0])
+            specs.append(EpisodeSpec(messages, max_len=prompt_len + budget))
+        respond = self.loop.responder(None, lambda i: self.names)
+        trajs = self.runner.run(specs, respond, dataclasses.replace(params, n=1))
+        tensors = trajectory_tensors(trajs, self.runner.pad_token_id)
+        if not params.logprobs:
+            tensors.pop("rollout_log_probs", None)
+        out = Batch.from_dict(tensors, dict(rows.objects), dict(rows.meta))
+        out["truncated"] = [t.stop_reason == "context" for t in trajs]  # out of budget
+        out["num_turns"] = [t.num_turns for t in trajs]
+        self.metrics = {**self.runner.metrics, **self.loop.metrics()}
+        return out
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.base.load_weights(named_tensors)
+
+    def sleep(self) -> None:
+        self.base.sleep()
+
+    def wake_up(self) -> None:
+        self.base.wake_up()
+
+    def close(self) -> None:
+        self.base.close()
