@@ -133,6 +133,13 @@ class FSDP2Engine(TorchEngine):
 
     def __init__(self, spec: EngineSpec) -> None:
         require_process_group(spec.role)
+        if getattr(spec.train, "l2_coef", 0.0):
+            # the actor's L2 term sums over the live parameters, which are shards here
+            raise ConfigError(
+                f"{spec.role}.l2_coef",
+                "the explicit L2 term is not implemented for sharded (fsdp2) parameters",
+                "use optim.weight_decay, or strategy: torch",
+            )
         self.fsdp = spec.fsdp_config
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()

@@ -100,7 +100,8 @@ def weights(actor: Actor) -> dict[str, torch.Tensor]:
 
 
 def _step_rank(rank: int, world: int, path: str, batch: Batch, fsdp: dict) -> dict:
-    actor = make_actor(path, "fsdp2", **fsdp)
+    model = fsdp.pop("_model", None)
+    actor = make_actor(path, "fsdp2", model=model, **fsdp)
     mine = shard(batch, rank, world)
     old = actor.compute_log_probs(mine)
     metrics = actor.update(mine)
@@ -134,8 +135,14 @@ def assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
         torch.testing.assert_close(a[k], b[k], atol=2e-6, rtol=1e-5, msg=k)
 
 
-@pytest.mark.parametrize("fsdp", [{}, {"fsdp_size": 1}], ids=["fsdp", "hsdp-1x2"])
-def test_two_ranks_match_single_process(tiny_path: str, fsdp: dict) -> None:
+@pytest.mark.parametrize(
+    ("fsdp", "checkpointing"),
+    [({}, False), ({"fsdp_size": 1}, False), ({"reshard_after_forward": False}, True)],
+    ids=["fsdp", "hsdp-1x2", "no-reshard+grad-ckpt"],
+)
+def test_two_ranks_match_single_process(tiny_path: str, fsdp: dict, checkpointing: bool) -> None:
+    if checkpointing:
+        fsdp = {**fsdp, "_model": ModelConfig(path=tiny_path, enable_gradient_checkpointing=True)}
     single = make_actor(tiny_path, "torch")
     batch = with_log_probs(single, make_batch())
     before = weights(single)
