@@ -14,6 +14,17 @@ from temper.config.schema import TemperConfig
 _KEYS = {"actor": "actor_train", "reference": "reference", "critic": "critic"}
 
 
+def worker_device(cfg: TemperConfig) -> str:
+    """``cuda`` or ``cpu`` for the workers: ``experiment.device``, ``auto`` resolved on
+    this machine (the driver's; a cluster's workers are assumed alike)."""
+    import torch
+
+    device = cfg.experiment.device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def _ids(ids: list[int]) -> str:
     if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
         return f"{ids[0]}..{ids[-1]}"
@@ -31,7 +42,7 @@ def placement_rows(cfg: TemperConfig) -> list[tuple[str, ...]]:
         roles.append("critic")
     place = placement(cfg)
     per_node = cfg.resources.devices_per_node
-    gpu = cfg.experiment.device == "cuda"
+    gpu = worker_device(cfg) == "cuda"
     rows: list[tuple[str, ...]] = [
         ("role", "devices", "nodes", "ranks", "dp", "engine", "bundle/rank", "colocated with")
     ]

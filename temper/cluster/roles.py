@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from temper.cluster.base import WorkerGroup
+from temper.cluster.placement import worker_device
 from temper.config.derive import placement, uses_critic, uses_reference
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
@@ -154,10 +155,8 @@ def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
     place = placement(cfg)
     ids = {role: tuple(place[_PLACEMENT_KEY[role]]) for role in wanted}
     sharing = {s: sum(1 for r in wanted if ids[r] == s) for s in set(ids.values())}
-    gpu = cfg.experiment.device == "cuda" or (
-        cfg.experiment.device == "auto" and torch.cuda.is_available()
-    )
-    device = "cuda" if gpu else "cpu"
+    device = worker_device(cfg)
+    gpu = device == "cuda"
     bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
     pgs: dict[tuple[int, ...], Any] = {}
     out = ClusterRoles(actor=None, reference=None, critic=None)  # type: ignore[arg-type]
