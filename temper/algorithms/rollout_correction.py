@@ -107,3 +107,21 @@ def rollout_is_weights(
             "rollout_log_ratio_mean": masked_mean(-log_ratio, m),
         }
     return weights.detach(), new_mask, metrics
+
+
+def logprob_diff(
+    log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor
+) -> dict[str, Tensor]:
+    """How far the rollout engine's log-probs are from the trainer's on the same tokens.
+
+    Shapes: ``(B, T)`` each -> scalars ``logprob_diff`` (mean ``|log π_train − log
+    π_rollout|`` over valid tokens; the rollout/train mismatch verl and ROLL monitor) and
+    ``logprob_diff_max``. 0 for a batch without valid tokens.
+    """
+    with torch.no_grad():
+        valid = response_mask > 0
+        diff = (log_prob.float() - rollout_log_prob.float()).abs()[valid]
+        if diff.numel() == 0:
+            zero = torch.zeros((), device=log_prob.device)
+            return {"logprob_diff": zero, "logprob_diff_max": zero}
+        return {"logprob_diff": diff.mean(), "logprob_diff_max": diff.max()}

@@ -197,7 +197,9 @@ class MultiTurnConfig:
 class RolloutConfig:
     """Generation engine and sampling."""
 
-    engine: Literal["hf", "vllm", "sglang"] = doc("hf", "Rollout engine.")
+    engine: Literal["hf", "vllm", "sglang", "auto"] = doc(
+        "hf", "Rollout engine (auto: vllm where installed, else hf)."
+    )
     n: int = doc(1, "Responses per prompt (the GRPO group size).")
     response_length: int = doc(512, "Maximum new tokens per response.")
     temperature: float = doc(1.0, "Sampling temperature.")

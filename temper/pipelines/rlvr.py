@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from temper.algorithms import estimator_inputs
+from temper.algorithms.rollout_correction import logprob_diff
 from temper.config.schema import TemperConfig
 from temper.data import Batch, next_prompt_batch
 from temper.pipelines.dumps import dump_generations, generation_rows
@@ -44,6 +45,14 @@ def greedy_baseline(run: Run, prompts: Batch, uids: list[str]) -> torch.Tensor:
     return torch.tensor([by_uid[u] for u in uids], dtype=torch.float32)
 
 
+def rollout_mismatch(batch: Batch) -> dict[str, float]:
+    """``rollout/logprob_diff``: the rollout engine's log-probs vs the trainer's recompute."""
+    if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
+        return {}
+    diff = logprob_diff(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
+    return {f"rollout/{k}": float(v) for k, v in diff.items()}
+
+
 def rl_step(run: Run) -> dict[str, float]:
     """One RL step; returns its metrics."""
     cfg, roles, t = run.cfg, run.roles, Timer()
@@ -61,6 +70,7 @@ def rl_step(run: Run) -> dict[str, float]:
                 batch = roles.actor.compute_log_probs(batch, with_entropy=True)
         else:  # on-policy single update: the sampling log-probs are the old ones
             batch["old_log_probs"] = batch["rollout_log_probs"]
+        mismatch = rollout_mismatch(batch) if cfg.actor.recompute_old_log_prob else {}
         if roles.reference is not None:
             with t("ref"):
                 batch = roles.reference.compute_ref_log_probs(batch)
@@ -81,6 +91,7 @@ def rl_step(run: Run) -> dict[str, float]:
         with t("weight_sync"):
             run.sync_weights()
     metrics = {**reward_metrics, **adv_metrics, **critic_metrics, **actor_metrics, **t.times}
+    metrics.update(mismatch)
     metrics.update(response_metrics(batch, t.times["timing/step_s"]))
     if "entropy" in batch:
         mask = batch["response_mask"].float()

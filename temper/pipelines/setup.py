@@ -159,6 +159,10 @@ def build_run(cfg: TemperConfig) -> Run:
     rollout = build_rollout_engine(
         cfg.rollout, cfg.model, module=roles.actor.engine.model, tokenizer=tokenizer
     )
+    if not getattr(rollout, "shared", False):
+        # An engine with its own copy (vLLM) rolls out with the actor's weights from the
+        # first step (LoRA merged); with rollout.load_format=dummy they are random until here.
+        rollout.load_weights(roles.actor.engine.named_weights())
     scorer = RewardScorer.from_config(cfg, device=roles.actor.engine.device)
     tracker = build_trackers(
         cfg.experiment.trackers,

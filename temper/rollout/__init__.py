@@ -1,8 +1,9 @@
-"""Generation engines behind one interface (``hf`` now; ``vllm``/``sglang`` by name).
+"""Generation engines behind one interface (``hf``, ``vllm``; ``sglang`` by name only).
 
 ``build_rollout_engine(rollout_cfg, model_cfg, module=...)`` picks the engine named
-by ``rollout.engine``; ``sampling_params_from_config`` turns ``rollout.*`` (or
-``rollout.val.*``) into the ``SamplingParams`` every engine takes.
+by ``rollout.engine`` (``auto``: vllm where installed, else hf);
+``sampling_params_from_config`` turns ``rollout.*`` (or ``rollout.val.*``) into the
+``SamplingParams`` every engine takes.
 """
 
 from temper.rollout.base import RolloutEngine, SamplingParams

