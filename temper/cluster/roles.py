@@ -19,6 +19,7 @@ import torch
 from temper.cluster.base import WorkerGroup
 from temper.cluster.placement import worker_device
 from temper.config.derive import placement, uses_critic, uses_reference
+from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.roles.builder import Roles, build_roles
@@ -141,9 +142,11 @@ def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
     from temper.cluster.ray import RayWorkerGroup, init_ray, require_ray
 
     if cfg.model.lora.rank > 0 and uses_reference(cfg):
-        raise NotImplementedError(
-            "backend ray with LoRA and a reference (the actor's engine without adapters) "
-            "is not wired yet; use backend local, or full fine-tuning"
+        raise ConfigError(
+            "model.lora.rank",
+            "on the ray backend a LoRA reference (the actor's weights with adapters off) "
+            "would live in another worker group; this build does not share it across groups",
+            "use resources.backend=local, full fine-tuning (lora.rank=0), or drop the KL terms",
         )
     init_ray(cfg)
     ray = require_ray()

@@ -140,7 +140,6 @@ def _check_roles(cfg: TemperConfig) -> None:
         )
     if uses_critic(cfg) and cfg.critic.ppo_epochs <= 0:
         raise ConfigError("critic.ppo_epochs", "must be positive", "set it to 1 or more")
-    _ = uses_reference
 
 
 def _check_placement(cfg: TemperConfig) -> None:
@@ -170,6 +169,13 @@ def _check_placement(cfg: TemperConfig) -> None:
                 f"device ids {ids} are not contiguous",
                 "use a contiguous range, e.g. list(range(0, 4))",
             )
+    if cfg.resources.backend == "ray" and cfg.model.lora.rank > 0 and uses_reference(cfg):
+        raise ConfigError(
+            "model.lora.rank",
+            "on the ray backend a LoRA reference (the actor's weights with adapters off) "
+            "would live in another worker group; this build does not share it across groups",
+            "use resources.backend=local, full fine-tuning (lora.rank=0), or drop the KL terms",
+        )
     if cfg.resources.backend == "local":
         for role, ids in placement(cfg).items():
             if len(ids) > 1:

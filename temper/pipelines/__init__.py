@@ -13,15 +13,6 @@ def run_pipeline(cfg: TemperConfig) -> dict[str, Any]:
     if cfg.pipeline == "rlvr":
         from temper.pipelines.rlvr import train
 
-        if cfg.rollout.multi_turn.enable:  # until setup wraps the engine (rlvr_tool_engine)
-            raise ConfigError(
-                "rollout.multi_turn.enable",
-                "tool calling over dataset prompts (ToolCallingEngine) is not wired into the "
-                "RLVR run setup yet; training would silently run single-turn",
-                "use pipeline: agentic with a tool env (e.g. countdown_tool), or "
-                "set rollout.multi_turn.enable=false",
-            )
-
         return train(cfg)
     if cfg.pipeline == "agentic":
         from temper.pipelines.agentic import train as train_agentic

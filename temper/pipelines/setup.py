@@ -163,6 +163,10 @@ def build_run(cfg: TemperConfig) -> Run:
         # An engine with its own copy (vLLM) rolls out with the actor's weights from the
         # first step (LoRA merged); with rollout.load_format=dummy they are random until here.
         rollout.load_weights(roles.actor.engine.named_weights())
+    if cfg.rollout.multi_turn.enable:  # verl multi_turn: tool calls inside each response
+        from temper.pipelines.agentic_rollout import rlvr_tool_engine
+
+        rollout = rlvr_tool_engine(rollout, cfg, tokenizer)
     scorer = RewardScorer.from_config(cfg, device=roles.actor.engine.device)
     tracker = build_trackers(
         cfg.experiment.trackers,

@@ -144,3 +144,56 @@ def test_lora_run_trains_adapters_only(tmp_path, tiny_model_dir, monkeypatch):
         assert moved == trainable
     finally:
         run.close()
+
+
+TOOLS_YAML = """
+tools:
+  - class_name: temper.envs.tools.Calculator
+    config: {}
+    tool_schema:
+      type: function
+      function:
+        name: calculator
+        description: Evaluate an arithmetic expression.
+        parameters:
+          type: object
+          properties:
+            expression: {type: string, description: "e.g. 3 * (4 + 5)"}
+          required: [expression]
+"""
+
+
+@pytest.mark.slow
+def test_rlvr_with_verl_multi_turn_tool_calling(tmp_path, tiny_model_dir, monkeypatch):
+    """rollout.multi_turn.enable wraps the engine in the tool-calling loop (verl multi_turn)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(TOOLS_YAML)
+    cfg = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        experiment={"output_dir": str(tmp_path / "run"), "max_steps": 2, "trackers": ["jsonl"]},
+        data={
+            "train_files": ["task:arithmetic?n=64&seed=3"],
+            "train_batch_size": 4,
+            "max_prompt_length": 400,
+        },
+        rollout={
+            "n": 4,
+            "response_length": 24,
+            "multi_turn": {
+                "enable": True,
+                "tool_config_path": str(tools),
+                "max_assistant_turns": 2,
+            },
+        },
+    )
+    from temper.pipelines.setup import build_run
+
+    run = build_run(cfg)
+    try:
+        assert type(run.rollout).__name__ == "ToolCallingEngine"
+    finally:
+        run.close()
+    summary = train(cfg)
+    assert summary["steps"] == 2

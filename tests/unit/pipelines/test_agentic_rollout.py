@@ -117,13 +117,3 @@ def test_countdown_with_the_calculator_tool(tiny_dir, tiny_tokenizer):
     assert t.infos[0]["tool_calls"] == 1 and t.infos[0]["tool_errors"] == 0
     assert t.infos[-1]["success"] and t.episode_return > 0
     assert metrics["tools/calls"] >= 2 and metrics["tools/error_frac"] == 0.0
-
-
-def test_rlvr_with_multi_turn_fails_instead_of_running_single_turn():
-    from temper.config.errors import ConfigError
-    from temper.pipelines import run_pipeline
-
-    cfg = build_config({"model": {"path": "x"}, "rollout": {"multi_turn": {"enable": True}}}, False)
-    with pytest.raises(ConfigError) as err:
-        run_pipeline(cfg)
-    assert "rollout.multi_turn.enable" in str(err.value)
