@@ -290,14 +290,24 @@ def _as_list(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple, set)) else [int(value)]
 
 
-def _eos_ids(tokenizer: Any, model_path: str) -> list[int]:
-    """The tokenizer's EOS plus the model's generation-config EOS (as the hf engine)."""
-    ids = set(_as_list(tokenizer.eos_token_id))
-    with contextlib.suppress(Exception):
-        from transformers import GenerationConfig
+def _eos_ids(tokenizer: Any, model_path: str, trust_remote_code: bool = False) -> list[int]:
+    """The tokenizer's EOS plus the model's generation-config EOS (as the hf engine).
 
-        ids |= set(_as_list(GenerationConfig.from_pretrained(model_path).eos_token_id))
-    return sorted(ids)
+    Like ``transformers``, a model without ``generation_config.json`` takes the
+    generation EOS from its ``config.json``.
+    """
+    from transformers import AutoConfig, GenerationConfig
+
+    ids = set(_as_list(tokenizer.eos_token_id))
+    try:
+        gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except Exception:  # no generation_config.json
+        try:
+            config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+            gen_eos = getattr(getattr(config, "text_config", None) or config, "eos_token_id", None)
+        except Exception:
+            gen_eos = None
+    return sorted(ids | set(_as_list(gen_eos)))
 
 
 @dataclasses.dataclass
@@ -392,7 +402,7 @@ class VLLMRolloutEngine(RolloutEngine):
         engine = cls(
             llm,
             tokenizer,
-            eos_token_ids=_eos_ids(tokenizer, kwargs["model"]),
+            eos_token_ids=_eos_ids(tokenizer, kwargs["model"], bool(kwargs["trust_remote_code"])),
             sleep_enabled=bool(kwargs.get("enable_sleep_mode")),
             bucket_bytes=DEFAULT_BUCKET_BYTES,
             options=kwargs,

@@ -183,9 +183,19 @@ def test_unsupported_head_size_fails_before_start(tiny_dir):
     assert err.value.key == "model.path" and "rollout.engine=hf" in str(err.value)
 
 
+DIGITS_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
+"""
+
+
 def grpo_config(tmp_path, model_dir, **over):
+    """3 GRPO steps on a reward the random model can move (digit fraction), so the
+    weights change every step and a missed sync would show in the log-prob diff."""
     from temper.config import build_config
 
+    reward_file = tmp_path / "digits.py"
+    reward_file.write_text(DIGITS_REWARD)
     cfg = {
         "experiment": {
             "output_dir": str(tmp_path / "run"),
@@ -212,14 +222,19 @@ def grpo_config(tmp_path, model_dir, **over):
             "optim": {"lr": 1e-3, "weight_decay": 0.0},
         },
         "algorithm": {"adv_estimator": "grpo"},
-        "reward": {"function": "arithmetic", "num_workers": 1},
+        "reward": {
+            "function": "custom",
+            "custom_function": {"path": str(reward_file)},
+            "num_workers": 1,
+        },
     }
     for section, values in over.items():
         cfg.setdefault(section, {}).update(values)
     return build_config(cfg)
 
 
-#: Bound on mean |rollout − recomputed| log-prob in fp32 (measured ~1e-6 on the tiny model).
+#: Bound on mean |rollout − recomputed| log-prob in fp32: measured ~1e-6 per step on the
+#: tiny model; skipping the per-step sync gives 1.7 and 3.3 at steps 2 and 3.
 LOGPROB_DIFF_BOUND = 1e-3
 
 
@@ -236,7 +251,35 @@ def test_grpo_three_steps_with_vllm_rollout(tmp_path, model_dir, monkeypatch):
     for row in rows:
         assert row["rollout/logprob_diff"] < LOGPROB_DIFF_BOUND, row["rollout/logprob_diff"]
         assert row["timing/weight_sync_s"] > 0
-    # the weights moved (lr 1e-3) and the engine followed: the diff stays tiny at step 3
+
+
+@pytest.mark.slow
+def test_lora_actor_syncs_merged_weights(tmp_path, model_dir, monkeypatch):
+    """LoRA: the engine gets base + B·A each step, so the mismatch stays as small."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from temper.pipelines.rlvr import train
+
+    cfg = grpo_config(
+        tmp_path,
+        model_dir,
+        model={"path": str(model_dir), "lora": {"rank": 4, "alpha": 8}},
+        experiment={"output_dir": str(tmp_path / "run"), "max_steps": 3, "trackers": ["jsonl"]},
+        actor={
+            "mini_batch_size": 16,
+            "micro_batch_size_per_device": 8,
+            "optim": {"lr": 3e-2, "weight_decay": 0.0},
+        },
+    )
+    train(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    diffs = [r["rollout/logprob_diff"] for r in rows if "rollout/logprob_diff" in r]
+    assert len(diffs) == 3 and max(diffs) < LOGPROB_DIFF_BOUND, diffs
+
+
+def test_auto_engine_picks_vllm_where_installed():
+    from temper.rollout.registry import resolve_engine_name
+
+    assert resolve_engine_name("auto") == "vllm"
 
 
 @pytest.mark.slow
