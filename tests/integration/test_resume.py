@@ -183,10 +183,11 @@ def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo,
     _assert_same_run(full, out)
 
 
-def test_sigterm_mid_step_saves_exits_143_and_resumes_identically(runs):
+@pytest.mark.parametrize("algo", ["grpo", "gae"])
+def test_sigterm_mid_step_saves_exits_143_and_resumes_identically(runs, algo):
     tmp, made = runs
-    cfg, full = made["grpo"]
-    out = tmp / "grpo-term"
+    cfg, full = made[algo]
+    out = tmp / f"{algo}-term"
     proc = _start(cfg, out, tmp)
     _wait_for(lambda: any(r.get("step") == 1 for r in _rows(out)), proc)
     proc.send_signal(signal.SIGTERM)  # during step 2 (or 3): finish it, save, stop
