@@ -17,13 +17,14 @@ from temper.cluster.base import WorkerGroup, shard_batch, unshard_batch
 from temper.cluster.local import LocalWorkerGroup
 from temper.cluster.placement import placement_rows
 from temper.cluster.process_group import init_process_group, spawn_ranks
-from temper.cluster.roles import build_cluster_roles
+from temper.cluster.roles import build_cluster_roles, build_cluster_rollout
 
 __all__ = [
     "LocalWorkerGroup",
     "WorkerGroup",
     "balance_order",
     "build_cluster_roles",
+    "build_cluster_rollout",
     "greedy_partition",
     "init_process_group",
     "karmarkar_karp",

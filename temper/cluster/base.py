@@ -82,6 +82,18 @@ class WorkerGroup(abc.ABC):
         """The same call on every rank (a collective on the role's process group)."""
         return self.call_ranks(method, [args] * self.world_size, **kwargs)
 
+    def call_first(self, method: str, per_rank_args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``method`` on ranks ``0..len(per_rank_args)-1`` only (independent ranks, e.g.
+        rollout engines with less work than ranks; never a collective)."""
+        if not 0 < len(per_rank_args) <= self.world_size:
+            raise ValueError(f"{self.role}: {len(per_rank_args)} calls for {self.world_size} ranks")
+        return self.call_ranks(method, per_rank_args)
+
+    def share(self, value: Any) -> Any:
+        """``value`` as an argument every rank can read without one copy per call (Ray:
+        one object-store entry; in process: the value itself)."""
+        return value
+
     def scatter(
         self,
         method: str,

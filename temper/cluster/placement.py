@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from temper.config.derive import derive, placement, uses_critic, uses_reference
 from temper.config.schema import TemperConfig
+from temper.rollout.registry import resolve_engine_name
 
-_KEYS = {"actor": "actor_train", "reference": "reference", "critic": "critic"}
+_KEYS = {
+    "actor": "actor_train",
+    "rollout": "actor_infer",
+    "reference": "reference",
+    "critic": "critic",
+}
 
 
 def worker_device(cfg: TemperConfig) -> str:
@@ -32,10 +38,11 @@ def _ids(ids: list[int]) -> str:
 
 
 def placement_rows(cfg: TemperConfig) -> list[tuple[str, ...]]:
-    """Header + one row per trained/frozen role: role, devices, nodes, ranks, dp, engine,
-    bundle, colocated with. On the local backend everything is one process."""
+    """Header + one row per role (the rollout engines of ``actor_infer`` included): role,
+    devices, nodes, ranks, dp, engine, bundle, colocated with. On the local backend
+    everything is one process."""
     d = derive(cfg)
-    roles = ["actor"]
+    roles = ["actor", "rollout"]
     if uses_reference(cfg):
         roles.append("reference")
     if uses_critic(cfg):
@@ -48,15 +55,21 @@ def placement_rows(cfg: TemperConfig) -> list[tuple[str, ...]]:
     ]
     for role in roles:
         ids = place[_KEYS[role]]
-        section = getattr(cfg, role)
-        strategy = section.strategy
+        if role == "rollout":  # one whole engine per rank (data-parallel rollout)
+            strategy = resolve_engine_name(cfg.rollout.engine)
+        else:
+            strategy = getattr(cfg, role).strategy
         dp = {"actor": d.actor.dp, "critic": d.critic.dp if d.critic else len(ids)}.get(
             role, len(ids)
         )
         shared = [r for r in roles if r != role and place[_KEYS[r]] == ids]
         share = 1.0 / (len(shared) + 1)
         if cfg.resources.backend == "local":
-            ranks, engine, bundle = "1", "torch (in process)", "-"
+            ranks, engine, bundle = (
+                "1",
+                f"{strategy if role == 'rollout' else 'torch'} (in process)",
+                "-",
+            )
         else:
             ranks, engine = str(len(ids)), strategy
             bundle = f"GPU {share:g}, CPU {share:g}" if gpu else f"CPU {share:g} (process slot)"

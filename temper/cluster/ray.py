@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from temper.cluster.base import WorkerGroup
+from temper.cluster.placement import worker_device
+from temper.config.derive import total_devices
 from temper.config.schema import TemperConfig
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,8 @@ def require_ray() -> Any:
 
 
 def init_ray(cfg: TemperConfig) -> None:
-    """Connect to ``resources.ray.address`` or start a local Ray (``num_cpus``), once.
+    """Connect to ``resources.ray.address`` or start a local Ray (``num_cpus``; on CPU at
+    least one per device slot), once.
 
     ``system_envs`` become environment variables of every worker (runtime_env).
     """
@@ -69,6 +72,10 @@ def init_ray(cfg: TemperConfig) -> None:
         kwargs["address"] = rc.address
     elif rc.num_cpus is not None:
         kwargs["num_cpus"] = rc.num_cpus
+    elif worker_device(cfg) == "cpu":
+        # On CPU a device is a process slot (one bundle {"CPU": 1} each): a local Ray
+        # must offer as many slots as resources names, even on a machine with fewer cores.
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, total_devices(cfg))
     ray.init(**kwargs)
 
 
@@ -93,13 +100,21 @@ class RankWorker:
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
-    def setup(self, addr: str, port: int, device: str, timeout_s: float) -> int:
-        """Join the role's process group and build the role (loads the model shard)."""
+    def setup(self, addr: str, port: int, device: str, timeout_s: float) -> tuple[int, str]:
+        """Join the role's process group and build the role (loads the model shard);
+        returns this process's pid and Ray node id."""
+        import ray
+
         from temper.cluster.process_group import default_backend, init_process_group
         from temper.roles.builder import build_actor, build_critic, build_reference
         from temper.training.models import resolve_device
 
         dev = resolve_device(device)
+        if self.role_name == "rollout":  # independent engines: no collective to join
+            from temper.cluster.rollout import RolloutRank
+
+            self.role = RolloutRank(self.cfg, dev, self.rank)
+            return os.getpid(), ray.get_runtime_context().get_node_id()
         init_process_group(
             self.rank,
             self.world,
@@ -111,7 +126,7 @@ class RankWorker:
         )
         build = {"actor": build_actor, "reference": build_reference, "critic": build_critic}
         self.role = build[self.role_name](self.cfg, dev)
-        return os.getpid()
+        return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``role.<method>(*args, **kwargs)``; a dotted name reaches inside (``engine.x``)."""
@@ -167,10 +182,11 @@ class RayWorkerGroup(WorkerGroup):
             for rank in range(world_size)
         ]
         addr, port = self._wait([self.workers[0].rendezvous.remote()], ranks=[0])[0]
-        self.pids = self._wait(
-            [w.setup.remote(addr, port, device, self.timeout) for w in self.workers]
-        )
-        log.info("%s: %d ranks up (pids %s)", role, world_size, self.pids)
+        up = self._wait([w.setup.remote(addr, port, device, self.timeout) for w in self.workers])
+        self.pids = [pid for pid, _ in up]
+        self.nodes = [node for _, node in up]
+        # printed: the pid of each rank is what an operator needs to inspect or kill it
+        print(f"ray: {role} ranks 0..{world_size - 1} up (pids {self.pids})", flush=True)
         self._ray = ray
 
     # ------------------------------------------------------------------ calls
@@ -215,8 +231,20 @@ class RayWorkerGroup(WorkerGroup):
             raise ValueError(
                 f"{self.role}: {len(per_rank_args)} argument sets for {self.world_size}"
             )
+        return self._call(method, per_rank_args, **kw)
+
+    def call_first(self, method: str, per_rank_args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        if not 0 < len(per_rank_args) <= self.world_size:
+            raise ValueError(f"{self.role}: {len(per_rank_args)} calls for {self.world_size} ranks")
+        return self._call(method, per_rank_args)
+
+    def _call(self, method: str, per_rank_args: Sequence[tuple[Any, ...]], **kw: Any) -> list:
         refs = [w.call.remote(method, *a, **kw) for w, a in zip(self.workers, per_rank_args)]
-        return self._wait(refs)
+        return self._wait(refs, ranks=range(len(refs)))
+
+    def share(self, value: Any) -> Any:
+        """One object-store copy; Ray hands each rank the value (zero-copy on a node)."""
+        return self._ray.put(value)
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Gathered HF weights (rank 0's copy) for the driver's rollout engine."""

@@ -10,6 +10,7 @@ joins) Ray, creates the placement groups and the worker groups.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,10 +25,16 @@ from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.roles.builder import Roles, build_roles
 from temper.roles.minibatch import optimizer_steps
+from temper.rollout import RolloutEngine, build_rollout_engine
 
 log = logging.getLogger(__name__)
 
-_PLACEMENT_KEY = {"actor": "actor_train", "reference": "reference", "critic": "critic"}
+_PLACEMENT_KEY = {
+    "actor": "actor_train",
+    "rollout": "actor_infer",
+    "reference": "reference",
+    "critic": "critic",
+}
 
 
 def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -116,6 +123,7 @@ class RemoteReference:
 class ClusterRoles(Roles):
     """``Roles`` whose members are proxies, plus the groups and placement to release."""
 
+    rollout: RolloutEngine | None = None  # the actor_infer worker group
     groups: list[WorkerGroup] = field(default_factory=list)
     placement_groups: list[Any] = field(default_factory=list)
 
@@ -137,9 +145,69 @@ def build_cluster_roles(cfg: TemperConfig) -> Roles:
     return build_ray_roles(cfg)
 
 
+def ray_node_ids(ray: Any, nnodes: int, timeout_s: float) -> list[str]:
+    """Ray node ids for temper's node indices ``0..nnodes-1``: the driver's node first
+    (device ids ``0..devices_per_node-1`` are where ``temper train`` runs), then the
+    other alive nodes by id. Waits up to ``timeout_s`` for late nodes to join."""
+    here = ray.get_runtime_context().get_node_id()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+        if len(alive) >= nnodes or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    if len(alive) < nnodes:
+        raise ConfigError(
+            "resources.nnodes",
+            f"{nnodes} nodes are configured but the Ray cluster has {len(alive)}",
+            "start Ray on every node (ray start --address=HEAD:6379) or lower resources.nnodes",
+        )
+    return [here, *[n for n in alive if n != here]][:nnodes]
+
+
+def _check_capacity(ray: Any, bundles: int, unit: str) -> None:
+    """Fail at once, not after rpc_timeout, when the cluster cannot hold the bundles."""
+    have = ray.cluster_resources().get(unit, 0.0)
+    if bundles > have:
+        raise ConfigError(
+            "resources",
+            f"the roles are placed on {bundles} devices, one Ray bundle of 1 {unit} each, "
+            f"but the Ray cluster has {have:g} {unit}",
+            "place fewer devices, or give Ray more (resources.ray.num_cpus, more nodes/GPUs)",
+        )
+
+
+def _placement_group(
+    ray: Any, cfg: TemperConfig, ids: tuple[int, ...], nodes: list[str] | None, gpu: bool
+) -> Any:
+    """One bundle per device id; with several nodes each bundle is pinned (by Ray's
+    ``ray.io/node-id`` label) to the node of its id, ``id // devices_per_node``."""
+    bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
+    kwargs: dict[str, Any] = {"strategy": "PACK"}
+    if nodes is not None:
+        per = cfg.resources.devices_per_node
+        kwargs["bundle_label_selector"] = [{"ray.io/node-id": nodes[i // per]} for i in ids]
+    pg = ray.util.placement_group([dict(bundle) for _ in ids], **kwargs)
+    timeout = cfg.resources.ray.rpc_timeout
+    try:
+        ray.get(pg.ready(), timeout=timeout)
+    except ray.exceptions.GetTimeoutError as err:
+        ray.util.remove_placement_group(pg)
+        raise ConfigError(
+            "resources",
+            f"Ray could not reserve {len(ids)} × {bundle} for devices {list(ids)} within "
+            f"resources.ray.rpc_timeout={timeout:g}s (the cluster has "
+            f"{ray.cluster_resources()})",
+            "lower the placed devices, or give Ray more (resources.ray.num_cpus, more nodes)",
+        ) from err
+    return pg
+
+
 def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
-    """Placement groups per device set, one worker group per role (see cluster.ray)."""
+    """Placement groups per device set, one worker group per role (see cluster.ray),
+    the rollout engines (``actor_infer``) included."""
     from temper.cluster.ray import RayWorkerGroup, init_ray, require_ray
+    from temper.cluster.rollout import RemoteRollout
 
     if cfg.model.lora.rank > 0 and uses_reference(cfg):
         raise ConfigError(
@@ -150,25 +218,25 @@ def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
         )
     init_ray(cfg)
     ray = require_ray()
-    wanted = ["actor"]
+    wanted = ["actor", "rollout"]
     if uses_reference(cfg):
         wanted.append("reference")
     if uses_critic(cfg):
         wanted.append("critic")
     place = placement(cfg)
     ids = {role: tuple(place[_PLACEMENT_KEY[role]]) for role in wanted}
-    sharing = {s: sum(1 for r in wanted if ids[r] == s) for s in set(ids.values())}
+    sharing = {s: sum(1 for r in wanted if ids[r] == s) for s in dict.fromkeys(ids.values())}
     device = worker_device(cfg)
-    gpu = device == "cuda"
-    bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
-    pgs: dict[tuple[int, ...], Any] = {}
+    nnodes = cfg.resources.nnodes
+    timeout = cfg.resources.ray.rpc_timeout
+    nodes = ray_node_ids(ray, nnodes, timeout) if nnodes > 1 else None
+    _check_capacity(ray, sum(len(s) for s in sharing), "GPU" if device == "cuda" else "CPU")
     out = ClusterRoles(actor=None, reference=None, critic=None)  # type: ignore[arg-type]
+    pgs: dict[tuple[int, ...], Any] = {}
     try:
         for s in sharing:
-            pg = ray.util.placement_group([dict(bundle) for _ in s], strategy="PACK")
-            ray.get(pg.ready(), timeout=cfg.resources.ray.rpc_timeout)
-            pgs[s] = pg
-            out.placement_groups.append(pg)
+            pgs[s] = _placement_group(ray, cfg, s, nodes, device == "cuda")
+            out.placement_groups.append(pgs[s])
         groups: dict[str, RayWorkerGroup] = {}
         for role in wanted:
             groups[role] = RayWorkerGroup(
@@ -185,8 +253,26 @@ def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
         raise
     balance = cfg.experiment.balance_batch
     out.actor = RemoteActor(groups["actor"], cfg.actor, balance)  # type: ignore[assignment]
+    out.rollout = RemoteRollout(groups["rollout"])
     if "reference" in groups:
         out.reference = RemoteReference(groups["reference"])  # type: ignore[assignment]
     if "critic" in groups:
         out.critic = RemoteCritic(groups["critic"], cfg.critic, balance)  # type: ignore[assignment]
     return out
+
+
+def build_cluster_rollout(cfg: TemperConfig, roles: Roles, tokenizer: Any) -> RolloutEngine:
+    """The run's rollout engine, holding the actor's current weights: the ``actor_infer``
+    worker group on Ray, else an engine in this process (``hf`` shares the actor's module;
+    ``vllm`` holds its own copy)."""
+    rollout = getattr(roles, "rollout", None)
+    if rollout is None:
+        rollout = build_rollout_engine(
+            cfg.rollout, cfg.model, module=roles.actor.engine.model, tokenizer=tokenizer
+        )
+    if not getattr(rollout, "shared", False):
+        # An engine with its own copy (vLLM, remote ranks) rolls out with the actor's
+        # weights from the first step (LoRA merged); with rollout.load_format=dummy they
+        # are random until here.
+        rollout.load_weights(roles.actor.engine.named_weights())
+    return rollout

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from temper.cluster.roles import build_cluster_roles
+from temper.cluster.roles import build_cluster_roles, build_cluster_rollout
 from temper.config.derive import derive
 from temper.config.schema import TemperConfig
 from temper.data import PromptDataset, PromptSampler, build_datasets, build_sampler
@@ -20,7 +20,7 @@ from temper.pipelines import checkpointing as ckpt
 from temper.pipelines.experience import ShapingState
 from temper.rewards.manager import RewardScorer
 from temper.roles import Roles
-from temper.rollout import RolloutEngine, SamplingParams, build_rollout_engine
+from temper.rollout import RolloutEngine, SamplingParams
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.tracking import MultiTracker, build_trackers
 from temper.utils.model_path import resolve_model_path
@@ -156,13 +156,7 @@ def build_run(cfg: TemperConfig) -> Run:
     roles.actor.set_total_steps(total * roles.actor.optimizer_steps_per_update(samples))
     if roles.critic is not None:
         roles.critic.set_total_steps(total * roles.critic.optimizer_steps_per_update(samples))
-    rollout = build_rollout_engine(
-        cfg.rollout, cfg.model, module=roles.actor.engine.model, tokenizer=tokenizer
-    )
-    if not getattr(rollout, "shared", False):
-        # An engine with its own copy (vLLM) rolls out with the actor's weights from the
-        # first step (LoRA merged); with rollout.load_format=dummy they are random until here.
-        rollout.load_weights(roles.actor.engine.named_weights())
+    rollout = build_cluster_rollout(cfg, roles, tokenizer)  # in process, or actor_infer ranks
     if cfg.rollout.multi_turn.enable:  # verl multi_turn: tool calls inside each response
         from temper.pipelines.agentic_rollout import rlvr_tool_engine
 

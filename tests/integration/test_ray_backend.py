@@ -1,5 +1,7 @@
-"""The Ray backend: the actor trains on 2 FSDP2 ranks (Ray actor processes, gloo) while
-the driver runs the loop (HF rollout, rewards); a dead worker stops the run by name."""
+"""The Ray backend: the actor trains on 2 FSDP2 ranks (Ray actor processes, gloo), the
+rollout engines run on their own ``actor_infer`` ranks, the driver runs the loop
+(rewards, advantages); a run resumes on another data-parallel size; a dead worker stops
+the run by name."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def ray_config(tmp_path, model_dir, **over):
         "resources": {
             "backend": "ray",
             "devices_per_node": 2,
-            "ray": {"num_cpus": 2, "rpc_timeout": 120},
+            "ray": {"num_cpus": 4, "rpc_timeout": 120},  # one module-wide Ray: room for all
         },
     }
     for section, values in over.items():
@@ -92,6 +94,74 @@ def test_grpo_on_two_fsdp2_ranks_with_a_reference(
     assert config_arch(tmp_path / "run" / "final" / "actor") == ["LlamaForCausalLM"]
     moved = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(moved) == len(before)
+
+
+def metrics_rows(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_separate_roles_train_then_resume_on_another_dp_size(
+    tmp_path, tiny_model_dir, monkeypatch, capsys, ray_session
+) -> None:
+    """actor_train on 2 FSDP2 ranks, actor_infer (HF) and the reference each on a device
+    of their own: 3 GRPO steps; then the run resumes with the actor on 1 rank (the
+    sharded checkpoint is resharded) and trains step 4."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from transformers import AutoModelForCausalLM
+
+    from temper.pipelines.rlvr import train
+
+    separate = {
+        "actor": {"use_kl_loss": True},
+        "reference": {"strategy": "fsdp2"},
+        "experiment": {"max_steps": 3, "save_freq": 3},
+    }
+    train(
+        ray_config(
+            tmp_path,
+            tiny_model_dir,
+            **separate,
+            resources={
+                "devices_per_node": 4,
+                "actor_train": [0, 1],
+                "actor_infer": [2],
+                "reference": [3],
+            },
+        )
+    )
+    first = capsys.readouterr().out
+    assert "ray: actor ranks 0..1 up" in first and "ray: rollout ranks 0..0 up" in first
+    run_dir = tmp_path / "run"
+    rows = metrics_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # the rollout ranks sample with the trainer's current weights (synced every step):
+    # their log-probs match the actor's recompute on the same tokens
+    assert all(r["rollout/logprob_diff"] < 1e-4 for r in rows)
+    step3 = run_dir / "checkpoints" / "global_step_3"
+    assert (step3 / "actor_train").is_dir()
+    separate["experiment"]["max_steps"] = 4
+    train(
+        ray_config(
+            tmp_path,
+            tiny_model_dir,
+            **separate,
+            resources={
+                "devices_per_node": 3,
+                "actor_train": [0],
+                "actor_infer": [1],
+                "reference": [2],
+            },
+        )
+    )
+    second = capsys.readouterr().out
+    assert f"resumed from {step3} at step 3" in second
+    assert "ray: actor ranks 0..0 up" in second
+    rows = metrics_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[3]["actor/grad_norm"] > 0 and "actor/kl_loss" in rows[3]
+    at3 = AutoModelForCausalLM.from_pretrained(step3 / "actor").state_dict()
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "final" / "actor").state_dict()
+    assert all(not torch.equal(at3[k], final[k]) for k in at3)  # step 4 moved every weight
 
 
 def config_arch(path) -> list[str]:

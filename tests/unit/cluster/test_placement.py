@@ -1,12 +1,18 @@
-"""`temper check`'s placement table: ranks, nodes, bundles and colocation per role."""
+"""`temper check`'s placement table (ranks, nodes, bundles and colocation per role,
+the rollout engines of ``actor_infer`` included) and the placement checks."""
 
 from __future__ import annotations
 
+import pytest
+
 from temper.cluster.placement import format_table, placement_rows
+from temper.cluster.rollout import prompt_slices
+from temper.config import build_config
+from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 
 
-def test_ray_placement_rows_show_nodes_ranks_and_colocation() -> None:
+def ray_cfg() -> TemperConfig:
     cfg = TemperConfig()
     cfg.model.path = "unused"
     cfg.experiment.device = "cuda"
@@ -15,13 +21,31 @@ def test_ray_placement_rows_show_nodes_ranks_and_colocation() -> None:
     cfg.actor.strategy = "fsdp2"
     cfg.actor.use_kl_loss = True
     cfg.reference.strategy = "fsdp2"
+    cfg.rollout.engine = "vllm"
+    return cfg
+
+
+def test_separate_roles_get_their_own_devices_and_nodes() -> None:
+    cfg = ray_cfg()
+    cfg.resources.actor_train = [0, 1, 2, 3]
+    cfg.resources.actor_infer = [4, 5]
     cfg.resources.reference = [6, 7]
     rows = {r[0]: r for r in placement_rows(cfg)[1:]}
-    assert rows["actor"][1:5] == ("0..7", "0,1", "8", "8")
-    assert rows["actor"][6] == "GPU 1, CPU 1" and rows["actor"][7] == "-"
-    assert rows["reference"][1:4] == ("6,7", "1", "2")
+    # role: devices, nodes, ranks, dp, engine, bundle/rank, colocated with
+    assert rows["actor"][1:] == ("0..3", "0", "4", "4", "fsdp2", "GPU 1, CPU 1", "-")
+    assert rows["rollout"][1:] == ("4,5", "1", "2", "2", "vllm", "GPU 1, CPU 1", "-")
+    assert rows["reference"][1:] == ("6,7", "1", "2", "2", "fsdp2", "GPU 1, CPU 1", "-")
     lines = format_table(placement_rows(cfg))
     assert lines[0].split()[:3] == ["role", "devices", "nodes"]
+
+
+def test_hybrid_engine_colocates_actor_rollout_and_reference() -> None:
+    cfg = ray_cfg()  # nothing placed: every role on all 8 devices (verl's hybrid engine)
+    rows = {r[0]: r for r in placement_rows(cfg)[1:]}
+    assert rows["actor"][1:5] == ("0..7", "0,1", "8", "8")
+    assert rows["actor"][6] == "GPU 0.333333, CPU 0.333333"
+    assert rows["actor"][7] == "rollout,reference"
+    assert rows["rollout"][7] == "actor,reference"
 
 
 def test_local_placement_is_one_process() -> None:
@@ -29,3 +53,36 @@ def test_local_placement_is_one_process() -> None:
     cfg.model.path = "unused"
     rows = placement_rows(cfg)
     assert rows[1][0] == "actor" and rows[1][3] == "1" and "in process" in rows[1][5]
+    assert rows[2][0] == "rollout" and "in process" in rows[2][5]
+
+
+def base(**resources) -> dict:
+    return {
+        "model": {"path": "unused"},
+        "data": {"train_files": ["task:arithmetic?n=8"], "train_batch_size": 4},
+        "rollout": {"n": 2},
+        "actor": {"strategy": "fsdp2", "mini_batch_size": 8},
+        "resources": {"backend": "ray", "devices_per_node": 4, **resources},
+    }
+
+
+def test_partly_overlapping_roles_are_a_config_error() -> None:
+    with pytest.raises(
+        ConfigError, match=r"resources.actor_infer: devices \[2, 3\] partly overlap"
+    ):
+        build_config(base(actor_train=[0, 1, 2], actor_infer=[2, 3]))
+    build_config(base(actor_train=[0, 1], actor_infer=[2, 3]))  # disjoint: fine
+    build_config(base(actor_train=[0, 1], actor_infer=[0, 1]))  # colocated: fine
+
+
+def test_tensor_parallel_rollout_engines_are_refused_on_ray() -> None:
+    with pytest.raises(ConfigError, match="resources.devices_per_infer_worker: 2 devices"):
+        build_config(base(actor_train=[0, 1], actor_infer=[2, 3], devices_per_infer_worker=2))
+
+
+@pytest.mark.parametrize(
+    ("prompts", "world", "expected"),
+    [(5, 2, [(0, 3), (3, 5)]), (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]), (1, 3, [(0, 1)])],
+)
+def test_prompt_slices_are_contiguous_and_balanced(prompts, world, expected) -> None:
+    assert prompt_slices(prompts, world) == expected

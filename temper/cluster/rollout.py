@@ -1,0 +1,105 @@
+"""The rollout engine on the Ray backend: one engine per ``actor_infer`` rank.
+
+ROLL's ``actor_infer`` (verl's rollout of the hybrid engine) is a role of its own: its
+device ids (``resources.actor_infer``, default: the actor's) get a worker group whose
+every rank holds a whole engine (``hf`` or ``vllm``) with its own copy of the weights.
+The driver sees one :class:`~temper.rollout.base.RolloutEngine`, :class:`RemoteRollout`:
+
+* ``generate`` cuts the prompts into one contiguous slice per rank (prompts, not
+  samples, so the ``n`` responses of a prompt stay on one engine and in ``aabb`` order),
+  runs the slices in parallel and concatenates them back in prompt order;
+* ``load_weights`` puts the trainer's gathered weights into Ray's object store once and
+  every rank copies them from there (shared memory on a node), so the driver sends one
+  object however many engines there are;
+* sampling stays reproducible: each call draws one seed from the driver's torch RNG
+  (which checkpoints save and restore) and rank ``r`` seeds its process with
+  ``seed + r`` before generating. Engines seeded once at start (vLLM) ignore it.
+
+Colocated with the actor (the same device ids) the rollout ranks share the actor's
+bundles, as verl's hybrid engine shares its GPUs; on their own ids they get their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from temper.cluster.base import WorkerGroup
+from temper.config.schema import TemperConfig
+from temper.data.batch import Batch
+from temper.rollout.base import RolloutEngine, SamplingParams
+
+
+class RolloutRank:
+    """What one ``actor_infer`` rank runs: an engine with an owned copy of the model."""
+
+    def __init__(self, cfg: TemperConfig, device: torch.device, rank: int) -> None:
+        from temper.rollout.registry import build_rollout_engine
+
+        self.rank = rank
+        torch.manual_seed(cfg.experiment.seed + rank)  # engines seeded at build (vLLM)
+        self.engine = build_rollout_engine(cfg.rollout, cfg.model, device=device)
+
+    def generate(self, prompts: Batch, params: SamplingParams, seed: int) -> Batch:
+        torch.manual_seed(seed + self.rank)
+        return self.engine.generate(prompts, params)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.engine.load_weights(weights.items())
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def prompt_slices(num_prompts: int, world: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` prompt ranges, one per rank, sizes differing by ≤ 1.
+
+    Ranks beyond ``num_prompts`` get no slice (the list is shorter than ``world``).
+    """
+    base, extra = divmod(num_prompts, world)
+    out, start = [], 0
+    for r in range(min(world, num_prompts)):
+        stop = start + base + (1 if r < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+class RemoteRollout(RolloutEngine):
+    """The driver's handle on the ``rollout`` worker group (see the module doc)."""
+
+    shared = False  # the engines hold their own copies: Run.sync_weights pushes updates
+
+    def __init__(self, group: WorkerGroup) -> None:
+        self.group = group
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the driver's RNG stream
+        slices = prompt_slices(len(prompts), self.group.world_size)
+        parts = self.group.call_first(
+            "generate", [(prompts.slice(a, b), params, seed) for a, b in slices]
+        )
+        return Batch.concat(parts)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.group.call_all("load_weights", self.group.share(dict(named_tensors)))
+
+    def sleep(self) -> None:
+        self.group.call_all("sleep")
+
+    def wake_up(self) -> None:
+        self.group.call_all("wake_up")
+
+    def close(self) -> None:
+        if self.group.world_size and getattr(self.group, "workers", None):
+            self.group.call_all("close")
+
+    def __repr__(self) -> str:
+        return f"RemoteRollout({self.group.world_size} ranks)"
