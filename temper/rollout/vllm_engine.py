@@ -42,6 +42,7 @@ import dataclasses
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -88,6 +89,10 @@ OPTION_KEYS = {
 }
 #: Words in vLLM error messages that point at an option without naming it.
 _HINTS = {
+    "context length": ("max_model_len",),  # "This model's maximum context length is …"
+    "model length": ("max_model_len",),
+    "enginecore": ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"),
+    "engine core": ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"),
     "kv cache": ("max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization"),
     "memory": ("gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len"),
     "block": ("block_size",),
@@ -95,6 +100,8 @@ _HINTS = {
     "sleep": ("enable_sleep_mode",),
     "parallel": ("tensor_parallel_size",),
 }
+#: Option names too common in vLLM's prose to be found by name ("This model's …").
+_NOT_BY_NAME = frozenset({"model"})
 
 
 class VLLMEngineError(RuntimeError):
@@ -250,15 +257,53 @@ def check_cpu_head_size(model_path: str, trust_remote_code: bool = False) -> Non
         )
 
 
-def _option_hint(message: str, kwargs: dict[str, Any]) -> str:
-    """The temper keys (with their values) that a vLLM error message points at."""
+def _option_names(message: str) -> list[str]:
+    """vLLM argument names that an error message names (whole words) or implies."""
     low = message.lower()
-    names = [n for n in OPTION_KEYS if n in low or n.replace("_", "-") in low]
+    names = [
+        n
+        for n in OPTION_KEYS
+        if n not in _NOT_BY_NAME
+        and re.search(rf"\b(?:{n}|{n.replace('_', '-')})\b", low) is not None
+    ]
     for word, implied in _HINTS.items():
         if word in low:
             names.extend(n for n in implied if n not in names)
-    shown = [f"{OPTION_KEYS[n]}={kwargs[n]!r}" for n in names if n in kwargs]
+    return names
+
+
+def _option_hint(message: str, kwargs: dict[str, Any]) -> str:
+    """The temper keys (with their values) that a vLLM error message points at."""
+    shown = [f"{OPTION_KEYS[n]}={kwargs[n]!r}" for n in _option_names(message) if n in kwargs]
     return "; ".join(shown) if shown else "see vLLM's message"
+
+
+def _generation_fix(message: str, longest_prompt: int, max_new_tokens: int) -> str:
+    """What to change after a failed generation, from the options the message points at."""
+    names = _option_names(message)
+    # only a message about the context itself, not every "memory"/"kv cache" message
+    if re.search(
+        r"\bmax_model_len\b|\bmax-model-len\b|context length|model length", message.lower()
+    ):
+        need = longest_prompt + max_new_tokens
+        return (
+            f"raise rollout.max_model_len to at least prompt + response tokens ({need} "
+            f"here: longest prompt {longest_prompt} + {max_new_tokens} new tokens), or "
+            "shorten data.max_prompt_length / rollout.response_length"
+        )
+    if any(w in message.lower() for w in ("enginecore", "engine core", "dead")):
+        return (
+            "the engine died (out of memory is the usual cause; see vLLM's log above): "
+            "lower rollout.max_num_seqs / rollout.max_num_batched_tokens, or set "
+            "rollout.engine=hf; the run resumes from its last checkpoint"
+        )
+    if any(n in names for n in ("kv_cache_memory_bytes", "gpu_memory_utilization")):
+        return (
+            "give the KV cache more memory (rollout.gpu_memory_utilization on GPU; "
+            "rollout.engine_kwargs.vllm.kv_cache_memory_bytes or VLLM_CPU_KVCACHE_SPACE on "
+            "CPU) or lower rollout.max_num_seqs, or set rollout.engine=hf"
+        )
+    return "change the options named above, or set rollout.engine=hf to avoid vLLM"
 
 
 @contextlib.contextmanager
@@ -399,6 +444,8 @@ class VLLMRolloutEngine(RolloutEngine):
             ) from exc
         if tokenizer is None:
             tokenizer = llm.get_tokenizer()
+        with contextlib.suppress(AttributeError):  # the context vLLM chose (None: the model's)
+            kwargs["max_model_len"] = int(llm.model_config.max_model_len)
         engine = cls(
             llm,
             tokenizer,
@@ -435,6 +482,7 @@ class VLLMRolloutEngine(RolloutEngine):
         storage), so an in-process engine copies each weight once. Raises
         ``VLLMEngineError`` if an engine parameter received no value.
         """
+        self._check_open("load_weights")
         start = time.perf_counter()
         self.wake_up(tags=["weights"])
         stats = WeightSyncStats()
@@ -488,6 +536,7 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ValueError(
                 f"need n ≥ 1 and max_new_tokens ≥ 1, got {params.n}, {params.max_new_tokens}"
             )
+        self._check_open("generate")
         self.wake_up()
         rows = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
         # Greedy: each row is its own request (n identical greedy copies); sampling: one
@@ -500,10 +549,11 @@ class VLLMRolloutEngine(RolloutEngine):
         try:
             outputs = self.llm.generate(token_prompts, sampling, use_tqdm=False)
         except Exception as exc:
+            longest = int(requests["prompt_mask"].sum(dim=1).max())
             raise VLLMEngineError(
-                f"vLLM generation failed: {type(exc).__name__}: {exc} "
-                f"(options involved: {_option_hint(str(exc), self.options)}; "
-                "rollout.engine=hf avoids vLLM)"
+                f"vLLM generation failed: {type(exc).__name__}: {exc}\n"
+                f"options involved: {_option_hint(str(exc), self.options)}. "
+                f"Fix: {_generation_fix(str(exc), longest, params.max_new_tokens)}"
             ) from exc
         ids_rows: list[torch.Tensor] = []
         logp_rows: list[torch.Tensor] = []
@@ -553,6 +603,15 @@ class VLLMRolloutEngine(RolloutEngine):
             cleanup_dist_env_and_memory()
 
     # ----------------------------------------------------------------- internals
+
+    def _check_open(self, what: str) -> None:
+        """A closed engine fails at once with what happened, not deep inside vLLM."""
+        if self._closed:
+            raise VLLMEngineError(
+                f"vLLM engine: {what}() after close(): the engine was shut down (the run "
+                "ended or is being torn down). Fix: start a new engine "
+                "(VLLMRolloutEngine.from_config) instead of reusing a closed one"
+            )
 
     def _rpc(self, method: str, *args: Any) -> Any:
         """Call a ``TemperWorkerExtension`` method on the (single) worker."""

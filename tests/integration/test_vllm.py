@@ -163,6 +163,43 @@ def test_failed_weight_sync_is_loud_and_leaves_the_engine_usable(engine, tokeniz
     assert torch.equal(engine.generate(batch, GREEDY)["response_ids"], before["response_ids"])
 
 
+def test_prompt_past_max_model_len_mid_run_names_the_option_and_the_fix(engine, tokenizer):
+    """A real mid-run failure: vLLM refuses a request longer than its context
+    (rollout.max_model_len=256 here). The error names the key, its value and the fix
+    (not ``model.path``, which "This model's maximum context length" used to suggest),
+    and the engine stays usable."""
+    batch = prompts_for(tokenizer)
+    before = engine.generate(batch, GREEDY)
+    ids = torch.randint(10, 200, (2, 300), generator=torch.Generator().manual_seed(0))
+    long = Batch.from_dict({"prompt_ids": ids, "prompt_mask": torch.ones_like(ids)})
+    with pytest.raises(VLLMEngineError) as err:
+        engine.generate(long, GREEDY)
+    message = str(err.value)
+    assert "maximum context length is 256" in message  # vLLM's own words, kept
+    assert "options involved: rollout.max_model_len=256." in message
+    assert "Fix: raise rollout.max_model_len to at least prompt + response tokens (316" in message
+    assert "model.path" not in message
+    assert torch.equal(engine.generate(batch, GREEDY)["response_ids"], before["response_ids"])
+
+
+def test_closed_engine_fails_at_once_with_what_happened(model_dir, tokenizer):
+    """generate / load_weights after close(): a clear error, not vLLM's AttributeError."""
+    eng = VLLMRolloutEngine.from_config(
+        RolloutConfig(engine="vllm", max_model_len=64, engine_kwargs=SMALL_KV),
+        ModelConfig(path=str(model_dir)),
+        seed=0,
+    )
+    batch = prompts_for(tokenizer)
+    assert eng.options["max_model_len"] == 64
+    assert len(eng.generate(batch, GREEDY)) == len(batch)
+    eng.close()
+    with pytest.raises(VLLMEngineError, match=r"generate\(\) after close\(\).*Fix: start a new"):
+        eng.generate(batch, GREEDY)
+    with pytest.raises(VLLMEngineError, match=r"load_weights\(\) after close\(\)"):
+        eng.load_weights([])
+    eng.close()  # still safe to call twice
+
+
 def test_bad_engine_kwarg_is_a_config_error_naming_it(model_dir):
     cfg = RolloutConfig(engine="vllm", engine_kwargs={"vllm": {"max_num_seq": 4}})
     with pytest.raises(ConfigError) as err:
