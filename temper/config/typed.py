@@ -50,8 +50,12 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _convert(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against type ``tp`` (converting where lossless)."""
+def _convert(value: Any, tp: Any, key: str, base: Any = None) -> Any:
+    """Check ``value`` against type ``tp`` (converting where lossless).
+
+    ``base`` is the value a mapping written for a dataclass section starts from (the
+    field's default), so keys the mapping omits keep that default, not the class's.
+    """
     origin = get_origin(tp)
     if tp is Any:
         return value
@@ -64,7 +68,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _convert(value, arg, key)
+                return _convert(value, arg, key, base)
             except ConfigError as err:
                 errors.append(err)
         if len(errors) == 1:
@@ -85,7 +89,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise _type_error(key, value, tp)
-        return from_dict(tp, value, prefix=key)
+        return from_dict(tp, value, prefix=key, base=base if isinstance(base, tp) else None)
     if origin is list:
         if isinstance(value, tuple):
             value = list(value)
@@ -135,12 +139,27 @@ def _type_error(key: str, value: Any, tp: Any) -> ConfigError:
     )
 
 
-def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
-    """Build dataclass ``cls`` from ``data``; every key must be a field."""
+def _field_default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | None = None) -> T:
+    """Build dataclass ``cls`` from ``data``; every key must be a field.
+
+    Keys ``data`` omits keep their value in ``base`` when given, else the field default.
+    A nested section written in part starts from the field's own default (its
+    ``default_factory``), not from the section class's defaults: ``critic.optim`` is
+    ``OptimConfig(lr=1e-5)``, so ``critic: {optim: {weight_decay: 0.1}}`` keeps lr 1e-5.
+    """
     if not isinstance(data, dict):
         raise _type_error(prefix or cls.__name__, data, cls)
     hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = list(fields)
     kwargs = {}
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
@@ -151,7 +170,12 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
                 f"unknown key{did_you_mean(str(key), names)}",
                 f"remove it, or use one of the keys of {where}: {', '.join(names)}",
             )
-        kwargs[key] = _convert(value, hints[key], full)
+        start = getattr(base, key) if base is not None else None
+        if base is None and isinstance(value, dict):
+            start = _field_default(fields[key])
+        kwargs[key] = _convert(value, hints[key], full, start)
+    if base is not None:
+        return dataclasses.replace(base, **kwargs)  # type: ignore[type-var]
     return cls(**kwargs)
 
 

@@ -31,6 +31,19 @@ def test_roundtrip_full_and_minimal():
     assert diff_from_default(c)["rollout"] == {"n": 4}
 
 
+def test_partial_section_starts_from_the_field_default():
+    # CriticConfig.optim defaults to OptimConfig(lr=1e-5) (default_factory); OptimConfig's
+    # own class default is lr=1e-6. Writing one optimizer key must keep the critic's 1e-5.
+    c = from_dict(TemperConfig, {"critic": {"optim": {"weight_decay": 0.1}}})
+    assert c.critic.optim.lr == 1e-5 and c.critic.optim.weight_decay == 0.1
+    assert c.actor.optim.lr == 1e-6  # the actor's optim is the class default
+    # nested deeper: critic given, optim omitted -> the factory value too
+    assert from_dict(TemperConfig, {"critic": {"enable": True}}).critic.optim.lr == 1e-5
+    # the minimal form (what `temper convert` writes) reads back to the same config
+    assert from_dict(TemperConfig, diff_from_default(c)) == c
+    assert diff_from_default(c) == {"critic": {"optim": {"weight_decay": 0.1}}}
+
+
 def test_typo_says_did_you_mean():
     with pytest.raises(ConfigError) as err:
         build_config(cfg(actor={"mini_bach_size": 4}))
