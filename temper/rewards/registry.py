@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from temper.rewards.functions import arithmetic, auto, countdown, format_regex, gsm8k, math_boxed
+from temper.rewards.functions import (
+    arithmetic,
+    auto,
+    countdown,
+    crossthinkqa,
+    format_regex,
+    gsm8k,
+    math_boxed,
+)
 
 RewardFunction = Callable[..., Any]
 
@@ -22,6 +30,7 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "arithmetic": arithmetic.compute_score,
     "countdown": countdown.compute_score,
     "format": format_regex.compute_score,
+    "crossthinkqa": crossthinkqa.compute_score,
 }
 
 CUSTOM = "custom"

@@ -13,12 +13,16 @@ from typing import Any
 
 from temper.config.dialects.roll_devices import parse_device_mapping
 from temper.config.dialects.roll_rules import (
+    CROSSTHINKQA_REWARD_TYPES,
+    FUNCTION_KWARGS,
     INFER_STRATEGIES,
     REWARD_WORKERS,
     ROLE_WORKERS,
     ROLLOUT_ENGINES,
+    ROUTE_KWARGS,
     TRACKERS,
     TRAIN_STRATEGIES,
+    UNSUPPORTED_REWARD_WORKERS,
     choice,
     listify,
 )
@@ -129,7 +133,46 @@ def lengths(ctx: Ctx, agentic: bool) -> None:
         )
 
 
+def _estimator(ctx: Ctx) -> None:
+    """``adv_estimator`` and ``reward_norm``.
+
+    ROLL's ``grpo`` is not verl's: ``reward_postprocess`` normalizes the sequence scores
+    per prompt group whenever ``adv_estimator == "grpo" or reward_norm == "group"``
+    (mean only with ``reward_shift``), clips them, the token-level KL penalty is added
+    after that, and ``compute_advantage`` then takes the ``reinforce`` discounted return.
+    So it translates to ``reward_norm: group`` + ``adv_estimator: reinforce``, which
+    runs the same steps in the same order (temper's ``grpo`` would normalize after the
+    KL penalty and ignore ``gamma``). ROLL's agentic pipeline normalizes episode scores
+    with ``reward_normalization`` instead and then also takes the reinforce return, so
+    there ``grpo`` is ``reinforce`` alone.
+    """
+    estimator = ctx.get("adv_estimator")
+    norm = ctx.get("reward_norm", MISSING)
+    if estimator == "grpo":
+        ctx.set("algorithm.adv_estimator", "reinforce", "adv_estimator")
+        if "train_env_manager" in ctx.data:
+            ctx.notes.append(
+                "adv_estimator: grpo: ROLL's agentic grpo is the reinforce return over "
+                "scores normalized by reward_normalization: algorithm.adv_estimator=reinforce"
+            )
+            if norm is not MISSING:
+                ctx.note("reward_norm", "the agentic pipeline uses reward_normalization")
+            return
+        ctx.set("algorithm.reward_norm", "group", "adv_estimator")
+        ctx.notes.append(
+            "adv_estimator: grpo: ROLL's grpo is group reward normalization then the "
+            "reinforce return: algorithm.reward_norm=group, algorithm.adv_estimator=reinforce"
+        )
+        if norm not in (MISSING, None, "group"):
+            ctx.note("reward_norm", "ROLL normalizes per group whenever adv_estimator is grpo")
+        return
+    ctx.set("algorithm.adv_estimator", estimator, "adv_estimator")
+    if norm is not MISSING:
+        ctx.set("algorithm.reward_norm", "none" if norm is None else norm, "reward_norm")
+
+
 def algorithm(ctx: Ctx) -> None:
+    _estimator(ctx)
     # ROLL's GAE returns raw advantages; whitening is its separate whiten_advantages key.
     ctx.set("algorithm.gae_whiten", False, "adv_estimator")
     if ctx.get("target_kl") is not None:
@@ -408,13 +451,49 @@ def mini_batch(ctx: Ctx) -> None:
             )
 
 
+def _worker(spec: Any) -> tuple[Any, str | None]:
+    cls = (spec or {}).get("worker_cls")
+    return cls, (str(cls).rsplit(".", 1)[-1] if cls else None)
+
+
+def _reject_unsupported_rewards(ctx: Ctx, rewards: dict[str, Any]) -> None:
+    """One error for every ROLL reward domain whose worker has no counterpart here.
+
+    The key is the first such domain's ``worker_cls``; the fix lists the overrides that
+    drop all of them (a weight of 0 in domain_interleave_probs excludes a domain's
+    prompts, which would otherwise reach no reward function).
+    """
+    names = [n for n, spec in rewards.items() if _worker(spec)[1] in UNSUPPORTED_REWARD_WORKERS]
+    if not names:
+        return
+    first = names[0]
+    what, why = UNSUPPORTED_REWARD_WORKERS[_worker(rewards[first])[1]]  # type: ignore[index]
+    weights = ctx.get("actor_train.data_args.domain_interleave_probs") or {}
+    drops = []
+    for name in names:
+        drops.append(f"~rewards.{name}")
+        if name in weights:
+            drops.append(f"actor_train.data_args.domain_interleave_probs.{name}=0")
+    also = (
+        f" (also unsupported: {', '.join(f'rewards.{n}' for n in names[1:])})" if names[1:] else ""
+    )
+    raise ConfigError(
+        f"rewards.{first}.worker_cls",
+        f"{_worker(rewards[first])[1]} ({what}) is not supported: {why}{also}",
+        f"drop the domain{'s' if len(names) > 1 else ''} with the overrides "
+        f"{' '.join(drops)}; or, in a native config, score the tags with your own "
+        f"function (reward.routes.{first}.function: custom and reward.custom_function.path)",
+    )
+
+
 def rewards(ctx: Ctx) -> None:
     rewards = ctx.get("rewards") or {}
+    _reject_unsupported_rewards(ctx, rewards)
     workers = 0
     for name, spec in rewards.items():
+        spec = spec or {}
         key = f"rewards.{name}.worker_cls"
-        cls = (spec or {}).get("worker_cls")
-        short = str(cls).rsplit(".", 1)[-1] if cls else None
+        cls, short = _worker(spec)
         if short not in REWARD_WORKERS:
             known = ", ".join(sorted(REWARD_WORKERS))
             raise ConfigError(
@@ -424,32 +503,20 @@ def rewards(ctx: Ctx) -> None:
             )
         function = REWARD_WORKERS[short]
         ctx.set(f"reward.routes.{name}.function", function, key)
-        if function == "llm_judge":
-            margs, sargs = spec.get("model_args") or {}, spec.get("strategy_args") or {}
-            kw = {
-                "model_path": margs.get("model_name_or_path"),
-                "dtype": margs.get("dtype"),
-                "model_type": margs.get("model_type"),
-                "generating_args": spec.get("generating_args") or {},
-                "engine": sargs.get("strategy_name"),
-                "strategy_config": sargs.get("strategy_config"),
-                "infer_batch_size": spec.get("infer_batch_size"),
-            }
-            if "strategy_config" in sargs and not sargs["strategy_config"]:
-                ctx.note(
-                    f"rewards.{name}.strategy_args.strategy_config",
-                    "empty: the judge engine's defaults apply",
-                )
-            for k, v in kw.items():
-                if v is not None:
-                    ctx.set(f"reward.routes.{name}.kwargs.{k}", v, f"rewards.{name}")
-        else:
-            for k in ("model_args", "strategy_args", "generating_args", "infer_batch_size"):
-                if k in spec:
-                    ctx.notes.append(
-                        f"rewards.{name}.{k}: accepted, no effect here: the "
-                        f"{function} reward is a rule; it loads no model"
-                    )
+        for k in ROUTE_KWARGS:
+            if k not in spec:
+                continue
+            if k in FUNCTION_KWARGS[function]:
+                ctx.set(f"reward.routes.{name}.kwargs.{k}", spec[k], f"rewards.{name}.{k}")
+            else:
+                ctx.note(f"rewards.{name}.{k}", f"{short} does not read it")
+        reward_type = spec.get("reward_type")
+        if function == "crossthinkqa" and reward_type not in (None, *CROSSTHINKQA_REWARD_TYPES):
+            raise ConfigError(
+                f"rewards.{name}.reward_type",
+                f"'{reward_type}' is not a CrossThinkQA reward type",
+                f"use one of: {', '.join(CROSSTHINKQA_REWARD_TYPES)}",
+            )
         workers = max(workers, int(spec.get("world_size") or 0))
     if workers:
         ctx.set("reward.num_workers", workers, "rewards.*.world_size")

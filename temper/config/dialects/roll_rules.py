@@ -94,13 +94,48 @@ GROUPINGS = {
     "tag": "tag",
     "inductive": "inductive",
 }
-# ROLL reward worker classes -> temper reward function names.
+# ROLL reward worker classes temper replaces -> temper reward function names.
 REWARD_WORKERS = {
     "MathRuleRewardWorker": "math",
-    "CodeSandboxRewardWorker": "code_sandbox",
-    "LLMJudgeRewardWorker": "llm_judge",
-    "GeneralRuleRewardWorker": "ifeval",  # roll...ifeval_rule_reward_worker
     "CrossThinkQARuleRewardWorker": "crossthinkqa",
+}
+# ROLL's per-domain reward keys (``rewards.<name>.<key>``) that a reward function may
+# read as a keyword argument, and which of them each function reads; the others are
+# noted as having no effect (ROLL's MathRuleRewardWorker reads format_pattern only to
+# log it).
+ROUTE_KWARGS = (
+    "reward_type",
+    "response_length_penalty_coef",
+    "use_local",
+    "code_url",
+    "judge_prompt",
+    "judge_model_type",
+    "judge_model_name",
+    "judge_api_url",
+    "judge_api_key",
+    "format_pattern",
+)
+# temper.rewards.functions.crossthinkqa.REWARD_TYPES (config imports nothing of rewards)
+CROSSTHINKQA_REWARD_TYPES = ("loose", "soft", "strict")
+FUNCTION_KWARGS = {
+    "math": frozenset(),
+    "crossthinkqa": frozenset({"reward_type", "response_length_penalty_coef"}),
+}
+# ROLL reward workers with no counterpart here -> (what the worker does, why not here).
+UNSUPPORTED_REWARD_WORKERS = {
+    "GeneralRuleRewardWorker": (
+        "IFEval instruction-following checks",
+        "temper has no IFEval rule library",
+    ),
+    "LLMJudgeRewardWorker": (
+        "an LLM judge that grades each response",
+        "temper has rule rewards and sequence-classification reward models, no LLM judge",
+    ),
+    "CodeSandboxRewardWorker": (
+        "running each response's code against its row's test cases",
+        "temper's data loader does not pass a row's test_cases/case_type columns to reward "
+        "functions and temper has no code-execution reward",
+    ),
 }
 # Worker classes whose behaviour is temper's own role logic for that role.
 ROLE_WORKERS = {

@@ -23,6 +23,7 @@ from typing import Any
 from temper.config.dialects.roll_rules import (
     GROUPINGS,
     ROLE_WORKERS,
+    ROUTE_KWARGS,
     Map,
     Note,
     Reject,
@@ -108,8 +109,8 @@ TOP: dict[str, Rule] = {
     "whiten_rewards": Map("algorithm.whiten_rewards"),
     "whiten_advantages": Map("algorithm.whiten_advantages"),
     "advantage_clip": Map("algorithm.advantage_clip"),
-    "adv_estimator": Map("algorithm.adv_estimator"),
-    "reward_norm": Map("algorithm.reward_norm", lambda v: "none" if v is None else v),
+    "adv_estimator": Use("algorithm.adv_estimator (grpo: reinforce after group reward_norm)"),
+    "reward_norm": Use("algorithm.reward_norm (group whenever adv_estimator is grpo)"),
     "reward_shift": Map("algorithm.reward_shift"),
     "reward_scale": Map("algorithm.reward_scale"),
     "add_token_level_kl": Map("algorithm.use_kl_in_reward"),
@@ -221,22 +222,11 @@ for _k in (
     "model_args.model_type",
     "strategy_args.strategy_name",
     "strategy_args.strategy_config",
-    "device_mapping",
 ):
-    _reward[f"rewards.*.{_k}"] = Use("reward.routes.<name> (llm_judge: its model; else unused)")
-for _k in (
-    "reward_type",
-    "response_length_penalty_coef",
-    "use_local",
-    "code_url",
-    "judge_prompt",
-    "judge_model_type",
-    "judge_model_name",
-    "judge_api_url",
-    "judge_api_key",
-    "format_pattern",
-):
-    _reward[f"rewards.*.{_k}"] = Map("reward.routes.{0}.kwargs." + _k)
+    # ROLL's reward workers that load a model (the LLM judge) are rejected by worker_cls.
+    _reward[f"rewards.*.{_k}"] = Note("the ROLL reward workers temper runs are rules")
+for _k in ROUTE_KWARGS:
+    _reward[f"rewards.*.{_k}"] = Use("reward.routes.<name>.kwargs, when its function reads it")
 _reward["rewards.*.tag_included"] = Map("reward.routes.{0}.tags", listify)
 _reward["rewards.*.worker_cls"] = Use("reward.routes.<name>.function")
 for _k in ("query_filter_config", "response_filter_config"):

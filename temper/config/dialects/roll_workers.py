@@ -201,7 +201,8 @@ def _generating_args(role: str) -> dict[str, Rule]:
         }
     if role == "rewards.*":
         return {
-            f"generating_args.{k}": Use("reward.routes.<name>.kwargs.generating_args") for k in keys
+            f"generating_args.{k}": Note("the ROLL reward workers temper runs are rules")
+            for k in keys
         }
     return {f"generating_args.{k}": Note(GEN_NOTE) for k in keys}
 
@@ -268,7 +269,7 @@ def _placement(role: str) -> dict[str, Rule]:
     elif role == "rewards.*":
         rules.update(
             {
-                "infer_batch_size": Use("reward.routes.<name>.kwargs.infer_batch_size"),
+                "infer_batch_size": Note("rule rewards score one response per call"),
                 "world_size": Use("reward.num_workers"),
             }
         )

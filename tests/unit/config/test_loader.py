@@ -3,11 +3,11 @@
 from pathlib import Path
 
 import pytest
+from reference_paths import UPSTREAM as REF  # next to this file
+from reference_paths import needs
 
 from temper.config.errors import ConfigError
 from temper.config.loader import load_yaml, parse_override
-
-REF = Path(__file__).resolve().parents[4] / "shared" / "reference" / "upstream-configs"
 
 
 def write(path: Path, text: str) -> Path:
@@ -88,7 +88,7 @@ def test_scientific_notation_is_a_float(tmp_path):
     assert load_yaml(main).data["lr"] == 1e-6
 
 
-@pytest.mark.skipif(not REF.is_dir(), reason="reference configs not beside the checkout")
+@needs(REF)
 def test_upstream_roll_file_composes():
     raw = load_yaml(REF / "roll-v0" / "qwen2.5-0.5B-agentic_ds" / "agentic_val_sokoban.yaml")
     strategy = raw.data["actor_train"]["strategy_args"]

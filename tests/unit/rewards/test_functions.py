@@ -159,6 +159,7 @@ def test_registry_names_and_did_you_mean() -> None:
         "arithmetic",
         "auto",
         "countdown",
+        "crossthinkqa",
         "custom",
         "format",
         "gsm8k",
