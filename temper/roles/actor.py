@@ -5,6 +5,11 @@ entropy, SFT terms, aggregation) — never re-derived here. Every term is aggreg
 the **global** normalizers of its mini-batch, so summing micro-batch losses gives the
 mini-batch loss whatever the micro-batch split (1×N equals N×1 accumulation).
 
+``actor/entropy`` is always reported: the token mean of the update forward's entropy
+(the engine computes it from the same logits, under ``no_grad`` when
+``entropy_coeff`` is 0), averaged over optimizer steps like the other metrics — so a
+run without old-log-prob recompute or entropy bonus still shows it.
+
 Keys read by ``update``: ``prompt_ids``, ``prompt_mask``, ``response_ids``,
 ``response_mask``, ``advantages``, ``old_log_probs`` (or ``rollout_log_probs`` with
 ``recompute_old_log_prob: false``); ``ref_log_probs`` for the KL loss;
@@ -170,6 +175,7 @@ class Actor:
             ent = None
             if cfg.entropy_coeff:
                 ent = entropy_loss(out["entropy"], mask, agg)
+            if "entropy" in out:  # always from the engine's train forward (no_grad if unused)
                 metrics["entropy"] = masked_mean(out["entropy"].detach(), mask) * share
             kl = None
             if "ref_log_probs" in mb:

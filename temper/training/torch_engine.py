@@ -8,6 +8,10 @@ agree with it) and what CI and laptops run. Memory choices:
   lost in bf16 weights; frozen models are stored in the compute dtype directly;
 * only the logits of response positions are computed (``logits_to_keep``), and
   log-probs/entropy are chunked over rows by the algorithms package;
+* the training forward always returns the per-token ``entropy`` (the ``actor/entropy``
+  metric); unless the loss uses it (``with_entropy``) it is computed from the same
+  logits under ``no_grad`` and chunked, so it costs no second forward and keeps no
+  ``(tokens, V)`` softmax alive for the backward;
 * each micro-batch is trimmed to its longest real prompt/response.
 """
 
@@ -22,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from temper.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
+from temper.algorithms.logprobs import DEFAULT_CHUNK, entropy_from_logits, logprobs_from_logits
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
 from temper.training.base import LossFn, NonFiniteError, TrainEngine
@@ -190,8 +194,13 @@ class TorchEngine(TrainEngine):
         )
         return out.logits[:, -keep:]
 
-    def _run(self, mb: Batch, *, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
-        """Per-response-token outputs ``(b, R)`` of one micro-batch, 0 where masked."""
+    def _run(
+        self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """Per-response-token outputs ``(b, R)`` of one micro-batch, 0 where masked.
+
+        ``entropy_grad=False`` computes the entropy as a detached metric (no autograd
+        graph, chunked even when ``entropy_chunk_size`` is 0)."""
         inp = model_inputs(mb, self.device)
         r = inp.response_len
         out: dict[str, torch.Tensor] = {}
@@ -207,11 +216,18 @@ class TorchEngine(TrainEngine):
                 out["log_probs"] = logprobs_from_logits(
                     logits, inp.response_ids, temperature=temperature
                 )
-                if with_entropy:
+                if with_entropy and entropy_grad:
                     chunk = self.spec.entropy_chunk_size or max(1, logits.shape[0] * r)
                     out["entropy"] = entropy_from_logits(
                         logits, temperature=temperature, chunk_size=chunk
                     )
+                elif with_entropy:
+                    with torch.no_grad():
+                        out["entropy"] = entropy_from_logits(
+                            logits.detach(),
+                            temperature=temperature,
+                            chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
+                        )
         mask = mb["response_mask"][:, :r].to(self.device) > 0
         return {
             k: pad_response(
@@ -269,7 +285,9 @@ class TorchEngine(TrainEngine):
         """Accumulate gradients over micro-batches, check finiteness, clip, step.
 
         ``loss_fn`` losses and metrics are partial sums (scaled by the mini-batch's global
-        normalizers), so both are summed here, never averaged.
+        normalizers), so both are summed here, never averaged. A causal LM's outputs
+        always hold ``entropy``: differentiable if ``with_entropy`` (the loss uses it),
+        else a detached metric computed under ``no_grad`` from the same logits.
         """
         if self.optimizer is None or self.schedule is None:
             raise RuntimeError(f"the {self.spec.role} engine is frozen (no optimizer)")
@@ -279,7 +297,9 @@ class TorchEngine(TrainEngine):
         total = 0.0
         sums: dict[str, float] = {}
         for i, (mb, rows) in enumerate(zip(micro, groups)):
-            out = self._run(mb, temperature=temperature, with_entropy=with_entropy)
+            out = self._run(
+                mb, temperature=temperature, with_entropy=True, entropy_grad=with_entropy
+            )
             loss, metrics = loss_fn(mb.to(self.device), out)
             if not rows:  # padding micro-batch: same collectives, no contribution
                 loss = loss * 0.0

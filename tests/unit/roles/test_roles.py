@@ -150,3 +150,38 @@ def test_critic_update_reduces_value_loss(tiny_path: str) -> None:
         losses.append(metrics["critic/value_loss"])
     assert {"critic/value_loss", "critic/vf_clipfrac", "critic/grad_norm"} <= set(metrics)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_actor_reports_entropy_without_recompute_or_entropy_bonus(tiny_path: str) -> None:
+    """The quickstart setting (recompute_old_log_prob: false, entropy_coeff: 0) still
+    logs ``actor/entropy``: the token mean of the update forward's entropy over each
+    mini-batch (summed over its micro-batches), averaged over optimizer steps like the
+    other metrics. (The engine test checks that this leaves the gradient unchanged.)"""
+    batch = make_batch(PROMPTS, RESPONSES, seed=5)
+    cfg = make_config(tiny_path)
+    cfg.actor.recompute_old_log_prob = False
+    cfg.actor.shuffle = False
+    assert cfg.actor.entropy_coeff == 0 and cfg.actor.micro_batch_size_per_device == 2
+    actor = build_roles(cfg, "cpu").actor
+    # a low sampling temperature sharpens the tiny model's near-uniform distributions, so
+    # the entropy differs between rows
+    batch.meta["temperature"] = 0.05
+    probe = actor.engine.forward(batch, with_entropy=True, temperature=0.05)
+    batch["rollout_log_probs"] = probe["log_probs"]
+    assert "old_log_probs" not in batch and "entropy" not in batch
+
+    def token_mean(rows: list[int]) -> float:
+        m = batch["response_mask"][rows].float()
+        return float((probe["entropy"][rows] * m).sum() / m.sum())
+
+    metrics = actor.update(batch)  # one mini-batch of 4 = two micro-batches of 2
+    assert metrics["actor/entropy"] == pytest.approx(token_mean([0, 1, 2, 3]), rel=1e-5)
+
+    # two optimizer steps (lr 0 keeps the weights, so both see the probed entropy): the
+    # mean of the steps' own token means, not the token mean of the whole batch
+    cfg.actor.mini_batch_size = 2
+    cfg.actor.optim.lr = 0.0
+    metrics = build_roles(cfg, "cpu").actor.update(batch)
+    per_step = (token_mean([0, 1]) + token_mean([2, 3])) / 2
+    assert abs(per_step - token_mean([0, 1, 2, 3])) > 0.01
+    assert metrics["actor/entropy"] == pytest.approx(per_step, rel=1e-5)

@@ -237,3 +237,63 @@ def test_bf16_keeps_fp32_master_weights(tiny_path: str) -> None:
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, exact, atol=2e-2, rtol=0)
     assert trained.train_mini_batch(batch, _pg_loss_fn(batch))["grad_norm"] > 0
+
+
+def test_train_forward_reports_entropy_without_a_graph_or_a_gradient_change(
+    tiny_path: str,
+) -> None:
+    """The update's forward always returns the per-token entropy (``actor/entropy``).
+
+    Unless the loss uses it (``with_entropy``) it is a detached no-grad metric of the
+    same logits, equal to the inference forward's entropy, and the step is the plain
+    policy-gradient step: loss and grad norm equal an independent per-sample reference
+    (unpadded full forwards of a copy of the model, backward of the same token-mean loss).
+    """
+    batch = make_batch(PROMPTS, RESPONSES, seed=4)
+    engine = make_engine(tiny_path, micro=2)
+    expected = engine.forward(batch, with_entropy=True)["entropy"]
+    reference = copy.deepcopy(engine.model)
+
+    seen: list[tuple[bool, torch.Tensor, torch.Tensor]] = []
+    pg = _pg_loss_fn(batch)
+
+    def recording(mb: Batch, out: dict[str, torch.Tensor]):
+        seen.append((out["entropy"].requires_grad, out["entropy"].detach(), mb["response_ids"]))
+        return pg(mb, out)
+
+    result = engine.train_mini_batch(batch, recording, with_entropy=False)
+    assert len(seen) == 2 and not any(grad for grad, _, _ in seen)
+    got = torch.cat([e for _, e, _ in seen])
+    # fixed-size micro-batches keep the batch order
+    assert torch.equal(torch.cat([r for _, _, r in seen]), batch["response_ids"])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert float((expected * batch["response_mask"]).sum()) > 0
+
+    # reference gradient of the same loss, no entropy anywhere
+    mask = batch["response_mask"]
+    total = torch.zeros(())
+    for i in range(len(batch)):
+        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i] > 0]
+        n = int(mask[i].sum())
+        resp = batch["response_ids"][i, :n]
+        logits = reference(input_ids=torch.cat([prompt, resp])[None]).logits[0].float()
+        p = prompt.numel()
+        logp = torch.log_softmax(logits[p - 1 : p - 1 + n], -1).gather(-1, resp[:, None])
+        total = total + (-batch["advantages"][i, :n] * logp.squeeze(-1)).sum()
+    loss = total / mask.sum()
+    loss.backward()
+    norm = torch.linalg.vector_norm(
+        torch.stack([q.grad.norm() for q in reference.parameters() if q.grad is not None])
+    )
+    assert result["loss"] == pytest.approx(float(loss), abs=1e-6)
+    assert result["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+
+    # when the loss uses it, the entropy is part of the graph
+    grads: list[bool] = []
+
+    def keep(mb: Batch, out: dict[str, torch.Tensor]):
+        grads.append(out["entropy"].requires_grad)
+        return pg(mb, out)
+
+    engine.train_mini_batch(batch, keep, with_entropy=True)
+    assert grads == [True, True]
