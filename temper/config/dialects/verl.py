@@ -38,6 +38,8 @@ from temper.config.schema import RolloutConfig, TemperConfig
 from temper.config.typed import _convert
 
 _MISSING = object()
+# verl policy losses that always aggregate with seq-mean-token-mean.
+SEQUENCE_MEAN_LOSSES = ("gspo", "sapo")
 
 
 def _children(table: dict[str, Rule]) -> dict[str, set[str]]:
@@ -277,6 +279,7 @@ class _Translator:
     # ------------------------------------------------------------------ final pass
 
     def _finish(self) -> None:
+        self._sequence_level_losses()
         self.key = self.prefix + "actor_rollout_ref.rollout.engine_kwargs"
         chosen = self.writes.get("rollout.engine", (RolloutConfig.engine, "", False))[0]
         kwargs = self.state.get("engine_kwargs", {})
@@ -297,6 +300,26 @@ class _Translator:
             "verl always runs through Ray; temper uses the local backend for one device "
             "and Ray for more",
         )
+
+    def _sequence_level_losses(self) -> None:
+        """verl's ``gspo`` and ``sapo`` policy losses call ``agg_loss`` with
+        ``loss_agg_mode="seq-mean-token-mean"`` hard-coded (core_algos.py), whatever
+        ``actor.loss_agg_mode`` says; the value loss and entropy still use the setting.
+        temper's losses honour ``loss_agg_mode``, so the translation pins the policy
+        loss's aggregation with ``PolicyLossParams.loss_agg_mode_override``."""
+        loss, key, _ = self.writes.get("actor.policy_loss", (None, "", False))
+        if loss not in SEQUENCE_MEAN_LOSSES:
+            return
+        self.key = key
+        self._write("actor.policy_loss_kwargs.loss_agg_mode_override", "seq-mean-token-mean")
+        mode, mode_key, _ = self.writes.get("actor.loss_agg_mode", (None, "", False))
+        if mode not in (None, "seq-mean-token-mean"):
+            self.note(
+                f"verl's {loss} policy loss aggregates with seq-mean-token-mean whatever it "
+                "says (it still applies to the other loss terms); "
+                "actor.policy_loss_kwargs.loss_agg_mode_override does the same here",
+                mode_key,
+            )
 
     def _native(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -424,3 +424,22 @@ def test_document_002_file(tmp_path):
     assert cfg.actor.optim.lr == 1e-6 and cfg.algorithm.kl_ctrl.kl_coef == 0.005
     assert cfg.experiment.trackers == ["console", "wandb", "jsonl"]
     assert noted(notes, "actor_rollout_ref.actor.fsdp_config.grad_offload")
+
+
+@needs_flat
+@pytest.mark.parametrize("loss", ["gspo", "sapo"])
+def test_sequence_level_losses_aggregate_like_verl(loss):
+    """verl's gspo/sapo hard-code seq-mean-token-mean in their agg_loss call; the
+    translation pins the policy loss's aggregation the same way, and says so when the
+    file's loss_agg_mode differs (it still governs the value loss and entropy)."""
+    from temper.roles.actor import policy_loss_params
+
+    data = base()
+    data["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] = loss
+    data["actor_rollout_ref"]["actor"]["loss_agg_mode"] = "token-mean"
+    cfg, notes = build(data)
+    assert cfg.actor.loss_agg_mode == "token-mean"
+    assert policy_loss_params(cfg.actor).loss_agg_mode_override == "seq-mean-token-mean"
+    assert noted(notes, "actor_rollout_ref.actor.loss_agg_mode")
+    vanilla, _ = build(base())
+    assert policy_loss_params(vanilla.actor).loss_agg_mode_override is None

@@ -68,6 +68,8 @@ actor_rollout_ref.actor.tau_pos 2.0 -> actor.policy_loss_kwargs.tau_pos
 actor_rollout_ref.actor.tau_neg 3.0 -> actor.policy_loss_kwargs.tau_neg
 actor_rollout_ref.actor.freeze_vision_tower true !! multimodal
 actor_rollout_ref.actor.policy_loss.loss_mode gspo -> actor.policy_loss
+actor_rollout_ref.actor.policy_loss.loss_mode gspo -> actor.policy_loss_kwargs.loss_agg_mode_override = seq-mean-token-mean
+actor_rollout_ref.actor.policy_loss.loss_mode sapo -> actor.policy_loss_kwargs.loss_agg_mode_override = seq-mean-token-mean
 actor_rollout_ref.actor.policy_loss.clip_cov_ratio 0.001 -> actor.policy_loss_kwargs.clip_cov_ratio
 actor_rollout_ref.actor.policy_loss.clip_cov_lb 2.0 -> actor.policy_loss_kwargs.clip_cov_lb
 actor_rollout_ref.actor.policy_loss.clip_cov_ub 6.0 -> actor.policy_loss_kwargs.clip_cov_ub
