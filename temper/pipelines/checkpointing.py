@@ -113,40 +113,21 @@ def checkpoint_step(path: Path) -> int:
 
 
 def _save_role(role: Any, hf_dir: Path, train_dir: Path, tokenizer: Any) -> None:
-    from safetensors.torch import save_file
-
+    """The role's HF directory (``hf_dir``) and its resumable engine state
+    (``train_dir/engine``, in the engine's own format: sharded for fsdp2)."""
     engine = role.engine
     engine.save_hf(str(hf_dir))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(hf_dir))
     train_dir.mkdir(parents=True)
-    if hasattr(engine, "save_checkpoint"):  # engines with their own (sharded) format
-        engine.save_checkpoint(str(train_dir / "engine"))
-        torch.save({"updates": role.updates}, train_dir / "state.pt")
-        return
-    state = role.state_dict()
-    engine_state = dict(state["engine"])
-    model = engine_state.pop("model")
-    save_file(
-        {k: v.detach().to("cpu").contiguous() for k, v in model.items()},
-        str(train_dir / "model.safetensors"),
-    )
-    torch.save({"engine": engine_state, "updates": state["updates"]}, train_dir / "state.pt")
+    engine.save_checkpoint(str(train_dir / "engine"))
+    torch.save({"updates": role.updates}, train_dir / "state.pt")
 
 
 def _load_role(role: Any, train_dir: Path) -> None:
-    from safetensors.torch import load_file
-
     extra = torch.load(train_dir / "state.pt", map_location="cpu", weights_only=True)
-    engine = role.engine
-    if hasattr(engine, "load_checkpoint"):
-        engine.load_checkpoint(str(train_dir / "engine"))
-        role.updates = int(extra["updates"])
-        return
-    model = load_file(str(train_dir / "model.safetensors"))
-    role.load_state_dict(
-        {"engine": {"model": model, **extra["engine"]}, "updates": extra["updates"]}
-    )
+    role.engine.load_checkpoint(str(train_dir / "engine"))
+    role.updates = int(extra["updates"])
 
 
 # --------------------------------------------------------------------------- run state

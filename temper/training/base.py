@@ -80,6 +80,34 @@ class TrainEngine(abc.ABC):
     def save_hf(self, path: str) -> None:
         """Write a Hugging Face model directory (weights + config + tokenizer)."""
 
+    def save_checkpoint(self, path: str) -> None:
+        """Resumable state in directory ``path``: trainable weights as safetensors, the
+        rest (optimizer, schedule) with ``torch.save``. Sharded engines write their own
+        format (one writer per rank); this is the one-process one."""
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        state = dict(self.state_dict())
+        model = state.pop("model")
+        save_file(
+            {k: v.detach().to("cpu").contiguous() for k, v in model.items()},
+            str(out / "model.safetensors"),
+        )
+        torch.save(state, out / "state.pt")
+
+    def load_checkpoint(self, path: str) -> None:
+        """Inverse of :meth:`save_checkpoint`."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        src = Path(path)
+        state = torch.load(src / "state.pt", map_location="cpu", weights_only=True)
+        self.load_state_dict({"model": load_file(str(src / "model.safetensors")), **state})
+
     # Data parallelism. A role builds its loss from the mini-batch's *global* counts; on
     # one process these are its own, a data-parallel engine sums them over its ranks.
 

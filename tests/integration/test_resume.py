@@ -136,12 +136,12 @@ def _assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
         if not (ck_a / part).is_dir():
             continue
         ta, tb = (
-            load_file(str(ck_a / part / "model.safetensors")),
-            load_file(str(ck_b / part / "model.safetensors")),
+            load_file(str(ck_a / part / "engine" / "model.safetensors")),
+            load_file(str(ck_b / part / "engine" / "model.safetensors")),
         )
         assert all(torch.equal(ta[k], tb[k]) for k in ta), part
-        sa = torch.load(ck_a / part / "state.pt", weights_only=True)["engine"]["optimizer"]
-        sb = torch.load(ck_b / part / "state.pt", weights_only=True)["engine"]["optimizer"]
+        sa = torch.load(ck_a / part / "engine" / "state.pt", weights_only=True)["optimizer"]
+        sb = torch.load(ck_b / part / "engine" / "state.pt", weights_only=True)["optimizer"]
         for k in sa["state"]:
             for name, value in sa["state"][k].items():
                 assert torch.equal(value, sb["state"][k][name]), (part, k, name)
@@ -211,7 +211,8 @@ def test_truncated_checkpoint_is_skipped_by_auto_resume(runs, tmp_path):
     cfg, full = made["grpo"]
     out = tmp_path / "copy"
     shutil.copytree(full / "checkpoints", out / "checkpoints")
-    weights = out / "checkpoints" / f"global_step_{STEPS}" / "actor_train" / "model.safetensors"
+    step_dir = out / "checkpoints" / f"global_step_{STEPS}"
+    weights = step_dir / "actor_train" / "engine" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     conf = build_config({**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}})
     assert find_resume_checkpoint(conf, out) == out / "checkpoints" / "global_step_3"
