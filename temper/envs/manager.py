@@ -20,9 +20,17 @@ round) with ``numpy.random.SeedSequence``; training uses even seeds, validation
 (``mode="val"``) odd seeds, so the two sets never meet. For a fixed validation
 set, reset the val manager with the same ``step`` every time (e.g. 0).
 
-``max_traj_per_env`` bounds the trajectories one env instance plays per step:
-a rollout batch larger than the pool takes ``rounds_for(batch)`` rounds, each a
-``reset(step, round)`` with fresh group seeds.
+Trajectories per step: every env instance plays exactly **one** episode per step
+(one ``reset``), all of them concurrently, so a step has ``num_env_groups ×
+group_size`` trajectories. ROLL instead keeps ``env_groups × group_size`` instances
+that each replay ``rollout_batch_size / envs`` episodes, every replay with a new seed
+(a new ``traj_group_id``), bounded by ``max_traj_per_env`` (ROLL asserts it is at least
+that replay count; -1 means "as many as needed"). The ROLL dialect therefore turns the
+replays into groups (``num_env_groups = env_groups × replays``): the same episodes,
+seeds grouped the same way, played side by side instead of one after another (larger
+generation batches, no idle envs). Natively ``max_traj_per_env`` is thus a bound
+that one episode per instance must satisfy: -1 (unlimited) or ≥ 1 — 0 or below -1
+is a config error (:func:`check_max_traj_per_env`).
 
 Per turn (``step``): the response is parsed (``parse_action`` with the tag's
 pattern, ``action_sep``, ``enable_think``); the known actions run in order
@@ -35,7 +43,6 @@ after ``max_turns`` turns of its tag.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -49,7 +56,26 @@ from .actions import parse_action
 from .base import EnvSlot, EnvTurnResult, TextEnv
 from .registry import EnvSpec, resolve_tag
 
-__all__ = ["EnvManager", "split_groups"]
+__all__ = ["EnvManager", "check_max_traj_per_env", "split_groups"]
+
+# trajectories one env instance plays per step (see the module docstring)
+TRAJECTORIES_PER_ENV = 1
+
+
+def check_max_traj_per_env(cfg: EnvManagerConfig, key: str) -> None:
+    """ConfigError unless ``cfg.max_traj_per_env`` allows the one trajectory per env
+    instance and step that the manager plays: -1 (unlimited) or ≥ 1. ``key``: the
+    manager's config key, e.g. ``agentic.train_env_manager``."""
+    limit = cfg.max_traj_per_env
+    if limit == -1 or limit >= TRAJECTORIES_PER_ENV:
+        return
+    raise ConfigError(
+        f"{key}.max_traj_per_env",
+        f"{limit} lets no environment play: each of the {cfg.num_env_groups} × "
+        f"{cfg.group_size} env instances plays {TRAJECTORIES_PER_ENV} trajectory per step "
+        "(more trajectories per step come from more num_env_groups)",
+        "set it to -1 (unlimited) or a value ≥ 1",
+    )
 
 
 def split_groups(num_groups: int, tags: Sequence[str], n_groups: Sequence[int] | None) -> list[str]:
@@ -100,6 +126,7 @@ class EnvManager:
         self.action_sep, self.enable_think = action_sep, enable_think
         self.max_actions_per_traj = max_actions_per_traj
         self.record_frames = record_frames
+        check_max_traj_per_env(cfg, key)
         specs: dict[str, EnvSpec] = {}
         for tag in cfg.tags:
             if tag not in custom_envs:
@@ -146,18 +173,6 @@ class EnvManager:
     def num_envs(self) -> int:
         """Env instances in the pool (``num_env_groups × group_size``)."""
         return len(self._states)
-
-    def rounds_for(self, batch_size: int) -> int:
-        """Rounds of ``reset`` needed for ``batch_size`` trajectories; checks max_traj_per_env."""
-        rounds = max(1, math.ceil(batch_size / self.num_envs))
-        limit = self.cfg.max_traj_per_env
-        if limit != -1 and rounds > limit:
-            raise ConfigError(
-                f"agentic.{self.mode}_env_manager.max_traj_per_env",
-                f"{batch_size} trajectories on {self.num_envs} envs need {rounds} per env",
-                f"raise it to {rounds} (or -1), or add env groups",
-            )
-        return rounds
 
     def seed(self, step: int, group_id: int, round_: int = 0) -> int:
         """The episode seed of a group (even for train, odd for val)."""

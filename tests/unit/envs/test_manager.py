@@ -120,11 +120,25 @@ def test_think_required_by_manager():
     assert not r.format_ok and r.executed == 0
 
 
-def test_rounds_and_max_traj_per_env():
-    m = manager(max_traj_per_env=2)
-    assert m.rounds_for(12) == 1 and m.rounds_for(24) == 2
-    with pytest.raises(ConfigError, match="max_traj_per_env"):
-        m.rounds_for(25)
+def test_max_traj_per_env_bounds_the_one_episode_each_env_plays():
+    """Every env instance plays one trajectory per step (ROLL's per-env replays are
+    groups here), so -1 and any bound ≥ 1 run the same pool; 0 or < -1 cannot."""
+    for limit in (-1, 1, 8):
+        m = manager(max_traj_per_env=limit)
+        slots = m.reset(step=0)
+        assert len(slots) == m.num_envs == 12 and len({s.env_id for s in slots}) == 12
+    for limit in (0, -2):
+        with pytest.raises(ConfigError) as err:
+            manager(max_traj_per_env=limit)
+        assert err.value.key == "agentic.train_env_manager.max_traj_per_env"
+        assert "-1" in err.value.fix
+    with pytest.raises(ConfigError, match="agentic.val_env_manager.max_traj_per_env"):
+        agentic = AgenticConfig(
+            train_env_manager=EnvManagerConfig(tags=["FrozenLake"]),
+            val_env_manager=EnvManagerConfig(tags=["FrozenLake"], max_traj_per_env=0),
+            custom_envs=ENVS,
+        )
+        EnvManager.from_agentic(agentic, "val", seed=0)
 
 
 def test_registry_errors_and_roll_keys():
