@@ -5,11 +5,41 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 import yaml
 
 from temper.config import ConfigError, LoadedConfig, load_config
 from temper.config.typed import diff_from_default, to_dict
+
+#: Errors a user acts on from their message alone, as (module, class name), with a hint
+#: added after the message. Looked up only among modules already imported — an
+#: exception cannot come from a module that never loaded — so the CLI never imports
+#: torch, vLLM or Ray just to handle errors.
+USER_ERRORS: dict[tuple[str, str], str] = {
+    ("temper.rollout.vllm_engine", "VLLMEngineError"): "",
+    ("temper.training.base", "NonFiniteError"): (
+        " (no optimizer step was taken: lower that role's optim.lr or set its grad_clip, "
+        "and check rewards and advantages for huge values)"
+    ),
+    ("temper.cluster.ray", "WorkerGroupError"): (
+        " (see that worker's log above; the same command resumes from the last checkpoint)"
+    ),
+}
+DEBUG_ENV = "TEMPER_DEBUG"
+
+
+def _user_error_hint(err: BaseException) -> str | None:
+    """The hint for a known user-facing error, or None for anything else (a bug)."""
+    for (module, name), hint in USER_ERRORS.items():
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(err, cls):
+            return hint
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def _load(args: argparse.Namespace) -> LoadedConfig:
@@ -90,10 +120,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="temper", description="RL post-training for LLMs.")
+    debug_help = f"show the Python traceback of errors too (or set {DEBUG_ENV}=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
+    # also after the command (`temper train x.yaml --debug`); SUPPRESS keeps a
+    # `temper --debug train` from being reset by the subcommand's default
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, parents=[common])
         p.add_argument("config", help="YAML config (native, verl or ROLL)")
         p.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
         p.add_argument("--dialect", default="auto", help="auto, native, verl or roll")
@@ -109,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("train", "train with a config")
     p.add_argument("--report", action="store_true", help="write the run's report at the end")
     p.set_defaults(func=cmd_train)
-    p = sub.add_parser("report", help="draw a run's dashboard (PNG) and summary (markdown)")
+    p = sub.add_parser(
+        "report", help="draw a run's dashboard (PNG) and summary (markdown)", parents=[common]
+    )
     p.add_argument("run_dir", help="run directory (with metrics.jsonl) or the metrics file")
     p.add_argument("--out", default=None, help="where to write them (default: the run dir)")
     p.set_defaults(func=cmd_report)
@@ -117,13 +155,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. Errors a user fixes from the message (a bad config, vLLM, a
+    non-finite loss, a failed Ray worker) print one ``error: ...`` line on stderr — exit
+    2 for config errors, 1 otherwise; ``--debug`` / ``TEMPER_DEBUG=1`` add the traceback.
+    Any other exception is a bug and keeps its traceback."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
     try:
         return args.func(args)
     except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        print(f"config error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    except Exception as err:
+        hint = _user_error_hint(err)
+        if hint is None:
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"error: {_one_line(str(err))}{hint}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
