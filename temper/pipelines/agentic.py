@@ -12,6 +12,9 @@ Validation plays the val env manager on held-out seeds (odd seeds: the train man
 draws even ones), greedy unless ``rollout.val`` says otherwise, and reports success
 rate per tag, mean return, mean turns and the invalid-action rate; with
 ``experiment.render_save_dir`` it writes a few episodes' frames and dialogues there.
+``experiment.rollout_data_dir`` / ``validation_data_dir`` get ``<step>.jsonl`` with one
+row per episode (:func:`temper.pipelines.trajectories.trajectory_rows`): its text cut
+into what the loss trained (the model's turns) and what was context only.
 """
 
 from __future__ import annotations
@@ -28,10 +31,16 @@ from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.envs import EnvManager
 from temper.pipelines.agentic_rollout import AgenticPlayer, save_renders
+from temper.pipelines.dumps import dump_generations
 from temper.pipelines.experience import ShapingState
 from temper.pipelines.rlvr import Timer
 from temper.pipelines.setup import load_tokenizer, output_dir, response_metrics, seed_everything
-from temper.pipelines.trajectories import agentic_experience, episode_metrics, trajectory_batch
+from temper.pipelines.trajectories import (
+    agentic_experience,
+    episode_metrics,
+    trajectory_batch,
+    trajectory_rows,
+)
 from temper.roles import Roles
 from temper.rollout import RolloutEngine, SamplingParams, build_rollout_engine
 from temper.rollout import sampling_params_from_config as sampling_params
@@ -63,6 +72,12 @@ class AgenticRun:
         every = max(1, self.cfg.rollout.model_update_frequency)
         if not getattr(self.rollout, "shared", False) and self.step % every == 0:
             self.rollout.load_weights(self.roles.actor.engine.named_weights())
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids as text, verbatim (special tokens and spaces kept), for dumps."""
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
 
     def close(self) -> None:
         self.train_envs.close()
@@ -148,6 +163,9 @@ def agentic_step(run: AgenticRun) -> dict[str, float]:
                 batch = roles.critic.compute_values(batch)
         with t("adv"):
             batch, adv_metrics = agentic_experience(batch, cfg.algorithm, cfg.agentic, run.shaping)
+        if cfg.experiment.rollout_data_dir:
+            rows = trajectory_rows(batch, run.step, run.decode)
+            dump_generations(cfg.experiment.rollout_data_dir, run.step, rows)
         with t("train"):
             critic_metrics = roles.critic.update(batch) if roles.critic is not None else {}
             actor_metrics = (
@@ -171,6 +189,9 @@ def validate(run: AgenticRun) -> dict[str, float]:
     trajs, slots, _ = run.player.play(run.val_envs, 0, run.val_sampling)
     batch = trajectory_batch(trajs, run.player.runner.pad_token_id)
     metrics = episode_metrics(batch, "val")
+    if run.cfg.experiment.validation_data_dir:
+        rows = trajectory_rows(batch, run.step, run.decode)
+        dump_generations(run.cfg.experiment.validation_data_dir, run.step, rows)
     if run.cfg.experiment.render_save_dir:
         save_renders(
             run.cfg.experiment.render_save_dir,
@@ -187,27 +208,60 @@ def validate(run: AgenticRun) -> dict[str, float]:
     return metrics
 
 
+def val_summary(history: list[tuple[int, dict[str, float]]]) -> tuple[dict[str, float], str]:
+    """Summary keys and the closing line's text for validations ``(step, metrics)``.
+
+    ``val_success_first`` / ``val_success_last``: ``val/success_rate`` of the first and
+    the last validation; ``val_success_before``: of the one at step 0 (before any
+    update: ``val_before_train``), ``val_success_after``: of the last one after ≥ 1
+    step. The text says "before → after" only when both exist, so a run that validated
+    only before training (``test_freq`` ≤ 0) does not report its one measurement as a
+    before/after pair.
+    """
+    if not history:
+        return {}, ""
+    rate = {step: m["val/success_rate"] for step, m in history}
+    out = {
+        "val_success_first": history[0][1]["val/success_rate"],
+        "val_success_last": history[-1][1]["val/success_rate"],
+    }
+    before = rate.get(0)
+    after_step = max(step for step, _ in history)
+    if before is not None:
+        out["val_success_before"] = before
+    if after_step > 0:
+        out["val_success_after"] = rate[after_step]
+    after = f"{rate[after_step]:.3f} after {after_step} steps" if after_step > 0 else ""
+    if before is not None and after:
+        text = f"val/success_rate {before:.3f} before training → {after}"
+    elif before is not None:
+        text = f"val/success_rate {before:.3f} before training (no validation after it)"
+    else:
+        text = f"val/success_rate {out['val_success_first']:.3f} → {after}"
+    return out, text
+
+
 def train(cfg: TemperConfig) -> dict[str, Any]:
     """Train with ``cfg``; returns a summary incl. validation success before and after."""
     run = build_agentic_run(cfg)
     rewards: list[float] = []
-    val_history: list[dict[str, float]] = []
+    val_history: list[tuple[int, dict[str, float]]] = []  # (step, metrics)
     exp = cfg.experiment
     try:
         if exp.val_before_train or exp.val_only:
-            val_history.append(validate(run))
-            run.tracker.log(val_history[-1], run.step)
+            val_history.append((run.step, validate(run)))
+            run.tracker.log(val_history[-1][1], run.step)
         while not exp.val_only and run.step < run.total_steps:
             run.step += 1
             metrics = agentic_step(run)
             rewards.append(metrics["train/reward_mean"])
             if exp.test_freq > 0 and run.step % exp.test_freq == 0:
-                val_history.append(validate(run))
-                metrics.update(val_history[-1])
+                val_history.append((run.step, validate(run)))
+                metrics.update(val_history[-1][1])
             run.tracker.log(metrics, run.step)
         if not exp.val_only and exp.test_freq > 0 and run.step % exp.test_freq:
-            val_history.append(validate(run))
-            run.tracker.log(val_history[-1], run.step)
+            val_history.append((run.step, validate(run)))
+            run.tracker.log(val_history[-1][1], run.step)
         if not exp.val_only:
             final = run.out_dir / "final" / "actor"
             run.roles.actor.engine.save_hf(str(final))
@@ -221,19 +275,15 @@ def train(cfg: TemperConfig) -> dict[str, Any]:
         "reward_first": rewards[0] if rewards else float("nan"),
         "reward_last": rewards[-1] if rewards else float("nan"),
         "reward_mean": float(np.mean(rewards)) if rewards else float("nan"),
-        "val": val_history,
+        "val": [m for _, m in val_history],
+        "val_steps": [step for step, _ in val_history],
     }
-    if val_history:
-        first, last = val_history[0]["val/success_rate"], val_history[-1]["val/success_rate"]
-        summary.update(val_success_first=first, val_success_last=last)
+    val_keys, val_text = val_summary(val_history)
+    summary.update(val_keys)
     print(
         f"done: {run.step} steps; train/reward_mean first {summary['reward_first']:.3f} → last "
         f"{summary['reward_last']:.3f}"
-        + (
-            f"; val/success_rate {summary['val_success_first']:.3f} → {summary['val_success_last']:.3f}"
-            if val_history
-            else ""
-        )
+        + (f"; {val_text}" if val_text else "")
         + f"; outputs in {run.out_dir}"
     )
     return summary

@@ -33,6 +33,7 @@ from temper.rollout.tool_engine import ToolCallingEngine
 from temper.rollout.tools import (
     ToolLoop,
     ToolSettings,
+    check_multi_turn,
     load_tool_schemas,
     registry_executor,
     schema_names,
@@ -103,6 +104,7 @@ class AgenticPlayer:
             [t for t in env_tools if t not in self.config_tools]
         )
         self.tools_on = bool(schemas) and (mt.enable or bool(env_tools))
+        check_multi_turn(mt, tools=self.tools_on)
         kwargs = dict(cfg.data.apply_chat_template_kwargs)
         chat, self.tool_text = tool_chat(tokenizer, schemas if self.tools_on else [], kwargs)
         self.chat = chat
@@ -112,6 +114,7 @@ class AgenticPlayer:
             max_user_turns=mt.max_user_turns,
             max_model_len=cfg.rollout.max_model_len,
             sanity_check=mt.enable_tokenization_sanity_check,
+            inference_template=mt.use_inference_chat_template,
         )
         self.runner = MultiTurnRunner(engine, chat, self.settings)
         self.tool_loop = ToolLoop(
@@ -125,6 +128,21 @@ class AgenticPlayer:
         self, manager: EnvManager, step: int, params: SamplingParams
     ) -> tuple[list[Trajectory], list[EnvSlot], dict[str, float]]:
         """Reset every env of ``manager`` for ``step`` and play the episodes to the end."""
+        slots, specs = self.episodes(manager, step)
+        respond: Responder = EnvResponder(manager, slots)
+        if self.tools_on:
+            self.tool_loop.reset_counters()  # per-step tool metrics
+            respond = self.tool_loop.responder(respond, lambda i: self._allowed(manager, slots[i]))
+        trajs = self.runner.run(specs, respond, params)
+        metrics = dict(self.runner.metrics)
+        if self.tools_on:
+            metrics.update(self.tool_loop.metrics())
+        return trajs, slots, metrics
+
+    def episodes(self, manager: EnvManager, step: int) -> tuple[list[EnvSlot], list[EpisodeSpec]]:
+        """Reset ``manager`` for ``step``: its slots and each episode's first message
+        (tool instructions when the template does not describe tools itself, the tag's
+        instruction, the first observation)."""
         slots = manager.reset(step)
         specs = []
         for s in slots:
@@ -146,14 +164,7 @@ class AgenticPlayer:
                     max_tokens_per_turn=spec.max_tokens_per_turn,
                 )
             )
-        respond: Responder = EnvResponder(manager, slots)
-        if self.tools_on:
-            respond = self.tool_loop.responder(respond, lambda i: self._allowed(manager, slots[i]))
-        trajs = self.runner.run(specs, respond, params)
-        metrics = dict(self.runner.metrics)
-        if self.tools_on:
-            metrics.update(self.tool_loop.metrics())
-        return trajs, slots, metrics
+        return slots, specs
 
     def _turn_cap(self, env_turns: int) -> int | None:
         """Model turns an episode may take. The manager ends it after the tag's
@@ -207,6 +218,7 @@ def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> 
     :class:`ToolCallingEngine` offering the ``tool_config_path`` tools (run by
     :func:`temper.envs.tools.execute_tool`). Lives here because it joins two layers."""
     mt = cfg.rollout.multi_turn
+    check_multi_turn(mt, tools=True)
     if cfg.data.chat_template != "native":
         raise ConfigError(
             "data.chat_template",
@@ -227,6 +239,7 @@ def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> 
         max_user_turns=mt.max_user_turns,
         max_model_len=cfg.rollout.max_model_len,
         sanity_check=mt.enable_tokenization_sanity_check,
+        inference_template=mt.use_inference_chat_template,
     )
     tools = ToolSettings(
         mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s

@@ -30,7 +30,7 @@ In turn mode the group's turn rewards (all turns of all its episodes) form the g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -179,3 +179,50 @@ def episode_metrics(batch: Batch, prefix: str) -> dict[str, float]:
         out[f"{env}/{tag}/success_rate"] = sum(batch["success"][k] for k in rows) / len(rows)
         out[f"{env}/{tag}/return_mean"] = sum(returns[k] for k in rows) / len(rows)
     return out
+
+
+def trajectory_rows(
+    batch: Batch, step: int, decode: Callable[[list[int]], str]
+) -> list[dict[str, Any]]:
+    """Dump rows (``rollout_data_dir`` / ``validation_data_dir``), one per episode.
+
+    Besides the episode's return, success, turns and stop reason: ``prompt`` (the first
+    prompt), ``response`` (everything after it) and ``segments`` — the response cut
+    where ``response_mask`` changes, each ``{"trained": 0|1, "text": …}``: what the
+    loss saw (the model's own turns) and what was only context (template scaffolding,
+    observations, tool output). ``advantage``: mean over trained tokens, when present.
+    """
+    prompt_len = batch["prompt_ids"].shape[1]
+    lengths = batch["attention_mask"][:, prompt_len:].sum(-1).tolist()
+    adv = None
+    if "advantages" in batch:
+        m = batch["response_mask"].float()
+        adv = ((batch["advantages"] * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist()
+    rows = []
+    for i in range(len(batch)):
+        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
+        ids = batch["response_ids"][i][: int(lengths[i])].tolist()
+        mask = batch["response_mask"][i][: int(lengths[i])].tolist()
+        segments: list[dict[str, Any]] = []
+        start = 0
+        for k in range(1, len(ids) + 1):
+            if k == len(ids) or mask[k] != mask[start]:
+                segments.append({"trained": int(mask[start]), "text": decode(ids[start:k])})
+                start = k
+        row: dict[str, Any] = {
+            "step": step,
+            "uid": batch["uid"][i],
+            "tag": batch["tag"][i],
+            "episode_return": float(batch["episode_return"][i]),
+            "success": bool(batch["success"][i]),
+            "num_turns": int(batch["num_turns"][i]),
+            "stop_reason": batch["stop_reason"][i],
+            "response_length": int(sum(mask)),
+            "prompt": decode(prompt),
+            "response": decode(ids),
+            "segments": segments,
+        }
+        if adv is not None:
+            row["advantage"] = adv[i]
+        rows.append(row)
+    return rows

@@ -9,6 +9,14 @@ keeps one growing token sequence (see :mod:`temper.rollout.chat`):
 generation prompt ‖ model turn ‖ …, with ``response_mask`` 1 exactly on the ids the
 model generated and their sampling log-probs kept alongside (0 elsewhere).
 
+With ``inference_template`` (verl ``use_inference_chat_template``), each later turn is
+generated from the chat template's rendering of the conversation so far, as an
+inference server would see it (templates such as Qwen3's drop earlier turns'
+``<think>`` there), while the trained sequence stays the incremental one above. Where
+the two differ, the sampling log-probs were computed on another context, so the
+trajectory carries none (the trainer recomputes old log-probs on the trained
+sequence); for prefix-stable templates the two are identical and nothing changes.
+
 What happens between turns is the caller's ``respond(indices, texts) -> [Feedback]``:
 stepping environments, running tools, or both — the runner does not know. An episode
 stops when its feedback says ``done``, at its assistant-turn limit
@@ -79,6 +87,7 @@ class Trajectory:
     stop_reason: str = ""  # done | max_turns | max_user_turns | context
     sanity: SanityResult | None = None
     has_log_probs: bool = True
+    rerendered_turns: int = 0  # turns generated from an inference rendering ≠ the sequence
 
     @property
     def num_turns(self) -> int:
@@ -112,6 +121,7 @@ class MultiTurnSettings:
     max_model_len: int | None = None  # prompt + response budget per episode
     sanity_check: bool = True
     strict: bool = True  # raise on a template mismatch (else warn and count)
+    inference_template: bool = False  # generate from the template's rendering (see module doc)
 
 
 class MultiTurnRunner:
@@ -229,7 +239,7 @@ class MultiTurnRunner:
         self, trajs: list[Trajectory], budgets: list[int], params: SamplingParams
     ) -> list[tuple[list[int], list[float] | None, bool]]:
         """One engine call for all live episodes; each row cut to its own budget."""
-        rows = [t.prompt_ids + t.response_ids for t in trajs]
+        rows = [self._context(t) for t in trajs]
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -247,6 +257,19 @@ class MultiTurnRunner:
             cut = bool(out["truncated"][k]) or len(gen) > budget
             result.append((gen[:budget], lps[:budget] if lps is not None else None, cut))
         return result
+
+    def _context(self, t: Trajectory) -> list[int]:
+        """The ids a turn is generated from: the trained sequence, or with
+        ``inference_template`` the template's rendering of the messages so far (the
+        trajectory then loses its sampling log-probs when the two differ)."""
+        ids = t.prompt_ids + t.response_ids
+        if not self.settings.inference_template or not t.num_turns:
+            return ids
+        rendered, _ = self.chat.prompt(t.messages)
+        if rendered != ids:
+            t.rerendered_turns += 1
+            t.has_log_probs = False
+        return rendered
 
     # ------------------------------------------------------------------ the end
 
@@ -283,6 +306,10 @@ class MultiTurnRunner:
             "rollout/context_stop_frac": sum(t.stop_reason == "context" for t in trajs) / n,
             "rollout/sequence_length_mean": sum(len(t) for t in trajs) / n,
         }
+        if self.settings.inference_template:
+            self.metrics["rollout/inference_template_rerender_frac"] = sum(
+                t.rerendered_turns for t in trajs
+            ) / max(sum(max(t.num_turns - 1, 0) for t in trajs), 1)
         if checked:
             self.metrics["rollout/tokenization_drift_frac"] = sum(s.drift for s in checked) / len(
                 checked

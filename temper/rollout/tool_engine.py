@@ -82,6 +82,7 @@ class ToolCallingEngine(RolloutEngine):
             messages = self._messages(raw)
             prompt_len = len(self.runner.chat.prompt(messages)[0])
             specs.append(EpisodeSpec(messages, max_len=prompt_len + budget))
+        self.loop.reset_counters()  # metrics of this call only
         respond = self.loop.responder(None, lambda i: self.names)
         trajs = self.runner.run(specs, respond, dataclasses.replace(params, n=1))
         tensors = trajectory_tensors(trajs, self.runner.pad_token_id)

@@ -26,11 +26,43 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from temper.config.errors import ConfigError, did_you_mean
+from temper.config.schema import MultiTurnConfig
 from temper.rollout.chat import ChatTokenizer
 from temper.rollout.multiturn import Feedback, Responder
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 Executor = Callable[[str, dict[str, Any], float], tuple[bool, str]]
+# verl ``multi_turn.format`` values this module parses. Hermes is also the syntax of the
+# Qwen2.5/Qwen3, SmolLM3 and Hermes chat templates; verl's other parser (gpt-oss's
+# harmony channels) is not implemented.
+TOOL_CALL_FORMATS = ("hermes",)
+
+
+def check_multi_turn(mt: MultiTurnConfig, *, tools: bool | None = None) -> None:
+    """Config-time check of ``rollout.multi_turn`` (no model needed): every value is one
+    the rollout honours, or a ConfigError names the key, the reason and the fix.
+
+    ``format`` must be a tool-call syntax :func:`parse_tool_calls` reads (running
+    another format's model through the hermes parser would silently find no calls);
+    checked when tools are in use — ``tools``, by default ``enable`` or a
+    ``tool_config_path`` (the agentic pipeline also passes True for envs that offer
+    tools). ``use_inference_chat_template`` is honoured by the runner (each turn
+    generated from the template's rendering of the conversation): nothing to check.
+    """
+    if tools is None:
+        tools = mt.enable or bool(mt.tool_config_path)
+    if tools and mt.format not in TOOL_CALL_FORMATS:
+        raise ConfigError(
+            "rollout.multi_turn.format",
+            f"tool-call format '{mt.format}'{did_you_mean(str(mt.format), TOOL_CALL_FORMATS)} "
+            "is not supported: temper parses hermes calls "
+            '(<tool_call>{"name": …, "arguments": {…}}</tool_call>, as Qwen2.5/Qwen3 and '
+            "Hermes chat templates write them), so a model writing another syntax would "
+            "never have a call executed",
+            "set rollout.multi_turn.format=hermes, with a model whose chat template "
+            "writes hermes calls",
+        )
 
 
 @dataclasses.dataclass
@@ -131,10 +163,19 @@ class ToolSettings:
 
 
 class ToolLoop:
-    """Turns a model response into tool messages, or passes a final answer on."""
+    """Turns a model response into tool messages, or passes a final answer on.
+
+    Counters (``calls``, ``errors``, ``timeouts``) cover the calls since the last
+    :meth:`reset_counters`; callers reset them at the start of each rollout so
+    :meth:`metrics` are per-step values, not running totals.
+    """
 
     def __init__(self, execute: Executor, settings: ToolSettings) -> None:
         self.execute, self.settings = execute, settings
+        self.calls = self.errors = self.timeouts = 0
+
+    def reset_counters(self) -> None:
+        """Start counting afresh (one rollout = one step's metrics)."""
         self.calls = self.errors = self.timeouts = 0
 
     def feedback(self, text: str, allowed: Sequence[str]) -> Feedback | None:
@@ -198,8 +239,12 @@ class ToolLoop:
         return respond
 
     def metrics(self) -> dict[str, float]:
+        """``tools/calls`` (parsed calls, malformed ones included), ``tools/ok_calls``
+        (executed and returned a result), ``tools/error_frac`` = errors / calls,
+        ``tools/timeouts``; over the calls since :meth:`reset_counters`."""
         return {
             "tools/calls": float(self.calls),
+            "tools/ok_calls": float(self.calls - self.errors),
             "tools/error_frac": self.errors / max(self.calls, 1),
             "tools/timeouts": float(self.timeouts),
         }

@@ -117,3 +117,19 @@ def test_countdown_with_the_calculator_tool(tiny_dir, tiny_tokenizer):
     assert t.infos[0]["tool_calls"] == 1 and t.infos[0]["tool_errors"] == 0
     assert t.infos[-1]["success"] and t.episode_return > 0
     assert metrics["tools/calls"] >= 2 and metrics["tools/error_frac"] == 0.0
+
+
+def test_tool_env_refuses_a_tool_call_format_it_cannot_parse(tiny_dir, tiny_tokenizer):
+    """A tool env turns the tool loop on by itself; a format other than hermes would
+    then find no calls in the model's text, so the player refuses it."""
+    from temper.config.errors import ConfigError
+
+    tag = {"env_type": "countdown_tool", "max_turns": 2}
+    cfg = config(tiny_dir, tag, multi_turn={"format": "qwen"})
+    engine = ScriptedEngine(tiny_tokenizer, lambda text: "")
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.format: tool-call format 'qwen'"):
+        AgenticPlayer(cfg, engine, tiny_tokenizer)
+    lake = {"env_type": "frozen_lake", "max_turns": 2}  # no tools: the format is unused
+    assert not AgenticPlayer(
+        config(tiny_dir, lake, multi_turn={"format": "qwen"}), engine, tiny_tokenizer
+    ).tools_on

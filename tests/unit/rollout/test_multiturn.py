@@ -149,3 +149,49 @@ def test_sanity_check_catches_a_broken_template(tiny_tokenizer, template):
     assert runner.metrics["rollout/tokenization_mismatch_frac"] == 1.0
     (t,), _, _ = run(tiny_tokenizer, policy, respond)
     assert t.sanity.ok
+
+
+# Qwen3-style: earlier assistant turns lose their <think>…</think> when rendered
+THINK_STRIPPING = (
+    "{% for message in messages %}{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' and not loop.last %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_inference_chat_template_generates_from_the_rendered_conversation(tiny_tokenizer):
+    """verl use_inference_chat_template: later turns are generated from the template's
+    rendering (earlier thinking dropped), the trained sequence keeps every generated
+    token, and the sampling log-probs (taken on another context) are dropped."""
+    seen: list[str] = []
+
+    def policy(text):
+        seen.append(text)
+        return f"<think>plan {turn_index(text)}</think>" + REPLIES[turn_index(text)]
+
+    def respond(idx, texts):
+        return three_turn_respond(idx, [t.split("</think>")[-1] for t in texts])
+
+    on = MultiTurnSettings(max_tokens_per_turn=64, sanity_check=False, inference_template=True)
+    (t,), _, runner = run(tiny_tokenizer, policy, respond, settings=on, template=THINK_STRIPPING)
+    assert t.num_turns == 3 and len(seen) == 3
+    # the third turn's context, as an inference server renders it: no earlier thinking
+    assert "plan 0" not in seen[2] and "plan 1" not in seen[2]
+    assert seen[2].endswith("obs 0.2<|im_end|>\n<|im_start|>assistant\n")
+    # … while the trained sequence has every generated token, thinking included
+    trained = tiny_tokenizer.decode([i for i, m in zip(t.response_ids, t.response_mask) if m])
+    assert all(f"<think>plan {k}</think>" in trained for k in range(3))
+    assert t.rerendered_turns == 2 and not t.has_log_probs
+    assert runner.metrics["rollout/inference_template_rerender_frac"] == 1.0
+    # off (the default): every turn is generated from the trained sequence itself
+    off = MultiTurnSettings(max_tokens_per_turn=64, sanity_check=False)
+    seen.clear()
+    (t_off,), _, _ = run(tiny_tokenizer, policy, respond, settings=off, template=THINK_STRIPPING)
+    assert "plan 0" in seen[2] and t_off.has_log_probs and t_off.rerendered_turns == 0
+    assert t_off.response_ids == t.response_ids  # same tokens trained either way
+    # a prefix-stable template renders exactly the trained sequence: nothing changes
+    seen.clear()
+    (t_chatml,), _, _ = run(tiny_tokenizer, policy, respond, settings=on)
+    assert t_chatml.rerendered_turns == 0 and t_chatml.has_log_probs and "plan 0" in seen[2]

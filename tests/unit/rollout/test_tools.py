@@ -181,3 +181,18 @@ def test_tool_calling_engine_for_dataset_prompts(tiny_tokenizer):
     # the response budget counts the whole exchange (verl's response_length)
     out = engine.generate(prompts.slice(0, 1), SamplingParams(max_new_tokens=100))
     assert out["truncated"] == [True] and out["response_ids"].shape[1] <= 100
+
+
+def test_multi_turn_format_must_be_one_the_parser_reads():
+    from temper.config.errors import ConfigError
+    from temper.config.schema import MultiTurnConfig
+    from temper.rollout.tools import check_multi_turn
+
+    check_multi_turn(MultiTurnConfig(enable=True, format="hermes"))
+    check_multi_turn(MultiTurnConfig(enable=False, format="qwen"))  # no tools: unused
+    with pytest.raises(ConfigError) as err:
+        check_multi_turn(MultiTurnConfig(enable=True, format="qwen"))
+    assert err.value.key == "rollout.multi_turn.format"
+    assert "'qwen'" in err.value.reason and "hermes" in err.value.fix
+    with pytest.raises(ConfigError, match="did you mean 'hermes'"):
+        check_multi_turn(MultiTurnConfig(format="hermess"), tools=True)
