@@ -2,6 +2,11 @@
 
 ``build_trackers`` turns ``experiment.trackers`` into one ``MultiTracker``. Every sink
 gets the same ``log(metrics, step)`` calls; the jsonl file is the run's record.
+
+``experiment.logging_steps`` (ROLL ``logging_steps``; verl logs every step) thins what
+the *viewing* sinks get — console, tensorboard, wandb see every N-th step, plus any row
+with validation metrics and the run's last step (see :func:`should_log`). jsonl always
+gets every step: resume, ``temper report`` and the run summary read it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,45 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def should_log(
+    metrics: Mapping[str, Any], step: int, every: int, total_steps: int | None = None
+) -> bool:
+    """Whether a ``logging_steps``-throttled sink gets this step's row.
+
+    Yes when ``step % every == 0`` (step 0, validation before training, included), when
+    the row has validation metrics (``val/…``: they are rare and must not be dropped),
+    or at ``total_steps`` (the curves end where the run ends).
+    """
+    return (
+        every <= 1
+        or step % every == 0
+        or (total_steps is not None and step == total_steps)
+        or any(k.startswith("val/") for k in metrics)
+    )
+
+
+class EveryNSteps:
+    """A sink that sees only the rows :func:`should_log` lets through; text (validation
+    generations, logged at validation steps) always passes."""
+
+    def __init__(self, tracker: Tracker, every: int, total_steps: int | None = None) -> None:
+        self.tracker = tracker
+        self.every = max(1, every)
+        self.total_steps = total_steps
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if should_log(metrics, step, self.every, self.total_steps):
+            self.tracker.log(metrics, step)
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        log_text = getattr(self.tracker, "log_text", None)
+        if log_text is not None:
+            log_text(tag, text, step)
+
+    def close(self) -> None:
+        self.tracker.close()
+
+
 class ConsoleTracker:
     """One line per logged step: progress, ETA and the headline metrics."""
 
@@ -55,7 +99,7 @@ class ConsoleTracker:
         self.first_step: int | None = None
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        if step % self.every and not any(k.startswith("val/") for k in metrics):
+        if not should_log(metrics, step, self.every, self.total):
             return
         if self.first_step is None:
             self.first_step = step - 1
@@ -254,8 +298,11 @@ def build_trackers(
 ) -> MultiTracker:
     """Trackers for ``names`` (jsonl is always included: it is the run's record).
 
-    ``start_step`` > 0 marks a resumed run: the first step it will log. Sinks drop or
-    purge what the interrupted run logged from that step on, so each step appears once.
+    ``every`` is ``experiment.logging_steps``: tensorboard and wandb get every N-th step
+    (and validation rows and the last step, :func:`should_log`), the console likewise;
+    jsonl gets every step. ``start_step`` > 0 marks a resumed run: the first step it
+    will log. Sinks drop or purge what the interrupted run logged from that step on, so
+    each step appears once.
     """
     wanted = list(dict.fromkeys([*names, "jsonl"]))
     unknown = [n for n in wanted if n not in TRACKERS]
@@ -263,17 +310,18 @@ def build_trackers(
         raise ValueError(
             f"experiment.trackers: unknown tracker(s) {unknown}; use {sorted(TRACKERS)}"
         )
-    return MultiTracker(
-        [
-            TRACKERS[n](
-                output_dir,
-                total_steps=total_steps,
-                every=every,
-                kwargs=kwargs,
-                project=project,
-                name=name,
-                start_step=start_step,
-            )
-            for n in wanted
-        ]
-    )
+    sinks: list[Tracker] = []
+    for n in wanted:
+        sink = TRACKERS[n](
+            output_dir,
+            total_steps=total_steps,
+            every=every,
+            kwargs=kwargs,
+            project=project,
+            name=name,
+            start_step=start_step,
+        )
+        if n not in ("jsonl", "console") and every > 1:  # the console throttles itself
+            sink = EveryNSteps(sink, every, total_steps)
+        sinks.append(sink)
+    return MultiTracker(sinks)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from temper.tracking import ConsoleTracker, JsonlTracker, build_trackers
+from temper.tracking import ConsoleTracker, JsonlTracker, build_trackers, should_log
 
 ROWS = [{"train/reward_mean": 0.1 * s, "actor/kl": 0.01 * s} for s in range(1, 5)]
 
@@ -82,18 +82,11 @@ def _wandb_records(path) -> list[bytes]:
     return records
 
 
-@pytest.mark.slow
-def test_wandb_offline_run_dir_holds_the_history(tmp_path, monkeypatch):
+def _wandb_history(tmp_path) -> list[dict]:
+    """History rows of the one offline W&B run under ``tmp_path`` (once it is closed)."""
     from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
 
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    trackers = build_trackers(
-        ["wandb"], tmp_path, kwargs={"mode": "offline"}, project="p", name="tiny"
-    )
-    for step, row in enumerate(ROWS, 1):
-        trackers.log(row, step)
-    trackers.close()
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     assert run_dir.name.endswith((tmp_path / "wandb_run_id").read_text())
     (wandb_file,) = run_dir.glob("*.wandb")
@@ -114,6 +107,73 @@ def test_wandb_offline_run_dir_holds_the_history(tmp_path, monkeypatch):
             history.append(
                 {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
             )
+    return history
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_dir_holds_the_history(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    trackers = build_trackers(
+        ["wandb"], tmp_path, kwargs={"mode": "offline"}, project="p", name="tiny"
+    )
+    for step, row in enumerate(ROWS, 1):
+        trackers.log(row, step)
+    trackers.close()
+    history = _wandb_history(tmp_path)
     assert [h["_step"] for h in history] == [1, 2, 3, 4]
     assert [h["train/reward_mean"] for h in history] == pytest.approx([0.1, 0.2, 0.3, 0.4])
     assert history[-1]["actor/kl"] == pytest.approx(0.04)
+
+
+# logging_steps: jsonl keeps every step; the viewing sinks get every N-th step, rows with
+# validation metrics, and the last step. 7 steps, N=3, validation at step 5.
+THINNED = [{"train/reward_mean": 0.1 * s, "actor/kl": 0.01 * s} for s in range(1, 8)]
+THINNED[4] = {**THINNED[4], "val/reward_mean": 0.5}
+SHOWN = [3, 5, 6, 7]
+
+
+def test_should_log_every_n_validation_and_last_step():
+    shown = [s for s, row in enumerate(THINNED, 1) if should_log(row, s, 3, total_steps=7)]
+    assert shown == SHOWN
+    assert should_log({"val/reward_mean": 0.1}, 0, 3)  # validation before training
+    assert all(should_log({}, s, 1) for s in range(1, 8))
+    assert [s for s in range(1, 8) if should_log({}, s, 3)] == [3, 6]  # no total: no last
+
+
+def test_console_honours_logging_steps():
+    out = io.StringIO()
+    t = ConsoleTracker(total_steps=7, stream=out, every=3)
+    for step, row in enumerate(THINNED, 1):
+        t.log(row, step)
+    steps = [int(line.split()[1].split("/")[0]) for line in out.getvalue().splitlines()]
+    assert steps == SHOWN
+
+
+@pytest.mark.slow
+def test_logging_steps_thins_tensorboard_and_wandb_but_not_jsonl(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    trackers = build_trackers(
+        ["tensorboard", "wandb"],
+        tmp_path,
+        total_steps=7,
+        every=3,
+        kwargs={"mode": "offline"},
+        project="p",
+        name="thin",
+    )
+    for step, row in enumerate(THINNED, 1):
+        trackers.log(row, step)
+    trackers.log_text("val/generations/0", "prompt: 1+1=\nresponse: 2", 5)
+    trackers.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 8))
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/reward_mean")] == SHOWN
+    assert [e.step for e in acc.Scalars("val/reward_mean")] == [5]
+    assert any(t.startswith("val/generations") for t in acc.Tags()["tensors"])
+    history = _wandb_history(tmp_path)
+    assert [h["_step"] for h in history] == SHOWN
+    assert [h["train/reward_mean"] for h in history] == pytest.approx([0.3, 0.5, 0.6, 0.7])
