@@ -31,6 +31,40 @@ def worker_device(cfg: TemperConfig) -> str:
     return device
 
 
+def device_pools(ids_by_role: dict[str, list[int]]) -> list[tuple[int, ...]]:
+    """Device sets that become one Ray placement group each: the connected components of
+    the roles' (possibly overlapping) device lists, each sorted, in order of first use.
+
+    ROLL colocates by overlap: ``actor_train`` on 0..15 with ``actor_infer`` on 0..11
+    share devices 0..11, so all 16 are one pool whose bundles both roles use.
+    """
+    pools: list[set[int]] = []
+    for ids in ids_by_role.values():
+        merged = set(ids)
+        rest = []
+        for pool in pools:
+            if pool & merged:
+                merged |= pool
+            else:
+                rest.append(pool)
+        pools = [*rest, merged]
+    order = [i for ids in ids_by_role.values() for i in ids]
+    pools.sort(key=lambda p: order.index(min(p, key=order.index)))
+    return [tuple(sorted(p)) for p in pools]
+
+
+def rank_slots(ids_by_role: dict[str, list[int]]) -> dict[str, list[tuple[int, int, float]]]:
+    """Per role, per rank: (pool index, bundle index in that pool, share of the bundle).
+
+    Rank ``r`` of a role runs on device ``ids[r]``; a device used by k roles gives each
+    1/k of its bundle (colocated roles time-share it, as verl's hybrid engine does).
+    """
+    pools = device_pools(ids_by_role)
+    where = {d: (p, pool.index(d)) for p, pool in enumerate(pools) for d in pool}
+    users = {d: sum(d in ids for ids in ids_by_role.values()) for d in where}
+    return {role: [(*where[d], 1.0 / users[d]) for d in ids] for role, ids in ids_by_role.items()}
+
+
 def _ids(ids: list[int]) -> str:
     if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
         return f"{ids[0]}..{ids[-1]}"
@@ -48,6 +82,7 @@ def placement_rows(cfg: TemperConfig) -> list[tuple[str, ...]]:
     if uses_critic(cfg):
         roles.append("critic")
     place = placement(cfg)
+    slots = rank_slots({r: place[_KEYS[r]] for r in roles})
     per_node = cfg.resources.devices_per_node
     gpu = worker_device(cfg) == "cuda"
     rows: list[tuple[str, ...]] = [
@@ -62,8 +97,8 @@ def placement_rows(cfg: TemperConfig) -> list[tuple[str, ...]]:
         dp = {"actor": d.actor.dp, "critic": d.critic.dp if d.critic else len(ids)}.get(
             role, len(ids)
         )
-        shared = [r for r in roles if r != role and place[_KEYS[r]] == ids]
-        share = 1.0 / (len(shared) + 1)
+        shared = [r for r in roles if r != role and set(place[_KEYS[r]]) & set(ids)]
+        share = min(s for _, _, s in slots[role])
         if cfg.resources.backend == "local":
             ranks, engine, bundle = (
                 "1",

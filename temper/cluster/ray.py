@@ -157,14 +157,14 @@ class RayWorkerGroup(WorkerGroup):
         role: str,
         cfg: TemperConfig,
         *,
-        placement_group: Any,
-        world_size: int,
-        share: float = 1.0,
+        slots: Sequence[tuple[Any, int, float]],
         device: str = "cpu",
     ) -> None:
+        """``slots[r]``: rank r's (placement group, bundle index, share of the bundle)."""
         ray = require_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        world_size = len(slots)
         self.role, self.world_size, self.cfg = role, world_size, cfg
         self.timeout = float(cfg.resources.ray.rpc_timeout)
         gpu = device != "cpu"
@@ -174,12 +174,12 @@ class RayWorkerGroup(WorkerGroup):
                 num_cpus=share,
                 num_gpus=share if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=placement_group, placement_group_bundle_index=rank
+                    placement_group=pg, placement_group_bundle_index=bundle
                 ),
                 name=None,
                 max_restarts=0,
             ).remote(role, rank, world_size, cfg)
-            for rank in range(world_size)
+            for rank, (pg, bundle, share) in enumerate(slots)
         ]
         addr, port = self._wait([self.workers[0].rendezvous.remote()], ranks=[0])[0]
         up = self._wait([w.setup.remote(addr, port, device, self.timeout) for w in self.workers])

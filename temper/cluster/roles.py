@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from temper.cluster.base import WorkerGroup
-from temper.cluster.placement import worker_device
+from temper.cluster.placement import device_pools, rank_slots, worker_device
 from temper.config.derive import placement, uses_critic, uses_reference
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
@@ -224,27 +224,23 @@ def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
     if uses_critic(cfg):
         wanted.append("critic")
     place = placement(cfg)
-    ids = {role: tuple(place[_PLACEMENT_KEY[role]]) for role in wanted}
-    sharing = {s: sum(1 for r in wanted if ids[r] == s) for s in dict.fromkeys(ids.values())}
+    slots = rank_slots({role: place[_PLACEMENT_KEY[role]] for role in wanted})
+    pools = device_pools({role: place[_PLACEMENT_KEY[role]] for role in wanted})
     device = worker_device(cfg)
     nnodes = cfg.resources.nnodes
     timeout = cfg.resources.ray.rpc_timeout
     nodes = ray_node_ids(ray, nnodes, timeout) if nnodes > 1 else None
-    _check_capacity(ray, sum(len(s) for s in sharing), "GPU" if device == "cuda" else "CPU")
+    _check_capacity(ray, sum(len(p) for p in pools), "GPU" if device == "cuda" else "CPU")
     out = ClusterRoles(actor=None, reference=None, critic=None)  # type: ignore[arg-type]
-    pgs: dict[tuple[int, ...], Any] = {}
     try:
-        for s in sharing:
-            pgs[s] = _placement_group(ray, cfg, s, nodes, device == "cuda")
-            out.placement_groups.append(pgs[s])
+        for pool in pools:
+            out.placement_groups.append(_placement_group(ray, cfg, pool, nodes, device == "cuda"))
         groups: dict[str, RayWorkerGroup] = {}
         for role in wanted:
             groups[role] = RayWorkerGroup(
                 role,
                 cfg,
-                placement_group=pgs[ids[role]],
-                world_size=len(ids[role]),
-                share=1.0 / sharing[ids[role]],
+                slots=[(out.placement_groups[p], b, share) for p, b, share in slots[role]],
                 device=device,
             )
             out.groups.append(groups[role])

@@ -185,12 +185,14 @@ def _check_placement(cfg: TemperConfig) -> None:
                     f"placed on {len(ids)} devices",
                     "set resources.backend=ray for multi-device placement",
                 )
-    if cfg.resources.backend == "ray":
-        place = placement(cfg)
-        used = ["actor_train", "actor_infer"]
-        used += ["reference"] if uses_reference(cfg) else []
-        used += ["critic"] if uses_critic(cfg) else []
-        _check_overlaps({r: place[r] for r in used}, cfg.resources.devices_per_infer_worker)
+    if cfg.resources.backend == "ray" and cfg.resources.devices_per_infer_worker > 1:
+        raise ConfigError(
+            "resources.devices_per_infer_worker",
+            f"{cfg.resources.devices_per_infer_worker} devices per rollout engine "
+            "(tensor-parallel rollout) is not supported on the ray backend: each actor_infer "
+            "rank runs one whole engine on one device",
+            "set it to 1 (ROLL actor_infer.num_gpus_per_worker: 1)",
+        )
     infer = cfg.resources.actor_infer
     per = cfg.resources.devices_per_infer_worker
     if infer is not None and len(infer) % per:
@@ -199,31 +201,6 @@ def _check_placement(cfg: TemperConfig) -> None:
             f"{len(infer)} rollout devices cannot be split into engines of {per}",
             "use a divisor of the number of actor_infer devices",
         )
-
-
-def _check_overlaps(place: dict[str, list[int]], devices_per_infer_worker: int) -> None:
-    """Roles share devices whole or not at all: colocated roles time-share one set of
-    Ray bundles, so a role placed on part of another's devices has no bundle to run in."""
-    if devices_per_infer_worker > 1:
-        raise ConfigError(
-            "resources.devices_per_infer_worker",
-            f"{devices_per_infer_worker} devices per rollout engine (tensor-parallel "
-            "rollout) is not supported on the ray backend: each actor_infer rank runs one "
-            "whole engine on one device",
-            "set it to 1 (ROLL actor_infer.num_gpus_per_worker: 1)",
-        )
-    roles = list(place)
-    for i, a in enumerate(roles):
-        for b in roles[i + 1 :]:
-            shared = set(place[a]) & set(place[b])
-            if shared and place[a] != place[b]:
-                raise ConfigError(
-                    f"resources.{b}",
-                    f"devices {place[b]} partly overlap {a}'s {place[a]} (shared: "
-                    f"{sorted(shared)}); roles share devices only as a whole (colocated, "
-                    "time-shared) or not at all",
-                    f"place {b} on exactly {a}'s devices or on disjoint ones",
-                )
 
 
 def _check_agentic(cfg: TemperConfig) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from temper.cluster.placement import format_table, placement_rows
+from temper.cluster.placement import device_pools, format_table, placement_rows, rank_slots
 from temper.cluster.rollout import prompt_slices
 from temper.config import build_config
 from temper.config.errors import ConfigError
@@ -66,13 +66,28 @@ def base(**resources) -> dict:
     }
 
 
-def test_partly_overlapping_roles_are_a_config_error() -> None:
-    with pytest.raises(
-        ConfigError, match=r"resources.actor_infer: devices \[2, 3\] partly overlap"
-    ):
-        build_config(base(actor_train=[0, 1, 2], actor_infer=[2, 3]))
-    build_config(base(actor_train=[0, 1], actor_infer=[2, 3]))  # disjoint: fine
-    build_config(base(actor_train=[0, 1], actor_infer=[0, 1]))  # colocated: fine
+def test_partly_overlapping_roles_share_one_pool_of_bundles() -> None:
+    """ROLL's upstream RLVR layout: actor_infer on 0..11 of actor_train's 0..15, the
+    reference with the actor, and a critic alone on 16..17."""
+    ids = {
+        "actor": list(range(16)),
+        "rollout": list(range(12)),
+        "reference": list(range(16)),
+        "critic": [16, 17],
+    }
+    assert device_pools(ids) == [tuple(range(16)), (16, 17)]
+    slots = rank_slots(ids)
+    assert slots["actor"][0] == (0, 0, 1 / 3)  # device 0: actor, rollout, reference
+    assert slots["actor"][15] == (0, 15, 1 / 2)  # device 15: actor, reference
+    assert slots["rollout"][11] == (0, 11, 1 / 3)
+    assert slots["critic"] == [(1, 0, 1.0), (1, 1, 1.0)]
+    # no bundle is over-subscribed
+    used: dict[tuple[int, int], float] = {}
+    for ranks in slots.values():
+        for p, b, share in ranks:
+            used[(p, b)] = used.get((p, b), 0.0) + share
+    assert all(abs(v - 1.0) < 1e-9 for v in used.values())
+    build_config(base(actor_train=[0, 1], actor_infer=[1, 2, 3]))  # partial overlap: fine
 
 
 def test_tensor_parallel_rollout_engines_are_refused_on_ray() -> None:

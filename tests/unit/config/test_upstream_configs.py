@@ -93,15 +93,11 @@ def test_defaults_fragment_alone_names_its_key(rel):
 
 @needs(UPSTREAM)
 def test_rlvr_fix_removes_the_reward_rejection():
-    """The rejection's own fix (the overrides it prints) gets past every reward key:
-    crossthinkqa and math_rule remain, routed to built-in rules. What remains is the
-    placement check (actor_infer on devices 0-11 of actor_train's 0-15, which temper's
-    engines cannot share in part), a resources.* rule of the cluster layer."""
-    try:
-        loaded = _load(RLVR, RLVR_DROP)
-    except ConfigError as err:
-        assert err.key.startswith("resources."), _one_line(err)
-        return
+    """The rejection's own fix (the overrides it prints) makes the file pass: crossthinkqa
+    and math_rule remain, routed to built-in rules; actor_infer on devices 0-11 of
+    actor_train's 0-15 is ROLL's partial colocation, one pool of Ray bundles."""
+    loaded = _load(RLVR, RLVR_DROP)
+    assert loaded.config.resources.actor_infer == list(range(12))
     routes = loaded.config.reward.routes
     assert {n: r.function for n, r in routes.items()} == {
         "crossthinkqa": "crossthinkqa",
