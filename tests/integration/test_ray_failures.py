@@ -1,0 +1,119 @@
+"""A Ray worker killed in the middle of a run: ``temper train`` stops naming the role and
+rank, the last checkpoint is intact, and the same command resumes from it to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return (sum(map(ord, solution_str)) % 101) / 100
+"""
+
+
+def write_config(tmp_path, model_dir) -> str:
+    (tmp_path / "digits.py").write_text(REWARD)
+    cfg = {
+        "experiment": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 3,
+            "save_freq": 1,
+            "seed": 1,
+            "device": "cpu",
+            "trackers": ["jsonl"],
+        },
+        "model": {"path": str(model_dir)},
+        "data": {
+            "train_files": ["task:arithmetic?n=16&seed=3"],
+            "train_batch_size": 2,
+            "max_prompt_length": 96,
+        },
+        "rollout": {"engine": "hf", "n": 2, "response_length": 8},
+        "actor": {
+            "strategy": "fsdp2",
+            "mini_batch_size": 4,
+            "micro_batch_size_per_device": 2,
+            "optim": {"lr": 3e-3, "weight_decay": 0.0},
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "reward": {
+            "function": "custom",
+            "custom_function": {"path": str(tmp_path / "digits.py")},
+            "num_workers": 1,
+        },
+        "resources": {
+            "backend": "ray",
+            "devices_per_node": 3,
+            "actor_train": [0, 1],
+            "actor_infer": [2],
+            "ray": {"num_cpus": 3, "rpc_timeout": 120},
+        },
+    }
+    path = tmp_path / "ray.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def temper_train(config: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "temper", "train", config],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def test_worker_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, tiny_model_dir):
+    env = {**os.environ, "TEMPER_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    config = write_config(tmp_path, tiny_model_dir)
+    proc = temper_train(config, env)
+    lines, pids, killed = [], None, None
+    deadline = time.monotonic() + 400
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the run's own report: pids, then a line per checkpoint
+        lines.append(line)
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the run did not reach step 2's checkpoint in time:\n" + "".join(lines))
+        found = re.search(r"ray: actor ranks 0\.\.1 up \(pids \[(\d+), (\d+)\]\)", line)
+        if found:
+            pids = [int(found.group(1)), int(found.group(2))]
+        if line.startswith("checkpoint:") and "global_step_2" in line and killed is None:
+            assert pids is not None, "".join(lines)
+            os.kill(pids[1], signal.SIGKILL)  # step 3 has begun: the driver is in it
+            killed = pids[1]
+    code = proc.wait(timeout=120)
+    out = "".join(lines)
+    assert killed is not None, out
+    assert code != 0, out
+    assert "actor rank 1: worker process died" in out
+    assert "Traceback" not in out  # one clear line, not a stack dump
+    run_dir = tmp_path / "run"
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]  # step 3 died with its worker: nothing half-logged
+    # the same command again: resume_mode=auto picks step 2's checkpoint and finishes
+    again = subprocess.run(
+        [sys.executable, "-m", "temper", "train", config],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resumed from {run_dir / 'checkpoints' / 'global_step_2'} at step 2" in again.stdout
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    assert (run_dir / "checkpoints" / "global_step_3").is_dir()
