@@ -67,7 +67,7 @@ def rl_step(run: Run) -> dict[str, float]:
                 batch["baseline_scores"] = greedy_baseline(run, prompts, batch["uid"])
         if cfg.actor.recompute_old_log_prob:
             with t("old_log_probs"):
-                batch = roles.actor.compute_log_probs(batch, with_entropy=True)
+                batch = roles.actor.compute_log_probs(batch)  # entropy: from the update
         else:  # on-policy single update: the sampling log-probs are the old ones
             batch["old_log_probs"] = batch["rollout_log_probs"]
         mismatch = rollout_mismatch(batch) if cfg.actor.recompute_old_log_prob else {}
@@ -93,11 +93,6 @@ def rl_step(run: Run) -> dict[str, float]:
     metrics = {**reward_metrics, **adv_metrics, **critic_metrics, **actor_metrics, **t.times}
     metrics.update(mismatch)
     metrics.update(response_metrics(batch, t.times["timing/step_s"]))
-    if "entropy" in batch:
-        mask = batch["response_mask"].float()
-        metrics["actor/entropy"] = (
-            (batch["entropy"] * mask).sum() / mask.sum().clamp(min=1)
-        ).item()
     metrics.update(run.train_data.metrics())
     return metrics
 
