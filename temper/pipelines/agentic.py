@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from temper.cluster.roles import build_cluster_roles
+from temper.cluster.roles import build_cluster_roles, build_cluster_rollout
 from temper.config.derive import derive
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
@@ -42,7 +42,7 @@ from temper.pipelines.trajectories import (
     trajectory_rows,
 )
 from temper.roles import Roles
-from temper.rollout import RolloutEngine, SamplingParams, build_rollout_engine
+from temper.rollout import RolloutEngine, SamplingParams
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.tracking import MultiTracker, build_trackers
 
@@ -106,9 +106,7 @@ def build_agentic_run(cfg: TemperConfig) -> AgenticRun:
     roles.actor.set_total_steps(total * roles.actor.optimizer_steps_per_update(samples))
     if roles.critic is not None:
         roles.critic.set_total_steps(total * roles.critic.optimizer_steps_per_update(samples))
-    rollout = build_rollout_engine(
-        cfg.rollout, cfg.model, module=roles.actor.engine.model, tokenizer=tokenizer
-    )
+    rollout = build_cluster_rollout(cfg, roles, tokenizer)  # in process, or actor_infer ranks
     seed = cfg.experiment.seed
     train_envs = EnvManager.from_agentic(cfg.agentic, "train", seed)
     val_envs = EnvManager.from_agentic(
@@ -152,7 +150,7 @@ def agentic_step(run: AgenticRun) -> dict[str, float]:
             batch.meta["temperature"] = cfg.rollout.temperature
         if cfg.actor.recompute_old_log_prob or "rollout_log_probs" not in batch:
             with t("old_log_probs"):
-                batch = roles.actor.compute_log_probs(batch, with_entropy=True)
+                batch = roles.actor.compute_log_probs(batch)  # entropy: from the update
         else:  # on-policy single update: the sampling log-probs are the old ones
             batch["old_log_probs"] = batch["rollout_log_probs"]
         if roles.reference is not None:
@@ -176,11 +174,6 @@ def agentic_step(run: AgenticRun) -> dict[str, float]:
     metrics = {**rollout_metrics, **adv_metrics, **critic_metrics, **actor_metrics, **t.times}
     metrics.update(episode_metrics(batch, "train"))
     metrics.update(response_metrics(batch, t.times["timing/step_s"]))
-    if "entropy" in batch:
-        mask = batch["response_mask"].float()
-        metrics["actor/entropy"] = (
-            (batch["entropy"] * mask).sum() / mask.sum().clamp(min=1)
-        ).item()
     return metrics
 
 
