@@ -44,8 +44,11 @@ def _one_line(text: str) -> str:
 
 def _load(args: argparse.Namespace) -> LoadedConfig:
     from temper.cli.registries import registry_names
+    from temper.rollout.tools import check_multi_turn
 
-    return load_config(args.config, args.overrides, dialect=args.dialect, names=registry_names())
+    loaded = load_config(args.config, args.overrides, dialect=args.dialect, names=registry_names())
+    check_multi_turn(loaded.config.rollout.multi_turn)  # rollout-layer values, before a model
+    return loaded
 
 
 def _dump(data: dict) -> str:

@@ -22,6 +22,7 @@ def test_examples_exist():
         "verl_gsm8k_ppo.yaml",
         "roll_rlvr.yaml",
         "roll_agentic_sokoban.yaml",
+        "agentic_sokoban.yaml",
         "quickstart.yaml",
     } <= names
 

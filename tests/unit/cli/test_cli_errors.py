@@ -133,3 +133,18 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr("temper.pipelines.run_pipeline", run_pipeline)
     with pytest.raises(KeyError, match="response_mask"):
         main(["train", str(EXAMPLES / "grpo_native.yaml")])
+
+
+def test_check_refuses_an_unsupported_tool_call_format(capsys):
+    """`temper check` catches rollout-layer values too, before any model loads."""
+    code = main(
+        [
+            "check",
+            str(EXAMPLES / "grpo_native.yaml"),
+            "rollout.multi_turn.enable=true",
+            "rollout.multi_turn.format=qwen",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: rollout.multi_turn.format: tool-call format 'qwen'")
