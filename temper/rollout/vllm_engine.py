@@ -56,6 +56,11 @@ from temper.data.batch import Batch
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.stops import finish_responses, right_pad
 
+# vLLM logs at INFO by default, which in an RL run means one "reset prefix cache" line per
+# weight sync between the step lines; warnings and errors still show. Set before vLLM is
+# first imported (it reads the level then); VLLM_LOGGING_LEVEL=INFO brings them back.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
 log = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

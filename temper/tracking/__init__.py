@@ -111,7 +111,9 @@ class ConsoleTracker:
             parts.append(f"{100 * step / self.total:3.0f}% eta {_duration(left)}")
         for key in self.HEADLINE:
             if key in metrics:
-                parts.append(f"{key.split('/', 1)[1]}={_fmt(metrics[key])}")
+                # train and val both have a reward_mean: only val keeps its prefix
+                name = key.replace("/", "_") if key.startswith("val/") else key.split("/", 1)[1]
+                parts.append(f"{name}={_fmt(metrics[key])}")
         print(" | ".join(parts), file=self.stream, flush=True)
 
     def close(self) -> None:

@@ -37,6 +37,8 @@ def test_console_prints_progress_eta_and_headline_metrics():
     line = out.getvalue().strip()
     assert line.startswith("step 1/4 |  25% eta ")
     assert "reward_mean=0.5000" in line and "step_s=1.0000" in line and "other" not in line
+    t.log({"train/reward_mean": 0.5, "val/reward_mean": 0.75}, 2)  # both: told apart
+    assert "| reward_mean=0.5000 | val_reward_mean=0.7500" in out.getvalue().splitlines()[1]
 
 
 @pytest.mark.slow
