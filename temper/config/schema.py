@@ -555,6 +555,9 @@ class EnvTagConfig:
     format_penalty: float = doc(-0.1, "Reward added for an unparsable or invalid action.")
     env_config: dict[str, Any] = doc({}, "Environment parameters (grid size, boxes, …).")
     max_words: int | None = doc(None, "Word limit stated in the turn prompt (ROLL max_tokens).")
+    turn_prompt: str = doc(
+        "", "Text after every observation: the question the model answers each turn."
+    )
 
 
 @dataclass

@@ -187,12 +187,22 @@ class EnvManager:
         parts = [spec.env_instruction or env.instructions]
         if spec.env_instruction:
             parts.append(env.action_space_text)
-        fmt = "<think>…</think><answer>…</answer>" if self.enable_think else "<answer>…</answer>"
-        line = f"Reply in the format {fmt}."
+        line = ""
+        if "<answer>" in spec.action_pattern:  # a free-form pattern states its own format
+            fmt = (
+                "<think>…</think><answer>…</answer>" if self.enable_think else "<answer>…</answer>"
+            )
+            line = f"Reply in the format {fmt}."
         if spec.max_words:
             line += f" Keep the reply under {spec.max_words} words."
-        parts.append(line)
+        parts.append(line.strip())
         return "\n".join(p for p in parts if p)
+
+    def turn_text(self, env_id: int, observation: str) -> str:
+        """What the model reads after a turn: the observation, then the tag's
+        ``turn_prompt`` (a question asked last is what small models answer)."""
+        prompt = self._states[env_id].spec.turn_prompt
+        return f"{observation}\n\n{prompt}" if prompt else observation
 
     def reset(self, step: int, round_: int = 0) -> list[EnvSlot]:
         """Start one episode in every env; seeds from (run seed, step, group, round)."""

@@ -114,6 +114,7 @@ class EnvSpec:
     max_turns: int = 5
     max_tokens_per_turn: int = 128
     max_words: int | None = None
+    turn_prompt: str = ""
 
     def make(self) -> TextEnv:
         """A fresh environment instance."""
@@ -161,6 +162,7 @@ def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs"
         max_turns=int(tag_values["max_turns"]),
         max_tokens_per_turn=int(tag_values["max_tokens_per_turn"]),
         max_words=tag_values["max_words"],
+        turn_prompt=tag_values["turn_prompt"] or "",
     )
 
 

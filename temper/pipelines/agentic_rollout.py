@@ -63,7 +63,8 @@ class EnvResponder:
                 "terminated": r.terminated,
                 "truncated": r.truncated,
             }
-            messages = [] if r.done else [{"role": "user", "content": note + r.observation}]
+            text = note + self.manager.turn_text(r.env_id, r.observation)
+            messages = [] if r.done else [{"role": "user", "content": text}]
             out.append(Feedback(messages, reward=r.reward, done=r.done, info=info))
         return out
 
@@ -147,7 +148,7 @@ class AgenticPlayer:
         specs = []
         for s in slots:
             spec = manager.specs[s.tag]
-            text = f"{s.instruction}\n\n{s.observation}"
+            text = f"{s.instruction}\n\n{manager.turn_text(s.env_id, s.observation)}"
             if self.tool_text and self._allowed(manager, s):
                 text = f"{self.tool_text}\n\n{text}"
             specs.append(

@@ -173,3 +173,30 @@ def test_registry_errors_and_roll_keys():
     assert isinstance(make_env("countdown"), TextEnv)
     with pytest.raises(ConfigError, match="agentic.train_env_manager.tags"):
         manager(tags=["Nope"])
+
+
+def test_free_form_pattern_and_turn_prompt():
+    """A tag with a plain-words action pattern gets no <answer> format line, its question
+    follows every observation, and the first direction word is the action."""
+    envs = {
+        "Lake": EnvTagConfig(
+            env_type="frozen_lake",
+            max_turns=4,
+            env_instruction="Reach G.",
+            action_pattern=r"\b(up|down|left|right)\b",
+            turn_prompt="Which direction: up, down, left or right?",
+            env_config={"is_slippery": False, "desc": ["SFF", "HHF", "FFG"]},
+        )
+    }
+    cfg = EnvManagerConfig(num_env_groups=1, group_size=1, tags=["Lake"])
+    m = EnvManager(cfg, envs, seed=1)
+    slot = m.reset(0)[0]
+    assert "<answer>" not in slot.instruction and slot.instruction.startswith("Reach G.")
+    text = m.turn_text(0, slot.observation)
+    assert text == f"{slot.observation}\n\nWhich direction: up, down, left or right?"
+    r = m.step([0], ["I would go Right, then maybe down"])[0]
+    assert r.format_ok and r.actions == ["Right"] and r.executed == 1
+    assert not m.step([0], ["no idea"])[0].format_ok
+    default = manager().reset(0)[0]  # the default pattern keeps its format line, no question
+    assert "Reply in the format <answer>" in default.instruction
+    assert manager().turn_text(0, "grid") == "grid"
