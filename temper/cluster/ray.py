@@ -135,13 +135,18 @@ class RankWorker:
             target = getattr(target, part)
         return target(*args, **kwargs)
 
-    def full_weights(self) -> dict[str, torch.Tensor] | None:
-        """The actor's gathered HF weights on rank 0's host (a collective; others: None)."""
+    def full_weights(self) -> list[Any] | None:
+        """The role's gathered HF weights, put into Ray's object store by rank 0 (a
+        collective; other ranks return None). Rank 0 returns ``[ObjectRef]``: a ref nested
+        in a list is not resolved on the way back, so the driver never holds the weights
+        and the rollout ranks read them straight from the store."""
+        import ray
+
         out = {}
         for name, tensor in self.role.engine.named_weights():
             if self.rank == 0:
                 out[name] = tensor.detach().to("cpu", copy=True)
-        return out if self.rank == 0 else None
+        return [ray.put(out)] if self.rank == 0 else None
 
 
 def remote_worker_class() -> Any:
@@ -246,9 +251,9 @@ class RayWorkerGroup(WorkerGroup):
         """One object-store copy; Ray hands each rank the value (zero-copy on a node)."""
         return self._ray.put(value)
 
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """Gathered HF weights (rank 0's copy) for the driver's rollout engine."""
-        return self._wait([w.full_weights.remote() for w in self.workers])[0]
+    def full_weights(self) -> Any:
+        """An ObjectRef to the gathered HF weights (rank 0's copy in the object store)."""
+        return self._wait([w.full_weights.remote() for w in self.workers])[0][0]
 
     def shutdown(self) -> None:
         for w in self.workers:

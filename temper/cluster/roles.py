@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 
 from temper.cluster.base import WorkerGroup
 from temper.cluster.placement import device_pools, rank_slots, worker_device
+from temper.cluster.rollout import StoredWeights
 from temper.config.derive import placement, uses_critic, uses_reference
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
@@ -52,8 +52,9 @@ class RemoteEngine:
     def __init__(self, group: WorkerGroup) -> None:
         self.group = group
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.group.full_weights().items())  # type: ignore[attr-defined]
+    def named_weights(self) -> StoredWeights:
+        """The gathered weights as a handle on the object store (iterable by name)."""
+        return StoredWeights(self.group.full_weights())  # type: ignore[attr-defined]
 
     def save_hf(self, path: str) -> None:
         self.group.call_all("engine.save_hf", path)

@@ -8,9 +8,10 @@ The driver sees one :class:`~temper.rollout.base.RolloutEngine`, :class:`RemoteR
 * ``generate`` cuts the prompts into one contiguous slice per rank (prompts, not
   samples, so the ``n`` responses of a prompt stay on one engine and in ``aabb`` order),
   runs the slices in parallel and concatenates them back in prompt order;
-* ``load_weights`` puts the trainer's gathered weights into Ray's object store once and
-  every rank copies them from there (shared memory on a node), so the driver sends one
-  object however many engines there are;
+* ``load_weights`` takes the trainer's gathered weights as rank 0 of the trainer put them
+  into Ray's object store (:class:`StoredWeights`) and every engine copies them from
+  there (shared memory on a node): the driver never holds them, and one object serves
+  however many engines there are;
 * sampling stays reproducible: each call draws one seed from the driver's torch RNG
   (which checkpoints save and restore) and rank ``r`` seeds its process with
   ``seed + r`` before generating. Engines seeded once at start (vLLM) ignore it.
@@ -21,7 +22,8 @@ bundles, as verl's hybrid engine shares its GPUs; on their own ids they get thei
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -72,6 +74,23 @@ def prompt_slices(num_prompts: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
+class StoredWeights:
+    """Weights that live in Ray's object store (a remote role's gathered export).
+
+    Iterating yields ``(name, tensor)`` like any ``named_weights()`` (fetching them into
+    this process); :class:`RemoteRollout` instead hands the ref to its ranks, so the
+    weights go from the trainer's rank 0 to the engines without passing the driver.
+    """
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        import ray
+
+        return iter(ray.get(self.ref).items())
+
+
 class RemoteRollout(RolloutEngine):
     """The driver's handle on the ``rollout`` worker group (see the module doc)."""
 
@@ -89,7 +108,11 @@ class RemoteRollout(RolloutEngine):
         return Batch.concat(parts)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.group.call_all("load_weights", self.group.share(dict(named_tensors)))
+        if isinstance(named_tensors, StoredWeights):  # already in the store: pass the ref
+            shared = named_tensors.ref
+        else:
+            shared = self.group.share(dict(named_tensors))
+        self.group.call_all("load_weights", shared)
 
     def sleep(self) -> None:
         self.group.call_all("sleep")

@@ -25,6 +25,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def ray_config(tmp_path, model_dir, **over):
+    return build_config(ray_config_dict(tmp_path, model_dir, **over))
+
+
+def ray_config_dict(tmp_path, model_dir, **over) -> dict:
+    """A tiny GRPO run on the Ray backend; ``over`` updates whole sections' keys."""
     reward_file = tmp_path / "digits.py"
     reward_file.write_text(REWARD)
     cfg = {
@@ -62,7 +67,7 @@ def ray_config(tmp_path, model_dir, **over):
     }
     for section, values in over.items():
         cfg.setdefault(section, {}).update(values)
-    return build_config(cfg)
+    return cfg
 
 
 @pytest.fixture(scope="module")

@@ -13,54 +13,19 @@ import time
 
 import pytest
 import yaml
+from test_ray_backend import ray_config_dict  # same folder: pytest puts it on sys.path
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return (sum(map(ord, solution_str)) % 101) / 100
-"""
-
 
 def write_config(tmp_path, model_dir) -> str:
-    (tmp_path / "digits.py").write_text(REWARD)
-    cfg = {
-        "experiment": {
-            "output_dir": str(tmp_path / "run"),
-            "max_steps": 3,
-            "save_freq": 1,
-            "seed": 1,
-            "device": "cpu",
-            "trackers": ["jsonl"],
-        },
-        "model": {"path": str(model_dir)},
-        "data": {
-            "train_files": ["task:arithmetic?n=16&seed=3"],
-            "train_batch_size": 2,
-            "max_prompt_length": 96,
-        },
-        "rollout": {"engine": "hf", "n": 2, "response_length": 8},
-        "actor": {
-            "strategy": "fsdp2",
-            "mini_batch_size": 4,
-            "micro_batch_size_per_device": 2,
-            "optim": {"lr": 3e-3, "weight_decay": 0.0},
-        },
-        "algorithm": {"adv_estimator": "grpo"},
-        "reward": {
-            "function": "custom",
-            "custom_function": {"path": str(tmp_path / "digits.py")},
-            "num_workers": 1,
-        },
-        "resources": {
-            "backend": "ray",
-            "devices_per_node": 3,
-            "actor_train": [0, 1],
-            "actor_infer": [2],
-            "ray": {"num_cpus": 3, "rpc_timeout": 120},
-        },
-    }
+    cfg = ray_config_dict(
+        tmp_path,
+        model_dir,
+        experiment={"max_steps": 3, "save_freq": 1},
+        resources={"devices_per_node": 3, "actor_train": [0, 1], "actor_infer": [2]},
+    )
     path = tmp_path / "ray.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
