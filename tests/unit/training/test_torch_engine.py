@@ -285,7 +285,7 @@ def test_train_forward_reports_entropy_without_a_graph_or_a_gradient_change(
     norm = torch.linalg.vector_norm(
         torch.stack([q.grad.norm() for q in reference.parameters() if q.grad is not None])
     )
-    assert result["loss"] == pytest.approx(float(loss), abs=1e-6)
+    assert result["loss"] == pytest.approx(loss.item(), abs=1e-6)
     assert result["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
 
     # when the loss uses it, the entropy is part of the graph
