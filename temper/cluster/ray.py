@@ -1,13 +1,14 @@
 """Ray worker groups: one Ray actor process per rank of a role (``resources.backend: ray``).
 
-Placement follows ``resources``: a role's device ids (``resources.actor_train``, …, see
-``config.derive.placement``) become one Ray placement group with one bundle per device —
-on GPU ``{"GPU": 1, "CPU": c}``, on CPU a process slot ``{"CPU": c}`` — and rank ``r``
-of the role runs in bundle ``r``. Roles placed on the same devices (colocated, the
-default for reference and critic) share the placement group, each taking a fraction of
-every bundle. Each rank then joins a torch.distributed group of its role's ranks (gloo
-on CPU, nccl on GPU; rendezvous at rank 0's node) and builds its role there, so an
-``fsdp2`` engine shards over exactly the ranks of that role.
+Placement follows ``resources``: the roles' device ids (``resources.actor_train``, …,
+see ``config.derive.placement``) form pools of devices (overlapping lists join one pool),
+each one Ray placement group with one bundle per device — on GPU ``{"GPU": 1, "CPU":
+1}``, on CPU a process slot ``{"CPU": 1}`` — and rank ``r`` of a role runs in the bundle
+of its ``r``-th device, taking 1/k of it when k roles use that device (colocated roles
+time-share it; see ``cluster.placement.rank_slots``). Each rank of a trained or frozen
+role then joins a torch.distributed group of its role's ranks (gloo on CPU, nccl on
+GPU; rendezvous at rank 0's node) and builds its role there, so an ``fsdp2`` engine
+shards over exactly the ranks of that role; rollout ranks are independent engines.
 
 Failure handling: every remote call is awaited with ``resources.ray.rpc_timeout``; a
 rank that raises, dies or exceeds the timeout stops the run with a

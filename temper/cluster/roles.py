@@ -18,7 +18,7 @@ import torch
 
 from temper.cluster.base import WorkerGroup
 from temper.cluster.placement import device_pools, rank_slots, worker_device
-from temper.cluster.rollout import StoredWeights
+from temper.cluster.rollout import RemoteRollout, StoredWeights
 from temper.config.derive import placement, uses_critic, uses_reference
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
@@ -205,10 +205,10 @@ def _placement_group(
 
 
 def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
-    """Placement groups per device set, one worker group per role (see cluster.ray),
-    the rollout engines (``actor_infer``) included."""
+    """One placement group per device pool (:func:`device_pools`), one worker group per
+    role (see cluster.ray), the rollout engines (``actor_infer``) included; each rank in
+    its device's bundle (:func:`rank_slots`)."""
     from temper.cluster.ray import RayWorkerGroup, init_ray, require_ray
-    from temper.cluster.rollout import RemoteRollout
 
     if cfg.model.lora.rank > 0 and uses_reference(cfg):
         raise ConfigError(

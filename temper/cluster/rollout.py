@@ -16,8 +16,9 @@ The driver sees one :class:`~temper.rollout.base.RolloutEngine`, :class:`RemoteR
   (which checkpoints save and restore) and rank ``r`` seeds its process with
   ``seed + r`` before generating. Engines seeded once at start (vLLM) ignore it.
 
-Colocated with the actor (the same device ids) the rollout ranks share the actor's
-bundles, as verl's hybrid engine shares its GPUs; on their own ids they get their own.
+On the actor's device ids (the default) the rollout ranks share the actor's bundles, as
+verl's hybrid engine shares its GPUs; on ids of their own they get their own; on ids that
+overlap the actor's (ROLL) they share the devices in common (``placement.rank_slots``).
 """
 
 from __future__ import annotations
