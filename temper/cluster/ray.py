@@ -143,11 +143,14 @@ class RankWorker:
         and the rollout ranks read them straight from the store."""
         import ray
 
-        out = {}
-        for name, tensor in self.role.engine.named_weights():
-            if self.rank == 0:
-                out[name] = tensor.detach().to("cpu", copy=True)
-        return [ray.put(out)] if self.rank == 0 else None
+        from temper.cluster.rollout import to_store
+
+        named = self.role.engine.named_weights()
+        if self.rank != 0:
+            for _ in named:  # join the gather of every tensor
+                pass
+            return None
+        return [ray.put(to_store(named))]
 
 
 def remote_worker_class() -> Any:

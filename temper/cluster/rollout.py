@@ -23,9 +23,11 @@ overlap the actor's (ROLL) they share the devices in common (``placement.rank_sl
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from temper.cluster.base import WorkerGroup
@@ -48,8 +50,9 @@ class RolloutRank:
         torch.manual_seed(seed + self.rank)
         return self.engine.generate(prompts, params)
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self.engine.load_weights(weights.items())
+    def load_weights(self, stored: dict[str, tuple[np.ndarray, str]]) -> None:
+        """Weights as :func:`to_store` wrote them (read from the object store)."""
+        self.engine.load_weights(from_store(stored))
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -75,6 +78,28 @@ def prompt_slices(num_prompts: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
+def to_store(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[np.ndarray, str]]:
+    """Weights as numpy arrays (plus their torch dtype) for Ray's object store: numpy is
+    stored and read back without copies (measured here: 120 MB put + get in 0.1 s, against
+    0.25-0.5 s for the same torch tensors, which Ray pickles). bf16 travels as int16 bits."""
+    out = {}
+    for name, tensor in named:
+        t = tensor.detach().to("cpu").contiguous()
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        out[name] = (t.numpy(), str(tensor.dtype).removeprefix("torch."))
+    return out
+
+
+def from_store(stored: dict[str, tuple[np.ndarray, str]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Inverse of :func:`to_store`: tensors viewing the (read-only) stored arrays; callers
+    copy them into their own weights and never write to them."""
+    with warnings.catch_warnings():  # torch warns once about read-only numpy memory
+        warnings.simplefilter("ignore", UserWarning)
+        for name, (array, dtype) in stored.items():
+            yield name, torch.from_numpy(array).view(getattr(torch, dtype))
+
+
 class StoredWeights:
     """Weights that live in Ray's object store (a remote role's gathered export).
 
@@ -89,7 +114,7 @@ class StoredWeights:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         import ray
 
-        return iter(ray.get(self.ref).items())
+        return from_store(ray.get(self.ref))
 
 
 class RemoteRollout(RolloutEngine):
@@ -112,7 +137,7 @@ class RemoteRollout(RolloutEngine):
         if isinstance(named_tensors, StoredWeights):  # already in the store: pass the ref
             shared = named_tensors.ref
         else:
-            shared = self.group.share(dict(named_tensors))
+            shared = self.group.share(to_store(named_tensors))
         self.group.call_all("load_weights", shared)
 
     def sleep(self) -> None:

@@ -101,3 +101,22 @@ def test_tensor_parallel_rollout_engines_are_refused_on_ray() -> None:
 )
 def test_prompt_slices_are_contiguous_and_balanced(prompts, world, expected) -> None:
     assert prompt_slices(prompts, world) == expected
+
+
+def test_weights_travel_through_the_store_format_unchanged() -> None:
+    """to_store/from_store (numpy for Ray's zero-copy path) keep every value and dtype,
+    bf16 included (numpy has none: it travels as its int16 bits)."""
+    import torch
+
+    from temper.cluster.rollout import from_store, to_store
+
+    weights = {
+        "a": torch.randn(3, 4),
+        "b": torch.randn(5, dtype=torch.float64).to(torch.bfloat16),
+        "c": torch.randn(2, 2).half(),
+        "d": torch.randn(4, requires_grad=True),
+    }
+    back = dict(from_store(to_store(weights.items())))
+    assert list(back) == list(weights)
+    for name, tensor in weights.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor.detach())
