@@ -91,16 +91,13 @@ class ConsoleTracker:
         "timing/step_s",
     )
 
-    def __init__(self, total_steps: int | None = None, stream=None, every: int = 1) -> None:
+    def __init__(self, total_steps: int | None = None, stream=None) -> None:
         self.total = total_steps
         self.stream = stream or sys.stdout
-        self.every = max(1, every)
         self.start = time.monotonic()
         self.first_step: int | None = None
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        if not should_log(metrics, step, self.every, self.total):
-            return
         if self.first_step is None:
             self.first_step = step - 1
         parts = [f"step {step}" + (f"/{self.total}" if self.total else "")]
@@ -265,9 +262,7 @@ class MultiTracker:
 
 
 TRACKERS: dict[str, Callable[..., Tracker]] = {
-    "console": lambda output_dir, total_steps=None, every=1, **_: ConsoleTracker(
-        total_steps, every=every
-    ),
+    "console": lambda output_dir, total_steps=None, **_: ConsoleTracker(total_steps),
     "jsonl": lambda output_dir, start_step=0, **_: JsonlTracker(output_dir, start_step),
     "tensorboard": lambda output_dir, kwargs=None, start_step=0, **_: TensorboardTracker(
         output_dir, start_step=start_step, **_section(kwargs, "tensorboard")
@@ -323,7 +318,7 @@ def build_trackers(
             name=name,
             start_step=start_step,
         )
-        if n not in ("jsonl", "console") and every > 1:  # the console throttles itself
+        if n != "jsonl" and every > 1:  # jsonl is the record: every step
             sink = EveryNSteps(sink, every, total_steps)
         sinks.append(sink)
     return MultiTracker(sinks)

@@ -142,13 +142,13 @@ def test_should_log_every_n_validation_and_last_step():
     assert [s for s in range(1, 8) if should_log({}, s, 3)] == [3, 6]  # no total: no last
 
 
-def test_console_honours_logging_steps():
-    out = io.StringIO()
-    t = ConsoleTracker(total_steps=7, stream=out, every=3)
+def test_console_honours_logging_steps(tmp_path, capsys):
+    trackers = build_trackers(["console"], tmp_path, total_steps=7, every=3)
     for step, row in enumerate(THINNED, 1):
-        t.log(row, step)
-    steps = [int(line.split()[1].split("/")[0]) for line in out.getvalue().splitlines()]
-    assert steps == SHOWN
+        trackers.log(row, step)
+    trackers.close()
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")]
+    assert [int(line.split()[1].split("/")[0]) for line in lines] == SHOWN
 
 
 @pytest.mark.slow
