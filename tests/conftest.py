@@ -1,4 +1,7 @@
-"""Shared fixtures: a tiny random model with a real tokenizer, built once per session."""
+"""Shared fixtures: a tiny random model with a real tokenizer, built once per session.
+
+This folder is on the test path (pytest puts a rootdir conftest's folder there), so test
+doubles live next to it in ``doubles.py`` and any test imports them as ``doubles``."""
 
 from __future__ import annotations
 
@@ -24,3 +27,23 @@ def tiny_path(tiny_model_dir) -> str:
 @pytest.fixture(scope="session")
 def tiny_dir(tiny_model_dir):
     return tiny_model_dir
+
+
+@pytest.fixture(autouse=True)
+def _release_local_process_group():
+    """A DeepSpeed engine on the local backend makes a one-rank process group in the test
+    process; later tests fork ranks, which must not inherit it."""
+    yield
+    import sys
+
+    engine = sys.modules.get("temper.training.deepspeed_engine")
+    if engine is not None:
+        engine.release_process_group()
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory):
+    """A tiny random Qwen2-VL (vision-language) model, tokenizer and image processor."""
+    from temper.utils.tiny_vlm import make_tiny_vlm
+
+    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))

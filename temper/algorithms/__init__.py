@@ -50,7 +50,6 @@ from temper.algorithms.policy_losses import (
     compute_policy_loss,
     roll_dual_clip_constant,
 )
-from temper.algorithms.registry import Registry, UnknownNameError
 from temper.algorithms.reward_shaping import (
     REWARD_NORMALIZATION_METHODS,
     REWARD_NORMS,
@@ -73,6 +72,7 @@ from temper.algorithms.sample_filters import (
     sample_loss_weights,
 )
 from temper.algorithms.value_loss import value_loss
+from temper.registry import Registry, UnknownNameError
 
 #: config key -> the registry of its valid values (for the config validator).
 REGISTRIES: dict[str, Registry] = {

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from temper.algorithms.groups import GroupIndex, as_group_ids, group_stats
 from temper.algorithms.masked import masked_whiten
-from temper.algorithms.registry import Registry
+from temper.registry import Registry
 
 
 @dataclass

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from temper.algorithms.registry import Registry
+from temper.registry import Registry
 
 AggFn = Callable[[Tensor, Tensor, "Tensor | None", "LossAggregator"], Tensor]
 

@@ -24,13 +24,13 @@ GroupIndex = Tensor | Sequence[Hashable]
 
 def as_group_ids(index: GroupIndex, device: torch.device | str | None = None) -> Tensor:
     """Dense group ids ``(B,)`` int64 in ``0..G-1`` (first-appearance order)."""
+    dev: torch.device | str | None = device
     if isinstance(index, Tensor):
         flat = index.reshape(-1)
         keys: list[Hashable] = flat.tolist()
         dev = device if device is not None else index.device
     else:
         keys = [k.item() if hasattr(k, "item") and not isinstance(k, str) else k for k in index]
-        dev = device
     mapping: dict[Hashable, int] = {}
     ids = [mapping.setdefault(k, len(mapping)) for k in keys]
     return torch.tensor(ids, dtype=torch.long, device=dev)

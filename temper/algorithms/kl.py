@@ -17,8 +17,9 @@ KL(π_θ ‖ π_ref):
 * ``<name>+`` (``k1+``, ``k3+``, ``low_var_kl+``, ``kl+``, ``abs+``): straight-through — the
   forward value of ``<name>``, the gradient of ``k2`` (verl); ``k2+``/``mse+`` equal ``k2``;
 * ``full``: exact KL over the vocabulary; needs both models' logits, so its registry entry
-  raises :class:`KLNeedsLogitsError` — call
-  :func:`temper.algorithms.logprobs.full_kl_from_logits` (check
+  raises :class:`KLNeedsLogitsError` — the actor's training engine computes it with
+  :func:`temper.algorithms.logprobs.full_kl_from_logits` against the reference's logits,
+  micro-batch by micro-batch, and passes it as ``kl_matrix`` (check
   :func:`kl_estimator_needs_logits`).
 """
 
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from temper.algorithms.aggregation import LossAggregator
 from temper.algorithms.masked import masked_mean
-from temper.algorithms.registry import Registry
+from temper.registry import Registry
 
 KLFn = Callable[[Tensor, Tensor], Tensor]
 

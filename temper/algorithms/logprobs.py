@@ -104,6 +104,9 @@ def entropy_from_logits(
     return res.reshape(logits.shape[:-1])
 
 
+DEFAULT_VOCAB_CHUNK = 8192
+
+
 def full_kl_from_logits(
     logits: Tensor,
     ref_logits: Tensor,
@@ -111,6 +114,7 @@ def full_kl_from_logits(
     *,
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK,
+    vocab_chunk_size: int = DEFAULT_VOCAB_CHUNK,
 ) -> Tensor:
     """Exact KL(π_θ ‖ π_ref) over the vocabulary at each position (``kl_penalty: full``).
 
@@ -119,8 +123,13 @@ def full_kl_from_logits(
     Formula: ``KL = Σ_v p_v (log p_v - log q_v)`` with ``p = softmax(l/τ)``,
     ``q = softmax(l_ref/τ)``; terms with ``p_v = 0`` are 0. Same direction as the ``k1``/
     ``k3`` sample estimators (which estimate it from the sampled token only). verl raises
-    ``NotImplementedError`` for ``full``; ROLL computes it without chunking.
-    Differentiable w.r.t. ``logits`` (and ``ref_logits``).
+    ``NotImplementedError`` for ``full``; ROLL computes it unchunked.
+
+    Memory stays bounded: rows go ``chunk_size`` at a time and the vocabulary
+    ``vocab_chunk_size`` columns at a time (two passes: the log-normalizers, then the sum),
+    forward *and* backward — a custom autograd function recomputes the softmax chunk by
+    chunk for the gradient ``∂KL/∂(l_j/τ) = p_j (log p_j − log q_j − KL)`` (and
+    ``q_j − p_j`` for the reference's logits) instead of keeping ``(N, V)`` intermediates.
     """
     _check_temperature(temperature)
     if logits.shape != ref_logits.shape:
@@ -128,15 +137,73 @@ def full_kl_from_logits(
             f"logits {tuple(logits.shape)} and ref_logits {tuple(ref_logits.shape)} differ"
         )
     flat, ref = _rows(logits), _rows(ref_logits)
-    out = []
-    for i in range(0, flat.shape[0], chunk_size):
-        lp = torch.log_softmax(_scaled(flat[i : i + chunk_size], temperature), dim=-1)
-        lq = torch.log_softmax(_scaled(ref[i : i + chunk_size], temperature), dim=-1)
-        p = lp.exp()
-        term = torch.where(p > 0, p * (lp - lq), torch.zeros_like(p))
-        out.append(term.sum(dim=-1))
+    out = [
+        _FullKL.apply(
+            flat[i : i + chunk_size], ref[i : i + chunk_size], temperature, vocab_chunk_size
+        )
+        for i in range(0, flat.shape[0], chunk_size)
+    ]
     res = torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)
     res = res.reshape(logits.shape[:-1])
     if mask is not None:
         res = torch.where(mask > 0, res, torch.zeros_like(res))
     return res
+
+
+def _work_dtype(x: Tensor) -> torch.dtype:
+    """fp64 stays fp64; everything else is computed in fp32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _log_normalizer(x: Tensor, temperature: float, step: int) -> Tensor:
+    """``logsumexp(x/τ)`` over the last dim ``(N, V) -> (N,)``, ``step`` columns at a time."""
+    lse = torch.full(x.shape[:1], float("-inf"), dtype=_work_dtype(x), device=x.device)
+    for v in range(0, x.shape[-1], step):
+        lse = torch.logaddexp(lse, torch.logsumexp(_scaled(x[:, v : v + step], temperature), -1))
+    return lse
+
+
+class _FullKL(torch.autograd.Function):
+    """Row-wise exact KL of two logit matrices ``(N, V)``, chunked over the vocabulary."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        logits: Tensor,
+        ref_logits: Tensor,
+        temperature: float,
+        step: int,
+    ) -> Tensor:
+        lse_p = _log_normalizer(logits, temperature, step)
+        lse_q = _log_normalizer(ref_logits, temperature, step)
+        kl = torch.zeros(logits.shape[:1], dtype=_work_dtype(logits), device=logits.device)
+        for v in range(0, logits.shape[-1], step):
+            lp = _scaled(logits[:, v : v + step], temperature) - lse_p[:, None]
+            lq = _scaled(ref_logits[:, v : v + step], temperature) - lse_q[:, None]
+            p = lp.exp()
+            kl += torch.where(p > 0, p * (lp - lq), torch.zeros_like(p)).sum(-1)
+        ctx.save_for_backward(logits, ref_logits, lse_p, lse_q, kl)
+        ctx.temperature, ctx.step = temperature, step  # type: ignore[attr-defined]
+        return kl
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, None, None]:
+        logits, ref_logits, lse_p, lse_q, kl = ctx.saved_tensors  # type: ignore[attr-defined]
+        tau, step = ctx.temperature, ctx.step  # type: ignore[attr-defined]
+        need_p, need_q = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
+        grad_p = torch.zeros_like(logits) if need_p else None
+        grad_q = torch.zeros_like(ref_logits) if need_q else None
+        g = grad.to(kl.dtype)[:, None] / tau
+        for v in range(0, logits.shape[-1], step):
+            cols = slice(v, v + step)
+            lp = _scaled(logits[:, cols], tau) - lse_p[:, None]
+            lq = _scaled(ref_logits[:, cols], tau) - lse_q[:, None]
+            p = lp.exp()
+            if grad_p is not None:
+                term = torch.where(p > 0, p * (lp - lq - kl[:, None]), torch.zeros_like(p))
+                grad_p[:, cols] = (g * term).to(grad_p.dtype)
+            if grad_q is not None:
+                grad_q[:, cols] = (g * (lq.exp() - p)).to(grad_q.dtype)
+        return grad_p, grad_q, None, None

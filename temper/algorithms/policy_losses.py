@@ -30,7 +30,7 @@ from torch import Tensor
 
 from temper.algorithms.aggregation import LossAggregator
 from temper.algorithms.masked import masked_mean
-from temper.algorithms.registry import Registry
+from temper.registry import Registry
 
 Metrics = dict[str, Tensor]
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from temper.algorithms.groups import GroupIndex, as_group_ids, group_stats
 from temper.algorithms.masked import masked_whiten
-from temper.algorithms.registry import Registry
+from temper.registry import Registry
 
 __all__ = [
     "REWARD_NORMALIZATION_METHODS",
@@ -187,7 +187,12 @@ def _asym_clip(x: Tensor) -> Tensor:
 
 @torch.no_grad()
 def grouped_reward_normalization(
-    scores: Tensor, group_index: GroupIndex | None, method: str
+    scores: Tensor,
+    group_index: GroupIndex | None,
+    method: str,
+    *,
+    mean_type: str | None = None,
+    std_type: str | None = None,
 ) -> Tensor:
     """ROLL agentic reward normalization ``(B,) -> (B,)``, per group (``grouping``).
 
@@ -195,9 +200,18 @@ def grouped_reward_normalization(
     but **0** for a group of one or with ``std ≤ 1e-6`` (ROLL's rule, unlike the
     pass-through of :func:`normalize_rewards`); ``asym_clip``: ``mean_std`` clamped to
     ``[-1, 3]``. ``group_index=None`` treats the batch as one group (``grouping: batch``).
+
+    ``mean_type`` / ``std_type`` (ROLL ≥ 2025-07's ``norm_mean_type`` / ``norm_std_type``,
+    each ``batch``, ``group`` or None) replace ``method`` when either is set:
+    ``(x - μ) / (σ + 1e-6)`` with ``μ``, ``σ`` from the whole batch or from the sample's
+    group (``μ = 0`` when ``mean_type`` is None, no division when ``std_type`` is None),
+    and 0 for a group of one or a ``σ ≤ 1e-6`` when dividing, as ROLL's
+    ``agentic_reward_norm``.
     """
-    fn = REWARD_NORMALIZATION_METHODS.get(method)
     x = scores.float() if not scores.is_floating_point() else scores
+    if mean_type is not None or std_type is not None:
+        return _typed_group_norm(x, group_index, mean_type, std_type)
+    fn = REWARD_NORMALIZATION_METHODS.get(method)
     if group_index is None:
         return fn(x)
     ids = as_group_ids(group_index, device=x.device)
@@ -205,6 +219,35 @@ def grouped_reward_normalization(
     for g in torch.unique(ids).tolist():
         sel = ids == g
         out[sel] = fn(x[sel])
+    return out
+
+
+def _typed_group_norm(
+    x: Tensor, group_index: GroupIndex | None, mean_type: str | None, std_type: str | None
+) -> Tensor:
+    for name, t in (("mean_type", mean_type), ("std_type", std_type)):
+        if t not in ("batch", "group", None):
+            raise ValueError(f"reward_normalization {name} must be batch, group or None, got {t!r}")
+    ids = (
+        torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        if group_index is None
+        else as_group_ids(group_index, device=x.device)
+    )
+    batch_mean = x.mean()
+    batch_std = x.std() if x.numel() > 1 else torch.zeros((), device=x.device)
+    out = torch.empty_like(x)
+    for g in torch.unique(ids).tolist():
+        sel = ids == g
+        xs = x[sel]
+        mu = batch_mean if mean_type == "batch" else xs.mean() if mean_type == "group" else 0.0
+        if std_type is None:
+            out[sel] = xs - mu
+            continue
+        sigma = batch_std if std_type == "batch" else xs.std() if xs.numel() > 1 else None
+        if xs.numel() <= 1 or sigma is None or sigma.abs() <= 1e-6:
+            out[sel] = torch.zeros_like(xs)
+        else:
+            out[sel] = (xs - mu) / (sigma + 1e-6)
     return out
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from temper.algorithms.masked import masked_mean
-from temper.algorithms.registry import Registry
+from temper.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from temper.algorithms.groups import GroupIndex, group_stats
-from temper.algorithms.registry import Registry
+from temper.registry import Registry
 
 
 @torch.no_grad()

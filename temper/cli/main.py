@@ -25,6 +25,7 @@ USER_ERRORS: dict[tuple[str, str], str] = {
     ("temper.cluster.ray", "WorkerGroupError"): (
         " (see that worker's log above; the same command resumes from the last checkpoint)"
     ),
+    ("temper.rewards.failures", "RewardFailureError"): "",
 }
 DEBUG_ENV = "TEMPER_DEBUG"
 
@@ -44,10 +45,12 @@ def _one_line(text: str) -> str:
 
 def _load(args: argparse.Namespace) -> LoadedConfig:
     from temper.cli.registries import registry_names
+    from temper.pipelines import check_pipeline
     from temper.rollout.tools import check_multi_turn
 
     loaded = load_config(args.config, args.overrides, dialect=args.dialect, names=registry_names())
     check_multi_turn(loaded.config.rollout.multi_turn)  # rollout-layer values, before a model
+    check_pipeline(loaded.config)  # what the pipeline cannot honour, before a model
     return loaded
 
 
@@ -55,15 +58,31 @@ def _dump(data: dict) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=None)
 
 
+def _preflight(loaded: LoadedConfig) -> list[str]:
+    """The pre-flight of ``check`` and ``train`` (paths, data, engines, rewards, tools)."""
+    from temper.pipelines.preflight import preflight
+
+    try:
+        return preflight(loaded.config)
+    except ConfigError as err:  # told in the keys of the file the user wrote
+        raise loaded.in_dialect(err) from err
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from temper.config.derive import derive, explain
 
     loaded = _load(args)
     cfg = loaded.config
-    print(f"# {loaded.source}: {loaded.dialect} dialect, valid")
+    flight = [] if args.config_only else _preflight(loaded)
+    what = "config only, pre-flight skipped" if args.config_only else "pre-flight passed"
+    print(f"# {loaded.source}: {loaded.dialect} dialect, valid ({what})")
     if loaded.notes:
         print("# notes (accepted keys that have no effect here):")
         for note in loaded.notes:
+            print(f"#   - {note}")
+    if flight:
+        print("# pre-flight (settled for this machine):")
+        for note in flight:
             print(f"#   - {note}")
     shown = to_dict(cfg) if args.full else diff_from_default(cfg)
     label = "full" if args.full else "non-default keys; --full shows all"
@@ -95,6 +114,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from temper.pipelines import run_pipeline
 
     loaded = _load(args)
+    for note in _preflight(loaded):  # before Ray starts or a model loads
+        print(f"pre-flight: {note}", flush=True)
     summary = run_pipeline(loaded.config)
     stopped = summary.get("stopped_by") if isinstance(summary, dict) else None
     if args.report and isinstance(summary, dict) and summary.get("output_dir"):
@@ -138,8 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dialect", default="auto", help="auto, native, verl or roll")
         return p
 
-    p = add("check", "validate a config and explain its derived values")
+    p = add("check", "validate a config, pre-flight it, and explain its derived values")
     p.add_argument("--full", action="store_true", help="show every key, defaults included")
+    p.add_argument(
+        "--config-only",
+        action="store_true",
+        help="check the config alone: skip the pre-flight of models, data, directories, "
+        "engines and rewards on this machine",
+    )
     p.set_defaults(func=cmd_check)
     p = add("convert", "print a config translated into the native schema")
     p.add_argument("--to", default="native", choices=["native"], help="target dialect")

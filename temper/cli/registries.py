@@ -16,4 +16,10 @@ def registry_names() -> dict[str, list[str]]:
         names["reward_function"] = list(rewards.reward_function_names())
     except (ImportError, AttributeError):
         pass
+    training = importlib.import_module("temper.training.registry")
+    names["strategy"] = sorted(training.ENGINES)
+    rollout = importlib.import_module("temper.rollout.registry")
+    names["rollout_engine"] = sorted([*rollout.ROLLOUT_ENGINES, "auto"])
+    envs = importlib.import_module("temper.envs.registry")
+    names["env_type"] = sorted(envs.env_types())
     return names

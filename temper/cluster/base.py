@@ -10,6 +10,10 @@ The driver never talks to a rank directly. It asks the role's :class:`WorkerGrou
 * ``scatter(method, batch, …)``: the same without concatenation, one result per rank
   (update: every rank returns the same globally reduced metrics).
 
+Shards go by *data-parallel index* (``data_ranks``): ranks of a model-parallel group
+(Megatron's tensor-parallel ranks) share an index and get the same shard; without model
+parallelism every rank is its own index.
+
 Shards are balanced by token count (:mod:`temper.cluster.balance`) when asked. A batch
 whose size the ranks do not divide is padded with copies of its first rows whose
 ``response_mask`` is zeroed (they add no token to any loss or count) and the padding is
@@ -73,6 +77,29 @@ class WorkerGroup(abc.ABC):
 
     role: str
     world_size: int
+    # rank r's data-parallel index (ranks with one index compute on the same samples);
+    # None: every rank its own
+    data_ranks: list[int] | None = None
+
+    @property
+    def data_size(self) -> int:
+        """Number of distinct data shards (the role's data-parallel size)."""
+        return self.world_size if self.data_ranks is None else max(self.data_ranks) + 1
+
+    def _rank_args(self, shards: Sequence[Batch]) -> list[tuple[Any, ...]]:
+        index = self.data_ranks or list(range(self.world_size))
+        return [(shards[index[r]],) for r in range(self.world_size)]
+
+    def _shard_results(self, results: list[Any]) -> list[Any]:
+        """One result per data shard (the first rank of each index)."""
+        if self.data_ranks is None:
+            return results
+        return [results[self.data_ranks.index(d)] for d in range(self.data_size)]
+
+    @property
+    def alive(self) -> bool:
+        """The ranks are up (not shut down)."""
+        return self.world_size > 0
 
     @abc.abstractmethod
     def call_ranks(self, method: str, per_rank_args: Sequence[tuple[Any, ...]], **kw: Any) -> list:
@@ -104,14 +131,14 @@ class WorkerGroup(abc.ABC):
         **kw: Any,
     ) -> list[Any]:
         """``method(shard, **kw)`` on each rank's equal share of ``batch``; results by rank."""
-        shards, _, _ = shard_batch(batch, self.world_size, balance=balance, allow_pad=allow_pad)
-        return self.call_ranks(method, [(s,) for s in shards], **kw)
+        shards, _, _ = shard_batch(batch, self.data_size, balance=balance, allow_pad=allow_pad)
+        return self.call_ranks(method, self._rank_args(shards), **kw)
 
     def dispatch(self, method: str, batch: Batch, *, balance: bool = True, **kw: Any) -> Batch:
         """Scatter, run, and gather the returned batches back into ``batch``'s row order."""
-        shards, order, pad = shard_batch(batch, self.world_size, balance=balance)
-        parts = self.call_ranks(method, [(s,) for s in shards], **kw)
-        return unshard_batch(parts, order, pad)
+        shards, order, pad = shard_batch(batch, self.data_size, balance=balance)
+        parts = self.call_ranks(method, self._rank_args(shards), **kw)
+        return unshard_batch(self._shard_results(parts), order, pad)
 
     def shutdown(self) -> None:  # noqa: B027 (optional hook; nothing to release locally)
         """Release the ranks (processes, placement groups)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from temper.config.derive import derive, placement, uses_critic, uses_reference
 from temper.config.schema import TemperConfig
+from temper.roles.builder import local_engine
 from temper.rollout.registry import resolve_engine_name
 
 _KEYS = {
@@ -91,20 +92,21 @@ def placement_rows(cfg: TemperConfig) -> list[tuple[str, ...]]:
     for role in roles:
         ids = place[_KEYS[role]]
         if role == "rollout":  # one whole engine per rank (data-parallel rollout)
-            strategy = resolve_engine_name(cfg.rollout.engine)
+            strategy = resolve_engine_name(cfg.rollout.engine, cfg.model)
         else:
             strategy = getattr(cfg, role).strategy
         dp = {"actor": d.actor.dp, "critic": d.critic.dp if d.critic else len(ids)}.get(
             role, len(ids)
         )
+        if role == "reference" and strategy == "megatron":  # TP ranks share their samples
+            m = cfg.reference.megatron
+            split = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
+            dp = len(ids) // max(1, split * m.context_parallel_size)
         shared = [r for r in roles if r != role and set(place[_KEYS[r]]) & set(ids)]
         share = min(s for _, _, s in slots[role])
         if cfg.resources.backend == "local":
-            ranks, engine, bundle = (
-                "1",
-                f"{strategy if role == 'rollout' else 'torch'} (in process)",
-                "-",
-            )
+            engine = strategy if role == "rollout" else local_engine(cfg, strategy)
+            ranks, engine, bundle = "1", f"{engine} (in process)", "-"
         else:
             ranks, engine = str(len(ids)), strategy
             bundle = f"GPU {share:g}, CPU {share:g}" if gpu else f"CPU {share:g} (process slot)"

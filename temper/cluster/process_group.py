@@ -93,8 +93,8 @@ def spawn_ranks(
     """Run ``fn(rank, world, *args)`` in ``world`` new processes joined by a gloo group
     on the loopback interface; returns each rank's return value (``torch.save``-able).
 
-    ``start_method`` defaults to ``fork`` where that is safe (Linux, CUDA not yet
-    initialized in this process): the ranks inherit the already imported torch and
+    ``start_method`` defaults to ``fork`` where that is safe (Linux, neither CUDA nor a
+    process group initialized in this process): the ranks inherit the already imported torch and
     transformers instead of importing them again, which dominates a small run's time
     (``spawn``: ``fn`` must then be importable at module level). A failing rank raises
     here with its traceback (``torch.multiprocessing.ProcessRaisedException``).
@@ -105,7 +105,10 @@ def spawn_ranks(
 
     if start_method is None:
         cuda_live = torch.cuda.is_available() and torch.cuda.is_initialized()
-        start_method = "fork" if sys.platform == "linux" and not cuda_live else "spawn"
+        # a process group's threads (gloo) do not survive a fork: a child would hang
+        group_live = dist.is_available() and dist.is_initialized()
+        fork_safe = sys.platform == "linux" and not cuda_live and not group_live
+        start_method = "fork" if fork_safe else "spawn"
     with tempfile.TemporaryDirectory(prefix="temper-ranks-") as out:
         mp.start_processes(
             _rank_entry,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -101,9 +101,9 @@ class RankWorker:
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
-    def setup(self, addr: str, port: int, device: str, timeout_s: float) -> tuple[int, str]:
+    def setup(self, addr: str, port: int, device: str, timeout_s: float) -> tuple[int, str, int]:
         """Join the role's process group and build the role (loads the model shard);
-        returns this process's pid and Ray node id."""
+        returns this process's pid, Ray node id and data-parallel index."""
         import ray
 
         from temper.cluster.process_group import default_backend, init_process_group
@@ -115,7 +115,12 @@ class RankWorker:
             from temper.cluster.rollout import RolloutRank
 
             self.role = RolloutRank(self.cfg, dev, self.rank)
-            return os.getpid(), ray.get_runtime_context().get_node_id()
+            return os.getpid(), ray.get_runtime_context().get_node_id(), self.rank
+        if self.role_name == "judge":  # the LLM judge: independent engines too
+            from temper.cluster.judge import JudgeRank
+
+            self.role = JudgeRank(self.cfg, dev, self.rank)
+            return os.getpid(), ray.get_runtime_context().get_node_id(), self.rank
         init_process_group(
             self.rank,
             self.world,
@@ -125,9 +130,14 @@ class RankWorker:
             timeout_s=timeout_s,
             local_rank=0 if dev.type == "cuda" else self.rank,  # Ray sets CUDA_VISIBLE_DEVICES
         )
-        build = {"actor": build_actor, "reference": build_reference, "critic": build_critic}
+        build: dict[str, Callable[[TemperConfig, torch.device], Any]] = {
+            "actor": build_actor,
+            "reference": build_reference,
+            "critic": build_critic,
+        }
         self.role = build[self.role_name](self.cfg, dev)
-        return os.getpid(), ray.get_runtime_context().get_node_id()
+        node = ray.get_runtime_context().get_node_id()
+        return os.getpid(), node, self.role.engine.dp_rank
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``role.<method>(*args, **kwargs)``; a dotted name reaches inside (``engine.x``)."""
@@ -192,8 +202,11 @@ class RayWorkerGroup(WorkerGroup):
         ]
         addr, port = self._wait([self.workers[0].rendezvous.remote()], ranks=[0])[0]
         up = self._wait([w.setup.remote(addr, port, device, self.timeout) for w in self.workers])
-        self.pids = [pid for pid, _ in up]
-        self.nodes = [node for _, node in up]
+        self.pids = [pid for pid, _, _ in up]
+        self.nodes = [node for _, node, _ in up]
+        data_ranks = [d for _, _, d in up]
+        if data_ranks != list(range(world_size)):  # model-parallel ranks share samples
+            self.data_ranks = data_ranks
         # printed: the pid of each rank is what an operator needs to inspect or kill it
         print(f"ray: {role} ranks 0..{world_size - 1} up (pids {self.pids})", flush=True)
         self._ray = ray
@@ -258,6 +271,10 @@ class RayWorkerGroup(WorkerGroup):
     def full_weights(self) -> Any:
         """An ObjectRef to the gathered HF weights (rank 0's copy in the object store)."""
         return self._wait([w.full_weights.remote() for w in self.workers])[0][0]
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.workers)
 
     def shutdown(self) -> None:
         for w in self.workers:

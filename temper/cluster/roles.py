@@ -2,9 +2,11 @@
 
 The pipeline calls ``roles.actor.compute_log_probs(batch)``, ``roles.actor.update(batch)``
 and ``roles.actor.engine.named_weights()`` whatever the backend; here each call becomes a
-dispatch to the role's ranks. :func:`build_cluster_roles` is the one entry point:
-``backend: local`` returns the in-process roles unchanged, ``backend: ray`` starts (or
-joins) Ray, creates the placement groups and the worker groups.
+dispatch to the role's ranks. The proxies implement the role Protocols of
+:mod:`temper.roles.base` (``ActorRole``, ``CriticRole``, ``ReferenceRole``), which is all
+the driver uses. :func:`build_cluster_roles` is the one entry point: ``backend: local``
+returns the in-process roles unchanged, ``backend: ray`` starts (or joins) Ray, creates
+the placement groups and the worker groups.
 """
 
 from __future__ import annotations
@@ -12,20 +14,26 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from temper.cluster.base import WorkerGroup
+from temper.cluster.judge import RemoteJudge, judge_used
 from temper.cluster.placement import device_pools, rank_slots, worker_device
 from temper.cluster.rollout import RemoteRollout, StoredWeights
 from temper.config.derive import placement, uses_critic, uses_reference
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
-from temper.roles.builder import Roles, build_roles
+from temper.rewards.judge import JudgeEngine
+from temper.roles.base import Roles
+from temper.roles.builder import build_roles
 from temper.roles.minibatch import optimizer_steps
 from temper.rollout import RolloutEngine, build_rollout_engine
+
+if TYPE_CHECKING:
+    from temper.cluster.ray import RayWorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,7 @@ _PLACEMENT_KEY = {
     "rollout": "actor_infer",
     "reference": "reference",
     "critic": "critic",
+    "judge": "reward",
 }
 
 
@@ -44,17 +53,18 @@ def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 
 class RemoteEngine:
-    """The driver's handle on a sharded engine: weight export and HF save."""
+    """The driver's handle on a sharded engine (a ``RoleEngine``): weight export, HF
+    save and checkpoints, each a collective call on the role's ranks."""
 
-    model = None  # no local module: the rollout engine owns its copy
+    shareable_module = None  # no local module: the rollout engine owns its copy
     device = torch.device("cpu")
 
-    def __init__(self, group: WorkerGroup) -> None:
+    def __init__(self, group: RayWorkerGroup) -> None:
         self.group = group
 
     def named_weights(self) -> StoredWeights:
         """The gathered weights as a handle on the object store (iterable by name)."""
-        return StoredWeights(self.group.full_weights())  # type: ignore[attr-defined]
+        return StoredWeights(self.group.full_weights())
 
     def save_hf(self, path: str) -> None:
         self.group.call_all("engine.save_hf", path)
@@ -70,7 +80,7 @@ class RemoteEngine:
 
 
 class _RemoteTrained:
-    def __init__(self, group: WorkerGroup, cfg: Any, balance: bool) -> None:
+    def __init__(self, group: RayWorkerGroup, cfg: Any, balance: bool) -> None:
         self.group, self.cfg, self.balance = group, cfg, balance
         self.engine = RemoteEngine(group)
         self._updates = 0
@@ -108,13 +118,10 @@ class RemoteCritic(_RemoteTrained):
         return self.group.dispatch("compute_values", batch)
 
 
-@dataclass
 class RemoteReference:
-    group: WorkerGroup
-    engine: Any = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.engine = RemoteEngine(self.group)
+    def __init__(self, group: RayWorkerGroup) -> None:
+        self.group = group
+        self.engine = RemoteEngine(group)
 
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         return self.group.dispatch("compute_ref_log_probs", batch)
@@ -122,21 +129,35 @@ class RemoteReference:
 
 @dataclass
 class ClusterRoles(Roles):
-    """``Roles`` whose members are proxies, plus the groups and placement to release."""
+    """``Roles`` whose members are proxies, plus the rollout worker group and what to
+    release: worker groups, placement groups, and (``resources.ray.timeline_json_file``)
+    Ray's timeline of the run, written before the workers go."""
 
     rollout: RolloutEngine | None = None  # the actor_infer worker group
+    judge: JudgeEngine | None = None  # the LLM judge's worker group (reward.judge)
     groups: list[WorkerGroup] = field(default_factory=list)
     placement_groups: list[Any] = field(default_factory=list)
+    timeline_json_file: str | None = None
 
     def shutdown(self) -> None:
-        from temper.cluster.ray import require_ray
+        _release(self.groups, self.placement_groups, self.timeline_json_file)
+        self.groups, self.placement_groups, self.timeline_json_file = [], [], None
 
-        for g in self.groups:
-            g.shutdown()
-        ray = require_ray()
-        for pg in self.placement_groups:
-            ray.util.remove_placement_group(pg)
-        self.groups, self.placement_groups = [], []
+
+def _release(groups: list[WorkerGroup], pgs: list[Any], timeline: str | None) -> None:
+    from temper.cluster.ray import require_ray
+
+    ray = require_ray()
+    if timeline:
+        try:  # a profile of every Ray task of the run, for chrome://tracing / Perfetto
+            ray.timeline(filename=timeline)
+            print(f"ray: timeline written to {timeline}", flush=True)
+        except Exception as err:  # the run's results matter more than its profile
+            log.warning("ray.timeline(%s) failed: %s", timeline, err)
+    for g in groups:
+        g.shutdown()
+    for pg in pgs:
+        ray.util.remove_placement_group(pg)
 
 
 def build_cluster_roles(cfg: TemperConfig) -> Roles:
@@ -224,6 +245,8 @@ def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
         wanted.append("reference")
     if uses_critic(cfg):
         wanted.append("critic")
+    if judge_used(cfg):
+        wanted.append("judge")
     place = placement(cfg)
     slots = rank_slots({role: place[_PLACEMENT_KEY[role]] for role in wanted})
     pools = device_pools({role: place[_PLACEMENT_KEY[role]] for role in wanted})
@@ -232,42 +255,44 @@ def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
     timeout = cfg.resources.ray.rpc_timeout
     nodes = ray_node_ids(ray, nnodes, timeout) if nnodes > 1 else None
     _check_capacity(ray, sum(len(p) for p in pools), "GPU" if device == "cuda" else "CPU")
-    out = ClusterRoles(actor=None, reference=None, critic=None)  # type: ignore[arg-type]
+    pgs: list[Any] = []
+    groups: dict[str, RayWorkerGroup] = {}
     try:
         for pool in pools:
-            out.placement_groups.append(_placement_group(ray, cfg, pool, nodes, device == "cuda"))
-        groups: dict[str, RayWorkerGroup] = {}
+            pgs.append(_placement_group(ray, cfg, pool, nodes, device == "cuda"))
         for role in wanted:
             groups[role] = RayWorkerGroup(
                 role,
                 cfg,
-                slots=[(out.placement_groups[p], b, share) for p, b, share in slots[role]],
+                slots=[(pgs[p], b, share) for p, b, share in slots[role]],
                 device=device,
             )
-            out.groups.append(groups[role])
     except BaseException:
-        out.shutdown()
+        _release(list(groups.values()), pgs, None)
         raise
     balance = cfg.experiment.balance_batch
-    out.actor = RemoteActor(groups["actor"], cfg.actor, balance)  # type: ignore[assignment]
-    out.rollout = RemoteRollout(groups["rollout"])
-    if "reference" in groups:
-        out.reference = RemoteReference(groups["reference"])  # type: ignore[assignment]
-    if "critic" in groups:
-        out.critic = RemoteCritic(groups["critic"], cfg.critic, balance)  # type: ignore[assignment]
-    return out
+    return ClusterRoles(
+        actor=RemoteActor(groups["actor"], cfg.actor, balance),
+        reference=RemoteReference(groups["reference"]) if "reference" in groups else None,
+        critic=RemoteCritic(groups["critic"], cfg.critic, balance) if "critic" in groups else None,
+        rollout=RemoteRollout(groups["rollout"]),
+        judge=RemoteJudge(groups["judge"]) if "judge" in groups else None,
+        groups=list(groups.values()),
+        placement_groups=pgs,
+        timeline_json_file=cfg.resources.ray.timeline_json_file,
+    )
 
 
 def build_cluster_rollout(cfg: TemperConfig, roles: Roles, tokenizer: Any) -> RolloutEngine:
     """The run's rollout engine, holding the actor's current weights: the ``actor_infer``
     worker group on Ray, else an engine in this process (``hf`` shares the actor's module;
     ``vllm`` holds its own copy)."""
-    rollout = getattr(roles, "rollout", None)
+    rollout = roles.rollout if isinstance(roles, ClusterRoles) else None
     if rollout is None:
         rollout = build_rollout_engine(
-            cfg.rollout, cfg.model, module=roles.actor.engine.model, tokenizer=tokenizer
+            cfg.rollout, cfg.model, module=roles.actor.engine.shareable_module, tokenizer=tokenizer
         )
-    if not getattr(rollout, "shared", False):
+    if not rollout.shared:
         # An engine with its own copy (vLLM, remote ranks) rolls out with the actor's
         # weights from the first step (LoRA merged); with rollout.load_format=dummy they
         # are random until here.

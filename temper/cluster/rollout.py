@@ -147,7 +147,7 @@ class RemoteRollout(RolloutEngine):
         self.group.call_all("wake_up")
 
     def close(self) -> None:
-        if self.group.world_size and getattr(self.group, "workers", None):
+        if self.group.alive:
             self.group.call_all("close")
 
     def __repr__(self) -> str:

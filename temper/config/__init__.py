@@ -17,12 +17,24 @@ __all__ = ["ConfigError", "LoadedConfig", "TemperConfig", "load_config", "to_dic
 
 @dataclasses.dataclass
 class LoadedConfig:
-    """A validated native config and how it was obtained."""
+    """A validated native config and how it was obtained.
+
+    ``sources`` / ``table`` map native keys to the keys of the file's dialect (see
+    ``dialects.in_dialect``): :meth:`in_dialect` tells a later error about the native
+    config (the pre-flight's) in the user's own keys.
+    """
 
     config: TemperConfig
     dialect: str
     notes: list[str]
     source: str
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    table: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def in_dialect(self, err: ConfigError) -> ConfigError:
+        from temper.config.dialects.in_dialect import in_dialect
+
+        return in_dialect(err, self.dialect, self.sources, self.table)
 
 
 def load_config(
@@ -37,13 +49,26 @@ def load_config(
     unknown estimator/loss/reward names. Raises ``ConfigError`` (key, reason, fix)
     before anything heavy is imported.
     """
+    from temper.config.dialects.in_dialect import in_dialect
     from temper.config.validate import validate
 
     raw = load_yaml(path, overrides)
+    if not raw.data:
+        raise ConfigError(str(path), "the config is empty", "write a native, verl or ROLL config")
     name, translation = translate(raw, dialect)
-    cfg = from_dict(TemperConfig, translation.native)
-    validate(cfg, names)
-    return LoadedConfig(config=cfg, dialect=name, notes=translation.notes, source=str(path))
+    try:
+        cfg = from_dict(TemperConfig, translation.native)
+        validate(cfg, names)
+    except ConfigError as err:  # told in the file's own keys
+        raise in_dialect(err, name, translation.sources, translation.table) from err
+    return LoadedConfig(
+        config=cfg,
+        dialect=name,
+        notes=translation.notes,
+        source=str(path),
+        sources=translation.sources,
+        table=translation.table,
+    )
 
 
 def build_config(data: dict, validate_it: bool = True) -> TemperConfig:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
+
+from temper.registry import UnknownNameError, did_you_mean
+
+__all__ = ["ConfigError", "did_you_mean", "unknown_name", "unknown_registered"]
 
 
 class ConfigError(ValueError):
@@ -22,12 +25,6 @@ class ConfigError(ValueError):
         super().__init__(msg)
 
 
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest choice, or ''."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
 def unknown_name(key: str, name: str, valid: Iterable[str]) -> ConfigError:
     """Error for a value that must be one of a registry's names."""
     valid = sorted(valid)
@@ -36,3 +33,8 @@ def unknown_name(key: str, name: str, valid: Iterable[str]) -> ConfigError:
         f"unknown value '{name}'{did_you_mean(name, valid)}",
         f"use one of: {', '.join(valid)}",
     )
+
+
+def unknown_registered(key: str, err: UnknownNameError) -> ConfigError:
+    """The ``ConfigError`` of config ``key`` for a registry's :class:`UnknownNameError`."""
+    return unknown_name(key, str(err.name), err.valid)

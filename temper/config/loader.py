@@ -1,21 +1,47 @@
 """Read a YAML config the way Hydra composes it, then apply command-line overrides.
 
-- ``defaults:`` lists are composed like Hydra 1.1+: each entry is loaded (relative to
-  the file that names it) and merged in order; ``_self_`` marks where the file's own
-  keys go (at the end when absent). ``path@_here_`` / ``path@_global_`` merge at the
-  root, ``path@pkg`` under ``pkg``, ``group: option`` loads ``group/option.yaml`` under
-  ``group``; ``optional`` and ``override`` prefixes are understood.
-- Overrides use Hydra's syntax: ``a.b=1``, ``+a.b=1`` (add), ``++a.b=1`` (add or set),
-  ``~a.b`` (delete); values are parsed as YAML (``[1,2]``, ``null``, ``1e-6``).
-- ``${...}`` interpolations (``${response_length}``, ``${oc.env:HOME}``) are resolved
-  after overrides, so an override of ``response_length`` reaches every reference.
+verl and ROLL users write Hydra configs and Hydra command lines, so composition and
+overrides are Hydra's own (hydra-core, the library verl and ROLL run on):
+
+- ``defaults:`` lists — ``_self_``, config groups, packages (``path@_here_``,
+  ``group@pkg: option``), ``optional``/``override``, relative paths such as
+  ``../config/envs@_here_`` — are composed by :func:`hydra.compose`;
+- ``hydra.searchpath`` (in the file or on the command line) adds config directories, as
+  in verl's multi-turn examples and recipes (``defaults: [ppo_trainer, _self_]``). A
+  relative ``file://`` entry is looked up from the working directory first, as Hydra
+  does, then from the config file's directory and its parents — verl's entries are
+  relative to the root of a verl checkout, where its scripts are run; a note says which
+  directory was used;
+- overrides are parsed by Hydra's override grammar: ``a.b=1``, ``+a.b=1`` (add),
+  ``++a.b=1`` (add or set), ``~a.b`` (delete), dict and list literals
+  (``{max_position_embeddings:32768}``, ``[console,wandb]``), quoting, ``${...}``;
+  overrides that name a config group (``actor@actor_rollout_ref.actor=megatron_actor``)
+  choose that group's option, as in Hydra.
+
+Two deliberate differences from Hydra, both accepting lines Hydra would refuse (a line
+Hydra accepts behaves as in Hydra): a plain ``a.b=1`` may set a key the file does not
+have (Hydra demands ``+a.b=1``) — the schema and the dialect tables, not the file,
+decide which keys exist, and they answer an unknown key with "did you mean …"; and a
+value Hydra's grammar rejects (temper's ``task:arithmetic?n=64&seed=5`` data URIs, ROLL's
+``list(range(0,8))`` device mappings) is read as a plain string, or a list of strings
+when bracketed. A sweep (``a=1,2``) is refused: temper runs one config.
+
+``${...}`` interpolations are resolved after the overrides, so an override of
+``response_length`` reaches every reference. Composing a file is slow (pure-Python YAML
+over a tree of files), so the composed file is cached per (file, modification time,
+group overrides); overrides are applied to a copy.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import math
+import functools
+import os
+import pickle
 import re
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,51 +51,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from temper.config.errors import ConfigError
 
-_HYDRA_ROOT_PACKAGES = {"_here_", "_global_", ""}
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``1e-6`` as a float (YAML 1.1 needs a dot: ``1.0e-6``)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def parse_yaml_text(text: str, where: str = "<string>") -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())  # one line, whatever the parser printed
-        raise ConfigError(where, f"not valid YAML: {detail}", "fix the YAML syntax") from err
-
-
-def parse_override_value(raw: str, key: str) -> Any:
-    """An override's value: YAML where it parses, else Hydra's looser grammar.
-
-    Hydra accepts unquoted strings YAML's flow syntax rejects (``[task:x?n=1]``), so a
-    value that is not YAML is a plain string, or a list of them when bracketed.
-    """
-    try:
-        return yaml.load(raw, Loader=_Loader)
-    except yaml.YAMLError:
-        pass
-    text = raw.strip()
-    if text.startswith("[") and text.endswith("]"):
-        items = [item.strip() for item in text[1:-1].split(",") if item.strip()]
-        return [parse_override_value(item, key) for item in items]
-    return raw
-
 
 @dataclasses.dataclass
 class RawConfig:
@@ -78,157 +59,385 @@ class RawConfig:
     data: dict[str, Any]
     source: str
     from_defaults: set[str] = dataclasses.field(default_factory=set)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    # keys a plain ``key=value`` override added (Hydra would have refused it) -> its text
+    added: dict[str, str] = dataclasses.field(default_factory=dict)
+    # top-level keys that ``${...}`` interpolations elsewhere in the file read
+    referenced: set[str] = dataclasses.field(default_factory=set)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(str(path), "config file not found", "check the path")
-    data = parse_yaml_text(path.read_text(encoding="utf-8"), str(path))
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(str(path), "a config file must be a mapping at the top level", "")
-    return data
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """One command-line override: ``op`` is '', '+', '++' or '~'."""
+
+    op: str
+    key: str
+    value: Any
+    text: str
+    has_value: bool = True
 
 
-def _resolve_entry_path(base: Path, name: str) -> Path:
-    candidate = (base / name).resolve()
-    if candidate.suffix not in (".yaml", ".yml"):
-        for ext in (".yaml", ".yml"):
-            with_ext = candidate.with_name(candidate.name + ext)
-            if with_ext.is_file():
-                return with_ext
-        return candidate.with_name(candidate.name + ".yaml")
-    return candidate
+# --------------------------------------------------------------------------- YAML
 
 
-def _nest(package: str, data: dict[str, Any]) -> dict[str, Any]:
-    for part in reversed([p for p in package.split(".") if p]):
-        data = {part: data}
-    return data
+def parse_yaml_text(text: str, where: str = "<string>") -> Any:
+    """YAML as OmegaConf (and so Hydra) reads it: ``1e-6`` is a float; one-line errors."""
+    from omegaconf._utils import get_yaml_loader
+
+    try:
+        return yaml.load(text, Loader=get_yaml_loader())
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            where, f"not valid YAML: {_one_line(str(err))}", "fix the YAML syntax"
+        ) from err
 
 
-def compose(path: str | Path) -> tuple[DictConfig, set[str]]:
-    """Load ``path`` with its defaults list composed; returns (config, keys from defaults)."""
-    path = Path(path).expanduser().resolve()
-    return _compose(path, stack=())
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
-def _compose(path: Path, stack: tuple[Path, ...]) -> tuple[DictConfig, set[str]]:
-    if path in stack:
-        chain = " -> ".join(str(p) for p in (*stack, path))
-        raise ConfigError("defaults", f"defaults form a cycle: {chain}", "remove the cycle")
-    own = _read_yaml(path)
-    defaults = own.pop("defaults", None) or []
-    if not isinstance(defaults, list):
-        raise ConfigError(f"{path}: defaults", "must be a list", "write defaults as a YAML list")
-    pieces: list[dict[str, Any]] = []
-    from_defaults: set[str] = set()
-    self_index = None
-    for i, entry in enumerate(defaults):
-        if entry == "_self_":
-            self_index = len(pieces)
+# --------------------------------------------------------------------------- overrides
+
+_KEY = re.compile(r"^(\+\+|\+|~)?([A-Za-z0-9_@/.\-\[\]]+)(=(.*))?$", re.S)
+
+
+def _lenient_value(raw: str) -> Any:
+    """A value Hydra's grammar rejects: a string, or a list of strings when bracketed."""
+    text = raw.strip()
+    if text.startswith("[") and text.endswith("]"):
+        return [_lenient_value(item) for item in text[1:-1].split(",") if item.strip()]
+    return raw
+
+
+def parse_overrides(texts: Sequence[str]) -> list[Override]:
+    """Hydra's override grammar, one :class:`Override` per text (see the module doc)."""
+    from hydra.errors import HydraException
+
+    out = []
+    for text in texts:
+        try:
+            parsed = _parse_one(text)
+        except HydraException as err:
+            m = _KEY.match(text)
+            if m is None or m.group(3) is None or m.group(1) == "~":
+                reason = _one_line(str(err)).split(" See https://")[0]
+                raise ConfigError(
+                    text,
+                    f"not an override ({reason})",
+                    "write key=value, +key=value (add), ++key=value (add or set) or ~key "
+                    "(delete); quote values with spaces or special characters: key='a b'",
+                ) from err
+            out.append(Override(m.group(1) or "", m.group(2), _lenient_value(m.group(4)), text))
             continue
-        optional = False
-        if isinstance(entry, dict):
-            if len(entry) != 1:
-                raise ConfigError(f"{path}: defaults[{i}]", "an entry maps one group", "")
-            ((group, option),) = entry.items()
-            group = str(group)
-            for prefix in ("optional ", "override "):
-                if group.startswith(prefix):
-                    optional = optional or prefix == "optional "
-                    group = group[len(prefix) :]
-            if option is None:
-                continue
-            group, _, package = group.partition("@")
-            target = _resolve_entry_path(path.parent, f"{group}/{option}")
-            package = package or group.replace("/", ".")
-        else:
-            name = str(entry)
-            if name.startswith("optional "):
-                optional, name = True, name[len("optional ") :]
-            name, _, package = name.partition("@")
-            target = _resolve_entry_path(path.parent, name)
-        if not target.is_file():
-            if optional:
-                continue
+        if parsed.is_sweep_override():
             raise ConfigError(
-                f"{path}: defaults[{i}]",
-                f"'{entry}' names {target}, which does not exist",
-                "fix the path (relative to the file that lists it)",
+                text,
+                "a Hydra sweep (multirun: one run per value); temper runs one config",
+                f"write a list as {parsed.key_or_group}=[…], or quote a string with commas",
             )
-        sub, _ = _compose(target, (*stack, path))
-        sub_data = OmegaConf.to_container(sub, resolve=False)
-        if package not in _HYDRA_ROOT_PACKAGES:
-            sub_data = _nest(package, sub_data)
-        from_defaults.update(sub_data.keys())
-        pieces.append(sub_data)
-    if self_index is None:
-        self_index = len(pieces)
-    pieces.insert(self_index, own)
-    merged = OmegaConf.create({})
-    for piece in pieces:
-        merged = OmegaConf.merge(merged, OmegaConf.create(piece))
-    return merged, from_defaults - set(own.keys())
+        op = "~" if parsed.is_delete() else "+" if parsed.is_add() else ""
+        op = "++" if parsed.is_force_add() else op
+        key = parsed.key_or_group if parsed.package is None else text.split("=")[0].lstrip("+~")
+        has_value = not (parsed.is_delete() and parsed.value() is None)
+        out.append(Override(op, key, parsed.value(), text, has_value))
+    return out
+
+
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_one(text: str) -> Any:
+    """Hydra's parse of one override (ANTLR, ~1 ms); an Override only describes the text,
+    so parses are memoized — command lines repeat the same overrides."""
+    return _parser().parse_override(text)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
     """``'+a.b=[1,2]'`` -> ``('+', 'a.b', [1, 2])``; ops are '', '+', '++', '~'."""
-    op = ""
-    for prefix in ("++", "+", "~"):
-        if text.startswith(prefix):
-            op, text = prefix, text[len(prefix) :]
-            break
-    key, eq, raw = text.partition("=")
-    key = key.strip()
-    if not key or (not eq and op != "~"):
-        raise ConfigError(
-            text, "not an override", "write overrides as key=value, +key=value or ~key"
-        )
-    value = parse_override_value(raw, key) if eq else None
-    if isinstance(value, float) and math.isnan(value):
-        value = raw
-    return op, key, value
-
-
-def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """Apply Hydra-syntax overrides in place."""
-    for text in overrides:
-        op, key, value = parse_override(text)
-        exists = (
-            OmegaConf.select(cfg, key, throw_on_missing=False, default=_MISSING) is not _MISSING
-        )
-        if op == "~":
-            if not exists:
-                raise ConfigError(key, "cannot delete a key that is not set", "check the key")
-            parent_key, _, leaf = key.rpartition(".")
-            parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-            del parent[leaf]
-            continue
-        if op == "+" and exists:
-            raise ConfigError(
-                key, "'+' adds a new key but this key is already set", f"write {key}=…"
-            )
-        # Like verl's own entry point, a plain override may set a key the file omits:
-        # the schema (not the file) decides which keys exist.
-        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+    o = parse_overrides([text])[0]
+    return o.op, o.key, o.value if o.has_value else None
 
 
 _MISSING = object()
 
 
-def load_yaml(path: str | Path, overrides: list[str] | None = None) -> RawConfig:
-    """Compose, override and resolve one config file into plain data."""
-    cfg, from_defaults = compose(path)
-    apply_overrides(cfg, list(overrides or []))
+def apply_overrides(cfg: DictConfig, overrides: Sequence[Override]) -> dict[str, str]:
+    """Apply config overrides in place, with Hydra's semantics (see the module doc).
+
+    Returns the keys that plain ``key=value`` overrides added (Hydra would refuse those).
+    """
+    OmegaConf.set_struct(cfg, False)
+    added: dict[str, str] = {}
+    for o in overrides:
+        current = OmegaConf.select(
+            cfg,
+            o.key,
+            throw_on_missing=False,
+            throw_on_resolution_failure=False,
+            default=_MISSING,
+        )
+        exists = current is not _MISSING
+        if o.op == "~":
+            if not exists:
+                raise ConfigError(o.key, "cannot delete a key that is not set", "check the key")
+            if o.has_value and o.value != current:
+                raise ConfigError(
+                    o.key,
+                    f"cannot delete: its value is {current!r}, not {o.value!r}",
+                    f"write ~{o.key} to delete whatever it holds",
+                )
+            parent_key, _, leaf = o.key.rpartition(".")
+            parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+            del parent[leaf]
+            continue
+        if o.op == "+" and exists and current is not None and not isinstance(o.value, dict | list):
+            raise ConfigError(
+                o.key,
+                f"'+' adds a key, but it is already set (to {current!r})",
+                f"write {o.key}=… to change it, or ++{o.key}=… to add or change it",
+            )
+        if o.op == "" and not exists:
+            added[o.key] = o.text
+        try:
+            OmegaConf.update(cfg, o.key, o.value, merge=True, force_add=True)
+        except OmegaConfBaseException as err:
+            raise ConfigError(o.key, f"cannot apply {o.text!r}: {_one_line(str(err))}", "") from err
+    return added
+
+
+# --------------------------------------------------------------------------- composition
+
+
+def _searchpath(
+    primary: Path, own: dict[str, Any], overrides: list[Override]
+) -> tuple[list[str] | None, list[str]]:
+    """Absolute ``hydra.searchpath`` entries (or None when unset) and notes on them."""
+    given: Any = None
+    for o in overrides:
+        if o.key == "hydra.searchpath":
+            given = o.value
+    if given is None:
+        hydra_node = own.get("hydra")
+        given = hydra_node.get("searchpath") if isinstance(hydra_node, dict) else None
+    if given is None:
+        return None, []
+    if not isinstance(given, list) or not all(isinstance(v, str) for v in given):
+        raise ConfigError("hydra.searchpath", f"must be a list of strings, got {given!r}", "")
+    out, notes = [], []
+    for entry in given:
+        scheme, sep, rest = entry.partition("://")
+        if not sep or scheme != "file" or os.path.isabs(rest):
+            out.append(entry)
+            continue
+        bases = [Path.cwd(), primary.parent, *primary.parent.parents]
+        found = next((b / rest for b in bases if (b / rest).is_dir()), None)
+        if found is None:
+            raise ConfigError(
+                "hydra.searchpath",
+                f"'{entry}' is not a directory relative to the working directory "
+                f"({Path.cwd()}) or to the config file's directory or its parents",
+                "run from the directory the path is relative to (for verl: the root of the "
+                "verl checkout), or make the entry absolute",
+            )
+        found = found.resolve()
+        if found != (Path.cwd() / rest).resolve():
+            notes.append(f"hydra.searchpath: '{entry}' found at {found} (above the config file)")
+        out.append(f"file://{found}")
+    return out, notes
+
+
+def _is_group(name: str, dirs: Sequence[Path]) -> bool:
+    """Whether ``name`` (``a`` or ``a/b``; a dotted name is a config key) is a Hydra config
+    group under one of ``dirs``."""
+    rel = name.split("@")[0]
+    return bool(rel) and "." not in rel and any((d / rel).is_dir() for d in dirs)
+
+
+@functools.lru_cache(maxsize=64)
+def _compose_cached(
+    config_dir: str, name: str, hydra_overrides: tuple[str, ...], stamp: tuple[int, ...]
+) -> bytes:
+    """Hydra's composition of ``name`` in ``config_dir`` (``stamp`` invalidates edits),
+    pickled: a copy per use unpickles ~4× faster than a deepcopy of the DictConfig."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with warnings.catch_warnings():
+        # "Defaults list is missing `_self_`": Hydra then puts the file's own keys last,
+        # which is what ROLL's and verl's files mean.
+        warnings.simplefilter("ignore", UserWarning)
+        with initialize_config_dir(config_dir=config_dir, version_base=None, job_name="temper"):
+            cfg = compose(config_name=name, overrides=list(hydra_overrides))
+    GlobalHydra.instance().clear()
+    return pickle.dumps(cfg)
+
+
+def _compose(path: Path, own: dict[str, Any], group_overrides: list[str]) -> DictConfig:
+    from hydra.errors import HydraException
+
+    stamp = (path.stat().st_mtime_ns,)
+    name = path.stem
+    config_dir = str(path.parent)
+    if path.suffix != ".yaml":  # Hydra reads <name>.yaml only: register the file itself
+        from hydra.core.config_store import ConfigStore
+
+        name = f"__temper_{path.stem}"
+        ConfigStore.instance().store(name=name, node=OmegaConf.create(own))
     try:
-        data = OmegaConf.to_container(cfg, resolve=True)
+        blob = _compose_cached(config_dir, name, tuple(group_overrides), stamp)
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:
+        raise _composition_error(path, err) from err
+    cfg = pickle.loads(blob)
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
+def _composition_error(path: Path, err: BaseException) -> ConfigError:
+    text = _one_line(str(err)).split(" See https://")[0]
+    text = text.replace("Defaults list is missing `_self_`.", "").strip()
+    cause = err.__cause__ or err.__context__
+    if isinstance(cause, yaml.YAMLError):
+        return ConfigError(str(path), f"not valid YAML: {_one_line(str(cause))}", "fix the syntax")
+    if type(err).__name__ == "MissingConfigException":
+        what, _, where = text.partition(" Config search path:")
+        dirs = re.findall(r"path=file://(\S+)", where)
+        looked = f"; looked in {', '.join(dirs)}" if dirs else ""
+        return ConfigError(
+            f"{path}: defaults",
+            f"{what.rstrip('.')} — it does not exist{looked} (entries are relative to the "
+            "file that lists them, or to a hydra.searchpath directory)",
+            "fix the entry, or add the directory that holds it to hydra.searchpath",
+        )
+    return ConfigError(f"{path}", f"cannot compose: {text}", "fix the defaults list or overrides")
+
+
+@functools.cache
+def _fast_yaml_for_omegaconf() -> None:
+    """OmegaConf (so Hydra) reads every YAML file with a pure-Python loader class it builds
+    anew per file; composing ROLL's or verl's files spends most of its time there. Where
+    libyaml is installed, the same loader — duplicate-key check, float and timestamp
+    resolvers, constructors — is built once over libyaml's C parser (measured: ~3× faster
+    composition of the upstream ROLL files)."""
+    if not getattr(yaml, "__with_libyaml__", False):
+        return
+    import omegaconf._utils as oc_utils
+
+    python_loader = oc_utils.get_yaml_loader()
+
+    class CLoader(yaml.CSafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+            keys = set()
+            for key_node, _value in node.value:
+                if key_node.tag != yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG:
+                    continue
+                if key_node.value in keys:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key_node.value}",
+                        key_node.start_mark,
+                    )
+                keys.add(key_node.value)
+            return yaml.constructor.SafeConstructor.construct_mapping(self, node, deep=deep)
+
+    CLoader.yaml_implicit_resolvers = python_loader.yaml_implicit_resolvers
+    CLoader.yaml_constructors = dict(python_loader.yaml_constructors)
+    oc_utils.get_yaml_loader = lambda: CLoader
+
+
+@functools.cache
+def _memoize_interpolation_parsing() -> None:
+    """OmegaConf parses every ``${...}`` string with its ANTLR grammar (pure Python, about
+    a millisecond each) whenever it resolves one; verl's default config holds ~200 of
+    them. A parse tree is a pure function of the string, and resolution only reads it,
+    so the parses are memoized (measured: resolving verl's config 0.26 s -> 0.09 s)."""
+    import omegaconf.base
+
+    omegaconf.base.parse = functools.lru_cache(maxsize=4096)(omegaconf.base.parse)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_own(path: Path, _mtime: int) -> Any:
+    return parse_yaml_text(path.read_text(encoding="utf-8"), str(path))
+
+
+def load_yaml(path: str | Path, overrides: Sequence[str] | None = None) -> RawConfig:
+    """Compose, override and resolve one config file into plain data."""
+    _memoize_interpolation_parsing()
+    _fast_yaml_for_omegaconf()
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(str(path), "config file not found", "check the path")
+    own = copy.deepcopy(_read_own(path, path.stat().st_mtime_ns))
+    if own is None:
+        own = {}
+    if not isinstance(own, dict):
+        raise ConfigError(str(path), "a config file must be a mapping at the top level", "")
+    parsed = parse_overrides(list(overrides or []))
+    searchpath, notes = _searchpath(path, own, parsed)
+    hydra_node = own.get("hydra")
+    if isinstance(hydra_node, dict) and set(hydra_node) - {"searchpath"}:
+        runtime = ", ".join(f"hydra.{k}" for k in hydra_node if k != "searchpath")
+        notes.append(f"{runtime}: Hydra runtime settings; temper never changes directory")
+    dirs = [path.parent] + [Path(p.partition("://")[2]) for p in searchpath or []]
+    hydra_overrides: list[str] = []
+    config_overrides: list[Override] = []
+    for o in parsed:
+        if o.key.startswith("hydra."):
+            if o.key != "hydra.searchpath":
+                notes.append(f"{o.text}: a Hydra runtime setting; temper never changes directory")
+        elif "/" in o.key or "@" in o.key or _is_group(o.key, dirs):
+            hydra_overrides.append(o.text)
+        else:
+            config_overrides.append(o)
+    if searchpath is not None:
+        hydra_overrides.append(f"hydra.searchpath=[{','.join(repr(p) for p in searchpath)}]")
+    cfg = _compose(path, own, hydra_overrides)
+    added = apply_overrides(cfg, config_overrides)
+    referenced = _referenced(OmegaConf.to_container(cfg, resolve=False))
+    try:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", "") or "interpolation"
+        msg = getattr(err, "msg", None) or str(err)
         raise ConfigError(
             str(key),
-            f"cannot resolve: {err.msg if hasattr(err, 'msg') else err}",
-            "point the ${...} reference at a key that exists",
+            f"cannot resolve: {_one_line(str(msg))}",
+            "point the ${...} reference at a key that exists (or set the environment "
+            "variable it reads)",
         ) from err
-    return RawConfig(data=data, source=str(path), from_defaults=from_defaults)
+    assert isinstance(resolved, dict)  # a config file is a mapping
+    data = {str(k): v for k, v in resolved.items()}
+    own_keys = set(own) - {"defaults", "hydra"}
+    from_defaults = {str(k) for k in data} - own_keys - {o.key.split(".")[0] for o in parsed}
+    return RawConfig(
+        data=data,
+        source=str(path),
+        from_defaults=from_defaults,
+        notes=notes,
+        added=added,
+        referenced=referenced,
+    )
+
+
+_INTERPOLATION = re.compile(r"\$\{(?:oc\.select:)?\s*([A-Za-z_][\w\-]*)")
+
+
+def _referenced(node: Any) -> set[str]:
+    """First segments of the keys ``${...}`` interpolations in ``node`` read."""
+    out: set[str] = set()
+    if isinstance(node, dict):
+        for v in node.values():
+            out |= _referenced(v)
+    elif isinstance(node, list):
+        for v in node:
+            out |= _referenced(v)
+    elif isinstance(node, str) and "${" in node:
+        out.update(m.group(1) for m in _INTERPOLATION.finditer(node))
+    return out

@@ -135,9 +135,15 @@ class DataConfig:
         "Column (dotted path) with the answer given to the reward; if absent, the row's "
         "ground_truth, then answer column.",
     )
-    data_source_key: str = doc("data_source", "Column naming the task; selects the reward fn.")
+    data_source_key: str = doc(
+        "data_source",
+        "Column naming the task; selects the reward fn (if absent: the data_source column).",
+    )
     tag_key: str = doc("tag", "Column with a domain tag (ROLL reward routing); default: source.")
     extra_info_key: str = doc("extra_info", "Column passed to reward functions as extra_info.")
+    extra_info_columns: list[str] = doc(
+        [], "Row columns added to extra_info (ROLL code rows: case_type, test_cases, …)."
+    )
     chat_template: str = doc("native", "native: tokenizer.apply_chat_template; raw: plain text.")
     apply_chat_template_kwargs: dict[str, Any] = doc(
         {}, "Extra arguments of apply_chat_template (e.g. enable_thinking: false)."
@@ -149,6 +155,11 @@ class DataConfig:
     )
     filter_overlong_prompts: bool = doc(False, "Drop (and count) prompts over max_prompt_length.")
     train_batch_size: int = doc(8, "Prompts per RL step.")
+    gen_batch_size: int | None = doc(
+        None,
+        "Prompts per generation round of dynamic sampling (verl data.gen_batch_size; ROLL "
+        "rollout_batch_size + max_additional_running_prompts); None = train_batch_size.",
+    )
     train_max_samples: int = doc(-1, "Use only the first N training rows (-1: all).")
     val_max_samples: int = doc(-1, "Use only the first N validation rows (-1: all).")
     val_batch_size: int | None = doc(None, "Prompts per validation batch; None = all at once.")
@@ -158,6 +169,27 @@ class DataConfig:
     bad_rows: Literal["skip", "error"] = doc("skip", "Malformed rows: report and skip, or fail.")
     source_weights: dict[str, float] = doc(
         {}, "Sampling probability per tag (ROLL domain_interleave_probs); empty = uniform."
+    )
+    image_key: str = doc(
+        "images",
+        "Column with each row's images (bytes, paths or {bytes|path|image: ...} dicts), "
+        "placed where the prompt says <image>; vision-language models only.",
+    )
+    video_key: str = doc("videos", "Column with videos: rows that have them are reported.")
+    image_folder: str | None = doc(
+        None, "Base of relative image paths; None = the directory of the data file."
+    )
+    image_min_pixels: int | None = doc(
+        None, "Resize smaller images up to this many pixels; None = the image processor's."
+    )
+    image_max_pixels: int | None = doc(
+        None, "Resize larger images down to this many pixels; None = the image processor's."
+    )
+    source_domains: dict[str, list[str]] = doc(
+        {}, "Domains the source_weights name instead of tags: domain -> its tags (ROLL rewards)."
+    )
+    source_default_domain: str | None = doc(
+        None, "Domain of tags no source_domains entry lists (ROLL: math_rule); None: an error."
     )
 
 
@@ -272,17 +304,34 @@ class FSDPConfig:
 
 @dataclass
 class MegatronConfig:
-    """Megatron-Core parallelism."""
+    """Megatron-Core parallelism and memory options (strategy=megatron).
+
+    Degrees multiply: a role's devices = TP × PP × CP × data-parallel size. Options
+    marked "CUDA" change memory or speed only, not the update; on CPU they are not
+    applied and ``temper check`` says so.
+    """
 
     tensor_model_parallel_size: int = doc(1, "Tensor parallel degree.")
     pipeline_model_parallel_size: int = doc(1, "Pipeline parallel degree.")
     virtual_pipeline_model_parallel_size: int | None = doc(None, "Interleaved pipeline chunks.")
     context_parallel_size: int = doc(1, "Context (sequence) parallel degree.")
     expert_model_parallel_size: int = doc(1, "Expert parallel degree (MoE).")
-    sequence_parallel: bool = doc(False, "Sequence parallelism with TP.")
-    use_distributed_optimizer: bool = doc(True, "Shard optimizer state over DP.")
-    recompute_granularity: str | None = doc(None, "full or selective activation recompute.")
-    overlap_grad_reduce: bool = doc(False, "Overlap grad reduce-scatter with backward.")
+    expert_tensor_parallel_size: int | None = doc(
+        None, "Tensor parallel degree of MoE experts (None: tensor_model_parallel_size)."
+    )
+    sequence_parallel: bool = doc(False, "Sequence parallelism with TP (CUDA).")
+    use_distributed_optimizer: bool = doc(True, "Shard optimizer state over DP (CUDA).")
+    overlap_grad_reduce: bool = doc(False, "Overlap grad reduce-scatter with backward (CUDA).")
+    overlap_param_gather: bool = doc(False, "Overlap param all-gather with forward (CUDA).")
+    recompute_granularity: str | None = doc(None, "Activation recompute: full or selective (CUDA).")
+    recompute_method: str | None = doc(None, "full recompute: uniform or block (CUDA).")
+    recompute_num_layers: int | None = doc(None, "Layers per recompute chunk / block (CUDA).")
+    recompute_modules: list[str] | None = doc(
+        None, "selective recompute: modules (core_attn, mlp, layernorm, …) (CUDA)."
+    )
+    param_offload: bool = doc(False, "Keep parameters on CPU between uses (CUDA).")
+    grad_offload: bool = doc(False, "Keep gradients on CPU between uses (CUDA).")
+    optimizer_offload: bool = doc(False, "Keep optimizer state on CPU between steps (CUDA).")
     extra: dict[str, Any] = doc({}, "Other Megatron-Core TransformerConfig arguments.")
 
 
@@ -305,13 +354,23 @@ class TrainEngineConfig:
     optim: OptimConfig = sub(OptimConfig, "Optimizer.")
     fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")
     megatron: MegatronConfig = sub(MegatronConfig, "Megatron settings (strategy=megatron).")
-    deepspeed: dict[str, Any] = doc({}, "DeepSpeed config (strategy=deepspeed), e.g. zero stage.")
+    deepspeed: dict[str, Any] = doc(
+        {},
+        "DeepSpeed config (strategy=deepspeed; ROLL strategy_config), e.g. zero_optimization; "
+        "temper fills batch sizes, clipping and precision ('auto').",
+    )
     use_torch_compile: bool = doc(False, "torch.compile the model forward.")
     ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence parallel degree.")
     log_prob_micro_batch_size_per_device: int | None = doc(None, "Micro-batch for inference.")
     log_prob_max_token_len_per_device: int | None = doc(None, "Token budget for inference.")
     checkpoint_contents: list[str] = doc(
         ["model", "optimizer", "extra"], "What a checkpoint holds (model, optimizer, extra, hf)."
+    )
+    freeze_vision_tower: bool = doc(
+        False, "Vision-language models: keep the vision encoder (and its merger) frozen."
+    )
+    freeze_module_prefix: list[str] = doc(
+        [], "Freeze parameters whose names start with one of these (ROLL freeze_module_prefix)."
     )
 
 
@@ -368,6 +427,9 @@ class ReferenceConfig:
     param_offload: bool = doc(False, "Keep reference weights on CPU between uses.")
     fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")
     megatron: MegatronConfig = sub(MegatronConfig, "Megatron settings.")
+    deepspeed: dict[str, Any] = doc(
+        {}, "DeepSpeed config (strategy=deepspeed; ROLL deepspeed_infer strategy_config)."
+    )
 
 
 # --------------------------------------------------------------------------- reward
@@ -408,6 +470,73 @@ class RewardRoute:
 
 
 @dataclass
+class SandboxLimitsConfig:
+    """What one sandboxed execution (one test of the code reward) may use."""
+
+    wall_time_s: float = doc(5.0, "Wall-clock seconds per execution (then SIGKILL).")
+    cpu_time_s: float = doc(5.0, "CPU seconds per execution (RLIMIT_CPU).")
+    memory_mb: int = doc(512, "Address space in MiB (RLIMIT_AS).")
+    max_processes: int = doc(32, "Processes and threads (RLIMIT_NPROC of the sandbox uid).")
+    max_open_files: int = doc(64, "Open file descriptors (RLIMIT_NOFILE).")
+    max_output_bytes: int = doc(1 << 20, "stdout + stderr bytes before the program is killed.")
+    max_file_bytes: int = doc(16 << 20, "Size of the writable temp dir (and of one file).")
+
+
+JUDGE_PROMPT = """\
+Given a problem, determine whether the final answer in the provided (incomplete) \
+solution process matches the reference answer.
+The reference answer may be one single option character (e.g., A, B, C, D), a \
+numerical value, an expression, or a list of answers if multiple questions are involved.
+Your task:
+- Compare the final output of the solution process with the reference answer.
+- If they match exactly, output YES.
+- If they do not match, output NO.
+- If the solution process is unclear, incomplete, or ambiguous, assume it is incorrect \
+and output NO.
+
+Your output must be strictly 'YES' or 'NO', with no additional words, punctuation, or \
+explanation.
+
+Question:
+{question}
+
+Solution Process (Final Step Only):
+{response}
+
+Reference Answer:
+{reference}
+
+Output:
+"""
+
+
+@dataclass
+class JudgeConfig:
+    """An LLM that grades responses (ROLL ``llm_judge``, verl generative reward model)."""
+
+    model_path: str | None = doc(None, "Judge model: HF directory, hub id or temper alias.")
+    engine: Literal["hf", "vllm"] = doc("hf", "Rollout engine that runs the judge.")
+    dtype: Dtype = doc("auto", "Judge weights dtype (auto: model.dtype).")
+    prompt_template: str = doc(
+        JUDGE_PROMPT, "User message; {question}, {response}, {reference} are filled in."
+    )
+    parser: str = doc(
+        "yes_no",
+        "yes_no (YES 1, NO 0), score ('Score: N' / score_scale), or a regex whose first "
+        "group is the score (/ score_scale).",
+    )
+    score_scale: float = doc(10.0, "Divisor of parsed numeric scores (score, regex).")
+    max_new_tokens: int = doc(100, "Longest verdict in tokens.")
+    max_prompt_length: int = doc(4096, "Longest judge prompt in tokens (the response is cut).")
+    temperature: float = doc(0.0, "Judge sampling temperature (0: greedy).")
+    top_p: float = doc(1.0, "Judge nucleus sampling mass.")
+    top_k: int = doc(-1, "Judge top-k (-1: off).")
+    infer_batch_size: int = doc(8, "Judge prompts per generate call.")
+    trust_remote_code: bool = doc(False, "Allow the judge repo's own code.")
+    gpu_memory_utilization: float = doc(0.3, "vLLM judge: share of device memory.")
+
+
+@dataclass
 class RewardConfig:
     """How responses are scored."""
 
@@ -426,6 +555,18 @@ class RewardConfig:
     launch_async: bool = doc(False, "Compute rewards while log-probs are computed.")
     format_penalty: float = doc(0.0, "Added to the score when the response breaks the format.")
     model: RewardModelConfig = sub(RewardModelConfig, "Reward model.")
+    sandbox: Literal["bwrap", "none", "sandbox_fusion"] = doc(
+        "bwrap",
+        "Where the code reward runs programs: bwrap (bubblewrap sandbox), sandbox_fusion "
+        "(a SandboxFusion service at sandbox_url) or none (NO isolation; see README).",
+    )
+    sandbox_url: str | None = doc(None, "SandboxFusion service URL (sandbox=sandbox_fusion).")
+    sandbox_limits: SandboxLimitsConfig = sub(SandboxLimitsConfig, "Limits per execution.")
+    judge: JudgeConfig = sub(JudgeConfig, "LLM judge (function llm_judge).")
+    max_failure_fraction: float = doc(
+        0.5, "A training step whose share of failed rewards exceeds this is a failed step."
+    )
+    max_failed_steps: int = doc(2, "Stop the run after this many failed steps in a row.")
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -451,14 +592,16 @@ class PFPPOConfig:
 
 @dataclass
 class FilterGroupsConfig:
-    """Dynamic sampling: drop groups that carry no learning signal (DAPO)."""
+    """Dynamic sampling: generate until the batch is full of groups with signal (DAPO)."""
 
-    enable: bool = doc(False, "Drop groups whose metric has zero std (or out of range).")
-    metric: str = doc("score", "Per-sample value inspected (score or reward).")
-    std_threshold: float = doc(0.0, "Drop groups whose std is <= this.")
-    mean_low: float | None = doc(None, "Drop groups whose mean is below this.")
-    mean_high: float | None = doc(None, "Drop groups whose mean is above this.")
-    max_num_gen_batches: int = doc(0, "Extra generation rounds to refill the batch (0: none).")
+    enable: bool = doc(False, "Drop groups without signal and generate more to refill.")
+    metric: str = doc("score", "Per-sample value inspected: score, or reward (+ shaping terms).")
+    std_threshold: float = doc(0.0, "Drop groups whose std is <= this (negative: keep all).")
+    mean_low: float | None = doc(None, "Drop groups whose mean is <= this.")
+    mean_high: float | None = doc(None, "Drop groups whose mean is >= this.")
+    max_num_gen_batches: int = doc(
+        0, "Generation rounds per step at most (<= 0: no limit, as verl); then masked filler."
+    )
 
 
 @dataclass
@@ -558,6 +701,14 @@ class EnvTagConfig:
     turn_prompt: str = doc(
         "", "Text after every observation: the question the model answers each turn."
     )
+    system_template: str = doc(
+        "", "System message of every episode (ROLL agent_system_template); empty = none."
+    )
+    turn_template: str = doc(
+        "",
+        "Each turn's user message (ROLL agent_template): {observation}, {turn_idx}, "
+        "{actions_left}, {max_response_length}, {suffix}; empty = observation + turn_prompt.",
+    )
 
 
 @dataclass
@@ -578,6 +729,12 @@ class RewardNormalizationConfig:
 
     grouping: Literal["batch", "state", "tag", "inductive"] = doc("state", "Normalise within.")
     method: Literal["identity", "mean_std", "asym_clip", "mean"] = doc("identity", "How.")
+    norm_mean_type: Literal["batch", "group"] | None = doc(
+        None, "Where the mean comes from (ROLL ≥ 2025-07); set either type to override method."
+    )
+    norm_std_type: Literal["batch", "group"] | None = doc(
+        None, "Where the std comes from (group = the grouping's groups); None: no division."
+    )
 
 
 @dataclass

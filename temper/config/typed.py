@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from temper.config.errors import ConfigError, did_you_mean
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 
 _HINTS: dict[type, dict[str, Any]] = {}
 
@@ -86,7 +89,7 @@ def _convert(value: Any, tp: Any, key: str, base: Any = None) -> Any:
                 f"use one of: {', '.join(valid)}",
             )
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise _type_error(key, value, tp)
         return from_dict(tp, value, prefix=key, base=base if isinstance(base, tp) else None)
@@ -175,7 +178,7 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
             start = _field_default(fields[key])
         kwargs[key] = _convert(value, hints[key], full, start)
     if base is not None:
-        return dataclasses.replace(base, **kwargs)  # type: ignore[type-var]
+        return dataclasses.replace(base, **kwargs)
     return cls(**kwargs)
 
 

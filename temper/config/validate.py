@@ -32,15 +32,51 @@ def _get(cfg: object, path: str) -> object:
     return cfg
 
 
+#: What each training strategy is, for messages about engines this build lacks.
+ENGINE_NAMES = {
+    "torch": "single-process torch",
+    "fsdp2": "FSDP2",
+    "deepspeed": "DeepSpeed",
+    "megatron": "Megatron-Core",
+}
+
+
 def validate(cfg: TemperConfig, names: Mapping[str, Sequence[str]] | None = None) -> None:
     """Raise ConfigError for the first problem found."""
+    if names:
+        _check_engines(cfg, names)
     _check_ranges(cfg)
     _check_roles(cfg)
     _check_placement(cfg)
-    _check_agentic(cfg)
+    _check_agentic(cfg, names or {})
     derive(cfg)  # batch arithmetic
     if names:
         _check_names(cfg, names)
+
+
+def _check_engines(cfg: TemperConfig, names: Mapping[str, Sequence[str]]) -> None:
+    """Every role's training engine is one this build registered (before any arithmetic
+    that only makes sense for an engine that exists). The local backend runs every role
+    in one process on the torch engine whatever the strategy (``roles.builder``), so only
+    a multi-device (Ray) run needs the named engine."""
+    valid = names.get("strategy")
+    if not valid or cfg.resources.backend == "local":
+        return
+    roles = [("actor", cfg.actor.strategy)]
+    if uses_critic(cfg):
+        roles.append(("critic", cfg.critic.strategy))
+    if uses_reference(cfg):
+        roles.append(("reference", cfg.reference.strategy))
+    if cfg.reward.model.enable:
+        roles.append(("reward.model", cfg.reward.model.strategy))
+    for role, strategy in roles:
+        if strategy not in valid:
+            what = ENGINE_NAMES.get(strategy, strategy)
+            raise ConfigError(
+                f"{role}.strategy",
+                f"the '{strategy}' training engine ({what}) is not in this build of temper",
+                f"set {role}.strategy to an engine this build has: {', '.join(valid)}",
+            )
 
 
 def _check_names(cfg: TemperConfig, names: Mapping[str, Sequence[str]]) -> None:
@@ -98,6 +134,7 @@ def _check_ranges(cfg: TemperConfig) -> None:
             f"= {seq}",
             f"raise rollout.max_model_len to ≥ {seq} or shorten prompts/responses",
         )
+    _check_pixels(cfg.data.image_min_pixels, cfg.data.image_max_pixels)
     for key in ("actor", "critic"):
         engine = getattr(cfg, key)
         if engine.use_dynamic_bsz and engine.max_token_len_per_device < seq:
@@ -107,6 +144,19 @@ def _check_ranges(cfg: TemperConfig) -> None:
                 f"up to {seq} tokens (max_prompt_length + response_length)",
                 f"raise it to ≥ {seq}",
             )
+
+
+def _check_pixels(low: int | None, high: int | None) -> None:
+    """Image resize limits (vision-language data): positive, and min ≤ max."""
+    for key, value in (("data.image_min_pixels", low), ("data.image_max_pixels", high)):
+        if value is not None:
+            _positive(key, value)
+    if low is not None and high is not None and low > high:
+        raise ConfigError(
+            "data.image_min_pixels",
+            f"{low} is larger than data.image_max_pixels ({high})",
+            "set image_min_pixels ≤ image_max_pixels",
+        )
 
 
 def _check_roles(cfg: TemperConfig) -> None:
@@ -174,7 +224,8 @@ def _check_placement(cfg: TemperConfig) -> None:
             "model.lora.rank",
             "on the ray backend a LoRA reference (the actor's weights with adapters off) "
             "would live in another worker group; this build does not share it across groups",
-            "use resources.backend=local, full fine-tuning (lora.rank=0), or drop the KL terms",
+            "use resources.backend=local, full fine-tuning (model.lora.rank=0), or drop the "
+            "KL terms (actor.use_kl_loss=false, algorithm.use_kl_in_reward=false)",
         )
     if cfg.resources.backend == "local":
         for role, ids in placement(cfg).items():
@@ -203,9 +254,10 @@ def _check_placement(cfg: TemperConfig) -> None:
         )
 
 
-def _check_agentic(cfg: TemperConfig) -> None:
+def _check_agentic(cfg: TemperConfig, names: Mapping[str, Sequence[str]]) -> None:
     if cfg.pipeline != "agentic":
         return
+    env_types = names.get("env_type")
     for which in ("train_env_manager", "val_env_manager"):
         mgr = getattr(cfg.agentic, which)
         key = f"agentic.{which}"
@@ -218,6 +270,14 @@ def _check_agentic(cfg: TemperConfig) -> None:
                     f"{key}.tags",
                     f"environment tag '{tag}' is not defined in agentic.custom_envs ({known})",
                     "define it under agentic.custom_envs or fix the tag",
+                )
+            env_type = cfg.agentic.custom_envs[tag].env_type
+            if env_types and env_type not in env_types:
+                raise ConfigError(
+                    f"agentic.custom_envs.{tag}.env_type",
+                    f"the environment '{env_type}' (tag {tag}) is not in this build of temper",
+                    f"use an environment it has ({', '.join(env_types)}), or register one "
+                    "with temper.envs.registry.register_env",
                 )
         if mgr.n_groups is not None:
             if len(mgr.n_groups) != len(mgr.tags):

@@ -24,7 +24,7 @@ Tensor keys used across temper (shapes with B samples, P prompt and R response t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -49,16 +49,16 @@ class Batch:
     def from_dict(
         cls,
         tensors: dict[str, torch.Tensor] | None = None,
-        objects: dict[str, Sequence[Any]] | None = None,
+        objects: Mapping[str, Sequence[Any]] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> Batch:
         tensors = tensors or {}
-        objects = {k: list(v) for k, v in (objects or {}).items()}
+        columns = {k: list(v) for k, v in (objects or {}).items()}
         if tensors:
             size = next(iter(tensors.values())).shape[0]
         else:
-            size = len(next(iter(objects.values()))) if objects else 0
-        return cls(TensorDict(tensors, batch_size=[size]), objects, dict(meta or {}))
+            size = len(next(iter(columns.values()))) if columns else 0
+        return cls(TensorDict(tensors, batch_size=[size]), columns, dict(meta or {}))
 
     def __len__(self) -> int:
         return int(self.tensors.batch_size[0]) if self.tensors.batch_dims else 0
@@ -119,7 +119,7 @@ class Batch:
         return self.split(len(self) // n)
 
     def __iter__(self) -> Iterator[str]:
-        yield from self.tensors.keys()
+        yield from (str(k) for k in self.tensors.keys())  # noqa: SIM118 (TensorDict keys)
         yield from self.objects
 
     @staticmethod
@@ -131,7 +131,7 @@ class Batch:
         for b in batches[1:]:
             if set(b.objects) != keys:
                 raise ValueError("cannot concat batches with different object columns")
-        tensors = torch.cat([b.tensors for b in batches], dim=0)
+        tensors = TensorDict.cat([b.tensors for b in batches], dim=0)
         objects = {k: [x for b in batches for x in b.objects[k]] for k in batches[0].objects}
         return Batch(tensors, objects, dict(batches[0].meta))
 

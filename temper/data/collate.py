@@ -10,11 +10,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from temper.data.batch import Batch
+
+if TYPE_CHECKING:
+    from temper.data.vision import ImageInput, VisionProcessor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,7 @@ class PromptExample:
     ground_truth: Any
     extra_info: dict[str, Any]
     source: str  # "file:line N" — where the row came from, for reports
+    images: tuple[ImageInput, ...] = ()  # vision-language prompts: their images, sized
 
 
 def left_pad(
@@ -54,6 +58,7 @@ def collate_prompts(
     pad_token_id: int,
     pad_to: int | None = None,
     indices: Sequence[int] | None = None,
+    vision: VisionProcessor | None = None,
 ) -> Batch:
     """A prompt :class:`Batch` of ``examples``.
 
@@ -61,7 +66,9 @@ def collate_prompts(
     to the longest prompt (or ``pad_to``). Objects: ``uid`` (the GRPO group id),
     ``index`` (dataset position, or -1), ``data_source``, ``tag``, ``ground_truth``,
     ``extra_info`` (a copy, so reward code cannot alter the dataset), ``prompt_text``,
-    ``raw_prompt`` (the chat messages).
+    ``raw_prompt`` (the chat messages). With ``vision`` (a vision-language model's
+    processor) also ``multi_modal_data`` and ``multi_modal_inputs`` (empty dicts for
+    prompts without images; see :mod:`temper.data.vision`).
     """
     if len(uids) != len(examples):
         raise ValueError(f"{len(uids)} uids for {len(examples)} prompts")
@@ -76,4 +83,10 @@ def collate_prompts(
         "prompt_text": [e.prompt_text for e in examples],
         "raw_prompt": [copy.deepcopy(e.raw_prompt) for e in examples],
     }
+    if vision is not None:
+        from temper.data.vision import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
+
+        pairs = [vision.model_inputs(e.images) for e in examples]
+        objects[MULTI_MODAL_DATA] = [data for data, _ in pairs]
+        objects[MULTI_MODAL_INPUTS] = [inputs for _, inputs in pairs]
     return Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}, objects)

@@ -19,8 +19,16 @@ from temper.config.schema import DataConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.data.collate import PromptExample, collate_prompts
 from temper.data.errors import DataError, RowIssue, RowProblem
-from temper.data.prompts import check_template, parse_row, render, tokenize, truncate_ids
+from temper.data.prompts import (
+    check_template,
+    parse_row,
+    render,
+    tokenize,
+    truncate_ids,
+    with_system,
+)
 from temper.data.sources import read_rows
+from temper.data.vision import ImageInput, VisionProcessor, load_vision_processor, row_images
 
 log = logging.getLogger("temper.data")
 
@@ -40,8 +48,10 @@ class PromptDataset:
         filtered_overlong: int = 0,
         truncated: int = 0,
         rows_read: int | None = None,
+        vision: VisionProcessor | None = None,
     ) -> None:
         self.examples = list(examples)
+        self.vision = vision  # builds multi_modal_inputs of image prompts at collation
         self.pad_token_id = pad_token_id
         self.name = name
         self.skip_reasons: list[RowIssue] = list(skipped)
@@ -84,7 +94,12 @@ class PromptDataset:
         if uids is None:
             uids = [f"{self.name}-{i}" for i in indices]
         return collate_prompts(
-            [self.examples[i] for i in indices], uids, self.pad_token_id, pad_to, indices
+            [self.examples[i] for i in indices],
+            uids,
+            self.pad_token_id,
+            pad_to,
+            indices,
+            vision=self.vision,
         )
 
     def eval_batches(
@@ -127,6 +142,7 @@ def build_dataset(
     name: str = "train",
     key: str = "data.train_files",
     max_samples: int = -1,
+    vision: VisionProcessor | None = None,
 ) -> PromptDataset:
     """Load, template, tokenize and length-check the prompts of ``files``.
 
@@ -134,7 +150,8 @@ def build_dataset(
     :class:`DataError` for unreadable files, for a malformed row when ``bad_rows=error``,
     for an overlong prompt when ``truncation=error`` (unless filtered), and when no
     usable prompt is left. ``max_samples > 0`` keeps the first that many usable prompts
-    and stops reading there (quick runs on big files).
+    and stops reading there (quick runs on big files). ``vision`` (the model's, for a
+    vision-language model) reads rows' images (``data.image_key``; see ``data.vision``).
     """
     check_template(cfg, tokenizer)
     raw = cfg.chat_template == "raw"
@@ -151,12 +168,12 @@ def build_dataset(
     skipped: list[RowIssue] = []
     examples: list[PromptExample] = []
     filtered = truncated = rows_read = 0
-    pending: list[tuple[str, str, str, list[dict[str, str]], Any]] = []
+    pending: list[tuple[str, str, str, list[dict[str, str]], Any, tuple[ImageInput, ...]]] = []
 
     def flush() -> None:
         nonlocal filtered, truncated
         all_ids = tokenize(tokenizer, [p[2] for p in pending], raw)
-        for (file, where, text, messages, fields), ids in zip(pending, all_ids):
+        for (file, where, text, messages, fields, images), ids in zip(pending, all_ids):
             if not ids:
                 issue = RowIssue(file, where, "prompt is empty after templating")
                 _report(issue, cfg, key, len(skipped))
@@ -169,6 +186,17 @@ def build_dataset(
                     continue
                 if cfg.truncation == "error":
                     raise _overlong(location, len(ids), cfg)
+                if images:  # cutting would drop image tokens the images still need
+                    issue = RowIssue(
+                        file,
+                        where,
+                        f"prompt with images has {len(ids)} tokens, more than "
+                        f"max_prompt_length={cfg.max_prompt_length}, and truncating it would "
+                        "cut image tokens",
+                    )
+                    _report(issue, cfg, key, len(skipped))
+                    skipped.append(issue)
+                    continue
                 ids = truncate_ids(ids, cfg.max_prompt_length, cfg.truncation)
                 text = tokenizer.decode(ids, skip_special_tokens=False)
                 truncated += 1
@@ -182,6 +210,7 @@ def build_dataset(
                     ground_truth=fields.ground_truth,
                     extra_info=fields.extra_info,
                     source=location,
+                    images=images,
                 )
             )
         pending.clear()
@@ -197,13 +226,19 @@ def build_dataset(
                 raise RowProblem(item.problem)
             assert item.row is not None
             fields = parse_row(item.row, cfg)
-            text, messages = render(fields, cfg, tokenizer)
+            images = row_images(item.row, cfg, vision, item.file, item.where)
+            if images:
+                assert vision is not None  # row_images raises without one
+                messages = with_system(fields.messages, cfg.system_prompt)
+                text = vision.render(messages, images, cfg)
+            else:
+                text, messages = render(fields, cfg, tokenizer)
         except RowProblem as err:
             issue = RowIssue(item.file, item.where, str(err))
             _report(issue, cfg, key, len(skipped))
             skipped.append(issue)
             continue
-        pending.append((item.file, item.where, text, messages, fields))
+        pending.append((item.file, item.where, text, messages, fields, images))
         if len(pending) >= _TOKENIZE_CHUNK:
             flush()
     flush()
@@ -233,7 +268,9 @@ def build_dataset(
             f"{filtered} overlong{first}",
             "check the files and data.prompt_key/messages_key",
         )
-    return PromptDataset(examples, pad_id, name, skipped, filtered, truncated, rows_read)
+    return PromptDataset(
+        examples, pad_id, name, skipped, filtered, truncated, rows_read, vision=vision
+    )
 
 
 def build_datasets(
@@ -241,14 +278,23 @@ def build_datasets(
 ) -> tuple[PromptDataset | None, PromptDataset | None]:
     """The train and validation datasets of a run (None where no files are configured).
 
-    Honors ``data.train_max_samples``/``val_max_samples`` (first N usable prompts).
+    Honors ``data.train_max_samples``/``val_max_samples`` (first N usable prompts). For
+    a vision-language model the model's processor is loaded with the tokenizer
+    (:func:`temper.data.vision.load_vision_processor`) and rows' images are read.
     """
     data = cfg.data
     train = val = None
+    vision = None
+    if data.train_files or data.val_files:
+        vision = load_vision_processor(
+            cfg.model.path, tokenizer, data, trust_remote_code=cfg.model.trust_remote_code
+        )
     if data.train_files:
-        limit = getattr(data, "train_max_samples", -1)
-        train = build_dataset(data.train_files, data, tokenizer, "train", "data.train_files", limit)
+        limit = data.train_max_samples
+        train = build_dataset(
+            data.train_files, data, tokenizer, "train", "data.train_files", limit, vision
+        )
     if data.val_files:
-        limit = getattr(data, "val_max_samples", -1)
-        val = build_dataset(data.val_files, data, tokenizer, "val", "data.val_files", limit)
+        limit = data.val_max_samples
+        val = build_dataset(data.val_files, data, tokenizer, "val", "data.val_files", limit, vision)
     return train, val

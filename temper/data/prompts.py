@@ -3,13 +3,19 @@
 Columns (all names from :class:`~temper.config.schema.DataConfig`):
 
 - ``prompt_key`` holds a string or a chat list ``[{"role", "content"}, ...]`` (verl);
-  ``messages_key``, when set, is used instead and holds a chat list or its JSON string (ROLL).
+  ``messages_key``, when set, is used instead and holds a chat list or its JSON string (ROLL);
+  a string there that is not JSON (``[``/``{`` first) is the user's prompt itself, as ROLL's
+  vision-language pipeline reads its ``prompt`` column.
 - ``ground_truth_key`` is a dotted path (``reward_model.ground_truth``); a flat column of
   that literal name also counts. When the path is absent the row's ``ground_truth`` column,
   then its ``answer`` column, is used (ROLL and raw HF datasets name it so); when none
   exists the ground truth is ``None`` — reward models and custom rewards may not need one.
-- ``data_source_key`` names the task (``"unknown"`` when missing); ``tag_key`` is the
-  domain tag (defaults to the data source); ``extra_info_key`` is a dict passed to rewards.
+- ``data_source_key`` names the task; when that column is absent, the row's
+  ``data_source`` column (verl-shaped rows under a ROLL config, whose key is the tag),
+  else ``"unknown"``; ``tag_key`` is the
+  domain tag (defaults to the data source); ``extra_info_key`` is a dict passed to rewards,
+  to which the columns named in ``extra_info_columns`` are added (ROLL keeps a code
+  row's ``test_cases``/``case_type`` as top-level columns).
 
 Templates (``chat_template``):
 
@@ -51,17 +57,17 @@ class PromptFields:
     extra_info: dict[str, Any]
 
 
-_MISSING = object()
+MISSING = object()  # what get_path returns for an absent path
 
 
 def get_path(row: dict[str, Any], dotted: str) -> Any:
-    """``row[a][b]`` for ``"a.b"`` (or a flat column literally named ``"a.b"``); else _MISSING."""
+    """``row[a][b]`` for ``"a.b"`` (or a flat column literally named ``"a.b"``); else MISSING."""
     if dotted in row:
         return row[dotted]
     value: Any = row
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
-            return _MISSING
+            return MISSING
         value = value[part]
     return value
 
@@ -70,7 +76,7 @@ def ground_truth_of(row: dict[str, Any], key: str) -> Any:
     """The row's ground truth at ``key``, else at ``ground_truth``, else ``answer``, else None."""
     for candidate in (key, *GROUND_TRUTH_FALLBACKS):
         value = get_path(row, candidate)
-        if value is not _MISSING and value is not None:
+        if value is not MISSING and value is not None:
             return value
     return None
 
@@ -105,10 +111,10 @@ def parse_row(row: dict[str, Any], cfg: DataConfig) -> PromptFields:
     """
     column = cfg.messages_key or cfg.prompt_key
     value = get_path(row, column)
-    if value is _MISSING or value is None:
+    if value is MISSING or value is None:
         raise RowProblem(f"missing column '{column}' (row has: {', '.join(map(str, row))})")
     text: str | None = None
-    if cfg.messages_key and isinstance(value, str):
+    if cfg.messages_key and isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as err:
@@ -122,21 +128,28 @@ def parse_row(row: dict[str, Any], cfg: DataConfig) -> PromptFields:
         messages = _check_messages(value, column)
 
     source = get_path(row, cfg.data_source_key)
-    data_source = "unknown" if source is _MISSING or source is None else str(source)
+    if source is MISSING:  # verl-shaped rows read with ROLL's key (data_source_key: tag)
+        source = row.get("data_source", MISSING)
+    data_source = "unknown" if source is MISSING or source is None else str(source)
     tag = get_path(row, cfg.tag_key)
     extra = get_path(row, cfg.extra_info_key)
-    if extra is _MISSING or extra is None:
+    if extra is MISSING or extra is None:
         extra = {}
     if not isinstance(extra, dict):
         raise RowProblem(
             f"column '{cfg.extra_info_key}' must be an object, got {type(extra).__name__}"
         )
+    extra = dict(extra)
+    for name in cfg.extra_info_columns:  # e.g. ROLL's test_cases for the code reward
+        found = get_path(row, name)
+        if found is not MISSING:
+            extra[name] = found
     return PromptFields(
         messages=messages,
         text=text,
         ground_truth=ground_truth_of(row, cfg.ground_truth_key),
         data_source=data_source,
-        tag=data_source if tag is _MISSING or tag is None else str(tag),
+        tag=data_source if tag is MISSING or tag is None else str(tag),
         extra_info=dict(extra),
     )
 

@@ -254,17 +254,45 @@ class PromptSampler:
 def build_sampler(
     cfg: TemperConfig, num_prompts: int, tags: Sequence[str] | None = None
 ) -> PromptSampler:
-    """The training sampler of a run (``tags``: one per prompt, needed for source_weights)."""
+    """The training sampler of a run (``tags``: one per prompt, needed for source_weights).
+
+    With ``data.source_domains`` the weights name domains (ROLL's reward domains): each
+    prompt samples as the domain that lists its tag; a tag no domain lists belongs to
+    ``data.source_default_domain`` (ROLL: ``math_rule``), or is an error when that is unset.
+
+    A draw is one generation round: ``data.gen_batch_size`` prompts when dynamic sampling
+    sets it, else ``train_batch_size``."""
     data = cfg.data
+    if data.source_domains and tags is not None:
+        tags = domains_of(tags, data.source_domains, data.source_default_domain)
     return PromptSampler(
         num_prompts=num_prompts,
-        batch_size=data.train_batch_size,
+        batch_size=data.gen_batch_size or data.train_batch_size,
         seed=cfg.experiment.seed,
         shuffle=data.shuffle,
         drop_last=data.dataloader_drop_last,
         tags=tags,
         source_weights=data.source_weights,
     )
+
+
+def domains_of(
+    tags: Sequence[str], domains: Mapping[str, Sequence[str]], default: str | None
+) -> list[str]:
+    """The domain of every prompt, from its tag (see :func:`build_sampler`)."""
+    owner: dict[str, str] = {}
+    for domain, members in domains.items():
+        for tag in members:
+            owner.setdefault(str(tag), domain)
+    orphans = sorted({t for t in tags if t not in owner})
+    if orphans and default is None:
+        raise ConfigError(
+            "data.source_domains",
+            f"tag(s) {', '.join(orphans)} have prompts but belong to no domain "
+            f"(domains: {', '.join(sorted(domains))})",
+            "list them in a domain, or set data.source_default_domain",
+        )
+    return [owner.get(t, default or t) for t in tags]
 
 
 def next_prompt_batch(dataset: Any, sampler: PromptSampler) -> Batch:

@@ -198,7 +198,7 @@ def _read_csv(path: Path) -> Iterator[SourceRow]:
             where = f"line {start}"
             start = reader.line_num + 1
             if None in raw:  # more fields than the header names
-                extra = len(raw[None])  # type: ignore[index]
+                extra = len(raw[None])
                 yield SourceRow(str(path), where, None, f"{extra} more field(s) than the header")
                 continue
             yield SourceRow(str(path), where, {k: _csv_cell(v) for k, v in raw.items()})

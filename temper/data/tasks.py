@@ -14,6 +14,10 @@ a pipeline trains. Rows have verl's shape, so the same files work with verl::
   the JSON *string* ``{"target": T, "numbers": [...]}`` (a string so that every file format,
   csv included, stores it the same). Targets are always reachable (built from an
   expression, kept in ``extra_info.solution``).
+- ``visual_color``: an image task for vision-language models, in geometry3k's shape
+  (``images: [{"bytes": PNG}]``, ``<image>`` in the prompt): a square of one of
+  ``colors`` on a white background, "Which colour is the square?"; ground truth the
+  colour's name (scored by the word the answer opens with).
 
     python -m temper.data.tasks arithmetic data/train.parquet --n 1000 --seed 0 max_operand=20
 """
@@ -129,9 +133,59 @@ def countdown_rows(
     return rows
 
 
+VISUAL_COLORS = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 60),
+    "blue": (40, 70, 220),
+    "yellow": (235, 210, 40),
+    "black": (20, 20, 20),
+    "purple": (140, 50, 170),
+}
+VISUAL_QUESTION = "Which colour is the square?"
+
+
+def visual_color_rows(
+    n: int,
+    seed: int = 0,
+    colors: str = "red,green,blue,yellow",
+    size: int = 56,
+    split: str = "train",
+) -> list[dict[str, Any]]:
+    """``n`` images (``size``×``size`` PNG) of a square in one of ``colors`` (comma-separated
+    names of :data:`VISUAL_COLORS`) at a random place, 50-90% of the side long."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    names = [c.strip() for c in colors.split(",") if c.strip()]
+    unknown = [c for c in names if c not in VISUAL_COLORS]
+    if len(names) < 2 or unknown or size < 28:
+        raise ValueError(
+            f"visual_color needs >= 2 colors among {', '.join(VISUAL_COLORS)} and size >= 28"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
+    rng = random.Random(seed)
+    rows = []
+    for index in range(n):
+        color = rng.choice(names)
+        side = rng.randint(int(0.5 * size), int(0.9 * size))
+        x, y = rng.randint(0, size - side), rng.randint(0, size - side)
+        image = Image.new("RGB", (size, size), (255, 255, 255))
+        ImageDraw.Draw(image).rectangle([x, y, x + side - 1, y + side - 1], VISUAL_COLORS[color])
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        row = _row("visual_color", f"<image>{VISUAL_QUESTION}", color, {"split": split})
+        row["ability"] = "vision"
+        row["extra_info"]["index"] = index
+        row["images"] = [{"bytes": buf.getvalue(), "path": None}]
+        rows.append(row)
+    return rows
+
+
 TASKS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "arithmetic": arithmetic_rows,
     "countdown": countdown_rows,
+    "visual_color": visual_color_rows,
 }
 
 

@@ -92,7 +92,8 @@ def parse_action(
         return ParsedAction(pieces[0], True, reason, pieces, think=think, content=content)
     lookup = {_norm(a): a for a in valid_actions}
     lookup.update({str(i + 1): a for i, a in enumerate(valid_actions)})
-    known, unknown = [], []
+    known: list[str] = []
+    unknown: list[str] = []
     for p in pieces:
         canon = lookup.get(_norm(p))
         (known if canon is not None else unknown).append(canon if canon is not None else p)

@@ -70,6 +70,13 @@ class TextEnv(abc.ABC):
     def action_space_text(self) -> str:
         """What the prompt shows about the actions and the symbols (legend, valid moves)."""
 
+    def text(self) -> str:
+        """The current state as text (``render("text")``)."""
+        frame = self.render("text")
+        if not isinstance(frame, str):
+            raise TypeError(f"{type(self).__name__}.render('text') returned {type(frame).__name__}")
+        return frame
+
     def valid_actions(self) -> list[str] | None:
         """The canonical action names (``["Up", "Down", …]``), or None for free-form answers."""
         return None

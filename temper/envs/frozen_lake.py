@@ -143,7 +143,7 @@ class FrozenLakeEnv(TextEnv):
         self.board = np.array([list(r) for r in rows], dtype="<U1")
         r, c = np.argwhere(self.board == "S")[0]
         self.pos, self.steps = (int(r), int(c)), 0
-        return self.render("text"), {"seed": int(seed), "map": rows}
+        return self.text(), {"seed": int(seed), "map": rows}
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         s = " ".join(str(action_text).split()).lower()
@@ -153,8 +153,12 @@ class FrozenLakeEnv(TextEnv):
         elif s in {"1", "2", "3", "4"}:
             a = int(s) - 1
         else:
-            info = {"action_is_valid": False, "action_is_effective": False, "success": False}
-            return self.render("text"), 0.0, False, False, info
+            info: dict[str, Any] = {
+                "action_is_valid": False,
+                "action_is_effective": False,
+                "success": False,
+            }
+            return self.text(), 0.0, False, False, info
         if self.is_slippery:
             a = (a + int(self.rng.integers(-1, 2))) % 4
         dr, dc = _DELTAS[a]
@@ -173,7 +177,7 @@ class FrozenLakeEnv(TextEnv):
             "success": bool(success),
             "executed_action": ACTIONS[a],
         }
-        return self.render("text"), 1.0 if success else 0.0, bool(terminated), truncated, info
+        return self.text(), 1.0 if success else 0.0, bool(terminated), truncated, info
 
     def _codes(self) -> np.ndarray:
         codes = np.where(self.board == "H", 1, np.where(self.board == "G", 2, 0))

@@ -32,6 +32,11 @@ generation batches, no idle envs). Natively ``max_traj_per_env`` is thus a bound
 that one episode per instance must satisfy: -1 (unlimited) or ≥ 1 — 0 or below -1
 is a config error (:func:`check_max_traj_per_env`).
 
+State (``state_dict``): the run seed, the mode, the group layout and each env's last
+episode seed. Episodes are a pure function of ``(run seed, step, group, round)`` — every
+``reset`` reseeds the envs' own generators — so that is all a resumed run needs to play
+exactly the episodes of the uninterrupted one; loading checks that it is the same pool.
+
 Per turn (``step``): the response is parsed (``parse_action`` with the tag's
 pattern, ``action_sep``, ``enable_think``); the known actions run in order
 until the episode ends or ``max_actions_per_traj`` actions have run; the
@@ -43,6 +48,7 @@ after ``max_turns`` turns of its tag.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -104,6 +110,9 @@ class _EnvState:
     done: bool = True
     success: bool = False
     frames: list[Any] = field(default_factory=list)
+
+
+_TEMPLATE_FIELD = re.compile(r"\{(\w+)\}")
 
 
 class EnvManager:
@@ -187,6 +196,8 @@ class EnvManager:
         parts = [spec.env_instruction or env.instructions]
         if spec.env_instruction:
             parts.append(env.action_space_text)
+        if spec.turn_template:  # ROLL's agent_template states the reply format itself
+            return "\n".join(p for p in parts if p)
         line = ""
         if "<answer>" in spec.action_pattern:  # a free-form pattern states its own format
             fmt = (
@@ -200,9 +211,30 @@ class EnvManager:
 
     def turn_text(self, env_id: int, observation: str) -> str:
         """What the model reads after a turn: the observation, then the tag's
-        ``turn_prompt`` (a question asked last is what small models answer)."""
-        prompt = self._states[env_id].spec.turn_prompt
+        ``turn_prompt`` (a question asked last is what small models answer) — or, with a
+        ``turn_template`` (ROLL's ``agent_template``), that template rendered with
+        ``observation``, ``turn_idx`` (1 on the first turn), ``actions_left``,
+        ``max_response_length`` (the tag's per-turn token budget) and ``suffix`` (empty);
+        other ``{fields}`` stay as written, as ROLL renders only the fields it knows."""
+        st = self._states[env_id]
+        if st.spec.turn_template:
+            fields = {
+                "observation": observation,
+                "turn_idx": st.turns + 1,
+                "actions_left": max(0, st.spec.max_turns - st.turns),
+                "max_response_length": st.spec.max_tokens_per_turn,
+                "suffix": "",
+            }
+            return _TEMPLATE_FIELD.sub(
+                lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0),
+                st.spec.turn_template,
+            )
+        prompt = st.spec.turn_prompt
         return f"{observation}\n\n{prompt}" if prompt else observation
+
+    def system_message(self, tag: str) -> str:
+        """The tag's system message (ROLL's ``agent_system_template``), or ''."""
+        return self.specs[tag].system_template
 
     def reset(self, step: int, round_: int = 0) -> list[EnvSlot]:
         """Start one episode in every env; seeds from (run seed, step, group, round)."""
@@ -303,6 +335,34 @@ class EnvManager:
             success=success,
             info=info,
         )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Seeds and layout (see the module docstring), plain ints and strings."""
+        return {
+            "run_seed": self.run_seed,
+            "mode": self.mode,
+            "group_tags": list(self.group_tags),
+            "group_size": self.group_size,
+            "seeds": [st.seed for st in self._states],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the same run seed, mode and layout, or a ConfigError
+        (another layout would not replay the same episodes)."""
+        mine = self.state_dict()
+        for key in ("run_seed", "mode", "group_tags", "group_size"):
+            if state.get(key) != mine[key]:
+                raise ConfigError(
+                    "experiment.resume_mode",
+                    f"the checkpoint's {self.mode} env manager has {key}={state.get(key)!r}, "
+                    f"this run {mine[key]!r}: resuming would not play the same episodes",
+                    "resume with the same seed and env managers, or start a new run "
+                    "(resume_mode=disable)",
+                )
+        for st, seed in zip(self._states, state["seeds"]):
+            st.seed = int(seed)
 
     # ------------------------------------------------------------------ queries
 

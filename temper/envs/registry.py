@@ -33,20 +33,34 @@ from typing import Any
 
 from temper.config.errors import ConfigError, did_you_mean
 from temper.config.schema import EnvTagConfig
+from temper.registry import Registry
 
 from .base import TextEnv
 
 __all__ = ["ENV_TYPES", "EnvSpec", "env_types", "make_env", "register_env", "resolve_tag"]
 
-#: built-in types, imported on first use
-ENV_TYPES: dict[str, str] = {
+#: ``env_type`` -> ``TextEnv`` class; the built-in types are imported on first use
+ENV_TYPES: Registry[type[TextEnv]] = Registry("environment type")
+
+
+def _builtin(path: str) -> Callable[[], type[TextEnv]]:
+    module, name = path.split(":")
+
+    def load() -> type[TextEnv]:
+        cls: type[TextEnv] = getattr(importlib.import_module(module), name)  # registers itself
+        return cls
+
+    return load
+
+
+for _name, _path in {
     "sokoban": "temper.envs.sokoban:SokobanEnv",
     "frozen_lake": "temper.envs.frozen_lake:FrozenLakeEnv",
     "countdown": "temper.envs.countdown_tool:CountdownEnv",
     "countdown_tool": "temper.envs.countdown_tool:CountdownToolEnv",
     "bandit": "temper.envs.bandit:BanditEnv",
-}
-_CLASSES: dict[str, type[TextEnv]] = {}
+}.items():
+    ENV_TYPES.add_lazy(_name, _builtin(_path))
 
 #: ROLL env_config keys with no effect here, and why
 IGNORED_KEYS: dict[str, str] = {
@@ -67,8 +81,8 @@ def register_env(name: str) -> Callable[[type[TextEnv]], type[TextEnv]]:
     """Class decorator registering a ``TextEnv`` subclass as ``env_type: name``."""
 
     def deco(cls: type[TextEnv]) -> type[TextEnv]:
-        _CLASSES[name] = cls
         cls.env_type = name
+        ENV_TYPES.add(name, cls, replace=True)  # a built-in replaces its lazy entry
         return cls
 
     return deco
@@ -76,18 +90,13 @@ def register_env(name: str) -> Callable[[type[TextEnv]], type[TextEnv]]:
 
 def env_types() -> list[str]:
     """All registered env types, sorted."""
-    return sorted(set(ENV_TYPES) | set(_CLASSES))
+    return ENV_TYPES.names()
 
 
 def env_class(env_type: str, key: str = "env_type") -> type[TextEnv]:
     """The class registered as ``env_type``; ``ConfigError`` on ``key`` otherwise."""
-    if env_type in _CLASSES:
-        return _CLASSES[env_type]
     if env_type in ENV_TYPES:
-        module, name = ENV_TYPES[env_type].split(":")
-        cls = getattr(importlib.import_module(module), name)
-        _CLASSES[env_type] = cls
-        return cls
+        return ENV_TYPES.get(env_type)
     raise ConfigError(
         key,
         f"unknown environment type '{env_type}'{did_you_mean(env_type, env_types())}",
@@ -115,6 +124,8 @@ class EnvSpec:
     max_tokens_per_turn: int = 128
     max_words: int | None = None
     turn_prompt: str = ""
+    system_template: str = ""
+    turn_template: str = ""
 
     def make(self) -> TextEnv:
         """A fresh environment instance."""
@@ -163,6 +174,8 @@ def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs"
         max_tokens_per_turn=int(tag_values["max_tokens_per_turn"]),
         max_words=tag_values["max_words"],
         turn_prompt=tag_values["turn_prompt"] or "",
+        system_template=cfg.system_template or "",
+        turn_template=cfg.turn_template or "",
     )
 
 

@@ -210,7 +210,7 @@ class SokobanEnv(TextEnv):
             rng, self.rows, self.cols, self.num_boxes, self.search_depth
         )
         self.steps = 0
-        return self.render("text"), {"seed": int(seed), "boxes_on_target": self.boxes_on_target}
+        return self.text(), {"seed": int(seed), "boxes_on_target": self.boxes_on_target}
 
     @property
     def player(self) -> tuple[int, int]:
@@ -227,8 +227,12 @@ class SokobanEnv(TextEnv):
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         name = _lookup(action_text)
         if name is None:
-            info = {"action_is_valid": False, "action_is_effective": False, "success": False}
-            return self.render("text"), 0.0, False, False, info
+            info: dict[str, Any] = {
+                "action_is_valid": False,
+                "action_is_effective": False,
+                "success": False,
+            }
+            return self.text(), 0.0, False, False, info
         self.steps += 1
         reward = -0.1
         dr, dc = _DELTAS[name]
@@ -256,7 +260,7 @@ class SokobanEnv(TextEnv):
             "success": success,
             "boxes_on_target": self.boxes_on_target,
         }
-        return self.render("text"), reward, success, truncated, info
+        return self.text(), reward, success, truncated, info
 
     def _in(self, pos: tuple[int, int]) -> bool:
         return 0 <= pos[0] < self.rows and 0 <= pos[1] < self.cols

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from temper.registry import Registry
+
 __all__ = [
     "CALCULATOR_SCHEMA",
     "ToolError",
@@ -193,28 +195,26 @@ CALCULATOR_SCHEMA: dict[str, Any] = {
 
 # --------------------------------------------------------------------------- registry
 
-_TOOLS: dict[str, ToolSpec] = {}
+TOOLS: Registry[ToolSpec] = Registry("tool")
 
 
 def register_tool(spec: ToolSpec) -> ToolSpec:
     """Add (or replace) a tool under ``spec.name``."""
     if spec.schema.get("function", {}).get("name") != spec.name:
         raise ValueError(f"tool '{spec.name}': schema function name must be '{spec.name}'")
-    _TOOLS[spec.name] = spec
+    TOOLS.add(spec.name, spec, replace=True)
     return spec
 
 
 def tool_names() -> list[str]:
     """Registered tool names, sorted."""
-    return sorted(_TOOLS)
+    return TOOLS.names()
 
 
 def get_tool(name: str) -> ToolSpec:
-    """The tool called ``name``; ``KeyError`` listing the known ones otherwise."""
-    try:
-        return _TOOLS[name]
-    except KeyError:
-        raise KeyError(f"unknown tool '{name}' (known: {', '.join(tool_names())})") from None
+    """The tool called ``name``; ``UnknownNameError`` (a ``KeyError``) listing the known
+    ones, with "did you mean", otherwise."""
+    return TOOLS.get(name)
 
 
 def tool_schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
@@ -231,9 +231,9 @@ def execute_tool(
     def fail(msg: str, timed_out: bool = False) -> ToolResult:
         return ToolResult(name, False, f"error: {msg}", time.monotonic() - start, timed_out)
 
-    spec = _TOOLS.get(name)
-    if spec is None:
+    if name not in TOOLS:
         return fail(f"unknown tool '{name}' (known: {', '.join(tool_names())})")
+    spec = TOOLS.get(name)
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}

@@ -75,24 +75,8 @@ class AgenticPlayer:
     def __init__(self, cfg: TemperConfig, engine: RolloutEngine, tokenizer: Any) -> None:
         mt = cfg.rollout.multi_turn
         self.cfg = cfg
-        config_schemas: list[dict[str, Any]] = []
-        if mt.tool_config_path:
-            try:
-                config_schemas = load_tool_schemas(mt.tool_config_path)
-            except (OSError, ValueError) as e:
-                raise ConfigError(
-                    "rollout.multi_turn.tool_config_path", str(e), "fix the file"
-                ) from e
-            known = tool_registry.tool_names()
-            for s in config_schemas:
-                name = s["function"]["name"]
-                if name not in known:
-                    raise ConfigError(
-                        "rollout.multi_turn.tool_config_path",
-                        f"tool '{name}' is not in temper's tool registry (known: {', '.join(known)})",
-                        "register it with temper.envs.tools.register_tool, or remove it",
-                    )
-        self.config_tools = [s["function"]["name"] for s in config_schemas]
+        config_schemas = config_tool_schemas(cfg)
+        self.config_tools = schema_names(config_schemas)
         env_tools = sorted(
             {
                 t
@@ -109,27 +93,16 @@ class AgenticPlayer:
         kwargs = dict(cfg.data.apply_chat_template_kwargs)
         chat, self.tool_text = tool_chat(tokenizer, schemas if self.tools_on else [], kwargs)
         self.chat = chat
-        self.settings = MultiTurnSettings(
-            max_tokens_per_turn=cfg.rollout.response_length,
-            max_assistant_turns=mt.max_assistant_turns,
-            max_user_turns=mt.max_user_turns,
-            max_model_len=cfg.rollout.max_model_len,
-            sanity_check=mt.enable_tokenization_sanity_check,
-            inference_template=mt.use_inference_chat_template,
-        )
+        self.settings = multi_turn_settings(cfg)
         self.runner = MultiTurnRunner(engine, chat, self.settings)
-        self.tool_loop = ToolLoop(
-            registry_executor(tool_registry.execute_tool),
-            ToolSettings(
-                mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s
-            ),
-        )
+        self.tool_loop = ToolLoop(registry_executor(tool_registry.execute_tool), tool_settings(cfg))
 
     def play(
-        self, manager: EnvManager, step: int, params: SamplingParams
+        self, manager: EnvManager, step: int, params: SamplingParams, round_: int = 0
     ) -> tuple[list[Trajectory], list[EnvSlot], dict[str, float]]:
-        """Reset every env of ``manager`` for ``step`` and play the episodes to the end."""
-        slots, specs = self.episodes(manager, step)
+        """Reset every env of ``manager`` for ``step`` (generation round ``round_`` of
+        dynamic sampling: other seeds) and play the episodes to the end."""
+        slots, specs = self.episodes(manager, step, round_)
         respond: Responder = EnvResponder(manager, slots)
         if self.tools_on:
             self.tool_loop.reset_counters()  # per-step tool metrics
@@ -140,22 +113,28 @@ class AgenticPlayer:
             metrics.update(self.tool_loop.metrics())
         return trajs, slots, metrics
 
-    def episodes(self, manager: EnvManager, step: int) -> tuple[list[EnvSlot], list[EpisodeSpec]]:
+    def episodes(
+        self, manager: EnvManager, step: int, round_: int = 0
+    ) -> tuple[list[EnvSlot], list[EpisodeSpec]]:
         """Reset ``manager`` for ``step``: its slots and each episode's first message
         (tool instructions when the template does not describe tools itself, the tag's
-        instruction, the first observation)."""
-        slots = manager.reset(step)
+        instruction, the first observation). Groups are ``uid``s ``"<step>:<group>"``
+        (``"<step>:<group>#r<round>"`` in later rounds)."""
+        slots = manager.reset(step, round_)
+        suffix = f"#r{round_}" if round_ else ""
         specs = []
         for s in slots:
             spec = manager.specs[s.tag]
             text = f"{s.instruction}\n\n{manager.turn_text(s.env_id, s.observation)}"
             if self.tool_text and self._allowed(manager, s):
                 text = f"{self.tool_text}\n\n{text}"
+            system = manager.system_message(s.tag)  # ROLL agent_system_template
+            first = [{"role": "system", "content": system}] if system else []
             specs.append(
                 EpisodeSpec(
-                    [{"role": "user", "content": text}],
+                    [*first, {"role": "user", "content": text}],
                     {
-                        "uid": f"{step}:{s.group_id}",
+                        "uid": f"{step}:{s.group_id}{suffix}",
                         "tag": s.tag,
                         "group_id": s.group_id,
                         "seed": s.seed,
@@ -218,23 +197,51 @@ def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> 
     """RLVR with ``rollout.multi_turn.enable`` (verl): ``base`` wrapped in a
     :class:`ToolCallingEngine` offering the ``tool_config_path`` tools (run by
     :func:`temper.envs.tools.execute_tool`). Lives here because it joins two layers."""
-    mt = cfg.rollout.multi_turn
-    check_multi_turn(mt, tools=True)
+    check_multi_turn(cfg.rollout.multi_turn, tools=True)
     if cfg.data.chat_template != "native":
         raise ConfigError(
             "data.chat_template",
             "multi-turn tool calling renders each turn with the tokenizer's chat template",
             "set data.chat_template=native",
         )
-    schemas = load_tool_schemas(mt.tool_config_path) if mt.tool_config_path else []
-    unknown = [n for n in schema_names(schemas) if n not in tool_registry.tool_names()]
+    return ToolCallingEngine(
+        base,
+        tokenizer,
+        execute=registry_executor(tool_registry.execute_tool),
+        schemas=config_tool_schemas(cfg),
+        settings=multi_turn_settings(cfg),
+        tools=tool_settings(cfg),
+        system_prompt=cfg.data.system_prompt,
+        template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+    )
+
+
+def config_tool_schemas(cfg: TemperConfig) -> list[dict[str, Any]]:
+    """The tools of ``rollout.multi_turn.tool_config_path`` (none without it); each must be
+    in temper's tool registry (``ConfigError`` naming the key otherwise)."""
+    path = cfg.rollout.multi_turn.tool_config_path
+    if not path:
+        return []
+    key = "rollout.multi_turn.tool_config_path"
+    try:
+        schemas = load_tool_schemas(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(key, str(e), "fix the file") from e
+    known = tool_registry.tool_names()
+    unknown = [n for n in schema_names(schemas) if n not in known]
     if unknown:
         raise ConfigError(
-            "rollout.multi_turn.tool_config_path",
-            f"tools {unknown} are not in temper's tool registry ({tool_registry.tool_names()})",
+            key,
+            f"tools {unknown} are not in temper's tool registry (known: {', '.join(known)})",
             "register them with temper.envs.tools.register_tool, or remove them",
         )
-    settings = MultiTurnSettings(
+    return schemas
+
+
+def multi_turn_settings(cfg: TemperConfig) -> MultiTurnSettings:
+    """The runner's limits from ``rollout`` / ``rollout.multi_turn``."""
+    mt = cfg.rollout.multi_turn
+    return MultiTurnSettings(
         max_tokens_per_turn=cfg.rollout.response_length,
         max_assistant_turns=mt.max_assistant_turns,
         max_user_turns=mt.max_user_turns,
@@ -242,16 +249,10 @@ def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> 
         sanity_check=mt.enable_tokenization_sanity_check,
         inference_template=mt.use_inference_chat_template,
     )
-    tools = ToolSettings(
+
+
+def tool_settings(cfg: TemperConfig) -> ToolSettings:
+    mt = cfg.rollout.multi_turn
+    return ToolSettings(
         mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s
-    )
-    return ToolCallingEngine(
-        base,
-        tokenizer,
-        execute=registry_executor(tool_registry.execute_tool),
-        schemas=schemas,
-        settings=settings,
-        tools=tools,
-        system_prompt=cfg.data.system_prompt,
-        template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
     )

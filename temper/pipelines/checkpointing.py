@@ -8,13 +8,15 @@ One checkpoint (``<checkpoint_dir>/global_step_<N>/``, written atomically by
     actor_train/        model.safetensors (the trainable tensors, exact) and state.pt
                         (optimizer, LR schedule, update count)
     critic/, critic_train/   the same for the critic, when there is one
-    trainer_state.pt    step, sampler position, every RNG, KL controller and running
-                        reward statistics, rollout-engine state, reward history
+    trainer_state.pt    step, the producer's state (RLVR: the sampler position; agentic:
+                        the env managers' seeds), every RNG, KL controller and running
+                        reward statistics, rollout-engine state, reward and validation
+                        history
     config.yaml         the resolved config of the run that wrote it
 
-Resume restores all of it, so the resumed run draws the same prompts, samples the same
-responses and computes the same updates as the uninterrupted run (see the resume
-tests). The HF directory is an export, not what resume reads: ``actor_train`` keeps the
+Resume restores all of it, so the resumed run draws the same prompts (plays the same
+episodes), samples the same responses and computes the same updates as the
+uninterrupted run, for every pipeline (see the resume tests). The HF directory is an export, not what resume reads: ``actor_train`` keeps the
 exact trainable tensors (adapters only, under LoRA).
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -40,6 +42,10 @@ from temper.checkpoint import (
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
+
+if TYPE_CHECKING:
+    from temper.pipelines.run import Run
+    from temper.roles.base import TrainedRole
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +118,7 @@ def checkpoint_step(path: Path) -> int:
 # --------------------------------------------------------------------------- role state
 
 
-def _save_role(role: Any, hf_dir: Path, train_dir: Path, tokenizer: Any) -> None:
+def _save_role(role: TrainedRole, hf_dir: Path, train_dir: Path, tokenizer: Any) -> None:
     """The role's HF directory (``hf_dir``) and its resumable engine state
     (``train_dir/engine``, in the engine's own format: sharded for fsdp2)."""
     engine = role.engine
@@ -124,7 +130,7 @@ def _save_role(role: Any, hf_dir: Path, train_dir: Path, tokenizer: Any) -> None
     torch.save({"updates": role.updates}, train_dir / "state.pt")
 
 
-def _load_role(role: Any, train_dir: Path) -> None:
+def _load_role(role: TrainedRole, train_dir: Path) -> None:
     extra = torch.load(train_dir / "state.pt", map_location="cpu", weights_only=True)
     role.engine.load_checkpoint(str(train_dir / "engine"))
     role.updates = int(extra["updates"])
@@ -133,7 +139,7 @@ def _load_role(role: Any, train_dir: Path) -> None:
 # --------------------------------------------------------------------------- run state
 
 
-def save_checkpoint(run: Any) -> Path:  # run: temper.pipelines.setup.Run
+def save_checkpoint(run: Run) -> Path:
     """Write ``global_step_<run.step>`` atomically, then apply the retention limits."""
     cfg, roles = run.cfg, run.roles
     root = checkpoint_root(cfg, run.out_dir)
@@ -142,15 +148,15 @@ def save_checkpoint(run: Any) -> Path:  # run: temper.pipelines.setup.Run
         _save_role(roles.actor, tmp / "actor", tmp / "actor_train", run.tokenizer)
         if roles.critic is not None:
             _save_role(roles.critic, tmp / "critic", tmp / "critic_train", None)
-        rollout_state = getattr(run.rollout, "state_dict", None)
         torch.save(
             {
                 "step": run.step,
-                "sampler": run.sampler.state_dict(),
+                "producer": run.producer.state_dict(),
                 "rng": capture_rng(),
-                "shaping": run.shaping.state_dict(),
-                "rollout": rollout_state() if callable(rollout_state) else None,
+                "shaping": run.shaping_state.state_dict(),
+                "rollout": run.rollout.state_dict(),
                 "reward_history": list(run.reward_history),
+                "val_history": [(step, dict(m)) for step, m in run.val_history],
             },
             tmp / TRAINER_STATE,
         )
@@ -168,7 +174,7 @@ def save_checkpoint(run: Any) -> Path:  # run: temper.pipelines.setup.Run
     return final
 
 
-def load_checkpoint(run: Any, path: Path) -> None:
+def load_checkpoint(run: Run, path: Path) -> None:
     """Restore everything :func:`save_checkpoint` wrote; RNG last, right before training."""
     state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
     _load_role(run.roles.actor, path / "actor_train")
@@ -180,11 +186,13 @@ def load_checkpoint(run: Any, path: Path) -> None:
                 "resume with the checkpoint's algorithm/critic settings",
             )
         _load_role(run.roles.critic, path / "critic_train")
-    run.sampler.load_state_dict(state["sampler"])
-    run.shaping.load_state_dict(state["shaping"])
-    if state.get("rollout") is not None and hasattr(run.rollout, "load_state_dict"):
+    # checkpoints written before the producers had their own state hold the sampler's
+    run.producer.load_state_dict(state.get("producer") or {"sampler": state.get("sampler")})
+    run.shaping_state.load_state_dict(state["shaping"])
+    if state.get("rollout"):
         run.rollout.load_state_dict(state["rollout"])
     run.step = int(state["step"])
     run.reward_history = [float(r) for r in state.get("reward_history", [])]
+    run.val_history = [(int(s), dict(m)) for s, m in state.get("val_history", [])]
     run.sync_weights(force=True)
     restore_rng(state["rng"])

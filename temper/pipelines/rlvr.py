@@ -1,147 +1,163 @@
-"""The RLVR pipeline: single-turn prompts → n responses → verifiable reward → PPO update.
+"""The RLVR pipeline's producer: prompts → ``n`` responses → verifiable rewards.
 
-``train(cfg)`` is the whole job; ``rl_step`` is one step of DESIGN.md's data flow, each
-phase a named call on a role. Memory moves and engine details live inside the roles.
+One round draws ``data.gen_batch_size`` prompts (default ``train_batch_size``) from the
+resumable sampler, generates ``rollout.n`` responses each (through verl's multi-turn
+tool loop when ``rollout.multi_turn.enable``) and scores them with the reward functions
+or the reward model; ReMax adds the greedy response's reward as the baseline. With
+``algorithm.filter_groups`` rounds repeat until the batch is full of groups with signal
+(:mod:`temper.pipelines.dynamic_sampling`). Everything after the scored batch is the
+driver's (:mod:`temper.pipelines.driver`).
+
+Validation generates on the held-out prompts with ``rollout.val`` sampling (greedy by
+default; verl's ``val_kwargs``) and reports ``val/reward_mean`` overall and
+``val/<data_source>/reward_mean`` per source — a mixed validation set hides a regression
+on one task behind gains on another; ``validation_data_dir`` gets every generation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from contextlib import contextmanager
+from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import torch
 
 from temper.algorithms import estimator_inputs
-from temper.algorithms.rollout_correction import logprob_diff
+from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
-from temper.data import Batch, next_prompt_batch
+from temper.data import Batch, PromptDataset, build_datasets, build_sampler, next_prompt_batch
 from temper.pipelines.dumps import dump_generations, generation_rows
-from temper.pipelines.experience import compute_experience
-from temper.pipelines.setup import Run, build_run, response_metrics
-from temper.pipelines.signals import StopSignals
-from temper.pipelines.validation import validate
+from temper.pipelines.dynamic_sampling import fill_groups
+from temper.pipelines.producer import ProducerContext, Validation
+from temper.pipelines.shaping import ShapingSettings
+from temper.pipelines.timing import Timer
+from temper.rewards.manager import RewardScorer
+from temper.rollout import RolloutEngine
+from temper.rollout import sampling_params_from_config as sampling_params
 
 
-class Timer:
-    """Collects ``timing/<name>_s`` for the phases of one step."""
+class RLVRProducer:
+    """Prompts → responses → rewards, in rounds (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
+    headline = "val/reward_mean"
 
-    @contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        yield
-        self.times[f"timing/{name}_s"] = time.perf_counter() - start
+    def __init__(self, ctx: ProducerContext) -> None:
+        cfg = self.cfg = ctx.cfg
+        self.tokenizer = ctx.tokenizer
+        train, val = build_datasets(cfg, ctx.tokenizer)
+        self.val_data: PromptDataset | None = val
+        if train is None:  # val_only without training data: validation is all there is
+            self.train_data, self.sampler, self.total_steps = None, None, 0
+        else:
+            self.train_data, self.sampler = train, build_sampler(cfg, len(train), train.tags)
+            epochs = cfg.experiment.total_epochs * self.sampler.batches_per_epoch
+            self.total_steps = cfg.experiment.max_steps or epochs
+        self.engine: RolloutEngine = ctx.rollout
+        if cfg.rollout.multi_turn.enable:  # verl multi_turn: tool calls inside each response
+            from temper.pipelines.agentic_rollout import rlvr_tool_engine
 
+            self.engine = rlvr_tool_engine(ctx.rollout, cfg, ctx.tokenizer)
+        self.scorer = RewardScorer.from_config(cfg, device=ctx.device, judge=ctx.judge)
+        self.train_sampling = sampling_params(cfg.rollout, validation=False)
+        self.val_sampling = sampling_params(cfg.rollout, validation=True)
+        self.shaping = ShapingSettings.from_config(cfg)
+        self.greedy_baseline = "baseline_rewards" in estimator_inputs(cfg.algorithm.adv_estimator)
 
-def greedy_baseline(run: Run, prompts: Batch, uids: list[str]) -> torch.Tensor:
-    """ReMax's baseline: the reward of each prompt's greedy response, per sample row."""
-    greedy = dataclasses.replace(run.train_sampling, n=1, do_sample=False, temperature=0.0)
-    scored, _ = run.rewards.score(run.rollout.generate(prompts, greedy), prefix="baseline")
-    by_uid = dict(zip(scored["uid"], scored["scores"].tolist()))
-    return torch.tensor([by_uid[u] for u in uids], dtype=torch.float32)
+    def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        if self.train_data is None:
+            raise ConfigError("data.train_files", "no training data given", "set it")
+        batch, metrics = fill_groups(
+            lambda _round: self._round(timer),
+            self.cfg.data.train_batch_size,
+            self.cfg.algorithm.filter_groups,
+            self.shaping,
+            self.tokenizer.pad_token_id or 0,
+        )
+        metrics.update(self.train_data.metrics())
+        return batch, metrics
 
+    def _round(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """One generation round: the next prompts, their responses and rewards."""
+        assert self.train_data is not None and self.sampler is not None
+        prompts = next_prompt_batch(self.train_data, self.sampler)
+        prompts.meta["temperature"] = self.cfg.rollout.temperature
+        with timer("rollout"):
+            batch = self.engine.generate(prompts, self.train_sampling)
+        with timer("reward"):
+            batch, metrics = self._score(batch)
+            if self.greedy_baseline:
+                batch["baseline_scores"] = self._greedy_baseline(prompts, batch["uid"])
+        return batch, metrics
 
-def rollout_mismatch(batch: Batch) -> dict[str, float]:
-    """``rollout/logprob_diff``: the rollout engine's log-probs vs the trainer's recompute."""
-    if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
-        return {}
-    diff = logprob_diff(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
-    return {f"rollout/{k}": float(v) for k, v in diff.items()}
+    def _score(self, batch: Batch, prefix: str = "train") -> tuple[Batch, dict[str, float]]:
+        out = self.scorer.score_batch(batch, self.tokenizer, prefix=prefix)
+        batch["scores"] = out.scores
+        return batch, dict(out.metrics)
 
+    def _greedy_baseline(self, prompts: Batch, uids: list[str]) -> torch.Tensor:
+        """ReMax's baseline: the reward of each prompt's greedy response, per sample row."""
+        greedy = dataclasses.replace(self.train_sampling, n=1, do_sample=False, temperature=0.0)
+        scored, _ = self._score(self.engine.generate(prompts, greedy), prefix="baseline")
+        by_uid = dict(zip(scored["uid"], scored["scores"].tolist()))
+        return torch.tensor([by_uid[u] for u in uids], dtype=torch.float32)
 
-def rl_step(run: Run) -> dict[str, float]:
-    """One RL step; returns its metrics."""
-    cfg, roles, t = run.cfg, run.roles, Timer()
-    with t("step"):
-        prompts = next_prompt_batch(run.train_data, run.sampler)
-        prompts.meta["temperature"] = cfg.rollout.temperature
-        with t("rollout"):
-            batch = run.rollout.generate(prompts, run.train_sampling)
-        with t("reward"):
-            batch, reward_metrics = run.rewards.score(batch)
-            if "baseline_rewards" in estimator_inputs(cfg.algorithm.adv_estimator):
-                batch["baseline_scores"] = greedy_baseline(run, prompts, batch["uid"])
-        if cfg.actor.recompute_old_log_prob:
-            with t("old_log_probs"):
-                batch = roles.actor.compute_log_probs(batch)  # entropy: from the update
-        else:  # on-policy single update: the sampling log-probs are the old ones
-            batch["old_log_probs"] = batch["rollout_log_probs"]
-        mismatch = rollout_mismatch(batch) if cfg.actor.recompute_old_log_prob else {}
-        if roles.reference is not None:
-            with t("ref"):
-                batch = roles.reference.compute_ref_log_probs(batch)
-        if roles.critic is not None:
-            with t("values"):
-                batch = roles.critic.compute_values(batch)
-        with t("adv"):
-            batch, adv_metrics = compute_experience(batch, cfg.algorithm, cfg.rollout, run.shaping)
-        if cfg.experiment.rollout_data_dir:
-            dump_generations(
-                cfg.experiment.rollout_data_dir, run.step, generation_rows(batch, run.step)
-            )
-        with t("train"):
-            critic_metrics = roles.critic.update(batch) if roles.critic is not None else {}
-            actor_metrics = {}
-            if run.step > cfg.experiment.critic_warmup:
-                actor_metrics = roles.actor.update(batch)
-        with t("weight_sync"):
-            run.sync_weights()
-    metrics = {**reward_metrics, **adv_metrics, **critic_metrics, **actor_metrics, **t.times}
-    metrics.update(mismatch)
-    metrics.update(response_metrics(batch, t.times["timing/step_s"]))
-    metrics.update(run.train_data.metrics())
-    return metrics
-
-
-def train(cfg: TemperConfig) -> dict[str, Any]:
-    """Train with ``cfg`` (resuming per ``experiment.resume_mode``); returns a summary.
-
-    SIGTERM/SIGINT stop the run after the current step with a checkpoint; the summary
-    then has ``stopped_by`` (the signal's name) and ``temper train`` exits 128 + signal.
-    """
-    run = build_run(cfg)
-    exp = cfg.experiment
-    try:
-        with StopSignals(exp.save_on_signal) as stop:
-            if run.step == 0 and (exp.val_before_train or exp.val_only):
-                run.tracker.log(validate(run), run.step)
-            if exp.val_only:
-                return run.summary()
-            if run.step >= run.total_steps:
-                print(
-                    f"nothing to do: {run.resumed_from} already reached step {run.step} of "
-                    f"{run.total_steps} (raise experiment.max_steps to go on, or use "
-                    "experiment.resume_mode=disable / another output_dir to start over)"
+    def validate(self, step: int) -> Validation:
+        """``val/reward_mean`` and ``val/<data_source>/reward_mean`` (module docstring)."""
+        if self.val_data is None:
+            return Validation({})
+        cfg = self.cfg
+        scores: list[float] = []
+        by_source: dict[str, list[float]] = defaultdict(list)
+        lengths: list[float] = []
+        rows: list[dict[str, Any]] = []
+        samples: list[str] = []
+        size, shuffle = cfg.data.val_batch_size, cfg.data.validation_shuffle
+        for prompts in self.val_data.eval_batches(size, shuffle):
+            prompts.meta["temperature"] = self.val_sampling.temperature
+            batch, _ = self._score(self.engine.generate(prompts, self.val_sampling), "val")
+            values = batch["scores"].tolist()
+            scores.extend(values)
+            lengths.extend(batch["response_mask"].sum(-1).float().tolist())
+            for source, value in zip(batch["data_source"], values):
+                by_source[str(source)].append(value)
+            for i in range(min(len(batch), cfg.experiment.log_val_generations - len(samples))):
+                samples.append(
+                    f"prompt: {batch['prompt_text'][i]!r}\nresponse: "
+                    f"{batch['response_text'][i]!r}\nscore: {float(batch['scores'][i]):.3f}"
                 )
-                return run.summary()
-            while run.step < run.total_steps:
-                run.step += 1
-                metrics = rl_step(run)
-                run.reward_history.append(metrics["train/reward_mean"])
-                if exp.test_freq > 0 and run.step % exp.test_freq == 0:
-                    metrics.update(validate(run))
-                run.tracker.log(metrics, run.step)
-                stopping = stop.received is not None  # read once: save iff we stop
-                if run.should_save(stopping):
-                    run.save_checkpoint()
-                if stopping:
-                    break
-        if stop.received is None:
-            if exp.test_freq > 0 and run.step % exp.test_freq:
-                run.tracker.log(validate(run), run.step)
-            run.save_final()
-    finally:
-        run.close()
-    summary = {**run.summary(), "stopped_by": stop.name}
-    print(
-        f"{'stopped by ' + stop.name if stop.name else 'done'}: {summary['steps']} steps; "
-        f"train/reward_mean first {summary['reward_first']:.3f} → last "
-        f"{summary['reward_last']:.3f} (mean of first/last 5 steps: "
-        f"{summary['reward_first5']:.3f} → {summary['reward_last5']:.3f}); "
-        f"outputs in {summary['output_dir']}"
-    )
-    return summary
+            if cfg.experiment.validation_data_dir:
+                rows.extend(generation_rows(batch, step))
+        if cfg.experiment.validation_data_dir:
+            dump_generations(cfg.experiment.validation_data_dir, step, rows)
+        metrics = {
+            "val/reward_mean": float(np.mean(scores)) if scores else 0.0,
+            "val/response_length_mean": float(np.mean(lengths)) if lengths else 0.0,
+        }
+        for source, values in sorted(by_source.items()):
+            metrics[f"val/{source}/reward_mean"] = float(np.mean(values))
+        return Validation(metrics, samples)
+
+    def dump_rows(self, batch: Batch, step: int) -> list[dict[str, Any]]:
+        return generation_rows(batch, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict() if self.sampler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.sampler is not None and state.get("sampler") is not None:
+            self.sampler.load_state_dict(state["sampler"])
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+def check(cfg: TemperConfig) -> None:
+    """What the RLVR pipeline cannot honour (``ConfigError``; the shared checks are in
+    :mod:`temper.pipelines.checks`)."""
+    if cfg.experiment.render_save_dir:
+        raise ConfigError(
+            "experiment.render_save_dir",
+            "renders environment episodes; the rlvr pipeline has no environments",
+            "remove it, or use pipeline: agentic",
+        )

@@ -1,31 +1,11 @@
-"""Played episodes → a training ``Batch``: one sequence per trajectory, rewards, advantages.
+"""Agentic trajectories as training rows, their metrics and their dump rows.
 
-Each trajectory becomes one row (see :mod:`temper.rollout.multiturn`): ``prompt_ids`` =
-the first prompt (instruction + first observation), ``response_ids`` = everything
-after it, ``response_mask`` 1 only on model tokens, ``rollout_log_probs`` 0 elsewhere,
-``attention_mask`` 1 on every real token (observations are context the model attends
-to, just not trained on).
-
-Rewards (ROLL agentic). The env's turn rewards already hold the ``format_penalty`` of
-invalid answers (the env manager adds it). Then:
-
-* **trajectory mode** (default): the episode return ``Σ_k r_k`` is normalized (below)
-  and placed on the trajectory's last model token; the advantage estimator sees it as an
-  outcome reward (``algorithm.gamma`` acts per token as in RLVR).
-* **turn mode** (``agentic.use_turn_rewards``): each turn reward ``r_k`` is normalized,
-  then discounted **per turn**, ``G_k = r_k + γ·G_{k+1}`` with ``γ = algorithm.gamma``,
-  and ``G_k − G_{k+1}`` is placed on turn ``k``'s last model token. The estimator runs
-  with token-level ``γ = 1``, so every token of turn ``k`` has reward-to-go ``G_k``: the
-  discount counts turns, not tokens (an observation's length must not change it).
-
-Normalization (``agentic.reward_normalization``), within each group of ``grouping``:
-``batch`` (the whole step), ``state`` (episodes of one env group: same seed and
-config — ROLL's ``traj_group_id``), ``tag`` (episodes of one env tag), ``inductive``
-(episodes whose first prompt is identical, i.e. the same start state found from the
-text rather than the seed); by ``method``: ``identity`` (none), ``mean`` (subtract the
-group mean), ``mean_std`` (z-score; 0 for a group of one or without spread),
-``asym_clip`` (z-score clipped to [-1, 3]) — :func:`temper.algorithms.grouped_reward_normalization`.
-In turn mode the group's turn rewards (all turns of all its episodes) form the group.
+:func:`trajectory_batch` turns played episodes into a scored :class:`Batch` — the
+token tensors (env tokens masked out of ``response_mask``), ``scores`` = each episode's
+return, and per-episode objects: ``uid`` (the env group: same seed and config, ROLL's
+``traj_group_id``), ``tag``, success, turns, per-turn rewards and where each turn ends.
+How returns or turn rewards become token rewards and advantages is the shared shaping
+phase (:mod:`temper.pipelines.shaping`).
 """
 
 from __future__ import annotations
@@ -35,10 +15,7 @@ from typing import Any
 
 import torch
 
-from temper import algorithms as A
-from temper.config.schema import AgenticConfig, AlgorithmConfig
 from temper.data.batch import Batch
-from temper.pipelines.experience import ShapingState
 from temper.rollout.multiturn import Trajectory, trajectory_tensors
 
 
@@ -58,110 +35,18 @@ def trajectory_batch(trajs: Sequence[Trajectory], pad_token_id: int) -> Batch:
         "turn_ends": [list(t.turn_ends) for t in trajs],
         "start_key": [(t.meta.get("tag", ""), tuple(t.prompt_ids)) for t in trajs],
     }
-    return Batch.from_dict(tensors, objects)
-
-
-def _group_index(batch: Batch, grouping: str) -> list[Any] | None:
-    if grouping == "batch":
-        return None
-    key = {"state": "uid", "tag": "tag", "inductive": "start_key"}[grouping]
-    return list(batch[key])
-
-
-def place_rewards(batch: Batch, agentic: AgenticConfig, gamma: float) -> torch.Tensor:
-    """``token_level_scores`` (B, R): normalized returns or discounted turn rewards."""
-    norm = agentic.reward_normalization
-    groups = _group_index(batch, norm.grouping)
-    mask = batch["response_mask"]
-    scores = torch.zeros(mask.shape, dtype=torch.float32)
-    if not agentic.use_turn_rewards:
-        returns = torch.tensor(batch["episode_return"], dtype=torch.float32)
-        normed = A.grouped_reward_normalization(returns, groups, norm.method)
-        for k, ends in enumerate(batch["turn_ends"]):
-            if ends:
-                scores[k, ends[-1]] = normed[k]
-        return scores
-    flat = torch.tensor([r for rs in batch["turn_rewards"] for r in rs], dtype=torch.float32)
-    flat_groups = None
-    if groups is not None:
-        flat_groups = [g for g, rs in zip(groups, batch["turn_rewards"]) for _ in rs]
-    normed = A.grouped_reward_normalization(flat, flat_groups, norm.method).tolist()
-    at = 0
-    for k, ends in enumerate(batch["turn_ends"]):
-        turn = normed[at : at + len(ends)]
-        at += len(ends)
-        following = 0.0
-        for j in reversed(range(len(ends))):
-            ret = turn[j] + gamma * following
-            scores[k, ends[j]] = ret - following
-            following = ret
-    return scores
-
-
-def agentic_experience(
-    batch: Batch, algo: AlgorithmConfig, agentic: AgenticConfig, state: ShapingState
-) -> tuple[Batch, dict[str, float]]:
-    """Add ``token_level_scores/rewards``, ``advantages``, ``returns`` to a trajectory batch.
-
-    The agentic sibling of :func:`temper.pipelines.experience.compute_experience`: same
-    KL-in-reward, estimator, whitening and clipping; rewards placed per turn or per
-    trajectory (module docstring). RLVR-only shaping (overlong buffer, length reward,
-    ``reward_norm`` running moments, group filters) does not apply to episodes.
-    """
-    mask = batch["response_mask"].float()
-    token_scores = place_rewards(batch, agentic, algo.gamma)
-    token_scores, clipped = A.clip_with_fraction(token_scores, algo.reward_clip)
-    batch["token_level_scores"] = token_scores
-    metrics = {"train/reward_clip_frac": clipped}
-    if algo.use_kl_in_reward:
-        beta = float(state.kl_ctrl.value)
-        token_rewards, _, current = A.apply_kl_penalty(
-            token_scores,
-            batch["old_log_probs"],
-            batch["ref_log_probs"],
-            mask,
-            beta,
-            algo.kl_penalty,
-        )
-        state.kl_ctrl.update(float(current), n_steps=len(batch))
-        metrics.update({"train/kl_in_reward": float(current), "train/kl_coef": beta})
-    else:
-        token_rewards = token_scores
-    if algo.whiten_rewards:
-        token_rewards = A.masked_whiten(token_rewards, mask) * mask
-    batch["token_level_rewards"] = token_rewards
-    metrics["train/normalized_reward_mean"] = (token_rewards * mask).sum(-1).mean().item()
-    inputs = A.AdvantageInputs(
-        token_level_rewards=token_rewards,
-        response_mask=mask,
-        group_index=batch["uid"],
-        values=batch.get("values"),
-    )
-    params = A.AdvantageParams(
-        gamma=1.0 if agentic.use_turn_rewards else algo.gamma,
-        lam=algo.lam,
-        norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-        gae_whiten=algo.gae_whiten,
-    )
-    advantages, returns = A.compute_advantages(algo.adv_estimator, inputs, params)
-    if algo.whiten_advantages:
-        advantages = A.masked_whiten(advantages, mask) * mask
-    advantages, adv_clipped = A.clip_with_fraction(advantages, algo.advantage_clip)
-    batch["advantages"], batch["returns"] = advantages, returns
-    valid = mask > 0
-    if valid.any():
-        metrics["train/advantage_mean"] = advantages[valid].mean().item()
-        metrics["train/advantage_abs_max"] = advantages[valid].abs().max().item()
-    metrics["train/advantage_clip_frac"] = adv_clipped
-    return batch, metrics
+    returns = torch.tensor(objects["episode_return"], dtype=torch.float32)
+    return Batch.from_dict({**tensors, "scores": returns}, objects)
 
 
 def episode_metrics(batch: Batch, prefix: str) -> dict[str, float]:
     """Return, success (overall and per tag), turns and invalid-action rate of episodes.
 
-    ``prefix`` ``train``: ``train/reward_mean``, ``train/success_rate``,
+    ``prefix`` ``train``: ``train/reward_mean`` (the mean return), ``train/success_rate``,
     ``env/<tag>/success_rate``, ``env/num_turns_mean``, ``env/invalid_action_rate``;
-    ``val``: the same under ``val/`` (``val/env/<tag>/…``).
+    ``val``: the same under ``val/`` (``val/env/<tag>/…``). In a training step the
+    shaping phase's ``train/score_mean`` (the same mean return) and ``train/reward_mean``
+    (after normalization and KL) take the place of the first.
     """
     n = max(len(batch), 1)
     turns = sum(batch["num_turns"])

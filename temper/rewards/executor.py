@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from temper.rewards.worker import FunctionSpec, call, describe_error, worker_main
 
-CallKind = Literal["ok", "error", "timeout", "crash"]
+CallKind = Literal["ok", "error", "timeout", "crash", "invalid"]
 STARTUP_TIMEOUT_S = 120.0
 
 

@@ -48,10 +48,13 @@ from temper.config.errors import ConfigError
 from temper.config.schema import RewardConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.rewards.custom import load_custom_function
-from temper.rewards.executor import CallResult, RewardCall, RewardExecutor
+from temper.rewards.executor import CallKind, CallResult, RewardCall, RewardExecutor
+from temper.rewards.failures import FailureGuard
 from temper.rewards.functions.auto import DATA_SOURCES, function_name_for
+from temper.rewards.judge import JudgeEngine, LLMJudge, check_judge_config, question_of
 from temper.rewards.placement import place_at_last_token
-from temper.rewards.registry import CUSTOM, get_reward_function
+from temper.rewards.preflight import check_sandbox, sandbox_settings
+from temper.rewards.registry import CUSTOM, JUDGE, SANDBOXED, get_reward_function
 from temper.rewards.worker import FunctionSpec
 
 logger = logging.getLogger(__name__)
@@ -83,7 +86,14 @@ def _spec(function: str, kwargs: Mapping[str, Any], config: RewardConfig, key: s
     if function == CUSTOM or (function == "auto" and custom.path and key == "reward.function"):
         load_custom_function(custom.path, custom.name)  # fail now, with the key, if broken
         return FunctionSpec(custom.name, custom.path, {**kwargs, **custom.kwargs}, batched)
+    if function == JUDGE:
+        check_judge_config(config.judge)
+        return FunctionSpec(JUDGE, None, {}, False)
     get_reward_function(function, key)
+    if function == "code":
+        check_sandbox(config)
+    if function in SANDBOXED:
+        kwargs = {**kwargs, "sandbox": sandbox_settings(config)}
     if custom.path and key == "reward.function":
         raise ConfigError(
             "reward.custom_function.path",
@@ -117,6 +127,7 @@ class RewardScorer:
         config: RewardConfig,
         *,
         reward_model: Any | None = None,
+        judge: JudgeEngine | None = None,
         start_method: str = "spawn",
         preload: Sequence[str] = ("math_verify",),
     ) -> None:
@@ -153,24 +164,43 @@ class RewardScorer:
             config.function != "auto" or bool(config.custom_function.path) or bool(config.routes)
         )
         self.use_rules = reward_model is None or rule_configured
+        specs = [self.default, *self.by_tag.values(), *([self.catch_all] if self.catch_all else [])]
+        self.judge: LLMJudge | None = None
+        if any(spec.name == JUDGE and not spec.path for spec in specs):
+            if judge is None:
+                raise ConfigError(
+                    "reward.judge.model_path",
+                    "llm_judge scores some samples but no judge engine was built",
+                    "build the scorer with RewardScorer.from_config (or pass judge=)",
+                )
+            self.judge = LLMJudge(config.judge, judge)
         self.executor = RewardExecutor(config.num_workers, start_method, preload)
+        self.guard = FailureGuard(config.max_failure_fraction, config.max_failed_steps)
         self._warned_sources: set[str] = set()
 
     @classmethod
     def from_config(
-        cls, config: TemperConfig, *, device: str | torch.device = "cpu"
+        cls,
+        config: TemperConfig,
+        *,
+        device: str | torch.device = "cpu",
+        judge: JudgeEngine | None = None,
     ) -> RewardScorer:
-        """The scorer of a run (loads the reward model when ``reward.model.enable``)."""
+        """The scorer of a run (loads the reward model when ``reward.model.enable``);
+        ``judge``: the engine of the LLM judge (``temper.cluster.judge.build_judge``)."""
         rm = None
         if config.reward.model.enable:
             from temper.rewards.model import RewardModel
 
             rm = RewardModel.from_config(config.reward.model, device=device)
-        return cls(config.reward, reward_model=rm)
+        return cls(config.reward, reward_model=rm, judge=judge)
 
     def close(self) -> None:
-        """Stop the reward worker processes (idempotent)."""
+        """Stop the reward worker processes and the judge's engine (idempotent)."""
         self.executor.close()
+        if self.judge is not None:
+            self.judge.engine.close()
+            self.judge = None
 
     def __enter__(self) -> RewardScorer:
         return self
@@ -206,6 +236,11 @@ class RewardScorer:
                 f"auto has no reward for data_source {', '.join(map(repr, unknown))}",
                 f"set reward.function (or routes); auto knows {', '.join(sorted(DATA_SOURCES))}",
             )
+        if any(
+            self.spec_for(t).name == "auto" and function_name_for(s) == "code"
+            for s, t in zip(sources, tags)
+        ):
+            check_sandbox(self.config)
 
     # ------------------------------------------------------------------ scoring
 
@@ -224,6 +259,7 @@ class RewardScorer:
         if self.use_rules and n:
             specs = [self.spec_for(t) for t in tags]
             results = self._run(specs, sources, texts, truths, extras_in)
+            self._judge(batch, specs, texts, truths, results)
             for i, (spec, res) in enumerate(zip(specs, results)):
                 kind, reason = res.kind, res.reason
                 if kind == "ok":
@@ -247,11 +283,42 @@ class RewardScorer:
         batch.objects["reward_extra_info"] = extra_info
         token_level = place_at_last_token(scores, batch["response_mask"].cpu())
         metrics = _metrics(scores, sources, extra_info, failures, rm_scores, prefix)
+        if prefix == "train":
+            self.guard.observe(n, failures)
         return RewardOutput(scores, token_level, metrics, failures)
 
-    def _run(self, specs, sources, texts, truths, extras) -> list[CallResult]:  # type: ignore[no-untyped-def]
+    def _judge(
+        self,
+        batch: Batch,
+        specs: list[FunctionSpec],
+        texts: list[str],
+        truths: list[Any],
+        results: list[CallResult],
+    ) -> None:
+        """Scores of the samples routed to ``llm_judge``, into ``results``."""
+        rows = [i for i, s in enumerate(specs) if s.name == JUDGE and not s.path]
+        if not rows or self.judge is None:
+            return
+        raw, prompt_text = _column(batch, "raw_prompt", None), _column(batch, "prompt_text", None)
+        questions = [question_of(raw[i], prompt_text[i]) for i in rows]
+        verdicts = self.judge.score(questions, [texts[i] for i in rows], [truths[i] for i in rows])
+        for i, (score, verdict, reason) in zip(rows, verdicts):
+            if score is None:
+                kind: CallKind = "invalid" if verdict else "error"
+                results[i] = CallResult(kind, reason=reason)
+            else:
+                results[i] = CallResult("ok", value={"score": score, "judge_verdict": verdict})
+
+    def _run(
+        self,
+        specs: list[FunctionSpec],
+        sources: list[str],
+        texts: list[str],
+        truths: list[Any],
+        extras: list[Any],
+    ) -> list[CallResult]:
         timeout = self.config.timeout_s
-        per_sample = [i for i, s in enumerate(specs) if not s.batched]
+        per_sample = [i for i, s in enumerate(specs) if not s.batched and s.name != JUDGE]
         calls = [
             RewardCall(
                 specs[i],
@@ -268,7 +335,7 @@ class RewardScorer:
         chunks: list[list[int]] = []
         groups: dict[FunctionSpec, list[int]] = defaultdict(list)
         for i, s in enumerate(specs):
-            if s.batched:
+            if s.batched and s.name != JUDGE:
                 groups[s].append(i)
         pieces = max(1, self.config.num_workers)
         for spec, rows in groups.items():
@@ -298,11 +365,12 @@ class RewardScorer:
                 res = CallResult(
                     "invalid",
                     reason=f"ValueError: batch reward returned {got} for {len(chunk)} samples",
-                )  # type: ignore[arg-type]
-            for j, i in enumerate(chunk):
-                out[i] = (
-                    CallResult("ok", values[j], seconds=res.seconds) if res.kind == "ok" else res
                 )
+            for j, i in enumerate(chunk):
+                if res.kind == "ok" and isinstance(values, Sequence):
+                    out[i] = CallResult("ok", values[j], seconds=res.seconds)
+                else:
+                    out[i] = res
         return out
 
     def _warn_unknown_source(self, source: str, reason: str) -> None:
@@ -333,7 +401,14 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def _metrics(scores, sources, extra_info, failures, rm_scores, prefix: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def _metrics(
+    scores: torch.Tensor,
+    sources: list[str],
+    extra_info: list[dict[str, Any]],
+    failures: list[RewardFailure],
+    rm_scores: torch.Tensor | None,
+    prefix: str,
+) -> dict[str, float]:
     """``<prefix>/score_mean|max|min``, ``<prefix>/reward_failures|timeouts``,
     ``[<prefix>/]reward/<source>/mean``, ``[<prefix>/]reward_extra/<field>`` (numeric fields
     averaged over the samples that report them); the bracket is dropped for ``train``."""

@@ -9,8 +9,11 @@ Inputs per sample:
   tokenizer's chat template (plain concatenation when it has none) and re-tokenized.
 
 Sequences longer than ``max_length`` keep their last ``max_length`` tokens (the end of
-the response is what is scored). Micro-batches of ``micro_batch_size_per_device``
-(default 8) are **left**-padded with explicit ``position_ids``, and the model is fed
+the response is what is scored). Micro-batches hold ``micro_batch_size_per_device``
+sequences (default 8), or with ``use_dynamic_bsz`` as many consecutive sequences as fit
+``forward_max_token_len_per_device`` padded tokens (verl's dynamic batch for the reward
+model: short answers share a forward, a long one goes alone). They are
+**left**-padded with explicit ``position_ids``, and the model is fed
 ``inputs_embeds`` so its pooling takes the last position — the last real token —
 regardless of the pad id (a response that ends in ``eos == pad`` is still pooled
 right). The score is that token's logit; token-level scores put it on the last
@@ -125,14 +128,20 @@ class RewardModel:
 
     # ------------------------------------------------------------------ scoring
 
+    def micro_batches(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """``[start, stop)`` ranges of consecutive sequences, one per forward (module doc)."""
+        if not self.config.use_dynamic_bsz:
+            size = self.config.micro_batch_size_per_device or DEFAULT_MICRO_BATCH
+            return [(i, min(i + size, len(lengths))) for i in range(0, len(lengths), size)]
+        return token_budget_ranges(lengths, self.config.forward_max_token_len_per_device)
+
     @torch.no_grad()
     def score_sequences(self, seqs: list[list[int]]) -> Tensor:
         """``(N,)`` float32 last-token logits of token lists, in micro-batches."""
-        size = self.config.micro_batch_size_per_device or DEFAULT_MICRO_BATCH
         embed = self.model.get_input_embeddings()
         out: list[Tensor] = []
-        for start in range(0, len(seqs), size):
-            chunk = [s or [0] for s in seqs[start : start + size]]
+        for start, stop in self.micro_batches([max(len(s), 1) for s in seqs]):
+            chunk = [s or [0] for s in seqs[start:stop]]
             length = max(len(s) for s in chunk)
             ids = torch.zeros(len(chunk), length, dtype=torch.long)
             mask = torch.zeros(len(chunk), length, dtype=torch.long)
@@ -157,6 +166,21 @@ class RewardModel:
         """``((B,), (B, R))``: scores and the same placed on the last response token."""
         scores = self.score(batch, policy_tokenizer)
         return scores, place_at_last_token(scores, batch["response_mask"].cpu())
+
+
+def token_budget_ranges(lengths: list[int], budget: int) -> list[tuple[int, int]]:
+    """Greedy ``[start, stop)`` ranges whose padded size ``count × longest`` stays within
+    ``budget`` tokens; a sequence longer than the budget forms a range of its own."""
+    out: list[tuple[int, int]] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and max(longest, n) * (i - start + 1) > budget:
+            out.append((start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    if start < len(lengths):
+        out.append((start, len(lengths)))
+    return out
 
 
 def _pmask(batch: Batch) -> Tensor:

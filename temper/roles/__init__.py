@@ -8,8 +8,20 @@
 from __future__ import annotations
 
 from temper.roles.actor import Actor
-from temper.roles.builder import Roles, build_roles
+from temper.roles.base import ActorRole, CriticRole, ReferenceRole, RoleEngine, Roles, TrainedRole
+from temper.roles.builder import build_roles
 from temper.roles.critic import Critic
 from temper.roles.reference import Reference
 
-__all__ = ["Actor", "Critic", "Reference", "Roles", "build_roles"]
+__all__ = [
+    "Actor",
+    "ActorRole",
+    "Critic",
+    "CriticRole",
+    "Reference",
+    "ReferenceRole",
+    "RoleEngine",
+    "Roles",
+    "TrainedRole",
+    "build_roles",
+]

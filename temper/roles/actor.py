@@ -14,7 +14,9 @@ Keys read by ``update``: ``prompt_ids``, ``prompt_mask``, ``response_ids``,
 ``response_mask``, ``advantages``, ``old_log_probs`` (or ``rollout_log_probs`` with
 ``recompute_old_log_prob: false``); ``ref_log_probs`` for the KL loss;
 ``rollout_log_probs`` for ``rollout_is``; ``token_level_scores`` (or
-``token_level_rewards``) for the SFT term's positive samples.
+``token_level_rewards``) for the SFT term's positive samples; ``sample_weights`` (B,),
+when the shaping phase set them (ROLL's difficulty/length loss weights), multiply each
+sample's policy-gradient loss, like the rollout IS weights do per token.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 
 from temper.algorithms.aggregation import LossAggregator
-from temper.algorithms.kl import kl_loss, kl_penalty
+from temper.algorithms.kl import kl_estimator_needs_logits, kl_loss, kl_penalty
 from temper.algorithms.masked import masked_mean
 from temper.algorithms.objectives import actor_loss, entropy_loss, sft_loss
 from temper.algorithms.policy_losses import PolicyLossParams, compute_policy_loss
@@ -37,7 +39,7 @@ from temper.roles.minibatch import StepMetrics, mini_batches, optimizer_steps, p
 from temper.training.base import LossFn, TrainEngine
 
 _POSITIVE = "_sft_positive"
-_IS_WEIGHTS = "rollout_is_weights"
+_TOKEN_WEIGHTS = "_token_weights"  # rollout IS weights × sample weights (B, R)
 
 
 def policy_loss_params(cfg: ActorConfig) -> PolicyLossParams:
@@ -89,6 +91,8 @@ class Actor:
         new = {"old_log_probs": out["log_probs"]}
         if with_entropy:
             new["entropy"] = out["entropy"]
+        if "full_kl" in out:  # the engine compares with the reference (exact KL runs)
+            new["full_kl"] = out["full_kl"]
         return batch.union(Batch.from_dict(new))
 
     # ------------------------------------------------------------------ update
@@ -122,8 +126,12 @@ class Actor:
                 level=cfg.rollout_is,
                 threshold=cfg.rollout_is_threshold,
             )
-            work[_IS_WEIGHTS] = weights
+            work[_TOKEN_WEIGHTS] = weights
             metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
+        if "sample_weights" in work:  # per-sample loss weights: one token weight matrix
+            per_sample = work["sample_weights"].unsqueeze(-1).to(work["response_mask"].dtype)
+            base = work[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in work else torch.ones_like(per_sample)
+            work[_TOKEN_WEIGHTS] = base * per_sample.expand_as(work["response_mask"])
         if cfg.sft_loss_coef:
             key = "token_level_scores" if "token_level_scores" in work else "token_level_rewards"
             if key not in work:
@@ -146,6 +154,7 @@ class Actor:
         )
         n_tokens = max(agg.num_tokens, 1.0)
         n_samples = engine.global_sum([len(mini)])[0]
+        full_kl = kl_estimator_needs_logits(cfg.kl_loss_type)
         sft_agg = None
         if cfg.sft_loss_coef:
             positives = full_mask * mini[_POSITIVE].unsqueeze(-1).to(full_mask.dtype)
@@ -157,7 +166,7 @@ class Actor:
             mask = mb["response_mask"]
             log_prob = out["log_probs"]
             share = float((mask > 0).sum()) / n_tokens  # local means → partial sums
-            weights = mb[_IS_WEIGHTS] if _IS_WEIGHTS in mb else None  # noqa: SIM401
+            weights = mb[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in mb else None  # noqa: SIM401
             pg, pg_m = compute_policy_loss(
                 cfg.policy_loss,
                 log_prob,
@@ -180,11 +189,12 @@ class Actor:
             kl = None
             if "ref_log_probs" in mb:
                 ref = mb["ref_log_probs"]
+                full = out["full_kl"] if full_kl else None  # exact, per token, from logits
                 if cfg.use_kl_loss:
-                    kl, _ = kl_loss(log_prob, ref, mask, agg, cfg.kl_loss_type)
+                    kl, _ = kl_loss(log_prob, ref, mask, agg, cfg.kl_loss_type, kl_matrix=full)
                     metrics["kl_loss"] = kl.detach()
-                est = kl_penalty(log_prob.detach(), ref, cfg.kl_loss_type)
-                metrics["kl"] = masked_mean(est, mask) * share
+                est = full if full is not None else kl_penalty(log_prob, ref, cfg.kl_loss_type)
+                metrics["kl"] = masked_mean(est.detach(), mask) * share
             sft = sft_loss(log_prob, mask, mb[_POSITIVE], sft_agg) if sft_agg else None
             total = actor_loss(
                 pg,

@@ -7,6 +7,9 @@
 * critic: iff ``critic.enable``, or (unset and the advantage estimator needs values,
   e.g. ``gae``); a value model from ``critic.model_path`` or the policy.
 
+With the exact KL (``algorithm.kl_penalty: full`` in the reward, ``actor.kl_loss_type:
+full`` as the loss) the actor's engine gets the reference as its ``kl_reference``.
+
 Inference micro-batching (old log-probs) takes the first of ``actor.log_prob_*``,
 ``rollout.log_prob_*`` (verl keeps them there), and the training micro-batch settings.
 """
@@ -14,13 +17,15 @@ Inference micro-batching (old log-probs) takes the first of ``actor.log_prob_*``
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
+from temper.algorithms.kl import kl_estimator_needs_logits
 from temper.config.derive import uses_critic, uses_reference
+from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig, TrainEngineConfig
 from temper.roles.actor import Actor
+from temper.roles.base import Roles
 from temper.roles.critic import Critic
 from temper.roles.reference import Reference
 from temper.training.micro_batching import MicroBatching
@@ -29,15 +34,6 @@ from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Roles:
-    """The trained and frozen roles of a run (``None``: not used by this config)."""
-
-    actor: Actor
-    reference: Reference | None
-    critic: Critic | None
 
 
 def infer_micro_batching(cfg: TemperConfig, engine: TrainEngineConfig) -> MicroBatching:
@@ -65,28 +61,44 @@ def reference_micro_batching(cfg: TemperConfig, actor_micro: MicroBatching) -> M
     return MicroBatching(size=size, max_tokens=budget)
 
 
+# Engines whose world-size-1 run computes exactly the torch engine's update: on the local
+# backend (one process) they run as ``torch``. DeepSpeed and Megatron are not among them:
+# on one GPU DeepSpeed is asked for its ZeRO offload (optimizer state, parameters on the
+# host), which the torch engine does not do, and Megatron for its own model and
+# checkpoints; each runs as itself in a one-rank process group.
+SWAPPED_ON_LOCAL = frozenset({"fsdp2"})
+
+
+def local_engine(cfg: TemperConfig, strategy: str) -> str:
+    """The engine a role with ``strategy`` gets on ``cfg``'s backend (no side effect)."""
+    if cfg.resources.backend == "local" and strategy in SWAPPED_ON_LOCAL:
+        return "torch"
+    return strategy
+
+
 def local_strategy(cfg: TemperConfig, strategy: str, key: str) -> str:
     """The engine a role gets on the ``local`` backend.
 
     The local backend runs every role in this one process on one device (validation
-    guarantees it), where FSDP2 / DeepSpeed / Megatron with a world size of 1 shard
-    nothing and compute exactly what the single-process ``torch`` engine computes. A
-    verl or ROLL file written for those engines therefore runs here on ``torch``; the
-    swap is logged so nobody mistakes it for a sharded run.
+    guarantees it), where FSDP2 with a world size of 1 shards nothing and computes
+    exactly what the single-process ``torch`` engine computes. A verl or ROLL file written
+    for it therefore runs here on ``torch``; the swap is logged so nobody mistakes it for a
+    sharded run. ``deepspeed`` and ``megatron`` run as themselves in a one-rank world (see
+    :data:`SWAPPED_ON_LOCAL`).
     """
-    if cfg.resources.backend == "local" and strategy != "torch":
+    engine = local_engine(cfg, strategy)
+    if engine != strategy:
         log.warning(
             "%s=%s on the local backend (one process, one device): using the torch engine, "
             "which computes the same update without sharding",
             key,
             strategy,
         )
-        return "torch"
-    return strategy
+    return engine
 
 
 def build_actor(cfg: TemperConfig, dev: torch.device) -> Actor:
-    """The actor on engine ``actor.strategy`` (``torch`` on the local backend)."""
+    """The actor on engine ``actor.strategy`` (see :func:`local_strategy`)."""
     engine = build_engine(
         local_strategy(cfg, cfg.actor.strategy, "actor.strategy"),
         EngineSpec(
@@ -125,6 +137,8 @@ def build_reference(cfg: TemperConfig, dev: torch.device, actor: Actor | None = 
             seed=cfg.experiment.seed,
             role="reference",
             fsdp=cfg.reference.fsdp,
+            megatron=cfg.reference.megatron,
+            deepspeed=cfg.reference.deepspeed,
         ),
     )
     return Reference(engine, temperature=temperature)
@@ -162,4 +176,25 @@ def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> 
     actor = build_actor(cfg, dev)
     reference = build_reference(cfg, dev, actor) if uses_reference(cfg) else None
     critic = build_critic(cfg, dev) if uses_critic(cfg) else None
+    key = full_kl_key(cfg)
+    if key is not None:
+        if reference is None or not actor.engine.supports_full_kl:
+            raise ConfigError(
+                key,
+                "the exact KL over the vocabulary needs a reference and a training engine "
+                "that compares logits (torch, fsdp2)",
+                "enable the reference and use actor.strategy torch or fsdp2, or a sampled "
+                "estimator (low_var_kl)",
+            )
+        actor.engine.kl_reference = reference
     return Roles(actor=actor, reference=reference, critic=critic)
+
+
+def full_kl_key(cfg: TemperConfig) -> str | None:
+    """The key that asks for the exact KL (``full``), or None."""
+    algo, actor = cfg.algorithm, cfg.actor
+    if actor.use_kl_loss and kl_estimator_needs_logits(actor.kl_loss_type):
+        return "actor.kl_loss_type"
+    if algo.use_kl_in_reward and kl_estimator_needs_logits(algo.kl_penalty):
+        return "algorithm.kl_penalty"
+    return None

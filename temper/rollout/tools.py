@@ -143,7 +143,7 @@ def load_tool_schemas(path: str | Path) -> list[dict[str, Any]]:
         if isinstance(schema, dict) and "function" not in schema and "name" in schema:
             schema = {"type": "function", "function": schema}
         name = (schema or {}).get("function", {}).get("name") if isinstance(schema, dict) else None
-        if not name:
+        if not name or not isinstance(schema, dict):
             raise ValueError(f"{path}: tool #{k} has no function name")
         schemas.append(schema)
     return schemas

@@ -53,6 +53,14 @@ import torch
 from temper.config.errors import ConfigError, did_you_mean
 from temper.config.schema import ModelConfig, RolloutConfig
 from temper.data.batch import Batch
+from temper.data.vision import (
+    MULTI_MODAL_DATA,
+    MULTI_MODAL_INPUTS,
+    collapse_image_tokens,
+    image_token_counts,
+    is_vision_config,
+    vision_token_ids,
+)
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.stops import finish_responses, right_pad
 
@@ -107,6 +115,13 @@ _HINTS = {
 }
 #: Option names too common in vLLM's prose to be found by name ("This model's …").
 _NOT_BY_NAME = frozenset({"model"})
+
+
+#: Engine arguments of older vLLM releases that verl/ROLL configs still pass, and what
+#: they became (seed document 003 and ROLL's VL examples set disable_mm_preprocessor_cache).
+RENAMED_ARGS = {
+    "disable_mm_preprocessor_cache": lambda v: {"mm_processor_cache_gb": 0} if v else {},
+}
 
 
 class VLLMEngineError(RuntimeError):
@@ -200,6 +215,11 @@ def engine_args(
         kwargs["enable_sleep_mode"] = rollout_cfg.free_cache_engine
     valid = set(valid_args) if valid_args is not None else None
     for key, name, value in _vllm_kwargs(rollout_cfg.engine_kwargs or {}):
+        if name in RENAMED_ARGS and (valid is None or name not in valid):
+            renamed = RENAMED_ARGS[name](value)
+            kwargs.update(renamed)
+            notes.append(f"{key}={value!r} is {renamed or 'the default'} in this vLLM")
+            continue
         if valid is not None and name not in valid:
             raise ConfigError(
                 key,
@@ -360,6 +380,65 @@ def _eos_ids(tokenizer: Any, model_path: str, trust_remote_code: bool = False) -
     return sorted(ids | set(_as_list(gen_eos)))
 
 
+def _image_tokens(model_path: str, trust_remote_code: bool = False) -> tuple[int, int] | None:
+    """``(image_token_id, spatial_merge_size)`` of a vision-language model, else None."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except Exception:  # vLLM started, so it read the config; a plain model path here
+        return None
+    image_id, _ = vision_token_ids(config)
+    if not is_vision_config(config) or image_id is None:
+        return None
+    merge = int(getattr(config.vision_config, "spatial_merge_size", 2))
+    return image_id, merge
+
+
+def multimodal_problem(model_cfg: ModelConfig) -> str | None:
+    """Why this vLLM cannot run ``model.path``'s vision-language model, or None.
+
+    vLLM builds the model's Hugging Face processor and imports its own model module for
+    it; for Qwen2-VL both need torchvision (transformers' Qwen2-VL video processor and
+    torchvision-backed image processor), which a CPU install lacks: PyPI's torchvision
+    wheels are built against CUDA torch and fail to import beside the CPU build. A text
+    model, a path that is no local model directory, or a model vLLM runs: None.
+    """
+    import importlib
+
+    from transformers import AutoConfig
+
+    path = os.path.expanduser(model_cfg.path)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return None  # a hub id or a temper alias (text models): nothing to read locally
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    except Exception:
+        return None
+    if not is_vision_config(config):
+        return None
+    arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+    try:
+        from vllm.model_executor.models.registry import _VLLM_MODELS
+    except ImportError as err:
+        return f"vLLM cannot be imported ({err})"
+    entry = _VLLM_MODELS.get(arch)
+    if entry is None:
+        return f"vLLM has no implementation of {arch}"
+    try:
+        importlib.import_module(f"vllm.model_executor.models.{entry[0]}")
+    except ImportError as err:
+        return f"vLLM's {arch} module cannot be imported ({type(err).__name__}: {err})"
+    try:
+        from transformers import AutoProcessor
+
+        AutoProcessor.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    except Exception as err:  # transformers raises ImportError/ValueError/AttributeError
+        reason = " ".join(str(err).split())[:200]
+        return f"{arch}'s processor, which vLLM builds, cannot be built here ({reason})"
+    return None
+
+
 @dataclasses.dataclass
 class WeightSyncStats:
     """What the last :meth:`VLLMRolloutEngine.load_weights` moved, and how fast."""
@@ -374,6 +453,7 @@ class VLLMRolloutEngine(RolloutEngine):
     """``RolloutEngine`` over ``vllm.LLM`` (see the module doc)."""
 
     shared = False  # the engine holds its own copy: Run.sync_weights pushes updates
+    pad_token_id: int
 
     def __init__(
         self,
@@ -384,8 +464,12 @@ class VLLMRolloutEngine(RolloutEngine):
         sleep_enabled: bool = False,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         options: dict[str, Any] | None = None,
+        image_tokens: tuple[int, int] | None = None,
     ) -> None:
-        """Wrap a started ``vllm.LLM``; prefer :meth:`from_config`."""
+        """Wrap a started ``vllm.LLM``; prefer :meth:`from_config`.
+
+        ``image_tokens`` is ``(image_token_id, spatial_merge_size)`` of a vision-language
+        model (prompts then carry their images as ``multi_modal_data``)."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.llm = llm
@@ -400,6 +484,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.bucket_bytes = bucket_bytes
         self.options = dict(options or {})
         self.last_sync = WeightSyncStats()
+        self.image_tokens = image_tokens
         self._closed = False
 
     # ----------------------------------------------------------------- construction
@@ -458,6 +543,7 @@ class VLLMRolloutEngine(RolloutEngine):
             sleep_enabled=bool(kwargs.get("enable_sleep_mode")),
             bucket_bytes=DEFAULT_BUCKET_BYTES,
             options=kwargs,
+            image_tokens=_image_tokens(kwargs["model"], bool(kwargs["trust_remote_code"])),
         )
         if kwargs["load_format"] == "dummy":
             log.info("vllm: load_format=dummy: random weights until the first weight sync")
@@ -548,7 +634,7 @@ class VLLMRolloutEngine(RolloutEngine):
         # request per prompt with n children (shared prefill).
         per_row = params.greedy and params.n > 1
         requests = rows if per_row else prompts
-        token_prompts = self._token_prompts(requests["prompt_ids"], requests["prompt_mask"])
+        token_prompts = self._token_prompts(requests)
         stop_ids = self._stop_token_ids(params)
         sampling = self._sampling_params(params, stop_ids, n=1 if per_row else params.n)
         try:
@@ -560,6 +646,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"options involved: {_option_hint(str(exc), self.options)}. "
                 f"Fix: {_generation_fix(str(exc), longest, params.max_new_tokens)}"
             ) from exc
+        if self.image_tokens is not None and MULTI_MODAL_DATA in requests.objects:
+            self._check_expanded_prompts(requests, outputs)
         ids_rows: list[torch.Tensor] = []
         logp_rows: list[torch.Tensor] = []
         for out in outputs:
@@ -635,12 +723,46 @@ class VLLMRolloutEngine(RolloutEngine):
             ids |= set(self.eos_token_ids)
         return sorted(ids)
 
-    @staticmethod
-    def _token_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[Any]:
+    def _token_prompts(self, requests: Batch) -> list[Any]:
+        """One ``TokensPrompt`` per row; a row with images carries them as
+        ``multi_modal_data`` and each image's run of placeholder tokens collapsed to one
+        (vLLM expands placeholders itself, from the same resized images)."""
         from vllm.inputs import TokensPrompt
 
-        ids, mask = prompt_ids.cpu(), prompt_mask.cpu().bool()
-        return [TokensPrompt(prompt_token_ids=ids[i][mask[i]].tolist()) for i in range(len(ids))]
+        ids = requests["prompt_ids"].cpu()
+        mask = requests["prompt_mask"].cpu().bool()
+        rows = [ids[i][mask[i]].tolist() for i in range(len(ids))]
+        mm_data = requests.objects.get(MULTI_MODAL_DATA)
+        if self.image_tokens is None or mm_data is None:
+            return [TokensPrompt(prompt_token_ids=r) for r in rows]
+        image_id, merge = self.image_tokens
+        prompts = []
+        for row, data, inputs in zip(rows, mm_data, requests[MULTI_MODAL_INPUTS]):
+            if not data:
+                prompts.append(TokensPrompt(prompt_token_ids=row))
+                continue
+            counts = image_token_counts(inputs, merge)
+            collapsed = collapse_image_tokens(row, image_id, counts)
+            prompts.append(TokensPrompt(prompt_token_ids=collapsed, multi_modal_data=data))
+        return prompts
+
+    @staticmethod
+    def _check_expanded_prompts(requests: Batch, outputs: list[Any]) -> None:
+        """vLLM's expansion of the images must give temper's prompt tokens exactly: the
+        trainer scores the responses after *those* tokens."""
+        mask = requests["prompt_mask"].cpu().bool()
+        ids = requests["prompt_ids"].cpu()
+        for i, out in enumerate(outputs):
+            ours = ids[i][mask[i]].tolist()
+            theirs = list(out.prompt_token_ids or [])
+            if theirs and theirs != ours:
+                raise VLLMEngineError(
+                    f"vLLM expanded the images of prompt {i} to {len(theirs)} prompt tokens "
+                    f"where temper's processor made {len(ours)}: vLLM's image processor "
+                    "resizes differently. Fix: set data.image_min_pixels / "
+                    "data.image_max_pixels within the limits of the model's "
+                    "preprocessor_config.json, or set rollout.engine=hf"
+                )
 
     def _sampling_params(self, params: SamplingParams, stop_ids: list[int], n: int) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams

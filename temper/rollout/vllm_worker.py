@@ -33,7 +33,7 @@ class TemperWorkerExtension:
     model_runner: Any  # provided by the vLLM worker this class is mixed into
     vllm_config: Any
 
-    def _temper_model(self) -> torch.nn.Module:
+    def _temper_model(self) -> Any:
         return self.model_runner.get_model()
 
     def temper_begin_weight_update(self) -> None:

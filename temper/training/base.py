@@ -8,10 +8,12 @@ a loss function and never see devices, sharding or gradient accumulation.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from temper.algorithms.aggregation import GlobalNormalizers, compute_global_normalizers
 from temper.data.batch import Batch
@@ -26,8 +28,45 @@ from temper.training.micro_batching import MicroBatching
 LossFn = Callable[[Batch, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 
+class LogitsSource(Protocol):
+    """A frozen model whose logits an engine compares its own with (the reference)."""
+
+    def response_logits(self, batch: Batch) -> torch.Tensor:
+        """No-grad logits ``(b, r, V)`` scoring the response tokens of micro-batch
+        ``batch``, trimmed as :func:`temper.training.micro_batching.model_inputs` trims."""
+        ...
+
+
 class TrainEngine(abc.ABC):
-    """A trainable (or frozen) causal LM / value model behind micro-batching."""
+    """A trainable (or frozen) causal LM / value model behind micro-batching.
+
+    Attributes:
+        model: the module this process holds (a shard under data parallelism).
+        device: where it computes.
+        kl_reference: set (by the role builder) when the run uses the exact KL over the
+            vocabulary (``kl_penalty`` / ``kl_loss_type: full``): every causal-LM forward
+            then also returns ``full_kl`` (B, R), KL(this model ‖ reference) per token,
+            computed micro-batch by micro-batch from both models' logits (differentiable
+            in the training forward). Only engines with ``supports_full_kl`` take one.
+    """
+
+    model: nn.Module
+    device: torch.device
+    kl_reference: LogitsSource | None = None
+    supports_full_kl: bool = False
+
+    def response_logits(self, batch: Batch) -> torch.Tensor:
+        """The :class:`LogitsSource` method, for engines with ``supports_full_kl``."""
+        raise NotImplementedError(f"{type(self).__name__} does not compute the exact KL")
+
+    @property
+    def has_adapters(self) -> bool:
+        """The model trains LoRA adapters (its base weights are then the reference)."""
+        return False
+
+    def adapters_disabled(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which the model runs without its adapters (needs adapters)."""
+        raise RuntimeError(f"{type(self).__name__} has no LoRA adapters to disable")
 
     @abc.abstractmethod
     def forward(
@@ -108,6 +147,13 @@ class TrainEngine(abc.ABC):
         state = torch.load(src / "state.pt", map_location="cpu", weights_only=True)
         self.load_state_dict({"model": load_file(str(src / "model.safetensors")), **state})
 
+    @property
+    def shareable_module(self) -> torch.nn.Module | None:
+        """A Hugging Face causal LM that *is* this engine's live weights, which an
+        in-process HF rollout may generate with instead of holding a copy; ``None`` when
+        the weights live in another form (sharded, Megatron) and must be synced."""
+        return None
+
     # Data parallelism. A role builds its loss from the mini-batch's *global* counts; on
     # one process these are its own, a data-parallel engine sums them over its ranks.
 
@@ -115,6 +161,14 @@ class TrainEngine(abc.ABC):
     def dp_size(self) -> int:
         """Data-parallel ranks, each holding a different share of every mini-batch."""
         return 1
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the ``dp_size`` data-parallel shares (ranks with the
+        same index — a tensor-parallel group — must be given the same samples)."""
+        if self.dp_size > 1 and torch.distributed.is_initialized():
+            return torch.distributed.get_rank()
+        return 0
 
     def global_sum(self, values: list[float]) -> list[float]:
         """Element-wise sum over the data-parallel ranks (a collective: all ranks call it)."""

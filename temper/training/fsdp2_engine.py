@@ -6,18 +6,10 @@ GPU) — one process per rank, started by the Ray worker group (:mod:`temper.clu
 model, then ``fully_shard`` is applied to each decoder layer and to the root (verl
 ``strategy: fsdp2``, ROLL ``fsdp2_train``). The math is the :class:`TorchEngine`'s — this
 class only overrides its data-parallel hooks — so that one mini-batch split over N ranks
-gives the single-process gradient:
-
-* each rank holds a different share of the mini-batch; roles build their losses from
-  the **global** normalizers (:meth:`global_normalizers`: one all-reduce of the counts);
-* FSDP *averages* gradients over ranks, so each rank's loss is multiplied by the
-  data-parallel size before ``backward`` (the average of N partial sums × N = the sum);
-* loss and metrics are partial sums on each rank, so they are summed over ranks;
-* FSDP's all-gather/reduce-scatter are collectives: every rank must run the same number
-  of forwards and backwards. Ranks agree on the micro-batch count (all-reduce max) and a
-  rank with fewer runs padding micro-batches whose loss is multiplied by 0;
-* a non-finite loss on any rank stops every rank before its backward (all-reduce min);
-* ``clip_grad_norm_`` on DTensor gradients computes the global norm over all shards.
+gives the single-process gradient (the rules are in :mod:`temper.training.data_parallel`):
+FSDP *averages* gradients over ranks, so each rank's loss is multiplied by the
+data-parallel size before ``backward``, and ``clip_grad_norm_`` on DTensor gradients
+computes the global norm over all shards.
 
 Mixed precision: the torch engine's rule (fp32 master weights, compute in
 ``model.dtype``) as an FSDP ``MixedPrecisionPolicy`` (fp32 gradient reduction). On CPU
@@ -29,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,34 +30,11 @@ from torch import nn
 
 from temper.config.errors import ConfigError
 from temper.config.schema import FSDPConfig
-from temper.data.batch import Batch
 from temper.training import fsdp2_io
-from temper.training.micro_batching import MicroBatching
+from temper.training.data_parallel import DataParallelEngine, require_process_group
 from temper.training.spec import EngineSpec
-from temper.training.torch_engine import TorchEngine
 
 log = logging.getLogger(__name__)
-
-
-def require_process_group(role: str) -> None:
-    """Fail with the fix when no ``torch.distributed`` process group exists yet."""
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError(
-            f"{role}.strategy",
-            "fsdp2 needs an initialized torch.distributed process group (one process per "
-            "rank); this process has none",
-            "run with resources.backend: ray (roles then run in per-rank workers) or under "
-            "torchrun; on one process use strategy: torch (the local backend does this)",
-        )
-
-
-def rank_device(device: torch.device) -> torch.device:
-    """This rank's device: ``cuda:LOCAL_RANK`` on GPU (and made current), else the CPU."""
-    if device.type != "cuda":
-        return torch.device("cpu")
-    index = int(os.environ.get("LOCAL_RANK", device.index or 0))
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
 
 
 def build_mesh(cfg: FSDPConfig, device: torch.device, role: str) -> Any:
@@ -103,8 +71,11 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if layers:
         return layers
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    lists: list[nn.ModuleList] = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        return []
+    longest: nn.ModuleList = max(lists, key=len)
+    return list(longest)
 
 
 def large_modules(model: nn.Module, layers: list[nn.Module], min_params: int) -> list[nn.Module]:
@@ -128,11 +99,13 @@ def large_modules(model: nn.Module, layers: list[nn.Module], min_params: int) ->
     return found
 
 
-class FSDP2Engine(TorchEngine):
+class FSDP2Engine(DataParallelEngine):
     """:class:`TorchEngine` sharded with ``fully_shard`` over the default process group."""
 
+    strategy = "fsdp2"
+
     def __init__(self, spec: EngineSpec) -> None:
-        require_process_group(spec.role)
+        require_process_group(spec.role, self.strategy)
         if getattr(spec.train, "l2_coef", 0.0):
             # the actor's L2 term sums over the live parameters, which are shards here
             raise ConfigError(
@@ -141,18 +114,10 @@ class FSDP2Engine(TorchEngine):
                 "use optim.weight_decay, or strategy: torch",
             )
         self.fsdp = spec.fsdp_config
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
-        device = rank_device(spec.device)
-        self.mesh = build_mesh(self.fsdp, device, spec.role)
-        # a collective's tensors live where the backend wants them (gloo: CPU)
-        self._comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-        if spec.device != device:
-            from dataclasses import replace
-
-            spec = replace(spec, device=device)
+        spec = self._join_group(spec)
+        self.mesh = build_mesh(self.fsdp, spec.device, spec.role)
         super().__init__(spec)
-        self._offload_optimizer = self.fsdp.optimizer_offload and device.type == "cuda"
+        self._offload_optimizer = self.fsdp.optimizer_offload and spec.device.type == "cuda"
 
     # ------------------------------------------------------------------ sharding
 
@@ -206,41 +171,9 @@ class FSDP2Engine(TorchEngine):
 
     # ------------------------------------------------------------------ collectives
 
-    @property
-    def dp_size(self) -> int:
-        return self.world
-
-    def _all_reduce(self, values: list[float], op: Any) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
-        dist.all_reduce(t, op=op)
-        return t.tolist()
-
-    def global_sum(self, values: list[float]) -> list[float]:
-        return self._all_reduce([float(v) for v in values], dist.ReduceOp.SUM)
-
-    def _split(self, batch: Batch, spec: MicroBatching) -> tuple[list[Batch], list[list[int]]]:
-        """The rank's micro-batches, padded with row-less copies to the ranks' maximum count."""
-        if len(batch) == 0:
-            raise ValueError(
-                f"{self.spec.role} rank {self.rank} got no samples; the worker group pads "
-                "batches so that every rank gets at least one"
-            )
-        micro, groups = super()._split(batch, spec)
-        (most,) = self._all_reduce([float(len(micro))], dist.ReduceOp.MAX)
-        pad = int(most) - len(micro)
-        return [*micro, *[micro[-1]] * pad], [*groups, *[[] for _ in range(pad)]]
-
-    def _all_finite(self, loss: torch.Tensor) -> bool:
-        (ok,) = self._all_reduce([float(torch.isfinite(loss.detach()).item())], dist.ReduceOp.MIN)
-        return ok > 0
-
-    def _backward(self, loss: torch.Tensor) -> None:
+    def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
         # FSDP averages gradients over the data-parallel ranks; the loss is a partial sum
         (loss * self.dp_size).backward()
-
-    def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
-        keys = sorted(sums)
-        return dict(zip(keys, self.global_sum([sums[k] for k in keys])))
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
         norm = torch.nn.utils.clip_grad_norm_(params, clip)

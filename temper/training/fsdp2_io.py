@@ -17,7 +17,6 @@ Every function here is a collective over the engine's ranks unless it says other
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,13 +25,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from temper.training.models import load_tokenizer
-from temper.training.weights import hf_named_weights, is_peft_model
+from temper.training.models import hf_tokenizer, save_processor_files
+from temper.training.weights import hf_named_weights, is_peft_model, save_gathered_hf
 
 if TYPE_CHECKING:
     from temper.training.fsdp2_engine import FSDP2Engine
-
-log = logging.getLogger(__name__)
 
 _FSDP_PREFIX = "FSDP"  # fully_shard renames the root class FSDP<Class>
 
@@ -110,7 +107,8 @@ def _full_state_on_rank0(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=opts)
+    state = get_model_state_dict(model, options=opts)
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def _unwrap_architectures(path: Path) -> None:
@@ -132,23 +130,20 @@ def save_hf(engine: FSDP2Engine, path: str | Path, *, merge_lora: bool = True) -
     out = Path(path)
     full = _full_state_on_rank0(model)
     merged: dict[str, torch.Tensor] = {}
-    peft = is_peft_model(model)
-    if peft and merge_lora and engine.spec.kind != "value":
+    if is_peft_model(model) and merge_lora and engine.spec.kind != "value":
         for name, tensor in full_named_weights(model):
             if engine.rank == 0:
                 merged[name] = tensor.detach().cpu().contiguous()
     if engine.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        if engine.spec.kind == "value":
-            model.save_pretrained(out, state_dict=full)  # type: ignore[operator]
-        elif peft and merge_lora:
-            model.get_base_model().save_pretrained(str(out), state_dict=merged)  # type: ignore[operator]
-            model.save_pretrained(str(out / "lora_adapter"), state_dict=full)  # type: ignore[operator]
-        else:
-            model.save_pretrained(str(out), state_dict=full)  # type: ignore[operator]
+        save_gathered_hf(
+            model,
+            out,
+            full=full,
+            merged=merged,
+            value=engine.spec.kind == "value",
+            merge_lora=merge_lora,
+            tokenizer=hf_tokenizer(engine.spec.model, engine.spec.model_path, out),
+        )
         _unwrap_architectures(out)
-        try:
-            load_tokenizer(engine.spec.model, engine.spec.model_path).save_pretrained(str(out))
-        except (OSError, ValueError) as err:
-            log.warning("no tokenizer saved with %s: %s", out, err)
+        save_processor_files(engine.spec.model, out, engine.spec.model_path)  # VL models
     dist.barrier()

@@ -16,13 +16,14 @@ import importlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from temper.config.errors import ConfigError
 from temper.config.schema import LoraConfig, ModelConfig
+from temper.utils.hf_auto import causal_lm_class, text_hidden_size
 from temper.utils.model_path import resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,19 @@ def load_hf_config(cfg: ModelConfig, path: str | None = None) -> Any:
     return config
 
 
-def _from_pretrained(auto_cls: Any, cfg: ModelConfig, path: str, dtype: torch.dtype) -> nn.Module:
+def _from_pretrained(
+    auto_cls: Any | None, cfg: ModelConfig, path: str, dtype: torch.dtype
+) -> nn.Module:
+    """Load ``path`` with ``auto_cls`` (None: the causal-LM class its config needs)."""
     if not path:
         raise ConfigError("model.path", "no model given", "set model.path to a HF directory or id")
     path = resolve_model_path(path)
+    config = load_hf_config(cfg, path)
+    if auto_cls is None:
+        auto_cls = causal_lm_class(config)
     return auto_cls.from_pretrained(
         path,
-        config=load_hf_config(cfg, path),
+        config=config,
         dtype=dtype,
         attn_implementation=resolve_attn_implementation(cfg.attn_implementation),
         trust_remote_code=cfg.trust_remote_code,
@@ -103,7 +110,8 @@ def enable_gradient_checkpointing(model: nn.Module, *, offload: bool = False) ->
     ``offload`` keeps the saved activations in pinned host memory (GPU only; needs the
     ``activation_checkpointing_enable`` API of transformers >= 5).
     """
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hf: Any = model  # a transformers (or peft) model, duck-typed
+    target = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
     kwargs = {"use_reentrant": False}
     if hasattr(target, "activation_checkpointing_enable"):
         target.activation_checkpointing_enable(
@@ -158,9 +166,7 @@ def load_causal_lm(
     updates of ~1e-6 vanish in bf16) and run bf16 under autocast; frozen ones can be
     stored directly in the compute dtype.
     """
-    from transformers import AutoModelForCausalLM
-
-    model = _from_pretrained(AutoModelForCausalLM, cfg, path or cfg.path, dtype)
+    model = _from_pretrained(None, cfg, path or cfg.path, dtype)
     if cfg.lora.rank > 0:
         model = apply_lora(model, cfg.lora)
     if trainable:
@@ -182,19 +188,28 @@ class ValueModel(nn.Module):
     def config(self) -> Any:
         return self.backbone.config
 
+    def get_input_embeddings(self) -> nn.Module:
+        backbone: Any = self.backbone  # a transformers model
+        return backbone.get_input_embeddings()
+
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
         keep_last: int | None = None,
+        **inputs: Any,
     ) -> torch.Tensor:
-        """Values ``(B, L)``, or of the last ``keep_last`` positions only (cheaper head)."""
+        """Values ``(B, L)``, or of the last ``keep_last`` positions only (cheaper head).
+
+        ``inputs`` go to the backbone as they are (a vision-language model's pixel
+        inputs and token types)."""
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **inputs,
         )
         hidden = out.last_hidden_state
         if keep_last is not None:
@@ -213,14 +228,15 @@ class ValueModel(nn.Module):
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
+        backbone: Any = self.backbone  # a transformers AutoModel
         if state_dict is None:
-            self.backbone.save_pretrained(str(out))
+            backbone.save_pretrained(str(out))
             head_sd = self.value_head.state_dict()
         else:
             sub = {
                 k[len("backbone.") :]: v for k, v in state_dict.items() if k.startswith("backbone.")
             }
-            self.backbone.save_pretrained(str(out), state_dict=sub)
+            backbone.save_pretrained(str(out), state_dict=sub)
             head_sd = {
                 k[len("value_head.") :]: v
                 for k, v in state_dict.items()
@@ -258,8 +274,8 @@ def load_value_model(
     from transformers import AutoModel
 
     src = resolve_model_path(path or cfg.path)
-    backbone = _from_pretrained(AutoModel, cfg, src, dtype)
-    hidden = int(backbone.config.hidden_size)
+    backbone: Any = _from_pretrained(AutoModel, cfg, src, dtype)  # a transformers AutoModel
+    hidden = text_hidden_size(backbone.config)
     head = nn.Linear(hidden, 1, dtype=dtype)
     if is_value_model_dir(src):
         head.load_state_dict(load_file(str(Path(src) / VALUE_HEAD_FILE)))
@@ -279,6 +295,94 @@ def load_value_model(
     return model.to(device)
 
 
+_PEFT_PREFIX = "base_model.model."
+
+
+def vision_tower_prefixes(model: nn.Module) -> list[str]:
+    """Parameter-name prefixes of a vision-language model's vision tower (with merger).
+
+    The tower is the outermost submodule built from the model's ``vision_config``
+    (Qwen2-VL: ``model.visual``); a text model has none.
+    """
+    from temper.training.weights import is_peft_model
+
+    base: nn.Module = cast(Any, model).get_base_model() if is_peft_model(model) else model
+    vision_cfg = getattr(getattr(base, "config", None), "vision_config", None)
+    if vision_cfg is None:
+        return []
+    found: list[str] = []
+    for name, module in base.named_modules():
+        cfg = getattr(module, "config", None)
+        if (
+            name
+            and type(cfg) is type(vision_cfg)
+            and not any(name.startswith(f + ".") for f in found)
+        ):
+            found.append(name)
+    return found
+
+
+def freeze_modules(model: nn.Module, train: Any, role: str) -> nn.Module:
+    """Freeze the vision tower (``freeze_vision_tower``) and every parameter whose name
+    starts with one of ``freeze_module_prefix`` (ROLL's rule: ``name.startswith``). Names
+    are the Hugging Face model's own (under LoRA, without peft's ``base_model.model.``),
+    e.g. ``model.visual``; a critic's are its backbone's, under ``backbone.``.
+
+    A setting that freezes nothing is a ``ConfigError``: it would silently train what
+    the user meant to freeze.
+    """
+    prefixes = list(getattr(train, "freeze_module_prefix", None) or [])
+    if getattr(train, "freeze_vision_tower", False):
+        tower = vision_tower_prefixes(model)
+        if not tower:
+            raise ConfigError(
+                f"{role}.freeze_vision_tower",
+                f"{type(model).__name__} has no vision tower (not a vision-language model)",
+                "set it to false",
+            )
+        prefixes += tower
+    if not prefixes:
+        return model
+    names = [(n, n.removeprefix(_PEFT_PREFIX), p) for n, p in model.named_parameters()]
+    for prefix in prefixes:
+        hits = [p for _, short, p in names if short.startswith(prefix)]
+        if not hits:
+            tops = sorted({short.split(".")[0] for _, short, _ in names})
+            raise ConfigError(
+                f"{role}.freeze_module_prefix",
+                f"'{prefix}' matches no parameter of the model (names start with: "
+                f"{', '.join(tops)})",
+                "use a prefix of the model's parameter names, e.g. model.visual",
+            )
+        for param in hits:
+            param.requires_grad_(False)
+    return model
+
+
+#: Files of a model's processor (image/video processors, chat template) that a saved
+#: checkpoint needs beside the weights and tokenizer to load as a vision-language model.
+PROCESSOR_FILES = (
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "processor_config.json",
+    "chat_template.json",
+    "chat_template.jinja",
+)
+
+
+def save_processor_files(cfg: ModelConfig, out: str | Path, path: str | None = None) -> None:
+    """Copy the source model's processor files into the saved directory ``out`` (files
+    the tokenizer already wrote there are kept)."""
+    import shutil
+
+    src = Path(resolve_model_path(cfg.tokenizer_path or path or cfg.path))
+    if not src.is_dir():
+        return
+    for name in PROCESSOR_FILES:
+        if (src / name).is_file() and not (Path(out) / name).exists():
+            shutil.copyfile(src / name, Path(out) / name)
+
+
 def load_tokenizer(cfg: ModelConfig, path: str | None = None) -> Any:
     """The tokenizer saved next to checkpoints (``tokenizer_path`` or the model path)."""
     from transformers import AutoTokenizer
@@ -287,3 +391,13 @@ def load_tokenizer(cfg: ModelConfig, path: str | None = None) -> Any:
         resolve_model_path(cfg.tokenizer_path or path or cfg.path),
         trust_remote_code=cfg.trust_remote_code,
     )
+
+
+def hf_tokenizer(cfg: ModelConfig, path: str | None, out: str | Path) -> Any | None:
+    """The tokenizer to save next to the HF directory ``out`` (None, logged, if it does
+    not load)."""
+    try:
+        return load_tokenizer(cfg, path)
+    except (OSError, ValueError) as err:
+        log.warning("no tokenizer saved with %s: %s", out, err)
+        return None

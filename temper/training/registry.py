@@ -1,16 +1,21 @@
 """Engines by ``strategy`` name: the one place a role's config key picks an engine.
 
-``torch`` (one process) and ``fsdp2`` (one process per rank, inside a torch.distributed
-process group) are built in. ``deepspeed`` and ``megatron`` are valid config values
-whose engines are not in this build yet: asking for one is a configuration error that
-names the key (``actor.strategy``, …), not a crash deep inside a run.
+``torch`` (one process), ``fsdp2`` (one process per rank, inside a torch.distributed
+process group), ``deepspeed`` (likewise; a one-rank group of its own on the local
+backend) and ``megatron`` (Megatron-Core, tensor × data parallel) are built in. The last
+two are optional packages, imported only when an engine is built; without them asking
+for the engine is a configuration error naming the key (``actor.strategy``, …), not a
+crash deep inside a run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from temper.config.errors import ConfigError, unknown_name
+from temper.config.schema import TemperConfig, TrainEngineConfig
+from temper.registry import Registry
 from temper.training.base import TrainEngine
 from temper.training.fsdp2_engine import FSDP2Engine
 from temper.training.spec import EngineSpec
@@ -18,27 +23,90 @@ from temper.training.torch_engine import TorchEngine
 
 EngineFactory = Callable[[EngineSpec], TrainEngine]
 
-ENGINES: dict[str, EngineFactory] = {"torch": TorchEngine, "fsdp2": FSDP2Engine}
-PLANNED_ENGINES: tuple[str, ...] = ("deepspeed", "megatron")
+
+def _megatron(spec: EngineSpec) -> TrainEngine:
+    from temper.training.megatron_check import check_engine_spec
+
+    check_engine_spec(spec)  # names the key when megatron-core is missing, before importing
+    from temper.training.megatron_engine import MegatronEngine
+
+    return MegatronEngine(spec)
+
+
+def _deepspeed(spec: EngineSpec) -> TrainEngine:
+    # imported here: the module imports nothing heavy, but DeepSpeed itself takes seconds
+    from temper.training.deepspeed_engine import DeepSpeedEngine
+
+    return DeepSpeedEngine(spec)
+
+
+ENGINES: Registry[EngineFactory] = Registry("training engine")
+ENGINES.add("torch", TorchEngine)
+ENGINES.add("fsdp2", FSDP2Engine)
+ENGINES.add("megatron", _megatron)
+ENGINES.add("deepspeed", _deepspeed)
 
 
 def register_engine(name: str, factory: EngineFactory) -> None:
     """Make ``strategy: name`` build engines with ``factory(spec)``."""
-    if name in ENGINES and ENGINES[name] is not factory:
-        raise ValueError(f"engine '{name}' is already registered")
-    ENGINES[name] = factory
+    ENGINES.add(name, factory)
 
 
 def build_engine(strategy: str, spec: EngineSpec, *, key: str | None = None) -> TrainEngine:
     """The engine registered as ``strategy``; ``key`` is the config key named in errors."""
     key = key or f"{spec.role}.strategy"
-    factory = ENGINES.get(strategy)
-    if factory is not None:
-        return factory(spec)
-    if strategy in PLANNED_ENGINES:
-        raise ConfigError(
-            key,
-            f"the '{strategy}' training engine is not available yet in this build",
-            f"set {key}: torch (one process, CPU or one GPU)",
+    if strategy in ENGINES:
+        return ENGINES.get(strategy)(spec)
+    raise unknown_name(key, strategy, ENGINES.names())
+
+
+def check_engines(cfg: TemperConfig) -> None:
+    """What building the roles' engines would refuse, found at load without importing an
+    engine or loading a model: a ``deepspeed`` role needs the deepspeed package, and its
+    ``deepspeed`` section must resolve (stage, refused sections, temper-owned values)."""
+    import importlib.util
+
+    from temper.config.derive import derive, placement, uses_critic, uses_reference
+    from temper.training.deepspeed_config import (
+        PRECISIONS,
+        DeepSpeedFill,
+        batch_fill,
+        resolve_deepspeed_config,
+    )
+    from temper.training.models import resolve_device, resolve_dtype
+
+    d = derive(cfg)
+    roles: list[tuple[str, str, TrainEngineConfig | None, dict[str, Any], int]] = [
+        ("actor", cfg.actor.strategy, cfg.actor, cfg.actor.deepspeed, d.actor.dp)
+    ]
+    if d.critic is not None and uses_critic(cfg):
+        roles.append(("critic", cfg.critic.strategy, cfg.critic, cfg.critic.deepspeed, d.critic.dp))
+    if uses_reference(cfg) and cfg.model.lora.rank == 0:
+        ranks = len(placement(cfg)["reference"]) if cfg.resources.backend != "local" else 1
+        ref = cfg.reference
+        roles.append(("reference", ref.strategy, None, ref.deepspeed, ranks))
+    device = resolve_device(cfg.experiment.device)
+    precision = PRECISIONS[resolve_dtype(cfg.model.dtype, device)]
+    for role, strategy, train, section, world in roles:
+        if strategy != "deepspeed":
+            continue
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(
+                f"{role}.strategy",
+                "strategy 'deepspeed' needs the deepspeed package, which is not installed",
+                "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed (scripts/install.sh "
+                "does this), or choose strategy fsdp2/torch",
+            )
+        micro, accum = batch_fill(train, 1, world)
+        clip = train.grad_clip if train is not None and train.grad_clip is not None else 0.0
+        fill = DeepSpeedFill(
+            role=role,
+            micro_batch=micro,
+            grad_accum=accum,
+            world=world,
+            grad_clip=max(0.0, float(clip)),
+            precision=precision,
+            hidden_size=1,  # a stand-in: the model's config is not read here
+            trainable=train is not None,
         )
-    raise unknown_name(key, strategy, [*ENGINES, *PLANNED_ENGINES])
+        resolve_deepspeed_config(section, fill)

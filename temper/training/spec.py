@@ -9,11 +9,17 @@ strategy branches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from temper.config.schema import FSDPConfig, ModelConfig, OptimConfig, TrainEngineConfig
+from temper.config.schema import (
+    FSDPConfig,
+    MegatronConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainEngineConfig,
+)
 from temper.training.micro_batching import MicroBatching
 
 ModelKind = Literal["causal_lm", "value"]
@@ -36,6 +42,8 @@ class EngineSpec:
         total_steps: optimizer steps of the LR schedule, if known now.
         role: config section name used in error messages (``actor``, ``critic``, …).
         fsdp: FSDP2 settings of a frozen role (trained roles use ``train.fsdp``).
+        megatron: Megatron settings of a frozen role (trained roles use ``train.megatron``).
+        deepspeed: DeepSpeed config of a frozen role (trained roles use ``train.deepspeed``).
     """
 
     model: ModelConfig
@@ -50,6 +58,8 @@ class EngineSpec:
     total_steps: int | None = None
     role: str = "actor"
     fsdp: FSDPConfig | None = None
+    megatron: MegatronConfig | None = None
+    deepspeed: dict[str, Any] | None = None
 
     @property
     def optim(self) -> OptimConfig | None:
@@ -61,6 +71,21 @@ class EngineSpec:
         if self.fsdp is not None:
             return self.fsdp
         return self.train.fsdp if self.train is not None else FSDPConfig()
+
+    @property
+    def megatron_config(self) -> MegatronConfig:
+        """Megatron settings: ``megatron`` if given, else the trained role's, else defaults."""
+        if self.megatron is not None:
+            return self.megatron
+        return self.train.megatron if self.train is not None else MegatronConfig()
+
+    @property
+    def deepspeed_section(self) -> dict[str, Any]:
+        """The role's DeepSpeed config section: ``deepspeed`` if given, else the trained
+        role's, else empty (DeepSpeed's defaults: ZeRO stage 0)."""
+        if self.deepspeed is not None:
+            return self.deepspeed
+        return self.train.deepspeed if self.train is not None else {}
 
     @property
     def train_micro(self) -> MicroBatching:

@@ -26,7 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from temper.algorithms.logprobs import DEFAULT_CHUNK, entropy_from_logits, logprobs_from_logits
+from temper.algorithms.logprobs import (
+    DEFAULT_CHUNK,
+    entropy_from_logits,
+    full_kl_from_logits,
+    logprobs_from_logits,
+)
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
 from temper.training.base import LossFn, NonFiniteError, TrainEngine
@@ -38,13 +43,16 @@ from temper.training.micro_batching import (
     split_micro_batches,
 )
 from temper.training.models import (
+    freeze_modules,
+    hf_tokenizer,
     load_causal_lm,
-    load_tokenizer,
     load_value_model,
     resolve_dtype,
+    save_processor_files,
 )
 from temper.training.schedule import LRSchedule
 from temper.training.spec import EngineSpec
+from temper.training.vision import vision_forward_inputs
 from temper.training.weights import hf_named_weights, is_peft_model, save_hf_model
 
 log = logging.getLogger(__name__)
@@ -68,30 +76,21 @@ def _check_supported(spec: EngineSpec) -> None:
 class TorchEngine(TrainEngine):
     """Causal LM or value model, micro-batched forward/backward, AdamW, LR schedule."""
 
+    supports_full_kl = True
+
     def __init__(self, spec: EngineSpec) -> None:
         _check_supported(spec)
         self.spec = spec
         self.device = spec.device
         self.compute_dtype = resolve_dtype(spec.model.dtype, spec.device)
         self.trainable = spec.train is not None
-        storage = torch.float32 if self.trainable else self.compute_dtype
-        load_device = self._load_device()
-        loader = load_value_model if spec.kind == "value" else load_causal_lm
-        kwargs: dict[str, Any] = {"seed": spec.seed} if spec.kind == "value" else {}
-        self.model: nn.Module = self._wrap_model(
-            loader(
-                spec.model,
-                device=load_device,
-                dtype=storage,
-                path=spec.model_path,
-                trainable=self.trainable,
-                **kwargs,
-            )
-        )
+        self.model: nn.Module = self._wrap_model(self._load_model())
         self.infer_micro = spec.infer_micro
         self.train_micro = spec.train_micro
         self.grad_clip = spec.train.grad_clip if spec.train is not None else None
         self._logits_to_keep = self._accepts_logits_to_keep()
+        self._adapters_off = False
+        self._entropy = self._entropy_fn(spec)
         self.optimizer: torch.optim.Optimizer | None = None
         self.schedule: LRSchedule | None = None
         if spec.optim is not None:
@@ -107,15 +106,49 @@ class TorchEngine(TrainEngine):
 
     # ------------------------------------------------------------------ plumbing
 
+    def _entropy_fn(self, spec: EngineSpec) -> Any:
+        """``entropy_from_logits``, compiled with ``torch.compile`` under the role's
+        ``use_torch_compile`` on GPU, as verl compiles its entropy kernel. On CPU it stays
+        eager: inductor's CPU backend compiles C++ for every new shape, which costs far more
+        than it saves on the small batches CPU runs have."""
+        if spec.train is None or not spec.train.use_torch_compile:
+            return entropy_from_logits
+        if self.device.type != "cuda":
+            log.warning("%s.use_torch_compile: the entropy kernel stays eager on CPU", spec.role)
+            return entropy_from_logits
+        return torch.compile(entropy_from_logits, dynamic=True)
+
     # Hooks a data-parallel engine overrides (fsdp2_engine); here one process is the world.
 
     def _load_device(self) -> torch.device:
         """Where weights are loaded (an offloaded frozen model stays on the CPU)."""
         return torch.device("cpu") if self.spec.param_offload else self.device
 
+    def _load_model(self) -> nn.Module:
+        """The HF model (or value model) this engine trains, in its storage dtype."""
+        spec = self.spec
+        storage = torch.float32 if self.trainable else self.compute_dtype
+        loader = load_value_model if spec.kind == "value" else load_causal_lm
+        kwargs: dict[str, Any] = {"seed": spec.seed} if spec.kind == "value" else {}
+        model = loader(
+            spec.model,
+            device=self._load_device(),
+            dtype=storage,
+            path=spec.model_path,
+            trainable=self.trainable,
+            **kwargs,
+        )
+        if spec.train is not None:  # freeze_vision_tower / freeze_module_prefix
+            model = freeze_modules(model, spec.train, spec.role)
+        return model
+
     def _wrap_model(self, model: nn.Module) -> nn.Module:
         """Hook for distributed engines (sharding) before the optimizer sees the params."""
         return model
+
+    def _module(self) -> nn.Module:
+        """What forwards are called on: the model, or a wrapper that runs it (DeepSpeed)."""
+        return self.model
 
     def _split(self, batch: Batch, spec: MicroBatching) -> tuple[list[Batch], list[list[int]]]:
         """Micro-batches and their rows; an empty row list marks a padding micro-batch."""
@@ -124,12 +157,17 @@ class TorchEngine(TrainEngine):
     def _all_finite(self, loss: torch.Tensor) -> bool:
         return bool(torch.isfinite(loss))
 
-    def _backward(self, loss: torch.Tensor) -> None:
+    def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        """Backward of one micro-batch's loss; ``last``: the mini-batch's final one."""
         loss.backward()
 
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         """Partial sums of this rank → sums over all data-parallel ranks."""
         return sums
+
+    def _reduce_grads(self) -> None:
+        """Hook: combine gradients over data-parallel ranks before clipping (FSDP does it
+        inside backward; the megatron engine here)."""
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(params, clip))
@@ -141,7 +179,8 @@ class TorchEngine(TrainEngine):
     def _accepts_logits_to_keep(self) -> bool:
         if self.spec.kind == "value":
             return False
-        base = self.model.get_base_model() if is_peft_model(self.model) else self.model
+        hf: Any = self.model  # a transformers (or peft) model, duck-typed
+        base = hf.get_base_model() if is_peft_model(self.model) else hf
         return "logits_to_keep" in inspect.signature(base.forward).parameters
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -166,8 +205,18 @@ class TorchEngine(TrainEngine):
         """Run the base model without its LoRA adapters (the reference policy, for free)."""
         if not is_peft_model(self.model):
             raise RuntimeError("adapters_disabled() needs a LoRA model (model.lora.rank > 0)")
-        with self.model.disable_adapter():
-            yield
+        self._adapters_off = True  # the reference itself: no KL to compare with
+        try:
+            peft: Any = self.model  # a peft model (is_peft_model)
+            with peft.disable_adapter():
+                yield
+        finally:
+            self._adapters_off = False
+
+    @property
+    def shareable_module(self) -> nn.Module | None:
+        """The live Hugging Face model, which an in-process HF rollout may share."""
+        return self.model
 
     @property
     def has_adapters(self) -> bool:
@@ -182,16 +231,16 @@ class TorchEngine(TrainEngine):
 
     # ------------------------------------------------------------------ forward
 
-    def _logits(self, inp: ModelInputs, keep: int) -> torch.Tensor:
-        kwargs: dict[str, Any] = {"use_cache": False}
+    def _logits(self, inp: ModelInputs, keep: int, extra: dict[str, Any]) -> torch.Tensor:
+        kwargs: dict[str, Any] = {
+            "input_ids": inp.input_ids,
+            "attention_mask": inp.attention_mask,
+            "position_ids": inp.position_ids,
+            "use_cache": False,
+        }
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = keep
-        out = self.model(
-            input_ids=inp.input_ids,
-            attention_mask=inp.attention_mask,
-            position_ids=inp.position_ids,
-            **kwargs,
-        )
+        out = self._module()(**{**kwargs, **extra})
         return out.logits[:, -keep:]
 
     def _run(
@@ -203,22 +252,34 @@ class TorchEngine(TrainEngine):
         graph, chunked even when ``entropy_chunk_size`` is 0)."""
         inp = model_inputs(mb, self.device)
         r = inp.response_len
+        # vision-language rows: pixel inputs, token types, M-RoPE positions (training.vision)
+        extra, vision_context = vision_forward_inputs(self.model, mb, inp)
         out: dict[str, torch.Tensor] = {}
-        with self._autocast():
+        with self._autocast(), vision_context:
             if self.spec.kind == "value":
-                out["values"] = self.model(
-                    inp.input_ids, inp.attention_mask, inp.position_ids, keep_last=r + 1
-                )[:, :r]
+                values_in = {
+                    "input_ids": inp.input_ids,
+                    "attention_mask": inp.attention_mask,
+                    "position_ids": inp.position_ids,
+                }
+                out["values"] = self._module()(**{**values_in, **extra}, keep_last=r + 1)[:, :r]
             else:
                 # logits at position p predict token p+1: the r+1 last positions minus the
                 # final one score the r response tokens
-                logits = self._logits(inp, r + 1)[:, :r]
+                logits = self._logits(inp, r + 1, extra)[:, :r]
                 out["log_probs"] = logprobs_from_logits(
                     logits, inp.response_ids, temperature=temperature
                 )
+                if self.kl_reference is not None and not self._adapters_off:  # the exact KL
+                    out["full_kl"] = full_kl_from_logits(
+                        logits,
+                        self.kl_reference.response_logits(mb),
+                        temperature=temperature,
+                        chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
+                    )
                 if with_entropy and entropy_grad:
                     chunk = self.spec.entropy_chunk_size or max(1, logits.shape[0] * r)
-                    out["entropy"] = entropy_from_logits(
+                    out["entropy"] = self._entropy(
                         logits, temperature=temperature, chunk_size=chunk
                     )
                 elif with_entropy:
@@ -236,6 +297,16 @@ class TorchEngine(TrainEngine):
             )
             for k, v in out.items()
         }
+
+    @torch.no_grad()
+    def response_logits(self, batch: Batch) -> torch.Tensor:
+        """No-grad logits ``(b, r, V)`` of the response tokens of a micro-batch (the
+        reference's side of the exact KL; the model's train/eval mode is left as it is —
+        under LoRA it is the actor's own module)."""
+        inp = model_inputs(batch, self.device)
+        extra, vision_context = vision_forward_inputs(self.model, batch, inp)
+        with self._on_device(), self._autocast(), vision_context:
+            return self._logits(inp, inp.response_len + 1, extra)[:, : inp.response_len]
 
     @torch.no_grad()
     def forward(
@@ -292,7 +363,7 @@ class TorchEngine(TrainEngine):
         if self.optimizer is None or self.schedule is None:
             raise RuntimeError(f"the {self.spec.role} engine is frozen (no optimizer)")
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         micro, groups = self._split(batch, self.train_micro)
         total = 0.0
         sums: dict[str, float] = {}
@@ -304,12 +375,12 @@ class TorchEngine(TrainEngine):
             if not rows:  # padding micro-batch: same collectives, no contribution
                 loss = loss * 0.0
             if not self._all_finite(loss):
-                self.optimizer.zero_grad(set_to_none=True)
+                self._discard_gradients(mb, out)
                 raise NonFiniteError(
                     f"{self.spec.role}: loss is {loss.item()} in micro-batch {i}; "
                     "optimizer step skipped, weights unchanged"
                 )
-            self._backward(loss)
+            self._backward(loss, last=i == len(micro) - 1)
             if not rows:
                 continue
             total += float(loss.detach())
@@ -317,6 +388,14 @@ class TorchEngine(TrainEngine):
                 sums[k] = sums.get(k, 0.0) + float(v)
         sums = self._reduce_sums({**sums, "loss": total})
         total = sums.pop("loss")
+        self._reduce_grads()
+        grad_norm, lr = self._apply_gradients()
+        return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}
+
+    def _apply_gradients(self) -> tuple[float, float]:
+        """Clip, check, step and clear the accumulated gradients: ``(grad_norm before
+        clipping, lr of the step)``; a non-finite norm raises before the step."""
+        assert self.optimizer is not None and self.schedule is not None
         params = list(self.trainable_parameters())
         clip = self.grad_clip if self.grad_clip is not None and self.grad_clip > 0 else float("inf")
         grad_norm = self._clip_grad_norm(params, clip)
@@ -330,7 +409,18 @@ class TorchEngine(TrainEngine):
         self._optimizer_step()
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}
+        return grad_norm, lr
+
+    def _zero_grad(self) -> None:
+        """Start a mini-batch with no gradients."""
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _discard_gradients(self, mb: Batch, out: dict[str, torch.Tensor]) -> None:
+        """Drop the gradients accumulated so far (a micro-batch's loss was not finite);
+        ``mb``/``out`` are that micro-batch and its outputs, for engines that must run a
+        collective to clear their buffers."""
+        self._zero_grad()
 
     # ------------------------------------------------------------------ weights and state
 
@@ -371,14 +461,12 @@ class TorchEngine(TrainEngine):
 
     def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
         """HF directory (+ tokenizer); LoRA: merged model + ``lora_adapter/`` (see weights)."""
-        try:
-            tokenizer = load_tokenizer(self.spec.model, self.spec.model_path)
-        except (OSError, ValueError) as err:
-            log.warning("no tokenizer saved with %s: %s", path, err)
-            tokenizer = None
+        tokenizer = hf_tokenizer(self.spec.model, self.spec.model_path, path)
         if self.spec.kind == "value":
-            self.model.save_pretrained(path)
+            value_model: Any = self.model  # models.ValueModel
+            value_model.save_pretrained(path)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
-            return
-        save_hf_model(self.model, path, tokenizer, merge_lora=merge_lora)
+        else:
+            save_hf_model(self.model, path, tokenizer, merge_lora=merge_lora)
+        save_processor_files(self.spec.model, path, self.spec.model_path)  # VL models

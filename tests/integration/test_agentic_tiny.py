@@ -144,13 +144,12 @@ def test_taught_tiny_model_calls_the_calculator_in_training(tmp_path, tiny_model
     loop inside agentic training. The calls execute, the env scores the answer, the tool
     output is context only (response_mask 0 in the dumped rollout) and the update moves
     the weights."""
+    from doubles import ScriptedEngine, teach_tiny_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from temper.envs import EnvManager
     from temper.envs.tools import execute_tool
     from temper.pipelines.agentic_rollout import AgenticPlayer
-    from temper.rollout.scripted import ScriptedEngine
-    from temper.utils.tiny import teach_tiny_model
 
     tools = tmp_path / "tools.yaml"
     tools.write_text(CALCULATOR_YAML)
@@ -258,8 +257,9 @@ def test_val_before_train_reports_success_before_and_after(tmp_path, tiny_model_
     model is taught to win a fixed 3×3 lake in one answer (success 1.0 before); an
     absurd learning rate then wrecks it (success 0.0 after), so the two cannot be
     confused. Without a validation after training there is no "after" to report."""
+    from doubles import teach_tiny_model
+
     from temper.envs import EnvManager
-    from temper.utils.tiny import teach_tiny_model
 
     lake = {
         "env_type": "frozen_lake",
@@ -290,16 +290,16 @@ def test_val_before_train_reports_success_before_and_after(tmp_path, tiny_model_
     summary = run_pipeline(make(taught, "a", max_steps=2, test_freq=2))
     out = capsys.readouterr().out
     assert summary["val_steps"] == [0, 2]
-    assert summary["val_success_before"] == summary["val"][0]["val/success_rate"] == 1.0
-    assert summary["val_success_after"] == summary["val"][1]["val/success_rate"] == 0.0
+    assert summary["val_before"] == summary["val"][0]["val/success_rate"] == 1.0
+    assert summary["val_after"] == summary["val"][1]["val/success_rate"] == 0.0
     assert "val/success_rate 1.000 before training → 0.000 after 2 steps" in out
     logged = [r for r in rows(tmp_path / "a" / "run") if "val/success_rate" in r]
     assert [(r["step"], r["val/success_rate"]) for r in logged] == [(0, 1.0), (2, 0.0)]
 
     summary = run_pipeline(make(taught, "b", max_steps=1, test_freq=-1))
     out = capsys.readouterr().out
-    assert summary["val_steps"] == [0] and summary["val_success_before"] == 1.0
-    assert "val_success_after" not in summary
+    assert summary["val_steps"] == [0] and summary["val_before"] == 1.0
+    assert "val_after" not in summary
     assert "val/success_rate 1.000 before training (no validation after it)" in out
 
 

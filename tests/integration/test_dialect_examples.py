@@ -96,8 +96,9 @@ def ray_shutdown():
 def test_roll_example_on_ray_with_a_device_mapping_per_role(
     tmp_path, tiny_model_dir, monkeypatch, ray_shutdown
 ):
-    """ROLL's device_mapping for every worker, 4 CPU slots: actor_train on 2 FSDP2 ranks,
-    actor_infer and reference on one slot each."""
+    """ROLL's device_mapping for every worker, 4 CPU slots: actor_train on 2 DeepSpeed
+    ranks (the file's deepspeed_train with ${deepspeed_zero2}, as written), actor_infer
+    and reference on one slot each."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     overrides = [
         *roll_overrides(tmp_path, tiny_model_dir),
@@ -105,12 +106,10 @@ def test_roll_example_on_ray_with_a_device_mapping_per_role(
         "actor_train.device_mapping=list(range(0,2))",
         "actor_infer.device_mapping=list(range(2,3))",
         "reference.device_mapping=list(range(3,4))",
-        "actor_train.strategy_args.strategy_name=fsdp2_train",
-        "~actor_train.strategy_args.strategy_config",
         "actor_train.training_args.gradient_accumulation_steps=2",
     ]
     placement = {
-        "actor": ("0,1", "2", "fsdp2"),
+        "actor": ("0,1", "2", "deepspeed"),
         "rollout": ("2", "1", "hf"),
         "reference": ("3", "1", "torch"),
     }
@@ -125,11 +124,14 @@ def test_verl_example_on_ray_with_two_devices_per_node(
     tmp_path, tiny_model_dir, monkeypatch, ray_shutdown
 ):
     """verl's trainer.n_gpus_per_node=2: the hybrid engine (actor, rollout) and the critic
-    colocated on 2 CPU slots, FSDP2 over both."""
+    colocated on 2 CPU slots, FSDP2 over both; ray_kwargs.timeline_json_file gets Ray's
+    timeline of the run when the workers are released."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    timeline = tmp_path / "timeline.json"
     overrides = [
         *verl_overrides(tmp_path, tiny_model_dir),
         "trainer.n_gpus_per_node=2",
+        f"+ray_kwargs.timeline_json_file={timeline}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "critic.ppo_micro_batch_size_per_gpu=1",
     ]
@@ -141,3 +143,5 @@ def test_verl_example_on_ray_with_two_devices_per_node(
     rows = run(EXAMPLES / "verl_gsm8k_ppo.yaml", overrides, placement)
     assert [r["step"] for r in rows if "train/reward_mean" in r] == [1, 2]
     assert all("critic/value_loss" in r for r in rows if "train/reward_mean" in r)
+    events = json.loads(timeline.read_text())
+    assert any("actor" in str(e.get("name", "")) or e.get("cat") for e in events)

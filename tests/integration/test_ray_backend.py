@@ -84,7 +84,7 @@ def test_grpo_on_two_fsdp2_ranks_with_a_reference(
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from transformers import AutoModelForCausalLM
 
-    from temper.pipelines.rlvr import train
+    from temper.pipelines import run_pipeline as train
 
     before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     # KL loss: a reference worker group colocated with the actor (half a bundle each)
@@ -114,7 +114,7 @@ def test_separate_roles_train_then_resume_on_another_dp_size(
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from transformers import AutoModelForCausalLM
 
-    from temper.pipelines.rlvr import train
+    from temper.pipelines import run_pipeline as train
 
     separate = {
         "actor": {"use_kl_loss": True},
@@ -183,7 +183,9 @@ def test_a_late_or_killed_worker_stops_the_run_naming_role_and_rank(
     try:
         group = roles.groups[0]
         timeout, group.timeout = group.timeout, 1e-3
-        with pytest.raises(WorkerGroupError, match=r"actor rank 0, 1: no answer within"):
+        # Both ranks are late at 1 ms, unless one answers first on a loaded machine: the
+        # message names whichever ranks missed the deadline.
+        with pytest.raises(WorkerGroupError, match=r"actor rank (0, 1|0|1): no answer within"):
             group.call_all("set_total_steps", 10)
         group.timeout = timeout
         os.kill(group.pids[1], signal.SIGKILL)

@@ -33,7 +33,7 @@ def test_roles_are_placed_on_the_nodes_of_their_device_ids(
 ) -> None:
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from temper.cluster.roles import build_ray_roles
-    from temper.pipelines.rlvr import train
+    from temper.pipelines import run_pipeline as train
 
     # devices 0,1 on node 0 (the driver's), 2,3 on node 1: actor ranks on 1 and 2 span both
     resources = {

@@ -1,7 +1,9 @@
 """Runs that survive: a tiny-model run killed (SIGKILL) after step 3's checkpoint, or
 stopped by SIGTERM mid-step, and resumed, ends bit-identical to an uninterrupted run —
-weights, optimizer state and metrics rows (timings aside) — for GRPO and for PPO with a
-critic. Damaged checkpoints are skipped; a checkpoint's actor loads in transformers.
+weights, optimizer state and metrics rows (timings aside) — for RLVR with GRPO, RLVR PPO
+with a critic, and the agentic pipeline (FrozenLake episodes: the env manager's seeds are
+in the checkpoint). Damaged checkpoints are skipped; a checkpoint's actor loads in
+transformers.
 
 The interrupted runs are subprocesses (``python -m temper train``) so the kill is
 real; the reference and resumed runs train in-process (interpreter start-up dominates
@@ -36,9 +38,53 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / len(solution_str)
 '''
 STEPS = 6
+ALGOS = ("grpo", "gae", "agentic")
+
+
+LAKE = {
+    "env_type": "frozen_lake",
+    "max_turns": 2,
+    "max_tokens_per_turn": 8,
+    "env_config": {"size": 3, "is_slippery": True},  # slips: the env RNG must replay too
+}
+
+
+def _agentic_config() -> dict:
+    """Agentic REINFORCE on FrozenLake, with a KL loss (so a reference runs too)."""
+    cfg = {
+        "pipeline": "agentic",
+        "experiment": {
+            "max_steps": STEPS,
+            "seed": 2,
+            "save_freq": 3,
+            "trackers": ["jsonl"],
+            "test_freq": 3,
+        },
+        "data": {"max_prompt_length": 300},
+        "rollout": {"response_length": 8, "max_model_len": 360},
+        "actor": {
+            "mini_batch_size": 4,
+            "micro_batch_size_per_device": 4,
+            "optim": {"lr": 3e-3},
+            "use_kl_loss": True,
+        },
+        "algorithm": {"adv_estimator": "reinforce"},
+        "agentic": {
+            "train_env_manager": {"num_env_groups": 2, "group_size": 2, "tags": ["T"]},
+            "val_env_manager": {"num_env_groups": 2, "group_size": 1, "tags": ["T"]},
+            "custom_envs": {"T": LAKE},
+            "reward_normalization": {"grouping": "batch", "method": "identity"},
+        },
+    }
+    return cfg
 
 
 def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
+    if algo == "agentic":
+        cfg = _agentic_config()
+        cfg["model"] = {"path": str(model_dir)}
+        build_config(cfg)
+        return cfg
     reward_file = tmp / "digits.py"
     reward_file.write_text(REWARD)
     cfg = {
@@ -85,7 +131,7 @@ def _start(cfg: dict, out: Path, tmp: Path) -> subprocess.Popen:
 
 def _train(cfg: dict, out: Path) -> dict:
     """Train in this process (resume_mode auto picks up what ``out`` holds)."""
-    from temper.pipelines.rlvr import train
+    from temper.pipelines import run_pipeline as train
 
     return train(build_config({**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}}))
 
@@ -115,7 +161,7 @@ def _rows(out: Path) -> list[dict]:
 
 
 def _train_rewards(out: Path) -> list[float]:
-    return [r["train/reward_mean"] for r in _rows(out)]
+    return [r["train/score_mean"] for r in _rows(out)]
 
 
 def _comparable(rows: list[dict]) -> list[dict]:
@@ -157,7 +203,7 @@ def runs(tmp_path_factory, tiny_model_dir):
     made = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TEMPER_CACHE", str(tmp / "cache"))
-        for algo in ("grpo", "gae"):
+        for algo in ALGOS:
             cfg = _config(tmp, tiny_model_dir, algo)
             out = tmp / f"{algo}-full"
             _train(cfg, out)
@@ -165,7 +211,7 @@ def runs(tmp_path_factory, tiny_model_dir):
         yield tmp, made
 
 
-@pytest.mark.parametrize("algo", ["grpo", "gae"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo, capsys):
     tmp, made = runs
     cfg, full = made[algo]
@@ -183,7 +229,7 @@ def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo,
     _assert_same_run(full, out)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "gae"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_sigterm_mid_step_saves_exits_143_and_resumes_identically(runs, algo):
     tmp, made = runs
     cfg, full = made[algo]
@@ -222,7 +268,9 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
     from transformers import AutoModelForCausalLM
 
     from temper.data import next_prompt_batch
-    from temper.pipelines.setup import build_run
+    from temper.pipelines import pipeline_of
+    from temper.pipelines.rlvr import RLVRProducer
+    from temper.pipelines.run import build_run
 
     tmp, made = runs
     cfg, full = made["grpo"]
@@ -234,11 +282,14 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
         "resume_mode": "resume_path",
         "resume_from_path": str(ckpt),
     }
-    run = build_run(build_config({**cfg, "experiment": exp}))
+    conf = build_config({**cfg, "experiment": exp})
+    run = build_run(conf, pipeline_of(conf))
     try:
         assert run.step == 3
+        producer = run.producer
+        assert isinstance(producer, RLVRProducer)
         batch = run.rollout.generate(
-            next_prompt_batch(run.train_data, run.sampler), run.train_sampling
+            next_prompt_batch(producer.train_data, producer.sampler), producer.train_sampling
         )
         batch = batch.select([0])
         trainer = run.roles.actor.compute_log_probs(batch)["old_log_probs"][0]
@@ -279,7 +330,8 @@ def test_lora_run_extended_past_its_end_equals_the_longer_run(
 def test_run_dumps_generations_and_shows_validation_samples(
     tmp_path, tiny_model_dir, monkeypatch, capsys
 ):
-    """rollout_data_dir / validation_data_dir get <step>.jsonl; log_val_generations prints."""
+    """rollout_data_dir / validation_data_dir get <step>.jsonl; log_val_generations prints;
+    profile_steps writes a torch.profiler trace of the listed step."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     cfg = _config(tmp_path, tiny_model_dir, "grpo")
     cfg["experiment"].update(
@@ -290,6 +342,7 @@ def test_run_dumps_generations_and_shows_validation_samples(
             "log_val_generations": 2,
             "rollout_data_dir": str(tmp_path / "rollouts"),
             "validation_data_dir": str(tmp_path / "val"),
+            "profile_steps": [2],
         }
     )
     _train(cfg, tmp_path / "run")
@@ -311,3 +364,5 @@ def test_run_dumps_generations_and_shows_validation_samples(
     assert len(vrows) == 4 and all("advantage" not in r for r in vrows)
     metrics = _rows(tmp_path / "run")
     assert metrics[0]["step"] == 0 and "val/arithmetic/reward_mean" in metrics[0]
+    trace = json.loads((tmp_path / "run" / "profile" / "step_2.json").read_text())
+    assert trace["traceEvents"] and not (tmp_path / "run" / "profile" / "step_1.json").exists()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from temper.config import build_config
-from temper.pipelines.rlvr import train
+from temper.pipelines import run_pipeline as train
 
 REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -100,8 +100,9 @@ def test_ppo_with_critic_runs_and_trains_both(tmp_path, tiny_model_dir, monkeypa
     2-4 give rises of 0.21-0.33, so the 0.15 margin is not a lucky draw.
     """
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    from temper.pipelines.rlvr import rl_step
-    from temper.pipelines.setup import build_run
+    from temper.pipelines import pipeline_of
+    from temper.pipelines.driver import rl_step
+    from temper.pipelines.run import build_run
 
     steps = 12
     cfg = tiny_config(
@@ -120,7 +121,7 @@ def test_ppo_with_critic_runs_and_trains_both(tmp_path, tiny_model_dir, monkeypa
             "optim": {"lr": 1e-3, "weight_decay": 0.0},
         },
     )
-    run = build_run(cfg)
+    run = build_run(cfg, pipeline_of(cfg))
     try:
         actor, critic = run.roles.actor.engine.model, run.roles.critic.engine.model
         before_actor, before_critic = params(actor), params(critic)
@@ -160,16 +161,17 @@ def test_lora_run_trains_adapters_only(tmp_path, tiny_model_dir, monkeypatch):
             "optim": {"lr": 1e-2, "weight_decay": 0.0},
         },
     )
-    from temper.pipelines.setup import build_run
+    from temper.pipelines import pipeline_of
+    from temper.pipelines.run import build_run
 
-    run = build_run(cfg)
+    run = build_run(cfg, pipeline_of(cfg))
     try:
         engine = run.roles.actor.engine
         assert run.roles.reference is not None and run.roles.reference.engine is engine
         trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
         assert trainable and all("lora_" in n for n in trainable)
         before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
-        from temper.pipelines.rlvr import rl_step
+        from temper.pipelines.driver import rl_step
 
         for _ in range(2):
             run.step += 1
@@ -224,12 +226,44 @@ def test_rlvr_with_verl_multi_turn_tool_calling(tmp_path, tiny_model_dir, monkey
             },
         },
     )
-    from temper.pipelines.setup import build_run
+    from temper.pipelines import pipeline_of
+    from temper.pipelines.run import build_run
 
-    run = build_run(cfg)
+    run = build_run(cfg, pipeline_of(cfg))
     try:
-        assert type(run.rollout).__name__ == "ToolCallingEngine"
+        from temper.pipelines.rlvr import RLVRProducer
+
+        assert isinstance(run.producer, RLVRProducer)
+        assert type(run.producer.engine).__name__ == "ToolCallingEngine"
     finally:
         run.close()
     summary = train(cfg)
     assert summary["steps"] == 2
+
+
+@pytest.mark.slow
+def test_exact_kl_trains_as_loss_and_in_the_reward(tmp_path, tiny_model_dir, monkeypatch):
+    """kl_loss_type: full and kl_penalty: full — the exact KL over the vocabulary — in a
+    real run: both are 0 at step 1 (the actor is the reference) and positive once the
+    updates have moved the policy; every loss stays finite."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        experiment={"output_dir": str(tmp_path / "run"), "max_steps": 3, "trackers": ["jsonl"]},
+        actor={
+            "mini_batch_size": 8,
+            "micro_batch_size_per_device": 4,
+            "use_kl_loss": True,
+            "kl_loss_type": "full",
+            "kl_loss_coef": 0.1,
+            "optim": {"lr": 1e-2, "weight_decay": 0.0},
+        },
+        algorithm={"adv_estimator": "grpo", "use_kl_in_reward": True, "kl_penalty": "full"},
+    )
+    train(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["train/kl_in_reward"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[-1]["train/kl_in_reward"] > 0 and rows[-1]["actor/kl_loss"] > 0
+    assert all(torch.isfinite(torch.tensor(r["actor/loss"])) for r in rows)

@@ -279,7 +279,7 @@ LOGPROB_DIFF_BOUND = 1e-3
 def test_grpo_three_steps_with_vllm_rollout(tmp_path, model_dir, monkeypatch):
     """Weights sync every step (dummy start weights included) and log-probs agree."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    from temper.pipelines.rlvr import train
+    from temper.pipelines import run_pipeline as train
 
     train(grpo_config(tmp_path, model_dir))
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -294,7 +294,7 @@ def test_grpo_three_steps_with_vllm_rollout(tmp_path, model_dir, monkeypatch):
 def test_lora_actor_syncs_merged_weights(tmp_path, model_dir, monkeypatch):
     """LoRA: the engine gets base + B·A each step, so the mismatch stays as small."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    from temper.pipelines.rlvr import train
+    from temper.pipelines import run_pipeline as train
 
     cfg = grpo_config(
         tmp_path,

@@ -20,10 +20,17 @@ from temper.config.schema import TemperConfig
 
 @dataclasses.dataclass
 class Translation:
-    """A dialect's output: a native config dict plus notes for ``temper check``."""
+    """A dialect's output: a native config dict plus notes for ``temper check``.
+
+    ``sources`` maps native keys to the key of the user's file that set them, and
+    ``table`` native keys to the dialect key that sets them in general: errors found on
+    the native config are told in the file's dialect with them (``in_dialect``).
+    """
 
     native: dict[str, Any]
     notes: list[str] = dataclasses.field(default_factory=list)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    table: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 Translator = Callable[[RawConfig], Translation]
@@ -62,13 +69,11 @@ ROLL_MARKERS = {
 
 
 def detect(data: dict[str, Any]) -> str:
-    """'native', 'verl' or 'roll' from the top-level keys."""
+    """'native', 'verl' or 'roll' from the top-level keys: a dialect's own top-level keys
+    (``trainer``, ``actor_train``, …) outvote the section names the native schema shares
+    with them (``model``, ``data``, …)."""
     keys = set(data)
-    scores = {
-        "verl": len(keys & VERL_MARKERS),
-        "roll": len(keys & ROLL_MARKERS),
-        "native": len(keys & (NATIVE_KEYS - {"data", "critic", "algorithm", "reward"})),
-    }
+    scores = {"verl": len(keys & VERL_MARKERS), "roll": len(keys & ROLL_MARKERS)}
     best = max(scores, key=lambda k: scores[k])
     if scores[best] == 0:
         return "native"
@@ -90,4 +95,9 @@ def translate(raw: RawConfig, dialect: str = "auto") -> tuple[str, Translation]:
         raise ConfigError(
             "--dialect", f"unknown dialect '{name}'", f"use one of: auto, {', '.join(BUILTIN)}"
         )
-    return name, DIALECTS[name](raw)
+    from temper.config.dialects.pipelines import refuse_other_pipelines
+
+    refuse_other_pipelines(raw.data, name)
+    translation = DIALECTS[name](raw)
+    translation.notes[:0] = raw.notes  # the loader's (hydra.searchpath, runtime settings)
+    return name, translation

@@ -13,6 +13,7 @@ device mappings use more than one device, else ``local`` (one process).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from temper.config.dialects import Translation, register_dialect
@@ -36,8 +37,15 @@ def _leaves(value: Any, path: str) -> list[str]:
 
 
 _PATTERNS = [(tuple(p.split(".")), rule) for p, rule in TOP.items()]
+# native key -> the ROLL key that maps to it (keys without a `*` segment)
+REVERSE: dict[str, str] = {}
+for _key, _rule in TOP.items():
+    if isinstance(_rule, Map) and "*" not in _key:
+        for _dst in _rule.dst if isinstance(_rule.dst, tuple) else (_rule.dst,):
+            REVERSE.setdefault(_dst, _key)
 
 
+@functools.cache  # the table is fixed; paths recur across and within files
 def _lookup(parts: tuple[str, ...]) -> tuple[Rule, list[str]] | None:
     for pat, rule in _PATTERNS:
         if len(pat) == len(parts):
@@ -52,13 +60,14 @@ def _lookup(parts: tuple[str, ...]) -> tuple[Rule, list[str]] | None:
     return None
 
 
-def _children(parts: tuple[str, ...]) -> set[str]:
+@functools.cache
+def _children(parts: tuple[str, ...]) -> frozenset[str]:
     n = len(parts)
-    return {
+    return frozenset(
         pat[n]
         for pat, _ in _PATTERNS
         if len(pat) > n and all(p in ("*", s) for p, s in zip(pat, parts))
-    }
+    )
 
 
 def _walk(ctx: Ctx, value: Any, parts: tuple[str, ...]) -> None:
@@ -118,10 +127,12 @@ def translate_roll(raw: RawConfig) -> Translation:
         applied.pop("eval_steps", None)
     data = {**applied, **given}
     ctx = Ctx(data)
+    derive.env_manager_sampling(ctx)
     defs = []
     for key, value in data.items():
-        if key in raw.from_defaults and _lookup((key,)) is None and not _children((key,)):
-            defs.append(key)
+        is_rule = _lookup((key,)) is not None or bool(_children((key,)))
+        if not is_rule and (key in raw.from_defaults or key in raw.referenced):
+            defs.append(key)  # a definition other keys interpolate (or a defaults file's)
             continue
         _walk(ctx, value, (str(key),))
     agentic = "train_env_manager" in data
@@ -134,6 +145,7 @@ def translate_roll(raw: RawConfig) -> Translation:
     derive.placement(ctx)
     derive.mini_batch(ctx)
     derive.rewards(ctx)
+    derive.dynamic_sampling(ctx)
     if agentic:
         derive.episodes(ctx)
     derive.definitions(ctx, raw, defs)
@@ -142,4 +154,4 @@ def translate_roll(raw: RawConfig) -> Translation:
             "ROLL defaults applied for keys the file omits: "
             + ", ".join(f"{k}={v!r}" for k, v in applied.items())
         )
-    return Translation(native=ctx.native, notes=ctx.notes)
+    return Translation(native=ctx.native, notes=ctx.notes, sources=dict(ctx.src), table=REVERSE)

@@ -12,17 +12,14 @@ import os
 from typing import Any
 
 from temper.config.dialects.roll_devices import parse_device_mapping
+from temper.config.dialects.roll_rewards import rewards as rewards
 from temper.config.dialects.roll_rules import (
-    CROSSTHINKQA_REWARD_TYPES,
-    FUNCTION_KWARGS,
+    DTYPES,
     INFER_STRATEGIES,
-    REWARD_WORKERS,
     ROLE_WORKERS,
     ROLLOUT_ENGINES,
-    ROUTE_KWARGS,
     TRACKERS,
     TRAIN_STRATEGIES,
-    UNSUPPORTED_REWARD_WORKERS,
     choice,
     listify,
 )
@@ -109,10 +106,15 @@ def lengths(ctx: Ctx, agentic: bool) -> None:
         per_turn = ctx.get(gen_key)
         if per_turn is not None:
             ctx.set("rollout.response_length", per_turn, gen_key)
-            for tag in ctx.get("custom_envs") or {}:
-                ctx.set(f"agentic.custom_envs.{tag}.max_tokens_per_turn", per_turn, gen_key)
         elif ctx.has("response_length"):
             ctx.set("rollout.response_length", ctx.get("response_length"), "response_length")
+        for tag, spec in (ctx.get("custom_envs") or {}).items():
+            # ROLL's TrajEnvManager: min(the tag's max_tokens_per_step, max_new_tokens)
+            step = (spec or {}).get("max_tokens_per_step") if isinstance(spec, dict) else None
+            budget = [v for v in (step, per_turn) if v is not None]
+            if budget:
+                src = f"custom_envs.{tag}.max_tokens_per_step" if step is not None else gen_key
+                ctx.set(f"agentic.custom_envs.{tag}.max_tokens_per_turn", min(budget), src)
         return
     if ctx.get("response_length") is not None:
         length, src = ctx.get("response_length"), "response_length"
@@ -131,6 +133,55 @@ def lengths(ctx: Ctx, agentic: bool) -> None:
             f"({ctx.get('num_return_sequences_in_group')})",
             "set it to ${num_return_sequences_in_group} or remove it",
         )
+
+
+def env_manager_sampling(ctx: Ctx) -> None:
+    """ROLL copies ``actor_infer.generating_args`` to both env managers, or, when the file
+    gives only ``train_env_manager.generating_args``, that one to ``actor_infer``."""
+    mgr = ctx.get("train_env_manager.generating_args")
+    if not isinstance(mgr, dict):
+        return
+    infer = ctx.data.get("actor_infer")
+    if isinstance(infer, dict) and infer.get("generating_args"):
+        ctx.notes.append(
+            "train_env_manager.generating_args: ROLL replaces it with "
+            "actor_infer.generating_args, which the file also sets"
+        )
+        return
+    if not isinstance(infer, dict):
+        infer = ctx.data["actor_infer"] = {}
+    infer["generating_args"] = dict(mgr)
+    ctx.notes.append(
+        "train_env_manager.generating_args: the rollout engine's sampling "
+        "(ROLL copies it to actor_infer.generating_args)"
+    )
+
+
+def _norm_types(ctx: Ctx) -> None:
+    """ROLL's ``norm_mean_type`` / ``norm_std_type`` (where the mean and the std of the
+    sequence-score normalisation come from) -> ``reward_norm`` with ``reward_shift``
+    (mean only) or ``reward_scale`` (std only)."""
+    mean, std = ctx.get("norm_mean_type"), ctx.get("norm_std_type")
+    for key, value in (("norm_mean_type", mean), ("norm_std_type", std)):
+        if value not in ("batch", "group", "running", None):
+            raise ConfigError(
+                key, f"'{value}' is not a ROLL norm type", "use batch, group, running or null"
+            )
+    if mean is None and std is None:
+        ctx.set("algorithm.reward_norm", "none", "norm_mean_type")
+        return
+    if mean is not None and std is not None and mean != std:
+        raise ConfigError(
+            "norm_std_type",
+            f"a mean from '{mean}' with a std from '{std}' is not supported (temper takes "
+            "both from one source, or one of them alone)",
+            f"set norm_std_type: {mean}, or null (subtract the mean only)",
+        )
+    ctx.set("algorithm.reward_norm", mean or std, "norm_mean_type")
+    if std is None:
+        ctx.set("algorithm.reward_shift", True, "norm_std_type")
+    elif mean is None:
+        ctx.set("algorithm.reward_scale", True, "norm_mean_type")
 
 
 def _estimator(ctx: Ctx) -> None:
@@ -165,14 +216,47 @@ def _estimator(ctx: Ctx) -> None:
         )
         if norm not in (MISSING, None, "group"):
             ctx.note("reward_norm", "ROLL normalizes per group whenever adv_estimator is grpo")
+        for key in ("norm_mean_type", "norm_std_type"):
+            if ctx.has(key):
+                ctx.note(key, "ROLL takes group mean and std whenever adv_estimator is grpo")
         return
     ctx.set("algorithm.adv_estimator", estimator, "adv_estimator")
     if norm is not MISSING:
         ctx.set("algorithm.reward_norm", "none" if norm is None else norm, "reward_norm")
+    has_types = ctx.has("norm_mean_type") or ctx.has("norm_std_type")
+    if has_types and "train_env_manager" in ctx.data:
+        for key in ("norm_mean_type", "norm_std_type"):
+            if ctx.has(key):
+                ctx.note(key, "the agentic pipeline normalizes with reward_normalization")
+    elif has_types and norm is not MISSING:
+        for key in ("norm_mean_type", "norm_std_type"):
+            if ctx.has(key):
+                ctx.note(key, "the file's reward_norm (ROLL's older key) decides")
+    elif has_types:
+        _norm_types(ctx)
+
+
+def _train_infer_correction(ctx: Ctx) -> None:
+    """ROLL's ``train_infer_correction.is_weight`` (truncated importance weights for the
+    rollout engine's log-probs vs the trainer's) -> ``actor.rollout_is``."""
+    key = "train_infer_correction.is_weight"
+    if not ctx.get(f"{key}.enabled"):
+        if ctx.has(f"{key}.weight_type"):
+            ctx.note(f"{key}.weight_type", "importance weights are off (enabled: false)")
+        return
+    kind = ctx.get(f"{key}.weight_type", "token")
+    if kind not in ("token", "sequence"):
+        raise ConfigError(
+            f"{key}.weight_type",
+            f"'{kind}' importance weights are not supported",
+            "use token or sequence",
+        )
+    ctx.set("actor.rollout_is", kind, f"{key}.enabled")
 
 
 def algorithm(ctx: Ctx) -> None:
     _estimator(ctx)
+    _train_infer_correction(ctx)
     # ROLL's GAE returns raw advantages; whitening is its separate whiten_advantages key.
     ctx.set("algorithm.gae_whiten", False, "adv_estimator")
     if ctx.get("target_kl") is not None:
@@ -217,6 +301,7 @@ def data(ctx: Ctx) -> None:
             norm = os.path.normpath(f)
             if (
                 base
+                and not f.startswith("task:")  # temper's generated data, not a file
                 and not os.path.isabs(f)
                 and not (
                     norm == os.path.normpath(base)
@@ -234,6 +319,17 @@ def data(ctx: Ctx) -> None:
     ):
         if ctx.get(src) is not None:
             ctx.set(dst, files(ctx.get(src)), src)
+    probs = ctx.get("actor_train.data_args.domain_interleave_probs")
+    if probs:
+        # The keys are reward domains (rewards.<name>), whose tag_included lists their
+        # tags; ROLL puts a row whose tag no domain lists into the domain math_rule.
+        key = "actor_train.data_args.domain_interleave_probs"
+        domains = {
+            str(name): [str(t) for t in listify((spec or {}).get("tag_included"))]
+            for name, spec in (ctx.get("rewards") or {}).items()
+        }
+        ctx.set("data.source_domains", {d: domains.get(d, []) for d in probs}, key)
+        ctx.set("data.source_default_domain", "math_rule", key)
     if ctx.get("actor_train.data_args.prompt") and ctx.get("actor_train.data_args.messages"):
         raise ConfigError(
             "actor_train.data_args.messages",
@@ -241,6 +337,8 @@ def data(ctx: Ctx) -> None:
             "keep one of data_args.prompt and data_args.messages",
         )
     template = ctx.get("actor_train.data_args.template", MISSING)
+    if template is MISSING:
+        template = ctx.get("global_template", MISSING)
     if template is not MISSING:
         ctx.set("data.chat_template", "native", "actor_train.data_args.template")
         if template not in (None, "native"):
@@ -281,10 +379,12 @@ def strategies(ctx: Ctx) -> None:
         ctx.set(f"{dst}.strategy", engine, key)
         cfg = ctx.get(f"{role}.strategy_args.strategy_config") or {}
         ckey = f"{role}.strategy_args.strategy_config"
-        if engine == "deepspeed" and role in ("actor_train", "critic"):
+        if engine == "deepspeed" and role != "reward":
             ctx.set(f"{dst}.deepspeed", dict(cfg), ckey)
         elif engine == "megatron" and role != "reward":
             _megatron(ctx, cfg, f"{dst}.megatron", ckey)
+        elif engine == "fsdp2" and cfg:
+            _fsdp2(ctx, cfg, f"{dst}.fsdp", ckey)
         elif cfg:
             ctx.note(ckey, f"{name} takes no strategy_config here")
     key = "actor_infer.strategy_args.strategy_name"
@@ -297,16 +397,23 @@ def strategies(ctx: Ctx) -> None:
         ctx.set("rollout.tensor_parallel_size", gpus, "actor_infer.num_gpus_per_worker")
 
 
+# strategy_config keys with a field of their own in the native megatron section; the
+# rest (moe_*, other TransformerConfig arguments) go to megatron.extra
 MEGATRON_KEYS = {
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
     "virtual_pipeline_model_parallel_size",
     "context_parallel_size",
     "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
     "sequence_parallel",
     "use_distributed_optimizer",
     "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_modules",
     "overlap_grad_reduce",
+    "overlap_param_gather",
 }
 VLLM_KEYS = {
     "gpu_memory_utilization",
@@ -329,9 +436,56 @@ SGLANG_KEYS = {
 }
 
 
+FSDP2_KEYS = {"fsdp_size", "offload_policy", "reshard_after_forward"}
+FSDP2_PERF = {
+    "wrap_policy": "temper wraps every decoder layer (FSDP2 fully_shard)",
+    "apply_tiled_mlp": "tiled MLP computes the MLP in chunks: memory only",
+    "tiled_num_shards": "tiled MLP computes the MLP in chunks: memory only",
+    "apply_expert_patch": "an MoE kernel patch: speed only",
+    "moe_use_grouped_mm": "grouped MoE matmuls: speed only",
+    "ep_size": "expert-parallel sharding: speed and memory only",
+    "efsdp_size": "expert-parallel sharding: speed and memory only",
+    "use_batched_model_update": "weight-sync batching: speed only",
+}
+
+
+def _fsdp2(ctx: Ctx, cfg: dict[str, Any], dst: str, key: str) -> None:
+    """ROLL's fsdp2 strategy_config -> the role's native FSDP2 settings."""
+    model_dtype = ctx.native_get("model.dtype")
+    for k, v in cfg.items():
+        if k in FSDP2_KEYS:
+            ctx.set(f"{dst}.{k}", v, f"{key}.{k}")
+        elif k == "param_dtype":
+            if model_dtype is not None and DTYPES.get(v, v) != model_dtype:
+                raise ConfigError(
+                    f"{key}.{k}",
+                    f"'{v}' differs from actor_train.model_args.dtype; temper computes every "
+                    "role in model.dtype",
+                    "set them equal",
+                )
+            ctx.note(f"{key}.{k}", "the compute dtype is model.dtype")
+        elif k == "reduce_dtype":
+            ctx.note(
+                f"{key}.{k}",
+                "gradients are reduced in fp32 here (a lower-precision reduction would only "
+                "be faster)",
+            )
+        elif k in FSDP2_PERF:
+            ctx.note(f"{key}.{k}", FSDP2_PERF[k])
+        else:
+            raise ConfigError(
+                f"{key}.{k}",
+                "not an FSDP2 setting temper knows",
+                f"remove it (known: {', '.join(sorted({*FSDP2_KEYS, *FSDP2_PERF}))}, "
+                "param_dtype, reduce_dtype)",
+            )
+
+
 def _megatron(ctx: Ctx, cfg: dict[str, Any], dst: str, key: str) -> None:
     extra = {}
     for k, v in cfg.items():
+        if k == "recompute_modules" and isinstance(v, str):  # ROLL files write "moe,layernorm"
+            v = [m.strip() for m in v.split(",") if m.strip()]
         if k in MEGATRON_KEYS:
             ctx.set(f"{dst}.{k}", v, f"{key}.{k}")
         else:  # moe_* and other TransformerConfig arguments
@@ -352,6 +506,9 @@ def _engine_cfg(ctx: Ctx, engine: str, cfg: dict[str, Any]) -> None:
             extra[k] = v
     if extra:
         ctx.set(f"rollout.engine_kwargs.{engine}", extra, key)
+
+
+ROLL_GPUS_PER_NODE = 8
 
 
 def placement(ctx: Ctx) -> None:
@@ -382,6 +539,12 @@ def placement(ctx: Ctx) -> None:
         ctx.set("resources.reward", reward_devices, "rewards.*.device_mapping")
     ctx.set("resources.backend", "ray" if len(used) > 1 else "local", "device_mapping")
     per_node = ctx.get("num_gpus_per_node")
+    if per_node is None and used and max(used) >= 1:  # ROLL's default: 8 GPUs per node
+        per_node = ROLL_GPUS_PER_NODE
+        ctx.set("resources.devices_per_node", per_node, "num_gpus_per_node")
+        ctx.notes.append(
+            f"num_gpus_per_node: ROLL's default {per_node} applies (the file omits it)"
+        )
     if used and per_node and not ctx.has("num_nodes"):  # ROLL derives it from the ids
         ctx.set("resources.nnodes", -(-(max(used) + 1) // per_node), "num_gpus_per_node")
     envs = dict(ctx.native_get("resources.ray.system_envs") or {})
@@ -451,80 +614,56 @@ def mini_batch(ctx: Ctx) -> None:
             )
 
 
-def _worker(spec: Any) -> tuple[Any, str | None]:
-    cls = (spec or {}).get("worker_cls")
-    return cls, (str(cls).rsplit(".", 1)[-1] if cls else None)
+QUERY_FILTERS = {"no_filter": "no_filter", "mean_filter": "mean_filter", "std_filter": "std_filter"}
 
 
-def _reject_unsupported_rewards(ctx: Ctx, rewards: dict[str, Any]) -> None:
-    """One error for every ROLL reward domain whose worker has no counterpart here.
-
-    The key is the first such domain's ``worker_cls``; the fix lists the overrides that
-    drop all of them (a weight of 0 in domain_interleave_probs excludes a domain's
-    prompts, which would otherwise reach no reward function).
-    """
-    names = [n for n, spec in rewards.items() if _worker(spec)[1] in UNSUPPORTED_REWARD_WORKERS]
-    if not names:
-        return
-    first = names[0]
-    what, why = UNSUPPORTED_REWARD_WORKERS[_worker(rewards[first])[1]]  # type: ignore[index]
-    weights = ctx.get("actor_train.data_args.domain_interleave_probs") or {}
-    drops = []
-    for name in names:
-        drops.append(f"~rewards.{name}")
-        if name in weights:
-            drops.append(f"actor_train.data_args.domain_interleave_probs.{name}=0")
-    also = (
-        f" (also unsupported: {', '.join(f'rewards.{n}' for n in names[1:])})" if names[1:] else ""
-    )
-    raise ConfigError(
-        f"rewards.{first}.worker_cls",
-        f"{_worker(rewards[first])[1]} ({what}) is not supported: {why}{also}",
-        f"drop the domain{'s' if len(names) > 1 else ''} with the overrides "
-        f"{' '.join(drops)}; or, in a native config, score the tags with your own "
-        f"function (reward.routes.{first}.function: custom and reward.custom_function.path)",
-    )
-
-
-def rewards(ctx: Ctx) -> None:
+def dynamic_sampling(ctx: Ctx) -> None:
+    """ROLL's query filters → ``algorithm.filter_groups`` (one rule for every domain), and
+    ``is_use_additional_prompts`` → ``data.gen_batch_size``: ROLL keeps up to
+    ``max_additional_running_prompts`` prompts running beside the batch to replace the
+    groups its filter drops; here each generation round draws that many more. ROLL refills
+    without a round limit (``max_num_gen_batches`` 0)."""
     rewards = ctx.get("rewards") or {}
-    _reject_unsupported_rewards(ctx, rewards)
-    workers = 0
-    for name, spec in rewards.items():
-        spec = spec or {}
-        key = f"rewards.{name}.worker_cls"
-        cls, short = _worker(spec)
-        if short not in REWARD_WORKERS:
-            known = ", ".join(sorted(REWARD_WORKERS))
+    filters = {n: (spec or {}).get("query_filter_config") or {} for n, spec in rewards.items()}
+    active = {n: f for n, f in filters.items() if f.get("type") not in (None, "no_filter")}
+    for name, f in active.items():
+        choice(QUERY_FILTERS, f"rewards.{name}.query_filter_config.type")(f["type"])
+    if active:
+        first = next(iter(active))
+        key = f"rewards.{first}.query_filter_config.type"
+        if len(active) < len(filters) or any(f != active[first] for f in active.values()):
             raise ConfigError(
                 key,
-                f"'{cls}' is not a ROLL reward worker temper can replace (known: {known})",
-                "use one of those workers, or a native config with reward.custom_function",
+                "the reward domains filter prompt groups by different rules; temper filters "
+                "every group with one rule (algorithm.filter_groups)",
+                "give every domain the same query_filter_config, or none",
             )
-        function = REWARD_WORKERS[short]
-        ctx.set(f"reward.routes.{name}.function", function, key)
-        for k in ROUTE_KWARGS:
-            if k not in spec:
-                continue
-            if k in FUNCTION_KWARGS[function]:
-                ctx.set(f"reward.routes.{name}.kwargs.{k}", spec[k], f"rewards.{name}.{k}")
-            else:
-                ctx.note(f"rewards.{name}.{k}", f"{short} does not read it")
-        reward_type = spec.get("reward_type")
-        if function == "crossthinkqa" and reward_type not in (None, *CROSSTHINKQA_REWARD_TYPES):
-            raise ConfigError(
-                f"rewards.{name}.reward_type",
-                f"'{reward_type}' is not a CrossThinkQA reward type",
-                f"use one of: {', '.join(CROSSTHINKQA_REWARD_TYPES)}",
+        f, args = active[first], active[first].get("filter_args") or {}
+        ctx.set("algorithm.filter_groups.enable", True, key)
+        if f["type"] == "mean_filter":  # drops mean <= threshold_down or >= threshold_up
+            ctx.set("algorithm.filter_groups.std_threshold", -1.0, key)
+            ctx.set("algorithm.filter_groups.mean_low", args.get("threshold_down", -1.0), key)
+            if args.get("threshold_up") is not None:
+                ctx.set("algorithm.filter_groups.mean_high", args["threshold_up"], key)
+        else:  # std_filter: drops std <= std_threshold
+            ctx.set("algorithm.filter_groups.std_threshold", args.get("std_threshold", -1.0), key)
+    if ctx.get("is_use_additional_prompts"):
+        if not active:
+            ctx.note(
+                "is_use_additional_prompts",
+                "extra prompts replace groups a query filter drops, and no domain sets one",
             )
-        workers = max(workers, int(spec.get("world_size") or 0))
-    if workers:
-        ctx.set("reward.num_workers", workers, "rewards.*.world_size")
+            return
+        extra = int(ctx.get("max_additional_running_prompts", 16) or 0)
+        batch = int(ctx.get("rollout_batch_size", 128))
+        ctx.set("data.gen_batch_size", batch + extra, "max_additional_running_prompts")
 
 
 def definitions(ctx: Ctx, raw: RawConfig, defs: list[str]) -> None:
     for name in defs:
         value = raw.data[name]
+        if name in raw.referenced:
+            continue  # its value arrived through the keys that interpolate it
         if any(value is u or (isinstance(value, dict) and value == u) for u in ctx.used):
             continue  # referenced: its value arrived through the referencing key
         ctx.notes.append(

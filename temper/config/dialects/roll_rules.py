@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from temper.config.errors import ConfigError
@@ -98,6 +98,9 @@ GROUPINGS = {
 REWARD_WORKERS = {
     "MathRuleRewardWorker": "math",
     "CrossThinkQARuleRewardWorker": "crossthinkqa",
+    "CodeSandboxRewardWorker": "code",
+    "GeneralRuleRewardWorker": "ifeval",
+    "LLMJudgeRewardWorker": "llm_judge",
 }
 # ROLL's per-domain reward keys (``rewards.<name>.<key>``) that a reward function may
 # read as a keyword argument, and which of them each function reads; the others are
@@ -120,22 +123,9 @@ CROSSTHINKQA_REWARD_TYPES = ("loose", "soft", "strict")
 FUNCTION_KWARGS = {
     "math": frozenset(),
     "crossthinkqa": frozenset({"reward_type", "response_length_penalty_coef"}),
-}
-# ROLL reward workers with no counterpart here -> (what the worker does, why not here).
-UNSUPPORTED_REWARD_WORKERS = {
-    "GeneralRuleRewardWorker": (
-        "IFEval instruction-following checks",
-        "temper has no IFEval rule library",
-    ),
-    "LLMJudgeRewardWorker": (
-        "an LLM judge that grades each response",
-        "temper has rule rewards and sequence-classification reward models, no LLM judge",
-    ),
-    "CodeSandboxRewardWorker": (
-        "running each response's code against its row's test cases",
-        "temper's data loader does not pass a row's test_cases/case_type columns to reward "
-        "functions and temper has no code-execution reward",
-    ),
+    "code": frozenset(),
+    "ifeval": frozenset(),
+    "llm_judge": frozenset(),
 }
 # Worker classes whose behaviour is temper's own role logic for that role.
 ROLE_WORKERS = {
@@ -158,10 +148,10 @@ ROLE_WORKERS = {
 }
 
 
-def choice(table: dict[Any, str], key: str) -> Callable[[Any], str]:
+def choice(table: Mapping[Any, str | None], key: str) -> Callable[[Any], Any]:
     """A transform through ``table`` that raises a ConfigError naming ``key``."""
 
-    def fn(value: Any) -> str:
+    def fn(value: Any) -> Any:
         if value in table:
             return table[value]
         valid = ", ".join(sorted(str(k) for k in table if k is not None))

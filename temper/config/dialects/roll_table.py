@@ -37,7 +37,8 @@ from temper.config.dialects.roll_rules import (
     str_values,
     zero_none,
 )
-from temper.config.dialects.roll_workers import DATA_NOTE, worker_rules
+from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
+from temper.config.dialects.roll_workers import DATA_NOTE, JUDGE_USE, VISION_KEYS, worker_rules
 
 # --------------------------------------------------------------------------- top level
 
@@ -80,14 +81,11 @@ TOP: dict[str, Rule] = {
     ),
     "is_num_return_sequences_expand": Note("only how n samples per prompt are requested"),
     "max_running_requests": Map("rollout.max_num_seqs"),
-    "is_use_additional_prompts": Reject(
-        "ROLL's extra-prompt scheduler (refilling groups removed by reward query filters) "
-        "is not implemented",
-        "use algorithm.filter_groups (enable, max_num_gen_batches) in a native config, "
-        "or set is_use_additional_prompts: false",
-        ok=lambda v: not v,
+    "is_use_additional_prompts": Use(
+        "data.gen_batch_size = rollout_batch_size + max_additional_running_prompts (with a "
+        "query filter: extra prompts replace the filtered groups)"
     ),
-    "max_additional_running_prompts": Note("used only with is_use_additional_prompts"),
+    "max_additional_running_prompts": Use("data.gen_batch_size (with is_use_additional_prompts)"),
     "local_rank": Note("set by the launcher per process; temper's launcher assigns ranks"),
     "ppo_epochs": Map(("actor.ppo_epochs", "critic.ppo_epochs")),
     "max_grad_norm": Map(("actor.grad_clip", "critic.grad_clip")),
@@ -214,7 +212,7 @@ for _role in WORKERS:
 TOP["reward.model_args.model_name_or_path"] = Use("reward.model.path (and enable)")
 TOP["reward.model_args.dtype"] = Note("the reward model is scored in model.dtype")
 
-# `rewards.<name>`: one reward worker per domain -> reward.routes.<name>.
+# `rewards.<name>`: one reward worker per domain -> reward.routes.<name> (roll_rewards).
 _reward = worker_rules("rewards.*")
 for _k in (
     "model_args.model_name_or_path",
@@ -223,19 +221,29 @@ for _k in (
     "strategy_args.strategy_name",
     "strategy_args.strategy_config",
 ):
-    # ROLL's reward workers that load a model (the LLM judge) are rejected by worker_cls.
-    _reward[f"rewards.*.{_k}"] = Note("the ROLL reward workers temper runs are rules")
+    _reward[f"rewards.*.{_k}"] = Use(JUDGE_USE)
+_reward["rewards.*.infer_batch_size"] = Use(JUDGE_USE)
+_reward["rewards.*.model_args.attn_implementation"] = Note(
+    "the attention kernel does not change a forward-only role's results beyond rounding"
+)
 for _k in ROUTE_KWARGS:
     _reward[f"rewards.*.{_k}"] = Use("reward.routes.<name>.kwargs, when its function reads it")
 _reward["rewards.*.tag_included"] = Map("reward.routes.{0}.tags", listify)
 _reward["rewards.*.worker_cls"] = Use("reward.routes.<name>.function")
-for _k in ("query_filter_config", "response_filter_config"):
-    _reward[f"rewards.*.{_k}.type"] = Reject(
-        "ROLL's per-domain reward filters are not implemented (temper filters groups globally)",
-        "remove it and use algorithm.filter_groups in a native config",
-        ok=lambda v: v in (None, "no_filter"),
-    )
-    _reward[f"rewards.*.{_k}.filter_args"] = Note("used only by a query/response filter")
+# query filters: dynamic sampling (roll_derive.dynamic_sampling); ROLL's response filter
+# keeps every response whatever its config (user_defined_rollout_loop.response_filter)
+_reward["rewards.*.query_filter_config.type"] = Use(
+    "algorithm.filter_groups (mean_filter: mean_low/mean_high; std_filter: std_threshold)"
+)
+_reward["rewards.*.query_filter_config.filter_args"] = Use(
+    "algorithm.filter_groups thresholds (threshold_down/threshold_up, std_threshold)"
+)
+_reward["rewards.*.response_filter_config.type"] = Note(
+    "ROLL's response filter keeps every response whatever its type"
+)
+_reward["rewards.*.response_filter_config.filter_args"] = Note(
+    "ROLL's response filter keeps every response whatever its arguments"
+)
 TOP.update(_reward)
 for _k, _rule in worker_rules("validation").items():
     if _k.startswith(
@@ -255,8 +263,14 @@ for _k, _rule in worker_rules("validation").items():
     else:
         TOP[_k] = Note("validation generates with the actor_infer engine")
 TOP["validation.data_args.file_name"] = Use("data.val_files (joined with dataset_dir)")
+for _k in VISION_KEYS:  # one image policy for training and validation prompts
+    TOP[f"validation.data_args.{_k}"] = Same(
+        f"actor_train.data_args.{_k}", "validation images are sized like training images"
+    )
 TOP["validation.data_args.template"] = Same("actor_train.data_args.template", DATA_NOTE)
 TOP["validation.eval_steps"] = Map("experiment.test_freq")
+# Keys of later ROLL releases: additions yield to rows defined above, overrides replace them.
+TOP = {**ADDITIONS, **TOP, **OVERRIDES}
 
 # Defaults ROLL applies when a key is absent and temper's default differs.
 ROLL_DEFAULTS: dict[str, Any] = {

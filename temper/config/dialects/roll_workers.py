@@ -22,6 +22,7 @@ from temper.config.dialects.roll_rules import (
 
 TRAIN_NOTE = "this role does not train"
 GEN_NOTE = "this role does not generate"
+JUDGE_USE = "reward.judge.* (LLMJudgeRewardWorker); noted for rule workers"
 DATA_NOTE = "prompts are built once, from actor_train.data_args"
 ROLL_FORCES_ONE = "ROLL uses one device per worker for this strategy"
 RAY_ENV = "merged into resources.ray.system_envs"
@@ -41,6 +42,7 @@ def _model_args(role: str) -> dict[str, Rule]:
             "model_args.model_name_or_path": path_use,
             "model_args.trust_remote_code": Map("model.trust_remote_code"),
             "model_args.model_type": _model_type(role),
+            "model_args.freeze_module_prefix": Map("actor.freeze_module_prefix", split_names),
         }
     rules: dict[str, Rule] = {
         "model_args.disable_gradient_checkpointing": Note("no backward pass in this role")
@@ -55,6 +57,11 @@ def _model_args(role: str) -> dict[str, Rule]:
             "actor_train.model_args.trust_remote_code", "all roles load the model the same way"
         ),
     }
+    rules["model_args.freeze_module_prefix"] = (
+        Map("critic.freeze_module_prefix", split_names)
+        if role == "critic"
+        else Note(f"{TRAIN_NOTE}: nothing to freeze")
+    )
     if role == "actor_infer":
         rules["model_args.dtype"] = Map("rollout.dtype", choice(DTYPES, f"{role}.model_args.dtype"))
         rules["model_args.model_name_or_path"] = path_use
@@ -132,6 +139,9 @@ def _data_args(role: str) -> dict[str, Rule]:
         "eval_file_name",
         "dataset_type",
         "cache_path",
+        *VISION_KEYS,
+        *VIDEO_KEYS,
+        "custom_data_kwargs_func",
     )
     template: Rule = Same("actor_train.data_args.template", DATA_NOTE)
     if role != "actor_train":
@@ -139,6 +149,7 @@ def _data_args(role: str) -> dict[str, Rule]:
         rules["data_args.template"] = template
         return rules
     return {
+        **_vision_data_args(),
         "data_args.template": Use("data.chat_template (native; named templates -> native)"),
         "data_args.file_name": Use("data.train_files (joined with dataset_dir)"),
         "data_args.dataset_dir": Use("data.train_files / data.val_files"),
@@ -159,6 +170,44 @@ def _data_args(role: str) -> dict[str, Rule]:
         "data_args.dataset_type": Note("temper reads the format from the file extension"),
         "data_args.cache_path": Note("temper does not cache preprocessed datasets"),
     }
+
+
+VISION_KEYS = ("image_max_pixels", "image_min_pixels", "image_folder")
+VIDEO_KEYS = (
+    "video_max_pixels",
+    "video_min_pixels",
+    "video_total_pixels",
+    "video_fps",
+    "video_max_frames",
+    "video_resize_chunk_frames",
+    "video_folder",
+    "audio_folder",
+)
+NO_VIDEO = "video (and audio) inputs are not supported; rows with videos are reported"
+
+
+def split_names(value: object) -> list[str]:
+    """ROLL's comma-separated list argument (``"a,b"`` or a list) as a list."""
+    items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
+    return [str(v).strip() for v in items if str(v).strip()]
+
+
+def _vision_data_args() -> dict[str, Rule]:
+    """actor_train.data_args of ROLL's vision-language pipeline (images: column
+    ``images``, ``<image>`` in the prompt; temper.data.vision)."""
+    rules: dict[str, Rule] = {
+        "data_args.image_max_pixels": Map("data.image_max_pixels"),
+        "data_args.image_min_pixels": Map("data.image_min_pixels"),
+        "data_args.image_folder": Map("data.image_folder"),
+        "data_args.custom_data_kwargs_func": Reject(
+            "a custom ROLL data function cannot run here (ROLL's video_r1 one builds video "
+            f"prompts; {NO_VIDEO})",
+            "remove custom_data_kwargs_func and give rows an 'images' column and <image> marks",
+            ok=lambda v: v is None,
+        ),
+    }
+    rules.update({f"data_args.{k}": Note(NO_VIDEO) for k in VIDEO_KEYS})
+    return rules
 
 
 def _generating_args(role: str) -> dict[str, Rule]:
@@ -200,10 +249,7 @@ def _generating_args(role: str) -> dict[str, Rule]:
             ),
         }
     if role == "rewards.*":
-        return {
-            f"generating_args.{k}": Note("the ROLL reward workers temper runs are rules")
-            for k in keys
-        }
+        return {f"generating_args.{k}": Use(JUDGE_USE) for k in keys}
     return {f"generating_args.{k}": Note(GEN_NOTE) for k in keys}
 
 

@@ -53,13 +53,18 @@ def _children(table: dict[str, Rule]) -> dict[str, set[str]]:
 
 
 _TABLE_CHILDREN = _children(TABLE)
+# native key -> the verl key that maps to it (a direct mapping preferred over a weak one)
+REVERSE: dict[str, str] = {}
+for _key, _rule in sorted(TABLE.items(), key=lambda kv: isinstance(kv[1], Map) and kv[1].weak):
+    if isinstance(_rule, Map):
+        REVERSE.setdefault(_rule.native, _key)
 _WRAPPER_CHILDREN = _children({**WRAPPER, "backend_config": Note("")})
 
 
 @register_dialect("verl")
 def translate_verl(raw: RawConfig) -> Translation:
     """Translate a verl config (or document 003's ``backend_config`` wrapper)."""
-    return _Translator(raw.data).run()
+    return _Translator(raw.data, raw.added).run()
 
 
 @functools.cache
@@ -99,8 +104,9 @@ def _leaves(value: Any, key: str) -> list[str]:
 
 
 class _Translator:
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], added: dict[str, str] | None = None) -> None:
         self.data = copy.deepcopy(data)
+        self.added = added or {}  # key -> the plain override that added it
         self.tree: dict[str, Any] = {}
         self.prefix = ""
         self.key = ""  # the verl key being translated, as the user wrote it
@@ -129,6 +135,16 @@ class _Translator:
         if key not in keys:
             keys.append(key)
 
+    def write(self, native: str, value: Any, key: str | None = None) -> None:
+        """Set native field ``native`` (converted to its type) as verl key ``key`` (default:
+        the key being translated); for ``Call`` rules that split one verl value."""
+        saved = self.key
+        self.key = key or self.key
+        try:
+            self._write(native, _convert(value, native_type(native), self.key))
+        finally:
+            self.key = saved
+
     def error(self, reason: str, fix: str) -> ConfigError:
         return ConfigError(self.key, reason, fix)
 
@@ -139,7 +155,10 @@ class _Translator:
         self._apply_defaults()
         self._walk(self.tree, "", TABLE, _TABLE_CHILDREN)
         self._finish()
-        return Translation(native=self._native(), notes=self._render_notes())
+        sources = {native: key for native, (_v, key, _weak) in self.writes.items()}
+        return Translation(
+            native=self._native(), notes=self._render_notes(), sources=sources, table=REVERSE
+        )
 
     def _unwrap(self) -> None:
         if "backend_config" not in self.data:
@@ -206,15 +225,37 @@ class _Translator:
                 continue
             valid = sorted(children.get(parent, set()))
             where = f"'{shown}{parent}'" if parent else "the top level"
+            added = self.added.get(self.key) or next(
+                (t for k, t in self.added.items() if k.startswith(self.key + ".")), None
+            )
+            also = (
+                f"; the override '{added}' adds it to the config (Hydra would refuse it too: "
+                "this verl version has no such key)"
+                if added
+                else ""
+            )
             raise ConfigError(
                 self.key,
-                f"unknown verl key{did_you_mean(str(name), valid)}",
+                f"unknown verl key{did_you_mean(str(name), valid)}{also}",
                 f"remove it, or use one of the keys of {where}: {', '.join(valid)}",
             )
 
     # ------------------------------------------------------------------ rules
 
+    def _critic_unused(self) -> bool:
+        """verl builds a critic when ``critic.enable`` says so, else for GAE only."""
+        enable = self._lookup("critic.enable")
+        if isinstance(enable, bool):
+            return not enable
+        return self._lookup("algorithm.adv_estimator") not in ("gae", _MISSING)
+
     def _apply(self, rule: Rule, value: Any) -> None:
+        # verl never reads the section of a critic it does not build
+        critic_only = self.path.startswith("critic.") and isinstance(rule, Inert | Gated)
+        if critic_only and self._critic_unused():
+            for leaf in _leaves(value, self.key):
+                self.note("no effect here (no critic: the advantage estimator needs none)", leaf)
+            return
         if isinstance(rule, Map):
             self._map(rule, value)
         elif isinstance(rule, Note):

@@ -147,6 +147,11 @@ _DTYPES = {
 }
 
 
+def dtype_name(v: Any) -> str | None:
+    """The native dtype a verl dtype name means (None for an unknown name)."""
+    return _DTYPES.get(str(v))
+
+
 def dtype(v: Any, ctx: Any) -> Any:
     if v is None:
         return None
@@ -254,7 +259,8 @@ def entropy_chunk(v: Any, _ctx: Any) -> Any:
 
 
 def rollout_is(v: Any, ctx: Any) -> Any:
-    return "none" if v is None else choice("token", "sequence")(v, ctx)
+    """null is off: left to temper's default (none), so an older key may switch it on."""
+    return None if v is None else choice("token", "sequence")(v, ctx)
 
 
 def device(v: Any, ctx: Any) -> Any:
@@ -262,4 +268,23 @@ def device(v: Any, ctx: Any) -> Any:
 
 
 def optimizer(v: Any, ctx: Any) -> Any:
-    return choice("adamw")(str(v).lower(), ctx)
+    """``AdamW`` (torch class name, FSDP) or Megatron's ``adam``, which decouples weight
+    decay (AdamW). torch's ``Adam`` adds weight decay to the gradient instead (L2), so it
+    equals AdamW only without weight decay."""
+    name = str(v)
+    if name.lower() == "adamw":
+        return "adamw"
+    role = ctx.path.rsplit(".optim.", 1)[0]
+    if name.lower() == "adam" and ctx.get(f"{role}.strategy") == "megatron":
+        ctx.note("Megatron's adam decouples weight decay: it is AdamW")
+        return "adamw"
+    if name == "Adam" and not ctx.get(f"{role}.optim.weight_decay", 0.0):
+        ctx.note("torch's Adam without weight decay is AdamW without weight decay")
+        return "adamw"
+    if name == "Adam":
+        raise ctx.error(
+            "torch.optim.Adam adds weight decay to the gradient (L2); temper's optimizer is "
+            "AdamW (decoupled weight decay)",
+            "set optimizer: AdamW, or weight_decay: 0",
+        )
+    return choice("adamw")(name.lower(), ctx)

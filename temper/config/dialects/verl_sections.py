@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
-from temper.config.dialects.verl_rules import UNSET, Call, Map, Note, Rule
+from temper.config.dialects.verl_megatron import MEGATRON_INHERIT, megatron_rules
+from temper.config.dialects.verl_rewards import RULES
+from temper.config.dialects.verl_rules import Call, Map, Note, Rule
 from temper.config.dialects.verl_table import (
     ACT,
     INTERNAL,
@@ -35,6 +37,7 @@ from temper.config.dialects.verl_table_rollout import (
     _section_rollout,
     engine_kwargs,
 )
+from temper.config.dialects.verl_versions import ADDITIONS, OVERRIDES
 
 CR, RM = "critic", "reward_model"
 
@@ -225,22 +228,7 @@ def _section_reward() -> dict[str, Rule]:
             "custom_reward_function.name": Map("reward.custom_function.name"),
             "custom_reward_function.reward_kwargs": Map("reward.custom_function.kwargs"),
         },
-        _gate(
-            f"{RM}.sandbox_fusion",
-            "url",
-            (None, ""),
-            "no code sandbox is configured",
-            "the network code sandbox (sandbox_fusion) is not supported",
-            "remove sandbox_fusion.url; code rewards run in a local subprocess",
-        ),
-        _gate(
-            f"{RM}.rollout",
-            "name",
-            (UNSET, None),
-            "no generative reward model",
-            "generative reward models are not supported",
-            "use a sequence-classification reward_model",
-        ),
+        RULES,
         _gate(
             "reward_manager.module",
             "path",
@@ -361,6 +349,7 @@ def _section_ray() -> dict[str, Rule]:
 
 
 TABLE: dict[str, Rule] = _gather(
+    ADDITIONS,  # first: keys of other verl versions, replaced by any row below for the key
     _section_model(),
     _section_actor(),
     _section_ref(),
@@ -371,6 +360,7 @@ TABLE: dict[str, Rule] = _gather(
     _section_algorithm(),
     _section_trainer(),
     _section_ray(),
+    megatron_rules(),
     _gate(
         "global_profiler",
         "tool",
@@ -387,6 +377,7 @@ TABLE: dict[str, Rule] = _gather(
         "verl's transfer queue is not supported",
         "set enable: false",
     ),
+    OVERRIDES,  # last: rows that replace older ones on purpose (profilers, shm, engines, …)
 )
 
 # Keys of the vendor wrapper around a verl config (document 003: ``backend_config.*``).
@@ -412,6 +403,7 @@ INHERIT: list[tuple[str, str]] = [
     (f"{RO}.log_prob_use_dynamic_bsz", f"{ACT}.use_dynamic_bsz"),
     (f"{RO}.log_prob_max_token_len_per_gpu", f"{ACT}.ppo_max_token_len_per_gpu"),
     (f"{RM}.use_dynamic_bsz", f"{CR}.use_dynamic_bsz"),
+    *MEGATRON_INHERIT,
 ]
 
 # verl defaults that differ from temper's and change what a run does.

@@ -26,7 +26,7 @@ PERF = "performance/memory only; temper chooses this itself"
 FSDP1 = "FSDP1-only option; temper runs FSDP2"
 PROFILE_OFF = "profiling is off; temper profiles with experiment.profile_steps"
 INTERNAL = "verl-internal wiring with no counterpart here"
-MM = "multimodal inputs are not supported"
+MM = "vision-language inputs are built from the model's own processor"
 
 
 def _inert(ok: Any, why: str, reason: str, fix: str = "remove the key") -> Inert:
@@ -323,7 +323,7 @@ def _section_actor() -> dict[str, Rule]:
             f"{ACT}.clip_ratio_c": Map("actor.clip_ratio_c"),
             f"{ACT}.tau_pos": Map(f"{kw}.tau_pos"),
             f"{ACT}.tau_neg": Map(f"{kw}.tau_neg"),
-            f"{ACT}.freeze_vision_tower": _off("no vision tower", MM, "set it to false"),
+            f"{ACT}.freeze_vision_tower": Map("actor.freeze_vision_tower"),
             f"{ACT}.policy_loss.loss_mode": Map("actor.policy_loss"),
             f"{ACT}.policy_loss.clip_cov_ratio": Map(f"{kw}.clip_cov_ratio"),
             f"{ACT}.policy_loss.clip_cov_lb": Map(f"{kw}.clip_cov_lb"),

@@ -240,6 +240,7 @@ def _section_data() -> dict[str, Rule]:
             f"{D}.max_prompt_length": Map("data.max_prompt_length"),
             f"{D}.max_response_length": Map("rollout.response_length"),
             f"{D}.train_batch_size": Map("data.train_batch_size"),
+            f"{D}.gen_batch_size": Map("data.gen_batch_size"),  # DAPO: prompts per round
             f"{D}.val_batch_size": Map("data.val_batch_size"),
             f"{D}.tool_config_path": Map("rollout.multi_turn.tool_config_path", weak=True),
             f"{D}.return_raw_input_ids": Note(
@@ -250,24 +251,19 @@ def _section_data() -> dict[str, Rule]:
             f"{D}.shuffle": Map("data.shuffle"),
             f"{D}.seed": Map("experiment.seed"),
             f"{D}.dataloader_num_workers": Note(PERF),
-            f"{D}.image_patch_size": Note(MM),
+            f"{D}.image_patch_size": Note(
+                "images are resized to the grid of the model's image processor (patch_size × "
+                "merge_size); bounds: data.image_min_pixels / image_max_pixels"
+            ),
             f"{D}.validation_shuffle": Map("data.validation_shuffle"),
             f"{D}.filter_overlong_prompts": Map("data.filter_overlong_prompts"),
             f"{D}.filter_overlong_prompts_workers": Note(PERF),
             f"{D}.truncation": Map("data.truncation"),
-            f"{D}.image_key": _inert(
-                ("images", None),
-                "image columns are not read",
-                MM,
-                "remove image_key; use a text-only dataset",
+            f"{D}.image_key": Map("data.image_key", lambda v, _c: v or "images"),
+            f"{D}.video_key": Map("data.video_key", lambda v, _c: v or "videos"),
+            f"{D}.return_multi_modal_inputs": Note(
+                f"{MM}; each row's multi_modal_inputs travel with it to every forward"
             ),
-            f"{D}.video_key": _inert(
-                ("videos", None),
-                "video columns are not read",
-                MM,
-                "remove video_key; use a text-only dataset",
-            ),
-            f"{D}.return_multi_modal_inputs": Note(MM),
             f"{D}.trust_remote_code": Map("model.trust_remote_code", weak=True),
             f"{D}.apply_chat_template_kwargs": Map("data.apply_chat_template_kwargs"),
             f"{D}.prompt_id_key": _off(

@@ -8,6 +8,11 @@ data_source                                                  function
 ``HuggingFaceH4/MATH-500``, anything starting with ``math``
 ``arithmetic``                                               ``arithmetic``
 ``countdown``, ``Jiayi-Pan/Countdown-Tasks-3to4``            ``countdown``
+``codecontests``, ``apps``, ``codeforces``, ``taco``,        ``code``
+``primeintellect``, ``livecodebench`` (verl's code sources)
+``ifeval``, ``google/IFEval``                                ``ifeval``
+``visual_color`` (an image task)                             ``visual_color``
+``hiyouga/geometry3k``, ``geometry3k``, ``geo3k``            ``geo3k``
 =========================================================== =============
 
 An unknown data_source raises ``UnknownDataSourceError`` (listing the known ones); the
@@ -22,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from temper.rewards.functions import arithmetic, countdown, gsm8k, math_boxed
+from temper.rewards.functions import arithmetic, code, countdown, gsm8k, ifeval, math_boxed, visual
 
 DATA_SOURCES: dict[str, str] = {
     "openai/gsm8k": "gsm8k",
@@ -34,12 +39,24 @@ DATA_SOURCES: dict[str, str] = {
     "arithmetic": "arithmetic",
     "countdown": "countdown",
     "Jiayi-Pan/Countdown-Tasks-3to4": "countdown",
+    **{s: "code" for s in ("codecontests", "apps", "codeforces", "taco", "primeintellect")},
+    "livecodebench": "code",
+    "ifeval": "ifeval",
+    "google/IFEval": "ifeval",
+    "visual_color": "visual_color",
+    "hiyouga/geometry3k": "geo3k",
+    "geometry3k": "geo3k",
+    "geo3k": "geo3k",
 }
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "gsm8k": gsm8k.compute_score,
     "math": math_boxed.compute_score,
     "arithmetic": arithmetic.compute_score,
     "countdown": countdown.compute_score,
+    "code": code.compute_score,
+    "ifeval": ifeval.compute_score,
+    "visual_color": visual.visual_color_score,
+    "geo3k": visual.geo3k_score,
 }
 
 
@@ -78,4 +95,6 @@ def compute_score(
     name = function_name_for(data_source)
     if name is None:
         raise UnknownDataSourceError(data_source)
+    if name != "code":  # only the code reward runs programs
+        kwargs.pop("sandbox", None)
     return FUNCTIONS[name](data_source, solution_str, ground_truth, extra_info, **kwargs)

@@ -119,6 +119,8 @@ def test_failed_ray_worker_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
         raise WorkerGroupError("actor", 1, "the worker process died (exit code -9)")
 
     monkeypatch.setattr("temper.pipelines.run_pipeline", run_pipeline)
+    # grpo_native.yaml names its author's model directory: skip the pre-flight
+    monkeypatch.setattr("temper.pipelines.preflight.preflight", lambda cfg: [])
     assert main(["train", str(EXAMPLES / "grpo_native.yaml")]) == 1
     captured = capsys.readouterr()
     (line,) = _lines(captured.err)
@@ -131,6 +133,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
         raise KeyError("response_mask")
 
     monkeypatch.setattr("temper.pipelines.run_pipeline", run_pipeline)
+    monkeypatch.setattr("temper.pipelines.preflight.preflight", lambda cfg: [])
     with pytest.raises(KeyError, match="response_mask"):
         main(["train", str(EXAMPLES / "grpo_native.yaml")])
 

@@ -1,11 +1,12 @@
-"""Where the shared reference files are: ``shared/`` beside the checkout.
+"""Where the reference files the tests read are.
 
-CI checks the repository out with ``shared/`` as its sibling (``../shared`` from the
-repository root), and so does a developer machine laid out like CI. Tests that read
-those files use :func:`needs` on their paths: present, the test runs; missing, it is
-skipped on a developer machine but *fails* under ``CI=true``, where a missing
-reference tree means the job is set up wrong and silently skipping the key-table
-tests would hide it.
+The upstream verl and ROLL files live in the repository, under ``tests/data/upstream``
+(unmodified copies, with their Apache-2.0 notice), so every clone runs the tests that
+read them. ``SHARED_UPSTREAM`` is the project's shared reference tree (``../shared``
+beside the checkout) that the copy must equal; ``test_upstream_copy`` compares them
+where it is present. Tests that read files elsewhere use :func:`needs` on their paths:
+present, the test runs; missing, it is skipped on a developer machine but *fails*
+under ``CI=true``, where a missing file means the job is set up wrong.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from typing import Any, TypeVar
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+UPSTREAM = REPO / "tests" / "data" / "upstream"
 SHARED = REPO.parent / "shared"
-REFERENCE = SHARED / "reference"
-UPSTREAM = REFERENCE / "upstream-configs"
-SEEDS = REFERENCE / "seeds"
+SHARED_UPSTREAM = SHARED / "reference" / "upstream-configs"
 
 F = TypeVar("F", bound=Callable[..., Any])
 

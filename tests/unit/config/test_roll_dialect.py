@@ -22,13 +22,8 @@ UPSTREAM_FILES = [
     UPSTREAM / "qwen2.5-7B-rlvr_megatron/rlvr_config.yaml",
     UPSTREAM / "qwen2.5-0.5B-agentic_ds/agentic_val_sokoban.yaml",
 ]
-# The upstream RLVR file's reward domains with no counterpart here, dropped the way the
-# rejection's fix says (see test_upstream_rlvr_rejects_unsupported_reward_workers).
-RLVR_DROP = [
-    op
-    for name in ("ifeval", "code_sandbox", "llm_judge")
-    for op in (f"~rewards.{name}", f"actor_train.data_args.domain_interleave_probs.{name}=0")
-]
+# The upstream RLVR file translates with all five reward domains.
+RLVR_DROP: list[str] = []
 EXAMPLES = [REPO / "examples/roll_rlvr.yaml", REPO / "examples/roll_agentic_sokoban.yaml"]
 W = "roll.pipeline.rlvr.rewards."
 DS = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
@@ -37,12 +32,29 @@ VLLM = {"actor_infer": {"strategy_args": {"strategy_name": "vllm"}}}
 SGL = {"actor_infer": {"strategy_args": {"strategy_name": "sglang"}}}
 REF_MEGA = {"reference": {"strategy_args": {"strategy_name": "megatron_infer"}}}
 MATH = {"rewards": {"r": {"worker_cls": W + "math_rule_reward_worker.MathRuleRewardWorker"}}}
+JUDGE = {"rewards": {"j": {"worker_cls": W + "llm_judge_reward_worker.LLMJudgeRewardWorker"}}}
+CODE_REMOTE = {
+    "rewards": {
+        "c": {
+            "worker_cls": W + "code_sandbox_reward_worker.CodeSandboxRewardWorker",
+            "use_local": False,
+        }
+    }
+}
 CROSS = {
     "rewards": {
         "c": {"worker_cls": W + "crossthinkqa_rule_reward_worker.CrossThinkQARuleRewardWorker"}
     }
 }
 GRPO = {"adv_estimator": "grpo"}
+
+
+def query_filter(kind: str, **args: Any) -> dict[str, Any]:
+    """MATH with a query filter on its domain (ROLL dynamic sampling)."""
+    spec = {"type": kind, **({"filter_args": args} if args else {})}
+    return merge(MATH, {"rewards": {"r": {"query_filter_config": spec}}})
+
+
 ENVS = {"train_env_manager": {"tags": ["S"]}}
 
 
@@ -203,6 +215,45 @@ for _m, _b in (("train_env_manager", "rollout_batch_size"), ("val_env_manager", 
         (f"{_m}.max_traj_per_env", 3, f"{_d}.max_traj_per_env", 3, {}),
         (f"{_m}.format_penalty", -0.5, f"{_d}.format_penalty", -0.5, {}),
     ]
+# ROLL dynamic sampling: query filters and extra prompts → filter_groups, gen_batch_size
+MAPPED += [
+    (
+        "rewards.r.query_filter_config.type",
+        "std_filter",
+        "algorithm.filter_groups.enable",
+        True,
+        MATH,
+    ),
+    (
+        "rewards.r.query_filter_config.filter_args",
+        {"std_threshold": 0.1},
+        "algorithm.filter_groups.std_threshold",
+        0.1,
+        query_filter("std_filter"),
+    ),
+    (
+        "rewards.r.query_filter_config.filter_args",
+        {"threshold_up": 0.9, "threshold_down": 0.1},
+        "algorithm.filter_groups.mean_high",
+        0.9,
+        query_filter("mean_filter"),
+    ),
+    (
+        "is_use_additional_prompts",
+        True,
+        "data.gen_batch_size",
+        24,
+        {**query_filter("std_filter"), "rollout_batch_size": 8},
+    ),
+    (
+        "max_additional_running_prompts",
+        4,
+        "data.gen_batch_size",
+        12,
+        {**query_filter("std_filter"), "rollout_batch_size": 8, "is_use_additional_prompts": True},
+    ),
+]
+
 MAPPED += [
     (f"{_m}.env_groups", 16, f"{_d}.num_env_groups", 16, {}),
     (f"{_m}.num_env_groups", 16, f"{_d}.num_env_groups", 16, {}),
@@ -422,6 +473,11 @@ _MEGA_KEYS = [
     ("recompute_granularity", "selective"),
     ("use_distributed_optimizer", False),
     ("overlap_grad_reduce", True),
+    ("overlap_param_gather", True),
+    ("recompute_method", "uniform"),
+    ("recompute_num_layers", 2),
+    ("recompute_modules", ["core_attn", "mlp"]),
+    ("expert_tensor_parallel_size", 1),
 ]
 MAPPED += [
     (f"actor_train.strategy_args.strategy_config.{k}", v, f"actor.megatron.{k}", v, MEGA)
@@ -445,8 +501,7 @@ NOTED = [
     ("local_rank", -1, {}),
     ("generate_opt_level", 1, {}),
     ("is_num_return_sequences_expand", False, {}),
-    ("is_use_additional_prompts", False, {}),
-    ("max_additional_running_prompts", 16, {}),
+    ("is_use_additional_prompts", True, {}),  # no query filter: nothing to replace
     ("error_max_len_clip", False, {}),
     ("checkpoint_config.type", "file_system", {}),
     ("enable_response_mask", True, {}),
@@ -494,7 +549,8 @@ NOTED = [
     ("rewards.r.response_length_penalty_coef", 0.1, MATH),
     ("rewards.r.format_pattern", "^<think>", MATH),
     ("reward_norm", "batch", GRPO),
-    ("rewards.r.query_filter_config.type", "no_filter", MATH),
+    ("rewards.r.response_filter_config.type", "mean_filter", MATH),
+    ("rewards.r.response_filter_config.filter_args", {"threshold_up": 1.0}, MATH),
     ("validation.generating_args.num_beams", 1, {}),
     ("validation.generating_args.max_new_tokens", 100, {}),
     ("validation.data_args.template", "native", {}),
@@ -510,7 +566,6 @@ NOTED = [
 # (ROLL key, value, words in the reason, extra context)
 REJECTED = [
     ("checkpoint_config.type", "s3", "file_system", {}),
-    ("is_use_additional_prompts", True, "not implemented", {}),
     ("error_max_len_clip", True, "not implemented", {}),
     ("enable_response_mask", False, "environment observation tokens", {}),
     ("track_with", "swanlab", "not supported", {}),
@@ -522,26 +577,19 @@ REJECTED = [
     ("reference.strategy_args.strategy_name", "vllm", "not supported", {}),
     ("actor_train.worker_cls", "my.pkg.Worker", "custom ROLL worker", {}),
     ("rewards.x.worker_cls", "my.pkg.MyRewardWorker", "not a ROLL reward worker", {}),
-    (
-        "rewards.ifeval.worker_cls",
-        W + "ifeval_rule_reward_worker.GeneralRuleRewardWorker",
-        "no IFEval rule library",
-        {},
-    ),
-    (
-        "rewards.judge.worker_cls",
-        W + "llm_judge_reward_worker.LLMJudgeRewardWorker",
-        "no LLM judge",
-        {},
-    ),
-    (
-        "rewards.code.worker_cls",
-        W + "code_sandbox_reward_worker.CodeSandboxRewardWorker",
-        "no code-execution reward",
-        {},
-    ),
+    ("rewards.j.judge_model_type", "api", "not supported", JUDGE),
+    ("rewards.j.judge_prompt", "my-prompt", "not one of ROLL's judge prompts", JUDGE),
+    ("rewards.j.strategy_args.strategy_name", "sglang", "not supported", JUDGE),
+    ("rewards.j.generating_args.num_return_sequences", 2, "one verdict", JUDGE),
+    ("rewards.c.code_url", None, "no code_url", CODE_REMOTE),
     ("rewards.c.reward_type", "fuzzy", "not a CrossThinkQA reward type", CROSS),
-    ("rewards.r.query_filter_config.type", "mean_filter", "per-domain", MATH),
+    (
+        "rewards.r.query_filter_config.type",
+        "mean_filter",
+        "different rules",
+        merge(MATH, {"rewards": {"s": MATH["rewards"]["r"]}}),
+    ),
+    ("rewards.r.query_filter_config.type", "median_filter", "not supported", MATH),
     ("actor_train.model_args.model_type", "trl", "AutoModelForCausalLM", {}),
     ("actor_train.model_args.flash_attn", "fa9", "not supported", {}),
     ("actor_train.training_args.lr_scheduler_type", "polynomial", "not supported", {}),
@@ -778,18 +826,31 @@ def test_upstream_files_translate_and_build():
 
 
 @needs(UPSTREAM_FILES[0])
-def test_upstream_rlvr_rejects_unsupported_reward_workers():
-    with pytest.raises(ConfigError) as err:
-        translate_roll(load_yaml(UPSTREAM_FILES[0]))
-    message = str(err.value)
-    assert "\n" not in message
-    assert message.startswith(
-        "rewards.ifeval.worker_cls: GeneralRuleRewardWorker (IFEval instruction-following "
-        "checks) is not supported: temper has no IFEval rule library (also unsupported: "
-        "rewards.code_sandbox, rewards.llm_judge). Fix: drop the domains with the overrides "
-        + " ".join(RLVR_DROP)
-        + "; or, in a native config,"
-    )
+def test_upstream_rlvr_scores_all_five_domains():
+    cfg = from_dict(TemperConfig, translate_roll(load_yaml(UPSTREAM_FILES[0])).native)
+    functions = {name: route.function for name, route in cfg.reward.routes.items()}
+    assert functions == {
+        "crossthinkqa": "crossthinkqa",
+        "ifeval": "ifeval",
+        "math_rule": "math",
+        "code_sandbox": "code",
+        "llm_judge": "llm_judge",
+    }
+    assert cfg.reward.routes["code_sandbox"].tags == ["KodCode"]
+    assert cfg.data.extra_info_columns == ["case_type", "test_cases", "test_case_function"]
+    assert cfg.reward.sandbox == "bwrap"  # use_local: true
+    judge = cfg.reward.judge
+    assert judge.model_path == "AI-ModelScope/Qwen2.5-7B-Instruct-RLVR" and judge.engine == "hf"
+    assert judge.max_new_tokens == 100 and judge.temperature == pytest.approx(0.8)
+    assert judge.infer_batch_size == 4 and "{reference}" in judge.prompt_template
+    assert cfg.resources.reward == [12, 13, 14, 15]  # the judge's device_mapping
+    assert cfg.reward.num_workers == 8  # the rule workers' world_size
+
+
+def test_roll_remote_code_sandbox_is_sandbox_fusion():
+    extra = {"rewards": {"c": {**CODE_REMOTE["rewards"]["c"], "code_url": "http://sb:8080"}}}
+    cfg, _ = run(nest("rewards.c.tag_included", ["code"], extra))
+    assert cfg.reward.sandbox == "sandbox_fusion" and cfg.reward.sandbox_url == "http://sb:8080"
 
 
 @needs(UPSTREAM_FILES[0])
@@ -806,8 +867,7 @@ def test_upstream_rlvr_semantics():
     route = cfg.reward.routes["crossthinkqa"]
     assert route.function == "crossthinkqa" and route.tags == ["crossthinkqa"]
     assert route.kwargs == {"reward_type": "soft", "response_length_penalty_coef": 0.0}
-    assert sorted(cfg.reward.routes) == ["crossthinkqa", "math_rule"]
-    assert cfg.data.source_weights["ifeval"] == 0 and cfg.data.source_weights["math_rule"] == 0.4
+    assert cfg.data.source_weights["ifeval"] == 0.1 and cfg.data.source_weights["math_rule"] == 0.4
     assert cfg.rollout.response_length == 4096 and cfg.rollout.max_model_len == 8000
 
 

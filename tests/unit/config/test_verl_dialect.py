@@ -239,8 +239,8 @@ def test_document_003_wrapper():
 
 
 def test_document_003_errors_name_the_wrapped_key():
-    data = {"backend_config": {"data": {"image_key": "pixels"}}}
-    with pytest.raises(ConfigError, match=r"backend_config\.data\.image_key"):
+    data = {"backend_config": {"data": {"use_shmm": True}}}
+    with pytest.raises(ConfigError, match=r"backend_config\.data\.use_shmm: unknown"):
         build(data)
 
 

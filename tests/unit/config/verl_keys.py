@@ -44,7 +44,7 @@ actor_rollout_ref.model.target_modules [q_proj,v_proj] -> model.lora.target_modu
 actor_rollout_ref.model.use_liger true -> model.use_liger
 actor_rollout_ref.model.use_fused_kernels true -actor_rollout_ref.actor.use_fused_kernels -> model.use_fused_kernels
 actor_rollout_ref.model.fused_kernel_options.impl_backend triton noted
-actor_rollout_ref.model.use_shm true !! shared-memory
+actor_rollout_ref.model.use_shm true noted
 actor_rollout_ref.model.hf_config_path /cfg !! config path
 actor_rollout_ref.model.custom_chat_template my_jinja_template !! chat template
 actor_rollout_ref.model.exclude_modules [lm_head] !! excluding
@@ -66,7 +66,7 @@ actor_rollout_ref.actor.clip_ratio_high 0.28 -> actor.clip_ratio_high
 actor_rollout_ref.actor.clip_ratio_c 10.0 -> actor.clip_ratio_c
 actor_rollout_ref.actor.tau_pos 2.0 -> actor.policy_loss_kwargs.tau_pos
 actor_rollout_ref.actor.tau_neg 3.0 -> actor.policy_loss_kwargs.tau_neg
-actor_rollout_ref.actor.freeze_vision_tower true !! multimodal
+actor_rollout_ref.actor.freeze_vision_tower true -> actor.freeze_vision_tower
 actor_rollout_ref.actor.policy_loss.loss_mode gspo -> actor.policy_loss
 actor_rollout_ref.actor.policy_loss.loss_mode gspo -> actor.policy_loss_kwargs.loss_agg_mode_override = seq-mean-token-mean
 actor_rollout_ref.actor.policy_loss.loss_mode sapo -> actor.policy_loss_kwargs.loss_agg_mode_override = seq-mean-token-mean
@@ -91,7 +91,7 @@ actor_rollout_ref.actor.checkpoint.save_contents [model,hf] +actor_rollout_ref.a
 actor_rollout_ref.actor.checkpoint.load_contents [model] !! load_contents
 actor_rollout_ref.actor.checkpoint.async_save true !! asynchronous
 actor_rollout_ref.actor.use_fused_kernels true -actor_rollout_ref.model.use_fused_kernels -> model.use_fused_kernels
-actor_rollout_ref.actor.profiler.enable true !! profilers
+actor_rollout_ref.actor.profiler.enable true noted
 actor_rollout_ref.actor.profiler.discrete true noted
 actor_rollout_ref.actor.router_replay.mode R3 !! router replay
 actor_rollout_ref.actor.grad_clip 0.5 -> actor.grad_clip
@@ -154,7 +154,7 @@ actor_rollout_ref.ref.log_prob_use_dynamic_bsz true -> reference.use_dynamic_bsz
 actor_rollout_ref.ref.log_prob_max_token_len_per_gpu 4096 -> reference.log_prob_max_token_len_per_device
 actor_rollout_ref.ref.ulysses_sequence_parallel_size 2 !! actor's
 actor_rollout_ref.ref.rollout_n 3 !! must equal
-actor_rollout_ref.ref.profiler.enable true !! profilers
+actor_rollout_ref.ref.profiler.enable true noted
 actor_rollout_ref.ref.profiler.discrete true noted
 actor_rollout_ref.ref.fsdp_config.param_offload true -> reference.param_offload
 actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params 100 -> reference.fsdp.wrap_min_num_params
@@ -168,7 +168,7 @@ actor_rollout_ref.ref.fsdp_config.strategy megatron noted
 actor_rollout_ref.rollout.name vllm -> rollout.engine
 actor_rollout_ref.rollout.name sglang -> rollout.engine
 actor_rollout_ref.rollout.name hf -> rollout.engine
-actor_rollout_ref.rollout.name trtllm !! not supported
+actor_rollout_ref.rollout.name trtllm !! TensorRT-LLM
 actor_rollout_ref.rollout.mode sync noted
 actor_rollout_ref.rollout.temperature 0.7 -> rollout.temperature
 actor_rollout_ref.rollout.top_k 50 -> rollout.top_k
@@ -187,8 +187,8 @@ actor_rollout_ref.rollout.enforce_eager true -> rollout.enforce_eager
 actor_rollout_ref.rollout.cudagraph_capture_sizes [1,2,4] noted
 actor_rollout_ref.rollout.free_cache_engine false -> rollout.free_cache_engine
 actor_rollout_ref.rollout.tensor_model_parallel_size 4 -> rollout.tensor_parallel_size
-actor_rollout_ref.rollout.data_parallel_size 2 !! data parallelism
-actor_rollout_ref.rollout.expert_parallel_size 2 !! expert parallelism
+actor_rollout_ref.rollout.data_parallel_size 2 noted
+actor_rollout_ref.rollout.expert_parallel_size 2 noted
 actor_rollout_ref.rollout.pipeline_model_parallel_size 2 !! pipeline parallelism
 actor_rollout_ref.rollout.max_num_batched_tokens 4096 -> rollout.max_num_batched_tokens
 actor_rollout_ref.rollout.max_model_len 4096 -> rollout.max_model_len
@@ -244,12 +244,12 @@ actor_rollout_ref.rollout.agent.agent_loop_config_path x.yaml !! agent loops
 actor_rollout_ref.rollout.agent.custom_async_server.path x.py !! async rollout servers
 actor_rollout_ref.rollout.checkpoint_engine.backend nccl noted
 actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes 512 noted
-actor_rollout_ref.rollout.trace.backend mlflow !! tracing
+actor_rollout_ref.rollout.trace.backend mlflow noted
 actor_rollout_ref.rollout.skip_rollout true !! replaying
 actor_rollout_ref.rollout.skip_tokenizer_init false noted
 actor_rollout_ref.rollout.enable_rollout_routing_replay true !! routing replay
-actor_rollout_ref.rollout.profiler.enable true !! profilers
-actor_rollout_ref.rollout.prometheus.enable true !! Prometheus
+actor_rollout_ref.rollout.profiler.enable true noted
+actor_rollout_ref.rollout.prometheus.enable true noted
 actor_rollout_ref.rollout.quantization fp8 !! quantization
 actor_rollout_ref.rollout.quantization_config_file q.json !! quantization
 actor_rollout_ref.rollout.mtp.enable true !! multi-token prediction
@@ -257,7 +257,7 @@ actor_rollout_ref.rollout.layered_summon true noted
 # ---------------------------------------------------------------- data
 data.tokenizer /m/tok -> model.tokenizer_path
 data.use_shm false noted
-data.use_shm true !! shared-memory
+data.use_shm true noted
 data.train_files /d/a.parquet -> data.train_files = [/d/a.parquet]
 data.train_files [/d/a.parquet,/d/b.jsonl] -> data.train_files
 data.val_files /d/v.parquet -> data.val_files = [/d/v.parquet]
@@ -282,9 +282,9 @@ data.filter_overlong_prompts true -> data.filter_overlong_prompts
 data.filter_overlong_prompts_workers 4 noted
 data.truncation left -> data.truncation
 data.truncation sideways !! data.truncation
-data.image_key images noted
-data.image_key img !! multimodal
-data.video_key vid !! multimodal
+data.image_key images -> data.image_key
+data.image_key img -> data.image_key
+data.video_key vid -> data.video_key
 data.trust_remote_code true -actor_rollout_ref.model.trust_remote_code -> model.trust_remote_code
 data.custom_cls.path my_ds.py !! dataset classes
 data.custom_cls.name MyDataset noted
@@ -319,7 +319,7 @@ critic.ulysses_sequence_parallel_size 2 -> critic.ulysses_sequence_parallel_size
 critic.grad_clip 0.5 -> critic.grad_clip
 critic.checkpoint.save_contents [model] +critic.checkpoint.load_contents=[model] -> critic.checkpoint_contents
 critic.checkpoint.async_save true !! asynchronous
-critic.profiler.enable true !! profilers
+critic.profiler.enable true noted
 critic.optim.optimizer adamw -> critic.optim.optimizer
 critic.optim.lr 2.0e-5 -> critic.optim.lr
 critic.optim.lr_warmup_steps_ratio 0.1 -> critic.optim.warmup_ratio
@@ -338,7 +338,7 @@ critic.model.tokenizer_path /m/other !! policy tokenizer
 critic.model.override_config {a:1} !! overrides
 critic.model.external_lib other_lib !! external_lib
 critic.model.trust_remote_code true !! trust_remote_code
-critic.model.use_shm true !! shared-memory
+critic.model.use_shm true noted
 critic.model.enable_gradient_checkpointing false noted
 critic.model.enable_activation_offload true noted
 critic.model.use_remove_padding true noted
@@ -368,7 +368,7 @@ reward_model.model.path /m/rm -> reward.model.path
 reward_model.model.external_lib other_lib !! external_lib
 reward_model.model.trust_remote_code true -> reward.model.trust_remote_code
 reward_model.model.override_config {a:1} !! overrides
-reward_model.model.use_shm true !! shared-memory
+reward_model.model.use_shm true noted
 reward_model.model.use_remove_padding true noted
 reward_model.model.use_fused_kernels true noted
 reward_model.model.fsdp_config.wrap_policy.min_num_params 100 -> reward.model.fsdp.wrap_min_num_params
@@ -389,13 +389,17 @@ reward_model.reward_loop_source importlib !! reward loops
 reward_model.reward_loop_module_path loop.py !! reward loops
 reward_model.reward_loop_class_name Loop !! reward loops
 reward_model.launch_reward_fn_async true -> reward.launch_async
-reward_model.sandbox_fusion.url http://sandbox:8080 !! sandbox
+reward_model.sandbox_fusion.url http://sandbox:8080 -> reward.sandbox_url
+reward_model.sandbox_fusion.url http://sandbox:8080 -> reward.sandbox = sandbox_fusion
+reward_model.sandbox_fusion.memory_limit_mb 256 +reward_model.sandbox_fusion.url=http://sb -> reward.sandbox_limits.memory_mb
 reward_model.sandbox_fusion.max_concurrent 8 noted
 reward_model.ulysses_sequence_parallel_size 2 !! sequence parallelism
 reward_model.use_reward_loop false noted
 reward_model.num_workers 4 -> reward.num_workers
-reward_model.rollout.name vllm !! generative reward models
-reward_model.profiler.enable true !! profilers
+reward_model.rollout.name vllm noted
+reward_model.rollout.name vllm +reward_model.enable=True +reward_model.model.path=/m/rm -> reward.model.path = /m/rm
+reward_model.rollout.response_length 64 +reward_model.enable=True +reward_model.rollout.name=vllm noted
+reward_model.profiler.enable true noted
 reward_model.profiler.discrete true noted
 reward_model.overlong_buffer.enable true -> algorithm.overlong_buffer.enable
 reward_model.overlong_buffer.len 128 -> algorithm.overlong_buffer.len
@@ -474,7 +478,7 @@ trainer.worker_nsight_options.cuda-graph-trace graph noted
 trainer.worker_nsight_options.capture-range cudaProfilerApi noted
 trainer.worker_nsight_options.capture-range-end null noted
 trainer.worker_nsight_options.kill none noted
-global_profiler.tool nsys !! global profiler
+global_profiler.tool nsys noted
 global_profiler.steps [1] noted
 transfer_queue.enable true !! transfer queue
 ray_kwargs.ray_init.num_cpus 8 -> resources.ray.num_cpus
@@ -605,7 +609,7 @@ DOC_003 = {
     ),
     "backend_config.trainer.total_epochs": (5, "experiment.total_epochs"),
     f"backend_config.{AR}.rollout.tensor_model_parallel_size": (4, "rollout.tensor_parallel_size"),
-    "backend_config.data.image_key": ("images", None),
+    "backend_config.data.image_key": ("images", "data.image_key"),
     "engine_kwargs.vllm.disable_mm_preprocessor_cache": (
         True,
         "rollout.engine_kwargs.disable_mm_preprocessor_cache",

@@ -59,3 +59,22 @@ def test_cli(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith("a.jsonl")
     rows = [r.row for r in read_rows(tmp_path / "a.jsonl")]
     assert rows == make_task_rows("arithmetic", 5, seed=3, max_operand=50)
+
+
+def test_visual_color_task_rows_have_geometry3k_shape():
+    import io
+
+    from PIL import Image
+
+    from temper.data.tasks import make_task_rows
+
+    rows = make_task_rows("visual_color", 12, seed=5, colors="red,blue", size=84)
+    assert rows == make_task_rows("visual_color", 12, seed=5, colors="red,blue", size=84)
+    for r in rows:
+        assert r["prompt"][0]["content"].startswith("<image>")
+        assert r["reward_model"]["ground_truth"] in ("red", "blue")
+        image = Image.open(io.BytesIO(r["images"][0]["bytes"]))
+        assert image.size == (84, 84)
+    assert {r["reward_model"]["ground_truth"] for r in rows} == {"red", "blue"}
+    with pytest.raises(ValueError, match="unknown: pink"):
+        make_task_rows("visual_color", 2, colors="red,pink")

@@ -4,13 +4,13 @@ penalty, a Countdown episode that uses the calculator tool, and rendering."""
 from __future__ import annotations
 
 import pytest
+from doubles import ScriptedEngine, turn_index
 
 from temper.config import build_config
 from temper.envs import EnvManager
 from temper.pipelines.agentic_rollout import AgenticPlayer, save_renders
 from temper.pipelines.trajectories import episode_metrics, trajectory_batch
 from temper.rollout.base import SamplingParams
-from temper.rollout.scripted import ScriptedEngine, turn_index
 
 
 @pytest.fixture(scope="module")

@@ -158,12 +158,17 @@ def test_registry_names_and_did_you_mean() -> None:
     assert reward_function_names() == [
         "arithmetic",
         "auto",
+        "code",
         "countdown",
         "crossthinkqa",
         "custom",
         "format",
+        "geo3k",
         "gsm8k",
+        "ifeval",
+        "llm_judge",
         "math",
+        "visual_color",
     ]
     with pytest.raises(
         ConfigError,

@@ -9,7 +9,7 @@ import torch
 
 from temper.config.schema import RewardConfig, RewardModelConfig
 from temper.rewards.manager import RewardScorer
-from temper.rewards.model import RewardModel
+from temper.rewards.model import RewardModel, token_budget_ranges
 
 from .conftest import make_batch
 
@@ -55,6 +55,29 @@ def test_scores_shape_determinism_and_padding_invariance(rm_dir, tokenizer, rm_b
     for i in range(3):
         assert token_level[i, last[i]] == scores[i]
         assert token_level[i].count_nonzero() <= 1
+
+
+def test_dynamic_bsz_cuts_micro_batches_by_tokens_and_scores_the_same(
+    rm_dir, tokenizer, rm_batch
+) -> None:
+    """reward.model.use_dynamic_bsz: forwards of at most forward_max_token_len_per_device
+    padded tokens; the scores do not depend on the cut."""
+    assert token_budget_ranges([3, 4, 2, 9, 1], budget=8) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert token_budget_ranges([2, 2, 2, 2], budget=8) == [(0, 4)]
+    cfg = RewardModelConfig(
+        enable=True, path=str(rm_dir), use_dynamic_bsz=True, forward_max_token_len_per_device=12
+    )
+    rm = RewardModel.from_config(cfg, dtype=torch.float32)
+    seqs = rm.build_inputs(rm_batch)
+    ranges = rm.micro_batches([len(s) for s in seqs])
+    assert len(ranges) > 1 and all(
+        (b - a) * max(len(s) for s in seqs[a:b]) <= 12 or b - a == 1 for a, b in ranges
+    )
+    fixed = RewardModel.from_config(
+        RewardModelConfig(enable=True, path=str(rm_dir), micro_batch_size_per_device=3),
+        dtype=torch.float32,
+    )
+    torch.testing.assert_close(rm.score(rm_batch), fixed.score(rm_batch), atol=1e-5, rtol=1e-5)
 
 
 def test_retemplated_inputs(rm_dir, tokenizer, rm_batch) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from doubles import LOG_PROB, ScriptedEngine, turn_index
 
 from temper.rollout.base import SamplingParams
 from temper.rollout.chat import ChatTokenizer, TokenizationMismatch
 from temper.rollout.multiturn import EpisodeSpec, Feedback, MultiTurnRunner, MultiTurnSettings
-from temper.rollout.scripted import LOG_PROB, ScriptedEngine, turn_index
 
 REPLIES = ["<answer>Up</answer>", "<answer>Left</answer>", "<answer>Down</answer>"]
 

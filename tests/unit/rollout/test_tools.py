@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from doubles import ScriptedEngine, turn_index
 
 from temper.envs import tools as registry
 from temper.rollout.base import SamplingParams
 from temper.rollout.chat import ChatTokenizer
 from temper.rollout.multiturn import EpisodeSpec, Feedback, MultiTurnRunner, MultiTurnSettings
-from temper.rollout.scripted import ScriptedEngine, turn_index
 from temper.rollout.tools import (
     ToolLoop,
     ToolSettings,

@@ -210,13 +210,6 @@ def test_gradient_checkpointing_gives_same_step(tiny_path: str) -> None:
     assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed", "megatron"])
-def test_unavailable_strategies_are_config_errors(strategy: str) -> None:
-    spec = EngineSpec(model=ModelConfig(path="unused"), device=torch.device("cpu"))
-    with pytest.raises(ConfigError, match=r"actor\.strategy.*not available yet"):
-        build_engine(strategy, spec)
-
-
 def test_fsdp2_outside_a_process_group_says_how_to_run_it() -> None:
     spec = EngineSpec(model=ModelConfig(path="unused"), device=torch.device("cpu"))
     with pytest.raises(ConfigError, match=r"actor\.strategy.*fsdp2 needs an initialized"):

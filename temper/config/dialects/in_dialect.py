@@ -1,0 +1,145 @@
+"""Errors found after translation, told in the dialect of the file the user wrote.
+
+Validation and derived-value checks run on the native config, so their errors name
+native keys (``actor.mini_batch_size``, ``resources.backend``). A verl or ROLL user
+cannot write those keys in their file — a fix that says ``resources.backend=local``
+makes a verl file fail with "unknown verl key". So an error raised on a translated
+config is rewritten before it is shown: its key becomes the key of the user's file that
+set that native field, and every native key named in its fix becomes the dialect key
+that sets it — the one this file used, else the dialect's key for that field — with the
+unit conversion said where the dialect counts differently (verl's
+``ppo_mini_batch_size`` counts prompts, temper's ``mini_batch_size`` samples). A native
+key with no counterpart in the dialect is named as a native key, marked as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import typing
+from typing import Any
+
+from temper.config.errors import ConfigError
+from temper.config.schema import TemperConfig
+
+#: How the dialects count differently: native key -> (dialect -> note after its key).
+UNITS: dict[str, dict[str, str]] = {
+    "actor.mini_batch_size": {
+        "verl": " (in prompts: temper's samples ÷ rollout.n)",
+        "roll": " (via per_device_train_batch_size × gradient_accumulation_steps × "
+        "data-parallel size)",
+    },
+    "critic.mini_batch_size": {
+        "verl": " (in prompts: temper's samples ÷ rollout.n)",
+        "roll": " (via per_device_train_batch_size × gradient_accumulation_steps × "
+        "data-parallel size)",
+    },
+}
+#: Native keys that no dialect key sets directly, with what to write instead.
+PHRASES: dict[str, dict[str, str]] = {
+    "model.path": {"verl": "actor_rollout_ref.model.path", "roll": "pretrain"},
+    "data.train_files": {"verl": "data.train_files", "roll": "actor_train.data_args.file_name"},
+    "data.val_files": {"verl": "data.val_files", "roll": "validation.data_args.file_name"},
+    "critic.model_path": {"verl": "critic.model.path", "roll": "reward_pretrain"},
+    "rollout.response_length": {
+        "verl": "data.max_response_length",
+        "roll": "response_length (or actor_infer.generating_args.max_new_tokens)",
+    },
+    "resources.backend": {
+        "verl": "one device (trainer.nnodes=1 and trainer.n_gpus_per_node=1: one process; "
+        "more devices run on Ray)",
+        "roll": "one device in every device_mapping (one process; more devices run on Ray)",
+    },
+    "reference.enable": {
+        "verl": "actor_rollout_ref.actor.use_kl_loss / algorithm.use_kl_in_reward (a KL term "
+        "turns the reference on)",
+        "roll": "use_kl_loss / add_token_level_kl (a KL term turns the reference on)",
+    },
+    "resources.devices_per_node": {
+        "verl": "trainer.n_gpus_per_node",
+        "roll": "num_gpus_per_node",
+    },
+}
+
+
+#: Native value names the dialects spell differently (training strategies).
+SPELLING: dict[str, dict[str, str]] = {
+    "roll": {
+        "fsdp2": "fsdp2_train",
+        "torch": "hf_train",
+        "deepspeed": "deepspeed_train",
+        "megatron": "megatron_train",
+    },
+    "verl": {"torch": "fsdp (one device)"},
+}
+_HAS = re.compile(r"(an engine this build has: )([\w, ]+)")
+
+
+@functools.cache
+def native_keys() -> frozenset[str]:
+    """Every dotted path of the native schema (sections and fields)."""
+    out: set[str] = set()
+
+    def walk(cls: Any, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            path = f"{prefix}{f.name}"
+            out.add(path)
+            tp = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{path}.")
+
+    walk(TemperConfig, "")
+    return frozenset(out)
+
+
+_TOKEN = re.compile(r"(?<![\w.])([a-z_]+(?:\.[a-z_]+)+)(?![\w.])(=[^\s,;)]+)?")
+
+
+def in_dialect(
+    err: ConfigError, dialect: str, sources: dict[str, str], table: dict[str, str]
+) -> ConfigError:
+    """``err`` with its key and fix in ``dialect`` terms (see the module doc).
+
+    ``sources``: native key -> the dialect key of this file that set it; ``table``: native
+    key -> the dialect key that sets it in general (from the dialect's key table).
+    """
+    if dialect == "native":
+        return err
+    keys = native_keys()
+
+    def dialect_key(native: str) -> str | None:
+        return sources.get(native) or table.get(native)
+
+    def word(m: re.Match[str]) -> str:
+        native, value = m.group(1), m.group(2) or ""
+        if native not in keys:
+            return m.group(0)
+        # a phrase first: a source that set a derived key (resources.backend from
+        # n_gpus_per_node) does not take the native value
+        found = None if native in PHRASES else dialect_key(native)
+        if found is not None:
+            return found + value + UNITS.get(native, {}).get(dialect, "")
+        phrase = PHRASES.get(native, {}).get(dialect)
+        if phrase is not None:  # a phrase says what to write; the native value does not fit it
+            return phrase if " " in phrase or not value else phrase + value
+        return f"{m.group(0)} (a temper key)"
+
+    key = err.key
+    if key in sources:
+        key = f"{sources[key]} (temper: {err.key})"
+    elif key in keys:
+        found = dialect_key(key) or PHRASES.get(key, {}).get(dialect)
+        if found is None:
+            # the nearest section this file set (``actor.megatron`` -> its role's key)
+            parent = key
+            while "." in parent and found is None:
+                parent = parent.rsplit(".", 1)[0]
+                found = sources.get(parent)
+        key = f"{found} (temper: {err.key})" if found else f"{err.key} (a temper key)"
+    fix = _TOKEN.sub(word, err.fix) if err.fix else err.fix
+    spelling = SPELLING.get(dialect, {})
+    fix = _HAS.sub(
+        lambda m: m.group(1) + ", ".join(spelling.get(v, v) for v in m.group(2).split(", ")), fix
+    )
+    return ConfigError(key, err.reason, fix)

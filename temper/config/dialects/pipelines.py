@@ -1,0 +1,158 @@
+"""Configs of verl and ROLL pipelines that temper has no loop for, recognised by shape.
+
+temper runs RL: the ``rlvr`` loop (PPO, GRPO and relatives, single-turn, verl's
+``main_ppo`` and ROLL's RLVR pipeline) and the ``agentic`` loop (multi-turn episodes).
+verl and ROLL ship other trainers too — supervised fine-tuning, DPO, distillation,
+generation-only runs, self-play recipes. Their configs reuse many RL keys, so a key-by-key
+translation would fail on some key deep inside with "unknown key, did you mean …", which
+sends the user after a typo that is not there. Instead such a file is recognised by the
+keys only that pipeline has, and refused in one line that names the pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from temper.config.errors import ConfigError
+
+RUNS = "temper runs RL only: the rlvr loop (PPO, GRPO, …) and the agentic loop"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A pipeline temper has no loop for, and the keys that identify its configs."""
+
+    name: str  # what the user would call it
+    what: str  # what it trains
+    matches: Callable[[dict[str, Any]], str | None]  # -> the key that identifies it
+
+
+def _get(data: dict[str, Any], path: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _any_key(*paths: str, truthy: bool = False) -> Callable[[dict[str, Any]], str | None]:
+    """Identified by the first of ``paths`` present (with a true value when ``truthy``)."""
+
+    def match(data: dict[str, Any]) -> str | None:
+        for path in paths:
+            value = _get(data, path)
+            present = value is not None or _has(data, path)
+            if present and (value or not truthy):
+                return path
+        return None
+
+    return match
+
+
+def _has(data: dict[str, Any], path: str) -> bool:
+    *parents, leaf = path.split(".")
+    node = _get(data, ".".join(parents)) if parents else data
+    return isinstance(node, dict) and leaf in node
+
+
+def _rollout_only(data: dict[str, Any]) -> str | None:
+    """ROLL's rollout pipelines generate (and dump) without training: no actor_train."""
+    if "actor_infer" in data and "actor_train" not in data:
+        return "actor_infer"
+    mock = data.get("rollout_mock")
+    if isinstance(mock, dict) and mock.get("enable") and mock.get("mode") == "dump":
+        return "rollout_mock.mode"
+    return None
+
+
+def _diffusion(data: dict[str, Any]) -> str | None:
+    if _get(data, "actor_train.model_args.model_type") == "diffusion_module":
+        return "actor_train.model_args.model_type"
+    return None
+
+
+def _verl_generation(data: dict[str, Any]) -> str | None:
+    if "actor_rollout_ref" not in data and "rollout" in data and _has(data, "data.output_path"):
+        return "data.output_path"
+    return None
+
+
+def _verl_eval(data: dict[str, Any]) -> str | None:
+    if "actor_rollout_ref" not in data and _has(data, "data.response_key"):
+        return "data.response_key"
+    return None
+
+
+def _verl_sft(data: dict[str, Any]) -> str | None:
+    if "actor_rollout_ref" in data:
+        return None
+    for path in ("model.partial_pretrain", "data.micro_batch_size_per_gpu", "optim", "engine"):
+        if _has(data, path):
+            return path
+    return None
+
+
+ROLL_SHAPES = (
+    Shape(
+        "ROLL DPO pipeline",
+        "direct preference optimization on chosen/rejected pairs",
+        _any_key("ipo", "chosen_key", "rejected_key", "label_smoothing"),
+    ),
+    Shape(
+        "ROLL SFT pipeline",
+        "supervised fine-tuning on prompt/response pairs",
+        _any_key("sft_train", "query_key", "response_key"),
+    ),
+    Shape(
+        "ROLL on-policy distillation pipeline",
+        "a student on its own samples, scored by teachers",
+        _any_key("student_train", "student_infer", "is_pure_opd", "use_opd", truthy=True),
+    ),
+    Shape(
+        "ROLL distillation pipeline",
+        "a student on a teacher's logits",
+        _any_key("student", "teacher", "student_pretrain", "teacher_pretrain", "kd_objective"),
+    ),
+    Shape("ROLL Reward-FL pipeline", "a diffusion model by reward feedback learning", _diffusion),
+    Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
+)
+VERL_SHAPES = (
+    Shape("verl SFT trainer", "supervised fine-tuning (fsdp_sft_trainer)", _verl_sft),
+    Shape(
+        "verl generation entry point", "batch generation to a file, no training", _verl_generation
+    ),
+    Shape("verl evaluation entry point", "scoring of saved generations, no training", _verl_eval),
+    Shape(
+        "verl SPIN recipe",
+        "self-play fine-tuning with a DPO-style loss",
+        _any_key("actor_rollout_ref.actor.dpo_beta", "trainer.ref_update_freq"),
+    ),
+    Shape(
+        "verl SPPO recipe",
+        "self-play preference optimization",
+        _any_key("actor_rollout_ref.actor.sppo_eta", "algorithm.sppo_eta"),
+    ),
+    Shape(
+        "verl PRIME recipe",
+        "a policy with an implicit process reward model trained alongside",
+        _any_key("reward_model.prime_granularity", "data.filter_accuracy"),
+    ),
+)
+SHAPES = {"roll": ROLL_SHAPES, "verl": VERL_SHAPES}
+
+
+def refuse_other_pipelines(data: dict[str, Any], dialect: str) -> None:
+    """``ConfigError`` naming the pipeline when ``data`` is a config of one temper lacks."""
+    for shape in SHAPES.get(dialect, ()):
+        key = shape.matches(data)
+        if key is not None:
+            raise ConfigError(
+                key,
+                f"this is a {shape.name} config ({shape.what}), a pipeline temper has no "
+                f"loop for; {RUNS}",
+                f"run it with {dialect if dialect == 'verl' else 'ROLL'}'s own trainer, or "
+                "write an RL config (verl main_ppo, ROLL RLVR or agentic)",
+            )

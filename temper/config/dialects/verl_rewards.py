@@ -1,0 +1,59 @@
+"""verl's code sandbox (``reward_model.sandbox_fusion``), as temper's rewards.
+
+- ``reward_model.sandbox_fusion.url`` set: code samples run on that SandboxFusion
+  service (``reward.sandbox: sandbox_fusion``, ``reward.sandbox_url``) — verl's
+  ``default_compute_score`` sends its code data sources there; ``memory_limit_mb`` is
+  sent with every request (``reward.sandbox_limits.memory_mb``); ``max_concurrent`` is
+  speed only (requests go out from the ``reward.num_workers`` processes). Unset, the
+  section is inert and code runs in temper's local sandbox (``reward.sandbox: bwrap``).
+
+The served reward model (``reward_model.rollout``) is verl's reward loop; its rules are
+with the other version-dependent keys (:mod:`temper.config.dialects.verl_versions`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temper.config.dialects.verl_rules import UNSET, Call, Rule
+
+RM = "reward_model"
+
+
+def _unset(value: Any) -> bool:
+    return value in (None, "", UNSET)
+
+
+def _leaves(value: Any, key: str) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{key}.{k}")]
+    return [(key, value)]
+
+
+def sandbox_fusion(value: Any, ctx: Any) -> None:
+    if not isinstance(value, dict):
+        raise ctx.error(f"expected a mapping, got {value!r}", "")
+    base = ctx.key
+    if _unset(value.get("url")):
+        for leaf, _ in _leaves(value, base):
+            ctx.note("accepted at its inert value (no SandboxFusion url: the local sandbox)", leaf)
+        return
+    for name, v in value.items():
+        ctx.key = f"{base}.{name}"
+        if name == "url":
+            ctx._write("reward.sandbox", "sandbox_fusion")
+            ctx._write("reward.sandbox_url", str(v))
+        elif name == "memory_limit_mb":
+            ctx._write("reward.sandbox_limits.memory_mb", int(v))
+        elif name == "max_concurrent":
+            ctx.note("no effect here (requests go out from the reward.num_workers processes)")
+        else:
+            raise ctx.error(
+                "unknown sandbox_fusion key", "use url, max_concurrent, memory_limit_mb"
+            )
+    ctx.key = base
+
+
+RULES: dict[str, Rule] = {
+    f"{RM}.sandbox_fusion": Call(sandbox_fusion),
+}

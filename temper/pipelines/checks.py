@@ -1,0 +1,131 @@
+"""What a run refuses before anything loads, for every pipeline: settings the config
+layer accepts on their own but the driver cannot honour in combination (each pipeline
+adds its own in ``check``). ``temper check`` and ``temper train`` run them; each failure
+is one ``ConfigError`` naming the key, the reason and the fix."""
+
+from __future__ import annotations
+
+from temper.algorithms import kl_estimator_needs_logits
+from temper.config.errors import ConfigError
+from temper.config.schema import AgenticConfig, TemperConfig
+from temper.config.typed import to_dict
+
+FILTER_METRICS = ("score", "reward")
+
+
+def check_run(cfg: TemperConfig) -> None:
+    """Raise ``ConfigError`` for the first setting the run could not honour."""
+    _check_reward_normalization(cfg)
+    _check_dynamic_sampling(cfg)
+    _check_full_kl(cfg)
+    _check_checkpoint_contents("actor", cfg.actor.checkpoint_contents)
+    _check_checkpoint_contents("critic", cfg.critic.checkpoint_contents)
+    if cfg.reward.launch_async:
+        raise ConfigError(
+            "reward.launch_async",
+            "rewards are scored (in reward worker processes) before the log-prob phase, "
+            "which needs the scores' batch; overlapping the two is not implemented",
+            "remove it (verl: reward_model.launch_reward_fn_async=false)",
+        )
+    if cfg.resources.ray.timeline_json_file and cfg.resources.backend != "ray":
+        raise ConfigError(
+            "resources.ray.timeline_json_file",
+            "a Ray timeline records Ray's tasks; with resources.backend=local no Ray runs",
+            "set resources.backend=ray, or remove it (experiment.profile_steps profiles "
+            "the local backend)",
+        )
+    if cfg.pipeline != "agentic" and to_dict(cfg.agentic) != to_dict(AgenticConfig()):
+        raise ConfigError(
+            "agentic",
+            f"the agentic section configures environments; pipeline {cfg.pipeline} has none",
+            "remove it, or set pipeline: agentic",
+        )
+
+
+CHECKPOINT_PARTS = ("model", "optimizer", "extra")
+HF_PARTS = ("hf", "hf_model")
+
+
+def _check_checkpoint_contents(role: str, contents: list[str]) -> None:
+    """temper's checkpoints are always resumable (model, optimizer, extra = RNG, sampler,
+    schedule) and always include the Hugging Face export ('hf' asks for what is there)."""
+    key = f"{role}.checkpoint_contents"
+    unknown = [c for c in contents if c not in (*CHECKPOINT_PARTS, *HF_PARTS)]
+    if unknown:
+        raise ConfigError(
+            key,
+            f"{unknown} are not checkpoint parts",
+            f"use {', '.join(CHECKPOINT_PARTS)} and optionally hf",
+        )
+    missing = [c for c in CHECKPOINT_PARTS if c not in contents]
+    if missing:
+        raise ConfigError(
+            key,
+            f"checkpoints without {', '.join(missing)} could not resume exactly; temper's "
+            "always hold the model, optimizer and extra state (and the HF export)",
+            f"set it to [{', '.join(CHECKPOINT_PARTS)}] (plus hf if you like)",
+        )
+
+
+def _check_reward_normalization(cfg: TemperConfig) -> None:
+    algo = cfg.algorithm
+    if algo.use_reward_norm and not algo.use_reward_scaling:
+        raise ConfigError(
+            "algorithm.use_reward_norm",
+            "subtracts the running mean as part of reward scaling (ROLL: 'only applicable "
+            "if use_reward_scaling is True')",
+            "set algorithm.use_reward_scaling: true too, or use reward_norm: running",
+        )
+    if algo.use_reward_scaling and algo.reward_norm != "none":
+        raise ConfigError(
+            "algorithm.use_reward_scaling",
+            f"normalizes rewards by running statistics, and reward_norm={algo.reward_norm} "
+            "normalizes them again",
+            "keep one: reward_norm: running with reward_scale: true is the same scaling",
+        )
+
+
+def _check_dynamic_sampling(cfg: TemperConfig) -> None:
+    fg, data = cfg.algorithm.filter_groups, cfg.data
+    if fg.metric not in FILTER_METRICS:
+        raise ConfigError(
+            "algorithm.filter_groups.metric",
+            f"'{fg.metric}' is not a per-sample value the filter can read",
+            f"use one of: {', '.join(FILTER_METRICS)}",
+        )
+    if data.gen_batch_size is None:
+        return
+    if not fg.enable and data.gen_batch_size != data.train_batch_size:
+        raise ConfigError(
+            "data.gen_batch_size",
+            f"{data.gen_batch_size} prompts per generation round, but without dynamic "
+            f"sampling a step trains on the first round's train_batch_size "
+            f"({data.train_batch_size}) prompts",
+            "set algorithm.filter_groups.enable: true, or remove data.gen_batch_size",
+        )
+    if data.gen_batch_size < data.train_batch_size:
+        raise ConfigError(
+            "data.gen_batch_size",
+            f"{data.gen_batch_size} prompts per generation round are fewer than the "
+            f"{data.train_batch_size} groups a step trains on",
+            f"set it ≥ data.train_batch_size ({data.train_batch_size})",
+        )
+
+
+def _check_full_kl(cfg: TemperConfig) -> None:
+    """The exact KL needs the reference's logits next to the actor's, micro-batch by
+    micro-batch, in the actor's process."""
+    algo, actor = cfg.algorithm, cfg.actor
+    keys = []
+    if algo.use_kl_in_reward and kl_estimator_needs_logits(algo.kl_penalty):
+        keys.append("algorithm.kl_penalty")
+    if actor.use_kl_loss and kl_estimator_needs_logits(actor.kl_loss_type):
+        keys.append("actor.kl_loss_type")
+    if keys and cfg.resources.backend == "ray":
+        raise ConfigError(
+            keys[0],
+            "the exact KL over the vocabulary ('full') needs the reference's logits in the "
+            "actor's process for every micro-batch; on the ray backend the reference is "
+            "another worker group",
+            "use resources.backend=local, or a sampled estimator (low_var_kl, kl, mse)",
+        )

@@ -1,0 +1,493 @@
+"""``temper check`` as a pre-flight: what ``temper train`` would reject in its first minute.
+
+A config that validates can still fail once a run starts: a model directory that does
+not exist, a data file without the prompt column, an output directory that cannot be
+written, an engine that is not installed or cannot run on this machine, a data source no
+reward function scores. :func:`preflight` finds those before Ray starts or a model
+loads — reading ``config.json`` / ``tokenizer_config.json``, data schemas and columns,
+never weights — and raises a ``ConfigError`` naming the key, the reason and the fix.
+
+Two things are settled instead of refused, so a GPU config can be debugged on a laptop:
+
+- an attention kernel this machine lacks (``flash_attention_2`` without the flash-attn
+  package or without CUDA) becomes ``sdpa``, the same math, with a note;
+- GPU-only tuning keys (engine memory fractions, CUDA graphs, fused kernels, …) set away
+  from their defaults are accepted with a note when the run is on CPU.
+
+``temper check`` prints the notes; ``temper train`` runs the same checks first. Checks are
+grouped (:data:`CHECKS`) so a caller can run some of them (the replay test of the
+upstream files runs ``engines`` only: their model and data paths are the authors').
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import socket
+from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
+from typing import Any
+
+from temper.config.errors import ConfigError
+from temper.config.schema import TemperConfig
+
+# --------------------------------------------------------------------------- hardware
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def on_cpu(cfg: TemperConfig) -> bool:
+    """Whether the run computes on CPU (``experiment.device``; ``auto`` without CUDA)."""
+    device = cfg.experiment.device
+    return device == "cpu" or (device == "auto" and not _cuda())
+
+
+#: GPU-only tuning keys: (native key, default, what it tunes). On CPU a non-default value
+#: changes nothing and is noted.
+GPU_TUNING: tuple[tuple[str, Any, str], ...] = (
+    ("rollout.gpu_memory_utilization", 0.5, "the engine's share of GPU memory"),
+    ("rollout.enforce_eager", True, "CUDA graphs"),
+    ("rollout.free_cache_engine", True, "freeing the GPU KV cache between phases"),
+    ("model.use_liger", False, "Liger's fused GPU kernels"),
+    ("model.use_fused_kernels", False, "fused GPU log-prob kernels"),
+    ("model.enable_activation_offload", False, "offloading activations from GPU memory"),
+    ("actor.fsdp.param_offload", False, "offloading parameters from GPU memory"),
+    ("actor.fsdp.optimizer_offload", False, "offloading optimizer state from GPU memory"),
+    ("critic.fsdp.param_offload", False, "offloading parameters from GPU memory"),
+    ("critic.fsdp.optimizer_offload", False, "offloading optimizer state from GPU memory"),
+    ("reference.param_offload", False, "offloading parameters from GPU memory"),
+)
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _set(cfg: Any, path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        cfg = getattr(cfg, part)
+    setattr(cfg, leaf, value)
+
+
+def check_engines(cfg: TemperConfig, notes: list[str]) -> None:
+    """Rollout engine, training strategies and attention kernel: installed and able to
+    run here (vLLM with this model; a DeepSpeed section that resolves; Megatron degrees
+    this hardware runs); GPU-only tuning noted on CPU."""
+    from temper.cluster.placement import worker_device
+    from temper.rollout.registry import check_rollout_engine, engine_problem
+    from temper.training.megatron_check import check_megatron
+    from temper.training.registry import check_engines as check_training_engines
+
+    problem = engine_problem(cfg.rollout.engine)
+    if problem is not None:
+        raise problem
+    check_rollout_engine(cfg.rollout, cfg.model)  # e.g. a VL model this vLLM cannot run
+    if cfg.experiment.device == "cuda" and not _cuda():
+        # verl's trainer.device defaults to cuda: a GPU config debugged on a laptop
+        cfg.experiment.device = "cpu"
+        notes.append("experiment.device: cuda -> cpu (no CUDA device on this machine)")
+    check_training_engines(cfg)  # deepspeed installed, its section resolves
+    notes.extend(check_megatron(cfg, worker_device(cfg)))
+    cpu = on_cpu(cfg)
+    attn = cfg.model.attn_implementation
+    if attn == "flash_attention_2":
+        missing = importlib.util.find_spec("flash_attn") is None
+        if cpu or missing:
+            why = "the run is on CPU" if cpu else "the flash-attn package is not installed"
+            cfg.model.attn_implementation = "sdpa"
+            notes.append(
+                f"model.attn_implementation: flash_attention_2 -> sdpa ({why}; sdpa computes "
+                "the same attention)"
+            )
+    if cpu:
+        for key, default, what in GPU_TUNING:
+            value = _get(cfg, key)
+            if value != default:
+                notes.append(f"{key}={value!r}: GPU-only tuning ({what}); no effect on CPU")
+
+
+# --------------------------------------------------------------------------- models
+
+
+def check_models(cfg: TemperConfig, notes: list[str]) -> None:
+    """Policy, tokenizer, critic and reward model: each a model directory with a
+    ``config.json`` (or a hub id in the local cache or reachable), read, not loaded."""
+    from temper.config.derive import uses_critic
+
+    check_model_path(cfg.model.path, "model.path", notes)
+    tok = cfg.model.tokenizer_path or cfg.model.path
+    key = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
+    check_tokenizer_path(tok, key, notes)
+    if uses_critic(cfg) and cfg.critic.model_path:
+        check_model_path(cfg.critic.model_path, "critic.model_path", notes)
+    if cfg.reward.model.enable:
+        if not cfg.reward.model.path:
+            raise ConfigError(
+                "reward.model.path",
+                "the reward model is enabled but no model is given",
+                "set reward.model.path to a sequence-classification model",
+            )
+        config = check_model_path(cfg.reward.model.path, "reward.model.path", notes)
+        archs = [str(a) for a in (config or {}).get("architectures") or []]
+        if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+            raise ConfigError(
+                "reward.model.path",
+                f"{cfg.reward.model.path} is a {', '.join(archs)}, not a sequence classifier "
+                "(a reward model scores a whole response with one number)",
+                "point it at an AutoModelForSequenceClassification checkpoint",
+            )
+
+
+def _alias(path: str) -> Path | None:
+    """A temper model alias's directory (``smollm2:135m-instruct``) without converting."""
+    from temper.utils.model_path import MODEL_ALIASES
+
+    name = path.strip().lower()
+    if name not in MODEL_ALIASES:
+        return None
+    from temper.utils.smollm2 import MODEL_DIR_NAME, STAMP, default_cache_dir, find_gguf
+
+    target = default_cache_dir() / MODEL_DIR_NAME
+    if (target / STAMP).is_file():
+        return target
+    try:
+        find_gguf()  # the package that carries the weights; converted on first use
+    except (ImportError, FileNotFoundError) as err:
+        raise ConfigError("model.path", f"'{path}': {err}", "") from err
+    return None
+
+
+def _hub_file(repo: str, filename: str, key: str) -> dict[str, Any] | None:
+    """``filename`` of hub repo ``repo``: from the local cache, else downloaded (one try,
+    short timeouts); a ConfigError when neither works."""
+    import huggingface_hub as hub  # transformers depends on it
+
+    cached = hub.try_to_load_from_cache(repo, filename)
+    if isinstance(cached, str):
+        return _read_json(Path(cached))
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    reason = "the hub is switched off (HF_HUB_OFFLINE)" if offline else ""
+    if not offline:
+        try:
+            socket.setdefaulttimeout(5)
+            socket.getaddrinfo("huggingface.co", 443)
+        except OSError:
+            reason = "the Hugging Face hub is unreachable from this machine"
+        finally:
+            socket.setdefaulttimeout(None)
+    if not reason:
+        try:
+            return _read_json(Path(hub.hf_hub_download(repo, filename, etag_timeout=10)))
+        except Exception as err:  # network, auth, a repo that does not exist
+            reason = f"the hub did not give {filename}: {' '.join(str(err).split())[:200]}"
+    raise ConfigError(
+        key,
+        f"'{repo}' is not a local directory and not in the Hugging Face cache, and {reason}",
+        "point it at a local model directory (or download the model first)",
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def check_model_path(path: str, key: str, notes: list[str]) -> dict[str, Any] | None:
+    """The parsed ``config.json`` of model ``path`` (None for an alias not converted yet)."""
+    if not path:
+        raise ConfigError(key, "no model given", "set it to a model directory or hub id")
+    if path.strip().lower() in _aliases():
+        target = _alias(path)
+        return _read_json(target / "config.json") if target is not None else None
+    local = Path(os.path.expanduser(path))
+    if local.exists() or not _HUB_ID.match(path):
+        if not local.is_dir():
+            raise ConfigError(
+                key,
+                f"model directory not found: {path}",
+                f"check the path (relative paths start at {Path.cwd()}), or use a hub id",
+            )
+        config = local / "config.json"
+        if not config.is_file():
+            raise ConfigError(
+                key,
+                f"{path} holds no config.json, so it is not a Hugging Face model directory",
+                "point it at the directory save_pretrained wrote",
+            )
+        data = _read_json(config)
+        if data is None:
+            raise ConfigError(key, f"{config} is not valid JSON", "re-save the model")
+        return data
+    return _hub_file(path, "config.json", key)
+
+
+def check_tokenizer_path(path: str, key: str, notes: list[str]) -> None:
+    if path.strip().lower() in _aliases():
+        return
+    local = Path(os.path.expanduser(path))
+    if local.is_dir():
+        if not any((local / f).is_file() for f in TOKENIZER_FILES):
+            raise ConfigError(
+                key,
+                f"{path} holds no tokenizer ({' or '.join(TOKENIZER_FILES)})",
+                "save the tokenizer there, or set model.tokenizer_path",
+            )
+        return
+    if _HUB_ID.match(path) and not local.exists():
+        _hub_file(path, "tokenizer_config.json", key)
+
+
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+# a hub id: ``name`` or ``org/name`` (a path starts with ., /, ~ or has more parts)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w\-.]*(/[\w\-.]+)?$")
+
+
+def _aliases() -> Iterable[str]:
+    from temper.utils.model_path import MODEL_ALIASES
+
+    return MODEL_ALIASES.keys()
+
+
+# --------------------------------------------------------------------------- data
+
+#: Rows read to collect the data sources and tags of a line-oriented file.
+MAX_SCAN_ROWS = 100_000
+
+
+def check_data(cfg: TemperConfig, notes: list[str]) -> None:
+    """Data files exist; their prompt (or messages) column is there; every sample (by
+    data source and ROLL tag) is scored by a reward."""
+    if cfg.pipeline != "rlvr":
+        return
+    for key, files in (
+        ("data.train_files", cfg.data.train_files),
+        ("data.val_files", cfg.data.val_files),
+    ):
+        if not files:
+            continue
+        columns, samples = _scan(files, key, cfg)
+        column = cfg.data.messages_key or cfg.data.prompt_key
+        ckey = "data.messages_key" if cfg.data.messages_key else "data.prompt_key"
+        if columns is not None and column.split(".")[0] not in columns and column not in columns:
+            raise ConfigError(
+                ckey,
+                f"the column '{column}' is not in {key} "
+                f"(its columns: {', '.join(sorted(columns))})",
+                f"set {ckey} to the column holding the prompts",
+            )
+        _check_rewards(cfg, samples, key)
+        if key == "data.train_files" and cfg.data.source_weights:
+            _check_weights(cfg, {tag for _source, tag in samples})
+
+
+def _check_weights(cfg: TemperConfig, tags: set[str]) -> None:
+    """Every weighted tag (or domain) has prompts, and every prompt a weight — what the
+    sampler checks when the run starts."""
+    from temper.data.sampler import domains_of
+
+    data = cfg.data
+    names = set(tags)
+    if data.source_domains:
+        names = set(domains_of(sorted(tags), data.source_domains, data.source_default_domain))
+    what = "domain(s)" if data.source_domains else "tag(s)"
+    empty = sorted(k for k, w in data.source_weights.items() if w > 0 and k not in names)
+    if empty:
+        raise ConfigError(
+            "data.source_weights",
+            f"{what} {', '.join(empty)} have a weight but no prompts in data.train_files "
+            f"(its {what}: {', '.join(sorted(names))})",
+            "give them a weight of 0, or add their data",
+        )
+    unweighted = sorted(names - set(data.source_weights))
+    if unweighted:
+        raise ConfigError(
+            "data.source_weights",
+            f"{what} {', '.join(unweighted)} have prompts but no weight",
+            "give every one a weight (0 excludes it)",
+        )
+
+
+def _scan(
+    files: list[str], key: str, cfg: TemperConfig
+) -> tuple[set[str] | None, set[tuple[str, str]]]:
+    """Columns and the (data source, tag) pairs of ``files``, as the data loader reads
+    them (a missing source is ``unknown``, a missing tag the source): parquet from its
+    schema and those two columns, other files from their rows (up to ``MAX_SCAN_ROWS``)."""
+    from temper.data.prompts import get_path
+    from temper.data.sources import expand_files, read_file
+
+    columns: set[str] = set()
+    samples: set[tuple[str, str]] = set()
+    ds_key, tag_key = cfg.data.data_source_key, cfg.data.tag_key
+    for path in expand_files(files, key):
+        rows: Iterable[dict[str, Any]]
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            try:
+                names = set(pq.read_schema(path).names)
+            except (OSError, ValueError) as err:
+                raise ConfigError(key, f"cannot read {path}: {err}", "check the file") from err
+            columns |= names
+            wanted = [c for c in {ds_key.split(".")[0], tag_key.split(".")[0]} if c in names]
+            rows = pq.read_table(path, columns=wanted).to_pylist() if wanted else [{}]
+        else:
+            rows = _rows(read_file(path, key), columns)
+        for row in rows:
+            source = get_path(row, ds_key)
+            source = (
+                "unknown" if source is None or not isinstance(source, str | int) else str(source)
+            )
+            tag = get_path(row, tag_key)
+            samples.add(
+                (source, source if tag is None or not isinstance(tag, str | int) else str(tag))
+            )
+    return columns, samples
+
+
+def _rows(source_rows: Iterable[Any], columns: set[str]) -> Iterable[dict[str, Any]]:
+    for i, row in enumerate(source_rows):
+        if i >= MAX_SCAN_ROWS:
+            return
+        if row.row is not None:
+            columns |= set(row.row)
+            yield row.row
+
+
+def _check_rewards(cfg: TemperConfig, samples: set[tuple[str, str]], key: str) -> None:
+    """Every sample finds a reward: the route whose tags hold its tag, a catch-all route,
+    else ``reward.function`` — which, for ``auto``, must know the sample's data source."""
+    reward = cfg.reward
+    if reward.function == "custom" or reward.custom_function.path:
+        from temper.rewards.custom import load_custom_function
+
+        load_custom_function(reward.custom_function.path, reward.custom_function.name)
+        return
+    routed = {t for r in reward.routes.values() for t in (r.tags or [])}
+    if any(not r.tags for r in reward.routes.values()) or reward.function != "auto":
+        return
+    if reward.model.enable and not reward.routes:
+        return  # verl: the reward model scores every sample
+    from temper.rewards.functions.auto import DATA_SOURCES, function_name_for
+
+    unknown = sorted(
+        {s for s, tag in samples if tag not in routed and function_name_for(s) is None}
+    )
+    if unknown:
+        missing = unknown == ["unknown"]
+        reason = (
+            f"the rows of {key} have no '{cfg.data.data_source_key}' column"
+            if missing
+            else f"no reward scores the data source(s) {', '.join(map(repr, unknown))} of {key}"
+        )
+        raise ConfigError(
+            "reward.function",
+            f"{reason}, and reward.function is auto, which picks a built-in reward by data source",
+            "set reward.function (or a custom reward function), or use data sources auto "
+            f"knows: {', '.join(sorted(DATA_SOURCES))}",
+        )
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def check_outputs(cfg: TemperConfig, notes: list[str]) -> None:
+    """The run and checkpoint directories can be created and written."""
+    from temper.pipelines.run import output_dir
+
+    out = output_dir(cfg)
+    _writable(out, "experiment.output_dir")
+    if cfg.experiment.checkpoint_dir:
+        _writable(Path(cfg.experiment.checkpoint_dir).expanduser(), "experiment.checkpoint_dir")
+    for key in ("rollout_data_dir", "validation_data_dir", "render_save_dir"):
+        value = getattr(cfg.experiment, key)
+        if value:
+            _writable(Path(value).expanduser(), f"experiment.{key}")
+
+
+def _writable(path: Path, key: str) -> None:
+    """``path`` exists as a writable directory, or its nearest existing parent is one."""
+    probe = path.resolve()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ConfigError(key, f"{probe} is a file, so {path} cannot be a directory", "")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "" if probe == path.resolve() else f" (its nearest existing parent {probe})"
+        raise ConfigError(
+            key, f"{path} cannot be written{where}", "choose a directory you can write"
+        )
+
+
+# --------------------------------------------------------------------------- tools, envs
+
+
+def check_tools_envs(cfg: TemperConfig, notes: list[str]) -> None:
+    """The multi-turn tool config loads and names registered tools; every environment
+    tag the env managers use resolves (type and parameters)."""
+    mt = cfg.rollout.multi_turn
+    if mt.tool_config_path:
+        from temper.envs import tools as tool_registry
+        from temper.rollout.tools import load_tool_schemas, schema_names
+
+        schemas = load_tool_schemas(mt.tool_config_path)
+        unknown = [n for n in schema_names(schemas) if n not in tool_registry.tool_names()]
+        if unknown:
+            raise ConfigError(
+                "rollout.multi_turn.tool_config_path",
+                f"tools {unknown} are not in temper's tool registry "
+                f"({', '.join(tool_registry.tool_names())})",
+                "register them with temper.envs.tools.register_tool, or remove them",
+            )
+    if cfg.pipeline == "agentic":
+        from temper.envs.registry import resolve_tag
+
+        tags = {*cfg.agentic.train_env_manager.tags, *cfg.agentic.val_env_manager.tags}
+        for tag in sorted(tags):
+            resolve_tag(tag, cfg.agentic.custom_envs[tag])
+
+
+# --------------------------------------------------------------------------- driver
+
+Check = Callable[[TemperConfig, list[str]], None]
+
+
+def check_reward_runtime(cfg: TemperConfig, notes: list[str]) -> None:
+    """The code sandbox runs here, the judge's template and parser resolve, IFEval is
+    installed (:func:`temper.rewards.preflight.check_rewards`)."""
+    from temper.rewards.preflight import check_rewards
+
+    check_rewards(cfg.reward)
+
+
+CHECKS: dict[str, Check] = {
+    "engines": check_engines,
+    "rewards": check_reward_runtime,
+    "models": check_models,
+    "data": check_data,
+    "outputs": check_outputs,
+    "tools_envs": check_tools_envs,
+}
+
+
+def preflight(cfg: TemperConfig, checks: Collection[str] | None = None) -> list[str]:
+    """Run the pre-flight ``checks`` (all by default) on ``cfg``; raise a ConfigError for
+    the first problem; return the notes of what was settled or has no effect here.
+    ``cfg`` is updated in place where a setting is settled (the attention kernel)."""
+    notes: list[str] = []
+    for name, check in CHECKS.items():
+        if checks is None or name in checks:
+            check(cfg, notes)
+    return notes

@@ -1,0 +1,286 @@
+"""Everything a run holds, built once from the config, for every pipeline: roles, the
+rollout engine, the pipeline's producer, shaping state, trackers — and what the driver
+does with them besides the step itself: weight sync, checkpoints, validation, summary."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from temper.cluster.judge import build_judge
+from temper.cluster.roles import ClusterRoles, build_cluster_roles, build_cluster_rollout
+from temper.config.derive import derive
+from temper.config.schema import TemperConfig
+from temper.data.batch import Batch
+from temper.pipelines import checkpointing as ckpt
+from temper.pipelines.producer import Pipeline, Producer, ProducerContext
+from temper.pipelines.shaping import ShapingSettings, ShapingState
+from temper.roles import Roles
+from temper.rollout import RolloutEngine
+from temper.tracking import MultiTracker, build_trackers
+from temper.utils.model_path import resolve_model_path
+
+
+def output_dir(cfg: TemperConfig) -> Path:
+    exp = cfg.experiment
+    return Path(exp.output_dir or f"outputs/{exp.project_name}/{exp.experiment_name}").expanduser()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_tokenizer(cfg: TemperConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(cfg.model.tokenizer_path or cfg.model.path)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+@dataclasses.dataclass
+class Run:
+    """A run's long-lived parts, its step counter and its history."""
+
+    cfg: TemperConfig
+    out_dir: Path
+    tokenizer: Any
+    roles: Roles
+    rollout: RolloutEngine
+    producer: Producer
+    shaping: ShapingSettings
+    shaping_state: ShapingState
+    tracker: MultiTracker
+    total_steps: int
+    step: int = 0
+    resumed_from: Path | None = None
+    reward_history: list[float] = dataclasses.field(default_factory=list)
+    val_history: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
+    last_save_s: float = 0.0
+
+    def sync_weights(self, force: bool = False) -> None:
+        """Push the actor's weights to the rollout engine (a no-op when it shares them).
+
+        ``force``: regardless of ``model_update_frequency`` (after loading a checkpoint).
+        """
+        every = max(1, self.cfg.rollout.model_update_frequency)
+        if not self.rollout.shared and (force or self.step % every == 0):
+            self.rollout.load_weights(self.roles.actor.engine.named_weights())
+
+    @contextlib.contextmanager
+    def profiling(self) -> Iterator[None]:
+        """Run the current step under ``torch.profiler`` when ``experiment.profile_steps``
+        lists it; the trace goes to ``<output_dir>/profile/step_<N>.json`` (open it in
+        chrome://tracing or Perfetto)."""
+        if self.step not in (self.cfg.experiment.profile_steps or []):
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities, record_shapes=True) as prof:
+            yield
+        path = self.out_dir / "profile" / f"step_{self.step}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+        print(f"profile: {path}", flush=True)
+
+    def validate(self, log: bool = True) -> dict[str, float]:
+        """Validate now: record it for the summary, print its samples, and (``log``) send
+        its metrics to the trackers (else the caller logs them with the step's row)."""
+        result = self.producer.validate(self.step)
+        self.val_history.append((self.step, result.metrics))
+        for k, text in enumerate(result.samples):
+            print(f"[val step {self.step} #{k}] " + text.replace("\n", "\n    "), flush=True)
+            self.tracker.log_text(f"val/generations/{k}", text, self.step)
+        if log:
+            self.tracker.log(result.metrics, self.step)
+        return result.metrics
+
+    def should_save(self, stopping: bool) -> bool:
+        """Checkpoint now? Every ``save_freq`` steps, at the last step, and on a signal."""
+        freq = self.cfg.experiment.save_freq
+        periodic = freq > 0 and self.step % freq == 0
+        return periodic or stopping or self.step >= self.total_steps
+
+    def save_checkpoint(self) -> Path:
+        """An atomic, resumable checkpoint of this step (see pipelines.checkpointing)."""
+        path = ckpt.save_checkpoint(self)
+        print(f"checkpoint: {path} ({self.last_save_s:.1f}s)", flush=True)
+        return path
+
+    def save_final(self) -> None:
+        """The trained actor as a Hugging Face directory (loads in transformers/vLLM)."""
+        self.roles.actor.engine.save_hf(str(self.out_dir / "final" / "actor"))
+        self.tokenizer.save_pretrained(str(self.out_dir / "final" / "actor"))
+
+    def summary(self, stopped_by: str | None = None) -> dict[str, Any]:
+        """The run's summary: steps, ``train/score_mean`` history (first/last, and the mean
+        of the first/last 5 steps), validations and the producer's headline before/after."""
+        rewards = self.reward_history
+        k = min(5, len(rewards)) or 1
+        nan = float("nan")
+        out: dict[str, Any] = {
+            "steps": self.step,
+            "output_dir": str(self.out_dir),
+            "stopped_by": stopped_by,
+            "rewards": list(rewards),
+            "reward_first": rewards[0] if rewards else nan,
+            "reward_last": rewards[-1] if rewards else nan,
+            "reward_first5": float(np.mean(rewards[:k])) if rewards else nan,
+            "reward_last5": float(np.mean(rewards[-k:])) if rewards else nan,
+            "val": [m for _, m in self.val_history],
+            "val_steps": [step for step, _ in self.val_history],
+        }
+        out.update(val_summary(self.val_history, self.producer.headline)[0])
+        return out
+
+    def closing_line(self, summary: dict[str, Any]) -> str:
+        stopped = summary["stopped_by"]
+        text = val_summary(self.val_history, self.producer.headline)[1]
+        return (
+            f"{'stopped by ' + stopped if stopped else 'done'}: {summary['steps']} steps; "
+            f"train/score_mean first {summary['reward_first']:.3f} → last "
+            f"{summary['reward_last']:.3f} (mean of first/last 5 steps: "
+            f"{summary['reward_first5']:.3f} → {summary['reward_last5']:.3f})"
+            + (f"; {text}" if text else "")
+            + f"; outputs in {summary['output_dir']}"
+        )
+
+    def close(self) -> None:
+        self.producer.close()
+        self.rollout.close()
+        self.tracker.close()
+        self.roles.shutdown()
+
+
+def val_summary(
+    history: list[tuple[int, dict[str, float]]], key: str
+) -> tuple[dict[str, float], str]:
+    """Summary keys and the closing line's text for validations ``(step, metrics)``.
+
+    ``val_first`` / ``val_last``: ``key`` (the producer's headline) of the first and last
+    validation; ``val_before``: of the one at step 0 (``val_before_train``), ``val_after``:
+    of the last one after ≥ 1 step. The text says "before → after" only when both exist,
+    so a run that validated only before training does not report its one measurement as
+    a before/after pair.
+    """
+    rate = {step: m[key] for step, m in history if key in m}
+    if not rate:
+        return {}, ""
+    steps = [step for step, _ in history if step in rate]
+    out = {"val_first": rate[steps[0]], "val_last": rate[steps[-1]]}
+    before = rate.get(0)
+    after_step = max(steps)
+    if before is not None:
+        out["val_before"] = before
+    if after_step > 0:
+        out["val_after"] = rate[after_step]
+    after = f"{rate[after_step]:.3f} after {after_step} steps" if after_step > 0 else ""
+    if before is not None and after:
+        text = f"{key} {before:.3f} before training → {after}"
+    elif before is not None:
+        text = f"{key} {before:.3f} before training (no validation after it)"
+    else:
+        text = f"{key} {out['val_first']:.3f} → {after}"
+    return out, text
+
+
+def build_run(cfg: TemperConfig, pipeline: Pipeline) -> Run:
+    """Load models, engine, the producer and trackers for ``cfg`` (already validated),
+    then resume per ``experiment.resume_mode``."""
+    derived = derive(cfg)
+    seed_everything(cfg.experiment.seed)
+    out = output_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    resume_from = ckpt.find_resume_checkpoint(cfg, out)
+    if resume_from is not None:  # before any model loads: a bad resume fails fast
+        for line in ckpt.check_resume_config(cfg, resume_from):
+            print(line, flush=True)
+    tokenizer = load_tokenizer(cfg)
+    roles = build_cluster_roles(cfg)  # in process, or Ray worker groups (resources.backend)
+    producer: Producer | None = None
+    tracker: MultiTracker | None = None
+    try:
+        rollout = build_cluster_rollout(cfg, roles, tokenizer)  # or the actor_infer ranks
+        device = roles.actor.engine.device
+        remote_judge = roles.judge if isinstance(roles, ClusterRoles) else None
+        judge = build_judge(cfg, device, remote_judge)  # LLM judge (function llm_judge), if used
+        context = ProducerContext(cfg, tokenizer, rollout, device, out, judge)
+        producer = pipeline.build(context)
+        total = producer.total_steps
+        samples = derived.samples_per_step
+        roles.actor.set_total_steps(total * roles.actor.optimizer_steps_per_update(samples))
+        if roles.critic is not None:
+            roles.critic.set_total_steps(total * roles.critic.optimizer_steps_per_update(samples))
+        tracker = build_trackers(
+            cfg.experiment.trackers,
+            out,
+            total_steps=total,
+            every=cfg.experiment.logging_steps,
+            kwargs=cfg.experiment.tracker_kwargs,
+            project=cfg.experiment.project_name,
+            name=cfg.experiment.experiment_name,
+            start_step=ckpt.checkpoint_step(resume_from) + 1 if resume_from is not None else 0,
+        )
+        run = Run(
+            cfg=cfg,
+            out_dir=out,
+            tokenizer=tokenizer,
+            roles=roles,
+            rollout=rollout,
+            producer=producer,
+            shaping=ShapingSettings.from_config(cfg),
+            shaping_state=ShapingState.from_config(cfg.algorithm),
+            tracker=tracker,
+            total_steps=total,
+            resumed_from=resume_from,
+        )
+    except BaseException:  # reward workers, envs and Ray groups must not outlive a failure
+        if producer is not None:
+            producer.close()
+        if tracker is not None:
+            tracker.close()
+        roles.shutdown()
+        raise
+    if resume_from is not None:
+        start = time.perf_counter()
+        try:
+            ckpt.load_checkpoint(run, resume_from)
+        except BaseException:
+            run.close()
+            raise
+        took = time.perf_counter() - start
+        print(f"resumed from {resume_from} at step {run.step} ({took:.1f}s)", flush=True)
+    return run
+
+
+def response_metrics(batch: Batch) -> dict[str, float]:
+    """Length and truncation of one step's responses (before any loss mask)."""
+    lengths = batch["response_mask"].sum(-1).float()
+    truncated = [bool(t) for t in batch["truncated"]] if "truncated" in batch else []
+    return {
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
+        "response/clip_ratio": float(np.mean(truncated)) if truncated else 0.0,
+        "perf/samples": float(len(batch)),
+    }
+
+
+def throughput(tokens: float, step_seconds: float) -> dict[str, float]:
+    """``perf/tokens_per_s``: the step's prompt and response tokens per second."""
+    return {"perf/tokens_per_s": tokens / max(step_seconds, 1e-9)}

@@ -1,0 +1,23 @@
+"""Phase timings of one RL step: ``timing/<phase>_s``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class Timer:
+    """Collects ``timing/<name>_s`` for the phases of one step (the driver's and the
+    producer's: ``rollout``, ``reward``, …); a phase entered twice (generation rounds of
+    dynamic sampling) adds up."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        key = f"timing/{name}_s"
+        self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start

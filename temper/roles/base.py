@@ -1,0 +1,111 @@
+"""The role interfaces the driver programs against.
+
+The driver calls the same methods whether a role lives in this process (:class:`Actor`,
+:class:`Critic`, :class:`Reference` over a training engine) or on Ray worker groups
+(``temper.cluster.roles``' proxies): these Protocols are everything it may use, so a
+proxy that type-checks against them can stand in for the local role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from temper.data.batch import Batch
+
+
+class RoleEngine(Protocol):
+    """What callers use of a role's engine: a ``TrainEngine`` in this process, or the
+    driver's handle on a sharded engine (``temper.cluster.roles.RemoteEngine``)."""
+
+    @property
+    def shareable_module(self) -> nn.Module | None:
+        """A Hugging Face causal LM that is the engine's live weights in this process (a
+        colocated ``hf`` rollout generates with it), or None (sharded, Megatron, remote)."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the role computes (reward models colocate there)."""
+        ...
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """Full weights under Hugging Face names (LoRA merged), for weight sync."""
+        ...
+
+    def save_hf(self, path: str) -> None:
+        """A Hugging Face model directory (loads in transformers and vLLM)."""
+        ...
+
+    def save_checkpoint(self, path: str) -> None:
+        """The engine's resumable state (weights, optimizer, schedule) under ``path``."""
+        ...
+
+    def load_checkpoint(self, path: str) -> None:
+        """Inverse of :meth:`save_checkpoint`."""
+        ...
+
+
+class TrainedRole(Protocol):
+    """A role with an optimizer: the actor or the critic."""
+
+    updates: int  # updates done (seeds the mini-batch shuffle; checkpointed)
+
+    @property
+    def engine(self) -> RoleEngine: ...
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over mini-batches of the step's batch; averaged metrics."""
+        ...
+
+    def optimizer_steps_per_update(self, num_samples: int) -> int:
+        """Optimizer steps one ``update`` of ``num_samples`` samples takes."""
+        ...
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """Total optimizer steps of the run (the LR schedule's length)."""
+        ...
+
+
+class ActorRole(TrainedRole, Protocol):
+    """The policy: old log-probs before the update, then the update."""
+
+    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+        """A copy of ``batch`` with ``old_log_probs`` (and ``full_kl`` where the run
+        uses the exact KL against the reference)."""
+        ...
+
+
+class CriticRole(TrainedRole, Protocol):
+    """The value model."""
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """A copy of ``batch`` with ``values`` (B, R)."""
+        ...
+
+
+class ReferenceRole(Protocol):
+    """The frozen reference policy."""
+
+    @property
+    def engine(self) -> RoleEngine: ...
+
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        """A copy of ``batch`` with ``ref_log_probs`` (B, R)."""
+        ...
+
+
+@dataclass
+class Roles:
+    """The trained and frozen roles of a run (``None``: not used by this config)."""
+
+    actor: ActorRole
+    reference: ReferenceRole | None
+    critic: CriticRole | None
+
+    def shutdown(self) -> None:
+        """Release what the roles hold outside this process (Ray worker groups)."""

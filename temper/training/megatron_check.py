@@ -1,0 +1,202 @@
+"""What a megatron role can run on this machine, checked before any model loads.
+
+``temper check`` calls :func:`check_megatron` on the whole config; the engine calls
+:func:`check_engine_spec` for its own role, so a run started from Python fails the same
+way. Nothing here imports Megatron-Core (only asks whether it is installed).
+
+What runs where:
+
+* everywhere (CPU with gloo, CUDA with nccl): tensor parallelism, data parallelism over
+  the role's remaining ranks, the actor, critic and reference, checkpoints;
+* CUDA only: activation recompute (``recompute_*``, ``model.enable_gradient_checkpointing``),
+  whose checkpointing saves CUDA RNG states;
+* memory/speed options that do not change the update and that this build does not
+  apply — sequence parallel, the distributed optimizer, overlapped gradient reduce /
+  parameter gather, parameter/gradient/optimizer offload (optimizer state is kept
+  whole on every DP rank; gradients are all-reduced after the backward). They are
+  reported as notes, not errors, so a GPU config checks and runs unchanged;
+* not in this build: pipeline parallelism (and its virtual stages), context parallelism,
+  expert parallelism (the converter covers dense models), LoRA — errors naming the key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from temper.config.derive import uses_critic, uses_reference
+from temper.config.errors import ConfigError
+from temper.config.schema import MegatronConfig, TemperConfig
+
+if TYPE_CHECKING:
+    from temper.training.spec import EngineSpec
+
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+INSTALL = "pip install 'temper-rl[megatron]' (scripts/install.sh installs it)"
+
+
+def megatron_installed() -> bool:
+    return importlib.util.find_spec("megatron") is not None and (
+        importlib.util.find_spec("megatron.core") is not None
+    )
+
+
+def _roles(cfg: TemperConfig) -> list[tuple[str, MegatronConfig]]:
+    roles = []
+    if cfg.actor.strategy == "megatron":
+        roles.append(("actor", cfg.actor.megatron))
+    if uses_critic(cfg) and cfg.critic.strategy == "megatron":
+        roles.append(("critic", cfg.critic.megatron))
+    if uses_reference(cfg) and cfg.reference.strategy == "megatron" and cfg.model.lora.rank == 0:
+        roles.append(("reference", cfg.reference.megatron))
+    return roles
+
+
+def check_megatron(cfg: TemperConfig, device_type: str) -> list[str]:
+    """Raise ``ConfigError`` for what cannot run; return notes on options not applied."""
+    notes: list[str] = []
+    for role, m in _roles(cfg):
+        ckpt = cfg.model.enable_gradient_checkpointing and role != "reference"
+        notes += check_section(
+            role, m, device_type=device_type, lora=cfg.model.lora.rank, gradient_checkpointing=ckpt
+        )
+        sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
+        if sp > 1:
+            raise ConfigError(
+                f"{role}.ulysses_sequence_parallel_size",
+                "Ulysses sequence parallelism is an fsdp2 option; the megatron engine splits "
+                "sequences with context_parallel_size",
+                "set it to 1",
+            )
+    return notes
+
+
+def check_engine_spec(spec: EngineSpec) -> None:
+    """The engine-side check of one role (raises; notes are logged by the engine)."""
+    check_section(
+        spec.role, spec.megatron_config, device_type=spec.device.type, lora=spec.model.lora.rank
+    )
+    if spec.train is not None and spec.train.ulysses_sequence_parallel_size > 1:
+        raise ConfigError(
+            f"{spec.role}.ulysses_sequence_parallel_size",
+            "Ulysses sequence parallelism is an fsdp2 option; the megatron engine splits "
+            "sequences with context_parallel_size",
+            "set it to 1",
+        )
+
+
+def check_section(
+    role: str,
+    m: MegatronConfig,
+    *,
+    device_type: str,
+    lora: int,
+    gradient_checkpointing: bool = False,
+) -> list[str]:
+    """Raise for what this role's section cannot run; notes on options not applied."""
+    key = f"{role}.megatron"
+    if not megatron_installed():
+        raise ConfigError(
+            f"{role}.strategy",
+            "strategy megatron needs the megatron-core package, which is not installed",
+            INSTALL,
+        )
+    if lora > 0:
+        raise ConfigError(
+            "model.lora.rank",
+            f"LoRA is not supported by the megatron engine ({role}.strategy: megatron)",
+            f"set model.lora.rank: 0, or {role}.strategy: fsdp2",
+        )
+    for name in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+    ):
+        if getattr(m, name) < 1:
+            raise ConfigError(f"{key}.{name}", "must be ≥ 1", "set it to 1 or more")
+    if m.pipeline_model_parallel_size > 1:
+        raise ConfigError(
+            f"{key}.pipeline_model_parallel_size",
+            "pipeline parallelism is not in this build of the megatron engine (on CPU "
+            "Megatron's pipeline schedules cannot run at all: their send/receive buffers "
+            "are CUDA tensors)",
+            "set it to 1 and use tensor_model_parallel_size (and data parallelism) instead",
+        )
+    if m.virtual_pipeline_model_parallel_size not in (None, 1):
+        raise ConfigError(
+            f"{key}.virtual_pipeline_model_parallel_size",
+            "interleaved pipeline stages need pipeline parallelism, which is not in this build",
+            "set it to null",
+        )
+    if m.context_parallel_size > 1:
+        why = (
+            "on CPU Megatron's context-parallel attention cannot run (it is "
+            "TransformerEngine's, a CUDA library)"
+            if device_type != "cuda"
+            else "context parallelism is not in this build of the megatron engine"
+        )
+        raise ConfigError(f"{key}.context_parallel_size", why, "set it to 1")
+    if m.expert_model_parallel_size > 1 or (m.expert_tensor_parallel_size or 1) > 1:
+        name = (
+            "expert_model_parallel_size"
+            if m.expert_model_parallel_size > 1
+            else "expert_tensor_parallel_size"
+        )
+        raise ConfigError(
+            f"{key}.{name}",
+            "expert parallelism needs a mixture-of-experts model; the megatron engine "
+            "converts dense Llama, Qwen2 and Qwen3 models only",
+            "set it to 1 (null for expert_tensor_parallel_size)",
+        )
+    if m.recompute_granularity not in (None, *RECOMPUTE_GRANULARITIES):
+        raise ConfigError(
+            f"{key}.recompute_granularity",
+            f"unknown value '{m.recompute_granularity}'",
+            "use full, selective or null",
+        )
+    if m.recompute_method not in (None, *RECOMPUTE_METHODS):
+        raise ConfigError(
+            f"{key}.recompute_method",
+            f"unknown value '{m.recompute_method}'",
+            "use uniform, block or null",
+        )
+    notes = unapplied_options(m, device_type, gradient_checkpointing=gradient_checkpointing)
+    return [f"{key}.{note}" for note in notes]
+
+
+def unapplied_options(
+    m: MegatronConfig, device_type: str, *, gradient_checkpointing: bool = False
+) -> list[str]:
+    """Notes on the section's set options that are not applied here (see module doc);
+    each changes memory or speed only."""
+    out: list[str] = []
+    names = [
+        "sequence_parallel",
+        "use_distributed_optimizer",
+        "overlap_grad_reduce",
+        "overlap_param_gather",
+        "param_offload",
+        "grad_offload",
+        "optimizer_offload",
+    ]
+    on = [n for n in names if getattr(m, n)]
+    if on:
+        out.append(
+            f"{', '.join(on)}: not applied by this build of the megatron engine (optimizer "
+            "state is kept whole on each data-parallel rank, gradients are all-reduced after "
+            "the backward); memory/speed only, the update is the same"
+        )
+    moe = sorted(k for k in m.extra if k.startswith("moe_"))
+    if moe:
+        out.append(
+            f"extra.{', '.join(moe)}: mixture-of-experts settings; the megatron engine converts "
+            "dense models only, where Megatron-Core ignores them"
+        )
+    if device_type != "cuda" and (m.recompute_granularity or gradient_checkpointing):
+        out.append(
+            "recompute_granularity: activation recompute needs CUDA (Megatron saves CUDA RNG "
+            "states); not applied on CPU, the update is the same"
+        )
+    return out

@@ -1,0 +1,268 @@
+"""The ``megatron`` engine: a Megatron-Core ``GPTModel`` with tensor and data parallelism
+(verl ``strategy: megatron``, ROLL ``megatron_train`` / ``megatron_infer``).
+
+It runs inside the role's ``torch.distributed`` world (the Ray worker group; a one-rank
+world is made on the local backend). :mod:`megatron_parallel` cuts the world into
+tensor-parallel (TP) groups and data-parallel (DP) groups; :mod:`megatron_model` builds
+the model from the HF checkpoint, each rank holding its TP shard. The training loop,
+micro-batching, loss bookkeeping and LR schedule are the :class:`TorchEngine`'s; this
+class supplies the model, its forward, and the collectives:
+
+* **Samples.** A TP group computes on the same samples (the worker group hands every
+  rank of it the same shard, see :attr:`dp_rank`); DP groups on different ones. Loss
+  normalizers and metrics are summed over the DP group only.
+* **Forward.** Each micro-batch (left-padded prompt ‖ right-padded response) is shifted
+  row by row so that its real tokens start at position 0: RoPE positions are then the
+  sequence positions, exactly Hugging Face's ``cumsum(mask) - 1``, and causal attention
+  alone masks the trailing padding. Log-probs and entropy come from the vocabulary-
+  parallel logits without gathering them (:mod:`megatron_vocab`).
+* **Gradients.** TP-sharded weights get their gradient from Megatron's TP layers;
+  after the micro-batches, gradients are summed over the DP group (each rank's loss is
+  a partial sum of the mini-batch loss), then clipped by the global norm, counting
+  each TP-replicated weight (norms) once. AdamW on the fp32 local shards, as the torch
+  engine does — so one update equals the torch engine's at any TP × DP.
+* **Collectives in step.** Every rank runs the same number of micro-batches (padding
+  micro-batches with zero loss, as FSDP2 does) and a non-finite loss anywhere stops
+  every rank before its backward.
+
+Checkpoints (sharded, reshardable over TP and DP) and the export to Hugging Face names
+live in :mod:`megatron_io`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from temper.data.batch import Batch
+from temper.training import megatron_io
+from temper.training.megatron_check import check_engine_spec, unapplied_options
+from temper.training.megatron_model import MegatronModel, build_model, read_model_source
+from temper.training.megatron_parallel import init_parallel
+from temper.training.megatron_vocab import log_probs_and_entropy
+from temper.training.micro_batching import (
+    MicroBatching,
+    ModelInputs,
+    model_inputs,
+    pad_response,
+    split_micro_batches,
+)
+from temper.training.spec import EngineSpec
+from temper.training.torch_engine import TorchEngine
+
+log = logging.getLogger(__name__)
+
+
+def right_align(inp: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, index)``: each row shifted left past its leading padding (real tokens from
+    position 0, padding at the end), trimmed to the longest row; ``index (b, R')`` holds
+    the shifted position whose output predicts each response token."""
+    mask = inp.attention_mask
+    width = mask.shape[1]
+    lead = (mask.cumsum(dim=1) == 0).sum(dim=1)
+    length = int(mask.sum(dim=1).max())
+    arange = torch.arange(length, device=mask.device)
+    gather = (arange.unsqueeze(0) + lead.unsqueeze(1)).clamp(max=width - 1)
+    ids = inp.input_ids.gather(1, gather)
+    prompt_width = width - inp.response_len
+    r = torch.arange(inp.response_len, device=mask.device)
+    index = (prompt_width - 1 - lead).unsqueeze(1) + r.unsqueeze(0)
+    return ids, index.clamp(max=length - 1)
+
+
+class MegatronEngine(TorchEngine):
+    """Causal LM or value model on Megatron-Core, tensor × data parallel."""
+
+    built: MegatronModel  # the GPTModel and its conversion maps (set by _load_model)
+
+    def __init__(self, spec: EngineSpec) -> None:
+        check_engine_spec(spec)
+        device = spec.device
+        if device.type == "cuda":
+            import os
+
+            index = int(os.environ.get("LOCAL_RANK", device.index or 0))
+            torch.cuda.set_device(index)
+            device = torch.device("cuda", index)
+            spec = replace(spec, device=device)
+        self.source = read_model_source(spec)  # before any process group or Megatron state
+        self.parallel = init_parallel(
+            spec.megatron_config, role=spec.role, device=device, seed=spec.seed
+        )
+        self._comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        ckpt = spec.model.enable_gradient_checkpointing and spec.train is not None
+        for note in unapplied_options(
+            spec.megatron_config, device.type, gradient_checkpointing=ckpt
+        ):
+            log.warning("%s.megatron.%s", spec.role, note)
+        for flag in ("use_liger", "use_fused_kernels"):
+            if getattr(spec.model, flag):
+                log.warning("model.%s is a GPU kernel option the megatron engine ignores", flag)
+        self.ckpt_mesh: Any = None  # made at the first checkpoint (megatron_io)
+        super().__init__(spec)  # builds the model: _load_model sets self.built
+        self.ckpt_kinds = {pm.megatron: pm.kind for pm in self.built.maps}
+
+    # ------------------------------------------------------------------ model
+
+    def _load_model(self) -> nn.Module:
+        self.built = build_model(self.spec, self.source, self.parallel, self.device)
+        module: nn.Module = self.built.module
+        if not self.trainable:
+            module.requires_grad_(False)
+        return module
+
+    @property
+    def shareable_module(self) -> nn.Module | None:
+        return None  # not a Hugging Face module: rollout engines get synced copies
+
+    @property
+    def has_adapters(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ forward
+
+    def _run(
+        self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
+    ) -> dict[str, torch.Tensor]:
+        inp = model_inputs(mb, self.device)
+        ids, index = right_align(inp)
+        positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        out: dict[str, torch.Tensor] = {}
+        with self._autocast():
+            hidden = self.model(ids, positions, None)  # (b, L, V/TP) or (b, L, 1) values
+        if self.spec.kind == "value":
+            out["values"] = hidden.squeeze(-1).float().gather(1, index)
+        else:
+            at = index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+            logits = hidden.gather(1, at)
+            log_p, entropy = log_probs_and_entropy(
+                logits,
+                inp.response_ids,
+                self.built.vocab,
+                temperature=temperature,
+                with_entropy=with_entropy,
+            )
+            out["log_probs"] = log_p
+            if entropy is not None:
+                out["entropy"] = entropy if entropy_grad else entropy.detach()
+        mask = mb["response_mask"][:, : inp.response_len].to(self.device) > 0
+        return {
+            k: pad_response(
+                torch.where(mask, v.float(), torch.zeros_like(v, dtype=torch.float32)),
+                inp.full_response_len,
+            )
+            for k, v in out.items()
+        }
+
+    # ------------------------------------------------------------------ collectives
+
+    @property
+    def dp_size(self) -> int:
+        return self.parallel.dp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.parallel.dp_rank
+
+    def _all_reduce(self, values: list[float], op: Any, group: Any = None) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
+        dist.all_reduce(t, op=op, group=group)
+        return t.tolist()
+
+    def global_sum(self, values: list[float]) -> list[float]:
+        """Sum over the DP group (the ranks of a TP group hold the same samples)."""
+        if self.parallel.dp == 1:
+            return [float(v) for v in values]
+        return self._all_reduce(
+            [float(v) for v in values], dist.ReduceOp.SUM, self.parallel.dp_group
+        )
+
+    def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        keys = sorted(sums)
+        return dict(zip(keys, self.global_sum([sums[k] for k in keys])))
+
+    def _split(self, batch: Batch, spec: MicroBatching) -> tuple[list[Batch], list[list[int]]]:
+        """The rank's micro-batches, padded with row-less copies to the world's maximum
+        count (the finiteness check below is a collective per micro-batch)."""
+        if len(batch) == 0:
+            raise ValueError(
+                f"{self.spec.role} rank {self.parallel.rank} got no samples; the worker "
+                "group pads batches so that every rank gets at least one"
+            )
+        micro, groups = split_micro_batches(batch, spec)
+        if self.parallel.world == 1:
+            return micro, groups
+        (most,) = self._all_reduce([float(len(micro))], dist.ReduceOp.MAX)
+        pad = int(most) - len(micro)
+        return [*micro, *[micro[-1]] * pad], [*groups, *[[] for _ in range(pad)]]
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        if self.parallel.world == 1:
+            return bool(torch.isfinite(loss))
+        (ok,) = self._all_reduce([float(torch.isfinite(loss.detach()).item())], dist.ReduceOp.MIN)
+        return ok > 0
+
+    def _reduce_grads(self) -> None:
+        """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype)."""
+        if self.parallel.dp == 1:
+            return
+        grads = [p.grad for p in self.trainable_parameters() if p.grad is not None]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for g in grads:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for group in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in group])
+            dist.all_reduce(flat, group=self.parallel.dp_group)
+            offset = 0
+            for g in group:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
+        """Global L2 norm over the model-parallel shards (TP duplicates counted once),
+        then ``torch.nn.utils.clip_grad_norm_``'s scaling: ``× min(1, clip/(norm+1e-6))``."""
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        grads = [p.grad for p in params if p.grad is not None]
+        counted = [
+            p.grad
+            for p in params
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)
+        ]
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for g in counted:
+            sq += g.detach().double().pow(2).sum()
+        if self.parallel.tp > 1:
+            sq = sq.to(self._comm_device)
+            dist.all_reduce(sq, group=self.parallel.model_parallel_group)
+        norm = float(sq.sqrt())
+        coef = clip / (norm + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return norm
+
+    # ------------------------------------------------------------------ weights and state
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights under HF names, each gathered over the TP group as it is yielded
+        (a collective: every rank of the role iterates to the end)."""
+        return megatron_io.hf_named_weights(self)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded checkpoint: model, AdamW moments, schedule, per-rank RNG. A collective;
+        loads at any TP/DP layout."""
+        megatron_io.save_checkpoint(self, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        megatron_io.load_checkpoint(self, path)
+
+    def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
+        """HF directory written by rank 0 from the gathered weights (a collective)."""
+        megatron_io.save_hf(self, path)

@@ -1,0 +1,160 @@
+"""The modules temper puts into a Megatron-Core ``GPTModel`` so that it runs on CPU too.
+
+Megatron-Core's local layer spec (``get_gpt_layer_local_spec``) needs neither Apex nor
+TransformerEngine, but a few of its pieces assume a GPU. Each workaround below goes
+through Megatron's public extension points (layer specs, ``RotaryEmbedding``'s
+interface, ``GPTModel.output_layer``'s call signature) and says why it exists:
+
+* :class:`SDPACoreAttention` — Megatron's ``DotProductAttention`` allocates its score
+  buffer with ``torch.cuda.current_device()``; this module computes the same attention
+  with ``torch.nn.functional.scaled_dot_product_attention`` and is put into the spec at
+  ``submodules.self_attention.submodules.core_attention``. Causal masking only: the
+  engine feeds rows whose real tokens start at position 0 (see megatron_engine).
+* :class:`HFRotaryEmbedding` — ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to CUDA
+  unconditionally; this subclass keeps it where the model is, and takes ``inv_freq``
+  from transformers' own RoPE initializer for the checkpoint's config
+  (:func:`megatron_convert.hf_inv_freq`), so ``rope_theta`` and ``rope_scaling``
+  (linear, llama3) are exactly Hugging Face's.
+* :class:`ValueHead` — the critic's scalar head, called where ``GPTModel`` calls its
+  output layer (``(hidden, weight=…, runtime_gather_output=…) -> (out, bias)``).
+
+On CUDA with TransformerEngine installed :func:`layer_spec` returns TE's spec (fused
+kernels, sequence parallel); everything else there is Megatron's own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.transformer.module import MegatronModule
+from torch import nn
+
+
+def has_transformer_engine() -> bool:
+    """True when TransformerEngine imports (CUDA machines with ``transformer_engine``)."""
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:  # ImportError, or a broken CUDA install raising at import
+        return False
+    return True
+
+
+class SDPACoreAttention(MegatronModule):
+    """Core attention (``softmax(QKᵀ·scale)·V``, causal) with torch's SDPA kernel.
+
+    Same constructor and call signature as Megatron's ``DotProductAttention``; inputs
+    ``query (sq, b, np, hn)``, ``key``/``value (sk, b, ng, hn)`` (grouped-query heads
+    are repeated), output ``(sq, b, np·hn)``.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: Any,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: Any = None,
+    ) -> None:
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("SDPACoreAttention has no context parallelism (use TE's attention)")
+        head_dim = config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(head_dim)
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        if attention_mask is not None or attention_bias is not None or packed_seq_params:
+            raise ValueError("SDPACoreAttention takes causal, unpacked inputs only")
+        sq, b, heads, dim = query.shape
+        groups = key.shape[2]
+        if heads != groups:  # grouped-query attention: each K/V head serves heads/groups Qs
+            key = key.repeat_interleave(heads // groups, dim=2)
+            value = value.repeat_interleave(heads // groups, dim=2)
+        # (s, b, h, d) -> (b, h, s, d)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.softmax_scale,
+        )
+        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * dim)
+
+
+class HFRotaryEmbedding(RotaryEmbedding):
+    """Megatron's ``RotaryEmbedding`` with Hugging Face's ``inv_freq``, on any device.
+
+    Only :meth:`get_emb` is replaced (the parent moves ``inv_freq`` to CUDA there); the
+    frequencies are ``outer(positions, inv_freq)`` duplicated over both halves, as in the
+    parent and in transformers.
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, *, cp_group: Any = None) -> None:
+        dim = 2 * inv_freq.numel()
+        super().__init__(
+            kv_channels=dim, rotary_percent=1.0, use_cpu_initialization=True, cp_group=cp_group
+        )
+        self.inv_freq = inv_freq.clone()
+
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb[:, None, None, :]
+
+    def to_device(self, device: torch.device) -> None:
+        """``inv_freq`` is a plain attribute (not a buffer): moved explicitly."""
+        self.inv_freq = self.inv_freq.to(device)
+        self.forward.cache_clear()
+
+
+class ValueHead(nn.Module):
+    """``values = Linear(hidden, 1)``, replicated on every tensor-parallel rank.
+
+    Its input (the final-norm hidden states) is the same on every TP rank, so its
+    gradient is too; no collective is needed. Called like ``GPTModel.output_layer``.
+    """
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1, dtype=dtype, device=device)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        runtime_gather_output: bool | None = None,
+    ) -> tuple[torch.Tensor, None]:
+        return self.linear(hidden.to(self.linear.weight.dtype)), None
+
+
+def layer_spec(*, qk_layernorm: bool, use_te: bool) -> Any:
+    """The decoder layer spec: TransformerEngine's (CUDA, TE installed) or the local one
+    with RMSNorm and :class:`SDPACoreAttention`."""
+    if use_te:
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec

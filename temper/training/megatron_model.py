@@ -1,0 +1,396 @@
+"""Building a Megatron-Core ``GPTModel`` from a Hugging Face checkpoint.
+
+* :func:`transformer_config` — the HF architecture (layers, heads, GQA groups, head dim,
+  FFN, RMSNorm epsilon, biases, qk-norm) plus the role's ``megatron`` section
+  (parallel degrees, recompute, ``extra`` TransformerConfig arguments) as Megatron's
+  ``TransformerConfig``. Weights are fp32 masters (like the torch engine); compute runs
+  under autocast in ``model.dtype``.
+* :func:`build_model` — ``GPTModel`` with the layer spec of :mod:`megatron_layers`,
+  Hugging Face's RoPE, and for a critic the scalar value head; then every parameter is
+  filled with this TP rank's shard of the HF tensors (:mod:`megatron_convert`), read one
+  tensor at a time from the checkpoint's safetensors (no full model in memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from temper.config.errors import ConfigError
+from temper.config.schema import MegatronConfig
+from temper.training.megatron_convert import (
+    HFLayout,
+    ParamMap,
+    hf_inv_freq,
+    hf_layout,
+    param_maps,
+    to_megatron_shard,
+)
+from temper.training.megatron_parallel import Parallel
+from temper.training.megatron_vocab import VocabShard
+from temper.training.models import VALUE_HEAD_FILE, is_value_model_dir, load_hf_config
+from temper.training.spec import EngineSpec
+from temper.utils.model_path import resolve_model_path
+
+log = logging.getLogger(__name__)
+
+# TransformerConfig fields temper sets from the HF config or the megatron section: an
+# ``extra`` entry may not override them
+_OWNED_FIELDS = frozenset(
+    {
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "kv_channels",
+        "ffn_hidden_size",
+        "normalization",
+        "layernorm_epsilon",
+        "gated_linear_unit",
+        "activation_func",
+        "add_bias_linear",
+        "add_qkv_bias",
+        "qk_layernorm",
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "sequence_parallel",
+        "params_dtype",
+        "use_cpu_initialization",
+        "perform_initialization",
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_num_layers",
+        "recompute_modules",
+    }
+)
+
+
+@dataclass
+class MegatronModel:
+    """A built model and what the engine needs to run and export it."""
+
+    module: torch.nn.Module  # GPTModel
+    layout: HFLayout
+    hf_config: Any
+    maps: list[ParamMap]
+    vocab: VocabShard
+    use_te: bool
+
+
+def transformer_config(
+    layout: HFLayout,
+    hf_config: Any,
+    m: MegatronConfig,
+    *,
+    role: str,
+    device: torch.device,
+    gradient_checkpointing: bool = False,
+) -> Any:
+    """Megatron's ``TransformerConfig`` for this model and section (see module doc)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    key = f"{role}.megatron"
+    valid = {f.name for f in dataclasses.fields(TransformerConfig)}
+    for name in m.extra:
+        if name in _OWNED_FIELDS:
+            raise ConfigError(
+                f"{key}.extra.{name}",
+                "is set by temper from the model's config or the megatron section",
+                f"remove it{' and set ' + key + '.' + name if hasattr(m, name) else ''}",
+            )
+        if name not in valid:
+            from temper.config.errors import did_you_mean
+
+            raise ConfigError(
+                f"{key}.extra.{name}",
+                f"not a Megatron-Core TransformerConfig field{did_you_mean(name, valid)}",
+                "remove it or fix the name",
+            )
+    cuda = device.type == "cuda"
+    kwargs: dict[str, Any] = dict(
+        num_layers=layout.num_layers,
+        hidden_size=layout.hidden_size,
+        num_attention_heads=layout.num_heads,
+        num_query_groups=layout.num_kv_heads,
+        kv_channels=layout.head_dim,
+        ffn_hidden_size=layout.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=layout.norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=layout.qkv_bias,
+        qk_layernorm=layout.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
+        tensor_model_parallel_size=m.tensor_model_parallel_size,
+        pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
+        context_parallel_size=m.context_parallel_size,
+        expert_model_parallel_size=m.expert_model_parallel_size,
+        expert_tensor_parallel_size=m.expert_tensor_parallel_size,
+        params_dtype=torch.float32,
+        # weights come from the checkpoint: no random init (on CPU, Megatron would
+        # initialize each full matrix and split it)
+        perform_initialization=False,
+        use_cpu_initialization=not cuda,
+        cuda_graph_scope=[],  # the default ["full"] only warns that it is deprecated
+    )
+    if cuda:
+        # activation recompute saves CUDA RNG states, so it runs on CUDA only (see
+        # megatron_check.unapplied_options); model.enable_gradient_checkpointing asks
+        # for whole-layer recompute
+        if m.recompute_granularity is None and gradient_checkpointing:
+            kwargs.update(recompute_granularity="full", recompute_method="uniform")
+            kwargs["recompute_num_layers"] = 1
+        if m.recompute_granularity:
+            full = m.recompute_granularity == "full"
+            kwargs["recompute_granularity"] = m.recompute_granularity
+            # full recompute without a method: every layer (Megatron requires a method)
+            kwargs["recompute_method"] = m.recompute_method or ("uniform" if full else None)
+            kwargs["recompute_num_layers"] = m.recompute_num_layers or (1 if full else None)
+            if m.recompute_modules is not None:
+                kwargs["recompute_modules"] = list(m.recompute_modules)
+    kwargs.update(m.extra)
+    try:
+        return TransformerConfig(**kwargs)
+    except (AssertionError, ValueError, TypeError) as err:
+        raise ConfigError(key, f"Megatron-Core rejects the configuration: {err}", "") from err
+
+
+def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
+    """TP must split heads, KV groups and the FFN evenly (whole query groups per rank)."""
+    tp = m.tensor_model_parallel_size
+    for what, n in (
+        ("attention heads", layout.num_heads),
+        ("key/value heads", layout.num_kv_heads),
+        ("FFN columns", layout.ffn_hidden_size),
+    ):
+        if n % tp:
+            raise ConfigError(
+                f"{role}.megatron.tensor_model_parallel_size",
+                f"{tp} does not divide the model's {n} {what}",
+                f"use a tensor-parallel size that divides {n}",
+            )
+
+
+class HFCheckpoint:
+    """Tensors of a Hugging Face checkpoint directory, read one at a time by name.
+
+    Names are given without the causal LM's ``model.`` prefix (a value-model backbone
+    has none); ``lm_head.weight`` and ``value_head.*`` are looked up as they are.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._files: dict[str, Path] = {}
+        index = self.path / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self._files = {k: self.path / v for k, v in weight_map.items()}
+        elif (self.path / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            single = self.path / "model.safetensors"
+            with safe_open(str(single), framework="pt") as f:
+                self._files = {k: single for k in f.keys()}  # noqa: SIM118 (not a dict)
+        else:
+            raise FileNotFoundError(
+                f"{self.path} has no safetensors weights (model.safetensors or an index); "
+                "the megatron engine reads safetensors checkpoints"
+            )
+        self.prefix = "model." if "model.embed_tokens.weight" in self._files else ""
+        self._value_head: dict[str, torch.Tensor] = {}
+        if is_value_model_dir(self.path):
+            from safetensors.torch import load_file
+
+            head = load_file(str(self.path / VALUE_HEAD_FILE))
+            self._value_head = {f"value_head.{k}": v for k, v in head.items()}
+        self._stack = ExitStack()
+        self._open: dict[Path, Any] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self._value_head or self._key(name) in self._files
+
+    def _key(self, name: str) -> str:
+        return name if name.startswith("lm_head.") else self.prefix + name
+
+    def get(self, name: str) -> torch.Tensor:
+        if name in self._value_head:
+            return self._value_head[name]
+        from safetensors import safe_open
+
+        key = self._key(name)
+        file = self._files[key]
+        if file not in self._open:
+            self._open[file] = self._stack.enter_context(safe_open(str(file), framework="pt"))
+        return self._open[file].get_tensor(key)
+
+    def close(self) -> None:
+        self._stack.close()
+        self._open.clear()
+
+
+def model_dir(path: str) -> str:
+    """A local directory for ``path`` (a hub id is downloaded like ``from_pretrained``)."""
+    resolved = resolve_model_path(path)
+    if Path(resolved).is_dir():
+        return resolved
+    from huggingface_hub import snapshot_download
+
+    return str(snapshot_download(resolved, allow_patterns=["*.json", "*.safetensors"]))
+
+
+@dataclass
+class ModelSource:
+    """The checkpoint a megatron engine loads, read and checked before any process group
+    or Megatron state exists (a bad ``model.path`` fails cleanly)."""
+
+    path: str
+    hf_config: Any
+    layout: HFLayout
+    inv_freq: torch.Tensor
+
+
+def read_model_source(spec: EngineSpec) -> ModelSource:
+    """``model.path`` (or the critic's ``model_path``) as a :class:`ModelSource`."""
+    role = spec.role
+    src = model_dir(spec.model_path or spec.model.path)
+    hf_config = load_hf_config(spec.model, src)
+    try:
+        layout = hf_layout(hf_config)
+        inv_freq = hf_inv_freq(hf_config)
+    except ValueError as err:
+        raise ConfigError(
+            "model.path", f"{src}: {err}", f"use {role}.strategy: fsdp2 for this model"
+        ) from err
+    check_divisible(layout, spec.megatron_config, role)
+    return ModelSource(src, hf_config, layout, inv_freq)
+
+
+def build_model(
+    spec: EngineSpec, source: ModelSource, parallel: Parallel, device: torch.device
+) -> MegatronModel:
+    """The role's ``GPTModel`` shard on ``device``, holding the checkpoint's weights."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from temper.training.megatron_layers import (
+        HFRotaryEmbedding,
+        ValueHead,
+        has_transformer_engine,
+        layer_spec,
+    )
+
+    layout, hf_config = source.layout, source.hf_config
+    use_te = device.type == "cuda" and has_transformer_engine()
+    config = transformer_config(
+        layout,
+        hf_config,
+        spec.megatron_config,
+        role=spec.role,
+        device=device,
+        gradient_checkpointing=spec.model.enable_gradient_checkpointing and spec.train is not None,
+    )
+    value = spec.kind == "value"
+    padded = layout.padded_vocab(parallel.tp)
+    module = GPTModel(
+        config,
+        layer_spec(qk_layernorm=layout.qk_norm, use_te=use_te),
+        vocab_size=padded,
+        max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=layout.tied_embeddings and not value,
+        parallel_output=True,
+    )
+    # Hugging Face's RoPE frequencies, on the model's device (see megatron_layers)
+    rope = HFRotaryEmbedding(
+        source.inv_freq, cp_group=getattr(module.rotary_pos_emb, "cp_group", None)
+    )
+    rope.to_device(device)
+    module.rotary_pos_emb = rope
+    if value:
+        module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
+    module.to(device)
+    names = {n for n, _ in module.named_parameters()}
+    maps = param_maps(layout, names, value_head=value)
+    _mark_tensor_parallel(module, maps)
+    _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
+    tp_group = parallel.tp_group if parallel.tp > 1 else None
+    vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
+    return MegatronModel(module, layout, hf_config, maps, vocab, use_te)
+
+
+def _mark_tensor_parallel(module: torch.nn.Module, maps: list[ParamMap]) -> None:
+    """Megatron tags TP-sharded weights (``tensor_model_parallel``, ``partition_dim``)
+    only while it initializes them; with ``perform_initialization=False`` (weights come
+    from the checkpoint) the tags are set here, as Megatron's initializers would, for
+    what reads them (the gradient norm counts TP-replicated weights once)."""
+    from megatron.core.tensor_parallel.layers import (
+        set_defaults_if_not_set_tensor_model_parallel_attributes,
+        set_tensor_model_parallel_attributes,
+    )
+
+    params = dict(module.named_parameters())
+    for pm in maps:
+        p = params[pm.megatron]
+        if pm.kind != "rep" and not hasattr(p, "tensor_model_parallel"):
+            dim = 1 if pm.kind == "row" else 0
+            set_tensor_model_parallel_attributes(p, is_parallel=True, dim=dim, stride=1)
+        set_defaults_if_not_set_tensor_model_parallel_attributes(p)
+
+
+def _load_weights(
+    module: torch.nn.Module,
+    maps: list[ParamMap],
+    src: str,
+    layout: HFLayout,
+    parallel: Parallel,
+    *,
+    value: bool,
+    seed: int,
+) -> None:
+    """Fill every parameter with this rank's shard; a value head missing from the
+    checkpoint is initialised like the torch engine's (N(0, initializer_range²) from
+    ``seed``, bias 0), so both engines start from the same critic."""
+    params = dict(module.named_parameters())
+    ckpt = HFCheckpoint(src)
+    try:
+        with torch.no_grad():
+            for pm in maps:
+                target = params[pm.megatron]
+                if value and pm.hf[0].startswith("value_head.") and not ckpt.has(pm.hf[0]):
+                    target.copy_(_fresh_head(pm.hf[0], target, seed, src))
+                    continue
+                if pm.hf[0] == "lm_head.weight" and not ckpt.has("lm_head.weight"):
+                    hf = [ckpt.get("embed_tokens.weight")]  # a tied checkpoint, untied config
+                else:
+                    hf = [ckpt.get(name) for name in pm.hf]
+                shard = to_megatron_shard(pm, hf, layout, parallel.tp_rank, parallel.tp)
+                if tuple(shard.shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"{pm.megatron}: shard {tuple(shard.shape)} does not fit the "
+                        f"parameter {tuple(target.shape)}"
+                    )
+                target.copy_(shard.to(target.dtype))
+    finally:
+        ckpt.close()
+
+
+def _fresh_head(name: str, target: torch.Tensor, seed: int, src: str) -> torch.Tensor:
+    if name.endswith(".bias"):
+        return torch.zeros_like(target)
+    config = json.loads((Path(src) / "config.json").read_text())
+    std = float(config.get("initializer_range", 0.02))
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(tuple(target.shape), generator=gen) * std

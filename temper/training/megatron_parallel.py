@@ -1,0 +1,166 @@
+"""Megatron-Core's parallel state for the ranks of one role.
+
+A role's ranks are one ``torch.distributed`` world (the Ray worker group joins them;
+tests use ``spawn_ranks``). ``initialize_model_parallel`` cuts that world into tensor-
+(TP), pipeline- (PP) and context-parallel (CP) groups, Megatron's default order
+``tp-cp-ep-dp-pp``: consecutive ranks form a TP group, and the ranks holding the same TP
+shard in different TP groups form a data-parallel (DP) group. A TP group computes on the
+same samples; DP ranks on different ones.
+
+On the local backend a role runs in the driver process, which has no process group: a
+one-rank world (gloo on CPU, nccl on GPU) is created for it, so the same Megatron code
+runs with TP = DP = 1. Several roles in one process (actor, reference, critic) share the
+parallel state, which must then agree.
+
+RNG: on CUDA ``model_parallel_cuda_manual_seed`` seeds Megatron's tracker (dropout in
+TP regions). It calls ``torch.cuda.get_rng_state``, so on CPU the inference tracker is
+used instead (``initialize_rng_tracker(inference_rng_tracker=True)``): its ``fork()`` is
+a no-op and dropout draws from torch's default RNG — identical masks on every TP rank,
+which only matters at a non-zero dropout (HF Llama/Qwen checkpoints have none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import socket
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from temper.config.errors import ConfigError
+from temper.config.schema import MegatronConfig
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """This rank's place in the role's world."""
+
+    rank: int
+    world: int
+    tp: int
+    tp_rank: int
+    dp: int
+    dp_rank: int
+    tp_group: Any
+    dp_group: Any
+    model_parallel_group: Any  # TP × PP: where a gradient norm is summed
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """A one-rank world for an engine in a process without one (the local backend)."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(minutes=30),
+    )
+
+
+# What Megatron-Core says when it is imported without Apex / TransformerEngine: true, and
+# expected here (the local spec is used on purpose); said once per module, per process
+_FALLBACK_WARNINGS = (
+    r"Apex is not installed",
+    r"Transformer Engine and Apex are not installed",
+)
+
+
+@contextlib.contextmanager
+def quiet_fallback_warnings() -> Iterator[None]:
+    with warnings.catch_warnings():
+        for message in _FALLBACK_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        yield
+
+
+def import_megatron() -> None:
+    """Import the Megatron-Core modules the engine uses, without the fallback warnings."""
+    with quiet_fallback_warnings():
+        import megatron.core.models.gpt.gpt_layer_specs
+        import megatron.core.models.gpt.gpt_model
+        import megatron.core.tensor_parallel  # noqa: F401
+
+
+def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: int) -> Parallel:
+    """Initialize (or join the already initialized) Megatron parallel state."""
+    import_megatron()
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    if device.type != "cuda":
+        # Megatron's TP linear layers recommend CUDA_DEVICE_MAX_CONNECTIONS=1 (a CUDA
+        # stream setting) at every forward; meaningless on CPU
+        warnings.filterwarnings(
+            "ignore", message=r"When using async grad allreduce", category=UserWarning
+        )
+    ensure_process_group(device)
+    world = dist.get_world_size()
+    split = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    if world % split:
+        raise ConfigError(
+            f"{role}.megatron",
+            f"the {world} ranks of {role} are not divisible by TP×PP×CP = {split}",
+            "choose parallel sizes whose product divides the role's device count",
+        )
+    wanted = (
+        m.tensor_model_parallel_size,
+        m.pipeline_model_parallel_size,
+        m.context_parallel_size,
+        m.expert_model_parallel_size,
+    )
+    if ps.model_parallel_is_initialized():
+        have = (
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size(),
+            ps.get_context_parallel_world_size(),
+            ps.get_expert_model_parallel_world_size(),
+        )
+        if have != wanted:
+            raise ConfigError(
+                f"{role}.megatron",
+                f"this process already runs Megatron roles with (TP, PP, CP, EP) = {have}, "
+                f"not {wanted}",
+                "give colocated megatron roles in one process the same parallel sizes",
+            )
+    else:
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=m.tensor_model_parallel_size,
+            pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
+            context_parallel_size=m.context_parallel_size,
+            expert_model_parallel_size=m.expert_model_parallel_size,
+            expert_tensor_parallel_size=m.expert_tensor_parallel_size,
+            # gloo copies of every group are only needed for CPU-side collectives of
+            # Megatron's own optimizer/checkpointing on GPU; on a gloo world they would
+            # be the same groups twice
+            create_gloo_process_groups=device.type == "cuda",
+        )
+        if device.type == "cuda":
+            tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        else:
+            tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
+    return Parallel(
+        rank=dist.get_rank(),
+        world=world,
+        tp=ps.get_tensor_model_parallel_world_size(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        dp=ps.get_data_parallel_world_size(),
+        dp_rank=ps.get_data_parallel_rank(),
+        tp_group=ps.get_tensor_model_parallel_group(),
+        dp_group=ps.get_data_parallel_group(),
+        model_parallel_group=ps.get_model_parallel_group(),
+    )

@@ -1,0 +1,95 @@
+"""Log-probabilities and entropy from vocabulary-parallel logits (tensor parallelism).
+
+Under tensor parallelism Megatron's output layer leaves each TP rank with the logits of
+its slice of the vocabulary, ``z[..., v0:v1]``; gathering the full ``(tokens, V)``
+logits would cost TP× the memory and, on CPU, cannot even run (Megatron allocates the
+gather buffer on CUDA). The softmax statistics are reduced over the TP group instead:
+
+    m      = max_v z_v                               (all-reduce MAX, no gradient: exact,
+                                                      lse does not depend on the shift)
+    S      = Σ_v exp(z_v - m)                        (all-reduce SUM)
+    lse    = m + log S
+    log p(t) = z_t - lse                             (z_t: all-reduce SUM of the owner's)
+    H      = lse - (Σ_v exp(z_v - m)·z_v) / S        (all-reduce SUM)
+
+with ``z = logits / temperature``. The sums go through Megatron's
+``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity backward):
+every TP rank computes the same loss from the reduced values, so each rank's backward
+yields exactly the gradient of its own vocabulary slice. That holds only if everything
+after a reduction is the same function of reduced values on every rank — hence the
+entropy's ``Σ p z`` is formed as ``Σ e·z / S`` after both sums are reduced, never as a
+local ``Σ (e/S)·z``. Padded vocabulary columns
+(``≥ vocab_size``) are cut off before any of this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class VocabShard:
+    """This TP rank's slice ``[start, start + width)`` of the padded vocabulary, of which
+    ``valid`` columns are real tokens (< the tokenizer's vocabulary size)."""
+
+    start: int
+    width: int
+    valid: int
+    group: object = None  # the TP process group (None: one rank, no communication)
+
+    @classmethod
+    def of(cls, rank: int, tp: int, padded: int, vocab: int, group: object = None) -> VocabShard:
+        width = padded // tp
+        start = rank * width
+        return cls(start, width, max(0, min(width, vocab - start)), group)
+
+
+def _tp_sum(x: torch.Tensor, shard: VocabShard) -> torch.Tensor:
+    if shard.group is None:
+        return x
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    return reduce_from_tensor_model_parallel_region(x, group=shard.group)
+
+
+def log_probs_and_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    shard: VocabShard,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(log p(targets), entropy or None)`` of shape ``targets.shape`` from this rank's
+    logits ``(..., shard.width)``; differentiable w.r.t. ``logits`` (see module doc)."""
+    z = logits[..., : shard.valid].float()
+    if temperature != 1.0:
+        z = z / temperature
+    if shard.valid:
+        local_max = z.detach().max(dim=-1).values
+    else:
+        local_max = torch.full(targets.shape, float("-inf"), device=z.device)
+    m = local_max.clone()
+    if shard.group is not None:
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=shard.group)
+    shifted = z - m.unsqueeze(-1)
+    exp = shifted.exp()
+    total = _tp_sum(exp.sum(dim=-1), shard)
+    lse = m + total.log()
+    local_t = targets - shard.start
+    mine = (local_t >= 0) & (local_t < shard.valid)
+    if shard.valid:
+        picked = z.gather(-1, local_t.clamp(0, shard.valid - 1).unsqueeze(-1)).squeeze(-1)
+    else:
+        picked = torch.zeros(targets.shape, device=z.device)
+    z_t = _tp_sum(torch.where(mine, picked, torch.zeros_like(picked)), shard)
+    log_p = z_t - lse
+    if not with_entropy:
+        return log_p, None
+    # Σ p z = Σ e z / S: both sums reduced first, so every TP rank applies the same
+    # function to the same reduced values (what makes identity-backward reductions exact)
+    expected_z = _tp_sum((exp * z).sum(dim=-1), shard) / total
+    return log_p, lse - expected_z

@@ -1,0 +1,106 @@
+"""Forward inputs of a vision-language model for one training micro-batch.
+
+Each row of a micro-batch carries its prompt's ``multi_modal_inputs`` (verl's name:
+``pixel_values``, ``image_grid_thw``), which micro-batching keeps with the row (they are
+per-sample objects of the :class:`~temper.data.batch.Batch`, so ``select``/``slice`` carry
+them). A forward over rows with images passes, besides the trimmed ``input_ids`` and
+``attention_mask`` of :func:`~temper.training.micro_batching.model_inputs`:
+
+* the rows' pixel inputs, concatenated in row order (the model scatters the vision
+  tower's features into the image placeholder tokens, row by row);
+* ``mm_token_type_ids``: 1 on the prompt's image tokens, 2 on video tokens, 0 elsewhere;
+* no ``position_ids``: Qwen2-VL's positions are 3-D (M-RoPE: time, height, width for
+  image tokens; the same index thrice for text), and the model computes them from the
+  token types, the image grids and the attention mask (``get_rope_index``), exactly as
+  ``generate`` does for the prompt. Left padding is skipped by the mask, and response
+  tokens continue after the prompt's largest position, as in generation.
+
+One case ``generate`` meets that a plain forward does not: a *sampled* response token that
+is a vision placeholder (a small or early policy does write ``<|image_pad|>``). During
+generation it is just a token; in a forward over prompt ‖ response the model would count
+it as one more image slot and fail ("Image features and image tokens do not match"), as
+verl and others do. Here such response tokens enter the model as a neutral id and the
+embedding layer's output at their positions is put back to the placeholder token's own
+embedding, so the forward computes what generation computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from temper.data.batch import Batch
+from temper.data.vision import (
+    MULTI_MODAL_INPUTS,
+    has_images,
+    stack_inputs,
+    token_type_ids,
+    vision_token_ids,
+)
+from temper.training.micro_batching import ModelInputs
+
+
+def vision_forward_inputs(
+    model: nn.Module, mb: Batch, inp: ModelInputs
+) -> tuple[dict[str, Any], contextlib.AbstractContextManager[None]]:
+    """Keyword arguments that replace/extend the text forward's, and a context to run
+    the forward in; ``({}, nullcontext())`` when no row of ``mb`` has images."""
+    rows = mb.objects.get(MULTI_MODAL_INPUTS)
+    if rows is None or not has_images(rows):
+        return {}, contextlib.nullcontext()
+    device = inp.input_ids.device
+    image_id, video_id = vision_token_ids(model.config)
+    prompt_len = inp.input_ids.shape[1] - inp.response_len
+    kwargs: dict[str, Any] = {k: v.to(device) for k, v in stack_inputs(rows).items()}
+    kwargs["mm_token_type_ids"] = token_type_ids(inp.input_ids, prompt_len, image_id, video_id)
+    kwargs["position_ids"] = None  # the model's M-RoPE positions (module doc)
+    special = [i for i in (image_id, video_id) if i is not None]
+    in_response = torch.zeros_like(inp.input_ids, dtype=torch.bool)
+    in_response[:, prompt_len:] = torch.isin(
+        inp.input_ids[:, prompt_len:], torch.tensor(special, device=device)
+    )
+    if not bool(in_response.any()):
+        return kwargs, contextlib.nullcontext()
+    neutral = _neutral_id(model, special)
+    ids = inp.input_ids.clone()
+    ids[in_response] = neutral
+    kwargs["input_ids"] = ids
+    return kwargs, _restore_embeddings(model, in_response, inp.input_ids[in_response])
+
+
+def _neutral_id(model: nn.Module, special: list[int]) -> int:
+    """A token id that is no vision placeholder (its embedding is overwritten anyway)."""
+    pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+    if isinstance(pad, int) and pad not in special:
+        return pad
+    return next(i for i in range(len(special) + 1) if i not in special)
+
+
+@contextlib.contextmanager
+def _restore_embeddings(
+    model: nn.Module, positions: torch.Tensor, token_ids: torch.Tensor
+) -> Iterator[None]:
+    """While active, the input embedding layer outputs ``embed(token_ids)`` at
+    ``positions`` (B, L) — the embeddings of the original response tokens."""
+    get_embeddings = model.get_input_embeddings  # HF models and temper's ValueModel
+    embed = get_embeddings() if callable(get_embeddings) else None
+    if not isinstance(embed, nn.Module):
+        raise TypeError(f"{type(model).__name__} has no input embedding module")
+
+    def hook(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        if output.shape[:2] != positions.shape:
+            return output  # another lookup than the forward's input ids
+        own = module.forward(token_ids)  # forward, not __call__: no hook recursion
+        fixed = output.clone()
+        fixed[positions] = own.to(fixed.dtype)
+        return fixed
+
+    handle = embed.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -1,0 +1,120 @@
+"""The megatron engine on CUDA (nccl): TransformerEngine's layer spec when TE is
+installed, bf16 autocast over fp32 master weights, and TP=2 over two GPUs matching the
+torch engine. Written for a GPU machine; skipped without CUDA (not run on the CPU CI)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from temper.cluster.process_group import free_port
+from temper.config.schema import ActorConfig, MegatronConfig, ModelConfig, OptimConfig
+from temper.data.batch import Batch
+from temper.roles.actor import Actor
+from temper.training.micro_batching import MicroBatching
+from temper.training.registry import build_engine
+from temper.training.spec import EngineSpec
+from temper.utils.tiny import make_tiny_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(
+        __import__("importlib").util.find_spec("megatron") is None, reason="needs megatron-core"
+    ),
+]
+
+
+def _batch() -> Batch:
+    g = torch.Generator().manual_seed(0)
+    pm = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
+    rm = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+    return Batch.from_dict(
+        {
+            "prompt_ids": torch.where(pm > 0, torch.randint(0, 256, (4, 4), generator=g), 259),
+            "prompt_mask": pm,
+            "response_ids": torch.where(rm > 0, torch.randint(0, 256, (4, 3), generator=g), 259),
+            "response_mask": rm,
+            "advantages": torch.tensor([[1.0] * 3, [-1.0, 0, 0], [0.5, 0.5, 0], [-0.5] * 3]),
+        }
+    )
+
+
+def _actor(path: str, strategy: str, device: str, tp: int = 1, dtype: str = "auto") -> Actor:
+    cfg = ActorConfig(
+        strategy=strategy,
+        micro_batch_size_per_device=2,
+        grad_clip=1.0,
+        megatron=MegatronConfig(tensor_model_parallel_size=tp),
+        optim=OptimConfig(lr=1e-3, weight_decay=0.0),
+    )
+    spec = EngineSpec(
+        model=ModelConfig(path=path, dtype=dtype),  # type: ignore[arg-type]
+        device=torch.device(device),
+        train=cfg,
+        infer_micro=MicroBatching(size=2),
+    )
+    return Actor(cfg, build_engine(strategy, spec))
+
+
+def test_one_gpu_bf16_matches_cpu_and_uses_transformer_engine(tmp_path: Path) -> None:
+    path = str(make_tiny_model(tmp_path / "tiny"))
+    batch = _batch()
+    cpu = _actor(path, "torch", "cpu").compute_log_probs(batch)["old_log_probs"]
+    actor = _actor(path, "megatron", "cuda")  # a one-rank nccl world in this process
+    engine: Any = actor.engine
+    got = actor.compute_log_probs(batch)["old_log_probs"]
+    torch.testing.assert_close(got, cpu, atol=3e-2, rtol=0)
+    if __import__("importlib").util.find_spec("transformer_engine") is not None:
+        assert engine.built.use_te
+        assert any("TE" in type(m).__name__ for m in engine.model.modules())
+    metrics = actor.update(batch.union(Batch.from_dict({"old_log_probs": got})))
+    assert metrics["actor/grad_norm"] > 0
+    engine.save_checkpoint(str(tmp_path / "ckpt"))
+    engine.load_checkpoint(str(tmp_path / "ckpt"))
+
+
+def _tp2_rank(rank: int, path: str, batch: Batch, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(minutes=5),
+    )
+    try:
+        actor = _actor(path, "megatron", "cuda", tp=2, dtype="fp32")
+        metrics = actor.update(batch)
+        weights = {k: v.detach().cpu() for k, v in actor.engine.named_weights()}
+        if rank == 0:
+            torch.save({"metrics": metrics, "weights": weights}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_tensor_parallel_update_matches_the_torch_engine(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    path = str(make_tiny_model(tmp_path / "tiny"))
+    single = _actor(path, "torch", "cpu", dtype="fp32")
+    batch = single.compute_log_probs(_batch())
+    ref = single.update(batch)
+    ref_w = {k: v.detach() for k, v in single.engine.named_weights()}
+    out = str(tmp_path / "rank0.pt")
+    mp.start_processes(
+        _tp2_rank, args=(path, batch, free_port(), out), nprocs=2, join=True, start_method="spawn"
+    )
+    got = torch.load(out, weights_only=False)
+    assert got["metrics"]["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=1e-3)
+    for k, v in got["weights"].items():
+        torch.testing.assert_close(v, ref_w[k], atol=1e-4, rtol=1e-3, msg=k)

@@ -1,0 +1,151 @@
+"""Upstream verl and ROLL files train 2 steps on CPU, as ``temper train`` runs them.
+
+One verl GRPO command line, one verl PPO command line with a critic, one ROLL RLVR file
+(PPO with a critic) and one ROLL agentic file, each with only these overrides:
+
+- model: the tiny test model in place of the author's;
+- data: ``task:`` data (and, for ROLL, the column that holds its prompts); for the two
+  files that take 512 prompts a step, one mini-batch's worth of prompts a step instead
+  (128 for verl's, 64 for ROLL's), and 2 validation episodes instead of 16 for the
+  agentic one, so the suite stays fast — the mini-batch arithmetic is the file's own;
+- length: short prompts, responses and (agentic) episodes, and 2 steps;
+- device: one device (``n_gpus_per_node=1`` / every ``device_mapping`` on device 0) and the
+  rollout engine that runs on this CPU (``hf``, generating a batch at a time; the files
+  name vLLM, whose CPU build takes a minute to start and is tested on its own);
+- where outputs go.
+
+Every other setting — batch sizes, estimators, losses, KL, clipping, optimizer — is the
+file's own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from temper.cli.main import main
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
+TRAIN = "task:arithmetic?n=256&seed=5"
+VAL = "task:arithmetic?n=8&seed=6&split=test"
+
+
+def _script(rel: str) -> tuple[Path, list[str]]:
+    """The config and overrides of a verl example script's trainer command."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
+    from upstream_scripts import script_commands
+
+    snap, _, path = rel.partition("/")
+    (cmd,) = script_commands(UPSTREAM / snap / path, UPSTREAM / snap)
+    return cmd.config, list(cmd.overrides)
+
+
+def _train(config: Path, overrides: list[str], out: Path) -> list[dict]:
+    assert main(["train", str(config), *overrides]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    train = [r for r in rows if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    return train
+
+
+def _verl(tiny: Path, out: Path) -> list[str]:
+    return [
+        f"actor_rollout_ref.model.path={tiny}",  # model
+        f"critic.model.path={tiny}",
+        f"data.train_files={TRAIN}",  # data
+        f"data.val_files={VAL}",
+        "data.max_prompt_length=96",  # length
+        "data.max_response_length=8",
+        "trainer.total_training_steps=2",
+        "trainer.n_gpus_per_node=1",  # device
+        "trainer.nnodes=1",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={out}",  # outputs
+    ]
+
+
+@pytest.mark.slow
+def test_verl_grpo_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl's GRPO example (2026-01) with a KL loss: 32 prompts × 4 responses a step."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(
+        "verl-2026-01-b178a3c/examples/grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh"
+    )
+    out = tmp_path / "verl-grpo"
+    train = _train(config, overrides + _verl(tiny_model_dir, out), out)
+    assert all("actor/kl_loss" in r or "actor/kl" in r for r in train)
+
+
+@pytest.mark.slow
+def test_verl_ppo_with_critic_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl's PPO example (2026-01, GAE with a critic): 512 prompts a step."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script("verl-2026-01-b178a3c/examples/ppo_trainer/run_gemma.sh")
+    out = tmp_path / "verl-ppo"
+    data = ["data.train_batch_size=128"]  # one mini-batch (ppo_mini_batch_size=128) a step
+    train = _train(config, overrides + _verl(tiny_model_dir, out) + data, out)
+    assert all("critic/value_loss" in r for r in train)
+
+
+def _roll(tiny: Path, out: Path, roles: list[str]) -> list[str]:
+    return [
+        f"pretrain={tiny}",  # model
+        f"reward_pretrain={tiny}",
+        "max_steps=2",  # length
+        "prompt_length=96",
+        "num_gpus_per_node=1",  # device
+        *[f"{role}.device_mapping=list(range(0,1))" for role in roles],
+        "actor_infer.strategy_args.strategy_name=hf_infer",
+        "~actor_infer.strategy_args.strategy_config",
+        "track_with=stdout",
+        f"output_dir={out}",  # outputs
+        f"checkpoint_config.output_dir={out / 'ckpt'}",
+    ]
+
+
+@pytest.mark.slow
+def test_roll_rlvr_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's RLVR PPO example (2026-08 docs): GAE with a critic, 512 prompts a step."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = UPSTREAM / "roll-2026-08-8eb27cc/examples/docs_examples/example_ppo.yaml"
+    out = tmp_path / "roll-rlvr"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference", "critic"]),
+        "response_length=8",
+        f"actor_train.data_args.file_name=[{TRAIN}]",  # data
+        "rollout_batch_size=64",  # one mini-batch (2 per device × 32 accumulation) a step
+        "actor_train.data_args.messages=prompt",
+        f"validation.data_args.file_name=[{VAL}]",
+        "validation.data_args.messages=prompt",
+    ]
+    train = _train(config, overrides, out)
+    assert all("critic/value_loss" in r for r in train)
+
+
+@pytest.mark.slow
+def test_roll_agentic_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's single-node FrozenLake agentic demo (2026-08): FrozenLake episodes, scored
+    per trajectory, trained with grpo (reinforce over reward_normalization)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM
+        / "roll-2026-08-8eb27cc/examples/agentic_demo/agent_val_frozen_lake_single_node_demo.yaml"
+    )
+    out = tmp_path / "roll-agentic"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        "max_actions_per_traj=3",  # length
+        "max_tokens_per_step=16",
+        "actor_infer.generating_args.max_new_tokens=16",
+        "val_batch_size=2",  # data: 2 validation episodes (16 in the file)
+        "actor_infer.infer_batch_size=16",  # device: generate the 16 episodes at once
+        f"render_save_dir={out / 'render'}",
+    ]
+    train = _train(config, overrides, out)
+    assert all("actor/pg_loss" in r for r in train)

@@ -1,0 +1,400 @@
+"""Issue 12's list, one test each: keys of the verl and ROLL versions users pin, Hydra's
+composition and override grammar, pipelines temper has no loop for, and fixes written in
+the dialect of the file they fix. Refusals are asserted as the one line ``temper check``
+and ``temper train`` print (both load the config the same way; the CLI tests show it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from reference_paths import UPSTREAM  # next to this file
+
+from temper.algorithms import grouped_reward_normalization
+from temper.cli.main import main
+from temper.cli.registries import registry_names
+from temper.config import ConfigError, load_config
+from temper.config.loader import load_yaml
+from temper.data.sampler import domains_of
+
+V0625 = UPSTREAM / "verl-2025-06-38d9a88"
+V2601 = UPSTREAM / "verl-2026-01-b178a3c"
+R2508 = UPSTREAM / "roll-2026-08-8eb27cc/examples"
+R0 = UPSTREAM / "roll-v0"
+FLAT = UPSTREAM / "verl-0.8/ppo_trainer_flat.yaml"
+
+
+def names_with_all_engines() -> dict[str, list[str]]:
+    names = registry_names()
+    names["strategy"] = sorted({*names["strategy"], "deepspeed", "megatron"})
+    names["reward_function"] = sorted({*names["reward_function"], "ifeval", "code", "llm_judge"})
+    return names
+
+
+def load(path: Path, *overrides: str, all_engines: bool = False):
+    names = names_with_all_engines() if all_engines else registry_names()
+    return load_config(path, list(overrides), names=names)
+
+
+def refusal(path: Path, *overrides: str, all_engines: bool = False) -> str:
+    with pytest.raises(ConfigError) as err:
+        load(path, *overrides, all_engines=all_engines)
+    text = str(err.value)
+    assert "\n" not in text
+    return text
+
+
+def noted(loaded, key: str) -> bool:
+    return any(key in note for note in loaded.notes)
+
+
+# ------------------------------------------------------------------ verl versions
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("+actor_rollout_ref.actor.tis_imp_ratio_cap=-1", "tis_imp_ratio_cap"),
+        ("+actor_rollout_ref.ref.model=null", "actor_rollout_ref.ref.model"),
+        ("+actor_rollout_ref.rollout.update_weights_bucket_megabytes=512", "update_weights"),
+        ("trainer.resume_from_path=False", None),
+        ("+trainer.remove_previous_ckpt_in_save=False", "remove_previous_ckpt_in_save"),
+    ],
+)
+def test_verl_keys_of_other_versions_at_inert_values(override, key):
+    loaded = load(FLAT, override)
+    assert loaded.config.experiment.resume_from_path is None
+    assert key is None or noted(loaded, key)
+
+
+def test_verl_renamed_keys_map_to_their_new_meaning():
+    cfg = load(
+        FLAT,
+        "~trainer.log_val_generations",  # as in a verl version that has only the old name
+        "+trainer.val_generations_to_log_to_wandb=7",
+        "+actor_rollout_ref.actor.tis_imp_ratio_cap=2.5",
+        "+trainer.remove_previous_ckpt_in_save=True",
+        "+actor_rollout_ref.actor.checkpoint.contents=[model,optimizer,extra,hf_model]",
+        "~actor_rollout_ref.actor.checkpoint.load_contents",
+        "~actor_rollout_ref.actor.checkpoint.save_contents",
+    ).config
+    assert cfg.experiment.log_val_generations == 7
+    assert (cfg.actor.rollout_is, cfg.actor.rollout_is_threshold) == ("token", 2.5)
+    assert cfg.experiment.max_actor_ckpt_to_keep == 1
+    assert cfg.actor.checkpoint_contents == ["model", "optimizer", "extra", "hf_model"]
+
+
+def test_tis_cap_no_longer_suggests_clip_ratio_c():
+    """The hint used to send the user to clip_ratio_c; the key is known now, and a real
+    typo still gets its did-you-mean."""
+    assert "clip_ratio_c" not in str(
+        load(FLAT, "+actor_rollout_ref.actor.tis_imp_ratio_cap=-1").notes
+    )
+    msg = refusal(FLAT, "+actor_rollout_ref.actor.tis_imp_ratio_cpa=2")
+    assert msg.startswith("actor_rollout_ref.actor.tis_imp_ratio_cpa: unknown verl key")
+
+
+@pytest.mark.parametrize("version", [V0625, V2601])
+def test_verl_megatron_trainer_keys(version):
+    """optim.optimizer adam (Megatron's, decoupled weight decay = AdamW), the Megatron lr
+    schedule, gradient_checkpointing_kwargs and the megatron sections."""
+    loaded = load(
+        version / "verl/trainer/config/ppo_megatron_trainer.yaml",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.optim.lr_decay_style=cosine",
+        "actor_rollout_ref.actor.optim.lr_decay_steps=100",
+        "actor_rollout_ref.actor.optim.min_lr=1e-7",
+        all_engines=True,
+    )
+    optim = loaded.config.actor.optim
+    assert optim.optimizer == "adamw" and optim.lr_scheduler == "cosine"
+    assert optim.total_training_steps == 100
+    assert optim.min_lr_ratio == pytest.approx(0.1)
+    assert loaded.config.actor.strategy == "megatron"
+    assert noted(loaded, "gradient_checkpointing_kwargs") or version == V2601
+    assert noted(loaded, "actor_rollout_ref.actor.megatron")
+
+
+def test_hydra_searchpath_of_the_multiturn_example_and_the_dapo_recipe(tmp_path, monkeypatch):
+    """defaults: [ppo_trainer] found through hydra.searchpath (file://verl/trainer/config,
+    relative to a verl checkout's root), from any working directory."""
+    monkeypatch.chdir(tmp_path)
+    for path in (
+        V2601 / "examples/sglang_multiturn/config/gsm8k_multiturn_grpo.yaml",
+        V0625 / "recipe/dapo/config/dapo_trainer.yaml",
+    ):
+        raw = load_yaml(path)
+        assert "actor_rollout_ref" in raw.data and "trainer" in raw.data
+        assert any(
+            "hydra.searchpath: 'file://verl/trainer/config' found at" in n for n in raw.notes
+        )
+    assert load_yaml(V2601 / "examples/sglang_multiturn/config/gsm8k_multiturn_grpo.yaml").data[
+        "actor_rollout_ref"
+    ]["rollout"]["multi_turn"]["enable"]
+
+
+def test_reward_kwargs_configure_the_overlong_buffer():
+    cfg = load(
+        V0625 / "verl/trainer/config/ppo_trainer.yaml",
+        "data.max_response_length=512",
+        "reward_model.reward_manager=dapo",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=128",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False",
+        "+reward_model.reward_kwargs.max_resp_len=512",
+    ).config
+    ob = cfg.algorithm.overlong_buffer
+    assert (ob.enable, ob.len, ob.penalty_factor) == (True, 128, 1.0)
+    msg = refusal(
+        V0625 / "verl/trainer/config/ppo_trainer.yaml",
+        "data.max_response_length=512",
+        "+reward_model.reward_kwargs.max_resp_len=1024",
+    )
+    assert msg.startswith("reward_model.reward_kwargs.max_resp_len: 1024 differs")
+
+
+def test_hydra_dict_and_list_literals():
+    cfg = load(
+        FLAT,
+        "actor_rollout_ref.model.override_config={max_position_embeddings:32768}",
+        "trainer.logger=[console,wandb]",
+    ).config
+    assert cfg.model.override_config == {"max_position_embeddings": 32768}
+    assert cfg.experiment.trackers == ["console", "wandb", "jsonl"]
+
+
+def test_seq_classification_reward_model_served_by_vllm():
+    """verl's reward loop serves a sequence classifier with rollout.name; it is not a
+    generative reward model (that needs a custom reward function prompting it)."""
+    loaded = load(
+        FLAT,
+        "reward_model.enable=True",
+        "reward_model.model.path=/rm",
+        "reward_model.rollout.name=vllm",
+    )
+    assert loaded.config.reward.model.enable and loaded.config.reward.model.path == "/rm"
+    assert any(
+        "sequence-classification reward model is scored in process" in n for n in loaded.notes
+    )
+    msg = refusal(
+        FLAT,
+        "reward_model.enable=True",
+        "reward_model.rollout.name=vllm",
+        "custom_reward_function.path=/f.py",
+    )
+    assert msg.startswith(
+        "reward_model.rollout.name: a generative reward model (the served model prompted by "
+        "custom_reward_function) is not supported"
+    )
+
+
+def test_fix_hints_are_in_the_files_dialect():
+    """A verl file's fix names verl keys: 'resources.backend=local' was refused as an
+    unknown verl key when the user followed it."""
+    msg = refusal(
+        FLAT,
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+    )
+    assert msg.startswith("actor_rollout_ref.model.lora_rank (temper: model.lora.rank)")
+    fix = msg.split("Fix: ")[1]
+    assert "resources.backend" not in fix and "trainer.n_gpus_per_node=1" in fix
+    assert "actor_rollout_ref.actor.use_kl_loss=false" in fix
+
+
+@pytest.mark.parametrize(
+    "path, start",
+    [
+        (
+            V2601 / "verl/trainer/config/sft_trainer.yaml",
+            "model.partial_pretrain: this is a verl SFT trainer config",
+        ),
+        (
+            V0625 / "verl/trainer/config/generation.yaml",
+            "data.output_path: this is a verl generation entry point",
+        ),
+        (
+            V0625 / "recipe/spin/config/spin_trainer.yaml",
+            "actor_rollout_ref.actor.dpo_beta: this is a verl SPIN recipe",
+        ),
+        (
+            R2508 / "dpo_examples/qwen2.5-3B_dpo_megatron.yaml",
+            "ipo: this is a ROLL DPO pipeline config",
+        ),
+        (
+            R2508 / "qwen2.5-7B-distill_megatron/distill_megatron.yaml",
+            "student: this is a ROLL distillation pipeline",
+        ),
+        (
+            R2508 / "qwen2.5-7B-sft_megatron/sft_config.yaml",
+            "sft_train: this is a ROLL SFT pipeline",
+        ),
+    ],
+)
+def test_pipelines_without_a_loop_are_named(path, start):
+    msg = refusal(path)
+    assert msg.startswith(start) and "a pipeline temper has no loop for" in msg
+
+
+def test_reward_fl_is_named(tmp_path):
+    path = tmp_path / "reward_fl.yaml"
+    path.write_text(
+        "exp_name: wan\ntrain_batch_size: 8\nactor_train:\n  model_args:\n"
+        "    model_type: diffusion_module\n"
+    )
+    assert refusal(path).startswith(
+        "actor_train.model_args.model_type: this is a ROLL Reward-FL pipeline config"
+    )
+
+
+def test_dpo_from_check_and_train_alike(capsys):
+    path = str(R2508 / "dpo_examples/qwen2.5-3B_dpo_megatron.yaml")
+    lines = []
+    for command in ("check", "train"):
+        assert main([command, path]) == 2
+        lines.append(capsys.readouterr().err.strip())
+    assert lines[0] == lines[1] and lines[0].startswith("config error: ipo: this is a ROLL DPO")
+
+
+# ------------------------------------------------------------------ ROLL versions
+
+
+def test_roll_2026_agentic_example_keys_are_honoured():
+    """max_tokens_per_step (a top-level value the defaults fragment interpolates, and each
+    tag's), the env templates, attn_implementation, reward_normalization's norm types."""
+    cfg = load(
+        R2508 / "qwen2.5-0.5B-agentic/agentic_val_sokoban.yaml",
+        "+reward_normalization.norm_mean_type=group",  # as agentic_val_sokoban_native.yaml
+        "+reward_normalization.norm_std_type=batch",
+        all_engines=True,
+    ).config
+    norm = cfg.agentic.reward_normalization
+    assert (norm.norm_mean_type, norm.norm_std_type) == ("group", "batch")
+    sokoban = cfg.agentic.custom_envs["SimpleSokoban"]
+    # ROLL's TrajEnvManager generates min(max_tokens_per_step, max_new_tokens) per turn
+    assert sokoban.max_tokens_per_turn == 64 and sokoban.max_turns == 10
+    assert sokoban.system_template.startswith("You're a helpful assistant.")
+    assert "{observation}" in sokoban.turn_template
+    assert cfg.model.attn_implementation == "flash_attention_2"
+
+
+def test_roll_top_level_max_tokens_per_step_is_a_definition():
+    """Removing it (the old hint) breaks ROLL's own fragment, which interpolates it."""
+    path = R2508 / "qwen2.5-0.5B-agentic/agentic_val_sokoban.yaml"
+    assert "max_tokens_per_step" in load_yaml(path).referenced
+    load(path, "max_tokens_per_step=32", all_engines=True)
+
+
+def test_roll_rlvr_norm_types():
+    path = R2508 / "docs_examples/example_ppo.yaml"
+    for mean, std, expected in [
+        ("batch", "batch", ("batch", False, False)),
+        ("group", "null", ("group", True, False)),
+        ("null", "running", ("running", False, True)),
+    ]:
+        cfg = load(
+            path,
+            "~reward_norm",
+            "~reward_shift",
+            "~reward_scale",
+            f"+norm_mean_type={mean}",
+            f"+norm_std_type={std}",
+            all_engines=True,
+        ).config
+        algo = cfg.algorithm
+        assert (algo.reward_norm, algo.reward_shift, algo.reward_scale) == expected
+    msg = refusal(
+        path, "~reward_norm", "+norm_mean_type=group", "+norm_std_type=batch", all_engines=True
+    )
+    assert msg.startswith("norm_std_type: a mean from 'group' with a std from 'batch'")
+
+
+def test_roll_webshop_env_settings_known_and_env_refused_by_name():
+    msg = refusal(R2508 / "qwen2.5-7B-agentic_megatron/agentic_val_webshop.yaml", all_engines=True)
+    assert "custom_envs.WebShopEnv" in msg
+    assert "unknown ROLL key" not in msg
+
+
+def test_roll_attn_implementation_and_lora_model_args():
+    cfg = load(
+        R2508 / "qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml", all_engines=True
+    ).config
+    assert cfg.model.lora.rank == 32 and cfg.model.lora.alpha == 32
+    assert cfg.model.attn_implementation == "flash_attention_2"
+
+
+def test_domain_interleave_probs_weights_reward_domains():
+    """The keys of domain_interleave_probs are reward domains (rewards.<name>), whose
+    tag_included lists their tags — not data tags; a row in no domain is math_rule's."""
+    drop = [
+        op
+        for name in ("ifeval", "code_sandbox", "llm_judge")
+        for op in (f"~rewards.{name}", f"actor_train.data_args.domain_interleave_probs.{name}=0")
+    ]
+    cfg = load(R0 / "qwen2.5-7B-rlvr_megatron/rlvr_config.yaml", *drop, all_engines=True).config
+    assert cfg.data.source_domains["math_rule"] == ["deepmath_103k", "aime"]
+    assert cfg.data.source_default_domain == "math_rule"
+    assert set(cfg.data.source_weights) == {
+        "math_rule",
+        "crossthinkqa",
+        "ifeval",
+        "code_sandbox",
+        "llm_judge",
+    }
+    tags = ["deepmath_103k", "arithmetic", "crossthinkqa"]
+    assert domains_of(tags, cfg.data.source_domains, "math_rule") == [
+        "math_rule",
+        "math_rule",
+        "crossthinkqa",
+    ]
+
+
+def test_critic_model_type_trl():
+    """ROLL's PPO example builds its critic as trl's causal LM with a value head."""
+    path = R2508 / "docs_examples/example_ppo.yaml"
+    assert load_yaml(path).data["critic"]["model_args"]["model_type"] == "trl"
+    cfg = load(path, all_engines=True).config
+    assert cfg.critic.enable is not False
+    msg = refusal(R2508 / "docs_examples/example_ppo.yaml", "critic.model_args.model_type=rm")
+    assert msg.startswith("critic.model_args.model_type: 'rm' is not supported")
+
+
+# ------------------------------------------------------------------ honoured in code
+
+
+def test_typed_group_normalization():
+    """ROLL's agentic_reward_norm: mean from the group, std from the batch."""
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    groups = ["a", "a", "b", "b"]
+    out = grouped_reward_normalization(
+        scores, groups, "identity", mean_type="group", std_type="batch"
+    )
+    std = scores.std()
+    expected = torch.tensor([0.5, -0.5, 0.0, 0.0]) / (std + 1e-6)
+    assert torch.allclose(out, expected)
+    out = grouped_reward_normalization(scores, groups, "mean_std", mean_type="batch")
+    assert torch.allclose(out, scores - scores.mean())
+
+
+def test_env_turn_template_renders_roll_fields():
+    from temper.config.schema import EnvManagerConfig, EnvTagConfig
+    from temper.envs.manager import EnvManager
+
+    tag = EnvTagConfig(
+        env_type="frozen_lake",
+        max_turns=4,
+        max_tokens_per_turn=32,
+        system_template="You play.",
+        turn_template="Turn {turn_idx}: {observation} ({actions_left} left, {max_response_length} tokens) {unknown}",
+    )
+    mgr = EnvManager(
+        EnvManagerConfig(num_env_groups=1, group_size=1, tags=["FL"]), {"FL": tag}, seed=0
+    )
+    (slot,) = mgr.reset(step=0)
+    text = mgr.turn_text(slot.env_id, "OBS")
+    assert text == "Turn 1: OBS (4 left, 32 tokens) {unknown}"
+    assert mgr.system_message("FL") == "You play."
+    assert "Reply in the format" not in slot.instruction  # the template states the format

@@ -1,0 +1,253 @@
+"""The upstream verl and ROLL configs and command lines as rows of ``temper check``.
+
+Every file under ``tests/data/upstream`` is one of:
+
+- a **config row**: a verl trainer config, a recipe's or an example's ``--config-name``
+  file, or a ROLL pipeline YAML — checked as it is;
+- a **script row**: a trainer command line of a verl example script (or of a SkyPilot
+  task's ``run:`` block), parsed by :mod:`upstream_scripts` into the config file it
+  composes and its ``key=value`` overrides — checked with them;
+- a **fragment**: a file that other files pull in (Hydra ``defaults:`` groups, ROLL's
+  ``config/`` definitions), a tool or interaction config, a Ray runtime env, or a
+  script without a trainer command (data preparation).
+
+A row's outcome is what ``temper check`` says about the config itself, the engines it
+names and the rewards it scores with (the ``engines`` and ``rewards`` pre-flights): ``passes``, or the one-line refusal, classified by
+:data:`FEATURES` into the feature it names. The rest of the pre-flight (model and data
+paths, output directories) is about the author's machine, not the file, and is tested
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+
+import yaml
+from reference_paths import UPSTREAM  # next to this file
+from upstream_scripts import Command, script_commands
+
+from temper.config import ConfigError, load_config
+from temper.pipelines import check_pipeline
+from temper.pipelines.preflight import preflight
+from temper.rollout.tools import check_multi_turn
+
+VERL = ("verl-2025-06-38d9a88", "verl-2026-01-b178a3c")
+ROLL = ("roll-v0", "roll-2025-06-70e9c6c", "roll-2026-08-8eb27cc")
+#: Environment the rows see: a secret some ROLL files interpolate (${oc.env:...}).
+ENV = {"WANDB_API_KEY": "dummy-key"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str  # snapshot-relative path, "#n" for a script's n-th trainer command
+    config: Path
+    overrides: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- the rows
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(UPSTREAM))
+
+
+def _is_verl_config(rel: str) -> bool:
+    """verl files checked as configs: the trainer configs, recipe and example configs."""
+    parts = rel.split("/")
+    if "trainer/config/" in rel:  # the top-level configs, not their group files
+        return len(parts) == 5 and parts[-1] != "reward_manager.yaml"
+    return "/config/" in rel and parts[-2] == "config"
+
+
+def _skypilot_commands(path: Path, root: Path) -> list[Command]:
+    """The ``run:`` block of a SkyPilot task, as its head node runs it: the task's
+    ``setup`` clones verl into ``./verl`` (this snapshot), SkyPilot sets the node count and
+    the GPUs per node (from ``resources.accelerators``, e.g. ``H100:1``)."""
+    task = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    run = str(task.get("run") or "").replace("$(pwd)/verl", "$(pwd)")
+    gpus = str((task.get("resources") or {}).get("accelerators") or "x:1").split(":")[-1]
+    sky_env = {
+        "SKYPILOT_NUM_NODES": str(task.get("num_nodes") or 1),
+        "SKYPILOT_NODE_RANK": "0",
+        "SKYPILOT_NUM_GPUS_PER_NODE": gpus.strip(),
+    }
+    return script_commands(path, root, text=run, env=sky_env)
+
+
+@cache
+def rows() -> tuple[Row, ...]:
+    out: list[Row] = [
+        Row("verl-0.8/ppo_trainer_flat.yaml", UPSTREAM / "verl-0.8/ppo_trainer_flat.yaml")
+    ]
+    for snap in VERL:
+        root = UPSTREAM / snap
+        for path in sorted(root.rglob("*.yaml")):
+            rel = _rel(path)
+            if _is_verl_config(rel):
+                out.append(Row(rel, path))
+        for path in sorted([*root.rglob("*.sh"), *root.glob("examples/skypilot/*.yaml")]):
+            cmds = (
+                _skypilot_commands(path, root)
+                if path.suffix == ".yaml"
+                else script_commands(path, root)
+            )
+            out += [Row(f"{snap}/{c.name}", c.config, c.overrides) for c in cmds]
+    for snap in ROLL:
+        for path in sorted((UPSTREAM / snap).rglob("*.yaml")):
+            if path.parent.name != "config":
+                out.append(Row(_rel(path), path))
+    return tuple(out)
+
+
+@cache
+def fragments() -> dict[str, str]:
+    """Files that are no row, and what they are."""
+    out: dict[str, str] = {}
+    names = {r.name.split("#")[0] for r in rows()}
+    for path in sorted(UPSTREAM.rglob("*")):
+        rel = _rel(path)
+        if path.suffix not in (".yaml", ".sh") or rel in names:
+            continue
+        if "/tool_config/" in rel or "/interaction_config/" in rel:
+            out[rel] = "tool or interaction config"
+        elif path.suffix == ".sh":
+            out[rel] = "script without a trainer command"
+        elif path.name == "runtime_env.yaml":
+            out[rel] = "Ray runtime environment"
+        elif path.parent.name == "config" or "trainer/config/" in rel:
+            out[rel] = "defaults fragment"
+        elif "skypilot" in rel:
+            out[rel] = "SkyPilot task (its run: block is a script row)"
+        else:
+            out[rel] = "?"
+    return out
+
+
+# --------------------------------------------------------------------------- outcomes
+
+#: What a refusal names, by the first pattern its message matches.
+FEATURES: tuple[tuple[str, str], ...] = (
+    ("megatron engine", r"'megatron' training engine \(Megatron-Core\)"),
+    ("deepspeed engine", r"'deepspeed' training engine \(DeepSpeed\)"),
+    ("rewards: cv detection", r"DetectionRewardWorker"),
+    ("rewards: ifeval/code/llm_judge", r"(GeneralRule|CodeSandbox|LLMJudge)RewardWorker"),
+    ("rewards: sandbox_fusion", r"sandbox_fusion"),
+    ("rewards: served reward model", r"served reward model|generative reward model"),
+    ("video/audio input", r"video \(and audio\) inputs"),
+    ("vision-language", r"vision-language|multimodal|vision tower"),
+    ("megatron: pipeline parallel", r"pipeline parallelism is not in this build"),
+    ("megatron: context parallel", r"context-parallel attention cannot run"),
+    ("megatron: expert parallel (MoE)", r"expert parallelism needs a mixture-of-experts model"),
+    ("megatron: dist-checkpoint init", r"from a Megatron dist checkpoint is not supported"),
+    ("megatron: lora", r"LoRA is not supported by the megatron engine"),
+    ("megatron: reward model", r"reward model on the megatron engine"),
+    ("dynamic sampling", r"dynamic-sampling|is_use_additional_prompts"),
+    ("pipeline: sft", r"SFT (trainer|pipeline)"),
+    ("pipeline: dpo", r"DPO pipeline"),
+    ("pipeline: distillation", r"distillation pipeline"),
+    ("pipeline: rollout only", r"ROLL rollout pipeline"),
+    ("pipeline: generation/eval", r"verl (generation|evaluation) entry point"),
+    ("pipeline: spin/sppo/prime", r"verl (SPIN|SPPO|PRIME) recipe"),
+    ("engine: sglang", r"'sglang'"),
+    ("engine: trtllm", r"TensorRT-LLM"),
+    ("env manager", r"custom ROLL env manager class"),
+    ("env type", r"the environment '\w+' \(tag"),
+    ("env tool wrapper", r"GEM tool wrappers"),
+    ("async generation", r"asynchronous \(off-policy\) generation"),
+    ("tp rollout on ray", r"tensor-parallel rollout\) is not supported on the ray backend"),
+    ("lora reference on ray", r"LoRA reference"),
+    ("custom code", r"custom (dataset classes|samplers|ROLL worker class)"),
+    ("verl interaction", r"interaction agents"),
+    ("over-sampling", r"over-sampling"),
+    ("chat template", r"custom Jinja chat template"),
+    ("rollout correction", r"rejection sampling|bypass mode|probability ratio"),
+    ("router replay", r"router replay"),
+    ("pg variant", r"pg_variant|TOPR's negative"),
+    ("lora adapters", r"LoRA adapter|excluding LoRA modules"),
+    ("precision", r"master weights|reduced in fp32"),
+    ("logger", r"logger '\w+' is not supported|track_with: '\w+' is not supported"),
+    ("tool-call format", r"tool-call format '\w+' is not supported"),
+    ("checkpoint contents", r"checkpoints without model, optimizer"),
+    ("file: no model", r"no policy model given"),
+    ("sum_pi_squared", r"sum-of-pi-squared"),
+    ("batch arithmetic", r"mini-batch|contiguous|outside the \d+ devices|cannot be split evenly"),
+    ("file: empty", r"the config is empty"),
+    ("file: missing default", r"Could not load"),
+    (
+        "script: broken",
+        r"not an override|adds a key, but|expected (bool|int|float)|unknown verl key.*Hydra would refuse",
+    ),
+)
+
+
+def classify(message: str) -> str:
+    """The feature a refusal names, from its key and reason (not its fix, which may list
+    other keys)."""
+    reason = message.split(". Fix: ")[0]
+    for label, pattern in FEATURES:
+        if re.search(pattern, reason):
+            return label
+    return f"unclassified: {message}"
+
+
+def check(row: Row, names: Mapping[str, Sequence[str]]) -> str:
+    """``passes`` or the one-line refusal of ``temper check`` (config + engines)."""
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    try:
+        loaded = load_config(row.config, list(row.overrides), names=names)
+        try:
+            check_multi_turn(loaded.config.rollout.multi_turn)  # as temper check does
+            check_pipeline(loaded.config)
+            preflight(loaded.config, checks=("engines", "rewards"))
+        except ConfigError as err:
+            raise loaded.in_dialect(err) from err
+        return "passes"
+    except ConfigError as err:
+        return str(err)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def write_expected(path: Path) -> dict[str, int]:
+    """Rewrite ``upstream_expected.py`` from a run of the replay (review the diff: a row
+    that changed for a reason other than a feature landing is a regression)."""
+    from temper.cli.registries import registry_names
+
+    names = registry_names()
+    outcomes = {}
+    for row in rows():
+        message = check(row, names)
+        outcomes[row.name] = "passes" if message == "passes" else classify(message)
+    body = "\n".join(f"    {name!r}: {label!r}," for name, label in sorted(outcomes.items()))
+    path.write_text(
+        '"""Expected outcome of every row of the upstream replay (see ``upstream_replay``).\n\n'
+        "``passes``, or the feature (``upstream_replay.FEATURES``) its one-line refusal names.\n"
+        "Generated by ``python tests/unit/config/upstream_replay.py``, then reviewed row by\n"
+        "row; when a branch lands a feature its rows flip to ``passes``.\n"
+        '"""\n\nfrom __future__ import annotations\n\n'
+        f"EXPECTED: dict[str, str] = {{\n{body}\n}}\n"
+    )
+    counts: dict[str, int] = {}
+    for label in outcomes.values():
+        counts[label] = counts.get(label, 0) + 1
+    return counts
+
+
+if __name__ == "__main__":  # regenerate the expected outcomes
+    import warnings
+
+    warnings.simplefilter("ignore")
+    for label, n in sorted(
+        write_expected(Path(__file__).with_name("upstream_expected.py")).items()
+    ):
+        print(f"{n:4d}  {label}")

@@ -1,0 +1,95 @@
+"""What ``temper check`` / ``temper train`` refuse before loading anything, beyond the
+config layer: combinations the driver cannot honour, each in one line with its key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from temper.config import build_config
+from temper.config.errors import ConfigError
+from temper.pipelines import check_pipeline
+
+RLVR = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"]}}
+LAKE = {"env_type": "frozen_lake", "env_config": {"size": 4}}
+AGENTIC = {
+    "pipeline": "agentic",
+    "model": {"path": "m"},
+    "experiment": {"max_steps": 2},
+    "actor": {"mini_batch_size": 4},
+    "agentic": {
+        "train_env_manager": {"num_env_groups": 2, "group_size": 2, "tags": ["T"]},
+        "val_env_manager": {"num_env_groups": 1, "group_size": 1, "tags": ["T"]},
+        "custom_envs": {"T": LAKE},
+    },
+}
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+REFUSED = [
+    (RLVR, {"algorithm": {"use_reward_norm": True}}, "algorithm.use_reward_norm"),
+    (
+        RLVR,
+        {"algorithm": {"use_reward_scaling": True, "reward_norm": "batch"}},
+        "algorithm.use_reward_scaling",
+    ),
+    (RLVR, {"algorithm": {"filter_groups": {"metric": "acc"}}}, "algorithm.filter_groups.metric"),
+    (RLVR, {"data": {"gen_batch_size": 16}}, "data.gen_batch_size"),  # no filter
+    (
+        RLVR,
+        {"data": {"gen_batch_size": 4}, "algorithm": {"filter_groups": {"enable": True}}},
+        "data.gen_batch_size",  # fewer than train_batch_size (8)
+    ),
+    (
+        RLVR,
+        {"actor": {"use_kl_loss": True, "kl_loss_type": "full"}, "resources": {"backend": "ray"}},
+        "actor.kl_loss_type",
+    ),
+    (RLVR, {"resources": {"ray": {"timeline_json_file": "t.json"}}}, "timeline_json_file"),
+    (RLVR, {"agentic": {"use_turn_rewards": True}}, "agentic"),
+    (RLVR, {"experiment": {"render_save_dir": "r"}}, "experiment.render_save_dir"),
+    (RLVR, {"reward": {"launch_async": True}}, "reward.launch_async"),
+    (AGENTIC, {"experiment": {"max_steps": None}}, "experiment.max_steps"),
+    (
+        AGENTIC,
+        {"algorithm": {"overlong_buffer": {"enable": True, "len": 4}}},
+        "algorithm.overlong_buffer.enable",
+    ),
+    (
+        AGENTIC,
+        {"algorithm": {"add_len_reward": True}, "agentic": {"use_turn_rewards": True}},
+        "algorithm.add_len_reward",
+    ),
+    (AGENTIC, {"rollout": {"n": 4}}, "rollout.n"),
+    (AGENTIC, {"data": {"train_files": ["t.parquet"]}}, "data.train_files"),
+    (AGENTIC, {"data": {"gen_batch_size": 8}}, "data.gen_batch_size"),
+]
+
+
+@pytest.mark.parametrize(("base", "over", "key"), REFUSED, ids=[r[2] for r in REFUSED])
+def test_refused_with_the_key(base, over, key):
+    with pytest.raises(ConfigError) as err:
+        check_pipeline(build_config(merged(base, over)))
+    assert key in str(err.value) and err.value.fix and "\n" not in str(err.value)
+
+
+ACCEPTED = [
+    (RLVR, {"algorithm": {"use_reward_scaling": True, "use_reward_norm": True}}),
+    (RLVR, {"data": {"gen_batch_size": 12}, "algorithm": {"filter_groups": {"enable": True}}}),
+    (RLVR, {"algorithm": {"use_kl_in_reward": True, "kl_penalty": "full"}}),
+    (RLVR, {"algorithm": {"use_pf_ppo": True, "difficulty_mask": True, "max_len_mask": True}}),
+    (AGENTIC, {"algorithm": {"add_len_reward": True, "filter_groups": {"enable": True}}}),
+    (AGENTIC, {"algorithm": {"use_reward_scaling": True, "length_loss_weight": True}}),
+]
+
+
+@pytest.mark.parametrize(("base", "over"), ACCEPTED)
+def test_accepted(base, over):
+    check_pipeline(build_config(merged(base, over)))

@@ -1,0 +1,230 @@
+"""The shaping phase composes the algorithm library as the config says, for RLVR samples
+and agentic episodes alike (one path: ``temper.pipelines.shaping``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from temper.config.schema import (
+    AgenticConfig,
+    AlgorithmConfig,
+    RewardNormalizationConfig,
+)
+from temper.data.batch import Batch
+from temper.pipelines.shaping import (
+    ShapingSettings,
+    ShapingState,
+    compute_experience,
+    place_turn_rewards,
+)
+
+
+def batch(scores, uids, lengths, R=4, **tensors):
+    mask = (torch.arange(R)[None] < torch.tensor(lengths)[:, None]).float()
+    return Batch.from_dict(
+        {"scores": torch.tensor(scores), "response_mask": mask, **tensors},
+        {"uid": uids, "truncated": [n == R for n in lengths]},
+    )
+
+
+def shape(b: Batch, algo: AlgorithmConfig, agentic: AgenticConfig | None = None, step: int = 0):
+    settings = ShapingSettings(algo, response_length=4, agentic=agentic)
+    return compute_experience(b, settings, ShapingState.from_config(algo), step)
+
+
+def test_grpo_scores_on_last_token_and_group_advantages():
+    b = batch([1.0, 0.0, 0.5, 0.5], ["a", "a", "b", "b"], [2, 3, 1, 4])
+    out, m = shape(b, AlgorithmConfig(adv_estimator="grpo"))
+    # score sits on the last valid token of each row
+    assert out["token_level_scores"][0].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert out["token_level_scores"][1].tolist() == [0.0, 0.0, 0.0, 0.0]
+    # group a: mean 0.5, std (unbiased) = sqrt(0.5) -> ±0.7071; group b: all equal -> 0
+    a = out["advantages"]
+    assert torch.allclose(a[0, :2], torch.full((2,), 0.5 / 0.5**0.5), atol=1e-4)
+    assert torch.allclose(a[1, :3], torch.full((3,), -0.5 / 0.5**0.5), atol=1e-4)
+    assert a[2].abs().sum() == 0 and a[3].abs().sum() == 0
+    assert a[0, 2:].abs().sum() == 0  # masked tokens carry nothing
+    assert m["train/score_mean"] == 0.5
+
+
+def test_kl_in_reward_subtracts_beta_kl_and_updates_controller():
+    old = torch.zeros(2, 4)
+    ref = torch.full((2, 4), -0.5)
+    b = batch([1.0, 0.0], ["a", "a"], [4, 4], old_log_probs=old, ref_log_probs=ref)
+    algo = AlgorithmConfig(adv_estimator="grpo", use_kl_in_reward=True, kl_penalty="kl")
+    algo.kl_ctrl.kl_coef = 0.1
+    out, m = shape(b, algo)
+    # k1 = old - ref = 0.5 per token; reward_t = score_t - 0.1 × 0.5
+    expected = torch.tensor([[-0.05, -0.05, -0.05, 0.95], [-0.05, -0.05, -0.05, -0.05]])
+    assert torch.allclose(out["token_level_rewards"], expected)
+    assert abs(m["train/kl_in_reward"] - 0.5) < 1e-6
+
+
+def test_full_kl_in_reward_uses_the_actors_exact_kl():
+    full = torch.full((2, 4), 0.25)
+    b = batch([1.0, 0.0], ["a", "a"], [4, 4], old_log_probs=torch.zeros(2, 4))
+    b["ref_log_probs"], b["full_kl"] = torch.zeros(2, 4), full
+    algo = AlgorithmConfig(adv_estimator="grpo", use_kl_in_reward=True, kl_penalty="full")
+    algo.kl_ctrl.kl_coef = 0.1
+    out, m = shape(b, algo)
+    assert torch.allclose(out["token_level_rewards"][1], torch.full((4,), -0.025))
+    assert m["train/kl_in_reward"] == pytest.approx(0.25)
+
+
+def test_max_len_mask_removes_truncated_from_the_loss():
+    b = batch([1.0, 0.0], ["a", "a"], [4, 2])
+    out, m = shape(b, AlgorithmConfig(adv_estimator="grpo", max_len_mask=True))
+    assert out["response_mask"][0].sum() == 0 and out["response_mask"][1].sum() == 2
+    assert m["train/loss_masked_frac"] == 0.5
+
+
+def test_difficulty_mask_masks_the_loss_and_never_empties_the_batch():
+    """ROLL's difficulty_mask zeroes the loss of groups outside (low, high); every group
+    masked leaves a full batch with no token in the loss (once: 'cannot cut 0 samples')."""
+    b = batch([1.0, 1.0, 0.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b", "c", "c"], [2] * 6)
+    algo = AlgorithmConfig(adv_estimator="grpo", difficulty_mask=True)
+    algo.difficulty_low_threshold, algo.difficulty_high_threshold = 0.1, 0.95
+    out, m = shape(b, algo)
+    assert len(out) == 6 and out["response_mask"].sum(-1).tolist() == [0, 0, 0, 0, 2, 2]
+    assert m["train/difficulty_masked_frac"] == pytest.approx(4 / 6)
+    every = batch([1.0, 1.0, 0.0, 0.0], ["a", "a", "b", "b"], [2] * 4)
+    out, m = shape(every, algo)
+    assert len(out) == 4 and out["response_mask"].sum() == 0
+    assert m["train/loss_masked_frac"] == 1.0
+
+
+def test_difficulty_mask_leaves_groups_of_one_alone():
+    b = batch([1.0, 0.0], ["a", "b"], [2, 2])
+    out, _ = shape(b, AlgorithmConfig(adv_estimator="grpo", difficulty_mask=True))
+    assert out["response_mask"].sum() == 4
+
+
+def test_sample_mask_of_dynamic_sampling_filler_is_a_loss_mask():
+    b = batch([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"], [2] * 4)
+    b["sample_mask"] = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    out, m = shape(b, AlgorithmConfig(adv_estimator="grpo"))
+    assert out["response_mask"].sum(-1).tolist() == [2, 2, 0, 0]
+    assert m["train/loss_masked_frac"] == 0.5
+
+
+def test_loss_weights_by_length_and_difficulty():
+    b = batch([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"], [1, 3, 2, 2])
+    out, _ = shape(b, AlgorithmConfig(adv_estimator="grpo", length_loss_weight=True))
+    w = out["sample_weights"]
+    assert w.mean().item() == pytest.approx(1.0) and w[0] > w[2] > w[1]  # shorter: heavier
+    out, _ = shape(b, AlgorithmConfig(adv_estimator="grpo", difficulty_loss_weight=True))
+    w = out["sample_weights"]  # group a failed half the time, b never: a is heavier
+    assert w[0] == w[1] > w[2] == w[3] and w.mean().item() == pytest.approx(1.0)
+
+
+def test_pf_ppo_resamples_by_score_and_repeats_per_step():
+    b = batch([1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b"], [2] * 4)
+    algo = AlgorithmConfig(adv_estimator="grpo", use_pf_ppo=True)
+    out, m = shape(b, algo, step=3)
+    # pow weights |s|^2: only the score-1 sample has weight (the others 1e-8)
+    assert out["scores"].tolist() == [1.0] * 4 and m["train/pf_ppo_unique_frac"] == 0.25
+    again, _ = shape(batch([1.0, 0.5, 0.0, 0.2], ["a", "a", "b", "b"], [2] * 4), algo, step=3)
+    same, _ = shape(batch([1.0, 0.5, 0.0, 0.2], ["a", "a", "b", "b"], [2] * 4), algo, step=3)
+    assert again["scores"].tolist() == same["scores"].tolist()
+
+
+def test_reward_scaling_divides_by_the_running_std():
+    b = batch([4.0, 0.0], ["a", "a"], [1, 1])
+    algo = AlgorithmConfig(adv_estimator="reinforce", use_reward_scaling=True)
+    out, _ = shape(b, algo)
+    std = torch.tensor([4.0, 0.0]).std().item()
+    assert out["token_level_scores"][0, 0].item() == pytest.approx(4.0 / (std + 1e-6))
+    algo.use_reward_norm = True  # and subtract the running mean
+    out, _ = shape(batch([4.0, 0.0], ["a", "a"], [1, 1]), algo)
+    assert out["token_level_scores"][:, 0].sum().item() == pytest.approx(0.0, abs=1e-5)
+
+
+def test_remax_uses_the_greedy_baseline():
+    b = batch([1.0, 0.0], ["a", "a"], [2, 2], baseline_scores=torch.tensor([0.25, 0.25]))
+    out, _ = shape(b, AlgorithmConfig(adv_estimator="remax"))
+    # reward-to-go minus the greedy reward on every valid token
+    assert torch.allclose(out["advantages"][:, :2], torch.tensor([[0.75, 0.75], [-0.25, -0.25]]))
+
+
+def test_reward_clip_and_shaping_state_roundtrip():
+    b = batch([5.0, -5.0], ["a", "a"], [1, 1])
+    algo = AlgorithmConfig(adv_estimator="grpo", reward_clip=2.0, reward_norm="running")
+    state = ShapingState.from_config(algo)
+    out, m = compute_experience(b, ShapingSettings(algo, response_length=4), state)
+    assert m["train/reward_clip_frac"] >= 0.0
+    assert out["token_level_scores"].abs().max() <= 2.0
+    copy = ShapingState.from_config(algo)
+    copy.load_state_dict(state.state_dict())
+    assert copy.state_dict() == state.state_dict()
+
+
+# ------------------------------------------- agentic episodes (the `episodes` fixture: conftest)
+
+
+def agentic(grouping="batch", method="identity", turns=False):
+    return AgenticConfig(
+        reward_normalization=RewardNormalizationConfig(grouping=grouping, method=method),
+        use_turn_rewards=turns,
+    )
+
+
+def test_episode_return_on_the_last_model_token(episodes):
+    out, m = shape(episodes, AlgorithmConfig(adv_estimator="reinforce"), agentic())
+    scores = out["token_level_scores"]
+    assert scores[0, 6] == 1.0 and scores[0].abs().sum() == 1.0
+    assert scores.abs().sum() == 1.0  # the two 0-return episodes add nothing
+    assert m["train/score_mean"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("grouping", "method", "expected"),
+    [
+        ("state", "mean", [0.5, -0.5, 0.0]),  # g0: returns 1, 0; g1 alone
+        ("state", "mean_std", [0.7071, -0.7071, 0.0]),  # singleton → 0 (ROLL)
+        ("batch", "mean", [2 / 3, -1 / 3, -1 / 3]),
+        ("tag", "identity", [1.0, 0.0, 0.0]),
+        ("inductive", "mean", [0.5, -0.5, 0.0]),  # same first prompt ⇔ same group here
+    ],
+)
+def test_grouping_times_method(episodes, grouping, method, expected):
+    out, _ = shape(episodes, AlgorithmConfig(adv_estimator="reinforce"), agentic(grouping, method))
+    got = [out["token_level_scores"][k].sum().item() for k in range(3)]
+    assert got == pytest.approx(expected, abs=1e-3)
+
+
+def test_turn_rewards_are_discounted_per_turn(episodes):
+    gamma = 0.5
+    scores = place_turn_rewards(episodes, agentic(turns=True), gamma=gamma)
+    # episode 2: r = (0.5, 0.5, -1) at turn ends 1, 5, 8; G = (0.5+0.5*0.0, 0.5-0.5, -1)
+    g3 = -1.0
+    g2 = 0.5 + gamma * g3
+    g1 = 0.5 + gamma * g2
+    row = scores[2]
+    assert row[1].item() == pytest.approx(g1 - g2)
+    assert row[5].item() == pytest.approx(g2 - g3)
+    assert row[8].item() == pytest.approx(g3)
+    # reward-to-go over model tokens equals the per-turn discounted return
+    mask = episodes["response_mask"][2].bool()
+    to_go = row.flip(0).cumsum(0).flip(0)
+    assert to_go[0].item() == pytest.approx(g1) and to_go[4].item() == pytest.approx(g2)
+    assert not row[~mask].any()
+
+
+def test_episodes_with_reinforce_turns_and_grpo(episodes):
+    algo = AlgorithmConfig(adv_estimator="reinforce", whiten_advantages=False)
+    out, metrics = shape(episodes, algo, agentic(turns=True))
+    adv, mask = out["advantages"], out["response_mask"].bool()
+    assert not adv[~mask].any()
+    assert adv[2, 0].item() == pytest.approx(0.0) and adv[2, 8].item() == pytest.approx(-1.0)
+    out, _ = shape(episodes, AlgorithmConfig(adv_estimator="grpo"), agentic())
+    a = out["advantages"]
+    assert a[0, 0] > 0 > a[1, 0] and a[0, 0] == a[0, 6]  # broadcast over model tokens
+    assert "train/advantage_mean" in metrics
+
+
+def test_length_reward_shapes_episodes_too(episodes):
+    algo = AlgorithmConfig(adv_estimator="reinforce", add_len_reward=True)
+    out, _ = shape(episodes, algo, agentic())
+    # g0: the successful episode is the longer one: λ = 0.5 − 1 = −0.5 for it
+    assert out["token_level_scores"][0].sum().item() == pytest.approx(1.0 - 0.5)

@@ -1,0 +1,285 @@
+"""The megatron engine's pure parts, without a process group: HF ↔ Megatron tensor
+layouts at TP 1/2/4, vocabulary-parallel log-probs and entropy, row alignment, the
+RoPE frequencies, what ``check`` refuses or notes, and sharding by data-parallel index."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from temper.config.errors import ConfigError
+from temper.config.schema import MegatronConfig
+from temper.training.megatron_check import check_section, unapplied_options
+from temper.training.megatron_convert import (
+    HFLayout,
+    ParamMap,
+    fuse_qkv,
+    hf_inv_freq,
+    hf_layout,
+    split_qkv,
+    to_hf,
+    to_megatron_shard,
+)
+from temper.training.megatron_vocab import VocabShard, log_probs_and_entropy
+from temper.training.micro_batching import ModelInputs
+
+LAYOUT = HFLayout(
+    model_type="qwen3",
+    num_layers=1,
+    hidden_size=8,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=3,
+    ffn_hidden_size=12,
+    vocab_size=250,
+    tied_embeddings=False,
+    qkv_bias=True,
+    qk_norm=True,
+    norm_eps=1e-6,
+)
+
+
+def _hf_tensors(pm: ParamMap, g: torch.Generator) -> list[torch.Tensor]:
+    L, H = LAYOUT, LAYOUT.hidden_size
+    shapes = {
+        "qkv": [(L.num_heads * L.head_dim, H), (L.num_kv_heads * L.head_dim, H)] * 1,
+        "glu": [(L.ffn_hidden_size, H)] * 2,
+        "col": [(L.vocab_size, H)],
+        "row": [(H, L.num_heads * L.head_dim)],
+        "rep": [(H,)],
+    }[pm.kind]
+    if pm.kind == "qkv":
+        shapes = [shapes[0], shapes[1], shapes[1]]
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("kind", ["qkv", "glu", "col", "row", "rep"])
+def test_shards_merge_back_to_the_hf_tensors(kind: str, tp: int) -> None:
+    names = {"qkv": ("q", "k", "v"), "glu": ("gate", "up")}.get(kind, ("w",))
+    pm = ParamMap("m", names, kind)  # type: ignore[arg-type]
+    hf = _hf_tensors(pm, torch.Generator().manual_seed(tp))
+    shards = [to_megatron_shard(pm, hf, LAYOUT, r, tp) for r in range(tp)]
+    back = dict(to_hf(pm, shards, LAYOUT))
+    for name, tensor in zip(names, hf):
+        assert torch.equal(back[name], tensor), name
+
+
+def test_fused_qkv_is_grouped_by_kv_head_and_split_whole_groups_per_rank() -> None:
+    layout = replace(LAYOUT, num_heads=4, num_kv_heads=2, head_dim=1)
+    q = torch.tensor([[10.0], [11.0], [12.0], [13.0]])  # heads 0,1 → group 0; 2,3 → group 1
+    k = torch.tensor([[20.0], [21.0]])
+    v = torch.tensor([[30.0], [31.0]])
+    fused = fuse_qkv(q, k, v, layout)
+    assert fused.squeeze(-1).tolist() == [10, 11, 20, 30, 12, 13, 21, 31]
+    pm = ParamMap("m", ("q", "k", "v"), "qkv")
+    rank1 = to_megatron_shard(pm, [q, k, v], layout, 1, 2)
+    assert rank1.squeeze(-1).tolist() == [12, 13, 21, 31]
+    assert [t.squeeze(-1).tolist() for t in split_qkv(fused, layout)] == [
+        [10, 11, 12, 13],
+        [20, 21],
+        [30, 31],
+    ]
+
+
+def test_glu_shard_is_the_ranks_gate_then_up_slice() -> None:
+    layout = replace(LAYOUT, ffn_hidden_size=4)
+    gate = torch.arange(4.0)[:, None]
+    up = 10 + torch.arange(4.0)[:, None]
+    pm = ParamMap("m", ("gate", "up"), "glu")
+    assert to_megatron_shard(pm, [gate, up], layout, 1, 2).squeeze(-1).tolist() == [2, 3, 12, 13]
+
+
+def test_vocabulary_is_padded_to_a_tp_independent_multiple() -> None:
+    assert LAYOUT.padded_vocab(1) == LAYOUT.padded_vocab(2) == LAYOUT.padded_vocab(8) == 256
+    assert replace(LAYOUT, vocab_size=129).padded_vocab(3) == 384  # lcm(128, 3)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_vocab_log_probs_and_entropy_equal_softmax_ones(temperature: float) -> None:
+    """One rank (no group); padded vocabulary columns are ignored."""
+    g = torch.Generator().manual_seed(0)
+    vocab, padded = 10, 16
+    logits = torch.randn(3, 5, padded, generator=g, requires_grad=True)
+    targets = torch.randint(0, vocab, (3, 5), generator=g)
+    shard = VocabShard.of(0, 1, padded, vocab)
+    log_p, ent = log_probs_and_entropy(
+        logits, targets, shard, temperature=temperature, with_entropy=True
+    )
+    assert ent is not None
+    ref = torch.log_softmax(logits[..., :vocab] / temperature, dim=-1)
+    ref_lp = ref.gather(-1, targets[..., None]).squeeze(-1)
+    ref_ent = -(ref.exp() * ref).sum(-1)
+    torch.testing.assert_close(log_p, ref_lp)
+    torch.testing.assert_close(ent, ref_ent)
+    (g1,) = torch.autograd.grad((log_p + ent).sum(), logits)
+    (g2,) = torch.autograd.grad((ref_lp + ref_ent).sum(), logits)
+    torch.testing.assert_close(g1, g2)
+    assert torch.count_nonzero(g1[..., vocab:]) == 0
+
+
+def test_vocab_shards_of_a_rank_with_only_padding() -> None:
+    assert VocabShard.of(3, 4, 384, 260) == VocabShard(288, 96, 0)
+    assert VocabShard.of(2, 4, 384, 260) == VocabShard(192, 96, 68)
+
+
+def test_right_align_starts_every_row_at_position_zero() -> None:
+    from temper.training.megatron_engine import right_align
+
+    pad = 0
+    # prompt width 3, response width 2: [pad pad a | b c], [d e f | g pad]
+    ids = torch.tensor([[pad, pad, 1, 2, 3], [4, 5, 6, 7, pad]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
+    inp = ModelInputs(ids, mask, mask.cumsum(1) - 1, ids[:, 3:], 2, 2)
+    shifted, index = right_align(inp)
+    assert shifted[0, :3].tolist() == [1, 2, 3] and shifted[1].tolist() == [4, 5, 6, 7]
+    # response token 0 of row 0 (id 2) is predicted at its shifted position 0 (id 1)
+    assert index.tolist() == [[0, 1], [2, 3]]
+
+
+def test_rope_frequencies_are_transformers_own() -> None:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    for params in (None, rope):
+        config = LlamaConfig(hidden_size=64, num_attention_heads=4, rope_parameters=params)
+        torch.testing.assert_close(hf_inv_freq(config), LlamaRotaryEmbedding(config).inv_freq)
+    yarn = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0},
+    )
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
+        hf_inv_freq(yarn)
+
+
+def test_unsupported_architectures_are_named() -> None:
+    from transformers import GPT2Config, Qwen2Config
+
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        hf_layout(GPT2Config())
+    with pytest.raises(ValueError, match="sliding-window"):
+        hf_layout(Qwen2Config(use_sliding_window=True))
+    layout = hf_layout(Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2))
+    assert layout.qkv_bias and not layout.qk_norm and layout.head_dim == 16
+
+
+# ----------------------------------------------------------------------- check
+
+
+def _check(device: str = "cpu", lora: int = 0, **m: Any) -> list[str]:
+    return check_section("actor", MegatronConfig(**m), device_type=device, lora=lora)
+
+
+@pytest.mark.parametrize(
+    ("m", "key", "words"),
+    [
+        (
+            {"pipeline_model_parallel_size": 2},
+            "actor.megatron.pipeline_model_parallel_size",
+            "send/receive",
+        ),
+        (
+            {"virtual_pipeline_model_parallel_size": 2},
+            "actor.megatron.virtual_pipeline_model_parallel_size",
+            "pipeline",
+        ),
+        ({"context_parallel_size": 2}, "actor.megatron.context_parallel_size", "TransformerEngine"),
+        ({"expert_model_parallel_size": 2}, "actor.megatron.expert_model_parallel_size", "dense"),
+        ({"expert_tensor_parallel_size": 2}, "actor.megatron.expert_tensor_parallel_size", "dense"),
+        ({"tensor_model_parallel_size": 0}, "actor.megatron.tensor_model_parallel_size", "≥ 1"),
+        ({"recompute_granularity": "most"}, "actor.megatron.recompute_granularity", "unknown"),
+    ],
+)
+def test_what_cannot_run_is_a_config_error_naming_the_key(m: dict, key: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _check(**m)
+    assert err.value.key == key and words in err.value.reason and err.value.fix
+
+
+def test_lora_and_a_missing_package_name_their_keys(monkeypatch) -> None:
+    with pytest.raises(ConfigError) as err:
+        _check(lora=8)
+    assert err.value.key == "model.lora.rank"
+    monkeypatch.setattr("temper.training.megatron_check.megatron_installed", lambda: False)
+    with pytest.raises(ConfigError) as err:
+        _check()
+    assert err.value.key == "actor.strategy" and "megatron-core" in err.value.reason
+    assert "temper-rl[megatron]" in err.value.fix
+
+
+def test_memory_options_are_notes_not_errors() -> None:
+    assert _check(use_distributed_optimizer=False) == []
+    notes = _check(sequence_parallel=True, recompute_granularity="full")
+    assert any("sequence_parallel, use_distributed_optimizer" in n for n in notes)
+    assert any("recompute_granularity" in n and "CUDA" in n for n in notes)
+    on_gpu = unapplied_options(MegatronConfig(recompute_granularity="full"), "cuda")
+    assert not any("recompute" in n for n in on_gpu)  # applied on CUDA
+    moe = unapplied_options(MegatronConfig(extra={"moe_grouped_gemm": True}), "cuda")
+    assert any("moe_grouped_gemm" in n and "dense" in n for n in moe)
+
+
+def test_temper_check_refuses_pipeline_parallel_on_cpu(tmp_path, tiny_path, capsys) -> None:
+    import yaml
+
+    from temper.cli.main import main
+
+    cfg = {
+        "experiment": {"device": "cpu"},
+        "model": {"path": tiny_path},
+        "data": {"train_files": ["task:arithmetic?n=8"]},
+        "actor": {
+            "strategy": "megatron",
+            "megatron": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2},
+        },
+        "resources": {"backend": "ray", "devices_per_node": 2},
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "actor.megatron.pipeline_model_parallel_size" in err and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------- worker groups
+
+
+def test_tensor_parallel_ranks_get_the_same_shard() -> None:
+    """4 ranks, TP=2: ranks 0,1 share data index 0 and ranks 2,3 index 1."""
+    from collections.abc import Sequence
+
+    from temper.cluster.base import WorkerGroup
+    from temper.data.batch import Batch
+
+    class Group(WorkerGroup):
+        role, world_size, data_ranks = "actor", 4, [0, 0, 1, 1]
+
+        def call_ranks(self, method: str, per_rank_args: Sequence[tuple[Any, ...]], **kw: Any):
+            return [a[0] for a in per_rank_args]  # each rank returns its shard
+
+    batch = Batch.from_dict(
+        {"response_ids": torch.arange(8)[:, None], "response_mask": torch.ones(8, 1)}
+    )
+    group = Group()
+    shards = group.scatter("update", batch)
+    assert [s["response_ids"].flatten().tolist() for s in shards] == [
+        [0, 1, 2, 3],
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [4, 5, 6, 7],
+    ]
+    out = group.dispatch("f", batch, balance=False)
+    assert out["response_ids"].flatten().tolist() == list(range(8))
+    assert math.isclose(group.data_size, 2)
