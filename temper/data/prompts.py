@@ -72,6 +72,15 @@ def get_path(row: dict[str, Any], dotted: str) -> Any:
     return value
 
 
+def data_source_of(row: dict[str, Any], key: str) -> str:
+    """The row's data source: column ``key``; when the row has none, its ``data_source``
+    column (verl-shaped rows read with ROLL's ``data_source_key: tag``); else ``unknown``."""
+    source = get_path(row, key)
+    if source is MISSING:
+        source = row.get("data_source", MISSING)
+    return "unknown" if source is MISSING or source is None else str(source)
+
+
 def ground_truth_of(row: dict[str, Any], key: str) -> Any:
     """The row's ground truth at ``key``, else at ``ground_truth``, else ``answer``, else None."""
     for candidate in (key, *GROUND_TRUTH_FALLBACKS):
@@ -127,10 +136,7 @@ def parse_row(row: dict[str, Any], cfg: DataConfig) -> PromptFields:
     else:
         messages = _check_messages(value, column)
 
-    source = get_path(row, cfg.data_source_key)
-    if source is MISSING:  # verl-shaped rows read with ROLL's key (data_source_key: tag)
-        source = row.get("data_source", MISSING)
-    data_source = "unknown" if source is MISSING or source is None else str(source)
+    data_source = data_source_of(row, cfg.data_source_key)
     tag = get_path(row, cfg.tag_key)
     extra = get_path(row, cfg.extra_info_key)
     if extra is MISSING or extra is None:

@@ -325,7 +325,7 @@ def _scan(
     """Columns and the (data source, tag) pairs of ``files``, as the data loader reads
     them (a missing source is ``unknown``, a missing tag the source): parquet from its
     schema and those two columns, other files from their rows (up to ``MAX_SCAN_ROWS``)."""
-    from temper.data.prompts import get_path
+    from temper.data.prompts import data_source_of, get_path
     from temper.data.sources import expand_files, read_file
 
     columns: set[str] = set()
@@ -341,15 +341,13 @@ def _scan(
             except (OSError, ValueError) as err:
                 raise ConfigError(key, f"cannot read {path}: {err}", "check the file") from err
             columns |= names
-            wanted = [c for c in {ds_key.split(".")[0], tag_key.split(".")[0]} if c in names]
+            heads = {ds_key.split(".")[0], tag_key.split(".")[0], "data_source"}
+            wanted = [c for c in heads if c in names]
             rows = pq.read_table(path, columns=wanted).to_pylist() if wanted else [{}]
         else:
             rows = _rows(read_file(path, key), columns)
         for row in rows:
-            source = get_path(row, ds_key)
-            source = (
-                "unknown" if source is None or not isinstance(source, str | int) else str(source)
-            )
+            source = data_source_of(row, ds_key)
             tag = get_path(row, tag_key)
             samples.add(
                 (source, source if tag is None or not isinstance(tag, str | int) else str(tag))

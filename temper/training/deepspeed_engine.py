@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -108,6 +109,7 @@ def ensure_process_group(device: torch.device) -> None:
     """A one-rank process group when this process has none (the local backend)."""
     if dist.is_initialized():
         return
+    _forget_stale_groups()
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -124,7 +126,19 @@ def release_process_group() -> None:
         import deepspeed.comm
 
         deepspeed.comm.destroy_process_group()
+    _forget_stale_groups()
     _OWN_GROUP[0] = False
+
+
+def _forget_stale_groups() -> None:
+    """Drop DeepSpeed's cached subgroups when no default group is alive. Another library
+    may destroy the default group behind DeepSpeed's back (vLLM's shutdown does), which
+    leaves DeepSpeed holding groups of a dead world; the next engine of this process would
+    then fail in ``initialize`` ("Group ... is not registered"). DeepSpeed clears them
+    itself only on its own ``destroy_process_group``; this is that same release."""
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None and not dist.is_initialized():
+        groups._release_process_group_references(group=None)
 
 
 class DeepSpeedEngine(DataParallelEngine):

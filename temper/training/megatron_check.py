@@ -69,7 +69,22 @@ def check_megatron(cfg: TemperConfig, device_type: str) -> list[str]:
                 "sequences with context_parallel_size",
                 "set it to 1",
             )
+    if _roles(cfg):
+        note = half_precision_note(cfg.model.dtype, device_type)
+        notes += [note] if note else []
     return notes
+
+
+def half_precision_note(model_dtype: str, device_type: str) -> str | None:
+    """On CPU the megatron engine computes in fp32: Megatron-Core's linear layers restore
+    autocast in their backward for CUDA only (``custom_bwd(device_type="cuda")``), so a
+    half-precision CPU autocast would meet fp32 weights there with half gradients."""
+    if device_type == "cuda" or model_dtype in ("auto", "fp32", "float32"):
+        return None
+    return (
+        f"model.dtype={model_dtype}: Megatron-Core's layers compute in half precision through "
+        "CUDA autocast only; on CPU the megatron engine computes in fp32"
+    )
 
 
 def check_engine_spec(spec: EngineSpec) -> None:

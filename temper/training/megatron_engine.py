@@ -42,7 +42,11 @@ from torch import nn
 
 from temper.data.batch import Batch
 from temper.training import megatron_io
-from temper.training.megatron_check import check_engine_spec, unapplied_options
+from temper.training.megatron_check import (
+    check_engine_spec,
+    half_precision_note,
+    unapplied_options,
+)
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_parallel import init_parallel
 from temper.training.megatron_vocab import log_probs_and_entropy
@@ -106,6 +110,10 @@ class MegatronEngine(TorchEngine):
                 log.warning("model.%s is a GPU kernel option the megatron engine ignores", flag)
         self.ckpt_mesh: Any = None  # made at the first checkpoint (megatron_io)
         super().__init__(spec)  # builds the model: _load_model sets self.built
+        note = half_precision_note(spec.model.dtype, device.type)
+        if note:
+            log.warning("%s", note)
+            self.compute_dtype = torch.float32
         self.ckpt_kinds = {pm.megatron: pm.kind for pm in self.built.maps}
 
     # ------------------------------------------------------------------ model

@@ -42,16 +42,22 @@ def _native(tmp_path: Path, model: str, data: Path, **reward) -> Path:
 
 
 def test_rewards_failing_on_most_samples_stop_the_run(tmp_path, tiny_model_dir, capsys):
-    """No data_source column: auto fails on every sample, so the run stops after
+    """A reward function that raises on every sample (something the pre-flight cannot see:
+    it imports the function, it does not score): the run stops after
     reward.max_failed_steps (2) such steps, with one line naming source and reason."""
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i} + 1 = ?"}) + "\n" for i in range(8)))
-    path = _native(tmp_path, str(tiny_model_dir), data, function="auto")
+    fn = tmp_path / "broken_reward.py"
+    fn.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    raise KeyError('answer_key')\n"
+    )
+    path = _native(tmp_path, str(tiny_model_dir), data, custom_function={"path": str(fn)})
     assert main(["train", str(path)]) == 1
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
     assert line.startswith("error: rewards failed on 4/4 samples in 2 training steps in a row")
-    assert "data_source 'unknown'" in line and "UnknownDataSourceError" in line
+    assert "data_source 'unknown'" in line and "KeyError" in line
     assert "reward.max_failed_steps=2" in line and "Traceback" not in err
     assert [r["step"] for r in metrics(tmp_path / "run")] == [1]  # step 2 never finished
 
