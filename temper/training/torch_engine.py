@@ -512,14 +512,19 @@ class TorchEngine(TrainEngine):
             total += float(loss.detach())
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
+        packing = self.spec.model.use_remove_padding
+        if packing:  # packed micro-batches over all ranks
+            sums["packed_fraction/num"] = float(self.layouts["packed"] - packed_before)
+            sums["packed_fraction/den"] = float(len(micro))
         sums = self._reduce_sums({**sums, "loss": total})
         total = sums.pop("loss")
+        if packing:
+            sums["packed_fraction"] = sums.pop("packed_fraction/num") / max(
+                sums.pop("packed_fraction/den"), 1.0
+            )
         self._reduce_grads()
         grad_norm, lr = self._apply_gradients()
-        metrics = {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}
-        if self.spec.model.use_remove_padding:  # this rank's share of packed micro-batches
-            metrics["packed_fraction"] = (self.layouts["packed"] - packed_before) / len(micro)
-        return metrics
+        return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}
 
     def _apply_gradients(self) -> tuple[float, float]:
         """Clip, check, step and clear the accumulated gradients: ``(grad_norm before
