@@ -314,14 +314,14 @@ class TorchEngine(TrainEngine):
         """This micro-batch packed (``model.use_remove_padding`` and cheaper), or None."""
         if not self.spec.model.use_remove_padding:
             return None
-        # measured on the first call, which every data-parallel rank makes at the same
-        # point (its first micro-batch), so the calibration's collectives line up
-        cost = self._layout_cost()
-        if extra:
-            # vision-language rows stay padded: the model computes their 3-D M-RoPE
+        if extra or getattr(self.model.config, "vision_config", None) is not None:
+            # vision-language models stay padded: the model computes its 3-D M-RoPE
             # positions from the padded 2-D mask and image grids (training.vision)
             self.layouts["padded"] += 1
             return None
+        # measured on the first call, which every data-parallel rank makes at the same
+        # point (its first micro-batch), so the calibration's collectives line up
+        cost = self._layout_cost()
         lengths = inp.attention_mask.sum(dim=1).tolist()
         layout = choose_layout(lengths, inp.input_ids.shape[1], cost)
         self.layouts[layout] += 1
