@@ -171,6 +171,33 @@ def test_packed_forward_equals_padded(tiny_path: str, attn: str) -> None:
     torch.testing.assert_close(ref_b[mask], ref_a[mask], atol=1e-5, rtol=1e-5)
 
 
+def test_packed_full_kl_and_lora_equal_padded(tiny_path: str) -> None:
+    """The exact KL against a reference (packed or padded on either side) and a LoRA
+    model's log-probs are the padded ones."""
+    from temper.config.schema import LoraConfig
+
+    lora = {"lora": LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])}
+    kw = {"micro": 5, "train": False, "model_kw": lora}
+    padded, packed = _engine(tiny_path, packed=False, **kw), _engine(tiny_path, packed=True, **kw)
+    for engine in (padded, packed):  # non-zero adapters: the model differs from the base
+        with torch.no_grad():
+            for n, p in engine.model.named_parameters():
+                if "lora_" in n:
+                    p.copy_(torch.linspace(-0.1, 0.1, p.numel()).reshape(p.shape))
+    ref_padded = _engine(tiny_path, packed=False, micro=5, train=False)
+    ref_packed = _engine(tiny_path, packed=True, micro=5, train=False)
+    batch = _batch(6)
+    outs = []
+    for engine, ref in ((padded, ref_padded), (packed, ref_packed), (packed, ref_padded)):
+        engine.kl_reference = ref
+        outs.append(engine.forward(batch))
+    assert packed.layouts["packed"] == 2
+    for out in outs[1:]:
+        for key in ("log_probs", "full_kl"):
+            torch.testing.assert_close(out[key], outs[0][key], atol=1e-5, rtol=1e-5)
+    assert float(outs[0]["full_kl"].abs().sum()) > 0
+
+
 def test_packed_values_equal_padded(tiny_path: str) -> None:
     kw = {"micro": 5, "train": False, "kind": "value"}
     padded, packed = _engine(tiny_path, packed=False, **kw), _engine(tiny_path, packed=True, **kw)
