@@ -10,9 +10,9 @@ Two ways to cut (``MicroBatching``):
 
 Each micro-batch is then trimmed to its own longest real prompt and response instead of
 the global padded width: prompts are left-padded, so leading all-pad columns go;
-responses are right-padded, so trailing all-pad columns go. Full padding removal
-(varlen packing with flash-attention) is a GPU follow-up; on CPU, sdpa with a padded
-mask is exact.
+responses are right-padded, so trailing all-pad columns go. Removing the rest of the
+padding (``model.use_remove_padding``: the micro-batch as one packed row) is
+:mod:`temper.training.packing`, chosen per micro-batch by the engine.
 """
 
 from __future__ import annotations

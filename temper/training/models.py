@@ -198,9 +198,11 @@ class ValueModel(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor | None,
         keep_last: int | None = None,
+        keep_index: torch.Tensor | None = None,
         **inputs: Any,
     ) -> torch.Tensor:
-        """Values ``(B, L)``, or of the last ``keep_last`` positions only (cheaper head).
+        """Values ``(B, L)``, or of the last ``keep_last`` positions only (cheaper head), or
+        of the positions ``keep_index`` (a packed row's response positions).
 
         ``inputs`` go to the backbone as they are (a vision-language model's pixel
         inputs and token types)."""
@@ -214,6 +216,8 @@ class ValueModel(nn.Module):
         hidden = out.last_hidden_state
         if keep_last is not None:
             hidden = hidden[:, -keep_last:]
+        if keep_index is not None:
+            hidden = hidden[:, keep_index]
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     def save_pretrained(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,12 +51,26 @@ from temper.training.models import (
     resolve_dtype,
     save_processor_files,
 )
+from temper.training.packing import (
+    MASKED_KERNELS,
+    VARLEN_KERNELS,
+    LayoutCost,
+    PackedInputs,
+    block_causal_mask,
+    choose_layout,
+    measure_layout_cost,
+    pack,
+    unpack,
+)
 from temper.training.schedule import LRSchedule
 from temper.training.spec import EngineSpec
 from temper.training.vision import vision_forward_inputs
 from temper.training.weights import hf_named_weights, is_peft_model, save_hf_model
 
 log = logging.getLogger(__name__)
+
+#: measured packing cost models, per (kind, attention kernel, device, dtype, model config)
+_LAYOUT_COSTS: dict[tuple[str, ...], LayoutCost] = {}
 
 
 def _check_supported(spec: EngineSpec) -> None:
@@ -91,6 +106,8 @@ class TorchEngine(TrainEngine):
         self._logits_to_keep = self._accepts_logits_to_keep()
         self._adapters_off = False
         self._entropy = self._entropy_fn(spec)
+        #: micro-batches run per layout (packing: ``model.use_remove_padding``)
+        self.layouts: Counter[str] = Counter()
         self.optimizer: torch.optim.Optimizer | None = None
         self.schedule: LRSchedule | None = None
         if spec.optim is not None:
@@ -231,17 +248,88 @@ class TorchEngine(TrainEngine):
 
     # ------------------------------------------------------------------ forward
 
-    def _logits(self, inp: ModelInputs, keep: int, extra: dict[str, Any]) -> torch.Tensor:
-        kwargs: dict[str, Any] = {
-            "input_ids": inp.input_ids,
-            "attention_mask": inp.attention_mask,
-            "position_ids": inp.position_ids,
-            "use_cache": False,
-        }
+    def _logits(
+        self,
+        inputs: dict[str, Any],
+        keep: int | torch.Tensor,
+        extra: dict[str, Any] | None = None,
+    ) -> torch.Tensor:
+        """Logits of the last ``keep`` positions ``(b, keep, V)``, or of the positions
+        ``keep`` (a tensor: a packed row's response positions) ``(K, V)``."""
+        kwargs: dict[str, Any] = {**inputs, "use_cache": False}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = keep
-        out = self._module()(**{**kwargs, **extra})
-        return out.logits[:, -keep:]
+        logits = self._module()(**{**kwargs, **(extra or {})}).logits
+        if isinstance(keep, int):
+            return logits[:, -keep:]
+        return logits[0] if self._logits_to_keep else logits[0, keep]
+
+    # ------------------------------------------------------------------ packing
+
+    def _attn_impl(self) -> str:
+        """The attention kernel the loaded model runs (``sdpa``, ``eager``, ``flash_…``)."""
+        return str(getattr(self.model.config, "_attn_implementation", None) or "sdpa")
+
+    def _layout_cost(self) -> LayoutCost:
+        """The packing cost model of this model shape (measured once per process)."""
+        impl = self._attn_impl()
+        if impl in VARLEN_KERNELS:  # packing never costs more: nothing to measure
+            return LayoutCost(per_token=1.0, per_pair=1.0, varlen=True)
+        cfg: Any = self.model.config  # a transformers PretrainedConfig
+        key = (
+            self.spec.kind,
+            impl,
+            str(self.device),
+            str(self.compute_dtype),
+            cfg.to_json_string(use_diff=False) if hasattr(cfg, "to_json_string") else repr(cfg),
+        )
+        if key not in _LAYOUT_COSTS:
+            _LAYOUT_COSTS[key] = measure_layout_cost(self._timed_forward)
+        return _LAYOUT_COSTS[key]
+
+    @torch.no_grad()
+    def _timed_forward(self, rows: int, length: int) -> None:
+        """One no-grad forward of ``rows × length`` random tokens under a dense causal
+        mask (the cost-model calibration's unit of work)."""
+        vocab = int(getattr(self.model.config, "vocab_size", 256) or 256)
+        gen = torch.Generator().manual_seed(rows * 1000 + length)
+        ids = torch.randint(0, vocab, (rows, length), generator=gen).to(self.device)
+        impl = self._attn_impl()
+        additive = self.compute_dtype if impl == "eager" else None
+        mask: torch.Tensor | None = None
+        if impl in MASKED_KERNELS:
+            one = block_causal_mask(
+                torch.tensor([length], device=self.device), additive_dtype=additive
+            )
+            mask = one.expand(rows, 1, length, length)
+        seq = torch.arange(length, device=self.device)
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": seq.expand(rows, -1)}
+        with self._autocast():
+            if self.spec.kind == "value":
+                self._module()(**inputs, keep_last=1)
+            else:
+                self._logits(inputs, 1)
+
+    def _pack(self, inp: ModelInputs, extra: dict[str, Any]) -> PackedInputs | None:
+        """This micro-batch packed (``model.use_remove_padding`` and cheaper), or None."""
+        if not self.spec.model.use_remove_padding:
+            return None
+        if extra or getattr(self.model.config, "vision_config", None) is not None:
+            # vision-language models stay padded: the model computes its 3-D M-RoPE
+            # positions from the padded 2-D mask and image grids (training.vision)
+            self.layouts["padded"] += 1
+            return None
+        # measured on the first call, which every data-parallel rank makes at the same
+        # point (its first micro-batch), so the calibration's collectives line up
+        cost = self._layout_cost()
+        lengths = inp.attention_mask.sum(dim=1).tolist()
+        layout = choose_layout(lengths, inp.input_ids.shape[1], cost)
+        self.layouts[layout] += 1
+        if layout == "padded":
+            return None
+        return pack(inp, self._attn_impl(), self.compute_dtype)
+
+    # ------------------------------------------------------------------ forward
 
     def _run(
         self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
@@ -249,36 +337,55 @@ class TorchEngine(TrainEngine):
         """Per-response-token outputs ``(b, R)`` of one micro-batch, 0 where masked.
 
         ``entropy_grad=False`` computes the entropy as a detached metric (no autograd
-        graph, chunked even when ``entropy_chunk_size`` is 0)."""
+        graph, chunked even when ``entropy_chunk_size`` is 0). Packed micro-batches
+        (:mod:`temper.training.packing`) compute everything on the ``K`` response
+        positions of the packed row and unpack at the end."""
         inp = model_inputs(mb, self.device)
         r = inp.response_len
         # vision-language rows: pixel inputs, token types, M-RoPE positions (training.vision)
         extra, vision_context = vision_forward_inputs(self.model, mb, inp)
+        packed = self._pack(inp, extra)
+        model_in: dict[str, Any]
+        if packed is None:
+            model_in = {
+                "input_ids": inp.input_ids,
+                "attention_mask": inp.attention_mask,
+                "position_ids": inp.position_ids,
+            }
+            keep: int | torch.Tensor = r + 1
+            labels = inp.response_ids
+        else:
+            model_in = {
+                "input_ids": packed.input_ids,
+                "attention_mask": packed.attention_mask,
+                "position_ids": packed.position_ids,
+            }
+            keep = packed.keep
+            labels = inp.response_ids[packed.valid]
         out: dict[str, torch.Tensor] = {}
         with self._autocast(), vision_context:
             if self.spec.kind == "value":
-                values_in = {
-                    "input_ids": inp.input_ids,
-                    "attention_mask": inp.attention_mask,
-                    "position_ids": inp.position_ids,
-                }
-                out["values"] = self._module()(**{**values_in, **extra}, keep_last=r + 1)[:, :r]
+                if packed is None:
+                    out["values"] = self._module()(**{**model_in, **extra}, keep_last=r + 1)[:, :r]
+                else:
+                    out["values"] = self._module()(**model_in, keep_index=packed.keep)[0]
             else:
                 # logits at position p predict token p+1: the r+1 last positions minus the
-                # final one score the r response tokens
-                logits = self._logits(inp, r + 1, extra)[:, :r]
-                out["log_probs"] = logprobs_from_logits(
-                    logits, inp.response_ids, temperature=temperature
-                )
+                # final one score the r response tokens (packed: the positions ``keep``)
+                logits = self._logits(model_in, keep, extra)
+                if packed is None:
+                    logits = logits[:, :r]
+                out["log_probs"] = logprobs_from_logits(logits, labels, temperature=temperature)
                 if self.kl_reference is not None and not self._adapters_off:  # the exact KL
+                    ref = self.kl_reference.response_logits(mb)
                     out["full_kl"] = full_kl_from_logits(
                         logits,
-                        self.kl_reference.response_logits(mb),
+                        ref if packed is None else ref[packed.valid],
                         temperature=temperature,
                         chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
                     )
                 if with_entropy and entropy_grad:
-                    chunk = self.spec.entropy_chunk_size or max(1, logits.shape[0] * r)
+                    chunk = self.spec.entropy_chunk_size or max(1, labels.numel())
                     out["entropy"] = self._entropy(
                         logits, temperature=temperature, chunk_size=chunk
                     )
@@ -289,6 +396,8 @@ class TorchEngine(TrainEngine):
                             temperature=temperature,
                             chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
                         )
+        if packed is not None:
+            out = {k: unpack(v, packed.valid) for k, v in out.items()}
         mask = mb["response_mask"][:, :r].to(self.device) > 0
         return {
             k: pad_response(
@@ -302,11 +411,27 @@ class TorchEngine(TrainEngine):
     def response_logits(self, batch: Batch) -> torch.Tensor:
         """No-grad logits ``(b, r, V)`` of the response tokens of a micro-batch (the
         reference's side of the exact KL; the model's train/eval mode is left as it is —
-        under LoRA it is the actor's own module)."""
+        under LoRA it is the actor's own module). Zero where a packed forward had no
+        response token to score."""
         inp = model_inputs(batch, self.device)
+        r = inp.response_len
         extra, vision_context = vision_forward_inputs(self.model, batch, inp)
         with self._on_device(), self._autocast(), vision_context:
-            return self._logits(inp, inp.response_len + 1, extra)[:, : inp.response_len]
+            packed = self._pack(inp, extra)
+            model_in: dict[str, Any]
+            if packed is None:
+                model_in = {
+                    "input_ids": inp.input_ids,
+                    "attention_mask": inp.attention_mask,
+                    "position_ids": inp.position_ids,
+                }
+                return self._logits(model_in, r + 1, extra)[:, :r]
+            model_in = {
+                "input_ids": packed.input_ids,
+                "attention_mask": packed.attention_mask,
+                "position_ids": packed.position_ids,
+            }
+            return unpack(self._logits(model_in, packed.keep), packed.valid)
 
     @torch.no_grad()
     def forward(
@@ -365,6 +490,7 @@ class TorchEngine(TrainEngine):
         self.model.train()
         self._zero_grad()
         micro, groups = self._split(batch, self.train_micro)
+        packed_before = self.layouts["packed"]
         total = 0.0
         sums: dict[str, float] = {}
         for i, (mb, rows) in enumerate(zip(micro, groups)):
@@ -386,8 +512,16 @@ class TorchEngine(TrainEngine):
             total += float(loss.detach())
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
+        packing = self.spec.model.use_remove_padding
+        if packing:  # packed micro-batches over all ranks
+            sums["packed_fraction/num"] = float(self.layouts["packed"] - packed_before)
+            sums["packed_fraction/den"] = float(len(micro))
         sums = self._reduce_sums({**sums, "loss": total})
         total = sums.pop("loss")
+        if packing:
+            sums["packed_fraction"] = sums.pop("packed_fraction/num") / max(
+                sums.pop("packed_fraction/den"), 1.0
+            )
         self._reduce_grads()
         grad_norm, lr = self._apply_gradients()
         return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}

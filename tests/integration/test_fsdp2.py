@@ -156,6 +156,8 @@ def test_two_ranks_match_single_process(tiny_path: str, fsdp: dict, checkpointin
     got = ranks[0]["metrics"]
     assert got.keys() == ref_metrics.keys()
     for k, v in ref_metrics.items():
+        if k == "actor/packed_fraction":  # a layout choice: 2 rows packed vs 1 row per rank
+            continue
         assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
         assert ranks[1]["metrics"][k] == got[k], k  # every rank reports the global value
     assert ref_metrics["actor/grad_norm"] > 0.05  # clipping was active

@@ -307,6 +307,8 @@ def test_actor_update_matches_torch_engine(tiny_path: str, tp: int) -> None:
     got = ranks[0]["metrics"]
     assert got.keys() == ref_metrics.keys()
     for k, v in ref_metrics.items():
+        if k == "actor/packed_fraction":  # a layout choice (megatron never packs)
+            continue
         assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
         assert ranks[1]["metrics"][k] == got[k], k  # every rank reports the global value
     assert ref_metrics["actor/grad_norm"] > 0.05  # clipping was active

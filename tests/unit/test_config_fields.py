@@ -12,8 +12,7 @@ for each, one of:
 * **refused**: ``REFUSED`` gives a non-default value that ``temper check`` rejects (config
   validation plus the pipeline checks) with an error naming the key — checked for real;
 * **pending**: ``PENDING`` names keys of training engines other issues are building
-  (DeepSpeed, Megatron-Core: strategies this build does not register) or of sequence
-  packing (issue 18). The test checks they are still unread and their engine still
+  (none now). The test checks they are still unread and their engine still
   unregistered, so an entry goes stale — and fails — the day its reader lands.
 """
 
@@ -49,10 +48,7 @@ REFUSED: dict[str, Any] = {
 }
 
 #: path -> (strategy whose engine will read it, the issue building it)
-PENDING: dict[str, tuple[str, str]] = {
-    # the torch engine trims each micro-batch to its longest sample instead (same math)
-    "model.use_remove_padding": ("", "issue 18 (sequence packing)"),
-}
+PENDING: dict[str, tuple[str, str]] = {}
 
 
 def leaf_fields(

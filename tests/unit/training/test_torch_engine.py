@@ -13,6 +13,7 @@ from temper.config.schema import LoraConfig, ModelConfig
 from temper.data.batch import Batch
 from temper.training.base import NonFiniteError
 from temper.training.micro_batching import MicroBatching, first_fit_decreasing
+from temper.training.packing import LayoutCost
 from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
 
@@ -20,6 +21,7 @@ from .conftest import make_batch, make_engine
 
 PROMPTS = [7, 3, 5, 1]
 RESPONSES = [6, 2, 4, 1]
+ALWAYS_PACK = LayoutCost(per_token=1.0, per_pair=0.0)  # free attention: packing wins
 
 
 def manual_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -46,13 +48,23 @@ def test_forward_matches_manual_full_forward(tiny_path: str) -> None:
 
 
 def test_micro_dynamic_and_single_batches_agree(tiny_path: str) -> None:
+    """Packed equals padded: every micro-batching, run padded and really packed (one
+    row, block-diagonal mask), gives the log-probs and entropy of one sample at a time."""
     engine = make_engine(tiny_path, train=False)
+    packed = make_engine(tiny_path, train=False)
+    packed._layout_cost = lambda: ALWAYS_PACK  # type: ignore[method-assign]
+    padded = make_engine(
+        tiny_path, train=False, model=ModelConfig(path=tiny_path, use_remove_padding=False)
+    )
     batch = make_batch(PROMPTS, RESPONSES, seed=1)
     ref = engine.forward(batch, micro_batching=MicroBatching(size=1), with_entropy=True)
     for spec in (MicroBatching(size=4), MicroBatching(size=3), MicroBatching(max_tokens=12)):
-        out = engine.forward(batch, micro_batching=spec, with_entropy=True)
-        for key in ("log_probs", "entropy"):
-            torch.testing.assert_close(out[key], ref[key], atol=1e-5, rtol=1e-5)
+        for e in (engine, packed, padded):
+            out = e.forward(batch, micro_batching=spec, with_entropy=True)
+            for key in ("log_probs", "entropy"):
+                torch.testing.assert_close(out[key], ref[key], atol=1e-5, rtol=1e-5)
+    # multi-row micro-batches: 1 (size 4) + 1 (size 3) + 1 (budget 12: [0], [1], [2, 3])
+    assert packed.layouts["packed"] == 3 and padded.layouts["packed"] == 0
     hot = engine.forward(batch, temperature=0.5)["log_probs"]
     assert not torch.allclose(hot, ref["log_probs"])
 
@@ -84,15 +96,24 @@ def test_gradient_accumulation_invariance(tiny_path: str) -> None:
     eps (the update is then linear in the gradient); the grad norm is compared directly.
     """
     batch = make_batch(PROMPTS, RESPONSES, seed=2)
-    whole = make_engine(tiny_path, micro=4, lr=1e-2, eps=1.0)
+    padded = ModelConfig(path=tiny_path, use_remove_padding=False)
+    whole = make_engine(tiny_path, micro=4, lr=1e-2, eps=1.0, model=padded)
     split = make_engine(tiny_path, micro=1, lr=1e-2, eps=1.0)
     dyn = make_engine(tiny_path, max_tokens=10, lr=1e-2, eps=1.0)
-    results = [e.train_mini_batch(batch, _pg_loss_fn(batch)) for e in (whole, split, dyn)]
+    # packed equals padded: the same micro-batches as ``whole`` and ``dyn``, each one row
+    packed = [make_engine(tiny_path, micro=4, lr=1e-2, eps=1.0)]
+    packed.append(make_engine(tiny_path, max_tokens=10, lr=1e-2, eps=1.0))
+    for e in packed:
+        e._layout_cost = lambda: ALWAYS_PACK  # type: ignore[method-assign]
+    engines = (whole, split, dyn, *packed)
+    results = [e.train_mini_batch(batch, _pg_loss_fn(batch)) for e in engines]
+    # budget 10 cuts [0], [2], [1, 3]: one micro-batch of three has rows to pack
+    assert [r["packed_fraction"] for r in results[3:]] == [1.0, 1 / 3]
     for r in results[1:]:
         assert r["loss"] == pytest.approx(results[0]["loss"], abs=1e-6)
         assert r["grad_norm"] == pytest.approx(results[0]["grad_norm"], rel=1e-5)
     start = make_engine(tiny_path, train=False).model.state_dict()
-    for other in (split, dyn):
+    for other in engines[1:]:
         for (name, a), (_, b) in zip(
             whole.model.named_parameters(), other.model.named_parameters()
         ):

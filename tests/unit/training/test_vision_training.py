@@ -107,6 +107,9 @@ def test_batch_of_one_equals_batch_of_many(tiny_vlm_dir, vl_batch):
     together = engine.forward(vl_batch, micro_batching=MicroBatching(size=8))["log_probs"]
     alone = engine.forward(vl_batch, micro_batching=MicroBatching(size=1))["log_probs"]
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+    # use_remove_padding (the default) leaves vision-language rows padded (training.packing)
+    assert engine.spec.model.use_remove_padding and engine.layouts["packed"] == 0
+    assert engine.layouts["padded"] == 1 + len(vl_batch)
 
 
 def test_critic_values_see_the_images(tiny_vlm_dir, vl_batch):

@@ -1,0 +1,159 @@
+"""Training micro-step time: padded vs packed vs auto (``model.use_remove_padding``).
+
+One micro-step is the torch engine's training forward of a micro-batch (log-probs and
+entropy of the response tokens) plus the backward of a policy-gradient loss; no optimizer
+step (the same for every layout). Layouts:
+
+* ``padded``: ``use_remove_padding: false`` (left-padded prompts ‖ right-padded responses,
+  trimmed to the micro-batch's longest);
+* ``packed``: every micro-batch as one row with a block-diagonal causal mask (sdpa);
+* ``auto``: the default — per micro-batch, the layout the measured cost model predicts
+  is cheaper (``temper.training.packing``); its calibration is timed apart.
+
+Length distributions (prompt + response tokens per sample, ``--rows`` per micro-batch):
+``short`` uniform in [2, 16], ``long`` uniform in [8, 128], ``skewed`` one sample of 128
+and the rest in [2, 16]; ``short-even`` [13, 16] and ``long-even`` [112, 128], where little
+padding is left to remove and the dense ``T²`` mask of a packed row costs more. Each mode runs the same ``--batches`` micro-batches per
+distribution, ``--repeats`` times; the best total is reported, as ms per micro-step and
+as a ratio to ``padded`` from the same run (the machine may be shared).
+
+    python benchmarks/packing.py                   # a 19M-parameter random Llama, 1 thread
+    python benchmarks/packing.py --model smollm2   # SmolLM2-135M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from temper.config.schema import ActorConfig, ModelConfig, OptimConfig
+from temper.data.batch import Batch
+from temper.training.micro_batching import MicroBatching
+from temper.training.packing import LayoutCost
+from temper.training.spec import EngineSpec
+from temper.training.torch_engine import TorchEngine
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+PAD = 0
+DISTRIBUTIONS = {
+    "short": lambda g, n: torch.randint(2, 17, (n,), generator=g).tolist(),
+    "long": lambda g, n: torch.randint(8, 129, (n,), generator=g).tolist(),
+    "skewed": lambda g, n: [128, *torch.randint(2, 17, (n - 1,), generator=g).tolist()],
+    "short-even": lambda g, n: torch.randint(13, 17, (n,), generator=g).tolist(),
+    "long-even": lambda g, n: torch.randint(112, 129, (n,), generator=g).tolist(),
+}
+
+
+def model_path(name: str) -> str:
+    if name == "smollm2":
+        from temper.utils.smollm2 import ensure_smollm2
+
+        return str(ensure_smollm2())
+    if name == "medium":
+        from temper.utils.tiny import make_tiny_model
+
+        return str(
+            make_tiny_model(
+                "/tmp/temper-bench-medium", hidden_size=512, num_layers=6, intermediate_size=1376
+            )
+        )
+    return name
+
+
+def make_batch(lengths: list[int], vocab: int, g: torch.Generator) -> Batch:
+    """Left-padded prompts (half of each sample, rounded up) ‖ right-padded responses."""
+    pl = torch.tensor([(n + 1) // 2 for n in lengths])
+    rl = torch.tensor(lengths) - pl
+    P, R, B = int(pl.max()), max(int(rl.max()), 1), len(lengths)
+    pm = (torch.arange(P)[None] >= P - pl[:, None]).long()
+    rm = (torch.arange(R)[None] < rl[:, None]).long()
+    ids = torch.randint(1, vocab, (B, P + R), generator=g)
+    return Batch.from_dict(
+        {
+            "prompt_ids": torch.where(pm > 0, ids[:, :P], PAD),
+            "prompt_mask": pm,
+            "response_ids": torch.where(rm > 0, ids[:, P:], PAD),
+            "response_mask": rm,
+            "advantages": (torch.randn(B, 1, generator=g) * rm).contiguous(),
+        }
+    )
+
+
+def make_engine(path: str, mode: str, rows: int) -> TorchEngine:
+    spec = EngineSpec(
+        model=ModelConfig(path=path, use_remove_padding=mode != "padded"),
+        device=torch.device("cpu"),
+        train=ActorConfig(micro_batch_size_per_device=rows, optim=OptimConfig(lr=1e-6)),
+        infer_micro=MicroBatching(size=rows),
+    )
+    engine = TorchEngine(spec)
+    if mode == "packed":
+        engine._layout_cost = lambda: LayoutCost(per_token=1.0, per_pair=0.0)  # type: ignore[method-assign]
+    engine.model.train()
+    return engine
+
+
+def micro_step(engine: TorchEngine, mb: Batch) -> None:
+    out = engine._run(mb, temperature=1.0, with_entropy=True, entropy_grad=False)
+    mask = mb["response_mask"]
+    loss = (-mb["advantages"] * out["log_probs"] * mask).sum() / mask.sum().clamp(min=1)
+    loss.backward()
+
+
+def time_mode(engine: TorchEngine, batches: list[Batch], repeats: int) -> float:
+    """Best over ``repeats`` of the seconds per micro-step over ``batches``."""
+    micro_step(engine, batches[0])  # warm-up (and auto's calibration)
+    best = float("inf")
+    for _ in range(repeats):
+        engine.model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        for mb in batches:
+            micro_step(engine, mb)
+        best = min(best, (time.perf_counter() - t0) / len(batches))
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="medium", help="medium (19M random Llama), smollm2, or a dir")
+    p.add_argument("--rows", type=int, default=8, help="samples per micro-batch")
+    p.add_argument("--batches", type=int, default=6, help="micro-batches per distribution")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    path = model_path(args.model)
+    engines = {m: make_engine(path, m, args.rows) for m in ("padded", "packed", "auto")}
+    t0 = time.perf_counter()
+    cost = engines["auto"]._layout_cost()
+    calib = time.perf_counter() - t0
+    vocab = int(engines["padded"].model.config.vocab_size)
+    print(
+        f"model {args.model}, {args.rows} rows per micro-batch, {args.threads} thread(s); "
+        f"cost model measured in {calib:.2f} s: {cost.per_token:.3g} s/token, "
+        f"{cost.per_pair:.3g} s/pair"
+    )
+    print(
+        f"{'lengths':10} {'padded ms':>10} {'packed ms':>10} {'auto ms':>8} "
+        f"{'packed/padded':>14} {'auto/padded':>12} {'auto packs':>11}"
+    )
+    for name, draw in DISTRIBUTIONS.items():
+        g = torch.Generator().manual_seed(0)
+        batches = [make_batch(draw(g, args.rows), vocab, g) for _ in range(args.batches)]
+        before = engines["auto"].layouts["packed"]
+        times = {m: time_mode(e, batches, args.repeats) for m, e in engines.items()}
+        runs = 1 + args.repeats * len(batches)  # the warm-up runs batches[0] once
+        packs = (engines["auto"].layouts["packed"] - before) / runs
+        print(
+            f"{name:10} {times['padded'] * 1e3:10.1f} {times['packed'] * 1e3:10.1f} "
+            f"{times['auto'] * 1e3:8.1f} {times['packed'] / times['padded']:14.2f} "
+            f"{times['auto'] / times['padded']:12.2f} {packs:11.0%}"
+        )
+
+
+if __name__ == "__main__":
+    main()

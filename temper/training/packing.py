@@ -1,0 +1,210 @@
+"""Sequence packing of a training micro-batch (``model.use_remove_padding``).
+
+A micro-batch arrives padded (:func:`~temper.training.micro_batching.model_inputs`: left
+padded prompts ‖ right padded responses, ``(B, L)``). Packed, its real tokens are one row
+``(1, T)``, ``T = Σ lᵢ``, with position ids restarting at 0 for every sequence, and the
+attention kept inside each sequence:
+
+* ``flash_attention_2``/``_3``: no mask; transformers derives ``cu_seqlens`` from the
+  restarting position ids and runs flash-attn's varlen kernel (transformers 5:
+  ``modeling_flash_attention_utils._is_packed_sequence``), so attention costs ``Σ lᵢ²``;
+* ``sdpa``: a block-diagonal causal 4-D bool mask ``(1, 1, T, T)``. Position ids alone do
+  not separate the sequences when a 2-D mask is passed (transformers then builds a plain
+  causal mask over the whole row), so the mask is built here, explicitly. The fused
+  kernel still visits all ``T²`` pairs;
+* ``eager``: the same mask, additive;
+* any other kernel (``flex_attention``, …): no mask, the position ids alone, from which
+  transformers builds its own block mask (``masking_utils.find_packed_sequence_indices``).
+
+Because a dense ``T²`` masked attention can cost more than padding (short, similar
+lengths), each micro-batch takes the cheaper layout by a cost model,
+``seconds ≈ c₀ + c_tok·tokens + c_pair·attention pairs``, whose coefficients are measured
+once per process and model shape (:func:`measure_layout_cost`, a fraction of a second of
+no-grad forwards of the model itself). With a varlen kernel packing never costs more
+(``T ≤ B·L`` and ``Σ lᵢ² ≤ B·L²``), so nothing is measured.
+
+Packing also cuts the LM head to the positions that score a real response token (the
+padded layout computes it on every row's last ``r + 1`` positions); the cost model leaves
+that saving out, so it errs towards padding.
+
+Not packed, by choice: vision-language rows (Qwen2-VL's 3-D M-RoPE positions are computed
+by the model from the padded 2-D mask and the image grids; see
+:mod:`temper.training.vision`), and the Megatron engine (its own model and forward,
+:mod:`temper.training.megatron_engine`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from temper.training.micro_batching import ModelInputs
+
+log = logging.getLogger(__name__)
+
+Layout = Literal["padded", "packed"]
+
+#: attention kernels that run packed rows as variable-length sequences (cost Σ lᵢ²)
+VARLEN_KERNELS = ("flash_attention_2", "flash_attention_3")
+#: attention kernels that get the block-diagonal mask built here
+MASKED_KERNELS = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class LayoutCost:
+    """Predicted forward seconds ``≈ per_token·tokens + per_pair·attention pairs`` (the
+    per-forward constant is the same for both layouts and cancels).
+
+    ``varlen``: the attention of a packed row costs ``Σ lᵢ²`` (flash-attn varlen) instead
+    of ``T²`` (a dense masked kernel)."""
+
+    per_token: float
+    per_pair: float
+    varlen: bool = False
+
+
+def layout_costs(lengths: Sequence[int], width: int, cost: LayoutCost) -> tuple[float, float]:
+    """``(padded, packed)`` predicted cost of a micro-batch of real ``lengths`` whose padded
+    layout is ``len(lengths) × width``."""
+    rows = len(lengths)
+    total = sum(lengths)
+    pairs = sum(n * n for n in lengths) if cost.varlen else total * total
+    padded = cost.per_token * rows * width + cost.per_pair * rows * width * width
+    packed = cost.per_token * total + cost.per_pair * pairs
+    return padded, packed
+
+
+def choose_layout(lengths: Sequence[int], width: int, cost: LayoutCost) -> Layout:
+    """The cheaper layout; ``padded`` when there is no padding to remove (one row, or
+    every row filling ``width``) or on a tie."""
+    if len(lengths) < 2 or all(n == width for n in lengths):
+        return "padded"
+    padded, packed = layout_costs(lengths, width, cost)
+    return "packed" if packed < padded else "padded"
+
+
+def fit_layout_cost(samples: Sequence[tuple[int, int, float]]) -> LayoutCost:
+    """Least-squares ``seconds = c₀ + per_token·rows·len + per_pair·rows·len²`` over
+    ``(rows, len, seconds)`` timings of dense masked forwards; coefficients clamped to be
+    non-negative (a noisy fit must not reward extra work)."""
+    a = torch.tensor([[1.0, r * n, r * n * n] for r, n, _ in samples], dtype=torch.float64)
+    b = torch.tensor([[s] for _, _, s in samples], dtype=torch.float64)
+    coef = torch.linalg.lstsq(a, b).solution.flatten().tolist()
+    per_token, per_pair = max(coef[1], 0.0), max(coef[2], 0.0)
+    if per_token == 0.0 and per_pair == 0.0:
+        per_token = 1.0  # no signal: tokens decide (packing never adds tokens)
+    return LayoutCost(per_token=per_token, per_pair=per_pair)
+
+
+#: calibration shapes (rows, length): equal token counts with different attention
+#: pairs separate the two coefficients; the short ones pin the constant
+CALIBRATION_SHAPES = ((1, 128), (2, 64), (8, 16), (1, 32), (4, 8))
+
+
+def measure_layout_cost(run: Callable[[int, int], None], *, repeats: int = 2) -> LayoutCost:
+    """Time ``run(rows, length)`` (one dense masked no-grad forward of the model) on
+    :data:`CALIBRATION_SHAPES`, best of ``repeats`` each after one warm-up, and fit
+    :class:`LayoutCost`. The number of forwards is fixed (11 by default, ≤ 128 tokens
+    each): under data parallelism every rank runs the same collectives."""
+    start = time.perf_counter()
+    run(*CALIBRATION_SHAPES[0])  # warm-up: first-call allocations, kernel selection
+    samples = []
+    for rows, length in CALIBRATION_SHAPES:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run(rows, length)
+            best = min(best, time.perf_counter() - t0)
+        samples.append((rows, length, best))
+    cost = fit_layout_cost(samples)
+    log.info(
+        "packing cost model measured in %.2f s: %.3g s/token, %.3g s/attention pair",
+        time.perf_counter() - start,
+        cost.per_token,
+        cost.per_pair,
+    )
+    return cost
+
+
+def block_causal_mask(
+    lengths: torch.Tensor, *, additive_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``(1, 1, T, T)`` causal attention inside each sequence of ``lengths``, none across.
+
+    Bool (True: attend) for sdpa; with ``additive_dtype``, 0 / dtype-min for eager."""
+    seq = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+    idx = torch.arange(seq.numel(), device=lengths.device)
+    mask = (seq[:, None] == seq[None, :]) & (idx[:, None] >= idx[None, :])
+    mask = mask[None, None]
+    if additive_dtype is None:
+        return mask
+    zero = torch.zeros((), dtype=additive_dtype, device=lengths.device)
+    return torch.where(mask, zero, torch.finfo(additive_dtype).min)
+
+
+@dataclass
+class PackedInputs:
+    """A micro-batch as one row, and where its response scores sit in it.
+
+    ``keep`` are the packed positions whose outputs score the response tokens marked in
+    ``valid`` ``(B, r)`` (row-major), so ``outputs[keep]`` unpacks with :func:`unpack`."""
+
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (1, T), restarting at 0 per sequence
+    attention_mask: torch.Tensor | None  # (1, 1, T, T) or None (kernel derives it)
+    lengths: torch.Tensor  # (B,)
+    keep: torch.Tensor  # (K,)
+    valid: torch.Tensor  # (B, r) bool
+
+
+def pack(inp: ModelInputs, attn_implementation: str, dtype: torch.dtype) -> PackedInputs:
+    """Pack the padded ``inp`` into one row (module doc: the mask per kernel).
+
+    Real tokens keep their order, so position ids are ``inp.position_ids`` at real tokens
+    (``cumsum(mask) - 1`` per row: 0, 1, … for every sequence)."""
+    real = inp.attention_mask > 0
+    L, r = real.shape[1], inp.response_len
+    where = real.flatten().cumsum(0).reshape(real.shape) - 1  # packed index of each token
+    # the logits at padded column L-r-1+k score response token k (needs both real)
+    valid = real[:, L - r :] & real[:, L - r - 1 : L - 1]
+    lengths = real.sum(dim=1)
+    if attn_implementation in MASKED_KERNELS:
+        additive = dtype if attn_implementation == "eager" else None
+        mask = block_causal_mask(lengths, additive_dtype=additive)
+    else:
+        mask = None
+    return PackedInputs(
+        input_ids=inp.input_ids[real][None],
+        position_ids=inp.position_ids[real][None],
+        attention_mask=mask,
+        lengths=lengths,
+        keep=where[:, L - r - 1 : L - 1][valid],
+        valid=valid,
+    )
+
+
+def unpack(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per-kept-position ``x`` ``(K, …)`` back to ``(B, r, …)``, zeros where not ``valid``
+    (differentiable)."""
+    out = x.new_zeros(tuple(valid.shape) + tuple(x.shape[1:]))
+    return out.index_put((valid,), x)
+
+
+__all__ = [
+    "CALIBRATION_SHAPES",
+    "Layout",
+    "LayoutCost",
+    "PackedInputs",
+    "block_causal_mask",
+    "choose_layout",
+    "fit_layout_cost",
+    "layout_costs",
+    "measure_layout_cost",
+    "pack",
+    "unpack",
+]

@@ -1,0 +1,244 @@
+"""Sequence packing (``model.use_remove_padding``): the packed row, its block-diagonal
+mask, the measured cost model, and packed forwards equal to padded ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from temper.config.schema import ModelConfig
+from temper.data.batch import Batch
+from temper.training.micro_batching import model_inputs
+from temper.training.packing import (
+    LayoutCost,
+    block_causal_mask,
+    choose_layout,
+    fit_layout_cost,
+    layout_costs,
+    pack,
+    unpack,
+)
+from temper.training.torch_engine import TorchEngine
+
+from .conftest import make_batch, make_engine
+
+# very different lengths, left-padded prompts, right-padded responses (one of length 1)
+PROMPTS = [1, 12, 3, 7, 2]
+RESPONSES = [1, 10, 2, 6, 9]
+ALWAYS_PACK = LayoutCost(per_token=1.0, per_pair=0.0)
+
+
+def _engine(path: str, *, packed: bool, **kw) -> TorchEngine:
+    """An engine that always packs (a cost model with free attention) or never does."""
+    model = ModelConfig(path=path, use_remove_padding=packed, **kw.pop("model_kw", {}))
+    engine = make_engine(path, model=model, **kw)
+    if packed:
+        engine._layout_cost = lambda: ALWAYS_PACK  # type: ignore[method-assign]
+    return engine
+
+
+def _batch(seed: int = 0) -> Batch:
+    return make_batch(PROMPTS, RESPONSES, P=12, R=10, seed=seed)
+
+
+# ------------------------------------------------------------------ the packed row
+
+
+def test_pack_concatenates_real_tokens_with_restarting_positions() -> None:
+    batch = _batch()
+    inp = model_inputs(batch, torch.device("cpu"))
+    p = pack(inp, "sdpa", torch.float32)
+    lengths = [a + b for a, b in zip(PROMPTS, RESPONSES)]
+    assert p.input_ids.shape == (1, sum(lengths)) and p.lengths.tolist() == lengths
+    assert p.position_ids[0].tolist() == [i for n in lengths for i in range(n)]
+    for i, (pl, rl) in enumerate(zip(PROMPTS, RESPONSES)):
+        start = sum(lengths[:i])
+        row = p.input_ids[0, start : start + lengths[i]]
+        assert torch.equal(row[:pl], batch["prompt_ids"][i, -pl:])
+        assert torch.equal(row[pl:], batch["response_ids"][i, :rl])
+    # ``keep`` holds the position before each response token: its logits score it
+    assert p.valid.sum(dim=1).tolist() == RESPONSES
+    before = p.input_ids[0, p.keep + 1]
+    assert torch.equal(before, inp.response_ids[p.valid])
+    back = unpack(torch.arange(p.keep.numel()), p.valid)
+    assert back.shape == p.valid.shape and (back[~p.valid] == 0).all()
+
+
+def test_block_causal_mask() -> None:
+    m = block_causal_mask(torch.tensor([2, 3]))[0, 0]
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 0, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(m, expected)
+    add = block_causal_mask(torch.tensor([2, 3]), additive_dtype=torch.float32)[0, 0]
+    assert (add[expected] == 0).all() and (add[~expected] == torch.finfo(torch.float32).min).all()
+
+
+def test_mask_keeps_packed_sequences_apart(tiny_path: str) -> None:
+    """Each packed sequence's logits equal its forward alone; restarting position ids
+    with a 2-D mask (the padded path's arguments) let the sequences attend to each other."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    inp = model_inputs(_batch(1), torch.device("cpu"))
+    p = pack(inp, "sdpa", torch.float32)
+    with torch.no_grad():
+        got = model(
+            input_ids=p.input_ids, attention_mask=p.attention_mask, position_ids=p.position_ids
+        ).logits[0]
+        leaky = model(
+            input_ids=p.input_ids,
+            attention_mask=torch.ones_like(p.input_ids),
+            position_ids=p.position_ids,
+        ).logits[0]
+        start = 0
+        for n in p.lengths.tolist():
+            alone = model(input_ids=p.input_ids[:, start : start + n]).logits[0]
+            torch.testing.assert_close(got[start : start + n], alone, atol=1e-5, rtol=1e-5)
+            start += n
+    last = p.lengths[-1]
+    assert not torch.allclose(leaky[-last:], got[-last:], atol=1e-3)
+
+
+# ------------------------------------------------------------------ cost model
+
+
+def test_cost_model_pads_equal_lengths_and_packs_skewed_ones() -> None:
+    cost = LayoutCost(per_token=1e-6, per_pair=1e-8)
+    assert choose_layout([16] * 8, 16, cost) == "padded"  # nothing to remove
+    assert choose_layout([15, 16, 14, 16], 16, cost) == "padded"  # T² > B·L²: mask costs more
+    assert choose_layout([128, 4, 4, 4, 4, 4, 4, 4], 128, cost) == "packed"
+    assert choose_layout([40], 64, cost) == "padded"  # one row: nothing to pack
+    padded, packed = layout_costs([128, 4], 128, cost)
+    assert packed < padded
+    # a varlen kernel (flash-attn) never loses by packing
+    varlen = LayoutCost(per_token=1e-6, per_pair=1.0, varlen=True)
+    assert choose_layout([15, 16, 14, 16], 16, varlen) == "packed"
+
+
+def test_fit_recovers_the_coefficients() -> None:
+    truth = LayoutCost(per_token=2e-6, per_pair=3e-9)
+    samples = [
+        (r, n, 1e-3 + layout_costs([n] * r, n, truth)[0])
+        for r, n in ((1, 128), (2, 64), (8, 16), (1, 32), (4, 8))
+    ]
+    fit = fit_layout_cost(samples)
+    assert fit.per_token == pytest.approx(truth.per_token, rel=1e-6)
+    assert fit.per_pair == pytest.approx(truth.per_pair, rel=1e-6)
+
+
+def test_measured_cost_model_on_the_tiny_model(tiny_path: str) -> None:
+    engine = make_engine(tiny_path, micro=8, train=False)
+    cost = engine._layout_cost()
+    assert cost.per_token >= 0 and cost.per_pair >= 0 and not cost.varlen
+    assert engine._layout_cost() is cost  # measured once per process and model shape
+    assert choose_layout([16] * 8, 16, cost) == "padded"
+    assert choose_layout([120, 3, 3, 3, 3, 3, 3, 3], 128, cost) == "packed"
+
+
+def test_use_remove_padding_false_always_pads(tiny_path: str) -> None:
+    engine = _engine(tiny_path, packed=False, micro=5, train=False)
+    engine._layout_cost = lambda: ALWAYS_PACK  # type: ignore[method-assign]
+    engine.forward(_batch())
+    assert engine.layouts["packed"] == 0
+
+
+# ------------------------------------------------------------------ packed == padded
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_forward_equals_padded(tiny_path: str, attn: str) -> None:
+    kw = {"micro": 5, "train": False, "model_kw": {"attn_implementation": attn}}
+    padded, packed = _engine(tiny_path, packed=False, **kw), _engine(tiny_path, packed=True, **kw)
+    batch = _batch(2)
+    a = padded.forward(batch, with_entropy=True, temperature=0.7)
+    b = packed.forward(batch, with_entropy=True, temperature=0.7)
+    assert packed.layouts["packed"] == 1 and padded.layouts["packed"] == 0
+    for key in ("log_probs", "entropy"):
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-5)
+    assert (b["log_probs"][batch["response_mask"] == 0] == 0).all()
+    # the reference's side of the exact KL unpacks to the padded layout too
+    mb = batch.select([0, 1, 3])
+    ref_a, ref_b = padded.response_logits(mb), packed.response_logits(mb)
+    mask = mb["response_mask"][:, : ref_a.shape[1]] > 0
+    torch.testing.assert_close(ref_b[mask], ref_a[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_packed_full_kl_and_lora_equal_padded(tiny_path: str) -> None:
+    """The exact KL against a reference (packed or padded on either side) and a LoRA
+    model's log-probs are the padded ones."""
+    from temper.config.schema import LoraConfig
+
+    lora = {"lora": LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])}
+    kw = {"micro": 5, "train": False, "model_kw": lora}
+    padded, packed = _engine(tiny_path, packed=False, **kw), _engine(tiny_path, packed=True, **kw)
+    for engine in (padded, packed):  # non-zero adapters: the model differs from the base
+        with torch.no_grad():
+            for n, p in engine.model.named_parameters():
+                if "lora_" in n:
+                    p.copy_(torch.linspace(-0.1, 0.1, p.numel()).reshape(p.shape))
+    ref_padded = _engine(tiny_path, packed=False, micro=5, train=False)
+    ref_packed = _engine(tiny_path, packed=True, micro=5, train=False)
+    batch = _batch(6)
+    outs = []
+    for engine, ref in ((padded, ref_padded), (packed, ref_packed), (packed, ref_padded)):
+        engine.kl_reference = ref
+        outs.append(engine.forward(batch))
+    assert packed.layouts["packed"] == 2
+    for out in outs[1:]:
+        for key in ("log_probs", "full_kl"):
+            torch.testing.assert_close(out[key], outs[0][key], atol=1e-5, rtol=1e-5)
+    assert float(outs[0]["full_kl"].abs().sum()) > 0
+
+
+def test_packed_values_equal_padded(tiny_path: str) -> None:
+    kw = {"micro": 5, "train": False, "kind": "value"}
+    padded, packed = _engine(tiny_path, packed=False, **kw), _engine(tiny_path, packed=True, **kw)
+    batch = _batch(3)
+    a = padded.forward(batch, with_values=True)["values"]
+    b = packed.forward(batch, with_values=True)["values"]
+    assert packed.layouts["packed"] == 1
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_loss_and_gradients_equal_padded(tiny_path: str) -> None:
+    """One micro-batch's token-mean policy-gradient + entropy loss: same value, same
+    gradient for every parameter."""
+    batch = _batch(4)
+    grads = []
+    for packed in (False, True):
+        engine = _engine(tiny_path, packed=packed, micro=5)
+        engine.model.train()
+        out = engine._run(batch, temperature=1.0, with_entropy=True)
+        mask = batch["response_mask"]
+        loss = ((-batch["advantages"] * out["log_probs"] - 0.01 * out["entropy"]) * mask).sum()
+        (loss / mask.sum()).backward()
+        grads.append((loss.item(), {n: p.grad for n, p in engine.model.named_parameters()}))
+        assert engine.layouts["packed"] == int(packed)
+    (loss_a, ga), (loss_b, gb) = grads
+    assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    assert set(ga) == set(gb)
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_train_step_reports_the_packed_fraction(tiny_path: str) -> None:
+    batch = _batch(5)
+    engine = _engine(tiny_path, packed=True, micro=2)
+
+    def loss_fn(mb: Batch, out: dict[str, torch.Tensor]):
+        return (out["log_probs"] * mb["response_mask"]).sum() / 100, {}
+
+    metrics = engine.train_mini_batch(batch, loss_fn)
+    # micro-batches of 2, 2, 1 rows: a one-row micro-batch has nothing to pack
+    assert metrics["packed_fraction"] == pytest.approx(2 / 3)
+    assert "packed_fraction" not in _engine(tiny_path, packed=False, micro=2).train_mini_batch(
+        batch, loss_fn
+    )
