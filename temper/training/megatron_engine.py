@@ -110,9 +110,9 @@ class MegatronEngine(TorchEngine):
                 log.warning("model.%s is a GPU kernel option the megatron engine ignores", flag)
         self.ckpt_mesh: Any = None  # made at the first checkpoint (megatron_io)
         super().__init__(spec)  # builds the model: _load_model sets self.built
-        note = half_precision_note(spec.model.dtype, device.type)
-        if note:
-            log.warning("%s", note)
+        half = half_precision_note(spec.model.dtype, device.type)
+        if half:
+            log.warning("%s", half)
             self.compute_dtype = torch.float32
         self.ckpt_kinds = {pm.megatron: pm.kind for pm in self.built.maps}
 
