@@ -7,8 +7,9 @@ step (the same for every layout). Layouts:
 * ``padded``: ``use_remove_padding: false`` (left-padded prompts ‖ right-padded responses,
   trimmed to the micro-batch's longest);
 * ``packed``: every micro-batch as one row with a block-diagonal causal mask (sdpa);
-* ``auto``: the default — per micro-batch, the layout the measured cost model predicts
-  is cheaper (``temper.training.packing``); its calibration is timed apart.
+* ``auto``: the default — per micro-batch, the layout the cost model predicts is cheaper
+  (``temper.training.packing.model_cost``: FLOPs from the model config, attention FLOPs
+  weighted by ``CPU_ATTENTION_WEIGHT``).
 
 Length distributions (prompt + response tokens per sample, ``--rows`` per micro-batch):
 ``short`` uniform in [2, 16], ``long`` uniform in [8, 128], ``skewed`` one sample of 128
@@ -19,6 +20,7 @@ as a ratio to ``padded`` from the same run (the machine may be shared).
 
     python benchmarks/packing.py                   # a 19M-parameter random Llama, 1 thread
     python benchmarks/packing.py --model smollm2   # SmolLM2-135M
+    python benchmarks/packing.py --calibrate       # measure CPU_ATTENTION_WEIGHT (3 fits)
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ import torch
 from temper.config.schema import ActorConfig, ModelConfig, OptimConfig
 from temper.data.batch import Batch
 from temper.training.micro_batching import MicroBatching
-from temper.training.packing import LayoutCost
+from temper.training.packing import (
+    MASKED_KERNELS,
+    LayoutCost,
+    block_causal_mask,
+    measure_layout_cost,
+    model_cost,
+)
 from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 
@@ -97,6 +105,36 @@ def make_engine(path: str, mode: str, rows: int) -> TorchEngine:
     return engine
 
 
+@torch.no_grad()
+def timed_forward(engine: TorchEngine, rows: int, length: int) -> None:
+    """One no-grad forward of ``rows × length`` random tokens under a dense causal 4-D
+    mask (the calibration's unit of work)."""
+    vocab = int(engine.model.config.vocab_size)
+    gen = torch.Generator().manual_seed(rows * 1000 + length)
+    ids = torch.randint(0, vocab, (rows, length), generator=gen)
+    impl = engine._attn_impl()
+    mask = None
+    if impl in MASKED_KERNELS:
+        additive = engine.compute_dtype if impl == "eager" else None
+        one = block_causal_mask(torch.tensor([length]), additive_dtype=additive)
+        mask = one.expand(rows, 1, length, length)
+    positions = torch.arange(length).expand(rows, -1)
+    engine._logits({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, 1)
+
+
+def calibrate(engine: TorchEngine, fits: int) -> None:
+    """Fit seconds = c0 + c_tok·tokens + c_pair·pairs on timed forwards; print the implied
+    attention weight (c_pair / c_tok relative to the config's FLOPs per pair / per token)."""
+    flops = model_cost(engine.model.config, varlen=True)  # weight 1: raw FLOPs
+    for i in range(fits):
+        cost = measure_layout_cost(lambda r, n: timed_forward(engine, r, n))
+        weight = (cost.per_pair / max(cost.per_token, 1e-30)) / (flops.per_pair / flops.per_token)
+        print(
+            f"fit {i + 1}: {cost.per_token:.3g} s/token, {cost.per_pair:.3g} s/pair -> "
+            f"attention weight {weight:.2f}"
+        )
+
+
 def micro_step(engine: TorchEngine, mb: Batch) -> None:
     out = engine._run(mb, temperature=1.0, with_entropy=True, entropy_grad=False)
     mask = mb["response_mask"]
@@ -124,18 +162,19 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=6, help="micro-batches per distribution")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--calibrate", action="store_true", help="measure the attention weight")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     path = model_path(args.model)
+    if args.calibrate:
+        calibrate(make_engine(path, "auto", args.rows), fits=3)
+        return
     engines = {m: make_engine(path, m, args.rows) for m in ("padded", "packed", "auto")}
-    t0 = time.perf_counter()
     cost = engines["auto"]._layout_cost()
-    calib = time.perf_counter() - t0
     vocab = int(engines["padded"].model.config.vocab_size)
     print(
         f"model {args.model}, {args.rows} rows per micro-batch, {args.threads} thread(s); "
-        f"cost model measured in {calib:.2f} s: {cost.per_token:.3g} s/token, "
-        f"{cost.per_pair:.3g} s/pair"
+        f"cost model: {cost.per_token:.3g} FLOP/token, {cost.per_pair:.3g} weighted FLOP/pair"
     )
     print(
         f"{'lengths':10} {'padded ms':>10} {'packed ms':>10} {'auto ms':>8} "

@@ -16,12 +16,14 @@ attention kept inside each sequence:
 * any other kernel (``flex_attention``, …): no mask, the position ids alone, from which
   transformers builds its own block mask (``masking_utils.find_packed_sequence_indices``).
 
-Because a dense ``T²`` masked attention can cost more than padding (short, similar
-lengths), each micro-batch takes the cheaper layout by a cost model,
-``seconds ≈ c₀ + c_tok·tokens + c_pair·attention pairs``, whose coefficients are measured
-once per process and model shape (:func:`measure_layout_cost`, a fraction of a second of
-no-grad forwards of the model itself). With a varlen kernel packing never costs more
-(``T ≤ B·L`` and ``Σ lᵢ² ≤ B·L²``), so nothing is measured.
+Because a dense ``T²`` masked attention can cost more than padding (long, similar
+lengths), each micro-batch takes the cheaper layout by a cost model (:func:`model_cost`):
+``cost ≈ linear FLOPs per token · tokens + w · attention FLOPs per pair · pairs``, both
+from the model's config, with ``w`` (:data:`CPU_ATTENTION_WEIGHT`) the measured price of
+a masked dense attention FLOP relative to a matmul FLOP. The choice is a pure function of
+the lengths and the config — never of timings taken during the run — so a resumed run
+makes the same choices as an uninterrupted one and every data-parallel rank decides alike.
+With a varlen kernel packing never costs more (``T ≤ B·L`` and ``Σ lᵢ² ≤ B·L²``).
 
 Packing also cuts the LM head to the positions that score a real response token (the
 padded layout computes it on every row's last ``r + 1`` positions); the cost model leaves
@@ -39,7 +41,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -88,10 +90,40 @@ def choose_layout(lengths: Sequence[int], width: int, cost: LayoutCost) -> Layou
     return "packed" if packed < padded else "padded"
 
 
+#: Cost of one FLOP of masked dense attention (sdpa/eager with a 4-D mask, fp32, CPU)
+#: relative to one FLOP of the linear layers. Measured with ``python benchmarks/packing.py
+#: --calibrate`` (a least-squares fit of no-grad forward times over shapes of equal tokens
+#: and different attention pairs): 1.2-3.2 on a 19M Llama and 0.4-0.5 on SmolLM2-135M on
+#: the 2-core CI machine, which is shared and noisy; 1.5 sits in that range, and the
+#: layouts it picks in the benchmark's distributions are the faster ones.
+CPU_ATTENTION_WEIGHT = 1.5
+
+
+def model_cost(config: Any, *, varlen: bool) -> LayoutCost:
+    """:class:`LayoutCost` of a decoder-only transformer from its (Hugging Face) config.
+
+    ``per_token = 2·layers·(d·(h + 2·kv)·hd + h·hd·d + 3·d·ffn)`` (the q, k, v, o
+    projections and a gated MLP; embeddings and the LM head are alike in both layouts) and
+    ``per_pair = w · 4·layers·h·hd`` (``QKᵀ`` and ``softmax·V``), ``w`` =
+    :data:`CPU_ATTENTION_WEIGHT` for a masked kernel, 1 for varlen."""
+    d = int(config.hidden_size)
+    layers = int(config.num_hidden_layers)
+    heads = int(config.num_attention_heads)
+    hd = int(getattr(config, "head_dim", None) or d // heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    ffn = int(getattr(config, "intermediate_size", None) or 4 * d)
+    per_token = 2.0 * layers * (d * (heads + 2 * kv) * hd + heads * hd * d + 3 * d * ffn)
+    weight = 1.0 if varlen else CPU_ATTENTION_WEIGHT
+    return LayoutCost(
+        per_token=per_token, per_pair=weight * 4.0 * layers * heads * hd, varlen=varlen
+    )
+
+
 def fit_layout_cost(samples: Sequence[tuple[int, int, float]]) -> LayoutCost:
     """Least-squares ``seconds = c₀ + per_token·rows·len + per_pair·rows·len²`` over
     ``(rows, len, seconds)`` timings of dense masked forwards; coefficients clamped to be
-    non-negative (a noisy fit must not reward extra work)."""
+    non-negative (a noisy fit must not reward extra work). The calibration behind
+    :data:`CPU_ATTENTION_WEIGHT` (``benchmarks/packing.py --calibrate``)."""
     a = torch.tensor([[1.0, r * n, r * n * n] for r, n, _ in samples], dtype=torch.float64)
     b = torch.tensor([[s] for _, _, s in samples], dtype=torch.float64)
     coef = torch.linalg.lstsq(a, b).solution.flatten().tolist()
@@ -107,10 +139,10 @@ CALIBRATION_SHAPES = ((1, 128), (2, 64), (8, 16), (1, 32), (4, 8))
 
 
 def measure_layout_cost(run: Callable[[int, int], None], *, repeats: int = 2) -> LayoutCost:
-    """Time ``run(rows, length)`` (one dense masked no-grad forward of the model) on
+    """Time ``run(rows, length)`` (one dense masked no-grad forward of a model) on
     :data:`CALIBRATION_SHAPES`, best of ``repeats`` each after one warm-up, and fit
-    :class:`LayoutCost`. The number of forwards is fixed (11 by default, ≤ 128 tokens
-    each): under data parallelism every rank runs the same collectives."""
+    :class:`LayoutCost` (for ``benchmarks/packing.py --calibrate``; training never times
+    anything to choose a layout)."""
     start = time.perf_counter()
     run(*CALIBRATION_SHAPES[0])  # warm-up: first-call allocations, kernel selection
     samples = []
@@ -197,6 +229,7 @@ def unpack(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "CALIBRATION_SHAPES",
+    "CPU_ATTENTION_WEIGHT",
     "Layout",
     "LayoutCost",
     "PackedInputs",
@@ -205,6 +238,7 @@ __all__ = [
     "fit_layout_cost",
     "layout_costs",
     "measure_layout_cost",
+    "model_cost",
     "pack",
     "unpack",
 ]

@@ -52,13 +52,11 @@ from temper.training.models import (
     save_processor_files,
 )
 from temper.training.packing import (
-    MASKED_KERNELS,
     VARLEN_KERNELS,
     LayoutCost,
     PackedInputs,
-    block_causal_mask,
     choose_layout,
-    measure_layout_cost,
+    model_cost,
     pack,
     unpack,
 )
@@ -68,9 +66,6 @@ from temper.training.vision import vision_forward_inputs
 from temper.training.weights import hf_named_weights, is_peft_model, save_hf_model
 
 log = logging.getLogger(__name__)
-
-#: measured packing cost models, per (kind, attention kernel, device, dtype, model config)
-_LAYOUT_COSTS: dict[tuple[str, ...], LayoutCost] = {}
 
 
 def _check_supported(spec: EngineSpec) -> None:
@@ -108,6 +103,7 @@ class TorchEngine(TrainEngine):
         self._entropy = self._entropy_fn(spec)
         #: micro-batches run per layout (packing: ``model.use_remove_padding``)
         self.layouts: Counter[str] = Counter()
+        self._cost: LayoutCost | None = None  # packing's cost model (_layout_cost)
         self.optimizer: torch.optim.Optimizer | None = None
         self.schedule: LRSchedule | None = None
         if spec.optim is not None:
@@ -271,44 +267,11 @@ class TorchEngine(TrainEngine):
         return str(getattr(self.model.config, "_attn_implementation", None) or "sdpa")
 
     def _layout_cost(self) -> LayoutCost:
-        """The packing cost model of this model shape (measured once per process)."""
-        impl = self._attn_impl()
-        if impl in VARLEN_KERNELS:  # packing never costs more: nothing to measure
-            return LayoutCost(per_token=1.0, per_pair=1.0, varlen=True)
-        cfg: Any = self.model.config  # a transformers PretrainedConfig
-        key = (
-            self.spec.kind,
-            impl,
-            str(self.device),
-            str(self.compute_dtype),
-            cfg.to_json_string(use_diff=False) if hasattr(cfg, "to_json_string") else repr(cfg),
-        )
-        if key not in _LAYOUT_COSTS:
-            _LAYOUT_COSTS[key] = measure_layout_cost(self._timed_forward)
-        return _LAYOUT_COSTS[key]
-
-    @torch.no_grad()
-    def _timed_forward(self, rows: int, length: int) -> None:
-        """One no-grad forward of ``rows × length`` random tokens under a dense causal
-        mask (the cost-model calibration's unit of work)."""
-        vocab = int(getattr(self.model.config, "vocab_size", 256) or 256)
-        gen = torch.Generator().manual_seed(rows * 1000 + length)
-        ids = torch.randint(0, vocab, (rows, length), generator=gen).to(self.device)
-        impl = self._attn_impl()
-        additive = self.compute_dtype if impl == "eager" else None
-        mask: torch.Tensor | None = None
-        if impl in MASKED_KERNELS:
-            one = block_causal_mask(
-                torch.tensor([length], device=self.device), additive_dtype=additive
-            )
-            mask = one.expand(rows, 1, length, length)
-        seq = torch.arange(length, device=self.device)
-        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": seq.expand(rows, -1)}
-        with self._autocast():
-            if self.spec.kind == "value":
-                self._module()(**inputs, keep_last=1)
-            else:
-                self._logits(inputs, 1)
+        """The packing cost model of this model (from its config: deterministic, so every
+        rank and a resumed run choose the same layouts)."""
+        if self._cost is None:
+            self._cost = model_cost(self.model.config, varlen=self._attn_impl() in VARLEN_KERNELS)
+        return self._cost
 
     def _pack(self, inp: ModelInputs, extra: dict[str, Any]) -> PackedInputs | None:
         """This micro-batch packed (``model.use_remove_padding`` and cheaper), or None."""
@@ -319,8 +282,6 @@ class TorchEngine(TrainEngine):
             # positions from the padded 2-D mask and image grids (training.vision)
             self.layouts["padded"] += 1
             return None
-        # measured on the first call, which every data-parallel rank makes at the same
-        # point (its first micro-batch), so the calibration's collectives line up
         cost = self._layout_cost()
         lengths = inp.attention_mask.sum(dim=1).tolist()
         layout = choose_layout(lengths, inp.input_ids.shape[1], cost)

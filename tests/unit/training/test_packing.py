@@ -10,11 +10,13 @@ from temper.config.schema import ModelConfig
 from temper.data.batch import Batch
 from temper.training.micro_batching import model_inputs
 from temper.training.packing import (
+    CPU_ATTENTION_WEIGHT,
     LayoutCost,
     block_causal_mask,
     choose_layout,
     fit_layout_cost,
     layout_costs,
+    model_cost,
     pack,
     unpack,
 )
@@ -134,13 +136,28 @@ def test_fit_recovers_the_coefficients() -> None:
     assert fit.per_pair == pytest.approx(truth.per_pair, rel=1e-6)
 
 
-def test_measured_cost_model_on_the_tiny_model(tiny_path: str) -> None:
-    engine = make_engine(tiny_path, micro=8, train=False)
-    cost = engine._layout_cost()
-    assert cost.per_token >= 0 and cost.per_pair >= 0 and not cost.varlen
-    assert engine._layout_cost() is cost  # measured once per process and model shape
-    assert choose_layout([16] * 8, 16, cost) == "padded"
-    assert choose_layout([120, 3, 3, 3, 3, 3, 3, 3], 128, cost) == "packed"
+def test_cost_model_from_the_config_by_hand() -> None:
+    """per_token = 2·layers·(d·(h+2kv)·hd + h·hd·d + 3·d·ffn), per_pair = w·4·layers·h·hd."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(
+        hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=4, intermediate_size=16,
+    )  # fmt: skip
+    # q,k,v: 8·(2+2)·4 = 128; o: 2·4·8 = 64; mlp: 3·8·16 = 384 -> 2·2·576 = 2304
+    varlen = model_cost(cfg, varlen=True)
+    assert varlen == LayoutCost(per_token=2304.0, per_pair=64.0, varlen=True)  # 4·2·2·4
+    masked = model_cost(cfg, varlen=False)
+    assert masked.per_pair == pytest.approx(64.0 * CPU_ATTENTION_WEIGHT)
+
+
+def test_engine_cost_model_is_deterministic(tiny_path: str) -> None:
+    """No timing: two engines of one model make the same choices (resume and ranks agree)."""
+    a = make_engine(tiny_path, micro=8, train=False)._layout_cost()
+    b = make_engine(tiny_path, micro=8, train=False)._layout_cost()
+    assert a == b and not a.varlen
+    assert choose_layout([16] * 8, 16, a) == "padded"
+    assert choose_layout([120, 3, 3, 3, 3, 3, 3, 3], 128, a) == "packed"
 
 
 def test_use_remove_padding_false_always_pads(tiny_path: str) -> None:
