@@ -301,42 +301,52 @@ def _engine_state(ckpt: Path) -> dict:
     return torch.load(flat, weights_only=False)
 
 
-def test_ppo_with_megatron_critic_resumes_after_sigkill(
-    tmp_path, tiny_model_dir, monkeypatch, capsys, megatron_in_process
-):
+def _start_train(cfg: dict, out: Path, tmp: Path) -> tuple[subprocess.Popen, Path]:
+    """``temper train`` on ``cfg`` (output ``out``) in a fresh process, logging to a file."""
+    path = tmp / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(_with_out(cfg, out)))
+    log_path = tmp / f"{out.name}.log"
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    cmd = [sys.executable, "-m", "temper", "train", str(path)]
+    with log_path.open("ab") as log:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log_path
+
+
+def test_ppo_with_megatron_critic_resumes_after_sigkill(tmp_path, tiny_model_dir, monkeypatch):
     """Local backend (megatron in a one-rank world): PPO/GAE with a megatron actor,
     critic and reference trains 4 steps; a run SIGKILLed after step 2's checkpoint
-    resumes to the same weights, AdamW moments and metrics (timings aside)."""
+    resumes to the same weights, AdamW moments and metrics (timings aside).
+
+    Every run is its own ``temper train`` process, as a user's are: in this test process,
+    after an in-process DeepSpeed run of another test, the megatron runs differed from a
+    fresh process in the last bits (cause not found), which is not what this test checks."""
     from safetensors.torch import load_file
 
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     cfg = _ppo_config(tmp_path, tiny_model_dir)
     full = tmp_path / "full"
-    run_pipeline(build_config(_with_out(cfg, full)))
+    proc, log = _start_train(cfg, full, tmp_path)
+    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
     rows = _train_rows(full)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["critic/value_loss"] > 0 and r["actor/grad_norm"] > 0 for r in rows)
 
     killed = tmp_path / "killed"
-    path = tmp_path / "killed.yaml"
-    path.write_text(yaml.safe_dump(_with_out(cfg, killed)))
-    log = (tmp_path / "killed.log").open("ab")
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [sys.executable, "-m", "temper", "train", str(path)]
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+    proc, log = _start_train(cfg, killed, tmp_path)
     marker = killed / "checkpoints" / "global_step_2" / "manifest.json"
     deadline = time.monotonic() + 600
     while not marker.is_file():
-        assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+        assert proc.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "final").exists()
 
-    summary = run_pipeline(build_config(_with_out(cfg, killed)))  # resume_mode: auto
-    assert f"resumed from {killed / 'checkpoints'}" in capsys.readouterr().out
-    assert summary["steps"] == STEPS
+    proc, log = _start_train(cfg, killed, tmp_path)  # resume_mode: auto
+    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert f"resumed from {killed / 'checkpoints'}" in log.read_text()
+    assert [r["step"] for r in _train_rows(killed)][-1] == STEPS
 
     for role in ("actor", "critic"):
         step = f"checkpoints/global_step_{STEPS}"
