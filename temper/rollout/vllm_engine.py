@@ -572,9 +572,9 @@ class VLLMRolloutEngine(RolloutEngine):
         Buckets hold at most ``bucket_bytes`` (a larger tensor is a bucket of its own);
         tensors are passed as they are (vLLM's loaders copy and cast into their own
         storage), so an in-process engine copies each weight once. A tied ``lm_head``
-        is sent although it is the embedding's memory: vLLM's CPU build packs the output
-        projection of the ``lm_head`` module for oneDNN when that module loads, so the
-        logits would keep the old weights without it. Raises
+        is sent although it is the embedding's memory: whether vLLM needs it (its CPU
+        build packs the LM head's weight for oneDNN; without a reload of that layer the
+        logits keep the old weights) is the worker's call (``vllm_worker``). Raises
         ``VLLMEngineError`` if an engine parameter received no value.
         """
         self._check_open("load_weights")

@@ -57,8 +57,13 @@ class TemperWorkerExtension:
         self._temper_direct = _direct_layers(model)
         for layer in self._temper_direct:  # marked as open: the layerwise reload skips them
             get_layerwise_info(layer).load_numel_total = 0
-        with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(model)
+        try:
+            with set_current_vllm_config(self.vllm_config):
+                initialize_layerwise_reload(model)
+        except BaseException:
+            for layer in self._temper_direct:  # not left marked for the next update
+                get_layerwise_info(layer).reset()
+            raise
         self._temper_tied = _tied_aliases(model)
 
     def temper_load_bucket(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> int:
