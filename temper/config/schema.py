@@ -260,6 +260,9 @@ class RolloutConfig:
     enable_prefix_caching: bool = doc(True, "Reuse KV of shared prompt prefixes.")
     engine_kwargs: dict[str, Any] = doc({}, "Extra engine arguments (engine_kwargs.vllm.*).")
     model_update_frequency: int = doc(1, "Sync weights to the engine every N updates.")
+    update_weights_bucket_megabytes: int = doc(
+        256, "Weight sync to vLLM: MiB per bucket (verl's key; ROLL model_update_buffer_size_mb)."
+    )
     # log-prob recompute
     log_prob_micro_batch_size_per_device: int | None = doc(None, "Micro-batch for old log-probs.")
     log_prob_use_dynamic_bsz: bool = doc(False, "Token-budget micro-batches for old log-probs.")

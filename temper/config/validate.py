@@ -104,6 +104,9 @@ def _check_ranges(cfg: TemperConfig) -> None:
     _positive("data.max_prompt_length", cfg.data.max_prompt_length)
     _positive("rollout.n", cfg.rollout.n)
     _positive("rollout.response_length", cfg.rollout.response_length)
+    _positive(
+        "rollout.update_weights_bucket_megabytes", cfg.rollout.update_weights_bucket_megabytes
+    )
     _positive("rollout.temperature", cfg.rollout.temperature, allow_zero=True)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("rollout.top_p", f"must be in (0, 1], got {cfg.rollout.top_p}", "")

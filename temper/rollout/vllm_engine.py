@@ -23,7 +23,7 @@ Choices that keep the two engines interchangeable (and RL correct):
   global RNGs and replaces ``torch.set_num_threads``; both are restored afterwards.
 
 Weight sync (:meth:`VLLMRolloutEngine.load_weights`): the trainer's Hugging Face named
-tensors are grouped into buckets of ``bucket_bytes`` and streamed into one in-place
+tensors are grouped into buckets of ``bucket_bytes`` (``rollout.update_weights_bucket_megabytes``) and streamed into one in-place
 update through :class:`temper.rollout.vllm_worker.TemperWorkerExtension`
 (begin → bucket × N → finish), then the prefix cache is dropped (its KV came from the
 old weights). LoRA actors arrive merged (``hf_named_weights``), so vLLM needs no LoRA
@@ -72,8 +72,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 log = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-#: Default bucket of one weight-sync call (bytes): large enough that a 135M model is a
-#: handful of calls, small enough that a multi-process engine never pickles a whole model.
+#: Default bucket of one weight-sync call (bytes; ``rollout.update_weights_bucket_megabytes``
+#: sets it): large enough that a 135M model is a handful of calls, small enough that a
+#: multi-process engine never pickles a whole model.
 DEFAULT_BUCKET_BYTES = 256 << 20
 #: KV cache of the CPU build when neither ``engine_kwargs.vllm.kv_cache_memory_bytes``
 #: nor ``VLLM_CPU_KVCACHE_SPACE`` sets one: the trainer shares host memory.
@@ -541,7 +542,7 @@ class VLLMRolloutEngine(RolloutEngine):
             tokenizer,
             eos_token_ids=_eos_ids(tokenizer, kwargs["model"], bool(kwargs["trust_remote_code"])),
             sleep_enabled=bool(kwargs.get("enable_sleep_mode")),
-            bucket_bytes=DEFAULT_BUCKET_BYTES,
+            bucket_bytes=rollout_cfg.update_weights_bucket_megabytes << 20,
             options=kwargs,
             image_tokens=_image_tokens(kwargs["model"], bool(kwargs["trust_remote_code"])),
         )
@@ -570,7 +571,10 @@ class VLLMRolloutEngine(RolloutEngine):
 
         Buckets hold at most ``bucket_bytes`` (a larger tensor is a bucket of its own);
         tensors are passed as they are (vLLM's loaders copy and cast into their own
-        storage), so an in-process engine copies each weight once. Raises
+        storage), so an in-process engine copies each weight once. A tied ``lm_head``
+        is sent although it is the embedding's memory: whether vLLM needs it (its CPU
+        build packs the LM head's weight for oneDNN; without a reload of that layer the
+        logits keep the old weights) is the worker's call (``vllm_worker``). Raises
         ``VLLMEngineError`` if an engine parameter received no value.
         """
         self._check_open("load_weights")

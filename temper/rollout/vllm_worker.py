@@ -14,6 +14,13 @@ buckets stream through the model's own ``load_weights`` (name mapping, fusing,
 sharding), and each layer is re-processed (CPU oneDNN prepacking, quantization) as
 soon as all of its tensors have arrived.
 
+Embedding layers (the token embedding and the LM head, one weight when tied) skip the
+layerwise machinery: their weight keeps its checkpoint layout in the engine (vLLM's CPU
+build packs a *copy* of it for the logits GEMM), so the loader writes straight into it and
+the layer is re-processed at ``finish``. Through the layerwise reload each of them would
+be loaded into a fresh tensor and copied back: two passes over the weight more per layer
+(SmolLM2's tied embedding, 113 MB, is both layers).
+
 Nothing here imports vLLM at module level: the module must import where vLLM is not
 installed (temper's own import checks).
 """
@@ -37,22 +44,43 @@ class TemperWorkerExtension:
         return self.model_runner.get_model()
 
     def temper_begin_weight_update(self) -> None:
-        """Open one in-place update: layers go back to checkpoint format (on meta)."""
+        """Open one in-place update: layers go back to checkpoint format (on meta), but
+        embeddings, which are loaded in place (see the module doc)."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.layerwise import (
+            get_layerwise_info,
             initialize_layerwise_reload,
         )
 
         self._temper_loaded: set[str] = set()
-        with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(self._temper_model())
+        model = self._temper_model()
+        self._temper_direct = _direct_layers(model)
+        for layer in self._temper_direct:  # marked as open: the layerwise reload skips them
+            get_layerwise_info(layer).load_numel_total = 0
+        try:
+            with set_current_vllm_config(self.vllm_config):
+                initialize_layerwise_reload(model)
+        except BaseException:
+            for layer in self._temper_direct:  # not left marked for the next update
+                get_layerwise_info(layer).reset()
+            raise
+        self._temper_tied = _tied_aliases(model)
 
     def temper_load_bucket(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Feed one bucket of (Hugging Face name, tensor) to the model's loader."""
         from vllm.config import set_current_vllm_config
 
+        model = self._temper_model()
+        tied: set[str] = getattr(self, "_temper_tied", set())
+        if tied:  # a tied weight's second name: its first loads it (finish re-processes both)
+            mapper = getattr(model, "hf_to_vllm_mapper", None)
+            bucket = [
+                (name, t)
+                for name, t in bucket
+                if ((mapper.map_name(name) if mapper is not None else name) not in tied)
+            ]
         with set_current_vllm_config(self.vllm_config), torch.no_grad():
-            loaded = self._temper_model().load_weights(list(bucket))
+            loaded = model.load_weights(list(bucket))
         if loaded:
             self._temper_loaded |= set(loaded)
         return len(loaded or ())
@@ -62,9 +90,13 @@ class TemperWorkerExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.layerwise import (
             finalize_layerwise_reload,
+            get_layerwise_info,
         )
 
         model = self._temper_model()
+        direct = getattr(self, "_temper_direct", [])
+        for layer in direct:  # back to "not reloading", so finalize leaves them alone
+            get_layerwise_info(layer).reset()
         # Layers with buffers but no checkpoint tensors (rotary embeddings) get their
         # old values back, and vLLM logs "Failed to load weights" for each: expected here.
         quiet = logging.getLogger(finalize_layerwise_reload.__module__)
@@ -75,9 +107,65 @@ class TemperWorkerExtension:
                 finalize_layerwise_reload(model, self.vllm_config.model_config)
         finally:
             quiet.setLevel(level)
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():
+            for layer in direct:  # loaded in place: redo what the engine built from them
+                layer.quant_method.process_weights_after_loading(layer)
+        self._temper_direct, self._temper_tied = [], set()
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             fn = getattr(self.model_runner, reset, None)
             if callable(fn):
                 fn()
         expected = {name for name, _ in model.named_parameters()}
         return sorted(expected - self._temper_loaded)
+
+
+def _tied_aliases(model: Any) -> set[str]:
+    """Names under which vLLM's loader skips a weight as tied to an earlier name (an LM
+    head that is the embedding), as it sees them: layers the layerwise reload put on meta
+    have their own tensors then, so only directly loaded embeddings can be tied."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    first: dict[int, str] = {}
+    aliases = set()
+    for prefix, layer in model.named_modules(remove_duplicate=False):
+        if not isinstance(layer, VocabParallelEmbedding):
+            continue
+        for name, param in layer.named_parameters(remove_duplicate=False):
+            qualname = f"{prefix}.{name}" if prefix else name
+            if first.setdefault(id(param), qualname) != qualname:
+                aliases.add(qualname)
+    return aliases
+
+
+def _direct_layers(model: Any) -> list[Any]:
+    """Layers whose checkpoint weights are loaded in place (see the module doc): vLLM
+    embeddings (token embedding, LM head) without quantization, whose only tensor is a
+    live ``weight`` of its checkpoint shape and dtype."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    out = []
+    for layer in model.modules():
+        if not isinstance(layer, VocabParallelEmbedding):
+            continue
+        if not isinstance(getattr(layer, "quant_method", None), UnquantizedEmbeddingMethod):
+            continue
+        tensors = dict(layer.named_parameters(recurse=False)) | dict(
+            layer.named_buffers(recurse=False)
+        )
+        info = get_layerwise_info(layer)
+        if info.can_load() or set(tensors) != {"weight"}:
+            continue
+        weight, recorded = tensors["weight"], info.restore_metadata[0].get("weight")
+        if (
+            recorded is None
+            or weight.is_meta
+            or weight.shape != recorded.shape
+            or weight.dtype != recorded.dtype
+        ):
+            continue
+        out.append(layer)
+    return out

@@ -312,7 +312,7 @@ ADDITIONS: dict[str, Rule] = {
     "length_profiler_dir": Note("ROLL's profilers are not run here"),
     "otlp_output_dir": Note("OpenTelemetry export is not run here; it changes no result"),
     "report_length_and_rewards": Note("lengths and rewards are logged every step"),
-    "model_update_buffer_size_mb": Note("weights sync in buckets: " + PERF),
+    "model_update_buffer_size_mb": Map("rollout.update_weights_bucket_megabytes"),
     "is_offload_states": Note("offloads idle roles' states: " + PERF),
     "is_offload_optimizer_states_in_train_step": Note("optimizer-state offload: " + PERF),
     "global_template": Use("data.chat_template (native; named templates -> native)"),

@@ -137,7 +137,9 @@ def _section_rollout() -> dict[str, Rule]:
             f"{RO}.checkpoint_engine.backend": Note(
                 "weights sync in buckets over temper's own transport"
             ),
-            f"{RO}.checkpoint_engine.update_weights_bucket_megabytes": Note(PERF),
+            f"{RO}.checkpoint_engine.update_weights_bucket_megabytes": Map(
+                "rollout.update_weights_bucket_megabytes"
+            ),
             f"{RO}.checkpoint_engine.engine_kwargs": Note(PERF),
             f"{RO}.agent.num_workers": Note(PERF),
             f"{RO}.agent.default_agent_loop": _inert(

@@ -404,7 +404,7 @@ RULES: dict[str, Rule] = {
         "custom chat schedulers are not supported",
         "set chat_scheduler: null",
     ),
-    f"{RO}.update_weights_bucket_megabytes": Note("weights sync in buckets: speed only"),
+    f"{RO}.update_weights_bucket_megabytes": Map("rollout.update_weights_bucket_megabytes"),
     "algorithm.rollout_is": Call(_old_rollout_is),
     "algorithm.rollout_is_level": Note("read with algorithm.rollout_is"),
     "algorithm.rollout_is_mode": Note("read with algorithm.rollout_is"),

@@ -120,3 +120,26 @@ def test_weights_travel_through_the_store_format_unchanged() -> None:
     assert list(back) == list(weights)
     for name, tensor in weights.items():
         assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor.detach())
+
+
+def test_tied_weights_are_stored_once_and_come_back_under_both_names() -> None:
+    """A tensor that is the same memory as an earlier one (a tied lm_head) is stored as
+    an alias (no second array in the object store) and read back as the same values."""
+    import torch
+
+    from temper.cluster.rollout import ALIAS, from_store, to_store
+
+    embed = torch.randn(6, 4)
+    weights = [
+        ("embed.weight", embed),
+        ("norm.weight", torch.ones(4)),
+        ("lm_head.weight", embed),  # tied: the same tensor
+        ("row.weight", embed[1]),  # a view of other memory (offset): its own entry
+    ]
+    stored = to_store(weights)
+    assert stored["lm_head.weight"] == ("embed.weight", ALIAS)
+    assert stored["row.weight"][1] == "float32"
+    back = list(from_store(stored))
+    assert [n for n, _ in back] == [n for n, _ in weights]
+    for (_, got), (_, want) in zip(back, weights, strict=True):
+        assert torch.equal(got, want)

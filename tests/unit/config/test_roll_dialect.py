@@ -353,6 +353,7 @@ MAPPED += [
     ("actor_train.device_mapping", "[0]", "resources.backend", "local", {}),
     ("actor_train.infer_batch_size", 6, "actor.log_prob_micro_batch_size_per_device", 6, {}),
     ("actor_train.model_update_frequency", 2, "rollout.model_update_frequency", 2, {}),
+    ("model_update_buffer_size_mb", 64, "rollout.update_weights_bucket_megabytes", 64, {}),
     ("actor_train.system_envs", {"B": "2"}, "resources.ray.system_envs", {"B": "2"}, {}),
     # actor_infer
     ("actor_infer.model_args.dtype", "bf16", "rollout.dtype", "bf16", {}),

@@ -57,7 +57,6 @@ def noted(loaded, key: str) -> bool:
     [
         ("+actor_rollout_ref.actor.tis_imp_ratio_cap=-1", "tis_imp_ratio_cap"),
         ("+actor_rollout_ref.ref.model=null", "actor_rollout_ref.ref.model"),
-        ("+actor_rollout_ref.rollout.update_weights_bucket_megabytes=512", "update_weights"),
         ("trainer.resume_from_path=False", None),
         ("+trainer.remove_previous_ckpt_in_save=False", "remove_previous_ckpt_in_save"),
     ],
@@ -66,6 +65,21 @@ def test_verl_keys_of_other_versions_at_inert_values(override, key):
     loaded = load(FLAT, override)
     assert loaded.config.experiment.resume_from_path is None
     assert key is None or noted(loaded, key)
+
+
+def test_weight_sync_bucket_size_is_honoured_in_either_verl_spelling():
+    """verl's bucket size (before and after it moved under checkpoint_engine) sets the
+    vLLM engine's weight-sync bucket."""
+    old = load(
+        FLAT,
+        "~actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+        "+actor_rollout_ref.rollout.update_weights_bucket_megabytes=512",
+    )
+    assert old.config.rollout.update_weights_bucket_megabytes == 512
+    new = load(
+        FLAT, "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64"
+    )
+    assert new.config.rollout.update_weights_bucket_megabytes == 64
 
 
 def test_verl_renamed_keys_map_to_their_new_meaning():

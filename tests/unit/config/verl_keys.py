@@ -243,7 +243,7 @@ actor_rollout_ref.rollout.agent.default_agent_loop my_loop !! agent loops
 actor_rollout_ref.rollout.agent.agent_loop_config_path x.yaml !! agent loops
 actor_rollout_ref.rollout.agent.custom_async_server.path x.py !! async rollout servers
 actor_rollout_ref.rollout.checkpoint_engine.backend nccl noted
-actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes 512 noted
+actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes 512 -> rollout.update_weights_bucket_megabytes
 actor_rollout_ref.rollout.trace.backend mlflow noted
 actor_rollout_ref.rollout.skip_rollout true !! replaying
 actor_rollout_ref.rollout.skip_tokenizer_init false noted
