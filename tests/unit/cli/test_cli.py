@@ -24,12 +24,18 @@ def test_examples_exist():
         "roll_agentic_sokoban.yaml",
         "agentic_sokoban.yaml",
         "quickstart.yaml",
+        "arithmetic_hard.yaml",
     } <= names
 
 
 #: Examples whose model ships with temper (the smollm2 alias): the full pre-flight passes
 #: here. The others name a model directory or hub id of their author's machine.
-LOCAL_MODEL = {"quickstart.yaml", "agentic_sokoban.yaml", "roll_agentic_sokoban.yaml"}
+LOCAL_MODEL = {
+    "quickstart.yaml",
+    "arithmetic_hard.yaml",
+    "agentic_sokoban.yaml",
+    "roll_agentic_sokoban.yaml",
+}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
