@@ -30,6 +30,12 @@ def _check_temperature(temperature: float) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
+def _empty(flat: Tensor) -> Tensor:
+    """The ``(0,)`` result of zero rows, still attached to ``flat``'s graph: a loss over
+    no scored token must backpropagate (zeros), not lose its ``grad_fn``."""
+    return flat.sum(dim=-1).float()
+
+
 def logprobs_from_logits(
     logits: Tensor,
     labels: Tensor,
@@ -53,7 +59,7 @@ def logprobs_from_logits(
     for i in range(0, flat.shape[0], chunk_size):
         c = _scaled(flat[i : i + chunk_size], temperature)
         out.append(c.gather(-1, lab[i : i + chunk_size]).squeeze(-1) - torch.logsumexp(c, dim=-1))
-    res = torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)
+    res = torch.cat(out) if out else _empty(flat)
     return res.reshape(labels.shape)
 
 
@@ -100,7 +106,7 @@ def entropy_from_logits(
         c = _scaled(flat[i : i + chunk_size], temperature)
         p = torch.softmax(c, dim=-1)
         out.append(torch.logsumexp(c, dim=-1) - (p * c).sum(dim=-1))
-    res = torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)
+    res = torch.cat(out) if out else _empty(flat)
     return res.reshape(logits.shape[:-1])
 
 
@@ -143,7 +149,7 @@ def full_kl_from_logits(
         )
         for i in range(0, flat.shape[0], chunk_size)
     ]
-    res = torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)
+    res = torch.cat(out) if out else _empty(flat)
     res = res.reshape(logits.shape[:-1])
     if mask is not None:
         res = torch.where(mask > 0, res, torch.zeros_like(res))

@@ -194,6 +194,15 @@ class PackedInputs:
     valid: torch.Tensor  # (B, r) bool
 
 
+def scored_positions(inp: ModelInputs) -> torch.Tensor:
+    """``(B, r)`` bool: the response tokens a forward scores — real, and after a real token
+    (the logits at padded column ``L-r-1+k`` score response token ``k``). Both layouts
+    compute log-probs and entropy on these positions only, never on padding."""
+    real = inp.attention_mask > 0
+    L, r = real.shape[1], inp.response_len
+    return real[:, L - r :] & real[:, L - r - 1 : L - 1]
+
+
 def pack(inp: ModelInputs, attn_implementation: str, dtype: torch.dtype) -> PackedInputs:
     """Pack the padded ``inp`` into one row (module doc: the mask per kernel).
 
@@ -202,8 +211,7 @@ def pack(inp: ModelInputs, attn_implementation: str, dtype: torch.dtype) -> Pack
     real = inp.attention_mask > 0
     L, r = real.shape[1], inp.response_len
     where = real.flatten().cumsum(0).reshape(real.shape) - 1  # packed index of each token
-    # the logits at padded column L-r-1+k score response token k (needs both real)
-    valid = real[:, L - r :] & real[:, L - r - 1 : L - 1]
+    valid = scored_positions(inp)
     lengths = real.sum(dim=1)
     if attn_implementation in MASKED_KERNELS:
         additive = dtype if attn_implementation == "eager" else None
@@ -240,5 +248,6 @@ __all__ = [
     "measure_layout_cost",
     "model_cost",
     "pack",
+    "scored_positions",
     "unpack",
 ]

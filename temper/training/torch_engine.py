@@ -58,6 +58,7 @@ from temper.training.packing import (
     choose_layout,
     model_cost,
     pack,
+    scored_positions,
     unpack,
 )
 from temper.training.schedule import LRSchedule
@@ -298,9 +299,10 @@ class TorchEngine(TrainEngine):
         """Per-response-token outputs ``(b, R)`` of one micro-batch, 0 where masked.
 
         ``entropy_grad=False`` computes the entropy as a detached metric (no autograd
-        graph, chunked even when ``entropy_chunk_size`` is 0). Packed micro-batches
-        (:mod:`temper.training.packing`) compute everything on the ``K`` response
-        positions of the packed row and unpack at the end."""
+        graph, chunked even when ``entropy_chunk_size`` is 0). Log-probs, entropy and the
+        exact KL are computed on the ``K`` scored response positions only (packed: the
+        positions of the packed row, :mod:`temper.training.packing`; padded: the real
+        response tokens) and unpacked to ``(b, r)`` at the end."""
         inp = model_inputs(mb, self.device)
         r = inp.response_len
         # vision-language rows: pixel inputs, token types, M-RoPE positions (training.vision)
@@ -314,7 +316,7 @@ class TorchEngine(TrainEngine):
                 "position_ids": inp.position_ids,
             }
             keep: int | torch.Tensor = r + 1
-            labels = inp.response_ids
+            valid = scored_positions(inp)
         else:
             model_in = {
                 "input_ids": packed.input_ids,
@@ -322,7 +324,8 @@ class TorchEngine(TrainEngine):
                 "position_ids": packed.position_ids,
             }
             keep = packed.keep
-            labels = inp.response_ids[packed.valid]
+            valid = packed.valid
+        labels = inp.response_ids[valid]  # (K,): log-probs and entropy only where scored
         out: dict[str, torch.Tensor] = {}
         with self._autocast(), vision_context:
             if self.spec.kind == "value":
@@ -334,14 +337,14 @@ class TorchEngine(TrainEngine):
                 # logits at position p predict token p+1: the r+1 last positions minus the
                 # final one score the r response tokens (packed: the positions ``keep``)
                 logits = self._logits(model_in, keep, extra)
-                if packed is None:
-                    logits = logits[:, :r]
+                if packed is None:  # (b, r, V) -> (K, V): padding costs no softmax
+                    logits = logits[:, :r][valid]
                 out["log_probs"] = logprobs_from_logits(logits, labels, temperature=temperature)
                 if self.kl_reference is not None and not self._adapters_off:  # the exact KL
                     ref = self.kl_reference.response_logits(mb)
                     out["full_kl"] = full_kl_from_logits(
                         logits,
-                        ref if packed is None else ref[packed.valid],
+                        ref[valid],
                         temperature=temperature,
                         chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
                     )
@@ -357,8 +360,8 @@ class TorchEngine(TrainEngine):
                             temperature=temperature,
                             chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
                         )
-        if packed is not None:
-            out = {k: unpack(v, packed.valid) for k, v in out.items()}
+        if packed is not None or self.spec.kind != "value":  # (K, …) -> (b, r, …)
+            out = {k: unpack(v, valid) for k, v in out.items()}
         mask = mb["response_mask"][:, :r].to(self.device) > 0
         return {
             k: pad_response(

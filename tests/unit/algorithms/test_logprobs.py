@@ -105,3 +105,15 @@ def test_bad_arguments() -> None:
     assert logprobs_from_logits(
         torch.zeros(0, 3, 4), torch.zeros(0, 3, dtype=torch.long)
     ).shape == (0, 3)
+
+
+def test_zero_rows_stay_on_the_graph() -> None:
+    """A micro-batch with no scored token: log-probs and entropy are empty but still
+    backpropagate (DeepSpeed refuses a loss without grad_fn)."""
+    w = torch.randn(3, 5, requires_grad=True)
+    logits = (torch.randn(2, 4, 3) @ w)[torch.zeros(2, 4, dtype=torch.bool)]  # (0, 5)
+    lp = logprobs_from_logits(logits, torch.zeros(0, dtype=torch.long))
+    ent = entropy_from_logits(logits)
+    assert lp.shape == ent.shape == (0,)
+    (lp.sum() + ent.sum()).backward()
+    assert torch.equal(w.grad, torch.zeros_like(w))
