@@ -180,8 +180,7 @@ def test_sigkill_after_step2_checkpoint_then_resume_equals_uninterrupted(
     assert comparable(full) == comparable(killed)
 
 
-# the shared reference tree beside the checkout (as tests/unit/config/reference_paths.py)
-UPSTREAM = Path(__file__).resolve().parents[3] / "shared" / "reference" / "upstream-configs"
+UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"  # in-repo copies
 AGENTIC_2025_06 = (
     UPSTREAM / "roll-2025-06-70e9c6c/examples/qwen2.5-0.5B-agentic_ds/agentic_val_sokoban.yaml"
 )

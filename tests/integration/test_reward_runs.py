@@ -14,7 +14,7 @@ from temper.cli.registries import registry_names
 from temper.config import load_config
 from temper.pipelines import run_pipeline
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared/reference/upstream-configs"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "upstream"  # in-repo copies
 ROLL_RLVR = REFERENCE / "roll-v0/qwen2.5-7B-rlvr_megatron/rlvr_config.yaml"
 
 
