@@ -129,3 +129,12 @@ def _check_full_kl(cfg: TemperConfig) -> None:
             "another worker group",
             "use resources.backend=local, or a sampled estimator (low_var_kl, kl, mse)",
         )
+    for role in ("actor", "reference"):
+        if keys and getattr(cfg, role).strategy == "megatron":
+            raise ConfigError(
+                keys[0],
+                "the exact KL over the vocabulary ('full') compares logits in the Hugging "
+                f"Face engines' forward; the megatron engine ({role}.strategy) does not",
+                f"use {role}.strategy torch, fsdp2 or deepspeed, or a sampled estimator "
+                "(low_var_kl, kl, mse)",
+            )

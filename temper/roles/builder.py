@@ -182,8 +182,8 @@ def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> 
             raise ConfigError(
                 key,
                 "the exact KL over the vocabulary needs a reference and a training engine "
-                "that compares logits (torch, fsdp2)",
-                "enable the reference and use actor.strategy torch or fsdp2, or a sampled "
+                "that compares logits (torch, fsdp2, deepspeed)",
+                "enable the reference and use actor.strategy torch, fsdp2 or deepspeed, or a sampled "
                 "estimator (low_var_kl)",
             )
         actor.engine.kl_reference = reference

@@ -57,7 +57,7 @@ class TrainEngine(abc.ABC):
 
     def response_logits(self, batch: Batch) -> torch.Tensor:
         """The :class:`LogitsSource` method, for engines with ``supports_full_kl``."""
-        raise NotImplementedError(f"{type(self).__name__} does not compute the exact KL")
+        raise RuntimeError(f"{type(self).__name__} has no logits for the exact KL")
 
     @property
     def has_adapters(self) -> bool:

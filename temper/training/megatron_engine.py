@@ -84,6 +84,7 @@ class MegatronEngine(TorchEngine):
     """Causal LM or value model on Megatron-Core, tensor × data parallel."""
 
     built: MegatronModel  # the GPTModel and its conversion maps (set by _load_model)
+    supports_full_kl = False  # its own _run: no exact KL (refused at check)
 
     def __init__(self, spec: EngineSpec) -> None:
         check_engine_spec(spec)

@@ -52,6 +52,19 @@ REFUSED = [
         {"actor": {"use_kl_loss": True, "kl_loss_type": "full"}, "resources": {"backend": "ray"}},
         "actor.kl_loss_type",
     ),
+    (
+        RLVR,
+        {"actor": {"use_kl_loss": True, "kl_loss_type": "full", "strategy": "megatron"}},
+        "actor.kl_loss_type",
+    ),
+    (
+        RLVR,
+        {
+            "algorithm": {"use_kl_in_reward": True, "kl_penalty": "full"},
+            "reference": {"strategy": "megatron"},
+        },
+        "algorithm.kl_penalty",
+    ),
     (RLVR, {"resources": {"ray": {"timeline_json_file": "t.json"}}}, "timeline_json_file"),
     (RLVR, {"agentic": {"use_turn_rewards": True}}, "agentic"),
     (RLVR, {"experiment": {"render_save_dir": "r"}}, "experiment.render_save_dir"),
