@@ -52,12 +52,14 @@ from temper.training.models import (
     save_processor_files,
 )
 from temper.training.packing import (
+    MASKED_KERNELS,
     VARLEN_KERNELS,
     LayoutCost,
     PackedInputs,
     choose_layout,
     model_cost,
     pack,
+    plan_packing,
     scored_positions,
     unpack,
 )
@@ -285,11 +287,13 @@ class TorchEngine(TrainEngine):
             return None
         cost = self._layout_cost()
         lengths = inp.attention_mask.sum(dim=1).tolist()
-        layout = choose_layout(lengths, inp.input_ids.shape[1], cost)
+        # a prompt shared by a group is packed once (prefix-tree mask: masked kernels only)
+        plan = plan_packing(inp, share_prompts=self._attn_impl() in MASKED_KERNELS)
+        layout = choose_layout(lengths, inp.input_ids.shape[1], cost, plan.tokens)
         self.layouts[layout] += 1
         if layout == "padded":
             return None
-        return pack(inp, self._attn_impl(), self.compute_dtype)
+        return pack(inp, self._attn_impl(), self.compute_dtype, plan)
 
     # ------------------------------------------------------------------ forward
 

@@ -18,6 +18,8 @@ from temper.training.packing import (
     layout_costs,
     model_cost,
     pack,
+    plan_packing,
+    prefix_tree_mask,
     unpack,
 )
 from temper.training.torch_engine import TorchEngine
@@ -43,6 +45,19 @@ def _batch(seed: int = 0) -> Batch:
     return make_batch(PROMPTS, RESPONSES, P=12, R=10, seed=seed)
 
 
+# groups as a GRPO batch has them: rows 0-2 answer one prompt, rows 3-4 another, row 5 alone
+GROUPS = [[0, 1, 2], [3, 4], [5]]
+GROUP_PROMPTS = [5, 5, 5, 9, 9, 3]
+GROUP_RESPONSES = [4, 1, 6, 6, 2, 5]
+
+
+def _grouped_batch(seed: int = 0) -> Batch:
+    batch = make_batch(GROUP_PROMPTS, GROUP_RESPONSES, P=9, R=6, seed=seed)
+    for rows in GROUPS:
+        batch["prompt_ids"][rows] = batch["prompt_ids"][rows[0]].clone()
+    return batch
+
+
 # ------------------------------------------------------------------ the packed row
 
 
@@ -64,6 +79,49 @@ def test_pack_concatenates_real_tokens_with_restarting_positions() -> None:
     assert torch.equal(before, inp.response_ids[p.valid])
     back = unpack(torch.arange(p.keep.numel()), p.valid)
     assert back.shape == p.valid.shape and (back[~p.valid] == 0).all()
+
+
+def test_shared_prompts_are_packed_once() -> None:
+    """Each group's prompt once, then its rows' responses; positions go on from the
+    prompt's end for every response; a first response token is scored at the shared
+    prompt's last token."""
+    batch = _grouped_batch()
+    inp = model_inputs(batch, torch.device("cpu"))
+    plan = plan_packing(inp, share_prompts=True)
+    assert plan.tokens == 5 + 4 + 1 + 6 + 9 + 6 + 2 + 3 + 5 == 41
+    assert plan.lengths.tolist() == [16, 17, 8]
+    assert plan.owner.tolist() == [-1] * 5 + [0] * 4 + [1] + [2] * 6 + [-1] * 9 + [3] * 6 + [
+        4
+    ] * 2 + [-1] * 3 + [5] * 5
+    p = pack(inp, "sdpa", torch.float32, plan)
+    assert p.position_ids[0, :16].tolist() == list(range(9)) + [5] + list(range(5, 11))
+    assert torch.equal(p.input_ids[0, :5], batch["prompt_ids"][0, -5:])
+    assert torch.equal(p.input_ids[0, 9:10], batch["response_ids"][1, :1])
+    before = p.input_ids[0, p.keep + 1]  # the token after each scoring position ...
+    first = torch.zeros_like(p.valid)
+    first[:, 0] = True
+    # ... is the response token it scores, except at a shared prompt's last token
+    assert torch.equal(before[~first[p.valid]], inp.response_ids[p.valid & ~first])
+    assert p.keep[first[p.valid]].tolist() == [4, 4, 4, 24, 24, 35]
+    # nothing shared: one segment per row, as long as the real tokens
+    alone = plan_packing(inp, share_prompts=False)
+    assert alone.tokens == sum(GROUP_PROMPTS) + sum(GROUP_RESPONSES)
+
+
+def test_prefix_tree_mask() -> None:
+    # one segment: a 2-token prompt, a 2-token response of row 0, a 1-token one of row 1
+    m = prefix_tree_mask(torch.zeros(5, dtype=torch.long), torch.tensor([-1, -1, 0, 0, 1]))
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0],
+            [1, 1, 0, 0, 1],  # row 1 sees the prompt, not row 0's response
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(m[0, 0], expected)
 
 
 def test_block_causal_mask() -> None:
@@ -118,6 +176,8 @@ def test_cost_model_pads_equal_lengths_and_packs_skewed_ones() -> None:
     assert choose_layout([15, 16, 14, 16], 16, cost) == "padded"  # T² > B·L²: mask costs more
     assert choose_layout([128, 4, 4, 4, 4, 4, 4, 4], 128, cost) == "packed"
     assert choose_layout([40], 64, cost) == "padded"  # one row: nothing to pack
+    # equal lengths, but a shared prompt halves the row: packed
+    assert choose_layout([16] * 8, 16, cost, packed_tokens=64) == "packed"
     padded, packed = layout_costs([128, 4], 128, cost)
     assert packed < padded
     # a varlen kernel (flash-attn) never loses by packing
@@ -244,6 +304,45 @@ def test_packed_loss_and_gradients_equal_padded(tiny_path: str) -> None:
     assert set(ga) == set(gb)
     for name in ga:
         torch.testing.assert_close(gb[name], ga[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prompt_forward_loss_and_gradients_equal_padded(tiny_path: str, attn: str) -> None:
+    """Shared prompts (the engine's default for masked kernels): log-probs, entropy, the
+    loss and every parameter's gradient are the padded layout's."""
+    batch = _grouped_batch(7)
+    runs = []
+    for packed in (False, True):
+        engine = _engine(tiny_path, packed=packed, micro=6, model_kw={"attn_implementation": attn})
+        engine.model.train()
+        out = engine._run(batch, temperature=0.8, with_entropy=True)
+        mask = batch["response_mask"]
+        loss = ((-batch["advantages"] * out["log_probs"] - 0.01 * out["entropy"]) * mask).sum()
+        (loss / mask.sum()).backward()
+        grads = {n: p.grad for n, p in engine.model.named_parameters()}
+        runs.append((out, loss.item(), grads))
+        assert engine.layouts["packed"] == int(packed)
+    (out_a, loss_a, ga), (out_b, loss_b, gb) = runs
+    for key in ("log_probs", "entropy"):
+        torch.testing.assert_close(out_b[key], out_a[key], atol=1e-5, rtol=1e-5)
+    assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_shared_prompt_values_and_reference_logits_equal_padded(tiny_path: str) -> None:
+    batch = _grouped_batch(8)
+    kw = {"micro": 6, "train": False, "kind": "value"}
+    padded, packed = _engine(tiny_path, packed=False, **kw), _engine(tiny_path, packed=True, **kw)
+    a = padded.forward(batch, with_values=True)["values"]
+    b = packed.forward(batch, with_values=True)["values"]
+    assert packed.layouts["packed"] == 1
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    padded = _engine(tiny_path, packed=False, micro=6, train=False)
+    packed = _engine(tiny_path, packed=True, micro=6, train=False)
+    ref_a, ref_b = padded.response_logits(batch), packed.response_logits(batch)
+    mask = batch["response_mask"][:, : ref_a.shape[1]] > 0
+    torch.testing.assert_close(ref_b[mask], ref_a[mask], atol=1e-5, rtol=1e-5)
 
 
 def test_train_step_reports_the_packed_fraction(tiny_path: str) -> None:
