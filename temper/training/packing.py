@@ -305,7 +305,9 @@ def pack(
     plan = plan if plan is not None else plan_packing(inp, share_prompts=False)
     shared = plan.tokens < int(real.sum())
     if shared and attn_implementation not in MASKED_KERNELS:
-        raise ValueError(f"shared prompts need a masked attention kernel, not {attn_implementation}")
+        raise ValueError(
+            f"shared prompts need a masked attention kernel, not {attn_implementation}"
+        )
     valid = scored_positions(inp)
     if attn_implementation in MASKED_KERNELS:
         additive = dtype if attn_implementation == "eager" else None

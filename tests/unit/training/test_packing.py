@@ -90,11 +90,12 @@ def test_shared_prompts_are_packed_once() -> None:
     plan = plan_packing(inp, share_prompts=True)
     assert plan.tokens == 5 + 4 + 1 + 6 + 9 + 6 + 2 + 3 + 5 == 41
     assert plan.lengths.tolist() == [16, 17, 8]
-    assert plan.owner.tolist() == [-1] * 5 + [0] * 4 + [1] + [2] * 6 + [-1] * 9 + [3] * 6 + [
-        4
-    ] * 2 + [-1] * 3 + [5] * 5
+    assert (
+        plan.owner.tolist()
+        == [-1] * 5 + [0] * 4 + [1] + [2] * 6 + [-1] * 9 + [3] * 6 + [4] * 2 + [-1] * 3 + [5] * 5
+    )
     p = pack(inp, "sdpa", torch.float32, plan)
-    assert p.position_ids[0, :16].tolist() == list(range(9)) + [5] + list(range(5, 11))
+    assert p.position_ids[0, :16].tolist() == [*range(9), 5, *range(5, 11)]
     assert torch.equal(p.input_ids[0, :5], batch["prompt_ids"][0, -5:])
     assert torch.equal(p.input_ids[0, 9:10], batch["response_ids"][1, :1])
     before = p.input_ids[0, p.keep + 1]  # the token after each scoring position ...
