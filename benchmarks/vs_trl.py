@@ -38,6 +38,19 @@ and a ``TrainerCallback`` around each optimizer step: "batch prep/adv" is TRL's
 ``_prepare_inputs`` less generation and reward (tokenizing, padding, advantages), and
 "train" is the rest of the step (the loss forwards, backward, clipping, optimizer step).
 
+``--to-accuracy`` measures what users care about: validation accuracy against training
+wall-clock on the harder task (``task:arithmetic_hard``, two-digit ``+``/``-``; SmolLM2
+starts near 6%), with ``examples/arithmetic_hard.yaml``'s settings for both systems
+(4 prompts x 8 responses, temperature 0.7, EOS stops at most ``--length`` 16 tokens,
+lr 2e-5, one optimizer step per step). Both validate the same 64 held-out prompts greedily
+(temperature 0, at most ``--length`` tokens) before training and every ``--eval-every``
+steps, scored by the same reward: temper with its own validation (its rollout engine),
+TRL with a ``TrainerCallback`` running HF ``generate`` on the trained model. The clock is
+the sum of the step times (generation, reward, update, weight sync), so neither the
+validation nor process start-up counts. Printed: each system's accuracy curve and the
+training seconds each needed to first reach the target accuracy (``--target``; default:
+the best accuracy every system reached), as a ratio to TRL's.
+
 Setup (once): TRL in its own venv, torch first so that pip keeps the CPU build
 (the ``bench`` extra of pyproject.toml names the same requirement)::
 
@@ -50,6 +63,7 @@ Run (temper's environment; ``--trl-python`` defaults to ``.venv-trl/bin/python``
     python benchmarks/vs_trl.py --length 16                 # fixed length 16, 6 steps each
     python benchmarks/vs_trl.py --length 128 --steps 6
     python benchmarks/vs_trl.py --length 16 --mode free --systems temper-vllm,trl
+    python benchmarks/vs_trl.py --to-accuracy --steps 40 --systems temper-vllm,trl
 """
 
 from __future__ import annotations
@@ -138,19 +152,21 @@ def temper_worker(spec: dict[str, Any]) -> None:
                 "device": "cpu",
                 "trackers": ["jsonl"],
                 "save_freq": -1,
-                "val_before_train": False,
-                "test_freq": 0,
+                "val_before_train": bool(spec["val_data"]),
+                "test_freq": spec["eval_every"] if spec["val_data"] else 0,
             },
             "model": {"path": spec["model"], "dtype": "fp32"},
             "data": {
                 "train_files": [spec["data"]],
+                "val_files": [spec["val_data"]] if spec["val_data"] else [],
                 "max_prompt_length": 128,
-                "train_batch_size": PROMPTS_PER_STEP,
+                "train_batch_size": spec["prompts_per_step"],
                 "shuffle": False,
             },
             "rollout": {
                 "engine": spec["engine"],
-                "n": GROUP,
+                "n": spec["group"],
+                "val": {"do_sample": False, "temperature": 0.0},
                 "response_length": spec["length"],
                 "temperature": spec["temperature"],
                 "top_p": 1.0,
@@ -158,7 +174,7 @@ def temper_worker(spec: dict[str, Any]) -> None:
                 "ignore_eos": fixed,
             },
             "actor": {
-                "mini_batch_size": PROMPTS_PER_STEP * GROUP,
+                "mini_batch_size": spec["prompts_per_step"] * spec["group"],
                 "micro_batch_size_per_device": MICRO,
                 "recompute_old_log_prob": False,
                 "use_kl_loss": False,
@@ -171,6 +187,12 @@ def temper_worker(spec: dict[str, Any]) -> None:
     )
     run_pipeline(cfg)
     rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    with open(out / "evals.jsonl", "w") as f:  # validation: before training, every k steps
+        f.writelines(
+            json.dumps({"step": row.get("step", 0), "accuracy": row["val/reward_mean"]}) + "\n"
+            for row in rows
+            if "val/reward_mean" in row
+        )
     with open(out / "steps.jsonl", "w") as f:
         for row in rows:
             if "timing/step_s" not in row:
@@ -228,7 +250,40 @@ def trl_worker(spec: dict[str, Any]) -> None:
         return [arithmetic_score(t, g) for t, g in zip(texts, ground_truth)]
 
     out, length = Path(spec["out"]), spec["length"]
+    prompts_per_step, group = spec["prompts_per_step"], spec["group"]
     records: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    val_rows = (
+        [json.loads(x) for x in Path(spec["val_data"]).read_text().splitlines()]
+        if spec["val_data"]
+        else []
+    )
+
+    @torch.no_grad()
+    def validate(model: Any, step: int) -> None:
+        """Greedy, at most ``length`` new tokens, the prompts templated as for training
+        (left padding, one batch), scored by the training reward."""
+        was_training = model.training
+        model.eval()
+        texts = [
+            tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in val_rows
+        ]
+        tokenizer.padding_side = "left"
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        gen = model.generate(
+            **enc, max_new_tokens=length, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+        answers = tokenizer.batch_decode(
+            gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+        )
+        scores = [
+            arithmetic_score(a, r["reward_model"]["ground_truth"])
+            for a, r in zip(answers, val_rows)
+        ]
+        evals.append({"step": step, "accuracy": sum(scores) / len(scores)})
+        model.train(was_training)
 
     class StepTimer(TrainerCallback):
         start = 0.0
@@ -238,6 +293,10 @@ def trl_worker(spec: dict[str, Any]) -> None:
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             phases.clear()
             self.start = time.perf_counter()
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if val_rows:
+                validate(kw["model"], 0)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             step_s = time.perf_counter() - self.start
@@ -255,11 +314,14 @@ def trl_worker(spec: dict[str, Any]) -> None:
                 },
                 "trl_profiling": dict(phases),
             }
+            every = spec["eval_every"]
+            if val_rows and every > 0 and state.global_step % every == 0:
+                validate(kw["model"], state.global_step)  # after the step's clock stopped
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if self.pending is None or not logs or "completions/mean_length" not in logs:
                 return
-            samples = PROMPTS_PER_STEP * GROUP
+            samples = prompts_per_step * group
             tokens = float(logs.get("num_tokens", 0.0))  # cumulative prompt + completion
             self.pending.update(
                 response_tokens=logs["completions/mean_length"] * samples,
@@ -280,9 +342,9 @@ def trl_worker(spec: dict[str, Any]) -> None:
         fp16=False,
         gradient_checkpointing=False,
         per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=PROMPTS_PER_STEP * GROUP // MICRO,
-        steps_per_generation=PROMPTS_PER_STEP * GROUP // MICRO,
-        num_generations=GROUP,
+        gradient_accumulation_steps=prompts_per_step * group // MICRO,
+        steps_per_generation=prompts_per_step * group // MICRO,
+        num_generations=group,
         num_iterations=1,
         beta=0.0,
         max_completion_length=length,
@@ -306,7 +368,6 @@ def trl_worker(spec: dict[str, Any]) -> None:
         dataloader_num_workers=0,
     )
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=arithmetic,
@@ -318,23 +379,33 @@ def trl_worker(spec: dict[str, Any]) -> None:
     trainer.train()
     with open(out / "steps.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
+    with open(out / "evals.jsonl", "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in evals)
 
 
 # --------------------------------------------------------------------------- the parent
 
 
-def write_prompts(path: Path, n: int) -> None:
-    """``n`` arithmetic rows (seed 0), the system message in each row's prompt."""
+def write_prompts(
+    path: Path, n: int, task: str = "arithmetic", seed: int = 0, **kwargs: Any
+) -> None:
+    """``n`` rows of ``task`` (``seed``, ``kwargs``), the system message in each row's
+    prompt."""
     from temper.data.tasks import make_task_rows
 
     with open(path, "w") as f:
-        for row in make_task_rows("arithmetic", n, seed=0):
+        for row in make_task_rows(task, n, seed=seed, **kwargs):
             row["prompt"] = [{"role": "system", "content": SYSTEM_PROMPT}, *row["prompt"]]
             f.write(json.dumps(row) + "\n")
 
 
 def run_system(
-    system: str, args: argparse.Namespace, root: Path, model: str, data: Path
+    system: str,
+    args: argparse.Namespace,
+    root: Path,
+    model: str,
+    data: Path,
+    val_data: Path | None = None,
 ) -> dict[str, Any]:
     out = root / system
     out.mkdir(parents=True, exist_ok=True)
@@ -348,6 +419,10 @@ def run_system(
         "temperature": args.temperature,
         "threads": args.threads,
         "engine": system.removeprefix("temper-"),
+        "prompts_per_step": args.prompts_per_step,
+        "group": args.group,
+        "val_data": str(val_data) if val_data else "",
+        "eval_every": args.eval_every,
     }
     (out / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE"}
@@ -379,6 +454,10 @@ def run_system(
         "phases": _median_phases(timed),
         "score": statistics.mean(r["score"] or 0.0 for r in records),
         "wall_s": wall,
+        "clock": [sum(r["step_s"] for r in records[:k]) for k in range(len(records) + 1)],
+        "evals": [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
+        if (out / "evals.jsonl").exists()
+        else [],
     }
     print(f"[{system}] {step_s:.2f} s/step, process {wall:.0f} s", flush=True)
     return summary
@@ -392,7 +471,7 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]]) ->
         else f"free length (EOS stops, at most {args.length})"
     )
     print(
-        f"\nSmolLM2-135M-Instruct fp32, {PROMPTS_PER_STEP} prompts x {GROUP}, {mode}, "
+        f"\nSmolLM2-135M-Instruct fp32, {args.prompts_per_step} prompts x {args.group}, {mode}, "
         f"temperature {args.temperature}, {args.threads} threads; medians over steps "
         f"2..{args.steps}"
     )
@@ -429,13 +508,55 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]]) ->
                 print(f"target {name} >= {target}x trl steps/s: {ratio:.2f}x, {verdict}")
 
 
+def accuracy_table(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+    """Validation accuracy against training seconds (the sum of step times), and the
+    seconds each system needed to first reach the target accuracy."""
+    names = list(results)
+    print(
+        f"\ntime to accuracy: task:arithmetic_hard, SmolLM2-135M-Instruct fp32, "
+        f"{args.prompts_per_step} prompts x {args.group}, temperature {args.temperature}, "
+        f"at most {args.length} tokens, {args.threads} threads; 64 validation prompts, greedy"
+    )
+    for name in names:
+        curve = ", ".join(
+            f"{e['step']}: {e['accuracy']:.3f} @ {results[name]['clock'][e['step']]:.0f}s"
+            for e in results[name]["evals"]
+        )
+        print(f"  {name}: step: accuracy @ training seconds -> {curve}")
+    best = {n: max((e["accuracy"] for e in results[n]["evals"]), default=0.0) for n in names}
+    target = args.target if args.target is not None else min(best.values())
+    reached: dict[str, float | None] = {}
+    for name in names:
+        hits = [e for e in results[name]["evals"] if e["accuracy"] >= target]
+        reached[name] = results[name]["clock"][hits[0]["step"]] if hits else None
+    print(
+        f"target accuracy {target:.3f} ("
+        + ("--target" if args.target else "best all reached")
+        + ")"
+    )
+    for name in names:
+        seconds = reached[name]
+        cell = "not reached" if seconds is None else f"{seconds:.0f} s"
+        trl = reached.get("trl")
+        ratio = f", {seconds / trl:.2f}x trl's time" if seconds and trl else ""
+        print(f"  {name}: {cell}{ratio}")
+    for name in names:
+        if name != "trl" and reached[name] and reached.get("trl"):
+            ratio = reached[name] / reached["trl"]  # type: ignore[operator]
+            verdict = "met" if ratio <= 0.5 else "not met"
+            print(f"target {name} <= 0.5x trl's time to accuracy: {ratio:.2f}x, {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=16, help="(max) new tokens")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--mode", choices=("fixed", "free"), default="fixed")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, help="default 1.0; --to-accuracy 0.7")
+    parser.add_argument("--to-accuracy", action="store_true", help="accuracy vs time")
+    parser.add_argument("--eval-every", type=int, default=5, help="--to-accuracy")
+    parser.add_argument("--target", type=float, help="--to-accuracy target accuracy")
     parser.add_argument("--threads", type=int, default=2)
     repo = Path(__file__).resolve().parents[1]
     parser.add_argument("--trl-python", default=str(repo / ".venv-trl" / "bin" / "python"))
@@ -448,6 +569,12 @@ def main() -> None:
         spec = json.loads(Path(args.worker).read_text())
         (trl_worker if spec["engine"] == "trl" else temper_worker)(spec)
         return
+    # --to-accuracy: examples/arithmetic_hard.yaml's settings (module doc)
+    args.prompts_per_step, args.group = (4, 8) if args.to_accuracy else (PROMPTS_PER_STEP, GROUP)
+    if args.temperature is None:
+        args.temperature = 0.7 if args.to_accuracy else 1.0
+    if args.to_accuracy:
+        args.mode = "free"
     systems = [s for s in args.systems.split(",") if s]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
@@ -463,10 +590,18 @@ def main() -> None:
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="temper-vs-trl-"))
     root.mkdir(parents=True, exist_ok=True)
     data = root / "prompts.jsonl"
-    write_prompts(data, 64)
-    results = {s: run_system(s, args, root, model, data) for s in systems}
+    val_data = None
+    if args.to_accuracy:
+        write_prompts(data, args.steps * args.prompts_per_step, "arithmetic_hard", seed=0)
+        val_data = root / "val.jsonl"
+        write_prompts(val_data, 64, "arithmetic_hard", seed=1, split="test")
+    else:
+        write_prompts(data, 64)
+    results = {s: run_system(s, args, root, model, data, val_data) for s in systems}
     (root / "results.json").write_text(json.dumps(results, indent=1))
     print_table(args, results)
+    if args.to_accuracy:
+        accuracy_table(args, results)
     print(f"runs and logs: {root}")
 
 

@@ -82,6 +82,9 @@ class DataParallelEngine(TorchEngine):
     def dp_size(self) -> int:
         return self.world
 
+    def _sparse_tied_embedding_grad(self) -> None:
+        """Sharded or reduced gradients stay dense (FSDP2 and ZeRO shard dense tensors)."""
+
     def _all_reduce(self, values: list[float], op: Any) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
         dist.all_reduce(t, op=op)

@@ -5,7 +5,9 @@ Two ways to cut (``MicroBatching``):
 * a fixed number of samples per micro-batch (``size``), in order;
 * a token budget (``max_tokens``): samples are packed first-fit-decreasing by their real
   (unpadded) length into as few micro-batches as fit, which also groups similar lengths
-  and so wastes less padding. A sample longer than the budget gets a micro-batch alone.
+  and so wastes less padding. Consecutive rows with one prompt (a GRPO group) stay
+  together where the budget allows, so that packing can carry their prompt once. A
+  sample longer than the budget gets a micro-batch alone.
   Callers scatter results back with the returned indices, so the original order holds.
 
 Each micro-batch is then trimmed to its own longest real prompt and response instead of
@@ -59,24 +61,55 @@ def real_lengths(batch: Batch) -> torch.Tensor:
     return batch["prompt_mask"].sum(dim=1).long() + response_attention(batch).sum(dim=1)
 
 
-def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
+def first_fit_decreasing(
+    lengths: list[int], budget: int, units: list[list[int]] | None = None
+) -> list[list[int]]:
     """Indices grouped so each group's total length is <= ``budget`` (oversized alone).
 
-    Longest first, each into the first group with room; groups keep ascending indices.
+    ``units`` (default: each index alone) are kept together — a unit over the budget is
+    cut into consecutive pieces that fit. Longest unit first, each into the first group
+    with room; groups keep ascending indices.
     """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    items: list[list[int]] = []
+    for unit in units if units is not None else [[i] for i in range(len(lengths))]:
+        piece: list[int] = []
+        load = 0
+        for i in unit:
+            if piece and load + lengths[i] > budget:
+                items.append(piece)
+                piece, load = [], 0
+            piece.append(i)
+            load += lengths[i]
+        items.append(piece)
+    size = [sum(lengths[i] for i in item) for item in items]
+    order = sorted(range(len(items)), key=lambda k: (-size[k], items[k][0]))
     groups: list[list[int]] = []
     loads: list[int] = []
-    for i in order:
+    for k in order:
         for g, load in enumerate(loads):
-            if load + lengths[i] <= budget:
-                groups[g].append(i)
-                loads[g] += lengths[i]
+            if load + size[k] <= budget:
+                groups[g].extend(items[k])
+                loads[g] += size[k]
                 break
         else:
-            groups.append([i])
-            loads.append(lengths[i])
+            groups.append(list(items[k]))
+            loads.append(size[k])
     return [sorted(g) for g in groups]
+
+
+def shared_prompt_runs(batch: Batch) -> list[list[int]]:
+    """Runs of consecutive rows with the same prompt — a GRPO group, whose rows come
+    together (``aabb``) unless shuffled. A token-budget cut keeps them in one micro-batch
+    so that packing carries the prompt once (:mod:`temper.training.packing`)."""
+    ids, mask = batch["prompt_ids"], batch["prompt_mask"]
+    same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(dim=1).tolist()
+    runs: list[list[int]] = [[0]] if len(batch) else []
+    for i, joined in enumerate(same, start=1):
+        if joined:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 def micro_batch_indices(batch: Batch, spec: MicroBatching) -> list[list[int]]:
@@ -84,7 +117,8 @@ def micro_batch_indices(batch: Batch, spec: MicroBatching) -> list[list[int]]:
     n = len(batch)
     if spec.max_tokens is None:
         return [list(range(i, min(i + spec.size, n))) for i in range(0, n, spec.size)]
-    return first_fit_decreasing(real_lengths(batch).tolist(), spec.max_tokens)
+    lengths = real_lengths(batch).tolist()
+    return first_fit_decreasing(lengths, spec.max_tokens, shared_prompt_runs(batch))
 
 
 def split_micro_batches(batch: Batch, spec: MicroBatching) -> tuple[list[Batch], list[list[int]]]:
@@ -155,5 +189,6 @@ __all__ = [
     "pad_response",
     "real_lengths",
     "response_attention",
+    "shared_prompt_runs",
     "split_micro_batches",
 ]

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from temper.algorithms.logprobs import (
     DEFAULT_CHUNK,
@@ -117,7 +118,11 @@ class TorchEngine(TrainEngine):
                 betas=(o.betas[0], o.betas[1]),
                 eps=o.eps,
                 weight_decay=o.weight_decay,
+                # torch's fused kernel: one pass per tensor, the same update; on CPU 4-7x
+                # faster than the per-tensor loop (0.10 vs 0.41-0.70 s for SmolLM2-135M)
+                fused=self.device.type in ("cpu", "cuda"),
             )
+            self._sparse_tied_embedding_grad()
             self.schedule = LRSchedule(self.optimizer, o, spec.total_steps)
 
     # ------------------------------------------------------------------ plumbing
@@ -157,6 +162,25 @@ class TorchEngine(TrainEngine):
         if spec.train is not None:  # freeze_vision_tower / freeze_module_prefix
             model = freeze_modules(model, spec.train, spec.role)
         return model
+
+    def _sparse_tied_embedding_grad(self) -> None:
+        """With tied input/output embeddings, let the input embedding's backward return
+        its few touched rows (``nn.Embedding.sparse``): autograd adds them into the LM
+        head's dense gradient of the same weight, instead of materialising a second
+        vocab × hidden dense gradient per micro-batch (~50 ms each for SmolLM2's 49k×576).
+        The summed gradient is dense, so AdamW and clipping see what they always did.
+        Single-process engines only: sharded engines keep their dense gradients."""
+        hf: Any = self.model
+        if not isinstance(hf, PreTrainedModel) or is_peft_model(self.model):
+            return
+        emb, head = hf.get_input_embeddings(), hf.get_output_embeddings()
+        if (
+            isinstance(emb, nn.Embedding)
+            and head is not None
+            and emb.weight is head.weight
+            and emb.weight.requires_grad
+        ):
+            emb.sparse = True
 
     def _wrap_model(self, model: nn.Module) -> nn.Module:
         """Hook for distributed engines (sharding) before the optimizer sees the params."""
@@ -499,6 +523,9 @@ class TorchEngine(TrainEngine):
         clipping, lr of the step)``; a non-finite norm raises before the step."""
         assert self.optimizer is not None and self.schedule is not None
         params = list(self.trainable_parameters())
+        for p in params:  # a sparse tied-embedding gradient whose LM head scored no token
+            if p.grad is not None and p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
         clip = self.grad_clip if self.grad_clip is not None and self.grad_clip > 0 else float("inf")
         grad_norm = self._clip_grad_norm(params, clip)
         if not torch.isfinite(torch.tensor(grad_norm)):

@@ -12,7 +12,13 @@ from temper.config.errors import ConfigError
 from temper.config.schema import LoraConfig, ModelConfig
 from temper.data.batch import Batch
 from temper.training.base import NonFiniteError
-from temper.training.micro_batching import MicroBatching, first_fit_decreasing
+from temper.training.micro_batching import (
+    MicroBatching,
+    first_fit_decreasing,
+    micro_batch_indices,
+    real_lengths,
+    shared_prompt_runs,
+)
 from temper.training.packing import LayoutCost
 from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
@@ -76,6 +82,21 @@ def test_first_fit_decreasing_respects_budget() -> None:
     assert [5] in groups  # oversized sample alone
     assert all(sum(lengths[i] for i in g) <= 10 for g in groups if g != [5])
     assert len(groups) == 4
+
+
+def test_token_budget_keeps_a_prompts_rows_together() -> None:
+    """GRPO groups (consecutive rows, one prompt) stay in one micro-batch where they fit,
+    so packing can carry the prompt once; a group over the budget is cut in order."""
+    batch = make_batch([3, 3, 3, 5, 5, 2], [4, 1, 6, 2, 2, 3], P=5, R=6)
+    for rows in ([0, 1, 2], [3, 4]):
+        batch["prompt_ids"][rows] = batch["prompt_ids"][rows[0]].clone()
+    assert shared_prompt_runs(batch) == [[0, 1, 2], [3, 4], [5]]
+    lengths = real_lengths(batch).tolist()  # 7 4 9 | 7 7 | 5
+    assert micro_batch_indices(batch, MicroBatching(max_tokens=20)) == [[0, 1, 2], [3, 4, 5]]
+    # budget 14: the first group (20 tokens) is cut in order, the second kept whole;
+    # row by row, first-fit-decreasing would split both groups
+    assert micro_batch_indices(batch, MicroBatching(max_tokens=14)) == [[3, 4], [0, 1], [2, 5]]
+    assert first_fit_decreasing(lengths, 14) == [[2, 5], [0, 3], [1, 4]]
 
 
 def _pg_loss_fn(mini: Batch):
@@ -311,3 +332,25 @@ def test_train_forward_reports_entropy_without_a_graph_or_a_gradient_change(
 
     engine.train_mini_batch(batch, keep, with_entropy=True)
     assert grads == [True, True]
+
+
+def test_tied_embedding_gradient_is_the_dense_one(tiny_path: str) -> None:
+    """Tied input/output embeddings: the input embedding's backward is sparse (its touched
+    rows, added into the LM head's dense gradient); the summed gradient — and so the
+    update — is the one a dense embedding backward gives, and stays dense."""
+    batch = make_batch([3, 7, 5], [6, 2, 4], seed=3)
+    grads = []
+    for sparse in (True, False):
+        engine = make_engine(tiny_path, micro=2)
+        emb = engine.model.get_input_embeddings()
+        assert emb.sparse and emb.weight is engine.model.get_output_embeddings().weight
+        emb.sparse = sparse
+        out = engine._run(batch, temperature=1.0, with_entropy=False)
+        (-(batch["advantages"] * out["log_probs"]).sum()).backward()
+        assert not emb.weight.grad.is_sparse
+        grads.append(emb.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-6)
+    assert float(grads[0].abs().sum()) > 0
+    # untied (a value model) and frozen (LoRA) embeddings keep the dense backward
+    value = make_engine(tiny_path, kind="value")
+    assert not any(getattr(m, "sparse", False) for m in value.model.modules())
