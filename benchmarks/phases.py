@@ -26,7 +26,10 @@ recording. Training: the rollout's batch shape (``prompts × n`` samples, the sa
 random response tokens of ``length/4 .. length`` tokens, random advantages), one optimizer
 step over ``--micro``-sample micro-batches with a policy-gradient loss; both sides compute
 logits only where they score a response token (transformers' ``logits_to_keep``). temper
-also computes the entropy metric (detached) on every micro-batch. The first call of each
+also computes the entropy metric (detached) on every micro-batch, and its packed row
+carries each group's prompt once (a prefix-tree mask; the raw packed row repeats it per
+sample), so ``train/packed`` can run below its raw call: that is work removed, not
+overhead. The first call of each
 side is a warm-up whose losses are printed: equal losses show both saw the same tokens
 and weights.
 

@@ -113,7 +113,11 @@ class ModelConfig:
     external_lib: str | None = doc(None, "Module imported before loading (registers models).")
     enable_gradient_checkpointing: bool = doc(False, "Recompute activations in backward.")
     enable_activation_offload: bool = doc(False, "Offload activations to CPU in training.")
-    use_remove_padding: bool = doc(True, "Pack sequences (no padding) in training forwards.")
+    use_remove_padding: bool = doc(
+        True,
+        "Pack sequences (no padding) in training forwards; a prompt shared by a group's "
+        "responses is packed once.",
+    )
     use_liger: bool = doc(False, "Use Liger fused kernels (GPU, needs liger-kernel).")
     use_fused_kernels: bool = doc(False, "Fused log-prob/entropy kernels (GPU).")
     lora: LoraConfig = sub(LoraConfig, "LoRA settings.")

@@ -83,7 +83,8 @@ class Run:
     def profiling(self) -> Iterator[None]:
         """Run the current step under ``torch.profiler`` when ``experiment.profile_steps``
         lists it; the trace goes to ``<output_dir>/profile/step_<N>.json`` (open it in
-        chrome://tracing or Perfetto)."""
+        chrome://tracing or Perfetto) and a table to ``step_<N>.txt``: the step's phases
+        (``phase/<name>`` ranges) and the operators by their own time."""
         if self.step not in (self.cfg.experiment.profile_steps or []):
             yield
             return
@@ -97,7 +98,16 @@ class Run:
         path = self.out_dir / "profile" / f"step_{self.step}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(path))
-        print(f"profile: {path}", flush=True)
+        events = prof.key_averages()
+        phases = [e for e in events if e.key.startswith("phase/")]
+        table = path.with_suffix(".txt")
+        table.write_text(
+            f"step {self.step}: phases (total time)\n"
+            + "\n".join(f"  {e.key:<28} {e.cpu_time_total / 1e6:9.3f} s" for e in phases)
+            + "\n\noperators by own time\n"
+            + events.table(sort_by="self_cpu_time_total", row_limit=40)
+        )
+        print(f"profile: {path}, {table}", flush=True)
 
     def validate(self, log: bool = True) -> dict[str, float]:
         """Validate now: record it for the summary, print its samples, and (``log``) send

@@ -6,11 +6,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from torch.profiler import record_function
+
 
 class Timer:
     """Collects ``timing/<name>_s`` for the phases of one step (the driver's and the
     producer's: ``rollout``, ``reward``, …); a phase entered twice (generation rounds of
-    dynamic sampling) adds up."""
+    dynamic sampling) adds up. Each phase is also a ``torch.profiler`` range named
+    ``phase/<name>``, so a profiled step (``experiment.profile_steps``) shows them."""
 
     def __init__(self) -> None:
         self.times: dict[str, float] = {}
@@ -18,6 +21,7 @@ class Timer:
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
-        yield
+        with record_function(f"phase/{name}"):
+            yield
         key = f"timing/{name}_s"
         self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start

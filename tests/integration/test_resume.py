@@ -366,3 +366,7 @@ def test_run_dumps_generations_and_shows_validation_samples(
     assert metrics[0]["step"] == 0 and "val/arithmetic/reward_mean" in metrics[0]
     trace = json.loads((tmp_path / "run" / "profile" / "step_2.json").read_text())
     assert trace["traceEvents"] and not (tmp_path / "run" / "profile" / "step_1.json").exists()
+    table = (tmp_path / "run" / "profile" / "step_2.txt").read_text()
+    for phase in ("rollout", "reward", "train", "weight_sync"):
+        assert f"phase/{phase}" in table
+    assert "aten::mm" in table
