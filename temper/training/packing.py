@@ -107,12 +107,17 @@ def choose_layout(
 
 
 #: Cost of one FLOP of masked dense attention (sdpa/eager with a 4-D mask, fp32, CPU)
-#: relative to one FLOP of the linear layers. Measured with ``python benchmarks/packing.py
-#: --calibrate`` (a least-squares fit of no-grad forward times over shapes of equal tokens
-#: and different attention pairs): 1.2-3.2 on a 19M Llama and 0.4-0.5 on SmolLM2-135M on
-#: the 2-core CI machine, which is shared and noisy; 1.5 sits in that range, and the
-#: layouts it picks in the benchmark's distributions are the faster ones.
-CPU_ATTENTION_WEIGHT = 1.5
+#: relative to one FLOP of the linear layers, for SmolLM2-135M (the CPU model users
+#: train), fwd+bwd, 2 threads, 8 rows per micro-batch:
+#: * ``benchmarks/packing.py --model smollm2 --threads 2``, rows of 112-128 tokens and
+#:   nothing shared: packed is 1.14x padded's time, which any weight above 0.25 predicts;
+#: * GRPO groups of 4 at 128 response tokens with their ~35-token prompts shared
+#:   (the shapes of ``benchmarks/vs_trl.py --length 128``): packed is 0.89x padded's
+#:   time, which any weight below 0.71 predicts;
+#: * ``--calibrate`` fits (no-grad forwards up to 128 tokens): 0.4-0.65, some fits ~0.
+#: 0.5 sits in all three. The weight depends on the model: a 19M-parameter toy Llama fits
+#: 1.2-3.2, so there an even-length micro-batch may pack at a loss (~15%).
+CPU_ATTENTION_WEIGHT = 0.5
 
 
 def model_cost(config: Any, *, varlen: bool) -> LayoutCost:
