@@ -168,8 +168,10 @@ class TorchEngine(TrainEngine):
         its few touched rows (``nn.Embedding.sparse``): autograd adds them into the LM
         head's dense gradient of the same weight, instead of materialising a second
         vocab × hidden dense gradient per micro-batch (~50 ms each for SmolLM2's 49k×576).
-        The summed gradient is dense, so AdamW and clipping see what they always did.
-        Single-process engines only: sharded engines keep their dense gradients."""
+        The summed gradient is dense, so AdamW and clipping see what they always did:
+        every causal-LM forward runs the LM head, whose backward is dense even with no
+        scored token (zeros). Single-process engines only: sharded engines keep their
+        dense gradients."""
         hf: Any = self.model
         if not isinstance(hf, PreTrainedModel) or is_peft_model(self.model):
             return
@@ -523,9 +525,6 @@ class TorchEngine(TrainEngine):
         clipping, lr of the step)``; a non-finite norm raises before the step."""
         assert self.optimizer is not None and self.schedule is not None
         params = list(self.trainable_parameters())
-        for p in params:  # a sparse tied-embedding gradient whose LM head scored no token
-            if p.grad is not None and p.grad.is_sparse:
-                p.grad = p.grad.to_dense()
         clip = self.grad_clip if self.grad_clip is not None and self.grad_clip > 0 else float("inf")
         grad_norm = self._clip_grad_norm(params, clip)
         if not torch.isfinite(torch.tensor(grad_norm)):
