@@ -508,15 +508,19 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]]) ->
                 print(f"target {name} >= {target}x trl steps/s: {ratio:.2f}x, {verdict}")
 
 
+def _trailing(evals: list[dict[str, Any]], window: int) -> list[float]:
+    """Each validation's accuracy averaged with up to ``window - 1`` before it."""
+    accs = [e["accuracy"] for e in evals]
+    return [statistics.mean(accs[max(0, i - window + 1) : i + 1]) for i in range(len(accs))]
+
+
 def _first_reach(
     evals: list[dict[str, Any]], clock: list[float], target: float, window: int
 ) -> float | None:
     """Training seconds at the first validation whose trailing mean over ``window``
     validations reaches ``target`` (``window`` 1: the validation itself)."""
-    accs = [e["accuracy"] for e in evals]
-    for i, e in enumerate(evals):
-        recent = accs[max(0, i - window + 1) : i + 1]
-        if sum(recent) / len(recent) >= target:
+    for e, mean in zip(evals, _trailing(evals, window)):
+        if mean >= target:
             return clock[e["step"]]
     return None
 
@@ -539,13 +543,7 @@ def accuracy_table(args: argparse.Namespace, results: dict[str, dict[str, Any]])
         )
         print(f"  {name}: step: accuracy @ training seconds -> {curve}")
     for window in sorted({1, args.smooth}):
-
-        def trailing(name: str, w: int = window) -> list[float]:
-            accs = [e["accuracy"] for e in results[name]["evals"]]
-            return [sum(accs[max(0, i - w + 1) : i + 1]) / len(accs[max(0, i - w + 1) : i + 1])
-                    for i in range(len(accs))]  # fmt: skip
-
-        best = {n: max(trailing(n), default=0.0) for n in names}
+        best = {n: max(_trailing(results[n]["evals"], window), default=0.0) for n in names}
         target = args.target if args.target is not None else min(best.values())
         how = "--target" if args.target is not None else "the best every system reached"
         label = "each validation" if window == 1 else f"trailing mean of {window} validations"
