@@ -16,8 +16,8 @@ Zero-length responses (all-masked rows) get all-zero advantages and returns.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ from temper.algorithms.masked import masked_whiten
 from temper.registry import Registry
 
 
-@dataclass
+@dataclasses.dataclass
 class AdvantageInputs:
     """Tensors an estimator may read.
 
@@ -48,7 +48,7 @@ class AdvantageInputs:
     baseline_rewards: Tensor | None = None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class AdvantageParams:
     """Scalars of the estimators (verl ``algorithm.*`` / ROLL top-level keys).
 
@@ -72,7 +72,30 @@ class AdvantageParams:
 
 AdvantageFn = Callable[[AdvantageInputs, AdvantageParams], tuple[Tensor, Tensor]]
 
-ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("adv_estimator")
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator and the optional inputs it needs: ``values`` (a critic's,
+    so the run builds one) or ``baseline_rewards`` (a greedy response's reward, which the
+    RLVR producer generates). The pipeline provides them on demand, never by name."""
+
+    fn: AdvantageFn
+    needs: frozenset[str] = frozenset()
+
+
+ADV_ESTIMATORS: Registry[Estimator] = Registry("adv_estimator")
+
+
+def estimator(
+    name: str, *aliases: str, needs: frozenset[str] = frozenset()
+) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator registering an advantage function as estimator ``name`` (with its needs)."""
+
+    def register(fn: AdvantageFn) -> AdvantageFn:
+        ADV_ESTIMATORS.add(name, Estimator(fn, needs), *aliases)
+        return fn
+
+    return register
 
 
 def _float(x: Tensor) -> Tensor:
@@ -113,7 +136,7 @@ def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return out
 
 
-@ADV_ESTIMATORS.register("gae")
+@estimator("gae", needs=frozenset({"values"}))
 def gae(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """Generalized Advantage Estimation (Schulman et al. 2015, arXiv:1506.02438).
 
@@ -145,7 +168,7 @@ def gae(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     return adv * m, returns
 
 
-@ADV_ESTIMATORS.register("grpo")
+@estimator("grpo")
 def grpo(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantage (Shao et al. 2024, arXiv:2402.03300), verl's definition.
 
@@ -163,7 +186,7 @@ def grpo(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]
     return adv, adv.clone()
 
 
-@ADV_ESTIMATORS.register("rloo")
+@estimator("rloo")
 def rloo(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740).
 
@@ -178,7 +201,7 @@ def rloo(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]
     return adv, adv.clone()
 
 
-@ADV_ESTIMATORS.register("reinforce")
+@estimator("reinforce")
 def reinforce(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """REINFORCE discounted return, ROLL's ``reinforce`` estimator.
 
@@ -191,7 +214,7 @@ def reinforce(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Te
     return ret.clone(), ret
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus")
+@estimator("reinforce_plus_plus")
 def reinforce_plus_plus(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262), verl's definition.
 
@@ -205,7 +228,7 @@ def reinforce_plus_plus(inp: AdvantageInputs, params: AdvantageParams) -> tuple[
     return adv, ret
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
+@estimator("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(
     inp: AdvantageInputs, params: AdvantageParams
 ) -> tuple[Tensor, Tensor]:
@@ -221,7 +244,7 @@ def reinforce_plus_plus_baseline(
     return adv, adv.clone()
 
 
-@ADV_ESTIMATORS.register("remax")
+@estimator("remax", needs=frozenset({"baseline_rewards"}))
 def remax(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """ReMax (Li et al. 2023, arXiv:2310.10505): greedy-decoding baseline.
 
@@ -240,7 +263,7 @@ def remax(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor
     return adv, ret
 
 
-@ADV_ESTIMATORS.register("opo")
+@estimator("opo")
 def opo(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """On-Policy RL with Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585).
 
@@ -259,7 +282,7 @@ def opo(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     return adv, adv.clone()
 
 
-@ADV_ESTIMATORS.register("gpg")
+@estimator("gpg")
 def gpg(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546), verl's definition.
 
@@ -273,7 +296,7 @@ def gpg(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     return adv, adv.clone()
 
 
-@ADV_ESTIMATORS.register("grpo_passk")
+@estimator("grpo_passk")
 def grpo_passk(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """Pass@k advantage (arXiv:2503.19595), verl's ``grpo_passk``.
 
@@ -298,23 +321,15 @@ def grpo_passk(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, T
     return adv, adv.clone()
 
 
-# Optional AdvantageInputs each estimator reads; the pipeline provides them on demand
-# (a critic's values, a greedy response's reward) without branching on names.
-EXTRA_INPUTS: dict[str, frozenset[str]] = {
-    "gae": frozenset({"values"}),
-    "remax": frozenset({"baseline_rewards"}),
-}
-
-
 def estimator_inputs(name: str) -> frozenset[str]:
     """The optional inputs (``values``, ``baseline_rewards``) estimator ``name`` needs."""
-    return EXTRA_INPUTS.get(ADV_ESTIMATORS.canonical(name), frozenset())
+    return ADV_ESTIMATORS.get(name).needs
 
 
 def compute_advantages(
     name: str, inp: AdvantageInputs, params: AdvantageParams | None = None
 ) -> tuple[Tensor, Tensor]:
     """Look up ``name`` in :data:`ADV_ESTIMATORS` and run it under ``torch.no_grad``."""
-    fn = ADV_ESTIMATORS.get(name)
+    fn = ADV_ESTIMATORS.get(name).fn
     with torch.no_grad():
         return fn(inp, params or AdvantageParams())
