@@ -37,7 +37,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def config(root: Path, model: Path, steps: int, name: str, resources: dict, strategy: str):
-    from temper.config import build_config
+    from temper.pipelines.catalog import build_config
 
     (root / "digits.py").write_text(REWARD)
     return build_config(

@@ -27,10 +27,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--engines", default="hf,vllm")
     args = parser.parse_args()
-
-    from temper.cli.registries import registry_names
-    from temper.config import load_config
     from temper.pipelines import run_pipeline
+    from temper.pipelines.catalog import load_config
 
     root = Path(tempfile.mkdtemp(prefix="temper-step-engines-"))
     results = {}
@@ -44,7 +42,7 @@ def main() -> None:
             "experiment.save_freq=-1",
             "experiment.trackers=[jsonl]",
         ]
-        loaded = load_config(args.config, overrides, names=registry_names())
+        loaded = load_config(args.config, overrides)
         run_pipeline(loaded.config)
         results[engine] = phase_medians(root / engine)
     base = next(iter(results.values()))["step"]

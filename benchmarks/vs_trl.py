@@ -138,8 +138,8 @@ def temper_worker(spec: dict[str, Any]) -> None:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from temper.config import build_config
     from temper.pipelines import run_pipeline
+    from temper.pipelines.catalog import build_config
 
     out = Path(spec["out"])
     fixed = spec["mode"] == "fixed"

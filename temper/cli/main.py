@@ -9,7 +9,7 @@ import traceback
 
 import yaml
 
-from temper.config import ConfigError, LoadedConfig, load_config
+from temper.config import ConfigError, LoadedConfig
 from temper.config.typed import diff_from_default, to_dict
 
 #: Errors a user acts on from their message alone, as (module, class name), with a hint
@@ -44,13 +44,12 @@ def _one_line(text: str) -> str:
 
 
 def _load(args: argparse.Namespace) -> LoadedConfig:
-    from temper.cli.registries import registry_names
-    from temper.pipelines import check_pipeline
-    from temper.rollout.tools import check_multi_turn
+    """The config of the command line, validated with every check that needs no machine;
+    later errors about it are told in its dialect (``main``)."""
+    from temper.pipelines.catalog import load_config
 
-    loaded = load_config(args.config, args.overrides, dialect=args.dialect, names=registry_names())
-    check_multi_turn(loaded.config.rollout.multi_turn)  # rollout-layer values, before a model
-    check_pipeline(loaded.config)  # what the pipeline cannot honour, before a model
+    args.loaded = load_config(args.config, args.overrides, dialect=args.dialect)
+    loaded: LoadedConfig = args.loaded
     return loaded
 
 
@@ -62,14 +61,15 @@ def _preflight(loaded: LoadedConfig) -> list[str]:
     """The pre-flight of ``check`` and ``train`` (paths, data, engines, rewards, tools)."""
     from temper.pipelines.preflight import preflight
 
-    try:
-        return preflight(loaded.config)
-    except ConfigError as err:  # told in the keys of the file the user wrote
-        raise loaded.in_dialect(err) from err
+    return preflight(loaded.config, loaded.plan)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from temper.config.derive import derive, explain
+    if args.explain:
+        return _explain(args.explain)
+    if args.config is None:
+        raise ConfigError("CONFIG", "temper check needs a config file", "temper check FILE")
+    from temper.config.derive import explain
 
     loaded = _load(args)
     cfg = loaded.config
@@ -88,7 +88,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     label = "full" if args.full else "non-default keys; --full shows all"
     print(f"# resolved native config ({label}):")
     print(_dump(shown))
-    rows = explain(cfg, derive(cfg))
+    rows = explain(cfg, loaded.plan)
     width = max(len(r[0]) for r in rows)
     vwidth = max(len(r[1]) for r in rows)
     print("# derived values")
@@ -97,7 +97,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     from temper.cluster.placement import format_table, placement_rows
 
     print(f"# placement (resources.backend: {cfg.resources.backend})")
-    print("\n".join(format_table(placement_rows(cfg))))
+    print("\n".join(format_table(placement_rows(cfg, loaded.plan))))
+    return 0
+
+
+def _explain(keys: list[str]) -> int:
+    """``temper check --explain KEY``: each key's doc, type and default (any dialect)."""
+    from temper.config.explain import explain_key
+    from temper.pipelines.catalog import CATALOG
+
+    for key in keys:
+        print("\n".join(explain_key(key, CATALOG)))
     return 0
 
 
@@ -116,7 +126,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     loaded = _load(args)
     for note in _preflight(loaded):  # before Ray starts or a model loads
         print(f"pre-flight: {note}", flush=True)
-    summary = run_pipeline(loaded.config)
+    summary = run_pipeline(loaded.config, loaded.plan)
     stopped = summary.get("stopped_by") if isinstance(summary, dict) else None
     if args.report and isinstance(summary, dict) and summary.get("output_dir"):
         from temper.report import write_report
@@ -152,15 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(name: str, help_: str) -> argparse.ArgumentParser:
+    def add(name: str, help_: str, optional: bool = False) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, parents=[common])
-        p.add_argument("config", help="YAML config (native, verl or ROLL)")
+        nargs = "?" if optional else None
+        p.add_argument("config", nargs=nargs, help="YAML config (native, verl or ROLL)")
         p.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
         p.add_argument("--dialect", default="auto", help="auto, native, verl or roll")
         return p
 
-    p = add("check", "validate a config, pre-flight it, and explain its derived values")
+    p = add("check", "validate a config, pre-flight it, and explain its derived values", True)
     p.add_argument("--full", action="store_true", help="show every key, defaults included")
+    p.add_argument(
+        "--explain",
+        metavar="KEY",
+        action="append",
+        help="print what a key means (its doc, type and default; a verl or ROLL key: what it "
+        "sets here) and exit; repeatable",
+    )
     p.add_argument(
         "--config-only",
         action="store_true",
@@ -188,15 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     """Run a command. Errors a user fixes from the message (a bad config, vLLM, a
     non-finite loss, a failed Ray worker) print one ``error: ...`` line on stderr — exit
     2 for config errors, 1 otherwise; ``--debug`` / ``TEMPER_DEBUG=1`` add the traceback.
-    Any other exception is a bug and keeps its traceback."""
+    Any other exception is a bug and keeps its traceback. A config error found after the
+    config loaded (the pre-flight's, the run's) is told in the keys of the file the user
+    wrote, like those found while loading it."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    parser.set_defaults(loaded=None)  # the command's config, once loaded
+    args = parser.parse_args(argv)
     debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
     try:
         return args.func(args)
     except ConfigError as err:
         if debug:
             traceback.print_exc()
+        if args.loaded is not None:  # the one path: told in the dialect the user wrote
+            err = args.loaded.in_dialect(err)
         print(f"config error: {_one_line(str(err))}", file=sys.stderr)
         return 2
     except Exception as err:

@@ -8,7 +8,7 @@ devices (colocated roles split each bundle).
 
 from __future__ import annotations
 
-from temper.config.derive import derive, placement, uses_critic, uses_reference
+from temper.config.derive import Derived
 from temper.config.schema import TemperConfig
 from temper.roles.builder import local_engine
 from temper.rollout.registry import resolve_engine_name
@@ -72,17 +72,12 @@ def _ids(ids: list[int]) -> str:
     return ",".join(map(str, ids))
 
 
-def placement_rows(cfg: TemperConfig) -> list[tuple[str, ...]]:
+def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
     """Header + one row per role (the rollout engines of ``actor_infer`` included): role,
-    devices, nodes, ranks, dp, engine, bundle, colocated with. On the local backend
-    everything is one process."""
-    d = derive(cfg)
-    roles = ["actor", "rollout"]
-    if uses_reference(cfg):
-        roles.append("reference")
-    if uses_critic(cfg):
-        roles.append("critic")
-    place = placement(cfg)
+    devices, nodes, ranks, dp, engine, bundle, colocated with, from the run's plan ``d``.
+    On the local backend everything is one process."""
+    roles = ["actor", "rollout", *d.roles[1:]]
+    place = d.placement
     slots = rank_slots({r: place[_KEYS[r]] for r in roles})
     per_node = cfg.resources.devices_per_node
     gpu = worker_device(cfg) == "cuda"

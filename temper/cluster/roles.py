@@ -22,14 +22,13 @@ from temper.cluster.base import WorkerGroup
 from temper.cluster.judge import RemoteJudge, judge_used
 from temper.cluster.placement import device_pools, rank_slots, worker_device
 from temper.cluster.rollout import RemoteRollout, StoredWeights
-from temper.config.derive import placement, uses_critic, uses_reference
+from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.rewards.judge import JudgeEngine
 from temper.roles.base import Roles
 from temper.roles.builder import build_roles
-from temper.roles.minibatch import optimizer_steps
 from temper.rollout import RolloutEngine, build_rollout_engine
 
 if TYPE_CHECKING:
@@ -95,9 +94,6 @@ class _RemoteTrained:
         self.group.call_all("__setattr__", "updates", int(value))
         self._updates = int(value)
 
-    def optimizer_steps_per_update(self, num_samples: int) -> int:
-        return optimizer_steps(num_samples, self.cfg.mini_batch_size, self.cfg.ppo_epochs)
-
     def set_total_steps(self, total_steps: int) -> None:
         self.group.call_all("set_total_steps", total_steps)
 
@@ -160,11 +156,11 @@ def _release(groups: list[WorkerGroup], pgs: list[Any], timeline: str | None) ->
         ray.util.remove_placement_group(pg)
 
 
-def build_cluster_roles(cfg: TemperConfig) -> Roles:
+def build_cluster_roles(cfg: TemperConfig, plan: Derived) -> Roles:
     """``Roles`` for ``cfg.resources.backend``: in process (local) or on Ray workers."""
     if cfg.resources.backend == "local":
-        return build_roles(cfg)
-    return build_ray_roles(cfg)
+        return build_roles(cfg, plan)
+    return build_ray_roles(cfg, plan)
 
 
 def ray_node_ids(ray: Any, nnodes: int, timeout_s: float) -> list[str]:
@@ -225,29 +221,19 @@ def _placement_group(
     return pg
 
 
-def build_ray_roles(cfg: TemperConfig) -> ClusterRoles:
+def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
     """One placement group per device pool (:func:`device_pools`), one worker group per
     role (see cluster.ray), the rollout engines (``actor_infer``) included; each rank in
-    its device's bundle (:func:`rank_slots`)."""
+    its device's bundle (:func:`rank_slots`). Validation has refused what the ray backend
+    cannot place (a LoRA reference, multi-device rollout engines)."""
     from temper.cluster.ray import RayWorkerGroup, init_ray, require_ray
 
-    if cfg.model.lora.rank > 0 and uses_reference(cfg):
-        raise ConfigError(
-            "model.lora.rank",
-            "on the ray backend a LoRA reference (the actor's weights with adapters off) "
-            "would live in another worker group; this build does not share it across groups",
-            "use resources.backend=local, full fine-tuning (lora.rank=0), or drop the KL terms",
-        )
     init_ray(cfg)
     ray = require_ray()
-    wanted = ["actor", "rollout"]
-    if uses_reference(cfg):
-        wanted.append("reference")
-    if uses_critic(cfg):
-        wanted.append("critic")
+    wanted = ["actor", "rollout", *plan.roles[1:]]
     if judge_used(cfg):
         wanted.append("judge")
-    place = placement(cfg)
+    place = plan.placement
     slots = rank_slots({role: place[_PLACEMENT_KEY[role]] for role in wanted})
     pools = device_pools({role: place[_PLACEMENT_KEY[role]] for role in wanted})
     device = worker_device(cfg)

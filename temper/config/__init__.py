@@ -3,28 +3,42 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from temper.config.catalog import Catalog, StepShape
+from temper.config.derive import Derived
 from temper.config.dialects import translate
 from temper.config.errors import ConfigError
 from temper.config.loader import load_yaml
 from temper.config.schema import TemperConfig
 from temper.config.typed import from_dict, to_dict
 
-__all__ = ["ConfigError", "LoadedConfig", "TemperConfig", "load_config", "to_dict"]
+__all__ = [
+    "Catalog",
+    "ConfigError",
+    "Derived",
+    "LoadedConfig",
+    "StepShape",
+    "TemperConfig",
+    "build_config",
+    "load_config",
+    "to_dict",
+]
 
 
 @dataclasses.dataclass
 class LoadedConfig:
-    """A validated native config and how it was obtained.
+    """A validated native config, its plan, and how it was obtained.
 
-    ``sources`` / ``table`` map native keys to the keys of the file's dialect (see
-    ``dialects.in_dialect``): :meth:`in_dialect` tells a later error about the native
-    config (the pre-flight's) in the user's own keys.
+    ``plan`` is the one :class:`~temper.config.derive.Derived` of the run (validation
+    computes it; nothing derives it again). ``sources`` / ``table`` map native keys to the
+    keys of the file's dialect (see ``dialects.in_dialect``): :meth:`in_dialect` tells a
+    later error about the native config (the pre-flight's, the run's) in the user's keys.
     """
 
     config: TemperConfig
+    plan: Derived
     dialect: str
     notes: list[str]
     source: str
@@ -39,30 +53,35 @@ class LoadedConfig:
 
 def load_config(
     path: str | Path,
-    overrides: list[str] | None = None,
+    overrides: Sequence[str] | None = None,
     dialect: str = "auto",
-    names: Mapping[str, Sequence[str]] | None = None,
+    *,
+    catalog: Catalog,
 ) -> LoadedConfig:
-    """Load a native, verl or ROLL YAML file into a validated ``TemperConfig``.
+    """Load a native, verl or ROLL YAML file into a validated ``TemperConfig`` and plan.
 
-    ``names`` (registry name lists from higher layers) lets validation reject
-    unknown estimator/loss/reward names. Raises ``ConfigError`` (key, reason, fix)
-    before anything heavy is imported.
+    Every config-only check runs here — the schema's types, each section, registry
+    names and the batch arithmetic (``validate``), then what the run's pipeline cannot
+    honour in combination (``catalog.check``) — so one translation tells every error in
+    the keys of the file the user wrote. Raises ``ConfigError`` (key, reason, fix) before
+    anything heavy is imported.
     """
     from temper.config.dialects.in_dialect import in_dialect
     from temper.config.validate import validate
 
-    raw = load_yaml(path, overrides)
+    raw = load_yaml(path, list(overrides or []))
     if not raw.data:
         raise ConfigError(str(path), "the config is empty", "write a native, verl or ROLL config")
-    name, translation = translate(raw, dialect)
+    name, translation = translate(raw, dialect, catalog)
     try:
         cfg = from_dict(TemperConfig, translation.native)
-        validate(cfg, names)
+        plan = validate(cfg, catalog)
+        catalog.check(cfg, plan)
     except ConfigError as err:  # told in the file's own keys
         raise in_dialect(err, name, translation.sources, translation.table) from err
     return LoadedConfig(
         config=cfg,
+        plan=plan,
         dialect=name,
         notes=translation.notes,
         source=str(path),
@@ -71,11 +90,11 @@ def load_config(
     )
 
 
-def build_config(data: dict, validate_it: bool = True) -> TemperConfig:
-    """A ``TemperConfig`` from a native dict (tests and programmatic use)."""
+def build_config(data: dict, catalog: Catalog) -> TemperConfig:
+    """A validated native ``TemperConfig`` from a dict (tests and programmatic use): the
+    checks of :func:`load_config`, in native keys."""
     from temper.config.validate import validate
 
     cfg = from_dict(TemperConfig, data)
-    if validate_it:
-        validate(cfg)
+    catalog.check(cfg, validate(cfg, catalog))
     return cfg

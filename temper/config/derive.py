@@ -1,11 +1,13 @@
 """Values every run derives from its config, and the batch arithmetic behind them.
 
-``derive(cfg)`` computes them (raising ``ConfigError`` on impossible arithmetic);
-``explain(derived)`` gives the rows ``temper check`` prints: name, value, formula.
+``derive(cfg, catalog)`` computes them once, as part of validation (raising
+``ConfigError`` on impossible arithmetic); ``explain(cfg, derived)`` gives the rows
+``temper check`` prints: name, value, formula.
 
-The arithmetic (samples = responses):
+The arithmetic (samples = responses, or episodes):
 
-    samples_per_step   = data.train_batch_size × rollout.n
+    samples_per_step   = the pipeline's step shape: data.train_batch_size × rollout.n
+                         (rlvr), num_env_groups × group_size (agentic)
     dp(role)           = devices(role) / (TP × PP × CP)     (megatron)
                        = devices(role) / ulysses_sp          (fsdp2, deepspeed)
                        = 1                                    (torch: one process)
@@ -23,14 +25,18 @@ from __future__ import annotations
 
 import dataclasses
 
+from temper.config.catalog import (
+    MEGATRON_PARALLEL,
+    ONE_PROCESS,
+    SEQUENCE_PARALLEL,
+    VALUES,
+    Catalog,
+    StepShape,
+)
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig, TrainEngineConfig
 
 ROLES = ("actor_train", "actor_infer", "reference", "critic", "reward")
-
-# Advantage estimators that bootstrap from a learned value function. GAE is the only
-# one among those the manuals name; the others are critic-free by construction.
-VALUE_ESTIMATORS = frozenset({"gae"})
 
 
 @dataclasses.dataclass
@@ -49,10 +55,14 @@ class TrainArithmetic:
 
 @dataclasses.dataclass
 class Derived:
-    """What a run derives from its config before loading anything."""
+    """The run's plan: what it derives from its config before loading anything.
 
-    prompts_per_step: int
-    samples_per_step: int
+    Computed once, by validation (:func:`temper.config.load_config` keeps it); the
+    run's builders — roles, placement, engine checks, the LR schedules' lengths — read
+    it instead of deriving again.
+    """
+
+    shape: StepShape
     max_steps: int | None
     total_devices: int
     placement: dict[str, list[int]]
@@ -60,7 +70,16 @@ class Derived:
     use_reference: bool
     actor: TrainArithmetic
     critic: TrainArithmetic | None
-    episodes_per_step: int | None = None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.shape.samples
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The model roles that run: actor, then reference and critic when used."""
+        used = (("reference", self.use_reference), ("critic", self.use_critic))
+        return ("actor", *(role for role, on in used if on))
 
 
 def total_devices(cfg: TemperConfig) -> int:
@@ -79,10 +98,11 @@ def placement(cfg: TemperConfig) -> dict[str, list[int]]:
     return out
 
 
-def uses_critic(cfg: TemperConfig) -> bool:
+def uses_critic(cfg: TemperConfig, catalog: Catalog) -> bool:
+    """``critic.enable``, or (unset) whether the advantage estimator needs values."""
     if cfg.critic.enable is not None:
         return cfg.critic.enable
-    return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
+    return VALUES in catalog.needs("adv_estimator", cfg.algorithm.adv_estimator)
 
 
 def uses_reference(cfg: TemperConfig) -> bool:
@@ -91,16 +111,20 @@ def uses_reference(cfg: TemperConfig) -> bool:
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-def _dp_size(engine: TrainEngineConfig, devices: int, key: str) -> int:
-    if engine.strategy == "torch":
+def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog) -> int:
+    """Data-parallel ranks of a role: its devices over the devices one model replica
+    spans, as the engine's registry entry declares (:mod:`temper.config.catalog`)."""
+    needs = catalog.needs("strategy", engine.strategy)
+    if ONE_PROCESS in needs:
         if devices > 1:
             raise ConfigError(
                 f"{key}.strategy",
-                f"the torch engine trains in one process but {devices} devices are placed",
+                f"the {engine.strategy} engine trains in one process but {devices} devices "
+                "are placed",
                 f"set {key}.strategy=fsdp2 (or deepspeed/megatron), or place one device",
             )
         return 1
-    if engine.strategy == "megatron":
+    if MEGATRON_PARALLEL in needs:
         m = engine.megatron
         model_parallel = (
             m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
@@ -112,7 +136,7 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str) -> int:
                 "choose parallel sizes whose product divides the role's device count",
             )
         return devices // model_parallel
-    sp = engine.ulysses_sequence_parallel_size
+    sp = engine.ulysses_sequence_parallel_size if SEQUENCE_PARALLEL in needs else 1
     if devices % sp:
         raise ConfigError(
             f"{key}.ulysses_sequence_parallel_size",
@@ -123,10 +147,10 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str) -> int:
 
 
 def train_arithmetic(
-    engine: TrainEngineConfig, key: str, role: str, devices: int, samples: int
+    engine: TrainEngineConfig, key: str, role: str, devices: int, samples: int, catalog: Catalog
 ) -> TrainArithmetic:
     """Mini/micro-batch arithmetic of one trained role; errors name the key and fix."""
-    dp = _dp_size(engine, devices, key)
+    dp = _dp_size(engine, devices, key, catalog)
     mini = engine.mini_batch_size if engine.mini_batch_size is not None else samples
     if mini <= 0:
         raise ConfigError(f"{key}.mini_batch_size", "must be positive", "set a positive size")
@@ -175,55 +199,53 @@ def _nearest_divisor(n: int, near: int) -> int:
     return min(divisors, key=lambda d: (abs(d - near), d))
 
 
-def derive(cfg: TemperConfig) -> Derived:
-    """All derived values; raises ConfigError on impossible arithmetic."""
+def prompt_groups(cfg: TemperConfig) -> StepShape:
+    """The step shape of a prompt-driven pipeline: ``train_batch_size`` prompts, ``n``
+    responses each."""
     prompts = cfg.data.train_batch_size
-    episodes = None
-    if cfg.pipeline == "agentic":
-        mgr = cfg.agentic.train_env_manager
-        episodes = mgr.num_env_groups * mgr.group_size
-        samples = episodes
-    else:
-        samples = prompts * cfg.rollout.n
+    return StepShape(
+        samples=prompts * cfg.rollout.n,
+        rows=(
+            ("prompts per step", str(prompts), "data.train_batch_size"),
+            (
+                "samples per step",
+                str(prompts * cfg.rollout.n),
+                f"prompts per step × rollout.n ({cfg.rollout.n})",
+            ),
+        ),
+    )
+
+
+def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
+    """The run's plan; raises ConfigError on impossible arithmetic. The step's shape is
+    the pipeline's, an engine's way of splitting devices its registry entry's."""
+    shape = catalog.step_shape(cfg)
+    samples = shape.samples
     place = placement(cfg)
-    actor = train_arithmetic(cfg.actor, "actor", "actor_train", len(place["actor_train"]), samples)
+    critic_on = uses_critic(cfg, catalog)
+    actor = train_arithmetic(
+        cfg.actor, "actor", "actor_train", len(place["actor_train"]), samples, catalog
+    )
     critic = None
-    if uses_critic(cfg):
-        critic = train_arithmetic(cfg.critic, "critic", "critic", len(place["critic"]), samples)
+    if critic_on:
+        critic = train_arithmetic(
+            cfg.critic, "critic", "critic", len(place["critic"]), samples, catalog
+        )
     return Derived(
-        prompts_per_step=prompts,
-        samples_per_step=samples,
+        shape=shape,
         max_steps=cfg.experiment.max_steps,
         total_devices=total_devices(cfg),
         placement=place,
-        use_critic=uses_critic(cfg),
+        use_critic=critic_on,
         use_reference=uses_reference(cfg),
         actor=actor,
         critic=critic,
-        episodes_per_step=episodes,
     )
 
 
 def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
     """Rows (name, value, how it is derived) for ``temper check``."""
-    rows: list[tuple[str, str, str]] = []
-    if d.episodes_per_step is not None:
-        rows.append(
-            (
-                "episodes per step",
-                str(d.episodes_per_step),
-                "agentic.train_env_manager.num_env_groups × group_size",
-            )
-        )
-    else:
-        rows.append(("prompts per step", str(d.prompts_per_step), "data.train_batch_size"))
-        rows.append(
-            (
-                "samples per step",
-                str(d.samples_per_step),
-                f"prompts per step × rollout.n ({cfg.rollout.n})",
-            )
-        )
+    rows: list[tuple[str, str, str]] = list(d.shape.rows)
     steps = str(d.max_steps) if d.max_steps is not None else "from data"
     how = (
         "experiment.max_steps"
@@ -273,7 +295,16 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                 f"ppo_epochs ({engine.ppo_epochs}) × samples per step / mini-batch",
             )
         )
-    rows.append(("critic", "on" if d.use_critic else "off", "critic.enable or adv_estimator=gae"))
+    rows.append(
+        (
+            "critic",
+            "on" if d.use_critic else "off",
+            "critic.enable"
+            if cfg.critic.enable is not None
+            else f"adv_estimator {cfg.algorithm.adv_estimator} "
+            + ("needs values" if d.use_critic else "needs no values"),
+        )
+    )
     rows.append(
         (
             "reference",

@@ -12,13 +12,16 @@ __all__ = ["ConfigError", "did_you_mean", "unknown_name", "unknown_registered"]
 class ConfigError(ValueError):
     """A configuration problem found before anything heavy runs.
 
-    ``str(err)`` is one line: ``<key>: <reason>. Fix: <fix>``.
+    ``str(err)`` is one line: ``<key>: <reason>. Fix: <fix>``. ``dialect``: the dialect
+    the key and fix are told in, once translated (``dialects.in_dialect``); None while
+    they are native keys.
     """
 
-    def __init__(self, key: str, reason: str, fix: str = "") -> None:
+    def __init__(self, key: str, reason: str, fix: str = "", dialect: str | None = None) -> None:
         self.key = key
         self.reason = reason
         self.fix = fix
+        self.dialect = dialect
         msg = f"{key}: {reason}" if key else reason
         if fix:
             msg += f". Fix: {fix}"

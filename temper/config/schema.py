@@ -19,12 +19,22 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 
-def doc(default: Any, text: str) -> Any:
-    """A dataclass field with a default (copied for mutables) and a one-line doc."""
+def doc(default: Any, text: str, registry: str | None = None, off: str | None = None) -> Any:
+    """A dataclass field with a default (copied for mutables) and a one-line doc.
+
+    ``registry``: the field's values are that registry's names (``Catalog.names``);
+    validation checks them there, so no ``Literal`` repeats a registry's list. ``off``:
+    the value that turns the feature off (``none``), valid besides the names.
+    """
+    meta: dict[str, Any] = {"doc": text}
+    if registry is not None:
+        meta["registry"] = registry
+    if off is not None:
+        meta["off"] = off
     if isinstance(default, (list, dict)):
         value = default
-        return field(default_factory=lambda: type(value)(value), metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=lambda: type(value)(value), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def sub(cls: type, text: str) -> Any:
@@ -233,8 +243,10 @@ class MultiTurnConfig:
 class RolloutConfig:
     """Generation engine and sampling."""
 
-    engine: Literal["hf", "vllm", "sglang", "auto"] = doc(
-        "hf", "Rollout engine (auto: vllm where installed, else hf)."
+    engine: str = doc(
+        "hf",
+        "Rollout engine: hf, vllm, sglang, or auto (vllm where installed, else hf).",
+        registry="rollout_engine",
     )
     n: int = doc(1, "Responses per prompt (the GRPO group size).")
     response_length: int = doc(512, "Maximum new tokens per response.")
@@ -346,8 +358,10 @@ class MegatronConfig:
 class TrainEngineConfig:
     """What every trained role (actor, critic) shares: engine, batching, optimizer."""
 
-    strategy: Literal["torch", "fsdp2", "deepspeed", "megatron"] = doc(
-        "torch", "Training engine: torch (one process), fsdp2, deepspeed, megatron."
+    strategy: str = doc(
+        "torch",
+        "Training engine: torch (one process), fsdp2, deepspeed, megatron.",
+        registry="strategy",
     )
     mini_batch_size: int | None = doc(
         None, "Samples per optimizer step; None = the whole step's batch (one update)."
@@ -385,25 +399,34 @@ class TrainEngineConfig:
 class ActorConfig(TrainEngineConfig):
     """The policy being trained: PPO-style loss and its terms."""
 
-    policy_loss: str = doc("vanilla", "Policy loss (registry name, e.g. vanilla, gspo, cispo).")
+    policy_loss: str = doc(
+        "vanilla", "Policy loss (registry name, e.g. vanilla, gspo, cispo).", registry="policy_loss"
+    )
     clip_ratio: float = doc(0.2, "PPO clip epsilon (both sides unless low/high set).")
     clip_ratio_low: float | None = doc(None, "Lower clip epsilon (default clip_ratio).")
     clip_ratio_high: float | None = doc(None, "Upper clip epsilon (default clip_ratio).")
     clip_ratio_c: float | None = doc(3.0, "Dual-clip constant for negative advantages (None: off).")
     policy_loss_kwargs: dict[str, Any] = doc({}, "Extra parameters of the chosen policy loss.")
-    loss_agg_mode: str = doc("token-mean", "Loss aggregation over tokens and sequences.")
+    loss_agg_mode: str = doc(
+        "token-mean", "Loss aggregation over tokens and sequences.", registry="loss_agg_mode"
+    )
     entropy_coeff: float = doc(0.0, "Entropy bonus coefficient.")
     use_kl_loss: bool = doc(False, "Add a KL(actor||reference) loss term (GRPO style).")
     kl_loss_coef: float = doc(0.001, "Coefficient of the KL loss.")
-    kl_loss_type: str = doc("low_var_kl", "KL estimator of the loss (kl, abs, mse, low_var_kl).")
+    kl_loss_type: str = doc(
+        "low_var_kl", "KL estimator of the loss (kl, abs, mse, low_var_kl).", registry="kl_penalty"
+    )
     sft_loss_coef: float = doc(0.0, "NLL loss on positive samples (reward > 0).")
     rl_loss_coef: float = doc(1.0, "Coefficient of the policy-gradient loss.")
     l2_coef: float = doc(0.0, "L2 penalty on weights added to the loss (ROLL l2).")
     recompute_old_log_prob: bool = doc(
         True, "Recompute old log-probs with the trainer (False: use rollout log-probs)."
     )
-    rollout_is: Literal["none", "token", "sequence"] = doc(
-        "none", "Truncated importance sampling for rollout/train mismatch."
+    rollout_is: str = doc(
+        "none",
+        "Truncated importance sampling for rollout/train mismatch (none, token, sequence).",
+        registry="rollout_correction.rollout_is",
+        off="none",
     )
     rollout_is_threshold: float = doc(2.0, "Upper bound of the truncated IS weight.")
     entropy_chunk_size: int = doc(0, "Compute entropy in chunks of this many rows (0: whole).")
@@ -416,7 +439,9 @@ class CriticConfig(TrainEngineConfig):
     enable: bool | None = doc(None, "None: on iff the advantage estimator needs values (gae).")
     model_path: str | None = doc(None, "Critic initialisation; None = the policy model.")
     cliprange_value: float | None = doc(0.5, "Value clipping range (None: no clipping).")
-    loss_agg_mode: str = doc("token-mean", "Aggregation of the value loss.")
+    loss_agg_mode: str = doc(
+        "token-mean", "Aggregation of the value loss.", registry="loss_agg_mode"
+    )
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=1e-5), metadata={"doc": "Critic optimizer."}
     )
@@ -427,7 +452,7 @@ class ReferenceConfig:
     """Frozen reference policy for KL."""
 
     enable: bool | None = doc(None, "None: on iff a KL term (loss or reward) is used.")
-    strategy: Literal["torch", "fsdp2", "deepspeed", "megatron"] = doc("torch", "Engine.")
+    strategy: str = doc("torch", "Engine.", registry="strategy")
     log_prob_micro_batch_size_per_device: int | None = doc(None, "Micro-batch size.")
     use_dynamic_bsz: bool = doc(False, "Token-budget micro-batches.")
     log_prob_max_token_len_per_device: int = doc(16384, "Token budget per micro-batch.")
@@ -459,7 +484,7 @@ class RewardModelConfig:
     path: str | None = doc(None, "AutoModelForSequenceClassification directory.")
     input_tokenizer: str | None = doc(None, "Policy tokenizer, if the RM's template differs.")
     trust_remote_code: bool = doc(False, "Allow the RM repo's own code.")
-    strategy: Literal["torch", "fsdp2", "deepspeed", "megatron"] = doc("torch", "Engine.")
+    strategy: str = doc("torch", "Engine.", registry="strategy")
     micro_batch_size_per_device: int | None = doc(None, "Micro-batch size for scoring.")
     use_dynamic_bsz: bool = doc(False, "Token-budget micro-batches.")
     forward_max_token_len_per_device: int = doc(16384, "Token budget per micro-batch.")
@@ -471,7 +496,11 @@ class RewardModelConfig:
 class RewardRoute:
     """Which reward function scores the samples of some tags (ROLL ``rewards.<name>``)."""
 
-    function: str = doc("auto", "Reward function name (gsm8k, math, countdown, format, custom).")
+    function: str = doc(
+        "auto",
+        "Reward function name (gsm8k, math, countdown, format, custom).",
+        registry="reward_function",
+    )
     tags: list[str] = doc([], "Data tags this route scores; empty = every tag.")
     kwargs: dict[str, Any] = doc({}, "Keyword arguments of the reward function.")
 
@@ -522,7 +551,7 @@ class JudgeConfig:
     """An LLM that grades responses (ROLL ``llm_judge``, verl generative reward model)."""
 
     model_path: str | None = doc(None, "Judge model: HF directory, hub id or temper alias.")
-    engine: Literal["hf", "vllm"] = doc("hf", "Rollout engine that runs the judge.")
+    engine: str = doc("hf", "Rollout engine that runs the judge.", registry="rollout_engine")
     dtype: Dtype = doc("auto", "Judge weights dtype (auto: model.dtype).")
     prompt_template: str = doc(
         JUDGE_PROMPT, "User message; {question}, {response}, {reference} are filled in."
@@ -547,7 +576,11 @@ class JudgeConfig:
 class RewardConfig:
     """How responses are scored."""
 
-    function: str = doc("auto", "Reward function; auto picks by data_source (gsm8k, math, …).")
+    function: str = doc(
+        "auto",
+        "Reward function; auto picks by data_source (gsm8k, math, …).",
+        registry="reward_function",
+    )
     function_kwargs: dict[str, Any] = doc({}, "Keyword arguments of the reward function.")
     custom_function: CustomRewardFunctionConfig = sub(
         CustomRewardFunctionConfig, "User reward function (verl custom_reward_function)."
@@ -583,7 +616,7 @@ class RewardConfig:
 class KLControlConfig:
     """Coefficient of the KL penalty in the reward."""
 
-    type: Literal["fixed", "adaptive"] = doc("fixed", "fixed or adaptive (Ziegler et al.).")
+    type: str = doc("fixed", "fixed or adaptive (Ziegler et al.).", registry="kl_ctrl.type")
     kl_coef: float = doc(0.001, "Initial (or fixed) KL coefficient.")
     target_kl: float = doc(0.1, "Adaptive: target KL.")
     horizon: int = doc(10000, "Adaptive: horizon in samples.")
@@ -593,7 +626,9 @@ class KLControlConfig:
 class PFPPOConfig:
     """Preference-feedback PPO sample reweighting."""
 
-    reweight_method: Literal["pow", "max_min", "max_random"] = doc("pow", "Reweighting rule.")
+    reweight_method: str = doc(
+        "pow", "Reweighting rule (pow, max_min, max_random).", registry="pf_ppo.reweight_method"
+    )
     weight_pow: float = doc(2.0, "Exponent of the pow rule.")
 
 
@@ -624,16 +659,23 @@ class OverlongBufferConfig:
 class AlgorithmConfig:
     """Advantages, KL in the reward, and reward/advantage shaping."""
 
-    adv_estimator: str = doc("grpo", "Advantage estimator (gae, grpo, rloo, reinforce, …).")
+    adv_estimator: str = doc(
+        "grpo", "Advantage estimator (gae, grpo, rloo, reinforce, …).", registry="adv_estimator"
+    )
     gamma: float = doc(1.0, "Discount factor.")
     lam: float = doc(1.0, "GAE lambda.")
     norm_adv_by_std_in_grpo: bool = doc(True, "GRPO: divide by the group std (False: Dr.GRPO).")
     gae_whiten: bool = doc(True, "GAE: whiten advantages in the estimator (verl; ROLL: false).")
     use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
-    kl_penalty: str = doc("kl", "KL estimator in the reward (kl, abs, mse, low_var_kl, full).")
+    kl_penalty: str = doc(
+        "kl", "KL estimator in the reward (kl, abs, mse, low_var_kl, full).", registry="kl_penalty"
+    )
     kl_ctrl: KLControlConfig = sub(KLControlConfig, "KL coefficient controller.")
-    reward_norm: Literal["none", "batch", "group", "running"] = doc(
-        "none", "Normalise scores over the batch, the prompt group, or running stats."
+    reward_norm: str = doc(
+        "none",
+        "Normalise scores over the batch, the prompt group, or running stats (none: off).",
+        registry="reward_norm",
+        off="none",
     )
     reward_shift: bool = doc(False, "Normalisation subtracts the mean only.")
     reward_scale: bool = doc(False, "Normalisation divides by the std only.")
@@ -697,7 +739,9 @@ class ResourcesConfig:
 class EnvTagConfig:
     """One environment kind (ROLL ``custom_envs.<tag>``)."""
 
-    env_type: str = doc("sokoban", "Registered environment (sokoban, frozen_lake, …).")
+    env_type: str = doc(
+        "sokoban", "Registered environment (sokoban, frozen_lake, …).", registry="env_type"
+    )
     max_turns: int = doc(5, "Max model turns per episode.")
     max_tokens_per_turn: int = doc(128, "Max new tokens per model turn.")
     env_instruction: str = doc("", "Instruction shown before the first observation.")
@@ -735,7 +779,11 @@ class RewardNormalizationConfig:
     """How episode returns are normalised (ROLL reward_normalization)."""
 
     grouping: Literal["batch", "state", "tag", "inductive"] = doc("state", "Normalise within.")
-    method: Literal["identity", "mean_std", "asym_clip", "mean"] = doc("identity", "How.")
+    method: str = doc(
+        "identity",
+        "How (identity, mean_std, asym_clip, mean).",
+        registry="reward_normalization.method",
+    )
     norm_mean_type: Literal["batch", "group"] | None = doc(
         None, "Where the mean comes from (ROLL ≥ 2025-07); set either type to override method."
     )
@@ -769,7 +817,11 @@ class AgenticConfig:
 class TemperConfig:
     """A whole run."""
 
-    pipeline: Literal["rlvr", "agentic"] = doc("rlvr", "rlvr: single-turn; agentic: multi-turn.")
+    pipeline: str = doc(
+        "rlvr",
+        "rlvr: single-turn; agentic: multi-turn; or your own, as a dotted path "
+        "(my_pkg.my_module:MyPipeline) or a file (path/to/pipeline.py:MyPipeline).",
+    )
     experiment: ExperimentConfig = sub(ExperimentConfig, "Run identity, length, logging.")
     model: ModelConfig = sub(ModelConfig, "Policy model.")
     data: DataConfig = sub(DataConfig, "Datasets.")

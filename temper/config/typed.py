@@ -27,12 +27,36 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def field_doc(cls: type, name: str) -> str:
-    """The one-line doc of ``cls.name``."""
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            return f.metadata.get("doc", "")
-    raise KeyError(name)
+@dataclasses.dataclass(frozen=True)
+class FieldInfo:
+    """What ``temper check --explain`` says of one native key."""
+
+    key: str
+    doc: str
+    type: str
+    default: Any
+    registry: str | None = None  # the registry whose names it takes
+
+
+def field_info(cls: type, path: str) -> FieldInfo | None:
+    """The doc, type and default of the field at dotted ``path`` in dataclass ``cls``
+    (a section included), or None when there is no such field."""
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields:
+            return None
+        f, tp = fields[part], _hints(cls)[part]
+        if i == len(parts) - 1:
+            default = to_dict(_field_default(f))
+            return FieldInfo(
+                path, f.metadata.get("doc", ""), _type_name(tp), default, f.metadata.get("registry")
+            )
+        inner = next((a for a in get_args(tp) if dataclasses.is_dataclass(a)), tp)
+        if not (isinstance(inner, type) and dataclasses.is_dataclass(inner)):
+            return None
+        cls = inner
+    return None
 
 
 def _type_name(tp: Any) -> str:

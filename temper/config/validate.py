@@ -1,96 +1,62 @@
-"""Checks that a typed config describes a run that can happen, before anything loads.
+"""Checks of one section at a time and of the batch arithmetic, before anything loads.
 
-Each failure is a ``ConfigError`` naming the key, the reason and the fix. Names that
-live in registries of higher layers (advantage estimators, losses, reward functions,
-engines) are checked against ``names``, which the caller (CLI, pipelines) collects
-from those registries — the config layer imports nothing of temper.
+Each failure is a ``ConfigError`` naming the key, the reason and the fix. Values that are
+the names of a registry of a higher layer (advantage estimators, losses, engines,
+pipelines, …) are checked against the :class:`~temper.config.catalog.Catalog`, which the
+caller builds from those registries — the config layer imports nothing of temper. What a
+pipeline cannot honour in combination is its own ``check`` (``Catalog.check``); what this
+machine and its files cannot do is the pre-flight's (``temper.pipelines.preflight``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from typing import Any
 
-from temper.config.derive import derive, placement, total_devices, uses_critic, uses_reference
+from temper.config.catalog import VALUES, Catalog
+from temper.config.derive import (
+    Derived,
+    derive,
+    placement,
+    total_devices,
+    uses_critic,
+    uses_reference,
+)
 from temper.config.errors import ConfigError, unknown_name
 from temper.config.schema import TemperConfig
 
-# config key -> attribute path in TemperConfig, for registry-name checks
-NAMED_KEYS = {
-    "adv_estimator": "algorithm.adv_estimator",
-    "policy_loss": "actor.policy_loss",
-    "kl_penalty": "algorithm.kl_penalty",
-    "kl_loss_type": "actor.kl_loss_type",
-    "loss_agg_mode": "actor.loss_agg_mode",
-    "critic_loss_agg_mode": "critic.loss_agg_mode",
-    "reward_function": "reward.function",
-}
 
-
-def _get(cfg: object, path: str) -> object:
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-#: What each training strategy is, for messages about engines this build lacks.
-ENGINE_NAMES = {
-    "torch": "single-process torch",
-    "fsdp2": "FSDP2",
-    "deepspeed": "DeepSpeed",
-    "megatron": "Megatron-Core",
-}
-
-
-def validate(cfg: TemperConfig, names: Mapping[str, Sequence[str]] | None = None) -> None:
-    """Raise ConfigError for the first problem found."""
-    if names:
-        _check_engines(cfg, names)
+def validate(cfg: TemperConfig, catalog: Catalog) -> Derived:
+    """Raise ConfigError for the first problem found; return the run's plan."""
+    check_names(cfg, catalog)
     _check_ranges(cfg)
-    _check_roles(cfg)
+    _check_roles(cfg, catalog)
     _check_placement(cfg)
-    _check_agentic(cfg, names or {})
-    derive(cfg)  # batch arithmetic
-    if names:
-        _check_names(cfg, names)
+    return derive(cfg, catalog)  # batch arithmetic
 
 
-def _check_engines(cfg: TemperConfig, names: Mapping[str, Sequence[str]]) -> None:
-    """Every role's training engine is one this build registered (before any arithmetic
-    that only makes sense for an engine that exists). The local backend runs every role
-    in one process on the torch engine whatever the strategy (``roles.builder``), so only
-    a multi-device (Ray) run needs the named engine."""
-    valid = names.get("strategy")
-    if not valid or cfg.resources.backend == "local":
-        return
-    roles = [("actor", cfg.actor.strategy)]
-    if uses_critic(cfg):
-        roles.append(("critic", cfg.critic.strategy))
-    if uses_reference(cfg):
-        roles.append(("reference", cfg.reference.strategy))
-    if cfg.reward.model.enable:
-        roles.append(("reward.model", cfg.reward.model.strategy))
-    for role, strategy in roles:
-        if strategy not in valid:
-            what = ENGINE_NAMES.get(strategy, strategy)
-            raise ConfigError(
-                f"{role}.strategy",
-                f"the '{strategy}' training engine ({what}) is not in this build of temper",
-                f"set {role}.strategy to an engine this build has: {', '.join(valid)}",
-            )
+def check_names(cfg: TemperConfig, catalog: Catalog) -> None:
+    """Every field marked ``registry=...`` in the schema holds a name of that registry
+    (sections inside mappings, such as ``reward.routes.<name>``, included)."""
 
+    def walk(section: Any, prefix: str) -> None:
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            key = f"{prefix}{f.name}"
+            registry = f.metadata.get("registry")
+            if registry is not None:
+                off = f.metadata.get("off")
+                valid = [*catalog.names(registry), *([off] if off else [])]
+                if value not in valid:
+                    raise unknown_name(key, str(value), valid)
+            elif dataclasses.is_dataclass(value):
+                walk(value, f"{key}.")
+            elif isinstance(value, dict):
+                for name, item in value.items():
+                    if dataclasses.is_dataclass(item):
+                        walk(item, f"{key}.{name}.")
 
-def _check_names(cfg: TemperConfig, names: Mapping[str, Sequence[str]]) -> None:
-    for registry, path in NAMED_KEYS.items():
-        valid = names.get(registry.removeprefix("critic_"))
-        if not valid:
-            continue
-        value = _get(cfg, path)
-        if value not in valid:
-            raise unknown_name(path, str(value), valid)
-    for name, route in cfg.reward.routes.items():
-        valid = names.get("reward_function")
-        if valid and route.function not in valid:
-            raise unknown_name(f"reward.routes.{name}.function", route.function, valid)
+    walk(cfg, "")
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -162,19 +128,16 @@ def _check_pixels(low: int | None, high: int | None) -> None:
         )
 
 
-def _check_roles(cfg: TemperConfig) -> None:
+def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
     if not cfg.model.path:
         raise ConfigError(
             "model.path", "no policy model given", "set model.path to a model directory or hub id"
         )
-    if cfg.pipeline == "rlvr" and not cfg.data.train_files and not cfg.experiment.val_only:
-        raise ConfigError(
-            "data.train_files", "no training data given", "set data.train_files to a file or list"
-        )
-    if cfg.critic.enable is False and cfg.algorithm.adv_estimator == "gae":
+    estimator = cfg.algorithm.adv_estimator
+    if cfg.critic.enable is False and VALUES in catalog.needs("adv_estimator", estimator):
         raise ConfigError(
             "critic.enable",
-            "adv_estimator gae needs a critic (value model) but the critic is disabled",
+            f"adv_estimator {estimator} needs a critic (value model) but the critic is disabled",
             "set critic.enable=true, or choose a critic-free estimator such as grpo",
         )
     kl_used = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -191,7 +154,7 @@ def _check_roles(cfg: TemperConfig) -> None:
             "reward.function is custom but no file is given",
             "set reward.custom_function.path to a Python file defining compute_score",
         )
-    if uses_critic(cfg) and cfg.critic.ppo_epochs <= 0:
+    if uses_critic(cfg, catalog) and cfg.critic.ppo_epochs <= 0:
         raise ConfigError("critic.ppo_epochs", "must be positive", "set it to 1 or more")
 
 
@@ -255,44 +218,3 @@ def _check_placement(cfg: TemperConfig) -> None:
             f"{len(infer)} rollout devices cannot be split into engines of {per}",
             "use a divisor of the number of actor_infer devices",
         )
-
-
-def _check_agentic(cfg: TemperConfig, names: Mapping[str, Sequence[str]]) -> None:
-    if cfg.pipeline != "agentic":
-        return
-    env_types = names.get("env_type")
-    for which in ("train_env_manager", "val_env_manager"):
-        mgr = getattr(cfg.agentic, which)
-        key = f"agentic.{which}"
-        _positive(f"{key}.group_size", mgr.group_size)
-        _positive(f"{key}.num_env_groups", mgr.num_env_groups)
-        for tag in mgr.tags:
-            if tag not in cfg.agentic.custom_envs:
-                known = ", ".join(sorted(cfg.agentic.custom_envs)) or "none defined"
-                raise ConfigError(
-                    f"{key}.tags",
-                    f"environment tag '{tag}' is not defined in agentic.custom_envs ({known})",
-                    "define it under agentic.custom_envs or fix the tag",
-                )
-            env_type = cfg.agentic.custom_envs[tag].env_type
-            if env_types and env_type not in env_types:
-                raise ConfigError(
-                    f"agentic.custom_envs.{tag}.env_type",
-                    f"the environment '{env_type}' (tag {tag}) is not in this build of temper",
-                    f"use an environment it has ({', '.join(env_types)}), or register one "
-                    "with temper.envs.registry.register_env",
-                )
-        if mgr.n_groups is not None:
-            if len(mgr.n_groups) != len(mgr.tags):
-                raise ConfigError(
-                    f"{key}.n_groups",
-                    f"{len(mgr.n_groups)} group counts for {len(mgr.tags)} tags",
-                    "give one count per tag",
-                )
-            if sum(mgr.n_groups) != mgr.num_env_groups:
-                raise ConfigError(
-                    f"{key}.n_groups",
-                    f"group counts sum to {sum(mgr.n_groups)}, not num_env_groups "
-                    f"({mgr.num_env_groups})",
-                    "make them add up",
-                )

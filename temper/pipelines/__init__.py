@@ -1,67 +1,37 @@
-"""Pipelines: the one training loop (``driver``) and, per ``pipeline`` name, a producer
-and its validation (``rlvr``, ``agentic``), registered in :data:`PIPELINES`."""
+"""Pipelines: the one training loop (``driver``) and, per ``pipeline`` name, a record
+(:class:`Pipeline`: producer, checks, pre-flight, step shape) registered in
+:data:`PIPELINES` (``rlvr``, ``agentic``) — or the user's own, named by path."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from temper.config.errors import ConfigError
+from temper.config.derive import Derived
 from temper.config.schema import TemperConfig
-from temper.pipelines.producer import Pipeline, ProducerContext
-from temper.registry import Registry
-
-PIPELINES: Registry[Pipeline] = Registry("pipeline")
+from temper.pipelines.producer import Pipeline, Producer, ProducerContext, Validation
+from temper.pipelines.registry import PIPELINES, resolve_pipeline
 
 
-def _rlvr() -> Pipeline:
-    from temper.pipelines.rlvr import RLVRProducer, check
+def run_pipeline(cfg: TemperConfig, plan: Derived | None = None) -> dict[str, Any]:
+    """Run the one loop with the producer of ``cfg.pipeline``; returns the summary.
 
-    return Pipeline(RLVRProducer, check)
-
-
-def _agentic() -> Pipeline:
-    from temper.pipelines.agentic import AgenticProducer, check
-
-    return Pipeline(AgenticProducer, check)
-
-
-PIPELINES.add_lazy("rlvr", _rlvr)  # lazy: `temper check` must not import torch-heavy parts
-PIPELINES.add_lazy("agentic", _agentic)
-
-
-def pipeline_of(cfg: TemperConfig) -> Pipeline:
-    """The registered pipeline ``cfg.pipeline`` names."""
-    if cfg.pipeline not in PIPELINES:
-        raise ConfigError(
-            "pipeline",
-            f"the '{cfg.pipeline}' pipeline is not part of this build yet",
-            f"use pipeline: {' or '.join(PIPELINES.names())}",
-        )
-    return PIPELINES.get(cfg.pipeline)
-
-
-def check_pipeline(cfg: TemperConfig) -> None:
-    """What ``temper train`` would refuse about ``cfg`` before loading anything: the
-    shared checks (:mod:`temper.pipelines.checks`) and the pipeline's own."""
-    from temper.pipelines.checks import check_run
-
-    check_run(cfg)
-    pipeline_of(cfg).check(cfg)
-
-
-def run_pipeline(cfg: TemperConfig) -> dict[str, Any]:
-    """Check ``cfg``, then run the one loop with the producer ``cfg.pipeline`` names."""
+    ``plan``: the plan ``load_config`` made (the CLI's); without it ``cfg`` is validated
+    and checked here first, as ``load_config`` would.
+    """
+    from temper.pipelines.catalog import plan as plan_of
     from temper.pipelines.driver import train
 
-    check_pipeline(cfg)
-    return train(cfg, pipeline_of(cfg))
+    if plan is None:
+        plan = plan_of(cfg)
+    return train(cfg, resolve_pipeline(cfg.pipeline), plan)
 
 
 __all__ = [
     "PIPELINES",
     "Pipeline",
+    "Producer",
     "ProducerContext",
-    "check_pipeline",
-    "pipeline_of",
+    "Validation",
+    "resolve_pipeline",
     "run_pipeline",
 ]

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.catalog import StepShape
 from temper.config.errors import ConfigError
-from temper.config.schema import TemperConfig
+from temper.config.schema import AgenticConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.envs import EnvManager
+from temper.envs.registry import resolve_tag
 from temper.pipelines.agentic_rollout import AgenticPlayer, save_renders
 from temper.pipelines.dumps import dump_generations
 from temper.pipelines.dynamic_sampling import fill_groups
-from temper.pipelines.producer import ProducerContext, Validation
+from temper.pipelines.producer import Pipeline, ProducerContext, Validation
 from temper.pipelines.shaping import ShapingSettings
 from temper.pipelines.timing import Timer
 from temper.pipelines.trajectories import episode_metrics, trajectory_batch, trajectory_rows
@@ -56,7 +58,7 @@ class AgenticProducer:
         self.player = AgenticPlayer(cfg, ctx.rollout, ctx.tokenizer)
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
         self.val_sampling = sampling_params(cfg.rollout, validation=True)
-        self.shaping = ShapingSettings.from_config(cfg)
+        self.shaping = ctx.shaping
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         def play(round_: int) -> tuple[Batch, dict[str, float]]:
@@ -114,8 +116,9 @@ class AgenticProducer:
 
 
 def check(cfg: TemperConfig) -> None:
-    """What the agentic pipeline cannot honour (``ConfigError``; the shared checks are in
-    :mod:`temper.pipelines.checks`)."""
+    """What the agentic pipeline cannot honour (``ConfigError``; the driver's own checks
+    are in :mod:`temper.pipelines.checks`)."""
+    _check_env_managers(cfg.agentic)
     if cfg.experiment.max_steps is None:
         raise ConfigError(
             "experiment.max_steps",
@@ -164,6 +167,73 @@ def check(cfg: TemperConfig) -> None:
             raise ConfigError(
                 f"data.{key}",
                 "the agentic pipeline reads no dataset: its prompts are the environments' "
-                "observations (agentic.train_env_manager / val_env_manager)",
-                f"remove data.{key}, or use pipeline: rlvr",
+                "observations (agentic.train_env_manager / agentic.val_env_manager)",
+                f"remove data.{key}",
             )
+
+
+def _check_env_managers(agentic: AgenticConfig) -> None:
+    """Each env manager's tags are defined in ``custom_envs`` and, when given, its per-tag group counts add up (an env type's name is checked against
+    the env registry with the rest of the config's names)."""
+    for which in ("train_env_manager", "val_env_manager"):
+        mgr = getattr(agentic, which)
+        key = f"agentic.{which}"
+        for tag in mgr.tags:
+            if tag not in agentic.custom_envs:
+                known = ", ".join(sorted(agentic.custom_envs)) or "none defined"
+                raise ConfigError(
+                    f"{key}.tags",
+                    f"environment tag '{tag}' is not defined in agentic.custom_envs ({known})",
+                    "define it under agentic.custom_envs or fix the tag",
+                )
+        if mgr.n_groups is not None:
+            if len(mgr.n_groups) != len(mgr.tags):
+                raise ConfigError(
+                    f"{key}.n_groups",
+                    f"{len(mgr.n_groups)} group counts for {len(mgr.tags)} tags",
+                    "give one count per tag",
+                )
+            if sum(mgr.n_groups) != mgr.num_env_groups:
+                raise ConfigError(
+                    f"{key}.n_groups",
+                    f"group counts sum to {sum(mgr.n_groups)}, not num_env_groups "
+                    f"({mgr.num_env_groups})",
+                    "make them add up",
+                )
+
+
+def episode_groups(cfg: TemperConfig) -> StepShape:
+    """A step plays ``num_env_groups`` groups of ``group_size`` episodes: one sample each."""
+    for which in ("train_env_manager", "val_env_manager"):
+        mgr = getattr(cfg.agentic, which)
+        for field in ("group_size", "num_env_groups"):
+            value = getattr(mgr, field)
+            if value <= 0:
+                key = f"agentic.{which}.{field}"
+                raise ConfigError(key, f"must be > 0, got {value}", f"set {key} > 0")
+    mgr = cfg.agentic.train_env_manager
+    episodes = mgr.num_env_groups * mgr.group_size
+    how = "agentic.train_env_manager.num_env_groups × group_size"
+    return StepShape(samples=episodes, rows=(("episodes per step", str(episodes), how),))
+
+
+def preflight(cfg: TemperConfig, notes: list[str]) -> None:
+    """Every environment tag the env managers use resolves: its type and parameters."""
+    tags = {*cfg.agentic.train_env_manager.tags, *cfg.agentic.val_env_manager.tags}
+    for tag in sorted(tags):
+        resolve_tag(tag, cfg.agentic.custom_envs[tag])
+
+
+def shaping(cfg: TemperConfig) -> ShapingSettings:
+    """Shaping with the agentic section's return normalization and turn rewards."""
+    return ShapingSettings.from_config(cfg, agentic=cfg.agentic)
+
+
+PIPELINE = Pipeline(
+    build=AgenticProducer,
+    check=check,
+    preflight=preflight,
+    step_shape=episode_groups,
+    shaping=shaping,
+    sections=frozenset({"agentic"}),
+)

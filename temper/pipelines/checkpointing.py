@@ -16,16 +16,23 @@ One checkpoint (``<checkpoint_dir>/global_step_<N>/``, written atomically by
 
 Resume restores all of it, so the resumed run draws the same prompts (plays the same
 episodes), samples the same responses and computes the same updates as the
-uninterrupted run, for every pipeline (see the resume tests). The HF directory is an export, not what resume reads: ``actor_train`` keeps the
-exact trainable tensors (adapters only, under LoRA).
+uninterrupted run, for every pipeline (see the resume tests). The HF directory is an
+export, not what resume reads: ``actor_train`` keeps the exact trainable tensors
+(adapters only, under LoRA).
+
+The :class:`Checkpointer` knows no trainer: it is built from the run's *stateful parts*
+(torchtitan's ``states={…}``) — the trained roles, which write directories, and named
+parts with ``state_dict``/``load_state_dict`` (progress, producer, shaping, rollout,
+RNG), restored in the order given (the RNG last, right before training goes on).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import yaml
@@ -42,15 +49,52 @@ from temper.checkpoint import (
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
-
-if TYPE_CHECKING:
-    from temper.pipelines.run import Run
-    from temper.roles.base import TrainedRole
+from temper.roles.base import TrainedRole
 
 log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.pt"
 CONFIG_FILE = "config.yaml"
+
+
+class Stateful(Protocol):
+    """A part of the run whose state a checkpoint holds (torch's ``Stateful``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class RNGState:
+    """Every global RNG (python, numpy, torch, CUDA) as a stateful part."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng(state)
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where the run is: its step, and the reward and validation history the summary
+    reports (so a resumed run's summary covers the steps before the interruption)."""
+
+    step: int = 0
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    validations: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "reward_history": list(self.rewards),
+            "val_history": [(step, dict(m)) for step, m in self.validations],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.rewards = [float(r) for r in state.get("reward_history", [])]
+        self.validations = [(int(s), dict(m)) for s, m in state.get("val_history", [])]
 
 
 def checkpoint_root(cfg: TemperConfig, out_dir: Path) -> Path:
@@ -115,7 +159,75 @@ def checkpoint_step(path: Path) -> int:
     return manifest.step
 
 
-# --------------------------------------------------------------------------- role state
+# --------------------------------------------------------------------------- the checkpointer
+
+
+@dataclasses.dataclass
+class Checkpointer:
+    """Saves and restores a run's stateful parts as ``<root>/global_step_<N>``.
+
+    ``roles``: trained roles by name (``actor``, ``critic``), each written as ``<name>/``
+    (the Hugging Face export, with ``tokenizer`` for the actor) and ``<name>_train/`` (its
+    engine's resumable state, in the engine's own format, and its update count).
+    ``states``: parts stored in ``trainer_state.pt`` under their names, loaded in this
+    order. ``config``: the resolved config written beside them; ``keep``: how many
+    checkpoints to keep (None: all).
+    """
+
+    root: Path
+    roles: dict[str, TrainedRole]
+    states: dict[str, Stateful]
+    config: dict[str, Any]
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tokenizer: Any = None
+    keep: int | None = None
+    last_save_s: float = 0.0
+
+    def save(self, step: int) -> Path:
+        """Write ``global_step_<step>`` atomically, then apply the retention limit."""
+        start = time.perf_counter()
+        with write_checkpoint(self.root, step, meta=self.meta) as tmp:
+            for name, role in self.roles.items():
+                tokenizer = self.tokenizer if name == "actor" else None
+                _save_role(role, tmp / name, tmp / f"{name}_train", tokenizer)
+            torch.save(
+                {k: part.state_dict() for k, part in self.states.items()}, tmp / TRAINER_STATE
+            )
+            (tmp / CONFIG_FILE).write_text(
+                yaml.safe_dump(self.config, sort_keys=False, allow_unicode=True), encoding="utf-8"
+            )
+        final = self.root / f"global_step_{step}"
+        for old in prune(self.root, self.keep, protect=final):
+            log.info("removed old checkpoint %s", old)
+        self.last_save_s = time.perf_counter() - start
+        return final
+
+    def load(self, path: Path) -> None:
+        """Restore everything :meth:`save` wrote, roles first, then the states in order."""
+        state = _upgrade(torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True))
+        for name, role in self.roles.items():
+            train_dir = path / f"{name}_train"
+            if not train_dir.is_dir():
+                raise ConfigError(
+                    f"{name}.enable",
+                    f"this run has a {name} but checkpoint {path} has none",
+                    f"resume with the checkpoint's algorithm/{name} settings",
+                )
+            _load_role(role, train_dir)
+        for name, part in self.states.items():
+            part.load_state_dict(state[name])
+
+
+def _upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """A trainer state of an earlier layout in today's: the progress was stored flat
+    (step and histories at the top), the producer's state as the sampler's alone."""
+    if "progress" not in state:
+        keys = ("step", "reward_history", "val_history")
+        state = {**state, "progress": {k: state[k] for k in keys if k in state}}
+    if state.get("producer") is None:
+        state["producer"] = {"sampler": state.get("sampler")}
+    state.setdefault("rollout", {})
+    return state
 
 
 def _save_role(role: TrainedRole, hf_dir: Path, train_dir: Path, tokenizer: Any) -> None:
@@ -134,65 +246,3 @@ def _load_role(role: TrainedRole, train_dir: Path) -> None:
     extra = torch.load(train_dir / "state.pt", map_location="cpu", weights_only=True)
     role.engine.load_checkpoint(str(train_dir / "engine"))
     role.updates = int(extra["updates"])
-
-
-# --------------------------------------------------------------------------- run state
-
-
-def save_checkpoint(run: Run) -> Path:
-    """Write ``global_step_<run.step>`` atomically, then apply the retention limits."""
-    cfg, roles = run.cfg, run.roles
-    root = checkpoint_root(cfg, run.out_dir)
-    start = time.perf_counter()
-    with write_checkpoint(root, run.step, meta={"pipeline": cfg.pipeline}) as tmp:
-        _save_role(roles.actor, tmp / "actor", tmp / "actor_train", run.tokenizer)
-        if roles.critic is not None:
-            _save_role(roles.critic, tmp / "critic", tmp / "critic_train", None)
-        torch.save(
-            {
-                "step": run.step,
-                "producer": run.producer.state_dict(),
-                "rng": capture_rng(),
-                "shaping": run.shaping_state.state_dict(),
-                "rollout": run.rollout.state_dict(),
-                "reward_history": list(run.reward_history),
-                "val_history": [(step, dict(m)) for step, m in run.val_history],
-            },
-            tmp / TRAINER_STATE,
-        )
-        (tmp / CONFIG_FILE).write_text(
-            yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True), encoding="utf-8"
-        )
-    final = root / f"global_step_{run.step}"
-    limits = [cfg.experiment.max_actor_ckpt_to_keep]
-    if roles.critic is not None:
-        limits.append(cfg.experiment.max_critic_ckpt_to_keep)
-    set_limits = [n for n in limits if n is not None and n > 0]
-    for old in prune(root, max(set_limits) if set_limits else None, protect=final):
-        log.info("removed old checkpoint %s", old)
-    run.last_save_s = time.perf_counter() - start
-    return final
-
-
-def load_checkpoint(run: Run, path: Path) -> None:
-    """Restore everything :func:`save_checkpoint` wrote; RNG last, right before training."""
-    state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
-    _load_role(run.roles.actor, path / "actor_train")
-    if run.roles.critic is not None:
-        if not (path / "critic_train").is_dir():
-            raise ConfigError(
-                "critic.enable",
-                f"this run has a critic but checkpoint {path} has none",
-                "resume with the checkpoint's algorithm/critic settings",
-            )
-        _load_role(run.roles.critic, path / "critic_train")
-    # checkpoints written before the producers had their own state hold the sampler's
-    run.producer.load_state_dict(state.get("producer") or {"sampler": state.get("sampler")})
-    run.shaping_state.load_state_dict(state["shaping"])
-    if state.get("rollout"):
-        run.rollout.load_state_dict(state["rollout"])
-    run.step = int(state["step"])
-    run.reward_history = [float(r) for r in state.get("reward_history", [])]
-    run.val_history = [(int(s), dict(m)) for s, m in state.get("val_history", [])]
-    run.sync_weights(force=True)
-    restore_rng(state["rng"])

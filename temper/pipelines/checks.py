@@ -1,31 +1,40 @@
 """What a run refuses before anything loads, for every pipeline: settings the config
 layer accepts on their own but the driver cannot honour in combination (each pipeline
-adds its own in ``check``). ``temper check`` and ``temper train`` run them; each failure
-is one ``ConfigError`` naming the key, the reason and the fix."""
+adds its own in its record's ``check``). They run inside ``load_config`` (through the
+catalog), so a verl or ROLL user reads each failure in the keys of their own file: one
+``ConfigError`` naming the key, the reason and the fix.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 from temper.algorithms import kl_estimator_needs_logits
+from temper.config.derive import Derived
 from temper.config.errors import ConfigError
-from temper.config.schema import AgenticConfig, TemperConfig
+from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
+from temper.pipelines.registry import PIPELINES, resolve_pipeline
+from temper.rollout.tools import check_multi_turn
 
 FILTER_METRICS = ("score", "reward")
 
 
-def check_run(cfg: TemperConfig) -> None:
+def check_run(cfg: TemperConfig, plan: Derived) -> None:
     """Raise ``ConfigError`` for the first setting the run could not honour."""
+    check_multi_turn(cfg.rollout.multi_turn)  # rollout-layer values, before a model
     _check_reward_normalization(cfg)
     _check_dynamic_sampling(cfg)
     _check_full_kl(cfg)
     _check_checkpoint_contents("actor", cfg.actor.checkpoint_contents)
     _check_checkpoint_contents("critic", cfg.critic.checkpoint_contents)
+    _check_pipeline_sections(cfg)
     if cfg.reward.launch_async:
         raise ConfigError(
             "reward.launch_async",
             "rewards are scored (in reward worker processes) before the log-prob phase, "
             "which needs the scores' batch; overlapping the two is not implemented",
-            "remove it (verl: reward_model.launch_reward_fn_async=false)",
+            "set reward.launch_async=false",
         )
     if cfg.resources.ray.timeline_json_file and cfg.resources.backend != "ray":
         raise ConfigError(
@@ -34,12 +43,24 @@ def check_run(cfg: TemperConfig) -> None:
             "set resources.backend=ray, or remove it (experiment.profile_steps profiles "
             "the local backend)",
         )
-    if cfg.pipeline != "agentic" and to_dict(cfg.agentic) != to_dict(AgenticConfig()):
-        raise ConfigError(
-            "agentic",
-            f"the agentic section configures environments; pipeline {cfg.pipeline} has none",
-            "remove it, or set pipeline: agentic",
-        )
+
+
+def _check_pipeline_sections(cfg: TemperConfig) -> None:
+    """A section only some pipelines read (``agentic``), set under a pipeline that does
+    not declare it, is refused — it would be read by nothing."""
+    reads = resolve_pipeline(cfg.pipeline).sections
+    default = TemperConfig()
+    for f in dataclasses.fields(cfg):
+        owners = [n for n in PIPELINES.primary_names() if f.name in PIPELINES.get(n).sections]
+        if not owners or f.name in reads:
+            continue
+        if to_dict(getattr(cfg, f.name)) != to_dict(getattr(default, f.name)):
+            raise ConfigError(
+                f.name,
+                f"the {f.name} section configures the {' or '.join(owners)} pipeline; "
+                f"pipeline {cfg.pipeline} does not read it",
+                f"remove it, or set pipeline: {owners[0]}",
+            )
 
 
 CHECKPOINT_PARTS = ("model", "optimizer", "extra")

@@ -16,6 +16,7 @@ from typing import Any
 
 from temper.algorithms import kl_estimator_needs_logits
 from temper.algorithms.rollout_correction import logprob_diff
+from temper.config.derive import Derived
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.pipelines.dumps import dump_generations
@@ -59,9 +60,9 @@ def rl_step(run: Run) -> dict[str, float]:
     return {**metrics, **shaped, **critic, **actor, **t.times, **throughput(tokens, seconds)}
 
 
-def train(cfg: TemperConfig, pipeline: Pipeline) -> dict[str, Any]:
+def train(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> dict[str, Any]:
     """Train with ``cfg`` (resuming per ``experiment.resume_mode``); returns the summary."""
-    run = build_run(cfg, pipeline)
+    run = build_run(cfg, pipeline, plan)
     exp, start = cfg.experiment, run.step
     try:
         with StopSignals(exp.save_on_signal) as stop:
@@ -77,7 +78,7 @@ def train(cfg: TemperConfig, pipeline: Pipeline) -> dict[str, Any]:
                 run.step += 1
                 with run.profiling():  # experiment.profile_steps
                     metrics = rl_step(run)
-                run.reward_history.append(metrics["train/score_mean"])
+                run.progress.rewards.append(metrics["train/score_mean"])
                 if exp.test_freq > 0 and run.step % exp.test_freq == 0:
                     metrics.update(run.validate(log=False))
                 run.tracker.log(metrics, run.step)

@@ -16,7 +16,9 @@ Two things are settled instead of refused, so a GPU config can be debugged on a 
 
 ``temper check`` prints the notes; ``temper train`` runs the same checks first. Checks are
 grouped (:data:`CHECKS`) so a caller can run some of them (the replay test of the
-upstream files runs ``engines`` only: their model and data paths are the authors').
+upstream files runs ``engines`` and ``rewards`` only: their model and data paths are the
+authors'). The ``pipeline`` group is the run's pipeline's own pre-flight (its record's
+``preflight``: RLVR's prompt files, the agentic pipeline's environments).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 
@@ -78,7 +81,7 @@ def _set(cfg: Any, path: str, value: Any) -> None:
     setattr(cfg, leaf, value)
 
 
-def check_engines(cfg: TemperConfig, notes: list[str]) -> None:
+def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     """Rollout engine, training strategies and attention kernel: installed and able to
     run here (vLLM with this model; a DeepSpeed section that resolves; Megatron degrees
     this hardware runs); GPU-only tuning noted on CPU."""
@@ -95,8 +98,8 @@ def check_engines(cfg: TemperConfig, notes: list[str]) -> None:
         # verl's trainer.device defaults to cuda: a GPU config debugged on a laptop
         cfg.experiment.device = "cpu"
         notes.append("experiment.device: cuda -> cpu (no CUDA device on this machine)")
-    check_training_engines(cfg)  # deepspeed installed, its section resolves
-    notes.extend(check_megatron(cfg, worker_device(cfg)))
+    check_training_engines(cfg, plan)  # deepspeed installed, its section resolves
+    notes.extend(check_megatron(cfg, plan, worker_device(cfg)))
     cpu = on_cpu(cfg)
     attn = cfg.model.attn_implementation
     if attn == "flash_attention_2":
@@ -118,16 +121,14 @@ def check_engines(cfg: TemperConfig, notes: list[str]) -> None:
 # --------------------------------------------------------------------------- models
 
 
-def check_models(cfg: TemperConfig, notes: list[str]) -> None:
+def check_models(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     """Policy, tokenizer, critic and reward model: each a model directory with a
     ``config.json`` (or a hub id in the local cache or reachable), read, not loaded."""
-    from temper.config.derive import uses_critic
-
     check_model_path(cfg.model.path, "model.path", notes)
     tok = cfg.model.tokenizer_path or cfg.model.path
     key = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
     check_tokenizer_path(tok, key, notes)
-    if uses_critic(cfg) and cfg.critic.model_path:
+    if plan.use_critic and cfg.critic.model_path:
         check_model_path(cfg.critic.model_path, "critic.model_path", notes)
     if cfg.reward.model.enable:
         if not cfg.reward.model.path:
@@ -266,11 +267,9 @@ def _aliases() -> Iterable[str]:
 MAX_SCAN_ROWS = 100_000
 
 
-def check_data(cfg: TemperConfig, notes: list[str]) -> None:
-    """Data files exist; their prompt (or messages) column is there; every sample (by
-    data source and ROLL tag) is scored by a reward."""
-    if cfg.pipeline != "rlvr":
-        return
+def check_prompt_data(cfg: TemperConfig, notes: list[str]) -> None:
+    """Prompt data files exist; their prompt (or messages) column is there; every sample
+    (by data source and ROLL tag) is scored by a reward (the RLVR pipeline's pre-flight)."""
     for key, files in (
         ("data.train_files", cfg.data.train_files),
         ("data.val_files", cfg.data.val_files),
@@ -401,7 +400,7 @@ def _check_rewards(cfg: TemperConfig, samples: set[tuple[str, str]], key: str) -
 # --------------------------------------------------------------------------- outputs
 
 
-def check_outputs(cfg: TemperConfig, notes: list[str]) -> None:
+def check_outputs(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     """The run and checkpoint directories can be created and written."""
     from temper.pipelines.run import output_dir
 
@@ -432,9 +431,8 @@ def _writable(path: Path, key: str) -> None:
 # --------------------------------------------------------------------------- tools, envs
 
 
-def check_tools_envs(cfg: TemperConfig, notes: list[str]) -> None:
-    """The multi-turn tool config loads and names registered tools; every environment
-    tag the env managers use resolves (type and parameters)."""
+def check_tools(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
+    """The multi-turn tool config loads and names registered tools."""
     mt = cfg.rollout.multi_turn
     if mt.tool_config_path:
         from temper.envs import tools as tool_registry
@@ -449,20 +447,14 @@ def check_tools_envs(cfg: TemperConfig, notes: list[str]) -> None:
                 f"({', '.join(tool_registry.tool_names())})",
                 "register them with temper.envs.tools.register_tool, or remove them",
             )
-    if cfg.pipeline == "agentic":
-        from temper.envs.registry import resolve_tag
-
-        tags = {*cfg.agentic.train_env_manager.tags, *cfg.agentic.val_env_manager.tags}
-        for tag in sorted(tags):
-            resolve_tag(tag, cfg.agentic.custom_envs[tag])
 
 
 # --------------------------------------------------------------------------- driver
 
-Check = Callable[[TemperConfig, list[str]], None]
+Check = Callable[[TemperConfig, Derived, list[str]], None]
 
 
-def check_reward_runtime(cfg: TemperConfig, notes: list[str]) -> None:
+def check_reward_runtime(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     """The code sandbox runs here, the judge's template and parser resolve, IFEval is
     installed (:func:`temper.rewards.preflight.check_rewards`)."""
     from temper.rewards.preflight import check_rewards
@@ -470,22 +462,29 @@ def check_reward_runtime(cfg: TemperConfig, notes: list[str]) -> None:
     check_rewards(cfg.reward)
 
 
+def check_pipeline_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
+    """The run's pipeline's own pre-flight (its record's ``preflight``)."""
+    from temper.pipelines.registry import resolve_pipeline
+
+    resolve_pipeline(cfg.pipeline).preflight(cfg, notes)
+
+
 CHECKS: dict[str, Check] = {
     "engines": check_engines,
     "rewards": check_reward_runtime,
     "models": check_models,
-    "data": check_data,
+    "pipeline": check_pipeline_files,
     "outputs": check_outputs,
-    "tools_envs": check_tools_envs,
+    "tools": check_tools,
 }
 
 
-def preflight(cfg: TemperConfig, checks: Collection[str] | None = None) -> list[str]:
+def preflight(cfg: TemperConfig, plan: Derived, checks: Collection[str] | None = None) -> list[str]:
     """Run the pre-flight ``checks`` (all by default) on ``cfg``; raise a ConfigError for
     the first problem; return the notes of what was settled or has no effect here.
     ``cfg`` is updated in place where a setting is settled (the attention kernel)."""
     notes: list[str] = []
     for name, check in CHECKS.items():
         if checks is None or name in checks:
-            check(cfg, notes)
+            check(cfg, plan, notes)
     return notes

@@ -1,4 +1,5 @@
-"""What a pipeline contributes to the one training loop: a producer and its validation.
+"""What a pipeline contributes to the one training loop: a producer, its validation,
+and the record (:class:`Pipeline`) that declares what the pipeline needs.
 
 The driver (:mod:`temper.pipelines.driver`) runs the same step for every pipeline; a
 pipeline only turns the step's inputs into a *scored* :class:`~temper.data.batch.Batch`
@@ -21,8 +22,11 @@ from typing import Any, Protocol
 
 import torch
 
+from temper.config.catalog import StepShape
+from temper.config.derive import prompt_groups
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
+from temper.pipelines.shaping import ShapingSettings
 from temper.pipelines.timing import Timer
 from temper.rewards.judge import JudgeEngine
 from temper.rollout import RolloutEngine
@@ -37,6 +41,7 @@ class ProducerContext:
     rollout: RolloutEngine  # generates with the actor's current weights
     device: torch.device  # where the actor computes: reward models go there
     out_dir: Path
+    shaping: ShapingSettings  # the run's reward shaping (dynamic sampling reads it)
     judge: JudgeEngine | None = None  # the LLM judge (reward function llm_judge), if used
 
 
@@ -86,13 +91,35 @@ class Producer(Protocol):
         ...
 
 
+def no_check(cfg: TemperConfig) -> None:
+    """A pipeline that refuses no combination of its own."""
+
+
+def no_preflight(cfg: TemperConfig, notes: list[str]) -> None:
+    """A pipeline that reads no files of its own before the run."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """A ``pipeline:`` name's producer factory and its validation.
+    """A pipeline: its producer factory and everything the run needs to know of it.
 
-    ``check(cfg)`` raises ``ConfigError`` for what the pipeline cannot honour; it runs
-    in ``temper check`` and before ``temper train`` loads anything.
+    One record per pipeline, registered by name in :data:`temper.pipelines.registry.PIPELINES`
+    or named by the config as a dotted path (``pipeline: my_pkg.my_mod:MY_PIPELINE``):
+
+    - ``build(ctx)``: the producer (:class:`Producer`) of a run;
+    - ``check(cfg)``: a ``ConfigError`` for a combination the pipeline cannot honour (runs
+      in ``temper check``, inside the one translation into the user's dialect);
+    - ``preflight(cfg, notes)``: what it reads on this machine before a run (data files,
+      environments), a ``ConfigError`` for the first problem, notes for what it settled;
+    - ``step_shape(cfg)``: samples per step, and how ``temper check`` explains them;
+    - ``shaping(cfg)``: the run's reward-shaping settings (once per run);
+    - ``sections``: the config sections only this pipeline reads (``agentic``): set under
+      another pipeline, they are refused rather than ignored.
     """
 
     build: Callable[[ProducerContext], Producer]
-    check: Callable[[TemperConfig], None]
+    check: Callable[[TemperConfig], None] = no_check
+    preflight: Callable[[TemperConfig, list[str]], None] = no_preflight
+    step_shape: Callable[[TemperConfig], StepShape] = prompt_groups
+    shaping: Callable[[TemperConfig], ShapingSettings] = ShapingSettings.from_config
+    sections: frozenset[str] = frozenset()

@@ -29,8 +29,8 @@ from temper.config.schema import TemperConfig
 from temper.data import Batch, PromptDataset, build_datasets, build_sampler, next_prompt_batch
 from temper.pipelines.dumps import dump_generations, generation_rows
 from temper.pipelines.dynamic_sampling import fill_groups
-from temper.pipelines.producer import ProducerContext, Validation
-from temper.pipelines.shaping import ShapingSettings
+from temper.pipelines.preflight import check_prompt_data
+from temper.pipelines.producer import Pipeline, ProducerContext, Validation
 from temper.pipelines.timing import Timer
 from temper.rewards.manager import RewardScorer
 from temper.rollout import RolloutEngine
@@ -61,7 +61,7 @@ class RLVRProducer:
         self.scorer = RewardScorer.from_config(cfg, device=ctx.device, judge=ctx.judge)
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
         self.val_sampling = sampling_params(cfg.rollout, validation=True)
-        self.shaping = ShapingSettings.from_config(cfg)
+        self.shaping = ctx.shaping
         self.greedy_baseline = "baseline_rewards" in estimator_inputs(cfg.algorithm.adv_estimator)
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
@@ -153,11 +153,19 @@ class RLVRProducer:
 
 
 def check(cfg: TemperConfig) -> None:
-    """What the RLVR pipeline cannot honour (``ConfigError``; the shared checks are in
-    :mod:`temper.pipelines.checks`)."""
+    """What the RLVR pipeline cannot honour (``ConfigError``; the driver's own checks are
+    in :mod:`temper.pipelines.checks`)."""
+    if not cfg.data.train_files and not cfg.experiment.val_only:
+        raise ConfigError(
+            "data.train_files", "no training data given", "set data.train_files to a file or list"
+        )
     if cfg.experiment.render_save_dir:
         raise ConfigError(
             "experiment.render_save_dir",
             "renders environment episodes; the rlvr pipeline has no environments",
-            "remove it, or use pipeline: agentic",
+            "remove experiment.render_save_dir (environments are played, and rendered, by an "
+            "agentic config: agentic.train_env_manager)",
         )
+
+
+PIPELINE = Pipeline(build=RLVRProducer, check=check, preflight=check_prompt_data)

@@ -17,13 +17,23 @@ import torch
 
 from temper.cluster.judge import build_judge
 from temper.cluster.roles import ClusterRoles, build_cluster_roles, build_cluster_rollout
-from temper.config.derive import derive
+from temper.config.derive import Derived
 from temper.config.schema import TemperConfig
+from temper.config.typed import to_dict
 from temper.data.batch import Batch
-from temper.pipelines import checkpointing as ckpt
+from temper.pipelines.checkpointing import (
+    Checkpointer,
+    Progress,
+    RNGState,
+    check_resume_config,
+    checkpoint_root,
+    checkpoint_step,
+    find_resume_checkpoint,
+)
 from temper.pipelines.producer import Pipeline, Producer, ProducerContext
 from temper.pipelines.shaping import ShapingSettings, ShapingState
 from temper.roles import Roles
+from temper.roles.base import RoleEngine, TrainedRole
 from temper.rollout import RolloutEngine
 from temper.tracking import MultiTracker, build_trackers
 from temper.utils.model_path import resolve_model_path
@@ -51,8 +61,36 @@ def load_tokenizer(cfg: TemperConfig) -> Any:
 
 
 @dataclasses.dataclass
+class WeightSync:
+    """Keeps the rollout engine's weights the actor's: after every
+    ``model_update_frequency``-th update, and at once after a checkpoint loads. A
+    stateful part: the rollout engine's own state, restored before the push."""
+
+    rollout: RolloutEngine
+    actor: RoleEngine
+    every: int = 1
+
+    def after_update(self, step: int) -> None:
+        if not self.rollout.shared and step % max(1, self.every) == 0:
+            self.push()
+
+    def push(self) -> None:
+        """The actor's full weights to the rollout engine (a no-op when it shares them)."""
+        if not self.rollout.shared:
+            self.rollout.load_weights(self.actor.named_weights())
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.rollout.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.rollout.load_state_dict(state)
+        self.push()
+
+
+@dataclasses.dataclass
 class Run:
-    """A run's long-lived parts, its step counter and its history."""
+    """A run's long-lived parts and its progress."""
 
     cfg: TemperConfig
     out_dir: Path
@@ -64,20 +102,22 @@ class Run:
     shaping_state: ShapingState
     tracker: MultiTracker
     total_steps: int
-    step: int = 0
+    weights: WeightSync
+    checkpointer: Checkpointer
+    progress: Progress
     resumed_from: Path | None = None
-    reward_history: list[float] = dataclasses.field(default_factory=list)
-    val_history: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
-    last_save_s: float = 0.0
 
-    def sync_weights(self, force: bool = False) -> None:
-        """Push the actor's weights to the rollout engine (a no-op when it shares them).
+    @property
+    def step(self) -> int:
+        return self.progress.step
 
-        ``force``: regardless of ``model_update_frequency`` (after loading a checkpoint).
-        """
-        every = max(1, self.cfg.rollout.model_update_frequency)
-        if not self.rollout.shared and (force or self.step % every == 0):
-            self.rollout.load_weights(self.roles.actor.engine.named_weights())
+    @step.setter
+    def step(self, value: int) -> None:
+        self.progress.step = value
+
+    def sync_weights(self) -> None:
+        """Push the actor's weights to the rollout engine after this step's update."""
+        self.weights.after_update(self.step)
 
     @contextlib.contextmanager
     def profiling(self) -> Iterator[None]:
@@ -113,7 +153,7 @@ class Run:
         """Validate now: record it for the summary, print its samples, and (``log``) send
         its metrics to the trackers (else the caller logs them with the step's row)."""
         result = self.producer.validate(self.step)
-        self.val_history.append((self.step, result.metrics))
+        self.progress.validations.append((self.step, result.metrics))
         for k, text in enumerate(result.samples):
             print(f"[val step {self.step} #{k}] " + text.replace("\n", "\n    "), flush=True)
             self.tracker.log_text(f"val/generations/{k}", text, self.step)
@@ -129,8 +169,8 @@ class Run:
 
     def save_checkpoint(self) -> Path:
         """An atomic, resumable checkpoint of this step (see pipelines.checkpointing)."""
-        path = ckpt.save_checkpoint(self)
-        print(f"checkpoint: {path} ({self.last_save_s:.1f}s)", flush=True)
+        path = self.checkpointer.save(self.step)
+        print(f"checkpoint: {path} ({self.checkpointer.last_save_s:.1f}s)", flush=True)
         return path
 
     def save_final(self) -> None:
@@ -141,7 +181,7 @@ class Run:
     def summary(self, stopped_by: str | None = None) -> dict[str, Any]:
         """The run's summary: steps, ``train/score_mean`` history (first/last, and the mean
         of the first/last 5 steps), validations and the producer's headline before/after."""
-        rewards = self.reward_history
+        rewards = self.progress.rewards
         k = min(5, len(rewards)) or 1
         nan = float("nan")
         out: dict[str, Any] = {
@@ -153,15 +193,15 @@ class Run:
             "reward_last": rewards[-1] if rewards else nan,
             "reward_first5": float(np.mean(rewards[:k])) if rewards else nan,
             "reward_last5": float(np.mean(rewards[-k:])) if rewards else nan,
-            "val": [m for _, m in self.val_history],
-            "val_steps": [step for step, _ in self.val_history],
+            "val": [m for _, m in self.progress.validations],
+            "val_steps": [step for step, _ in self.progress.validations],
         }
-        out.update(val_summary(self.val_history, self.producer.headline)[0])
+        out.update(val_summary(self.progress.validations, self.producer.headline)[0])
         return out
 
     def closing_line(self, summary: dict[str, Any]) -> str:
         stopped = summary["stopped_by"]
-        text = val_summary(self.val_history, self.producer.headline)[1]
+        text = val_summary(self.progress.validations, self.producer.headline)[1]
         return (
             f"{'stopped by ' + stopped if stopped else 'done'}: {summary['steps']} steps; "
             f"train/score_mean first {summary['reward_first']:.3f} → last "
@@ -210,19 +250,18 @@ def val_summary(
     return out, text
 
 
-def build_run(cfg: TemperConfig, pipeline: Pipeline) -> Run:
-    """Load models, engine, the producer and trackers for ``cfg`` (already validated),
-    then resume per ``experiment.resume_mode``."""
-    derived = derive(cfg)
+def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
+    """Load models, engine, the producer and trackers for ``cfg`` (validated, ``plan``
+    its plan), then resume per ``experiment.resume_mode``."""
     seed_everything(cfg.experiment.seed)
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    resume_from = ckpt.find_resume_checkpoint(cfg, out)
+    resume_from = find_resume_checkpoint(cfg, out)
     if resume_from is not None:  # before any model loads: a bad resume fails fast
-        for line in ckpt.check_resume_config(cfg, resume_from):
+        for line in check_resume_config(cfg, resume_from):
             print(line, flush=True)
     tokenizer = load_tokenizer(cfg)
-    roles = build_cluster_roles(cfg)  # in process, or Ray worker groups (resources.backend)
+    roles = build_cluster_roles(cfg, plan)  # in process, or Ray worker groups
     producer: Producer | None = None
     tracker: MultiTracker | None = None
     try:
@@ -230,13 +269,14 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline) -> Run:
         device = roles.actor.engine.device
         remote_judge = roles.judge if isinstance(roles, ClusterRoles) else None
         judge = build_judge(cfg, device, remote_judge)  # LLM judge (function llm_judge), if used
-        context = ProducerContext(cfg, tokenizer, rollout, device, out, judge)
-        producer = pipeline.build(context)
+        shaping = pipeline.shaping(cfg)
+        producer = pipeline.build(
+            ProducerContext(cfg, tokenizer, rollout, device, out, shaping, judge)
+        )
         total = producer.total_steps
-        samples = derived.samples_per_step
-        roles.actor.set_total_steps(total * roles.actor.optimizer_steps_per_update(samples))
-        if roles.critic is not None:
-            roles.critic.set_total_steps(total * roles.critic.optimizer_steps_per_update(samples))
+        roles.actor.set_total_steps(total * plan.actor.optimizer_steps_per_rl_step)
+        if roles.critic is not None and plan.critic is not None:
+            roles.critic.set_total_steps(total * plan.critic.optimizer_steps_per_rl_step)
         tracker = build_trackers(
             cfg.experiment.trackers,
             out,
@@ -245,8 +285,11 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline) -> Run:
             kwargs=cfg.experiment.tracker_kwargs,
             project=cfg.experiment.project_name,
             name=cfg.experiment.experiment_name,
-            start_step=ckpt.checkpoint_step(resume_from) + 1 if resume_from is not None else 0,
+            start_step=checkpoint_step(resume_from) + 1 if resume_from is not None else 0,
         )
+        shaping_state = ShapingState.from_config(cfg.algorithm)
+        weights = WeightSync(rollout, roles.actor.engine, cfg.rollout.model_update_frequency)
+        progress = Progress()
         run = Run(
             cfg=cfg,
             out_dir=out,
@@ -254,10 +297,15 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline) -> Run:
             roles=roles,
             rollout=rollout,
             producer=producer,
-            shaping=ShapingSettings.from_config(cfg),
-            shaping_state=ShapingState.from_config(cfg.algorithm),
+            shaping=shaping,
+            shaping_state=shaping_state,
             tracker=tracker,
             total_steps=total,
+            weights=weights,
+            checkpointer=_checkpointer(
+                cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
+            ),
+            progress=progress,
             resumed_from=resume_from,
         )
     except BaseException:  # reward workers, envs and Ray groups must not outlive a failure
@@ -270,13 +318,49 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline) -> Run:
     if resume_from is not None:
         start = time.perf_counter()
         try:
-            ckpt.load_checkpoint(run, resume_from)
+            run.checkpointer.load(resume_from)
         except BaseException:
             run.close()
             raise
         took = time.perf_counter() - start
         print(f"resumed from {resume_from} at step {run.step} ({took:.1f}s)", flush=True)
     return run
+
+
+def _checkpointer(
+    cfg: TemperConfig,
+    out: Path,
+    roles: Roles,
+    tokenizer: Any,
+    producer: Producer,
+    shaping_state: ShapingState,
+    weights: WeightSync,
+    progress: Progress,
+) -> Checkpointer:
+    """The run's stateful parts, in the order a resume restores them: the trained roles,
+    then the producer, shaping, the rollout engine (and the actor's weights pushed into
+    it), the progress, and every RNG last — right before training goes on."""
+    trained: dict[str, TrainedRole] = {"actor": roles.actor}
+    limits = [cfg.experiment.max_actor_ckpt_to_keep]
+    if roles.critic is not None:
+        trained["critic"] = roles.critic
+        limits.append(cfg.experiment.max_critic_ckpt_to_keep)
+    keep = [n for n in limits if n is not None and n > 0]
+    return Checkpointer(
+        root=checkpoint_root(cfg, out),
+        roles=trained,
+        states={
+            "producer": producer,
+            "shaping": shaping_state,
+            "rollout": weights,
+            "progress": progress,
+            "rng": RNGState(),
+        },
+        config=to_dict(cfg),
+        meta={"pipeline": cfg.pipeline},
+        tokenizer=tokenizer,
+        keep=max(keep) if keep else None,
+    )
 
 
 def response_metrics(batch: Batch) -> dict[str, float]:

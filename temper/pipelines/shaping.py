@@ -51,11 +51,15 @@ class ShapingSettings:
     seed: int = 0  # PF-PPO's resampling stream
 
     @classmethod
-    def from_config(cls, cfg: TemperConfig) -> ShapingSettings:
+    def from_config(
+        cls, cfg: TemperConfig, agentic: AgenticConfig | None = None
+    ) -> ShapingSettings:
+        """The shaping of ``cfg``; ``agentic``: the agentic pipeline's normalization and
+        turn rewards (its record passes its section)."""
         return cls(
             algo=cfg.algorithm,
             response_length=cfg.rollout.response_length,
-            agentic=cfg.agentic if cfg.pipeline == "agentic" else None,
+            agentic=agentic,
             seed=cfg.experiment.seed,
         )
 

@@ -35,7 +35,7 @@ from temper.algorithms.rollout_correction import rollout_is_weights
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
-from temper.roles.minibatch import StepMetrics, mini_batches, optimizer_steps, per_rank_mini_batch
+from temper.roles.minibatch import StepMetrics, mini_batches, per_rank_mini_batch
 from temper.training.base import LossFn, TrainEngine
 
 _POSITIVE = "_sft_positive"
@@ -96,10 +96,6 @@ class Actor:
         return batch.union(Batch.from_dict(new))
 
     # ------------------------------------------------------------------ update
-
-    def optimizer_steps_per_update(self, num_samples: int) -> int:
-        """Optimizer steps one ``update`` of ``num_samples`` samples takes."""
-        return optimizer_steps(num_samples, self.cfg.mini_batch_size, self.cfg.ppo_epochs)
 
     def set_total_steps(self, total_steps: int) -> None:
         """Total optimizer steps of the run, for the LR schedule."""

@@ -62,10 +62,6 @@ class TrainedRole(Protocol):
         """PPO epochs over mini-batches of the step's batch; averaged metrics."""
         ...
 
-    def optimizer_steps_per_update(self, num_samples: int) -> int:
-        """Optimizer steps one ``update`` of ``num_samples`` samples takes."""
-        ...
-
     def set_total_steps(self, total_steps: int) -> None:
         """Total optimizer steps of the run (the LR schedule's length)."""
         ...

@@ -1,4 +1,6 @@
-"""Roles from a whole config: which exist, on which engine, with which batching.
+"""Roles from a whole config and its plan: on which engine, with which batching.
+
+Which roles run is the plan's (``temper.config.derive.Derived.roles``):
 
 * actor: always; engine ``actor.strategy``.
 * reference: iff ``reference.enable``, or (unset and a KL term is used —
@@ -21,7 +23,7 @@ import logging
 import torch
 
 from temper.algorithms.kl import kl_estimator_needs_logits
-from temper.config.derive import uses_critic, uses_reference
+from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig, TrainEngineConfig
 from temper.roles.actor import Actor
@@ -167,15 +169,18 @@ def _temperature(cfg: TemperConfig) -> float:
     return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
 
 
-def build_roles(cfg: TemperConfig, device: str | torch.device | None = None) -> Roles:
-    """Load the models and build ``Roles(actor, reference | None, critic | None)``.
+def build_roles(
+    cfg: TemperConfig, plan: Derived, device: str | torch.device | None = None
+) -> Roles:
+    """Load the models and build ``Roles(actor, reference | None, critic | None)``, the
+    roles ``plan`` says run.
 
     ``device`` defaults to ``experiment.device`` (``auto``: cuda when available).
     """
     dev = resolve_device(device if device is not None else cfg.experiment.device)
     actor = build_actor(cfg, dev)
-    reference = build_reference(cfg, dev, actor) if uses_reference(cfg) else None
-    critic = build_critic(cfg, dev) if uses_critic(cfg) else None
+    reference = build_reference(cfg, dev, actor) if plan.use_reference else None
+    critic = build_critic(cfg, dev) if plan.use_critic else None
     key = full_kl_key(cfg)
     if key is not None:
         if reference is None or not actor.engine.supports_full_kl:

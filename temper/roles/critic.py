@@ -15,7 +15,7 @@ from temper.algorithms.aggregation import LossAggregator
 from temper.algorithms.value_loss import value_loss
 from temper.config.schema import CriticConfig
 from temper.data.batch import Batch
-from temper.roles.minibatch import StepMetrics, mini_batches, optimizer_steps, per_rank_mini_batch
+from temper.roles.minibatch import StepMetrics, mini_batches, per_rank_mini_batch
 from temper.training.base import LossFn, TrainEngine
 
 
@@ -32,9 +32,6 @@ class Critic:
         """A copy of ``batch`` with ``values`` (B, R), 0 on masked tokens."""
         out = self.engine.forward(batch, with_values=True)
         return batch.union(Batch.from_dict({"values": out["values"]}))
-
-    def optimizer_steps_per_update(self, num_samples: int) -> int:
-        return optimizer_steps(num_samples, self.cfg.mini_batch_size, self.cfg.ppo_epochs)
 
     def set_total_steps(self, total_steps: int) -> None:
         self.engine.set_total_steps(total_steps)

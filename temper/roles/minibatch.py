@@ -38,12 +38,6 @@ def per_rank_mini_batch(mini_batch_size: int | None, dp_size: int) -> int | None
     return mini_batch_size // dp_size
 
 
-def optimizer_steps(num_samples: int, mini_batch_size: int | None, epochs: int) -> int:
-    """Optimizer steps one ``update`` of ``num_samples`` takes (for the LR schedule)."""
-    size = mini_batch_size or num_samples
-    return epochs * -(-num_samples // size)
-
-
 class StepMetrics:
     """Mean over optimizer steps of each metric; ``lr`` keeps the last value."""
 

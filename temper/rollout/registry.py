@@ -9,6 +9,7 @@ says what to install, before any model loads.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -109,7 +110,7 @@ def resolve_engine_name(name: str, model_cfg: ModelConfig | None = None) -> str:
     """``auto`` → ``vllm`` where vLLM is installed (and, given ``model_cfg``, can run the
     model: a vision-language model may need torchvision), else ``hf``; other names
     unchanged."""
-    if name == "auto":
+    if name == AUTO:
         if not vllm_available():
             return "hf"
         return "hf" if model_cfg is not None and _vllm_model_problem(model_cfg) else "vllm"
@@ -132,16 +133,18 @@ def check_rollout_engine(rollout_cfg: RolloutConfig, model_cfg: ModelConfig) -> 
         )
 
 
-#: Why an engine cannot be built here, found without building it (``None``: it can be).
-#: ``temper check`` asks before any model loads; builders raise the same error.
-AVAILABILITY: dict[str, Callable[[], ConfigError | None]] = {}
+def _available() -> ConfigError | None:
+    return None
 
 
-def engine_problem(name: str) -> ConfigError | None:
-    """The error building rollout engine ``name`` would raise for want of a package or
-    an adapter, or None (``auto`` resolves first)."""
-    check = AVAILABILITY.get(resolve_engine_name(name))
-    return check() if check is not None else None
+@dataclasses.dataclass(frozen=True)
+class RolloutEntry:
+    """A rollout engine: its builder, and why it cannot be built on this machine (a
+    ``ConfigError`` naming ``rollout.engine``; None: it can), asked by ``temper check``
+    before any model loads. Builders raise the same error."""
+
+    build: EngineBuilder
+    problem: Callable[[], ConfigError | None] = _available
 
 
 def _vllm_problem() -> ConfigError | None:
@@ -155,11 +158,8 @@ def _vllm_problem() -> ConfigError | None:
     )
 
 
-AVAILABILITY["vllm"] = _vllm_problem
-
-
-def _not_in_this_build(name: str, package: str, install: str) -> EngineBuilder:
-    """Builder for an engine this build does not ship yet: a config error, not a crash."""
+def _not_in_this_build(name: str, package: str, install: str) -> RolloutEntry:
+    """An engine this build does not ship yet: a config error, not a crash."""
 
     def problem() -> ConfigError:
         if importlib.util.find_spec(package) is None:
@@ -179,21 +179,37 @@ def _not_in_this_build(name: str, package: str, install: str) -> EngineBuilder:
     def build(rollout_cfg: RolloutConfig, model_cfg: ModelConfig, **_: Any) -> RolloutEngine:
         raise problem()
 
-    AVAILABILITY[name] = problem
-    return build
+    return RolloutEntry(build, problem)
 
 
-ROLLOUT_ENGINES: Registry[EngineBuilder] = Registry("rollout engine")
-ROLLOUT_ENGINES.add("hf", _build_hf)
-ROLLOUT_ENGINES.add("vllm", _build_vllm)
+ROLLOUT_ENGINES: Registry[RolloutEntry] = Registry("rollout engine")
+ROLLOUT_ENGINES.add("hf", RolloutEntry(_build_hf))
+ROLLOUT_ENGINES.add("vllm", RolloutEntry(_build_vllm, _vllm_problem))
 ROLLOUT_ENGINES.add(
     "sglang", _not_in_this_build("sglang", "sglang", "pip install 'temper-rl[sglang]' (GPU)")
 )
+#: ``rollout.engine`` also takes ``auto`` (see :func:`resolve_engine_name`).
+AUTO = "auto"
 
 
-def register_rollout_engine(name: str, builder: EngineBuilder) -> None:
-    """Add (or replace) the builder for ``rollout.engine=name``."""
-    ROLLOUT_ENGINES.add(name, builder, replace=True)
+def rollout_engine_names() -> list[str]:
+    """Every value ``rollout.engine`` takes: the registered engines and ``auto``."""
+    return sorted([*ROLLOUT_ENGINES.names(), AUTO])
+
+
+def engine_problem(name: str) -> ConfigError | None:
+    """The error building rollout engine ``name`` would raise for want of a package or
+    an adapter, or None (``auto`` resolves first)."""
+    resolved = resolve_engine_name(name)
+    return ROLLOUT_ENGINES.get(resolved).problem() if resolved in ROLLOUT_ENGINES else None
+
+
+def register_rollout_engine(
+    name: str, builder: EngineBuilder, problem: Callable[[], ConfigError | None] = _available
+) -> None:
+    """Add (or replace) the builder for ``rollout.engine=name``; ``problem`` says why it
+    cannot be built here (checked by ``temper check``)."""
+    ROLLOUT_ENGINES.add(name, RolloutEntry(builder, problem), replace=True)
 
 
 def build_rollout_engine(
@@ -210,8 +226,8 @@ def build_rollout_engine(
     """
     name = resolve_engine_name(rollout_cfg.engine, model_cfg)
     if name not in ROLLOUT_ENGINES:
-        raise unknown_name("rollout.engine", rollout_cfg.engine, [*ROLLOUT_ENGINES, "auto"])
-    builder = ROLLOUT_ENGINES.get(name)
+        raise unknown_name("rollout.engine", rollout_cfg.engine, rollout_engine_names())
+    builder = ROLLOUT_ENGINES.get(name).build
     return builder(rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from temper.config.derive import uses_critic, uses_reference
+from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import MegatronConfig, TemperConfig
 
@@ -42,21 +42,22 @@ def megatron_installed() -> bool:
     )
 
 
-def _roles(cfg: TemperConfig) -> list[tuple[str, MegatronConfig]]:
+def _roles(cfg: TemperConfig, plan: Derived) -> list[tuple[str, MegatronConfig]]:
     roles = []
     if cfg.actor.strategy == "megatron":
         roles.append(("actor", cfg.actor.megatron))
-    if uses_critic(cfg) and cfg.critic.strategy == "megatron":
+    if plan.use_critic and cfg.critic.strategy == "megatron":
         roles.append(("critic", cfg.critic.megatron))
-    if uses_reference(cfg) and cfg.reference.strategy == "megatron" and cfg.model.lora.rank == 0:
-        roles.append(("reference", cfg.reference.megatron))
+    ref = cfg.reference
+    if plan.use_reference and ref.strategy == "megatron" and cfg.model.lora.rank == 0:
+        roles.append(("reference", ref.megatron))
     return roles
 
 
-def check_megatron(cfg: TemperConfig, device_type: str) -> list[str]:
+def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[str]:
     """Raise ``ConfigError`` for what cannot run; return notes on options not applied."""
     notes: list[str] = []
-    for role, m in _roles(cfg):
+    for role, m in _roles(cfg, plan):
         ckpt = cfg.model.enable_gradient_checkpointing and role != "reference"
         notes += check_section(
             role, m, device_type=device_type, lora=cfg.model.lora.rank, gradient_checkpointing=ckpt
@@ -69,7 +70,7 @@ def check_megatron(cfg: TemperConfig, device_type: str) -> list[str]:
                 "sequences with context_parallel_size",
                 "set it to 1",
             )
-    if _roles(cfg):
+    if _roles(cfg, plan):
         note = half_precision_note(cfg.model.dtype, device_type)
         notes += [note] if note else []
     return notes

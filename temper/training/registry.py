@@ -6,13 +6,21 @@ backend) and ``megatron`` (Megatron-Core, tensor × data parallel) are built in.
 two are optional packages, imported only when an engine is built; without them asking
 for the engine is a configuration error naming the key (``actor.strategy``, …), not a
 crash deep inside a run.
+
+Each entry declares what the run's plan needs to know of it (``needs``, read through the
+config layer's ``Catalog``): whether it trains in one process, and how a role's devices
+split into data-parallel ranks. :func:`register_engine` adds one that a config then
+selects by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from temper.config.catalog import MEGATRON_PARALLEL, ONE_PROCESS, SEQUENCE_PARALLEL
+from temper.config.derive import Derived
 from temper.config.errors import ConfigError, unknown_name
 from temper.config.schema import TemperConfig, TrainEngineConfig
 from temper.registry import Registry
@@ -22,6 +30,14 @@ from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 
 EngineFactory = Callable[[EngineSpec], TrainEngine]
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """A training engine: its factory, and its needs (``temper.config.catalog``)."""
+
+    build: EngineFactory
+    needs: frozenset[str] = frozenset()
 
 
 def _megatron(spec: EngineSpec) -> TrainEngine:
@@ -40,33 +56,33 @@ def _deepspeed(spec: EngineSpec) -> TrainEngine:
     return DeepSpeedEngine(spec)
 
 
-ENGINES: Registry[EngineFactory] = Registry("training engine")
-ENGINES.add("torch", TorchEngine)
-ENGINES.add("fsdp2", FSDP2Engine)
-ENGINES.add("megatron", _megatron)
-ENGINES.add("deepspeed", _deepspeed)
+ENGINES: Registry[Engine] = Registry("training engine")
+ENGINES.add("torch", Engine(TorchEngine, frozenset({ONE_PROCESS})))
+ENGINES.add("fsdp2", Engine(FSDP2Engine, frozenset({SEQUENCE_PARALLEL})))
+ENGINES.add("megatron", Engine(_megatron, frozenset({MEGATRON_PARALLEL})))
+ENGINES.add("deepspeed", Engine(_deepspeed, frozenset({SEQUENCE_PARALLEL})))
 
 
-def register_engine(name: str, factory: EngineFactory) -> None:
-    """Make ``strategy: name`` build engines with ``factory(spec)``."""
-    ENGINES.add(name, factory)
+def register_engine(name: str, factory: EngineFactory, needs: frozenset[str] = frozenset()) -> None:
+    """Make ``strategy: name`` build engines with ``factory(spec)``; ``needs`` as
+    :class:`Engine` (none: one rank per device, like fsdp2 without sequence parallel)."""
+    ENGINES.add(name, Engine(factory, needs))
 
 
 def build_engine(strategy: str, spec: EngineSpec, *, key: str | None = None) -> TrainEngine:
     """The engine registered as ``strategy``; ``key`` is the config key named in errors."""
     key = key or f"{spec.role}.strategy"
     if strategy in ENGINES:
-        return ENGINES.get(strategy)(spec)
+        return ENGINES.get(strategy).build(spec)
     raise unknown_name(key, strategy, ENGINES.names())
 
 
-def check_engines(cfg: TemperConfig) -> None:
+def check_engines(cfg: TemperConfig, plan: Derived) -> None:
     """What building the roles' engines would refuse, found at load without importing an
     engine or loading a model: a ``deepspeed`` role needs the deepspeed package, and its
     ``deepspeed`` section must resolve (stage, refused sections, temper-owned values)."""
     import importlib.util
 
-    from temper.config.derive import derive, placement, uses_critic, uses_reference
     from temper.training.deepspeed_config import (
         PRECISIONS,
         DeepSpeedFill,
@@ -75,14 +91,15 @@ def check_engines(cfg: TemperConfig) -> None:
     )
     from temper.training.models import resolve_device, resolve_dtype
 
-    d = derive(cfg)
     roles: list[tuple[str, str, TrainEngineConfig | None, dict[str, Any], int]] = [
-        ("actor", cfg.actor.strategy, cfg.actor, cfg.actor.deepspeed, d.actor.dp)
+        ("actor", cfg.actor.strategy, cfg.actor, cfg.actor.deepspeed, plan.actor.dp)
     ]
-    if d.critic is not None and uses_critic(cfg):
-        roles.append(("critic", cfg.critic.strategy, cfg.critic, cfg.critic.deepspeed, d.critic.dp))
-    if uses_reference(cfg) and cfg.model.lora.rank == 0:
-        ranks = len(placement(cfg)["reference"]) if cfg.resources.backend != "local" else 1
+    if plan.critic is not None:
+        roles.append(
+            ("critic", cfg.critic.strategy, cfg.critic, cfg.critic.deepspeed, plan.critic.dp)
+        )
+    if plan.use_reference and cfg.model.lora.rank == 0:
+        ranks = len(plan.placement["reference"]) if cfg.resources.backend != "local" else 1
         ref = cfg.reference
         roles.append(("reference", ref.strategy, None, ref.deepspeed, ranks))
     device = resolve_device(cfg.experiment.device)

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from temper.cli.registries import registry_names
-from temper.config import build_config, load_config
 from temper.pipelines import run_pipeline
+from temper.pipelines.catalog import build_config, load_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -314,7 +313,7 @@ def test_roll_agentic_example_trains_two_steps(tmp_path, tiny_model_dir):
         "max_steps=2",
         "eval_steps=2",
     ]
-    loaded = load_config(EXAMPLES / "roll_agentic_sokoban.yaml", overrides, names=registry_names())
+    loaded = load_config(EXAMPLES / "roll_agentic_sokoban.yaml", overrides)
     cfg = loaded.config
     assert cfg.pipeline == "agentic" and cfg.rollout.engine == "hf"
     assert (

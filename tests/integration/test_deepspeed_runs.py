@@ -20,7 +20,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from temper.config import build_config
+from temper.pipelines.catalog import build_config
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
@@ -94,6 +94,7 @@ def test_grpo_on_two_zero3_ranks_syncs_the_trained_weights(tmp_path, tiny_model_
 
     from temper.cluster.placement import placement_rows
     from temper.pipelines import run_pipeline
+    from temper.pipelines.catalog import plan
 
     resources = {
         "backend": "ray",
@@ -104,7 +105,7 @@ def test_grpo_on_two_zero3_ranks_syncs_the_trained_weights(tmp_path, tiny_model_
     }
     zero3 = {"stage": 3, "stage3_param_persistence_threshold": "auto"}
     cfg = build_config(grpo_config(tmp_path, tiny_model_dir, zero3, resources=resources))
-    placed = {r[0]: (r[1], r[3], r[5]) for r in placement_rows(cfg)[1:]}
+    placed = {r[0]: (r[1], r[3], r[5]) for r in placement_rows(cfg, plan(cfg))[1:]}
     assert placed == {"actor": ("0,1", "2", "deepspeed"), "rollout": ("2", "1", "hf")}
     try:
         run_pipeline(cfg)
@@ -196,9 +197,8 @@ def test_upstream_roll_agentic_file_trains_two_steps_on_deepspeed(tmp_path, monk
     writes under /data/oss_bucket_0)."""
     pytest.importorskip("vllm")
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    from temper.cli.registries import registry_names
-    from temper.config import load_config
     from temper.pipelines import run_pipeline
+    from temper.pipelines.catalog import load_config
     from temper.utils.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny128", hidden_size=128, seed=3)  # head size 32
@@ -234,7 +234,7 @@ def test_upstream_roll_agentic_file_trains_two_steps_on_deepspeed(tmp_path, monk
         f"render_save_dir={tmp_path / 'render'}",
         f"tracker_kwargs.log_dir={tmp_path / 'tb'}",
     ]
-    cfg = load_config(AGENTIC_2025_06, overrides, names=registry_names()).config
+    cfg = load_config(AGENTIC_2025_06, overrides).config
     assert cfg.actor.strategy == "deepspeed" and cfg.rollout.engine == "vllm"
     assert cfg.actor.deepspeed["zero_optimization"]["stage"] == 2
     summary = run_pipeline(cfg)

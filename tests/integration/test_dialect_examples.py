@@ -9,19 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from temper.cli.registries import registry_names
 from temper.cluster.placement import placement_rows
-from temper.config import load_config
 from temper.pipelines import run_pipeline
+from temper.pipelines.catalog import load_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TASK = "task:arithmetic?n=64&seed=5"
 
 
 def run(path: Path, overrides: list[str], placement: dict | None = None) -> list[dict]:
-    loaded = load_config(path, overrides, names=registry_names())
+    loaded = load_config(path, overrides)
     if placement is not None:  # what `temper check` prints, role -> (devices, ranks, engine)
-        rows = placement_rows(loaded.config)[1:]
+        rows = placement_rows(loaded.config, loaded.plan)[1:]
         assert {r[0]: (r[1], r[3], r[5]) for r in rows} == placement
     run_pipeline(loaded.config)
     out = Path(loaded.config.experiment.output_dir)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from temper.config import build_config
 from temper.pipelines import run_pipeline
+from temper.pipelines.catalog import build_config
 
 pytestmark = pytest.mark.slow
 

@@ -27,11 +27,9 @@ import torch
 import yaml
 
 pytest.importorskip("megatron.core")
-
-from temper.cli.registries import registry_names
 from temper.cluster.placement import placement_rows
-from temper.config import build_config, load_config
 from temper.pipelines import run_pipeline
+from temper.pipelines.catalog import build_config, load_config
 
 pytestmark = pytest.mark.slow
 
@@ -57,9 +55,9 @@ def _train_rows(out: Path) -> list[dict]:
 
 
 def _run(path: Path, overrides: list[str], placement: dict | None = None) -> Path:
-    loaded = load_config(path, overrides, names=registry_names())
+    loaded = load_config(path, overrides)
     if placement is not None:  # what `temper check` prints, role -> (devices, ranks, dp, engine)
-        rows = placement_rows(loaded.config)[1:]
+        rows = placement_rows(loaded.config, loaded.plan)[1:]
         assert {r[0]: (r[1], r[3], r[4], r[5]) for r in rows} == placement
     run_pipeline(loaded.config)
     return Path(loaded.config.experiment.output_dir)

@@ -12,7 +12,7 @@ import signal
 import pytest
 import torch
 
-from temper.config import build_config
+from temper.pipelines.catalog import build_config
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -178,8 +178,10 @@ def test_a_late_or_killed_worker_stops_the_run_naming_role_and_rank(
 ) -> None:
     from temper.cluster.ray import WorkerGroupError
     from temper.cluster.roles import build_ray_roles
+    from temper.pipelines.catalog import plan
 
-    roles = build_ray_roles(ray_config(tmp_path, tiny_model_dir))
+    cfg = ray_config(tmp_path, tiny_model_dir)
+    roles = build_ray_roles(cfg, plan(cfg))
     try:
         group = roles.groups[0]
         timeout, group.timeout = group.timeout, 1e-3

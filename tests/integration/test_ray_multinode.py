@@ -34,6 +34,7 @@ def test_roles_are_placed_on_the_nodes_of_their_device_ids(
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from temper.cluster.roles import build_ray_roles
     from temper.pipelines import run_pipeline as train
+    from temper.pipelines.catalog import plan
 
     # devices 0,1 on node 0 (the driver's), 2,3 on node 1: actor ranks on 1 and 2 span both
     resources = {
@@ -45,7 +46,7 @@ def test_roles_are_placed_on_the_nodes_of_their_device_ids(
     }
     cfg = ray_config(tmp_path, tiny_model_dir, resources=resources)
     head = ray.get_runtime_context().get_node_id()
-    roles = build_ray_roles(cfg)
+    roles = build_ray_roles(cfg, plan(cfg))
     try:
         actor, rollout = roles.groups[0], roles.groups[1]
         assert (actor.role, rollout.role) == ("actor", "rollout")

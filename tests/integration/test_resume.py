@@ -26,7 +26,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from temper.config import build_config
+from temper.pipelines.catalog import build_config
 
 pytestmark = pytest.mark.slow
 
@@ -268,7 +268,8 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
     from transformers import AutoModelForCausalLM
 
     from temper.data import next_prompt_batch
-    from temper.pipelines import pipeline_of
+    from temper.pipelines import resolve_pipeline
+    from temper.pipelines.catalog import plan
     from temper.pipelines.rlvr import RLVRProducer
     from temper.pipelines.run import build_run
 
@@ -283,7 +284,7 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
         "resume_from_path": str(ckpt),
     }
     conf = build_config({**cfg, "experiment": exp})
-    run = build_run(conf, pipeline_of(conf))
+    run = build_run(conf, resolve_pipeline(conf.pipeline), plan(conf))
     try:
         assert run.step == 3
         producer = run.producer

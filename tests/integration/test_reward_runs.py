@@ -10,9 +10,8 @@ import pytest
 import yaml
 
 from temper.cli.main import main
-from temper.cli.registries import registry_names
-from temper.config import load_config
 from temper.pipelines import run_pipeline
+from temper.pipelines.catalog import load_config
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "upstream"  # in-repo copies
 ROLL_RLVR = REFERENCE / "roll-v0/qwen2.5-7B-rlvr_megatron/rlvr_config.yaml"
@@ -71,7 +70,7 @@ def test_a_judge_scored_run_trains_3_steps_with_smollm2(tmp_path, tiny_model_dir
     )
     judge = {"model_path": "smollm2:135m-instruct", "max_new_tokens": 4}
     path = _native(tmp_path, str(tiny_model_dir), data, function="llm_judge", judge=judge)
-    loaded = load_config(path, [], names=registry_names())
+    loaded = load_config(path, [])
     run_pipeline(loaded.config)
     steps = [r for r in metrics(tmp_path / "run") if "train/score_mean" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
@@ -147,7 +146,7 @@ def test_roll_upstream_rlvr_trains_2_steps_with_its_five_domains(tmp_path, tiny_
         "reference.strategy_args.strategy_name=hf_infer",
         "~reference.strategy_args.strategy_config",
     ]
-    loaded = load_config(ROLL_RLVR, overrides, names=registry_names())
+    loaded = load_config(ROLL_RLVR, overrides)
     assert sorted(r.function for r in loaded.config.reward.routes.values()) == sorted(
         ["code", "crossthinkqa", "ifeval", "llm_judge", "math"]
     )
@@ -187,7 +186,7 @@ def test_the_judge_is_its_own_ray_role(tmp_path, tiny_model_dir, capsys):
         "resources.reward=[1]",
         "resources.ray.num_cpus=4",
     ]
-    loaded = load_config(path, overrides, names=registry_names())
+    loaded = load_config(path, overrides)
     run_pipeline(loaded.config)
     assert "ray: judge ranks 0..0 up" in capsys.readouterr().out
     steps = [r for r in metrics(tmp_path / "run") if "train/score_mean" in r]

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from temper.config import build_config
 from temper.pipelines import run_pipeline as train
+from temper.pipelines.catalog import build_config
 
 REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -100,7 +100,8 @@ def test_ppo_with_critic_runs_and_trains_both(tmp_path, tiny_model_dir, monkeypa
     2-4 give rises of 0.21-0.33, so the 0.15 margin is not a lucky draw.
     """
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    from temper.pipelines import pipeline_of
+    from temper.pipelines import resolve_pipeline
+    from temper.pipelines.catalog import plan
     from temper.pipelines.driver import rl_step
     from temper.pipelines.run import build_run
 
@@ -121,7 +122,7 @@ def test_ppo_with_critic_runs_and_trains_both(tmp_path, tiny_model_dir, monkeypa
             "optim": {"lr": 1e-3, "weight_decay": 0.0},
         },
     )
-    run = build_run(cfg, pipeline_of(cfg))
+    run = build_run(cfg, resolve_pipeline(cfg.pipeline), plan(cfg))
     try:
         actor, critic = run.roles.actor.engine.model, run.roles.critic.engine.model
         before_actor, before_critic = params(actor), params(critic)
@@ -161,10 +162,11 @@ def test_lora_run_trains_adapters_only(tmp_path, tiny_model_dir, monkeypatch):
             "optim": {"lr": 1e-2, "weight_decay": 0.0},
         },
     )
-    from temper.pipelines import pipeline_of
+    from temper.pipelines import resolve_pipeline
+    from temper.pipelines.catalog import plan
     from temper.pipelines.run import build_run
 
-    run = build_run(cfg, pipeline_of(cfg))
+    run = build_run(cfg, resolve_pipeline(cfg.pipeline), plan(cfg))
     try:
         engine = run.roles.actor.engine
         assert run.roles.reference is not None and run.roles.reference.engine is engine
@@ -226,10 +228,11 @@ def test_rlvr_with_verl_multi_turn_tool_calling(tmp_path, tiny_model_dir, monkey
             },
         },
     )
-    from temper.pipelines import pipeline_of
+    from temper.pipelines import resolve_pipeline
+    from temper.pipelines.catalog import plan
     from temper.pipelines.run import build_run
 
-    run = build_run(cfg, pipeline_of(cfg))
+    run = build_run(cfg, resolve_pipeline(cfg.pipeline), plan(cfg))
     try:
         from temper.pipelines.rlvr import RLVRProducer
 

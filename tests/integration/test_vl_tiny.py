@@ -13,10 +13,9 @@ import torch
 from safetensors.torch import load_file
 from vl_teach import teach_tiny_vlm  # next to this file
 
-from temper.cli.registries import registry_names
-from temper.config import build_config, load_config
 from temper.data.tasks import make_task_rows
 from temper.pipelines import run_pipeline
+from temper.pipelines.catalog import build_config, load_config
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +29,7 @@ def rows(out: Path) -> list[dict]:
 
 
 def run_example(name: str, overrides: list[str]) -> list[dict]:
-    loaded = load_config(EXAMPLES / name, overrides, names=registry_names())
+    loaded = load_config(EXAMPLES / name, overrides)
     run_pipeline(loaded.config)
     return rows(Path(loaded.config.experiment.output_dir))
 

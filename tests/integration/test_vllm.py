@@ -229,7 +229,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def grpo_config(tmp_path, model_dir, **over):
     """3 GRPO steps on a reward the random model can move (digit fraction), so the
     weights change every step and a missed sync would show in the log-prob diff."""
-    from temper.config import build_config
+    from temper.pipelines.catalog import build_config
 
     reward_file = tmp_path / "digits.py"
     reward_file.write_text(DIGITS_REWARD)

@@ -1,6 +1,7 @@
 """Config dialects: verl and ROLL files translate into the native schema.
 
-A dialect is a function ``translate(raw) -> Translation`` registered under its name.
+A dialect is a function ``translate(raw, catalog) -> Translation`` registered in
+:data:`DIALECTS` under its name (the built-in ones lazily: a file loads only its own).
 ``detect`` picks one from the file's shape. Translations never drop a key silently:
 each key is mapped to a native field, listed in ``notes`` (accepted, with why it has
 no effect here), or rejected with a ``ConfigError`` naming the key, reason and fix.
@@ -13,9 +14,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from temper.config.catalog import Catalog
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 from temper.config.schema import TemperConfig
+from temper.registry import Registry
 
 
 @dataclasses.dataclass
@@ -33,17 +36,26 @@ class Translation:
     table: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-Translator = Callable[[RawConfig], Translation]
-DIALECTS: dict[str, Translator] = {}
-BUILTIN = ("native", "verl", "roll")
+Translator = Callable[[RawConfig, Catalog], Translation]
+DIALECTS: Registry[Translator] = Registry("dialect")
 
 
 def register_dialect(name: str) -> Callable[[Translator], Translator]:
+    """Decorator registering a translator under dialect ``name`` (``--dialect name``)."""
+
     def wrap(fn: Translator) -> Translator:
-        DIALECTS[name] = fn
+        DIALECTS.add(name, fn)
         return fn
 
     return wrap
+
+
+def _builtin(module: str, function: str) -> Callable[[], Translator]:
+    def load() -> Translator:
+        translator: Translator = getattr(importlib.import_module(module), function)
+        return translator
+
+    return load
 
 
 NATIVE_KEYS = {f.name for f in dataclasses.fields(TemperConfig)}
@@ -81,23 +93,26 @@ def detect(data: dict[str, Any]) -> str:
 
 
 @register_dialect("native")
-def translate_native(raw: RawConfig) -> Translation:
+def translate_native(raw: RawConfig, catalog: Catalog) -> Translation:
     return Translation(native=dict(raw.data))
 
 
-def translate(raw: RawConfig, dialect: str = "auto") -> tuple[str, Translation]:
-    """Translate ``raw`` with ``dialect`` (or the detected one)."""
+DIALECTS.add_lazy("verl", _builtin("temper.config.dialects.verl", "translate_verl"))
+DIALECTS.add_lazy("roll", _builtin("temper.config.dialects.roll", "translate_roll"))
+
+
+def translate(raw: RawConfig, dialect: str, catalog: Catalog) -> tuple[str, Translation]:
+    """Translate ``raw`` with ``dialect`` (``auto``: the detected one)."""
     name = detect(raw.data) if dialect == "auto" else dialect
-    if name in BUILTIN and name not in DIALECTS:
-        # Each dialect module registers itself on import; load only the one used.
-        importlib.import_module(f"temper.config.dialects.{name}")
     if name not in DIALECTS:
         raise ConfigError(
-            "--dialect", f"unknown dialect '{name}'", f"use one of: auto, {', '.join(BUILTIN)}"
+            "--dialect",
+            f"unknown dialect '{name}'",
+            f"use one of: auto, {', '.join(DIALECTS.names())}",
         )
     from temper.config.dialects.pipelines import refuse_other_pipelines
 
     refuse_other_pipelines(raw.data, name)
-    translation = DIALECTS[name](raw)
+    translation = DIALECTS.get(name)(raw, catalog)
     translation.notes[:0] = raw.notes  # the loader's (hydra.searchpath, runtime settings)
     return name, translation

@@ -56,6 +56,7 @@ PHRASES: dict[str, dict[str, str]] = {
         "turns the reference on)",
         "roll": "use_kl_loss / add_token_level_kl (a KL term turns the reference on)",
     },
+    "agentic.train_env_manager": {"roll": "train_env_manager"},
     "resources.devices_per_node": {
         "verl": "trainer.n_gpus_per_node",
         "roll": "num_gpus_per_node",
@@ -73,7 +74,8 @@ SPELLING: dict[str, dict[str, str]] = {
     },
     "verl": {"torch": "fsdp (one device)"},
 }
-_HAS = re.compile(r"(an engine this build has: )([\w, ]+)")
+# the valid values an error lists for a training strategy (``unknown_name``'s fix)
+_VALID = re.compile(r"(use one of: )([\w, ]+)")
 
 
 @functools.cache
@@ -104,7 +106,7 @@ def in_dialect(
     ``sources``: native key -> the dialect key of this file that set it; ``table``: native
     key -> the dialect key that sets it in general (from the dialect's key table).
     """
-    if dialect == "native":
+    if dialect == "native" or err.dialect is not None:  # native, or told already
         return err
     keys = native_keys()
 
@@ -138,8 +140,10 @@ def in_dialect(
                 found = sources.get(parent)
         key = f"{found} (temper: {err.key})" if found else f"{err.key} (a temper key)"
     fix = _TOKEN.sub(word, err.fix) if err.fix else err.fix
-    spelling = SPELLING.get(dialect, {})
-    fix = _HAS.sub(
-        lambda m: m.group(1) + ", ".join(spelling.get(v, v) for v in m.group(2).split(", ")), fix
-    )
-    return ConfigError(key, err.reason, fix)
+    if err.key.endswith(".strategy"):  # engine names as the dialect spells them
+        spelling = SPELLING.get(dialect, {})
+        fix = _VALID.sub(
+            lambda m: m.group(1) + ", ".join(spelling.get(v, v) for v in m.group(2).split(", ")),
+            fix,
+        )
+    return ConfigError(key, err.reason, fix, dialect=dialect)

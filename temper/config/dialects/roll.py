@@ -16,11 +16,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from temper.config.dialects import Translation, register_dialect
+from temper.config.catalog import Catalog
+from temper.config.dialects import Translation
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import MISSING, Ctx
 from temper.config.dialects.roll_devices import parse_device_mapping
-from temper.config.dialects.roll_rules import Map, Note, Reject, Rule, Same
+from temper.config.dialects.roll_rules import Map, Note, Reject, Rule, Same, Use
 from temper.config.dialects.roll_table import ROLL_DEFAULTS, TOP
 from temper.config.errors import ConfigError, did_you_mean
 from temper.config.loader import RawConfig
@@ -118,9 +119,9 @@ def _apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None
     # Use: read by a derivation in roll_derive.
 
 
-@register_dialect("roll")
-def translate_roll(raw: RawConfig) -> Translation:
-    """Translate a ROLL pipeline config (see the module docstring)."""
+def translate_roll(raw: RawConfig, catalog: Catalog | None = None) -> Translation:
+    """Translate a ROLL pipeline config (see the module docstring); ROLL's rules read no
+    registry, so ``catalog`` (the dialect interface's) is not needed."""
     given = dict(raw.data)
     applied = {k: v for k, v in ROLL_DEFAULTS.items() if k not in given}
     if isinstance(given.get("validation"), dict) and "eval_steps" in given["validation"]:
@@ -155,3 +156,22 @@ def translate_roll(raw: RawConfig) -> Translation:
             + ", ".join(f"{k}={v!r}" for k, v in applied.items())
         )
     return Translation(native=ctx.native, notes=ctx.notes, sources=dict(ctx.src), table=REVERSE)
+
+
+def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
+    """What ROLL key ``key`` becomes here: (native keys it sets, how), or None when the
+    table has no such key (``temper check --explain``)."""
+    found = _lookup(tuple(key.split(".")))
+    if found is None:
+        return None
+    rule, _stars = found
+    if isinstance(rule, Map):
+        dst = rule.dst if isinstance(rule.dst, tuple) else (rule.dst,)
+        return dst, "sets " + ", ".join(dst) + (" (converted)" if rule.fn else "")
+    if isinstance(rule, Use):
+        return (), f"read by a derivation: {rule.what}"
+    if isinstance(rule, Note):
+        return (), f"accepted, no effect here: {rule.why}"
+    if isinstance(rule, Reject):
+        return (), f"refused ({rule.why}); fix: {rule.fix}"
+    return (), f"must equal {rule.other}: {rule.why}"

@@ -29,7 +29,8 @@ import types
 import typing
 from typing import Any, Union, get_args, get_origin
 
-from temper.config.dialects import Translation, register_dialect
+from temper.config.catalog import VALUES, Catalog
+from temper.config.dialects import Translation
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.errors import ConfigError, did_you_mean
@@ -61,10 +62,10 @@ for _key, _rule in sorted(TABLE.items(), key=lambda kv: isinstance(kv[1], Map) a
 _WRAPPER_CHILDREN = _children({**WRAPPER, "backend_config": Note("")})
 
 
-@register_dialect("verl")
-def translate_verl(raw: RawConfig) -> Translation:
-    """Translate a verl config (or document 003's ``backend_config`` wrapper)."""
-    return _Translator(raw.data, raw.added).run()
+def translate_verl(raw: RawConfig, catalog: Catalog) -> Translation:
+    """Translate a verl config (or document 003's ``backend_config`` wrapper); the
+    catalog says which advantage estimators need a critic (verl builds one for those)."""
+    return _Translator(raw.data, catalog, raw.added).run()
 
 
 @functools.cache
@@ -104,8 +105,11 @@ def _leaves(value: Any, key: str) -> list[str]:
 
 
 class _Translator:
-    def __init__(self, data: dict[str, Any], added: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, data: dict[str, Any], catalog: Catalog, added: dict[str, str] | None = None
+    ) -> None:
         self.data = copy.deepcopy(data)
+        self.catalog = catalog
         self.added = added or {}  # key -> the plain override that added it
         self.tree: dict[str, Any] = {}
         self.prefix = ""
@@ -243,11 +247,15 @@ class _Translator:
     # ------------------------------------------------------------------ rules
 
     def _critic_unused(self) -> bool:
-        """verl builds a critic when ``critic.enable`` says so, else for GAE only."""
+        """verl builds a critic when ``critic.enable`` says so, else for an advantage
+        estimator that needs values (GAE)."""
         enable = self._lookup("critic.enable")
         if isinstance(enable, bool):
             return not enable
-        return self._lookup("algorithm.adv_estimator") not in ("gae", _MISSING)
+        estimator = self._lookup("algorithm.adv_estimator")
+        if estimator is _MISSING or not isinstance(estimator, str):
+            return False
+        return VALUES not in self.catalog.needs("adv_estimator", estimator)
 
     def _apply(self, rule: Rule, value: Any) -> None:
         # verl never reads the section of a critic it does not build
@@ -374,3 +382,20 @@ class _Translator:
 
     def _render_notes(self) -> list[str]:
         return [f"{why}: {', '.join(keys)}" for why, keys in self.notes.items()]
+
+
+def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
+    """What verl key ``key`` becomes here: (native keys it sets, how), or None when the
+    table has no such key (``temper check --explain``)."""
+    rule = TABLE.get(key)
+    if rule is None:
+        return None
+    if isinstance(rule, Map):
+        return (rule.native,), "sets " + rule.native + (" (converted)" if rule.fn else "")
+    if isinstance(rule, Note):
+        return (), f"accepted, no effect here: {rule.why}"
+    if isinstance(rule, Inert):
+        return (), f"accepted at its inert value(s) ({rule.why}); otherwise {rule.reason}"
+    if isinstance(rule, Gated):
+        return (), f"inert while {rule.gate} is off ({rule.why}); otherwise {rule.reason}"
+    return (), "read by the translation's own rule together with related keys"

@@ -8,15 +8,15 @@ import numpy as np
 import torch
 
 from temper.checkpoint import capture_rng, config_changes, restore_rng, rule_for
-from temper.config import build_config
-from temper.config.typed import to_dict
+from temper.config.schema import TemperConfig
+from temper.config.typed import from_dict, to_dict
 
 
 def _cfg(**over):
     base = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}}
     for section, values in over.items():
         base.setdefault(section, {}).update(values)
-    return to_dict(build_config(base, validate_it=False))
+    return to_dict(from_dict(TemperConfig, base))
 
 
 def test_logging_changes_are_harmless():

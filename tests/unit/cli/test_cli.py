@@ -8,8 +8,7 @@ import pytest
 import yaml
 
 from temper.cli.main import main
-from temper.cli.registries import registry_names
-from temper.config import load_config
+from temper.pipelines.catalog import load_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 CONFIGS = sorted(p for p in EXAMPLES.glob("*.yaml"))
@@ -56,13 +55,13 @@ def test_convert_round_trips(path, tmp_path, capsys):
     first = capsys.readouterr().out
     native = tmp_path / "native.yaml"
     native.write_text(first)
-    loaded = load_config(native, names=registry_names())
+    loaded = load_config(native)
     assert loaded.dialect == "native"
     assert main(["convert", str(native)]) == 0
     second = capsys.readouterr().out
     strip = lambda text: [ln for ln in text.splitlines() if not ln.startswith("# note")]  # noqa: E731
     assert strip(second) == strip(first)
-    original = load_config(path, names=registry_names()).config
+    original = load_config(path).config
     assert loaded.config == original
 
 

@@ -115,12 +115,12 @@ def test_vllm_refusing_to_start_is_one_line_naming_the_option(tmp_path, monkeypa
 def test_failed_ray_worker_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
     from temper.cluster.ray import WorkerGroupError
 
-    def run_pipeline(cfg):
+    def run_pipeline(cfg, plan=None):
         raise WorkerGroupError("actor", 1, "the worker process died (exit code -9)")
 
     monkeypatch.setattr("temper.pipelines.run_pipeline", run_pipeline)
     # grpo_native.yaml names its author's model directory: skip the pre-flight
-    monkeypatch.setattr("temper.pipelines.preflight.preflight", lambda cfg: [])
+    monkeypatch.setattr("temper.pipelines.preflight.preflight", lambda cfg, plan: [])
     assert main(["train", str(EXAMPLES / "grpo_native.yaml")]) == 1
     captured = capsys.readouterr()
     (line,) = _lines(captured.err)
@@ -129,11 +129,11 @@ def test_failed_ray_worker_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
-    def run_pipeline(cfg):
+    def run_pipeline(cfg, plan=None):
         raise KeyError("response_mask")
 
     monkeypatch.setattr("temper.pipelines.run_pipeline", run_pipeline)
-    monkeypatch.setattr("temper.pipelines.preflight.preflight", lambda cfg: [])
+    monkeypatch.setattr("temper.pipelines.preflight.preflight", lambda cfg, plan: [])
     with pytest.raises(KeyError, match="response_mask"):
         main(["train", str(EXAMPLES / "grpo_native.yaml")])
 

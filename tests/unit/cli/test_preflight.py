@@ -18,7 +18,7 @@ TASK = "task:arithmetic?n=16&seed=3"
 def no_run(monkeypatch):
     """``train`` must stop in its pre-flight: reaching the pipeline fails the test."""
 
-    def run_pipeline(cfg):
+    def run_pipeline(cfg, plan=None):
         raise AssertionError("train started a run although its pre-flight should refuse it")
 
     monkeypatch.setattr("temper.pipelines.run_pipeline", run_pipeline)
@@ -134,10 +134,16 @@ def test_sglang_is_refused_before_models_load(tmp_path, tiny_model_dir, capsys, 
 def test_unbuilt_engine_on_several_devices_is_refused_before_ray(
     tmp_path, capsys, no_run, monkeypatch
 ):
-    """Several devices run on Ray, where the named engine itself must exist (it used to
-    fail inside a Ray worker with an UnserializableException). verl: megatron; ROLL:
-    deepspeed_train — each told in its own dialect."""
-    monkeypatch.setattr("temper.training.registry.ENGINES", {"torch": None, "fsdp2": None})
+    """A strategy is a name of the training-engine registry (it used to fail inside a Ray
+    worker with an UnserializableException). verl: megatron; ROLL: deepspeed_train —
+    each told in its own dialect, the valid engines spelled as that dialect spells them."""
+    from temper.registry import Registry
+    from temper.training.registry import ENGINES
+
+    partial = Registry("training engine")
+    for name in ("torch", "fsdp2"):
+        partial.add(name, ENGINES.get(name))
+    monkeypatch.setattr("temper.training.registry.ENGINES", partial)
     examples = Path(__file__).resolve().parents[3] / "examples"
     args = [
         str(examples / "verl_gsm8k_ppo.yaml"),
@@ -145,9 +151,8 @@ def test_unbuilt_engine_on_several_devices_is_refused_before_ray(
         "trainer.n_gpus_per_node=2",
     ]
     assert refused(args, capsys) == (
-        "actor_rollout_ref.actor.strategy (temper: actor.strategy): the 'megatron' training "
-        "engine (Megatron-Core) is not in this build of temper. Fix: set "
-        "actor_rollout_ref.actor.strategy to an engine this build has: fsdp2, fsdp (one device)"
+        "actor_rollout_ref.actor.strategy (temper: actor.strategy): unknown value 'megatron'. "
+        "Fix: use one of: fsdp2, fsdp (one device)"
     )
     args = [
         str(examples / "roll_rlvr.yaml"),
@@ -155,10 +160,8 @@ def test_unbuilt_engine_on_several_devices_is_refused_before_ray(
         "actor_train.device_mapping=list(range(0,2))",
     ]
     assert refused(args, capsys) == (
-        "actor_train.strategy_args.strategy_name (temper: actor.strategy): the 'deepspeed' "
-        "training engine (DeepSpeed) is not in this build of temper. Fix: set "
-        "actor_train.strategy_args.strategy_name to an engine this build has: fsdp2_train, "
-        "hf_train"
+        "actor_train.strategy_args.strategy_name (temper: actor.strategy): unknown value "
+        "'deepspeed'. Fix: use one of: fsdp2_train, hf_train"
     )
 
 

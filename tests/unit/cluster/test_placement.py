@@ -7,9 +7,10 @@ import pytest
 
 from temper.cluster.placement import device_pools, format_table, placement_rows, rank_slots
 from temper.cluster.rollout import prompt_slices
-from temper.config import build_config
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
+from temper.config.validate import validate
+from temper.pipelines.catalog import CATALOG, build_config
 
 
 def ray_cfg() -> TemperConfig:
@@ -30,18 +31,18 @@ def test_separate_roles_get_their_own_devices_and_nodes() -> None:
     cfg.resources.actor_train = [0, 1, 2, 3]
     cfg.resources.actor_infer = [4, 5]
     cfg.resources.reference = [6, 7]
-    rows = {r[0]: r for r in placement_rows(cfg)[1:]}
+    rows = {r[0]: r for r in placement_rows(cfg, validate(cfg, CATALOG))[1:]}
     # role: devices, nodes, ranks, dp, engine, bundle/rank, colocated with
     assert rows["actor"][1:] == ("0..3", "0", "4", "4", "fsdp2", "GPU 1, CPU 1", "-")
     assert rows["rollout"][1:] == ("4,5", "1", "2", "2", "vllm", "GPU 1, CPU 1", "-")
     assert rows["reference"][1:] == ("6,7", "1", "2", "2", "fsdp2", "GPU 1, CPU 1", "-")
-    lines = format_table(placement_rows(cfg))
+    lines = format_table(placement_rows(cfg, validate(cfg, CATALOG)))
     assert lines[0].split()[:3] == ["role", "devices", "nodes"]
 
 
 def test_hybrid_engine_colocates_actor_rollout_and_reference() -> None:
     cfg = ray_cfg()  # nothing placed: every role on all 8 devices (verl's hybrid engine)
-    rows = {r[0]: r for r in placement_rows(cfg)[1:]}
+    rows = {r[0]: r for r in placement_rows(cfg, validate(cfg, CATALOG))[1:]}
     assert rows["actor"][1:5] == ("0..7", "0,1", "8", "8")
     assert rows["actor"][6] == "GPU 0.333333, CPU 0.333333"
     assert rows["actor"][7] == "rollout,reference"
@@ -51,7 +52,7 @@ def test_hybrid_engine_colocates_actor_rollout_and_reference() -> None:
 def test_local_placement_is_one_process() -> None:
     cfg = TemperConfig()
     cfg.model.path = "unused"
-    rows = placement_rows(cfg)
+    rows = placement_rows(cfg, validate(cfg, CATALOG))
     assert rows[1][0] == "actor" and rows[1][3] == "1" and "in process" in rows[1][5]
     assert rows[2][0] == "rollout" and "in process" in rows[2][5]
 

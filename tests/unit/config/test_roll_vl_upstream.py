@@ -17,9 +17,8 @@ import pytest
 import yaml
 from reference_paths import UPSTREAM, needs, params  # next to this file
 
-from temper.cli.registries import registry_names
-from temper.config import load_config
 from temper.config.errors import ConfigError
+from temper.pipelines.catalog import load_config
 
 NEW = "roll-2026-08-8eb27cc/examples"
 OLD = "roll-2025-06-70e9c6c/examples/qwen2.5-vl-7B-math"
@@ -83,10 +82,10 @@ def test_roll_vl_file_passes_check_or_names_what_stops_it(rel):
     data = yaml.safe_load((UPSTREAM / rel).read_text())
     if rejection is not None:
         with pytest.raises(ConfigError) as err:
-            load_config(UPSTREAM / rel, overrides(rel), names=registry_names())
+            load_config(UPSTREAM / rel, overrides(rel))
         assert rejection in str(err.value) and "\n" not in str(err.value)
         return
-    cfg = load_config(UPSTREAM / rel, overrides(rel), names=registry_names()).config
+    cfg = load_config(UPSTREAM / rel, overrides(rel)).config
     assert cfg.actor.strategy == engine
     pixels = _get(data, "actor_train.data_args.image_max_pixels")
     assert cfg.data.image_max_pixels == pixels
@@ -105,5 +104,4 @@ def test_validation_images_must_be_sized_like_training_images():
         load_config(
             UPSTREAM / rel,
             [*overrides(rel), "validation.data_args.image_max_pixels=5000"],
-            names=registry_names(),
         )

@@ -2,9 +2,7 @@
 translation, rejections and ``temper convert`` round trips. Every upstream file of every
 snapshot is classified by ``test_upstream_replay``.
 
-The roll-v0 files train with Megatron-Core and DeepSpeed on 16 and 8 devices; these
-tests are about the dialect, so they load them with those engines counted as registered
-(``ENGINES``), as they will be once those engines are in the build.
+The roll-v0 files train with Megatron-Core and DeepSpeed on 16 and 8 devices.
 """
 
 from __future__ import annotations
@@ -14,9 +12,8 @@ import yaml
 from reference_paths import UPSTREAM, needs  # next to this file
 
 from temper.cli.main import main
-from temper.cli.registries import registry_names
-from temper.config import load_config
 from temper.config.errors import ConfigError
+from temper.pipelines.catalog import load_config
 
 RLVR = "roll-v0/qwen2.5-7B-rlvr_megatron/rlvr_config.yaml"
 AGENTIC = "roll-v0/qwen2.5-0.5B-agentic_ds/agentic_val_sokoban.yaml"
@@ -39,15 +36,9 @@ FRAGMENTS = {
 FRAGMENTS["roll-v0/config/envs.yaml"] = "custom_env"
 
 
-def _names() -> dict[str, list[str]]:
-    names = registry_names()
-    names["strategy"] = sorted({*names["strategy"], "deepspeed", "megatron"})
-    return names
-
-
 def _load(rel: str, overrides: list[str] | None = None):
     """What ``temper check`` runs: load, translate, build, validate with registry names."""
-    return load_config(UPSTREAM / rel, overrides, names=_names())
+    return load_config(UPSTREAM / rel, overrides)
 
 
 def _one_line(err: ConfigError) -> str:
@@ -96,10 +87,9 @@ def test_rlvr_routes_all_five_reward_domains():
 
 @needs(UPSTREAM)
 @pytest.mark.parametrize("rel", [FLAT, AGENTIC])
-def test_convert_round_trips(rel, tmp_path, capsys, monkeypatch):
+def test_convert_round_trips(rel, tmp_path, capsys):
     """`temper convert` output, converted again, changes nothing (notes aside), and
     loads to the same config as the original file."""
-    monkeypatch.setattr("temper.cli.registries.registry_names", _names)
     assert main(["convert", str(UPSTREAM / rel)]) == 0
     first = capsys.readouterr().out
     native = tmp_path / "native.yaml"

@@ -23,7 +23,8 @@ from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig
 from temper.config.typed import from_dict, to_dict
-from temper.config.validate import validate
+from temper.config.validate import check_names, validate
+from temper.pipelines.catalog import CATALOG
 
 REPO = Path(__file__).resolve().parents[3]
 FLAT = UPSTREAM / "verl-0.8/ppo_trainer_flat.yaml"
@@ -67,12 +68,16 @@ def get_native(cfg: Any, path: str) -> Any:
 
 
 def translate(data: dict[str, Any]):
-    return translate_verl(RawConfig(data=data, source="<test>"))
+    return translate_verl(RawConfig(data=data, source="<test>"), CATALOG)
 
 
 def build(data: dict[str, Any]) -> tuple[TemperConfig, list[str]]:
+    """Translated and typed, registry-backed values checked (the rest of validation is
+    the whole-file tests')."""
     tr = translate(data)
-    return from_dict(TemperConfig, tr.native), tr.notes
+    cfg = from_dict(TemperConfig, tr.native)
+    check_names(cfg, CATALOG)
+    return cfg, tr.notes
 
 
 def noted(notes: list[str], key: str) -> bool:
@@ -176,7 +181,7 @@ def test_every_seed_key_has_a_row(key):
 @needs_flat
 def test_flat_file_loads_and_validates_unchanged():
     cfg, notes = build(copy.deepcopy(_flat()))
-    validate(cfg)
+    validate(cfg, CATALOG)
     assert cfg.algorithm.adv_estimator == "gae"
     assert cfg.actor.mini_batch_size == 256  # 256 prompts × n=1
     assert cfg.actor.strategy == "fsdp2"
@@ -190,7 +195,7 @@ def test_flat_file_loads_and_validates_unchanged():
 @needs_flat
 def test_load_config_accepts_the_flat_file():
     pytest.importorskip("temper.config.dialects.roll")
-    from temper.config import load_config
+    from temper.pipelines.catalog import load_config
 
     loaded = load_config(FLAT, ["trainer.n_gpus_per_node=1"], dialect="auto")
     assert loaded.dialect == "verl"
@@ -201,7 +206,9 @@ def test_load_config_accepts_the_flat_file():
 @needs_flat
 def test_round_trip_through_the_native_dialect():
     cfg, _ = build(base())
-    again = from_dict(TemperConfig, translate_native(RawConfig(to_dict(cfg), "<x>")).native)
+    again = from_dict(
+        TemperConfig, translate_native(RawConfig(to_dict(cfg), "<x>"), CATALOG).native
+    )
     assert again == cfg
 
 
@@ -214,7 +221,7 @@ def test_example_translates_and_validates():
     raw = load_yaml(EXAMPLE)
     assert detect(raw.data) == "verl"
     cfg, _ = build(raw.data)
-    validate(cfg)
+    validate(cfg, CATALOG)
     assert cfg.algorithm.adv_estimator == "gae"
     assert cfg.critic.model_path and cfg.model.path.endswith("SmolLM2-135M-Instruct")
     assert cfg.actor.mini_batch_size == cfg.critic.mini_batch_size
@@ -416,7 +423,7 @@ def test_document_002_file(tmp_path):
     with pytest.raises(ConfigError, match=r"trainer\.default_hdfs_dir: HDFS is not supported"):
         build(load_yaml(path).data)
     cfg, notes = build(load_yaml(path, ["trainer.default_hdfs_dir=null"]).data)
-    validate(cfg)
+    validate(cfg, CATALOG)
     assert cfg.actor.micro_batch_size_per_device == 8  # 64 global / 8 GPUs
     assert cfg.reference.log_prob_micro_batch_size_per_device == 16
     assert cfg.reward.model.micro_batch_size_per_device == 8

@@ -18,6 +18,7 @@ from reference_paths import UPSTREAM, needs  # next to this file
 from temper.config.dialects.verl import translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
+from temper.pipelines.catalog import CATALOG
 
 GENERATED = (
     UPSTREAM / "verl-2026-01-b178a3c/verl/trainer/config/_generated_ppo_megatron_trainer.yaml"
@@ -78,7 +79,7 @@ def translate(**changes: Any) -> tuple[dict[str, Any], list[str]]:
     data = base()
     for path, value in changes.items():
         _set(data, path.replace("__", "."), value)
-    out = translate_verl(RawConfig(data=data, source="test"))
+    out = translate_verl(RawConfig(data=data, source="test"), CATALOG)
     return out.native, out.notes
 
 
@@ -212,7 +213,7 @@ def test_a_short_file_gets_the_reference_parallel_sizes_from_the_actor() -> None
         },
         "algorithm": {"adv_estimator": "grpo"},
     }
-    tree = translate_verl(RawConfig(data=data, source="test")).native
+    tree = translate_verl(RawConfig(data=data, source="test"), CATALOG).native
     assert native(tree, "reference.megatron.tensor_model_parallel_size") == 2
 
 

@@ -13,10 +13,10 @@ from reference_paths import UPSTREAM  # next to this file
 
 from temper.algorithms import grouped_reward_normalization
 from temper.cli.main import main
-from temper.cli.registries import registry_names
-from temper.config import ConfigError, load_config
+from temper.config import ConfigError
 from temper.config.loader import load_yaml
 from temper.data.sampler import domains_of
+from temper.pipelines.catalog import load_config
 
 V0625 = UPSTREAM / "verl-2025-06-38d9a88"
 V2601 = UPSTREAM / "verl-2026-01-b178a3c"
@@ -25,21 +25,13 @@ R0 = UPSTREAM / "roll-v0"
 FLAT = UPSTREAM / "verl-0.8/ppo_trainer_flat.yaml"
 
 
-def names_with_all_engines() -> dict[str, list[str]]:
-    names = registry_names()
-    names["strategy"] = sorted({*names["strategy"], "deepspeed", "megatron"})
-    names["reward_function"] = sorted({*names["reward_function"], "ifeval", "code", "llm_judge"})
-    return names
+def load(path: Path, *overrides: str):
+    return load_config(path, list(overrides))
 
 
-def load(path: Path, *overrides: str, all_engines: bool = False):
-    names = names_with_all_engines() if all_engines else registry_names()
-    return load_config(path, list(overrides), names=names)
-
-
-def refusal(path: Path, *overrides: str, all_engines: bool = False) -> str:
+def refusal(path: Path, *overrides: str) -> str:
     with pytest.raises(ConfigError) as err:
-        load(path, *overrides, all_engines=all_engines)
+        load(path, *overrides)
     text = str(err.value)
     assert "\n" not in text
     return text
@@ -119,7 +111,6 @@ def test_verl_megatron_trainer_keys(version):
         "actor_rollout_ref.actor.optim.lr_decay_style=cosine",
         "actor_rollout_ref.actor.optim.lr_decay_steps=100",
         "actor_rollout_ref.actor.optim.min_lr=1e-7",
-        all_engines=True,
     )
     optim = loaded.config.actor.optim
     assert optim.optimizer == "adamw" and optim.lr_scheduler == "cosine"
@@ -283,7 +274,6 @@ def test_roll_2026_agentic_example_keys_are_honoured():
         R2508 / "qwen2.5-0.5B-agentic/agentic_val_sokoban.yaml",
         "+reward_normalization.norm_mean_type=group",  # as agentic_val_sokoban_native.yaml
         "+reward_normalization.norm_std_type=batch",
-        all_engines=True,
     ).config
     norm = cfg.agentic.reward_normalization
     assert (norm.norm_mean_type, norm.norm_std_type) == ("group", "batch")
@@ -299,7 +289,7 @@ def test_roll_top_level_max_tokens_per_step_is_a_definition():
     """Removing it (the old hint) breaks ROLL's own fragment, which interpolates it."""
     path = R2508 / "qwen2.5-0.5B-agentic/agentic_val_sokoban.yaml"
     assert "max_tokens_per_step" in load_yaml(path).referenced
-    load(path, "max_tokens_per_step=32", all_engines=True)
+    load(path, "max_tokens_per_step=32")
 
 
 def test_roll_rlvr_norm_types():
@@ -316,26 +306,21 @@ def test_roll_rlvr_norm_types():
             "~reward_scale",
             f"+norm_mean_type={mean}",
             f"+norm_std_type={std}",
-            all_engines=True,
         ).config
         algo = cfg.algorithm
         assert (algo.reward_norm, algo.reward_shift, algo.reward_scale) == expected
-    msg = refusal(
-        path, "~reward_norm", "+norm_mean_type=group", "+norm_std_type=batch", all_engines=True
-    )
+    msg = refusal(path, "~reward_norm", "+norm_mean_type=group", "+norm_std_type=batch")
     assert msg.startswith("norm_std_type: a mean from 'group' with a std from 'batch'")
 
 
 def test_roll_webshop_env_settings_known_and_env_refused_by_name():
-    msg = refusal(R2508 / "qwen2.5-7B-agentic_megatron/agentic_val_webshop.yaml", all_engines=True)
+    msg = refusal(R2508 / "qwen2.5-7B-agentic_megatron/agentic_val_webshop.yaml")
     assert "custom_envs.WebShopEnv" in msg
     assert "unknown ROLL key" not in msg
 
 
 def test_roll_attn_implementation_and_lora_model_args():
-    cfg = load(
-        R2508 / "qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml", all_engines=True
-    ).config
+    cfg = load(R2508 / "qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml").config
     assert cfg.model.lora.rank == 32 and cfg.model.lora.alpha == 32
     assert cfg.model.attn_implementation == "flash_attention_2"
 
@@ -348,7 +333,7 @@ def test_domain_interleave_probs_weights_reward_domains():
         for name in ("ifeval", "code_sandbox", "llm_judge")
         for op in (f"~rewards.{name}", f"actor_train.data_args.domain_interleave_probs.{name}=0")
     ]
-    cfg = load(R0 / "qwen2.5-7B-rlvr_megatron/rlvr_config.yaml", *drop, all_engines=True).config
+    cfg = load(R0 / "qwen2.5-7B-rlvr_megatron/rlvr_config.yaml", *drop).config
     assert cfg.data.source_domains["math_rule"] == ["deepmath_103k", "aime"]
     assert cfg.data.source_default_domain == "math_rule"
     assert set(cfg.data.source_weights) == {
@@ -370,7 +355,7 @@ def test_critic_model_type_trl():
     """ROLL's PPO example builds its critic as trl's causal LM with a value head."""
     path = R2508 / "docs_examples/example_ppo.yaml"
     assert load_yaml(path).data["critic"]["model_args"]["model_type"] == "trl"
-    cfg = load(path, all_engines=True).config
+    cfg = load(path).config
     assert cfg.critic.enable is not False
     msg = refusal(R2508 / "docs_examples/example_ppo.yaml", "critic.model_args.model_type=rm")
     assert msg.startswith("critic.model_args.model_type: 'rm' is not supported")

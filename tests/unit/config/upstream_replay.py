@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -31,10 +30,9 @@ import yaml
 from reference_paths import UPSTREAM  # next to this file
 from upstream_scripts import Command, script_commands
 
-from temper.config import ConfigError, load_config
-from temper.pipelines import check_pipeline
+from temper.config import ConfigError
+from temper.pipelines.catalog import load_config
 from temper.pipelines.preflight import preflight
-from temper.rollout.tools import check_multi_turn
 
 VERL = ("verl-2025-06-38d9a88", "verl-2026-01-b178a3c")
 ROLL = ("roll-v0", "roll-2025-06-70e9c6c", "roll-2026-08-8eb27cc")
@@ -156,7 +154,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("engine: sglang", r"'sglang'"),
     ("engine: trtllm", r"TensorRT-LLM"),
     ("env manager", r"custom ROLL env manager class"),
-    ("env type", r"the environment '\w+' \(tag"),
+    ("env type", r"\.env_type\b.*: unknown value '\w+'"),
     ("env tool wrapper", r"GEM tool wrappers"),
     ("async generation", r"asynchronous \(off-policy\) generation"),
     ("tp rollout on ray", r"tensor-parallel rollout\) is not supported on the ray backend"),
@@ -195,16 +193,14 @@ def classify(message: str) -> str:
     return f"unclassified: {message}"
 
 
-def check(row: Row, names: Mapping[str, Sequence[str]]) -> str:
+def check(row: Row) -> str:
     """``passes`` or the one-line refusal of ``temper check`` (config + engines)."""
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
     try:
-        loaded = load_config(row.config, list(row.overrides), names=names)
+        loaded = load_config(row.config, list(row.overrides))
         try:
-            check_multi_turn(loaded.config.rollout.multi_turn)  # as temper check does
-            check_pipeline(loaded.config)
-            preflight(loaded.config, checks=("engines", "rewards"))
+            preflight(loaded.config, loaded.plan, checks=("engines", "rewards"))
         except ConfigError as err:
             raise loaded.in_dialect(err) from err
         return "passes"
@@ -221,12 +217,10 @@ def check(row: Row, names: Mapping[str, Sequence[str]]) -> str:
 def write_expected(path: Path) -> dict[str, int]:
     """Rewrite ``upstream_expected.py`` from a run of the replay (review the diff: a row
     that changed for a reason other than a feature landing is a regression)."""
-    from temper.cli.registries import registry_names
 
-    names = registry_names()
     outcomes = {}
     for row in rows():
-        message = check(row, names)
+        message = check(row)
         outcomes[row.name] = "passes" if message == "passes" else classify(message)
     body = "\n".join(f"    {name!r}: {label!r}," for name, label in sorted(outcomes.items()))
     path.write_text(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from doubles import ScriptedEngine, turn_index
 
-from temper.config import build_config
 from temper.envs import EnvManager
 from temper.pipelines.agentic_rollout import AgenticPlayer, save_renders
+from temper.pipelines.catalog import build_config
 from temper.pipelines.trajectories import episode_metrics, trajectory_batch
 from temper.rollout.base import SamplingParams
 

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from temper.config import build_config
 from temper.config.errors import ConfigError
-from temper.pipelines import check_pipeline
+from temper.pipelines.catalog import build_config
 
 RLVR = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"]}}
 LAKE = {"env_type": "frozen_lake", "env_config": {"size": 4}}
@@ -89,7 +88,7 @@ REFUSED = [
 @pytest.mark.parametrize(("base", "over", "key"), REFUSED, ids=[r[2] for r in REFUSED])
 def test_refused_with_the_key(base, over, key):
     with pytest.raises(ConfigError) as err:
-        check_pipeline(build_config(merged(base, over)))
+        build_config(merged(base, over))
     assert key in str(err.value) and err.value.fix and "\n" not in str(err.value)
 
 
@@ -105,4 +104,4 @@ ACCEPTED = [
 
 @pytest.mark.parametrize(("base", "over"), ACCEPTED)
 def test_accepted(base, over):
-    check_pipeline(build_config(merged(base, over)))
+    build_config(merged(base, over))

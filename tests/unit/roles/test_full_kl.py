@@ -10,7 +10,9 @@ from torch.distributions import Categorical, kl_divergence
 
 from temper.config.errors import ConfigError
 from temper.config.schema import LoraConfig
+from temper.config.validate import validate
 from temper.data.batch import Batch
+from temper.pipelines.catalog import CATALOG
 from temper.roles import build_roles
 
 from .conftest import PROMPTS, RESPONSES, make_batch, make_config
@@ -35,7 +37,7 @@ def test_actor_full_kl_matches_torch_distributions_and_the_loss_trains(tiny_path
     cfg.actor.use_kl_loss, cfg.actor.kl_loss_type, cfg.actor.kl_loss_coef = True, "full", 0.5
     if lora:
         cfg.model.lora = LoraConfig(rank=4, alpha=8)
-    roles = build_roles(cfg, "cpu")
+    roles = build_roles(cfg, validate(cfg, CATALOG), "cpu")
     assert roles.reference is not None
     batch = make_batch(PROMPTS, RESPONSES, seed=5)
     batch.meta["temperature"] = TEMPERATURE
@@ -73,7 +75,7 @@ def test_actor_full_kl_matches_torch_distributions_and_the_loss_trains(tiny_path
 def test_full_kl_in_the_reward_comes_with_the_old_log_probs(tiny_path):
     cfg = make_config(tiny_path)
     cfg.algorithm.use_kl_in_reward, cfg.algorithm.kl_penalty = True, "full"
-    roles = build_roles(cfg, "cpu")
+    roles = build_roles(cfg, validate(cfg, CATALOG), "cpu")
     out = roles.actor.compute_log_probs(make_batch(PROMPTS, RESPONSES, seed=6))
     assert out["full_kl"].shape == out["old_log_probs"].shape
 
@@ -85,4 +87,4 @@ def test_full_kl_needs_an_engine_that_compares_logits(tiny_path, monkeypatch):
     cfg = make_config(tiny_path)
     cfg.actor.use_kl_loss, cfg.actor.kl_loss_type = True, "full"
     with pytest.raises(ConfigError, match="actor.kl_loss_type"):
-        build_roles(cfg, "cpu")
+        build_roles(cfg, validate(cfg, CATALOG), "cpu")

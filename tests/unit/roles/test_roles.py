@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from temper.config.errors import ConfigError
 from temper.config.schema import LoraConfig, ModelConfig
+from temper.config.validate import validate
 from temper.data.batch import Batch
+from temper.pipelines.catalog import CATALOG
 from temper.roles import build_roles
 
 from .conftest import PROMPTS, RESPONSES, make_batch, make_config
@@ -35,15 +39,17 @@ def base_log_probs(path: str, batch: Batch) -> torch.Tensor:
 
 def test_role_selection_from_config(tiny_path: str) -> None:
     cfg = make_config(tiny_path)
-    roles = build_roles(cfg, "cpu")
+    roles = build_roles(cfg, validate(cfg, CATALOG), "cpu")
     assert roles.reference is None and roles.critic is None
     # one process (local backend): fsdp2 over one rank is the torch engine's update
     cfg.actor.strategy = "fsdp2"
-    assert type(build_roles(cfg, "cpu").actor.engine).__name__ == "TorchEngine"
+    assert (
+        type(build_roles(cfg, validate(cfg, CATALOG), "cpu").actor.engine).__name__ == "TorchEngine"
+    )
     # on ray, an engine this build does not ship is a config error naming the key
     cfg.resources.backend = "ray"
     with pytest.raises(ConfigError, match=r"actor\.strategy"):
-        build_roles(cfg, "cpu")
+        build_roles(cfg, validate(cfg, CATALOG), "cpu")
 
 
 def test_actor_update_moves_every_parameter(tiny_path: str) -> None:
@@ -53,7 +59,9 @@ def test_actor_update_moves_every_parameter(tiny_path: str) -> None:
     cfg.actor.mini_batch_size = 2
     cfg.actor.ppo_epochs = 2
     cfg.actor.shuffle = True
-    roles = build_roles(cfg, "cpu")
+    cfg.data.train_batch_size = len(PROMPTS)  # the plan's step: this batch
+    plan = validate(cfg, CATALOG)
+    roles = build_roles(cfg, plan, "cpu")
     assert roles.reference is not None and roles.reference.engine is not roles.actor.engine
     batch = make_batch(PROMPTS, RESPONSES)
     batch = roles.actor.compute_log_probs(batch, with_entropy=True)
@@ -66,8 +74,8 @@ def test_actor_update_moves_every_parameter(tiny_path: str) -> None:
     metrics = roles.actor.update(batch)
     assert set(metrics) >= ACTOR_METRICS
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
-    assert roles.actor.optimizer_steps_per_update(len(batch)) == 4
-    assert roles.actor.engine.schedule.step_count == 4
+    # the plan's optimizer steps per RL step (the LR schedule's unit) are what it took
+    assert plan.actor.optimizer_steps_per_rl_step == roles.actor.engine.schedule.step_count == 4
     for n, p in model.named_parameters():
         assert not torch.equal(p, before[n]), f"{n} did not move"
     new = roles.actor.compute_log_probs(batch)["old_log_probs"]
@@ -87,11 +95,13 @@ def test_actor_loss_is_micro_batch_invariant(tiny_path: str) -> None:
         cfg.actor.sft_loss_coef = 0.1
         cfg.actor.l2_coef = 1e-4
         cfg.actor.micro_batch_size_per_device = micro
+        cfg.actor.optim.eps = 1.0  # update linear in the gradient (see engine test)
+        # no reference role: the test hands the actor its reference log-probs
+        plan = dataclasses.replace(validate(cfg, CATALOG), use_reference=False)
+        # a budget below one whole sample (validation refuses it for a run) splits rows
         cfg.actor.use_dynamic_bsz = budget is not None
         cfg.actor.max_token_len_per_device = budget or 16384
-        cfg.actor.optim.eps = 1.0  # update linear in the gradient (see engine test)
-        cfg.reference.enable = False
-        actor = build_roles(cfg, "cpu").actor
+        actor = build_roles(cfg, plan, "cpu").actor
         b = actor.compute_log_probs(batch)
         if not results:
             noise = 0.1 * torch.randn(b["old_log_probs"].shape, generator=g)
@@ -119,7 +129,7 @@ def test_lora_reference_is_the_base_model(tiny_path: str) -> None:
     cfg = make_config(tiny_path)
     cfg.model.lora = LoraConfig(rank=4, alpha=8)
     cfg.actor.use_kl_loss = True
-    roles = build_roles(cfg, "cpu")
+    roles = build_roles(cfg, validate(cfg, CATALOG), "cpu")
     assert roles.reference is not None and roles.reference.engine is roles.actor.engine
     batch = roles.actor.compute_log_probs(make_batch(PROMPTS, RESPONSES, seed=2))
     batch = roles.reference.compute_ref_log_probs(batch)
@@ -139,7 +149,7 @@ def test_critic_update_reduces_value_loss(tiny_path: str) -> None:
     cfg.critic.optim.lr = 3e-3
     cfg.critic.micro_batch_size_per_device = 2
     cfg.critic.cliprange_value = 0.2
-    roles = build_roles(cfg, "cpu")
+    roles = build_roles(cfg, validate(cfg, CATALOG), "cpu")
     assert roles.critic is not None and roles.reference is None
     batch = make_batch(PROMPTS, RESPONSES, seed=3)
     batch["returns"] = 0.7 * batch["response_mask"].float()
@@ -162,7 +172,7 @@ def test_actor_reports_entropy_without_recompute_or_entropy_bonus(tiny_path: str
     cfg.actor.recompute_old_log_prob = False
     cfg.actor.shuffle = False
     assert cfg.actor.entropy_coeff == 0 and cfg.actor.micro_batch_size_per_device == 2
-    actor = build_roles(cfg, "cpu").actor
+    actor = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor
     # a low sampling temperature sharpens the tiny model's near-uniform distributions, so
     # the entropy differs between rows
     batch.meta["temperature"] = 0.05
@@ -181,7 +191,7 @@ def test_actor_reports_entropy_without_recompute_or_entropy_bonus(tiny_path: str
     # mean of the steps' own token means, not the token mean of the whole batch
     cfg.actor.mini_batch_size = 2
     cfg.actor.optim.lr = 0.0
-    metrics = build_roles(cfg, "cpu").actor.update(batch)
+    metrics = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor.update(batch)
     per_step = (token_mean([0, 1]) + token_mean([2, 3])) / 2
     assert abs(per_step - token_mean([0, 1, 2, 3])) > 0.01
     assert metrics["actor/entropy"] == pytest.approx(per_step, rel=1e-5)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from temper.config import build_config
 from temper.config.errors import ConfigError
+from temper.pipelines.catalog import build_config, plan
 from temper.training.deepspeed_config import DeepSpeedFill, batch_fill, resolve_deepspeed_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -150,7 +150,10 @@ def ds_config(**actor: Any) -> Any:
 def test_check_engines_refuses_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from temper.training.registry import check_engines
+    from temper.training.registry import check_engines as check_with_plan
+
+    def check_engines(cfg: Any) -> None:
+        check_with_plan(cfg, plan(cfg))
 
     check_engines(ds_config(deepspeed=fragment("deepspeed_zero3")))
     with pytest.raises(ConfigError) as err:
@@ -170,12 +173,13 @@ def test_check_engines_refuses_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_local_backend_runs_deepspeed_itself() -> None:
     from temper.cluster.placement import placement_rows
+    from temper.pipelines.catalog import plan
     from temper.roles.builder import local_engine
 
     cfg = ds_config()
     assert local_engine(cfg, "deepspeed") == "deepspeed"
     assert local_engine(cfg, "fsdp2") == "torch"
-    rows = {r[0]: r[5] for r in placement_rows(cfg)[1:]}
+    rows = {r[0]: r[5] for r in placement_rows(cfg, plan(cfg))[1:]}
     assert rows["actor"] == "deepspeed (in process)"
 
 
