@@ -28,10 +28,14 @@ import torch.distributed as dist
 from torch import nn
 
 from temper.config.errors import ConfigError
-from temper.training.fsdp2_engine import decoder_layers
-from temper.training.models import hf_tokenizer, save_processor_files
-from temper.training.torch_engine import TorchEngine
-from temper.training.weights import hf_named_weights, is_peft_model, save_gathered_hf
+from temper.training.hf_export import (
+    hf_tokenizer,
+    save_gathered_hf,
+    save_hf_dir,
+    save_processor_files,
+)
+from temper.training.models import decoder_layers
+from temper.training.weights import hf_named_weights, is_peft_model
 
 if TYPE_CHECKING:
     from temper.training.deepspeed_engine import DeepSpeedEngine
@@ -113,7 +117,7 @@ def save_hf(engine: DeepSpeedEngine, path: str | Path, *, merge_lora: bool = Tru
     """HF directory at ``path``, written by rank 0 (the torch engine's layout)."""
     if engine.stage != 3:
         if engine.rank == 0:
-            TorchEngine.save_hf(engine, str(path), merge_lora=merge_lora)
+            save_hf_dir(engine.model, engine.spec, str(path), merge_lora=merge_lora)
         dist.barrier()
         return
     model = engine.model

@@ -32,6 +32,7 @@ from temper.config.errors import ConfigError
 from temper.config.schema import FSDPConfig
 from temper.training import fsdp2_io
 from temper.training.data_parallel import DataParallelEngine, require_process_group
+from temper.training.models import decoder_layers
 from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -61,21 +62,6 @@ def build_mesh(cfg: FSDPConfig, device: torch.device, role: str) -> Any:
     return init_device_mesh(
         device.type, (world // size, size), mesh_dim_names=("replicate", "shard")
     )
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks: HF ``_no_split_modules`` classes, else the longest ModuleList."""
-    names: set[str] = set()
-    for m in model.modules():
-        names.update(getattr(m, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if layers:
-        return layers
-    lists: list[nn.ModuleList] = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    if not lists:
-        return []
-    longest: nn.ModuleList = max(lists, key=len)
-    return list(longest)
 
 
 def large_modules(model: nn.Module, layers: list[nn.Module], min_params: int) -> list[nn.Module]:

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from temper.training.models import hf_tokenizer, save_processor_files
-from temper.training.weights import hf_named_weights, is_peft_model, save_gathered_hf
+from temper.training.hf_export import hf_tokenizer, save_gathered_hf, save_processor_files
+from temper.training.weights import hf_named_weights, is_peft_model
 
 if TYPE_CHECKING:
     from temper.training.fsdp2_engine import FSDP2Engine

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from temper.training.hf_export import load_tokenizer
 from temper.training.megatron_convert import hf_tensors
-from temper.training.models import VALUE_HEAD_FILE, VALUE_MODEL_STAMP, load_tokenizer
+from temper.training.models import VALUE_HEAD_FILE, VALUE_MODEL_STAMP
 
 if TYPE_CHECKING:
     from temper.training.megatron_engine import MegatronEngine
