@@ -13,8 +13,8 @@
 
 :class:`FSDP2Checkpointer` holds the parts of an engine these need — its sharded model,
 optimizer, schedule and spec — and nothing of the engine class, so an engine owns its
-checkpointer and never the reverse. Every method is a collective over the engine's ranks;
-the module-level functions say when they are not.
+checkpointer and never the reverse. Everything here is a collective over the engine's
+ranks unless it says otherwise.
 """
 
 from __future__ import annotations

@@ -10,12 +10,14 @@
   (global tensors, per-rank shards) through torch's API, on CPU and GPU alike. The LR
   schedule and AdamW's step count ride along; each rank's RNG state is a file of its
   own under ``rng/`` (restored when the world size matches).
-* **Export** (:func:`hf_named_weights`): for weight sync and HF directories, each
-  parameter's TP shards are all-gathered and turned back into HF tensors one at a time
-  (:func:`megatron_convert.hf_tensors`), so no rank holds the whole model twice.
-* **HF directories** (:func:`save_hf`): rank 0 writes safetensors (sharded at 5 GB),
-  ``config.json``, the generation config and the tokenizer; a critic writes the layout
-  of :class:`temper.training.models.ValueModel` (backbone + ``value_head.safetensors``).
+* **Export** (:meth:`MegatronCheckpointer.hf_named_weights`): for weight sync and HF
+  directories, each parameter's TP shards are all-gathered and turned back into HF
+  tensors one at a time (:func:`megatron_convert.hf_tensors`), so no rank holds the
+  whole model twice.
+* **HF directories** (:meth:`MegatronCheckpointer.save_hf`): rank 0 writes safetensors
+  (sharded at 5 GB), ``config.json``, the generation config and the tokenizer; a critic
+  writes the layout of :class:`temper.training.models.ValueModel` (backbone +
+  ``value_head.safetensors``).
 
 :class:`MegatronCheckpointer` holds the parts of an engine these need — the GPTModel and
 its conversion maps, the parallel groups, optimizer, schedule and spec — and nothing of
