@@ -6,11 +6,12 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from temper.config.catalog import Catalog, StepShape
+from temper.config.catalog import Catalog
 from temper.config.derive import Derived
 from temper.config.dialects import translate
 from temper.config.errors import ConfigError
 from temper.config.loader import load_yaml
+from temper.config.plan import StepShape
 from temper.config.schema import TemperConfig
 from temper.config.typed import from_dict, to_dict
 

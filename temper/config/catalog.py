@@ -16,31 +16,17 @@ validation checks the value against :meth:`Catalog.names`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from temper.config.derive import Derived
-    from temper.config.schema import TemperConfig
+from temper.config.plan import Derived, StepShape
+from temper.config.schema import TemperConfig
 
 # Needs an entry may declare (``Catalog.needs``), read by the plan:
 VALUES = "values"  # an advantage estimator that bootstraps from a critic's values
 ONE_PROCESS = "one_process"  # a training engine that trains in this one process
 MEGATRON_PARALLEL = "megatron_parallel"  # ranks split by the role's megatron TP × PP × CP
 SEQUENCE_PARALLEL = "sequence_parallel"  # ranks split by ulysses_sequence_parallel_size
-
-
-@dataclasses.dataclass(frozen=True)
-class StepShape:
-    """What one step of a pipeline trains on, as its pipeline declares it.
-
-    ``samples``: samples (responses, episodes) per step — the batch arithmetic's unit;
-    ``rows``: how ``temper check`` explains it, ``(name, value, how)`` each.
-    """
-
-    samples: int
-    rows: tuple[tuple[str, str, str], ...]
 
 
 class Catalog(Protocol):

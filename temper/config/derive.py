@@ -23,63 +23,20 @@ n split into micro-batches of ppo_micro_batch_size_per_gpu).
 
 from __future__ import annotations
 
-import dataclasses
-
 from temper.config.catalog import (
     MEGATRON_PARALLEL,
     ONE_PROCESS,
     SEQUENCE_PARALLEL,
     VALUES,
     Catalog,
-    StepShape,
 )
 from temper.config.errors import ConfigError
+from temper.config.plan import Derived, StepShape, TrainArithmetic
 from temper.config.schema import TemperConfig, TrainEngineConfig
 
+__all__ = ["Derived", "StepShape", "TrainArithmetic", "derive", "explain", "prompt_groups"]
+
 ROLES = ("actor_train", "actor_infer", "reference", "critic", "reward")
-
-
-@dataclasses.dataclass
-class TrainArithmetic:
-    """Batch arithmetic of one trained role."""
-
-    role: str
-    devices: int
-    dp: int
-    mini_batch_size: int
-    per_rank_mini_batch: int
-    micro_batch_size: int | None
-    grad_accum: int | None
-    optimizer_steps_per_rl_step: int
-
-
-@dataclasses.dataclass
-class Derived:
-    """The run's plan: what it derives from its config before loading anything.
-
-    Computed once, by validation (:func:`temper.config.load_config` keeps it); the
-    run's builders — roles, placement, engine checks, the LR schedules' lengths — read
-    it instead of deriving again.
-    """
-
-    shape: StepShape
-    max_steps: int | None
-    total_devices: int
-    placement: dict[str, list[int]]
-    use_critic: bool
-    use_reference: bool
-    actor: TrainArithmetic
-    critic: TrainArithmetic | None
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.shape.samples
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """The model roles that run: actor, then reference and critic when used."""
-        used = (("reference", self.use_reference), ("critic", self.use_critic))
-        return ("actor", *(role for role, on in used if on))
 
 
 def total_devices(cfg: TemperConfig) -> int:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.catalog import StepShape
 from temper.config.errors import ConfigError
+from temper.config.plan import StepShape
 from temper.config.schema import AgenticConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.envs import EnvManager

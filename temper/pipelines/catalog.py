@@ -22,8 +22,8 @@ from typing import Any
 from temper.config import LoadedConfig, TemperConfig
 from temper.config import build_config as _build_config
 from temper.config import load_config as _load_config
-from temper.config.catalog import StepShape
 from temper.config.derive import Derived
+from temper.config.plan import StepShape
 from temper.pipelines.registry import resolve_pipeline
 
 

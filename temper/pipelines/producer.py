@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import torch
 
-from temper.config.catalog import StepShape
 from temper.config.derive import prompt_groups
+from temper.config.plan import StepShape
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.pipelines.shaping import ShapingSettings

@@ -25,7 +25,9 @@ asks for DeepSpeed there). The forward, loss and micro-batching are the
 * ZeRO-3 loads the model partitioned (``zero.Init`` through transformers' DeepSpeed
   integration), so no rank ever holds it whole.
 
-Weights out and checkpoints are in :mod:`temper.training.deepspeed_io`.
+Weights out and checkpoints are
+:class:`~temper.training.deepspeed_io.DeepSpeedCheckpointer`'s, which the engine builds
+from its model, DeepSpeed engine, optimizer, schedule and spec.
 
 Importing DeepSpeed: see :func:`import_deepspeed` (the CPU accelerator, and the
 ``deepspeed_shm_comm`` op that would otherwise be compiled at the first start).
@@ -48,7 +50,6 @@ from torch import nn
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
-from temper.training import deepspeed_io
 from temper.training.base import NonFiniteError
 from temper.training.data_parallel import DataParallelEngine
 from temper.training.deepspeed_config import (
@@ -59,6 +60,7 @@ from temper.training.deepspeed_config import (
     resolve_deepspeed_config,
     zero_stage,
 )
+from temper.training.deepspeed_io import DeepSpeedCheckpointer
 from temper.training.models import load_hf_config, resolve_dtype
 from temper.training.spec import EngineSpec
 
@@ -165,6 +167,18 @@ class DeepSpeedEngine(DataParallelEngine):
         self.ds: Any = self._initialize()
         # stage 0 in fp32: DeepSpeed steps temper's optimizer itself, without a norm check
         self._plain = self.optimizer is not None and self.ds.optimizer is self.optimizer
+        self.checkpointer = DeepSpeedCheckpointer(
+            model=self.model,
+            ds=self.ds,
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            spec=self.spec,
+            deepspeed=self.deepspeed,
+            stage=self.stage,
+            plain=self._plain,
+            rank=self.rank,
+            world=self.world,
+        )
 
     # ------------------------------------------------------------------ construction
 
@@ -297,22 +311,22 @@ class DeepSpeedEngine(DataParallelEngine):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights under HF names (LoRA merged); ZeRO-3 gathers one decoder layer at
         a time. A collective: every rank must iterate to the end."""
-        return deepspeed_io.named_weights(self)
+        return self.checkpointer.named_weights()
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: full trainable weights, its optimizer partition, schedule."""
-        return deepspeed_io.state_dict(self)
+        return self.checkpointer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        deepspeed_io.load_state_dict(self, state)
+        self.checkpointer.load_state_dict(state)
 
     def save_checkpoint(self, path: str) -> None:
         """DeepSpeed's own checkpoint in ``path`` (every rank writes its partition)."""
-        deepspeed_io.save_checkpoint(self, path)
+        self.checkpointer.save(path)
 
     def load_checkpoint(self, path: str) -> None:
-        deepspeed_io.load_checkpoint(self, path)
+        self.checkpointer.load(path)
 
     def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
         """HF directory written by rank 0 (ZeRO-3: gathered layer by layer; a collective)."""
-        deepspeed_io.save_hf(self, path, merge_lora=merge_lora)
+        self.checkpointer.save_hf(path, merge_lora=merge_lora)

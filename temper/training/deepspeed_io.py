@@ -13,28 +13,36 @@
   partitions are restored from the optimizer files), with temper's LR schedule as client
   state. Under LoRA only the trainable (adapter) parameters are written.
 
-Every function here is a collective over the engine's ranks unless it says otherwise.
+:class:`DeepSpeedCheckpointer` holds the parts of an engine these need — the model, the
+DeepSpeed engine wrapping it, temper's optimizer and schedule, the spec — and nothing of
+the engine class, so an engine owns its checkpointer and never the reverse. Every method
+is a collective over the engine's ranks unless it says otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from temper.config.errors import ConfigError
-from temper.training.fsdp2_engine import decoder_layers
-from temper.training.models import hf_tokenizer, save_processor_files
-from temper.training.torch_engine import TorchEngine
-from temper.training.weights import hf_named_weights, is_peft_model, save_gathered_hf
-
-if TYPE_CHECKING:
-    from temper.training.deepspeed_engine import DeepSpeedEngine
+from temper.training.hf_export import (
+    hf_tokenizer,
+    save_gathered_hf,
+    save_hf_dir,
+    save_processor_files,
+)
+from temper.training.models import decoder_layers
+from temper.training.schedule import LRSchedule
+from temper.training.spec import EngineSpec
+from temper.training.weights import hf_named_weights, is_peft_model
 
 TAG = "deepspeed"  # the checkpoint's sub-directory (DeepSpeed's "tag")
 
@@ -65,152 +73,173 @@ def _outside(prefixes: tuple[str, ...]) -> Keep:
     return lambda key: not key.startswith(prefixes)
 
 
-def _gathered(
-    engine: DeepSpeedEngine, root: nn.Module, items: Items
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """``items(keep)`` of every block while its ZeRO-3 partitions are gathered, copied."""
-    gather = engine.deepspeed.zero.GatheredParameters
-    for keep, params in _blocks(engine.model, root):
-        with gather(params):
-            for name, tensor in items(keep):
-                yield name, tensor.detach().clone()
-
-
 def _hf_root(model: nn.Module) -> nn.Module:
     return model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
 
 
-def named_weights(engine: DeepSpeedEngine) -> Iterator[tuple[str, torch.Tensor]]:
-    """``hf_named_weights`` of the engine's model, whole (see module doc)."""
-    model = engine.model
-    if engine.stage != 3:
-        return hf_named_weights(model)
-    return _gathered(engine, _hf_root(model), lambda keep: hf_named_weights(model, keep))
+@dataclass(frozen=True)
+class DeepSpeedCheckpointer:
+    """Full weights, HF export and checkpoints of one DeepSpeed engine (see module doc).
 
+    Attributes:
+        model: the Hugging Face (or peft) module DeepSpeed wraps; ZeRO-3: partitioned.
+        ds: the ``deepspeed.initialize`` engine around it (its optimizer, checkpoints).
+        optimizer: temper's AdamW (DeepSpeed's client optimizer), ``None`` when frozen.
+        schedule: temper's LR schedule (client state of DeepSpeed checkpoints).
+        spec: what the engine was built from (role, model section, kind).
+        deepspeed: the imported ``deepspeed`` package (``zero.GatheredParameters``).
+        stage: the ZeRO stage (3: parameters are partitioned and gathered per block).
+        plain: DeepSpeed steps ``optimizer`` itself (stage 0 in fp32), whose state is
+            then torch's own rather than a DeepSpeed optimizer's.
+        rank: this process's rank (rank 0 writes HF directories).
+        world: the number of ranks (ZeRO partitions load on as many).
+    """
 
-def _module_state(
-    engine: DeepSpeedEngine, trainable_only: bool = False
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The module's own state dict (peft names under LoRA), whole; optionally only the
-    trainable parameters."""
-    model = engine.model
-    wanted = {n for n, p in model.named_parameters() if p.requires_grad} if trainable_only else None
+    model: nn.Module
+    ds: Any
+    optimizer: torch.optim.Optimizer | None
+    schedule: LRSchedule | None
+    spec: EngineSpec
+    deepspeed: ModuleType
+    stage: int
+    plain: bool
+    rank: int
+    world: int
 
-    def items(keep: Keep) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in model.state_dict().items():
-            if keep(name) and (wanted is None or name in wanted):
-                yield name, tensor
+    def _gathered(self, root: nn.Module, items: Items) -> Iterator[tuple[str, torch.Tensor]]:
+        """``items(keep)`` of every block while its ZeRO-3 partitions are gathered, copied."""
+        gather = self.deepspeed.zero.GatheredParameters
+        for keep, params in _blocks(self.model, root):
+            with gather(params):
+                for name, tensor in items(keep):
+                    yield name, tensor.detach().clone()
 
-    if engine.stage != 3:
-        return ((n, t.detach()) for n, t in items(lambda _: True))
-    return _gathered(engine, model, items)
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``hf_named_weights`` of the model, whole (see module doc)."""
+        model = self.model
+        if self.stage != 3:
+            return hf_named_weights(model)
+        return self._gathered(_hf_root(model), lambda keep: hf_named_weights(model, keep))
 
+    def _module_state(self, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """The module's own state dict (peft names under LoRA), whole; optionally only the
+        trainable parameters."""
+        model = self.model
+        wanted = (
+            {n for n, p in model.named_parameters() if p.requires_grad} if trainable_only else None
+        )
 
-# --------------------------------------------------------------------------- HF export
+        def items(keep: Keep) -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in model.state_dict().items():
+                if keep(name) and (wanted is None or name in wanted):
+                    yield name, tensor
 
+        if self.stage != 3:
+            return ((n, t.detach()) for n, t in items(lambda _: True))
+        return self._gathered(model, items)
 
-def save_hf(engine: DeepSpeedEngine, path: str | Path, *, merge_lora: bool = True) -> None:
-    """HF directory at ``path``, written by rank 0 (the torch engine's layout)."""
-    if engine.stage != 3:
-        if engine.rank == 0:
-            TorchEngine.save_hf(engine, str(path), merge_lora=merge_lora)
+    # ----------------------------------------------------------------------- HF export
+
+    def save_hf(self, path: str | Path, *, merge_lora: bool = True) -> None:
+        """HF directory at ``path``, written by rank 0 (the torch engine's layout)."""
+        spec = self.spec
+        if self.stage != 3:
+            if self.rank == 0:
+                save_hf_dir(self.model, spec, str(path), merge_lora=merge_lora)
+            dist.barrier()
+            return
+        model = self.model
+        first = self.rank == 0
+        full = {n: t.cpu() for n, t in self._module_state() if first}
+        merged: dict[str, torch.Tensor] = {}
+        if is_peft_model(model) and merge_lora and spec.kind != "value":
+            merged = {n: t.cpu() for n, t in self.named_weights() if first}
+        if first:
+            save_gathered_hf(
+                model,
+                path,
+                full=full,
+                merged=merged,
+                value=spec.kind == "value",
+                merge_lora=merge_lora,
+                tokenizer=hf_tokenizer(spec.model, spec.model_path, path),
+            )
+            save_processor_files(spec.model, path, spec.model_path)  # VL models
         dist.barrier()
-        return
-    model = engine.model
-    first = engine.rank == 0
-    full = {n: t.cpu() for n, t in _module_state(engine) if first}
-    merged: dict[str, torch.Tensor] = {}
-    if is_peft_model(model) and merge_lora and engine.spec.kind != "value":
-        merged = {n: t.cpu() for n, t in named_weights(engine) if first}
-    if first:
-        save_gathered_hf(
-            model,
-            path,
-            full=full,
-            merged=merged,
-            value=engine.spec.kind == "value",
-            merge_lora=merge_lora,
-            tokenizer=hf_tokenizer(engine.spec.model, engine.spec.model_path, path),
+
+    # ----------------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"model": whole trainable weights, "optimizer": this rank's DeepSpeed optimizer
+        state (its ZeRO partition, fp32 masters included), "scheduler"}``; frozen: model
+        only."""
+        state: dict[str, Any] = {"model": dict(self._module_state(trainable_only=True))}
+        if self.optimizer is not None and self.schedule is not None:
+            state["optimizer"] = self.ds.optimizer.state_dict()
+            state["scheduler"] = self.schedule.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` on the same number of ranks (each loads its own)."""
+        params = dict(self.model.named_parameters())
+        saved = state["model"]
+        unknown = [n for n in saved if n not in params]
+        if unknown:
+            raise ValueError(
+                f"{self.spec.role} state does not match the model: unexpected {unknown[:5]}"
+            )
+        targets = [params[n] for n in saved]
+        gathered = contextlib.nullcontext()
+        if self.stage == 3:  # every rank holds the same whole copy; rank 0's is written back
+            gathered = self.deepspeed.zero.GatheredParameters(targets, modifier_rank=0)
+        with gathered, torch.no_grad():
+            for name, tensor in saved.items():
+                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+        if self.optimizer is None or "optimizer" not in state:
+            return
+        if self.plain:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:  # DeepSpeed's loaders take one state per rank and read their own
+            per_rank: list[Any] = [None] * self.world
+            per_rank[self.rank] = state["optimizer"]
+            self.ds.optimizer.load_state_dict(
+                state_dict_list=per_rank, load_optimizer_states=True, load_from_fp32_weights=True
+            )
+        if self.schedule is not None and "scheduler" in state:
+            self.schedule.load_state_dict(state["scheduler"])
+
+    def save(self, path: str | Path) -> None:
+        """DeepSpeed checkpoint ``path/deepspeed/`` + the LR schedule as client state."""
+        client = {"scheduler": self.schedule.state_dict()} if self.schedule is not None else {}
+        self.ds.save_checkpoint(
+            str(path),
+            tag=TAG,
+            client_state=client,
+            exclude_frozen_parameters=is_peft_model(self.model),
         )
-        save_processor_files(engine.spec.model, path, engine.spec.model_path)  # VL models
-    dist.barrier()
 
-
-# --------------------------------------------------------------------------- state
-
-
-def state_dict(engine: DeepSpeedEngine) -> dict[str, Any]:
-    """``{"model": whole trainable weights, "optimizer": this rank's DeepSpeed optimizer
-    state (its ZeRO partition, fp32 masters included), "scheduler"}``; frozen: model only."""
-    state: dict[str, Any] = {"model": dict(_module_state(engine, trainable_only=True))}
-    if engine.optimizer is not None and engine.schedule is not None:
-        state["optimizer"] = engine.ds.optimizer.state_dict()
-        state["scheduler"] = engine.schedule.state_dict()
-    return state
-
-
-def load_state_dict(engine: DeepSpeedEngine, state: dict[str, Any]) -> None:
-    """Inverse of :func:`state_dict` on the same number of ranks (each loads its own)."""
-    params = dict(engine.model.named_parameters())
-    saved = state["model"]
-    unknown = [n for n in saved if n not in params]
-    if unknown:
-        raise ValueError(
-            f"{engine.spec.role} state does not match the model: unexpected {unknown[:5]}"
+    def load(self, path: str | Path) -> None:
+        """Inverse of :meth:`save` (same number of ranks: ZeRO partitions)."""
+        role = self.spec.role
+        if not (Path(path) / TAG).is_dir():
+            raise FileNotFoundError(f"{role}: no DeepSpeed checkpoint at {path}/{TAG}")
+        saved = len(list((Path(path) / TAG).glob("*zero_pp_rank_*_optim_states.pt")))
+        if saved and saved != self.world:
+            raise ConfigError(
+                f"{role}.deepspeed",
+                f"{path} holds ZeRO partitions of {saved} ranks but this run has {self.world}; "
+                "DeepSpeed ZeRO checkpoints resume on the same number of ranks",
+                f"resume with {saved} {role} devices (resources), or start from the "
+                "checkpoint's Hugging Face directory (model.path) with a fresh optimizer",
+            )
+        loaded, client = self.ds.load_checkpoint(
+            str(path),
+            tag=TAG,
+            load_module_strict=not is_peft_model(self.model),
+            load_optimizer_states=self.optimizer is not None,
+            load_lr_scheduler_states=False,
         )
-    targets = [params[n] for n in saved]
-    gathered = contextlib.nullcontext()
-    if engine.stage == 3:  # every rank holds the same whole copy; rank 0's is written back
-        gathered = engine.deepspeed.zero.GatheredParameters(targets, modifier_rank=0)
-    with gathered, torch.no_grad():
-        for name, tensor in saved.items():
-            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-    if engine.optimizer is None or "optimizer" not in state:
-        return
-    if engine._plain:
-        engine.optimizer.load_state_dict(state["optimizer"])
-    else:  # DeepSpeed's loaders take one state per rank and read their own
-        per_rank: list[Any] = [None] * engine.world
-        per_rank[engine.rank] = state["optimizer"]
-        engine.ds.optimizer.load_state_dict(
-            state_dict_list=per_rank, load_optimizer_states=True, load_from_fp32_weights=True
-        )
-    if engine.schedule is not None and "scheduler" in state:
-        engine.schedule.load_state_dict(state["scheduler"])
-
-
-def save_checkpoint(engine: DeepSpeedEngine, path: str | Path) -> None:
-    """DeepSpeed checkpoint ``path/deepspeed/`` + the LR schedule as client state."""
-    client = {"scheduler": engine.schedule.state_dict()} if engine.schedule is not None else {}
-    engine.ds.save_checkpoint(
-        str(path),
-        tag=TAG,
-        client_state=client,
-        exclude_frozen_parameters=is_peft_model(engine.model),
-    )
-
-
-def load_checkpoint(engine: DeepSpeedEngine, path: str | Path) -> None:
-    """Inverse of :func:`save_checkpoint` (same number of ranks: ZeRO partitions)."""
-    if not (Path(path) / TAG).is_dir():
-        raise FileNotFoundError(f"{engine.spec.role}: no DeepSpeed checkpoint at {path}/{TAG}")
-    saved = len(list((Path(path) / TAG).glob("*zero_pp_rank_*_optim_states.pt")))
-    if saved and saved != engine.world:
-        raise ConfigError(
-            f"{engine.spec.role}.deepspeed",
-            f"{path} holds ZeRO partitions of {saved} ranks but this run has {engine.world}; "
-            "DeepSpeed ZeRO checkpoints resume on the same number of ranks",
-            f"resume with {saved} {engine.spec.role} devices (resources), or start from the "
-            "checkpoint's Hugging Face directory (model.path) with a fresh optimizer",
-        )
-    loaded, client = engine.ds.load_checkpoint(
-        str(path),
-        tag=TAG,
-        load_module_strict=not is_peft_model(engine.model),
-        load_optimizer_states=engine.optimizer is not None,
-        load_lr_scheduler_states=False,
-    )
-    if loaded is None:
-        raise FileNotFoundError(f"{engine.spec.role}: DeepSpeed could not load {path}/{TAG}")
-    if engine.schedule is not None:
-        engine.schedule.load_state_dict(client["scheduler"])
+        if loaded is None:
+            raise FileNotFoundError(f"{role}: DeepSpeed could not load {path}/{TAG}")
+        if self.schedule is not None:
+            self.schedule.load_state_dict(client["scheduler"])

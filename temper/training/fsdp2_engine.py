@@ -14,7 +14,8 @@ computes the global norm over all shards.
 Mixed precision: the torch engine's rule (fp32 master weights, compute in
 ``model.dtype``) as an FSDP ``MixedPrecisionPolicy`` (fp32 gradient reduction). On CPU
 the compute dtype is fp32 and the policy is a no-op.
-Checkpoints and full-weight export live in :mod:`temper.training.fsdp2_io`.
+Checkpoints and full-weight export are :class:`~temper.training.fsdp2_io.FSDP2Checkpointer`'s,
+which the engine builds from its model, optimizer, schedule and spec.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from torch import nn
 
 from temper.config.errors import ConfigError
 from temper.config.schema import FSDPConfig
-from temper.training import fsdp2_io
 from temper.training.data_parallel import DataParallelEngine, require_process_group
+from temper.training.fsdp2_io import FSDP2Checkpointer, full_named_weights, move_optimizer_state
+from temper.training.models import decoder_layers
 from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -61,21 +63,6 @@ def build_mesh(cfg: FSDPConfig, device: torch.device, role: str) -> Any:
     return init_device_mesh(
         device.type, (world // size, size), mesh_dim_names=("replicate", "shard")
     )
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks: HF ``_no_split_modules`` classes, else the longest ModuleList."""
-    names: set[str] = set()
-    for m in model.modules():
-        names.update(getattr(m, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if layers:
-        return layers
-    lists: list[nn.ModuleList] = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    if not lists:
-        return []
-    longest: nn.ModuleList = max(lists, key=len)
-    return list(longest)
 
 
 def large_modules(model: nn.Module, layers: list[nn.Module], min_params: int) -> list[nn.Module]:
@@ -118,6 +105,14 @@ class FSDP2Engine(DataParallelEngine):
         self.mesh = build_mesh(self.fsdp, spec.device, spec.role)
         super().__init__(spec)
         self._offload_optimizer = self.fsdp.optimizer_offload and spec.device.type == "cuda"
+        self.checkpointer = FSDP2Checkpointer(
+            model=self.model,
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            spec=self.spec,
+            rank=self.rank,
+            trainable=self.trainable,
+        )
 
     # ------------------------------------------------------------------ sharding
 
@@ -186,9 +181,9 @@ class FSDP2Engine(DataParallelEngine):
         if not self._offload_optimizer:
             self.optimizer.step()
             return
-        fsdp2_io.move_optimizer_state(self.optimizer, self.device)
+        move_optimizer_state(self.optimizer, self.device)
         self.optimizer.step()
-        fsdp2_io.move_optimizer_state(self.optimizer, torch.device("cpu"))
+        move_optimizer_state(self.optimizer, torch.device("cpu"))
 
     # ------------------------------------------------------------------ weights and state
 
@@ -197,24 +192,24 @@ class FSDP2Engine(DataParallelEngine):
 
         A collective: every rank must iterate to the end; every rank gets every tensor.
         """
-        return fsdp2_io.full_named_weights(self.model)
+        return full_named_weights(self.model)
 
     def state_dict(self) -> dict[str, Any]:
         """Sharded (DTensor) model + optimizer + schedule state, for
         ``torch.distributed.checkpoint`` (see :meth:`save_checkpoint`)."""
-        return fsdp2_io.sharded_state(self)
+        return self.checkpointer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        fsdp2_io.load_sharded_state(self, state)
+        self.checkpointer.load_state_dict(state)
 
     def save_checkpoint(self, path: str) -> None:
         """Sharded checkpoint directory (each rank writes its shards; a collective)."""
-        fsdp2_io.save_checkpoint(self, path)
+        self.checkpointer.save(path)
 
     def load_checkpoint(self, path: str) -> None:
         """Load a checkpoint saved by any number of ranks (DCP reshards on load)."""
-        fsdp2_io.load_checkpoint(self, path)
+        self.checkpointer.load(path)
 
     def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
         """HF directory written by rank 0 from the gathered weights (a collective)."""
-        fsdp2_io.save_hf(self, path, merge_lora=merge_lora)
+        self.checkpointer.save_hf(path, merge_lora=merge_lora)

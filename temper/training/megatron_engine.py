@@ -26,7 +26,8 @@ class supplies the model, its forward, and the collectives:
   every rank before its backward.
 
 Checkpoints (sharded, reshardable over TP and DP) and the export to Hugging Face names
-live in :mod:`megatron_io`.
+are :class:`~temper.training.megatron_io.MegatronCheckpointer`'s, which the engine builds
+from its model, parallel groups, optimizer, schedule and spec.
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ import torch.distributed as dist
 from torch import nn
 
 from temper.data.batch import Batch
-from temper.training import megatron_io
 from temper.training.megatron_check import (
     check_engine_spec,
     half_precision_note,
     unapplied_options,
 )
+from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_parallel import init_parallel
 from temper.training.megatron_vocab import log_probs_and_entropy
@@ -109,13 +110,21 @@ class MegatronEngine(TorchEngine):
         for flag in ("use_liger", "use_fused_kernels"):
             if getattr(spec.model, flag):
                 log.warning("model.%s is a GPU kernel option the megatron engine ignores", flag)
-        self.ckpt_mesh: Any = None  # made at the first checkpoint (megatron_io)
         super().__init__(spec)  # builds the model: _load_model sets self.built
         half = half_precision_note(spec.model.dtype, device.type)
         if half:
             log.warning("%s", half)
             self.compute_dtype = torch.float32
-        self.ckpt_kinds = {pm.megatron: pm.kind for pm in self.built.maps}
+        self.checkpointer = MegatronCheckpointer(
+            model=self.model,
+            built=self.built,
+            parallel=self.parallel,
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            spec=self.spec,
+            device=self.device,
+            trainable=self.trainable,
+        )
 
     # ------------------------------------------------------------------ model
 
@@ -262,16 +271,16 @@ class MegatronEngine(TorchEngine):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights under HF names, each gathered over the TP group as it is yielded
         (a collective: every rank of the role iterates to the end)."""
-        return megatron_io.hf_named_weights(self)
+        return self.checkpointer.hf_named_weights()
 
     def save_checkpoint(self, path: str) -> None:
         """Sharded checkpoint: model, AdamW moments, schedule, per-rank RNG. A collective;
         loads at any TP/DP layout."""
-        megatron_io.save_checkpoint(self, path)
+        self.checkpointer.save(path)
 
     def load_checkpoint(self, path: str) -> None:
-        megatron_io.load_checkpoint(self, path)
+        self.checkpointer.load(path)
 
     def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
         """HF directory written by rank 0 from the gathered weights (a collective)."""
-        megatron_io.save_hf(self, path)
+        self.checkpointer.save_hf(path)

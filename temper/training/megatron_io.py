@@ -10,110 +10,46 @@
   (global tensors, per-rank shards) through torch's API, on CPU and GPU alike. The LR
   schedule and AdamW's step count ride along; each rank's RNG state is a file of its
   own under ``rng/`` (restored when the world size matches).
-* **Export** (:func:`hf_named_weights`): for weight sync and HF directories, each
-  parameter's TP shards are all-gathered and turned back into HF tensors one at a time
-  (:func:`megatron_convert.hf_tensors`), so no rank holds the whole model twice.
-* **HF directories** (:func:`save_hf`): rank 0 writes safetensors (sharded at 5 GB),
-  ``config.json``, the generation config and the tokenizer; a critic writes the layout
-  of :class:`temper.training.models.ValueModel` (backbone + ``value_head.safetensors``).
+* **Export** (:meth:`MegatronCheckpointer.hf_named_weights`): for weight sync and HF
+  directories, each parameter's TP shards are all-gathered and turned back into HF
+  tensors one at a time (:func:`megatron_convert.hf_tensors`), so no rank holds the
+  whole model twice.
+* **HF directories** (:meth:`MegatronCheckpointer.save_hf`): rank 0 writes safetensors
+  (sharded at 5 GB), ``config.json``, the generation config and the tokenizer; a critic
+  writes the layout of :class:`temper.training.models.ValueModel` (backbone +
+  ``value_head.safetensors``).
 
-Every function here is a collective over the engine's ranks.
+:class:`MegatronCheckpointer` holds the parts of an engine these need — the GPTModel and
+its conversion maps, the parallel groups, optimizer, schedule and spec — and nothing of
+the engine class, so an engine owns its checkpointer and never the reverse. Every public
+method is a collective over the engine's ranks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from temper.training.megatron_convert import hf_tensors
-from temper.training.models import VALUE_HEAD_FILE, VALUE_MODEL_STAMP, load_tokenizer
-
-if TYPE_CHECKING:
-    from temper.training.megatron_engine import MegatronEngine
+from temper.training.hf_export import load_tokenizer
+from temper.training.megatron_convert import Kind, hf_tensors
+from temper.training.megatron_model import MegatronModel, model_dir
+from temper.training.megatron_parallel import Parallel
+from temper.training.models import VALUE_HEAD_FILE, VALUE_MODEL_STAMP
+from temper.training.schedule import LRSchedule
+from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
 
 RNG_DIR = "rng"
-
-
-# --------------------------------------------------------------------------- export
-
-
-def _gather_tp(engine: MegatronEngine) -> Any:
-    p = engine.parallel
-
-    def gather(local: torch.Tensor) -> list[torch.Tensor]:
-        if p.tp == 1:
-            return [local.detach()]
-        t = local.detach().contiguous()
-        shards = [torch.empty_like(t) for _ in range(p.tp)]
-        dist.all_gather(shards, t, group=p.tp_group)
-        return shards
-
-    return gather
-
-
-def hf_named_weights(engine: MegatronEngine) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(hf_name, full tensor)`` of the causal LM (or value model backbone + head)."""
-    built = engine.built
-    local = dict(engine.model.named_parameters())
-    value = engine.spec.kind == "value"
-    yield from hf_tensors(
-        built.maps,
-        built.layout,
-        _gather_tp(engine),
-        local,
-        prefix="" if value else "model.",
-        tied_head=built.layout.tied_embeddings and not value,
-    )
-
-
-def save_hf(engine: MegatronEngine, path: str | Path) -> None:
-    """A Hugging Face directory at ``path``, written by rank 0 (every rank gathers)."""
-    from huggingface_hub import save_torch_state_dict
-
-    out = Path(path)
-    rank0 = dist.get_rank() == 0
-    state: dict[str, torch.Tensor] = {}
-    head: dict[str, torch.Tensor] = {}
-    tied = engine.built.layout.tied_embeddings
-    for name, tensor in hf_named_weights(engine):
-        if not rank0 or (tied and name == "lm_head.weight"):  # HF ties it on load
-            continue
-        t = tensor.detach().to("cpu").clone()  # own memory: no shared or oversized storage
-        if name.startswith("value_head."):
-            head[name.removeprefix("value_head.")] = t
-        else:
-            state[name] = t
-    if rank0:
-        out.mkdir(parents=True, exist_ok=True)
-        config = engine.built.hf_config
-        if engine.spec.kind == "value":
-            config.architectures = [_base_architecture(config)]
-        else:
-            config.architectures = [_causal_architecture(config)]
-        config.save_pretrained(str(out))
-        save_torch_state_dict(state, str(out), max_shard_size="5GB")
-        if engine.spec.kind == "value":
-            from safetensors.torch import save_file
-
-            save_file(head, str(out / VALUE_HEAD_FILE))
-            stamp = {"hidden_size": engine.built.layout.hidden_size}
-            (out / VALUE_MODEL_STAMP).write_text(json.dumps(stamp))
-        else:
-            _copy_generation_config(engine, out)
-        try:
-            tok = load_tokenizer(engine.spec.model, engine.spec.model_path)
-            tok.save_pretrained(str(out))
-        except (OSError, ValueError) as err:
-            log.warning("no tokenizer saved with %s: %s", out, err)
-    dist.barrier()
 
 
 def _causal_architecture(config: Any) -> str:
@@ -126,134 +62,227 @@ def _base_architecture(config: Any) -> str:
     return {"llama": "LlamaModel", "qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}[config.model_type]
 
 
-def _copy_generation_config(engine: MegatronEngine, out: Path) -> None:
+def _copy_generation_config(spec: EngineSpec, out: Path) -> None:
     from transformers import GenerationConfig
 
-    from temper.training.megatron_model import model_dir
-
     try:
-        gen = GenerationConfig.from_pretrained(
-            model_dir(engine.spec.model_path or engine.spec.model.path)
-        )
+        gen = GenerationConfig.from_pretrained(model_dir(spec.model_path or spec.model.path))
     except OSError:
         return
     gen.save_pretrained(str(out))
 
 
-# --------------------------------------------------------------------------- checkpoints
+@dataclass(frozen=True)
+class MegatronCheckpointer:
+    """Checkpoints, HF-name export and HF directories of one megatron engine (see module
+    doc).
 
+    Attributes:
+        model: this rank's GPTModel (its TP shard of every parameter).
+        built: the model's HF layout, config and Megatron ↔ HF parameter maps.
+        parallel: the TP and DP groups this rank belongs to.
+        optimizer: AdamW over the local shards, ``None`` when frozen.
+        schedule: the LR schedule, saved beside the optimizer.
+        spec: what the engine was built from (role, model section, kind).
+        device: this rank's device (the checkpoint mesh's device type).
+        trainable: a trained model; its checkpoints leave frozen parameters out.
+    """
 
-def _mesh(engine: MegatronEngine) -> Any:
-    """A ``(dp, tp)`` device mesh over the role's ranks, laid out like Megatron's groups
-    (rank = dp_index × TP + tp_index for PP = CP = 1); made once per engine."""
-    if engine.ckpt_mesh is None:
+    model: nn.Module
+    built: MegatronModel
+    parallel: Parallel
+    optimizer: torch.optim.Optimizer | None
+    schedule: LRSchedule | None
+    spec: EngineSpec
+    device: torch.device
+    trainable: bool
+
+    # ----------------------------------------------------------------------- export
+
+    def _gather_tp(self) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+        p = self.parallel
+
+        def gather(local: torch.Tensor) -> list[torch.Tensor]:
+            if p.tp == 1:
+                return [local.detach()]
+            t = local.detach().contiguous()
+            shards = [torch.empty_like(t) for _ in range(p.tp)]
+            dist.all_gather(shards, t, group=p.tp_group)
+            return shards
+
+        return gather
+
+    def hf_named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, full tensor)`` of the causal LM (or value model backbone + head)."""
+        built = self.built
+        local = dict(self.model.named_parameters())
+        value = self.spec.kind == "value"
+        yield from hf_tensors(
+            built.maps,
+            built.layout,
+            self._gather_tp(),
+            local,
+            prefix="" if value else "model.",
+            tied_head=built.layout.tied_embeddings and not value,
+        )
+
+    def save_hf(self, path: str | Path) -> None:
+        """A Hugging Face directory at ``path``, written by rank 0 (every rank gathers)."""
+        from huggingface_hub import save_torch_state_dict
+
+        spec = self.spec
+        out = Path(path)
+        rank0 = dist.get_rank() == 0
+        state: dict[str, torch.Tensor] = {}
+        head: dict[str, torch.Tensor] = {}
+        tied = self.built.layout.tied_embeddings
+        for name, tensor in self.hf_named_weights():
+            if not rank0 or (tied and name == "lm_head.weight"):  # HF ties it on load
+                continue
+            t = tensor.detach().to("cpu").clone()  # own memory: no shared or oversized storage
+            if name.startswith("value_head."):
+                head[name.removeprefix("value_head.")] = t
+            else:
+                state[name] = t
+        if rank0:
+            out.mkdir(parents=True, exist_ok=True)
+            config = self.built.hf_config
+            if spec.kind == "value":
+                config.architectures = [_base_architecture(config)]
+            else:
+                config.architectures = [_causal_architecture(config)]
+            config.save_pretrained(str(out))
+            save_torch_state_dict(state, str(out), max_shard_size="5GB")
+            if spec.kind == "value":
+                from safetensors.torch import save_file
+
+                save_file(head, str(out / VALUE_HEAD_FILE))
+                stamp = {"hidden_size": self.built.layout.hidden_size}
+                (out / VALUE_MODEL_STAMP).write_text(json.dumps(stamp))
+            else:
+                _copy_generation_config(spec, out)
+            try:
+                tok = load_tokenizer(spec.model, spec.model_path)
+                tok.save_pretrained(str(out))
+            except (OSError, ValueError) as err:
+                log.warning("no tokenizer saved with %s: %s", out, err)
+        dist.barrier()
+
+    # ----------------------------------------------------------------------- checkpoints
+
+    @cached_property
+    def _mesh(self) -> Any:
+        """A ``(dp, tp)`` device mesh over the role's ranks, laid out like Megatron's groups
+        (rank = dp_index × TP + tp_index for PP = CP = 1); made at the first checkpoint."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        p = engine.parallel
-        device = "cuda" if engine.device.type == "cuda" else "cpu"
-        engine.ckpt_mesh = init_device_mesh(device, (p.dp, p.tp), mesh_dim_names=("dp", "tp"))
-    return engine.ckpt_mesh
+        p = self.parallel
+        device = "cuda" if self.device.type == "cuda" else "cpu"
+        return init_device_mesh(device, (p.dp, p.tp), mesh_dim_names=("dp", "tp"))
 
+    @cached_property
+    def _kinds(self) -> dict[str, Kind]:
+        """How each Megatron parameter is split over TP (by parameter name)."""
+        return {pm.megatron: pm.kind for pm in self.built.maps}
 
-def _pieces(engine: MegatronEngine, name: str, local: torch.Tensor) -> dict[str, Any]:
-    """``local`` (a parameter-shaped tensor of this rank) as DTensors whose global shape
-    does not depend on the TP size: the fused GLU weight is kept as its gate and up
-    halves (Megatron's ``[gate_r; up_r]`` per rank is no slice of one global tensor)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    def _pieces(self, name: str, local: torch.Tensor) -> dict[str, Any]:
+        """``local`` (a parameter-shaped tensor of this rank) as DTensors whose global shape
+        does not depend on the TP size: the fused GLU weight is kept as its gate and up
+        halves (Megatron's ``[gate_r; up_r]`` per rank is no slice of one global tensor)."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    kind = engine.ckpt_kinds[name]
-    mesh = _mesh(engine)
-    if kind == "rep":
-        return {name: DTensor.from_local(local, mesh, [Replicate(), Replicate()], run_check=False)}
-    dim = 1 if kind == "row" else 0
-    place = [Replicate(), Shard(dim)]
-    if kind != "glu":
-        return {name: DTensor.from_local(local, mesh, place, run_check=False)}
-    gate, up = local.chunk(2, dim=0)
-    return {
-        f"{name}.gate": DTensor.from_local(gate, mesh, place, run_check=False),
-        f"{name}.up": DTensor.from_local(up, mesh, place, run_check=False),
-    }
+        kind = self._kinds[name]
+        mesh = self._mesh
+        if kind == "rep":
+            return {
+                name: DTensor.from_local(local, mesh, [Replicate(), Replicate()], run_check=False)
+            }
+        dim = 1 if kind == "row" else 0
+        place = [Replicate(), Shard(dim)]
+        if kind != "glu":
+            return {name: DTensor.from_local(local, mesh, place, run_check=False)}
+        gate, up = local.chunk(2, dim=0)
+        return {
+            f"{name}.gate": DTensor.from_local(gate, mesh, place, run_check=False),
+            f"{name}.up": DTensor.from_local(up, mesh, place, run_check=False),
+        }
 
+    def _adam_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """AdamW's per-parameter state by parameter name, created (zeros) where the
+        optimizer has not stepped yet, so a fresh engine has tensors to load into."""
+        assert self.optimizer is not None
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            state = self.optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            out[name] = state
+        return out
 
-def _adam_state(engine: MegatronEngine) -> dict[str, dict[str, torch.Tensor]]:
-    """AdamW's per-parameter state by parameter name, created (zeros) where the optimizer
-    has not stepped yet, so a fresh engine has tensors to load into."""
-    assert engine.optimizer is not None
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for name, p in engine.model.named_parameters():
-        if not p.requires_grad:
-            continue
-        state = engine.optimizer.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        out[name] = state
-    return out
-
-
-def _checkpoint_state(engine: MegatronEngine) -> dict[str, Any]:
-    """What a checkpoint holds, as DTensors over the current layout (see :func:`_pieces`)."""
-    state: dict[str, Any] = {}
-    for name, p in engine.model.named_parameters():
-        if engine.trainable and not p.requires_grad:
-            continue
-        state.update({f"model.{k}": v for k, v in _pieces(engine, name, p.data).items()})
-    if engine.optimizer is None or engine.schedule is None:
+    def _checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint holds, as DTensors over the current layout (see
+        :meth:`_pieces`)."""
+        state: dict[str, Any] = {}
+        for name, p in self.model.named_parameters():
+            if self.trainable and not p.requires_grad:
+                continue
+            state.update({f"model.{k}": v for k, v in self._pieces(name, p.data).items()})
+        if self.optimizer is None or self.schedule is None:
+            return state
+        steps = set()
+        for name, st in self._adam_state().items():
+            steps.add(float(st["step"]))
+            for key in ("exp_avg", "exp_avg_sq"):
+                state.update(
+                    {f"optimizer.{key}.{k}": v for k, v in self._pieces(name, st[key]).items()}
+                )
+        state["optimizer.step"] = steps.pop() if len(steps) == 1 else 0.0
+        state["scheduler"] = self.schedule.state_dict()
         return state
-    steps = set()
-    for name, st in _adam_state(engine).items():
-        steps.add(float(st["step"]))
-        for key in ("exp_avg", "exp_avg_sq"):
-            state.update(
-                {f"optimizer.{key}.{k}": v for k, v in _pieces(engine, name, st[key]).items()}
-            )
-    state["optimizer.step"] = steps.pop() if len(steps) == 1 else 0.0
-    state["scheduler"] = engine.schedule.state_dict()
-    return state
 
+    def save(self, path: str | Path) -> None:
+        """Each rank writes its shards (``torch.distributed.checkpoint``); replicas once."""
+        import torch.distributed.checkpoint as dcp
 
-def save_checkpoint(engine: MegatronEngine, path: str | Path) -> None:
-    """Each rank writes its shards (``torch.distributed.checkpoint``); replicas once."""
-    import torch.distributed.checkpoint as dcp
+        out = Path(path)
+        dcp.save(self._checkpoint_state(), checkpoint_id=str(out))
+        (out / RNG_DIR).mkdir(exist_ok=True)
+        rng = {"torch": torch.get_rng_state(), "world": dist.get_world_size()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save(rng, out / RNG_DIR / f"rank{dist.get_rank()}.pt")
+        dist.barrier()
 
-    out = Path(path)
-    dcp.save(_checkpoint_state(engine), checkpoint_id=str(out))
-    (out / RNG_DIR).mkdir(exist_ok=True)
-    rng = {"torch": torch.get_rng_state(), "world": dist.get_world_size()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state()
-    torch.save(rng, out / RNG_DIR / f"rank{dist.get_rank()}.pt")
-    dist.barrier()
+    def load(self, path: str | Path) -> None:
+        """Inverse of :meth:`save`, at this engine's (possibly other) TP × DP."""
+        import torch.distributed.checkpoint as dcp
 
-
-def load_checkpoint(engine: MegatronEngine, path: str | Path) -> None:
-    """Inverse of :func:`save_checkpoint`, at this engine's (possibly other) TP × DP."""
-    import torch.distributed.checkpoint as dcp
-
-    src = Path(path)
-    if not src.is_dir():
-        raise FileNotFoundError(f"{engine.spec.role}: no checkpoint directory at {src}")
-    state = _checkpoint_state(engine)
-    with torch.no_grad():
-        dcp.load(state, checkpoint_id=str(src))  # fills the parameters and moments in place
-    if engine.optimizer is not None and engine.schedule is not None:
-        step = float(state["optimizer.step"])
-        for st in _adam_state(engine).values():
-            st["step"] = torch.tensor(step)
-        engine.schedule.load_state_dict(state["scheduler"])
-    rng_file = src / RNG_DIR / f"rank{dist.get_rank()}.pt"
-    if rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=True)
-        if int(rng["world"]) == dist.get_world_size():
-            torch.set_rng_state(rng["torch"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state(rng["cuda"])
-        else:
-            log.info(
-                "%s: checkpoint saved on %s ranks, resumed on %s: RNG states start afresh",
-                engine.spec.role,
-                rng["world"],
-                dist.get_world_size(),
-            )
+        src = Path(path)
+        if not src.is_dir():
+            raise FileNotFoundError(f"{self.spec.role}: no checkpoint directory at {src}")
+        state = self._checkpoint_state()
+        with torch.no_grad():
+            dcp.load(state, checkpoint_id=str(src))  # fills the parameters and moments in place
+        if self.optimizer is not None and self.schedule is not None:
+            step = float(state["optimizer.step"])
+            for st in self._adam_state().values():
+                st["step"] = torch.tensor(step)
+            self.schedule.load_state_dict(state["scheduler"])
+        rng_file = src / RNG_DIR / f"rank{dist.get_rank()}.pt"
+        if rng_file.is_file():
+            rng = torch.load(rng_file, weights_only=True)
+            if int(rng["world"]) == dist.get_world_size():
+                torch.set_rng_state(rng["torch"])
+                if "cuda" in rng and torch.cuda.is_available():
+                    torch.cuda.set_rng_state(rng["cuda"])
+            else:
+                log.info(
+                    "%s: checkpoint saved on %s ranks, resumed on %s: RNG states start afresh",
+                    self.spec.role,
+                    rng["world"],
+                    dist.get_world_size(),
+                )

@@ -1,4 +1,6 @@
-"""Loading the models an engine trains: a causal LM (optionally with LoRA) or a value model.
+"""Loading the models an engine trains: a causal LM (optionally with LoRA) or a value model,
+and finding their parts (decoder layers, vision tower). The Hugging Face directories
+of trained models are written by :mod:`temper.training.hf_export`.
 
 Everything a ``ModelConfig`` says about *how* to build the network lives here (dtype,
 attention kernel, config overrides, remote code, extra model registrations, gradient
@@ -302,6 +304,24 @@ def load_value_model(
 _PEFT_PREFIX = "base_model.model."
 
 
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks: HF ``_no_split_modules`` classes, else the longest ModuleList.
+
+    The units a sharded engine handles one at a time: FSDP2 shards each, DeepSpeed
+    ZeRO-3 gathers each for export."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    lists: list[nn.ModuleList] = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        return []
+    longest: nn.ModuleList = max(lists, key=len)
+    return list(longest)
+
+
 def vision_tower_prefixes(model: nn.Module) -> list[str]:
     """Parameter-name prefixes of a vision-language model's vision tower (with merger).
 
@@ -361,47 +381,3 @@ def freeze_modules(model: nn.Module, train: Any, role: str) -> nn.Module:
         for param in hits:
             param.requires_grad_(False)
     return model
-
-
-#: Files of a model's processor (image/video processors, chat template) that a saved
-#: checkpoint needs beside the weights and tokenizer to load as a vision-language model.
-PROCESSOR_FILES = (
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-    "processor_config.json",
-    "chat_template.json",
-    "chat_template.jinja",
-)
-
-
-def save_processor_files(cfg: ModelConfig, out: str | Path, path: str | None = None) -> None:
-    """Copy the source model's processor files into the saved directory ``out`` (files
-    the tokenizer already wrote there are kept)."""
-    import shutil
-
-    src = Path(resolve_model_path(cfg.tokenizer_path or path or cfg.path))
-    if not src.is_dir():
-        return
-    for name in PROCESSOR_FILES:
-        if (src / name).is_file() and not (Path(out) / name).exists():
-            shutil.copyfile(src / name, Path(out) / name)
-
-
-def load_tokenizer(cfg: ModelConfig, path: str | None = None) -> Any:
-    """The tokenizer saved next to checkpoints (``tokenizer_path`` or the model path)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(
-        resolve_model_path(cfg.tokenizer_path or path or cfg.path),
-        trust_remote_code=cfg.trust_remote_code,
-    )
-
-
-def hf_tokenizer(cfg: ModelConfig, path: str | None, out: str | Path) -> Any | None:
-    """The tokenizer to save next to the HF directory ``out`` (None, logged, if it does
-    not load)."""
-    try:
-        return load_tokenizer(cfg, path)
-    except (OSError, ValueError) as err:
-        log.warning("no tokenizer saved with %s: %s", out, err)
-        return None

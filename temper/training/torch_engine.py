@@ -37,6 +37,7 @@ from temper.algorithms.logprobs import (
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
 from temper.training.base import LossFn, NonFiniteError, TrainEngine
+from temper.training.hf_export import save_hf_dir
 from temper.training.micro_batching import (
     MicroBatching,
     ModelInputs,
@@ -46,11 +47,9 @@ from temper.training.micro_batching import (
 )
 from temper.training.models import (
     freeze_modules,
-    hf_tokenizer,
     load_causal_lm,
     load_value_model,
     resolve_dtype,
-    save_processor_files,
 )
 from temper.training.packing import (
     MASKED_KERNELS,
@@ -67,7 +66,7 @@ from temper.training.packing import (
 from temper.training.schedule import LRSchedule
 from temper.training.spec import EngineSpec
 from temper.training.vision import vision_forward_inputs
-from temper.training.weights import hf_named_weights, is_peft_model, save_hf_model
+from temper.training.weights import hf_named_weights, is_peft_model
 
 log = logging.getLogger(__name__)
 
@@ -588,13 +587,6 @@ class TorchEngine(TrainEngine):
             self.schedule.load_state_dict(state["scheduler"])
 
     def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
-        """HF directory (+ tokenizer); LoRA: merged model + ``lora_adapter/`` (see weights)."""
-        tokenizer = hf_tokenizer(self.spec.model, self.spec.model_path, path)
-        if self.spec.kind == "value":
-            value_model: Any = self.model  # models.ValueModel
-            value_model.save_pretrained(path)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(path)
-        else:
-            save_hf_model(self.model, path, tokenizer, merge_lora=merge_lora)
-        save_processor_files(self.spec.model, path, self.spec.model_path)  # VL models
+        """HF directory (+ tokenizer); LoRA: merged model + ``lora_adapter/`` (see
+        :func:`temper.training.hf_export.save_hf_dir`)."""
+        save_hf_dir(self.model, self.spec, path, merge_lora=merge_lora)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,54 +81,3 @@ def hf_named_weights(
                 if delta is not None:
                     out = out + delta.to(out.dtype)
             yield f"{module_name}.{param}", out
-
-
-def save_hf_model(
-    model: nn.Module, path: str | Path, tokenizer: Any | None = None, *, merge_lora: bool = True
-) -> None:
-    """A Hugging Face model directory at ``path`` (+ tokenizer).
-
-    With LoRA and ``merge_lora`` the directory holds the merged model (loads in
-    ``transformers`` and vLLM) and the adapter goes to ``path/lora_adapter``; without
-    ``merge_lora`` ``path`` is the peft adapter directory alone.
-    """
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    hf: Any = model  # a transformers (or peft) model, duck-typed
-    if is_peft_model(model):
-        if merge_lora:
-            merged = {k: v.contiguous() for k, v in hf_named_weights(model)}
-            hf.get_base_model().save_pretrained(str(out), state_dict=merged)
-            hf.save_pretrained(str(out / "lora_adapter"))
-        else:
-            hf.save_pretrained(str(out))
-    else:
-        hf.save_pretrained(str(out))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(out))
-
-
-def save_gathered_hf(
-    model: nn.Module,
-    path: str | Path,
-    *,
-    full: dict[str, torch.Tensor],
-    merged: dict[str, torch.Tensor],
-    value: bool,
-    merge_lora: bool = True,
-    tokenizer: Any | None = None,
-) -> None:
-    """:func:`save_hf_model` for a sharded model whose weights were gathered (one rank
-    writes): ``full`` is the model's own state dict, ``merged`` its HF weights with LoRA
-    merged (used with LoRA and ``merge_lora`` only); ``value`` for a value model."""
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    if value:
-        model.save_pretrained(out, state_dict=full)  # type: ignore[operator]
-    elif is_peft_model(model) and merge_lora:
-        model.get_base_model().save_pretrained(str(out), state_dict=merged)  # type: ignore[operator]
-        model.save_pretrained(str(out / "lora_adapter"), state_dict=full)  # type: ignore[operator]
-    else:
-        model.save_pretrained(str(out), state_dict=full)  # type: ignore[operator]
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(out))

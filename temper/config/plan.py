@@ -1,0 +1,63 @@
+"""The run's plan: what a run derives from its config before loading anything.
+
+Data only; :func:`temper.config.derive.derive` computes it, as part of validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """What one step of a pipeline trains on, as its pipeline declares it.
+
+    ``samples``: samples (responses, episodes) per step — the batch arithmetic's unit;
+    ``rows``: how ``temper check`` explains it, ``(name, value, how)`` each.
+    """
+
+    samples: int
+    rows: tuple[tuple[str, str, str], ...]
+
+
+@dataclasses.dataclass
+class TrainArithmetic:
+    """Batch arithmetic of one trained role."""
+
+    role: str
+    devices: int
+    dp: int
+    mini_batch_size: int
+    per_rank_mini_batch: int
+    micro_batch_size: int | None
+    grad_accum: int | None
+    optimizer_steps_per_rl_step: int
+
+
+@dataclasses.dataclass
+class Derived:
+    """The run's plan: what it derives from its config before loading anything.
+
+    Computed once, by validation (:func:`temper.config.load_config` keeps it); the
+    run's builders — roles, placement, engine checks, the LR schedules' lengths — read
+    it instead of deriving again.
+    """
+
+    shape: StepShape
+    max_steps: int | None
+    total_devices: int
+    placement: dict[str, list[int]]
+    use_critic: bool
+    use_reference: bool
+    actor: TrainArithmetic
+    critic: TrainArithmetic | None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.shape.samples
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The model roles that run: actor, then reference and critic when used."""
+        used = (("reference", self.use_reference), ("critic", self.use_critic))
+        return ("actor", *(role for role, on in used if on))
