@@ -32,7 +32,14 @@ def sub(cls: type, text: str) -> Any:
     return field(default_factory=cls, metadata={"doc": text})
 
 
-Dtype = Literal["auto", "fp32", "bf16", "fp16"]
+#: A concrete dtype's name in temper (``auto`` is not one: each engine resolves it for its
+#: device, fp32 on CPU and bf16 on GPU).
+Precision = Literal["fp32", "bf16", "fp16"]
+Dtype = Literal["auto", Precision]
+#: The one dtype table: temper's name → the dtype's attribute name in ``torch``
+#: (``torch.bfloat16``), which is also vLLM's ``dtype=`` spelling. Engines derive their
+#: own tables from it; a test holds it equal to :data:`Precision`.
+DTYPES: dict[Precision, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 # --------------------------------------------------------------------------- experiment

@@ -18,9 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from temper.config.errors import ConfigError, did_you_mean
-from temper.config.schema import ModelConfig, RolloutConfig
+from temper.config.schema import DTYPES, ModelConfig, RolloutConfig
 
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: KV cache of the CPU build when neither ``engine_kwargs.vllm.kv_cache_memory_bytes``
 #: nor ``VLLM_CPU_KVCACHE_SPACE`` sets one: the trainer shares host memory.
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
@@ -84,7 +83,7 @@ def engine_args(
         if model_cfg.tokenizer_path
         else path,
         "trust_remote_code": model_cfg.trust_remote_code,
-        "dtype": _DTYPES.get(dtype, dtype),
+        "dtype": DTYPES.get(dtype, dtype),
         "seed": int(seed),
         "enforce_eager": rollout_cfg.enforce_eager,
         "load_format": rollout_cfg.load_format,
