@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import get_args
 
 import pytest
 import torch
 
 from temper.config.errors import ConfigError
-from temper.config.schema import DTYPES, Dtype, Precision
+from temper.config.schema import (
+    DTYPES,
+    MEGATRON_DEGREES,
+    MODEL_PARALLEL_DEGREES,
+    Dtype,
+    MegatronConfig,
+    Precision,
+)
 
 
 def test_the_dtype_table_is_the_dtype_literal():
@@ -38,3 +46,32 @@ def test_every_dtype_name_is_a_torch_dtype_and_engines_derive_their_tables():
     assert resolve_dtype("auto", cpu) == torch.float32
     with pytest.raises(ConfigError, match="fp32, bf16, fp16"):
         resolve_dtype("float8", cpu)
+
+
+def test_megatron_degrees_are_the_sections_degree_fields():
+    # a new *_parallel_size field declared with doc() instead of degree() fails here
+    sizes = [f.name for f in fields(MegatronConfig) if f.name.endswith("_parallel_size")]
+    assert tuple(sizes) == MEGATRON_DEGREES and len(sizes) == 6
+    assert MODEL_PARALLEL_DEGREES == (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+    )
+    m = MegatronConfig(
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=3,
+        context_parallel_size=5,
+        expert_model_parallel_size=7,
+    )
+    assert m.model_parallel_size == 30  # experts are carved out of data parallelism
+    assert m.degrees()["expert_model_parallel_size"] == 7 and list(m.degrees()) == list(
+        MEGATRON_DEGREES
+    )
+    assert MegatronConfig().model_parallel_size == 1
+
+
+def test_the_dialects_map_every_degree():
+    from temper.config.dialects.roll_derive import MEGATRON_KEYS
+    from temper.config.dialects.verl_megatron import DEGREES
+
+    assert DEGREES == MEGATRON_DEGREES and set(MEGATRON_DEGREES) <= MEGATRON_KEYS
