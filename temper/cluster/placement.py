@@ -94,9 +94,7 @@ def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
             role, len(ids)
         )
         if role == "reference" and strategy == "megatron":  # TP ranks share their samples
-            m = cfg.reference.megatron
-            split = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
-            dp = len(ids) // max(1, split * m.context_parallel_size)
+            dp = len(ids) // max(1, cfg.reference.megatron.model_parallel_size)
         shared = [r for r in roles if r != role and set(place[_KEYS[r]]) & set(ids)]
         share = min(s for _, _, s in slots[role])
         if cfg.resources.backend == "local":

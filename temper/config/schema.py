@@ -15,7 +15,8 @@ Units, stated once because frameworks differ here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 
@@ -42,7 +43,24 @@ def sub(cls: type, text: str) -> Any:
     return field(default_factory=cls, metadata={"doc": text})
 
 
-Dtype = Literal["auto", "fp32", "bf16", "fp16"]
+def degree(default: int | None, text: str, *, splits_model: bool = False) -> Any:
+    """A parallel degree of :class:`MegatronConfig`, named as in Megatron-Core (the engine
+    passes every degree to Megatron by its name; verl and ROLL use the same names).
+    ``splits_model``: the degree splits one model replica over devices, so it is a factor
+    of :attr:`MegatronConfig.model_parallel_size`."""
+    return field(
+        default=default, metadata={"doc": text, "degree": True, "splits_model": splits_model}
+    )
+
+
+#: A concrete dtype's name in temper (``auto`` is not one: each engine resolves it for its
+#: device, fp32 on CPU and bf16 on GPU).
+Precision = Literal["fp32", "bf16", "fp16"]
+Dtype = Literal["auto", Precision]
+#: The one dtype table: temper's name → the dtype's attribute name in ``torch``
+#: (``torch.bfloat16``), which is also vLLM's ``dtype=`` spelling. Engines derive their
+#: own tables from it; a test holds it equal to :data:`Precision`.
+DTYPES: dict[Precision, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 # --------------------------------------------------------------------------- experiment
@@ -330,12 +348,12 @@ class MegatronConfig:
     applied and ``temper check`` says so.
     """
 
-    tensor_model_parallel_size: int = doc(1, "Tensor parallel degree.")
-    pipeline_model_parallel_size: int = doc(1, "Pipeline parallel degree.")
-    virtual_pipeline_model_parallel_size: int | None = doc(None, "Interleaved pipeline chunks.")
-    context_parallel_size: int = doc(1, "Context (sequence) parallel degree.")
-    expert_model_parallel_size: int = doc(1, "Expert parallel degree (MoE).")
-    expert_tensor_parallel_size: int | None = doc(
+    tensor_model_parallel_size: int = degree(1, "Tensor parallel degree.", splits_model=True)
+    pipeline_model_parallel_size: int = degree(1, "Pipeline parallel degree.", splits_model=True)
+    virtual_pipeline_model_parallel_size: int | None = degree(None, "Interleaved pipeline chunks.")
+    context_parallel_size: int = degree(1, "Context (sequence) parallel degree.", splits_model=True)
+    expert_model_parallel_size: int = degree(1, "Expert parallel degree (MoE).")
+    expert_tensor_parallel_size: int | None = degree(
         None, "Tensor parallel degree of MoE experts (None: tensor_model_parallel_size)."
     )
     sequence_parallel: bool = doc(False, "Sequence parallelism with TP (CUDA).")
@@ -352,6 +370,28 @@ class MegatronConfig:
     grad_offload: bool = doc(False, "Keep gradients on CPU between uses (CUDA).")
     optimizer_offload: bool = doc(False, "Keep optimizer state on CPU between steps (CUDA).")
     extra: dict[str, Any] = doc({}, "Other Megatron-Core TransformerConfig arguments.")
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Devices one model replica spans: the product of the degrees that split it
+        (TP × PP × CP); a role's data-parallel size is its device count / this."""
+        return math.prod(getattr(self, name) or 1 for name in MODEL_PARALLEL_DEGREES)
+
+    def degrees(self) -> dict[str, int | None]:
+        """Every parallel degree by its Megatron-Core name (``TransformerConfig`` and
+        ``parallel_state.initialize_model_parallel`` take them as keywords)."""
+        return {name: getattr(self, name) for name in MEGATRON_DEGREES}
+
+
+#: :class:`MegatronConfig`'s parallel degrees (its ``degree`` fields, in field order): the
+#: one list of their names, which Megatron-Core, verl and ROLL spell the same way.
+MEGATRON_DEGREES: tuple[str, ...] = tuple(
+    f.name for f in fields(MegatronConfig) if f.metadata.get("degree")
+)
+#: The degrees whose product is :attr:`MegatronConfig.model_parallel_size` (TP, PP, CP).
+MODEL_PARALLEL_DEGREES: tuple[str, ...] = tuple(
+    f.name for f in fields(MegatronConfig) if f.metadata.get("splits_model")
+)
 
 
 @dataclass

@@ -366,10 +366,6 @@ class EnvManager:
 
     # ------------------------------------------------------------------ queries
 
-    def is_done(self, env_id: int) -> bool:
-        """Whether the env's trajectory is over."""
-        return self._states[env_id].done
-
     def active(self) -> list[int]:
         """Env ids whose trajectory is still running."""
         return [i for i, st in enumerate(self._states) if not st.done]

@@ -43,6 +43,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from temper.config.schema import DTYPES, Dtype
 from temper.data.batch import Batch
 from temper.data.vision import (
     MULTI_MODAL_INPUTS,
@@ -53,8 +54,6 @@ from temper.data.vision import (
 )
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.stops import finish_responses, right_pad
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class _LogProbRecorder(LogitsProcessor):
@@ -168,7 +167,7 @@ class HFRolloutEngine(RolloutEngine):
         path: str,
         *,
         tokenizer_path: str | None = None,
-        dtype: str = "auto",
+        dtype: Dtype = "auto",
         device: str | torch.device | None = None,
         infer_batch_size: int | None = None,
         trust_remote_code: bool = False,
@@ -184,7 +183,7 @@ class HFRolloutEngine(RolloutEngine):
         if dtype == "auto":
             torch_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
         else:
-            torch_dtype = _DTYPES[dtype]
+            torch_dtype = getattr(torch, DTYPES[dtype])
         model_path = resolve_model_path(path)
         kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
         if attn_implementation and attn_implementation != "auto":

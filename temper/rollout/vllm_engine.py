@@ -20,7 +20,8 @@ Choices that keep the two engines interchangeable (and RL correct):
 * In-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the environment says
   otherwise): it starts in seconds on CPU, a failure raises here instead of leaving a
   dead child process, and weights sync without pickling. Constructing it seeds the
-  global RNGs and replaces ``torch.set_num_threads``; both are restored afterwards.
+  global RNGs and replaces ``torch.set_num_threads``; both are restored afterwards
+  (:mod:`temper.rollout.vllm_process`).
 
 Weight sync (:meth:`VLLMRolloutEngine.load_weights`): the trainer's Hugging Face named
 tensors are grouped into buckets of ``bucket_bytes`` (``rollout.update_weights_bucket_megabytes``) and streamed into one in-place
@@ -33,6 +34,10 @@ Memory (``free_cache_engine``): on GPU the engine is built with sleep mode and s
 (level 1: weights to host, KV cache freed) after each rollout, waking before the next
 weight sync or rollout. vLLM's CPU build has no sleep mode (``enable_sleep_mode``
 raises), so on CPU the option is ignored with a note: memory is host memory there.
+
+Beside this module: :mod:`temper.rollout.vllm_args` turns the config into ``LLM(**kwargs)``,
+:mod:`temper.rollout.vllm_messages` reads vLLM's error messages for the keys and the fix,
+:mod:`temper.rollout.vllm_worker` is the weight-sync extension inside vLLM's worker.
 """
 
 from __future__ import annotations
@@ -41,16 +46,13 @@ import contextlib
 import dataclasses
 import logging
 import os
-import random
-import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import torch
 
-from temper.config.errors import ConfigError, did_you_mean
+from temper.config.errors import ConfigError
 from temper.config.schema import ModelConfig, RolloutConfig
 from temper.data.batch import Batch
 from temper.data.vision import (
@@ -63,66 +65,16 @@ from temper.data.vision import (
 )
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.stops import finish_responses, right_pad
-
-# vLLM logs at INFO by default, which in an RL run means one "reset prefix cache" line per
-# weight sync between the step lines; warnings and errors still show. Set before vLLM is
-# first imported (it reads the level then); VLLM_LOGGING_LEVEL=INFO brings them back.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from temper.rollout.vllm_args import engine_args
+from temper.rollout.vllm_messages import generation_fix, option_hint
+from temper.rollout.vllm_process import preserve_process_state, use_in_process_engine
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: Default bucket of one weight-sync call (bytes; ``rollout.update_weights_bucket_megabytes``
 #: sets it): large enough that a 135M model is a handful of calls, small enough that a
 #: multi-process engine never pickles a whole model.
 DEFAULT_BUCKET_BYTES = 256 << 20
-#: KV cache of the CPU build when neither ``engine_kwargs.vllm.kv_cache_memory_bytes``
-#: nor ``VLLM_CPU_KVCACHE_SPACE`` sets one: the trainer shares host memory.
-DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
-_EXTENSION = "temper.rollout.vllm_worker.TemperWorkerExtension"
-
-#: vLLM engine argument -> the temper key that sets it (for error messages).
-OPTION_KEYS = {
-    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
-    "tensor_parallel_size": "rollout.tensor_parallel_size",
-    "enforce_eager": "rollout.enforce_eager",
-    "enable_sleep_mode": "rollout.free_cache_engine",
-    "load_format": "rollout.load_format",
-    "max_model_len": "rollout.max_model_len",
-    "max_num_seqs": "rollout.max_num_seqs",
-    "max_num_batched_tokens": "rollout.max_num_batched_tokens",
-    "enable_chunked_prefill": "rollout.enable_chunked_prefill",
-    "block_size": "rollout.block_size",
-    "disable_log_stats": "rollout.disable_log_stats",
-    "enable_prefix_caching": "rollout.enable_prefix_caching",
-    "dtype": "rollout.dtype",
-    "kv_cache_memory_bytes": "rollout.engine_kwargs.vllm.kv_cache_memory_bytes",
-    "model": "model.path",
-    "tokenizer": "model.tokenizer_path",
-    "trust_remote_code": "model.trust_remote_code",
-}
-#: Words in vLLM error messages that point at an option without naming it.
-_HINTS = {
-    "context length": ("max_model_len",),  # "This model's maximum context length is …"
-    "model length": ("max_model_len",),
-    "enginecore": ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"),
-    "engine core": ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"),
-    "kv cache": ("max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization"),
-    "memory": ("gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len"),
-    "block": ("block_size",),
-    "chunked": ("enable_chunked_prefill", "max_num_batched_tokens"),
-    "sleep": ("enable_sleep_mode",),
-    "parallel": ("tensor_parallel_size",),
-}
-#: Option names too common in vLLM's prose to be found by name ("This model's …").
-_NOT_BY_NAME = frozenset({"model"})
-
-
-#: Engine arguments of older vLLM releases that verl/ROLL configs still pass, and what
-#: they became (seed document 003 and ROLL's VL examples set disable_mm_preprocessor_cache).
-RENAMED_ARGS = {
-    "disable_mm_preprocessor_cache": lambda v: {"mm_processor_cache_gb": 0} if v else {},
-}
 
 
 class VLLMEngineError(RuntimeError):
@@ -134,128 +86,6 @@ def _is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
-
-
-def engine_args(
-    rollout_cfg: RolloutConfig,
-    model_cfg: ModelConfig,
-    *,
-    on_cpu: bool,
-    seed: int,
-    valid_args: Iterable[str] | None = None,
-    environ: dict[str, str] | None = None,
-) -> tuple[dict[str, Any], list[str]]:
-    """vLLM ``LLM(**kwargs)`` arguments for the config, and notes on what was not used.
-
-    Every engine key of ``rollout.*`` is either passed on, or left out with a note
-    saying why (on CPU: GPU-memory and sleep settings), or rejected with a
-    ``ConfigError``. ``engine_kwargs.vllm.*`` is passed through last (it wins), after
-    its names are checked against ``valid_args`` (vLLM's ``EngineArgs`` fields).
-    """
-    from temper.utils.model_path import resolve_model_path
-
-    env = os.environ if environ is None else environ
-    notes: list[str] = []
-    dtype = model_cfg.dtype if rollout_cfg.dtype == "auto" else rollout_cfg.dtype
-    if dtype == "auto":
-        dtype = "fp32" if on_cpu else "bf16"
-    path = resolve_model_path(model_cfg.path)
-    kwargs: dict[str, Any] = {
-        "model": path,
-        "tokenizer": resolve_model_path(model_cfg.tokenizer_path)
-        if model_cfg.tokenizer_path
-        else path,
-        "trust_remote_code": model_cfg.trust_remote_code,
-        "dtype": _DTYPES.get(dtype, dtype),
-        "seed": int(seed),
-        "enforce_eager": rollout_cfg.enforce_eager,
-        "load_format": rollout_cfg.load_format,
-        "max_num_seqs": rollout_cfg.max_num_seqs,
-        "max_num_batched_tokens": rollout_cfg.max_num_batched_tokens,
-        "enable_chunked_prefill": rollout_cfg.enable_chunked_prefill,
-        "enable_prefix_caching": rollout_cfg.enable_prefix_caching,
-        "disable_log_stats": rollout_cfg.disable_log_stats,
-        "logprobs_mode": "processed_logprobs",
-        "worker_extension_cls": _EXTENSION,
-    }
-    if rollout_cfg.max_model_len is not None:
-        kwargs["max_model_len"] = rollout_cfg.max_model_len
-    if on_cpu:
-        if rollout_cfg.tensor_parallel_size > 1:
-            raise ConfigError(
-                "rollout.tensor_parallel_size",
-                f"{rollout_cfg.tensor_parallel_size} > 1 is not supported with vLLM's CPU "
-                "build here: temper runs the CPU engine in the training process, and "
-                "tensor parallelism needs one process per rank",
-                "set rollout.tensor_parallel_size=1 on CPU",
-            )
-        notes.append(
-            "rollout.gpu_memory_utilization is not used on CPU (vLLM would reserve that "
-            "fraction of host RAM, which the trainer shares): the KV cache is "
-            "engine_kwargs.vllm.kv_cache_memory_bytes, VLLM_CPU_KVCACHE_SPACE (GiB) or "
-            f"{DEFAULT_CPU_KV_CACHE_BYTES >> 30} GiB"
-        )
-        if not env.get("VLLM_CPU_KVCACHE_SPACE"):
-            kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
-        if rollout_cfg.block_size % 32 == 0:
-            kwargs["block_size"] = rollout_cfg.block_size
-        else:
-            notes.append(
-                f"rollout.block_size={rollout_cfg.block_size} is not used on CPU: vLLM's CPU "
-                "attention wants multiples of 32 and picks 128 itself"
-            )
-        if rollout_cfg.free_cache_engine:
-            notes.append(
-                "rollout.free_cache_engine is ignored on CPU: vLLM's CPU build has no sleep "
-                "mode (enable_sleep_mode raises), and its memory is host memory"
-            )
-    else:
-        kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size
-        kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
-        kwargs["block_size"] = rollout_cfg.block_size
-        kwargs["enable_sleep_mode"] = rollout_cfg.free_cache_engine
-    valid = set(valid_args) if valid_args is not None else None
-    for key, name, value in _vllm_kwargs(rollout_cfg.engine_kwargs or {}):
-        if name in RENAMED_ARGS and (valid is None or name not in valid):
-            renamed = RENAMED_ARGS[name](value)
-            kwargs.update(renamed)
-            notes.append(f"{key}={value!r} is {renamed or 'the default'} in this vLLM")
-            continue
-        if valid is not None and name not in valid:
-            raise ConfigError(
-                key,
-                f"'{name}' is not a vLLM engine argument{did_you_mean(name, valid)}",
-                "use a field of vllm.EngineArgs, or remove it",
-            )
-        if name == "logprobs_mode" and value != "processed_logprobs":
-            raise ConfigError(
-                key,
-                f"'{value}' would report log-probs of another distribution than the one "
-                "tokens are drawn from, which breaks the PPO ratio",
-                "remove it (temper sets processed_logprobs)",
-            )
-        if name == "worker_extension_cls":
-            raise ConfigError(key, "temper's weight sync needs its own extension", "remove it")
-        if on_cpu and name == "enable_sleep_mode" and value:
-            raise ConfigError(key, "vLLM's CPU build has no sleep mode", "remove it on CPU")
-        kwargs[name] = value
-    return kwargs, notes
-
-
-def _vllm_kwargs(engine_kwargs: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    """``(config key, name, value)`` of the vLLM arguments in ``rollout.engine_kwargs``.
-
-    Both shapes occur: ``{vllm: {...}}`` (native, ROLL) and a flat dict of the chosen
-    engine's arguments (the verl dialect writes the chosen engine's dict). Other engines'
-    sections (``sglang``, ``trtllm``) are not vLLM's and are skipped.
-    """
-    out: list[tuple[str, str, Any]] = []
-    for name, value in engine_kwargs.items():
-        if name == "vllm" and isinstance(value, dict):
-            out.extend((f"rollout.engine_kwargs.vllm.{k}", k, v) for k, v in value.items())
-        elif name not in ("sglang", "trtllm"):
-            out.append((f"rollout.engine_kwargs.{name}", name, value))
-    return out
 
 
 def check_cpu_head_size(model_path: str, trust_remote_code: bool = False) -> None:
@@ -281,78 +111,6 @@ def check_cpu_head_size(model_path: str, trust_remote_code: bool = False) -> Non
             f"build (supported: {supported})",
             "use rollout.engine=hf for this model on CPU",
         )
-
-
-def _option_names(message: str) -> list[str]:
-    """vLLM argument names that an error message names (whole words) or implies."""
-    low = message.lower()
-    names = [
-        n
-        for n in OPTION_KEYS
-        if n not in _NOT_BY_NAME
-        and re.search(rf"\b(?:{n}|{n.replace('_', '-')})\b", low) is not None
-    ]
-    for word, implied in _HINTS.items():
-        if word in low:
-            names.extend(n for n in implied if n not in names)
-    return names
-
-
-def _option_hint(message: str, kwargs: dict[str, Any]) -> str:
-    """The temper keys (with their values) that a vLLM error message points at."""
-    shown = [f"{OPTION_KEYS[n]}={kwargs[n]!r}" for n in _option_names(message) if n in kwargs]
-    return "; ".join(shown) if shown else "see vLLM's message"
-
-
-def _generation_fix(message: str, longest_prompt: int, max_new_tokens: int) -> str:
-    """What to change after a failed generation, from the options the message points at."""
-    names = _option_names(message)
-    # only a message about the context itself, not every "memory"/"kv cache" message
-    if re.search(
-        r"\bmax_model_len\b|\bmax-model-len\b|context length|model length", message.lower()
-    ):
-        need = longest_prompt + max_new_tokens
-        return (
-            f"raise rollout.max_model_len to at least prompt + response tokens ({need} "
-            f"here: longest prompt {longest_prompt} + {max_new_tokens} new tokens), or "
-            "shorten data.max_prompt_length / rollout.response_length"
-        )
-    if any(w in message.lower() for w in ("enginecore", "engine core", "dead")):
-        return (
-            "the engine died (out of memory is the usual cause; see vLLM's log above): "
-            "lower rollout.max_num_seqs / rollout.max_num_batched_tokens, or set "
-            "rollout.engine=hf; the run resumes from its last checkpoint"
-        )
-    if any(n in names for n in ("kv_cache_memory_bytes", "gpu_memory_utilization")):
-        return (
-            "give the KV cache more memory (rollout.gpu_memory_utilization on GPU; "
-            "rollout.engine_kwargs.vllm.kv_cache_memory_bytes or VLLM_CPU_KVCACHE_SPACE on "
-            "CPU) or lower rollout.max_num_seqs, or set rollout.engine=hf"
-        )
-    return "change the options named above, or set rollout.engine=hf to avoid vLLM"
-
-
-@contextlib.contextmanager
-def _preserve_process_state() -> Iterator[None]:
-    """Undo what an in-process vLLM engine does to the process while it starts.
-
-    vLLM's worker seeds Python/NumPy/torch RNGs with the engine seed (that would
-    silently reset the driver's resumable RNG streams), cuts torch to one thread
-    ("for serving") and replaces ``torch.set_num_threads`` with a no-op that warns —
-    all meant for its own pinned worker process, which an in-process engine is not:
-    here the trainer shares the process and its threads.
-    """
-    py_state, np_state = random.getstate(), np.random.get_state()
-    torch_state = torch.random.get_rng_state()
-    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    try:
-        yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.random.set_rng_state(torch_state)
-        torch.set_num_threads = set_threads
-        set_threads(threads)
 
 
 def _as_list(value: Any) -> list[int]:
@@ -505,7 +263,7 @@ class VLLMRolloutEngine(RolloutEngine):
         torch with ``experiment.seed``. Fails with a ``ConfigError`` for a bad option,
         and a ``VLLMEngineError`` naming the options when vLLM refuses to start.
         """
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        use_in_process_engine()
         from vllm import LLM, EngineArgs
 
         on_cpu = _is_cpu_platform()
@@ -523,14 +281,14 @@ class VLLMRolloutEngine(RolloutEngine):
         if on_cpu:
             check_cpu_head_size(kwargs["model"], bool(kwargs["trust_remote_code"]))
         try:
-            with _preserve_process_state():
+            with preserve_process_state():
                 llm = LLM(**kwargs)
         except ConfigError:
             raise
         except Exception as exc:  # vLLM raises ValueError, RuntimeError, OOM, ...
             raise VLLMEngineError(
                 f"vLLM failed to start: {type(exc).__name__}: {exc}\n"
-                f"options involved: {_option_hint(str(exc), kwargs)}. Fix those options, "
+                f"options involved: {option_hint(str(exc), kwargs)}. Fix those options, "
                 "or set rollout.engine=hf"
             ) from exc
         if tokenizer is None:
@@ -647,8 +405,8 @@ class VLLMRolloutEngine(RolloutEngine):
             longest = int(requests["prompt_mask"].sum(dim=1).max())
             raise VLLMEngineError(
                 f"vLLM generation failed: {type(exc).__name__}: {exc}\n"
-                f"options involved: {_option_hint(str(exc), self.options)}. "
-                f"Fix: {_generation_fix(str(exc), longest, params.max_new_tokens)}"
+                f"options involved: {option_hint(str(exc), self.options)}. "
+                f"Fix: {generation_fix(str(exc), longest, params.max_new_tokens)}"
             ) from exc
         if self.image_tokens is not None and MULTI_MODAL_DATA in requests.objects:
             self._check_expanded_prompts(requests, outputs)

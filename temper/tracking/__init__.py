@@ -21,9 +21,12 @@ from typing import Any, Protocol
 
 
 class Tracker(Protocol):
-    """A metric sink; sinks that can show text also define ``log_text(tag, text, step)``."""
+    """A metric sink. Every sink takes text too (validation generations, tagged like a
+    metric): one that cannot show text (console, jsonl) takes it as a no-op."""
 
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def log_text(self, tag: str, text: str, step: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -67,9 +70,7 @@ class EveryNSteps:
             self.tracker.log(metrics, step)
 
     def log_text(self, tag: str, text: str, step: int) -> None:
-        log_text = getattr(self.tracker, "log_text", None)
-        if log_text is not None:
-            log_text(tag, text, step)
+        self.tracker.log_text(tag, text, step)
 
     def close(self) -> None:
         self.tracker.close()
@@ -113,6 +114,9 @@ class ConsoleTracker:
                 parts.append(f"{name}={_fmt(metrics[key])}")
         print(" | ".join(parts), file=self.stream, flush=True)
 
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """Nothing: a generation's text would break the one-line-per-step progress."""
+
     def close(self) -> None:
         pass
 
@@ -149,6 +153,10 @@ class JsonlTracker:
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """Nothing: the file is one row of metrics per step (resume and ``temper report``
+        read it); ``experiment.validation_data_dir`` keeps generations as files."""
 
     def close(self) -> None:
         self.file.close()
@@ -250,11 +258,10 @@ class MultiTracker:
             t.log(metrics, step)
 
     def log_text(self, tag: str, text: str, step: int) -> None:
-        """Text (e.g. validation generations) to the sinks that show text."""
+        """Text (e.g. validation generations) to every sink; those that cannot show text
+        ignore it."""
         for t in self.trackers:
-            log_text = getattr(t, "log_text", None)
-            if log_text is not None:
-                log_text(tag, text, step)
+            t.log_text(tag, text, step)
 
     def close(self) -> None:
         for t in self.trackers:

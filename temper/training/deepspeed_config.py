@@ -43,19 +43,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from temper.config.errors import ConfigError
-from temper.config.schema import TrainEngineConfig
+from temper.config.schema import DTYPES, Precision, TrainEngineConfig
 
 AUTO = "auto"
-Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: dict[torch.dtype, Precision] = {
-    torch.float32: "fp32",
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
+    getattr(torch, attr): name for name, attr in DTYPES.items()
 }
 ZERO_STAGES = (0, 1, 2, 3)
 

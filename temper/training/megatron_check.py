@@ -124,13 +124,8 @@ def check_section(
             f"LoRA is not supported by the megatron engine ({role}.strategy: megatron)",
             f"set model.lora.rank: 0, or {role}.strategy: fsdp2",
         )
-    for name in (
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-    ):
-        if getattr(m, name) < 1:
+    for name, value in m.degrees().items():
+        if value is not None and value < 1:
             raise ConfigError(f"{key}.{name}", "must be ≥ 1", "set it to 1 or more")
     if m.pipeline_model_parallel_size > 1:
         raise ConfigError(

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from temper.config.errors import ConfigError
-from temper.config.schema import MegatronConfig
+from temper.config.schema import MEGATRON_DEGREES, MegatronConfig
 from temper.training.megatron_convert import (
     HFLayout,
     ParamMap,
@@ -58,12 +58,7 @@ _OWNED_FIELDS = frozenset(
         "add_bias_linear",
         "add_qkv_bias",
         "qk_layernorm",
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "virtual_pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-        "expert_tensor_parallel_size",
+        *MEGATRON_DEGREES,
         "sequence_parallel",
         "params_dtype",
         "use_cpu_initialization",
@@ -134,12 +129,7 @@ def transformer_config(
         qk_layernorm=layout.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
-        tensor_model_parallel_size=m.tensor_model_parallel_size,
-        pipeline_model_parallel_size=m.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
-        context_parallel_size=m.context_parallel_size,
-        expert_model_parallel_size=m.expert_model_parallel_size,
-        expert_tensor_parallel_size=m.expert_tensor_parallel_size,
+        **m.degrees(),
         params_dtype=torch.float32,
         # weights come from the checkpoint: no random init (on CPU, Megatron would
         # initialize each full matrix and split it)

@@ -109,7 +109,7 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         )
     ensure_process_group(device)
     world = dist.get_world_size()
-    split = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    split = m.model_parallel_size
     if world % split:
         raise ConfigError(
             f"{role}.megatron",
@@ -138,12 +138,7 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
             )
     else:
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=m.tensor_model_parallel_size,
-            pipeline_model_parallel_size=m.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
-            context_parallel_size=m.context_parallel_size,
-            expert_model_parallel_size=m.expert_model_parallel_size,
-            expert_tensor_parallel_size=m.expert_tensor_parallel_size,
+            **m.degrees(),
             # gloo copies of every group are only needed for CPU-side collectives of
             # Megatron's own optimizer/checkpointing on GPU; on a gloo world they would
             # be the same groups twice

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from temper.config.errors import ConfigError
-from temper.config.schema import LoraConfig, ModelConfig
+from temper.config.schema import DTYPES, LoraConfig, ModelConfig
 from temper.utils.hf_auto import causal_lm_class, text_hidden_size
 from temper.utils.model_path import resolve_model_path
 
@@ -32,8 +32,6 @@ log = logging.getLogger(__name__)
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 VALUE_MODEL_STAMP = "temper_value_model.json"
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -47,12 +45,11 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """Compute dtype: ``auto`` is fp32 on CPU (always works there) and bf16 on GPU."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
+    if dtype not in DTYPES:
         raise ConfigError(
-            "model.dtype", f"unknown dtype '{dtype}'", "use auto, fp32, bf16 or fp16"
-        ) from None
+            "model.dtype", f"unknown dtype '{dtype}'", f"use auto or one of {', '.join(DTYPES)}"
+        )
+    return getattr(torch, DTYPES[dtype])
 
 
 def resolve_attn_implementation(name: str) -> str:

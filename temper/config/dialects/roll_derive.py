@@ -8,6 +8,7 @@ one native field to different values.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -25,6 +26,7 @@ from temper.config.dialects.roll_rules import (
 )
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
+from temper.config.schema import MEGATRON_DEGREES, MODEL_PARALLEL_DEGREES
 
 MISSING = object()
 
@@ -400,12 +402,7 @@ def strategies(ctx: Ctx) -> None:
 # strategy_config keys with a field of their own in the native megatron section; the
 # rest (moe_*, other TransformerConfig arguments) go to megatron.extra
 MEGATRON_KEYS = {
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "virtual_pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
+    *MEGATRON_DEGREES,
     "sequence_parallel",
     "use_distributed_optimizer",
     "recompute_granularity",
@@ -585,13 +582,7 @@ def mini_batch(ctx: Ctx) -> None:
         dp = len(devices)
         if ctx.get(f"{role}.strategy_args.strategy_name") == "megatron_train":
             cfg = ctx.get(f"{role}.strategy_args.strategy_config") or {}
-            split = 1
-            for k in (
-                "tensor_model_parallel_size",
-                "pipeline_model_parallel_size",
-                "context_parallel_size",
-            ):
-                split *= int(cfg.get(k) or 1)
+            split = math.prod(int(cfg.get(k) or 1) for k in MODEL_PARALLEL_DEGREES)
             if dp % split:
                 raise ConfigError(
                     f"{role}.device_mapping",

@@ -16,6 +16,7 @@ from typing import Any
 
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_rules import Call, Inert, Map, Note, Rule
+from temper.config.schema import MEGATRON_DEGREES
 
 A = "actor_rollout_ref"
 ACT, REF, RO, CR, RM = f"{A}.actor", f"{A}.ref", f"{A}.rollout", "critic", "reward_model"
@@ -23,14 +24,7 @@ ACT, REF, RO, CR, RM = f"{A}.actor", f"{A}.ref", f"{A}.rollout", "critic", "rewa
 MBRIDGE = "temper converts Hugging Face ↔ Megatron weights itself (no mbridge)"
 PADDING = "the megatron engine trims each micro-batch's padding itself"
 INTERNAL = "verl-internal wiring with no counterpart here"
-DEGREES = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "virtual_pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-)
+DEGREES = MEGATRON_DEGREES
 RECOMPUTE = (
     "recompute_granularity",
     "recompute_method",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -14,8 +16,7 @@ from temper.cluster.balance import (
     karmarkar_karp,
     spread,
 )
-from temper.cluster.base import shard_batch, unshard_batch
-from temper.cluster.local import LocalWorkerGroup
+from temper.cluster.base import WorkerGroup, shard_batch, unshard_batch
 from temper.data.batch import Batch
 
 
@@ -88,7 +89,18 @@ def test_update_refuses_padding() -> None:
         shard_batch(_batch(3), 2, allow_pad=False)
 
 
-def test_local_group_calls_the_role_in_process() -> None:
+class InProcessGroup(WorkerGroup):
+    """``world_size`` ranks that are one role object in this process: the base class's
+    sharding, balancing and gathering with nothing remote."""
+
+    def __init__(self, worker: Any, world_size: int) -> None:
+        self.role, self.world_size, self.worker = "actor", world_size, worker
+
+    def call_ranks(self, method: str, per_rank_args: Sequence[tuple[Any, ...]], **kw: Any) -> list:
+        return [getattr(self.worker, method)(*args, **kw) for args in per_rank_args]
+
+
+def test_group_calls_every_rank_and_dispatch_keeps_the_row_order() -> None:
     class Role:
         def double(self, batch: Batch) -> Batch:
             return Batch.from_dict({"x": batch["response_ids"] * 2})
@@ -96,7 +108,7 @@ def test_local_group_calls_the_role_in_process() -> None:
         def hello(self, name: str) -> str:
             return f"hi {name}"
 
-    group = LocalWorkerGroup("actor", Role())
-    assert group.call_all("hello", "you") == ["hi you"]
-    out = group.dispatch("double", _batch(3))
-    assert torch.equal(out["x"], _batch(3)["response_ids"] * 2)
+    group = InProcessGroup(Role(), world_size=2)
+    assert group.call_all("hello", "you") == ["hi you", "hi you"]
+    out = group.dispatch("double", _batch(5))  # balanced shards, one padding row
+    assert torch.equal(out["x"], _batch(5)["response_ids"] * 2)

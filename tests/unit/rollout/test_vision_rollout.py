@@ -175,7 +175,7 @@ def test_vllm_prompt_carries_images_with_collapsed_placeholders(vl_setup):
 
 
 def test_disable_mm_preprocessor_cache_becomes_this_vllms_argument():
-    from temper.rollout.vllm_engine import engine_args
+    from temper.rollout.vllm_args import engine_args
 
     cfg = RolloutConfig(engine="vllm", engine_kwargs={"disable_mm_preprocessor_cache": True})
     kwargs, notes = engine_args(

@@ -9,7 +9,7 @@ import pytest
 
 from temper.config.errors import ConfigError
 from temper.config.schema import ModelConfig, RolloutConfig
-from temper.rollout.vllm_engine import DEFAULT_CPU_KV_CACHE_BYTES, engine_args
+from temper.rollout.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, engine_args
 
 FIELDS = {
     "model",

@@ -41,6 +41,18 @@ def test_console_prints_progress_eta_and_headline_metrics():
     assert "| reward_mean=0.5000 | val_reward_mean=0.7500" in out.getvalue().splitlines()[1]
 
 
+def test_sinks_without_text_take_it_as_a_no_op(tmp_path):
+    out = io.StringIO()
+    trackers = build_trackers(["console"], tmp_path, every=2)  # console behind EveryNSteps
+    trackers.trackers[0].tracker.stream = out
+    trackers.log(ROWS[0], 2)
+    trackers.log_text("val/generations/0", "prompt: 1+1=\nresponse: 2", 2)
+    trackers.close()
+    assert out.getvalue().count("\n") == 1 and "response" not in out.getvalue()
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [2]
+
+
 @pytest.mark.slow
 def test_tensorboard_events_are_readable_and_purged_on_resume(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -200,6 +200,7 @@ def _check(device: str = "cpu", lora: int = 0, **m: Any) -> list[str]:
         ({"expert_model_parallel_size": 2}, "actor.megatron.expert_model_parallel_size", "dense"),
         ({"expert_tensor_parallel_size": 2}, "actor.megatron.expert_tensor_parallel_size", "dense"),
         ({"tensor_model_parallel_size": 0}, "actor.megatron.tensor_model_parallel_size", "≥ 1"),
+        ({"expert_tensor_parallel_size": 0}, "actor.megatron.expert_tensor_parallel_size", "≥ 1"),
         ({"recompute_granularity": "most"}, "actor.megatron.recompute_granularity", "unknown"),
     ],
 )
@@ -207,6 +208,22 @@ def test_what_cannot_run_is_a_config_error_naming_the_key(m: dict, key: str, wor
     with pytest.raises(ConfigError) as err:
         _check(**m)
     assert err.value.key == key and words in err.value.reason and err.value.fix
+
+
+def test_every_degree_is_a_megatron_core_keyword() -> None:
+    """The engine passes ``MegatronConfig.degrees()`` to Megatron by name."""
+    pytest.importorskip("megatron.core")
+    import inspect
+    from dataclasses import fields
+
+    from megatron.core import parallel_state
+    from megatron.core.transformer import TransformerConfig
+
+    from temper.config.schema import MEGATRON_DEGREES
+
+    takes = inspect.signature(parallel_state.initialize_model_parallel).parameters
+    assert set(MEGATRON_DEGREES) <= set(takes)
+    assert set(MEGATRON_DEGREES) <= {f.name for f in fields(TransformerConfig)}
 
 
 def test_lora_and_a_missing_package_name_their_keys(monkeypatch) -> None:

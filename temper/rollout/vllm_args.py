@@ -1,0 +1,175 @@
+"""``rollout.*`` → the arguments of ``vllm.LLM(**kwargs)`` (vLLM's ``EngineArgs``).
+
+Every engine key of ``rollout.*`` is passed on, left out with a note saying why (on
+vLLM's CPU build: GPU-memory, sleep and odd block-size settings), or rejected with a
+``ConfigError`` naming the key. ``rollout.engine_kwargs`` (``{vllm: {...}}`` or the verl
+dialect's flat dict) is passed through last, after its names are checked against
+``EngineArgs``' fields and the ones that would break RL (another ``logprobs_mode``, a
+foreign worker extension) are refused. :data:`OPTION_KEYS` maps the arguments back to
+the temper keys that set them, for messages.
+
+Pure config mapping: runs without vLLM installed (the caller passes vLLM's field names).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from temper.config.errors import ConfigError, did_you_mean
+from temper.config.schema import DTYPES, ModelConfig, RolloutConfig
+
+#: KV cache of the CPU build when neither ``engine_kwargs.vllm.kv_cache_memory_bytes``
+#: nor ``VLLM_CPU_KVCACHE_SPACE`` sets one: the trainer shares host memory.
+DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+_EXTENSION = "temper.rollout.vllm_worker.TemperWorkerExtension"
+
+#: vLLM engine argument -> the temper key that sets it (for error messages).
+OPTION_KEYS = {
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "tensor_parallel_size": "rollout.tensor_parallel_size",
+    "enforce_eager": "rollout.enforce_eager",
+    "enable_sleep_mode": "rollout.free_cache_engine",
+    "load_format": "rollout.load_format",
+    "max_model_len": "rollout.max_model_len",
+    "max_num_seqs": "rollout.max_num_seqs",
+    "max_num_batched_tokens": "rollout.max_num_batched_tokens",
+    "enable_chunked_prefill": "rollout.enable_chunked_prefill",
+    "block_size": "rollout.block_size",
+    "disable_log_stats": "rollout.disable_log_stats",
+    "enable_prefix_caching": "rollout.enable_prefix_caching",
+    "dtype": "rollout.dtype",
+    "kv_cache_memory_bytes": "rollout.engine_kwargs.vllm.kv_cache_memory_bytes",
+    "model": "model.path",
+    "tokenizer": "model.tokenizer_path",
+    "trust_remote_code": "model.trust_remote_code",
+}
+
+#: Engine arguments of older vLLM releases that verl/ROLL configs still pass, and what
+#: they became (seed document 003 and ROLL's VL examples set disable_mm_preprocessor_cache).
+RENAMED_ARGS = {
+    "disable_mm_preprocessor_cache": lambda v: {"mm_processor_cache_gb": 0} if v else {},
+}
+
+
+def engine_args(
+    rollout_cfg: RolloutConfig,
+    model_cfg: ModelConfig,
+    *,
+    on_cpu: bool,
+    seed: int,
+    valid_args: Iterable[str] | None = None,
+    environ: dict[str, str] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """vLLM ``LLM(**kwargs)`` arguments for the config, and notes on what was not used.
+
+    Every engine key of ``rollout.*`` is either passed on, or left out with a note
+    saying why (on CPU: GPU-memory and sleep settings), or rejected with a
+    ``ConfigError``. ``engine_kwargs.vllm.*`` is passed through last (it wins), after
+    its names are checked against ``valid_args`` (vLLM's ``EngineArgs`` fields).
+    """
+    from temper.utils.model_path import resolve_model_path
+
+    env = os.environ if environ is None else environ
+    notes: list[str] = []
+    dtype = model_cfg.dtype if rollout_cfg.dtype == "auto" else rollout_cfg.dtype
+    if dtype == "auto":
+        dtype = "fp32" if on_cpu else "bf16"
+    path = resolve_model_path(model_cfg.path)
+    kwargs: dict[str, Any] = {
+        "model": path,
+        "tokenizer": resolve_model_path(model_cfg.tokenizer_path)
+        if model_cfg.tokenizer_path
+        else path,
+        "trust_remote_code": model_cfg.trust_remote_code,
+        "dtype": DTYPES.get(dtype, dtype),
+        "seed": int(seed),
+        "enforce_eager": rollout_cfg.enforce_eager,
+        "load_format": rollout_cfg.load_format,
+        "max_num_seqs": rollout_cfg.max_num_seqs,
+        "max_num_batched_tokens": rollout_cfg.max_num_batched_tokens,
+        "enable_chunked_prefill": rollout_cfg.enable_chunked_prefill,
+        "enable_prefix_caching": rollout_cfg.enable_prefix_caching,
+        "disable_log_stats": rollout_cfg.disable_log_stats,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": _EXTENSION,
+    }
+    if rollout_cfg.max_model_len is not None:
+        kwargs["max_model_len"] = rollout_cfg.max_model_len
+    if on_cpu:
+        if rollout_cfg.tensor_parallel_size > 1:
+            raise ConfigError(
+                "rollout.tensor_parallel_size",
+                f"{rollout_cfg.tensor_parallel_size} > 1 is not supported with vLLM's CPU "
+                "build here: temper runs the CPU engine in the training process, and "
+                "tensor parallelism needs one process per rank",
+                "set rollout.tensor_parallel_size=1 on CPU",
+            )
+        notes.append(
+            "rollout.gpu_memory_utilization is not used on CPU (vLLM would reserve that "
+            "fraction of host RAM, which the trainer shares): the KV cache is "
+            "engine_kwargs.vllm.kv_cache_memory_bytes, VLLM_CPU_KVCACHE_SPACE (GiB) or "
+            f"{DEFAULT_CPU_KV_CACHE_BYTES >> 30} GiB"
+        )
+        if not env.get("VLLM_CPU_KVCACHE_SPACE"):
+            kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+        if rollout_cfg.block_size % 32 == 0:
+            kwargs["block_size"] = rollout_cfg.block_size
+        else:
+            notes.append(
+                f"rollout.block_size={rollout_cfg.block_size} is not used on CPU: vLLM's CPU "
+                "attention wants multiples of 32 and picks 128 itself"
+            )
+        if rollout_cfg.free_cache_engine:
+            notes.append(
+                "rollout.free_cache_engine is ignored on CPU: vLLM's CPU build has no sleep "
+                "mode (enable_sleep_mode raises), and its memory is host memory"
+            )
+    else:
+        kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size
+        kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+        kwargs["block_size"] = rollout_cfg.block_size
+        kwargs["enable_sleep_mode"] = rollout_cfg.free_cache_engine
+    valid = set(valid_args) if valid_args is not None else None
+    for key, name, value in _vllm_kwargs(rollout_cfg.engine_kwargs or {}):
+        if name in RENAMED_ARGS and (valid is None or name not in valid):
+            renamed = RENAMED_ARGS[name](value)
+            kwargs.update(renamed)
+            notes.append(f"{key}={value!r} is {renamed or 'the default'} in this vLLM")
+            continue
+        if valid is not None and name not in valid:
+            raise ConfigError(
+                key,
+                f"'{name}' is not a vLLM engine argument{did_you_mean(name, valid)}",
+                "use a field of vllm.EngineArgs, or remove it",
+            )
+        if name == "logprobs_mode" and value != "processed_logprobs":
+            raise ConfigError(
+                key,
+                f"'{value}' would report log-probs of another distribution than the one "
+                "tokens are drawn from, which breaks the PPO ratio",
+                "remove it (temper sets processed_logprobs)",
+            )
+        if name == "worker_extension_cls":
+            raise ConfigError(key, "temper's weight sync needs its own extension", "remove it")
+        if on_cpu and name == "enable_sleep_mode" and value:
+            raise ConfigError(key, "vLLM's CPU build has no sleep mode", "remove it on CPU")
+        kwargs[name] = value
+    return kwargs, notes
+
+
+def _vllm_kwargs(engine_kwargs: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """``(config key, name, value)`` of the vLLM arguments in ``rollout.engine_kwargs``.
+
+    Both shapes occur: ``{vllm: {...}}`` (native, ROLL) and a flat dict of the chosen
+    engine's arguments (the verl dialect writes the chosen engine's dict). Other engines'
+    sections (``sglang``, ``trtllm``) are not vLLM's and are skipped.
+    """
+    out: list[tuple[str, str, Any]] = []
+    for name, value in engine_kwargs.items():
+        if name == "vllm" and isinstance(value, dict):
+            out.extend((f"rollout.engine_kwargs.vllm.{k}", k, v) for k, v in value.items())
+        elif name not in ("sglang", "trtllm"):
+            out.append((f"rollout.engine_kwargs.{name}", name, value))
+    return out
