@@ -82,10 +82,7 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog
             )
         return 1
     if MEGATRON_PARALLEL in needs:
-        m = engine.megatron
-        model_parallel = (
-            m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
-        )
+        model_parallel = engine.megatron.model_parallel_size
         if devices % model_parallel:
             raise ConfigError(
                 f"{key}.megatron",
