@@ -34,7 +34,7 @@ from temper.config import ConfigError
 from temper.pipelines.catalog import load_config
 from temper.pipelines.preflight import preflight
 
-VERL = ("verl-2025-06-38d9a88", "verl-2026-01-b178a3c")
+VERL = ("verl-2025-06-38d9a88", "verl-2026-01-b178a3c", "verl-2026-08-1dda039")
 ROLL = ("roll-v0", "roll-2025-06-70e9c6c", "roll-2026-08-8eb27cc")
 #: Environment the rows see: a secret some ROLL files interpolate (${oc.env:...}).
 ENV = {"WANDB_API_KEY": "dummy-key"}
@@ -180,6 +180,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
         "script: broken",
         r"not an override|adds a key, but|expected (bool|int|float)|unknown verl key.*Hydra would refuse",
     ),
+    ("verl 0.9 vocabulary", r": unknown verl key"),  # keys of verl >= 2026-04: issue 27
 )
 
 
