@@ -95,7 +95,7 @@ def _check_reward_normalization(cfg: TemperConfig) -> None:
             "algorithm.use_reward_norm",
             "subtracts the running mean as part of reward scaling (ROLL: 'only applicable "
             "if use_reward_scaling is True')",
-            "set algorithm.use_reward_scaling: true too, or use reward_norm: running",
+            "set algorithm.use_reward_scaling=true too, or algorithm.reward_norm=running instead",
         )
     if algo.use_reward_scaling and algo.reward_norm != "none":
         raise ConfigError(

@@ -401,10 +401,16 @@ def _check_rewards(cfg: TemperConfig, samples: set[tuple[str, str]], key: str) -
 
 
 def check_outputs(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
-    """The run and checkpoint directories can be created and written."""
+    """The run and checkpoint directories can be created and written; the checkpoint a
+    run would resume from (``experiment.resume_mode``) is complete, and its config does
+    not change the run's meaning (``resume_strict``)."""
+    from temper.pipelines.checkpointing import check_resume_config, find_resume_checkpoint
     from temper.pipelines.run import output_dir
 
     out = output_dir(cfg)
+    resume = find_resume_checkpoint(cfg, out)
+    if resume is not None:
+        check_resume_config(cfg, resume)  # its report is the run's to print
     _writable(out, "experiment.output_dir")
     if cfg.experiment.checkpoint_dir:
         _writable(Path(cfg.experiment.checkpoint_dir).expanduser(), "experiment.checkpoint_dir")
@@ -473,8 +479,8 @@ CHECKS: dict[str, Check] = {
     "engines": check_engines,
     "rewards": check_reward_runtime,
     "models": check_models,
-    "pipeline": check_pipeline_files,
     "outputs": check_outputs,
+    "pipeline": check_pipeline_files,
     "tools": check_tools,
 }
 

@@ -57,6 +57,7 @@ PHRASES: dict[str, dict[str, str]] = {
         "roll": "use_kl_loss / add_token_level_kl (a KL term turns the reference on)",
     },
     "agentic.train_env_manager": {"roll": "train_env_manager"},
+    "agentic.custom_envs": {"roll": "custom_envs"},
     "resources.devices_per_node": {
         "verl": "trainer.n_gpus_per_node",
         "roll": "num_gpus_per_node",

@@ -688,6 +688,9 @@ def episodes(ctx: Ctx) -> None:
                 + ", ".join(f"{k}={v!r}" for k, v in missing.items())
             )
         groups, size = dst["num_env_groups"], dst["group_size"]
+        for key, value in (("num_env_groups", groups), ("group_size", size)):
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{mgr}.{key}", f"must be > 0, got {value!r}", "set it > 0")
         envs = groups * size
         if batch % envs:
             raise ConfigError(

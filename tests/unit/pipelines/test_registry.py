@@ -1,0 +1,79 @@
+"""``pipeline:`` names a registered pipeline or the user's own code (a module path or a
+file): resolved to a ``Pipeline`` record, or refused in one line at ``temper check``."""
+
+from __future__ import annotations
+
+import pytest
+
+from temper.config.errors import ConfigError
+from temper.pipelines import PIPELINES, Pipeline, resolve_pipeline
+from temper.pipelines.agentic import episode_groups
+
+PRODUCER = """
+class Echo:
+    headline = "val/x"
+    total_steps = 1
+    def __init__(self, ctx): self.ctx = ctx
+    def produce(self, step, timer): ...
+    def validate(self, step): ...
+    def dump_rows(self, batch, step): return []
+    def state_dict(self): return {}
+    def load_state_dict(self, state): pass
+    def close(self): pass
+
+
+class Half:
+    def produce(self, step, timer): ...
+
+NOT_A_PIPELINE = 3
+"""
+
+
+def test_builtin_records_declare_their_needs():
+    assert PIPELINES.primary_names() == ["rlvr", "agentic"]
+    agentic = resolve_pipeline("agentic")
+    assert agentic.sections == frozenset({"agentic"}) and agentic.step_shape is episode_groups
+    assert resolve_pipeline("rlvr").sections == frozenset()
+
+
+def test_a_producer_class_in_a_file_gets_the_default_hooks(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(PRODUCER)
+    record = resolve_pipeline(f"{path}:Echo")
+    assert isinstance(record, Pipeline) and record.build.__name__ == "Echo"
+    assert record.sections == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("Half", "a class without the producer methods validate, dump_rows, state_dict"),
+        ("NOT_A_PIPELINE", "is a int, neither a Pipeline record nor a producer class"),
+        ("Ech", "defines no 'Ech' (did you mean 'Echo'?)"),
+    ],
+)
+def test_what_is_not_a_pipeline_is_refused_in_one_line(tmp_path, name, says):
+    path = tmp_path / "mine.py"
+    path.write_text(PRODUCER)
+    with pytest.raises(ConfigError) as err:
+        resolve_pipeline(f"{path}:{name}")
+    assert err.value.key == "pipeline" and says in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_file_that_raises_on_import_is_a_config_error(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ConfigError, match=r"pipeline: importing '.*broken.py' raised RuntimeError"):
+        resolve_pipeline(f"{path}:X")
+
+
+def test_a_module_in_the_working_directory_is_found(tmp_path, monkeypatch):
+    package = tmp_path / "cwd_pipelines_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(PRODUCER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", ".")])
+    record = resolve_pipeline("cwd_pipelines_pkg.mod:Echo")
+    assert record.build.__name__ == "Echo"
