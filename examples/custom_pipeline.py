@@ -176,4 +176,24 @@ def check(cfg: TemperConfig) -> None:
             )
 
 
-CURRICULUM = Pipeline(build=CurriculumProducer, check=check)
+def preflight(cfg: TemperConfig, notes: list[str]) -> None:
+    """Before any model loads: the longest question of the last level, templated with the
+    run's tokenizer (its files only), fits ``data.max_prompt_length``."""
+    from temper.pipelines.run import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg)
+    top = 10**MAX_LEVEL - 1
+    question = f"What is {top} - {top}? Answer with the number only."
+    fields = PromptFields([{"role": "user", "content": question}], None, "0", "", "", {})
+    text, _ = render(fields, cfg.data, tokenizer)
+    (ids,) = tokenize(tokenizer, [text], raw=cfg.data.chat_template == "raw")
+    if len(ids) > cfg.data.max_prompt_length:
+        raise ConfigError(
+            "data.max_prompt_length",
+            f"the curriculum's longest prompt has {len(ids)} tokens with this tokenizer and "
+            "data.system_prompt",
+            f"raise it to ≥ {len(ids)} or shorten data.system_prompt",
+        )
+
+
+CURRICULUM = Pipeline(build=CurriculumProducer, check=check, preflight=preflight)
