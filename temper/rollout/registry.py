@@ -127,9 +127,7 @@ def check_rollout_engine(rollout_cfg: RolloutConfig, model_cfg: ModelConfig) -> 
         raise ConfigError(
             "rollout.engine",
             f"vllm cannot run the vision-language model {model_cfg.path} here: {problem}",
-            "set rollout.engine=hf (verl: actor_rollout_ref.rollout.name=hf; ROLL: "
-            "actor_infer.strategy_args.strategy_name=hf_infer), which runs it; or install a "
-            "torchvision built for this torch",
+            "set rollout.engine=hf, which runs it; or install a torchvision built for this torch",
         )
 
 

@@ -96,6 +96,16 @@ def native_keys() -> frozenset[str]:
     return frozenset(out)
 
 
+#: Native values the dialects spell differently, per native key: ``key=value`` in a fix
+#: is written with the dialect's value.
+VALUES: dict[str, dict[str, dict[str, str]]] = {
+    "rollout.engine": {"roll": {"hf": "hf_infer"}},
+    **{
+        f"{role}.strategy": {"roll": SPELLING["roll"], "verl": SPELLING["verl"]}
+        for role in ("actor", "critic")
+    },
+}
+
 _TOKEN = re.compile(r"(?<![\w.])([a-z_]+(?:\.[a-z_]+)+)(?![\w.])(=[^\s,;)]+)?")
 
 
@@ -122,6 +132,9 @@ def in_dialect(
         # n_gpus_per_node) does not take the native value
         found = None if native in PHRASES else dialect_key(native)
         if found is not None:
+            spelled = VALUES.get(native, {}).get(dialect, {})
+            if value:
+                value = "=" + spelled.get(value[1:], value[1:])
             return found + value + UNITS.get(native, {}).get(dialect, "")
         phrase = PHRASES.get(native, {}).get(dialect)
         if phrase is not None:  # a phrase says what to write; the native value does not fit it

@@ -195,3 +195,15 @@ def test_an_error_of_the_run_speaks_the_files_dialect(tiny_model_dir, capsys, mo
         "config error: actor_rollout_ref.actor.ppo_mini_batch_size (temper: actor.mini_batch_size)"
     ), err
     assert "Fix: set actor_rollout_ref.actor.ppo_mini_batch_size=4" in err, err
+
+
+def test_values_in_a_fix_are_spelled_as_the_dialect_spells_them():
+    from temper.pipelines.catalog import load_config
+
+    err = ConfigError("rollout.engine", "vllm cannot run it here", "set rollout.engine=hf")
+    assert str(load_config(ROLL).in_dialect(err)).endswith(
+        "Fix: set actor_infer.strategy_args.strategy_name=hf_infer"
+    )
+    assert str(load_config(VERL).in_dialect(err)).endswith(
+        "Fix: set actor_rollout_ref.rollout.name=hf"
+    )
