@@ -264,7 +264,9 @@ def test_fsdp2_two_ranks_match_one_process_on_images(tmp_path, tiny_vlm_dir, fre
     got = spawn_ranks(_fsdp2_rank, 2, path, batch, freeze)[0]
     assert got.keys() == ref.keys()
     for k in ref:
-        torch.testing.assert_close(got[k], ref[k], atol=2e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(
+            got[k], ref[k], atol=2e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}"
+        )
     visual = [k for k in before if k.startswith("model.visual.")]
     unchanged = [k for k in visual if torch.equal(before[k], got[k])]
     assert unchanged == (visual if freeze else [])
