@@ -135,6 +135,15 @@ class Registry(Generic[T]):
         """``alias -> primary name`` for every alias."""
         return {k: v for k, v in self._canonical.items() if k != v}
 
+    def copy(self) -> Registry[T]:
+        """A registry with the same entries (lazy ones still lazy), to register into
+        without touching this one (a test's plugins)."""
+        other: Registry[T] = Registry(self.kind)
+        other._items = dict(self._items)
+        other._lazy = dict(self._lazy)
+        other._canonical = dict(self._canonical)
+        return other
+
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self._items or name in self._lazy)
 

@@ -37,9 +37,17 @@ def counting_hf(rollout_cfg: Any, model_cfg: Any, **kwargs: Any) -> Any:
     return ROLLOUT_ENGINES.get("hf").build(rollout_cfg, model_cfg, **kwargs)
 
 
-if "counting_torch" not in ENGINES:
+@pytest.fixture
+def plugins(monkeypatch):
+    """The two registrations, into copies of the registries (gone after the test)."""
+    import temper.rollout.registry as rollout_registry
+    import temper.training.registry as training_registry
+
+    monkeypatch.setattr(training_registry, "ENGINES", ENGINES.copy())
+    monkeypatch.setattr(rollout_registry, "ROLLOUT_ENGINES", ROLLOUT_ENGINES.copy())
     register_engine("counting_torch", CountingTorchEngine, needs=frozenset({ONE_PROCESS}))
-register_rollout_engine("counting_hf", counting_hf)
+    register_rollout_engine("counting_hf", counting_hf)
+
 
 REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -84,7 +92,7 @@ def steps(tmp_path: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_registered_engines_are_selected_by_config(tmp_path, tiny_model_dir):
+def test_registered_engines_are_selected_by_config(tmp_path, tiny_model_dir, plugins):
     before = dict(BUILT)
     path = write_config(
         tmp_path,
