@@ -7,7 +7,11 @@ dataclasses defined here (:class:`AdvantageParams`, :class:`PolicyLossParams`,
 
 from __future__ import annotations
 
-from temper.algorithms import policy_losses_variants  # noqa: F401  (registers the variants)
+from temper.algorithms import (  # noqa: F401  (register the variants)
+    advantages_variants,
+    policy_losses_trust,
+    policy_losses_variants,
+)
 from temper.algorithms.advantages import (
     ADV_ESTIMATORS,
     AdvantageInputs,
@@ -46,7 +50,9 @@ from temper.algorithms.masked import masked_mean, masked_sum, masked_var, masked
 from temper.algorithms.objectives import actor_loss, entropy_loss, sft_loss
 from temper.algorithms.policy_losses import (
     POLICY_LOSSES,
+    PolicyLossParamError,
     PolicyLossParams,
+    check_policy_loss,
     compute_policy_loss,
     roll_dual_clip_constant,
 )
@@ -127,6 +133,7 @@ __all__ = [
     "KLController",
     "KLNeedsLogitsError",
     "LossAggregator",
+    "PolicyLossParamError",
     "PolicyLossParams",
     "Registry",
     "RunningMoments",
@@ -135,6 +142,7 @@ __all__ = [
     "apply_kl_penalty",
     "as_group_ids",
     "check_name",
+    "check_policy_loss",
     "clip_with_fraction",
     "compute_advantages",
     "compute_global_normalizers",

@@ -39,6 +39,14 @@ class AdvantageInputs:
         group_index: ``(B,)`` LongTensor or sequence of hashable prompt ids (``uid``).
         values: ``(B, T)`` critic values, needed by ``gae``.
         baseline_rewards: ``(B,)`` reward of the greedy response, needed by ``remax``.
+        reward_components: ``(B, K)`` the ``K`` named reward components of each sample
+            (one column per ``algorithm.gdpo_reward_keys`` entry), needed by ``gdpo``.
+        old_log_probs: ``(B, T)`` log-probs of the sampled tokens under the policy that
+            generated them, needed by the optimal-token-baseline estimators.
+        sum_pi_squared: ``(B, T)`` ``Σ_v π(v)²`` over the vocabulary at each response
+            position, needed by the optimal-token-baseline estimators.
+        rollout_is_weights: ``(B, T)`` truncated rollout importance weights ``ρ̄``; the
+            optimal-token-baseline estimators scale their path weights by ``ρ̄²``.
     """
 
     token_level_rewards: Tensor
@@ -46,6 +54,10 @@ class AdvantageInputs:
     group_index: GroupIndex | None = None
     values: Tensor | None = None
     baseline_rewards: Tensor | None = None
+    reward_components: Tensor | None = None
+    old_log_probs: Tensor | None = None
+    sum_pi_squared: Tensor | None = None
+    rollout_is_weights: Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +72,7 @@ class AdvantageParams:
         gae_whiten: whiten GAE advantages over the batch inside the estimator (verl always
             does; ROLL does not and has a separate ``whiten_advantages`` key).
         gpg_f_norm: the ``F_norm`` divisor of GPG.
+        reward_weights: GDPO's weight of each reward component (``None``: all 1).
     """
 
     gamma: float = 1.0
@@ -68,6 +81,7 @@ class AdvantageParams:
     epsilon: float = 1e-6
     gae_whiten: bool = True
     gpg_f_norm: float = 1.0
+    reward_weights: tuple[float, ...] | None = None
 
 
 AdvantageFn = Callable[[AdvantageInputs, AdvantageParams], tuple[Tensor, Tensor]]
@@ -75,9 +89,11 @@ AdvantageFn = Callable[[AdvantageInputs, AdvantageParams], tuple[Tensor, Tensor]
 
 @dataclasses.dataclass(frozen=True)
 class Estimator:
-    """An advantage estimator and the optional inputs it needs: ``values`` (a critic's,
-    so the run builds one) or ``baseline_rewards`` (a greedy response's reward, which the
-    RLVR producer generates). The pipeline provides them on demand, never by name."""
+    """An advantage estimator and the optional inputs it needs, named as the fields of
+    :class:`AdvantageInputs`: ``values`` (a critic's, so the run builds one),
+    ``baseline_rewards`` (a greedy response's reward, which the RLVR producer generates),
+    ``reward_components``, ``old_log_probs``, ``sum_pi_squared``. The pipeline provides
+    them on demand, never by name; a run whose pipeline cannot provide one is refused."""
 
     fn: AdvantageFn
     needs: frozenset[str] = frozenset()
@@ -322,7 +338,8 @@ def grpo_passk(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, T
 
 
 def estimator_inputs(name: str) -> frozenset[str]:
-    """The optional inputs (``values``, ``baseline_rewards``) estimator ``name`` needs."""
+    """The optional inputs estimator ``name`` needs (names of :class:`AdvantageInputs`
+    fields: ``values``, ``baseline_rewards``, ``reward_components``, …)."""
     return ADV_ESTIMATORS.get(name).needs
 
 

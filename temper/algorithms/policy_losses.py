@@ -17,7 +17,11 @@ negative log-probs never give inf/NaN.
 
 This module holds the parameters, the PPO family (``vanilla``, ``gspo``, ``cispo``,
 ``gpg``) and the dispatcher; :mod:`temper.algorithms.policy_losses_variants` registers
-``clip_cov``, ``kl_cov``, ``geo_mean``, ``sapo`` and ``topr`` in the same registry.
+``clip_cov``, ``kl_cov``, ``geo_mean``, ``sapo`` and ``topr`` in the same registry, and
+:mod:`temper.algorithms.policy_losses_trust` ``dppo_tv``, ``dppo_kl`` and ``dro``.
+
+A loss that cannot run with its parameters (``dro`` without ``dro_beta``) raises
+:class:`PolicyLossParamError`; :func:`check_policy_loss` finds that before a run.
 """
 
 from __future__ import annotations
@@ -53,7 +57,11 @@ class PolicyLossParams:
         kl_cov_ratio / ppo_kl_coef: KL-Cov parameters.
         tau_pos / tau_neg: SAPO gate temperatures for positive/negative advantages.
         topr_positive_weight / topr_negative_weight: TOPR weights of the two sets.
+        dro_beta: DRO's quadratic penalty coefficient ``β`` (must be set, > 0, for ``dro``).
         log_ratio_clamp: bound on ``|log π_θ - log π_old|`` before ``exp``.
+
+    ``dppo_tv`` / ``dppo_kl`` read ``clip_ratio_low`` / ``clip_ratio_high`` as divergence
+    thresholds and ``clip_ratio_c`` as the truncation of their importance weight.
     """
 
     clip_ratio: float = 0.2
@@ -70,6 +78,7 @@ class PolicyLossParams:
     tau_neg: float = 1.05
     topr_positive_weight: float = 1.0
     topr_negative_weight: float = 1.0
+    dro_beta: float | None = None
     log_ratio_clamp: float = 20.0
 
     def __post_init__(self) -> None:
@@ -113,6 +122,15 @@ def roll_dual_clip_constant(pg_clip: float) -> float:
 PolicyLossFn = Callable[..., tuple[Tensor, Metrics]]
 
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy_loss")
+
+
+class PolicyLossParamError(ValueError):
+    """A policy loss cannot run with its parameters; ``param`` names the
+    :class:`PolicyLossParams` field at fault."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _log_ratio(log_prob: Tensor, old_log_prob: Tensor, p: PolicyLossParams) -> Tensor:
@@ -255,6 +273,20 @@ def gpg(
         "ppo_kl": masked_mean(-_log_ratio(log_prob, old_log_prob, params), m),
     }
     return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+def check_policy_loss(name: str, params: PolicyLossParams) -> None:
+    """Raise :class:`PolicyLossParamError` if loss ``name`` cannot run with ``params``.
+
+    The loss runs once on a two-token example (one positive, one negative advantage),
+    with torch's RNG state restored afterwards, so what a loss checks of its parameters
+    is found when the config is validated rather than at the first update.
+    """
+    log_prob = torch.zeros(1, 2)
+    mask = torch.ones(1, 2)
+    agg = LossAggregator.from_mask("token-mean", mask)
+    with torch.random.fork_rng(devices=[]):
+        POLICY_LOSSES.get(name)(log_prob, log_prob, torch.tensor([[1.0, -1.0]]), mask, params, agg)
 
 
 def compute_policy_loss(

@@ -250,6 +250,11 @@ def test_every_estimator_masks_and_handles_empty_rows(name: str) -> None:
         group_index=[0, 0, 1, 1, 1],
         values=torch.full((5, 3), 0.25),
         baseline_rewards=torch.full((5,), 0.5),
+        reward_components=torch.tensor(
+            [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [0.0, 1.0]]
+        ),
+        old_log_probs=torch.full((5, 3), -0.5),
+        sum_pi_squared=torch.full((5, 3), 0.4),
     )
     adv, ret = compute_advantages(name, inp, AdvantageParams(gamma=0.95, lam=0.9))
     assert adv.shape == ret.shape == (5, 3)

@@ -294,7 +294,7 @@ def test_very_negative_logprobs_are_finite(name: str) -> None:
     old = T([[0.0, -1e4, -1e4], [-1e4, -1e4, 0.0]])
     adv = T([[1.0, -1.0, 2.0], [-2.0, 1.0, 0.5]])
     mask = T([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    p = PolicyLossParams(kl_cov_ratio=0.5, clip_cov_ratio=0.5)
+    p = PolicyLossParams(kl_cov_ratio=0.5, clip_cov_ratio=0.5, dro_beta=0.1)
     loss, metrics = run(name, logp, old, adv, mask, p)
     loss.backward()
     assert torch.isfinite(loss)
@@ -308,13 +308,14 @@ def test_fully_masked_rows_and_empty_batch(name: str) -> None:
     old = logp.detach() + 0.1
     adv = T([[1.0, 1.0], [-1.0, -1.0]])
     mask = T([[1.0, 1.0], [0.0, 0.0]])
-    loss, _ = run(name, logp, old, adv, mask)
+    p = PolicyLossParams(dro_beta=0.1)
+    loss, _ = run(name, logp, old, adv, mask, p)
     loss.backward()
     assert torch.isfinite(loss)
     assert (logp.grad[1] == 0).all(), "a fully masked row must not receive gradient"
     # an entirely empty micro-batch contributes exactly 0
     logp2 = leaf([[-1.0, -2.0]])
-    loss2, _ = run(name, logp2, logp2.detach(), T([[1.0, 1.0]]), torch.zeros(1, 2))
+    loss2, _ = run(name, logp2, logp2.detach(), T([[1.0, 1.0]]), torch.zeros(1, 2), p)
     assert loss2.item() == 0.0
 
 
@@ -330,7 +331,7 @@ def test_on_policy_gradient_is_reinforce(name: str) -> None:
         logp.detach(),
         adv,
         torch.ones(1, 3),
-        PolicyLossParams(kl_cov_ratio=1e-9, clip_cov_ratio=1e-9, clip_cov_lb=1e9),
+        PolicyLossParams(kl_cov_ratio=1e-9, clip_cov_ratio=1e-9, clip_cov_lb=1e9, dro_beta=0.1),
     )
     loss.backward()
     if name == "geo_mean":  # sequence-level: -mean(A) * d mean(lr) = -mean(A)/3 per token

@@ -60,10 +60,12 @@ def test_registry_names_for_config_validator() -> None:
     }
     assert set(names["adv_estimator"]) == {
         "gae", "grpo", "rloo", "reinforce", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-        "remax", "opo", "gpg", "grpo_passk",
+        "remax", "opo", "gpg", "grpo_passk", "gdpo", "optimal_token_baseline",
+        "tir_optimal_token_baseline",
     }  # fmt: skip
     assert set(names["policy_loss"]) == {
         "vanilla", "gspo", "cispo", "gpg", "clip_cov", "kl_cov", "geo_mean", "sapo", "topr",
+        "dppo_tv", "dppo_kl", "dro",
     }  # fmt: skip
     assert {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "k3+", "k1+"} <= set(
         names["kl_penalty"]
