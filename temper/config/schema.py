@@ -705,6 +705,12 @@ class AlgorithmConfig:
     gamma: float = doc(1.0, "Discount factor.")
     lam: float = doc(1.0, "GAE lambda.")
     norm_adv_by_std_in_grpo: bool = doc(True, "GRPO: divide by the group std (False: Dr.GRPO).")
+    gdpo_reward_keys: list[str] = doc(
+        [], "GDPO: the reward function's extra fields, each normalized in its group."
+    )
+    gdpo_reward_weights: list[float] | None = doc(
+        None, "GDPO: weight of each gdpo_reward_keys component (None: all 1)."
+    )
     gae_whiten: bool = doc(True, "GAE: whiten advantages in the estimator (verl; ROLL: false).")
     use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
     kl_penalty: str = doc(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from temper.config.catalog import VALUES, Catalog
+from temper.config.catalog import REWARD_COMPONENTS, VALUES, Catalog
 from temper.config.derive import (
     Derived,
     derive,
@@ -31,6 +31,7 @@ def validate(cfg: TemperConfig, catalog: Catalog) -> Derived:
     check_names(cfg, catalog)
     _check_ranges(cfg)
     _check_roles(cfg, catalog)
+    _check_reward_components(cfg, catalog)
     _check_placement(cfg)
     return derive(cfg, catalog)  # batch arithmetic
 
@@ -156,6 +157,39 @@ def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
         )
     if uses_critic(cfg, catalog) and cfg.critic.ppo_epochs <= 0:
         raise ConfigError("critic.ppo_epochs", "must be positive", "set it to 1 or more")
+
+
+def _check_reward_components(cfg: TemperConfig, catalog: Catalog) -> None:
+    """``gdpo_reward_keys`` name the components an estimator that reads them combines;
+    set for one that does not, they would be read by nothing."""
+    algo = cfg.algorithm
+    keys, weights = algo.gdpo_reward_keys, algo.gdpo_reward_weights
+    reads = REWARD_COMPONENTS in catalog.needs("adv_estimator", algo.adv_estimator)
+    if reads and not keys:
+        raise ConfigError(
+            "algorithm.gdpo_reward_keys",
+            f"adv_estimator {algo.adv_estimator} normalizes each reward component in its "
+            "group, and no component is named",
+            "list the fields your reward function returns beside 'score', e.g. "
+            "[accuracy_reward, format_reward]",
+        )
+    if keys and not reads:
+        raise ConfigError(
+            "algorithm.gdpo_reward_keys",
+            f"adv_estimator {algo.adv_estimator} reads the summed score, not reward components",
+            "remove it, or choose an estimator of reward components (gdpo)",
+        )
+    if len(set(keys)) != len(keys):
+        raise ConfigError(
+            "algorithm.gdpo_reward_keys", f"components repeat: {keys}", "name each once"
+        )
+    if weights is not None and len(weights) != len(keys):
+        raise ConfigError(
+            "algorithm.gdpo_reward_weights",
+            f"{len(weights)} weights for {len(keys)} reward components "
+            "(algorithm.gdpo_reward_keys)",
+            "give one weight per component, or remove it (all 1)",
+        )
 
 
 def _check_placement(cfg: TemperConfig) -> None:

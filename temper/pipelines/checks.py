@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from temper.algorithms import kl_estimator_needs_logits
+from temper.algorithms import (
+    PolicyLossParamError,
+    check_policy_loss,
+    estimator_inputs,
+    kl_estimator_needs_logits,
+)
+from temper.config.catalog import REWARD_COMPONENTS
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
 from temper.pipelines.registry import PIPELINES, resolve_pipeline
+from temper.roles.actor import policy_loss_params
 from temper.rollout.tools import check_multi_turn
 
 FILTER_METRICS = ("score", "reward")
@@ -29,6 +36,9 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_checkpoint_contents("actor", cfg.actor.checkpoint_contents)
     _check_checkpoint_contents("critic", cfg.critic.checkpoint_contents)
     _check_pipeline_sections(cfg)
+    _check_estimator_inputs(cfg)
+    _check_reward_components(cfg)
+    _check_policy_loss(cfg)
     if cfg.reward.launch_async:
         raise ConfigError(
             "reward.launch_async",
@@ -61,6 +71,72 @@ def _check_pipeline_sections(cfg: TemperConfig) -> None:
                 f"pipeline {cfg.pipeline} does not read it",
                 f"remove it, or set pipeline: {owners[0]}",
             )
+
+
+#: Estimator inputs the driver computes itself: a critic's values (validation refuses a
+#: disabled critic for an estimator that needs one) and the old log-probs.
+DRIVER_INPUTS = frozenset({"values", "old_log_probs"})
+
+#: What an estimator input is, for the refusal of one the run's pipeline does not provide.
+ESTIMATOR_INPUTS = {
+    "baseline_rewards": "the reward of a greedy response to each prompt",
+    "reward_components": "the reward function's named components of each sample",
+    "sum_pi_squared": "Σπ² over the vocabulary at every response token, from the actor's "
+    "forward (temper's training engines do not compute it)",
+}
+
+
+def _check_estimator_inputs(cfg: TemperConfig) -> None:
+    """An estimator needs inputs (``Estimator.needs``) the driver or the pipeline's
+    producer must put in the batch (``Pipeline.provides``)."""
+    name = cfg.algorithm.adv_estimator
+    missing = estimator_inputs(name) - DRIVER_INPUTS - resolve_pipeline(cfg.pipeline).provides
+    if missing:
+        what = "; ".join(f"{m} ({ESTIMATOR_INPUTS.get(m, 'an input')})" for m in sorted(missing))
+        raise ConfigError(
+            "algorithm.adv_estimator",
+            f"{name} needs {what}, which a run of pipeline {cfg.pipeline} does not provide",
+            "choose an estimator this pipeline provides for (grpo, rloo, gae, …)",
+        )
+
+
+def _check_reward_components(cfg: TemperConfig) -> None:
+    """An estimator of reward components (GDPO) reads the reward function's components
+    alone: what shapes the summed reward (step 1-6 of the shaping phase) would not reach
+    its advantages."""
+    algo, reward = cfg.algorithm, cfg.reward
+    if REWARD_COMPONENTS not in estimator_inputs(algo.adv_estimator):
+        return
+    shaping = (
+        ("algorithm.use_kl_in_reward", algo.use_kl_in_reward),
+        ("algorithm.whiten_rewards", algo.whiten_rewards),
+        ("algorithm.reward_norm", algo.reward_norm != "none"),
+        ("algorithm.use_reward_scaling", algo.use_reward_scaling),
+        ("algorithm.reward_clip", algo.reward_clip is not None),
+        ("algorithm.overlong_buffer.enable", algo.overlong_buffer.enable),
+        ("algorithm.add_len_reward", algo.add_len_reward),
+        ("reward.format_penalty", bool(reward.format_penalty)),
+        ("reward.model.enable", reward.model.enable),
+    )
+    for key, on in shaping:
+        if on:
+            raise ConfigError(
+                key,
+                f"shapes the summed reward, but adv_estimator {algo.adv_estimator} computes "
+                "advantages from the reward components (algorithm.gdpo_reward_keys) alone",
+                f"remove {key}, or return its effect as a component of the reward function",
+            )
+
+
+def _check_policy_loss(cfg: TemperConfig) -> None:
+    """The policy loss's parameters, as the actor will build them, and what the loss
+    itself requires of them (``dro`` a ``dro_beta``)."""
+    params = policy_loss_params(cfg.actor)
+    try:
+        check_policy_loss(cfg.actor.policy_loss, params)
+    except PolicyLossParamError as err:
+        key = f"actor.policy_loss_kwargs.{err.param}"
+        raise ConfigError(key, str(err), f"set {key}") from err
 
 
 CHECKPOINT_PARTS = ("model", "optimizer", "extra")

@@ -114,7 +114,11 @@ class Pipeline:
     - ``step_shape(cfg)``: samples per step, and how ``temper check`` explains them;
     - ``shaping(cfg)``: the run's reward-shaping settings (once per run);
     - ``sections``: the config sections only this pipeline reads (``agentic``): set under
-      another pipeline, they are refused rather than ignored.
+      another pipeline, they are refused rather than ignored;
+    - ``provides``: the advantage estimators' inputs (``AdvantageInputs`` field names) its
+      producer puts in the batch beyond what the driver computes (a critic's ``values``,
+      ``old_log_probs``): RLVR adds ``baseline_rewards`` and ``reward_components``. An
+      estimator that needs an input nothing provides is refused at ``temper check``.
     """
 
     build: Callable[[ProducerContext], Producer]
@@ -123,3 +127,4 @@ class Pipeline:
     step_shape: Callable[[TemperConfig], StepShape] = prompt_groups
     shaping: Callable[[TemperConfig], ShapingSettings] = ShapingSettings.from_config
     sections: frozenset[str] = frozenset()
+    provides: frozenset[str] = frozenset()

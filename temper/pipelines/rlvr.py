@@ -3,7 +3,8 @@
 One round draws ``data.gen_batch_size`` prompts (default ``train_batch_size``) from the
 resumable sampler, generates ``rollout.n`` responses each (through verl's multi-turn
 tool loop when ``rollout.multi_turn.enable``) and scores them with the reward functions
-or the reward model; ReMax adds the greedy response's reward as the baseline. With
+or the reward model; ReMax adds the greedy response's reward as the baseline, GDPO the
+reward function's named components (``algorithm.gdpo_reward_keys``). With
 ``algorithm.filter_groups`` rounds repeat until the batch is full of groups with signal
 (:mod:`temper.pipelines.dynamic_sampling`). Everything after the scored batch is the
 driver's (:mod:`temper.pipelines.driver`).
@@ -63,6 +64,7 @@ class RLVRProducer:
         self.val_sampling = sampling_params(cfg.rollout, validation=True)
         self.shaping = ctx.shaping
         self.greedy_baseline = "baseline_rewards" in estimator_inputs(cfg.algorithm.adv_estimator)
+        self.component_keys = list(cfg.algorithm.gdpo_reward_keys)
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         if self.train_data is None:
@@ -86,6 +88,8 @@ class RLVRProducer:
             batch = self.engine.generate(prompts, self.train_sampling)
         with timer("reward"):
             batch, metrics = self._score(batch)
+            if self.component_keys:
+                batch["reward_components"] = reward_components(batch, self.component_keys)
             if self.greedy_baseline:
                 batch["baseline_scores"] = self._greedy_baseline(prompts, batch["uid"])
         return batch, metrics
@@ -152,6 +156,33 @@ class RLVRProducer:
         self.scorer.close()
 
 
+def reward_components(batch: Batch, keys: list[str]) -> torch.Tensor:
+    """``(B, K)``: the reward function's extra fields ``keys`` of every sample (from the
+    scorer's ``reward_extra_info``). A sample whose reward call failed has its score
+    (``reward.failure_score``) in every component; a successful call that lacks a key,
+    or gives a value that is not a finite number, stops the step with the fields it
+    did return."""
+    out = torch.zeros(len(batch), len(keys), dtype=torch.float32)
+    scores = batch["scores"].tolist()
+    sources = batch.objects.get("data_source") or ["unknown"] * len(batch)
+    for i, extra in enumerate(batch["reward_extra_info"]):
+        if extra.get("reward_failure"):
+            out[i] = scores[i]
+            continue
+        for k, key in enumerate(keys):
+            value = extra.get(key)
+            number = float(value) if isinstance(value, (int, float)) else float("nan")
+            if not np.isfinite(number):
+                fields = sorted(f for f in extra if f != "reward_failure")
+                raise ValueError(
+                    f"algorithm.gdpo_reward_keys: the reward function gave {key}={value!r} "
+                    f"for sample {i} (data_source {sources[i]!r}); its fields "
+                    f"beside 'score' are {fields}. Return a finite number for every key."
+                )
+            out[i, k] = number
+    return out
+
+
 def check(cfg: TemperConfig) -> None:
     """What the RLVR pipeline cannot honour (``ConfigError``; the driver's own checks are
     in :mod:`temper.pipelines.checks`)."""
@@ -168,4 +199,9 @@ def check(cfg: TemperConfig) -> None:
         )
 
 
-PIPELINE = Pipeline(build=RLVRProducer, check=check, preflight=check_prompt_data)
+PIPELINE = Pipeline(
+    build=RLVRProducer,
+    check=check,
+    preflight=check_prompt_data,
+    provides=frozenset({"baseline_rewards", "reward_components"}),
+)

@@ -189,7 +189,7 @@ def compute_experience(
 
     Needs ``scores`` (B,), ``response_mask``, object ``uid``; ``old_log_probs`` and
     ``ref_log_probs`` (or ``full_kl``) for KL in reward; ``values`` for value-based
-    estimators. ``step`` seeds PF-PPO's resampling.
+    estimators; ``reward_components`` (B, K) for GDPO. ``step`` seeds PF-PPO's resampling.
     """
     algo = s.algo
     mask = batch["response_mask"].float()
@@ -231,12 +231,17 @@ def compute_experience(
         group_index=batch["uid"],
         values=batch.get("values"),
         baseline_rewards=batch.get("baseline_scores"),
+        reward_components=batch.get("reward_components"),
+        old_log_probs=batch.get("old_log_probs"),
+        sum_pi_squared=batch.get("sum_pi_squared"),
     )
+    weights = algo.gdpo_reward_weights
     params = A.AdvantageParams(
         gamma=1.0 if s.turn_mode else algo.gamma,
         lam=algo.lam,
         norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         gae_whiten=algo.gae_whiten,
+        reward_weights=tuple(weights) if weights is not None else None,
     )
     advantages, returns = A.compute_advantages(algo.adv_estimator, inputs, params)
     if algo.whiten_advantages:

@@ -79,6 +79,62 @@ REFUSED = [
         {"algorithm": {"add_len_reward": True}, "agentic": {"use_turn_rewards": True}},
         "algorithm.add_len_reward",
     ),
+    # estimators whose inputs the run cannot provide; GDPO's components and what would
+    # shape a reward it does not read; a policy loss without its parameter
+    (RLVR, {"algorithm": {"adv_estimator": "optimal_token_baseline"}}, "sum_pi_squared"),
+    (RLVR, {"algorithm": {"adv_estimator": "tir_optimal_token_baseline"}}, "sum_pi_squared"),
+    (AGENTIC, {"algorithm": {"adv_estimator": "remax"}}, "baseline_rewards"),
+    (
+        AGENTIC,
+        {"algorithm": {"adv_estimator": "gdpo", "gdpo_reward_keys": ["acc"]}},
+        "reward_components",
+    ),
+    (RLVR, {"algorithm": {"adv_estimator": "gdpo"}}, "algorithm.gdpo_reward_keys"),
+    (RLVR, {"algorithm": {"gdpo_reward_keys": ["acc"]}}, "algorithm.gdpo_reward_keys"),
+    (
+        RLVR,
+        {"algorithm": {"adv_estimator": "gdpo", "gdpo_reward_keys": ["acc", "acc"]}},
+        "algorithm.gdpo_reward_keys",
+    ),
+    (
+        RLVR,
+        {
+            "algorithm": {
+                "adv_estimator": "gdpo",
+                "gdpo_reward_keys": ["a", "f"],
+                "gdpo_reward_weights": [1.0],
+            }
+        },
+        "algorithm.gdpo_reward_weights",
+    ),
+    *[
+        (
+            RLVR,
+            merged({"algorithm": {"adv_estimator": "gdpo", "gdpo_reward_keys": ["a"]}}, over),
+            key,
+        )
+        for over, key in (
+            ({"algorithm": {"use_kl_in_reward": True}}, "algorithm.use_kl_in_reward"),
+            ({"algorithm": {"whiten_rewards": True}}, "algorithm.whiten_rewards"),
+            ({"algorithm": {"reward_norm": "group"}}, "algorithm.reward_norm"),
+            ({"algorithm": {"use_reward_scaling": True}}, "algorithm.use_reward_scaling"),
+            ({"algorithm": {"reward_clip": 1.0}}, "algorithm.reward_clip"),
+            (
+                {"algorithm": {"overlong_buffer": {"enable": True, "len": 4}}},
+                "algorithm.overlong_buffer.enable",
+            ),
+            ({"algorithm": {"add_len_reward": True}}, "algorithm.add_len_reward"),
+            ({"reward": {"format_penalty": -1.0}}, "reward.format_penalty"),
+            ({"reward": {"model": {"enable": True, "path": "rm"}}}, "reward.model.enable"),
+        )
+    ],
+    (RLVR, {"actor": {"policy_loss": "dro"}}, "actor.policy_loss_kwargs.dro_beta"),
+    (
+        RLVR,
+        {"actor": {"policy_loss": "dro", "policy_loss_kwargs": {"dro_beta": -0.1}}},
+        "actor.policy_loss_kwargs.dro_beta",
+    ),
+    (RLVR, {"actor": {"policy_loss_kwargs": {"dro_bta": 0.1}}}, "actor.policy_loss_kwargs.dro_bta"),
     (AGENTIC, {"rollout": {"n": 4}}, "rollout.n"),
     (AGENTIC, {"data": {"train_files": ["t.parquet"]}}, "data.train_files"),
     (AGENTIC, {"data": {"gen_batch_size": 8}}, "data.gen_batch_size"),
@@ -97,6 +153,23 @@ ACCEPTED = [
     (RLVR, {"data": {"gen_batch_size": 12}, "algorithm": {"filter_groups": {"enable": True}}}),
     (RLVR, {"algorithm": {"use_kl_in_reward": True, "kl_penalty": "full"}}),
     (RLVR, {"algorithm": {"use_pf_ppo": True, "difficulty_mask": True, "max_len_mask": True}}),
+    (RLVR, {"algorithm": {"adv_estimator": "remax"}}),
+    (
+        RLVR,
+        {
+            "algorithm": {
+                "adv_estimator": "gdpo",
+                "gdpo_reward_keys": ["accuracy_reward", "format_reward"],
+                "gdpo_reward_weights": [1.0, 0.5],
+                "filter_groups": {"enable": True},
+                "whiten_advantages": True,
+            },
+            "actor": {"use_kl_loss": True},
+        },
+    ),
+    (RLVR, {"actor": {"policy_loss": "dro", "policy_loss_kwargs": {"dro_beta": 0.1}}}),
+    (RLVR, {"actor": {"policy_loss": "dppo_tv", "clip_ratio": 0.15, "clip_ratio_c": 10000.0}}),
+    (RLVR, {"actor": {"policy_loss": "dppo_kl", "clip_ratio": 0.05}}),
     (AGENTIC, {"algorithm": {"add_len_reward": True, "filter_groups": {"enable": True}}}),
     (AGENTIC, {"algorithm": {"use_reward_scaling": True, "length_loss_weight": True}}),
 ]

@@ -147,6 +147,20 @@ def test_remax_uses_the_greedy_baseline():
     assert torch.allclose(out["advantages"][:, :2], torch.tensor([[0.75, 0.75], [-0.25, -0.25]]))
 
 
+def test_gdpo_reads_the_reward_components_and_their_weights():
+    comps = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
+    # the scores (what other estimators read) must not matter: GDPO reads the components
+    b = batch([9.0, -9.0, 3.0, 3.0], ["a", "a", "b", "b"], [1, 1, 1, 1], reward_components=comps)
+    algo = AlgorithmConfig(
+        adv_estimator="gdpo", gdpo_reward_keys=["acc", "fmt"], gdpo_reward_weights=[1.0, 2.0]
+    )
+    out, _ = shape(b, algo)
+    # a: acc [1, 0] -> ±k, fmt [0, 0] -> 0: s = [k, -k]; b: acc equal -> 0, fmt [1, 0] -> ±k,
+    # weight 2: s = [2k, -2k]; whitened (mean 0, unbiased var 10k²/3) -> [1, -1, 2, -2]·√(3/10)
+    a = out["advantages"][:, 0]
+    torch.testing.assert_close(a, torch.tensor([1.0, -1.0, 2.0, -2.0]) * (3 / 10) ** 0.5)
+
+
 def test_reward_clip_and_shaping_state_roundtrip():
     b = batch([5.0, -5.0], ["a", "a"], [1, 1])
     algo = AlgorithmConfig(adv_estimator="grpo", reward_clip=2.0, reward_norm="running")
