@@ -126,11 +126,12 @@ POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy_loss")
 
 class PolicyLossParamError(ValueError):
     """A policy loss cannot run with its parameters; ``param`` names the
-    :class:`PolicyLossParams` field at fault."""
+    :class:`PolicyLossParams` field at fault, ``want`` what it must be."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, want: str) -> None:
         super().__init__(message)
         self.param = param
+        self.want = want
 
 
 def _log_ratio(log_prob: Tensor, old_log_prob: Tensor, p: PolicyLossParams) -> Tensor:

@@ -146,7 +146,7 @@ def dro(
     beta = params.dro_beta
     if beta is None or not beta > 0:
         raise PolicyLossParamError(
-            "dro_beta", f"policy loss 'dro' needs a positive dro_beta, got {beta}"
+            "dro_beta", f"policy loss 'dro' needs a positive dro_beta, got {beta}", "a number > 0"
         )
     lr = log_prob - old_log_prob
     losses = -(log_prob * advantages - 0.5 * beta * lr.square())

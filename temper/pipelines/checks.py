@@ -81,8 +81,8 @@ DRIVER_INPUTS = frozenset({"values", "old_log_probs"})
 ESTIMATOR_INPUTS = {
     "baseline_rewards": "the reward of a greedy response to each prompt",
     "reward_components": "the reward function's named components of each sample",
-    "sum_pi_squared": "Σπ² over the vocabulary at every response token, from the actor's "
-    "forward (temper's training engines do not compute it)",
+    "sum_pi_squared": "Σπ² over the vocabulary at every response token, which temper's "
+    "training engines do not compute",
 }
 
 
@@ -95,7 +95,7 @@ def _check_estimator_inputs(cfg: TemperConfig) -> None:
         what = "; ".join(f"{m} ({ESTIMATOR_INPUTS.get(m, 'an input')})" for m in sorted(missing))
         raise ConfigError(
             "algorithm.adv_estimator",
-            f"{name} needs {what}, which a run of pipeline {cfg.pipeline} does not provide",
+            f"{name} needs {what}; a run of pipeline {cfg.pipeline} does not provide it",
             "choose an estimator this pipeline provides for (grpo, rloo, gae, …)",
         )
 
@@ -136,7 +136,7 @@ def _check_policy_loss(cfg: TemperConfig) -> None:
         check_policy_loss(cfg.actor.policy_loss, params)
     except PolicyLossParamError as err:
         key = f"actor.policy_loss_kwargs.{err.param}"
-        raise ConfigError(key, str(err), f"set {key}") from err
+        raise ConfigError(key, str(err), f"set {key} to {err.want}") from err
 
 
 CHECKPOINT_PARTS = ("model", "optimizer", "extra")

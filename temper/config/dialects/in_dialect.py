@@ -119,7 +119,9 @@ def in_dialect(
     """
     if dialect == "native" or err.dialect is not None:  # native, or told already
         return err
-    keys = native_keys()
+    # the schema's paths, and entries of its mappings the dialect writes
+    # (``actor.policy_loss_kwargs.dro_beta``)
+    keys = native_keys() | set(table) | set(sources)
 
     def dialect_key(native: str) -> str | None:
         return sources.get(native) or table.get(native)

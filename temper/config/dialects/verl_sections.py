@@ -273,6 +273,8 @@ def _section_algorithm() -> dict[str, Rule]:
         f"{al}.lam": Map("algorithm.lam"),
         f"{al}.adv_estimator": Map("algorithm.adv_estimator"),
         f"{al}.norm_adv_by_std_in_grpo": Map("algorithm.norm_adv_by_std_in_grpo"),
+        f"{al}.gdpo_reward_keys": Map("algorithm.gdpo_reward_keys"),
+        f"{al}.gdpo_reward_weights": Map("algorithm.gdpo_reward_weights"),
         f"{al}.use_kl_in_reward": Map("algorithm.use_kl_in_reward"),
         f"{al}.kl_penalty": Map("algorithm.kl_penalty"),
         f"{al}.kl_ctrl.type": Map("algorithm.kl_ctrl.type"),

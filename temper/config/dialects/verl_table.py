@@ -330,6 +330,7 @@ def _section_actor() -> dict[str, Rule]:
             f"{ACT}.policy_loss.clip_cov_ub": Map(f"{kw}.clip_cov_ub"),
             f"{ACT}.policy_loss.kl_cov_ratio": Map(f"{kw}.kl_cov_ratio"),
             f"{ACT}.policy_loss.ppo_kl_coef": Map(f"{kw}.ppo_kl_coef"),
+            f"{ACT}.policy_loss.dro_beta": Map(f"{kw}.dro_beta"),
             f"{ACT}.loss_agg_mode": Map("actor.loss_agg_mode"),
             f"{ACT}.loss_scale_factor": _off(
                 "no constant loss scaling",
@@ -355,7 +356,11 @@ def _section_actor() -> dict[str, Rule]:
             f"{ACT}.entropy_checkpointing": Note(PERF),
             f"{ACT}.use_remove_padding": Map("model.use_remove_padding"),
             f"{ACT}.calculate_sum_pi_squared": _off(
-                "not computed", "sum-of-pi-squared statistics are not supported", "set it to false"
+                "not computed",
+                "sum-of-pi-squared statistics (Σπ² per token, the input of the "
+                "optimal-token-baseline estimators) are not computed by temper's training "
+                "engines",
+                "set it to false, and algorithm.adv_estimator to another estimator (grpo, rloo)",
             ),
             f"{ACT}.sum_pi_squared_checkpointing": Note(PERF),
         },

@@ -102,6 +102,22 @@ CASES = [
         "set actor_rollout_ref.rollout.multi_turn.format=hermes",
     ),
     (
+        "driver",
+        VERL,
+        ["algorithm.adv_estimator=optimal_token_baseline"],
+        "algorithm.adv_estimator (temper: algorithm.adv_estimator): optimal_token_baseline "
+        "needs sum_pi_squared",
+        "choose an estimator",
+    ),
+    (
+        "policy loss",
+        VERL,
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=dro"],
+        "actor_rollout_ref.actor.policy_loss.dro_beta (temper: actor.policy_loss_kwargs.dro_beta)"
+        ": policy loss 'dro' needs a positive dro_beta",
+        "set actor_rollout_ref.actor.policy_loss.dro_beta to a number > 0",
+    ),
+    (
         "pipeline",
         VERL,
         ["data.train_files=[]"],

@@ -75,6 +75,11 @@ actor_rollout_ref.actor.policy_loss.clip_cov_lb 2.0 -> actor.policy_loss_kwargs.
 actor_rollout_ref.actor.policy_loss.clip_cov_ub 6.0 -> actor.policy_loss_kwargs.clip_cov_ub
 actor_rollout_ref.actor.policy_loss.kl_cov_ratio 0.003 -> actor.policy_loss_kwargs.kl_cov_ratio
 actor_rollout_ref.actor.policy_loss.ppo_kl_coef 0.2 -> actor.policy_loss_kwargs.ppo_kl_coef
+actor_rollout_ref.actor.policy_loss.loss_mode dppo_tv -> actor.policy_loss
+actor_rollout_ref.actor.policy_loss.loss_mode dppo_kl -> actor.policy_loss
+actor_rollout_ref.actor.policy_loss.loss_mode dro +actor_rollout_ref.actor.policy_loss.dro_beta=0.1 -> actor.policy_loss
+actor_rollout_ref.actor.policy_loss.dro_beta 0.05 -> actor.policy_loss_kwargs.dro_beta
+actor_rollout_ref.actor.policy_loss.dro_beta null -> actor.policy_loss_kwargs.dro_beta
 actor_rollout_ref.actor.loss_agg_mode seq-mean-token-mean -> actor.loss_agg_mode
 actor_rollout_ref.actor.loss_scale_factor 100 !! loss_scale_factor
 actor_rollout_ref.actor.entropy_coeff 0.01 -> actor.entropy_coeff
@@ -419,6 +424,11 @@ algorithm.gamma 0.99 -> algorithm.gamma
 algorithm.lam 0.95 -> algorithm.lam
 algorithm.adv_estimator grpo -> algorithm.adv_estimator
 algorithm.norm_adv_by_std_in_grpo false -> algorithm.norm_adv_by_std_in_grpo
+algorithm.adv_estimator gdpo +algorithm.gdpo_reward_keys=[acc] -> algorithm.adv_estimator
+algorithm.adv_estimator optimal_token_baseline -> algorithm.adv_estimator
+algorithm.adv_estimator tir_optimal_token_baseline -> algorithm.adv_estimator
+algorithm.gdpo_reward_keys [accuracy_reward,format_reward] +algorithm.adv_estimator=gdpo -> algorithm.gdpo_reward_keys
+algorithm.gdpo_reward_weights [1.0,0.25] +algorithm.adv_estimator=gdpo +algorithm.gdpo_reward_keys=[a,b] -> algorithm.gdpo_reward_weights
 algorithm.use_kl_in_reward true -> algorithm.use_kl_in_reward
 algorithm.kl_penalty low_var_kl -> algorithm.kl_penalty
 algorithm.kl_ctrl.type adaptive -> algorithm.kl_ctrl.type
