@@ -174,10 +174,11 @@ def reward_components(batch: Batch, keys: list[str]) -> torch.Tensor:
             number = float(value) if isinstance(value, (int, float)) else float("nan")
             if not np.isfinite(number):
                 fields = sorted(f for f in extra if f != "reward_failure")
-                raise ValueError(
-                    f"algorithm.gdpo_reward_keys: the reward function gave {key}={value!r} "
-                    f"for sample {i} (data_source {sources[i]!r}); its fields "
-                    f"beside 'score' are {fields}. Return a finite number for every key."
+                raise ConfigError(
+                    "algorithm.gdpo_reward_keys",
+                    f"the reward function gave {key}={value!r} for sample {i} (data_source "
+                    f"{sources[i]!r}); its fields beside 'score' are {fields}",
+                    "return a finite number for every key, or name only the fields it returns",
                 )
             out[i, k] = number
     return out
