@@ -76,12 +76,15 @@ class Manifest:
 class WriteFailed(Exception):
     """A checkpoint (or sealed directory) could not be written: the disk refused a write
     (full, over quota, a file-size limit, an I/O error). Nothing of it was kept.
-    ``target``: the directory that was being written; ``reason``: the system's words."""
+    ``target``: the directory that was being written; ``reason``: the system's words;
+    ``free``: the bytes free on its disk when the write failed (before the partial write
+    was removed), None if unknown."""
 
-    def __init__(self, target: Path, reason: str) -> None:
+    def __init__(self, target: Path, reason: str, free: int | None) -> None:
         super().__init__(f"{target} could not be written: {reason}")
         self.target = target
         self.reason = reason
+        self.free = free
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -173,11 +176,14 @@ _DISK_WORDS = re.compile(
     r"os error \d+|iostream error|file write failed|unexpected pos \d+ vs \d+",
     re.IGNORECASE,
 )
+_OS_ERROR = re.compile(r"os error (\d+)")
+_ENFORCE = re.compile(r"^\[enforce fail at [^\]]*\][ .]*")  # c10's prefix: a source line
 
 
 def disk_failure(err: BaseException) -> str | None:
     """The system's words when ``err`` (or an exception it was raised from or during) is a
-    refused write — a full disk, a quota, a file-size limit, an I/O error —, else None."""
+    refused write — a full disk, a quota, a file-size limit, an I/O error —, else None.
+    torch's own file writer reports no errno (a position mismatch): its words are given."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [err]
     while todo:
@@ -187,9 +193,12 @@ def disk_failure(err: BaseException) -> str | None:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
             return f"{e.strerror or os.strerror(e.errno)} (errno {e.errno})"
-        text = " ".join(str(e).split())
+        text = _ENFORCE.sub("", " ".join(str(e).split()))
         if not isinstance(e, OSError) and _DISK_WORDS.search(text):
-            return text[:200]
+            code = _OS_ERROR.search(text)  # Rust's (safetensors) spelling of an errno
+            if code is not None:
+                return f"{os.strerror(int(code[1]))} (errno {code[1]})"
+            return f"a write failed: {text[:200]}"
         todo += [e.__cause__, e.__context__]
     return None
 
@@ -236,11 +245,19 @@ def write_sealed(
         tmp.rename(target)
         _fsync_dir(parent)
     except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
         reason = disk_failure(err) if isinstance(err, Exception) else None
+        free = _free_bytes(parent) if reason is not None else None  # before the clean-up
+        shutil.rmtree(tmp, ignore_errors=True)
         if reason is not None:
-            raise WriteFailed(target, reason) from err
+            raise WriteFailed(target, reason, free) from err
         raise
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
 
 
 @contextmanager
@@ -266,7 +283,7 @@ def _parse(path: Path) -> Manifest | str:
         if sums and data.get("checksum") != CHECKSUM:
             raise ValueError(f"unknown checksum {data.get('checksum')!r}")
     except FileNotFoundError:
-        return f"no {MANIFEST} (an interrupted save)"
+        return f"no {MANIFEST}: an interrupted save"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return f"unreadable {MANIFEST}: {err}"
     created = float(data.get("created", 0.0))
