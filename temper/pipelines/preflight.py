@@ -439,11 +439,14 @@ def check_checkpoint_space(cfg: TemperConfig, plan: Derived, notes: list[str]) -
     )
     from temper.pipelines.run import output_dir
 
-    actor = check_model_path(cfg.model.path, "model.path", notes)
-    critic = None
-    if plan.use_critic:
-        path, key = cfg.critic.model_path or cfg.model.path, "critic.model_path"
-        critic = check_model_path(path, key if cfg.critic.model_path else "model.path", notes)
+    try:
+        actor = check_model_path(cfg.model.path, "model.path", [])
+        critic = None
+        if plan.use_critic:
+            critic_path = cfg.critic.model_path or cfg.model.path
+            critic = check_model_path(critic_path, "critic.model_path", [])
+    except ConfigError:
+        return  # the models' own check says what is wrong with them
     if actor is None or (plan.use_critic and critic is None):
         return  # a model alias not converted yet: its size is known once it is
     root = checkpoint_root(cfg, output_dir(cfg))
