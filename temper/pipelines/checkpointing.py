@@ -225,12 +225,12 @@ def restore(
                     f"{path} is damaged ({why})",
                     "resume from an earlier checkpoint, or use resume_mode=auto",
                 ) from err
+            log.debug("checkpoint %s does not load", path, exc_info=True)
             root, key = where
             older, skipped = newest_valid(root, verify=True, below=checkpoint_step(path))
             skipped = [(path, why), *skipped]
             if older is None:
                 raise _none_usable(root, key, skipped) from err
-            log.debug("checkpoint %s does not load", path, exc_info=True)
             for bad, reason in skipped:
                 warn(_damaged_line(bad, reason, older))
             for line in check_resume_config(cfg, older):
@@ -411,8 +411,8 @@ def write_final(out_dir: Path, step: int, engine: Any, tokenizer: Any, last: Pat
 
 def final_problem(out_dir: Path) -> str | None:
     """Why ``<out_dir>/final/actor`` is not a complete export (``missing``, ``incomplete
-    (…)`` naming the file, or not known to be whole), or None. Checksums are verified: the export is what users
-    load, and it costs what reading it costs."""
+    (…)`` naming the file, or not known to be whole), or None. Checksums are verified:
+    the export is what users load, and it costs what reading it costs."""
     target = out_dir / FINAL_DIR
     if not (target / "actor").is_dir():
         return "missing"
@@ -448,22 +448,22 @@ def parameter_count(config: dict[str, Any], backbone: bool = False) -> int | Non
     (a critic). None when this transformers does not know the architecture."""
     import transformers
 
+    # A best effort for a pre-flight estimate: a config this transformers cannot build
+    # (an unknown model_type, remote code, a kernel needed at init) gives no estimate.
     try:
         conf = transformers.AutoConfig.for_model(**config)
-        names = ("AutoModel",) if backbone else ("AutoModelForCausalLM", "AutoModel")
-        for name in names:  # a model with no causal-LM class (a VL one): its backbone
-            cls: Any = getattr(transformers, name)
-            try:
-                with torch.device("meta"):
-                    model = cls.from_config(conf)
-                break
-            except (ValueError, KeyError):
-                continue
-        else:
-            return None
-    except (ValueError, KeyError, TypeError, ImportError, AttributeError):
+    except Exception:
         return None
-    return sum(p.numel() for p in model.parameters())
+    names = ("AutoModel",) if backbone else ("AutoModelForCausalLM", "AutoModel")
+    for name in names:  # a model with no causal-LM class (a VL one): its backbone
+        cls: Any = getattr(transformers, name)
+        try:
+            with torch.device("meta"):
+                model = cls.from_config(conf)
+        except Exception:
+            continue
+        return sum(p.numel() for p in model.parameters())
+    return None
 
 
 def estimate_checkpoint_size(

@@ -201,6 +201,24 @@ def test_every_checkpoint_damaged_is_one_line_exit_2_and_nothing_is_replaced(
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_resuming_a_named_damaged_checkpoint_is_one_line_naming_the_file(
+    trained, cache, tmp_path, capsys
+):
+    """``resume_from_path`` names one checkpoint: no other stands in for it."""
+    config, reference = trained
+    out = _copy(reference, tmp_path / "run", (2, 4))
+    named = out / "checkpoints" / "global_step_4"
+    _flip_byte(named / "actor_train" / "state.pt")
+    args = ["experiment.resume_mode=resume_path", f"experiment.resume_from_path={named}"]
+    assert _train(config, tmp_path / "elsewhere", *args) == 2
+    assert _said(capsys.readouterr().err) == [
+        f"config error: experiment.resume_from_path: {named} is damaged (actor_train/state.pt: "
+        "checksum mismatch). Fix: resume from an earlier checkpoint (its parent directory: "
+        "the newest valid one), or use resume_mode=auto"
+    ]
+    _assert_loadable(out / "checkpoints" / "global_step_2")
+
+
 def test_check_refuses_when_every_checkpoint_is_truncated(trained, cache, tmp_path, capsys):
     """The pre-flight checks sizes (cheap); train also checks sums (see above)."""
     config, reference = trained
