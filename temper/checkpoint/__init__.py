@@ -9,12 +9,16 @@ from temper.checkpoint.rng import capture_rng, restore_rng
 from temper.checkpoint.store import (
     MANIFEST,
     Manifest,
+    WriteFailed,
+    checkpoint_problem,
     find_latest,
     list_checkpoints,
+    newest_valid,
     prune,
     read_manifest,
     step_dir,
     write_checkpoint,
+    write_sealed,
 )
 
 __all__ = [
@@ -23,14 +27,18 @@ __all__ = [
     "ConfigChange",
     "KeyRule",
     "Manifest",
+    "WriteFailed",
     "capture_rng",
+    "checkpoint_problem",
     "config_changes",
     "find_latest",
     "list_checkpoints",
+    "newest_valid",
     "prune",
     "read_manifest",
     "restore_rng",
     "rule_for",
     "step_dir",
     "write_checkpoint",
+    "write_sealed",
 ]

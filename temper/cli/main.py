@@ -26,6 +26,7 @@ USER_ERRORS: dict[tuple[str, str], str] = {
         " (see that worker's log above; the same command resumes from the last checkpoint)"
     ),
     ("temper.rewards.failures", "RewardFailureError"): "",
+    ("temper.pipelines.checkpointing", "CheckpointWriteError"): "",
 }
 DEBUG_ENV = "TEMPER_DEBUG"
 

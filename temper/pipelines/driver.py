@@ -7,7 +7,9 @@ agentic: env resets → episodes → returns), then old log-probs, reference log
 values, shaping and advantages, the updates and the weight sync are the same for all.
 
 SIGTERM/SIGINT stop the run after the current step with a checkpoint; the summary then
-has ``stopped_by`` (the signal's name) and ``temper train`` exits 128 + signal.
+has ``stopped_by`` (the signal's name) and ``temper train`` exits 128 + signal. The final
+validation and export run under the same guard; a rerun of a finished run rewrites a
+missing or cut ``final/actor`` from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -87,11 +89,13 @@ def train(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> dict[str, Any
                     run.save_checkpoint()
                 if stopping:
                     break
-        finished = stop.received is None and run.step > start  # trained to the end
-        if finished and exp.test_freq > 0 and run.step % exp.test_freq:
-            run.validate()
-        if finished:
-            run.save_final()
+            # inside the guard: a signal here lets the validation or export in hand
+            # finish (the export is written whole or not at all) and stops after it
+            finished = stop.received is None and run.step > start  # trained to the end
+            if finished and exp.test_freq > 0 and run.step % exp.test_freq:
+                run.validate()
+            if stop.received is None and not exp.val_only and run.step >= run.total_steps:
+                run.save_final(repair=not finished)  # a finished run's rerun: if cut or lost
     finally:
         run.close()
     summary = run.summary(stop.name)

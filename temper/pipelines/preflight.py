@@ -401,9 +401,13 @@ def _check_rewards(cfg: TemperConfig, samples: set[tuple[str, str]], key: str) -
 
 
 def check_outputs(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
-    """The run and checkpoint directories can be created and written; the checkpoint a
-    run would resume from (``experiment.resume_mode``) is complete, and its config does
-    not change the run's meaning (``resume_strict``)."""
+    """The run and checkpoint directories can be created and written and have room for a
+    checkpoint; the checkpoint a run would resume from (``experiment.resume_mode``) is
+    complete, and its config does not change the run's meaning (``resume_strict``).
+
+    Complete here means its manifest and every file's size (a stat per file, cheap for
+    any model); ``temper train`` also verifies every file's checksum before it loads
+    one, and passes over a damaged one to the newest older checkpoint that verifies."""
     from temper.pipelines.checkpointing import check_resume_config, find_resume_checkpoint
     from temper.pipelines.run import output_dir
 
@@ -418,6 +422,55 @@ def check_outputs(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
         value = getattr(cfg.experiment, key)
         if value:
             _writable(Path(value).expanduser(), f"experiment.{key}")
+    check_checkpoint_space(cfg, plan, notes)
+
+
+def check_checkpoint_space(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
+    """The checkpoint directory's disk has room for one checkpoint, estimated from the
+    models' ``config.json`` (parameters counted on the meta device, no weights read); an
+    uncertain estimate (LoRA) that does not fit is a note. A checkpoint is written before
+    the retention limit removes an old one, so one more must fit whatever is kept."""
+    import shutil
+
+    from temper.pipelines.checkpointing import (
+        checkpoint_root,
+        estimate_checkpoint_size,
+        format_bytes,
+    )
+    from temper.pipelines.run import output_dir
+
+    try:
+        actor = check_model_path(cfg.model.path, "model.path", [])
+        critic = None
+        if plan.use_critic:
+            critic_path = cfg.critic.model_path or cfg.model.path
+            critic = check_model_path(critic_path, "critic.model_path", [])
+    except ConfigError:
+        return  # the models' own check says what is wrong with them
+    if actor is None or (plan.use_critic and critic is None):
+        return  # a model alias not converted yet: its size is known once it is
+    root = checkpoint_root(cfg, output_dir(cfg))
+    probe = root.resolve()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    estimate = estimate_checkpoint_size(cfg, actor, critic, on_cpu(cfg))
+    key = "experiment.checkpoint_dir" if cfg.experiment.checkpoint_dir else "experiment.output_dir"
+    if estimate is None:
+        notes.append(f"{key}: a checkpoint's size cannot be estimated for this model here")
+        return
+    if free >= estimate.bytes:
+        return
+    need = f"a checkpoint takes about {format_bytes(estimate.bytes)} ({estimate.how})"
+    have = f"the disk of {root} has {format_bytes(free)} free"
+    if not estimate.certain:
+        notes.append(f"{key}: {need}, and {have}")
+        return
+    raise ConfigError(
+        key,
+        f"{need}, and {have}",
+        "free space there, or set experiment.checkpoint_dir to a disk with room",
+    )
 
 
 def _writable(path: Path, key: str) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +30,10 @@ from temper.pipelines.checkpointing import (
     check_resume_config,
     checkpoint_root,
     checkpoint_step,
+    final_problem,
     find_resume_checkpoint,
+    restore,
+    write_final,
 )
 from temper.pipelines.producer import Pipeline, Producer, ProducerContext
 from temper.pipelines.shaping import ShapingSettings, ShapingState
@@ -173,10 +178,18 @@ class Run:
         print(f"checkpoint: {path} ({self.checkpointer.last_save_s:.1f}s)", flush=True)
         return path
 
-    def save_final(self) -> None:
-        """The trained actor as a Hugging Face directory (loads in transformers/vLLM)."""
-        self.roles.actor.engine.save_hf(str(self.out_dir / "final" / "actor"))
-        self.tokenizer.save_pretrained(str(self.out_dir / "final" / "actor"))
+    def save_final(self, repair: bool = False) -> None:
+        """The trained actor as a Hugging Face directory, ``final/actor`` (loads in
+        transformers/vLLM), written whole or not at all (``checkpointing.write_final``).
+        ``repair``: only if it is missing or incomplete (a rerun of a finished run)."""
+        if repair:
+            problem = final_problem(self.out_dir)
+            if problem is None:
+                return
+            where = self.out_dir / "final" / "actor"
+            print(f"final: {where} is {problem}; writing it from {self.resumed_from}", flush=True)
+        engine = self.roles.actor.engine
+        write_final(self.out_dir, self.step, engine, self.tokenizer, self.resumed_from)
 
     def summary(self, stopped_by: str | None = None) -> dict[str, Any]:
         """The run's summary: steps, ``train/score_mean`` history (first/last, and the mean
@@ -256,13 +269,17 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
     seed_everything(cfg.experiment.seed)
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    resume_from = find_resume_checkpoint(cfg, out)
-    if resume_from is not None:  # before any model loads: a bad resume fails fast
+    damaged: list[str] = []  # before any model loads: a bad resume fails fast
+    resume_from = find_resume_checkpoint(cfg, out, verify=True, warnings=damaged)
+    for line in damaged:
+        print(line, file=sys.stderr, flush=True)
+    if resume_from is not None:
         for line in check_resume_config(cfg, resume_from):
             print(line, flush=True)
     tokenizer = load_tokenizer(cfg)
     roles = build_cluster_roles(cfg, plan)  # in process, or Ray worker groups
     producer: Producer | None = None
+    rollout: RolloutEngine | None = None
     tracker: MultiTracker | None = None
     try:
         rollout = build_cluster_rollout(cfg, roles, tokenizer)  # or the actor_infer ranks
@@ -277,7 +294,20 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
         roles.actor.set_total_steps(total * plan.actor.optimizer_steps_per_rl_step)
         if roles.critic is not None and plan.critic is not None:
             roles.critic.set_total_steps(total * plan.critic.optimizer_steps_per_rl_step)
-        tracker = build_trackers(
+        shaping_state = ShapingState.from_config(cfg.algorithm)
+        weights = WeightSync(rollout, roles.actor.engine, cfg.rollout.model_update_frequency)
+        progress = Progress()
+        checkpointer = _checkpointer(
+            cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
+        )
+        if resume_from is not None:  # a checkpoint that does not load: an older one
+            start = time.perf_counter()
+            warn = functools.partial(print, file=sys.stderr, flush=True)
+            note = functools.partial(print, flush=True)
+            resume_from = restore(checkpointer, cfg, out, resume_from, warn, note)
+            took = time.perf_counter() - start
+            print(f"resumed from {resume_from} at step {progress.step} ({took:.1f}s)", flush=True)
+        tracker = build_trackers(  # after the load: it drops metrics rows past the resumed step
             cfg.experiment.trackers,
             out,
             total_steps=total,
@@ -287,9 +317,6 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
             name=cfg.experiment.experiment_name,
             start_step=checkpoint_step(resume_from) + 1 if resume_from is not None else 0,
         )
-        shaping_state = ShapingState.from_config(cfg.algorithm)
-        weights = WeightSync(rollout, roles.actor.engine, cfg.rollout.model_update_frequency)
-        progress = Progress()
         run = Run(
             cfg=cfg,
             out_dir=out,
@@ -302,28 +329,19 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
             tracker=tracker,
             total_steps=total,
             weights=weights,
-            checkpointer=_checkpointer(
-                cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
-            ),
+            checkpointer=checkpointer,
             progress=progress,
             resumed_from=resume_from,
         )
     except BaseException:  # reward workers, envs and Ray groups must not outlive a failure
         if producer is not None:
             producer.close()
+        if rollout is not None:
+            rollout.close()
         if tracker is not None:
             tracker.close()
         roles.shutdown()
         raise
-    if resume_from is not None:
-        start = time.perf_counter()
-        try:
-            run.checkpointer.load(resume_from)
-        except BaseException:
-            run.close()
-            raise
-        took = time.perf_counter() - start
-        print(f"resumed from {resume_from} at step {run.step} ({took:.1f}s)", flush=True)
     return run
 
 

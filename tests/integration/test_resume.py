@@ -2,8 +2,9 @@
 stopped by SIGTERM mid-step, and resumed, ends bit-identical to an uninterrupted run —
 weights, optimizer state and metrics rows (timings aside) — for RLVR with GRPO, RLVR PPO
 with a critic, and the agentic pipeline (FrozenLake episodes: the env manager's seeds are
-in the checkpoint). Damaged checkpoints are skipped; a checkpoint's actor loads in
-transformers.
+in the checkpoint). Damaged checkpoints are skipped — truncated ones by size, same-size
+corruption by checksum, and the run resumed from the previous one equals a run that saved
+only that one; a checkpoint's actor loads in transformers.
 
 The interrupted runs are subprocesses (``python -m temper train``) so the kill is
 real; the reference and resumed runs train in-process (interpreter start-up dominates
@@ -262,6 +263,40 @@ def test_truncated_checkpoint_is_skipped_by_auto_resume(runs, tmp_path):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     conf = build_config({**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}})
     assert find_resume_checkpoint(conf, out) == out / "checkpoints" / "global_step_3"
+
+
+def test_resume_after_a_same_size_corruption_equals_a_run_that_saved_only_the_previous(
+    runs, tmp_path, monkeypatch, capsys
+):
+    """One byte of the newest checkpoint's weights flipped (its size kept, so sizes cannot
+    tell): the checksums do, the run resumes from the previous checkpoint with one line,
+    and ends bit-identical to a run whose only checkpoint was that one — and to the
+    uninterrupted run."""
+    import shutil
+
+    tmp, made = runs
+    cfg, full = made["grpo"]
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp / "cache"))
+    damaged, only = tmp_path / "damaged", tmp_path / "only3"
+    for out, steps in ((damaged, (3, STEPS)), (only, (3,))):
+        for step in steps:
+            name = f"global_step_{step}"
+            shutil.copytree(full / "checkpoints" / name, out / "checkpoints" / name)
+        shutil.copy(full / "metrics.jsonl", out / "metrics.jsonl")
+    weights = damaged / "checkpoints" / f"global_step_{STEPS}" / "actor_train" / "engine"
+    data = bytearray((weights / "model.safetensors").read_bytes())
+    data[-5] ^= 0x80  # the sign bit of a weight (little-endian fp32)
+    (weights / "model.safetensors").write_bytes(bytes(data))
+    _train(cfg, damaged)
+    err = capsys.readouterr().err
+    ckpts = damaged / "checkpoints"
+    assert (
+        f"resume: {ckpts / f'global_step_{STEPS}'} is damaged (actor_train/engine/"
+        f"model.safetensors: checksum mismatch); resuming from {ckpts / 'global_step_3'}"
+    ) in err.splitlines()
+    _train(cfg, only)
+    _assert_same_run(only, damaged)
+    _assert_same_run(full, damaged)
 
 
 def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs, monkeypatch):
