@@ -52,6 +52,7 @@ RULES: tuple[KeyRule, ...] = (
         "experiment.resume_mode",
         "experiment.resume_from_path",
         "experiment.resume_strict",
+        "experiment.overwrite",
         "experiment.test_freq",
         "experiment.val_before_train",
         "experiment.val_only",

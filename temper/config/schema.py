@@ -86,6 +86,13 @@ class ExperimentConfig:
         "auto", "auto: latest valid checkpoint in output_dir; disable; resume_path."
     )
     resume_from_path: str | None = doc(None, "Checkpoint to resume from (resume_mode=resume_path).")
+    overwrite: bool = doc(
+        False,
+        "A start that would not continue the run output_dir holds (resume_mode=disable, no "
+        "valid checkpoint, another run's resume_from_path) moves that run to "
+        "<output_dir>.old-<time> first instead of refusing; verl and ROLL have no such key: "
+        "temper train --overwrite sets it for a file of any dialect.",
+    )
     resume_strict: bool = doc(
         True,
         "Stop a resume whose config changes the run's meaning (model, data, batch sizes, "

@@ -146,8 +146,8 @@ def check_resume_config(cfg: TemperConfig, path: Path) -> list[str]:
         raise ConfigError(
             "experiment.resume_strict",
             f"resuming {path} with a config that changes the run's meaning: {listed}",
-            "undo those changes, start a new run (experiment.resume_mode=disable or another "
-            "output_dir), or set experiment.resume_strict=false to continue anyway",
+            "undo those changes, start a new run in another experiment.output_dir, or set "
+            "experiment.resume_strict=false to continue anyway",
         )
     return lines
 

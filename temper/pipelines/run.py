@@ -28,9 +28,10 @@ from temper.pipelines.checkpointing import (
     check_resume_config,
     checkpoint_root,
     checkpoint_step,
-    find_resume_checkpoint,
 )
 from temper.pipelines.producer import Pipeline, Producer, ProducerContext
+from temper.pipelines.run_dir import claim_run_dir
+from temper.pipelines.run_lock import RunLock
 from temper.pipelines.shaping import ShapingSettings, ShapingState
 from temper.roles import Roles
 from temper.roles.base import RoleEngine, TrainedRole
@@ -106,6 +107,7 @@ class Run:
     checkpointer: Checkpointer
     progress: Progress
     resumed_from: Path | None = None
+    lock: RunLock | None = None  # the output directory's, released by close()
 
     @property
     def step(self) -> int:
@@ -212,10 +214,14 @@ class Run:
         )
 
     def close(self) -> None:
-        self.producer.close()
-        self.rollout.close()
-        self.tracker.close()
-        self.roles.shutdown()
+        try:
+            self.producer.close()
+            self.rollout.close()
+            self.tracker.close()
+            self.roles.shutdown()
+        finally:
+            if self.lock is not None:  # last: the directory is the next run's once closed
+                self.lock.release()
 
 
 def val_summary(
@@ -251,12 +257,25 @@ def val_summary(
 
 
 def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
-    """Load models, engine, the producer and trackers for ``cfg`` (validated, ``plan``
-    its plan), then resume per ``experiment.resume_mode``."""
+    """Lock the run's directory and decide where the run starts (before anything is
+    written there: :func:`~temper.pipelines.run_dir.claim_run_dir`), then load models,
+    engine, the producer and trackers for ``cfg`` (validated, ``plan`` its plan) and
+    resume per ``experiment.resume_mode``. The run holds the lock until ``close``."""
     seed_everything(cfg.experiment.seed)
     out = output_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    resume_from = find_resume_checkpoint(cfg, out)
+    lock, resume_from = claim_run_dir(cfg, out)
+    try:
+        run = _build_run(cfg, pipeline, plan, out, resume_from)
+    except BaseException:
+        lock.release()
+        raise
+    run.lock = lock
+    return run
+
+
+def _build_run(
+    cfg: TemperConfig, pipeline: Pipeline, plan: Derived, out: Path, resume_from: Path | None
+) -> Run:
     if resume_from is not None:  # before any model loads: a bad resume fails fast
         for line in check_resume_config(cfg, resume_from):
             print(line, flush=True)
