@@ -46,6 +46,7 @@ RULES: tuple[KeyRule, ...] = (
         "experiment.output_dir",
         "experiment.checkpoint_dir",
         "experiment.save_freq",
+        "experiment.save_every_minutes",
         "experiment.save_on_signal",
         "experiment.max_actor_ckpt_to_keep",
         "experiment.max_critic_ckpt_to_keep",

@@ -196,16 +196,25 @@ def find_latest(root: str | Path) -> Path | None:
     return None
 
 
-def prune(root: str | Path, keep: int | None, protect: Path | None = None) -> list[Path]:
+def prune(
+    root: str | Path, keep: int | None, protect: Path | None = None, transient: str | None = None
+) -> list[Path]:
     """Delete complete checkpoints beyond the newest ``keep`` (None or ≤ 0: keep all).
 
-    Damaged directories are left for a human to look at (they are skipped on resume).
+    ``transient``: a key of the manifest's ``meta``; checkpoints where it is true were
+    written only to recover from (a time-based save) — every one but ``protect`` is
+    deleted, and they do not count towards ``keep``. Damaged directories are left for a
+    human to look at (they are skipped on resume).
     """
-    if keep is None or keep <= 0:
+    limited = keep is not None and keep > 0
+    if not limited and transient is None:
         return []
-    complete = [p for _s, p in list_checkpoints(root) if read_manifest(p) is not None]
+    complete = [(p, m) for _s, p in list_checkpoints(root) if (m := read_manifest(p)) is not None]
+    passing = [p for p, m in complete if transient is not None and m.meta.get(transient)]
+    kept = [p for p, m in complete if p not in passing]
+    doomed = passing + (kept[: -int(keep or 0)] if limited else [])
     removed = []
-    for path in complete[:-keep]:
+    for path in doomed:
         if protect is not None and path.resolve() == protect.resolve():
             continue
         _remove_tree(path)

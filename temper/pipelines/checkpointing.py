@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.pt"
 CONFIG_FILE = "config.yaml"
+#: The manifest ``meta`` key of a recovery checkpoint (replaced by the next save).
+RECOVERY = "recovery"
 
 
 class Stateful(Protocol):
@@ -183,10 +185,15 @@ class Checkpointer:
     keep: int | None = None
     last_save_s: float = 0.0
 
-    def save(self, step: int) -> Path:
-        """Write ``global_step_<step>`` atomically, then apply the retention limit."""
+    def save(self, step: int, recovery: bool = False) -> Path:
+        """Write ``global_step_<step>`` atomically, then apply the retention limit.
+
+        ``recovery``: a checkpoint only to resume from after a crash (a time-based save):
+        the next checkpoint replaces it, and it does not count towards ``keep``.
+        """
         start = time.perf_counter()
-        with write_checkpoint(self.root, step, meta=self.meta) as tmp:
+        meta = {**self.meta, RECOVERY: True} if recovery else self.meta
+        with write_checkpoint(self.root, step, meta=meta) as tmp:
             for name, role in self.roles.items():
                 tokenizer = self.tokenizer if name == "actor" else None
                 _save_role(role, tmp / name, tmp / f"{name}_train", tokenizer)
@@ -197,7 +204,7 @@ class Checkpointer:
                 yaml.safe_dump(self.config, sort_keys=False, allow_unicode=True), encoding="utf-8"
             )
         final = self.root / f"global_step_{step}"
-        for old in prune(self.root, self.keep, protect=final):
+        for old in prune(self.root, self.keep, protect=final, transient=RECOVERY):
             log.info("removed old checkpoint %s", old)
         self.last_save_s = time.perf_counter() - start
         return final

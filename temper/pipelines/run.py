@@ -108,6 +108,8 @@ class Run:
     progress: Progress
     resumed_from: Path | None = None
     lock: RunLock | None = None  # the output directory's, released by close()
+    #: when the last checkpoint was written (or the run built): the recovery cadence's clock
+    last_save: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
     def step(self) -> int:
@@ -164,15 +166,33 @@ class Run:
         return result.metrics
 
     def should_save(self, stopping: bool) -> bool:
-        """Checkpoint now? Every ``save_freq`` steps, at the last step, and on a signal."""
+        """Checkpoint now? Every ``save_freq`` steps, at the last step, on a signal, and
+        once ``save_every_minutes`` passed since the last checkpoint."""
+        return self._kept_save_due() or stopping or self._recovery_due()
+
+    def _kept_save_due(self) -> bool:
+        """A checkpoint the retention keeps: every ``save_freq`` steps and the last step."""
         freq = self.cfg.experiment.save_freq
-        periodic = freq > 0 and self.step % freq == 0
-        return periodic or stopping or self.step >= self.total_steps
+        return (freq > 0 and self.step % freq == 0) or self.step >= self.total_steps
+
+    def _recovery_due(self) -> bool:
+        minutes = self.cfg.experiment.save_every_minutes
+        return bool(minutes) and time.monotonic() - self.last_save >= 60 * float(minutes or 0)
 
     def save_checkpoint(self) -> Path:
-        """An atomic, resumable checkpoint of this step (see pipelines.checkpointing)."""
-        path = self.checkpointer.save(self.step)
-        print(f"checkpoint: {path} ({self.checkpointer.last_save_s:.1f}s)", flush=True)
+        """An atomic, resumable checkpoint of this step (see pipelines.checkpointing).
+
+        One that ``save_freq`` or the last step did not ask for (time-based, or on a
+        signal) is a recovery checkpoint: the next checkpoint replaces it, so the
+        directory ends with the checkpoints ``save_freq`` and retention say. Saving reads
+        the run's state and changes none of it: where the clock puts a save does not
+        change the run's numbers.
+        """
+        recovery = not self._kept_save_due()
+        path = self.checkpointer.save(self.step, recovery=recovery)
+        self.last_save = time.monotonic()
+        note = ", recovery: the next checkpoint replaces it" if recovery else ""
+        print(f"checkpoint: {path} ({self.checkpointer.last_save_s:.1f}s{note})", flush=True)
         return path
 
     def save_final(self) -> None:

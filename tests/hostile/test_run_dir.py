@@ -418,7 +418,7 @@ def test_two_real_trains_into_one_dir(tmp_path, tiny_model_dir):
     """A live ``temper train`` and a second one into its directory: the second stops
     within seconds naming the first; once the first is SIGKILLed, the directory is free
     and the same command resumes from its checkpoint."""
-    path = native(tmp_path, tiny_model_dir, max_steps=400, save_freq=1)
+    path = native(tmp_path, tiny_model_dir, max_steps=400, save_freq=1, save_every_minutes=0)
     out = tmp_path / "out"
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TEMPER_CACHE": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "temper", "train", str(path)]
@@ -451,7 +451,7 @@ def test_two_real_trains_into_one_dir(tmp_path, tiny_model_dir):
 def test_nothing_to_do_suggests_nothing_destructive(tmp_path, tiny_model_dir, capsys):
     from temper.pipelines import run_pipeline
 
-    path = native(tmp_path, tiny_model_dir)
+    path = native(tmp_path, tiny_model_dir, save_every_minutes=0)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
         run_pipeline(cfg_of(path))
