@@ -102,7 +102,16 @@ def _list_files(root: Path) -> dict[str, int]:
 
 
 def _remove_tree(path: Path) -> None:
-    """Delete a checkpoint so that no intermediate state looks complete."""
+    """Delete a checkpoint so that no intermediate state looks complete — or damaged: it
+    is first renamed to a hidden ``.old-`` sibling (atomic), so a crash mid-delete leaves
+    only what the next save cleans, not a ``global_step_N`` without its manifest."""
+    if not path.name.startswith("."):
+        trash = path.with_name(f".{path.name}.old-{os.getpid()}")
+        try:
+            path.rename(trash)
+            path = trash
+        except OSError:
+            pass  # delete in place: the manifest still goes first
     (path / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(path, ignore_errors=True)
 

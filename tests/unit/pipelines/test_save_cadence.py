@@ -102,3 +102,32 @@ def test_a_negative_or_nan_cadence_is_refused(value):
     with pytest.raises(ConfigError) as err:
         native(save_every_minutes=value)
     assert err.value.key == "experiment.save_every_minutes"
+
+
+def test_a_kill_while_a_replaced_checkpoint_is_deleted_leaves_no_damaged_one(tmp_path, monkeypatch):
+    """Recovery checkpoints are deleted at every save: one cut short mid-delete must not
+    stay as a ``global_step_N`` without its manifest (a damaged checkpoint the next run
+    would list, and no save would ever clean)."""
+    import shutil
+
+    from temper.checkpoint import store
+
+    ck = checkpointer(tmp_path, keep=None)
+    ck.save(1, recovery=True)
+    rmtree = shutil.rmtree
+
+    def killed(path, ignore_errors=False):
+        if "global_step_1" in str(path):
+            raise KeyboardInterrupt  # the process dies inside step 1's delete
+        rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(store.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save(2, recovery=True)
+    monkeypatch.setattr(store.shutil, "rmtree", rmtree)
+    assert steps(tmp_path) == [2]  # what is left of step 1 is a hidden .old- directory
+    ck.save(3)  # the next save cleans it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "global_step_3",
+        "latest_checkpointed_iteration.txt",
+    ]
