@@ -191,14 +191,21 @@ def move_aside(dirs: RunDirs) -> list[tuple[Path, Path]]:
     """Move everything in ``dirs`` (the lock file excepted) to ``<dir>.old-<time>``;
     returns ``(directory, where its files went)``. Renames only: nothing is copied or
     deleted."""
-    moved = []
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for directory in dirs.roots:
+    plan = []
+    for directory in dirs.roots:  # listed before any move: no aside dir is moved again
         if not directory.is_dir():
             continue
-        children = [c for c in directory.iterdir() if c.name != LOCK_NAME]
-        if not children:
-            continue
+        # a checkpoint_dir above the output dir keeps the output dir (moved on its own)
+        children = [
+            c
+            for c in directory.iterdir()
+            if c.name != LOCK_NAME and not any(_inside(r, c) for r in dirs.roots)
+        ]
+        if children:
+            plan.append((directory, children))
+    moved = []
+    for directory, children in plan:
         target = aside_name(directory, stamp)
         target.mkdir(parents=True)
         for child in children:
@@ -250,12 +257,9 @@ def claim_run_dir(cfg: TemperConfig, out: Path) -> tuple[RunLock, Path | None]:
         if found is not None:
             if not cfg.experiment.overwrite:
                 raise refusal(cfg, dirs, found, resume_from)
-            for directory, target in move_aside(dirs):
-                print(
-                    f"experiment.overwrite: moved the previous run in {directory} ({found}) "
-                    f"to {target}",
-                    flush=True,
-                )
+            moved = move_aside(dirs)
+            where = ", ".join(f"{directory} to {target}" for directory, target in moved)
+            print(f"experiment.overwrite: moved the previous run ({found}): {where}", flush=True)
         if resume_from is None:
             print(start_line(cfg, dirs), flush=True)
     except BaseException:

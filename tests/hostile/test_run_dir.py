@@ -366,8 +366,8 @@ def test_overwrite_moves_the_previous_run_aside_and_deletes_nothing(
         (aside,) = tmp_path.glob("out.old-*")
         assert snapshot(aside) == before
         printed = capsys.readouterr().out
-        assert f"experiment.overwrite: moved the previous run in {out} (" in printed
-        assert f"to {aside}" in printed
+        assert printed.startswith("experiment.overwrite: moved the previous run (2 checkpoints")
+        assert f"): {out} to {aside}\n" in printed
         assert f"no checkpoint found in {out / 'checkpoints'}: starting at step 0" in printed
     finally:
         lock.release()
@@ -463,3 +463,28 @@ def test_nothing_to_do_suggests_nothing_destructive(tmp_path, tiny_model_dir, ca
     assert line.endswith(
         "(raise experiment.max_steps to go on; a new run goes in another experiment.output_dir)"
     )
+
+
+def test_overwrite_with_a_checkpoint_dir_above_the_output_dir_moves_each_on_its_own(
+    tmp_path, tiny_model_dir, capsys
+):
+    """checkpoint_dir=/x, output_dir=/x/run: the checkpoints go to /x.old-…, the run's
+    records to /x/run.old-…; the output dir (and its lock) is not dragged along."""
+    ckpts, out = tmp_path / "x", tmp_path / "x" / "run"
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    with write_checkpoint(ckpts, 1) as tmp:
+        (tmp / "trainer_state.pt").write_bytes(b"x")
+    (ckpts / "global_step_1" / "manifest.json").unlink()
+    path = native(tmp_path, tiny_model_dir, checkpoint_dir=str(ckpts), output_dir=str(out))
+    lock, resume_from = claim_run_dir(cfg_of(path, overwrite=True), out)
+    try:
+        assert resume_from is None
+        assert [p.name for p in out.iterdir()] == [LOCK_NAME]
+        (ckpts_aside,) = tmp_path.glob("x.old-*")
+        (out_aside,) = ckpts.glob("run.old-*")
+        assert sorted(p.name for p in ckpts.iterdir()) == [LOCK_NAME, "run", out_aside.name]
+        assert (ckpts_aside / "global_step_1" / "trainer_state.pt").read_bytes() == b"x"
+        assert (out_aside / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    finally:
+        lock.release()
