@@ -14,8 +14,9 @@ starting over — which replaces its checkpoints (step N is written again) and i
 - :func:`check_run_dir` says the same at the pre-flight (``temper check``), and notes a
   directory a live run holds instead of refusing (checking while a run trains is fine).
 
-What counts as a previous run: a ``global_step_*`` checkpoint directory (valid or not),
-a ``metrics.jsonl`` with rows, a non-empty ``final/``. Files this start never rewrites
+What counts as a previous run: a ``global_step_*`` checkpoint directory (valid or not:
+checkpoints are not read here — ``auto``'s search already says none is valid when it
+finds none), a ``metrics.jsonl`` with rows, a non-empty ``final/``. Files this start never rewrites
 (tensorboard events, dumps) are moved aside with them but do not refuse a start.
 """
 
@@ -27,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from temper.checkpoint import list_checkpoints, read_manifest
+from temper.checkpoint import list_checkpoints
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.pipelines.checkpointing import checkpoint_root, find_resume_checkpoint
@@ -68,9 +69,10 @@ def _inside(path: Path, parent: Path) -> bool:
 class PreviousRun:
     """What a run directory holds of an earlier run."""
 
-    checkpoints: list[tuple[int, Path, bool]]  # (step, path, valid), oldest first
+    checkpoints: list[Path]  # global_step_* directories, oldest first
     metric_steps: list[int]  # the steps of metrics.jsonl's rows, in file order
     final: Path | None
+    none_valid: bool = False  # the resume search found none of the checkpoints valid
 
     def __bool__(self) -> bool:
         return bool(self.checkpoints or self.metric_steps or self.final)
@@ -78,14 +80,11 @@ class PreviousRun:
     def __str__(self) -> str:
         parts = []
         if self.checkpoints:
-            names = [p.name for _s, p, _v in self.checkpoints]
+            names = [p.name for p in self.checkpoints]
             shown = ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]}"
-            bad = sum(1 for *_x, valid in self.checkpoints if not valid)
-            state = "none valid" if bad == len(names) else f"{bad} not valid" if bad else "valid"
-            if state == "valid" and len(names) > 1:
-                state = "all valid"
+            state = "; none valid" if self.none_valid else ""
             count = f"{len(names)} checkpoint" + ("s" if len(names) > 1 else "")
-            parts.append(f"{count} ({shown}; {state})")
+            parts.append(f"{count} ({shown}{state})")
         if self.metric_steps:
             first, last = min(self.metric_steps), max(self.metric_steps)
             steps = f"step {first}" if first == last else f"steps {first}–{last}"
@@ -111,16 +110,15 @@ def _metric_steps(path: Path) -> list[int]:
     return steps
 
 
-def previous_run(dirs: RunDirs) -> PreviousRun:
-    """What ``dirs`` hold of a run (empty when nothing)."""
-    checkpoints = [
-        (s, p, read_manifest(p) is not None) for s, p in list_checkpoints(dirs.checkpoints)
-    ]
+def previous_run(dirs: RunDirs, none_valid: bool = False) -> PreviousRun:
+    """What ``dirs`` hold of a run (empty when nothing); ``none_valid``: the resume
+    search found none of its checkpoints valid."""
     final = dirs.output / FINAL
     return PreviousRun(
-        checkpoints=checkpoints,
+        checkpoints=[p for _s, p in list_checkpoints(dirs.checkpoints)],
         metric_steps=_metric_steps(dirs.output / METRICS),
         final=final if final.is_dir() and any(final.iterdir()) else None,
+        none_valid=none_valid,
     )
 
 
@@ -134,7 +132,7 @@ def replaced_run(cfg: TemperConfig, dirs: RunDirs, resume_from: Path | None) -> 
     """The run in ``dirs`` that a start from ``resume_from`` would replace, if any."""
     if continues(dirs, resume_from):
         return None
-    found = previous_run(dirs)
+    found = previous_run(dirs, none_valid=cfg.experiment.resume_mode == "auto")
     return found if found else None
 
 
@@ -157,13 +155,12 @@ def refusal(
     roots = dirs.roots
     held = " and ".join(map(str, roots)) + (" hold" if len(roots) > 1 else " holds")
     held += f" a previous run ({found})"
-    aside = " and ".join(str(aside_name(d, "<time>")) for d in roots)
+    aside = " and ".join(f"{d}.old-<time>" for d in roots)
     overwrite = f"start over with experiment.overwrite=true (moves it to {aside})"
     elsewhere = "choose another experiment.output_dir"
     if exp.resume_mode == "disable":
-        go_on = any(valid for *_x, valid in found.checkpoints)
         fix = ", ".join(
-            (["continue it with experiment.resume_mode=auto"] if go_on else [])
+            (["continue it with experiment.resume_mode=auto"] if found.checkpoints else [])
             + [elsewhere, f"or {overwrite}"]
         )
         return ConfigError(
@@ -176,7 +173,7 @@ def refusal(
             f"{elsewhere}, or {overwrite}",
         )
     why = (
-        "none of its checkpoints is valid (a manifest.json missing, or a file of the wrong size)"
+        "none of its checkpoints is valid (each lacks its manifest.json or has a damaged file)"
         if found.checkpoints
         else "it saved no checkpoint"
     )
@@ -288,5 +285,5 @@ def check_run_dir(cfg: TemperConfig, out: Path, resume_from: Path | None, notes:
         raise refusal(cfg, dirs, found, resume_from)
     notes.append(
         f"experiment.overwrite: the previous run in {dirs.output} ({found}) will be moved "
-        f"to {aside_name(dirs.output, '<time>')} before this one starts"
+        f"to {dirs.output}.old-<time> before this one starts"
     )

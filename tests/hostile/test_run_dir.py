@@ -256,7 +256,7 @@ def test_a_start_over_checkpoints_none_valid_is_refused(tmp_path, tiny_model_dir
     assert msg == (
         f"experiment.output_dir: {out} holds a previous run (2 checkpoints (global_step_1, "
         "global_step_2; none valid), metrics.jsonl with steps 1–2); none of its checkpoints is "
-        "valid (a manifest.json missing, or a file of the wrong size), so this start would "
+        "valid (each lacks its manifest.json or has a damaged file), so this start would "
         "begin again at step 0 over it. Fix: choose another experiment.output_dir, or start "
         f"over with experiment.overwrite=true (moves it to {tmp_path / 'out.old-<time>'})"
     )
@@ -270,7 +270,7 @@ def test_resume_disabled_in_a_used_dir_is_refused(tmp_path, tiny_model_dir, caps
     msg = refused([str(path)], capsys)
     assert msg.startswith(
         f"experiment.resume_mode: {out} holds a previous run (2 checkpoints (global_step_1, "
-        "global_step_2; all valid), metrics.jsonl with steps 1–2), and this start would begin "
+        "global_step_2), metrics.jsonl with steps 1–2), and this start would begin "
         "again at step 0. Fix: continue it with experiment.resume_mode=auto, choose another "
         "experiment.output_dir, or start over with experiment.overwrite=true"
     ), msg
