@@ -154,7 +154,16 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _remove_tree(path: Path) -> None:
-    """Delete a checkpoint so that no intermediate state looks complete."""
+    """Delete a checkpoint so that no intermediate state looks complete — or damaged: it
+    is first renamed to a hidden ``.old-`` sibling (atomic), so a crash mid-delete leaves
+    only what the next save cleans, not a ``global_step_N`` without its manifest."""
+    if not path.name.startswith("."):
+        trash = path.with_name(f".{path.name}.old-{os.getpid()}")
+        try:
+            path.rename(trash)
+            path = trash
+        except OSError:
+            pass  # delete in place: the manifest still goes first
     (path / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(path, ignore_errors=True)
 
@@ -378,16 +387,25 @@ def find_latest(root: str | Path, verify: bool = False) -> Path | None:
     return path
 
 
-def prune(root: str | Path, keep: int | None, protect: Path | None = None) -> list[Path]:
+def prune(
+    root: str | Path, keep: int | None, protect: Path | None = None, transient: str | None = None
+) -> list[Path]:
     """Delete complete checkpoints beyond the newest ``keep`` (None or ≤ 0: keep all).
 
-    Damaged directories are left for a human to look at (they are skipped on resume).
+    ``transient``: a key of the manifest's ``meta``; checkpoints where it is true were
+    written only to recover from (a time-based save) — every one but ``protect`` is
+    deleted, and they do not count towards ``keep``. Damaged directories are left for a
+    human to look at (they are skipped on resume).
     """
-    if keep is None or keep <= 0:
+    limited = keep is not None and keep > 0
+    if not limited and transient is None:
         return []
-    complete = [p for _s, p in list_checkpoints(root) if checkpoint_problem(p) is None]
+    complete = [(p, m) for _s, p in list_checkpoints(root) if (m := read_manifest(p)) is not None]
+    passing = [p for p, m in complete if transient is not None and m.meta.get(transient)]
+    kept = [p for p, m in complete if p not in passing]
+    doomed = passing + (kept[: -int(keep or 0)] if limited else [])
     removed = []
-    for path in complete[:-keep]:
+    for path in doomed:
         if protect is not None and path.resolve() == protect.resolve():
             continue
         _remove_tree(path)

@@ -51,6 +51,8 @@ def _load(args: argparse.Namespace) -> LoadedConfig:
 
     args.loaded = load_config(args.config, args.overrides, dialect=args.dialect)
     loaded: LoadedConfig = args.loaded
+    if getattr(args, "overwrite", False):  # a flag, so a verl or ROLL file can say it too
+        loaded.config.experiment.overwrite = True
     return loaded
 
 
@@ -171,6 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dialect", default="auto", help="auto, native, verl or roll")
         return p
 
+    def add_overwrite(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="experiment.overwrite=true for a config of any dialect: a start that would "
+            "not continue the run in the output directory moves that run to "
+            "<output_dir>.old-<time> instead of refusing",
+        )
+
     p = add("check", "validate a config, pre-flight it, and explain its derived values", True)
     p.add_argument("--full", action="store_true", help="show every key, defaults included")
     p.add_argument(
@@ -186,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the config alone: skip the pre-flight of models, data, directories, "
         "engines and rewards on this machine",
     )
+    add_overwrite(p)
     p.set_defaults(func=cmd_check)
     p = add("convert", "print a config translated into the native schema")
     p.add_argument("--to", default="native", choices=["native"], help="target dialect")
@@ -193,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_convert)
     p = add("train", "train with a config")
     p.add_argument("--report", action="store_true", help="write the run's report at the end")
+    add_overwrite(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser(
         "report", help="draw a run's dashboard (PNG) and summary (markdown)", parents=[common]

@@ -79,6 +79,13 @@ class ExperimentConfig:
     max_steps: int | None = doc(None, "RL steps to run; None derives it from total_epochs.")
     total_epochs: int = doc(1, "Passes over the training prompts when max_steps is None.")
     save_freq: int = doc(-1, "Save a checkpoint every N steps (-1: only at the end/on signal).")
+    save_every_minutes: float | None = doc(
+        10.0,
+        "Also save a recovery checkpoint when this many minutes passed since the last save, "
+        "so a killed run loses at most that; each one replaces the previous recovery "
+        "checkpoint (save_freq's are kept). null or 0: off; verl and ROLL files: off (their "
+        "save_freq / save_steps is the whole cadence).",
+    )
     save_on_signal: bool = doc(True, "On SIGTERM/SIGINT finish the step and save before exit.")
     max_actor_ckpt_to_keep: int | None = doc(None, "Keep the newest N actor checkpoints.")
     max_critic_ckpt_to_keep: int | None = doc(None, "Keep the newest N critic checkpoints.")
@@ -86,6 +93,13 @@ class ExperimentConfig:
         "auto", "auto: latest valid checkpoint in output_dir; disable; resume_path."
     )
     resume_from_path: str | None = doc(None, "Checkpoint to resume from (resume_mode=resume_path).")
+    overwrite: bool = doc(
+        False,
+        "A start that would not continue the run output_dir holds (resume_mode=disable, no "
+        "valid checkpoint, another run's resume_from_path) moves that run to "
+        "<output_dir>.old-<time> first instead of refusing; verl and ROLL have no such key: "
+        "temper train --overwrite sets it for a file of any dialect.",
+    )
     resume_strict: bool = doc(
         True,
         "Stop a resume whose config changes the run's meaning (model, data, batch sizes, "

@@ -90,6 +90,13 @@ def _check_ranges(cfg: TemperConfig) -> None:
             f"the dual-clip constant must be > 1, got {cfg.actor.clip_ratio_c}",
             "use e.g. 3.0, or null to turn dual clipping off",
         )
+    minutes = cfg.experiment.save_every_minutes
+    if minutes is not None and not minutes >= 0:  # NaN too: it would never save
+        raise ConfigError(
+            "experiment.save_every_minutes",
+            f"must be ≥ 0 minutes (0 or null: off), got {minutes}",
+            "set experiment.save_every_minutes to e.g. 10, or 0 to save per save_freq only",
+        )
     if cfg.experiment.resume_mode == "resume_path" and not cfg.experiment.resume_from_path:
         raise ConfigError(
             "experiment.resume_from_path",

@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.pt"
 CONFIG_FILE = "config.yaml"
+#: The manifest ``meta`` key of a recovery checkpoint (replaced by the next save).
+RECOVERY = "recovery"
 FINAL_DIR = "final"
 
 
@@ -136,13 +138,24 @@ def _resume_root(cfg: TemperConfig, out_dir: Path) -> tuple[Path, str] | None:
     return path, "experiment.resume_from_path"  # a checkpoint root: its newest valid one
 
 
+class NoUsableCheckpoint(ConfigError):
+    """Checkpoints are there but none is usable: starting over would replace them, which
+    only ``experiment.overwrite`` does (it moves them aside first). ``reasons``: each
+    checkpoint's name and what is wrong with it."""
+
+    def __init__(self, key: str, reason: str, fix: str, reasons: str) -> None:
+        super().__init__(key, reason, fix)
+        self.reasons = reasons
+
+
 def _none_usable(root: Path, key: str, skipped: list[tuple[Path, str]]) -> ConfigError:
     listed = "; ".join(f"{path.name}: {why}" for path, why in skipped)
-    return ConfigError(
+    return NoUsableCheckpoint(
         key,
         f"no checkpoint under {root} is usable ({listed})",
-        f"restore one from a copy, or move them out of {root} to start over, or use "
-        "another output_dir",
+        "restore one from a copy, start over with experiment.overwrite=true (moves the run "
+        "to <dir>.old-<time>), or choose another experiment.output_dir",
+        reasons=listed,
     )
 
 
@@ -255,8 +268,8 @@ def check_resume_config(cfg: TemperConfig, path: Path) -> list[str]:
         raise ConfigError(
             "experiment.resume_strict",
             f"resuming {path} with a config that changes the run's meaning: {listed}",
-            "undo those changes, start a new run (experiment.resume_mode=disable or another "
-            "output_dir), or set experiment.resume_strict=false to continue anyway",
+            "undo those changes, start a new run in another experiment.output_dir, or set "
+            "experiment.resume_strict=false to continue anyway",
         )
     return lines
 
@@ -292,11 +305,16 @@ class Checkpointer:
     keep: int | None = None
     last_save_s: float = 0.0
 
-    def save(self, step: int) -> Path:
-        """Write ``global_step_<step>`` atomically, then apply the retention limit."""
+    def save(self, step: int, recovery: bool = False) -> Path:
+        """Write ``global_step_<step>`` atomically, then apply the retention limit.
+
+        ``recovery``: a checkpoint only to resume from after a crash (a time-based save):
+        the next checkpoint replaces it, and it does not count towards ``keep``.
+        """
         start = time.perf_counter()
+        meta = {**self.meta, RECOVERY: True} if recovery else self.meta
         try:
-            with write_checkpoint(self.root, step, meta=self.meta) as tmp:
+            with write_checkpoint(self.root, step, meta=meta) as tmp:
                 for name, role in self.roles.items():
                     tokenizer = self.tokenizer if name == "actor" else None
                     _save_role(role, tmp / name, tmp / f"{name}_train", tokenizer)
@@ -313,11 +331,12 @@ class Checkpointer:
             then = (
                 f"{previous} is intact: the same command resumes from it"
                 if previous is not None
-                else "no earlier checkpoint exists: the same command starts the run over"
+                else "no earlier checkpoint exists: free some space and start over "
+                "(experiment.overwrite=true moves this run aside)"
             )
             raise CheckpointWriteError(_refused(err, "checkpoint", then)) from err
         final = self.root / f"global_step_{step}"
-        for old in prune(self.root, self.keep, protect=final):
+        for old in prune(self.root, self.keep, protect=final, transient=RECOVERY):
             log.info("removed old checkpoint %s", old)
         self.last_save_s = time.perf_counter() - start
         return final

@@ -73,8 +73,8 @@ def train(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> dict[str, Any
             if not exp.val_only and run.step >= run.total_steps:
                 print(
                     f"nothing to do: {run.resumed_from} already reached step {run.step} of "
-                    f"{run.total_steps} (raise experiment.max_steps to go on, or use "
-                    "experiment.resume_mode=disable / another output_dir to start over)"
+                    f"{run.total_steps} (raise experiment.max_steps to go on; a new run "
+                    "goes in another experiment.output_dir)"
                 )
             while not exp.val_only and run.step < run.total_steps:
                 run.step += 1

@@ -403,16 +403,20 @@ def _check_rewards(cfg: TemperConfig, samples: set[tuple[str, str]], key: str) -
 def check_outputs(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     """The run and checkpoint directories can be created and written and have room for a
     checkpoint; the checkpoint a run would resume from (``experiment.resume_mode``) is
-    complete, and its config does not change the run's meaning (``resume_strict``).
+    complete, and its config does not change the run's meaning (``resume_strict``); a
+    start that would replace the run the directory holds is refused, and a directory a
+    live run holds is noted (:func:`~temper.pipelines.run_dir.check_run_dir`).
 
     Complete here means its manifest and every file's size (a stat per file, cheap for
     any model); ``temper train`` also verifies every file's checksum before it loads
     one, and passes over a damaged one to the newest older checkpoint that verifies."""
-    from temper.pipelines.checkpointing import check_resume_config, find_resume_checkpoint
+    from temper.pipelines.checkpointing import check_resume_config
     from temper.pipelines.run import output_dir
+    from temper.pipelines.run_dir import check_run_dir, resume_point
 
     out = output_dir(cfg)
-    resume = find_resume_checkpoint(cfg, out)
+    resume = resume_point(cfg, out, verify=False)
+    check_run_dir(cfg, out, resume, notes)
     if resume is not None:
         check_resume_config(cfg, resume)  # its report is the run's to print
     _writable(out, "experiment.output_dir")

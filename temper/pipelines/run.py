@@ -31,11 +31,12 @@ from temper.pipelines.checkpointing import (
     checkpoint_root,
     checkpoint_step,
     final_problem,
-    find_resume_checkpoint,
     restore,
     write_final,
 )
 from temper.pipelines.producer import Pipeline, Producer, ProducerContext
+from temper.pipelines.run_dir import claim_run_dir
+from temper.pipelines.run_lock import RunLock
 from temper.pipelines.shaping import ShapingSettings, ShapingState
 from temper.roles import Roles
 from temper.roles.base import RoleEngine, TrainedRole
@@ -111,6 +112,9 @@ class Run:
     checkpointer: Checkpointer
     progress: Progress
     resumed_from: Path | None = None
+    lock: RunLock | None = None  # the output directory's, released by close()
+    #: when the last checkpoint was written (or the run built): the recovery cadence's clock
+    last_save: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
     def step(self) -> int:
@@ -167,15 +171,33 @@ class Run:
         return result.metrics
 
     def should_save(self, stopping: bool) -> bool:
-        """Checkpoint now? Every ``save_freq`` steps, at the last step, and on a signal."""
+        """Checkpoint now? Every ``save_freq`` steps, at the last step, on a signal, and
+        once ``save_every_minutes`` passed since the last checkpoint."""
+        return self._kept_save_due() or stopping or self._recovery_due()
+
+    def _kept_save_due(self) -> bool:
+        """A checkpoint the retention keeps: every ``save_freq`` steps and the last step."""
         freq = self.cfg.experiment.save_freq
-        periodic = freq > 0 and self.step % freq == 0
-        return periodic or stopping or self.step >= self.total_steps
+        return (freq > 0 and self.step % freq == 0) or self.step >= self.total_steps
+
+    def _recovery_due(self) -> bool:
+        minutes = self.cfg.experiment.save_every_minutes
+        return bool(minutes) and time.monotonic() - self.last_save >= 60 * float(minutes or 0)
 
     def save_checkpoint(self) -> Path:
-        """An atomic, resumable checkpoint of this step (see pipelines.checkpointing)."""
-        path = self.checkpointer.save(self.step)
-        print(f"checkpoint: {path} ({self.checkpointer.last_save_s:.1f}s)", flush=True)
+        """An atomic, resumable checkpoint of this step (see pipelines.checkpointing).
+
+        One that ``save_freq`` or the last step did not ask for (time-based, or on a
+        signal) is a recovery checkpoint: the next checkpoint replaces it, so the
+        directory ends with the checkpoints ``save_freq`` and retention say. Saving reads
+        the run's state and changes none of it: where the clock puts a save does not
+        change the run's numbers.
+        """
+        recovery = not self._kept_save_due()
+        path = self.checkpointer.save(self.step, recovery=recovery)
+        self.last_save = time.monotonic()
+        note = ", recovery: the next checkpoint replaces it" if recovery else ""
+        print(f"checkpoint: {path} ({self.checkpointer.last_save_s:.1f}s{note})", flush=True)
         return path
 
     def save_final(self, repair: bool = False) -> None:
@@ -225,10 +247,14 @@ class Run:
         )
 
     def close(self) -> None:
-        self.producer.close()
-        self.rollout.close()
-        self.tracker.close()
-        self.roles.shutdown()
+        try:
+            self.producer.close()
+            self.rollout.close()
+            self.tracker.close()
+            self.roles.shutdown()
+        finally:
+            if self.lock is not None:  # last: the directory is the next run's once closed
+                self.lock.release()
 
 
 def val_summary(
@@ -264,16 +290,26 @@ def val_summary(
 
 
 def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
-    """Load models, engine, the producer and trackers for ``cfg`` (validated, ``plan``
-    its plan), then resume per ``experiment.resume_mode``."""
+    """Lock the run's directory and decide where the run starts (before anything is
+    written there: :func:`~temper.pipelines.run_dir.claim_run_dir`), then load models,
+    engine, the producer and trackers for ``cfg`` (validated, ``plan`` its plan) and
+    resume per ``experiment.resume_mode``. The run holds the lock until ``close``."""
     seed_everything(cfg.experiment.seed)
     out = output_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    damaged: list[str] = []  # before any model loads: a bad resume fails fast
-    resume_from = find_resume_checkpoint(cfg, out, verify=True, warnings=damaged)
-    for line in damaged:
-        print(line, file=sys.stderr, flush=True)
-    if resume_from is not None:
+    lock, resume_from = claim_run_dir(cfg, out)
+    try:
+        run = _build_run(cfg, pipeline, plan, out, resume_from)
+    except BaseException:
+        lock.release()
+        raise
+    run.lock = lock
+    return run
+
+
+def _build_run(
+    cfg: TemperConfig, pipeline: Pipeline, plan: Derived, out: Path, resume_from: Path | None
+) -> Run:
+    if resume_from is not None:  # before any model loads: a bad resume fails fast
         for line in check_resume_config(cfg, resume_from):
             print(line, flush=True)
     tokenizer = load_tokenizer(cfg)

@@ -131,21 +131,34 @@ def _duration(seconds: float) -> str:
 class JsonlTracker:
     """Appends ``{"step": n, **metrics}`` to ``<output_dir>/metrics.jsonl``.
 
-    Rows of steps ≥ ``start_step`` already in the file are dropped on open: a fresh run
-    (start 0) starts an empty record, and a run resumed after step k keeps rows ≤ k once.
+    Rows of steps ≥ ``start_step`` already in the file are dropped on open, and said so:
+    a run resumed after step k keeps rows ≤ k once (the steps after its checkpoint are
+    logged again). A fresh run (start 0) finds no file: the run directory refuses a
+    start over a previous run's record (``temper.pipelines.run_dir``).
     """
 
     def __init__(self, output_dir: str | Path, start_step: int = 0) -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
+        kept: list[str] = []
+        dropped: list[int] = []  # their steps
         if self.path.is_file():
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
-                    if json.loads(line).get("step", 0) < start_step:
-                        kept.append(line)
+                    step = json.loads(line).get("step", 0)
                 except json.JSONDecodeError:
                     continue  # a line cut by a crash mid-write
+                if step < start_step:
+                    kept.append(line)
+                else:
+                    dropped.append(step)
+        if dropped:
+            print(
+                f"{self.path}: dropped {len(dropped)} rows of steps {min(dropped)}–"
+                f"{max(dropped)} (logged after the checkpoint this run starts from; they "
+                "are logged again)",
+                flush=True,
+            )
         self.path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
         self.file = self.path.open("a", encoding="utf-8")
 

@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 
 from temper.checkpoint import checkpoint_problem
 from temper.cli.main import main
+from temper.pipelines.run_lock import LOCK_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -189,16 +190,18 @@ def test_every_checkpoint_damaged_is_one_line_exit_2_and_nothing_is_replaced(
     ckpts = out / "checkpoints"
     _flip_byte(ckpts / "global_step_4" / "actor_train" / "engine" / "state.pt")
     _flip_byte(ckpts / "global_step_2" / "trainer_state.pt")
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    before = _files(out)
     assert _train(config, out) == 2
     captured = capsys.readouterr()
     assert _said(captured.err) == [
-        f"config error: experiment.output_dir: no checkpoint under {ckpts} is usable "
-        "(global_step_4: actor_train/engine/state.pt: checksum mismatch; global_step_2: "
-        f"trainer_state.pt: checksum mismatch). Fix: restore one from a copy, or move them "
-        f"out of {ckpts} to start over, or use another output_dir"
+        f"config error: experiment.output_dir: {out} holds a previous run (2 checkpoints "
+        "(global_step_2, global_step_4; none valid), metrics.jsonl with steps 1–4); none of "
+        "its checkpoints is valid (global_step_4: actor_train/engine/state.pt: checksum "
+        "mismatch; global_step_2: trainer_state.pt: checksum mismatch), so this start would "
+        "begin again at step 0 over it. Fix: choose another experiment.output_dir, or start "
+        f"over with experiment.overwrite=true (moves it to {out}.old-<time>)"
     ]
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert _files(out) == before
 
 
 def test_resuming_a_named_damaged_checkpoint_is_one_line_naming_the_file(
@@ -219,6 +222,12 @@ def test_resuming_a_named_damaged_checkpoint_is_one_line_naming_the_file(
     _assert_loadable(out / "checkpoints" / "global_step_2")
 
 
+def _files(root: Path) -> dict[Path, bytes]:
+    """Every file under ``root`` and its bytes, the run lock (metadata of who holds the
+    directory, rewritten by each start) excepted."""
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != LOCK_NAME}
+
+
 def test_check_refuses_when_every_checkpoint_is_truncated(trained, cache, tmp_path, capsys):
     """The pre-flight checks sizes (cheap); train also checks sums (see above)."""
     config, reference = trained
@@ -228,7 +237,7 @@ def test_check_refuses_when_every_checkpoint_is_truncated(trained, cache, tmp_pa
         weights.write_bytes(weights.read_bytes()[:100])
     assert main(["check", str(config), f"experiment.output_dir={out}"]) == 2
     err = _said(capsys.readouterr().err)
-    assert len(err) == 1 and err[0].startswith("config error: experiment.output_dir: no ")
+    assert len(err) == 1 and err[0].startswith(f"config error: experiment.output_dir: {out} ")
     assert "global_step_4: actor/model.safetensors: 100 bytes, the manifest says" in err[0]
 
 

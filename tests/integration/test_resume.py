@@ -230,6 +230,29 @@ def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo,
     _assert_same_run(full, out)
 
 
+def test_sigkill_with_time_based_saves_only_resumes_bit_identically(runs, capsys):
+    """No save_freq (its default), a recovery checkpoint whenever save_every_minutes
+    passed — here every step: a SIGKILL after step 3 loses nothing before it, the
+    resumed run equals the uninterrupted one (where the clock puts a save changes no
+    number), and the recovery checkpoints are gone once the last step's is written."""
+    tmp, made = runs
+    cfg, full = made["grpo"]
+    exp = {**cfg["experiment"], "save_freq": -1, "save_every_minutes": 1e-9}
+    cfg = {**cfg, "experiment": exp}
+    out = tmp / "grpo-clock"
+    proc = _start(cfg, out, tmp)
+    marker = out / "checkpoints" / "global_step_3" / "manifest.json"
+    _wait_for(marker.is_file, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert "recovery: the next checkpoint replaces it" in (tmp / f"{out.name}.log").read_text()
+    summary = _train(cfg, out)
+    assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
+    assert summary["steps"] == STEPS
+    _assert_same_run(full, out)
+    assert [p.name for p in (out / "checkpoints").glob("global_step_*")] == [f"global_step_{STEPS}"]
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_sigterm_mid_step_saves_exits_143_and_resumes_identically(runs, algo):
     tmp, made = runs

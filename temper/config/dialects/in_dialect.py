@@ -62,6 +62,11 @@ PHRASES: dict[str, dict[str, str]] = {
         "verl": "trainer.n_gpus_per_node",
         "roll": "num_gpus_per_node",
     },
+    # neither framework has the key: temper's flag sets it for a file of any dialect
+    "experiment.overwrite": {
+        "verl": "the --overwrite flag of temper train",
+        "roll": "the --overwrite flag of temper train",
+    },
 }
 
 
@@ -100,6 +105,7 @@ def native_keys() -> frozenset[str]:
 #: is written with the dialect's value.
 VALUES: dict[str, dict[str, dict[str, str]]] = {
     "rollout.engine": {"roll": {"hf": "hf_infer"}},
+    "experiment.resume_mode": {"roll": {"auto": "true", "disable": "false"}},
     **{
         f"{role}.strategy": {"roll": SPELLING["roll"], "verl": SPELLING["verl"]}
         for role in ("actor", "critic")

@@ -291,6 +291,9 @@ def algorithm(ctx: Ctx) -> None:
         else:
             mode = "auto" if resume else "disable"
             ctx.set("experiment.resume_mode", mode, "resume_from_checkpoint")
+    # ROLL saves every save_steps and nothing else: temper's time-based recovery
+    # checkpoints (native configs only) stay off, so a ROLL file saves as it does there
+    ctx.set("experiment.save_every_minutes", None, "save_steps")
 
 
 def data(ctx: Ctx) -> None:

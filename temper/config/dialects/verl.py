@@ -341,6 +341,11 @@ class _Translator:
         if self.writes.get("reward.custom_function.path", (None,))[0]:
             self.key = self.prefix + "custom_reward_function.path"
             self._write("reward.function", "custom")
+        # verl saves every trainer.save_freq steps and nothing else: temper's time-based
+        # recovery checkpoints (native configs only) stay off, so a verl file saves as
+        # it does there
+        self.key = self.prefix + "trainer.save_freq"
+        self._write("experiment.save_every_minutes", None)
         nnodes = self.writes.get("resources.nnodes", (1,))[0]
         per_node = self.writes.get("resources.devices_per_node", (1,))[0]
         self.key = self.prefix + "trainer.n_gpus_per_node"
