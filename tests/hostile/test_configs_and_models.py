@@ -103,3 +103,76 @@ def test_verl_mini_batch_fix_counts_prompts(overrides, start, fix, capsys, no_ru
     assert fix in msg, msg
     assert "prompts × rollout.n 2)" in msg
     assert "≤ 32" not in msg and "divisor of 32" not in msg
+
+
+# --------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize(
+    ("overrides", "start"),
+    [
+        (
+            ["experiment.trackers=[console,mlflow]"],
+            "experiment.trackers: unknown value 'mlflow'. Fix: use one of: console, jsonl, "
+            "tensorboard, wandb",
+        ),
+        (["actor.optim.lr=nan"], "actor.optim.lr: must be a finite number, got nan. Fix: "),
+        (["actor.optim.lr=inf"], "actor.optim.lr: must be a finite number, got inf"),
+        (["critic.optim.eps=-inf"], "critic.optim.eps: must be a finite number, got -inf"),
+        (["actor.entropy_coeff=nan"], "actor.entropy_coeff: must be a finite number"),
+        (["algorithm.kl_ctrl.kl_coef=inf"], "algorithm.kl_ctrl.kl_coef: must be a finite"),
+        (["reward.failure_score=nan"], "reward.failure_score: must be a finite number"),
+        (["actor.optim.betas=[0.9]"], "actor.optim.betas: Adam takes two betas"),
+        (["actor.optim.betas=[0.9,1.0]"], "actor.optim.betas: Adam takes two betas"),
+        (["actor.optim.betas=[0.9,0.99,0.999]"], "actor.optim.betas: Adam takes two betas"),
+        (["actor.optim.weight_decay=-0.1"], "actor.optim.weight_decay: must be ≥ 0"),
+        (["experiment.seed=-1"], "experiment.seed: -1 is not a seed numpy takes"),
+        (["experiment.seed=4294967296"], "experiment.seed: 4294967296 is not a seed"),
+    ],
+)
+def test_values_that_would_crash_train_are_refused_at_load(
+    tmp_path, tiny_model_dir, overrides, start, capsys, no_run
+):
+    msg = refused([str(native(tmp_path, tiny_model_dir)), *overrides], capsys)
+    assert msg.startswith(start), msg
+    assert "Fix: " in msg
+
+
+def test_unknown_tracker_in_verl_terms(capsys, no_run):
+    """A verl file cannot name temper's trackers; its logger list is checked by its own
+    table, in its own key."""
+    msg = refused([VERL, "trainer.logger=[console,mlflow]"], capsys)
+    assert msg.startswith("trainer.logger: logger 'mlflow' is not supported")
+
+
+def test_nan_lr_in_verl_terms(capsys, no_run):
+    msg = refused([VERL, "actor_rollout_ref.actor.optim.lr=nan"], capsys)
+    assert msg.startswith(
+        "actor_rollout_ref.actor.optim.lr (temper: actor.optim.lr): must be a finite number"
+    )
+
+
+# --------------------------------------------------------------------------- config files
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"model:\n  path: caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 18)"),  # Latin-1
+        (bytes(range(256)) * 4, "not UTF-8 text (byte 0x80 at offset 128)"),  # binary
+        (b"\x00\x01\x02model: x\n", "not valid YAML"),  # UTF-8, but no text
+    ],
+)
+def test_a_config_file_that_is_not_text(tmp_path, content, reason, capsys, no_run):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(content)
+    msg = refused([str(path)], capsys)
+    assert msg.startswith(f"{path}: {reason}"), msg
+
+
+def test_a_defaults_file_that_is_not_text(tmp_path, tiny_model_dir, capsys, no_run):
+    (tmp_path / "base.yaml").write_bytes(b"data:\n  prompt_key: caf\xe9\n")
+    top = tmp_path / "top.yaml"
+    top.write_text(f"defaults:\n  - base\n  - _self_\nmodel:\n  path: {tiny_model_dir}\n")
+    msg = refused([str(top)], capsys)
+    assert msg.startswith(f"{tmp_path / 'base.yaml'}: not UTF-8 text"), msg
