@@ -5,6 +5,10 @@ never a traceback, and never "valid" from ``check`` followed by a crash in ``tra
 
 from __future__ import annotations
 
+import json
+import random
+import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -42,10 +46,10 @@ def refused(args: list[str], capsys) -> str:
     return messages[0].removeprefix("config error: ")
 
 
-def native(tmp_path: Path, model: Path | str, **sections) -> Path:
-    """A small native RLVR config on ``model`` (sections update its defaults)."""
+def native(tmp_path: Path, model_dir: Path | str, **sections) -> Path:
+    """A small native RLVR config on ``model_dir`` (sections update its defaults)."""
     data: dict = {
-        "model": {"path": str(model)},
+        "model": {"path": str(model_dir)},
         "data": {"train_files": [TASK], "train_batch_size": 4, "max_prompt_length": 96},
         "rollout": {"n": 2, "response_length": 8},
         "experiment": {"output_dir": str(tmp_path / "out"), "max_steps": 1},
@@ -176,3 +180,222 @@ def test_a_defaults_file_that_is_not_text(tmp_path, tiny_model_dir, capsys, no_r
     top.write_text(f"defaults:\n  - base\n  - _self_\nmodel:\n  path: {tiny_model_dir}\n")
     msg = refused([str(top)], capsys)
     assert msg.startswith(f"{tmp_path / 'base.yaml'}: not UTF-8 text"), msg
+
+
+# --------------------------------------------------------------------------- model dirs
+
+
+def model_copy(tmp_path: Path, tiny: Path, name: str = "model", **config) -> Path:
+    """A copy of the tiny model whose config.json is updated with ``config``."""
+    out = tmp_path / name
+    shutil.copytree(tiny, out)
+    data = json.loads((out / "config.json").read_text())
+    data.update(config)
+    (out / "config.json").write_text(json.dumps(data))
+    return out
+
+
+def shard(model: Path) -> Path:
+    """Turn ``model``'s one safetensors file into a one-shard checkpoint with an index."""
+    from safetensors import safe_open
+
+    (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
+    with safe_open(str(model / "model-00001-of-00001.safetensors"), "pt") as f:
+        names = list(f.keys())
+    index = {"weight_map": {n: "model-00001-of-00001.safetensors" for n in names}}
+    path = model / "model.safetensors.index.json"
+    path.write_text(json.dumps(index))
+    return path
+
+
+def _no_weights(model: Path) -> None:
+    (model / "model.safetensors").unlink()
+
+
+def _truncated(model: Path) -> None:
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+
+
+def _garbage(model: Path) -> None:
+    weights = model / "model.safetensors"
+    weights.write_bytes(bytes(random.Random(0).getrandbits(8) for _ in range(4096)))
+
+
+def _bad_header(model: Path) -> None:
+    weights = model / "model.safetensors"
+    weights.write_bytes(struct.pack("<Q", 5) + b"{oops" + b"\0" * 64)
+
+
+def _empty_bin(model: Path) -> None:
+    _no_weights(model)
+    (model / "pytorch_model.bin").write_bytes(b"")
+
+
+def _shard_missing(model: Path) -> None:
+    shard(model)
+    (model / "model-00001-of-00001.safetensors").unlink()
+
+
+def _tensor_missing(model: Path) -> None:
+    index = shard(model)
+    data = json.loads(index.read_text())
+    data["weight_map"]["lm_head.extra"] = "model-00001-of-00001.safetensors"
+    index.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (_no_weights, "{model} holds no weights: none of model.safetensors, "),
+        (_truncated, "{model}/model.safetensors is not a valid safetensors file: its tensors "),
+        (_garbage, "{model}/model.safetensors is not a valid safetensors file: its header "),
+        (_bad_header, "{model}/model.safetensors is not a valid safetensors file: its header is"),
+        (_empty_bin, "{model}/pytorch_model.bin is empty"),
+        (_shard_missing, "model.safetensors.index.json names model-00001-of-00001.safetensors"),
+        (_tensor_missing, "model.safetensors.index.json places 1 tensor(s) in model-00001-of-"),
+    ],
+)
+def test_weights_that_would_not_load(tmp_path, tiny_model_dir, damage, reason, capsys, no_run):
+    model = model_copy(tmp_path, tiny_model_dir)
+    damage(model)
+    msg = refused([str(native(tmp_path, model))], capsys)
+    assert msg.startswith("model.path: " + reason.format(model=model)), msg
+    assert "Fix: re-save or re-download the model" in msg or "Fix: point it at" in msg
+
+
+def test_unknown_architecture(tmp_path, tiny_model_dir, capsys, no_run):
+    model = model_copy(tmp_path, tiny_model_dir, model_type="llama_unheard_of")
+    msg = refused([str(native(tmp_path, model))], capsys)
+    assert msg.startswith("model.path: config.json names model_type 'llama_unheard_of', which ")
+    assert "does not know. Fix: " in msg and "model.external_lib" in msg
+
+
+def test_remote_code_needs_trust_and_its_files(tmp_path, tiny_model_dir, capsys, no_run):
+    auto_map = {"AutoConfig": "configuration_mine.MineConfig"}
+    model = model_copy(tmp_path, tiny_model_dir, model_type="mine", auto_map=auto_map)
+    msg = refused([str(native(tmp_path, model))], capsys)
+    assert "ships its own code (auto_map)" in msg
+    assert msg.endswith("Fix: set model.trust_remote_code=true if you trust that code")
+    path = native(tmp_path, model, model={"path": str(model), "trust_remote_code": True})
+    msg = refused([str(path)], capsys)
+    assert msg.startswith(
+        f"model.path: config.json's auto_map names configuration_mine.MineConfig, but {model} "
+        "holds no configuration_mine.py"
+    )
+
+
+def test_tokenizer_larger_than_the_vocabulary(tmp_path, tiny_model_dir, capsys, no_run):
+    model = model_copy(tmp_path, tiny_model_dir, vocab_size=200)
+    msg = refused([str(native(tmp_path, model))], capsys)
+    assert msg.startswith(
+        "model.path: the tokenizer (model.path) has 260 tokens but config.json's vocab_size "
+        "is 200: ids from 200 on have no embedding"
+    )
+
+
+def test_a_broken_tokenizer(tmp_path, tiny_model_dir, capsys, no_run):
+    model = model_copy(tmp_path, tiny_model_dir)
+    (model / "tokenizer.json").write_text("{not json")
+    msg = refused([str(native(tmp_path, model))], capsys)
+    assert msg.startswith(f"model.path: the tokenizer in {model} cannot be loaded: ")
+
+
+def test_critic_reward_model_and_judge_are_checked_too(tmp_path, tiny_model_dir, capsys, no_run):
+    bad = model_copy(tmp_path, tiny_model_dir, "bad")
+    _truncated(bad)
+    critic = native(tmp_path, tiny_model_dir, algorithm={"adv_estimator": "gae"})
+    data = yaml.safe_load(critic.read_text())
+    data["critic"] = {"model_path": str(bad)}
+    critic.write_text(yaml.safe_dump(data))
+    assert refused([str(critic)], capsys).startswith(f"critic.model_path: {bad}/model.safetensors")
+
+    rm = model_copy(
+        tmp_path, tiny_model_dir, "rm", architectures=["LlamaForSequenceClassification"]
+    )
+    _truncated(rm)
+    path = native(tmp_path, tiny_model_dir, reward={"model": {"enable": True, "path": str(rm)}})
+    assert refused([str(path)], capsys).startswith(f"reward.model.path: {rm}/model.safetensors")
+
+    judge = {"function": "llm_judge", "judge": {"model_path": str(bad)}}
+    path = native(tmp_path, tiny_model_dir, reward=judge)
+    assert refused([str(path)], capsys).startswith(
+        f"reward.judge.model_path: {bad}/model.safetensors"
+    )
+
+
+def test_a_judge_hub_id_not_on_this_machine(tmp_path, tiny_model_dir, capsys, no_run, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    judge = {"function": "llm_judge", "judge": {"model_path": "no-such-org/no-such-judge"}}
+    msg = refused([str(native(tmp_path, tiny_model_dir, reward=judge))], capsys)
+    assert msg.startswith(
+        "reward.judge.model_path: 'no-such-org/no-such-judge' is not a local directory and not "
+        "in the Hugging Face cache"
+    )
+
+
+def test_a_bogus_attention_kernel(tmp_path, tiny_model_dir, capsys, no_run):
+    path = native(tmp_path, tiny_model_dir, model={"attn_implementation": "flash_attn_9"})
+    msg = refused([str(path)], capsys)
+    assert msg.startswith("model.attn_implementation: unknown value 'flash_attn_9'")
+    assert "Fix: use one of: auto, eager, " in msg and "sdpa" in msg
+
+
+# --------------------------------------------------------------------------- context
+
+
+@pytest.mark.parametrize(
+    ("sections", "reason", "fix"),
+    [
+        (
+            {"data": {"max_prompt_length": 1000}, "rollout": {"response_length": 100}},
+            "a prompt and its response may reach 1100 tokens (data.max_prompt_length + "
+            "rollout.response_length), more than the model's context of 1024",
+            "lower data.max_prompt_length and rollout.response_length to fit 1024 tokens",
+        ),
+        (
+            {"rollout": {"max_model_len": 4096}},
+            "a sequence may reach 4096 tokens (rollout.max_model_len)",
+            "lower rollout.max_model_len to fit 1024 tokens",
+        ),
+        (
+            {"rollout": {"max_model_len": 2048, "multi_turn": {"enable": True}}},
+            "an episode may reach 2048 tokens (rollout.max_model_len)",
+            "lower rollout.max_model_len to fit 1024 tokens",
+        ),
+    ],
+)
+def test_sequences_past_the_model_context(
+    tmp_path, tiny_model_dir, sections, reason, fix, capsys, no_run
+):
+    msg = refused([str(native(tmp_path, tiny_model_dir, **sections))], capsys)
+    assert msg.startswith(f"model.path: {reason}"), msg
+    assert f"Fix: {fix}" in msg
+
+
+def test_rope_scaling_extends_the_context(tmp_path, tiny_model_dir, capsys):
+    """A linear RoPE factor of 2 doubles the tiny model's 1024 positions; yarn scales its
+    original length; llama3's states the extended length already."""
+    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    model = model_copy(tmp_path, tiny_model_dir, rope_parameters=rope)
+    long = {"data": {"max_prompt_length": 1500}, "rollout": {"response_length": 500}}
+    assert main(["check", str(native(tmp_path, model, **long))]) == 0
+    capsys.readouterr()
+
+    from temper.pipelines.model_files import context_length
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert context_length({"max_position_embeddings": 32768, "rope_scaling": yarn}) == 131072
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    assert context_length({"max_position_embeddings": 131072, "rope_scaling": llama3}) == 131072
+    assert context_length({"text_config": {"max_position_embeddings": 4096}}) == 4096
+    assert context_length({"n_positions": 1024, "max_position_embeddings": 2048}) == 1024
+    assert context_length({"hidden_size": 8}) is None
+
+
+def test_the_agentic_episode_limit_is_max_model_len(tmp_path, tiny_model_dir, capsys, no_run):
+    sokoban = EXAMPLES / "agentic_sokoban.yaml"
+    msg = refused(
+        [str(sokoban), f"model.path={tiny_model_dir}", "rollout.max_model_len=5000"], capsys
+    )
+    assert msg.startswith("model.path: an episode may reach 5000 tokens (rollout.max_model_len)")
