@@ -399,3 +399,34 @@ def test_the_agentic_episode_limit_is_max_model_len(tmp_path, tiny_model_dir, ca
         [str(sokoban), f"model.path={tiny_model_dir}", "rollout.max_model_len=5000"], capsys
     )
     assert msg.startswith("model.path: an episode may reach 5000 tokens (rollout.max_model_len)")
+
+
+# --------------------------------------------------------------------------- a run
+
+
+@pytest.mark.slow
+def test_a_reward_no_float_holds_trains_with_a_recorded_failure(tmp_path, tiny_model_dir, capsys):
+    """A reward returning 10**400 (no float holds it) on half the samples: the step
+    trains, those samples score failure_score with a recorded failure — no traceback."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + 1 = ?"}) + "\n" for i in range(8)))
+    fn = tmp_path / "huge_reward.py"
+    fn.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    compute_score.calls = getattr(compute_score, 'calls', 0) + 1\n"
+        "    return 10**400 if compute_score.calls % 2 else 1.0\n"
+    )
+    path = native(
+        tmp_path,
+        tiny_model_dir,
+        data={"train_files": [str(data)], "train_batch_size": 2, "max_prompt_length": 64},
+        rollout={"n": 2, "response_length": 6},
+        actor={"mini_batch_size": 4, "micro_batch_size_per_device": 4},
+        reward={"num_workers": 1, "custom_function": {"path": str(fn)}},
+        experiment={"output_dir": str(tmp_path / "run"), "max_steps": 1, "trackers": ["jsonl"]},
+    )
+    assert main(["train", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    (row,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 1 and row["train/reward_failures"] == 2.0
