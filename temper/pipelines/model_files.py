@@ -303,14 +303,15 @@ def context_length(config: Mapping[str, Any]) -> int | None:
 def check_context(
     config: Mapping[str, Any], key: str, need: int, keys: tuple[str, ...], what: str
 ) -> None:
-    """``need`` tokens (``what``: the sum of ``keys``) fit the model's context."""
+    """``need`` tokens (``what``, the sum of ``keys``, named in the fix: a reason is not
+    translated into the user's dialect, a fix is) fit the model's context."""
     limit = context_length(config)
     if limit is None or need <= limit:
         return
     raise ConfigError(
         key,
-        f"{what} may reach {need} tokens ({' + '.join(keys)}), more than the model's "
-        f"context of {limit} (config.json's max_position_embeddings, with any rope scaling)",
+        f"{what} may reach {need} tokens, more than the model's context of {limit} "
+        "(config.json's max_position_embeddings, with any rope scaling)",
         f"lower {' and '.join(keys)} to fit {limit} tokens, or use a model with a longer context",
     )
 

@@ -349,18 +349,18 @@ def test_a_bogus_attention_kernel(tmp_path, tiny_model_dir, capsys, no_run):
     [
         (
             {"data": {"max_prompt_length": 1000}, "rollout": {"response_length": 100}},
-            "a prompt and its response may reach 1100 tokens (data.max_prompt_length + "
-            "rollout.response_length), more than the model's context of 1024",
+            "a prompt and its response may reach 1100 tokens, more than the model's context "
+            "of 1024",
             "lower data.max_prompt_length and rollout.response_length to fit 1024 tokens",
         ),
         (
             {"rollout": {"max_model_len": 4096}},
-            "a sequence may reach 4096 tokens (rollout.max_model_len)",
+            "a sequence may reach 4096 tokens, more than the model's context of 1024",
             "lower rollout.max_model_len to fit 1024 tokens",
         ),
         (
             {"rollout": {"max_model_len": 2048, "multi_turn": {"enable": True}}},
-            "an episode may reach 2048 tokens (rollout.max_model_len)",
+            "an episode may reach 2048 tokens, more than the model's context of 1024",
             "lower rollout.max_model_len to fit 1024 tokens",
         ),
     ],
@@ -398,7 +398,21 @@ def test_the_agentic_episode_limit_is_max_model_len(tmp_path, tiny_model_dir, ca
     msg = refused(
         [str(sokoban), f"model.path={tiny_model_dir}", "rollout.max_model_len=5000"], capsys
     )
-    assert msg.startswith("model.path: an episode may reach 5000 tokens (rollout.max_model_len)")
+    assert msg.startswith("model.path: an episode may reach 5000 tokens, more than the model's")
+    assert "Fix: lower rollout.max_model_len to fit 1024 tokens" in msg
+
+
+def test_context_fix_in_verl_terms(tiny_model_dir, capsys, no_run):
+    paths = [
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"critic.model.path={tiny_model_dir}",
+    ]
+    msg = refused([VERL, *paths, "data.max_prompt_length=1000"], capsys)
+    assert msg.startswith(
+        "actor_rollout_ref.model.path (temper: model.path): a prompt and its response may "
+        "reach 1256 tokens, more than the model's context of 1024"
+    )
+    assert "Fix: lower data.max_prompt_length and data.max_response_length to fit 1024" in msg
 
 
 # --------------------------------------------------------------------------- a run
