@@ -26,7 +26,7 @@ from temper.config.derive import (
     uses_reference,
 )
 from temper.config.errors import ConfigError, unknown_name
-from temper.config.schema import TemperConfig
+from temper.config.schema import OptimConfig, TemperConfig
 
 
 def validate(cfg: TemperConfig, catalog: Catalog) -> Derived:
@@ -82,7 +82,7 @@ def check_finite(cfg: Any, prefix: str = "") -> None:
     ranges, timeouts, scores, weights, …) is a finite number: no key gives NaN or an
     infinity a meaning (each has its own off switch), and one in an optimizer or a loss
     turns the first step's weights or rewards into NaN."""
-    cls: Any = type(cfg)
+    cls: Any = type(cfg)  # functools.cache wants a hashable; a class is one
     floats = _float_fields(cls)
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
@@ -109,7 +109,7 @@ def _finite(key: str, value: Any) -> None:
         )
 
 
-def _check_optim(key: str, optim: Any) -> None:
+def _check_optim(key: str, optim: OptimConfig) -> None:
     """What AdamW refuses when it is built, refused at load instead."""
     _positive(f"{key}.lr", optim.lr, allow_zero=True)
     _positive(f"{key}.eps", optim.eps, allow_zero=True)
