@@ -99,9 +99,7 @@ def test_vllm_refusing_to_start_is_one_line_naming_the_option(tmp_path, monkeypa
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # head size 32 for vLLM CPU; positions for 100k tokens (a context the model lacks is
     # the pre-flight's refusal, before vLLM starts)
-    model = make_tiny_model(
-        tmp_path / "tiny-32", hidden_size=128, max_position_embeddings=131_072
-    )
+    model = make_tiny_model(tmp_path / "tiny-32", hidden_size=128, max_position_embeddings=131_072)
     rollout = {
         "engine": "vllm",
         "max_model_len": 100_000,  # a KV cache of 1 MiB holds ~1000 of its tokens
