@@ -49,7 +49,7 @@ class LoadedConfig:
     def in_dialect(self, err: ConfigError) -> ConfigError:
         from temper.config.dialects.in_dialect import in_dialect
 
-        return in_dialect(err, self.dialect, self.sources, self.table)
+        return in_dialect(err, self.dialect, self.sources, self.table, self.config)
 
 
 def load_config(
@@ -74,12 +74,13 @@ def load_config(
     if not raw.data:
         raise ConfigError(str(path), "the config is empty", "write a native, verl or ROLL config")
     name, translation = translate(raw, dialect, catalog)
+    cfg: TemperConfig | None = None
     try:
         cfg = from_dict(TemperConfig, translation.native)
         plan = validate(cfg, catalog)
         catalog.check(cfg, plan)
     except ConfigError as err:  # told in the file's own keys
-        raise in_dialect(err, name, translation.sources, translation.table) from err
+        raise in_dialect(err, name, translation.sources, translation.table, cfg) from err
     return LoadedConfig(
         config=cfg,
         plan=plan,

@@ -30,7 +30,7 @@ from temper.config.catalog import (
     VALUES,
     Catalog,
 )
-from temper.config.errors import ConfigError
+from temper.config.errors import BOUND, Bound, ConfigError, nearest_divisor
 from temper.config.plan import Derived, StepShape, TrainArithmetic
 from temper.config.schema import TemperConfig, TrainEngineConfig
 
@@ -103,7 +103,10 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog
 def train_arithmetic(
     engine: TrainEngineConfig, key: str, role: str, devices: int, samples: int, catalog: Catalog
 ) -> TrainArithmetic:
-    """Mini/micro-batch arithmetic of one trained role; errors name the key and fix."""
+    """Mini/micro-batch arithmetic of one trained role; errors name the key and fix.
+
+    A mini-batch fix carries its numbers (:class:`~temper.config.errors.Bound`, in
+    samples): a dialect that counts the key otherwise restates them in its units."""
     dp = _dp_size(engine, devices, key, catalog)
     mini = engine.mini_batch_size if engine.mini_batch_size is not None else samples
     if mini <= 0:
@@ -113,19 +116,22 @@ def train_arithmetic(
             f"{key}.mini_batch_size",
             f"{mini} samples per mini-batch exceed the {samples} samples of a step "
             f"(train_batch_size × n)",
-            f"set {key}.mini_batch_size ≤ {samples} or raise data.train_batch_size",
+            f"set {key}.mini_batch_size {BOUND} or raise data.train_batch_size",
+            bound=Bound("at_most", samples, mini),
         )
     if samples % mini:
         raise ConfigError(
             f"{key}.mini_batch_size",
             f"{samples} samples per step (train_batch_size × n) are not divisible by {mini}",
-            f"use a divisor of {samples}, e.g. {_nearest_divisor(samples, mini)}",
+            f"set {key}.mini_batch_size to {BOUND}",
+            bound=Bound("divisor_of", samples, mini),
         )
     if mini % dp:
         raise ConfigError(
             f"{key}.mini_batch_size",
             f"{mini} samples cannot be split evenly over {dp} data-parallel ranks",
-            f"use a multiple of {dp}",
+            f"set {key}.mini_batch_size to {BOUND}",
+            bound=Bound("multiple_of", dp, mini),
         )
     per_rank = mini // dp
     micro: int | None = None
@@ -141,16 +147,11 @@ def train_arithmetic(
                 f"{key}.micro_batch_size_per_device",
                 f"the {per_rank} samples each rank gets per mini-batch are not divisible "
                 f"by {micro}",
-                f"use a divisor of {per_rank}, e.g. {_nearest_divisor(per_rank, micro)}",
+                f"use a divisor of {per_rank}, e.g. {nearest_divisor(per_rank, micro)}",
             )
         accum = per_rank // micro
     steps = engine.ppo_epochs * (samples // mini)
     return TrainArithmetic(role, devices, dp, mini, per_rank, micro, accum, steps)
-
-
-def _nearest_divisor(n: int, near: int) -> int:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return min(divisors, key=lambda d: (abs(d - near), d))
 
 
 def prompt_groups(cfg: TemperConfig) -> StepShape:

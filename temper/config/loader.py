@@ -293,6 +293,8 @@ def _compose(path: Path, own: dict[str, Any], group_overrides: list[str]) -> Dic
         blob = _compose_cached(config_dir, name, tuple(group_overrides), stamp)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:
         raise _composition_error(path, err) from err
+    except UnicodeDecodeError as err:  # a file of its defaults list (its own was read)
+        raise _not_text(_file_being_read(err) or f"{path}: defaults", err) from err
     cfg = pickle.loads(blob)
     assert isinstance(cfg, DictConfig)
     return cfg
@@ -364,7 +366,41 @@ def _memoize_interpolation_parsing() -> None:
 
 @functools.lru_cache(maxsize=64)
 def _read_own(path: Path, _mtime: int) -> Any:
-    return parse_yaml_text(path.read_text(encoding="utf-8"), str(path))
+    return parse_yaml_text(read_config_text(path), str(path))
+
+
+def read_config_text(path: Path) -> str:
+    """The text of config file ``path``; a ConfigError naming the file when it cannot be
+    read or is not UTF-8 text (a binary file, a Latin-1 export)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_text(str(path), err) from err
+    except OSError as err:
+        raise ConfigError(
+            str(path), f"cannot be read: {err.strerror or err}", "check the file's permissions"
+        ) from err
+
+
+def _file_being_read(err: BaseException) -> str | None:
+    """The file Hydra was reading when ``err`` was raised: its file config source holds
+    it as ``full_path`` (None if this Hydra names it otherwise)."""
+    found = None
+    tb = err.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_locals.get("full_path")
+        found = name if isinstance(name, str) else found
+        tb = tb.tb_next
+    return found
+
+
+def _not_text(where: str, err: UnicodeDecodeError) -> ConfigError:
+    byte = err.object[err.start : err.start + 1].hex()
+    return ConfigError(
+        where,
+        f"not UTF-8 text (byte 0x{byte} at offset {err.start}): a config file is YAML text",
+        "save it as UTF-8, or check that this is the config file",
+    )
 
 
 def load_yaml(path: str | Path, overrides: Sequence[str] | None = None) -> RawConfig:

@@ -23,8 +23,9 @@ from typing import Any, Literal
 def doc(default: Any, text: str, registry: str | None = None, off: str | None = None) -> Any:
     """A dataclass field with a default (copied for mutables) and a one-line doc.
 
-    ``registry``: the field's values are that registry's names (``Catalog.names``);
-    validation checks them there, so no ``Literal`` repeats a registry's list. ``off``:
+    ``registry``: the field's values are that registry's names (``Catalog.names``; each
+    item of a list field); validation checks them there, so no ``Literal`` repeats a
+    registry's list. ``off``:
     the value that turns the feature off (``none``), valid besides the names.
     """
     meta: dict[str, Any] = {"doc": text}
@@ -111,7 +112,9 @@ class ExperimentConfig:
     log_val_generations: int = doc(0, "Number of validation generations to log.")
     logging_steps: int = doc(1, "Log metrics every N steps.")
     trackers: list[str] = doc(
-        ["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb."
+        ["console", "jsonl"],
+        "Metric sinks: console, jsonl, tensorboard, wandb.",
+        registry="tracker",
     )
     tracker_kwargs: dict[str, Any] = doc({}, "Extra arguments for the trackers (e.g. log_dir).")
     rollout_data_dir: str | None = doc(None, "Dump rollouts (prompt, response, score) here.")

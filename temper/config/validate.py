@@ -11,6 +11,9 @@ machine and its files cannot do is the pre-flight's (``temper.pipelines.prefligh
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import typing
 from typing import Any
 
 from temper.config.catalog import REWARD_COMPONENTS, VALUES, Catalog
@@ -23,12 +26,13 @@ from temper.config.derive import (
     uses_reference,
 )
 from temper.config.errors import ConfigError, unknown_name
-from temper.config.schema import TemperConfig
+from temper.config.schema import OptimConfig, TemperConfig
 
 
 def validate(cfg: TemperConfig, catalog: Catalog) -> Derived:
     """Raise ConfigError for the first problem found; return the run's plan."""
     check_names(cfg, catalog)
+    check_finite(cfg)
     _check_ranges(cfg)
     _check_roles(cfg, catalog)
     _check_reward_components(cfg, catalog)
@@ -48,8 +52,9 @@ def check_names(cfg: TemperConfig, catalog: Catalog) -> None:
             if registry is not None:
                 off = f.metadata.get("off")
                 valid = [*catalog.names(registry), *([off] if off else [])]
-                if value not in valid:
-                    raise unknown_name(key, str(value), valid)
+                for item in value if isinstance(value, list) else [value]:
+                    if item not in valid:
+                        raise unknown_name(key, str(item), valid)
             elif dataclasses.is_dataclass(value):
                 walk(value, f"{key}.")
             elif isinstance(value, dict):
@@ -58,6 +63,69 @@ def check_names(cfg: TemperConfig, catalog: Catalog) -> None:
                         walk(item, f"{key}.{name}.")
 
     walk(cfg, "")
+
+
+@functools.cache
+def _float_fields(cls: Any) -> frozenset[str]:
+    """The fields of dataclass ``cls`` typed to hold floats (``float``, ``float | None``,
+    ``list[float]``, ``dict[str, float]``); ``Any`` (free keyword arguments) is not one."""
+    out = set()
+    for name, tp in typing.get_type_hints(cls).items():
+        args = {tp, *typing.get_args(tp)}
+        if float in args or any(float in typing.get_args(a) for a in args):
+            out.add(name)
+    return frozenset(out)
+
+
+def check_finite(cfg: Any, prefix: str = "") -> None:
+    """Every float the schema types (learning rates, betas, loss coefficients, clip
+    ranges, timeouts, scores, weights, …) is a finite number: no key gives NaN or an
+    infinity a meaning (each has its own off switch), and one in an optimizer or a loss
+    turns the first step's weights or rewards into NaN."""
+    cls: Any = type(cfg)  # functools.cache wants a hashable; a class is one
+    floats = _float_fields(cls)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            check_finite(value, f"{key}.")
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                if dataclasses.is_dataclass(item):
+                    check_finite(item, f"{key}.{name}.")
+                elif f.name in floats:
+                    _finite(f"{key}.{name}", item)
+        elif isinstance(value, list) and f.name in floats:
+            for i, item in enumerate(value):
+                _finite(f"{key}[{i}]", item)
+        elif f.name in floats:
+            _finite(key, value)
+
+
+def _finite(key: str, value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(
+            key, f"must be a finite number, got {value}", f"set {key} to a finite number"
+        )
+
+
+def _check_optim(key: str, optim: OptimConfig) -> None:
+    """What AdamW refuses when it is built, refused at load instead."""
+    _positive(f"{key}.lr", optim.lr, allow_zero=True)
+    _positive(f"{key}.eps", optim.eps, allow_zero=True)
+    _positive(f"{key}.weight_decay", optim.weight_decay, allow_zero=True)
+    betas = optim.betas
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(
+            f"{key}.betas",
+            f"Adam takes two betas (the decay rates of the gradient's first and second "
+            f"moments), each in [0, 1); got {betas}",
+            f"set {key}.betas to two numbers in [0, 1), e.g. [0.9, 0.999]",
+        )
+
+
+#: numpy's legacy seeding takes 0 ≤ seed < 2**32 (torch and random take any int).
+MAX_SEED = 2**32 - 1
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -82,7 +150,14 @@ def _check_ranges(cfg: TemperConfig) -> None:
         _positive("experiment.max_steps", cfg.experiment.max_steps)
     _positive("actor.ppo_epochs", cfg.actor.ppo_epochs)
     _positive("actor.clip_ratio", cfg.actor.clip_ratio)
-    _positive("actor.optim.lr", cfg.actor.optim.lr, allow_zero=True)
+    _check_optim("actor.optim", cfg.actor.optim)
+    _check_optim("critic.optim", cfg.critic.optim)
+    if not 0 <= cfg.experiment.seed <= MAX_SEED:
+        raise ConfigError(
+            "experiment.seed",
+            f"{cfg.experiment.seed} is not a seed numpy takes (0 to 2**32 - 1)",
+            "set experiment.seed to a number in that range, e.g. 42",
+        )
     _positive("model.lora.rank", cfg.model.lora.rank, allow_zero=True)
     if cfg.actor.clip_ratio_c is not None and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError(

@@ -236,4 +236,5 @@ PIPELINE = Pipeline(
     step_shape=episode_groups,
     shaping=shaping,
     sections=frozenset({"agentic"}),
+    multi_turn=True,
 )

@@ -72,6 +72,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
     "rollout_engine": _rollout_engines,
     "reward_function": _reward_functions,
     "env_type": _env_types,
+    "tracker": lambda: _registry("temper.tracking", "TRACKERS").names(),
 }
 
 #: Registries whose entries declare needs: name -> the registry (module, attribute).

@@ -23,6 +23,7 @@ authors'). The ``pipeline`` group is the run's pipeline's own pre-flight (its re
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -259,6 +260,146 @@ def _aliases() -> Iterable[str]:
     from temper.utils.model_path import MODEL_ALIASES
 
     return MODEL_ALIASES.keys()
+
+
+# --------------------------------------------------------------------------- model files
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelUse:
+    """A model a run loads, as the pre-flight reads its directory.
+
+    ``key``/``path``: the config key naming the model and its value; ``trust_key`` /
+    ``trust``: the ``trust_remote_code`` that loads it; ``tokenizer``: the tokenizer
+    whose ids it reads and that tokenizer's key (None: none checked); ``context``: the
+    tokens its sequences may reach, the keys that set them and what they are (None:
+    nothing bounds them here)."""
+
+    key: str
+    path: str
+    trust_key: str
+    trust: bool
+    tokenizer: tuple[str, str] | None
+    context: tuple[int, tuple[str, ...], str] | None
+
+
+def model_uses(cfg: TemperConfig, plan: Derived, notes: list[str]) -> list[ModelUse]:
+    """Every model the run loads: the policy (actor, reference and rollout share it), the
+    critic's own, the reward model, the LLM judge."""
+    from temper.pipelines.registry import resolve_pipeline
+    from temper.rewards.registry import JUDGE
+
+    model, rollout = cfg.model, cfg.rollout
+    tokenizer = (
+        (model.tokenizer_path, "model.tokenizer_path")
+        if model.tokenizer_path
+        else (model.path, "model.path")
+    )
+    context: tuple[int, tuple[str, ...], str] | None
+    if resolve_pipeline(cfg.pipeline).multi_turn or rollout.multi_turn.enable:
+        # an episode's turns are bounded by rollout.max_model_len only
+        context = None
+        if rollout.max_model_len is not None:
+            context = (rollout.max_model_len, ("rollout.max_model_len",), "an episode")
+        else:
+            notes.append(
+                "rollout.max_model_len is not set: a multi-turn episode is bounded by its "
+                "turns only, not by the model's context"
+            )
+    else:
+        seq = cfg.data.max_prompt_length + rollout.response_length
+        context = (
+            seq,
+            ("data.max_prompt_length", "rollout.response_length"),
+            "a prompt and its response",
+        )
+        if rollout.max_model_len is not None and rollout.max_model_len > seq:
+            context = (rollout.max_model_len, ("rollout.max_model_len",), "a sequence")
+    trust = ("model.trust_remote_code", model.trust_remote_code)
+    uses = [ModelUse("model.path", model.path, *trust, tokenizer, context)]
+    if plan.use_critic and cfg.critic.model_path and cfg.critic.model_path != model.path:
+        uses.append(
+            ModelUse("critic.model_path", cfg.critic.model_path, *trust, tokenizer, context)
+        )
+    rm = cfg.reward.model
+    if rm.enable and rm.path:
+        own = rm.input_tokenizer is not None  # re-templated with the RM's own tokenizer
+        rm_context = context if not own and rm.max_length is None else None
+        if rm.max_length is not None:
+            rm_context = (rm.max_length, ("reward.model.max_length",), "a reward-model input")
+        uses.append(
+            ModelUse(
+                "reward.model.path",
+                rm.path,
+                "reward.model.trust_remote_code",
+                rm.trust_remote_code,
+                (rm.path, "reward.model.path") if own else tokenizer,
+                rm_context,
+            )
+        )
+    judge = cfg.reward.judge
+    functions = {cfg.reward.function, *(r.function for r in cfg.reward.routes.values())}
+    if JUDGE in functions and judge.model_path:
+        uses.append(
+            ModelUse(
+                "reward.judge.model_path",
+                judge.model_path,
+                "reward.judge.trust_remote_code",
+                judge.trust_remote_code,
+                (judge.model_path, "reward.judge.model_path"),
+                (
+                    judge.max_prompt_length + judge.max_new_tokens,
+                    ("reward.judge.max_prompt_length", "reward.judge.max_new_tokens"),
+                    "a judge prompt and its verdict",
+                ),
+            )
+        )
+    return uses
+
+
+def check_model_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
+    """Each model the run loads (:func:`model_uses`): its weight files present and
+    readable, an architecture this transformers knows, a tokenizer whose ids its
+    embedding holds, sequences within its context, and an attention kernel transformers
+    has (:mod:`temper.pipelines.model_files`). Local directories are read in full; of a
+    hub id, what its cached or downloaded config.json says is checked."""
+    from temper.pipelines import model_files as files
+
+    files.check_attention(cfg.model.attn_implementation)
+    if cfg.model.external_lib:  # it may register the architecture
+        from temper.training.models import import_external_lib
+
+        import_external_lib(cfg.model.external_lib)
+    sizes: dict[str, int] = {}
+    for use in model_uses(cfg, plan, notes):
+        config = check_model_path(use.path, use.key, notes)
+        if config is None:  # an alias converted on first use: temper writes it whole
+            continue
+        if use.key == "model.path" or use.key == "critic.model_path":
+            config = {**config, **cfg.model.override_config}
+        directory = _local_model_dir(use.path)
+        if directory is not None:
+            files.check_weights(directory, use.key)
+        files.check_architecture(config, directory, use.key, use.trust_key, use.trust)
+        if use.tokenizer is not None:
+            tok_path, tok_key = use.tokenizer
+            tok_dir = _local_model_dir(tok_path)
+            if tok_dir is not None:
+                if tok_path not in sizes:
+                    sizes[tok_path] = files.tokenizer_size(tok_dir, tok_key, use.trust)
+                files.check_vocab(config, sizes[tok_path], use.key, tok_key)
+        if use.context is not None:
+            need, keys, what = use.context
+            files.check_context(config, use.key, need, keys, what)
+
+
+def _local_model_dir(path: str) -> Path | None:
+    """The directory of model ``path`` on this machine (an alias's once converted), or
+    None for a hub id (its files are the hub's until downloaded)."""
+    if path.strip().lower() in _aliases():
+        return _alias(path)
+    local = Path(os.path.expanduser(path))
+    return local if local.is_dir() else None
 
 
 # --------------------------------------------------------------------------- data
@@ -536,6 +677,7 @@ CHECKS: dict[str, Check] = {
     "engines": check_engines,
     "rewards": check_reward_runtime,
     "models": check_models,
+    "model_files": check_model_files,
     "outputs": check_outputs,
     "pipeline": check_pipeline_files,
     "tools": check_tools,

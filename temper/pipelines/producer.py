@@ -118,7 +118,10 @@ class Pipeline:
     - ``provides``: the advantage estimators' inputs (``AdvantageInputs`` field names) its
       producer puts in the batch beyond what the driver computes (a critic's ``values``,
       ``old_log_probs``): RLVR adds ``baseline_rewards`` and ``reward_components``. An
-      estimator that needs an input nothing provides is refused at ``temper check``.
+      estimator that needs an input nothing provides is refused at ``temper check``;
+    - ``multi_turn``: its samples are multi-turn episodes, whose length
+      ``rollout.max_model_len`` bounds (not ``max_prompt_length + response_length``: the
+      pre-flight compares the one that applies with the model's context).
     """
 
     build: Callable[[ProducerContext], Producer]
@@ -128,3 +131,4 @@ class Pipeline:
     shaping: Callable[[TemperConfig], ShapingSettings] = ShapingSettings.from_config
     sections: frozenset[str] = frozenset()
     provides: frozenset[str] = frozenset()
+    multi_turn: bool = False

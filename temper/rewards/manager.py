@@ -103,8 +103,14 @@ def _spec(function: str, kwargs: Mapping[str, Any], config: RewardConfig, key: s
     return FunctionSpec(function, None, dict(kwargs), False)
 
 
+#: The largest magnitude a score may have: scores are float32 tensors, where a larger
+#: float becomes inf (and the step's advantages NaN).
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def normalize_result(value: Any) -> tuple[float, dict[str, Any]]:
-    """``(score, extra fields)`` of a reward function's return; ``ValueError`` if invalid."""
+    """``(score, extra fields)`` of a reward function's return; ``ValueError`` if invalid
+    (not a number, not finite, or beyond float32)."""
     extras: dict[str, Any] = {}
     if isinstance(value, Mapping):
         if "score" not in value:
@@ -113,10 +119,28 @@ def normalize_result(value: Any) -> tuple[float, dict[str, Any]]:
         value = value["score"]
     if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
         raise ValueError(f"reward is a {type(value).__name__}, not a number")
-    score = float(value)
+    try:
+        score = float(value)
+    except OverflowError as err:  # an int such as 10**400
+        raise ValueError(f"reward is too large for a float ({err})") from err
+    except Exception as err:  # the user's own __float__ may raise anything
+        raise ValueError(f"reward {type(value).__name__} has no float: {err!r}") from err
     if not math.isfinite(score):
         raise ValueError(f"reward is not finite ({score})")
+    if abs(score) > FLOAT32_MAX:
+        raise ValueError(f"reward {score:g} is outside float32, the scores' type")
     return score, extras
+
+
+def _metric_value(value: Any) -> float | None:
+    """A reward's extra field as a metric: a finite float, or None (not a number)."""
+    if not isinstance(value, (bool, int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 class RewardScorer:
@@ -431,8 +455,9 @@ def _metrics(
     fields: dict[str, list[float]] = defaultdict(list)
     for extra in extra_info:
         for k, v in extra.items():
-            if isinstance(v, (bool, int, float)) and math.isfinite(float(v)):
-                fields[k].append(float(v))
+            number = _metric_value(v)
+            if number is not None:
+                fields[k].append(number)
     for k, vs in sorted(fields.items()):
         m[f"{sub}reward_extra/{k}"] = _mean(vs)
     return m

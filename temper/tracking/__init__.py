@@ -1,7 +1,8 @@
 """Metric sinks: console (progress + compact table), jsonl (always), tensorboard, wandb.
 
 ``build_trackers`` turns ``experiment.trackers`` into one ``MultiTracker``. Every sink
-gets the same ``log(metrics, step)`` calls; the jsonl file is the run's record.
+gets the same ``log(metrics, step)`` calls; the jsonl file is the run's record. The
+sinks' names are the :data:`TRACKERS` registry's, which the config checks at load.
 
 ``experiment.logging_steps`` (ROLL ``logging_steps``; verl logs every step) thins what
 the *viewing* sinks get — console, tensorboard, wandb see every N-th step, plus any row
@@ -18,6 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+from temper.config.errors import unknown_name
+from temper.registry import Registry
 
 
 class Tracker(Protocol):
@@ -281,16 +285,23 @@ class MultiTracker:
             t.close()
 
 
-TRACKERS: dict[str, Callable[..., Tracker]] = {
-    "console": lambda output_dir, total_steps=None, **_: ConsoleTracker(total_steps),
-    "jsonl": lambda output_dir, start_step=0, **_: JsonlTracker(output_dir, start_step),
-    "tensorboard": lambda output_dir, kwargs=None, start_step=0, **_: TensorboardTracker(
+#: Metric sinks by ``experiment.trackers`` name: each builds its sink from the run's
+#: output dir and ``build_trackers``' keyword arguments.
+TRACKERS: Registry[Callable[..., Tracker]] = Registry("tracker")
+TRACKERS.add("console", lambda output_dir, total_steps=None, **_: ConsoleTracker(total_steps))
+TRACKERS.add("jsonl", lambda output_dir, start_step=0, **_: JsonlTracker(output_dir, start_step))
+TRACKERS.add(
+    "tensorboard",
+    lambda output_dir, kwargs=None, start_step=0, **_: TensorboardTracker(
         output_dir, start_step=start_step, **_section(kwargs, "tensorboard")
     ),
-    "wandb": lambda output_dir, kwargs=None, project="temper", name="run", start_step=0, **_: (
-        WandbTracker(output_dir, project, name, start_step, **_section(kwargs, "wandb"))
+)
+TRACKERS.add(
+    "wandb",
+    lambda output_dir, kwargs=None, project="temper", name="run", start_step=0, **_: WandbTracker(
+        output_dir, project, name, start_step, **_section(kwargs, "wandb")
     ),
-}
+)
 
 
 def _section(kwargs: dict[str, Any] | None, name: str) -> dict[str, Any]:
@@ -322,14 +333,12 @@ def build_trackers(
     each step appears once.
     """
     wanted = list(dict.fromkeys([*names, "jsonl"]))
-    unknown = [n for n in wanted if n not in TRACKERS]
-    if unknown:
-        raise ValueError(
-            f"experiment.trackers: unknown tracker(s) {unknown}; use {sorted(TRACKERS)}"
-        )
+    for n in wanted:
+        if n not in TRACKERS:
+            raise unknown_name("experiment.trackers", n, TRACKERS.names())
     sinks: list[Tracker] = []
     for n in wanted:
-        sink = TRACKERS[n](
+        sink = TRACKERS.get(n)(
             output_dir,
             total_steps=total_steps,
             every=every,

@@ -142,6 +142,7 @@ def test_roll_agentic_file_trains(tmp_path, tiny_model_dir, monkeypatch):
         *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
         "max_actions_per_traj=3",  # length
         "max_tokens_per_step=16",
+        "sequence_length=1024",  # the tiny model's context (the file's 4096 is Qwen's)
         "actor_infer.generating_args.max_new_tokens=16",
         "val_batch_size=2",  # data: 2 validation episodes (16 in the file)
         "actor_infer.infer_batch_size=16",  # device: generate the 16 episodes at once

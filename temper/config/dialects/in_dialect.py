@@ -10,6 +10,11 @@ that sets it — the one this file used, else the dialect's key for that field �
 unit conversion said where the dialect counts differently (verl's
 ``ppo_mini_batch_size`` counts prompts, temper's ``mini_batch_size`` samples). A native
 key with no counterpart in the dialect is named as a native key, marked as such.
+
+A batch-size fix carries its numbers in samples (``ConfigError.bound``); where the
+dialect counts the key in bigger units (:data:`SCALES`) the numbers are restated in
+them — a verl user whose ``ppo_mini_batch_size: 32`` exceeds 16 prompts reads "≤ 16",
+not the 32 samples those 16 prompts make.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import re
 import typing
 from typing import Any
 
-from temper.config.errors import ConfigError
+from temper.config.errors import BOUND, ConfigError
 from temper.config.schema import TemperConfig
 
 #: How the dialects count differently: native key -> (dialect -> note after its key).
@@ -35,6 +40,13 @@ UNITS: dict[str, dict[str, str]] = {
         "roll": " (via per_device_train_batch_size × gradient_accumulation_steps × "
         "data-parallel size)",
     },
+}
+#: Keys a dialect counts in units of several samples: native key -> (dialect -> (the
+#: native key whose value is the samples per unit, the unit's name)). A fix's bound is
+#: restated in them.
+SCALES: dict[str, dict[str, tuple[str, str]]] = {
+    "actor.mini_batch_size": {"verl": ("rollout.n", "prompts")},
+    "critic.mini_batch_size": {"verl": ("rollout.n", "prompts")},
 }
 #: Native keys that no dialect key sets directly, with what to write instead.
 PHRASES: dict[str, dict[str, str]] = {
@@ -116,12 +128,17 @@ _TOKEN = re.compile(r"(?<![\w.])([a-z_]+(?:\.[a-z_]+)+)(?![\w.])(=[^\s,;)]+)?")
 
 
 def in_dialect(
-    err: ConfigError, dialect: str, sources: dict[str, str], table: dict[str, str]
+    err: ConfigError,
+    dialect: str,
+    sources: dict[str, str],
+    table: dict[str, str],
+    config: TemperConfig | None = None,
 ) -> ConfigError:
     """``err`` with its key and fix in ``dialect`` terms (see the module doc).
 
     ``sources``: native key -> the dialect key of this file that set it; ``table``: native
-    key -> the dialect key that sets it in general (from the dialect's key table).
+    key -> the dialect key that sets it in general (from the dialect's key table);
+    ``config``: the native config, whose values scale a bound (None before it exists).
     """
     if dialect == "native" or err.dialect is not None:  # native, or told already
         return err
@@ -161,11 +178,32 @@ def in_dialect(
                 parent = parent.rsplit(".", 1)[0]
                 found = sources.get(parent)
         key = f"{found} (temper: {err.key})" if found else f"{err.key} (a temper key)"
-    fix = _TOKEN.sub(word, err.fix) if err.fix else err.fix
+    reason, fix = _bound_in_units(err, dialect, config)
+    fix = _TOKEN.sub(word, fix) if fix else fix
     if err.key.endswith(".strategy"):  # engine names as the dialect spells them
         spelling = SPELLING.get(dialect, {})
         fix = _VALID.sub(
             lambda m: m.group(1) + ", ".join(spelling.get(v, v) for v in m.group(2).split(", ")),
             fix,
         )
-    return ConfigError(key, err.reason, fix, dialect=dialect)
+    return ConfigError(key, reason, fix, dialect=dialect)
+
+
+def _bound_in_units(err: ConfigError, dialect: str, config: TemperConfig | None) -> tuple[str, str]:
+    """The reason and fix of ``err`` with its bound in the dialect's units (:data:`SCALES`;
+    the reason says what the refused value is in them), else as they are."""
+    scale = SCALES.get(err.key, {}).get(dialect)
+    if err.bound is None or scale is None or config is None:
+        return err.reason, err.fix
+    path, name = scale
+    unit: Any = config
+    for part in path.split("."):
+        unit = getattr(unit, part)
+    bound = err.bound.in_units(int(unit))
+    if bound is None:
+        return err.reason, err.fix
+    value = err.bound.value
+    reason = err.reason
+    if unit > 1 and value % unit == 0:
+        reason += f" ({value} samples = {value // unit} {name} × {path} {unit})"
+    return reason, err.template.replace(BOUND, bound.text())

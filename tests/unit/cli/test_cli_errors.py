@@ -97,11 +97,13 @@ def test_vllm_refusing_to_start_is_one_line_naming_the_option(tmp_path, monkeypa
 
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    model = make_tiny_model(tmp_path / "tiny-32", hidden_size=128)  # head size 32 for vLLM CPU
+    # head size 32 for vLLM CPU; positions for 100k tokens (a context the model lacks is
+    # the pre-flight's refusal, before vLLM starts)
+    model = make_tiny_model(tmp_path / "tiny-32", hidden_size=128, max_position_embeddings=131_072)
     rollout = {
         "engine": "vllm",
-        "max_model_len": 100_000,  # the model has 1024 positions
-        "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 256 << 20}},
+        "max_model_len": 100_000,  # a KV cache of 1 MiB holds ~1000 of its tokens
+        "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 1 << 20}},
     }
     path = _gae_config(tmp_path, model, rollout=rollout)
     assert main(["train", str(path)]) == 1

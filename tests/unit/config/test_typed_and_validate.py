@@ -76,7 +76,8 @@ def test_indivisible_batch():
         )
     msg = one_line(err)
     assert msg.startswith("actor.mini_batch_size: 12 samples per step")
-    assert "not divisible by 5" in msg and "Fix: use a divisor of 12, e.g. 4" in msg
+    assert "not divisible by 5" in msg
+    assert "Fix: set actor.mini_batch_size to a divisor of 12, e.g. 4" in msg
 
 
 def test_mini_batch_larger_than_batch():
@@ -164,3 +165,18 @@ def test_registry_names_checked():
 def test_dynamic_bsz_budget_must_hold_a_sample():
     with pytest.raises(ConfigError, match="actor.max_token_len_per_device: a token budget of 100"):
         build_config(cfg(actor={"use_dynamic_bsz": True, "max_token_len_per_device": 100}))
+
+
+def test_bound_in_units():
+    """A batch-size fix's bound (samples) restated in units of n samples: x units are
+    x·n samples, so "≤ 32" is "≤ 16" pairs, "divides 32" is "divides 16", and "a multiple
+    of 4" is "a multiple of 2" pairs; no whole count of units meets "divides 30" by 4s."""
+    from temper.config.errors import Bound
+
+    assert Bound("at_most", 32, 64).in_units(2) == Bound("at_most", 16, 32)
+    assert Bound("divisor_of", 32, 14).in_units(2).text() == "a divisor of 16, e.g. 8"
+    assert Bound("multiple_of", 4, 2).in_units(2) == Bound("multiple_of", 2, 1)
+    assert Bound("multiple_of", 3, 16).in_units(2).text() == "a multiple of 3"
+    assert Bound("divisor_of", 30, 7).in_units(4) is None
+    assert Bound("at_most", 3, 8).in_units(4) is None
+    assert Bound("at_most", 32, 64).in_units(1) == Bound("at_most", 32, 64)

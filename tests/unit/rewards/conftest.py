@@ -34,6 +34,19 @@ USER_REWARDS = textwrap.dedent(
     def returns_text(data_source, solution_str, ground_truth, extra_info=None):
         return "yes"
 
+    def huge(data_source, solution_str, ground_truth, extra_info=None):
+        return {"a": 10**400, "b": 1e300, "c": "x"}[solution_str]
+
+    def huge_extra(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": 1.0, "big": 10**400}
+
+    class Stubborn:
+        def __float__(self):
+            raise ArithmeticError("no float here")
+
+    def stubborn(data_source, solution_str, ground_truth, extra_info=None):
+        return Stubborn()
+
     def batched(data_sources, solution_strs, ground_truths, extra_infos, scale=1.0):
         return [scale * float(s == str(g)) for s, g in zip(solution_strs, ground_truths)]
     """

@@ -123,6 +123,41 @@ def test_invalid_return_is_a_failure(tokenizer, user_reward_file: Path) -> None:
     assert failures[0].kind == "invalid" and "not a number" in failures[0].reason
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_number_no_float_holds_is_a_failure(tokenizer, user_reward_file: Path, workers) -> None:
+    """10**400 has no float (OverflowError), 1e300 none in float32 (the scores' dtype: it
+    would train on inf), an object's ``__float__`` may raise anything: each scores
+    failure_score with a recorded failure, in a worker and in process alike."""
+    batch = make_batch(tokenizer, ["q"] * 3, ["a", "b", "c"], ground_truth=["1"] * 3)
+    custom = CustomRewardFunctionConfig(path=str(user_reward_file), name="huge")
+    config = RewardConfig(num_workers=workers, custom_function=custom, failure_score=-1.0)
+    with RewardScorer(config, preload=()) as scorer:
+        scores, token_level, metrics, failures = scorer.score_batch(batch, tokenizer)
+    assert scores.tolist() == [-1.0, -1.0, -1.0]
+    assert [(f.index, f.kind) for f in failures] == [(0, "invalid"), (1, "invalid"), (2, "invalid")]
+    assert "too large for a float" in failures[0].reason
+    assert "outside float32" in failures[1].reason
+    assert torch.isfinite(token_level).all() and metrics["train/reward_failures"] == 3
+
+
+def test_odd_numbers_in_results_fail_the_sample_or_drop_from_metrics(
+    tokenizer, user_reward_file: Path
+) -> None:
+    """A score whose ``__float__`` raises fails its sample; an extra field no float holds
+    is left out of the metrics (the score stands)."""
+    batch = make_batch(tokenizer, ["q"], ["a"], ground_truth=["1"])
+    scored = {}
+    for name in ("stubborn", "huge_extra"):
+        custom = CustomRewardFunctionConfig(path=str(user_reward_file), name=name)
+        with RewardScorer(RewardConfig(num_workers=0, custom_function=custom)) as scorer:
+            scored[name] = scorer.score_batch(batch, tokenizer)
+    scores, _, _, failures = scored["stubborn"]
+    assert scores.tolist() == [0.0] and "ArithmeticError('no float here')" in failures[0].reason
+    scores, _, metrics, failures = scored["huge_extra"]
+    assert scores.tolist() == [1.0] and failures == []
+    assert "reward_extra/big" not in metrics
+
+
 def test_unknown_data_source_is_a_sample_failure_and_a_warning(tokenizer, caplog) -> None:
     batch = make_batch(
         tokenizer,

@@ -191,3 +191,22 @@ def test_logging_steps_thins_tensorboard_and_wandb_but_not_jsonl(tmp_path, monke
     history = _wandb_history(tmp_path)
     assert [h["_step"] for h in history] == SHOWN
     assert [h["train/reward_mean"] for h in history] == pytest.approx([0.3, 0.5, 0.6, 0.7])
+
+
+def test_tracker_names_come_from_the_registry(monkeypatch):
+    """``experiment.trackers`` is checked at load against the trackers' registry: a
+    tracker registered in this process is valid at once, an unknown name is refused."""
+    from temper import tracking
+    from temper.config.errors import ConfigError
+    from temper.pipelines.catalog import build_config
+
+    mine = tracking.TRACKERS.copy()
+    mine.add("mine", lambda output_dir, **_: tracking.ConsoleTracker())
+    monkeypatch.setattr(tracking, "TRACKERS", mine)
+    base = {"model": {"path": "m"}, "data": {"train_files": ["task:arithmetic"]}}
+    build_config({**base, "experiment": {"trackers": ["console", "mine"]}})
+    with pytest.raises(ConfigError) as err:
+        build_config({**base, "experiment": {"trackers": ["mien"]}})
+    assert str(err.value).startswith(
+        "experiment.trackers: unknown value 'mien' (did you mean 'mine'?)"
+    )
