@@ -129,6 +129,9 @@ def test_roll_upstream_rlvr_trains_2_steps_with_its_five_domains(tmp_path, tiny_
         "actor_train.training_args.gradient_accumulation_steps=2",
         "max_steps=2",
         f"output_dir={tmp_path / 'roll'}",
+        # the file's checkpoint and tensorboard dirs are absolute paths of its authors'
+        f"checkpoint_config.output_dir={tmp_path / 'roll' / 'checkpoints'}",
+        f"tracker_kwargs.log_dir={tmp_path / 'roll' / 'tensorboard'}",
         # the tiny policy's groups all score alike, so ROLL's difficulty_mask drops every
         # one and the update crashes on an empty batch (issue 15 makes that a skipped
         # step); until then the mask is off here
