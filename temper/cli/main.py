@@ -135,6 +135,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         from temper.report import write_report
 
         report = write_report(summary["output_dir"])
+        if report.warning:
+            print(f"warning: {report.warning}", file=sys.stderr)
         print(f"report: {report.png} (dashboard), {report.markdown} (summary)")
     if stopped:  # interrupted after a checkpoint: 128 + signal, as a shell reports it
         import signal
@@ -151,6 +153,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         print(f"report: {err}", file=sys.stderr)
         return 1
+    if report.warning:
+        print(f"warning: {report.warning}", file=sys.stderr)
     print(f"dashboard: {report.png}\nsummary:   {report.markdown}")
     return 0
 

@@ -4,6 +4,9 @@ reward functions and stop signals.
 - Data: a UTF-8 byte-order mark keeps every row (jsonl, json, csv); ``prompt: null`` is a
   bad row (reported, and skipped or fatal per ``data.bad_rows``), not a missing column;
   an empty file is said to be empty by ``check`` and ``train`` alike.
+- ``temper report`` of a ``metrics.jsonl`` holding two runs' rows (interleaved, or steps
+  a resumed run logged again) warns in one line and draws each step once, its last
+  value, in step order.
 """
 
 from __future__ import annotations
@@ -138,3 +141,66 @@ def test_an_empty_file_fails_the_loader_as_empty(tmp_path, tokenizer):
     path.write_text("")
     with pytest.raises(DataError, match=r"empty\.jsonl is empty \(no rows\)"):
         build_dataset(path, DataConfig(), tokenizer)
+
+
+# --------------------------------------------------------------------------- temper report
+
+
+def _metrics(out: Path, rows: list[dict]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def test_report_of_two_interleaved_runs_warns_and_draws_each_step_once(tmp_path, capsys):
+    # two runs in one directory: the second restarted at step 3 and wrote 3, 5, 4 between
+    # the first's 4 and its end; the last value of each step is the one drawn
+    steps = [1, 2, 3, 4, 3, 5, 4]
+    rows = [{"step": s, "train/reward_mean": k / 10} for k, s in enumerate(steps)]
+    out = _metrics(tmp_path / "run", rows)
+    drawn: list[tuple[list[int], list[float]]] = []
+
+    def plot(rows, png, title=""):
+        from temper.report.dashboard import series
+
+        drawn.append(series(rows, "train/reward_mean"))
+        Path(png).write_bytes(b"")
+        return Path(png)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("temper.report.dashboard.plot_dashboard", plot)
+        assert main(["report", str(out)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"warning: {out / 'metrics.jsonl'}: steps out of order (step 3 after step 4) and 2 "
+        "step(s) logged more than once (3, 4): it holds more than one run's rows (two runs in "
+        "one output directory, or steps a resumed run logged again); drawing the last value "
+        "of each step, in step order"
+    )
+    assert drawn == [([1, 2, 3, 4, 5], [0.0, 0.1, 0.4, 0.6, 0.5])]
+    md = (out / "report.md").read_text()
+    assert "steps logged: 5 (last step 5)" in md and "> warning: " in md
+
+
+def test_report_of_a_resumed_runs_relogged_steps_warns(tmp_path, capsys):
+    # steps 3 and 4 again after a resume from step 2, the old rows not dropped
+    rows = [{"step": s, "train/reward_mean": float(s)} for s in (1, 2, 3, 4, 3, 4, 5)]
+    out = _metrics(tmp_path / "run", rows)
+    assert main(["report", str(out)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("warning: ") and "\n" not in err
+    assert "step 3 after step 4" in err and "2 step(s) logged more than once (3, 4)" in err
+
+
+def test_report_of_one_clean_run_does_not_warn(tmp_path, capsys):
+    # a step's training row and its validation row (other keys) are one step, not two
+    rows = [
+        {"step": 0, "val/reward_mean": 0.1},
+        {"step": 1, "train/reward_mean": 0.2},
+        {"step": 2, "train/reward_mean": 0.3},
+        {"step": 2, "val/reward_mean": 0.4},
+    ]
+    out = _metrics(tmp_path / "run", rows)
+    assert main(["report", str(out)]) == 0
+    assert capsys.readouterr().err == ""
+    assert "warning" not in (out / "report.md").read_text()
