@@ -204,3 +204,117 @@ def test_report_of_one_clean_run_does_not_warn(tmp_path, capsys):
     assert main(["report", str(out)]) == 0
     assert capsys.readouterr().err == ""
     assert "warning" not in (out / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _reward(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "reward.py"
+    path.write_text(
+        "import os, signal, sys, time\n\n\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        + "".join(f"    {line}\n" for line in body.strip().splitlines())
+    )
+    return path
+
+
+def _run_config(tmp_path: Path, model_dir: Path, reward: Path, **experiment) -> Path:
+    """A native RLVR run of ``max_steps`` steps on 2 prompts × 2, scored by ``reward``."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + 1 = ?"}) + "\n" for i in range(8)))
+    return native(
+        tmp_path,
+        model_dir,
+        data={"train_files": [str(data)], "max_prompt_length": 64},
+        rollout={"n": 2, "response_length": 6},
+        reward={
+            "function": "custom",
+            "num_workers": 1,
+            "custom_function": {"path": str(reward)},
+            "timeout_s": 30.0,
+            "max_failure_fraction": 1.0,  # failed samples are recorded, never fatal here
+        },
+        experiment={
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 2,
+            "save_freq": 1,
+            "trackers": ["jsonl"],
+            **experiment,
+        },
+    )
+
+
+class Train:
+    """``python -m temper train CONFIG`` in its own process (signals reach it alone),
+    stdout and stderr in files; ``sigint`` ``ignored``: it inherits SIGINT ignored, as a
+    background job of a non-interactive shell does."""
+
+    def __init__(self, tmp_path: Path, config: Path, sigint: str = "default") -> None:
+        import os
+        import signal
+        import subprocess
+        import sys
+
+        self.out, self.err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+
+        def start() -> None:
+            if sigint == "ignored":
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+        with self.out.open("wb") as out, self.err.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "temper", "train", str(config)],
+                stdout=out,
+                stderr=err,
+                env=env,
+                preexec_fn=start,
+            )
+
+    def text(self) -> tuple[str, str]:
+        return self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
+
+    def wait_for(self, stream: str, needle: str, timeout: float = 240.0) -> None:
+        import time
+
+        end = time.monotonic() + timeout
+        while needle not in self.text()[stream == "stderr"]:
+            assert self.proc.poll() is None, f"ended before {needle!r}: {self.text()}"
+            assert time.monotonic() < end, f"no {needle!r} in {timeout} s: {self.text()}"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 240.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_two_sigints_stop_at_once_in_one_line_and_keep_the_checkpoint(
+    tmp_path, tiny_model_dir, sigint
+):
+    import signal
+
+    from temper.checkpoint.store import checkpoint_problem
+
+    slow = _reward(tmp_path, "time.sleep(1.5)\nreturn 1.0")  # a step of several seconds
+    train = Train(tmp_path, _run_config(tmp_path, tiny_model_dir, slow, max_steps=3), sigint)
+    step1 = tmp_path / "run" / "checkpoints" / "global_step_1"
+    train.wait_for("stdout", f"checkpoint: {step1}")
+    train.proc.send_signal(signal.SIGINT)
+    train.wait_for("stderr", "SIGINT: finishing this step")
+    train.proc.send_signal(signal.SIGINT)
+    assert train.finish(timeout=60) == 130
+    out, err = train.text()
+    assert "Traceback" not in out + err
+    assert err.strip().splitlines()[-1] == (
+        "interrupted: a second SIGINT stopped the run at once at step 2; the same command "
+        f"resumes from {step1}"
+    )
+    assert checkpoint_problem(step1, verify=True) is None
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]
