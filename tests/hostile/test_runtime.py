@@ -11,7 +11,11 @@ reward functions and stop signals.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -214,7 +218,7 @@ def _reward(tmp_path: Path, body: str) -> Path:
     path.write_text(
         "import os, signal, sys, time\n\n\n"
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        + "".join(f"    {line}\n" for line in body.strip().splitlines())
+        + "".join(f"    {line}\n" for line in textwrap.dedent(body).strip().splitlines())
     )
     return path
 
@@ -270,6 +274,7 @@ class Train:
                 stderr=err,
                 env=env,
                 preexec_fn=start,
+                start_new_session=True,  # signals to its group reach no test process
             )
 
     def text(self) -> tuple[str, str]:
@@ -318,3 +323,78 @@ def test_two_sigints_stop_at_once_in_one_line_and_keep_the_checkpoint(
     assert checkpoint_problem(step1, verify=True) is None
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]
+
+
+@pytest.mark.slow
+def test_a_reward_that_signals_the_trainer_cannot_stop_the_run(tmp_path, tiny_model_dir):
+    # every call sends SIGTERM to its parent and to its parent's process group: were they
+    # delivered, two of them would read as the user's "stop now" and lose the step. (Not
+    # kill(-1), which the shield refuses too: unshielded, it would reach every process
+    # this user may signal. The trainer leads a session of its own: its group is its.)
+    killer = _reward(
+        tmp_path,
+        """
+        for target in (os.getppid(), -os.getpgid(os.getppid())):
+            try:
+                os.kill(target, signal.SIGTERM)
+            except PermissionError:
+                print(f"refused: kill({target})", file=sys.stderr)
+        return 1.0
+        """,
+    )
+    train = Train(tmp_path, _run_config(tmp_path, tiny_model_dir, killer))
+    assert train.finish() == 0
+    out, err = train.text()
+    assert "SIGTERM" not in err and "Traceback" not in out + err
+    assert "refused: kill(" in err  # the reward saw why, in its own output
+    assert "done: 2 steps" in out
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["train/reward_failures"] == 0.0 and r["train/score_mean"] == 1.0 for r in rows)
+
+
+def test_a_reward_worker_may_not_signal_its_trainer():
+    # signal 0 only asks whether the process is there: harmless to this test process
+    # were it delivered, refused by the worker's shield
+    from temper.rewards.executor import RewardCall, RewardExecutor
+    from temper.rewards.worker import FunctionSpec
+
+    probe = "import os\n\ndef compute_score(**_):\n    os.kill(os.getppid(), 0)\n    return 1.0\n"
+    with _tmp_file(probe) as path, RewardExecutor(num_workers=1, preload=()) as executor:
+        (result,) = executor.run([RewardCall(FunctionSpec("compute_score", path), {}, 30.0)])
+    assert result.kind == "error"
+    assert result.reason == "PermissionError: [Errno 1] Operation not permitted"
+    assert executor.unshielded is None
+
+
+@contextlib.contextmanager
+def _tmp_file(text: str) -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "probe.py"
+        path.write_text(text)
+        yield str(path)
+
+
+@pytest.mark.slow
+def test_what_a_reward_prints_is_capped_per_step(tmp_path, tiny_model_dir, capfd):
+    # 100 lines of 1,000 characters per call, 4 calls a step: 400 KB a step uncapped
+    chatty = _reward(
+        tmp_path,
+        """
+        for i in range(100):
+            print(f"reward line {i} " + "x" * 984)
+        print("a line on stderr", file=sys.stderr)
+        return 1.0
+        """,
+    )
+    assert main(["train", str(_run_config(tmp_path, tiny_model_dir, chatty))]) == 0
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+    assert out.count("reward line 0 ") >= 2  # the first lines of each step are shown
+    assert len(out) < 2 * 40_000 + 10_000  # a 32 KiB cap a step, and the trainer's own lines
+    notes = [line for line in err.splitlines() if line.startswith("reward output: ")]
+    assert len(notes) == 2, err  # one line per step
+    assert notes[0].endswith(
+        "more that reward functions printed in this batch of calls not shown (the first "
+        "32.0 KiB of each batch are)"
+    )
