@@ -16,7 +16,8 @@ worker shields it with a seccomp filter, ``temper.rewards.shield``), and what it
 reaches the trainer's stdout/stderr through pipes read here, capped per batch of calls
 (``temper.rewards.output``). ``num_workers=0`` runs calls in this
 process: exceptions are still caught, but **no timeout is possible** (a hang hangs the
-run) — meant for debugging. Workers start lazily on the first ``run`` and live until
+run), the output is not captured and nothing shields the trainer — meant for debugging
+(a config says so with ``reward.timeout_s: null``; ``temper.config.validate``). Workers start lazily on the first ``run`` and live until
 ``close()`` (also called at garbage collection / interpreter exit).
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import multiprocessing as mp
 import os
 import threading
@@ -61,11 +63,13 @@ class CallResult:
 
 @dataclasses.dataclass
 class RewardCall:
-    """One call: ``spec``'s function with keyword ``arguments``, stopped after ``timeout_s``."""
+    """One call: ``spec``'s function with keyword ``arguments``, stopped after ``timeout_s``
+    (None: no deadline — in process, where none can be kept; config refuses it for
+    workers)."""
 
     spec: FunctionSpec
     arguments: dict[str, Any]
-    timeout_s: float
+    timeout_s: float | None
 
 
 class _Worker:
@@ -219,7 +223,8 @@ class RewardExecutor:
                         results[idx] = CallResult("error", reason=describe_error(err))
                         continue
                     w.task, w.task_start = idx, time.monotonic()
-                    w.deadline = w.task_start + calls[idx].timeout_s
+                    limit = calls[idx].timeout_s
+                    w.deadline = w.task_start + (math.inf if limit is None else limit)
             self._wait_and_collect(results)
         return [r if r is not None else CallResult("crash", reason="lost") for r in results]
 
@@ -227,7 +232,8 @@ class RewardExecutor:
         now = time.monotonic()
         deadlines = [w.started + STARTUP_TIMEOUT_S for w in self._workers if not w.ready]
         deadlines += [w.deadline for w in self._workers if w.task is not None]
-        timeout = max(0.0, min(deadlines) - now) if deadlines else None
+        soonest = min(deadlines, default=math.inf)
+        timeout = None if soonest == math.inf else max(0.0, soonest - now)
         waitables: list[Any] = [w.conn for w in self._workers]
         waitables += [w.process.sentinel for w in self._workers]
         waitables += [pipe for w in self._workers for pipe in w.output.values()]

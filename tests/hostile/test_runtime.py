@@ -4,6 +4,9 @@ reward functions and stop signals.
 - Data: a UTF-8 byte-order mark keeps every row (jsonl, json, csv); ``prompt: null`` is a
   bad row (reported, and skipped or fatal per ``data.bad_rows``), not a missing column;
   an empty file is said to be empty by ``check`` and ``train`` alike.
+- ``reward.num_workers: 0`` (rewards in the trainer's process, where no deadline can be
+  kept) is refused while ``reward.timeout_s`` sets one; ``timeout_s: null`` says none is
+  wanted, and is refused for workers.
 - ``temper report`` of a ``metrics.jsonl`` holding two runs' rows (interleaved, or steps
   a resumed run logged again) warns in one line and draws each step once, its last
   value, in step order.
@@ -145,6 +148,50 @@ def test_an_empty_file_fails_the_loader_as_empty(tmp_path, tokenizer):
     path.write_text("")
     with pytest.raises(DataError, match=r"empty\.jsonl is empty \(no rows\)"):
         build_dataset(path, DataConfig(), tokenizer)
+
+
+# --------------------------------------------------------------------------- reward deadline
+
+IN_PROCESS = (
+    "reward.num_workers: 0 runs reward functions in the trainer's process, where nothing can "
+    "stop a call at its deadline (reward.timeout_s, 10 s): a reward that hangs would hang the "
+    "run. Fix: set reward.num_workers=1 or more to keep the deadline; or, in a native config, "
+    "reward.timeout_s=null as well, to run rewards in this process without one (debugging)"
+)
+
+
+def test_in_process_rewards_are_refused_while_a_deadline_is_set(
+    tmp_path, tiny_path, capsys, no_run
+):
+    config = native(tmp_path, tiny_path, data={"train_files": ["task:arithmetic?n=8"]})
+    assert refused([str(config), "reward.num_workers=0"], capsys) == IN_PROCESS
+
+
+def test_in_process_rewards_without_a_deadline_are_what_the_user_said(tmp_path, tiny_path):
+    from temper.pipelines.catalog import load_config
+
+    config = native(tmp_path, tiny_path, data={"train_files": ["task:arithmetic?n=8"]})
+    loaded = load_config(str(config), ["reward.num_workers=0", "reward.timeout_s=null"])
+    assert loaded.config.reward.num_workers == 0 and loaded.config.reward.timeout_s is None
+
+
+def test_no_deadline_is_refused_for_reward_workers(tmp_path, tiny_path, capsys, no_run):
+    config = native(tmp_path, tiny_path, data={"train_files": ["task:arithmetic?n=8"]})
+    assert refused([str(config), "reward.timeout_s=null"], capsys) == (
+        "reward.timeout_s: null (no deadline) is for rewards run in the trainer's process "
+        "(reward.num_workers=0, debugging); in workers a reward that hangs is stopped at its "
+        "deadline. Fix: set reward.timeout_s to the seconds a sample's reward may take, e.g. 10"
+    )
+
+
+def test_a_verl_file_with_in_process_rewards_is_told_in_verl_keys(
+    tmp_path, tiny_path, capsys, no_run
+):
+    verl = str(Path(__file__).resolve().parents[2] / "examples" / "verl_gsm8k_ppo.yaml")
+    args = [verl, f"actor_rollout_ref.model.path={tiny_path}", f"critic.model.path={tiny_path}"]
+    message = refused([*args, "reward_model.num_workers=0"], capsys)
+    assert message.startswith("reward_model.num_workers (temper: reward.num_workers): 0 runs ")
+    assert "Fix: set reward_model.num_workers=1 or more to keep the deadline" in message
 
 
 # --------------------------------------------------------------------------- temper report
