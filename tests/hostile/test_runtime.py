@@ -257,6 +257,26 @@ def test_report_of_one_clean_run_does_not_warn(tmp_path, capsys):
     assert "warning" not in (out / "report.md").read_text()
 
 
+def test_an_interrupt_while_a_resumed_run_rewrites_its_record_loses_no_row(tmp_path, monkeypatch):
+    # a resume keeps the rows before its checkpoint and rewrites the file; a Ctrl-C there
+    # (before the run's signal guard) must leave the file as it was, not cut short
+    from temper.tracking import JsonlTracker
+
+    out = _metrics(tmp_path / "run", [{"step": s, "train/reward_mean": 1.0} for s in (1, 2, 3)])
+    before = (out / "metrics.jsonl").read_text()
+    write_text = Path.write_text
+
+    def interrupted(self, data, *args, **kwargs):
+        write_text(self, data[: len(data) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        JsonlTracker(out, start_step=3)
+    monkeypatch.undo()
+    assert (out / "metrics.jsonl").read_text() == before
+
+
 # --------------------------------------------------------------------------- runs
 
 
