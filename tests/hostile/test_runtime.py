@@ -9,7 +9,11 @@ reward functions and stop signals.
   wanted, and is refused for workers.
 - ``temper report`` of a ``metrics.jsonl`` holding two runs' rows (interleaved, or steps
   a resumed run logged again) warns in one line and draws each step once, its last
-  value, in step order.
+  value, in step order; an interrupt while a resume rewrites that file loses no row.
+- Runs (``temper train`` in a process of its own where signals are sent): two SIGINTs —
+  SIGINT inherited as default or as ignored — stop at once in one line, exit 130, the
+  checkpoint saved before intact; a reward that SIGTERMs its trainer and the trainer's
+  process group cannot stop the run; what reward functions print is capped per step.
 """
 
 from __future__ import annotations
