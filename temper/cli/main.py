@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 
@@ -135,10 +136,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         from temper.report import write_report
 
         report = write_report(summary["output_dir"])
+        if report.warning:
+            print(f"warning: {report.warning}", file=sys.stderr)
         print(f"report: {report.png} (dashboard), {report.markdown} (summary)")
     if stopped:  # interrupted after a checkpoint: 128 + signal, as a shell reports it
-        import signal
-
         return 128 + int(signal.Signals[stopped])
     return 0
 
@@ -151,6 +152,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         print(f"report: {err}", file=sys.stderr)
         return 1
+    if report.warning:
+        print(f"warning: {report.warning}", file=sys.stderr)
     print(f"dashboard: {report.png}\nsummary:   {report.markdown}")
     return 0
 
@@ -220,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run a command. Errors a user fixes from the message (a bad config, vLLM, a
     non-finite loss, a failed Ray worker) print one ``error: ...`` line on stderr — exit
     2 for config errors, 1 otherwise; ``--debug`` / ``TEMPER_DEBUG=1`` add the traceback.
-    Any other exception is a bug and keeps its traceback. A config error found after the
+    Any other exception is a bug and keeps its traceback. An interruption the run did not
+    finish (a second Ctrl-C, or one before the run started) is one ``interrupted: ...``
+    line, exit 130. A config error found after the
     config loaded (the pre-flight's, the run's) is told in the keys of the file the user
     wrote, like those found while loading it."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -237,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
             err = args.loaded.in_dialect(err)
         print(f"config error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C outside a run's guard, or twice within it
+        if debug:
+            traceback.print_exc()
+        print(f"interrupted: {_one_line(str(err)) or 'SIGINT'}", file=sys.stderr)
+        return 128 + signal.SIGINT
     except Exception as err:
         hint = _user_error_hint(err)
         if hint is None:

@@ -646,8 +646,13 @@ class RewardConfig:
     reward_manager: Literal["naive", "batch", "dapo", "prime"] = doc(
         "naive", "How per-sample scores become token-level rewards."
     )
-    num_workers: int = doc(2, "Processes that run reward functions.")
-    timeout_s: float = doc(10.0, "Seconds one sample's reward may take.")
+    num_workers: int = doc(
+        2, "Processes that run reward functions (0: in this process, for debugging)."
+    )
+    timeout_s: float | None = doc(
+        10.0,
+        "Seconds one sample's reward may take (null: no deadline, only with num_workers 0).",
+    )
     failure_score: float = doc(0.0, "Score of a sample whose reward raised or timed out.")
     launch_async: bool = doc(False, "Compute rewards while log-probs are computed.")
     format_penalty: float = doc(0.0, "Added to the score when the response breaks the format.")

@@ -36,6 +36,7 @@ def validate(cfg: TemperConfig, catalog: Catalog) -> Derived:
     _check_ranges(cfg)
     _check_roles(cfg, catalog)
     _check_reward_components(cfg, catalog)
+    _check_reward_workers(cfg)
     _check_placement(cfg)
     return derive(cfg, catalog)  # batch arithmetic
 
@@ -239,6 +240,49 @@ def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
         )
     if uses_critic(cfg, catalog) and cfg.critic.ppo_epochs <= 0:
         raise ConfigError("critic.ppo_epochs", "must be positive", "set it to 1 or more")
+
+
+def _check_reward_workers(cfg: TemperConfig) -> None:
+    """Every reward call has a deadline, or the user said it has none.
+
+    A worker process (``num_workers`` ≥ 1) is killed at ``timeout_s``; a reward run in
+    the trainer's own process (``num_workers: 0``, for a debugger or prints) cannot be
+    stopped — a signal there can only interrupt Python between instructions, and
+    math-verify's own SIGALRM timeouts would clash with one. So in-process rewards are
+    refused unless ``timeout_s: null`` says no deadline is wanted, and a null is refused
+    for workers, which always keep one: no hang without a deadline, none by surprise.
+    """
+    workers, timeout = cfg.reward.num_workers, cfg.reward.timeout_s
+    if workers < 0:
+        raise ConfigError(
+            "reward.num_workers",
+            f"must be ≥ 0, got {workers}",
+            "set reward.num_workers to the reward processes to run, e.g. 2",
+        )
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(
+            "reward.timeout_s",
+            f"must be > 0 seconds, got {timeout}",
+            "set reward.timeout_s to the seconds a sample's reward may take, e.g. 10",
+        )
+    if workers == 0 and timeout is not None:
+        raise ConfigError(
+            "reward.num_workers",
+            f"0 runs reward functions in the trainer's process, where nothing can stop a call "
+            f"at its deadline (reward.timeout_s, {timeout:g} s): a reward that hangs would "
+            "hang the run",
+            "set reward.num_workers=1 or more to keep the deadline; or, in a native config, "
+            "reward.timeout_s=null as well, to run rewards in this process without one "
+            "(debugging)",
+        )
+    if workers > 0 and timeout is None:
+        raise ConfigError(
+            "reward.timeout_s",
+            "null (no deadline) is for rewards run in the trainer's process "
+            "(reward.num_workers=0, debugging); in workers a reward that hangs is stopped "
+            "at its deadline",
+            "set reward.timeout_s to the seconds a sample's reward may take, e.g. 10",
+        )
 
 
 def _check_reward_components(cfg: TemperConfig, catalog: Catalog) -> None:

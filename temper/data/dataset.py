@@ -18,7 +18,7 @@ import numpy as np
 from temper.config.schema import DataConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.data.collate import PromptExample, collate_prompts
-from temper.data.errors import DataError, RowIssue, RowProblem
+from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
 from temper.data.prompts import (
     check_template,
     parse_row,
@@ -260,6 +260,8 @@ def build_dataset(
             filtered,
             cfg.max_prompt_length,
         )
+    if rows_read == 0:
+        raise empty_files_error(key, files)
     if not examples:
         first = f" (first skipped: {skipped[0]})" if skipped else ""
         raise DataError(

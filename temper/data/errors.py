@@ -8,6 +8,8 @@ both the same way, as ``<key>: <reason>. Fix: <fix>``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
 
 from temper.config.errors import ConfigError
 
@@ -34,3 +36,11 @@ class RowIssue:
 
 class RowProblem(ValueError):
     """Raised while parsing one row; turned into a :class:`RowIssue` by the loader."""
+
+
+def empty_files_error(key: str, files: str | Path | Sequence[str | Path]) -> DataError:
+    """The files of ``key`` hold no row at all (empty, or blank lines only): said as such,
+    not as a missing prompt column of a file that has no columns."""
+    names = [str(files)] if isinstance(files, (str, Path)) else [str(f) for f in files]
+    what = f"{names[0]} is empty" if len(names) == 1 else f"{', '.join(names)} are empty"
+    return DataError(key, f"{what} (no rows)", f"point {key} at a file that holds prompts")

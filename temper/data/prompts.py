@@ -120,8 +120,10 @@ def parse_row(row: dict[str, Any], cfg: DataConfig) -> PromptFields:
     """
     column = cfg.messages_key or cfg.prompt_key
     value = get_path(row, column)
-    if value is MISSING or value is None:
+    if value is MISSING:
         raise RowProblem(f"missing column '{column}' (row has: {', '.join(map(str, row))})")
+    if value is None:  # the column is there (a csv's empty cell reads so too): a bad row
+        raise RowProblem(f"column '{column}' is null: the row has no prompt")
     text: str | None = None
     if cfg.messages_key and isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
         try:

@@ -13,6 +13,10 @@ Formats (chosen by suffix; a directory is a saved ``datasets`` dataset when it h
 - ``.json`` — a list of objects or ``{"data": [...]}`` (a file of JSON lines also works);
 - ``.csv`` — header row; empty cells are missing values, cells holding a JSON list/object
   (``[...]``/``{...}``) are parsed, since that is how nested columns survive csv.
+
+Text files are read as UTF-8 with an optional byte-order mark (``utf-8-sig``): editors
+on Windows and Excel's csv export write one, and read as plain UTF-8 it would make the
+first jsonl line unparsable and rename the first csv column.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from typing import Any
 from temper.data.errors import DataError
 
 SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
+#: UTF-8 that drops a leading byte-order mark (see the module doc).
+TEXT_ENCODING = "utf-8-sig"
 _DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
@@ -145,14 +151,14 @@ def _json_line(file: str, where: str, line: str) -> SourceRow:
 
 
 def _read_jsonl(path: Path) -> Iterator[SourceRow]:
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding=TEXT_ENCODING) as fh:
         for lineno, line in enumerate(fh, start=1):
             if line.strip():
                 yield _json_line(str(path), f"line {lineno}", line)
 
 
 def _read_json(path: Path, key: str) -> Iterator[SourceRow]:
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding=TEXT_ENCODING)
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
@@ -191,7 +197,7 @@ def _csv_cell(cell: str | None) -> Any:
 
 def _read_csv(path: Path) -> Iterator[SourceRow]:
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # long prompts exceed the 128 KiB default
-    with path.open(encoding="utf-8", newline="") as fh:
+    with path.open(encoding=TEXT_ENCODING, newline="") as fh:
         reader = csv.DictReader(fh)
         start = reader.line_num + 1
         for raw in reader:

@@ -25,7 +25,7 @@ from temper.pipelines.dumps import dump_generations
 from temper.pipelines.producer import Pipeline
 from temper.pipelines.run import Run, build_run, response_metrics, throughput
 from temper.pipelines.shaping import compute_experience
-from temper.pipelines.signals import StopSignals
+from temper.pipelines.signals import Interrupted, StopSignals
 from temper.pipelines.timing import Timer
 
 
@@ -96,11 +96,24 @@ def train(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> dict[str, Any
                 run.validate()
             if stop.received is None and not exp.val_only and run.step >= run.total_steps:
                 run.save_final(repair=not finished)  # a finished run's rerun: if cut or lost
+    except KeyboardInterrupt as err:  # a second SIGINT, or one with save_on_signal off
+        raise Interrupted(interrupted_line(run, err)) from None
     finally:
         run.close()
     summary = run.summary(stop.name)
     print(run.closing_line(summary), flush=True)
     return summary
+
+
+def interrupted_line(run: Run, err: KeyboardInterrupt) -> str:
+    """What stopped the run at once, in which step, and where the same command resumes."""
+    what = str(err) if isinstance(err, Interrupted) and str(err) else "SIGINT"
+    saved = (
+        f"the same command resumes from {run.last_checkpoint}"
+        if run.last_checkpoint is not None
+        else "no checkpoint was saved yet"
+    )
+    return f"{what} stopped the run at once at step {run.step}; {saved}"
 
 
 def needs_actor_forward(cfg: TemperConfig, batch: Batch) -> bool:

@@ -465,19 +465,23 @@ def _scan(
     """Columns and the (data source, tag) pairs of ``files``, as the data loader reads
     them (a missing source is ``unknown``, a missing tag the source): parquet from its
     schema and those two columns, other files from their rows (up to ``MAX_SCAN_ROWS``)."""
+    from temper.data.errors import empty_files_error
     from temper.data.prompts import data_source_of, get_path
     from temper.data.sources import expand_files, read_file
 
     columns: set[str] = set()
     samples: set[tuple[str, str]] = set()
     ds_key, tag_key = cfg.data.data_source_key, cfg.data.tag_key
-    for path in expand_files(files, key):
+    paths = expand_files(files, key)
+    read = [0]  # rows seen, broken ones included: none at all is an empty file
+    for path in paths:
         rows: Iterable[dict[str, Any]]
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
             try:
                 names = set(pq.read_schema(path).names)
+                read[0] += pq.read_metadata(path).num_rows
             except (OSError, ValueError) as err:
                 raise ConfigError(key, f"cannot read {path}: {err}", "check the file") from err
             columns |= names
@@ -485,20 +489,25 @@ def _scan(
             wanted = [c for c in heads if c in names]
             rows = pq.read_table(path, columns=wanted).to_pylist() if wanted else [{}]
         else:
-            rows = _rows(read_file(path, key), columns)
+            rows = _rows(read_file(path, key), columns, read)
         for row in rows:
             source = data_source_of(row, ds_key)
             tag = get_path(row, tag_key)
             samples.add(
                 (source, source if tag is None or not isinstance(tag, str | int) else str(tag))
             )
+    if not read[0]:
+        raise empty_files_error(key, paths)
     return columns, samples
 
 
-def _rows(source_rows: Iterable[Any], columns: set[str]) -> Iterable[dict[str, Any]]:
+def _rows(
+    source_rows: Iterable[Any], columns: set[str], read: list[int]
+) -> Iterable[dict[str, Any]]:
     for i, row in enumerate(source_rows):
         if i >= MAX_SCAN_ROWS:
             return
+        read[0] += 1
         if row.row is not None:
             columns |= set(row.row)
             yield row.row

@@ -115,6 +115,12 @@ class Run:
     lock: RunLock | None = None  # the output directory's, released by close()
     #: when the last checkpoint was written (or the run built): the recovery cadence's clock
     last_save: float = dataclasses.field(default_factory=time.monotonic)
+    #: the newest checkpoint on disk, where a rerun resumes (None: none yet)
+    last_checkpoint: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.last_checkpoint is None:
+            self.last_checkpoint = self.resumed_from
 
     @property
     def step(self) -> int:
@@ -196,6 +202,7 @@ class Run:
         recovery = not self._kept_save_due()
         path = self.checkpointer.save(self.step, recovery=recovery)
         self.last_save = time.monotonic()
+        self.last_checkpoint = path
         note = ", recovery: the next checkpoint replaces it" if recovery else ""
         print(f"checkpoint: {path} ({self.checkpointer.last_save_s:.1f}s{note})", flush=True)
         return path

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from temper.report.steps import by_step
+
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("train/reward_mean", "train/score_mean")),
     ("validation reward", ("val/reward_mean",)),
@@ -31,24 +33,28 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 @dataclass(frozen=True)
 class Report:
-    """Where ``write_report`` put its files."""
+    """Where ``write_report`` put its files, and what it found wrong with the record
+    (one line; see :mod:`temper.report.steps`)."""
 
     png: Path
     markdown: Path
+    warning: str | None = None
+
+
+def _metrics_file(path: Path) -> Path:
+    return path / "metrics.jsonl" if path.is_dir() else path
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a ``metrics.jsonl`` (a run dir or the file); cut lines are skipped."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
+    """Rows of a ``metrics.jsonl`` (a run dir or the file), as written; cut lines are
+    skipped."""
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in _metrics_file(Path(path)).read_text(encoding="utf-8").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and "step" in row:
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
             rows.append(row)
     return rows
 
@@ -156,10 +162,15 @@ def _first_last(rows: list[dict[str, Any]], key: str, k: int = 5) -> tuple[float
     return sum(values[:k]) / k, sum(values[-k:]) / k
 
 
-def summary_markdown(rows: list[dict[str, Any]], png_name: str, title: str) -> str:
-    """A few lines a human reads first: length, reward trend, validation, speed."""
+def summary_markdown(
+    rows: list[dict[str, Any]], png_name: str, title: str, warning: str | None = None
+) -> str:
+    """A few lines a human reads first: length, reward trend, validation, speed (and
+    ``warning``, what was wrong with the record, first)."""
     steps = sorted({int(r["step"]) for r in rows})
     lines = [f"# {title}", ""]
+    if warning:
+        lines += [f"> warning: {warning}", ""]
     lines.append(f"- steps logged: {len(steps)} (last step {steps[-1] if steps else 0})")
     for key in ("train/reward_mean", "response/length_mean", "actor/entropy", "actor/kl"):
         fl = _first_last(rows, key)
@@ -187,9 +198,12 @@ def summary_markdown(rows: list[dict[str, Any]], png_name: str, title: str) -> s
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Report:
-    """``report.png`` and ``report.md`` for the run in ``run_dir`` (into ``out_dir``)."""
+    """``report.png`` and ``report.md`` for the run in ``run_dir`` (into ``out_dir``): one
+    point per step, its last value, in step order (``Report.warning`` says when the file
+    held steps out of order or more than once)."""
     run_dir = Path(run_dir)
-    rows = read_metrics(run_dir)
+    steps = by_step(read_metrics(run_dir), str(_metrics_file(run_dir)))
+    rows = steps.rows
     if not rows:
         raise ValueError(f"{run_dir}: metrics.jsonl has no rows to report")
     out = (
@@ -198,5 +212,5 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
     title = run_dir.name if run_dir.is_dir() else run_dir.parent.name
     png = plot_dashboard(rows, out / "report.png", title=title)
     md = out / "report.md"
-    md.write_text(summary_markdown(rows, png.name, title), encoding="utf-8")
-    return Report(png, md)
+    md.write_text(summary_markdown(rows, png.name, title, steps.warning), encoding="utf-8")
+    return Report(png, md, steps.warning)

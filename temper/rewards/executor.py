@@ -11,9 +11,13 @@ only once it is idle, so a call's clock starts when it starts running:
   (SIGKILL), ``kind="timeout"``, and a fresh worker replaces it;
 - a worker that dies (segfault, ``os._exit``) → ``kind="crash"``, replaced likewise.
 
-Nothing a reward function does stops the caller. ``num_workers=0`` runs calls in this
+Nothing a reward function does stops the caller: nor can it signal the trainer (each
+worker shields it with a seccomp filter, ``temper.rewards.shield``), and what it prints
+reaches the trainer's stdout/stderr through pipes read here, capped per batch of calls
+(``temper.rewards.output``). ``num_workers=0`` runs calls in this
 process: exceptions are still caught, but **no timeout is possible** (a hang hangs the
-run) — meant for debugging. Workers start lazily on the first ``run`` and live until
+run), the output is not captured and nothing shields the trainer — meant for debugging
+(a config says so with ``reward.timeout_s: null``; ``temper.config.validate``). Workers start lazily on the first ``run`` and live until
 ``close()`` (also called at garbage collection / interpreter exit).
 """
 
@@ -21,7 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import math
 import multiprocessing as mp
+import os
 import threading
 import time
 import weakref
@@ -30,9 +37,17 @@ from collections.abc import Sequence
 from multiprocessing.connection import wait
 from typing import Any, Literal
 
-from temper.rewards.worker import FunctionSpec, call, describe_error, worker_main
+from temper.rewards.output import OutputCap
+from temper.rewards.worker import (
+    FunctionSpec,
+    WorkerSetup,
+    call,
+    describe_error,
+    worker_main,
+)
 
 CallKind = Literal["ok", "error", "timeout", "crash", "invalid"]
+logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 120.0
 
 
@@ -48,32 +63,63 @@ class CallResult:
 
 @dataclasses.dataclass
 class RewardCall:
-    """One call: ``spec``'s function with keyword ``arguments``, stopped after ``timeout_s``."""
+    """One call: ``spec``'s function with keyword ``arguments``, stopped after ``timeout_s``
+    (None: no deadline — in process, where none can be kept; config refuses it for
+    workers)."""
 
     spec: FunctionSpec
     arguments: dict[str, Any]
-    timeout_s: float
+    timeout_s: float | None
 
 
 class _Worker:
     def __init__(self, ctx: Any, preload: Sequence[str]) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
+        # its stdout and stderr: pipes read here (``output``), ends of the child's only
+        (out, out_child), (err, err_child) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
+        setup = WorkerSetup(tuple(preload), out_child, err_child, (os.getpid(), os.getpgrp()))
         self.process = ctx.Process(
-            target=worker_main, args=(child, tuple(preload)), daemon=True, name="temper-reward"
+            target=worker_main, args=(child, setup), daemon=True, name="temper-reward"
         )
         self.process.start()
-        child.close()
+        for end in (child, out_child, err_child):
+            end.close()
+        self.output: dict[str, Any] = {"stdout": out, "stderr": err}
+        for reader in self.output.values():
+            os.set_blocking(reader.fileno(), False)
         self.started = time.monotonic()
         self.ready = False
         self.task: int | None = None
         self.deadline = 0.0
         self.task_start = 0.0
 
+    def read_output(self, cap: OutputCap, reader: Any | None = None) -> None:
+        """Hand what the worker wrote so far (to ``reader``, or to both pipes) to ``cap``;
+        a pipe at its end (the worker exited) is closed and no longer read."""
+        for name, pipe in list(self.output.items()):
+            if reader is not None and pipe is not reader:
+                continue
+            while True:
+                try:
+                    data = os.read(pipe.fileno(), 1 << 16)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    pipe.close()
+                    del self.output[name]
+                    break
+                cap.feed(name, data)
+
     def kill(self) -> None:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=5)
         self.conn.close()
+        for pipe in self.output.values():
+            pipe.close()
+        self.output.clear()
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -105,16 +151,25 @@ class RewardExecutor:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self.restarts = 0
+        self.output = OutputCap()
+        self.unshielded: str | None = None  # why a worker could not shield the trainer
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
 
     # ------------------------------------------------------------------ public
 
     def run(self, calls: Sequence[RewardCall]) -> list[CallResult]:
-        """Run all ``calls`` (in parallel over the workers); results in input order."""
+        """Run all ``calls`` (in parallel over the workers); results in input order. What
+        the calls print is shown up to ``OutputCap``'s limit (workers only)."""
         with self._lock:
             if self.num_workers == 0:
                 return [self._run_inline(c) for c in calls]
-            return self._run_pool(calls)
+            self.output.begin()
+            try:
+                return self._run_pool(calls)
+            finally:
+                for w in self._workers:  # the last replies' output is in the pipes now
+                    w.read_output(self.output)
+                self.output.end()
 
     def close(self) -> None:
         """Stop the workers (politely, then SIGKILL). The executor restarts them if reused."""
@@ -145,6 +200,7 @@ class RewardExecutor:
         return CallResult("ok", value=value, seconds=time.monotonic() - start)
 
     def _replace(self, worker: _Worker) -> None:
+        worker.read_output(self.output)
         worker.kill()
         self._workers[self._workers.index(worker)] = _Worker(self._ctx, self.preload)
         self.restarts += 1
@@ -167,7 +223,8 @@ class RewardExecutor:
                         results[idx] = CallResult("error", reason=describe_error(err))
                         continue
                     w.task, w.task_start = idx, time.monotonic()
-                    w.deadline = w.task_start + calls[idx].timeout_s
+                    limit = calls[idx].timeout_s
+                    w.deadline = w.task_start + (math.inf if limit is None else limit)
             self._wait_and_collect(results)
         return [r if r is not None else CallResult("crash", reason="lost") for r in results]
 
@@ -175,12 +232,16 @@ class RewardExecutor:
         now = time.monotonic()
         deadlines = [w.started + STARTUP_TIMEOUT_S for w in self._workers if not w.ready]
         deadlines += [w.deadline for w in self._workers if w.task is not None]
-        timeout = max(0.0, min(deadlines) - now) if deadlines else None
+        soonest = min(deadlines, default=math.inf)
+        timeout = None if soonest == math.inf else max(0.0, soonest - now)
         waitables: list[Any] = [w.conn for w in self._workers]
         waitables += [w.process.sentinel for w in self._workers]
+        waitables += [pipe for w in self._workers for pipe in w.output.values()]
         ready = set(wait(waitables, timeout=timeout))
         now = time.monotonic()
         for w in list(self._workers):
+            for pipe in [p for p in w.output.values() if p in ready]:
+                w.read_output(self.output, pipe)
             if w.conn in ready or w.process.sentinel in ready:
                 self._receive(w, results, now)
             elif w.ready and w.task is not None and now >= w.deadline:
@@ -200,9 +261,17 @@ class RewardExecutor:
             status, value = None, None
         if status == "ready":
             w.ready = True
+            if value and self.unshielded is None:
+                self.unshielded = str(value)
+                logger.warning(
+                    "reward workers run unshielded: a reward function that signals the "
+                    "trainer can stop the run (%s)",
+                    value,
+                )
             return
         if status is None:  # the process died
             w.process.join(timeout=1)
+            w.read_output(self.output)  # its last words (a traceback) before the verdict
             code = w.process.exitcode
             if w.task is None and not w.ready:
                 raise RuntimeError(

@@ -161,10 +161,6 @@ class RewardScorer:
                 "'prime' (PRIME implicit process rewards) is not supported",
                 "use naive, batch or dapo",
             )
-        if config.num_workers < 0:
-            raise ConfigError("reward.num_workers", "must be >= 0", "use 0 (in process) or more")
-        if config.timeout_s <= 0:
-            raise ConfigError("reward.timeout_s", "must be > 0", "e.g. 10")
         self.config = config
         self.reward_model = reward_model
         self.default = _spec(config.function, config.function_kwargs, config, "reward.function")
@@ -373,7 +369,8 @@ class RewardScorer:
                     "ground_truths": [truths[i] for i in chunk],
                     "extra_infos": [extras[i] for i in chunk],
                 }
-                calls.append(RewardCall(spec, arguments, timeout * len(chunk)))
+                chunk_timeout = None if timeout is None else timeout * len(chunk)
+                calls.append(RewardCall(spec, arguments, chunk_timeout))
         raw = self.executor.run(calls)
         out: list[CallResult] = [CallResult("crash")] * len(specs)
         for i, res in zip(per_sample, raw):

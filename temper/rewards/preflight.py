@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from typing import Any
 
 from temper.config.errors import ConfigError
@@ -29,7 +30,10 @@ def sandbox_settings(config: RewardConfig) -> dict[str, Any]:
         "name": config.sandbox,
         "url": config.sandbox_url,
         "limits": dataclasses.asdict(config.sandbox_limits),
-        "sample_timeout_s": SAMPLE_SHARE * config.timeout_s,
+        # no deadline (in process): the tests run to the end, each within its wall time
+        "sample_timeout_s": math.inf
+        if config.timeout_s is None
+        else SAMPLE_SHARE * config.timeout_s,
     }
 
 

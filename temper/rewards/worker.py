@@ -10,13 +10,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import os
 import signal
+import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from temper.rewards.custom import load_custom_function
 from temper.rewards.registry import get_reward_function
+from temper.rewards.shield import install as install_shield
 
 MAX_REASON_CHARS = 500
 
@@ -61,17 +64,55 @@ def describe_error(err: BaseException) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def worker_main(conn: Any, preload: Sequence[str]) -> None:
+@dataclasses.dataclass(frozen=True)
+class WorkerSetup:
+    """How a worker starts: the modules it imports first, the pipes its stdout and stderr
+    go to (the executor reads and caps them; None: the trainer's own), and the trainer
+    it may not signal (pid and process group; None: unshielded)."""
+
+    preload: Sequence[str] = ()
+    stdout: Any = None
+    stderr: Any = None
+    trainer: tuple[int, int] | None = None
+
+
+def _redirect(fd: int, pipe: Any) -> None:
+    """Point ``fd`` (1 or 2) at ``pipe``: Python's writes, C's and child processes' alike."""
+    getattr(sys, "stdout" if fd == 1 else "stderr").flush()
+    os.dup2(pipe.fileno(), fd)
+    pipe.close()
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def worker_main(conn: Any, setup: WorkerSetup) -> None:
     """Loop: receive ``(spec, arguments)``, send ``("ok", value)`` or ``("error", reason)``.
 
-    Sends ``("ready", None)`` after start-up so start-up time never counts against a
-    sample's timeout. ``None`` asks the worker to exit. Ctrl-C is left to the parent.
+    Sends ``("ready", problem)`` after start-up so start-up time never counts against a
+    sample's timeout; ``problem`` says why the trainer is not shielded from this worker's
+    signals (``temper.rewards.shield``; None when it is). ``None`` asks the worker to
+    exit. Ctrl-C is left to the parent. What a call prints is flushed before its reply,
+    so the executor has it when the reply comes.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for module in preload:  # a missing optional module only slows the first call
+    if setup.stdout is not None:
+        _redirect(1, setup.stdout)
+    if setup.stderr is not None:
+        _redirect(2, setup.stderr)
+    problem = None
+    if setup.trainer is not None:
+        with contextlib.suppress(OSError):  # a session of its own: kill(0) stays in it
+            os.setsid()
+        problem = install_shield(*setup.trainer)
+    for module in setup.preload:  # a missing optional module only slows the first call
         with contextlib.suppress(Exception):
             importlib.import_module(module)
-    conn.send(("ready", None))
+    _flush()
+    conn.send(("ready", problem))
     while True:
         try:
             task = conn.recv()
@@ -85,6 +126,7 @@ def worker_main(conn: Any, preload: Sequence[str]) -> None:
         except Exception as err:
             reply = ("error", describe_error(err))
             traceback.clear_frames(err.__traceback__)
+        _flush()
         try:
             conn.send(reply)
         except Exception as err:  # e.g. an unpicklable return value

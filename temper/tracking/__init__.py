@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -163,7 +164,11 @@ class JsonlTracker:
                 "are logged again)",
                 flush=True,
             )
-        self.path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        # written aside and renamed: a Ctrl-C (or a kill) while the kept rows are written
+        # must not leave the record cut short
+        fresh = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        fresh.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        os.replace(fresh, self.path)
         self.file = self.path.open("a", encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:

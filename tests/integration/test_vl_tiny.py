@@ -176,6 +176,7 @@ def test_resumed_vl_run_equals_the_uninterrupted_one(tmp_path, tiny_vlm_dir, mon
                     "function": "custom",
                     "custom_function": {"path": str(reward)},
                     "num_workers": 0,
+                    "timeout_s": None,  # in process: no deadline (debugging)
                 },
             }
         )

@@ -68,6 +68,6 @@ def test_csv_bad_rows(tmp_path, tokenizer):
     ds = build_dataset(path, DataConfig(max_prompt_length=64), tokenizer)
     assert len(ds) == 1 and ds[0].ground_truth == "1"
     assert [str(i) for i in ds.skip_reasons] == [
-        f"{path}:line 3: missing column 'prompt' (row has: prompt, ground_truth)",
+        f"{path}:line 3: column 'prompt' is null: the row has no prompt",
         f"{path}:line 4: 1 more field(s) than the header",
     ]

@@ -11,7 +11,7 @@ import torch
 
 from temper.data.batch import Batch
 from temper.pipelines.dumps import dump_generations, generation_rows
-from temper.pipelines.signals import StopSignals
+from temper.pipelines.signals import Interrupted, StopSignals
 
 
 def test_first_signal_is_recorded_and_handlers_are_restored():
@@ -27,6 +27,20 @@ def test_second_sigint_abandons_at_once():
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.name == "SIGINT"
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_second_sigint_abandons_at_once_when_sigint_was_inherited_ignored():
+    # a background job of a non-interactive shell (`cmd &` in a script) starts so: there
+    # is no previous handler to fall back to, and the second SIGINT must still stop
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(Interrupted, match="a second SIGINT"), StopSignals() as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop.name == "SIGINT"
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # restored as it was
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_disabled_leaves_the_handlers_alone():
