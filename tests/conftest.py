@@ -30,6 +30,20 @@ def tiny_dir(tiny_model_dir):
 
 
 @pytest.fixture(autouse=True)
+def _restore_environment():
+    """What a test's code does to ``os.environ`` is undone when it ends: a variable one
+    test set (LOCAL_RANK by a one-rank world, a library's own) must not make a later
+    test pass, so a test passes alone as it does in the suite."""
+    before = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    for name, value in before.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
 def _release_local_process_group():
     """A DeepSpeed engine on the local backend makes a one-rank process group in the test
     process; later tests fork ranks, which must not inherit it."""

@@ -61,6 +61,7 @@ from temper.training.deepspeed_config import (
     zero_stage,
 )
 from temper.training.deepspeed_io import DeepSpeedCheckpointer
+from temper.training.local_world import ensure_local_world
 from temper.training.models import load_hf_config, resolve_dtype
 from temper.training.spec import EngineSpec
 
@@ -108,15 +109,12 @@ _OWN_GROUP: list[bool] = [False]  # whether ensure_process_group made the defaul
 
 
 def ensure_process_group(device: torch.device) -> None:
-    """A one-rank process group when this process has none (the local backend)."""
-    if dist.is_initialized():
-        return
-    _forget_stale_groups()
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(name, value)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    _OWN_GROUP[0] = True
+    """A one-rank process group and its launcher variables when this process has none
+    (the local backend; :mod:`temper.training.local_world`)."""
+    if not dist.is_initialized():
+        _forget_stale_groups()
+    if ensure_local_world(device):
+        _OWN_GROUP[0] = True
 
 
 def release_process_group() -> None:

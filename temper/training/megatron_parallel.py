@@ -22,8 +22,6 @@ which only matters at a non-zero dropout (HF Llama/Qwen checkpoints have none).
 from __future__ import annotations
 
 import contextlib
-import datetime
-import socket
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ import torch.distributed as dist
 
 from temper.config.errors import ConfigError
 from temper.config.schema import MegatronConfig
+from temper.training.local_world import ensure_local_world
 
 
 @dataclass(frozen=True)
@@ -51,24 +50,10 @@ class Parallel:
     model_parallel_group: Any  # TP × PP: where a gradient norm is summed
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def ensure_process_group(device: torch.device) -> None:
-    """A one-rank world for an engine in a process without one (the local backend)."""
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(minutes=30),
-    )
+    """A one-rank world and its launcher variables for an engine in a process without
+    one (the local backend; :mod:`temper.training.local_world`)."""
+    ensure_local_world(device)
 
 
 # What Megatron-Core says when it is imported without Apex / TransformerEngine: true, and

@@ -1,0 +1,66 @@
+"""The one-rank ``torch.distributed`` world of an engine on the local backend.
+
+DeepSpeed and Megatron-Core run inside a process group. On the Ray backend each rank's
+worker joins its role's group (:mod:`temper.cluster.process_group`, which sets the
+variables torchrun would); on the local backend a role runs in the driver process,
+which has none, so the first such engine creates a world of one rank here.
+
+The libraries also read the launcher's environment, not only the group: DeepSpeed's
+``zero.Init`` (entered by transformers' ``from_pretrained`` under ZeRO-3) reads
+``os.environ["LOCAL_RANK"]``, Megatron's and torch's helpers read ``RANK`` and
+``WORLD_SIZE``. So the world is created together with the variables that describe it,
+whichever engine comes first — an engine finding a one-rank group another library made
+(vLLM in process, the other engine) fills in the variables that group left unset.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+LOCAL_ADDR = "127.0.0.1"
+
+#: Collectives of a one-rank world wait on no other rank; this only bounds a wedged one.
+LOCAL_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOCAL_ADDR, 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(device: torch.device) -> dict[str, str]:
+    """The rank variables of a one-rank world on ``device``: ``LOCAL_RANK`` is the GPU
+    index (DeepSpeed and Megatron put the rank on ``cuda:LOCAL_RANK``), 0 on CPU."""
+    local_rank = (device.index or 0) if device.type == "cuda" else 0
+    return {"RANK": "0", "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "1"}
+
+
+def ensure_local_world(device: torch.device) -> bool:
+    """A one-rank default process group (gloo on CPU, nccl on GPU) and its launcher
+    variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``:
+    where it met), unless this process is already in a group; returns whether it made one.
+
+    A group that exists is left as it is; if it is a one-rank world, the rank variables
+    it left unset are filled in (a group of several ranks was made by a launcher that set
+    them; where another library's group met is its own business)."""
+    if dist.is_initialized():
+        if dist.get_world_size() == 1:
+            for name, value in rank_env(device).items():
+                os.environ.setdefault(name, value)
+        return False
+    port = _free_port()
+    os.environ.update(rank_env(device), MASTER_ADDR=LOCAL_ADDR, MASTER_PORT=str(port))
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://{LOCAL_ADDR}:{port}",
+        rank=0,
+        world_size=1,
+        timeout=LOCAL_TIMEOUT,
+    )
+    return True
