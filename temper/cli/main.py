@@ -23,10 +23,11 @@ USER_ERRORS: dict[tuple[str, str], str] = {
         " (no optimizer step was taken: lower that role's optim.lr or set its grad_clip, "
         "and check rewards and advantages for huge values)"
     ),
-    ("temper.cluster.ray", "WorkerGroupError"): (
+    ("temper.cluster.base", "WorkerGroupError"): (
         " (see that worker's log above; the same command resumes from the last checkpoint)"
     ),
     ("temper.rewards.failures", "RewardFailureError"): "",
+    ("temper.rewards.executor", "RewardWorkerError"): "",
     ("temper.pipelines.checkpointing", "CheckpointWriteError"): "",
 }
 DEBUG_ENV = "TEMPER_DEBUG"

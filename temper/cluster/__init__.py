@@ -2,9 +2,9 @@
 
 Public API (importing this package does not import Ray):
 
-* :class:`WorkerGroup` — ``call_all`` / ``scatter`` / ``dispatch`` over a role's ranks;
-  ``temper.cluster.ray.RayWorkerGroup`` and ``WorkerGroupError`` (role, rank and cause
-  of a failed rank). ``backend: local`` needs no group: the roles run in this process;
+* :class:`WorkerGroup` — ``call_all`` / ``scatter`` / ``dispatch`` over a role's ranks,
+  and ``WorkerGroupError`` (role, rank and cause of a failed rank);
+  ``temper.cluster.ray.RayWorkerGroup``. ``backend: local`` needs no group: the roles run in this process;
 * :func:`build_cluster_roles` — the run's roles for ``resources.backend``;
 * :func:`karmarkar_karp`, :func:`greedy_partition`, :func:`balance_order` — token-balanced
   equal-size data-parallel shards;

@@ -34,6 +34,15 @@ from temper.data.batch import Batch
 from temper.training.micro_batching import real_lengths
 
 
+class WorkerGroupError(RuntimeError):
+    """A rank of a role failed: raised, died, or did not answer in time."""
+
+    def __init__(self, role: str, rank: int | Sequence[int], cause: str) -> None:
+        ranks = rank if isinstance(rank, int) else ", ".join(map(str, rank))
+        super().__init__(f"{role} rank {ranks}: {cause}")
+        self.role, self.rank, self.cause = role, rank, cause
+
+
 def pad_batch(batch: Batch, multiple: int) -> tuple[Batch, int]:
     """``batch`` grown to a multiple of ``multiple`` rows with masked copies; pad count."""
     pad = -len(batch) % multiple

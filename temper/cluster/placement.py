@@ -13,11 +13,13 @@ from temper.config.schema import TemperConfig
 from temper.roles.builder import local_engine
 from temper.rollout.registry import resolve_engine_name
 
-_KEYS = {
+#: The ``resources`` key (and ``Derived.placement`` entry) of each role's device ids.
+PLACEMENT_KEYS = {
     "actor": "actor_train",
     "rollout": "actor_infer",
     "reference": "reference",
     "critic": "critic",
+    "judge": "reward",
 }
 
 
@@ -30,6 +32,17 @@ def worker_device(cfg: TemperConfig) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def placed_roles(cfg: TemperConfig, d: Derived) -> dict[str, list[int]]:
+    """The device ids of every role that gets Ray workers, in start order: the actor, the
+    rollout engines, the run's other roles, and the LLM judge when a sample goes to it."""
+    from temper.cluster.judge import judge_used
+
+    roles = ["actor", "rollout", *d.roles[1:]]
+    if judge_used(cfg):
+        roles.append("judge")
+    return {role: list(d.placement[PLACEMENT_KEYS[role]]) for role in roles}
 
 
 def device_pools(ids_by_role: dict[str, list[int]]) -> list[tuple[int, ...]]:
@@ -66,28 +79,29 @@ def rank_slots(ids_by_role: dict[str, list[int]]) -> dict[str, list[tuple[int, i
     return {role: [(*where[d], 1.0 / users[d]) for d in ids] for role, ids in ids_by_role.items()}
 
 
-def _ids(ids: list[int]) -> str:
+def format_ids(ids: list[int]) -> str:
+    """``0..7`` for a run of ids, else ``0,2,5``."""
     if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
         return f"{ids[0]}..{ids[-1]}"
     return ",".join(map(str, ids))
 
 
 def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
-    """Header + one row per role (the rollout engines of ``actor_infer`` included): role,
-    devices, nodes, ranks, dp, engine, bundle, colocated with, from the run's plan ``d``.
-    On the local backend everything is one process."""
-    roles = ["actor", "rollout", *d.roles[1:]]
-    place = d.placement
-    slots = rank_slots({r: place[_KEYS[r]] for r in roles})
+    """Header + one row per role (the rollout engines of ``actor_infer`` and the LLM
+    judge included): role, devices, nodes, ranks, dp, engine, bundle, colocated with,
+    from the run's plan ``d``. On the local backend everything is one process."""
+    place = placed_roles(cfg, d)
+    slots = rank_slots(place)
     per_node = cfg.resources.devices_per_node
     gpu = worker_device(cfg) == "cuda"
     rows: list[tuple[str, ...]] = [
         ("role", "devices", "nodes", "ranks", "dp", "engine", "bundle/rank", "colocated with")
     ]
-    for role in roles:
-        ids = place[_KEYS[role]]
+    for role, ids in place.items():
         if role == "rollout":  # one whole engine per rank (data-parallel rollout)
             strategy = resolve_engine_name(cfg.rollout.engine, cfg.model)
+        elif role == "judge":  # one whole engine per rank too
+            strategy = cfg.reward.judge.engine
         else:
             strategy = getattr(cfg, role).strategy
         dp = {"actor": d.actor.dp, "critic": d.critic.dp if d.critic else len(ids)}.get(
@@ -95,17 +109,27 @@ def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
         )
         if role == "reference" and strategy == "megatron":  # TP ranks share their samples
             dp = len(ids) // max(1, cfg.reference.megatron.model_parallel_size)
-        shared = [r for r in roles if r != role and set(place[_KEYS[r]]) & set(ids)]
+        shared = [r for r in place if r != role and set(place[r]) & set(ids)]
         share = min(s for _, _, s in slots[role])
         if cfg.resources.backend == "local":
-            engine = strategy if role == "rollout" else local_engine(cfg, strategy)
+            in_process = role in ("rollout", "judge")
+            engine = strategy if in_process else local_engine(cfg, strategy)
             ranks, engine, bundle = "1", f"{engine} (in process)", "-"
         else:
             ranks, engine = str(len(ids)), strategy
             bundle = f"GPU {share:g}, CPU {share:g}" if gpu else f"CPU {share:g} (process slot)"
         nodes = sorted({i // per_node for i in ids})
         rows.append(
-            (role, _ids(ids), _ids(nodes), ranks, str(dp), engine, bundle, ",".join(shared) or "-")
+            (
+                role,
+                format_ids(ids),
+                format_ids(nodes),
+                ranks,
+                str(dp),
+                engine,
+                bundle,
+                ",".join(shared) or "-",
+            )
         )
     return rows
 

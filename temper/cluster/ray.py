@@ -20,27 +20,20 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from temper.cluster.base import WorkerGroup
+from temper.cluster.base import WorkerGroup, WorkerGroupError
 from temper.cluster.placement import worker_device
 from temper.config.derive import total_devices
+from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 
 log = logging.getLogger(__name__)
-
-
-class WorkerGroupError(RuntimeError):
-    """A rank of a role failed: raised, died, or did not answer in time."""
-
-    def __init__(self, role: str, rank: int | Sequence[int], cause: str) -> None:
-        ranks = rank if isinstance(rank, int) else ", ".join(map(str, rank))
-        super().__init__(f"{role} rank {ranks}: {cause}")
-        self.role, self.rank, self.cause = role, rank, cause
 
 
 def require_ray() -> Any:
@@ -53,9 +46,50 @@ def require_ray() -> Any:
     return ray
 
 
+#: Seconds to wait for a TCP answer at ``resources.ray.address``: Ray's own connect
+#: retries for minutes, silently, when nothing listens there.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def ray_address_problem(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why nothing answers at Ray cluster ``address`` (``host:port`` or
+    ``ray://host:port``), or None when a TCP connection opens within ``timeout_s``;
+    ``auto`` and ``local`` are Ray's own lookups, left to it (they fail at once)."""
+    text = address.strip()
+    if text in ("auto", "local"):
+        return None
+    host, _, port = text.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return f"'{address}' is not host:port (or ray://host:port, auto)"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except OSError as err:
+        why = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        return f"no Ray cluster answers at {text} within {timeout_s:g}s ({why})"
+
+
+def address_error(reason: str) -> ConfigError:
+    """The refusal of a ``resources.ray.address`` where no Ray cluster answers."""
+    return ConfigError(
+        "resources.ray.address",
+        reason,
+        "start Ray there (ray start --head --port=PORT), correct resources.ray.address, or "
+        "remove it to start Ray on this machine",
+    )
+
+
+def check_ray_address(address: str) -> None:
+    """Raise :func:`address_error` unless a Ray cluster answers at ``address``."""
+    problem = ray_address_problem(address)
+    if problem is not None:
+        raise address_error(problem)
+
+
 def init_ray(cfg: TemperConfig) -> None:
     """Connect to ``resources.ray.address`` or start a local Ray (``num_cpus``; on CPU at
-    least one per device slot), once.
+    least one per device slot), once. An address where no Ray answers is refused within
+    :data:`CONNECT_TIMEOUT_S`, not after Ray's minutes of retries.
 
     ``system_envs`` become environment variables of every worker (runtime_env).
     """
@@ -63,6 +97,8 @@ def init_ray(cfg: TemperConfig) -> None:
     if ray.is_initialized():
         return
     rc = cfg.resources.ray
+    if rc.address:
+        check_ray_address(rc.address)
     env = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", **rc.system_envs}
     kwargs: dict[str, Any] = {
         "runtime_env": {"env_vars": env},
@@ -77,7 +113,10 @@ def init_ray(cfg: TemperConfig) -> None:
         # On CPU a device is a process slot (one bundle {"CPU": 1} each): a local Ray
         # must offer as many slots as resources names, even on a machine with fewer cores.
         kwargs["num_cpus"] = max(os.cpu_count() or 1, total_devices(cfg))
-    ray.init(**kwargs)
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as err:  # address=auto with no cluster running here
+        raise address_error(f"Ray found no cluster at '{rc.address}' ({_first_line(err)})") from err
 
 
 class RankWorker:
@@ -200,8 +239,12 @@ class RayWorkerGroup(WorkerGroup):
             ).remote(role, rank, world_size, cfg)
             for rank, (pg, bundle, share) in enumerate(slots)
         ]
-        addr, port = self._wait([self.workers[0].rendezvous.remote()], ranks=[0])[0]
-        up = self._wait([w.setup.remote(addr, port, device, self.timeout) for w in self.workers])
+        start = "start (a Ray worker process in its bundle)"
+        addr, port = self._wait([self.workers[0].rendezvous.remote()], start, ranks=[0])[0]
+        up = self._wait(
+            [w.setup.remote(addr, port, device, self.timeout) for w in self.workers],
+            "start (join the role's process group, build the role and load its model)",
+        )
         self.pids = [pid for pid, _, _ in up]
         self.nodes = [node for _, node, _ in up]
         data_ranks = [d for _, _, d in up]
@@ -213,8 +256,10 @@ class RayWorkerGroup(WorkerGroup):
 
     # ------------------------------------------------------------------ calls
 
-    def _wait(self, refs: list[Any], ranks: Sequence[int] | None = None) -> list[Any]:
-        """Results of ``refs`` (rank order); the first failure or the timeout raises."""
+    def _wait(self, refs: list[Any], what: str, ranks: Sequence[int] | None = None) -> list[Any]:
+        """Results of ``refs`` (rank order); the first failure or the deadline
+        (``resources.ray.rpc_timeout``) raises, naming the role, the ranks and ``what``
+        they were doing."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -230,7 +275,8 @@ class RayWorkerGroup(WorkerGroup):
                 raise WorkerGroupError(
                     self.role,
                     late,
-                    f"no answer within resources.ray.rpc_timeout={self.timeout:g}s",
+                    f"no answer within resources.ray.rpc_timeout={self.timeout:g}s to {what} "
+                    "(raise it if that work takes longer)",
                 )
             done, pending = ray.wait(pending, num_returns=1, timeout=left)
             for ref in done:
@@ -262,7 +308,7 @@ class RayWorkerGroup(WorkerGroup):
 
     def _call(self, method: str, per_rank_args: Sequence[tuple[Any, ...]], **kw: Any) -> list:
         refs = [w.call.remote(method, *a, **kw) for w, a in zip(self.workers, per_rank_args)]
-        return self._wait(refs, ranks=range(len(refs)))
+        return self._wait(refs, f"the call {method}", ranks=range(len(refs)))
 
     def share(self, value: Any) -> Any:
         """One object-store copy; Ray hands each rank the value (zero-copy on a node)."""
@@ -270,7 +316,8 @@ class RayWorkerGroup(WorkerGroup):
 
     def full_weights(self) -> Any:
         """An ObjectRef to the gathered HF weights (rank 0's copy in the object store)."""
-        return self._wait([w.full_weights.remote() for w in self.workers])[0][0]
+        refs = [w.full_weights.remote() for w in self.workers]
+        return self._wait(refs, "gathering the role's full weights")[0][0]
 
     @property
     def alive(self) -> bool:

@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from temper.cluster.base import WorkerGroup
-from temper.cluster.judge import RemoteJudge, judge_used
-from temper.cluster.placement import device_pools, rank_slots, worker_device
+from temper.cluster.judge import RemoteJudge
+from temper.cluster.placement import (
+    PLACEMENT_KEYS,
+    device_pools,
+    format_ids,
+    placed_roles,
+    rank_slots,
+    worker_device,
+)
 from temper.cluster.rollout import RemoteRollout, StoredWeights
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
@@ -35,14 +43,6 @@ if TYPE_CHECKING:
     from temper.cluster.ray import RayWorkerGroup
 
 log = logging.getLogger(__name__)
-
-_PLACEMENT_KEY = {
-    "actor": "actor_train",
-    "rollout": "actor_infer",
-    "reference": "reference",
-    "critic": "critic",
-    "judge": "reward",
-}
 
 
 def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -63,7 +63,8 @@ class RemoteEngine:
 
     def named_weights(self) -> StoredWeights:
         """The gathered weights as a handle on the object store (iterable by name)."""
-        return StoredWeights(self.group.full_weights())
+        group = self.group
+        return StoredWeights(group.full_weights(), group.role, group.timeout)
 
     def save_hf(self, path: str) -> None:
         self.group.call_all("engine.save_hf", path)
@@ -163,43 +164,73 @@ def build_cluster_roles(cfg: TemperConfig, plan: Derived) -> Roles:
     return build_ray_roles(cfg, plan)
 
 
-def ray_node_ids(ray: Any, nnodes: int, timeout_s: float) -> list[str]:
+def ray_node_ids(ray: Any, nnodes: int, timeout_s: float, *, wait: bool) -> list[str]:
     """Ray node ids for temper's node indices ``0..nnodes-1``: the driver's node first
     (device ids ``0..devices_per_node-1`` are where ``temper train`` runs), then the
-    other alive nodes by id. Waits up to ``timeout_s`` for late nodes to join."""
+    other alive nodes by id. With ``wait`` (a cluster at ``resources.ray.address``, which
+    nodes may still be joining) it waits up to ``timeout_s`` for late ones; a Ray that
+    temper started here is one node and no other will join it."""
     here = ray.get_runtime_context().get_node_id()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
-        if len(alive) >= nnodes or time.monotonic() > deadline:
-            break
-        time.sleep(1.0)
-    if len(alive) < nnodes:
+
+    def alive() -> list[str]:
+        return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+
+    nodes = alive()
+    if len(nodes) < nnodes and wait:
+        # printed: without it a run waiting for nodes looks like a hang
+        print(
+            f"ray: waiting up to {timeout_s:g}s for {nnodes} nodes ({len(nodes)} joined)",
+            flush=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while len(nodes) < nnodes and time.monotonic() < deadline:
+            time.sleep(1.0)
+            nodes = alive()
+    if len(nodes) < nnodes:
+        where = (
+            f"after waiting {timeout_s:g}s"
+            if wait
+            else "(with no cluster address, Ray runs on this machine alone)"
+        )
         raise ConfigError(
             "resources.nnodes",
-            f"{nnodes} nodes are configured but the Ray cluster has {len(alive)}",
-            "start Ray on every node (ray start --address=HEAD:6379) or lower resources.nnodes",
+            f"{nnodes} nodes are configured but the Ray cluster has {len(nodes)} {where}",
+            "start Ray on every node (ray start --address=HEAD:6379) and set "
+            "resources.ray.address, raise resources.ray.rpc_timeout to wait longer for them, "
+            "or lower resources.nnodes",
         )
-    return [here, *[n for n in alive if n != here]][:nnodes]
+    return [here, *[n for n in nodes if n != here]][:nnodes]
 
 
-def _check_capacity(ray: Any, bundles: int, unit: str) -> None:
+def _roles_on(place: dict[str, list[int]], ids: Collection[int]) -> list[str]:
+    return [role for role, own in place.items() if set(own) & set(ids)]
+
+
+def _check_capacity(ray: Any, place: dict[str, list[int]], unit: str) -> None:
     """Fail at once, not after rpc_timeout, when the cluster cannot hold the bundles."""
+    devices = sorted({i for ids in place.values() for i in ids})
     have = ray.cluster_resources().get(unit, 0.0)
-    if bundles > have:
+    if len(devices) > have:
+        roles = "; ".join(f"{role} {format_ids(ids)}" for role, ids in place.items())
         raise ConfigError(
             "resources",
-            f"the roles are placed on {bundles} devices, one Ray bundle of 1 {unit} each, "
-            f"but the Ray cluster has {have:g} {unit}",
+            f"the roles are placed on {len(devices)} devices ({roles}), one Ray bundle of 1 "
+            f"{unit} each, but the Ray cluster has {have:g} {unit}",
             "place fewer devices, or give Ray more (resources.ray.num_cpus, more nodes/GPUs)",
         )
 
 
 def _placement_group(
-    ray: Any, cfg: TemperConfig, ids: tuple[int, ...], nodes: list[str] | None, gpu: bool
+    ray: Any,
+    cfg: TemperConfig,
+    ids: tuple[int, ...],
+    nodes: list[str] | None,
+    gpu: bool,
+    roles: list[str],
 ) -> Any:
     """One bundle per device id; with several nodes each bundle is pinned (by Ray's
-    ``ray.io/node-id`` label) to the node of its id, ``id // devices_per_node``."""
+    ``ray.io/node-id`` label) to the node of its id, ``id // devices_per_node``. Waits
+    ``resources.ray.rpc_timeout`` for Ray to reserve them (``roles`` use them)."""
     bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
     kwargs: dict[str, Any] = {"strategy": "PACK"}
     if nodes is not None:
@@ -211,12 +242,17 @@ def _placement_group(
         ray.get(pg.ready(), timeout=timeout)
     except ray.exceptions.GetTimeoutError as err:
         ray.util.remove_placement_group(pg)
+        free, total = ray.available_resources(), ray.cluster_resources()
+        have = ", ".join(
+            f"{free.get(unit, 0.0):g} of {total.get(unit, 0.0):g} {unit}" for unit in bundle
+        )
         raise ConfigError(
-            "resources",
-            f"Ray could not reserve {len(ids)} × {bundle} for devices {list(ids)} within "
-            f"resources.ray.rpc_timeout={timeout:g}s (the cluster has "
-            f"{ray.cluster_resources()})",
-            "lower the placed devices, or give Ray more (resources.ray.num_cpus, more nodes)",
+            f"resources.{PLACEMENT_KEYS[roles[0]]}",
+            f"{', '.join(roles)}: Ray could not reserve devices {format_ids(list(ids))} "
+            f"({len(ids)} bundles of {bundle}) within {timeout:g}s; the cluster has {have} "
+            "free",
+            "free the cluster's devices (`ray status` shows what holds them), place the roles "
+            "on fewer devices, or raise resources.ray.rpc_timeout to wait longer",
         ) from err
     return pg
 
@@ -230,22 +266,20 @@ def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
 
     init_ray(cfg)
     ray = require_ray()
-    wanted = ["actor", "rollout", *plan.roles[1:]]
-    if judge_used(cfg):
-        wanted.append("judge")
-    place = plan.placement
-    slots = rank_slots({role: place[_PLACEMENT_KEY[role]] for role in wanted})
-    pools = device_pools({role: place[_PLACEMENT_KEY[role]] for role in wanted})
+    place = placed_roles(cfg, plan)
+    wanted = list(place)
+    slots = rank_slots(place)
+    pools = device_pools(place)
     device = worker_device(cfg)
-    nnodes = cfg.resources.nnodes
-    timeout = cfg.resources.ray.rpc_timeout
-    nodes = ray_node_ids(ray, nnodes, timeout) if nnodes > 1 else None
-    _check_capacity(ray, sum(len(p) for p in pools), "GPU" if device == "cuda" else "CPU")
+    nnodes, rc = cfg.resources.nnodes, cfg.resources.ray
+    nodes = ray_node_ids(ray, nnodes, rc.rpc_timeout, wait=bool(rc.address)) if nnodes > 1 else None
+    _check_capacity(ray, place, "GPU" if device == "cuda" else "CPU")
     pgs: list[Any] = []
     groups: dict[str, RayWorkerGroup] = {}
     try:
         for pool in pools:
-            pgs.append(_placement_group(ray, cfg, pool, nodes, device == "cuda"))
+            roles = _roles_on(place, pool)
+            pgs.append(_placement_group(ray, cfg, pool, nodes, device == "cuda", roles))
         for role in wanted:
             groups[role] = RayWorkerGroup(
                 role,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from temper.cluster.base import WorkerGroup
+from temper.cluster.base import WorkerGroup, WorkerGroupError
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.rollout.base import RolloutEngine, SamplingParams
@@ -164,13 +164,25 @@ class StoredWeights:
     weights go from the trainer's rank 0 to the engines without passing the driver.
     """
 
-    def __init__(self, ref: Any) -> None:
-        self.ref = ref
+    def __init__(self, ref: Any, role: str = "actor", timeout_s: float | None = None) -> None:
+        """``ref``: the object ``role``'s rank 0 stored; reading it waits ``timeout_s``
+        at most (``resources.ray.rpc_timeout``)."""
+        self.ref, self.role, self.timeout_s = ref, role, timeout_s
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         import ray
+        from ray.exceptions import GetTimeoutError
 
-        return from_store(ray.get(self.ref))
+        try:
+            stored = ray.get(self.ref, timeout=self.timeout_s)
+        except GetTimeoutError as err:
+            raise WorkerGroupError(
+                self.role,
+                0,
+                f"its gathered weights did not reach the driver within "
+                f"resources.ray.rpc_timeout={self.timeout_s:g}s (raise it for a larger model)",
+            ) from err
+        return from_store(stored)
 
 
 class RemoteRollout(RolloutEngine):

@@ -322,6 +322,10 @@ def _check_placement(cfg: TemperConfig) -> None:
     n = total_devices(cfg)
     _positive("resources.nnodes", cfg.resources.nnodes)
     _positive("resources.devices_per_node", cfg.resources.devices_per_node)
+    # every Ray wait ends at rpc_timeout: 0 or less would fail each at once
+    _positive("resources.ray.rpc_timeout", cfg.resources.ray.rpc_timeout)
+    if cfg.resources.ray.num_cpus is not None:
+        _positive("resources.ray.num_cpus", cfg.resources.ray.num_cpus)
     for role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
         ids = getattr(cfg.resources, role)
         if ids is None:

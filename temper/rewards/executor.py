@@ -48,7 +48,12 @@ from temper.rewards.worker import (
 
 CallKind = Literal["ok", "error", "timeout", "crash", "invalid"]
 logger = logging.getLogger(__name__)
+#: Seconds a new worker may take to import its preloaded modules and say it is ready.
 STARTUP_TIMEOUT_S = 120.0
+
+
+class RewardWorkerError(RuntimeError):
+    """A reward worker process could not start: nothing was scored, the run stops."""
 
 
 @dataclasses.dataclass
@@ -252,7 +257,13 @@ class RewardExecutor:
                 )
                 self._replace(w)
             elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
-                raise RuntimeError(f"reward worker did not start within {STARTUP_TIMEOUT_S} s")
+                modules = ", ".join(self.preload) or "none"
+                raise RewardWorkerError(
+                    f"reward worker: not ready within {STARTUP_TIMEOUT_S:g}s of its start "
+                    f"(a new Python process importing the reward's modules: {modules}). "
+                    "Fix: check that they import quickly here (python -c 'import …'), or "
+                    "lower reward.num_workers on a machine this busy"
+                )
 
     def _receive(self, w: _Worker, results: list[CallResult | None], now: float) -> None:
         try:
@@ -274,10 +285,10 @@ class RewardExecutor:
             w.read_output(self.output)  # its last words (a traceback) before the verdict
             code = w.process.exitcode
             if w.task is None and not w.ready:
-                raise RuntimeError(
-                    f"reward worker exited during start-up (exit code {code}); see its stderr "
-                    "above. With spawn the main module must be importable and start the run "
-                    "under `if __name__ == '__main__':`"
+                raise RewardWorkerError(
+                    f"reward worker: exited during start-up (exit code {code}); see its stderr "
+                    "above. Fix: with spawn the main module must be importable and start the "
+                    "run under `if __name__ == '__main__':`"
                 )
             if w.task is not None:
                 results[w.task] = CallResult(
