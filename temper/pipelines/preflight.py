@@ -675,6 +675,14 @@ def check_reward_runtime(cfg: TemperConfig, plan: Derived, notes: list[str]) -> 
     check_rewards(cfg.reward)
 
 
+def check_placement(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
+    """The roles' devices fit the cluster Ray will have: this machine when no Ray
+    address is set (:mod:`temper.pipelines.cluster_fit`)."""
+    from temper.pipelines.cluster_fit import check_placement as fit
+
+    fit(cfg, plan, notes)
+
+
 def check_pipeline_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     """The run's pipeline's own pre-flight (its record's ``preflight``)."""
     from temper.pipelines.registry import resolve_pipeline
@@ -683,7 +691,8 @@ def check_pipeline_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> 
 
 
 CHECKS: dict[str, Check] = {
-    "engines": check_engines,
+    "engines": check_engines,  # first: it settles experiment.device, which placement reads
+    "placement": check_placement,
     "rewards": check_reward_runtime,
     "models": check_models,
     "model_files": check_model_files,

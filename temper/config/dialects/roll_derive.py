@@ -514,6 +514,7 @@ ROLL_GPUS_PER_NODE = 8
 def placement(ctx: Ctx) -> None:
     used: set[int] = set()
     reward_devices: list[int] = []
+    reward_keys: list[str] = []  # the device_mapping keys that placed them
     roles = ["actor_train", "actor_infer", "reference", "critic", "reward"]
     roles += [f"rewards.{name}" for name in ctx.get("rewards") or {}]
     for role in roles:
@@ -533,10 +534,13 @@ def placement(ctx: Ctx) -> None:
             )
         if role.startswith("rewards.") or role == "reward":
             reward_devices += [d for d in devices if d not in reward_devices]
+            reward_keys.append(key)
         else:
             ctx.set(f"resources.{role}", devices, key)
     if reward_devices:
-        ctx.set("resources.reward", reward_devices, "rewards.*.device_mapping")
+        # an error about them names the file's own key when one role placed them
+        source = reward_keys[0] if len(reward_keys) == 1 else "rewards.*.device_mapping"
+        ctx.set("resources.reward", reward_devices, source)
     ctx.set("resources.backend", "ray" if len(used) > 1 else "local", "device_mapping")
     per_node = ctx.get("num_gpus_per_node")
     if per_node is None and used and max(used) >= 1:  # ROLL's default: 8 GPUs per node
