@@ -51,6 +51,13 @@ def _load(args: argparse.Namespace) -> LoadedConfig:
     later errors about it are told in its dialect (``main``)."""
     from temper.pipelines.catalog import load_config
 
+    if args.config is None:  # argparse would say "required: config, overrides"
+        raise ConfigError(
+            "CONFIG",
+            f"temper {args.command} needs a config file (native, verl or ROLL YAML)",
+            f"temper {args.command} FILE [key=value …], e.g. temper {args.command} "
+            "examples/quickstart.yaml",
+        )
     args.loaded = load_config(args.config, args.overrides, dialect=args.dialect)
     loaded: LoadedConfig = args.loaded
     if getattr(args, "overwrite", False):  # a flag, so a verl or ROLL file can say it too
@@ -72,8 +79,6 @@ def _preflight(loaded: LoadedConfig) -> list[str]:
 def cmd_check(args: argparse.Namespace) -> int:
     if args.explain:
         return _explain(args.explain)
-    if args.config is None:
-        raise ConfigError("CONFIG", "temper check needs a config file", "temper check FILE")
     from temper.config.derive import explain
 
     loaded = _load(args)
@@ -169,10 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(name: str, help_: str, optional: bool = False) -> argparse.ArgumentParser:
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, parents=[common])
-        nargs = "?" if optional else None
-        p.add_argument("config", nargs=nargs, help="YAML config (native, verl or ROLL)")
+        # optional for argparse, so that a missing file is told as such (_load), not as
+        # "the following arguments are required: config, overrides"
+        p.add_argument("config", nargs="?", help="YAML config (native, verl or ROLL)")
         p.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
         p.add_argument("--dialect", default="auto", help="auto, native, verl or roll")
         return p
@@ -186,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
             "<output_dir>.old-<time> instead of refusing",
         )
 
-    p = add("check", "validate a config, pre-flight it, and explain its derived values", True)
+    p = add("check", "validate a config, pre-flight it, and explain its derived values")
     p.add_argument("--full", action="store_true", help="show every key, defaults included")
     p.add_argument(
         "--explain",

@@ -81,6 +81,19 @@ def test_typo_wrong_type_and_indivisible_batch_are_one_line_errors(capsys):
         assert "Fix:" in err
 
 
+@pytest.mark.parametrize("command", ["train", "check", "convert"])
+def test_a_command_without_its_config_file_says_so(command, capsys):
+    """Not argparse's "the following arguments are required: config, overrides": the
+    overrides are optional, the file is what is missing (issue 29)."""
+    assert main([command]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"config error: CONFIG: temper {command} needs a config file (native, verl or ROLL "
+        f"YAML). Fix: temper {command} FILE [key=value …], e.g. temper {command} "
+        "examples/quickstart.yaml"
+    )
+
+
 def test_dialect_detection():
     assert load_config(EXAMPLES / "verl_gsm8k_ppo.yaml").dialect == "verl"
     assert load_config(EXAMPLES / "roll_rlvr.yaml").dialect == "roll"
