@@ -29,6 +29,13 @@ def tiny_dir(tiny_model_dir):
     return tiny_model_dir
 
 
+#: Variables a library sets once for the life of the process, with state in memory that
+#: must agree with them: Ray's first ``ray.init`` sets RAY_AUTH_MODE (and others) and a
+#: later cluster of the same process (another module's) fails to start its actors
+#: without them.
+PROCESS_LIFETIME_PREFIXES = ("RAY_",)
+
+
 @pytest.fixture(autouse=True)
 def _restore_environment():
     """What a test's code does to ``os.environ`` is undone when it ends: a variable one
@@ -37,7 +44,8 @@ def _restore_environment():
     before = dict(os.environ)
     yield
     for name in set(os.environ) - set(before):
-        del os.environ[name]
+        if not name.startswith(PROCESS_LIFETIME_PREFIXES):
+            del os.environ[name]
     for name, value in before.items():
         if os.environ.get(name) != value:
             os.environ[name] = value
