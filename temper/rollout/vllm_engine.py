@@ -77,6 +77,15 @@ log = logging.getLogger(__name__)
 DEFAULT_BUCKET_BYTES = 256 << 20
 
 
+def _release_vllm_world() -> None:
+    """vLLM's own teardown of the process group and parallel state it made (in-process
+    engine: this process's default group)."""
+    with contextlib.suppress(Exception):
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+
+
 class VLLMEngineError(RuntimeError):
     """vLLM failed (start, generation or weight sync); the message names the options."""
 
@@ -280,12 +289,17 @@ class VLLMRolloutEngine(RolloutEngine):
             log.info("vllm: %s", note)
         if on_cpu:
             check_cpu_head_size(kwargs["model"], bool(kwargs["trust_remote_code"]))
+        had_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         try:
             with preserve_process_state():
                 llm = LLM(**kwargs)
-        except ConfigError:
-            raise
         except Exception as exc:  # vLLM raises ValueError, RuntimeError, OOM, ...
+            if not had_group:
+                # the world vLLM made for an engine that never started: left alive, the
+                # next engine of this process (FSDP2, DeepSpeed) would take it for its own
+                _release_vllm_world()
+            if isinstance(exc, ConfigError):
+                raise
             raise VLLMEngineError(
                 f"vLLM failed to start: {type(exc).__name__}: {exc}\n"
                 f"options involved: {option_hint(str(exc), kwargs)}. Fix those options, "
@@ -452,10 +466,7 @@ class VLLMRolloutEngine(RolloutEngine):
         with contextlib.suppress(Exception):
             llm.llm_engine.engine_core.shutdown()
         del llm
-        with contextlib.suppress(Exception):
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-            cleanup_dist_env_and_memory()
+        _release_vllm_world()
 
     # ----------------------------------------------------------------- internals
 

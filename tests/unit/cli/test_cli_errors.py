@@ -112,6 +112,11 @@ def test_vllm_refusing_to_start_is_one_line_naming_the_option(tmp_path, monkeypa
     assert line.startswith("error: vLLM failed to start: ")
     assert "rollout.max_model_len=100000" in line and "rollout.engine=hf" in line
     assert "Traceback" not in captured.err
+    # the process group vLLM made for the engine that never started is gone: a later
+    # engine of the process (a later test's FSDP2) would otherwise take it for its own
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
 
 
 def test_failed_ray_worker_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
