@@ -254,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"interrupted: {_one_line(str(err)) or 'SIGINT'}", file=sys.stderr)
         return 128 + signal.SIGINT
+    except BrokenPipeError:
+        # the reader went away (`temper check … | head`): nothing is left to tell it, and
+        # Python would print a traceback flushing stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + int(signal.SIGPIPE)
     except Exception as err:
         hint = _user_error_hint(err)
         if hint is None:

@@ -94,6 +94,23 @@ def test_a_command_without_its_config_file_says_so(command, capsys):
     )
 
 
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """``temper check FILE | head`` (the reader closes the pipe): exit 141, as a shell
+    reports SIGPIPE, with no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "temper", "check", str(EXAMPLES / "grpo_native.yaml")]
+    proc = subprocess.Popen(
+        [*cmd, "--config-only"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before temper writes a line: its first print finds no reader
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 def test_dialect_detection():
     assert load_config(EXAMPLES / "verl_gsm8k_ppo.yaml").dialect == "verl"
     assert load_config(EXAMPLES / "roll_rlvr.yaml").dialect == "roll"
