@@ -239,11 +239,27 @@ class DeepSpeedEngine(DataParallelEngine):
         return self.device if self.stage == 3 else torch.device("cpu")
 
     def _initialize(self) -> Any:
+        if self.stage == 3:
+            self._match_partitioned_dtype()
         kwargs: dict[str, Any] = {"model": self.model, "config": self.resolved.config}
         if self.optimizer is not None:
             kwargs["optimizer"] = self.optimizer
         engine, *_ = self.deepspeed.initialize(dist_init_required=False, **kwargs)
         return engine
+
+    def _match_partitioned_dtype(self) -> None:
+        """ZeRO-3 flattens the parameters it partitions into one buffer of one dtype.
+        ``zero.Init`` made the Hugging Face model's in the run's precision (bf16/fp16), but
+        a parameter added after loading — a value model's head, kept in fp32 storage —
+        would still be fp32, and DeepSpeed asserts on the mix. Such parameters take the
+        partitioned ones' dtype (DeepSpeed keeps the fp32 master copy of all of them)."""
+        params = list(self.model.parameters())
+        partitioned = [p.dtype for p in params if hasattr(p, "ds_id")]
+        if not partitioned:
+            return
+        for p in params:
+            if not hasattr(p, "ds_id") and p.dtype != partitioned[0]:
+                p.data = p.data.to(partitioned[0])
 
     @contextlib.contextmanager
     def _on_device(self) -> Iterator[None]:
