@@ -195,6 +195,8 @@ def test_an_unsatisfiable_ray_placement_ends_within_its_deadline(tmp_path, tiny_
     ``train`` stops after rpc_timeout in one line naming the roles, the devices asked and
     what the cluster has free — not a silent wait."""
     ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # an earlier test's Ray: this test needs a cluster of its own
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         held = ray.util.placement_group([{"CPU": 2}])  # the other job
