@@ -32,6 +32,7 @@ from temper.cluster.placement import worker_device
 from temper.config.derive import total_devices
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
+from temper.utils.determinism import use_deterministic_kernels
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ class RankWorker:
         self.role_name, self.rank, self.world, self.cfg = role, rank, world, cfg
         self.role: Any = None
         torch.set_num_threads(max(1, int(os.environ.get("TEMPER_WORKER_THREADS", "1"))))
+        # before the role's model: cuBLAS reads its workspace setting at its first call
+        use_deterministic_kernels(cfg.experiment.deterministic)
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port on it (asked of rank 0)."""

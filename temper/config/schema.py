@@ -77,6 +77,12 @@ class ExperimentConfig:
         "", "Run directory; empty means outputs/<project_name>/<experiment_name>."
     )
     seed: int = doc(42, "Seed for data order, sampling, initialisation; everything is seeded.")
+    deterministic: bool = doc(
+        False,
+        "Deterministic kernels (torch.use_deterministic_algorithms, a fixed cuBLAS workspace, "
+        "cuDNN's deterministic mode): on a GPU, runs of one seed and resumed runs are then "
+        "bit-identical, at some speed; CPU kernels are deterministic already.",
+    )
     max_steps: int | None = doc(None, "RL steps to run; None derives it from total_epochs.")
     total_epochs: int = doc(1, "Passes over the training prompts when max_steps is None.")
     save_freq: int = doc(-1, "Save a checkpoint every N steps (-1: only at the end/on signal).")

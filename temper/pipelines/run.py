@@ -42,6 +42,7 @@ from temper.roles import Roles
 from temper.roles.base import RoleEngine, TrainedRole
 from temper.rollout import RolloutEngine
 from temper.tracking import MultiTracker, build_trackers
+from temper.utils.determinism import KernelMode, use_deterministic_kernels
 from temper.utils.model_path import resolve_model_path
 
 
@@ -113,6 +114,8 @@ class Run:
     progress: Progress
     resumed_from: Path | None = None
     lock: RunLock | None = None  # the output directory's, released by close()
+    #: the process's kernel settings before the run's (experiment.deterministic)
+    kernels: KernelMode | None = None
     #: when the last checkpoint was written (or the run built): the recovery cadence's clock
     last_save: float = dataclasses.field(default_factory=time.monotonic)
     #: the newest checkpoint on disk, where a rerun resumes (None: none yet)
@@ -260,6 +263,8 @@ class Run:
             self.tracker.close()
             self.roles.shutdown()
         finally:
+            if self.kernels is not None:  # process-wide: a later run in this process decides
+                self.kernels.restore()
             if self.lock is not None:  # last: the directory is the next run's once closed
                 self.lock.release()
 
@@ -304,12 +309,14 @@ def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
     seed_everything(cfg.experiment.seed)
     out = output_dir(cfg)
     lock, resume_from = claim_run_dir(cfg, out)
+    kernels = use_deterministic_kernels(cfg.experiment.deterministic)  # before any model
     try:
         run = _build_run(cfg, pipeline, plan, out, resume_from)
     except BaseException:
+        kernels.restore()
         lock.release()
         raise
-    run.lock = lock
+    run.lock, run.kernels = lock, kernels
     return run
 
 

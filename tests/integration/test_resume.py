@@ -57,6 +57,7 @@ def _agentic_config() -> dict:
         "experiment": {
             "max_steps": STEPS,
             "seed": 2,
+            "deterministic": True,  # bit-identical on a GPU too (atomic-add kernels)
             "save_freq": 3,
             "trackers": ["jsonl"],
             "test_freq": 3,
@@ -92,6 +93,7 @@ def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
         "experiment": {
             "max_steps": STEPS,
             "seed": 1,
+            "deterministic": True,
             "save_freq": 3,
             "trackers": ["jsonl"],
             "test_freq": 3,

@@ -298,7 +298,11 @@ class _Translator:
         out = rule.fn(value, self) if rule.fn else value
         tp = native_type(rule.native)
         if out is None and not _allows_none(tp):
-            self.note("null (unset): the temper default applies")
+            self.note(
+                "null (unset): the temper default applies"
+                if value is None
+                else f"{value!r}: leaves {rule.native} to the other keys or its default"
+            )
             return
         if out is not None:
             out = _convert(out, tp, self.key)

@@ -182,6 +182,12 @@ def none_if_negative(v: Any, _ctx: Any) -> Any:
     return None if v is None or (isinstance(v, int | float) and v < 0) else v
 
 
+def only_true(v: Any, _ctx: Any) -> Any:
+    """True sets the field; false leaves it to the other keys that map to it (a setting
+    verl keeps per role that temper keeps once: any role's true turns it on)."""
+    return True if v else None
+
+
 def zero_if_none(v: Any, _ctx: Any) -> Any:
     return 0.0 if v is None else v
 

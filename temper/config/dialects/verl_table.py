@@ -143,11 +143,8 @@ def _fsdp(prefix: str, role: str, trained: bool) -> dict[str, Rule]:
             ),
             f"{prefix}.dtype": dtype_rule,
             f"{prefix}.seed": Map("experiment.seed", weak=True),
-            f"{prefix}.full_determinism": _off(
-                "runs are seeded; deterministic kernels are not forced",
-                "full determinism (deterministic kernels) is not supported",
-                "set full_determinism: false",
-            ),
+            # process-wide in temper: true on any role turns it on for the run
+            f"{prefix}.full_determinism": Map("experiment.deterministic", r.only_true),
             f"{prefix}.entropy_from_logits_with_chunking": (
                 Map("actor.entropy_chunk_size", r.entropy_chunk, weak=True)
                 if role == "actor"

@@ -144,7 +144,9 @@ actor_rollout_ref.ref.fsdp_config.seed 7 +actor_rollout_ref.actor.fsdp_config.se
 critic.model.fsdp_config.seed 7 +actor_rollout_ref.actor.fsdp_config.seed=7 +actor_rollout_ref.ref.fsdp_config.seed=7 +actor_rollout_ref.actor.data_loader_seed=7 +critic.data_loader_seed=7 -> experiment.seed
 actor_rollout_ref.actor.data_loader_seed 7 +actor_rollout_ref.actor.fsdp_config.seed=7 +actor_rollout_ref.ref.fsdp_config.seed=7 +critic.model.fsdp_config.seed=7 +critic.data_loader_seed=7 -> experiment.seed
 critic.data_loader_seed 7 +actor_rollout_ref.actor.fsdp_config.seed=7 +actor_rollout_ref.ref.fsdp_config.seed=7 +critic.model.fsdp_config.seed=7 +actor_rollout_ref.actor.data_loader_seed=7 -> experiment.seed
-actor_rollout_ref.actor.fsdp_config.full_determinism true !! determinism
+actor_rollout_ref.actor.fsdp_config.full_determinism true -> experiment.deterministic = True
+actor_rollout_ref.ref.fsdp_config.full_determinism true -> experiment.deterministic = True
+actor_rollout_ref.actor.fsdp_config.full_determinism false noted
 actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size 2 -actor_rollout_ref.actor.ulysses_sequence_parallel_size -> actor.ulysses_sequence_parallel_size
 actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking true -actor_rollout_ref.actor.entropy_from_logits_with_chunking -> actor.entropy_chunk_size = 2048
 actor_rollout_ref.actor.fsdp_config.use_torch_compile false -actor_rollout_ref.actor.use_torch_compile -> actor.use_torch_compile
@@ -358,7 +360,7 @@ critic.model.fsdp_config.reshard_after_forward false -> critic.fsdp.reshard_afte
 critic.model.fsdp_config.fsdp_size 2 -> critic.fsdp.fsdp_size
 critic.model.fsdp_config.model_dtype bf16 !! fp32
 critic.model.fsdp_config.dtype float16 !! one compute dtype
-critic.model.fsdp_config.full_determinism true !! determinism
+critic.model.fsdp_config.full_determinism true -> experiment.deterministic = True
 critic.model.fsdp_config.ulysses_sequence_parallel_size 2 -critic.ulysses_sequence_parallel_size -> critic.ulysses_sequence_parallel_size
 critic.model.fsdp_config.use_torch_compile false -> critic.use_torch_compile
 critic.model.fsdp_config.strategy megatron noted
