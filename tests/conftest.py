@@ -53,14 +53,15 @@ def _restore_environment():
 
 @pytest.fixture(autouse=True)
 def _release_local_process_group():
-    """A DeepSpeed engine on the local backend makes a one-rank process group in the test
-    process; later tests fork ranks, which must not inherit it."""
+    """An engine built outside a run (a test's own DeepSpeed or Megatron engine) makes a
+    one-rank process group in the test process that no run's close ends; later tests
+    fork ranks or start vLLM, which must not find it."""
     yield
     import sys
 
-    engine = sys.modules.get("temper.training.deepspeed_engine")
-    if engine is not None:
-        engine.release_process_group()
+    world = sys.modules.get("temper.training.local_world")
+    if world is not None:
+        world.release_local_world()
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,7 @@ from temper.roles import Roles
 from temper.roles.base import RoleEngine, TrainedRole
 from temper.rollout import RolloutEngine
 from temper.tracking import MultiTracker, build_trackers
+from temper.training.local_world import release_local_world
 from temper.utils.determinism import KernelMode, use_deterministic_kernels
 from temper.utils.model_path import resolve_model_path
 
@@ -262,6 +263,7 @@ class Run:
             self.rollout.close()
             self.tracker.close()
             self.roles.shutdown()
+            release_local_world()  # the one-rank world an in-process engine made, if any
         finally:
             if self.kernels is not None:  # process-wide: a later run in this process decides
                 self.kernels.restore()

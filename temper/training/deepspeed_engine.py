@@ -38,13 +38,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from temper.config.errors import ConfigError
@@ -61,7 +59,7 @@ from temper.training.deepspeed_config import (
     zero_stage,
 )
 from temper.training.deepspeed_io import DeepSpeedCheckpointer
-from temper.training.local_world import ensure_local_world
+from temper.training.local_world import ensure_local_world, forget_stale_deepspeed_groups
 from temper.training.models import load_hf_config, resolve_dtype
 from temper.training.spec import EngineSpec
 
@@ -105,40 +103,11 @@ def import_deepspeed(device: torch.device, role: str = "actor") -> ModuleType:
     return deepspeed
 
 
-_OWN_GROUP: list[bool] = [False]  # whether ensure_process_group made the default group
-
-
 def ensure_process_group(device: torch.device) -> None:
     """A one-rank process group and its launcher variables when this process has none
-    (the local backend; :mod:`temper.training.local_world`)."""
-    if not dist.is_initialized():
-        _forget_stale_groups()
-    if ensure_local_world(device):
-        _OWN_GROUP[0] = True
-
-
-def release_process_group() -> None:
-    """Destroy the one-rank group :func:`ensure_process_group` made, with DeepSpeed's
-    references to it, once this process's DeepSpeed engines are done (a process that
-    forks ranks afterwards must not hand them a live group: gloo's threads do not
-    survive a fork)."""
-    if _OWN_GROUP[0] and dist.is_initialized():
-        import deepspeed.comm
-
-        deepspeed.comm.destroy_process_group()
-    _forget_stale_groups()
-    _OWN_GROUP[0] = False
-
-
-def _forget_stale_groups() -> None:
-    """Drop DeepSpeed's cached subgroups when no default group is alive. Another library
-    may destroy the default group behind DeepSpeed's back (vLLM's shutdown does), which
-    leaves DeepSpeed holding groups of a dead world; the next engine of this process would
-    then fail in ``initialize`` ("Group ... is not registered"). DeepSpeed clears them
-    itself only on its own ``destroy_process_group``; this is that same release."""
-    groups = sys.modules.get("deepspeed.utils.groups")
-    if groups is not None and not dist.is_initialized():
-        groups._release_process_group_references(group=None)
+    (the local backend; :mod:`temper.training.local_world`, which also ends it)."""
+    forget_stale_deepspeed_groups()
+    ensure_local_world(device)
 
 
 class DeepSpeedEngine(DataParallelEngine):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,12 @@ LOCAL_ADDR = "127.0.0.1"
 
 #: Collectives of a one-rank world wait on no other rank; this only bounds a wedged one.
 LOCAL_TIMEOUT = datetime.timedelta(minutes=30)
+
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+#: the launcher variables as they were before this module made the world (None: it made
+#: none that is still alive)
+_MADE: list[dict[str, str | None] | None] = [None]
 
 
 def _free_port() -> int:
@@ -55,6 +62,7 @@ def ensure_local_world(device: torch.device) -> bool:
                 os.environ.setdefault(name, value)
         return False
     port = _free_port()
+    _MADE[0] = {name: os.environ.get(name) for name in LAUNCHER_VARS}
     os.environ.update(rank_env(device), MASTER_ADDR=LOCAL_ADDR, MASTER_PORT=str(port))
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
@@ -64,3 +72,43 @@ def ensure_local_world(device: torch.device) -> bool:
         timeout=LOCAL_TIMEOUT,
     )
     return True
+
+
+def release_local_world() -> None:
+    """End the world :func:`ensure_local_world` made, once the run that needed it is done,
+    with what the libraries keep about it (Megatron's model-parallel groups, DeepSpeed's
+    cached subgroups) and the launcher variables as they were: a later run of the same
+    process (a notebook, a test suite) starts as the first did, where a live world would
+    be taken for a launcher's — vLLM builds on it, FSDP2 shards over it, ranks forked
+    from it inherit gloo threads that do not survive a fork. A world made by anything
+    else is left alone."""
+    before = _MADE[0]
+    if before is None:
+        return
+    _MADE[0] = None
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is not None and ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        comm = sys.modules.get("deepspeed.comm")
+        if comm is not None and comm.cdb is not None:
+            comm.destroy_process_group()  # DeepSpeed's view of the world goes with it
+        else:
+            dist.destroy_process_group()
+    forget_stale_deepspeed_groups()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def forget_stale_deepspeed_groups() -> None:
+    """Drop DeepSpeed's cached subgroups when no default group is alive. Another library
+    may destroy the default group behind DeepSpeed's back (vLLM's shutdown does), which
+    leaves DeepSpeed holding groups of a dead world; the next engine of this process would
+    then fail in ``initialize`` ("Group ... is not registered"). DeepSpeed clears them
+    itself only on its own ``destroy_process_group``; this is that same release."""
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None and not dist.is_initialized():
+        groups._release_process_group_references(group=None)

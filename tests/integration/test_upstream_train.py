@@ -126,6 +126,12 @@ def test_roll_rlvr_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     ]
     train = _train(config, overrides, out)
     assert all("critic/value_loss" in r for r in train)
+    # its megatron roles ran in this process on a one-rank world the run made: the run's
+    # end ends it, with Megatron's groups (a later run here starts as this one did)
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    assert not dist.is_initialized() and not parallel_state.model_parallel_is_initialized()
 
 
 @pytest.mark.slow
