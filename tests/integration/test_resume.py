@@ -354,6 +354,8 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
         )
         batch = batch.select([0])
         trainer = run.roles.actor.compute_log_probs(batch)["old_log_probs"][0]
+        # model.dtype auto: fp32 on CPU, bf16 autocast on a GPU
+        fp32 = run.roles.actor.engine.device.type == "cpu"
     finally:
         run.close()
     prompt = batch["prompt_ids"][0][batch["prompt_mask"][0] > 0]
@@ -364,7 +366,8 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
         logits = hf(torch.cat([prompt, response])[None].long()).logits[0].float()
     logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
     expected = logp.gather(-1, response.long()[:, None]).squeeze(-1)
-    torch.testing.assert_close(trainer[:n], expected, atol=1e-5, rtol=1e-5)
+    tol = 1e-5 if fp32 else 5e-2
+    torch.testing.assert_close(trainer[:n].float(), expected, atol=tol, rtol=tol)
 
 
 def test_lora_run_extended_past_its_end_equals_the_longer_run(
