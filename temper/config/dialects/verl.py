@@ -33,6 +33,7 @@ from temper.config.catalog import VALUES, Catalog
 from temper.config.dialects import Translation
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
+from temper.config.dialects.verl_v09 import MODEL_ENGINE_STRATEGY
 from temper.config.errors import ConfigError, did_you_mean
 from temper.config.loader import RawConfig
 from temper.config.schema import RolloutConfig, TemperConfig
@@ -156,6 +157,10 @@ class _Translator:
 
     def run(self) -> Translation:
         self._unwrap()
+        if "model_engine" in self.tree:
+            # the group option chose the files every role section came from (Hydra puts
+            # it after them): an engine temper lacks is named before any key of its files
+            self.tree = {"model_engine": self.tree.pop("model_engine"), **self.tree}
         self._apply_defaults()
         self._walk(self.tree, "", TABLE, _TABLE_CHILDREN)
         self._finish()
@@ -175,6 +180,12 @@ class _Translator:
         self._walk(self.data, "", WRAPPER, _WRAPPER_CHILDREN, display_prefix="")
 
     def _apply_defaults(self) -> None:
+        # verl 0.9's model_engine group picks the actor file, and with it the strategy a
+        # file without the actor section would have (a short file naming only the group)
+        engine = self._lookup("model_engine")
+        strategy = "actor_rollout_ref.actor.strategy"
+        if engine in MODEL_ENGINE_STRATEGY and self._lookup(strategy) is _MISSING:
+            self._set(strategy, MODEL_ENGINE_STRATEGY[engine])
         for key, value in DEFAULTS.items():
             if self._lookup(key) is _MISSING:
                 self._set(key, value)

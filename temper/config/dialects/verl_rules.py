@@ -124,7 +124,26 @@ def per_device(sp_key: str | None) -> Transform:
     return fn
 
 
+#: verl training engines temper has no counterpart of (``model_engine`` options of verl 0.9
+#: and the ``strategy`` their role files set), with their names.
+OTHER_TRAINING_ENGINES = {
+    "torchtitan": "TorchTitan",
+    "veomni": "VeOmni",
+    "automodel": "NeMo AutoModel",
+}
+
+
+def refuse_other_engine(v: Any, ctx: Any) -> None:
+    """Refuse a verl training engine temper does not have, by its name."""
+    if v in OTHER_TRAINING_ENGINES:
+        raise ctx.error(
+            f"verl's {OTHER_TRAINING_ENGINES[v]} training engine ('{v}') is not one temper has",
+            "use model_engine: dp (FSDP2) or model_engine: megatron (Megatron-Core)",
+        )
+
+
 def strategy(v: Any, ctx: Any) -> Any:
+    refuse_other_engine(v, ctx)
     if v in ("fsdp", "fsdp2"):
         if v == "fsdp":
             ctx.note("strategy fsdp (FSDP1) runs as fsdp2 (per-layer fully_shard)")

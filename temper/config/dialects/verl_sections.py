@@ -37,6 +37,7 @@ from temper.config.dialects.verl_table_rollout import (
     _section_rollout,
     engine_kwargs,
 )
+from temper.config.dialects.verl_v09 import RULES as V09_RULES
 from temper.config.dialects.verl_versions import ADDITIONS, OVERRIDES
 
 CR, RM = "critic", "reward_model"
@@ -363,6 +364,7 @@ TABLE: dict[str, Rule] = _gather(
     _section_trainer(),
     _section_ray(),
     megatron_rules(),
+    V09_RULES,
     _gate(
         "global_profiler",
         "tool",

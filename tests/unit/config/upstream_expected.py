@@ -471,7 +471,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-08-1dda039/examples/rollout_correction/run_qwen2_5_7b_fsdp.sh": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/examples/router_replay/run_qwen3_30b_a3b_megatron.sh": "verl 0.9 vocabulary",
-    "verl-2026-08-1dda039/examples/router_replay/run_qwen3_5_35b_a3b_veomni.sh": "verl 0.9 vocabulary",
+    "verl-2026-08-1dda039/examples/router_replay/run_qwen3_5_35b_a3b_veomni.sh": "engine: veomni/torchtitan",
     "verl-2026-08-1dda039/examples/sapo_trainer/run_qwen3_30b_a3b_fsdp.sh": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/examples/sapo_trainer/run_qwen3_8b_fsdp.sh": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/examples/sft/gsm8k/run_deepseek_coder_6_7b_fsdp.sh": "pipeline: sft",

@@ -153,6 +153,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("pipeline: spin/sppo/prime", r"verl (SPIN|SPPO|PRIME) recipe"),
     ("engine: sglang", r"'sglang'"),
     ("engine: trtllm", r"TensorRT-LLM"),
+    ("engine: veomni/torchtitan", r"(VeOmni|TorchTitan|NeMo AutoModel) training engine"),
     ("env manager", r"custom ROLL env manager class"),
     ("env type", r"\.env_type\b.*: unknown value '\w+'"),
     ("env tool wrapper", r"GEM tool wrappers"),

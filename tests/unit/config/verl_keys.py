@@ -497,6 +497,17 @@ ray_kwargs.ray_init.num_cpus 8 -> resources.ray.num_cpus
 ray_kwargs.timeline_json_file /tmp/t.json -> resources.ray.timeline_json_file
 ray_init.num_cpus 8 -> resources.ray.num_cpus
 ray_init.timeline_json_file /tmp/t.json -> resources.ray.timeline_json_file
+# ---------------------------------------------------------------- verl 0.9 (2026-08 snapshot)
+# model_engine: ppo_trainer.yaml's defaults group; model_engine/{dp,megatron,torchtitan,
+# veomni}.yaml; the role files it picks set strategy fsdp / megatron / torchtitan / veomni
+model_engine dp -> actor.strategy = fsdp2
+model_engine megatron +actor_rollout_ref.actor.strategy=megatron -> actor.strategy = megatron
+model_engine megatron !! sets actor.strategy
+model_engine veomni !! VeOmni
+model_engine torchtitan !! TorchTitan
+model_engine fsdp !! not supported
+actor_rollout_ref.actor.strategy veomni !! VeOmni
+critic.strategy torchtitan !! TorchTitan
 """
 
 # Every key the verl manuals (reference seeds 002, 003, 004) name, including keys that
