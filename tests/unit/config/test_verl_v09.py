@@ -90,3 +90,41 @@ def test_a_strategy_that_contradicts_model_engine_is_refused():
     data["actor_rollout_ref"]["actor"]["strategy"] = "megatron"
     with pytest.raises(ConfigError, match="sets actor.strategy"):
         native(data)
+
+
+# ------------------------------------------------------------------ trainer.use_v1, trainer.v1
+
+
+def notes(data: dict[str, Any]) -> list[str]:
+    return translate_verl(RawConfig(data=data, source="<test>"), CATALOG).notes
+
+
+def test_the_v1_sync_trainer_is_temper_loop_and_its_async_options_are_noted():
+    data = composed("ppo_trainer.yaml")
+    assert data["trainer"]["use_v1"] is True and data["trainer"]["v1"]["trainer_mode"] == "sync"
+    text = "\n".join(notes(data))
+    assert "V1 sync trainer" in text
+    for key in (
+        "trainer.v1.separate_async.parameter_sync_step",
+        "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+        "trainer.v1.colocate_async.num_warmup_batches",
+        "trainer.v1.sampler.max_off_policy_threshold",
+    ):
+        assert key in text
+
+
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_the_async_trainer_modes_are_refused_pointing_at_the_async_issue(mode):
+    data = composed("ppo_trainer.yaml", f"trainer.v1.trainer_mode={mode}")
+    with pytest.raises(ConfigError) as err:
+        native(data)
+    text = str(err.value)
+    assert text.startswith("trainer.v1.trainer_mode: asynchronous") and "issue 23" in text
+    assert "trainer_mode: sync" in text and "\n" not in text
+
+
+def test_the_legacy_trainer_never_reads_trainer_v1():
+    data = composed(
+        "ppo_trainer.yaml", "trainer.use_v1=false", "trainer.v1.trainer_mode=separate_async"
+    )
+    assert any("trainer.v1.trainer_mode" in n and "use_v1 is false" in n for n in notes(data))

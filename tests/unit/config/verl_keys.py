@@ -508,6 +508,38 @@ model_engine torchtitan !! TorchTitan
 model_engine fsdp !! not supported
 actor_rollout_ref.actor.strategy veomni !! VeOmni
 critic.strategy torchtitan !! TorchTitan
+# trainer.use_v1 (default true) and trainer.v1: ppo_trainer.yaml's trainer section; the
+# async modes' options are read for the chosen trainer_mode only (trainer_base.py), and
+# sync sampling ignores the off-policy bound (replay_buffer.py)
+trainer.use_v1 true noted
+trainer.use_v1 false noted
+trainer.v1.trainer_mode sync noted
+trainer.v1.trainer_mode colocate_async !! asynchronous
+trainer.v1.trainer_mode separate_async !! not built yet
+trainer.v1.trainer_mode separate_async +trainer.use_v1=false noted
+trainer.v1.trainer_mode fully_async !! not supported
+trainer.v1.sync {} noted
+trainer.v1.sync {x:1} !! no options
+trainer.v1.colocate_async.num_warmup_batches 2 noted
+trainer.v1.separate_async.num_warmup_batches 2 noted
+trainer.v1.separate_async.parameter_sync_step 8 noted
+trainer.v1.separate_async.hybrid_rollout.enable_switch true noted
+trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio 0.5 noted
+trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold false noted
+trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_up 0.1 noted
+trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_down 0.1 noted
+trainer.v1.separate_async.hybrid_rollout.switch_threshold_release_steps 3 noted
+trainer.v1.separate_async.hybrid_rollout.switch_cost_window_size 5 noted
+trainer.v1.separate_async.hybrid_rollout.switch_ratio 0.5 !! unknown verl key
+trainer.v1.sampler.max_off_policy_threshold 4 noted
+trainer.v1.sampler.max_off_policy_threshold 0 !! positive integer
+trainer.v1.sampler.max_off_policy_strategy wait noted
+trainer.v1.sampler.max_off_policy_strategy keep !! drop or wait
+trainer.v1.sampler.sync_refill_failed_groups false noted
+trainer.v1.sampler.sync_refill_failed_groups true !! failed groups
+trainer.v1.sampler.custom_sampler.path /s.py !! custom samplers
+trainer.v1.sampler.custom_sampler.name MySampler noted
+trainer.v1.sampler.sampler_kwargs {} noted
 """
 
 # Every key the verl manuals (reference seeds 002, 003, 004) name, including keys that
