@@ -353,8 +353,9 @@ class _Translator:
                     self.note(f"no effect here (used only when rollout.name is {name})", key)
         if kwargs.get(chosen):
             self._write("rollout.engine_kwargs", _convert(kwargs[chosen], dict[str, Any], self.key))
-        if self.writes.get("reward.custom_function.path", (None,))[0]:
-            self.key = self.prefix + "custom_reward_function.path"
+        path, path_key, _ = self.writes.get("reward.custom_function.path", (None, "", False))
+        if path:
+            self.key = path_key  # custom_reward_function.path, or verl 0.9's reward.…
             self._write("reward.function", "custom")
         # verl saves every trainer.save_freq steps and nothing else: temper's time-based
         # recovery checkpoints (native configs only) stay off, so a verl file saves as

@@ -30,7 +30,9 @@ def _leaves(value: Any, key: str) -> list[tuple[str, Any]]:
     return [(key, value)]
 
 
-def sandbox_fusion(value: Any, ctx: Any) -> None:
+def sandbox_fusion(value: Any, ctx: Any, weak: bool = False) -> None:
+    """``weak``: verl 0.9's ``reward.sandbox_fusion``, which a legacy section that sets
+    any value replaces (``migrate_legacy_reward_impl``)."""
     if not isinstance(value, dict):
         raise ctx.error(f"expected a mapping, got {value!r}", "")
     base = ctx.key
@@ -41,10 +43,12 @@ def sandbox_fusion(value: Any, ctx: Any) -> None:
     for name, v in value.items():
         ctx.key = f"{base}.{name}"
         if name == "url":
-            ctx._write("reward.sandbox", "sandbox_fusion")
-            ctx._write("reward.sandbox_url", str(v))
+            ctx._write("reward.sandbox", "sandbox_fusion", weak)
+            ctx._write("reward.sandbox_url", str(v), weak)
         elif name == "memory_limit_mb":
-            ctx._write("reward.sandbox_limits.memory_mb", int(v))
+            ctx._write("reward.sandbox_limits.memory_mb", int(v), weak)
+        elif name == "_target_":
+            ctx.note("Hydra _target_ (a verl class path): temper builds its own objects")
         elif name == "max_concurrent":
             ctx.note("no effect here (requests go out from the reward.num_workers processes)")
         else:
@@ -56,4 +60,7 @@ def sandbox_fusion(value: Any, ctx: Any) -> None:
 
 RULES: dict[str, Rule] = {
     f"{RM}.sandbox_fusion": Call(sandbox_fusion),
+    # verl 0.9's legacy location (legacy_reward_impl.yaml), and its new one
+    "sandbox_fusion": Call(sandbox_fusion),
+    "reward.sandbox_fusion": Call(lambda v, ctx: sandbox_fusion(v, ctx, weak=True)),
 }

@@ -87,6 +87,14 @@ def same_dtype(v: Any, ctx: Any) -> bool:
     return v is None or _DTYPES.get(str(v)) == _DTYPES.get(str(actor))
 
 
+def reward_setting(ctx: Any, legacy: str, new: str, default: Any = None) -> Any:
+    """A reward setting of verl 0.9, which keeps the legacy key (``reward_model.enable``,
+    …) beside the new one (``reward.reward_model.enable``): a non-null legacy value wins,
+    as verl's ``migrate_legacy_reward_impl`` copies it over the new key."""
+    value = ctx.get(legacy)
+    return ctx.get(new, default) if value is None else value
+
+
 # --------------------------------------------------------------------------- transforms
 
 

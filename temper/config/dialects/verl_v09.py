@@ -15,6 +15,11 @@
   on-policy: ``replay_buffer.py`` calls ``max_off_policy_strategy`` a no-op there). The
   invariant ``train_batch_size = parameter_sync_step × ppo_mini_batch_size`` holds for
   ``separate_async`` only, which is refused, so it is not checked.
+- ``reward``: the section that replaces ``reward_model`` / ``custom_reward_function`` /
+  ``sandbox_fusion`` / ``reward_manager``. Its keys set the native fields the legacy keys
+  set, weakly: verl 0.9 keeps the legacy sections (all null, ``legacy_reward_impl.yaml``)
+  and ``migrate_legacy_reward_impl`` copies every non-null legacy value over the new key,
+  so a legacy key that is set wins here too (with a note).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule
+from temper.config.dialects.verl_versions import reward_kwargs, reward_model_server
 
 #: verl's ``model_engine`` options temper runs -> the actor ``strategy`` their files set
 #: (``actor/dp_actor.yaml``: fsdp; ``actor/megatron_actor.yaml``: megatron).
@@ -136,3 +142,53 @@ RULES: dict[str, Rule] = {
         "read only by a custom sampler (trainer.v1.sampler.custom_sampler), which is off"
     ),
 }
+
+
+RW, RWM = "reward", "reward.reward_model"
+
+
+def _pool_off(_v: Any, ctx: Any) -> bool:
+    return not r.reward_setting(
+        ctx, "reward_model.enable_resource_pool", f"{RWM}.enable_resource_pool"
+    )
+
+
+MANAGERS = r.choice("naive", "batch", "dapo", "prime")
+SEPARATE_POOL = "a separate reward-model pool is not supported"
+
+REWARD_RULES: dict[str, Rule] = {
+    f"{RW}.num_workers": Map("reward.num_workers", weak=True),
+    f"{RW}.custom_reward_function.path": Map("reward.custom_function.path", weak=True),
+    f"{RW}.custom_reward_function.name": Map("reward.custom_function.name", weak=True),
+    # a legacy custom_reward_function (older verl: with reward_kwargs) moves here whole
+    f"{RW}.custom_reward_function.reward_kwargs": Map("reward.custom_function.kwargs", weak=True),
+    f"{RW}.reward_manager.name": Map("reward.reward_manager", MANAGERS, weak=True),
+    f"{RW}.reward_manager.source": Inert(
+        ("register", None),
+        "built-in reward managers",
+        "custom reward managers are not supported",
+        "set source: register",
+    ),
+    f"{RW}.reward_manager.module": Gated(
+        "path",
+        (None,),
+        "built-in reward managers",
+        "custom reward manager modules are not supported",
+        "set path: null",
+    ),
+    f"{RWM}.enable": Map("reward.model.enable", weak=True),
+    f"{RWM}.model_path": Map("reward.model.path", weak=True),
+    f"{RWM}.enable_resource_pool": Inert(
+        (False, None),
+        "the reward model shares the actor's devices",
+        "a separate reward-model pool is not expressible in verl terms",
+        "remove it; set resources.reward natively",
+    ),
+    f"{RWM}.n_gpus_per_node": Inert(
+        _pool_off, "enable_resource_pool is off", SEPARATE_POOL, "remove it"
+    ),
+    f"{RWM}.nnodes": Inert(_pool_off, "enable_resource_pool is off", SEPARATE_POOL, "remove it"),
+    f"{RWM}.rollout": Call(reward_model_server),
+    f"{RW}.reward_kwargs": Call(reward_kwargs),
+}
+RULES |= REWARD_RULES

@@ -131,8 +131,9 @@ def _mixed_precision(prefix: str) -> dict[str, Rule]:
     }
 
 
-def _reward_kwargs(value: Any, ctx: Any) -> None:
-    """``reward_model.reward_kwargs``: verl passes it to the reward manager's constructor.
+def reward_kwargs(value: Any, ctx: Any) -> None:
+    """``reward_model.reward_kwargs`` (verl 0.9: ``reward.reward_kwargs``): verl passes it to
+    the reward manager's constructor.
 
     The DAPO manager takes ``overlong_buffer_cfg`` (the soft overlong penalty, temper's
     ``algorithm.overlong_buffer``) and ``max_resp_len`` (the response length it is
@@ -246,8 +247,9 @@ def _optimizer_overrides(prefix: str) -> Call:
     return Call(fn)
 
 
-def _reward_model_server(v: Any, ctx: Any) -> None:
-    """``reward_model.rollout``: the engine that serves the reward model (verl's reward loop).
+def reward_model_server(v: Any, ctx: Any) -> None:
+    """``reward_model.rollout`` (verl 0.9: ``reward.reward_model.rollout``): the engine that
+    serves the reward model (verl's reward loop).
 
     Without a custom reward function verl treats the served model as a discriminative
     reward model — a sequence classifier it queries through the engine's classify
@@ -258,12 +260,19 @@ def _reward_model_server(v: Any, ctx: Any) -> None:
     cannot run.
     """
     leaves = _leaves(v, ctx.key)
-    name = v.get("name") if isinstance(v, dict) else None
-    if name in (None, "", "???") or not ctx.get(f"{RM}.enable"):
+    unset = (None, "", "???")
+    own = v.get("name") if isinstance(v, dict) else None
+    # verl 0.9 has both locations; the served engine is the merged one (legacy wins)
+    name = r.reward_setting(ctx, f"{RM}.rollout.name", "reward.reward_model.rollout.name")
+    enabled = r.reward_setting(ctx, f"{RM}.enable", "reward.reward_model.enable")
+    if name in unset or not enabled:
         for leaf in leaves:
             ctx.note("accepted at its inert value (no served reward model)", leaf)
         return
-    if ctx.get("custom_reward_function.path"):
+    custom = r.reward_setting(
+        ctx, "custom_reward_function.path", "reward.custom_reward_function.path"
+    )
+    if custom and own not in unset:  # refused once: at the location that names the engine
         ctx.key = f"{ctx.key}.name"
         raise ctx.error(
             "a generative reward model (the served model prompted by "
@@ -349,7 +358,7 @@ RULES: dict[str, Rule] = {
     f"{CR}.model.override_config": Call(_critic_override_config),
     f"{ACT}.optim.override_optimizer_config": _optimizer_overrides(ACT),
     f"{CR}.optim.override_optimizer_config": _optimizer_overrides(CR),
-    f"{RM}.rollout": Call(_reward_model_server),
+    f"{RM}.rollout": Call(reward_model_server),
     f"{RO}.server": Note("connection settings of SGLang's server mode (timeouts, retries)"),
     "data.gen_batch_size": _inert(
         r.equals("data.train_batch_size"),
@@ -385,7 +394,7 @@ RULES: dict[str, Rule] = {
     f"{CR}.kl_ctrl": Note(
         "verl's megatron critic never reads it (the KL controller is algorithm.kl_ctrl)"
     ),
-    f"{RM}.reward_kwargs": Call(_reward_kwargs),
+    f"{RM}.reward_kwargs": Call(reward_kwargs),
     # ---- renamed or retired keys of verl 0.2-0.6
     f"{ACT}.checkpoint.contents": Map("actor.checkpoint_contents"),
     f"{CR}.checkpoint.contents": Map("critic.checkpoint_contents"),

@@ -9,6 +9,7 @@ test reads the sections it is about through the real composition.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -128,3 +129,101 @@ def test_the_legacy_trainer_never_reads_trainer_v1():
         "ppo_trainer.yaml", "trainer.use_v1=false", "trainer.v1.trainer_mode=separate_async"
     )
     assert any("trainer.v1.trainer_mode" in n and "use_v1 is false" in n for n in notes(data))
+
+
+# ------------------------------------------------------------------ the reward section
+
+
+def migrate_legacy_reward_impl(config: dict[str, Any]) -> dict[str, Any]:
+    """verl's ``migrate_legacy_reward_impl`` (verl/experimental/reward_loop/reward_loop.py at
+    the snapshot's commit), step by step on plain data: what verl 0.9 runs a config with
+    legacy reward sections as."""
+    config = copy.deepcopy(config)
+    legacy, reward = config["reward_model"], config["reward"]
+    if legacy.get("num_workers") is not None:  # 1. reward workers
+        reward["num_workers"] = legacy["num_workers"]
+    if legacy.get("reward_manager") is not None:  # 2. reward manager
+        reward["reward_manager"]["name"] = legacy["reward_manager"]
+    if legacy.get("reward_loop_source") is not None:
+        reward["reward_manager"]["source"] = legacy["reward_loop_source"]
+        reward["reward_manager"]["module"]["path"] = legacy["reward_loop_module_path"]
+        reward["reward_manager"]["module"]["name"] = legacy["reward_loop_class_name"]
+    custom = config["custom_reward_function"]  # 3. custom reward function
+    if not all(v is None for v in custom.values()):
+        reward["custom_reward_function"] = custom
+    for key in ("enable", "enable_resource_pool", "n_gpus_per_node", "nnodes"):  # 4.
+        if legacy.get(key) is not None:
+            reward["reward_model"][key] = legacy[key]
+    if legacy["model"]["path"] is not None:
+        reward["reward_model"]["model_path"] = legacy["model"]["path"]
+    if legacy.get("reward_kwargs") is not None:
+        reward["reward_kwargs"] = legacy["reward_kwargs"]
+    for key, value in legacy["rollout"].items():
+        if value is not None:
+            reward["reward_model"]["rollout"][key] = value
+    if not all(v is None for v in config["sandbox_fusion"].values()):  # 5. sandbox_fusion
+        reward["sandbox_fusion"] = config["sandbox_fusion"]
+    for key in ("reward_model", "custom_reward_function", "sandbox_fusion"):  # 6.
+        del config[key]
+    return config
+
+
+RULE_REWARD = {  # legacy key -> the reward section's key, with the value both are given
+    "reward_model.reward_manager": ("reward.reward_manager.name", "dapo"),
+    "reward_model.num_workers": ("reward.num_workers", 4),
+    "custom_reward_function.path": ("reward.custom_reward_function.path", "/r/score.py"),
+    "custom_reward_function.name": ("reward.custom_reward_function.name", "my_score"),
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.enable": (
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable",
+        True,
+    ),
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.len": (
+        "+reward.reward_kwargs.overlong_buffer_cfg.len",
+        256,
+    ),
+    "sandbox_fusion.url": ("reward.sandbox_fusion.url", "http://sandbox:8080"),
+    "sandbox_fusion.memory_limit_mb": ("reward.sandbox_fusion.memory_limit_mb", 512),
+}
+MODEL_REWARD = {  # a sequence-classification reward model served by vLLM
+    "reward_model.enable": ("reward.reward_model.enable", True),
+    "reward_model.model.path": ("reward.reward_model.model_path", "/m/rm"),
+    "reward_model.rollout.name": ("reward.reward_model.rollout.name", "vllm"),
+    "reward_model.rollout.tensor_model_parallel_size": (
+        "reward.reward_model.rollout.tensor_model_parallel_size",
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("keys", [RULE_REWARD, MODEL_REWARD], ids=["rule", "model"])
+def test_legacy_and_new_reward_sections_translate_to_the_same_native_config(keys):
+    """The legacy spelling, verl's migration of it, and the ``reward`` section: one run."""
+    legacy = composed("ppo_trainer.yaml", *(f"{k}={v}" for k, (_, v) in keys.items()))
+    new = composed("ppo_trainer.yaml", *(f"{k}={v}" for k, v in keys.values()))
+    want = native(legacy)
+    assert native(new) == want
+    assert native(migrate_legacy_reward_impl(legacy)) == want
+    reward = want["reward"]
+    if keys is RULE_REWARD:
+        assert reward["reward_manager"] == "dapo" and reward["num_workers"] == 4
+        assert reward["function"] == "custom"
+        assert reward["custom_function"] == {"path": "/r/score.py", "name": "my_score"}
+        assert reward["sandbox"] == "sandbox_fusion"
+        assert reward["sandbox_url"] == "http://sandbox:8080"
+        assert reward["sandbox_limits"] == {"memory_mb": 512}
+        assert want["algorithm"]["overlong_buffer"] == {"enable": True, "len": 256}
+    else:
+        assert reward["model"]["enable"] is True and reward["model"]["path"] == "/m/rm"
+
+
+def test_a_legacy_reward_key_that_is_set_wins_over_the_new_one():
+    """As the migration copies it over: the new key yields, with a note."""
+    data = composed(
+        "ppo_trainer.yaml", "reward_model.reward_manager=prime", "reward.reward_manager.name=dapo"
+    )
+    assert native(data)["reward"]["reward_manager"] == "prime"
+    assert native(migrate_legacy_reward_impl(data))["reward"]["reward_manager"] == "prime"
+    assert any(
+        "overridden by reward_model.reward_manager" in n and "reward.reward_manager.name" in n
+        for n in notes(data)
+    )

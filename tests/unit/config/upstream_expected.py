@@ -506,7 +506,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-08-1dda039/verl/trainer/config/_generated_ppo_trainer.yaml": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/verl/trainer/config/_generated_ppo_veomni_trainer.yaml": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/verl/trainer/config/evaluation.yaml": "pipeline: generation/eval",
-    "verl-2026-08-1dda039/verl/trainer/config/legacy_reward_impl.yaml": "rewards: sandbox_fusion",
+    "verl-2026-08-1dda039/verl/trainer/config/legacy_reward_impl.yaml": "file: no model",
     "verl-2026-08-1dda039/verl/trainer/config/ppo_megatron_trainer.yaml": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/verl/trainer/config/ppo_trainer.yaml": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/verl/trainer/config/sft_trainer_engine.yaml": "pipeline: sft",

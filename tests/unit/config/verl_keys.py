@@ -540,6 +540,40 @@ trainer.v1.sampler.sync_refill_failed_groups true !! failed groups
 trainer.v1.sampler.custom_sampler.path /s.py !! custom samplers
 trainer.v1.sampler.custom_sampler.name MySampler noted
 trainer.v1.sampler.sampler_kwargs {} noted
+# reward (reward/reward.yaml) beside the legacy sections (legacy_reward_impl.yaml: all
+# null); migrate_legacy_reward_impl copies each non-null legacy value over the new key,
+# so the rows null the legacy key that verl 0.8's file sets
+reward.num_workers 4 +reward_model.num_workers=null -> reward.num_workers
+reward.num_workers 4 noted
+reward.custom_reward_function.path /r/score.py -> reward.custom_function.path
+reward.custom_reward_function.path /r/score.py -> reward.function = custom
+reward.custom_reward_function.name my_score +custom_reward_function.name=null -> reward.custom_function.name
+reward.custom_reward_function.reward_kwargs {scale:2} -> reward.custom_function.kwargs
+reward.reward_manager.name dapo +reward_model.reward_manager=null -reward_manager.name -> reward.reward_manager
+reward.reward_manager.name magic +reward_model.reward_manager=null -reward_manager.name !! not supported
+reward.reward_manager.source register noted
+reward.reward_manager.source importlib !! custom reward managers
+reward.reward_manager.module.path /m.py !! custom reward manager modules
+reward.reward_manager.module.name MyManager noted
+reward.reward_model.enable true +reward_model.enable=null -> reward.model.enable
+reward.reward_model.model_path /m/rm +reward_model.model.path=null -> reward.model.path
+reward.reward_model.model_path /m/rm noted
+reward.reward_model.enable_resource_pool true !! reward-model pool
+reward.reward_model.n_gpus_per_node 4 noted
+reward.reward_model.nnodes 1 noted
+reward.reward_model.rollout.name vllm noted
+reward.reward_model.rollout.name vllm +reward_model.enable=null +reward_model.model.path=null +reward.reward_model.enable=true +reward.reward_model.model_path=/m/rm -> reward.model.path = /m/rm
+reward.reward_model.rollout.name vllm +reward_model.enable=null +reward.reward_model.enable=true +custom_reward_function.path=/r/genrm.py !! generative reward model
+reward.reward_model.rollout.tensor_model_parallel_size 2 noted
+reward.reward_kwargs {"overlong_buffer_cfg":{"enable":true,"len":128}} -> algorithm.overlong_buffer.len = 128
+reward.reward_kwargs {"max_resp_len":7} !! response length
+reward.sandbox_fusion.url http://sandbox:8080 -> reward.sandbox_url
+reward.sandbox_fusion.url http://sandbox:8080 -> reward.sandbox = sandbox_fusion
+reward.sandbox_fusion.memory_limit_mb 256 +reward.sandbox_fusion.url=http://sb -> reward.sandbox_limits.memory_mb
+reward.sandbox_fusion.max_concurrent 8 noted
+sandbox_fusion.url http://sandbox:8080 -> reward.sandbox_url
+sandbox_fusion.url http://sandbox:8080 +reward.sandbox_fusion.url=http://other:1 -> reward.sandbox_url = http://sandbox:8080
+sandbox_fusion.max_concurrent 8 noted
 """
 
 # Every key the verl manuals (reference seeds 002, 003, 004) name, including keys that
