@@ -31,21 +31,25 @@ def nearest_divisor(n: int, near: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """What a fix asks of a size counted in samples, kept as numbers: at most ``limit``,
-    a divisor of ``limit`` (near the refused ``value``), or a multiple of ``limit``.
+    """What a fix asks of a size counted in samples (or tokens), kept as numbers: at most
+    ``limit``, at least ``limit``, a divisor of ``limit`` (near the refused ``value``), or
+    a multiple of ``limit``.
 
     A dialect that counts the same key in bigger units (verl's ``ppo_mini_batch_size``
-    counts prompts of ``rollout.n`` samples each) restates it with :meth:`in_units`, so
-    the number a user reads is one they can write (``dialects.in_dialect``).
+    counts prompts of ``rollout.n`` samples each; its token budgets count the tokens of
+    one sequence-parallel rank) restates it with :meth:`in_units`, so the number a user
+    reads is one they can write (``dialects.in_dialect``).
     """
 
-    relation: Literal["at_most", "divisor_of", "multiple_of"]
+    relation: Literal["at_most", "at_least", "divisor_of", "multiple_of"]
     limit: int
     value: int
 
     def text(self) -> str:
         if self.relation == "at_most":
             return f"≤ {self.limit}"
+        if self.relation == "at_least":
+            return f"≥ {self.limit}"
         if self.relation == "divisor_of":
             return f"a divisor of {self.limit}, e.g. {nearest_divisor(self.limit, self.value)}"
         return f"a multiple of {self.limit}"
@@ -58,6 +62,8 @@ class Bound:
         value = max(1, round(self.value / unit))
         if self.relation == "at_most":
             return Bound("at_most", self.limit // unit, value) if self.limit >= unit else None
+        if self.relation == "at_least":  # x·unit ≥ L  <=>  x ≥ ⌈L / unit⌉
+            return Bound("at_least", -(-self.limit // unit), value)
         if self.relation == "divisor_of":  # x·unit divides L  <=>  x divides L / unit
             return (
                 Bound("divisor_of", self.limit // unit, value) if self.limit % unit == 0 else None

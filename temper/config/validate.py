@@ -25,7 +25,7 @@ from temper.config.derive import (
     uses_critic,
     uses_reference,
 )
-from temper.config.errors import ConfigError, unknown_name
+from temper.config.errors import BOUND, Bound, ConfigError, unknown_name
 from temper.config.schema import OptimConfig, TemperConfig
 
 
@@ -190,12 +190,14 @@ def _check_ranges(cfg: TemperConfig) -> None:
     _check_pixels(cfg.data.image_min_pixels, cfg.data.image_max_pixels)
     for key in ("actor", "critic"):
         engine = getattr(cfg, key)
-        if engine.use_dynamic_bsz and engine.max_token_len_per_device < seq:
+        budget = engine.max_token_len_per_device
+        if engine.use_dynamic_bsz and budget < seq:
             raise ConfigError(
                 f"{key}.max_token_len_per_device",
-                f"a token budget of {engine.max_token_len_per_device} cannot hold one sample of "
+                f"a token budget of {budget} cannot hold one sample of "
                 f"up to {seq} tokens (max_prompt_length + response_length)",
-                f"raise it to ≥ {seq}",
+                f"raise it to {BOUND}",
+                bound=Bound("at_least", seq, budget),
             )
 
 

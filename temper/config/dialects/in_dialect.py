@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import re
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from temper.config.errors import BOUND, ConfigError
@@ -41,12 +42,35 @@ UNITS: dict[str, dict[str, str]] = {
         "data-parallel size)",
     },
 }
-#: Keys a dialect counts in units of several samples: native key -> (dialect -> (the
-#: native key whose value is the samples per unit, the unit's name)). A fix's bound is
-#: restated in them.
-SCALES: dict[str, dict[str, tuple[str, str]]] = {
-    "actor.mini_batch_size": {"verl": ("rollout.n", "prompts")},
-    "critic.mini_batch_size": {"verl": ("rollout.n", "prompts")},
+
+
+def _sequence_parallel_size(role: str) -> Callable[[TemperConfig], str]:
+    """The native key of ``role``'s sequence-parallel size as verl's token budgets count
+    it: the context-parallel size of a Megatron role, else the Ulysses size."""
+
+    def key(cfg: TemperConfig) -> str:
+        if getattr(cfg, role).strategy == "megatron":
+            return f"{role}.megatron.context_parallel_size"
+        return f"{role}.ulysses_sequence_parallel_size"
+
+    return key
+
+
+#: Keys a dialect counts in units of several samples (or tokens): native key -> (dialect
+#: -> (the native key whose value is the size of a unit, or a function of the config
+#: naming it; the unit's name; what the native key counts)). A fix's bound is restated
+#: in them.
+SCALES: dict[str, dict[str, tuple[str | Callable[[TemperConfig], str], str, str]]] = {
+    "actor.mini_batch_size": {"verl": ("rollout.n", "prompts", "samples")},
+    "critic.mini_batch_size": {"verl": ("rollout.n", "prompts", "samples")},
+    # verl's *_max_token_len_per_gpu count one sequence-parallel rank's tokens
+    # (the verl dialect multiplies them by the role's size; ``verl.py``)
+    **{
+        f"{role}.max_token_len_per_device": {
+            "verl": (_sequence_parallel_size(role), "tokens per sequence-parallel rank", "tokens")
+        }
+        for role in ("actor", "critic")
+    },
 }
 #: Native keys that no dialect key sets directly, with what to write instead.
 PHRASES: dict[str, dict[str, str]] = {
@@ -195,7 +219,8 @@ def _bound_in_units(err: ConfigError, dialect: str, config: TemperConfig | None)
     scale = SCALES.get(err.key, {}).get(dialect)
     if err.bound is None or scale is None or config is None:
         return err.reason, err.fix
-    path, name = scale
+    where, name, counted = scale
+    path = where(config) if callable(where) else where
     unit: Any = config
     for part in path.split("."):
         unit = getattr(unit, part)
@@ -205,5 +230,5 @@ def _bound_in_units(err: ConfigError, dialect: str, config: TemperConfig | None)
     value = err.bound.value
     reason = err.reason
     if unit > 1 and value % unit == 0:
-        reason += f" ({value} samples = {value // unit} {name} × {path} {unit})"
+        reason += f" ({value} {counted} = {value // unit} {name} × {path} {unit})"
     return reason, err.template.replace(BOUND, bound.text())

@@ -344,6 +344,7 @@ class _Translator:
 
     def _finish(self) -> None:
         self._sequence_level_losses()
+        self._sequence_parallel_budgets()
         self.key = self.prefix + "actor_rollout_ref.rollout.engine_kwargs"
         chosen = self.writes.get("rollout.engine", (RolloutConfig.engine, "", False))[0]
         kwargs = self.state.get("engine_kwargs", {})
@@ -390,6 +391,50 @@ class _Translator:
                 "actor.policy_loss_kwargs.loss_agg_mode_override does the same here",
                 mode_key,
             )
+
+    def _sequence_parallel_budgets(self) -> None:
+        """verl's token budgets (``*_max_token_len_per_gpu``) count the tokens one rank of a
+        sequence-parallel group holds: its micro-batching packs ``budget × sp_size`` tokens
+        of whole samples (``dp_actor.py``, ``dp_critic.py``; 0.9's engines:
+        ``prepare_micro_batches``), where ``sp_size`` is the Ulysses size of an FSDP role
+        and the context-parallel size of a Megatron one. temper's budgets count the tokens
+        of whole samples, so the translation multiplies them: verl's configs that fill a
+        sequence-parallel group with one long sample hold it here too."""
+        budgets = {
+            "actor": (
+                "actor.max_token_len_per_device",
+                "rollout.log_prob_max_token_len_per_device",
+            ),
+            "reference": ("reference.log_prob_max_token_len_per_device",),
+            "critic": (
+                "critic.max_token_len_per_device",
+                "critic.log_prob_max_token_len_per_device",
+            ),
+        }
+        for role, natives in budgets.items():
+            strategy = self.writes.get(f"{role}.strategy", (None,))[0]
+            # the reference runs with the actor's sequence parallelism (verl's ref config
+            # interpolates the actor's size; this table refuses another one)
+            sp_role = "actor" if role == "reference" else role
+            size_key = (
+                f"{role}.megatron.context_parallel_size"
+                if strategy == "megatron"
+                else f"{sp_role}.ulysses_sequence_parallel_size"
+            )
+            size, size_source, _ = self.writes.get(size_key, (1, "", False))
+            if not isinstance(size, int) or size <= 1:
+                continue
+            for native in natives:
+                budget, key, weak = self.writes.get(native, (None, "", False))
+                if not isinstance(budget, int):
+                    continue
+                self.writes[native] = (budget * size, key, weak)
+                self.note(
+                    f"verl's token budgets count one sequence-parallel rank's tokens: × "
+                    f"{size_source.rsplit('.', 1)[-1]} {size} = {budget * size} tokens of whole "
+                    f"samples here ({native})",
+                    key,
+                )
 
     def _native(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -205,6 +205,13 @@ def choice(*valid: str, aliases: dict[str, str] | None = None) -> Transform:
     return fn
 
 
+def role_sp(v: Any, _ctx: Any) -> Any:
+    """A role-level ``ulysses_sequence_parallel_size`` (deprecated in verl 0.9): above 1 it
+    overrides ``fsdp_config.ulysses_sequence_parallel_size`` (verl's ``ActorConfig``
+    ``__post_init__``: "backward compatibility"); its default 1 leaves the size to that key."""
+    return None if v == 1 else v
+
+
 def none_if_negative(v: Any, _ctx: Any) -> Any:
     return None if v is None or (isinstance(v, int | float) and v < 0) else v
 

@@ -121,7 +121,9 @@ def _section_critic() -> dict[str, Rule]:
             f"{CR}.data_loader_seed": Map("experiment.seed", weak=True),
             f"{CR}.cliprange_value": Map("critic.cliprange_value"),
             f"{CR}.loss_agg_mode": Map("critic.loss_agg_mode"),
-            f"{CR}.ulysses_sequence_parallel_size": Map("critic.ulysses_sequence_parallel_size"),
+            f"{CR}.ulysses_sequence_parallel_size": Map(
+                "critic.ulysses_sequence_parallel_size", r.role_sp
+            ),
             f"{CR}.grad_clip": Map("critic.grad_clip"),
         },
         _gate(

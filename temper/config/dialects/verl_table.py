@@ -346,7 +346,9 @@ def _section_actor() -> dict[str, Rule]:
             f"{ACT}.data_loader_seed": Map("experiment.seed", weak=True),
             f"{ACT}.use_fused_kernels": Map("model.use_fused_kernels"),
             f"{ACT}.grad_clip": Map("actor.grad_clip"),
-            f"{ACT}.ulysses_sequence_parallel_size": Map("actor.ulysses_sequence_parallel_size"),
+            f"{ACT}.ulysses_sequence_parallel_size": Map(
+                "actor.ulysses_sequence_parallel_size", r.role_sp
+            ),
             f"{ACT}.entropy_from_logits_with_chunking": Map(
                 "actor.entropy_chunk_size", r.entropy_chunk
             ),

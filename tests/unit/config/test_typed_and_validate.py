@@ -180,3 +180,6 @@ def test_bound_in_units():
     assert Bound("divisor_of", 30, 7).in_units(4) is None
     assert Bound("at_most", 3, 8).in_units(4) is None
     assert Bound("at_most", 32, 64).in_units(1) == Bound("at_most", 32, 64)
+    # a token budget of whole samples ≥ 22528, counted per rank of 4 (rounded up)
+    assert Bound("at_least", 22528, 11264).in_units(4) == Bound("at_least", 5632, 2816)
+    assert Bound("at_least", 10, 4).in_units(4).text() == "≥ 3"

@@ -18,7 +18,7 @@ from reference_paths import UPSTREAM  # next to this file
 from temper.config.dialects.verl import _TABLE_CHILDREN, TABLE, translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
-from temper.pipelines.catalog import CATALOG
+from temper.pipelines.catalog import CATALOG, load_config
 
 V2608 = UPSTREAM / "verl-2026-08-1dda039"
 CONFIG = V2608 / "verl/trainer/config"
@@ -227,3 +227,44 @@ def test_a_legacy_reward_key_that_is_set_wins_over_the_new_one():
         "overridden by reward_model.reward_manager" in n and "reward.reward_manager.name" in n
         for n in notes(data)
     )
+
+
+# ------------------------------------------------------------------ token budgets and SP
+
+V2601_PPO = UPSTREAM / "verl-2026-01-b178a3c/verl/trainer/config/ppo_trainer.yaml"
+LONG = (  # run_qwen3_next_80b_a3b_fsdp.sh's lengths and budget: 2048 + 20480 tokens
+    "actor_rollout_ref.model.path=/m",
+    "data.train_files=/d.parquet",
+    "data.max_prompt_length=2048",
+    "data.max_response_length=20480",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=5632",
+    "trainer.n_gpus_per_node=8",
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.model.use_remove_padding=true",
+)
+
+
+@pytest.mark.parametrize(
+    "sp",
+    [
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",  # 2026-08's key
+    ],
+)
+def test_a_budget_per_sequence_parallel_rank_holds_one_long_sample(sp):
+    """5632 tokens per rank × SP 4 = 22528 = one sample: verl runs it, so does temper."""
+    config = load_config(V2601_PPO, [*LONG, sp]).config
+    assert config.actor.ulysses_sequence_parallel_size == 4
+    assert config.actor.max_token_len_per_device == 22528
+    assert config.rollout.log_prob_max_token_len_per_device == 22528  # inherits the budget
+    assert config.reference.log_prob_max_token_len_per_device == 22528
+
+
+def test_a_budget_too_small_is_refused_in_tokens_per_rank():
+    with pytest.raises(ConfigError) as err:
+        load_config(V2601_PPO, [*LONG, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
+    text = str(err.value)
+    assert text.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    assert "11264 tokens = 5632 tokens per sequence-parallel rank" in text
+    assert text.endswith("Fix: raise it to ≥ 11264")  # × 2 = 22528: what the user writes
