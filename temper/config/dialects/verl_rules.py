@@ -205,11 +205,15 @@ def choice(*valid: str, aliases: dict[str, str] | None = None) -> Transform:
     return fn
 
 
-def role_sp(v: Any, _ctx: Any) -> Any:
-    """A role-level ``ulysses_sequence_parallel_size`` (deprecated in verl 0.9): above 1 it
-    overrides ``fsdp_config.ulysses_sequence_parallel_size`` (verl's ``ActorConfig``
-    ``__post_init__``: "backward compatibility"); its default 1 leaves the size to that key."""
-    return None if v == 1 else v
+def role_sp(v: Any, ctx: Any) -> Any:
+    """A role-level ``ulysses_sequence_parallel_size`` (deprecated since 2026-01). verl's
+    legacy workers (``trainer.use_legacy_worker_impl`` auto/enable, the 2026-01 default)
+    read only it (``fsdp_workers.py``). Its engine workers (``disable``; verl 0.9, which
+    has no such key) read ``fsdp_config.ulysses_sequence_parallel_size``, which a role-level
+    size above 1 overrides (``ActorConfig.__post_init__``: "backward compatibility"): there
+    its default 1 leaves the size to that key."""
+    legacy = ctx.get("trainer.use_legacy_worker_impl") in ("auto", "enable")
+    return None if v == 1 and not legacy else v
 
 
 def none_if_negative(v: Any, _ctx: Any) -> Any:

@@ -249,12 +249,14 @@ LONG = (  # run_qwen3_next_80b_a3b_fsdp.sh's lengths and budget: 2048 + 20480 to
     "sp",
     [
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
-        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",  # 2026-08's key
+        # 2026-08's key, read by verl's engine workers (not by 2026-01's default legacy ones)
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4 "
+        "trainer.use_legacy_worker_impl=disable",
     ],
 )
 def test_a_budget_per_sequence_parallel_rank_holds_one_long_sample(sp):
     """5632 tokens per rank × SP 4 = 22528 = one sample: verl runs it, so does temper."""
-    config = load_config(V2601_PPO, [*LONG, sp]).config
+    config = load_config(V2601_PPO, [*LONG, *sp.split()]).config
     assert config.actor.ulysses_sequence_parallel_size == 4
     assert config.actor.max_token_len_per_device == 22528
     assert config.rollout.log_prob_max_token_len_per_device == 22528  # inherits the budget
@@ -268,3 +270,18 @@ def test_a_budget_too_small_is_refused_in_tokens_per_rank():
     assert text.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     assert "11264 tokens = 5632 tokens per sequence-parallel rank" in text
     assert text.endswith("Fix: raise it to ≥ 11264")  # × 2 = 22528: what the user writes
+
+
+def test_verl_09_reads_the_sequence_parallel_size_of_fsdp_config():
+    """0.9 has no legacy workers: the role-level size (deprecated, 1) leaves it to
+    fsdp_config's, and the budget follows."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=5632",
+    )
+    assert "use_legacy_worker_impl" not in data["trainer"]
+    actor = native(data)["actor"]
+    assert actor["ulysses_sequence_parallel_size"] == 4
+    assert actor["max_token_len_per_device"] == 22528

@@ -579,16 +579,18 @@ sandbox_fusion.max_concurrent 8 noted
 # engine/utils.py prepare_micro_batches (× sp_size: Ulysses for FSDP, context-parallel
 # for Megatron); the role-level size (deprecated) overrides fsdp_config's when above 1
 actor_rollout_ref.actor.ppo_max_token_len_per_gpu 5632 +actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 +actor_rollout_ref.ref.ulysses_sequence_parallel_size=4 -> actor.max_token_len_per_device = 22528
-actor_rollout_ref.actor.ppo_max_token_len_per_gpu 5632 +actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4 -> actor.max_token_len_per_device = 22528
+actor_rollout_ref.actor.ppo_max_token_len_per_gpu 5632 +trainer.use_legacy_worker_impl=disable +actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4 -> actor.max_token_len_per_device = 22528
 actor_rollout_ref.actor.ppo_max_token_len_per_gpu 4096 +actor_rollout_ref.actor.strategy=megatron +actor_rollout_ref.actor.megatron.context_parallel_size=2 -> actor.max_token_len_per_device = 8192
 actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu 4096 +actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 +actor_rollout_ref.ref.ulysses_sequence_parallel_size=2 -> rollout.log_prob_max_token_len_per_device = 8192
 actor_rollout_ref.ref.log_prob_max_token_len_per_gpu 4096 +actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 +actor_rollout_ref.ref.ulysses_sequence_parallel_size=2 -> reference.log_prob_max_token_len_per_device = 8192
 critic.ppo_max_token_len_per_gpu 4096 +critic.ulysses_sequence_parallel_size=2 -> critic.max_token_len_per_device = 8192
 critic.forward_max_token_len_per_gpu 4096 +critic.ulysses_sequence_parallel_size=2 -> critic.log_prob_max_token_len_per_device = 8192
-actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size 4 -> actor.ulysses_sequence_parallel_size
-actor_rollout_ref.actor.ulysses_sequence_parallel_size 1 +actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2 -> actor.ulysses_sequence_parallel_size = 2
+# (the engine workers read fsdp_config's size; the legacy workers, 0.8's default, only the role's)
+actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size 4 +trainer.use_legacy_worker_impl=disable -> actor.ulysses_sequence_parallel_size
+actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size 4 -> actor.ulysses_sequence_parallel_size = 1
+actor_rollout_ref.actor.ulysses_sequence_parallel_size 1 +trainer.use_legacy_worker_impl=disable +actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2 -> actor.ulysses_sequence_parallel_size = 2
 actor_rollout_ref.actor.ulysses_sequence_parallel_size 4 +actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2 +actor_rollout_ref.ref.ulysses_sequence_parallel_size=4 -> actor.ulysses_sequence_parallel_size = 4
-critic.model.fsdp_config.ulysses_sequence_parallel_size 2 -> critic.ulysses_sequence_parallel_size
+critic.model.fsdp_config.ulysses_sequence_parallel_size 2 +trainer.use_legacy_worker_impl=disable -> critic.ulysses_sequence_parallel_size
 """
 
 # Every key the verl manuals (reference seeds 002, 003, 004) name, including keys that
