@@ -11,7 +11,9 @@ overrides are Hydra's own (hydra-core, the library verl and ROLL run on):
   relative ``file://`` entry is looked up from the working directory first, as Hydra
   does, then from the config file's directory and its parents — verl's entries are
   relative to the root of a verl checkout, where its scripts are run; a note says which
-  directory was used;
+  directory was used. A ``pkg://`` entry (``pkg://verl.trainer.config``, verl's
+  fully-async configs) is the package's directory in the checkout found the same way
+  (``verl/trainer/config``), else left to Hydra (an installed package);
 - overrides are parsed by Hydra's override grammar: ``a.b=1``, ``+a.b=1`` (add),
   ``++a.b=1`` (add or set), ``~a.b`` (delete), dict and list literals
   (``{max_position_embeddings:32768}``, ``[console,wandb]``), quoting, ``${...}``;
@@ -231,10 +233,22 @@ def _searchpath(
     out, notes = [], []
     for entry in given:
         scheme, sep, rest = entry.partition("://")
+        bases = [Path.cwd(), primary.parent, *primary.parent.parents]
+        if sep and scheme == "pkg":
+            # a package's config directory (verl's fully-async configs name
+            # pkg://verl.trainer.config): the checkout the file sits in holds the package's
+            # source, which Hydra would import from an installed copy
+            package = rest.replace(".", "/")
+            local = next((b / package for b in bases if (b / package).is_dir()), None)
+            if local is None:  # not in this checkout: an installed package, as Hydra reads it
+                out.append(entry)
+                continue
+            notes.append(f"hydra.searchpath: '{entry}' read from {local.resolve()}")
+            out.append(f"file://{local.resolve()}")
+            continue
         if not sep or scheme != "file" or os.path.isabs(rest):
             out.append(entry)
             continue
-        bases = [Path.cwd(), primary.parent, *primary.parent.parents]
         found = next((b / rest for b in bases if (b / rest).is_dir()), None)
         if found is None:
             raise ConfigError(

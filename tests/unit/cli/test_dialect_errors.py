@@ -102,6 +102,13 @@ CASES = [
         "set actor_rollout_ref.rollout.multi_turn.format=hermes",
     ),
     (
+        "pipeline",
+        VERL,
+        ["actor_rollout_ref.actor.checkpoint.save_contents=['hf_model']"],
+        "actor_rollout_ref.actor.checkpoint.save_contents (temper: actor.checkpoint_contents)",
+        "set it to [model, optimizer, extra]",
+    ),
+    (
         "driver",
         VERL,
         ["algorithm.adv_estimator=optimal_token_baseline"],

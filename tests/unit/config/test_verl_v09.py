@@ -285,3 +285,19 @@ def test_verl_09_reads_the_sequence_parallel_size_of_fsdp_config():
     actor = native(data)["actor"]
     assert actor["ulysses_sequence_parallel_size"] == 4
     assert actor["max_token_len_per_device"] == 22528
+
+
+# ------------------------------------------------------------------ pkg:// search paths
+
+
+def test_a_pkg_search_path_is_the_checkouts_package_directory():
+    """verl's fully-async config composes ``ppo_trainer`` through
+    ``hydra.searchpath: [pkg://verl.trainer.config]``: the checkout's verl/trainer/config."""
+    path = V2608 / "verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml"
+    raw = load_yaml(path)
+    assert raw.data["model_engine"] == "dp"  # ppo_trainer.yaml's, through the search path
+    assert raw.data["actor_rollout_ref"]["actor"]["strategy"] == "fsdp"
+    assert raw.data["async_training"]["trigger_parameter_sync_step"] == 4  # the file's own
+    assert any(
+        "pkg://verl.trainer.config" in n and n.endswith(str(CONFIG.resolve())) for n in raw.notes
+    )

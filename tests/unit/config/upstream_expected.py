@@ -495,7 +495,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-08-1dda039/examples/tuning/scaling/run_qwen2_5_32b_megatron.sh": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/examples/tuning/scaling/run_qwen2_5_72b_fsdp.sh": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/verl/experimental/fully_async_policy/config/fully_async_ppo_megatron_trainer.yaml": "verl 0.9 vocabulary",
-    "verl-2026-08-1dda039/verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml": "file: missing default",
+    "verl-2026-08-1dda039/verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/verl/experimental/one_step_off_policy/config/one_step_off_ppo_megatron_trainer.yaml": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml": "verl 0.9 vocabulary",
     "verl-2026-08-1dda039/verl/experimental/one_step_off_policy/shell/dapo_7b_math_fsdp2_colocate.sh": "verl 0.9 vocabulary",
