@@ -464,4 +464,6 @@ def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
         return (), f"accepted at its inert value(s) ({rule.why}); otherwise {rule.reason}"
     if isinstance(rule, Gated):
         return (), f"inert while {rule.gate} is off ({rule.why}); otherwise {rule.reason}"
-    return (), "read by the translation's own rule together with related keys"
+    # a Call's docstring says what it does with the key (its first paragraph)
+    doc = " ".join((getattr(rule.fn, "__doc__", None) or "").split("\n\n")[0].split())
+    return (), doc or "read by the translation's own rule together with related keys"

@@ -31,8 +31,12 @@ def _leaves(value: Any, key: str) -> list[tuple[str, Any]]:
 
 
 def sandbox_fusion(value: Any, ctx: Any, weak: bool = False) -> None:
-    """``weak``: verl 0.9's ``reward.sandbox_fusion``, which a legacy section that sets
-    any value replaces (``migrate_legacy_reward_impl``)."""
+    """verl's SandboxFusion service: with a url, code samples run there (reward.sandbox
+    sandbox_fusion, reward.sandbox_url, memory_limit_mb per request); without one the
+    section is inert and code runs in temper's local sandbox.
+
+    ``weak``: verl 0.9's ``reward.sandbox_fusion``, which a legacy section that sets any
+    value replaces (``migrate_legacy_reward_impl``)."""
     if not isinstance(value, dict):
         raise ctx.error(f"expected a mapping, got {value!r}", "")
     base = ctx.key
@@ -58,9 +62,15 @@ def sandbox_fusion(value: Any, ctx: Any, weak: bool = False) -> None:
     ctx.key = base
 
 
+def reward_sandbox_fusion(value: Any, ctx: Any) -> None:
+    """verl 0.9's reward.sandbox_fusion: as the legacy sandbox_fusion section, which wins
+    where it sets any value (migrate_legacy_reward_impl copies it over this one)."""
+    sandbox_fusion(value, ctx, weak=True)
+
+
 RULES: dict[str, Rule] = {
     f"{RM}.sandbox_fusion": Call(sandbox_fusion),
     # verl 0.9's legacy location (legacy_reward_impl.yaml), and its new one
     "sandbox_fusion": Call(sandbox_fusion),
-    "reward.sandbox_fusion": Call(lambda v, ctx: sandbox_fusion(v, ctx, weak=True)),
+    "reward.sandbox_fusion": Call(reward_sandbox_fusion),
 }

@@ -61,6 +61,9 @@ def _v1_on(ctx: Any) -> bool:
 
 
 def _trainer_mode(v: Any, ctx: Any) -> None:
+    """verl's V1 trainer mode: sync runs as temper's loop; colocate_async and
+    separate_async are refused (asynchronous training is not built yet: issue 23); with
+    trainer.use_v1 false it is not read."""
     if not _v1_on(ctx):
         ctx.note("no effect here (trainer.use_v1 is false: the legacy trainer never reads it)")
         return

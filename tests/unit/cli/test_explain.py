@@ -53,3 +53,12 @@ def test_an_unknown_key_is_one_line(capsys):
 def test_check_without_a_config_or_explain_is_one_line(capsys):
     assert main(["check"]) == 2
     assert "temper check needs a config file" in capsys.readouterr().err
+
+
+def test_verl_09_keys_and_keys_read_by_their_own_rule(capsys):
+    """A key a rule of its own reads (verl 0.9's trainer_mode, reward.sandbox_fusion) says
+    what the rule does."""
+    out = explain(capsys, "model_engine", "trainer.v1.trainer_mode", "reward.sandbox_fusion")
+    assert "model_engine (verl key): sets actor.strategy (converted)" in out
+    assert "trainer.v1.trainer_mode (verl key): verl's V1 trainer mode: sync runs" in out
+    assert "reward.sandbox_fusion (verl key): verl 0.9's reward.sandbox_fusion" in out
