@@ -238,6 +238,12 @@ def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
             "reward.function is custom but no file is given",
             "set reward.custom_function.path to a Python file defining compute_score",
         )
+    if cfg.reward.custom_function.path and cfg.reward.function not in ("custom", "auto"):
+        raise ConfigError(  # the file would be read by nothing
+            "reward.custom_function.path",
+            f"is set but reward.function is '{cfg.reward.function}'",
+            "set reward.function=custom (or auto) to use the file, or unset the path",
+        )
     if uses_critic(cfg, catalog) and cfg.critic.ppo_epochs <= 0:
         raise ConfigError("critic.ppo_epochs", "must be positive", "set it to 1 or more")
 

@@ -52,6 +52,10 @@ def on_cpu(cfg: TemperConfig) -> bool:
     return device == "cpu" or (device == "auto" and not _cuda())
 
 
+#: FlashAttention kernels (transformers' names) and the module each needs; a CUDA kernel,
+#: so on CPU (or without the module) sdpa stands in
+FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
 #: GPU-only tuning keys: (native key, default, what it tunes). On CPU a non-default value
 #: changes nothing and is noted.
 GPU_TUNING: tuple[tuple[str, Any, str], ...] = (
@@ -103,14 +107,15 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     notes.extend(check_megatron(cfg, plan, worker_device(cfg)))
     cpu = on_cpu(cfg)
     attn = cfg.model.attn_implementation
-    if attn == "flash_attention_2":
-        missing = importlib.util.find_spec("flash_attn") is None
+    if attn in FLASH_PACKAGES:
+        package = FLASH_PACKAGES[attn]
+        missing = importlib.util.find_spec(package) is None
         if cpu or missing:
-            why = "the run is on CPU" if cpu else "the flash-attn package is not installed"
+            why = "the run is on CPU" if cpu else f"its package ({package}) is not installed"
             cfg.model.attn_implementation = "sdpa"
             notes.append(
-                f"model.attn_implementation: flash_attention_2 -> sdpa ({why}; sdpa computes "
-                "the same attention)"
+                f"model.attn_implementation: {attn} -> sdpa ({why}; sdpa computes the same "
+                "attention)"
             )
     if cpu:
         for key, default, what in GPU_TUNING:

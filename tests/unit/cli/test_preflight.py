@@ -176,6 +176,26 @@ def test_flash_attention_settles_to_sdpa(tmp_path, tiny_model_dir, capsys):
     assert "attn_implementation: sdpa" in out  # the resolved config the run gets
 
 
+def test_flash_attention_3_on_cpu_settles_to_sdpa_too(tmp_path, tiny_model_dir, capsys):
+    path = native(tmp_path, tiny_model_dir, model={"attn_implementation": "flash_attention_3"})
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "model.attn_implementation: flash_attention_3 -> sdpa (the run is on CPU" in out
+
+
+def test_a_reward_file_no_function_reads_is_refused_at_check(tmp_path, tiny_model_dir, capsys):
+    """A custom reward file with a built-in reward.function would be read by nothing:
+    check refuses it, as train does (before, only train did, after the weights loaded)."""
+    score = tmp_path / "score.py"
+    score.write_text("def compute_score(*a, **k):\n    return 1.0\n")
+    reward = {"function": "format", "custom_function": {"path": str(score)}}
+    path = native(tmp_path, tiny_model_dir, reward=reward)
+    assert refused([str(path)], capsys) == (
+        "reward.custom_function.path: is set but reward.function is 'format'. Fix: set "
+        "reward.function=custom (or auto) to use the file, or unset the path"
+    )
+
+
 def test_gpu_tuning_is_noted_on_cpu(tmp_path, tiny_model_dir, capsys):
     path = native(
         tmp_path, tiny_model_dir, rollout={"n": 2, "response_length": 8, "enforce_eager": False}
