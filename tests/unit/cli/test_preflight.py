@@ -196,6 +196,50 @@ def test_a_reward_file_no_function_reads_is_refused_at_check(tmp_path, tiny_mode
     )
 
 
+RAY4 = {"backend": "ray", "devices_per_node": 4, "actor_train": [0, 1, 2, 3]}
+
+
+@pytest.mark.parametrize(
+    ("sections", "line"),
+    [
+        (
+            {"actor": {"ulysses_sequence_parallel_size": 2}},
+            "actor.ulysses_sequence_parallel_size: sequence parallelism needs several ranks; "
+            "the torch engine is one process",
+        ),
+        (
+            {
+                "actor": {
+                    "strategy": "deepspeed",
+                    "l2_coef": 0.1,
+                    "deepspeed": {"zero_optimization": {"stage": 3}},
+                }
+            },
+            "actor.l2_coef: the explicit L2 term needs whole parameters; ZeRO-3 partitions them",
+        ),
+        (
+            {"actor": {"strategy": "fsdp2", "fsdp": {"fsdp_size": 3}}, "resources": RAY4},
+            "actor.fsdp.fsdp_size: 3 does not divide the 4 ranks of actor",
+        ),
+        (
+            {"actor": {"strategy": "fsdp2", "l2_coef": 0.1}, "resources": RAY4},
+            "actor.l2_coef: the explicit L2 term is not implemented for sharded (fsdp2)",
+        ),
+    ],
+    ids=["torch-sequence-parallel", "zero3-l2", "fsdp-size", "fsdp2-l2"],
+)
+def test_what_an_engine_refuses_is_refused_at_check(
+    tmp_path, tiny_model_dir, capsys, sections, line
+):
+    """Settings the engine's build refused, after check said valid and the weights
+    loaded: check refuses them from the config alone, in the same words."""
+    sections = {**sections, "experiment": {"device": "cpu"}}
+    path = native(tmp_path, tiny_model_dir, **sections)
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: {line}") and "Traceback" not in err, err
+
+
 def test_gpu_tuning_is_noted_on_cpu(tmp_path, tiny_model_dir, capsys):
     path = native(
         tmp_path, tiny_model_dir, rollout={"n": 2, "response_length": 8, "enforce_eager": False}
