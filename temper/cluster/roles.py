@@ -295,7 +295,7 @@ def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
         actor=RemoteActor(groups["actor"], cfg.actor, balance),
         reference=RemoteReference(groups["reference"]) if "reference" in groups else None,
         critic=RemoteCritic(groups["critic"], cfg.critic, balance) if "critic" in groups else None,
-        rollout=RemoteRollout(groups["rollout"]),
+        rollout=RemoteRollout(groups["rollout"]) if "rollout" in groups else None,
         judge=RemoteJudge(groups["judge"]) if "judge" in groups else None,
         groups=list(groups.values()),
         placement_groups=pgs,

@@ -8,7 +8,8 @@ from typing import Any
 
 from temper.config.derive import Derived
 from temper.config.schema import TemperConfig
-from temper.pipelines.producer import Pipeline, Producer, ProducerContext, Validation
+from temper.pipelines.producer import Producer, ProducerContext, Validation
+from temper.pipelines.record import Pipeline
 from temper.pipelines.registry import PIPELINES, resolve_pipeline
 
 

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import cast
 
 from temper.config.errors import ConfigError, did_you_mean
-from temper.pipelines.producer import Pipeline, Producer, ProducerContext
+from temper.pipelines.producer import Producer, ProducerContext
+from temper.pipelines.record import Pipeline
 from temper.registry import Registry
 from temper.utils.user_code import UserCodeError, import_dotted, import_file
 

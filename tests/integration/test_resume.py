@@ -228,7 +228,7 @@ def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo,
     summary = _train(cfg, out)  # resume_mode: auto
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
     assert summary["steps"] == STEPS and summary["stopped_by"] is None
-    assert summary["rewards"] == _train_rewards(full)
+    assert summary["curve_values"] == _train_rewards(full)
     _assert_same_run(full, out)
 
 
@@ -329,9 +329,9 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
 
     from temper.data import next_prompt_batch
     from temper.pipelines import resolve_pipeline
+    from temper.pipelines.build import build_run
     from temper.pipelines.catalog import plan
     from temper.pipelines.rlvr import RLVRProducer
-    from temper.pipelines.run import build_run
 
     tmp, made = runs
     cfg, full = made["grpo"]
