@@ -188,15 +188,6 @@ def _check_ranges(cfg: TemperConfig) -> None:
             f"raise rollout.max_model_len to ≥ {seq} or shorten prompts/responses",
         )
     _check_pixels(cfg.data.image_min_pixels, cfg.data.image_max_pixels)
-    for key in ("actor", "critic"):
-        engine = getattr(cfg, key)
-        if engine.use_dynamic_bsz and engine.max_token_len_per_device < seq:
-            raise ConfigError(
-                f"{key}.max_token_len_per_device",
-                f"a token budget of {engine.max_token_len_per_device} cannot hold one sample of "
-                f"up to {seq} tokens (max_prompt_length + response_length)",
-                f"raise it to ≥ {seq}",
-            )
 
 
 def _check_pixels(low: int | None, high: int | None) -> None:

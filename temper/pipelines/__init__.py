@@ -1,6 +1,6 @@
 """Pipelines: the one training loop (``driver``) and, per ``pipeline`` name, a record
-(:class:`Pipeline`: producer, checks, pre-flight, step shape) registered in
-:data:`PIPELINES` (``rlvr``, ``agentic``) — or the user's own, named by path."""
+(:class:`Pipeline`: producer, step, checks, pre-flight, step shape) registered in
+:data:`PIPELINES` (``rlvr``, ``agentic``, ``sft``) — or the user's own, named by path."""
 
 from __future__ import annotations
 

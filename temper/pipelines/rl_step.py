@@ -18,7 +18,7 @@ from temper.data.batch import Batch
 from temper.pipelines.dumps import dump_generations
 from temper.pipelines.run import Run
 from temper.pipelines.shaping import compute_experience
-from temper.pipelines.timing import Timer
+from temper.pipelines.timing import Timer, throughput
 
 
 def rl_step(run: Run) -> dict[str, float]:
@@ -80,8 +80,3 @@ def response_metrics(batch: Batch) -> dict[str, float]:
         "response/clip_ratio": float(np.mean(truncated)) if truncated else 0.0,
         "perf/samples": float(len(batch)),
     }
-
-
-def throughput(tokens: float, step_seconds: float) -> dict[str, float]:
-    """``perf/tokens_per_s``: the step's prompt and response tokens per second."""
-    return {"perf/tokens_per_s": tokens / max(step_seconds, 1e-9)}
