@@ -88,9 +88,10 @@ def format_ids(ids: list[int]) -> str:
 
 
 def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
-    """Header + one row per role (the rollout engines of ``actor_infer`` and the LLM
-    judge included): role, devices, nodes, ranks, dp, engine, bundle, colocated with,
-    from the run's plan ``d``. On the local backend everything is one process."""
+    """Header + one row per role (the rollout engines of ``actor_infer`` where the step
+    generates, and the LLM judge): role, devices, nodes, ranks, dp, engine, bundle,
+    colocated with, from the run's plan ``d``. On the local backend everything is one
+    process."""
     place = placed_roles(cfg, d)
     slots = rank_slots(place)
     per_node = cfg.resources.devices_per_node
