@@ -114,6 +114,11 @@ class ExperimentConfig:
     )
     test_freq: int = doc(-1, "Validate every N steps (-1: never during training).")
     val_before_train: bool = doc(False, "Run validation before the first step.")
+    val_after_train: bool = doc(
+        False,
+        "Validate after the last step even where test_freq does not (verl's SFT trainers "
+        "always do; their files set it).",
+    )
     val_only: bool = doc(False, "Only validate, do not train.")
     log_val_generations: int = doc(0, "Number of validation generations to log.")
     logging_steps: int = doc(1, "Log metrics every N steps.")

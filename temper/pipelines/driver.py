@@ -54,7 +54,8 @@ def train(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> dict[str, Any
             # inside the guard: a signal here lets the validation or export in hand
             # finish (the export is written whole or not at all) and stops after it
             finished = stop.received is None and run.step > start  # trained to the end
-            if finished and exp.test_freq > 0 and run.step % exp.test_freq:
+            just_validated = exp.test_freq > 0 and run.step % exp.test_freq == 0
+            if finished and (exp.test_freq > 0 or exp.val_after_train) and not just_validated:
                 run.validate()
             if stop.received is None and not exp.val_only and run.step >= run.total_steps:
                 run.save_final(repair=not finished)  # a finished run's rerun: if cut or lost

@@ -103,6 +103,8 @@ def finish(ctx: Any) -> None:
 
     engine_era = "engine" in ctx.tree
     ctx.write("pipeline", "sft", key="model.path" if engine_era else "model.partial_pretrain")
+    # both trainers validate after the last step whatever trainer.test_freq says
+    ctx.write("experiment.val_after_train", True, key="trainer.test_freq")
     multi = engine_era or bool(value("multiturn.enable", False))
     if multi:
         name = "messages_key" if engine_era else "multiturn.messages_key"

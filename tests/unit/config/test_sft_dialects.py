@@ -166,12 +166,15 @@ def test_legacy_file_in_native_terms():
     assert cfg.actor.optim.lr_scheduler == "cosine"  # fsdp_sft_trainer's default
     assert (cfg.data.train_batch_size, cfg.actor.micro_batch_size_per_device) == (256, 4)
     assert cfg.resources.devices_per_node == 8 and cfg.resources.backend == "ray"
+    # test_freq -1, yet fsdp_sft_trainer validates after its last step
+    assert cfg.experiment.test_freq == -1 and cfg.experiment.val_after_train
 
 
 def test_engine_file_reads_conversations():
     cfg = load_config(ENGINE).config
     assert cfg.data.messages_key == "messages" and cfg.sft.tools_key == "tools"
     assert cfg.actor.use_dynamic_bsz and cfg.actor.max_token_len_per_device == 8192
+    assert cfg.experiment.val_after_train  # sft_trainer validates after its last step
 
 
 def test_roll_file_in_native_terms():
@@ -184,6 +187,7 @@ def test_roll_file_in_native_terms():
     # dp = 8 devices / Ulysses 2; × gradient_accumulation_steps 1 × per-device batch 1
     assert cfg.data.train_batch_size == 4 and not cfg.data.shuffle
     assert cfg.sft.max_length == 2048 and cfg.actor.strategy == "fsdp2"
+    assert not cfg.experiment.val_after_train  # only the verl SFT translations set it
 
 
 def test_roll_errors_name_sft_train(tmp_path):
