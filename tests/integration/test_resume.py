@@ -93,6 +93,7 @@ def _sft_config() -> dict:
             "save_freq": 3,
             "trackers": ["jsonl"],
             "test_freq": 3,
+            "deterministic": True,
         },
         "data": {
             "train_files": ["task:arithmetic?n=32&seed=3&response=true"],
@@ -239,6 +240,8 @@ def runs(tmp_path_factory, tiny_model_dir):
             cfg = _config(tmp, tiny_model_dir, algo)
             out = tmp / f"{algo}-full"
             _train(cfg, out)
+            # experiment.deterministic is the run's: closing it gives the process back its own
+            assert not torch.are_deterministic_algorithms_enabled()
             made[algo] = (cfg, out)
         yield tmp, made
 

@@ -107,6 +107,7 @@ engine.strategy fsdp2 -> actor.strategy
 engine.param_offload true -> actor.fsdp.param_offload
 engine.ulysses_sequence_parallel_size 1 -> actor.ulysses_sequence_parallel_size
 engine.dtype float32 -> model.dtype = fp32
+engine.full_determinism true -> experiment.deterministic = True
 engine.qat.enable true !! quantization-aware
 engine.pad_to_length true noted
 optim.lr 1.0e-5 -> actor.optim.lr
