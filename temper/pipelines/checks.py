@@ -36,6 +36,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_checkpoint_contents("actor", cfg.actor.checkpoint_contents)
     _check_checkpoint_contents("critic", cfg.critic.checkpoint_contents)
     _check_pipeline_sections(cfg)
+    _check_token_budgets(cfg)
     _check_estimator_inputs(cfg)
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
@@ -53,6 +54,25 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
             "set resources.backend=ray, or remove it (experiment.profile_steps profiles "
             "the local backend)",
         )
+
+
+def _check_token_budgets(cfg: TemperConfig) -> None:
+    """A token-budget micro-batch holds at least one whole sample: as long as the
+    pipeline's samples may be (its record's ``context``: a prompt and its response, an
+    episode, an SFT sequence)."""
+    context = resolve_pipeline(cfg.pipeline).context(cfg, [])
+    if context is None:  # nothing bounds a sample here (an episode without max_model_len)
+        return
+    seq, keys, what = context
+    for key in ("actor", "critic"):
+        engine = getattr(cfg, key)
+        if engine.use_dynamic_bsz and engine.max_token_len_per_device < seq:
+            raise ConfigError(
+                f"{key}.max_token_len_per_device",
+                f"a token budget of {engine.max_token_len_per_device} cannot hold {what} of "
+                f"up to {seq} tokens ({' + '.join(k.split('.')[-1] for k in keys)})",
+                f"raise it to ≥ {seq}",
+            )
 
 
 def _check_pipeline_sections(cfg: TemperConfig) -> None:
