@@ -345,8 +345,8 @@ class OptimConfig:
     weight_decay: float = doc(0.01, "Decoupled weight decay.")
     betas: list[float] = doc([0.9, 0.999], "Adam betas.")
     eps: float = doc(1e-8, "Adam epsilon.")
-    lr_scheduler: Literal["constant", "linear", "cosine"] = doc(
-        "constant", "Schedule after warmup."
+    lr_scheduler: str = doc(
+        "constant", "Schedule after warmup (constant, linear, cosine).", registry="lr_scheduler"
     )
     warmup_steps: int = doc(0, "Linear warmup optimizer steps; -1 uses warmup_ratio.")
     warmup_ratio: float = doc(0.0, "Warmup as a fraction of total optimizer steps.")

@@ -74,6 +74,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
     "reward_function": _reward_functions,
     "env_type": _env_types,
     "tracker": lambda: _registry("temper.tracking", "TRACKERS").names(),
+    "lr_scheduler": lambda: _registry("temper.training.schedule", "SCHEDULES").names(),
 }
 
 #: Registries whose entries declare needs: name -> the registry (module, attribute).
