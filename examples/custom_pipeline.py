@@ -52,7 +52,7 @@ class CurriculumProducer:
         assert cfg.experiment.max_steps is not None  # check() refuses a run without it
         self.total_steps = cfg.experiment.max_steps
         self.tokenizer = ctx.tokenizer
-        self.rollout = ctx.rollout
+        self.rollout = ctx.engine
         self.scorer = RewardScorer.from_config(cfg, device=ctx.device, judge=ctx.judge)
         self.train_sampling = sampling_params_from_config(cfg.rollout, validation=False)
         self.val_sampling = sampling_params_from_config(cfg.rollout, validation=True)

@@ -47,7 +47,7 @@ from temper.algorithms.logprobs import (
     response_logprobs_from_sequence_logits,
 )
 from temper.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from temper.algorithms.objectives import actor_loss, entropy_loss, sft_loss
+from temper.algorithms.objectives import actor_loss, entropy_loss, nll_loss, sft_loss
 from temper.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLossParamError,
@@ -167,6 +167,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "nll_loss",
     "normalize_rewards",
     "overlong_penalty",
     "pf_ppo_resample_indices",

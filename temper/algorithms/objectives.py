@@ -16,6 +16,19 @@ def entropy_loss(entropy: Tensor, response_mask: Tensor, agg: LossAggregator) ->
     return agg(entropy, response_mask)
 
 
+def nll_loss(log_prob: Tensor, target_mask: Tensor, agg: LossAggregator) -> Tensor:
+    """Negative log-likelihood of the target tokens: the supervised fine-tuning loss.
+
+    Shapes: ``log_prob, target_mask (B, T)`` -> scalar (``log_prob`` at temperature 1).
+    Formula: ``agg(-log π_θ(y_t | y_<t))`` over ``target_mask``; with ``token-mean`` and
+    the global normalizers of the whole mini-batch (``agg.num_tokens = N``, its target
+    tokens over every micro-batch and data-parallel rank)
+    ``L = -Σ_i Σ_t m_it log π_θ(y_it | y_i,<t) / N``, so the micro-batch losses sum to
+    the mini-batch's mean token NLL however the mini-batch is split or packed.
+    """
+    return agg(-log_prob, target_mask)
+
+
 def sft_loss(
     log_prob: Tensor,
     response_mask: Tensor,

@@ -56,6 +56,7 @@ RULES: tuple[KeyRule, ...] = (
         "experiment.overwrite",
         "experiment.test_freq",
         "experiment.val_before_train",
+        "experiment.val_after_train",
         "experiment.val_only",
         "experiment.log_val_generations",
         "experiment.logging_steps",

@@ -36,10 +36,11 @@ def worker_device(cfg: TemperConfig) -> str:
 
 def placed_roles(cfg: TemperConfig, d: Derived) -> dict[str, list[int]]:
     """The device ids of every role that gets Ray workers, in start order: the actor, the
-    rollout engines, the run's other roles, and the LLM judge when a sample goes to it."""
+    rollout engines where the step generates (an SFT run has none), the run's other
+    roles, and the LLM judge when a sample goes to it."""
     from temper.cluster.judge import judge_used
 
-    roles = ["actor", "rollout", *d.roles[1:]]
+    roles = ["actor", *(["rollout"] if d.use_rollout else []), *d.roles[1:]]
     if judge_used(cfg):
         roles.append("judge")
     return {role: list(d.placement[PLACEMENT_KEYS[role]]) for role in roles}
@@ -87,9 +88,10 @@ def format_ids(ids: list[int]) -> str:
 
 
 def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
-    """Header + one row per role (the rollout engines of ``actor_infer`` and the LLM
-    judge included): role, devices, nodes, ranks, dp, engine, bundle, colocated with,
-    from the run's plan ``d``. On the local backend everything is one process."""
+    """Header + one row per role (the rollout engines of ``actor_infer`` where the step
+    generates, and the LLM judge): role, devices, nodes, ranks, dp, engine, bundle,
+    colocated with, from the run's plan ``d``. On the local backend everything is one
+    process."""
     place = placed_roles(cfg, d)
     slots = rank_slots(place)
     per_node = cfg.resources.devices_per_node

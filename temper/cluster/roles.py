@@ -109,6 +109,12 @@ class RemoteActor(_RemoteTrained):
     def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
         return self.group.dispatch("compute_log_probs", batch, with_entropy=with_entropy)
 
+    def sft_update(self, batch: Batch) -> dict[str, float]:
+        """Each rank a supervised update on its equal share; the ranks' (global) metrics."""
+        metrics = _mean_metrics(self.group.scatter("sft_update", batch, balance=self.balance))
+        self._updates += 1
+        return metrics
+
 
 class RemoteCritic(_RemoteTrained):
     def compute_values(self, batch: Batch) -> Batch:
@@ -295,7 +301,7 @@ def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
         actor=RemoteActor(groups["actor"], cfg.actor, balance),
         reference=RemoteReference(groups["reference"]) if "reference" in groups else None,
         critic=RemoteCritic(groups["critic"], cfg.critic, balance) if "critic" in groups else None,
-        rollout=RemoteRollout(groups["rollout"]),
+        rollout=RemoteRollout(groups["rollout"]) if "rollout" in groups else None,
         judge=RemoteJudge(groups["judge"]) if "judge" in groups else None,
         groups=list(groups.values()),
         placement_groups=pgs,

@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from temper.config.plan import Derived, StepShape
+from temper.config.plan import CRITIC, REFERENCE, RL_PARTS, ROLLOUT, Derived, StepShape
 from temper.config.schema import TemperConfig
+
+__all__ = ["CRITIC", "REFERENCE", "RL_PARTS", "ROLLOUT", "Catalog"]
 
 # Needs an entry may declare (``Catalog.needs``), read by the plan:
 VALUES = "values"  # an advantage estimator that bootstraps from a critic's values
@@ -45,6 +47,11 @@ class Catalog(Protocol):
     def step_shape(self, cfg: TemperConfig) -> StepShape:
         """The shape of one step of ``cfg``'s pipeline; a ``ConfigError`` on the
         ``pipeline`` key when it names nothing this build (or the user's code) has."""
+        ...
+
+    def pipeline_uses(self, cfg: TemperConfig) -> frozenset[str]:
+        """The optional parts of a run (``ROLLOUT``, ``REFERENCE``, ``CRITIC``) that
+        ``cfg``'s pipeline's step can use; the plan turns on no other."""
         ...
 
     def check(self, cfg: TemperConfig, plan: Derived) -> None:

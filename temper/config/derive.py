@@ -24,8 +24,10 @@ n split into micro-batches of ppo_micro_batch_size_per_gpu).
 from __future__ import annotations
 
 from temper.config.catalog import (
+    CRITIC,
     MEGATRON_PARALLEL,
     ONE_PROCESS,
+    REFERENCE,
     SEQUENCE_PARALLEL,
     VALUES,
     Catalog,
@@ -56,13 +58,20 @@ def placement(cfg: TemperConfig) -> dict[str, list[int]]:
 
 
 def uses_critic(cfg: TemperConfig, catalog: Catalog) -> bool:
-    """``critic.enable``, or (unset) whether the advantage estimator needs values."""
+    """``critic.enable``, or (unset) whether the advantage estimator needs values — for
+    a pipeline whose step can use a critic at all."""
+    if CRITIC not in catalog.pipeline_uses(cfg):
+        return False
     if cfg.critic.enable is not None:
         return cfg.critic.enable
     return VALUES in catalog.needs("adv_estimator", cfg.algorithm.adv_estimator)
 
 
-def uses_reference(cfg: TemperConfig) -> bool:
+def uses_reference(cfg: TemperConfig, catalog: Catalog) -> bool:
+    """``reference.enable``, or (unset) whether a KL term needs one — for a pipeline
+    whose step can use a reference at all."""
+    if REFERENCE not in catalog.pipeline_uses(cfg):
+        return False
     if cfg.reference.enable is not None:
         return cfg.reference.enable
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -192,9 +201,10 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
         total_devices=total_devices(cfg),
         placement=place,
         use_critic=critic_on,
-        use_reference=uses_reference(cfg),
+        use_reference=uses_reference(cfg, catalog),
         actor=actor,
         critic=critic,
+        uses=catalog.pipeline_uses(cfg),
     )
 
 
@@ -205,9 +215,9 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
     how = (
         "experiment.max_steps"
         if d.max_steps is not None
-        else f"experiment.total_epochs ({cfg.experiment.total_epochs}) × ⌊train rows / prompts⌋"
+        else f"experiment.total_epochs ({cfg.experiment.total_epochs}) × ⌊train rows / rows per step⌋"
     )
-    rows.append(("RL steps", steps, how))
+    rows.append(("steps", steps, how))
     for arith, key in ((d.actor, "actor"), (d.critic, "critic")):
         if arith is None:
             continue
@@ -245,28 +255,27 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
             )
         rows.append(
             (
-                f"{key} optimizer steps per RL step",
+                f"{key} optimizer steps per step",
                 str(arith.optimizer_steps_per_rl_step),
                 f"ppo_epochs ({engine.ppo_epochs}) × samples per step / mini-batch",
             )
         )
-    rows.append(
-        (
-            "critic",
-            "on" if d.use_critic else "off",
+    if CRITIC in d.uses:
+        critic_how = (
             "critic.enable"
             if cfg.critic.enable is not None
             else f"adv_estimator {cfg.algorithm.adv_estimator} "
-            + ("needs values" if d.use_critic else "needs no values"),
+            + ("needs values" if d.use_critic else "needs no values")
         )
-    )
-    rows.append(
-        (
-            "reference",
-            "on" if d.use_reference else "off",
-            "reference.enable or use_kl_loss or use_kl_in_reward",
+        rows.append(("critic", "on" if d.use_critic else "off", critic_how))
+    if REFERENCE in d.uses:
+        rows.append(
+            (
+                "reference",
+                "on" if d.use_reference else "off",
+                "reference.enable or use_kl_loss or use_kl_in_reward",
+            )
         )
-    )
     rows.append(
         (
             "devices",
@@ -281,6 +290,8 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
         if role == "reference" and not d.use_reference:
             continue
         if role == "reward" and not cfg.reward.model.enable:
+            continue
+        if role == "actor_infer" and not d.use_rollout:
             continue
         rows.append((f"placement {role}", _ids(ids), f"resources.{role}"))
     return rows

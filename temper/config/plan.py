@@ -7,6 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 
+# The optional parts of a run a pipeline's step can use (``Catalog.pipeline_uses``, a
+# pipeline record's ``uses``): the plan turns on only these besides the trained actor.
+ROLLOUT = "rollout"  # a rollout engine: the step generates (RL); else none is built
+REFERENCE = "reference"  # a frozen reference policy, when the config asks for a KL term
+CRITIC = "critic"  # a value model, when the advantage estimator needs values
+#: What an RL step can use: all of them (RLVR and agentic).
+RL_PARTS = frozenset({ROLLOUT, REFERENCE, CRITIC})
+
 
 @dataclasses.dataclass(frozen=True)
 class StepShape:
@@ -51,6 +59,12 @@ class Derived:
     use_reference: bool
     actor: TrainArithmetic
     critic: TrainArithmetic | None
+    uses: frozenset[str] = RL_PARTS  # what the pipeline's step can use (see ROLLOUT, …)
+
+    @property
+    def use_rollout(self) -> bool:
+        """The step generates: the run builds a rollout engine."""
+        return ROLLOUT in self.uses
 
     @property
     def samples_per_step(self) -> int:

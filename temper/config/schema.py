@@ -114,6 +114,11 @@ class ExperimentConfig:
     )
     test_freq: int = doc(-1, "Validate every N steps (-1: never during training).")
     val_before_train: bool = doc(False, "Run validation before the first step.")
+    val_after_train: bool = doc(
+        False,
+        "Validate after the last step even where test_freq does not (verl's SFT trainers "
+        "always do; their files set it).",
+    )
     val_only: bool = doc(False, "Only validate, do not train.")
     log_val_generations: int = doc(0, "Number of validation generations to log.")
     logging_steps: int = doc(1, "Log metrics every N steps.")
@@ -340,8 +345,8 @@ class OptimConfig:
     weight_decay: float = doc(0.01, "Decoupled weight decay.")
     betas: list[float] = doc([0.9, 0.999], "Adam betas.")
     eps: float = doc(1e-8, "Adam epsilon.")
-    lr_scheduler: Literal["constant", "linear", "cosine"] = doc(
-        "constant", "Schedule after warmup."
+    lr_scheduler: str = doc(
+        "constant", "Schedule after warmup (constant, linear, cosine).", registry="lr_scheduler"
     )
     warmup_steps: int = doc(0, "Linear warmup optimizer steps; -1 uses warmup_ratio.")
     warmup_ratio: float = doc(0.0, "Warmup as a fraction of total optimizer steps.")
@@ -884,6 +889,43 @@ class AgenticConfig:
     action_sep: str = doc("||", "Separator of several actions in one answer (ROLL action_sep).")
 
 
+# --------------------------------------------------------------------------- sft
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning data (pipeline=sft): what a row's response is and how long
+    a sample may be. The prompt is ``data.prompt_key`` (or a whole conversation in
+    ``data.messages_key``, every assistant turn learnt), templated as RL prompts are."""
+
+    response_key: str = doc(
+        "response",
+        "Column (dotted path) with the response to learn after the prompt (verl "
+        "data.response_key + response_dict_keys; ROLL response_key).",
+    )
+    query_key: str | None = doc(
+        None, "Column appended to the prompt after a newline, when a row has it (ROLL query_key)."
+    )
+    system_key: str | None = doc(
+        None, "Column with a row's system prompt (ROLL system_key); None: data.system_prompt."
+    )
+    tools_key: str = doc(
+        "tools",
+        "Column with a row's tools (OpenAI function schemas) given to the chat template; "
+        "rows without it have none (verl data.multiturn.tools_key).",
+    )
+    enable_thinking_key: str = doc(
+        "enable_thinking",
+        "Column with a row's enable_thinking for the chat template; rows without it use "
+        "data.apply_chat_template_kwargs (verl data.multiturn.enable_thinking_key).",
+    )
+    max_length: int = doc(
+        1024,
+        "Longest sample in tokens, prompt and response together (verl data.max_length; "
+        "ROLL sequence_length); longer ones follow data.truncation.",
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -893,7 +935,8 @@ class TemperConfig:
 
     pipeline: str = doc(
         "rlvr",
-        "rlvr: single-turn; agentic: multi-turn; or your own, as a dotted path "
+        "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; or your own, "
+        "as a dotted path "
         "(my_pkg.my_module:MyPipeline) or a file (path/to/pipeline.py:MyPipeline).",
     )
     experiment: ExperimentConfig = sub(ExperimentConfig, "Run identity, length, logging.")
@@ -907,3 +950,4 @@ class TemperConfig:
     algorithm: AlgorithmConfig = sub(AlgorithmConfig, "Advantages and shaping.")
     resources: ResourcesConfig = sub(ResourcesConfig, "Placement.")
     agentic: AgenticConfig = sub(AgenticConfig, "Agentic pipeline (pipeline=agentic).")
+    sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")

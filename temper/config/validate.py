@@ -25,7 +25,7 @@ from temper.config.derive import (
     uses_critic,
     uses_reference,
 )
-from temper.config.errors import BOUND, Bound, ConfigError, unknown_name
+from temper.config.errors import ConfigError, unknown_name
 from temper.config.schema import OptimConfig, TemperConfig
 
 
@@ -37,7 +37,7 @@ def validate(cfg: TemperConfig, catalog: Catalog) -> Derived:
     _check_roles(cfg, catalog)
     _check_reward_components(cfg, catalog)
     _check_reward_workers(cfg)
-    _check_placement(cfg)
+    _check_placement(cfg, catalog)
     return derive(cfg, catalog)  # batch arithmetic
 
 
@@ -188,17 +188,6 @@ def _check_ranges(cfg: TemperConfig) -> None:
             f"raise rollout.max_model_len to ≥ {seq} or shorten prompts/responses",
         )
     _check_pixels(cfg.data.image_min_pixels, cfg.data.image_max_pixels)
-    for key in ("actor", "critic"):
-        engine = getattr(cfg, key)
-        budget = engine.max_token_len_per_device
-        if engine.use_dynamic_bsz and budget < seq:
-            raise ConfigError(
-                f"{key}.max_token_len_per_device",
-                f"a token budget of {budget} cannot hold one sample of "
-                f"up to {seq} tokens (max_prompt_length + response_length)",
-                f"raise it to {BOUND}",
-                bound=Bound("at_least", seq, budget),
-            )
 
 
 def _check_pixels(low: int | None, high: int | None) -> None:
@@ -239,6 +228,12 @@ def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
             "reward.custom_function.path",
             "reward.function is custom but no file is given",
             "set reward.custom_function.path to a Python file defining compute_score",
+        )
+    if cfg.reward.custom_function.path and cfg.reward.function not in ("custom", "auto"):
+        raise ConfigError(  # the file would be read by nothing
+            "reward.custom_function.path",
+            f"is set but reward.function is '{cfg.reward.function}'",
+            "set reward.function=custom (or auto) to use the file, or unset the path",
         )
     if uses_critic(cfg, catalog) and cfg.critic.ppo_epochs <= 0:
         raise ConfigError("critic.ppo_epochs", "must be positive", "set it to 1 or more")
@@ -320,7 +315,7 @@ def _check_reward_components(cfg: TemperConfig, catalog: Catalog) -> None:
         )
 
 
-def _check_placement(cfg: TemperConfig) -> None:
+def _check_placement(cfg: TemperConfig, catalog: Catalog) -> None:
     n = total_devices(cfg)
     _positive("resources.nnodes", cfg.resources.nnodes)
     _positive("resources.devices_per_node", cfg.resources.devices_per_node)
@@ -351,7 +346,7 @@ def _check_placement(cfg: TemperConfig) -> None:
                 f"device ids {ids} are not contiguous",
                 "use a contiguous range, e.g. list(range(0, 4))",
             )
-    if cfg.resources.backend == "ray" and cfg.model.lora.rank > 0 and uses_reference(cfg):
+    if cfg.resources.backend == "ray" and cfg.model.lora.rank > 0 and uses_reference(cfg, catalog):
         raise ConfigError(
             "model.lora.rank",
             "on the ray backend a LoRA reference (the actor's weights with adapters off) "

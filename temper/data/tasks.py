@@ -74,12 +74,15 @@ def arithmetic_rows(
     allow_negative: bool = False,
     split: str = "train",
     min_operand: int = 0,
+    response: bool = False,
 ) -> list[dict[str, Any]]:
     """``n`` questions "What is a + b - c?" with operands in [min_operand, max_operand].
 
     ``ops`` is drawn from ``+ - *`` (``*`` binds tighter, as in Python). With
     ``allow_negative=False`` expressions whose value is below 0 are redrawn (small models
     find negative answers much harder, which hides whether training works at all).
+    ``response=True`` adds a ``response`` column, a formatted right answer
+    (``"27 + 82 = 109\n#### 109"``), for supervised fine-tuning (``pipeline: sft``).
     """
     if (
         num_terms < 2
@@ -103,7 +106,10 @@ def arithmetic_rows(
                 break
         expr = str(terms[0]) + "".join(f" {s} {t}" for s, t in zip(signs, terms[1:]))
         extra = {"split": split, "index": index, "expression": expr, "num_terms": num_terms}
-        rows.append(_row("arithmetic", f"What is {expr}? {ARITHMETIC_SUFFIX}", str(value), extra))
+        row = _row("arithmetic", f"What is {expr}? {ARITHMETIC_SUFFIX}", str(value), extra)
+        if response:
+            row["response"] = f"{expr} = {value}\n#### {value}"
+        rows.append(row)
     return rows
 
 
@@ -116,6 +122,7 @@ def arithmetic_hard_rows(
     ops: str = "+-",
     allow_negative: bool = False,
     split: str = "train",
+    response: bool = False,
 ) -> list[dict[str, Any]]:
     """``arithmetic`` with two-digit operands by default: "What is 27 + 82?".
 
@@ -129,7 +136,15 @@ def arithmetic_hard_rows(
     digits or ``*`` (``ops="+-*"``) are harder still (0-8% greedy).
     """
     return arithmetic_rows(
-        n, seed, max_operand, num_terms, ops, allow_negative, split, min_operand=min_operand
+        n,
+        seed,
+        max_operand,
+        num_terms,
+        ops,
+        allow_negative,
+        split,
+        min_operand=min_operand,
+        response=response,
     )
 
 

@@ -1,6 +1,6 @@
 """Pipelines: the one training loop (``driver``) and, per ``pipeline`` name, a record
-(:class:`Pipeline`: producer, checks, pre-flight, step shape) registered in
-:data:`PIPELINES` (``rlvr``, ``agentic``) — or the user's own, named by path."""
+(:class:`Pipeline`: producer, step, checks, pre-flight, step shape) registered in
+:data:`PIPELINES` (``rlvr``, ``agentic``, ``sft``) — or the user's own, named by path."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 from temper.config.derive import Derived
 from temper.config.schema import TemperConfig
-from temper.pipelines.producer import Pipeline, Producer, ProducerContext, Validation
+from temper.pipelines.producer import Producer, ProducerContext, Validation
+from temper.pipelines.record import Pipeline
 from temper.pipelines.registry import PIPELINES, resolve_pipeline
 
 

@@ -31,7 +31,8 @@ from temper.envs.registry import resolve_tag
 from temper.pipelines.agentic_rollout import AgenticPlayer, save_renders
 from temper.pipelines.dumps import dump_generations
 from temper.pipelines.dynamic_sampling import fill_groups
-from temper.pipelines.producer import Pipeline, ProducerContext, Validation
+from temper.pipelines.producer import ProducerContext, Validation
+from temper.pipelines.record import Pipeline, episode_length
 from temper.pipelines.shaping import ShapingSettings
 from temper.pipelines.timing import Timer
 from temper.pipelines.trajectories import episode_metrics, trajectory_batch, trajectory_rows
@@ -55,7 +56,7 @@ class AgenticProducer:
         self.val_envs = EnvManager.from_agentic(
             cfg.agentic, "val", seed, record_frames=bool(cfg.experiment.render_save_dir)
         )
-        self.player = AgenticPlayer(cfg, ctx.rollout, ctx.tokenizer)
+        self.player = AgenticPlayer(cfg, ctx.engine, ctx.tokenizer)
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
         self.val_sampling = sampling_params(cfg.rollout, validation=True)
         self.shaping = ctx.shaping
@@ -236,5 +237,5 @@ PIPELINE = Pipeline(
     step_shape=episode_groups,
     shaping=shaping,
     sections=frozenset({"agentic"}),
-    multi_turn=True,
+    context=episode_length,
 )

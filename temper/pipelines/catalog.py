@@ -5,8 +5,9 @@ layers above it (:mod:`temper.config.catalog`), answered from the registries the
   process — a test's, a plugin's — is selectable by config at once);
 - ``needs(registry, name)``: what an entry declares it needs (an estimator's ``values``,
   an engine's way of splitting devices);
-- ``step_shape(cfg)`` / ``check(cfg, plan)``: the hooks of the config's pipeline (a
-  registered name or the user's own by path), after the driver's own checks.
+- ``step_shape(cfg)`` / ``pipeline_uses(cfg)`` / ``check(cfg, plan)``: the hooks of the
+  config's pipeline (a registered name or the user's own by path) — its step's shape, the
+  optional parts of a run it uses, and its checks after the driver's own.
 
 :func:`load_config`, :func:`build_config` and :func:`plan` are the config layer's
 functions with this catalog: what the CLI, the tests and programmatic users call.
@@ -73,6 +74,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
     "reward_function": _reward_functions,
     "env_type": _env_types,
     "tracker": lambda: _registry("temper.tracking", "TRACKERS").names(),
+    "lr_scheduler": lambda: _registry("temper.training.schedule", "SCHEDULES").names(),
 }
 
 #: Registries whose entries declare needs: name -> the registry (module, attribute).
@@ -97,6 +99,9 @@ class RegistryCatalog:
 
     def step_shape(self, cfg: TemperConfig) -> StepShape:
         return resolve_pipeline(cfg.pipeline).step_shape(cfg)
+
+    def pipeline_uses(self, cfg: TemperConfig) -> frozenset[str]:
+        return resolve_pipeline(cfg.pipeline).uses
 
     def check(self, cfg: TemperConfig, plan: Derived) -> None:
         from temper.pipelines.checks import check_run

@@ -99,23 +99,27 @@ class RNGState:
 
 @dataclasses.dataclass
 class Progress:
-    """Where the run is: its step, and the reward and validation history the summary
-    reports (so a resumed run's summary covers the steps before the interruption)."""
+    """Where the run is: its step, and the history of its curve (the pipeline's per-step
+    metric: RL's ``train/score_mean``, SFT's ``train/loss``) and of its validations that
+    the summary reports (so a resumed run's summary covers the steps before the
+    interruption)."""
 
     step: int = 0
-    rewards: list[float] = dataclasses.field(default_factory=list)
+    curve: list[float] = dataclasses.field(default_factory=list)
     validations: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "reward_history": list(self.rewards),
+            "curve_history": list(self.curve),
             "val_history": [(step, dict(m)) for step, m in self.validations],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-        self.rewards = [float(r) for r in state.get("reward_history", [])]
+        # checkpoints written before the curve was the pipeline's held the reward only
+        history = state.get("curve_history", state.get("reward_history", []))
+        self.curve = [float(r) for r in history]
         self.validations = [(int(s), dict(m)) for s, m in state.get("val_history", [])]
 
 

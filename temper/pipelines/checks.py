@@ -17,7 +17,7 @@ from temper.algorithms import (
 )
 from temper.config.catalog import REWARD_COMPONENTS
 from temper.config.derive import Derived
-from temper.config.errors import ConfigError
+from temper.config.errors import BOUND, Bound, ConfigError
 from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
 from temper.pipelines.registry import PIPELINES, resolve_pipeline
@@ -36,6 +36,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_checkpoint_contents("actor", cfg.actor.checkpoint_contents)
     _check_checkpoint_contents("critic", cfg.critic.checkpoint_contents)
     _check_pipeline_sections(cfg)
+    _check_token_budgets(cfg)
     _check_estimator_inputs(cfg)
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
@@ -53,6 +54,29 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
             "set resources.backend=ray, or remove it (experiment.profile_steps profiles "
             "the local backend)",
         )
+
+
+def _check_token_budgets(cfg: TemperConfig) -> None:
+    """A token-budget micro-batch holds at least one whole sample: as long as the
+    pipeline's samples may be (its record's ``context``: a prompt and its response, an
+    episode, an SFT sequence)."""
+    context = resolve_pipeline(cfg.pipeline).context(cfg, [])
+    if context is None:  # nothing bounds a sample here (an episode without max_model_len)
+        return
+    seq, keys, what = context
+    for key in ("actor", "critic"):
+        engine = getattr(cfg, key)
+        budget = engine.max_token_len_per_device
+        if engine.use_dynamic_bsz and budget < seq:
+            # the bound in numbers: verl counts the budget per sequence-parallel rank, and
+            # its fix is restated so (dialects.in_dialect.SCALES)
+            raise ConfigError(
+                f"{key}.max_token_len_per_device",
+                f"a token budget of {budget} cannot hold {what} of "
+                f"up to {seq} tokens ({' + '.join(k.split('.')[-1] for k in keys)})",
+                f"raise it to {BOUND}",
+                bound=Bound("at_least", seq, budget),
+            )
 
 
 def _check_pipeline_sections(cfg: TemperConfig) -> None:

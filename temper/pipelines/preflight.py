@@ -52,6 +52,10 @@ def on_cpu(cfg: TemperConfig) -> bool:
     return device == "cpu" or (device == "auto" and not _cuda())
 
 
+#: FlashAttention kernels (transformers' names) and the module each needs; a CUDA kernel,
+#: so on CPU (or without the module) sdpa stands in
+FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
 #: GPU-only tuning keys: (native key, default, what it tunes). On CPU a non-default value
 #: changes nothing and is noted.
 GPU_TUNING: tuple[tuple[str, Any, str], ...] = (
@@ -91,10 +95,11 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     from temper.training.megatron_check import check_megatron
     from temper.training.registry import check_engines as check_training_engines
 
-    problem = engine_problem(cfg.rollout.engine)
-    if problem is not None:
-        raise problem
-    check_rollout_engine(cfg.rollout, cfg.model)  # e.g. a VL model this vLLM cannot run
+    if plan.use_rollout:  # a pipeline that generates nothing (SFT) builds no engine
+        problem = engine_problem(cfg.rollout.engine)
+        if problem is not None:
+            raise problem
+        check_rollout_engine(cfg.rollout, cfg.model)  # e.g. a VL model this vLLM cannot run
     if cfg.experiment.device == "cuda" and not _cuda():
         # verl's trainer.device defaults to cuda: a GPU config debugged on a laptop
         cfg.experiment.device = "cpu"
@@ -103,14 +108,15 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     notes.extend(check_megatron(cfg, plan, worker_device(cfg)))
     cpu = on_cpu(cfg)
     attn = cfg.model.attn_implementation
-    if attn == "flash_attention_2":
-        missing = importlib.util.find_spec("flash_attn") is None
+    if attn in FLASH_PACKAGES:
+        package = FLASH_PACKAGES[attn]
+        missing = importlib.util.find_spec(package) is None
         if cpu or missing:
-            why = "the run is on CPU" if cpu else "the flash-attn package is not installed"
+            why = "the run is on CPU" if cpu else f"its package ({package}) is not installed"
             cfg.model.attn_implementation = "sdpa"
             notes.append(
-                f"model.attn_implementation: flash_attention_2 -> sdpa ({why}; sdpa computes "
-                "the same attention)"
+                f"model.attn_implementation: {attn} -> sdpa ({why}; sdpa computes the same "
+                "attention)"
             )
     if cpu:
         for key, default, what in GPU_TUNING:
@@ -289,32 +295,14 @@ def model_uses(cfg: TemperConfig, plan: Derived, notes: list[str]) -> list[Model
     from temper.pipelines.registry import resolve_pipeline
     from temper.rewards.registry import JUDGE
 
-    model, rollout = cfg.model, cfg.rollout
+    model = cfg.model
     tokenizer = (
         (model.tokenizer_path, "model.tokenizer_path")
         if model.tokenizer_path
         else (model.path, "model.path")
     )
-    context: tuple[int, tuple[str, ...], str] | None
-    if resolve_pipeline(cfg.pipeline).multi_turn or rollout.multi_turn.enable:
-        # an episode's turns are bounded by rollout.max_model_len only
-        context = None
-        if rollout.max_model_len is not None:
-            context = (rollout.max_model_len, ("rollout.max_model_len",), "an episode")
-        else:
-            notes.append(
-                "rollout.max_model_len is not set: a multi-turn episode is bounded by its "
-                "turns only, not by the model's context"
-            )
-    else:
-        seq = cfg.data.max_prompt_length + rollout.response_length
-        context = (
-            seq,
-            ("data.max_prompt_length", "rollout.response_length"),
-            "a prompt and its response",
-        )
-        if rollout.max_model_len is not None and rollout.max_model_len > seq:
-            context = (rollout.max_model_len, ("rollout.max_model_len",), "a sequence")
+    # what one sample may reach: a prompt and its response, an episode, an SFT sequence
+    context = resolve_pipeline(cfg.pipeline).context(cfg, notes)
     trust = ("model.trust_remote_code", model.trust_remote_code)
     uses = [ModelUse("model.path", model.path, *trust, tokenizer, context)]
     if plan.use_critic and cfg.critic.model_path and cfg.critic.model_path != model.path:
@@ -430,6 +418,32 @@ def check_prompt_data(cfg: TemperConfig, notes: list[str]) -> None:
         _check_rewards(cfg, samples, key)
         if key == "data.train_files" and cfg.data.source_weights:
             _check_weights(cfg, {tag for _source, tag in samples})
+
+
+def check_sft_data(cfg: TemperConfig, notes: list[str]) -> None:
+    """Supervised data files exist and hold their columns: the conversation column
+    (``data.messages_key``), or the prompt and the response (the SFT pipeline's
+    pre-flight)."""
+    data = cfg.data
+    wanted = (
+        [("data.messages_key", data.messages_key)]
+        if data.messages_key
+        else [("data.prompt_key", data.prompt_key), ("sft.response_key", cfg.sft.response_key)]
+    )
+    for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        if not files:
+            continue
+        columns, _samples = _scan(files, key, cfg)
+        if columns is None:
+            continue
+        for ckey, column in wanted:
+            if column.split(".")[0] not in columns and column not in columns:
+                raise ConfigError(
+                    ckey,
+                    f"the column '{column}' is not in {key} "
+                    f"(its columns: {', '.join(sorted(columns))})",
+                    f"set {ckey} to the column holding them",
+                )
 
 
 def _check_weights(cfg: TemperConfig, tags: set[str]) -> None:

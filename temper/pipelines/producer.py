@@ -1,10 +1,11 @@
-"""What a pipeline contributes to the one training loop: a producer, its validation,
-and the record (:class:`Pipeline`) that declares what the pipeline needs.
+"""What a pipeline contributes to the one training loop: a producer and its validation
+(the record that declares the rest is :class:`temper.pipelines.record.Pipeline`).
 
-The driver (:mod:`temper.pipelines.driver`) runs the same step for every pipeline; a
-pipeline only turns the step's inputs into a *scored* :class:`~temper.data.batch.Batch`
+The driver (:mod:`temper.pipelines.driver`) runs the same loop for every pipeline; an
+RL pipeline only turns the step's inputs into a *scored* :class:`~temper.data.batch.Batch`
 — RLVR: prompts → generations → rewards; agentic: env resets → multi-turn episodes →
-trajectories and returns — and validates. A produced batch carries the rollout tensors
+trajectories and returns — and validates. (A pipeline with a step of its own — SFT — has
+its producer give that step's batch: given prompts and responses, nothing scored.) A produced batch carries the rollout tensors
 (``prompt_ids``/``prompt_mask``, ``response_ids``/``response_mask``, optionally
 ``rollout_log_probs`` and ``attention_mask``), ``scores`` (B,) — the task reward of
 each sample (an episode's return) — and the objects ``uid`` (one per group) and
@@ -16,19 +17,17 @@ checkpoints, tracking, the summary — is the driver's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from temper.config.derive import prompt_groups
-from temper.config.plan import StepShape
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.pipelines.shaping import ShapingSettings
 from temper.pipelines.timing import Timer
 from temper.rewards.judge import JudgeEngine
+from temper.roles.base import Roles
 from temper.rollout import RolloutEngine
 
 
@@ -38,11 +37,23 @@ class ProducerContext:
 
     cfg: TemperConfig
     tokenizer: Any
-    rollout: RolloutEngine  # generates with the actor's current weights
+    # generates with the actor's current weights; None where the pipeline's record does
+    # not use a rollout engine (SFT): such a producer reads ``engine`` never
+    rollout: RolloutEngine | None
     device: torch.device  # where the actor computes: reward models go there
     out_dir: Path
     shaping: ShapingSettings  # the run's reward shaping (dynamic sampling reads it)
     judge: JudgeEngine | None = None  # the LLM judge (reward function llm_judge), if used
+    roles: Roles | None = None  # the run's roles (SFT validates with the actor's forward)
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The rollout engine of a pipeline that generates."""
+        if self.rollout is None:
+            raise RuntimeError(
+                "this run has no rollout engine: its pipeline record's uses lacks 'rollout'"
+            )
+        return self.rollout
 
 
 @dataclasses.dataclass
@@ -89,46 +100,3 @@ class Producer(Protocol):
     def close(self) -> None:
         """Release what the producer holds (reward workers, environments)."""
         ...
-
-
-def no_check(cfg: TemperConfig) -> None:
-    """A pipeline that refuses no combination of its own."""
-
-
-def no_preflight(cfg: TemperConfig, notes: list[str]) -> None:
-    """A pipeline that reads no files of its own before the run."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Pipeline:
-    """A pipeline: its producer factory and everything the run needs to know of it.
-
-    One record per pipeline, registered by name in :data:`temper.pipelines.registry.PIPELINES`
-    or named by the config as a dotted path (``pipeline: my_pkg.my_mod:MY_PIPELINE``):
-
-    - ``build(ctx)``: the producer (:class:`Producer`) of a run;
-    - ``check(cfg)``: a ``ConfigError`` for a combination the pipeline cannot honour (runs
-      in ``temper check``, inside the one translation into the user's dialect);
-    - ``preflight(cfg, notes)``: what it reads on this machine before a run (data files,
-      environments), a ``ConfigError`` for the first problem, notes for what it settled;
-    - ``step_shape(cfg)``: samples per step, and how ``temper check`` explains them;
-    - ``shaping(cfg)``: the run's reward-shaping settings (once per run);
-    - ``sections``: the config sections only this pipeline reads (``agentic``): set under
-      another pipeline, they are refused rather than ignored;
-    - ``provides``: the advantage estimators' inputs (``AdvantageInputs`` field names) its
-      producer puts in the batch beyond what the driver computes (a critic's ``values``,
-      ``old_log_probs``): RLVR adds ``baseline_rewards`` and ``reward_components``. An
-      estimator that needs an input nothing provides is refused at ``temper check``;
-    - ``multi_turn``: its samples are multi-turn episodes, whose length
-      ``rollout.max_model_len`` bounds (not ``max_prompt_length + response_length``: the
-      pre-flight compares the one that applies with the model's context).
-    """
-
-    build: Callable[[ProducerContext], Producer]
-    check: Callable[[TemperConfig], None] = no_check
-    preflight: Callable[[TemperConfig, list[str]], None] = no_preflight
-    step_shape: Callable[[TemperConfig], StepShape] = prompt_groups
-    shaping: Callable[[TemperConfig], ShapingSettings] = ShapingSettings.from_config
-    sections: frozenset[str] = frozenset()
-    provides: frozenset[str] = frozenset()
-    multi_turn: bool = False

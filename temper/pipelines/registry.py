@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import cast
 
 from temper.config.errors import ConfigError, did_you_mean
-from temper.pipelines.producer import Pipeline, Producer, ProducerContext
+from temper.pipelines.producer import Producer, ProducerContext
+from temper.pipelines.record import Pipeline
 from temper.registry import Registry
 from temper.utils.user_code import UserCodeError, import_dotted, import_file
 
@@ -41,6 +42,7 @@ def _builtin(module: str) -> Callable[[], Pipeline]:
 
 PIPELINES.add_lazy("rlvr", _builtin("temper.pipelines.rlvr"))
 PIPELINES.add_lazy("agentic", _builtin("temper.pipelines.agentic"))
+PIPELINES.add_lazy("sft", _builtin("temper.pipelines.sft"))
 
 #: What a producer class must define (the ``Producer`` protocol's methods).
 PRODUCER_METHODS = ("produce", "validate", "dump_rows", "state_dict", "load_state_dict", "close")

@@ -31,7 +31,8 @@ from temper.data import Batch, PromptDataset, build_datasets, build_sampler, nex
 from temper.pipelines.dumps import dump_generations, generation_rows
 from temper.pipelines.dynamic_sampling import fill_groups
 from temper.pipelines.preflight import check_prompt_data
-from temper.pipelines.producer import Pipeline, ProducerContext, Validation
+from temper.pipelines.producer import ProducerContext, Validation
+from temper.pipelines.record import Pipeline
 from temper.pipelines.timing import Timer
 from temper.rewards.manager import RewardScorer
 from temper.rollout import RolloutEngine
@@ -54,11 +55,11 @@ class RLVRProducer:
             self.train_data, self.sampler = train, build_sampler(cfg, len(train), train.tags)
             epochs = cfg.experiment.total_epochs * self.sampler.batches_per_epoch
             self.total_steps = cfg.experiment.max_steps or epochs
-        self.engine: RolloutEngine = ctx.rollout
+        self.engine: RolloutEngine = ctx.engine
         if cfg.rollout.multi_turn.enable:  # verl multi_turn: tool calls inside each response
             from temper.pipelines.agentic_rollout import rlvr_tool_engine
 
-            self.engine = rlvr_tool_engine(ctx.rollout, cfg, ctx.tokenizer)
+            self.engine = rlvr_tool_engine(ctx.engine, cfg, ctx.tokenizer)
         self.scorer = RewardScorer.from_config(cfg, device=ctx.device, judge=ctx.judge)
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
         self.val_sampling = sampling_params(cfg.rollout, validation=True)

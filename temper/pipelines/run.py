@@ -1,14 +1,13 @@
-"""Everything a run holds, built once from the config, for every pipeline: roles, the
-rollout engine, the pipeline's producer, shaping state, trackers — and what the driver
-does with them besides the step itself: weight sync, checkpoints, validation, summary."""
+"""Everything a run holds, for every pipeline: roles, the rollout engine (where the
+pipeline generates), the pipeline's producer, shaping state, trackers — and what the
+driver does with them besides the step itself: weight sync, checkpoints, validation,
+summary. :func:`temper.pipelines.build.build_run` builds it from the config."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import random
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,33 +16,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from temper.cluster.judge import build_judge
-from temper.cluster.roles import ClusterRoles, build_cluster_roles, build_cluster_rollout
-from temper.config.derive import Derived
 from temper.config.schema import TemperConfig
-from temper.config.typed import to_dict
-from temper.data.batch import Batch
-from temper.pipelines.checkpointing import (
-    Checkpointer,
-    Progress,
-    RNGState,
-    check_resume_config,
-    checkpoint_root,
-    checkpoint_step,
-    final_problem,
-    restore,
-    write_final,
-)
-from temper.pipelines.producer import Pipeline, Producer, ProducerContext
-from temper.pipelines.run_dir import claim_run_dir
+from temper.pipelines.checkpointing import Checkpointer, Progress, final_problem, write_final
+from temper.pipelines.producer import Producer
 from temper.pipelines.run_lock import RunLock
 from temper.pipelines.shaping import ShapingSettings, ShapingState
 from temper.roles import Roles
-from temper.roles.base import RoleEngine, TrainedRole
+from temper.roles.base import RoleEngine
 from temper.rollout import RolloutEngine
-from temper.tracking import MultiTracker, build_trackers
+from temper.tracking import MultiTracker
 from temper.training.local_world import release_local_world
-from temper.utils.determinism import KernelMode, use_deterministic_kernels
+from temper.utils.determinism import KernelMode
 from temper.utils.model_path import resolve_model_path
 
 
@@ -98,21 +81,26 @@ class WeightSync:
 
 @dataclasses.dataclass
 class Run:
-    """A run's long-lived parts and its progress."""
+    """A run's long-lived parts and its progress.
+
+    ``rollout`` and ``weights`` are None where the pipeline's step generates nothing
+    (its record's ``uses`` lacks ``rollout``); ``curve`` is the per-step metric the
+    summary reports first → last (the record's ``curve``)."""
 
     cfg: TemperConfig
     out_dir: Path
     tokenizer: Any
     roles: Roles
-    rollout: RolloutEngine
+    rollout: RolloutEngine | None
     producer: Producer
     shaping: ShapingSettings
     shaping_state: ShapingState
     tracker: MultiTracker
     total_steps: int
-    weights: WeightSync
+    weights: WeightSync | None
     checkpointer: Checkpointer
     progress: Progress
+    curve: str = "train/score_mean"
     resumed_from: Path | None = None
     lock: RunLock | None = None  # the output directory's, released by close()
     #: the process's kernel settings before the run's (experiment.deterministic)
@@ -136,7 +124,12 @@ class Run:
 
     def sync_weights(self) -> None:
         """Push the actor's weights to the rollout engine after this step's update."""
-        self.weights.after_update(self.step)
+        if self.weights is not None:
+            self.weights.after_update(self.step)
+
+    def record_curve(self, metrics: dict[str, float]) -> None:
+        """Keep this step's value of the run's curve for the summary."""
+        self.progress.curve.append(metrics[self.curve])
 
     @contextlib.contextmanager
     def profiling(self) -> Iterator[None]:
@@ -225,20 +218,22 @@ class Run:
         write_final(self.out_dir, self.step, engine, self.tokenizer, self.resumed_from)
 
     def summary(self, stopped_by: str | None = None) -> dict[str, Any]:
-        """The run's summary: steps, ``train/score_mean`` history (first/last, and the mean
-        of the first/last 5 steps), validations and the producer's headline before/after."""
-        rewards = self.progress.rewards
-        k = min(5, len(rewards)) or 1
+        """The run's summary: steps, the curve's history (``curve``: the metric's name;
+        its values, first/last, and the mean of the first/last 5 steps), validations and
+        the producer's headline before/after."""
+        values = self.progress.curve
+        k = min(5, len(values)) or 1
         nan = float("nan")
         out: dict[str, Any] = {
             "steps": self.step,
             "output_dir": str(self.out_dir),
             "stopped_by": stopped_by,
-            "rewards": list(rewards),
-            "reward_first": rewards[0] if rewards else nan,
-            "reward_last": rewards[-1] if rewards else nan,
-            "reward_first5": float(np.mean(rewards[:k])) if rewards else nan,
-            "reward_last5": float(np.mean(rewards[-k:])) if rewards else nan,
+            "curve": self.curve,
+            "curve_values": list(values),
+            "curve_first": values[0] if values else nan,
+            "curve_last": values[-1] if values else nan,
+            "curve_first5": float(np.mean(values[:k])) if values else nan,
+            "curve_last5": float(np.mean(values[-k:])) if values else nan,
             "val": [m for _, m in self.progress.validations],
             "val_steps": [step for step, _ in self.progress.validations],
         }
@@ -250,9 +245,9 @@ class Run:
         text = val_summary(self.progress.validations, self.producer.headline)[1]
         return (
             f"{'stopped by ' + stopped if stopped else 'done'}: {summary['steps']} steps; "
-            f"train/score_mean first {summary['reward_first']:.3f} → last "
-            f"{summary['reward_last']:.3f} (mean of first/last 5 steps: "
-            f"{summary['reward_first5']:.3f} → {summary['reward_last5']:.3f})"
+            f"{summary['curve']} first {summary['curve_first']:.3f} → last "
+            f"{summary['curve_last']:.3f} (mean of first/last 5 steps: "
+            f"{summary['curve_first5']:.3f} → {summary['curve_last5']:.3f})"
             + (f"; {text}" if text else "")
             + f"; outputs in {summary['output_dir']}"
         )
@@ -260,7 +255,8 @@ class Run:
     def close(self) -> None:
         try:
             self.producer.close()
-            self.rollout.close()
+            if self.rollout is not None:
+                self.rollout.close()
             self.tracker.close()
             self.roles.shutdown()
             release_local_world()  # the one-rank world an in-process engine made, if any
@@ -301,150 +297,3 @@ def val_summary(
     else:
         text = f"{key} {out['val_first']:.3f} → {after}"
     return out, text
-
-
-def build_run(cfg: TemperConfig, pipeline: Pipeline, plan: Derived) -> Run:
-    """Lock the run's directory and decide where the run starts (before anything is
-    written there: :func:`~temper.pipelines.run_dir.claim_run_dir`), then load models,
-    engine, the producer and trackers for ``cfg`` (validated, ``plan`` its plan) and
-    resume per ``experiment.resume_mode``. The run holds the lock until ``close``."""
-    seed_everything(cfg.experiment.seed)
-    out = output_dir(cfg)
-    lock, resume_from = claim_run_dir(cfg, out)
-    kernels = use_deterministic_kernels(cfg.experiment.deterministic)  # before any model
-    try:
-        run = _build_run(cfg, pipeline, plan, out, resume_from)
-    except BaseException:
-        kernels.restore()
-        lock.release()
-        raise
-    run.lock, run.kernels = lock, kernels
-    return run
-
-
-def _build_run(
-    cfg: TemperConfig, pipeline: Pipeline, plan: Derived, out: Path, resume_from: Path | None
-) -> Run:
-    if resume_from is not None:  # before any model loads: a bad resume fails fast
-        for line in check_resume_config(cfg, resume_from):
-            print(line, flush=True)
-    tokenizer = load_tokenizer(cfg)
-    roles = build_cluster_roles(cfg, plan)  # in process, or Ray worker groups
-    producer: Producer | None = None
-    rollout: RolloutEngine | None = None
-    tracker: MultiTracker | None = None
-    try:
-        rollout = build_cluster_rollout(cfg, roles, tokenizer)  # or the actor_infer ranks
-        device = roles.actor.engine.device
-        remote_judge = roles.judge if isinstance(roles, ClusterRoles) else None
-        judge = build_judge(cfg, device, remote_judge)  # LLM judge (function llm_judge), if used
-        shaping = pipeline.shaping(cfg)
-        producer = pipeline.build(
-            ProducerContext(cfg, tokenizer, rollout, device, out, shaping, judge)
-        )
-        total = producer.total_steps
-        roles.actor.set_total_steps(total * plan.actor.optimizer_steps_per_rl_step)
-        if roles.critic is not None and plan.critic is not None:
-            roles.critic.set_total_steps(total * plan.critic.optimizer_steps_per_rl_step)
-        shaping_state = ShapingState.from_config(cfg.algorithm)
-        weights = WeightSync(rollout, roles.actor.engine, cfg.rollout.model_update_frequency)
-        progress = Progress()
-        checkpointer = _checkpointer(
-            cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
-        )
-        if resume_from is not None:  # a checkpoint that does not load: an older one
-            start = time.perf_counter()
-            warn = functools.partial(print, file=sys.stderr, flush=True)
-            note = functools.partial(print, flush=True)
-            resume_from = restore(checkpointer, cfg, out, resume_from, warn, note)
-            took = time.perf_counter() - start
-            print(f"resumed from {resume_from} at step {progress.step} ({took:.1f}s)", flush=True)
-        tracker = build_trackers(  # after the load: it drops metrics rows past the resumed step
-            cfg.experiment.trackers,
-            out,
-            total_steps=total,
-            every=cfg.experiment.logging_steps,
-            kwargs=cfg.experiment.tracker_kwargs,
-            project=cfg.experiment.project_name,
-            name=cfg.experiment.experiment_name,
-            start_step=checkpoint_step(resume_from) + 1 if resume_from is not None else 0,
-        )
-        run = Run(
-            cfg=cfg,
-            out_dir=out,
-            tokenizer=tokenizer,
-            roles=roles,
-            rollout=rollout,
-            producer=producer,
-            shaping=shaping,
-            shaping_state=shaping_state,
-            tracker=tracker,
-            total_steps=total,
-            weights=weights,
-            checkpointer=checkpointer,
-            progress=progress,
-            resumed_from=resume_from,
-        )
-    except BaseException:  # reward workers, envs and Ray groups must not outlive a failure
-        if producer is not None:
-            producer.close()
-        if rollout is not None:
-            rollout.close()
-        if tracker is not None:
-            tracker.close()
-        roles.shutdown()
-        raise
-    return run
-
-
-def _checkpointer(
-    cfg: TemperConfig,
-    out: Path,
-    roles: Roles,
-    tokenizer: Any,
-    producer: Producer,
-    shaping_state: ShapingState,
-    weights: WeightSync,
-    progress: Progress,
-) -> Checkpointer:
-    """The run's stateful parts, in the order a resume restores them: the trained roles,
-    then the producer, shaping, the rollout engine (and the actor's weights pushed into
-    it), the progress, and every RNG last — right before training goes on."""
-    trained: dict[str, TrainedRole] = {"actor": roles.actor}
-    limits = [cfg.experiment.max_actor_ckpt_to_keep]
-    if roles.critic is not None:
-        trained["critic"] = roles.critic
-        limits.append(cfg.experiment.max_critic_ckpt_to_keep)
-    keep = [n for n in limits if n is not None and n > 0]
-    return Checkpointer(
-        root=checkpoint_root(cfg, out),
-        roles=trained,
-        states={
-            "producer": producer,
-            "shaping": shaping_state,
-            "rollout": weights,
-            "progress": progress,
-            "rng": RNGState(),
-        },
-        config=to_dict(cfg),
-        meta={"pipeline": cfg.pipeline},
-        tokenizer=tokenizer,
-        keep=max(keep) if keep else None,
-    )
-
-
-def response_metrics(batch: Batch) -> dict[str, float]:
-    """Length and truncation of one step's responses (before any loss mask)."""
-    lengths = batch["response_mask"].sum(-1).float()
-    truncated = [bool(t) for t in batch["truncated"]] if "truncated" in batch else []
-    return {
-        "response/length_mean": lengths.mean().item(),
-        "response/length_max": lengths.max().item(),
-        "response/clip_ratio": float(np.mean(truncated)) if truncated else 0.0,
-        "perf/samples": float(len(batch)),
-    }
-
-
-def throughput(tokens: float, step_seconds: float) -> dict[str, float]:
-    """``perf/tokens_per_s``: the step's prompt and response tokens per second."""
-    return {"perf/tokens_per_s": tokens / max(step_seconds, 1e-9)}

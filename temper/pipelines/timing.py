@@ -1,4 +1,4 @@
-"""Phase timings of one RL step: ``timing/<phase>_s``."""
+"""Phase timings of one step: ``timing/<phase>_s``; throughput from them."""
 
 from __future__ import annotations
 
@@ -25,3 +25,8 @@ class Timer:
             yield
         key = f"timing/{name}_s"
         self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start
+
+
+def throughput(tokens: float, step_seconds: float) -> dict[str, float]:
+    """``perf/tokens_per_s``: the step's prompt and response tokens per second."""
+    return {"perf/tokens_per_s": tokens / max(step_seconds, 1e-9)}

@@ -3,7 +3,8 @@ and a short markdown summary — both from ``metrics.jsonl`` alone, so it works 
 finished run, a running one, or a copy of its record on a laptop.
 
 Panels: reward, validation reward (overall and per data source), KL, entropy, response
-length, grad norm, throughput, and losses — always all of them, on one step axis, so
+length, grad norm, throughput, and losses (an SFT run's training and validation loss
+among them) — always all of them, on one step axis, so
 dashboards of different runs line up; a panel whose keys the run did not log says so
 (e.g. no KL without a reference). Raw values are drawn faintly with an exponential
 moving average on top when there are enough points to need smoothing.
@@ -27,7 +28,7 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("response length", ("response/length_mean", "response/length_max")),
     ("grad norm", ("actor/grad_norm", "critic/grad_norm")),
     ("throughput (tokens/s)", ("perf/tokens_per_s",)),
-    ("loss", ("actor/pg_loss", "critic/value_loss")),
+    ("loss", ("actor/pg_loss", "critic/value_loss", "train/loss", "val/loss")),
 )
 
 
@@ -172,17 +173,24 @@ def summary_markdown(
     if warning:
         lines += [f"> warning: {warning}", ""]
     lines.append(f"- steps logged: {len(steps)} (last step {steps[-1] if steps else 0})")
-    for key in ("train/reward_mean", "response/length_mean", "actor/entropy", "actor/kl"):
+    for key in (
+        "train/reward_mean",
+        "train/loss",
+        "response/length_mean",
+        "actor/entropy",
+        "actor/kl",
+    ):
         fl = _first_last(rows, key)
         if fl:
             lines.append(f"- {key}: {fl[0]:.4g} → {fl[1]:.4g} (mean of first/last 5 steps)")
-    vs, vv = series(rows, "val/reward_mean")
-    if vv:
-        best = max(range(len(vv)), key=vv.__getitem__)
-        lines.append(
-            f"- val/reward_mean: first {vv[0]:.4g} (step {vs[0]}), last {vv[-1]:.4g} "
-            f"(step {vs[-1]}), best {vv[best]:.4g} (step {vs[best]})"
-        )
+    for key, better in (("val/reward_mean", max), ("val/loss", min)):
+        vs, vv = series(rows, key)
+        if vv:
+            best = better(range(len(vv)), key=vv.__getitem__)
+            lines.append(
+                f"- {key}: first {vv[0]:.4g} (step {vs[0]}), last {vv[-1]:.4g} "
+                f"(step {vs[-1]}), best {vv[best]:.4g} (step {vs[best]})"
+            )
     _, step_s = series(rows, "timing/step_s")
     if step_s:
         total = sum(step_s)

@@ -29,7 +29,7 @@ import torch
 from temper.algorithms.aggregation import LossAggregator
 from temper.algorithms.kl import kl_estimator_needs_logits, kl_loss, kl_penalty
 from temper.algorithms.masked import masked_mean
-from temper.algorithms.objectives import actor_loss, entropy_loss, sft_loss
+from temper.algorithms.objectives import actor_loss, entropy_loss, nll_loss, sft_loss
 from temper.algorithms.policy_losses import PolicyLossParams, compute_policy_loss
 from temper.algorithms.rollout_correction import rollout_is_weights
 from temper.config.errors import ConfigError
@@ -231,6 +231,38 @@ class Actor:
             )
         self.updates += 1
         return {**steps.result("actor"), **extra}
+
+    def sft_update(self, batch: Batch) -> dict[str, float]:
+        """A supervised update: the NLL of the target tokens (``response_mask``: a
+        response, or every assistant turn) over the step's mini-batches, one optimizer
+        step each (``ppo_epochs`` passes, ``shuffle`` as in :meth:`update`).
+
+        Each mini-batch's loss is aggregated with its global normalizers
+        (``loss_agg_mode``; token-mean: Σ −log π / the mini-batch's target tokens), so a
+        micro-batch split, packing or data-parallel shards do not change it. Returns the
+        averaged ``actor/*`` metrics; ``actor/loss`` is the mean mini-batch NLL.
+        """
+        cfg = self.cfg
+        temperature = self._temperature(batch)
+        steps = StepMetrics()
+        seed = self.seed * 1_000_003 + self.updates
+        size = per_rank_mini_batch(cfg.mini_batch_size, self.engine.dp_size)
+        for mini in mini_batches(batch, size, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed):
+            loss_fn = self._nll_fn(mini)
+            steps.add(self.engine.train_mini_batch(mini, loss_fn, temperature=temperature))
+        self.updates += 1
+        return steps.result("actor")
+
+    def _nll_fn(self, mini: Batch) -> LossFn:
+        """The NLL of one mini-batch's micro-batches, with the mini-batch's normalizers
+        (summed over data-parallel ranks by the engine)."""
+        normalizers = self.engine.global_normalizers(mini["response_mask"])
+        agg = LossAggregator.from_normalizers(self.cfg.loss_agg_mode, normalizers)
+
+        def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+            return nll_loss(out["log_probs"], mb["response_mask"], agg), {}
+
+        return loss_fn
 
     # ------------------------------------------------------------------ state
 

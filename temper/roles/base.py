@@ -75,6 +75,10 @@ class ActorRole(TrainedRole, Protocol):
         uses the exact KL against the reference)."""
         ...
 
+    def sft_update(self, batch: Batch) -> dict[str, float]:
+        """A supervised update: NLL of the batch's target tokens (``response_mask``)."""
+        ...
+
 
 class CriticRole(TrainedRole, Protocol):
     """The value model."""

@@ -32,7 +32,7 @@ from temper.roles.critic import Critic
 from temper.roles.reference import Reference
 from temper.training.micro_batching import MicroBatching
 from temper.training.models import resolve_device
-from temper.training.registry import build_engine
+from temper.training.registry import build_engine, local_engine
 from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -61,21 +61,6 @@ def reference_micro_batching(cfg: TemperConfig, actor_micro: MicroBatching) -> M
     size = ref.log_prob_micro_batch_size_per_device or actor_micro.size
     budget = ref.log_prob_max_token_len_per_device if ref.use_dynamic_bsz else None
     return MicroBatching(size=size, max_tokens=budget)
-
-
-# Engines whose world-size-1 run computes exactly the torch engine's update: on the local
-# backend (one process) they run as ``torch``. DeepSpeed and Megatron are not among them:
-# on one GPU DeepSpeed is asked for its ZeRO offload (optimizer state, parameters on the
-# host), which the torch engine does not do, and Megatron for its own model and
-# checkpoints; each runs as itself in a one-rank process group.
-SWAPPED_ON_LOCAL = frozenset({"fsdp2"})
-
-
-def local_engine(cfg: TemperConfig, strategy: str) -> str:
-    """The engine a role with ``strategy`` gets on ``cfg``'s backend (no side effect)."""
-    if cfg.resources.backend == "local" and strategy in SWAPPED_ON_LOCAL:
-        return "torch"
-    return strategy
 
 
 def local_strategy(cfg: TemperConfig, strategy: str, key: str) -> str:

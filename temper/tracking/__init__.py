@@ -88,6 +88,8 @@ class ConsoleTracker:
         "train/reward_mean",
         "train/score_mean",
         "val/reward_mean",
+        "train/loss",  # supervised runs (SFT)
+        "val/loss",
         "response/length_mean",
         "actor/pg_loss",
         "actor/kl",

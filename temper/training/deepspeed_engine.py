@@ -110,6 +110,25 @@ def ensure_process_group(device: torch.device) -> None:
     ensure_local_world(device)
 
 
+def check_partitioned(
+    role: str, l2_coef: float, stage: int, param_offload: bool, device_type: str
+) -> None:
+    """What DeepSpeed at ZeRO ``stage`` cannot honour (also run at check, from the config)."""
+    if stage == 3 and l2_coef:
+        # the actor's L2 term sums over the live parameters, which are partitions here
+        raise ConfigError(
+            f"{role}.l2_coef",
+            "the explicit L2 term needs whole parameters; ZeRO-3 partitions them",
+            f"use {role}.optim.weight_decay, or ZeRO stage 0-2",
+        )
+    if param_offload and device_type == "cuda":
+        raise ConfigError(
+            f"{role}.param_offload",
+            "under strategy deepspeed, DeepSpeed places the weights",
+            f"set {role}.deepspeed.zero_optimization.offload_param.device: cpu (ZeRO-3) instead",
+        )
+
+
 class DeepSpeedEngine(DataParallelEngine):
     """:class:`TorchEngine` wrapped by ``deepspeed.initialize`` (see module doc)."""
 
@@ -151,20 +170,8 @@ class DeepSpeedEngine(DataParallelEngine):
 
     @staticmethod
     def _check_supported(spec: EngineSpec, stage: int) -> None:
-        if stage == 3 and isinstance(spec.train, ActorConfig) and spec.train.l2_coef:
-            # the actor's L2 term sums over the live parameters, which are partitions here
-            raise ConfigError(
-                f"{spec.role}.l2_coef",
-                "the explicit L2 term needs whole parameters; ZeRO-3 partitions them",
-                f"use {spec.role}.optim.weight_decay, or ZeRO stage 0-2",
-            )
-        if spec.param_offload and spec.device.type == "cuda":
-            raise ConfigError(
-                f"{spec.role}.param_offload",
-                "under strategy deepspeed, DeepSpeed places the weights",
-                f"set {spec.role}.deepspeed.zero_optimization.offload_param.device: cpu "
-                "(ZeRO-3) instead",
-            )
+        l2 = spec.train.l2_coef if isinstance(spec.train, ActorConfig) else 0.0
+        check_partitioned(spec.role, l2, stage, spec.param_offload, spec.device.type)
 
     def _resolve(self, spec: EngineSpec, section: dict[str, Any]) -> ResolvedDeepSpeed:
         """The complete DeepSpeed config of this role (temper's values filled in)."""

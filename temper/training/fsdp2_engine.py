@@ -30,13 +30,30 @@ import torch.distributed as dist
 from torch import nn
 
 from temper.config.errors import ConfigError
-from temper.config.schema import FSDPConfig
+from temper.config.schema import ActorConfig, FSDPConfig
 from temper.training.data_parallel import DataParallelEngine, require_process_group
 from temper.training.fsdp2_io import FSDP2Checkpointer, full_named_weights, move_optimizer_state
 from temper.training.models import decoder_layers
 from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
+
+
+def check_sharded(role: str, l2_coef: float, fsdp_size: int, world: int) -> None:
+    """What FSDP2 over ``world`` ranks cannot honour (also run at check, from the config)."""
+    if l2_coef:
+        # the actor's L2 term sums over the live parameters, which are shards here
+        raise ConfigError(
+            f"{role}.l2_coef",
+            "the explicit L2 term is not implemented for sharded (fsdp2) parameters",
+            "use optim.weight_decay, or strategy: torch",
+        )
+    if 0 < fsdp_size < world and world % fsdp_size:
+        raise ConfigError(
+            f"{role}.fsdp.fsdp_size",
+            f"{fsdp_size} does not divide the {world} ranks of {role}",
+            f"use a divisor of {world}, or -1 (shard over all ranks)",
+        )
 
 
 def build_mesh(cfg: FSDPConfig, device: torch.device, role: str) -> Any:
@@ -54,12 +71,7 @@ def build_mesh(cfg: FSDPConfig, device: torch.device, role: str) -> Any:
     size = cfg.fsdp_size
     if size <= 0 or size >= world:
         return init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
-    if world % size:
-        raise ConfigError(
-            f"{role}.fsdp.fsdp_size",
-            f"{size} does not divide the {world} ranks of {role}",
-            f"use a divisor of {world}, or -1 (shard over all ranks)",
-        )
+    check_sharded(role, 0.0, size, world)
     return init_device_mesh(
         device.type, (world // size, size), mesh_dim_names=("replicate", "shard")
     )
@@ -93,13 +105,8 @@ class FSDP2Engine(DataParallelEngine):
 
     def __init__(self, spec: EngineSpec) -> None:
         require_process_group(spec.role, self.strategy)
-        if getattr(spec.train, "l2_coef", 0.0):
-            # the actor's L2 term sums over the live parameters, which are shards here
-            raise ConfigError(
-                f"{spec.role}.l2_coef",
-                "the explicit L2 term is not implemented for sharded (fsdp2) parameters",
-                "use optim.weight_decay, or strategy: torch",
-            )
+        l2 = spec.train.l2_coef if isinstance(spec.train, ActorConfig) else 0.0
+        check_sharded(spec.role, l2, 0, 1)
         self.fsdp = spec.fsdp_config
         spec = self._join_group(spec)
         self.mesh = build_mesh(self.fsdp, spec.device, spec.role)

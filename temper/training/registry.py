@@ -22,12 +22,12 @@ from typing import Any
 from temper.config.catalog import MEGATRON_PARALLEL, ONE_PROCESS, SEQUENCE_PARALLEL
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError, unknown_name
-from temper.config.schema import TemperConfig, TrainEngineConfig
+from temper.config.schema import ActorConfig, TemperConfig, TrainEngineConfig
 from temper.registry import Registry
 from temper.training.base import TrainEngine
-from temper.training.fsdp2_engine import FSDP2Engine
+from temper.training.fsdp2_engine import FSDP2Engine, check_sharded
 from temper.training.spec import EngineSpec
-from temper.training.torch_engine import TorchEngine
+from temper.training.torch_engine import TorchEngine, check_one_process
 
 EngineFactory = Callable[[EngineSpec], TrainEngine]
 
@@ -63,6 +63,21 @@ ENGINES.add("megatron", Engine(_megatron, frozenset({MEGATRON_PARALLEL})))
 ENGINES.add("deepspeed", Engine(_deepspeed, frozenset({SEQUENCE_PARALLEL})))
 
 
+# Engines whose world-size-1 run computes exactly the torch engine's update: on the local
+# backend (one process) they run as ``torch``. DeepSpeed and Megatron are not among them:
+# on one GPU DeepSpeed is asked for its ZeRO offload (optimizer state, parameters on the
+# host), which the torch engine does not do, and Megatron for its own model and
+# checkpoints; each runs as itself in a one-rank process group.
+SWAPPED_ON_LOCAL = frozenset({"fsdp2"})
+
+
+def local_engine(cfg: TemperConfig, strategy: str) -> str:
+    """The engine a role with ``strategy`` gets on ``cfg``'s backend (no side effect)."""
+    if cfg.resources.backend == "local" and strategy in SWAPPED_ON_LOCAL:
+        return "torch"
+    return strategy
+
+
 def register_engine(name: str, factory: EngineFactory, needs: frozenset[str] = frozenset()) -> None:
     """Make ``strategy: name`` build engines with ``factory(spec)``; ``needs`` as
     :class:`Engine` (none: one rank per device, like fsdp2 without sequence parallel)."""
@@ -89,6 +104,7 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         batch_fill,
         resolve_deepspeed_config,
     )
+    from temper.training.deepspeed_engine import check_partitioned
     from temper.training.models import resolve_device, resolve_dtype
 
     roles: list[tuple[str, str, TrainEngineConfig | None, dict[str, Any], int]] = [
@@ -105,7 +121,14 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
     device = resolve_device(cfg.experiment.device)
     precision = PRECISIONS[resolve_dtype(cfg.model.dtype, device)]
     for role, strategy, train, section, world in roles:
-        if strategy != "deepspeed":
+        engine = local_engine(cfg, strategy)
+        if train is not None and engine == "torch":
+            check_one_process(role, train.ulysses_sequence_parallel_size)
+        if train is not None and engine == "fsdp2":
+            fsdp = train.fsdp
+            l2 = train.l2_coef if isinstance(train, ActorConfig) else 0.0
+            check_sharded(role, l2, fsdp.fsdp_size, world)
+        if engine != "deepspeed":
             continue
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError(
@@ -126,4 +149,7 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
             hidden_size=1,  # a stand-in: the model's config is not read here
             trainable=train is not None,
         )
-        resolve_deepspeed_config(section, fill)
+        resolved = resolve_deepspeed_config(section, fill)
+        l2 = train.l2_coef if isinstance(train, ActorConfig) else 0.0
+        offload = role == "reference" and cfg.reference.param_offload
+        check_partitioned(role, l2, resolved.stage, offload, device.type)

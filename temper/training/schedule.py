@@ -20,13 +20,36 @@ with ``p = (s - W) / max(1, T - W)``, ``m = min_lr_ratio``, ``c = num_cycles``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from temper.config.schema import OptimConfig
+from temper.registry import Registry
 
-SCHEDULES = ("constant", "linear", "cosine")
+
+def _constant(_progress: float, _num_cycles: float) -> float:
+    """1: no decay."""
+    return 1.0
+
+
+def _linear(progress: float, _num_cycles: float) -> float:
+    """``max(0, 1 - p)``."""
+    return max(0.0, 1.0 - progress)
+
+
+def _cosine(progress: float, num_cycles: float) -> float:
+    """``½(1 + cos(2π·c·p))``."""
+    return 0.5 * (1.0 + math.cos(2.0 * math.pi * num_cycles * progress))
+
+
+#: The decay after warmup, by ``optim.lr_scheduler``: ``decay(p, c)`` in [0, 1] (the
+#: multiplier is then ``m + (1 - m)·decay``); ``constant`` alone needs no total steps.
+SCHEDULES: Registry[Callable[[float, float], float]] = Registry("lr schedule")
+SCHEDULES.add("constant", _constant)
+SCHEDULES.add("linear", _linear)
+SCHEDULES.add("cosine", _cosine)
 
 
 def resolve_warmup_steps(warmup_steps: int, warmup_ratio: float, total_steps: int | None) -> int:
@@ -50,8 +73,7 @@ def lr_multiplier(
     num_cycles: float = 0.5,
 ) -> float:
     """Factor applied to the peak lr at optimizer step ``step`` (see module doc)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown lr_scheduler '{schedule}'; use one of {', '.join(SCHEDULES)}")
+    decay = SCHEDULES.get(schedule)  # validation names the key for an unknown one
     if step < warmup_steps:
         return step / max(1, warmup_steps)
     if schedule == "constant":
@@ -59,11 +81,7 @@ def lr_multiplier(
     if total_steps is None:
         raise ValueError(f"lr_scheduler '{schedule}' needs the total number of optimizer steps")
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    if schedule == "linear":
-        decay = max(0.0, 1.0 - progress)
-    else:
-        decay = 0.5 * (1.0 + math.cos(2.0 * math.pi * num_cycles * progress))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+    return min_lr_ratio + (1.0 - min_lr_ratio) * decay(progress, num_cycles)
 
 
 class LRSchedule:

@@ -71,15 +71,22 @@ from temper.training.weights import hf_named_weights, is_peft_model
 log = logging.getLogger(__name__)
 
 
+def check_one_process(role: str, sequence_parallel: int) -> None:
+    """What the one-process engine cannot honour (also run at check, from the config)."""
+    if sequence_parallel > 1:
+        raise ConfigError(
+            f"{role}.ulysses_sequence_parallel_size",
+            "sequence parallelism needs several ranks; the torch engine is one process",
+            f"set it to 1, or run {role} on several ranks (resources.backend: ray, "
+            "strategy: fsdp2)",
+        )
+
+
 def _check_supported(spec: EngineSpec) -> None:
     """Fail early on settings that would change results and that this engine lacks."""
     t = spec.train
-    if t is not None and t.ulysses_sequence_parallel_size > 1:
-        raise ConfigError(
-            f"{spec.role}.ulysses_sequence_parallel_size",
-            "sequence parallelism needs several ranks; the torch engine is one process",
-            f"set it to 1 or use {spec.role}.strategy: fsdp2 when available",
-        )
+    if t is not None:
+        check_one_process(spec.role, t.ulysses_sequence_parallel_size)
     m = spec.model
     for flag in ("use_liger", "use_fused_kernels"):
         if getattr(m, flag):

@@ -1,10 +1,11 @@
 """Runs that survive: a tiny-model run killed (SIGKILL) after step 3's checkpoint, or
 stopped by SIGTERM mid-step, and resumed, ends bit-identical to an uninterrupted run —
 weights, optimizer state and metrics rows (timings aside) — for RLVR with GRPO, RLVR PPO
-with a critic, and the agentic pipeline (FrozenLake episodes: the env manager's seeds are
-in the checkpoint). Damaged checkpoints are skipped — truncated ones by size, same-size
-corruption by checksum, and the run resumed from the previous one equals a run that saved
-only that one; a checkpoint's actor loads in transformers.
+with a critic, the agentic pipeline (FrozenLake episodes: the env manager's seeds are
+in the checkpoint) and SFT (the shuffled sampler's position is in the checkpoint).
+Damaged checkpoints are skipped — truncated ones by size, same-size corruption by
+checksum, and the run resumed from the previous one equals a run that saved only that
+one; a checkpoint's actor loads in transformers.
 
 The interrupted runs are subprocesses (``python -m temper train``) so the kill is
 real; the reference and resumed runs train in-process (interpreter start-up dominates
@@ -39,7 +40,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / len(solution_str)
 '''
 STEPS = 6
-ALGOS = ("grpo", "gae", "agentic")
+ALGOS = ("grpo", "gae", "agentic", "sft")
 
 
 LAKE = {
@@ -81,7 +82,35 @@ def _agentic_config() -> dict:
     return cfg
 
 
+def _sft_config() -> dict:
+    """Supervised fine-tuning on arithmetic answers, shuffled: the sampler's position is
+    the producer's state."""
+    return {
+        "pipeline": "sft",
+        "experiment": {
+            "max_steps": STEPS,
+            "seed": 4,
+            "save_freq": 3,
+            "trackers": ["jsonl"],
+            "test_freq": 3,
+            "deterministic": True,
+        },
+        "data": {
+            "train_files": ["task:arithmetic?n=32&seed=3&response=true"],
+            "val_files": ["task:arithmetic?n=4&seed=9&response=true"],
+            "train_batch_size": 4,
+        },
+        "sft": {"max_length": 128},
+        "actor": {"micro_batch_size_per_device": 2, "optim": {"lr": 3e-3}},
+    }
+
+
 def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
+    if algo == "sft":
+        cfg = _sft_config()
+        cfg["model"] = {"path": str(model_dir)}
+        build_config(cfg)
+        return cfg
     if algo == "agentic":
         cfg = _agentic_config()
         cfg["model"] = {"path": str(model_dir)}
@@ -163,8 +192,9 @@ def _rows(out: Path) -> list[dict]:
     return rows
 
 
-def _train_rewards(out: Path) -> list[float]:
-    return [r["train/score_mean"] for r in _rows(out)]
+def _train_curve(out: Path) -> list[float]:
+    """The run's curve as logged: RL's train/score_mean, SFT's train/loss."""
+    return [r.get("train/score_mean", r.get("train/loss")) for r in _rows(out) if r["step"] > 0]
 
 
 def _comparable(rows: list[dict]) -> list[dict]:
@@ -210,6 +240,8 @@ def runs(tmp_path_factory, tiny_model_dir):
             cfg = _config(tmp, tiny_model_dir, algo)
             out = tmp / f"{algo}-full"
             _train(cfg, out)
+            # experiment.deterministic is the run's: closing it gives the process back its own
+            assert not torch.are_deterministic_algorithms_enabled()
             made[algo] = (cfg, out)
         yield tmp, made
 
@@ -228,7 +260,7 @@ def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo,
     summary = _train(cfg, out)  # resume_mode: auto
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
     assert summary["steps"] == STEPS and summary["stopped_by"] is None
-    assert summary["rewards"] == _train_rewards(full)
+    assert summary["curve_values"] == _train_curve(full)
     _assert_same_run(full, out)
 
 
@@ -329,9 +361,9 @@ def test_checkpoint_actor_loads_in_transformers_with_the_trainers_log_probs(runs
 
     from temper.data import next_prompt_batch
     from temper.pipelines import resolve_pipeline
+    from temper.pipelines.build import build_run
     from temper.pipelines.catalog import plan
     from temper.pipelines.rlvr import RLVRProducer
-    from temper.pipelines.run import build_run
 
     tmp, made = runs
     cfg, full = made["grpo"]

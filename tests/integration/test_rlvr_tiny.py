@@ -84,7 +84,7 @@ def test_grpo_reward_rises_and_every_parameter_moves(tmp_path, tiny_model_dir, m
     ):
         assert key in rows[-1], key
     # learnable toy reward: mean of the last 3 steps beats the first 3 by a clear margin
-    rewards = summary["rewards"]
+    rewards = summary["curve_values"]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.1, rewards
     after = params(AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor"))
@@ -101,9 +101,9 @@ def test_ppo_with_critic_runs_and_trains_both(tmp_path, tiny_model_dir, monkeypa
     """
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from temper.pipelines import resolve_pipeline
+    from temper.pipelines.build import build_run
     from temper.pipelines.catalog import plan
-    from temper.pipelines.driver import rl_step
-    from temper.pipelines.run import build_run
+    from temper.pipelines.rl_step import rl_step
 
     steps = 12
     cfg = tiny_config(
@@ -163,8 +163,8 @@ def test_lora_run_trains_adapters_only(tmp_path, tiny_model_dir, monkeypatch):
         },
     )
     from temper.pipelines import resolve_pipeline
+    from temper.pipelines.build import build_run
     from temper.pipelines.catalog import plan
-    from temper.pipelines.run import build_run
 
     run = build_run(cfg, resolve_pipeline(cfg.pipeline), plan(cfg))
     try:
@@ -173,7 +173,7 @@ def test_lora_run_trains_adapters_only(tmp_path, tiny_model_dir, monkeypatch):
         trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
         assert trainable and all("lora_" in n for n in trainable)
         before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
-        from temper.pipelines.driver import rl_step
+        from temper.pipelines.rl_step import rl_step
 
         for _ in range(2):
             run.step += 1
@@ -229,8 +229,8 @@ def test_rlvr_with_verl_multi_turn_tool_calling(tmp_path, tiny_model_dir, monkey
         },
     )
     from temper.pipelines import resolve_pipeline
+    from temper.pipelines.build import build_run
     from temper.pipelines.catalog import plan
-    from temper.pipelines.run import build_run
 
     run = build_run(cfg, resolve_pipeline(cfg.pipeline), plan(cfg))
     try:

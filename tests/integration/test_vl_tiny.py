@@ -129,7 +129,7 @@ def test_reward_rises_on_the_visual_task(tmp_path, tiny_vlm_dir, monkeypatch):
         }
     )
     summary = run_pipeline(cfg)
-    rewards = summary["rewards"]
+    rewards = summary["curve_values"]
     val = [r["val/reward_mean"] for r in rows(tmp_path / "run") if "val/reward_mean" in r]
     print(f"visual_color train reward {rewards}; val (greedy) before/after {val}")
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3

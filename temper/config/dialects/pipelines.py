@@ -1,8 +1,9 @@
 """Configs of verl and ROLL pipelines that temper has no loop for, recognised by shape.
 
-temper runs RL: the ``rlvr`` loop (PPO, GRPO and relatives, single-turn, verl's
-``main_ppo`` and ROLL's RLVR pipeline) and the ``agentic`` loop (multi-turn episodes).
-verl and ROLL ship other trainers too — supervised fine-tuning, DPO, distillation,
+temper runs RL — the ``rlvr`` pipeline (PPO, GRPO and relatives, single-turn, verl's
+``main_ppo`` and ROLL's RLVR pipeline) and the ``agentic`` one (multi-turn episodes) —
+and supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline, which
+the dialects translate). verl and ROLL ship other trainers too — DPO, distillation,
 generation-only runs, self-play recipes. Their configs reuse many RL keys, so a key-by-key
 translation would fail on some key deep inside with "unknown key, did you mean …", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
@@ -15,9 +16,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from temper.config.dialects.verl_sft import is_sft
 from temper.config.errors import ConfigError
 
-RUNS = "temper runs RL only: the rlvr loop (PPO, GRPO, …) and the agentic loop"
+RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic and sft pipelines"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,17 +83,9 @@ def _verl_generation(data: dict[str, Any]) -> str | None:
 
 
 def _verl_eval(data: dict[str, Any]) -> str | None:
-    if "actor_rollout_ref" not in data and _has(data, "data.response_key"):
+    # an SFT trainer's data has a response_key too (the column it learns)
+    if "actor_rollout_ref" not in data and _has(data, "data.response_key") and not is_sft(data):
         return "data.response_key"
-    return None
-
-
-def _verl_sft(data: dict[str, Any]) -> str | None:
-    if "actor_rollout_ref" in data:
-        return None
-    for path in ("model.partial_pretrain", "data.micro_batch_size_per_gpu", "optim", "engine"):
-        if _has(data, path):
-            return path
     return None
 
 
@@ -100,11 +94,6 @@ ROLL_SHAPES = (
         "ROLL DPO pipeline",
         "direct preference optimization on chosen/rejected pairs",
         _any_key("ipo", "chosen_key", "rejected_key", "label_smoothing"),
-    ),
-    Shape(
-        "ROLL SFT pipeline",
-        "supervised fine-tuning on prompt/response pairs",
-        _any_key("sft_train", "query_key", "response_key"),
     ),
     Shape(
         "ROLL on-policy distillation pipeline",
@@ -120,7 +109,6 @@ ROLL_SHAPES = (
     Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
 )
 VERL_SHAPES = (
-    Shape("verl SFT trainer", "supervised fine-tuning (fsdp_sft_trainer)", _verl_sft),
     Shape(
         "verl generation entry point", "batch generation to a file, no training", _verl_generation
     ),
@@ -154,5 +142,6 @@ def refuse_other_pipelines(data: dict[str, Any], dialect: str) -> None:
                 f"this is a {shape.name} config ({shape.what}), a pipeline temper has no "
                 f"loop for; {RUNS}",
                 f"run it with {dialect if dialect == 'verl' else 'ROLL'}'s own trainer, or "
-                "write an RL config (verl main_ppo, ROLL RLVR or agentic)",
+                "write an RL or SFT config (verl main_ppo or an SFT trainer's, ROLL RLVR, "
+                "agentic or SFT)",
             )

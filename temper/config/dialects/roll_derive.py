@@ -279,6 +279,11 @@ def algorithm(ctx: Ctx) -> None:
         for side in ("low", "high"):
             if ctx.has(f"pg_clip_{side}"):
                 ctx.note(f"pg_clip_{side}", "used only with use_pg_clip_range: true")
+    experiment(ctx)
+
+
+def experiment(ctx: Ctx) -> None:
+    """Trackers, resume and saving (every ROLL pipeline's)."""
     track = ctx.get("track_with")
     if ctx.has("track_with"):
         name = choice(TRACKERS, "track_with")(track)
@@ -297,6 +302,34 @@ def algorithm(ctx: Ctx) -> None:
 
 
 def data(ctx: Ctx) -> None:
+    data_files(ctx)
+    probs = ctx.get("actor_train.data_args.domain_interleave_probs")
+    if probs:
+        # The keys are reward domains (rewards.<name>), whose tag_included lists their
+        # tags; ROLL puts a row whose tag no domain lists into the domain math_rule.
+        key = "actor_train.data_args.domain_interleave_probs"
+        domains = {
+            str(name): [str(t) for t in listify((spec or {}).get("tag_included"))]
+            for name, spec in (ctx.get("rewards") or {}).items()
+        }
+        ctx.set("data.source_domains", {d: domains.get(d, []) for d in probs}, key)
+        ctx.set("data.source_default_domain", "math_rule", key)
+    if ctx.get("actor_train.data_args.prompt") and ctx.get("actor_train.data_args.messages"):
+        raise ConfigError(
+            "actor_train.data_args.messages",
+            "prompt and messages are both set; they are exclusive",
+            "keep one of data_args.prompt and data_args.messages",
+        )
+    temp = ctx.get("validation.generating_args.temperature")
+    if temp is not None:
+        ctx.set("rollout.val.temperature", temp, "validation.generating_args.temperature")
+        if not ctx.has("validation.generating_args.do_sample"):
+            ctx.set("rollout.val.do_sample", temp > 0, "validation.generating_args.temperature")
+
+
+def data_files(ctx: Ctx) -> None:
+    """Training and validation files (joined with ``dataset_dir``) and the chat template
+    (every ROLL pipeline's)."""
     base = ctx.get("actor_train.data_args.dataset_dir")
 
     def files(value: Any) -> list[str]:
@@ -324,23 +357,6 @@ def data(ctx: Ctx) -> None:
     ):
         if ctx.get(src) is not None:
             ctx.set(dst, files(ctx.get(src)), src)
-    probs = ctx.get("actor_train.data_args.domain_interleave_probs")
-    if probs:
-        # The keys are reward domains (rewards.<name>), whose tag_included lists their
-        # tags; ROLL puts a row whose tag no domain lists into the domain math_rule.
-        key = "actor_train.data_args.domain_interleave_probs"
-        domains = {
-            str(name): [str(t) for t in listify((spec or {}).get("tag_included"))]
-            for name, spec in (ctx.get("rewards") or {}).items()
-        }
-        ctx.set("data.source_domains", {d: domains.get(d, []) for d in probs}, key)
-        ctx.set("data.source_default_domain", "math_rule", key)
-    if ctx.get("actor_train.data_args.prompt") and ctx.get("actor_train.data_args.messages"):
-        raise ConfigError(
-            "actor_train.data_args.messages",
-            "prompt and messages are both set; they are exclusive",
-            "keep one of data_args.prompt and data_args.messages",
-        )
     template = ctx.get("actor_train.data_args.template", MISSING)
     if template is MISSING:
         template = ctx.get("global_template", MISSING)
@@ -351,11 +367,6 @@ def data(ctx: Ctx) -> None:
                 f"actor_train.data_args.template: '{template}' -> native: the "
                 "tokenizer's own chat template is used (apply_chat_template)"
             )
-    temp = ctx.get("validation.generating_args.temperature")
-    if temp is not None:
-        ctx.set("rollout.val.temperature", temp, "validation.generating_args.temperature")
-        if not ctx.has("validation.generating_args.do_sample"):
-            ctx.set("rollout.val.do_sample", temp > 0, "validation.generating_args.temperature")
 
 
 def strategies(ctx: Ctx) -> None:

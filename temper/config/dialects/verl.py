@@ -9,7 +9,7 @@ silently. Conventions that differ between verl and temper:
 - ``ppo_mini_batch_size`` counts prompts in verl; temper's ``mini_batch_size`` counts
   samples, so it is multiplied by ``rollout.n``. Deprecated global micro-batch sizes are
   divided by the data-parallel size, as verl's workers do.
-- verl always runs through Ray. Here one device (``nnodes × n_gpus_per_node == 1``)
+- verl runs through Ray (its SFT trainers under torchrun). Here one device (``nnodes × n_gpus_per_node == 1``)
   runs on the ``local`` backend, more on ``ray``; verl's hybrid engine (actor, rollout
   and reference on all devices) is temper's default colocated placement.
 - Keys that several verl keys feed (``experiment.seed``, ``rollout.response_length``
@@ -27,10 +27,11 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Union, get_args, get_origin
 
 from temper.config.catalog import VALUES, Catalog
-from temper.config.dialects import Translation
+from temper.config.dialects import Translation, verl_sft
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.dialects.verl_v09 import MODEL_ENGINE_STRATEGY
@@ -54,19 +55,44 @@ def _children(table: dict[str, Rule]) -> dict[str, set[str]]:
     return out
 
 
-_TABLE_CHILDREN = _children(TABLE)
-# native key -> the verl key that maps to it (a direct mapping preferred over a weak one)
-REVERSE: dict[str, str] = {}
-for _key, _rule in sorted(TABLE.items(), key=lambda kv: isinstance(kv[1], Map) and kv[1].weak):
-    if isinstance(_rule, Map):
-        REVERSE.setdefault(_rule.native, _key)
+def _reverse(table: dict[str, Rule]) -> dict[str, str]:
+    """Native key -> the verl key that maps to it (a direct mapping preferred over a weak one)."""
+    out: dict[str, str] = {}
+    for key, rule in sorted(table.items(), key=lambda kv: isinstance(kv[1], Map) and kv[1].weak):
+        if isinstance(rule, Map):
+            out.setdefault(rule.native, key)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Tables:
+    """One verl trainer's keys: its table, the verl defaults that differ from temper's,
+    the ``${oc.select:…}`` inheritances, and its own part of the final pass."""
+
+    table: dict[str, Rule]
+    defaults: dict[str, Any]
+    inherit: list[tuple[str, str]]
+    finish: Callable[[Any], None]
+
+    @functools.cached_property
+    def children(self) -> dict[str, set[str]]:
+        return _children(self.table)
+
+    @functools.cached_property
+    def reverse(self) -> dict[str, str]:
+        return _reverse(self.table)
+
+
 _WRAPPER_CHILDREN = _children({**WRAPPER, "backend_config": Note("")})
+REVERSE = _reverse(TABLE)  # the PPO trainer's
 
 
 def translate_verl(raw: RawConfig, catalog: Catalog) -> Translation:
-    """Translate a verl config (or document 003's ``backend_config`` wrapper); the
-    catalog says which advantage estimators need a critic (verl builds one for those)."""
-    return _Translator(raw.data, catalog, raw.added).run()
+    """Translate a verl config (or document 003's ``backend_config`` wrapper) — the PPO
+    trainer's, or an SFT trainer's (:mod:`verl_sft`); the catalog says which advantage
+    estimators need a critic (verl builds one for those)."""
+    sft = verl_sft.is_sft(raw.data)
+    return _Translator(raw.data, catalog, raw.added, SFT if sft else PPO).run()
 
 
 @functools.cache
@@ -107,8 +133,13 @@ def _leaves(value: Any, key: str) -> list[str]:
 
 class _Translator:
     def __init__(
-        self, data: dict[str, Any], catalog: Catalog, added: dict[str, str] | None = None
+        self,
+        data: dict[str, Any],
+        catalog: Catalog,
+        added: dict[str, str] | None = None,
+        tables: Tables | None = None,
     ) -> None:
+        self.tables = tables or PPO
         self.data = copy.deepcopy(data)
         self.catalog = catalog
         self.added = added or {}  # key -> the plain override that added it
@@ -162,12 +193,25 @@ class _Translator:
             # it after them): an engine temper lacks is named before any key of its files
             self.tree = {"model_engine": self.tree.pop("model_engine"), **self.tree}
         self._apply_defaults()
-        self._walk(self.tree, "", TABLE, _TABLE_CHILDREN)
+        self._walk(self.tree, "", self.tables.table, self.tables.children)
+        self.tables.finish(self)
         self._finish()
         sources = {native: key for native, (_v, key, _weak) in self.writes.items()}
         return Translation(
-            native=self._native(), notes=self._render_notes(), sources=sources, table=REVERSE
+            native=self._native(),
+            notes=self._render_notes(),
+            sources=sources,
+            table=self.tables.reverse,
         )
+
+    def walk_section(self, node: dict[str, Any], path: str, table: dict[str, Rule]) -> None:
+        """Translate section ``path`` with a table of its own (a ``Call`` rule that picks
+        the table by the section's contents: verl 0.9's ``engine`` group)."""
+        saved = self.path, self.key
+        try:
+            self._walk(node, path, table, _children(table))
+        finally:
+            self.path, self.key = saved
 
     def _unwrap(self) -> None:
         if "backend_config" not in self.data:
@@ -184,13 +228,14 @@ class _Translator:
         # file without the actor section would have (a short file naming only the group)
         engine = self._lookup("model_engine")
         strategy = "actor_rollout_ref.actor.strategy"
-        if engine in MODEL_ENGINE_STRATEGY and self._lookup(strategy) is _MISSING:
+        ppo = "model_engine" in self.tables.table
+        if ppo and engine in MODEL_ENGINE_STRATEGY and self._lookup(strategy) is _MISSING:
             self._set(strategy, MODEL_ENGINE_STRATEGY[engine])
-        for key, value in DEFAULTS.items():
+        for key, value in self.tables.defaults.items():
             if self._lookup(key) is _MISSING:
                 self._set(key, value)
                 self.note("verl default applied (the file does not set it)", f"{key}={value}")
-        for target, source in INHERIT:
+        for target, source in self.tables.inherit:
             if self._lookup(target) is _MISSING and self._lookup(source) is not _MISSING:
                 self._set(target, copy.deepcopy(self._lookup(source)))
 
@@ -342,7 +387,9 @@ class _Translator:
 
     # ------------------------------------------------------------------ final pass
 
-    def _finish(self) -> None:
+    def _finish_ppo(self) -> None:
+        """The PPO trainer's part of the final pass: sequence-level losses, the chosen
+        engine's kwargs, a custom reward function."""
         self._sequence_level_losses()
         self._sequence_parallel_budgets()
         self.key = self.prefix + "actor_rollout_ref.rollout.engine_kwargs"
@@ -358,6 +405,9 @@ class _Translator:
         if path:
             self.key = path_key  # custom_reward_function.path, or verl 0.9's reward.…
             self._write("reward.function", "custom")
+
+    def _finish(self) -> None:
+        """Every verl trainer's part of the final pass: saving cadence and backend."""
         # verl saves every trainer.save_freq steps and nothing else: temper's time-based
         # recovery checkpoints (native configs only) stay off, so a verl file saves as
         # it does there
@@ -368,8 +418,8 @@ class _Translator:
         self.key = self.prefix + "trainer.n_gpus_per_node"
         self._write("resources.backend", "ray" if nnodes * per_node > 1 else "local")
         self.note(
-            "verl always runs through Ray; temper uses the local backend for one device "
-            "and Ray for more",
+            "verl runs through Ray (its SFT trainers under torchrun); temper uses the local "
+            "backend for one device and Ray for more",
         )
 
     def _sequence_level_losses(self) -> None:
@@ -450,10 +500,15 @@ class _Translator:
         return [f"{why}: {', '.join(keys)}" for why, keys in self.notes.items()]
 
 
+PPO = Tables(TABLE, DEFAULTS, INHERIT, _Translator._finish_ppo)
+SFT = Tables(verl_sft.TABLE, {}, [], verl_sft.finish)
+
+
 def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
     """What verl key ``key`` becomes here: (native keys it sets, how), or None when the
-    table has no such key (``temper check --explain``)."""
-    rule = TABLE.get(key)
+    table has no such key (``temper check --explain``; the PPO trainer's table first,
+    then the SFT trainers')."""
+    rule = TABLE.get(key, verl_sft.TABLE.get(key))
     if rule is None:
         return None
     if isinstance(rule, Map):

@@ -75,9 +75,10 @@ def _none_string(value: Any, ctx: Any) -> Any:
     return value
 
 
-def _engine(prefix: str, role: str) -> dict[str, Rule]:
-    """``{prefix}.megatron.*`` of a role whose native section is ``{role}.megatron``."""
-    p, native = f"{prefix}.megatron", f"{role}.megatron"
+def _engine(prefix: str, role: str, section: str | None = None) -> dict[str, Rule]:
+    """``{prefix}.megatron.*`` (or ``{section}.*``: verl 0.9's SFT ``engine`` group) of a
+    role whose native section is ``{role}.megatron``."""
+    p, native = section or f"{prefix}.megatron", f"{role}.megatron"
     trained = role != "reference"
     rules: dict[str, Rule] = {
         f"{p}.{k}": Map(f"{native}.{k}", _none_string) for k in (*DEGREES, "sequence_parallel")

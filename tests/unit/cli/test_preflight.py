@@ -176,6 +176,70 @@ def test_flash_attention_settles_to_sdpa(tmp_path, tiny_model_dir, capsys):
     assert "attn_implementation: sdpa" in out  # the resolved config the run gets
 
 
+def test_flash_attention_3_on_cpu_settles_to_sdpa_too(tmp_path, tiny_model_dir, capsys):
+    path = native(tmp_path, tiny_model_dir, model={"attn_implementation": "flash_attention_3"})
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "model.attn_implementation: flash_attention_3 -> sdpa (the run is on CPU" in out
+
+
+def test_a_reward_file_no_function_reads_is_refused_at_check(tmp_path, tiny_model_dir, capsys):
+    """A custom reward file with a built-in reward.function would be read by nothing:
+    check refuses it, as train does (before, only train did, after the weights loaded)."""
+    score = tmp_path / "score.py"
+    score.write_text("def compute_score(*a, **k):\n    return 1.0\n")
+    reward = {"function": "format", "custom_function": {"path": str(score)}}
+    path = native(tmp_path, tiny_model_dir, reward=reward)
+    assert refused([str(path)], capsys) == (
+        "reward.custom_function.path: is set but reward.function is 'format'. Fix: set "
+        "reward.function=custom (or auto) to use the file, or unset the path"
+    )
+
+
+RAY4 = {"backend": "ray", "devices_per_node": 4, "actor_train": [0, 1, 2, 3]}
+
+
+@pytest.mark.parametrize(
+    ("sections", "line"),
+    [
+        (
+            {"actor": {"ulysses_sequence_parallel_size": 2}},
+            "actor.ulysses_sequence_parallel_size: sequence parallelism needs several ranks; "
+            "the torch engine is one process",
+        ),
+        (
+            {
+                "actor": {
+                    "strategy": "deepspeed",
+                    "l2_coef": 0.1,
+                    "deepspeed": {"zero_optimization": {"stage": 3}},
+                }
+            },
+            "actor.l2_coef: the explicit L2 term needs whole parameters; ZeRO-3 partitions them",
+        ),
+        (
+            {"actor": {"strategy": "fsdp2", "fsdp": {"fsdp_size": 3}}, "resources": RAY4},
+            "actor.fsdp.fsdp_size: 3 does not divide the 4 ranks of actor",
+        ),
+        (
+            {"actor": {"strategy": "fsdp2", "l2_coef": 0.1}, "resources": RAY4},
+            "actor.l2_coef: the explicit L2 term is not implemented for sharded (fsdp2)",
+        ),
+    ],
+    ids=["torch-sequence-parallel", "zero3-l2", "fsdp-size", "fsdp2-l2"],
+)
+def test_what_an_engine_refuses_is_refused_at_check(
+    tmp_path, tiny_model_dir, capsys, sections, line
+):
+    """Settings the engine's build refused, after check said valid and the weights
+    loaded: check refuses them from the config alone, in the same words."""
+    sections = {**sections, "experiment": {"device": "cpu"}}
+    path = native(tmp_path, tiny_model_dir, **sections)
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: {line}") and "Traceback" not in err, err
+
+
 def test_gpu_tuning_is_noted_on_cpu(tmp_path, tiny_model_dir, capsys):
     path = native(
         tmp_path, tiny_model_dir, rollout={"n": 2, "response_length": 8, "enforce_eager": False}

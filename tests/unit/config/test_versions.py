@@ -214,10 +214,6 @@ def test_fix_hints_are_in_the_files_dialect():
     "path, start",
     [
         (
-            V2601 / "verl/trainer/config/sft_trainer.yaml",
-            "model.partial_pretrain: this is a verl SFT trainer config",
-        ),
-        (
             V0625 / "verl/trainer/config/generation.yaml",
             "data.output_path: this is a verl generation entry point",
         ),
@@ -233,15 +229,21 @@ def test_fix_hints_are_in_the_files_dialect():
             R2508 / "qwen2.5-7B-distill_megatron/distill_megatron.yaml",
             "student: this is a ROLL distillation pipeline",
         ),
-        (
-            R2508 / "qwen2.5-7B-sft_megatron/sft_config.yaml",
-            "sft_train: this is a ROLL SFT pipeline",
-        ),
     ],
 )
 def test_pipelines_without_a_loop_are_named(path, start):
     msg = refusal(path)
     assert msg.startswith(start) and "a pipeline temper has no loop for" in msg
+
+
+def test_sft_configs_are_the_sft_pipeline():
+    """verl's and ROLL's SFT configs translate (tests/unit/config/test_sft_dialects.py has
+    their keys); the pre-flight refuses the ROLL megatron one for its pipeline parallelism."""
+    loaded = load_config(V2601 / "verl/trainer/config/sft_trainer.yaml")
+    assert loaded.config.pipeline == "sft" and loaded.dialect == "verl"
+    loaded = load_config(R2508 / "qwen2.5-7B-sft_megatron/sft_config.yaml")
+    assert loaded.config.pipeline == "sft" and loaded.dialect == "roll"
+    assert loaded.config.actor.megatron.pipeline_model_parallel_size == 2
 
 
 def test_reward_fl_is_named(tmp_path):

@@ -174,7 +174,13 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("checkpoint contents", r"checkpoints without model, optimizer"),
     ("file: no model", r"no policy model given"),
     ("sum_pi_squared", r"sum-of-pi-squared"),
-    ("batch arithmetic", r"mini-batch|contiguous|outside the \d+ devices|cannot be split evenly"),
+    ("multi-token prediction", r"multi-token prediction is not supported"),
+    ("engine: automodel", r"automodel training engine"),
+    (
+        "batch arithmetic",
+        r"mini-batch|contiguous|outside the \d+ devices|cannot be split evenly"
+        r"|devices are not divisible by the sequence-parallel size",
+    ),
     ("file: empty", r"the config is empty"),
     ("file: missing default", r"Could not load"),
     (

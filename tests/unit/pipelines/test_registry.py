@@ -8,6 +8,8 @@ import pytest
 from temper.config.errors import ConfigError
 from temper.pipelines import PIPELINES, Pipeline, resolve_pipeline
 from temper.pipelines.agentic import episode_groups
+from temper.pipelines.rl_step import rl_step
+from temper.pipelines.sft import sft_step
 
 PRODUCER = """
 class Echo:
@@ -30,10 +32,15 @@ NOT_A_PIPELINE = 3
 
 
 def test_builtin_records_declare_their_needs():
-    assert PIPELINES.primary_names() == ["rlvr", "agentic"]
+    assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft"]
     agentic = resolve_pipeline("agentic")
     assert agentic.sections == frozenset({"agentic"}) and agentic.step_shape is episode_groups
-    assert resolve_pipeline("rlvr").sections == frozenset()
+    rlvr = resolve_pipeline("rlvr")
+    assert rlvr.sections == frozenset() and rlvr.step is rl_step and agentic.step is rl_step
+    assert rlvr.uses == agentic.uses == frozenset({"rollout", "reference", "critic"})
+    sft = resolve_pipeline("sft")
+    assert sft.step is sft_step and sft.uses == frozenset() and sft.curve == "train/loss"
+    assert sft.sections == frozenset({"sft"})
 
 
 def test_a_producer_class_in_a_file_gets_the_default_hooks(tmp_path):
@@ -41,7 +48,8 @@ def test_a_producer_class_in_a_file_gets_the_default_hooks(tmp_path):
     path.write_text(PRODUCER)
     record = resolve_pipeline(f"{path}:Echo")
     assert isinstance(record, Pipeline) and record.build.__name__ == "Echo"
-    assert record.sections == frozenset()
+    assert record.sections == frozenset() and record.step is rl_step
+    assert record.curve == "train/score_mean"
 
 
 @pytest.mark.parametrize(

@@ -195,3 +195,63 @@ def test_actor_reports_entropy_without_recompute_or_entropy_bonus(tiny_path: str
     per_step = (token_mean([0, 1]) + token_mean([2, 3])) / 2
     assert abs(per_step - token_mean([0, 1, 2, 3])) > 0.01
     assert metrics["actor/entropy"] == pytest.approx(per_step, rel=1e-5)
+
+
+def _sft_batch() -> Batch:
+    """Responses as SFT samples: row 0 holds a context token between learnt ones (a
+    user turn inside a conversation), which stays attended to but is not learnt."""
+    batch = make_batch(PROMPTS, RESPONSES, seed=3)
+    present = batch["response_mask"].clone()
+    batch["response_mask"][0, 2] = 0
+    batch["attention_mask"] = torch.cat([batch["prompt_mask"], present], dim=1)
+    batch.meta["temperature"] = 1.0
+    return batch
+
+
+def test_sft_loss_is_the_token_mean_nll_whatever_the_split_or_packing(tiny_path: str) -> None:
+    """The SFT update's loss is the mini-batch's token-mean NLL, and 1×4, 4×1, a token
+    budget, packed and padded micro-batches give the same loss, gradient norm and
+    weights (the normalizers are the mini-batch's, not a micro-batch's)."""
+    batch = _sft_batch()
+    results = []
+    for micro, budget, packed in (
+        (4, None, False),
+        (1, None, False),
+        (1, 11, True),
+        (4, None, True),
+    ):
+        cfg = make_config(tiny_path)
+        cfg.pipeline = "sft"
+        cfg.actor.micro_batch_size_per_device = micro
+        cfg.actor.use_dynamic_bsz = budget is not None
+        cfg.actor.max_token_len_per_device = budget or 16384
+        cfg.model.use_remove_padding = packed
+        cfg.actor.optim.eps = 1.0  # update linear in the gradient (see engine test)
+        cfg.data.train_batch_size = len(PROMPTS)
+        actor = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor
+        log_probs = actor.compute_log_probs(batch)["old_log_probs"]
+        mask = batch["response_mask"].float()
+        nll = float(-(log_probs * mask).sum() / mask.sum())
+        metrics = actor.sft_update(batch)
+        assert metrics["actor/loss"] == pytest.approx(nll, rel=1e-5)
+        results.append((metrics, dict(actor.engine.model.named_parameters())))
+    m0, w0 = results[0]
+    for m, w in results[1:]:
+        for key in ("actor/loss", "actor/grad_norm"):
+            assert m[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+        for name, p in w.items():
+            torch.testing.assert_close(p, w0[name], atol=1e-8, rtol=0, msg=name)
+    assert results[2][0]["actor/packed_fraction"] > 0  # the packed runs did pack
+
+
+def test_sft_update_moves_every_parameter(tiny_path: str) -> None:
+    cfg = make_config(tiny_path)
+    cfg.pipeline = "sft"
+    cfg.data.train_batch_size = len(PROMPTS)
+    plan = validate(cfg, CATALOG)
+    assert plan.roles == ("actor",) and not plan.use_rollout
+    actor = build_roles(cfg, plan, "cpu").actor
+    before = {n: p.detach().clone() for n, p in actor.engine.model.named_parameters()}
+    actor.sft_update(_sft_batch())
+    for n, p in actor.engine.model.named_parameters():
+        assert not torch.equal(p, before[n]), f"{n} did not move"
