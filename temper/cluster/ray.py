@@ -98,26 +98,38 @@ def init_ray(cfg: TemperConfig) -> None:
     if ray.is_initialized():
         return
     rc = cfg.resources.ray
-    if rc.address:
-        check_ray_address(rc.address)
+    # a launcher's cluster (`ray job submit` sets RAY_ADDRESS for the driver) is asked for
+    address = rc.address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        problem = ray_address_problem(address)
+        if problem is not None:
+            where = (
+                "" if rc.address else " (the address is RAY_ADDRESS's; unset it to start Ray here)"
+            )
+            raise address_error(problem + where)
     env = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", **rc.system_envs}
     kwargs: dict[str, Any] = {
         "runtime_env": {"env_vars": env},
         "include_dashboard": False,
         "log_to_driver": True,
     }
-    if rc.address:
-        kwargs["address"] = rc.address
-    elif rc.num_cpus is not None:
-        kwargs["num_cpus"] = rc.num_cpus
-    elif worker_device(cfg) == "cpu":
-        # On CPU a device is a process slot (one bundle {"CPU": 1} each): a local Ray
-        # must offer as many slots as resources names, even on a machine with fewer cores.
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, total_devices(cfg))
+    if address:
+        kwargs["address"] = address
+    else:
+        # a Ray of the run's own: without "local", ray.init joins the cluster a `ray start`
+        # on this machine left (someone else's, another run's) and then refuses num_cpus
+        kwargs["address"] = "local"
+        if rc.num_cpus is not None:
+            kwargs["num_cpus"] = rc.num_cpus
+        elif worker_device(cfg) == "cpu":
+            # On CPU a device is a process slot (one bundle {"CPU": 1} each): a local Ray
+            # must offer as many slots as resources names, even on a machine with fewer
+            # cores.
+            kwargs["num_cpus"] = max(os.cpu_count() or 1, total_devices(cfg))
     try:
         ray.init(**kwargs)
     except ConnectionError as err:  # address=auto with no cluster running here
-        raise address_error(f"Ray found no cluster at '{rc.address}' ({_first_line(err)})") from err
+        raise address_error(f"Ray found no cluster at '{address}' ({_first_line(err)})") from err
 
 
 class RankWorker:
