@@ -83,6 +83,26 @@ def ipo_loss(
     return (h - 1.0 / (2.0 * p.beta)) ** 2
 
 
+def pair_metrics(
+    chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, p: PreferenceParams
+) -> dict[str, Tensor]:
+    """Per pair, detached (``(P,)`` each): ``rewards/chosen`` and ``rewards/rejected`` (the
+    implicit rewards ``r_c``, ``r_r``), ``rewards/margin`` (``r_c − r_r``),
+    ``rewards/accuracy`` (1 where ``r_c > r_r``), ``logps/chosen``, ``logps/rejected``
+    (the policy's sequence log-probs)."""
+    with torch.no_grad():
+        r_c = p.beta * (chosen - ref_chosen)
+        r_r = p.beta * (rejected - ref_rejected)
+        return {
+            "rewards/chosen": r_c,
+            "rewards/rejected": r_r,
+            "rewards/margin": r_c - r_r,
+            "rewards/accuracy": (r_c > r_r).to(r_c.dtype),
+            "logps/chosen": chosen.detach(),
+            "logps/rejected": rejected.detach(),
+        }
+
+
 def preference_loss(
     name: str,
     chosen: Tensor,
@@ -91,22 +111,9 @@ def preference_loss(
     ref_rejected: Tensor,
     params: PreferenceParams,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The mean loss over pairs of registered loss ``name`` and its metrics (detached):
-    ``rewards/chosen`` and ``rewards/rejected`` (the mean implicit rewards ``r_c``,
-    ``r_r``), ``rewards/margin`` (mean ``r_c − r_r``), ``rewards/accuracy`` (the fraction
-    of pairs with ``r_c > r_r``), ``logps/chosen``, ``logps/rejected`` (mean sequence
-    log-probs of the policy). Shapes ``(P,)`` -> scalar.
-    """
+    """The mean loss over pairs of registered loss ``name`` and the means over pairs of
+    :func:`pair_metrics` (``rewards/accuracy``: the fraction of pairs the implicit reward
+    ranks right). Shapes ``(P,)`` -> scalar."""
     per_pair = PREFERENCE_LOSSES.get(name)(chosen, rejected, ref_chosen, ref_rejected, params)
-    with torch.no_grad():
-        r_c = params.beta * (chosen - ref_chosen)
-        r_r = params.beta * (rejected - ref_rejected)
-        metrics = {
-            "rewards/chosen": r_c.mean(),
-            "rewards/rejected": r_r.mean(),
-            "rewards/margin": (r_c - r_r).mean(),
-            "rewards/accuracy": (r_c > r_r).float().mean(),
-            "logps/chosen": chosen.detach().mean(),
-            "logps/rejected": rejected.detach().mean(),
-        }
-    return per_pair.mean(), metrics
+    metrics = pair_metrics(chosen, rejected, ref_chosen, ref_rejected, params)
+    return per_pair.mean(), {k: v.mean() for k, v in metrics.items()}
