@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from temper.cli.main import main
+from temper.data.tasks import make_task_rows
 from temper.pipelines import run_pipeline
 from temper.pipelines.catalog import build_config
 
@@ -92,3 +94,50 @@ def test_checkpoint_actor_loads_in_transformers(tmp_path, tiny_model_dir, monkey
     final = AutoModelForCausalLM.from_pretrained(out / "final" / "actor")
     for (name, a), (_, b) in zip(ckpt.state_dict().items(), final.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def _instruction_pairs(path: Path, n: int, seed: int) -> Path:
+    """``task:arithmetic`` pairs in ROLL's DPO columns: ``instruction`` (the question),
+    ``chosen``, ``rejected``."""
+    rows = make_task_rows("arithmetic", n, seed=seed, max_operand=3, pairs=True)
+    out = [
+        {"instruction": r["prompt"][0]["content"], "chosen": r["chosen"], "rejected": r["rejected"]}
+        for r in rows
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return path
+
+
+def test_roll_dpo_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's DPO example (2026-08, megatron on 8 GPUs): 2 steps on this CPU with the
+    one-process engines, its loss, β and batch arithmetic (16 pairs per device × 1)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = UPSTREAM / "roll-2026-08-8eb27cc/examples/dpo_examples/qwen2.5-3B_dpo_megatron.yaml"
+    out = tmp_path / "roll-dpo"
+    train = _instruction_pairs(tmp_path / "train.jsonl", 64, 5)
+    val = _instruction_pairs(tmp_path / "val.jsonl", 8, 6)
+    overrides = [
+        f"pretrain={tiny_model_dir}",  # model
+        f"actor_train.data_args.file_name=[{train}]",  # data
+        f"validation.data_args.file_name=[{val}]",
+        "sequence_length=128",  # length
+        "max_steps=2",
+        "eval_steps=2",
+        "num_gpus_per_node=1",  # device
+        "actor_train.device_mapping=list(range(0,1))",
+        "reference.device_mapping=list(range(0,1))",
+        "actor_train.strategy_args.strategy_name=hf_train",
+        "~actor_train.strategy_args.strategy_config",
+        "reference.strategy_args.strategy_name=hf_infer",
+        "~reference.strategy_args.strategy_config",
+        f"output_dir={out}",  # outputs
+        f"checkpoint_config.output_dir={out}",
+        f"tracker_kwargs.log_dir={out / 'tensorboard'}",
+    ]
+    assert main(["train", str(config), *overrides]) == 0
+    rows = _rows(out)
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["train/pairs"] == 16 and r["perf/samples"] == 32 for r in steps)
+    assert steps[0]["train/loss"] == pytest.approx(0.6931, abs=1e-4)  # the reference
+    assert any("val/accuracy" in r for r in rows)
