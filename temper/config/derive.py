@@ -276,7 +276,9 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
             (
                 "reference",
                 "on" if d.use_reference else "off",
-                "reference.enable or use_kl_loss or use_kl_in_reward",
+                f"the {cfg.pipeline} step always compares with it"
+                if REFERENCE_ALWAYS in d.uses
+                else "reference.enable or use_kl_loss or use_kl_in_reward",
             )
         )
     rows.append(
