@@ -344,7 +344,7 @@ class Actor:
         shares.update(pair_metrics(chosen, rejected, ref[0::2], ref[1::2], params))
         work = mini.union(Batch.from_dict({_DPO_COEF: seq.grad.float()}))
         for name, per in shares.items():
-            row = torch.zeros(len(mini), dtype=torch.float64)
+            row = torch.zeros(len(mini), dtype=torch.float64, device=seq.device)
             row[0::2] = per / n_pairs
             work[_DPO_SHARE + name] = row
         return work
