@@ -165,3 +165,42 @@ def test_roll_dpo_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     assert all(r["train/pairs"] == 16 and r["perf/samples"] == 32 for r in steps)
     assert steps[0]["train/loss"] == pytest.approx(0.6931, abs=1e-4)  # the reference
     assert any("val/accuracy" in r for r in rows)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_dpo_example_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """``examples/dpo.yaml`` with the tiny model (its tokenizer spells the prompts
+    longer), 2 steps: validation before and after, 16 pairs a step."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "dpo-example"
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        "dpo.max_length=256",
+        "experiment.max_steps=2",
+        f"experiment.output_dir={out}",
+    ]
+    assert main(["train", str(EXAMPLES / "dpo.yaml"), *overrides]) == 0
+    rows = _rows(out)
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+    assert all(r["train/pairs"] == 16 for r in rows if "train/loss" in r)
+    assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 2]
+
+
+def test_check_names_a_missing_pair_column(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """``temper check`` reads the data's columns: a file without the rejected column is
+    refused naming dpo.rejected_key and the columns the file has."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"prompt": "2+2?", "chosen": "4", "worse": "5"}) + "\n")
+    config = tmp_path / "dpo.yaml"
+    config.write_text(
+        f"pipeline: dpo\nmodel: {{path: {tiny_model_dir}}}\n"
+        f"data: {{train_files: [{data}], train_batch_size: 1}}\n"
+        f"experiment: {{output_dir: {tmp_path / 'out'}}}\n"
+    )
+    assert main(["check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "dpo.rejected_key" in err and "'rejected' is not in data.train_files" in err
+    assert main(["check", str(config), "dpo.rejected_key=worse"]) == 0
