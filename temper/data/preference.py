@@ -2,7 +2,9 @@
 
 A row holds the prompt (``data.prompt_key``: a string, the user's turn, or a chat list,
 templated as an RL or SFT prompt is, ``data.system_prompt`` included) and two responses,
-``dpo.chosen_key`` (preferred) and ``dpo.rejected_key``; each response's tokens follow
+``dpo.chosen_key`` (preferred) and ``dpo.rejected_key``, each a string or a conversation
+ending with the assistant's turn (whose earlier turns are then the prompt: TRL's and
+UltraFeedback's conversational rows); each response's tokens follow
 the templated prompt, closed by the tokenizer's EOS — the SFT layout
 (:class:`temper.data.sft.Encoder`), so a pair is two SFT samples with one prompt. Longer
 than ``dpo.max_length`` (the prompt with either response) follows ``data.truncation``
@@ -20,6 +22,7 @@ A batch of ``P`` pairs is ``2P`` rows, each pair's chosen row then its rejected 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -30,7 +33,7 @@ import torch
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
-from temper.data.prompts import check_template
+from temper.data.prompts import check_template, get_path
 from temper.data.sft import Encoder, SFTDataset, SFTExample, truncate
 from temper.data.sources import read_rows
 
@@ -102,11 +105,46 @@ class PairDataset:
             yield self.make_batch(order[start : start + size].tolist())
 
 
+_RESPONSE = "__temper_response__"  # the column a conversational response is encoded from
+
+
+def _as_text_row(row: dict[str, Any], column: str, prompt_key: str) -> tuple[dict[str, Any], str]:
+    """A row whose ``column`` is a conversation (chat messages ending with the assistant's
+    turn — TRL's conversational preference rows, UltraFeedback's) as a prompt/response row:
+    the response is the last turn's content; the turns before it, when there are any, are
+    the prompt (they include the prompt column's question), else the prompt column is.
+    A string ``column`` is returned as is."""
+    value = get_path(row, column)
+    if isinstance(value, str) and value.lstrip()[:1] == "[":
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return row, column  # a response that merely starts with "["
+    if not isinstance(value, list):
+        return row, column
+    if not value or not isinstance(value[-1], dict) or value[-1].get("role") != "assistant":
+        raise RowProblem(
+            f"column '{column}' is a message list that does not end with an assistant turn"
+        )
+    content = value[-1].get("content")
+    if not isinstance(content, str):
+        raise RowProblem(f"column '{column}' last turn has no text content")
+    out = {**row, _RESPONSE: content}
+    if len(value) > 1:
+        out[prompt_key] = [dict(m) for m in value[:-1]]
+    return out, _RESPONSE
+
+
 def _side(
     encoder: Encoder, row: dict[str, Any], column: str, cfg: TemperConfig, where: str
 ) -> SFTExample:
     """One response of a pair as a cut SFT sample (RowProblem when nothing is left)."""
-    prompt, response, mask = encoder.encode(row, column)
+    text_row, response_column = _as_text_row(row, column, cfg.data.prompt_key)
+    try:
+        prompt, response, mask = encoder.encode(text_row, response_column)
+    except RowProblem as err:  # name the user's column, not the internal one
+        named = str(err).replace(f"'{_RESPONSE}'", f"'{column}' (its last turn)")
+        raise RowProblem(named) from err
     length = len(prompt) + len(response)
     limit = cfg.dpo.max_length
     mode = cfg.data.truncation

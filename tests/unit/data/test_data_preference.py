@@ -50,21 +50,53 @@ def test_a_pair_is_two_rows_with_one_prompt(tokenizer, tmp_path):
     assert batch["uid"] == ["train-0", "train-0"] and batch["index"] == [0, 0]
 
 
+def test_conversational_pairs_are_the_same_pair(tokenizer, tmp_path):
+    """Responses as conversations ending with the assistant's turn (TRL's and
+    UltraFeedback's rows): the earlier turns are the prompt — with the whole conversation
+    in each response, or the assistant turn alone after the prompt column."""
+    user = {"role": "user", "content": "2+2?"}
+    rows = [
+        {"prompt": "2+2?", "chosen": "4", "rejected": "5"},
+        {
+            "prompt": "2+2?",
+            "chosen": [user, {"role": "assistant", "content": "4"}],
+            "rejected": [user, {"role": "assistant", "content": "5"}],
+        },
+        {
+            "prompt": [user],
+            "chosen": [{"role": "assistant", "content": "4"}],
+            "rejected": json.dumps([{"role": "assistant", "content": "5"}]),
+        },
+    ]
+    data = build_pair_dataset(
+        [write(tmp_path / "d.jsonl", rows)], config(), tokenizer, "train", "k", -1
+    )
+    plain, whole, alone = data.pairs
+    for pair in (whole, alone):
+        assert pair.chosen.prompt_ids == plain.chosen.prompt_ids
+        assert pair.chosen.response_ids == plain.chosen.response_ids
+        assert pair.rejected.response_ids == plain.rejected.response_ids
+
+
 def test_bad_rows_are_reported_by_file_and_row(tokenizer, tmp_path, caplog):
     rows = [
         {"prompt": "a?", "rejected": "no"},  # no chosen
         {"prompt": "b?", "chosen": "yes", "rejected": "  "},  # empty response
         {"prompt": "c?", "chosen": "same", "rejected": "same"},  # prefers nothing
         {"prompt": "d?", "chosen": "yes", "rejected": "no"},
+        {"prompt": "e?", "chosen": [{"role": "user", "content": "e?"}], "rejected": "no"},
+        {"prompt": "f?", "chosen": [{"role": "assistant", "content": " "}], "rejected": "no"},
     ]
     path = write(tmp_path / "d.jsonl", rows)
     data = build_pair_dataset([path], config(), tokenizer, "train", "data.train_files", -1)
-    assert len(data) == 1 and len(data.skip_reasons) == 3
+    assert len(data) == 1 and len(data.skip_reasons) == 5
     reasons = [str(issue) for issue in data.skip_reasons]
     assert "d.jsonl" in reasons[0] and "line 1" in reasons[0] and "'chosen'" in reasons[0]
     assert "line 2" in reasons[1] and "empty" in reasons[1] and "'rejected'" in reasons[1]
     assert "line 3" in reasons[2] and "prefers nothing" in reasons[2]
-    assert data.metrics()["data/skipped_rows"] == 3.0
+    assert "line 5" in reasons[3] and "does not end with an assistant turn" in reasons[3]
+    assert "line 6" in reasons[4] and "empty (column 'chosen' (its last turn))" in reasons[4]
+    assert data.metrics()["data/skipped_rows"] == 5.0
     with pytest.raises(DataError, match="line 1"):
         build_pair_dataset(
             [path], config(data__bad_rows="error"), tokenizer, "train", "data.train_files", -1
