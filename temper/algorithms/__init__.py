@@ -56,6 +56,12 @@ from temper.algorithms.policy_losses import (
     compute_policy_loss,
     roll_dual_clip_constant,
 )
+from temper.algorithms.preference import (
+    PREFERENCE_LOSSES,
+    PreferenceParams,
+    preference_loss,
+    sequence_log_probs,
+)
 from temper.algorithms.reward_shaping import (
     REWARD_NORMALIZATION_METHODS,
     REWARD_NORMS,
@@ -92,6 +98,7 @@ REGISTRIES: dict[str, Registry] = {
     "reward_normalization.method": REWARD_NORMALIZATION_METHODS,
     "pf_ppo.reweight_method": PF_PPO_REWEIGHT,
     "rollout_correction.rollout_is": ROLLOUT_IS_LEVELS,
+    "dpo_loss": PREFERENCE_LOSSES,
 }
 
 
@@ -120,6 +127,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "PF_PPO_REWEIGHT",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
     "REGISTRIES",
     "REWARD_NORMALIZATION_METHODS",
     "REWARD_NORMS",
@@ -135,6 +143,7 @@ __all__ = [
     "LossAggregator",
     "PolicyLossParamError",
     "PolicyLossParams",
+    "PreferenceParams",
     "Registry",
     "RunningMoments",
     "UnknownNameError",
@@ -172,12 +181,14 @@ __all__ = [
     "overlong_penalty",
     "pf_ppo_resample_indices",
     "pf_ppo_weights",
+    "preference_loss",
     "registry_names",
     "response_logprobs_from_sequence_logits",
     "reward_norm_types",
     "roll_dual_clip_constant",
     "rollout_is_weights",
     "sample_loss_weights",
+    "sequence_log_probs",
     "sft_loss",
     "value_loss",
 ]

@@ -115,6 +115,22 @@ class RemoteActor(_RemoteTrained):
         self._updates += 1
         return metrics
 
+    def dpo_update(self, batch: Batch, loss_type: str, params: Any) -> dict[str, float]:
+        """Each rank a preference update on its share of whole pairs: contiguous equal
+        shares (no length balancing, which would part a pair's rows) of an even number
+        of rows each; the ranks' (global) metrics."""
+        ranks = self.group.data_size
+        if len(batch) % (2 * ranks):
+            raise ValueError(
+                f"{len(batch) // 2} pairs cannot be shared evenly over {ranks} data-parallel "
+                f"ranks: use a data.train_batch_size that is a multiple of {ranks}"
+            )
+        shares = self.group.scatter(
+            "dpo_update", batch, balance=False, allow_pad=False, loss_type=loss_type, params=params
+        )
+        self._updates += 1
+        return _mean_metrics(shares)
+
 
 class RemoteCritic(_RemoteTrained):
     def compute_values(self, batch: Batch) -> Batch:

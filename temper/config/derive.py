@@ -33,7 +33,7 @@ from temper.config.catalog import (
     Catalog,
 )
 from temper.config.errors import BOUND, Bound, ConfigError, nearest_divisor
-from temper.config.plan import Derived, StepShape, TrainArithmetic
+from temper.config.plan import REFERENCE_ALWAYS, Derived, StepShape, TrainArithmetic
 from temper.config.schema import TemperConfig, TrainEngineConfig
 
 __all__ = ["Derived", "StepShape", "TrainArithmetic", "derive", "explain", "prompt_groups"]
@@ -70,8 +70,11 @@ def uses_critic(cfg: TemperConfig, catalog: Catalog) -> bool:
 def uses_reference(cfg: TemperConfig, catalog: Catalog) -> bool:
     """``reference.enable``, or (unset) whether a KL term needs one — for a pipeline
     whose step can use a reference at all."""
-    if REFERENCE not in catalog.pipeline_uses(cfg):
+    uses = catalog.pipeline_uses(cfg)
+    if REFERENCE not in uses:
         return False
+    if REFERENCE_ALWAYS in uses:  # the pipeline's check refuses reference.enable: false
+        return True
     if cfg.reference.enable is not None:
         return cfg.reference.enable
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -273,7 +276,9 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
             (
                 "reference",
                 "on" if d.use_reference else "off",
-                "reference.enable or use_kl_loss or use_kl_in_reward",
+                f"the {cfg.pipeline} step always compares with it"
+                if REFERENCE_ALWAYS in d.uses
+                else "reference.enable or use_kl_loss or use_kl_in_reward",
             )
         )
     rows.append(

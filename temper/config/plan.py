@@ -12,6 +12,9 @@ import dataclasses
 ROLLOUT = "rollout"  # a rollout engine: the step generates (RL); else none is built
 REFERENCE = "reference"  # a frozen reference policy, when the config asks for a KL term
 CRITIC = "critic"  # a value model, when the advantage estimator needs values
+#: The step compares with the frozen reference whatever the KL keys say (DPO's loss is a
+#: ratio to it): with REFERENCE, the plan turns the reference on unless refused.
+REFERENCE_ALWAYS = "reference_always"
 #: What an RL step can use: all of them (RLVR and agentic).
 RL_PARTS = frozenset({ROLLOUT, REFERENCE, CRITIC})
 

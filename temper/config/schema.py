@@ -926,6 +926,37 @@ class SFTConfig:
     )
 
 
+# --------------------------------------------------------------------------- dpo
+
+
+@dataclass
+class DPOConfig:
+    """Direct preference optimization (pipeline=dpo): a row's prompt (``data.prompt_key``,
+    templated as RL prompts are), its preferred and its dispreferred response, and the loss
+    on the pair against the frozen reference."""
+
+    chosen_key: str = doc("chosen", "Column with the preferred response (ROLL chosen_key).")
+    rejected_key: str = doc(
+        "rejected", "Column with the dispreferred response (ROLL rejected_key)."
+    )
+    loss_type: str = doc(
+        "sigmoid",
+        "Preference loss (registry name): sigmoid (DPO) or ipo (ROLL ipo: true).",
+        registry="dpo_loss",
+    )
+    beta: float = doc(0.1, "Strength of the pull towards the reference, β (ROLL beta).")
+    label_smoothing: float = doc(
+        0.0,
+        "Probability that a pair's label is flipped, in [0, 0.5) (sigmoid loss; ROLL "
+        "label_smoothing).",
+    )
+    max_length: int = doc(
+        1024,
+        "Longest sequence in tokens, the prompt with either response (ROLL "
+        "sequence_length); longer ones follow data.truncation.",
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -935,7 +966,8 @@ class TemperConfig:
 
     pipeline: str = doc(
         "rlvr",
-        "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; or your own, "
+        "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; dpo: "
+        "preference pairs; or your own, "
         "as a dotted path "
         "(my_pkg.my_module:MyPipeline) or a file (path/to/pipeline.py:MyPipeline).",
     )
@@ -951,3 +983,4 @@ class TemperConfig:
     resources: ResourcesConfig = sub(ResourcesConfig, "Placement.")
     agentic: AgenticConfig = sub(AgenticConfig, "Agentic pipeline (pipeline=agentic).")
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
+    dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")

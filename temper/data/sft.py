@@ -167,8 +167,12 @@ class Encoder:
             )
         self.eos = int(eos)
 
-    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
-        """``(prompt_ids, response_ids, target_mask)`` of a row (RowProblem if bad)."""
+    def encode(
+        self, row: dict[str, Any], response_key: str | None = None
+    ) -> tuple[list[int], list[int], list[int]]:
+        """``(prompt_ids, response_ids, target_mask)`` of a row (RowProblem if bad);
+        ``response_key``: the response column (default ``sft.response_key``; a preference
+        pair's chosen or rejected column)."""
         tools = _optional(row, self.sft.tools_key)
         kwargs = dict(self.data.apply_chat_template_kwargs)
         thinking = _optional(row, self.sft.enable_thinking_key)
@@ -179,7 +183,7 @@ class Encoder:
             messages = check_turns(get_path(row, column), column)
             messages = with_system(messages, self.data.system_prompt)
             return self._conversation(messages, tools, kwargs)
-        return self._pair(row, tools, kwargs)
+        return self._pair(row, tools, kwargs, response_key or self.sft.response_key)
 
     def _template(
         self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], generation: bool
@@ -200,13 +204,13 @@ class Encoder:
         return list(ids)
 
     def _pair(
-        self, row: dict[str, Any], tools: Any, kwargs: dict[str, Any]
+        self, row: dict[str, Any], tools: Any, kwargs: dict[str, Any], response_key: str
     ) -> tuple[list[int], list[int], list[int]]:
         column = self.data.prompt_key
         value = get_path(row, column)
         if value is MISSING:
             raise RowProblem(f"missing column '{column}' (row has: {', '.join(map(str, row))})")
-        response = _text(row, self.sft.response_key, "response")
+        response = _text(row, response_key, "response")
         system = _optional(row, self.sft.system_key) or self.data.system_prompt
         if isinstance(value, str) or value is None:
             prompt = _text(row, column, "prompt")
@@ -219,7 +223,7 @@ class Encoder:
             if messages[-1]["role"] == "assistant":
                 raise RowProblem(
                     f"column '{column}' ends with an assistant turn: the response to learn "
-                    f"is column '{self.sft.response_key}' (a whole conversation goes in "
+                    f"is column '{response_key}' (a whole conversation goes in "
                     "data.messages_key)"
                 )
         messages = with_system(messages, system)

@@ -75,6 +75,7 @@ def arithmetic_rows(
     split: str = "train",
     min_operand: int = 0,
     response: bool = False,
+    pairs: bool = False,
 ) -> list[dict[str, Any]]:
     """``n`` questions "What is a + b - c?" with operands in [min_operand, max_operand].
 
@@ -83,6 +84,10 @@ def arithmetic_rows(
     find negative answers much harder, which hides whether training works at all).
     ``response=True`` adds a ``response`` column, a formatted right answer
     (``"27 + 82 = 109\n#### 109"``), for supervised fine-tuning (``pipeline: sft``).
+    ``pairs=True`` adds a preference pair for ``pipeline: dpo``: ``chosen``, that right
+    answer, and ``rejected``, the same format with a wrong value (off by 1 to 10, never
+    negative). The wrong value comes from its own generator (seeded by ``seed`` and the
+    row), so the questions are those of the same seed without pairs.
     """
     if (
         num_terms < 2
@@ -109,8 +114,20 @@ def arithmetic_rows(
         row = _row("arithmetic", f"What is {expr}? {ARITHMETIC_SUFFIX}", str(value), extra)
         if response:
             row["response"] = f"{expr} = {value}\n#### {value}"
+        if pairs:
+            row["chosen"] = f"{expr} = {value}\n#### {value}"
+            wrong = _wrong_value(value, random.Random(f"{seed}-{index}"))
+            row["rejected"] = f"{expr} = {wrong}\n#### {wrong}"
         rows.append(row)
     return rows
+
+
+def _wrong_value(value: int, rng: random.Random) -> int:
+    """A value 1 to 10 away from ``value``, below it only where that stays >= 0."""
+    offset = rng.randint(1, 10)
+    if value - offset >= 0 and rng.random() < 0.5:
+        return value - offset
+    return value + offset
 
 
 def arithmetic_hard_rows(
@@ -123,6 +140,7 @@ def arithmetic_hard_rows(
     allow_negative: bool = False,
     split: str = "train",
     response: bool = False,
+    pairs: bool = False,
 ) -> list[dict[str, Any]]:
     """``arithmetic`` with two-digit operands by default: "What is 27 + 82?".
 
@@ -145,6 +163,7 @@ def arithmetic_hard_rows(
         split,
         min_operand=min_operand,
         response=response,
+        pairs=pairs,
     )
 
 

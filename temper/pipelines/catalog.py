@@ -67,6 +67,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
             "reward_normalization.method",
             "pf_ppo.reweight_method",
             "rollout_correction.rollout_is",
+            "dpo_loss",
         )
     },
     "strategy": lambda: _registry("temper.training.registry", "ENGINES").names(),

@@ -446,6 +446,31 @@ def check_sft_data(cfg: TemperConfig, notes: list[str]) -> None:
                 )
 
 
+def check_dpo_data(cfg: TemperConfig, notes: list[str]) -> None:
+    """Preference data files exist and hold the prompt, chosen and rejected columns (the
+    DPO pipeline's pre-flight)."""
+    data = cfg.data
+    wanted = [
+        ("data.prompt_key", data.prompt_key),
+        ("dpo.chosen_key", cfg.dpo.chosen_key),
+        ("dpo.rejected_key", cfg.dpo.rejected_key),
+    ]
+    for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        if not files:
+            continue
+        columns, _samples = _scan(files, key, cfg)
+        if columns is None:
+            continue
+        for ckey, column in wanted:
+            if column.split(".")[0] not in columns and column not in columns:
+                raise ConfigError(
+                    ckey,
+                    f"the column '{column}' is not in {key} "
+                    f"(its columns: {', '.join(sorted(columns))})",
+                    f"set {ckey} to the column holding them",
+                )
+
+
 def _check_weights(cfg: TemperConfig, tags: set[str]) -> None:
     """Every weighted tag (or domain) has prompts, and every prompt a weight — what the
     sampler checks when the run starts."""

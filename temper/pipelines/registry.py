@@ -43,6 +43,7 @@ def _builtin(module: str) -> Callable[[], Pipeline]:
 PIPELINES.add_lazy("rlvr", _builtin("temper.pipelines.rlvr"))
 PIPELINES.add_lazy("agentic", _builtin("temper.pipelines.agentic"))
 PIPELINES.add_lazy("sft", _builtin("temper.pipelines.sft"))
+PIPELINES.add_lazy("dpo", _builtin("temper.pipelines.dpo"))
 
 #: What a producer class must define (the ``Producer`` protocol's methods).
 PRODUCER_METHODS = ("produce", "validate", "dump_rows", "state_dict", "load_state_dict", "close")

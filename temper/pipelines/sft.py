@@ -181,14 +181,14 @@ RL_ONLY = {
 }
 
 
-def _first_leaf(diff: dict[str, Any], prefix: str) -> str:
+def first_leaf(diff: dict[str, Any], prefix: str) -> str:
     key, value = next(iter(diff.items()))
     if isinstance(value, dict) and value:
-        return _first_leaf(value, f"{prefix}.{key}")
+        return first_leaf(value, f"{prefix}.{key}")
     return f"{prefix}.{key}"
 
 
-def _set(cfg: TemperConfig, key: str) -> bool:
+def is_set(cfg: TemperConfig, key: str) -> bool:
     section, field = key.split(".", 1)
     return field in diff_from_default(getattr(cfg, section))
 
@@ -198,10 +198,10 @@ def check(cfg: TemperConfig) -> None:
     for section, why in UNREAD_SECTIONS.items():
         diff = diff_from_default(getattr(cfg, section))
         if diff:
-            key = _first_leaf(diff, section)
+            key = first_leaf(diff, section)
             raise ConfigError(key, f"{why} (pipeline sft)", f"remove {key}")
     for key, why in RL_ONLY.items():
-        if _set(cfg, key):
+        if is_set(cfg, key):
             raise ConfigError(key, f"{why} (pipeline sft)", f"remove {key}")
     data = cfg.data
     if not data.train_files and not cfg.experiment.val_only:

@@ -31,15 +31,28 @@ from temper.algorithms.kl import kl_estimator_needs_logits, kl_loss, kl_penalty
 from temper.algorithms.masked import masked_mean
 from temper.algorithms.objectives import actor_loss, entropy_loss, nll_loss, sft_loss
 from temper.algorithms.policy_losses import PolicyLossParams, compute_policy_loss
+from temper.algorithms.preference import (
+    PREFERENCE_LOSSES,
+    PreferenceParams,
+    pair_metrics,
+    sequence_log_probs,
+)
 from temper.algorithms.rollout_correction import rollout_is_weights
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
-from temper.roles.minibatch import StepMetrics, mini_batches, per_rank_mini_batch
+from temper.roles.minibatch import (
+    StepMetrics,
+    mini_batches,
+    pair_mini_batches,
+    per_rank_mini_batch,
+)
 from temper.training.base import LossFn, TrainEngine
 
 _POSITIVE = "_sft_positive"
 _TOKEN_WEIGHTS = "_token_weights"  # rollout IS weights × sample weights (B, R)
+_DPO_COEF = "_dpo_coef"  # ∂L/∂ log π(row) of a DPO mini-batch (B,)
+_DPO_SHARE = "_dpo_share/"  # a row's share of the mini-batch's loss and metrics (B,) each
 
 
 def policy_loss_params(cfg: ActorConfig) -> PolicyLossParams:
@@ -261,6 +274,94 @@ class Actor:
 
         def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
             return nll_loss(out["log_probs"], mb["response_mask"], agg), {}
+
+        return loss_fn
+
+    def dpo_update(
+        self, batch: Batch, loss_type: str = "sigmoid", params: PreferenceParams | None = None
+    ) -> dict[str, float]:
+        """A preference update on a batch of pairs (:mod:`temper.data.preference`: rows
+        ``2i``/``2i + 1`` are pair ``i``'s chosen/rejected response; ``ref_log_probs`` from
+        the reference): the mean over pairs of registered loss ``loss_type``
+        (:data:`~temper.algorithms.preference.PREFERENCE_LOSSES`) of the sequence
+        log-probs, over mini-batches of whole pairs (``mini_batch_size`` rows, two per
+        pair), one optimizer step each, ``ppo_epochs`` passes, ``shuffle`` as in
+        :meth:`update`.
+
+        A pair's loss couples two rows that the engine's micro-batches (a sample count,
+        a token budget, packing) and data-parallel shards may put apart. But the loss
+        depends on the weights only through each row's sequence log-prob ``s``, so its
+        gradient is ``Σ_rows (∂L/∂s_row)·∇s_row``: a no-grad forward of the mini-batch
+        first gives every ``s`` and so ``∂L/∂s`` (autograd on the ``(rows,)`` vector —
+        exact for any registered loss), then each micro-batch backpropagates
+        ``Σ_rows coef_row · s_row`` — the DPO gradient whatever the split, at the cost of
+        that forward. The no-grad forward runs in eval mode: with dropout the coefficient
+        is the one of the model without it. Returns the averaged ``actor/*`` metrics:
+        ``loss`` (the mean pair loss), ``rewards/chosen`` / ``rewards/rejected`` /
+        ``rewards/margin`` / ``rewards/accuracy``, ``logps/chosen`` / ``logps/rejected``
+        (:func:`~temper.algorithms.preference.preference_loss`), each at the weights
+        before its mini-batch's optimizer step.
+        """
+        cfg = self.cfg
+        params = params or PreferenceParams()
+        PREFERENCE_LOSSES.get(loss_type)  # an unknown name fails before any forward
+        if "ref_log_probs" not in batch:
+            raise KeyError("actor.dpo_update needs ref_log_probs from the reference")
+        temperature = self._temperature(batch)
+        steps = StepMetrics()
+        seed = self.seed * 1_000_003 + self.updates
+        size = per_rank_mini_batch(cfg.mini_batch_size, self.engine.dp_size)
+        pairs = size // 2 if size is not None else None
+        for mini in pair_mini_batches(batch, pairs, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed):
+            work = self._dpo_coefficients(mini, loss_type, params, temperature)
+            steps.add(
+                self.engine.train_mini_batch(work, self._dpo_fn(work), temperature=temperature)
+            )
+        self.updates += 1
+        return steps.result("actor")
+
+    def _dpo_coefficients(
+        self, mini: Batch, loss_type: str, params: PreferenceParams, temperature: float
+    ) -> Batch:
+        """``mini`` with each row's ``∂L/∂s`` and its share of the loss and metrics (the
+        pair's value / the mini-batch's pairs over every data-parallel rank, on the chosen
+        row; 0 on the rejected one)."""
+        if not bool((mini["chosen"][0::2] == 1).all() and (mini["chosen"][1::2] == 0).all()):
+            raise ValueError("a DPO batch alternates chosen and rejected rows, pair by pair")
+        mask = mini["response_mask"]
+        policy = self.engine.forward(mini, temperature=temperature)["log_probs"]
+        seq = sequence_log_probs(policy, mask).detach().double().requires_grad_(True)
+        ref = sequence_log_probs(mini["ref_log_probs"], mask).double()
+        n_pairs = self.engine.global_sum([len(mini) // 2])[0]
+        shares: dict[str, torch.Tensor] = {}
+        per_pair = PREFERENCE_LOSSES.get(loss_type)(
+            seq[0::2], seq[1::2], ref[0::2], ref[1::2], params
+        )
+        (per_pair.sum() / n_pairs).backward()
+        assert seq.grad is not None
+        shares["loss"] = per_pair.detach()
+        chosen, rejected = seq.detach()[0::2], seq.detach()[1::2]
+        shares.update(pair_metrics(chosen, rejected, ref[0::2], ref[1::2], params))
+        work = mini.union(Batch.from_dict({_DPO_COEF: seq.grad.float()}))
+        for name, per in shares.items():
+            row = torch.zeros(len(mini), dtype=torch.float64, device=seq.device)
+            row[0::2] = per / n_pairs
+            work[_DPO_SHARE + name] = row
+        return work
+
+    def _dpo_fn(self, mini: Batch) -> LossFn:
+        """A micro-batch's part of the DPO loss: ``Σ coef·(s − s̄) + Σ share`` — the
+        gradient of :meth:`dpo_update`, and (``s̄``: ``s`` detached) the value of the
+        pairs' loss shares, so the micro-batches sum to the mini-batch's mean pair loss."""
+        keys = [k for k in mini.tensors.keys() if isinstance(k, str)]  # noqa: SIM118
+        names = [k[len(_DPO_SHARE) :] for k in keys if k.startswith(_DPO_SHARE)]
+
+        def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+            seq = sequence_log_probs(out["log_probs"], mb["response_mask"])
+            coef = mb[_DPO_COEF].to(seq.dtype)
+            loss = (coef * (seq - seq.detach())).sum() + mb[_DPO_SHARE + "loss"].sum().to(seq.dtype)
+            metrics = {n: mb[_DPO_SHARE + n].sum() for n in names if n != "loss"}
+            return loss, metrics
 
         return loss_fn
 

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from temper.algorithms.preference import PreferenceParams
 from temper.data.batch import Batch
 
 
@@ -77,6 +78,13 @@ class ActorRole(TrainedRole, Protocol):
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
         """A supervised update: NLL of the batch's target tokens (``response_mask``)."""
+        ...
+
+    def dpo_update(
+        self, batch: Batch, loss_type: str, params: PreferenceParams
+    ) -> dict[str, float]:
+        """A preference update on a batch of pairs (chosen row, rejected row) with their
+        ``ref_log_probs``: the mean pair loss ``loss_type``."""
         ...
 
 

@@ -28,6 +28,24 @@ def mini_batches(
         yield from order.split(size)
 
 
+def pair_mini_batches(
+    batch: Batch, pairs_per_mini_batch: int | None, epochs: int, *, shuffle: bool, seed: int
+) -> Iterator[Batch]:
+    """:func:`mini_batches` of a batch of pairs (rows ``2i``, ``2i + 1``: pair ``i``),
+    which shuffles and cuts whole pairs, so each mini-batch keeps its pairs' two rows
+    together and in order."""
+    n = len(batch) // 2
+    size = pairs_per_mini_batch or n
+    if size <= 0 or n == 0 or len(batch) % 2:
+        raise ValueError(f"cannot cut {len(batch)} rows into mini-batches of {size} pairs")
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen) if shuffle else torch.arange(n)
+        for start in range(0, n, size):
+            pairs = order[start : start + size]
+            yield batch.select(torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1))
+
+
 def per_rank_mini_batch(mini_batch_size: int | None, dp_size: int) -> int | None:
     """A rank's share of a global ``mini_batch_size`` (config validation checks that
     ``dp_size`` divides it); ``None`` (the whole batch) stays ``None``."""

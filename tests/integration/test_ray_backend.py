@@ -200,3 +200,38 @@ def test_a_late_or_killed_worker_stops_the_run_naming_role_and_rank(
             group.call_all("set_total_steps", 10)
     finally:
         roles.shutdown()
+
+
+def test_dpo_on_two_fsdp2_ranks(tmp_path, tiny_model_dir, monkeypatch, ray_session) -> None:
+    """DPO on the Ray backend: each of 2 FSDP2 ranks takes whole pairs (contiguous
+    shares), the reference is its own worker group; the ranks' loss is the pairs' mean
+    (log 2 at the first step, where the policy is the reference) and every weight moves."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from transformers import AutoModelForCausalLM
+
+    from temper.pipelines import run_pipeline as train
+
+    cfg = ray_config_dict(tmp_path, tiny_model_dir)
+    for section in ("rollout", "algorithm", "reward"):
+        cfg.pop(section)
+    cfg["pipeline"] = "dpo"
+    cfg["data"] = {
+        "train_files": ["task:arithmetic?n=16&seed=3&pairs=true"],
+        "val_files": ["task:arithmetic?n=4&seed=4&pairs=true"],
+        "train_batch_size": 4,
+    }
+    cfg["dpo"] = {"max_length": 128, "beta": 0.5}
+    cfg["actor"] = {**cfg["actor"], "mini_batch_size": 8}
+    cfg["reference"] = {"strategy": "fsdp2"}
+    cfg["experiment"]["test_freq"] = 2
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    train(build_config(cfg))
+    rows = metrics_rows(tmp_path / "run")
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert steps[0]["train/loss"] == pytest.approx(0.6931, abs=1e-4)
+    assert all(r["train/pairs"] == 4 and "train/rewards/accuracy" in r for r in steps)
+    assert any("val/accuracy" in r for r in rows)
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor").state_dict()
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(moved) == len(before)

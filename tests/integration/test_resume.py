@@ -40,7 +40,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / len(solution_str)
 '''
 STEPS = 6
-ALGOS = ("grpo", "gae", "agentic", "sft")
+ALGOS = ("grpo", "gae", "agentic", "sft", "dpo")
 
 
 LAKE = {
@@ -105,9 +105,32 @@ def _sft_config() -> dict:
     }
 
 
+def _dpo_config() -> dict:
+    """DPO on arithmetic pairs, shuffled: the sampler's position is the producer's state;
+    the reference is rebuilt from the model on resume, the actor from the checkpoint."""
+    return {
+        "pipeline": "dpo",
+        "experiment": {
+            "max_steps": STEPS,
+            "seed": 5,
+            "save_freq": 3,
+            "trackers": ["jsonl"],
+            "test_freq": 3,
+            "deterministic": True,
+        },
+        "data": {
+            "train_files": ["task:arithmetic?n=32&seed=3&pairs=true"],
+            "val_files": ["task:arithmetic?n=4&seed=9&pairs=true"],
+            "train_batch_size": 4,
+        },
+        "dpo": {"max_length": 128, "beta": 0.5},
+        "actor": {"micro_batch_size_per_device": 2, "optim": {"lr": 1e-3}},
+    }
+
+
 def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
-    if algo == "sft":
-        cfg = _sft_config()
+    if algo in ("sft", "dpo"):
+        cfg = _sft_config() if algo == "sft" else _dpo_config()
         cfg["model"] = {"path": str(model_dir)}
         build_config(cfg)
         return cfg
@@ -193,8 +216,10 @@ def _rows(out: Path) -> list[dict]:
 
 
 def _train_curve(out: Path) -> list[float]:
-    """The run's curve as logged: RL's train/score_mean, SFT's train/loss."""
-    return [r.get("train/score_mean", r.get("train/loss")) for r in _rows(out) if r["step"] > 0]
+    """The run's curve as logged: RL's train/score_mean, DPO's train/rewards/margin, SFT's
+    train/loss."""
+    curve = ("train/score_mean", "train/rewards/margin", "train/loss")
+    return [next(r[k] for k in curve if k in r) for r in _rows(out) if r["step"] > 0]
 
 
 def _comparable(rows: list[dict]) -> list[dict]:

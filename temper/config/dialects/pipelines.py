@@ -2,8 +2,9 @@
 
 temper runs RL — the ``rlvr`` pipeline (PPO, GRPO and relatives, single-turn, verl's
 ``main_ppo`` and ROLL's RLVR pipeline) and the ``agentic`` one (multi-turn episodes) —
-and supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline, which
-the dialects translate). verl and ROLL ship other trainers too — DPO, distillation,
+supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline) and DPO
+(``dpo``: ROLL's DPO pipeline), which the dialects translate. verl and ROLL ship other
+trainers too — distillation,
 generation-only runs, self-play recipes. Their configs reuse many RL keys, so a key-by-key
 translation would fail on some key deep inside with "unknown key, did you mean …", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
@@ -19,7 +20,7 @@ from typing import Any
 from temper.config.dialects.verl_sft import is_sft
 from temper.config.errors import ConfigError
 
-RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic and sft pipelines"
+RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic, sft and dpo pipelines"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +92,6 @@ def _verl_eval(data: dict[str, Any]) -> str | None:
 
 ROLL_SHAPES = (
     Shape(
-        "ROLL DPO pipeline",
-        "direct preference optimization on chosen/rejected pairs",
-        _any_key("ipo", "chosen_key", "rejected_key", "label_smoothing"),
-    ),
-    Shape(
         "ROLL on-policy distillation pipeline",
         "a student on its own samples, scored by teachers",
         _any_key("student_train", "student_infer", "is_pure_opd", "use_opd", truthy=True),
@@ -142,6 +138,6 @@ def refuse_other_pipelines(data: dict[str, Any], dialect: str) -> None:
                 f"this is a {shape.name} config ({shape.what}), a pipeline temper has no "
                 f"loop for; {RUNS}",
                 f"run it with {dialect if dialect == 'verl' else 'ROLL'}'s own trainer, or "
-                "write an RL or SFT config (verl main_ppo or an SFT trainer's, ROLL RLVR, "
-                "agentic or SFT)",
+                "write an RL, SFT or DPO config (verl main_ppo or an SFT trainer's, ROLL "
+                "RLVR, agentic, SFT or DPO)",
             )

@@ -18,6 +18,7 @@ from temper.config.dialects import Translation
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_devices import parse_device_mapping
+from temper.config.dialects.roll_dpo import DPO_TABLE, is_dpo, translate_roll_dpo
 from temper.config.dialects.roll_sft import SFT_TABLE, is_sft, translate_roll_sft
 from temper.config.dialects.roll_table import ROLL_DEFAULTS, TOP
 from temper.config.dialects.roll_walk import KeyTable
@@ -30,11 +31,13 @@ REVERSE = RL_TABLE.reverse
 
 
 def translate_roll(raw: RawConfig, catalog: Catalog | None = None) -> Translation:
-    """Translate a ROLL pipeline config (see the module docstring) — RLVR, agentic, or
-    SFT (:mod:`roll_sft`); ROLL's rules read no registry, so ``catalog`` (the dialect
+    """Translate a ROLL pipeline config (see the module docstring) — RLVR, agentic, SFT
+    (:mod:`roll_sft`) or DPO (:mod:`roll_dpo`); ROLL's rules read no registry, so ``catalog`` (the dialect
     interface's) is not needed."""
     if is_sft(raw.data):
         return translate_roll_sft(raw)
+    if is_dpo(raw.data):
+        return translate_roll_dpo(raw)
     given = dict(raw.data)
     applied = {k: v for k, v in ROLL_DEFAULTS.items() if k not in given}
     if isinstance(given.get("validation"), dict) and "eval_steps" in given["validation"]:
@@ -73,5 +76,5 @@ def translate_roll(raw: RawConfig, catalog: Catalog | None = None) -> Translatio
 def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
     """What ROLL key ``key`` becomes here: (native keys it sets, how), or None when the
     table has no such key (``temper check --explain``; the RL pipelines' table first,
-    then the SFT pipeline's)."""
-    return RL_TABLE.meaning(key) or SFT_TABLE.meaning(key)
+    then the SFT pipeline's, then the DPO pipeline's)."""
+    return RL_TABLE.meaning(key) or SFT_TABLE.meaning(key) or DPO_TABLE.meaning(key)

@@ -179,7 +179,7 @@ def translate_roll_sft(raw: RawConfig) -> Translation:
         derive.data_files(ctx)
         derive.strategies(ctx)
         derive.placement(ctx)
-        _batch(ctx)
+        global_batch(ctx)
         ctx.set("data.shuffle", False, WORKER)
         ctx.notes.append(f"{WORKER}: rows in file order, as ROLL's SFT loader reads them")
         if not ctx.has(EPOCHS):
@@ -203,9 +203,9 @@ def translate_roll_sft(raw: RawConfig) -> Translation:
     )
 
 
-def _batch(ctx: Ctx) -> None:
+def global_batch(ctx: Ctx) -> None:
     """A step is ROLL's global batch: ``dp × gradient_accumulation_steps ×
-    per_device_train_batch_size`` rows, one optimizer step (dp: the devices over TP × PP ×
+    per_device_train_batch_size`` rows (pairs in ROLL's DPO), one optimizer step (dp: the devices over TP × PP ×
     CP on megatron, over the Ulysses size otherwise); Adam's betas."""
     args = f"{AS}.training_args"
     per = ctx.get(f"{args}.per_device_train_batch_size")

@@ -12,7 +12,6 @@ import torch
 from reference_paths import UPSTREAM  # next to this file
 
 from temper.algorithms import grouped_reward_normalization
-from temper.cli.main import main
 from temper.config import ConfigError
 from temper.config.loader import load_yaml
 from temper.data.sampler import domains_of
@@ -222,10 +221,6 @@ def test_fix_hints_are_in_the_files_dialect():
             "actor_rollout_ref.actor.dpo_beta: this is a verl SPIN recipe",
         ),
         (
-            R2508 / "dpo_examples/qwen2.5-3B_dpo_megatron.yaml",
-            "ipo: this is a ROLL DPO pipeline config",
-        ),
-        (
             R2508 / "qwen2.5-7B-distill_megatron/distill_megatron.yaml",
             "student: this is a ROLL distillation pipeline",
         ),
@@ -257,13 +252,21 @@ def test_reward_fl_is_named(tmp_path):
     )
 
 
-def test_dpo_from_check_and_train_alike(capsys):
-    path = str(R2508 / "dpo_examples/qwen2.5-3B_dpo_megatron.yaml")
-    lines = []
-    for command in ("check", "train"):
-        assert main([command, path]) == 2
-        lines.append(capsys.readouterr().err.strip())
-    assert lines[0] == lines[1] and lines[0].startswith("config error: ipo: this is a ROLL DPO")
+def test_roll_dpo_file_is_the_dpo_pipeline():
+    """ROLL's DPO file translates (tests/unit/config/test_dpo_dialect.py has its keys): the
+    loss, the pair's columns, ROLL's instruction prompt, pairs per step over its 8
+    devices, micro-batches of pairs as twice the rows, the megatron engines."""
+    loaded = load_config(R2508 / "dpo_examples/qwen2.5-3B_dpo_megatron.yaml")
+    cfg = loaded.config
+    assert cfg.pipeline == "dpo" and loaded.dialect == "roll"
+    assert (cfg.dpo.loss_type, cfg.dpo.beta, cfg.dpo.label_smoothing) == ("sigmoid", 0.1, 0.0)
+    assert (cfg.dpo.chosen_key, cfg.dpo.rejected_key) == ("chosen", "rejected")
+    assert cfg.data.prompt_key == "instruction" and cfg.dpo.max_length == 512
+    assert cfg.data.train_batch_size == 16 * 1 * 8  # per device × accumulation × dp
+    assert cfg.actor.micro_batch_size_per_device == 32  # 16 pairs
+    assert cfg.reference.log_prob_micro_batch_size_per_device == 16  # 8 pairs
+    assert cfg.actor.strategy == "megatron" and cfg.reference.strategy == "megatron"
+    assert cfg.experiment.max_steps == 500
 
 
 # ------------------------------------------------------------------ ROLL versions

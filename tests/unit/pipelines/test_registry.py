@@ -8,6 +8,7 @@ import pytest
 from temper.config.errors import ConfigError
 from temper.pipelines import PIPELINES, Pipeline, resolve_pipeline
 from temper.pipelines.agentic import episode_groups
+from temper.pipelines.dpo import dpo_step
 from temper.pipelines.rl_step import rl_step
 from temper.pipelines.sft import sft_step
 
@@ -32,7 +33,7 @@ NOT_A_PIPELINE = 3
 
 
 def test_builtin_records_declare_their_needs():
-    assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft"]
+    assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft", "dpo"]
     agentic = resolve_pipeline("agentic")
     assert agentic.sections == frozenset({"agentic"}) and agentic.step_shape is episode_groups
     rlvr = resolve_pipeline("rlvr")
@@ -41,6 +42,9 @@ def test_builtin_records_declare_their_needs():
     sft = resolve_pipeline("sft")
     assert sft.step is sft_step and sft.uses == frozenset() and sft.curve == "train/loss"
     assert sft.sections == frozenset({"sft"})
+    dpo = resolve_pipeline("dpo")
+    assert dpo.step is dpo_step and dpo.uses == frozenset({"reference", "reference_always"})
+    assert dpo.sections == frozenset({"dpo"}) and dpo.curve == "train/rewards/margin"
 
 
 def test_a_producer_class_in_a_file_gets_the_default_hooks(tmp_path):

@@ -255,3 +255,76 @@ def test_sft_update_moves_every_parameter(tiny_path: str) -> None:
     actor.sft_update(_sft_batch())
     for n, p in actor.engine.model.named_parameters():
         assert not torch.equal(p, before[n]), f"{n} did not move"
+
+
+def _pair_batch() -> Batch:
+    """The SFT samples as 2 preference pairs (rows 0/1, 2/3: chosen, rejected), with
+    reference log-probs that differ from the policy's, so the pairs' gradient
+    coefficients differ."""
+    batch = _sft_batch()
+    batch["chosen"] = torch.tensor([1, 0, 1, 0])
+    gen = torch.Generator().manual_seed(11)
+    noise = 0.3 * torch.randn(batch["response_ids"].shape, generator=gen)
+    batch["ref_log_probs"] = noise * batch["response_mask"]
+    return batch
+
+
+def test_dpo_update_is_the_pair_loss_whatever_the_split_or_packing(tiny_path: str) -> None:
+    """The DPO update's loss is the mean pair loss of the sequence log-probs (computed
+    here from the actor's own forward), and micro-batches of 4 rows, of 1 (a pair's rows
+    apart), a token budget, packed or padded give the same loss, gradient norm and
+    weights: the pair's coefficient comes from the mini-batch, not the micro-batch."""
+    from temper.algorithms.preference import PreferenceParams, preference_loss
+
+    batch = _pair_batch()
+    params = PreferenceParams(beta=0.5, label_smoothing=0.1)
+    results = []
+    for micro, budget, packed in (
+        (4, None, False),
+        (1, None, False),
+        (1, 11, True),
+        (4, None, True),
+    ):
+        cfg = make_config(tiny_path)
+        cfg.pipeline = "dpo"
+        cfg.actor.micro_batch_size_per_device = micro
+        cfg.actor.use_dynamic_bsz = budget is not None
+        cfg.actor.max_token_len_per_device = budget or 16384
+        cfg.model.use_remove_padding = packed
+        cfg.actor.optim.eps = 1.0  # update linear in the gradient (see engine test)
+        cfg.data.train_batch_size = 2
+        actor = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor
+        mask = batch["response_mask"].float()
+        seq = (actor.compute_log_probs(batch)["old_log_probs"] * mask).sum(-1).double()
+        ref = (batch["ref_log_probs"] * mask).sum(-1).double()
+        expected, m = preference_loss("sigmoid", seq[0::2], seq[1::2], ref[0::2], ref[1::2], params)
+        metrics = actor.dpo_update(batch, "sigmoid", params)
+        assert metrics["actor/loss"] == pytest.approx(float(expected), rel=1e-5)
+        for key in ("rewards/margin", "rewards/accuracy", "logps/chosen"):
+            assert metrics[f"actor/{key}"] == pytest.approx(float(m[key]), rel=1e-5, abs=1e-7)
+        results.append((metrics, dict(actor.engine.model.named_parameters())))
+    m0, w0 = results[0]
+    for m, w in results[1:]:
+        for key in ("actor/loss", "actor/grad_norm"):
+            assert m[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+        for name, p in w.items():
+            torch.testing.assert_close(p, w0[name], atol=1e-8, rtol=0, msg=name)
+    assert results[2][0]["actor/packed_fraction"] > 0  # the packed runs did pack
+
+
+def test_dpo_mini_batches_keep_pairs_and_refuse_a_split_layout(tiny_path: str) -> None:
+    """Mini-batches of one pair (2 rows) each take an optimizer step on whole pairs;
+    a batch whose rows do not alternate chosen/rejected is refused."""
+    from temper.algorithms.preference import PreferenceParams
+
+    cfg = make_config(tiny_path)
+    cfg.pipeline = "dpo"
+    cfg.actor.mini_batch_size = 2
+    cfg.data.train_batch_size = 2
+    actor = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor
+    batch = _pair_batch()
+    first = actor.dpo_update(batch, "ipo", PreferenceParams(beta=0.5))
+    assert first["actor/loss"] > 0 and actor.engine.schedule is not None
+    bad = batch.select([0, 2, 1, 3])
+    with pytest.raises(ValueError, match="alternates chosen and rejected"):
+        actor.dpo_update(bad, "sigmoid", PreferenceParams())
