@@ -188,10 +188,13 @@ class _Translator:
 
     def run(self) -> Translation:
         self._unwrap()
-        if "model_engine" in self.tree:
-            # the group option chose the files every role section came from (Hydra puts
-            # it after them): an engine temper lacks is named before any key of its files
-            self.tree = {"model_engine": self.tree.pop("model_engine"), **self.tree}
+        # keys that decide which trainer the file is for come first (Hydra puts them after
+        # the sections they compose): a trainer temper lacks is named before any key of
+        # its files. model_engine chose every role's files; async_training is verl's
+        # fully-async trainer's own section
+        for first in ("async_training", "model_engine"):
+            if first in self.tree:
+                self.tree = {first: self.tree.pop(first), **self.tree}
         self._apply_defaults()
         self._walk(self.tree, "", self.tables.table, self.tables.children)
         self.tables.finish(self)

@@ -102,8 +102,20 @@ HYBRID = (
     "switch_cost_window_size",
 )
 
+
+def _fully_async(_v: Any, ctx: Any) -> None:
+    """verl's fully-async trainer (``verl.experimental.fully_async_policy``): a separate
+    rollouter streaming samples to the trainer, bounded by ``staleness_threshold``."""
+    raise ctx.error(
+        f"verl's fully-async trainer: {ASYNC_REASON}",
+        "train with verl's synchronous trainer's config (ppo_trainer): remove async_training "
+        "and run the same file's other sections",
+    )
+
+
 RULES: dict[str, Rule] = {
     "model_engine": Map("actor.strategy", _model_engine),
+    "async_training": Call(_fully_async),
     "trainer.use_v1": Note(
         "verl's V1 sync trainer and its legacy trainer run the same synchronous step, "
         "temper's loop; its samples keep their submission order either way"

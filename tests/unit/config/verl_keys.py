@@ -516,6 +516,7 @@ trainer.use_v1 false noted
 trainer.v1.trainer_mode sync noted
 trainer.v1.trainer_mode colocate_async !! asynchronous
 trainer.v1.trainer_mode separate_async !! not built yet
+async_training {staleness_threshold:0.1} !! fully-async
 trainer.v1.trainer_mode separate_async +trainer.use_v1=false noted
 trainer.v1.trainer_mode fully_async !! not supported
 trainer.v1.sync {} noted
