@@ -420,16 +420,10 @@ def check_prompt_data(cfg: TemperConfig, notes: list[str]) -> None:
             _check_weights(cfg, {tag for _source, tag in samples})
 
 
-def check_sft_data(cfg: TemperConfig, notes: list[str]) -> None:
-    """Supervised data files exist and hold their columns: the conversation column
-    (``data.messages_key``), or the prompt and the response (the SFT pipeline's
-    pre-flight)."""
+def _check_columns(cfg: TemperConfig, wanted: list[tuple[str, str]]) -> None:
+    """Every train/val file holds each ``(config key, column)`` of ``wanted`` (a dotted
+    column names a nested field: its first part must be a column)."""
     data = cfg.data
-    wanted = (
-        [("data.messages_key", data.messages_key)]
-        if data.messages_key
-        else [("data.prompt_key", data.prompt_key), ("sft.response_key", cfg.sft.response_key)]
-    )
     for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
         if not files:
             continue
@@ -444,6 +438,19 @@ def check_sft_data(cfg: TemperConfig, notes: list[str]) -> None:
                     f"(its columns: {', '.join(sorted(columns))})",
                     f"set {ckey} to the column holding them",
                 )
+
+
+def check_sft_data(cfg: TemperConfig, notes: list[str]) -> None:
+    """Supervised data files exist and hold their columns: the conversation column
+    (``data.messages_key``), or the prompt and the response (the SFT pipeline's
+    pre-flight)."""
+    data = cfg.data
+    wanted = (
+        [("data.messages_key", data.messages_key)]
+        if data.messages_key
+        else [("data.prompt_key", data.prompt_key), ("sft.response_key", cfg.sft.response_key)]
+    )
+    _check_columns(cfg, wanted)
 
 
 def check_dpo_data(cfg: TemperConfig, notes: list[str]) -> None:
@@ -455,20 +462,7 @@ def check_dpo_data(cfg: TemperConfig, notes: list[str]) -> None:
         ("dpo.chosen_key", cfg.dpo.chosen_key),
         ("dpo.rejected_key", cfg.dpo.rejected_key),
     ]
-    for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
-        if not files:
-            continue
-        columns, _samples = _scan(files, key, cfg)
-        if columns is None:
-            continue
-        for ckey, column in wanted:
-            if column.split(".")[0] not in columns and column not in columns:
-                raise ConfigError(
-                    ckey,
-                    f"the column '{column}' is not in {key} "
-                    f"(its columns: {', '.join(sorted(columns))})",
-                    f"set {ckey} to the column holding them",
-                )
+    _check_columns(cfg, wanted)
 
 
 def _check_weights(cfg: TemperConfig, tags: set[str]) -> None:
