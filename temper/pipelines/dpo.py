@@ -21,8 +21,6 @@ is this producer's state. The run's curve is ``train/rewards/margin``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from temper.algorithms.preference import (
@@ -52,7 +50,7 @@ def preference_params(cfg: TemperConfig) -> PreferenceParams:
     return PreferenceParams(beta=cfg.dpo.beta, label_smoothing=cfg.dpo.label_smoothing)
 
 
-class DPOProducer:
+class DPOProducer(sft.DatasetProducer):
     """The step's preference pairs, and the validation on held-out pairs (module doc)."""
 
     headline = "val/accuracy"
@@ -115,20 +113,6 @@ class DPOProducer:
         }
         metrics = {f"val/{names[k]}": v / max(pairs, 1) for k, v in sums.items()}
         return Validation({**metrics, "val/pairs": float(pairs)})
-
-    def dump_rows(self, batch: Batch, step: int) -> list[dict[str, Any]]:
-        """Nothing is generated (``experiment.rollout_data_dir`` is refused)."""
-        return []
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict() if self.sampler is not None else None}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.sampler is not None and state.get("sampler") is not None:
-            self.sampler.load_state_dict(state["sampler"])
-
-    def close(self) -> None:
-        """Nothing held outside this process."""
 
 
 def dpo_step(run: Run) -> dict[str, float]:

@@ -32,7 +32,29 @@ from temper.pipelines.timing import Timer, throughput
 from temper.roles.base import ActorRole
 
 
-class SFTProducer:
+class DatasetProducer:
+    """What a producer of fixed samples (no generation) shares: its only state is the
+    sampler's position over the training rows; it dumps no generations and holds nothing
+    outside this process."""
+
+    sampler: Any
+
+    def dump_rows(self, batch: Batch, step: int) -> list[dict[str, Any]]:
+        """Nothing is generated (``experiment.rollout_data_dir`` is refused)."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict() if self.sampler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.sampler is not None and state.get("sampler") is not None:
+            self.sampler.load_state_dict(state["sampler"])
+
+    def close(self) -> None:
+        """Nothing held outside this process."""
+
+
+class SFTProducer(DatasetProducer):
     """The step's supervised samples, and the validation loss (module docstring)."""
 
     headline = "val/loss"
@@ -71,20 +93,6 @@ class SFTProducer:
             nll -= float((log_probs * mask).sum())
             tokens += float(mask.sum())
         return Validation({"val/loss": nll / max(tokens, 1.0), "val/target_tokens": tokens})
-
-    def dump_rows(self, batch: Batch, step: int) -> list[dict[str, Any]]:
-        """Nothing is generated (``experiment.rollout_data_dir`` is refused)."""
-        return []
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict() if self.sampler is not None else None}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.sampler is not None and state.get("sampler") is not None:
-            self.sampler.load_state_dict(state["sampler"])
-
-    def close(self) -> None:
-        """Nothing held outside this process."""
 
 
 def sft_step(run: Run) -> dict[str, float]:
