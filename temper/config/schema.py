@@ -236,6 +236,7 @@ class DataConfig:
         "placed where the prompt says <image>; vision-language models only.",
     )
     video_key: str = doc("videos", "Column with videos: rows that have them are reported.")
+    audio_key: str = doc("audios", "Column with audio: rows that have it are reported.")
     image_folder: str | None = doc(
         None, "Base of relative image paths; None = the directory of the data file."
     )
@@ -353,6 +354,9 @@ class OptimConfig:
     min_lr_ratio: float = doc(0.0, "Floor of the decay as a fraction of lr.")
     num_cycles: float = doc(0.5, "Cosine cycles over the decay.")
     total_training_steps: int | None = doc(None, "Optimizer steps of the schedule; None derives.")
+    zero_indexed_step: bool = doc(
+        True, "Schedule counts optimizer steps from 0; false from 1 (torchtitan's count)."
+    )
 
 
 @dataclass

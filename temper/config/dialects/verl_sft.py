@@ -279,12 +279,6 @@ def _optim_rows() -> dict[str, Rule]:
         "optim.optimizer": Map(f"{o}.optimizer", _optimizer),
         "optim.warmup_steps_ratio": Map(f"{o}.warmup_ratio"),  # verl < 0.5's name
         "optim.lr_scheduler": Map(f"{o}.lr_scheduler", _scheduler),
-        "optim.zero_indexed_step": _inert(
-            (True, None),
-            "the schedule counts steps from 0",
-            "a schedule counted from step 1 (torchtitan's) is not supported",
-            "set zero_indexed_step: true",
-        ),
     }
 
 
