@@ -172,6 +172,7 @@ RL_ONLY = {
     "data.validation_shuffle": "the validation loss is over every sample; order changes nothing",
     "data.image_key": "SFT here is text only",
     "data.video_key": "SFT here is text only",
+    "data.audio_key": "SFT here is text only",
     "data.image_folder": "SFT here is text only",
     "data.image_min_pixels": "SFT here is text only",
     "data.image_max_pixels": "SFT here is text only",
