@@ -125,6 +125,15 @@ def _allows_none(tp: Any) -> bool:
     return tp is Any or (get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp))
 
 
+def _shown(value: Any) -> str:
+    """A refused value as the one-line message shows it: a section by its keys, not its
+    whole contents."""
+    if isinstance(value, dict):
+        return "a section with " + ", ".join(map(str, value)) if value else "{}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _leaves(value: Any, key: str) -> list[str]:
     if isinstance(value, dict) and value:
         return [leaf for k, v in value.items() for leaf in _leaves(v, f"{key}.{k}")]
@@ -331,8 +340,9 @@ class _Translator:
         elif isinstance(rule, Inert):
             ok = rule.ok(value, self) if callable(rule.ok) else value == UNSET or value in rule.ok
             if not ok:
-                raise ConfigError(self.key, f"{rule.reason} (got {value!r})", rule.fix)
-            self.note(f"accepted at its inert value ({rule.why})")
+                raise ConfigError(self.key, f"{rule.reason} (got {_shown(value)})", rule.fix)
+            for leaf in _leaves(value, self.key):  # a section: each of its leaves
+                self.note(f"accepted at its inert value ({rule.why})", leaf)
         elif isinstance(rule, Gated):
             self._gated(rule, value)
         elif isinstance(rule, Call):

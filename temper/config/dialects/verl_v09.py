@@ -243,8 +243,9 @@ def _strategy_is_not(role_prefix: str, engine: str) -> Any:
     return lambda _v, ctx: ctx.get(f"{role_prefix}.strategy") != engine
 
 
-def _fsdp_v09(prefix: str, role: str, role_prefix: str) -> dict[str, Rule]:
-    """``FSDPEngineConfig`` keys of verl 0.9 (``fsdp_config`` of actor/ref, ``critic.fsdp``)."""
+def fsdp_v09(prefix: str, role_prefix: str) -> dict[str, Rule]:
+    """``FSDPEngineConfig`` keys of verl 0.9 (``fsdp_config`` of actor/ref, ``critic.fsdp``,
+    the SFT trainer's ``engine``; ``role_prefix.strategy`` names the engine)."""
     return {
         # the chunk size of entropy_from_logits_with_chunking, which it reads
         f"{prefix}.entropy_from_logits_chunk_size": Note(PERF),
@@ -260,9 +261,9 @@ def _fsdp_v09(prefix: str, role: str, role_prefix: str) -> dict[str, Rule]:
     }
 
 
-def _megatron_v09(role_prefix: str, role: str) -> dict[str, Rule]:
-    """``McoreEngineConfig`` keys of verl 0.9 (``<role>.megatron``)."""
-    m = f"{role_prefix}.megatron"
+def megatron_v09(m: str, role: str) -> dict[str, Rule]:
+    """``McoreEngineConfig`` keys of verl 0.9 (section ``m``: ``<role>.megatron``, or the
+    SFT trainer's ``engine``)."""
     ckpt = "the layout of Megatron's own checkpoints; temper writes its own checkpoint format"
     return {
         f"{m}.dist_ckpt_optim_fully_reshardable": Note(ckpt),
@@ -404,14 +405,14 @@ def _critic_model_v09() -> dict[str, Rule]:
 
 def _engines_v09() -> dict[str, Rule]:
     rules: dict[str, Rule] = {
-        **_fsdp_v09(f"{ACT}.fsdp_config", "actor", ACT),
-        **_fsdp_v09(f"{REF}.fsdp_config", "reference", REF),
+        **fsdp_v09(f"{ACT}.fsdp_config", ACT),
+        **fsdp_v09(f"{REF}.fsdp_config", REF),
         # verl 0.9 moved the critic's FSDP engine config from critic.model.fsdp_config
         **_fsdp(f"{CR}.fsdp", "critic", trained=True),
-        **_fsdp_v09(f"{CR}.fsdp", "critic", CR),
-        **_megatron_v09(ACT, "actor"),
-        **_megatron_v09(REF, "reference"),
-        **_megatron_v09(CR, "critic"),
+        **fsdp_v09(f"{CR}.fsdp", CR),
+        **megatron_v09(f"{ACT}.megatron", "actor"),
+        **megatron_v09(f"{REF}.megatron", "reference"),
+        **megatron_v09(f"{CR}.megatron", "critic"),
         **_optim_v09(ACT, "actor"),
         **_optim_v09(CR, "critic"),
         **_critic_model_v09(),
@@ -432,12 +433,15 @@ def _engines_v09() -> dict[str, Rule]:
             "verl's VeOmni training engine is not one temper has",
             "set strategy: fsdp2 (or megatron)",
         ),
-        f"{ACT}.checkpoint.strict": Inert(
-            (True, None),
-            "checkpoints load strictly (every tensor must match)",
-            "non-strict checkpoint loading is not supported: a resume restores every tensor",
-            "set strict: true",
+        f"{ACT}.checkpoint.strict": Note(
+            "temper loads checkpoints strictly: a resume whose checkpoint lacks a tensor "
+            "stops with an error instead of skipping it, so a run that loads loads the same"
         ),
+        # verl's PolicyLossConfig has no tau_*: a file that adds them under policy_loss
+        # stops in verl's config conversion; SAPO reads the actor-level keys
+        **{
+            f"{ACT}.policy_loss.{k}": Call(_misplaced(f"{ACT}.{k}")) for k in ("tau_pos", "tau_neg")
+        },
         f"{ACT}.checkpoint.mbridge_config": Note(
             "Megatron-Bridge's checkpoint saving options; temper writes its own format"
         ),
@@ -452,6 +456,16 @@ def _engines_v09() -> dict[str, Rule]:
         ),
     }
     return rules
+
+
+def _misplaced(where: str) -> Any:
+    def refuse(_v: Any, ctx: Any) -> None:
+        raise ctx.error(
+            f"verl has no such key here (its config conversion stops on it); it reads {where}",
+            f"set {where} instead",
+        )
+
+    return refuse
 
 
 def _rollout_v09() -> dict[str, Rule]:
@@ -529,11 +543,11 @@ def _data_v09() -> dict[str, Rule]:
             "more than one dynamic-sampling generation batch in flight is not supported",
             "set max_inflight_gen_batches: 1",
         ),
-        "ray_kwargs.ray_init.runtime_env.py_executable": Inert(
-            (None, ""),
-            "workers run the driver's Python",
-            "a separate Python executable for Ray workers is not supported",
-            "remove it (run temper in the environment the workers need)",
+        # verl's launchers point Ray workers at a `uv run` of their lock file: an
+        # environment choice, not a training one
+        "ray_kwargs.ray_init.runtime_env.py_executable": Note(
+            "temper's Ray workers run the driver's Python: start temper in the environment "
+            "the workers need"
         ),
         **{
             f"skip.{part}": Gated(

@@ -354,7 +354,7 @@ def test_the_adam_epsilon_of_verl_09_arrives():
         ("actor_rollout_ref.rollout.full_determinism=true", "per-request seeded"),
         ("actor_rollout_ref.rollout.nnodes=2", "issue 23"),
         ("actor_rollout_ref.rollout.disaggregation.enabled=true", "disaggregation"),
-        ("actor_rollout_ref.actor.checkpoint.strict=false", "non-strict"),
+        ("actor_rollout_ref.actor.policy_loss.tau_pos=1.0", "actor_rollout_ref.actor.tau_pos"),
         ("data.mm_processor_kwargs={max_pixels:1024}", "processor keyword"),
         ("skip.rollout.enable=true", "dumped rollouts"),
         ("algorithm.filter_groups.max_inflight_gen_batches=2", "in flight"),
@@ -378,6 +378,11 @@ def test_the_v09_optimizer_and_engine_keys_are_noted_at_their_off_values():
         "critic.fsdp.qat.enable",
     ):
         assert key in text, key
+
+
+def test_non_strict_loading_is_noted_as_temper_loading_strictly():
+    data = composed("ppo_trainer.yaml", "actor_rollout_ref.actor.checkpoint.strict=false")
+    assert any("checkpoint.strict" in n and "loads checkpoints strictly" in n for n in notes(data))
 
 
 def test_audio_rows_have_a_column_name():
