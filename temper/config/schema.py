@@ -501,6 +501,10 @@ class ActorConfig(TrainEngineConfig):
         off="none",
     )
     rollout_is_threshold: float = doc(2.0, "Upper bound of the truncated IS weight.")
+    rollout_is_threshold_low: float | None = doc(
+        None, "IcePop: IS weights outside [low, threshold] are zero (None: truncate at threshold)."
+    )
+    rollout_is_batch_normalize: bool = doc(False, "Divide the IS weights by their batch mean.")
     entropy_chunk_size: int = doc(0, "Compute entropy in chunks of this many rows (0: whole).")
 
 

@@ -160,6 +160,14 @@ def _check_ranges(cfg: TemperConfig) -> None:
             "set experiment.seed to a number in that range, e.g. 42",
         )
     _positive("model.lora.rank", cfg.model.lora.rank, allow_zero=True)
+    _positive("actor.rollout_is_threshold", cfg.actor.rollout_is_threshold)
+    low, high = cfg.actor.rollout_is_threshold_low, cfg.actor.rollout_is_threshold
+    if low is not None and not 0 < low <= high:
+        raise ConfigError(
+            "actor.rollout_is_threshold_low",
+            f"the IcePop band [{low}, {high}] needs 0 < low ≤ actor.rollout_is_threshold",
+            "set a lower bound in (0, rollout_is_threshold], e.g. 0.5, or null to truncate",
+        )
     if cfg.actor.clip_ratio_c is not None and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError(
             "actor.clip_ratio_c",

@@ -169,7 +169,21 @@ def _pool_off(_v: Any, ctx: Any) -> bool:
     )
 
 
-MANAGERS = r.choice("naive", "batch", "dapo", "prime")
+_MANAGERS = r.choice("naive", "batch", "dapo", "prime")
+
+
+def MANAGERS(v: Any, ctx: Any) -> Any:  # noqa: N802 (a rule transform, named as a table)
+    """verl 0.9's reward-loop managers: ``gdpo`` scores each sample as ``naive`` does
+    (the function's dict fields become the components that ``gdpo_reward_keys`` name)."""
+    if v == "gdpo":
+        ctx.note(
+            "gdpo scores as naive does: the reward function's dict fields are the components "
+            "algorithm.gdpo_reward_keys names (verl also adds experiment_name to extra_info)"
+        )
+        return "naive"
+    return _MANAGERS(v, ctx)
+
+
 SEPARATE_POOL = "a separate reward-model pool is not supported"
 
 REWARD_RULES: dict[str, Rule] = {

@@ -409,3 +409,19 @@ def test_verl_09_megatron_settings_temper_cannot_honour_are_refused(override, wo
 def test_the_muon_options_are_inert_while_adam_is_the_optimizer():
     text = "\n".join(notes(composed("ppo_megatron_trainer.yaml", f"{AOPT}.muon_momentum=0.9")))
     assert f"{AOPT}.muon_momentum" in text and "Muon optimizer only" in text
+
+
+def test_the_gdpo_reward_manager_scores_as_naive_and_icepop_thresholds_arrive():
+    data = composed(
+        "ppo_trainer.yaml",
+        "reward.reward_manager.name=gdpo",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=0.5_4.0",
+    )
+    out = native(data)
+    assert out["reward"]["reward_manager"] == "naive"
+    assert (out["actor"]["rollout_is_threshold_low"], out["actor"]["rollout_is_threshold"]) == (
+        0.5,
+        4.0,
+    )
+    assert any("gdpo scores as naive" in n for n in notes(data))
