@@ -172,7 +172,7 @@ def _pool_off(_v: Any, ctx: Any) -> bool:
 _MANAGERS = r.choice("naive", "batch", "dapo", "prime")
 
 
-def MANAGERS(v: Any, ctx: Any) -> Any:  # noqa: N802 (a rule transform, named as a table)
+def _manager(v: Any, ctx: Any) -> Any:
     """verl 0.9's reward-loop managers: ``gdpo`` scores each sample as ``naive`` does
     (the function's dict fields become the components that ``gdpo_reward_keys`` name)."""
     if v == "gdpo":
@@ -192,7 +192,7 @@ REWARD_RULES: dict[str, Rule] = {
     f"{RW}.custom_reward_function.name": Map("reward.custom_function.name", weak=True),
     # a legacy custom_reward_function (older verl: with reward_kwargs) moves here whole
     f"{RW}.custom_reward_function.reward_kwargs": Map("reward.custom_function.kwargs", weak=True),
-    f"{RW}.reward_manager.name": Map("reward.reward_manager", MANAGERS, weak=True),
+    f"{RW}.reward_manager.name": Map("reward.reward_manager", _manager, weak=True),
     f"{RW}.reward_manager.source": Inert(
         ("register", None),
         "built-in reward managers",
