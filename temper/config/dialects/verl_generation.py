@@ -18,8 +18,7 @@ What differs from verl, stated where it applies:
 - prompts are templated and cut as temper's RL prompts (verl: ``apply_chat_template``
   with ``truncation=True``, the tokenizer's side, right by default): right here too;
 - the scores of ``main_eval`` are temper's reward functions (a ``custom_reward_function``
-  as in verl; without one, the built-in reward of each data source, where verl's
-  ``main_eval`` has none).
+  as in verl; without one, the built-in reward of each row's data source).
 """
 
 from __future__ import annotations

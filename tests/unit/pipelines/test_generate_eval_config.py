@@ -81,3 +81,16 @@ def test_eval_refuses_what_it_would_not_read(over, key, why):
     with pytest.raises(ConfigError) as err:
         build_config(merged(EVAL, over))
     assert err.value.key == key and why in str(err.value)
+
+
+def test_the_examples_load():
+    """examples/generate.yaml writes what examples/eval.yaml reads."""
+    from pathlib import Path
+
+    from temper.pipelines.catalog import load_config
+
+    root = Path(__file__).resolve().parents[3] / "examples"
+    gen = load_config(root / "generate.yaml").config
+    ev = load_config(root / "eval.yaml").config
+    assert (gen.pipeline, ev.pipeline) == ("generate", "eval")
+    assert ev.evaluate.files == [gen.generate.output_path]
