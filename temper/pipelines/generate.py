@@ -17,6 +17,7 @@ checkpoint or tracker: the file is the output.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from temper.config.plan import NO_TRAINING, ROLLOUT, StepShape
 from temper.config.schema import TemperConfig
 from temper.data import build_dataset
 from temper.data.batch import Batch
+from temper.data.collate import PromptExample
 from temper.data.sources import read_rows, write_rows
 from temper.pipelines.preflight import check_columns, writable
 from temper.pipelines.record import Pipeline, no_producer
@@ -57,12 +59,17 @@ def generate(cfg: TemperConfig) -> dict[str, Any]:
     )
     out: list[dict[str, Any]] = []
     tokens = truncated = 0
+    generating = 0.0  # seconds inside the engine (the rest: loading data and the model)
     try:
         batches = list(prompts.eval_batches(gen.batch_size))
         for number, batch in enumerate(batches, start=1):
             batch.meta["temperature"] = params.temperature
+            begin = time.perf_counter()
             done = engine.generate(batch, params)
-            out.extend(response_rows(done, params.n, tokenizer, rows, prompts.examples))
+            generating += time.perf_counter() - begin
+            out.extend(
+                response_rows(done, params.n, tokenizer, rows, prompts.examples, params.logprobs)
+            )
             tokens += int(done["response_mask"].sum())
             truncated += sum(bool(t) for t in done["truncated"])
             print(f"[{number}/{len(batches)}] {len(out)} prompts generated", flush=True)
@@ -81,25 +88,33 @@ def generate(cfg: TemperConfig) -> dict[str, Any]:
         "response_length_mean": tokens / max(responses, 1),
         "responses_cut_at_length": truncated,
         "seconds": seconds,
+        "generation_seconds": generating,
+        "tokens_per_second": tokens / max(generating, 1e-9),
     }
     skipped = f", {prompts.skipped_rows} malformed rows skipped" if prompts.skipped_rows else ""
     print(
         f"generated {responses} responses to {len(out)} prompts ({params.n} each{skipped}) "
-        f"in {seconds:.1f}s, {tokens / max(seconds, 1e-9):.1f} tokens/s: {path}",
+        f"in {seconds:.1f}s ({generating:.1f}s generating, {tokens} tokens, "
+        f"{tokens / max(generating, 1e-9):.1f} tokens/s): {path}",
         flush=True,
     )
     return summary
 
 
 def response_rows(
-    batch: Batch, n: int, tokenizer: Any, rows: dict[str, dict[str, Any]], examples: Any
+    batch: Batch,
+    n: int,
+    tokenizer: Any,
+    rows: dict[str, dict[str, Any]],
+    examples: Sequence[PromptExample],
+    log_probs: bool = True,
 ) -> list[dict[str, Any]]:
     """One output row per prompt of a generated ``batch`` (its ``n`` responses in a row,
-    the engine's aabb order): the input row's columns, ``responses`` (texts, special
-    tokens skipped) and, when the batch has them, ``response_log_probs`` (the log-probs
-    of each response's tokens)."""
+    the engine's aabb order): the input row's columns (``rows`` by the example's
+    ``file:row``), ``responses`` (texts, special tokens skipped) and, with ``log_probs``,
+    ``response_log_probs`` (the sampling log-probs of each response's tokens)."""
     ids, mask = batch["response_ids"].cpu(), batch["response_mask"].cpu().bool()
-    log_probs = batch.get("rollout_log_probs")
+    lp = batch["rollout_log_probs"].cpu().float() if log_probs else None
     texts = tokenizer.batch_decode(
         [row[m].tolist() for row, m in zip(ids, mask)], skip_special_tokens=True
     )
@@ -108,8 +123,7 @@ def response_rows(
         example = examples[batch["index"][first]]
         row = dict(rows[example.source])
         row[RESPONSES] = texts[first : first + n]
-        if log_probs is not None:
-            lp = log_probs.cpu().float()
+        if lp is not None:
             row[LOG_PROBS] = [lp[i][mask[i]].tolist() for i in range(first, first + n)]
         out.append(row)
     return out

@@ -63,15 +63,17 @@ def _prompts(path: Path) -> Path:
 
 
 GENERATION_SCRIPTS = [
-    # (script, command index, n_samples the file asks for)
-    ("verl-2025-06-38d9a88/examples/generation/run_deepseek_v2_lite_math.sh", 0, 1),
-    ("verl-2025-06-38d9a88/recipe/r1/run_r1_distill_qwen.sh", 0, 8),
+    # (script, command index, n_samples the file asks for, whether it asks for log-probs:
+    # verl 2026-01's generation.yaml sets rollout.calculate_log_probs false)
+    ("verl-2025-06-38d9a88/examples/generation/run_deepseek_v2_lite_math.sh", 0, 1, True),
+    ("verl-2025-06-38d9a88/recipe/r1/run_r1_distill_qwen.sh", 0, 8, True),
+    ("verl-2026-01-b178a3c/examples/generation/run_deepseek_v2_lite_math.sh", 0, 1, False),
 ]
 
 
-@pytest.mark.parametrize(("script", "index", "n"), GENERATION_SCRIPTS)
+@pytest.mark.parametrize(("script", "index", "n", "log_probs"), GENERATION_SCRIPTS)
 def test_verl_generation_command_line_writes_responses_and_log_probs(
-    tmp_path, tiny_model_dir, monkeypatch, caplog, script, index, n
+    tmp_path, tiny_model_dir, monkeypatch, caplog, script, index, n, log_probs
 ):
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     config, overrides = _script(script, index)
@@ -96,6 +98,9 @@ def test_verl_generation_command_line_writes_responses_and_log_probs(
     for row in rows:
         assert row["data_source"] == "gsm8k" and row["reward_model"]["style"] == "rule"
         assert len(row["responses"]) == n and all(isinstance(t, str) for t in row["responses"])
+        if not log_probs:
+            assert "response_log_probs" not in row
+            continue
         assert len(row["response_log_probs"]) == n
         for lp in row["response_log_probs"]:
             assert 1 <= len(lp) <= 8  # one per sampled token, at most response_length
