@@ -158,6 +158,12 @@ UNREAD_SECTIONS = {
     "reference": LOADS_NO_MODEL,
     "algorithm": "temper eval reports scores: no advantages or shaping",
 }
+#: Keys of the reward section only a training run reads, and why.
+UNREAD_REWARD_KEYS = {
+    f"reward.{key}": "temper eval has no steps to fail: responses whose reward failed "
+    "score reward.failure_score and are counted"
+    for key in ("max_failure_fraction", "max_failed_steps")
+}
 #: The ``data`` keys an evaluation reads; the others are refused.
 DATA_READS = ("prompt_key", "data_source_key", "ground_truth_key", "extra_info_key", "tag_key")
 DATA_READS_ALSO = ("bad_rows",)
@@ -179,7 +185,7 @@ def _unread_data_keys() -> dict[str, str]:
 
 def check(cfg: TemperConfig) -> None:
     """Keys an evaluation reads nothing of are refused with why; then its own limits."""
-    refuse_unread(cfg, "eval", UNREAD_SECTIONS, _unread_data_keys())
+    refuse_unread(cfg, "eval", UNREAD_SECTIONS, {**_unread_data_keys(), **UNREAD_REWARD_KEYS})
     refuse_run_keys(
         cfg,
         "eval",

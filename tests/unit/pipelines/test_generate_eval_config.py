@@ -71,6 +71,7 @@ REFUSED_EVAL = [
     ({"data": {"max_prompt_length": 64}}, "data.max_prompt_length", "evaluate.*"),
     ({"reward": {"model": {"enable": True, "path": "rm"}}}, "reward.model.enable", "texts"),
     ({"evaluate": {"k": [0, 2]}}, "evaluate.k", "k >= 1"),
+    ({"reward": {"max_failed_steps": 5}}, "reward.max_failed_steps", "no steps to fail"),
     ({"evaluate": {"files": []}}, "evaluate.files", "no files"),
     ({"generate": {"batch_size": 4}}, "generate", "generate pipeline"),
 ]
