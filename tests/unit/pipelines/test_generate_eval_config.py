@@ -95,3 +95,33 @@ def test_the_examples_load():
     ev = load_config(root / "eval.yaml").config
     assert (gen.pipeline, ev.pipeline) == ("generate", "eval")
     assert ev.evaluate.files == [gen.generate.output_path]
+
+
+def test_source_metrics_by_hand():
+    """Two sources; prompts of source b have 2 and 4 responses, so pass@4 is left out
+    for b (and for all) and pass@2 uses every prompt."""
+    from temper.pipelines.evaluate import metrics_table, source_metrics
+
+    scores = [[1.0, 0.0, 0.0, 0.0], [0.5, 1.0], [1.0, 1.0, 0.0, 0.0]]
+    metrics = source_metrics(scores, ["a", "b", "b"], [1, 2, 4], threshold=1.0)
+    assert metrics["a/mean@n"] == pytest.approx(0.25)
+    assert metrics["a/pass@4"] == pytest.approx(1.0)
+    # b: mean of (0.75, 0.5); pass@1 of (1/2, 2/4); pass@2 of (1, 1 − C(2,2)/C(4,2) = 5/6)
+    assert metrics["b/mean@n"] == pytest.approx(0.625)
+    assert metrics["b/pass@1"] == pytest.approx(0.5)
+    assert metrics["b/pass@2"] == pytest.approx((1 + 5 / 6) / 2)
+    assert "b/pass@4" not in metrics and "all/pass@4" not in metrics
+    assert metrics["all/prompts"] == 3.0 and metrics["all/responses"] == 10.0
+    lines = metrics_table(metrics)
+    assert lines[0].split() == [
+        "data",
+        "source",
+        "prompts",
+        "responses",
+        "mean@n",
+        "pass@1",
+        "pass@2",
+        "pass@4",
+    ]
+    assert [line.split()[0] for line in lines[1:]] == ["a", "b", "all"]
+    assert lines[2].split()[-1] == "-"  # b has no pass@4
