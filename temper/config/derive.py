@@ -37,7 +37,13 @@ from temper.config.catalog import (
     Catalog,
 )
 from temper.config.errors import BOUND, Bound, ConfigError, nearest_divisor
-from temper.config.plan import REFERENCE_ALWAYS, Derived, StepShape, TrainArithmetic
+from temper.config.plan import (
+    NO_TRAINING,
+    REFERENCE_ALWAYS,
+    Derived,
+    StepShape,
+    TrainArithmetic,
+)
 from temper.config.schema import TemperConfig, TrainEngineConfig
 
 __all__ = ["Derived", "StepShape", "TrainArithmetic", "derive", "explain", "prompt_groups"]
@@ -194,9 +200,10 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
     samples = shape.samples
     place = placement(cfg)
     critic_on = uses_critic(cfg, catalog)
-    actor = train_arithmetic(
-        cfg.actor, "actor", "actor_train", len(place["actor_train"]), samples, catalog
-    )
+    # generate, eval: no actor is placed (their checks refuse resources.*), so none splits
+    trains = NO_TRAINING not in catalog.pipeline_uses(cfg)
+    devices = len(place["actor_train"]) if trains else 1
+    actor = train_arithmetic(cfg.actor, "actor", "actor_train", devices, samples, catalog)
     critic = None
     if critic_on:
         critic = train_arithmetic(
@@ -218,6 +225,8 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
 def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
     """Rows (name, value, how it is derived) for ``temper check``."""
     rows: list[tuple[str, str, str]] = list(d.shape.rows)
+    if NO_TRAINING in d.uses:  # generate, eval: what a call takes is the whole story
+        return rows
     steps = str(d.max_steps) if d.max_steps is not None else "from data"
     how = (
         "experiment.max_steps"

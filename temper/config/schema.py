@@ -965,6 +965,50 @@ class DPOConfig:
     )
 
 
+# --------------------------------------------------------------------------- generate, eval
+
+
+@dataclass
+class GenerateConfig:
+    """Batch generation to a file (pipeline=generate, ``temper generate``; verl's
+    ``main_generation``): ``rollout.n`` responses to every prompt of ``files`` (templated
+    and cut as RL prompts are, ``data.*``), sampled with ``rollout.*``."""
+
+    files: list[str] = doc([], "Prompt files: parquet, jsonl, json, csv (verl data.path).")
+    output_path: str = doc(
+        "",
+        "File written: every input row's columns plus 'responses' (a list of rollout.n "
+        "texts) and 'response_log_probs' (their sampled tokens' log-probs); parquet, jsonl "
+        "or json by suffix (verl data.output_path).",
+    )
+    batch_size: int = doc(128, "Prompts per generate call (verl data.batch_size).")
+
+
+@dataclass
+class EvaluateConfig:
+    """Scoring of a file of responses (pipeline=eval, ``temper eval``; verl's
+    ``main_eval``): every response of a row is scored by the run's reward (``reward.*``,
+    with the row's ``data.data_source_key`` / ``ground_truth_key`` / ``extra_info_key``),
+    and mean@n and pass@k are reported per data source."""
+
+    files: list[str] = doc([], "Files of responses (verl data.path).")
+    response_key: str = doc(
+        "responses",
+        "Column (dotted path) with a row's responses: a list of strings, or one string "
+        "(verl data.response_key).",
+    )
+    k: list[int] = doc(
+        [], "The k of pass@k; empty: 1, 2, 4, … up to the responses per row, and that number."
+    )
+    pass_threshold: float = doc(
+        1.0, "A response passes (counts as correct for pass@k) when its score is at least this."
+    )
+    output_path: str = doc(
+        "",
+        "Also write the metrics here as JSON (verl prints them only); empty: print only.",
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -975,7 +1019,8 @@ class TemperConfig:
     pipeline: str = doc(
         "rlvr",
         "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; dpo: "
-        "preference pairs; or your own, "
+        "preference pairs; generate: responses to a file (temper generate); eval: scores "
+        "of a file of responses (temper eval); or your own, "
         "as a dotted path "
         "(my_pkg.my_module:MyPipeline) or a file (path/to/pipeline.py:MyPipeline).",
     )
@@ -992,3 +1037,5 @@ class TemperConfig:
     agentic: AgenticConfig = sub(AgenticConfig, "Agentic pipeline (pipeline=agentic).")
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
     dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")
+    generate: GenerateConfig = sub(GenerateConfig, "Batch generation (pipeline=generate).")
+    evaluate: EvaluateConfig = sub(EvaluateConfig, "Scoring a file of responses (pipeline=eval).")

@@ -26,6 +26,7 @@ from temper.config.derive import (
     uses_reference,
 )
 from temper.config.errors import ConfigError, unknown_name
+from temper.config.plan import NO_POLICY, NO_TRAINING
 from temper.config.schema import OptimConfig, TemperConfig
 
 
@@ -212,7 +213,7 @@ def _check_pixels(low: int | None, high: int | None) -> None:
 
 
 def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
-    if not cfg.model.path:
+    if not cfg.model.path and NO_POLICY not in catalog.pipeline_uses(cfg):
         raise ConfigError(
             "model.path", "no policy model given", "set model.path to a model directory or hub id"
         )
@@ -324,6 +325,8 @@ def _check_reward_components(cfg: TemperConfig, catalog: Catalog) -> None:
 
 
 def _check_placement(cfg: TemperConfig, catalog: Catalog) -> None:
+    if NO_TRAINING in catalog.pipeline_uses(cfg):
+        return  # generate, eval: no roles are placed (their checks refuse resources.*)
     n = total_devices(cfg)
     _positive("resources.nnodes", cfg.resources.nnodes)
     _positive("resources.devices_per_node", cfg.resources.devices_per_node)

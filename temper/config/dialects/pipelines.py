@@ -2,11 +2,11 @@
 
 temper runs RL — the ``rlvr`` pipeline (PPO, GRPO and relatives, single-turn, verl's
 ``main_ppo`` and ROLL's RLVR pipeline) and the ``agentic`` one (multi-turn episodes) —
-supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline) and DPO
-(``dpo``: ROLL's DPO pipeline), which the dialects translate. verl and ROLL ship other
-trainers too — distillation,
-generation-only runs, self-play recipes. Their configs reuse many RL keys, so a key-by-key
-translation would fail on some key deep inside with "unknown key, did you mean …", which
+supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline), DPO
+(``dpo``: ROLL's DPO pipeline), and verl's generation and evaluation entry points
+(``generate``, ``eval``), which the dialects translate. verl and ROLL ship other
+trainers too — distillation, ROLL's rollout-only runs, self-play recipes. Their configs
+reuse many RL keys, so a key-by-key translation would fail on some key deep inside with "unknown key, did you mean …", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
 keys only that pipeline has, and refused in one line that names the pipeline.
 """
@@ -17,10 +17,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from temper.config.dialects.verl_sft import is_sft
 from temper.config.errors import ConfigError
 
-RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic, sft and dpo pipelines"
+RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic, sft and dpo pipelines, and generate and eval"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,19 +76,6 @@ def _diffusion(data: dict[str, Any]) -> str | None:
     return None
 
 
-def _verl_generation(data: dict[str, Any]) -> str | None:
-    if "actor_rollout_ref" not in data and "rollout" in data and _has(data, "data.output_path"):
-        return "data.output_path"
-    return None
-
-
-def _verl_eval(data: dict[str, Any]) -> str | None:
-    # an SFT trainer's data has a response_key too (the column it learns)
-    if "actor_rollout_ref" not in data and _has(data, "data.response_key") and not is_sft(data):
-        return "data.response_key"
-    return None
-
-
 ROLL_SHAPES = (
     Shape(
         "ROLL on-policy distillation pipeline",
@@ -105,10 +91,6 @@ ROLL_SHAPES = (
     Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
 )
 VERL_SHAPES = (
-    Shape(
-        "verl generation entry point", "batch generation to a file, no training", _verl_generation
-    ),
-    Shape("verl evaluation entry point", "scoring of saved generations, no training", _verl_eval),
     Shape(
         "verl SPIN recipe",
         "self-play fine-tuning with a DPO-style loss",

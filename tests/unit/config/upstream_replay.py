@@ -155,6 +155,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("pipeline: distillation", r"distillation pipeline|distillation trainer"),
     ("pipeline: rollout only", r"ROLL rollout pipeline"),
     ("pipeline: generation/eval", r"verl (generation|evaluation) entry point"),
+    ("generation: multi-node", r"multi-node generation"),
     ("pipeline: spin/sppo/prime", r"verl (SPIN|SPPO|PRIME) recipe"),
     ("engine: sglang", r"'sglang'"),
     ("engine: trtllm", r"TensorRT-LLM"),
