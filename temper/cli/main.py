@@ -179,7 +179,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from temper.report import write_report
 
     try:
-        report = write_report(args.run_dir, args.out)
+        report = write_report(list(args.run_dir), args.out)
     except (OSError, ValueError) as err:
         print(f"report: {err}", file=sys.stderr)
         return 1
@@ -255,10 +255,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser(
-        "report", help="draw a run's dashboard (PNG) and summary (markdown)", parents=[common]
+        "report",
+        help="draw a run's (or chained runs') dashboard (PNG) and summary (markdown)",
+        parents=[common],
     )
-    p.add_argument("run_dir", help="run directory (with metrics.jsonl) or the metrics file")
-    p.add_argument("--out", default=None, help="where to write them (default: the run dir)")
+    p.add_argument(
+        "run_dir",
+        nargs="+",
+        help="run directory (with metrics.jsonl) or the metrics file; several: runs chained "
+        "in that order (e.g. sft then rl) on one step axis",
+    )
+    p.add_argument("--out", default=None, help="where to write them (default: the last run dir)")
     p.set_defaults(func=cmd_report)
     return parser
 

@@ -8,6 +8,10 @@ among them) — always all of them, on one step axis, so
 dashboards of different runs line up; a panel whose keys the run did not log says so
 (e.g. no KL without a reference). Raw values are drawn faintly with an exponential
 moving average on top when there are enough points to need smoothing.
+
+Runs chained into one (``temper report sft_run rl_run``: SFT, then RL from its
+checkpoint) share one report: each stage's steps follow the stage before it on one step
+axis, a dashed line marks where a stage starts, and the summary has a part per stage.
 """
 
 from __future__ import annotations
@@ -30,6 +34,31 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("throughput (tokens/s)", ("perf/tokens_per_s",)),
     ("loss", ("actor/pg_loss", "critic/value_loss", "train/loss", "val/loss")),
 )
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One run of a chained report: its name and where its steps lie on the shared axis
+    (its own step ``s`` is drawn at ``offset + s``)."""
+
+    name: str
+    offset: int
+    last: int
+
+
+def chain(runs: list[tuple[str, list[dict[str, Any]]]]) -> tuple[list[dict[str, Any]], list[Stage]]:
+    """The rows of consecutive runs on one step axis: run ``k``'s steps shifted by the
+    last step of run ``k-1`` (so its step 0, validation before training, is drawn where
+    the stage before it ended), each row tagged with its stage's name."""
+    out: list[dict[str, Any]] = []
+    stages: list[Stage] = []
+    offset = 0
+    for name, rows in runs:
+        last = max((int(r["step"]) for r in rows), default=0)
+        out += [{**r, "step": int(r["step"]) + offset, "stage": name} for r in rows]
+        stages.append(Stage(name, offset, offset + last))
+        offset += last
+    return out, stages
 
 
 @dataclass(frozen=True)
@@ -89,8 +118,14 @@ def _keys_for(title: str, keys: tuple[str, ...], rows: list[dict[str, Any]]) -> 
     return [k for k in keys if k in present]
 
 
-def plot_dashboard(rows: list[dict[str, Any]], png: str | Path, title: str = "") -> Path:
-    """Draw the panels that have data into ``png``."""
+def plot_dashboard(
+    rows: list[dict[str, Any]],
+    png: str | Path,
+    title: str = "",
+    stages: list[Stage] | None = None,
+) -> Path:
+    """Draw the panels that have data into ``png`` (``stages``: a chained report's
+    runs, each start marked)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,6 +160,8 @@ def plot_dashboard(rows: list[dict[str, Any]], png: str | Path, title: str = "")
                 continue
             color, style = f"C{i}", "-" if i == 0 else "--"
             label = key.split("/", 1)[1] if "/" in key else key
+            if sum(k.split("/", 1)[-1] == label for k in keys) > 1:  # train/loss, val/loss
+                label = key
             if len(values) >= 10 and not key.startswith("val/"):
                 ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
                 ema = _ema(values, 0.2)
@@ -139,8 +176,19 @@ def plot_dashboard(rows: list[dict[str, Any]], png: str | Path, title: str = "")
                     markersize=3,
                     label=label,
                 )
+        for stage in (stages or [])[1:]:
+            ax.axvline(stage.offset, color="0.35", linestyle=":", linewidth=1)
+            ax.text(
+                stage.offset,
+                1.0,
+                f" {stage.name}",
+                transform=ax.get_xaxis_transform(),
+                fontsize=7,
+                color="0.35",
+                va="top",
+            )
         ax.set_title(name, fontsize=11)
-        ax.set_xlabel("step", fontsize=9)
+        ax.set_xlabel("step" if not stages else "step (stages chained)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)
         if keys:
@@ -168,11 +216,31 @@ def summary_markdown(
 ) -> str:
     """A few lines a human reads first: length, reward trend, validation, speed (and
     ``warning``, what was wrong with the record, first)."""
-    steps = sorted({int(r["step"]) for r in rows})
     lines = [f"# {title}", ""]
     if warning:
         lines += [f"> warning: {warning}", ""]
-    lines.append(f"- steps logged: {len(steps)} (last step {steps[-1] if steps else 0})")
+    lines += _summary_lines(rows)
+    lines += ["", f"![dashboard]({png_name})", ""]
+    return "\n".join(lines)
+
+
+def chained_summary_markdown(
+    parts: list[tuple[Stage, list[dict[str, Any]], str | None]], png_name: str, title: str
+) -> str:
+    """:func:`summary_markdown` with a part per stage (its own steps and warning)."""
+    lines = [f"# {title}", ""]
+    for i, (stage, rows, warning) in enumerate(parts, start=1):
+        lines += [f"## stage {i}: {stage.name} (chained steps {stage.offset}–{stage.last})", ""]
+        if warning:
+            lines += [f"> warning: {warning}", ""]
+        lines += [*_summary_lines(rows), ""]
+    lines += [f"![dashboard]({png_name})", ""]
+    return "\n".join(lines)
+
+
+def _summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    steps = sorted({int(r["step"]) for r in rows})
+    lines = [f"- steps logged: {len(steps)} (last step {steps[-1] if steps else 0})"]
     for key in (
         "train/reward_mean",
         "train/loss",
@@ -201,24 +269,47 @@ def summary_markdown(
     _, tps = series(rows, "perf/tokens_per_s")
     if tps:
         lines.append(f"- throughput: {sum(tps) / len(tps):.1f} tokens/s (mean over steps)")
-    lines += ["", f"![dashboard]({png_name})", ""]
-    return "\n".join(lines)
+    return lines
 
 
-def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Report:
-    """``report.png`` and ``report.md`` for the run in ``run_dir`` (into ``out_dir``): one
-    point per step, its last value, in step order (``Report.warning`` says when the file
-    held steps out of order or more than once)."""
-    run_dir = Path(run_dir)
-    steps = by_step(read_metrics(run_dir), str(_metrics_file(run_dir)))
-    rows = steps.rows
-    if not rows:
-        raise ValueError(f"{run_dir}: metrics.jsonl has no rows to report")
-    out = (
-        Path(out_dir) if out_dir is not None else (run_dir if run_dir.is_dir() else run_dir.parent)
-    )
-    title = run_dir.name if run_dir.is_dir() else run_dir.parent.name
-    png = plot_dashboard(rows, out / "report.png", title=title)
+def write_report(
+    run_dirs: str | Path | list[str | Path], out_dir: str | Path | None = None
+) -> Report:
+    """``report.png`` and ``report.md`` for the run in ``run_dirs`` (or the runs, chained
+    in the order given) into ``out_dir`` (default: the last run's directory): one point
+    per step, its last value, in step order (``Report.warning`` says when a file held
+    steps out of order or more than once)."""
+    runs = [Path(p) for p in (run_dirs if isinstance(run_dirs, list) else [run_dirs])]
+    if not runs:
+        raise ValueError("no run directory given")
+    parts = []
+    for run in runs:
+        steps = by_step(read_metrics(run), str(_metrics_file(run)))
+        if not steps.rows:
+            raise ValueError(f"{run}: metrics.jsonl has no rows to report")
+        parts.append((_name(run), steps))
+    last = runs[-1]
+    out = Path(out_dir) if out_dir is not None else (last if last.is_dir() else last.parent)
     md = out / "report.md"
-    md.write_text(summary_markdown(rows, png.name, title, steps.warning), encoding="utf-8")
-    return Report(png, md, steps.warning)
+    if len(parts) == 1:
+        (title, steps) = parts[0]
+        png = plot_dashboard(steps.rows, out / "report.png", title=title)
+        md.write_text(
+            summary_markdown(steps.rows, png.name, title, steps.warning), encoding="utf-8"
+        )
+        return Report(png, md, steps.warning)
+    rows, stages = chain([(name, steps.rows) for name, steps in parts])
+    title = " → ".join(name for name, _ in parts)
+    png = plot_dashboard(rows, out / "report.png", title=title, stages=stages)
+    text = chained_summary_markdown(
+        [(stage, steps.rows, steps.warning) for stage, (_, steps) in zip(stages, parts)],
+        png.name,
+        title,
+    )
+    md.write_text(text, encoding="utf-8")
+    warnings = [f"{name}: {steps.warning}" for name, steps in parts if steps.warning]
+    return Report(png, md, "; ".join(warnings) or None)
+
+
+def _name(run: Path) -> str:
+    return run.name if run.is_dir() else run.parent.name

@@ -6,6 +6,7 @@ import json
 
 from temper.cli.main import main
 from temper.report import read_metrics, summary_markdown
+from temper.report.dashboard import chain
 
 
 def _run_dir(tmp_path):
@@ -55,3 +56,26 @@ def test_summary_skips_missing_keys(tmp_path):
     assert len(rows) == 14
     text = summary_markdown(rows[:1], "r.png", "t")
     assert "steps logged: 1" in text and "train/reward_mean" not in text
+
+
+def test_chained_runs_share_one_report_stage_after_stage(tmp_path, capsys):
+    """SFT (4 steps), then RL from its checkpoint (the run of _run_dir, 12 steps): the RL
+    steps follow the SFT ones on one axis, each stage summarised on its own."""
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    rows = [{"step": 0, "val/loss": 2.0}]
+    rows += [{"step": s, "train/loss": 2.0 - 0.4 * s} for s in range(1, 5)]
+    rows.append({"step": 4, "val/loss": 0.5})
+    (sft / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rl = _run_dir(tmp_path)
+    assert main(["report", str(sft), str(rl), "--out", str(tmp_path / "chain")]) == 0
+    md = (tmp_path / "chain" / "report.md").read_text()
+    assert md.startswith("# sft → run")
+    assert "## stage 1: sft (chained steps 0–4)" in md
+    assert "## stage 2: run (chained steps 4–16)" in md
+    assert "val/loss: first 2 (step 0), last 0.5 (step 4), best 0.5 (step 4)" in md
+    assert "train/reward_mean: 0.25 → 0.8333" in md  # the RL stage's own steps
+    assert (tmp_path / "chain" / "report.png").read_bytes()[:4] == b"\x89PNG"
+    chained, stages = chain([("sft", read_metrics(sft)), ("run", read_metrics(rl))])
+    assert [s.offset for s in stages] == [0, 4]
+    assert max(r["step"] for r in chained if r["stage"] == "run") == 16
