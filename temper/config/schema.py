@@ -747,7 +747,9 @@ class AlgorithmConfig:
     gae_whiten: bool = doc(True, "GAE: whiten advantages in the estimator (verl; ROLL: false).")
     use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
     kl_penalty: str = doc(
-        "kl", "KL estimator in the reward (kl, abs, mse, low_var_kl, full).", registry="kl_penalty"
+        "kl",
+        "KL estimator in the reward (kl, abs, mse, low_var_kl, full) and of distillation's signal.",
+        registry="kl_penalty",
     )
     kl_ctrl: KLControlConfig = sub(KLControlConfig, "KL coefficient controller.")
     reward_norm: str = doc(
@@ -957,6 +959,41 @@ class DPOConfig:
     )
 
 
+@dataclass
+class TeacherConfig:
+    """A teacher of on-policy distillation: a frozen model that scores the student's
+    sampled tokens (a forward pass, built as the reference is: engine
+    ``reference.strategy``, its micro-batching; colocated with the actor)."""
+
+    model_path: str = doc(
+        "", "The teacher's weights (a directory or hub id; ROLL teacher model_name_or_path)."
+    )
+    kl_coef: float = doc(1.0, "Weight of this teacher's KL in the signal, c_i (ROLL opd_kl_coef).")
+    tags: list[str] = doc(
+        [],
+        "Data tags (data.tag_key) of the samples this teacher scores; empty: every sample "
+        "(ROLL tag_included).",
+    )
+
+
+@dataclass
+class DistillConfig:
+    """On-policy distillation (pipelines rlvr and agentic): the student samples, every
+    teacher routed to a sample scores its tokens, and the per-token signal
+    ``−Σ_i c_i·KL_i`` (KL estimator ``algorithm.kl_penalty`` of the student's old log-probs
+    against the teacher's) is the advantage (``pure``) or is added to the RL advantage."""
+
+    teachers: dict[str, TeacherConfig] = doc(
+        {}, "Teachers by name; empty: no distillation (ROLL teacher, single or a dict)."
+    )
+    pure: bool = doc(
+        True,
+        "True: the advantage is the distillation signal alone and the task reward is only "
+        "reported (ROLL is_pure_opd); False: the signal is added to the estimator's "
+        "advantage (ROLL use_opd).",
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -984,3 +1021,4 @@ class TemperConfig:
     agentic: AgenticConfig = sub(AgenticConfig, "Agentic pipeline (pipeline=agentic).")
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
     dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")
+    distill: DistillConfig = sub(DistillConfig, "On-policy distillation from teachers.")
