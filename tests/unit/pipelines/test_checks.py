@@ -32,7 +32,12 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+TEACHER = {"distill": {"teachers": {"big": {"model_path": "teacher"}}}}
 REFUSED = [
+    (RLVR, {**TEACHER, "resources": {"backend": "ray"}}, "distill.teachers"),
+    (RLVR, {**TEACHER, "algorithm": {"kl_penalty": "full"}}, "algorithm.kl_penalty"),
+    (RLVR, {**TEACHER, "algorithm": {"adv_estimator": "gae"}}, "distill.pure"),
+    ({**RLVR, "pipeline": "sft"}, TEACHER, "distill"),
     (RLVR, {"algorithm": {"use_reward_norm": True}}, "algorithm.use_reward_norm"),
     (
         RLVR,
