@@ -5,10 +5,12 @@ student's reverse KL to the teacher on held-out prompts falls."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from temper.cli.main import main
 from temper.pipelines import run_pipeline as train
 from temper.pipelines.catalog import build_config
 from temper.utils.tiny import make_tiny_model
@@ -106,3 +108,68 @@ def test_student_reverse_kl_to_teacher_falls(tmp_path, tiny_model_dir, teacher_d
     print(f"training reverse KL (mean of 5 steps): {first:.4f} -> {last:.4f}")
     assert after < 0.8 * before
     assert last < first
+
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
+OPD = UPSTREAM / "roll-2026-08-8eb27cc/examples/qwen3-8B-onpolicy-distill-megatron"
+
+
+def _roll_rows(path: Path, n: int, seed: int) -> Path:
+    """``task:arithmetic`` prompts in the file's columns: ``messages`` (a JSON message
+    list, as ROLL's data holds it), ``tag`` (the math reward's ``math_dapo``), ground truth."""
+    from temper.data.tasks import make_task_rows
+
+    rows = make_task_rows("arithmetic", n, seed=seed)
+    lines = [
+        json.dumps(
+            {
+                "messages": json.dumps(r["prompt"]),
+                "tag": "math_dapo",
+                "ground_truth": r["reward_model"]["ground_truth"],
+            }
+        )
+        for r in rows
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_roll_onpolicy_distill_file_trains(tmp_path, tiny_model_dir, teacher_dir, monkeypatch):
+    """ROLL's on-policy distillation example (2026-08: Qwen3-8B from Qwen3-32B, megatron
+    on 16 GPUs): 2 steps on this CPU, its student's batch arithmetic and pure OPD."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "roll-opd"
+    train_rows = _roll_rows(tmp_path / "train.jsonl", 64, 5)
+    val_rows = _roll_rows(tmp_path / "val.jsonl", 8, 6)
+    roles = ("student_train", "student_infer", "teacher")
+    overrides = [
+        f"pretrain={tiny_model_dir}",  # model
+        f"reward_pretrain={tiny_model_dir}",
+        f"teacher.model_args.model_name_or_path={teacher_dir}",
+        f"student_train.data_args.file_name=[{train_rows}]",  # data
+        f"validation.data_args.file_name=[{val_rows}]",
+        "rollout_batch_size=8",  # 8 prompts a step instead of 16
+        "max_steps=2",  # length
+        "prompt_length=96",
+        "response_length=8",
+        "num_gpus_per_node=1",  # device
+        *[f"{role}.device_mapping=list(range(0,1))" for role in roles],
+        "student_train.strategy_args.strategy_name=hf_train",
+        "~student_train.strategy_args.strategy_config",
+        "student_infer.strategy_args.strategy_name=hf_infer",
+        "~student_infer.strategy_args.strategy_config",
+        "teacher.strategy_args.strategy_name=hf_infer",
+        "~teacher.strategy_args.strategy_config",
+        "track_with=stdout",
+        f"output_dir={out}",  # outputs
+        f"checkpoint_config.output_dir={out / 'ckpt'}",
+    ]
+    assert main(["train", str(OPD / "onpolicy_distill_config.yaml"), *overrides]) == 0
+    rows = [r for r in read_metrics(out) if "distill/reverse_kl" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        # pure OPD: the advantage is −opd_kl_coef (1.0) × the per-token KL, nothing else
+        assert r["train/advantage_mean"] == pytest.approx(-r["distill/penalty_mean"], abs=1e-6)
+        assert r["perf/samples"] == 32  # 8 prompts × num_return_sequences_in_group 4
+    assert (out / "final" / "actor" / "model.safetensors").is_file()
