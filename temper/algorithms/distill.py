@@ -41,13 +41,18 @@ def distill_penalty(
     coefs: Sequence[float],
     response_mask: Tensor,
     estimator: str = "kl",
+    log_prob_min: float | None = None,
+    max_value: float | None = None,
 ) -> Tensor:
     """Weighted per-token divergence of the student from its routed teachers, ``(B, R)``.
 
-    ``D[b, r] = m[b, r] · Σ_t c_t · routed[b, t] · k(log π[b, r], log π_t[b, t, r])`` with
-    ``k`` the KL estimator ``estimator`` (``kl``: ``log π − log π_t``, the reverse KL's
-    sample), ``m`` the response mask. Shapes: ``log_probs`` (B, R), ``teacher_log_probs``
-    (B, T, R), ``routed`` (B, T) bool, ``coefs`` length T, ``response_mask`` (B, R).
+    ``D[b, r] = m[b, r] · Σ_t c_t · routed[b, t] · min(k(ℓ[b, r], ℓ_t[b, t, r]), M)`` with
+    ``k`` the KL estimator ``estimator`` (``kl``: ``ℓ − ℓ_t``, the reverse KL's sample),
+    ``ℓ = max(log π, L)`` and ``ℓ_t = max(log π_t, L)`` (``L = log_prob_min``: a token
+    one model all but rules out no longer dominates the signal; None: no clamp), ``M =
+    max_value`` (None: no cap; verl's ``log_prob_min_clamp`` and ``loss_max_clamp``), ``m``
+    the response mask. Shapes: ``log_probs`` (B, R), ``teacher_log_probs`` (B, T, R),
+    ``routed`` (B, T) bool, ``coefs`` length T, ``response_mask`` (B, R).
     """
     b, n_teachers, r = teacher_log_probs.shape
     if log_probs.shape != (b, r) or routed.shape != (b, n_teachers) or len(coefs) != n_teachers:
@@ -55,8 +60,14 @@ def distill_penalty(
             f"shapes disagree: log_probs {tuple(log_probs.shape)}, teacher_log_probs "
             f"{tuple(teacher_log_probs.shape)}, routed {tuple(routed.shape)}, {len(coefs)} coefs"
         )
-    total = torch.zeros_like(log_probs, dtype=torch.float32)
+    student = log_probs.float()
+    teachers = teacher_log_probs.float()
+    if log_prob_min is not None:
+        student, teachers = student.clamp(min=log_prob_min), teachers.clamp(min=log_prob_min)
+    total = torch.zeros_like(student)
     for t, coef in enumerate(coefs):
-        k = kl_penalty(log_probs.float(), teacher_log_probs[:, t].float(), estimator)
+        k = kl_penalty(student, teachers[:, t], estimator)
+        if max_value is not None:
+            k = k.clamp(max=max_value)
         total = total + coef * routed[:, t].unsqueeze(-1).float() * k
     return total * response_mask.float()

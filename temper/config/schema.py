@@ -748,7 +748,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
     kl_penalty: str = doc(
         "kl",
-        "KL estimator in the reward (kl, abs, mse, low_var_kl, full) and of distillation's signal.",
+        "KL estimator in the reward (kl, abs, mse, low_var_kl, full).",
         registry="kl_penalty",
     )
     kl_ctrl: KLControlConfig = sub(KLControlConfig, "KL coefficient controller.")
@@ -980,8 +980,8 @@ class TeacherConfig:
 class DistillConfig:
     """On-policy distillation (pipelines rlvr and agentic): the student samples, every
     teacher routed to a sample scores its tokens, and the per-token signal
-    ``−Σ_i c_i·KL_i`` (KL estimator ``algorithm.kl_penalty`` of the student's old log-probs
-    against the teacher's) is the advantage (``pure``) or is added to the RL advantage."""
+    ``−Σ_i c_i·KL_i`` (estimator ``kl_penalty`` of the student's old log-probs against the
+    teacher's) is the advantage (``pure``) or is added to the RL advantage."""
 
     teachers: dict[str, TeacherConfig] = doc(
         {}, "Teachers by name; empty: no distillation (ROLL teacher, single or a dict)."
@@ -991,6 +991,18 @@ class DistillConfig:
         "True: the advantage is the distillation signal alone and the task reward is only "
         "reported (ROLL is_pure_opd); False: the signal is added to the estimator's "
         "advantage (ROLL use_opd).",
+    )
+    kl_penalty: str = doc(
+        "kl",
+        "Per-token estimator of the student's KL to a teacher on the sampled token: kl "
+        "(log π − log π_t), abs, mse, low_var_kl (ROLL kl_penalty; verl loss_mode).",
+        registry="kl_penalty",
+    )
+    log_prob_min_clamp: float | None = doc(
+        None, "Clamp both models' log-probs from below first (verl log_prob_min_clamp)."
+    )
+    loss_max_clamp: float | None = doc(
+        None, "Cap each teacher's per-token estimate (verl loss_max_clamp)."
     )
 
 

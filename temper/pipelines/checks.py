@@ -180,10 +180,10 @@ def _check_distill(cfg: TemperConfig, plan: Derived) -> None:
             "placing them on Ray workers of their own is not built",
             "set resources.backend=local",
         )
-    if kl_estimator_needs_logits(cfg.algorithm.kl_penalty):
+    if kl_estimator_needs_logits(cfg.distill.kl_penalty):
         raise ConfigError(
-            "algorithm.kl_penalty",
-            f"'{cfg.algorithm.kl_penalty}' needs the logits of both models; the teachers' "
+            "distill.kl_penalty",
+            f"'{cfg.distill.kl_penalty}' needs the logits of both models; the teachers' "
             "signal is estimated on the sampled tokens' log-probs",
             "use kl, abs, mse or low_var_kl",
         )

@@ -247,7 +247,7 @@ def compute_experience(
     )
     penalty = None
     if s.distill.teachers:  # on-policy distillation: −Σ c_i·KL_i per token
-        penalty, distilled = distillation_signal(batch, s.distill, algo.kl_penalty, mask)
+        penalty, distilled = distillation_signal(batch, s.distill, mask)
         metrics.update(distilled)
     if penalty is not None and s.distill.pure:  # the signal is the whole advantage
         advantages = -penalty
@@ -276,7 +276,7 @@ def compute_experience(
 
 
 def distillation_signal(
-    batch: Batch, distill: DistillConfig, estimator: str, mask: Tensor
+    batch: Batch, distill: DistillConfig, mask: Tensor
 ) -> tuple[Tensor, dict[str, float]]:
     """``(B, R)`` weighted divergence of the student's old log-probs from the teachers'
     (:func:`temper.algorithms.distill_penalty`) and its metrics: per teacher, the mean
@@ -285,7 +285,16 @@ def distillation_signal(
     student, teacher = batch["old_log_probs"].float(), batch["teacher_log_probs"].float()
     routed = batch["teacher_routed"].bool()
     coefs = [distill.teachers[n].kl_coef for n in names]
-    penalty = A.distill_penalty(student, teacher, routed, coefs, mask, estimator)
+    penalty = A.distill_penalty(
+        student,
+        teacher,
+        routed,
+        coefs,
+        mask,
+        distill.kl_penalty,
+        log_prob_min=distill.log_prob_min_clamp,
+        max_value=distill.loss_max_clamp,
+    )
     metrics: dict[str, float] = {}
     total, count = 0.0, 0.0
     for t, name in enumerate(names):

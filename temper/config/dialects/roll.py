@@ -96,6 +96,9 @@ def _translate(
     derive.definitions(ctx, raw, defs)
     if distill is not None:
         ctx.set("distill.teachers", distill["teachers"], "teacher")
+        kl = ctx.native_get("algorithm.kl_penalty")
+        if kl is not None:  # ROLL's OPD estimates each teacher's KL with kl_penalty
+            ctx.set("distill.kl_penalty", kl, "kl_penalty")
         mode = "is_pure_opd" if distill["pure"] else "use_opd"
         ctx.set("distill.pure", distill["pure"], "student_train" if distill["pure"] else mode)
         ctx.notes.extend(opd_notes)

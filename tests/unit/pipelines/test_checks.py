@@ -35,7 +35,7 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 TEACHER = {"distill": {"teachers": {"big": {"model_path": "teacher"}}}}
 REFUSED = [
     (RLVR, {**TEACHER, "resources": {"backend": "ray"}}, "distill.teachers"),
-    (RLVR, {**TEACHER, "algorithm": {"kl_penalty": "full"}}, "algorithm.kl_penalty"),
+    (RLVR, {"distill": {**TEACHER["distill"], "kl_penalty": "full"}}, "distill.kl_penalty"),
     (RLVR, {**TEACHER, "algorithm": {"adv_estimator": "gae"}}, "distill.pure"),
     ({**RLVR, "pipeline": "sft"}, TEACHER, "distill"),
     (RLVR, {"algorithm": {"use_reward_norm": True}}, "algorithm.use_reward_norm"),
