@@ -173,3 +173,36 @@ def test_roll_onpolicy_distill_file_trains(tmp_path, tiny_model_dir, teacher_dir
         assert r["train/advantage_mean"] == pytest.approx(-r["distill/penalty_mean"], abs=1e-6)
         assert r["perf/samples"] == 32  # 8 prompts × num_return_sequences_in_group 4
     assert (out / "final" / "actor" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_verl_distillation_command_line_trains(tmp_path, tiny_model_dir, teacher_dir, monkeypatch):
+    """verl's GRPO example (2026-01) with verl 0.9's distillation arguments (those of
+    ``run_qwen3_8b_fsdp.sh``: k1 policy-gradient OPD without task rewards, clamps; the
+    example's KL loss off, as verl drops it without task rewards): 2 steps on CPU."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_upstream_train import _script, _verl
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(
+        "verl-2026-01-b178a3c/examples/grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh"
+    )
+    out = tmp_path / "verl-opd"
+    loss = "+distillation.distillation_loss"
+    distill = [
+        "+distillation.enabled=True",
+        f"+distillation.teacher_models.teacher_model.model_path={teacher_dir}",
+        f"{loss}.loss_mode=k1",
+        f"{loss}.use_policy_gradient=True",
+        f"{loss}.use_task_rewards=False",
+        f"{loss}.loss_max_clamp=10.0",
+        f"{loss}.log_prob_min_clamp=-10.0",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+    ]
+    assert main(["train", str(config), *overrides, *_verl(tiny_model_dir, out), *distill]) == 0
+    rows = [r for r in read_metrics(out) if "distill/reverse_kl" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["train/advantage_mean"] == pytest.approx(-r["distill/penalty_mean"], abs=1e-6)
