@@ -430,7 +430,10 @@ ADDITIONS: dict[str, Rule] = {
     "ipa_failure_reward": Reject(
         "the IPA failure reward is not supported", "remove it", ok=lambda v: v in (None, 0, 0.0)
     ),
-    "pure_opd_pipeline_type": Note("read by ROLL's on-policy distillation pipeline only"),
+    "pure_opd_pipeline_type": Note(
+        "ROLL's OPD launcher picks the RLVR or agentic config class with it; here the "
+        "file's train_env_manager picks the pipeline"
+    ),
     "rollout_mock.enable": Reject(
         "replaying mocked rollouts is not supported",
         "set rollout_mock.enable: false",
