@@ -43,7 +43,18 @@ def placed_roles(cfg: TemperConfig, d: Derived) -> dict[str, list[int]]:
     roles = ["actor", *(["rollout"] if d.use_rollout else []), *d.roles[1:]]
     if judge_used(cfg):
         roles.append("judge")
-    return {role: list(d.placement[PLACEMENT_KEYS[role]]) for role in roles}
+    placed = {role: list(d.placement[PLACEMENT_KEYS[role]]) for role in roles}
+    for name in cfg.distill.teachers:  # each teacher its group, on the reference's devices
+        placed[teacher_role(name)] = list(d.placement["reference"])
+    return placed
+
+
+TEACHER = "teacher:"  # a teacher's worker group: teacher:<name> of distill.teachers
+
+
+def teacher_role(name: str) -> str:
+    """The worker-group role of teacher ``name``."""
+    return f"{TEACHER}{name}"
 
 
 def device_pools(ids_by_role: dict[str, list[int]]) -> list[tuple[int, ...]]:

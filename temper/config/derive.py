@@ -287,7 +287,7 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
             (
                 f"teacher {name}",
                 teacher.model_path,
-                f"kl_coef {teacher.kl_coef:g}, scores {tags}; colocated with the actor, "
+                f"kl_coef {teacher.kl_coef:g}, scores {tags}; on the reference's devices, "
                 f"engine reference.strategy ({cfg.reference.strategy})",
             )
         )

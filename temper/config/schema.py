@@ -963,7 +963,8 @@ class DPOConfig:
 class TeacherConfig:
     """A teacher of on-policy distillation: a frozen model that scores the student's
     sampled tokens (a forward pass, built as the reference is: engine
-    ``reference.strategy``, its micro-batching; colocated with the actor)."""
+    ``reference.strategy``, its micro-batching, its devices ``resources.reference`` — in
+    this process on the local backend, a worker group of its own on Ray)."""
 
     model_path: str = doc(
         "", "The teacher's weights (a directory or hub id; ROLL teacher model_name_or_path)."

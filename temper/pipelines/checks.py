@@ -173,13 +173,6 @@ def _check_distill(cfg: TemperConfig, plan: Derived) -> None:
     teachers = cfg.distill.teachers
     if not teachers:
         return
-    if cfg.resources.backend != "local":
-        raise ConfigError(
-            "distill.teachers",
-            "the teachers are built in the driver's process, colocated with the actor; "
-            "placing them on Ray workers of their own is not built",
-            "set resources.backend=local",
-        )
     if kl_estimator_needs_logits(cfg.distill.kl_penalty):
         raise ConfigError(
             "distill.kl_penalty",

@@ -143,13 +143,23 @@ def _frozen(cfg: TemperConfig, dev: torch.device, model_path: str | None, role: 
 def build_teachers(cfg: TemperConfig, dev: torch.device) -> Teachers | None:
     """The teachers of ``distill.teachers`` (None without any): each a frozen engine built
     as the reference's, on its own weights."""
-    named = cfg.distill.teachers
-    if not named:
+    if not cfg.distill.teachers:
         return None
     roles: dict[str, ReferenceRole] = {
-        name: _frozen(cfg, dev, t.model_path, "reference") for name, t in named.items()
+        name: build_teacher(cfg, dev, name) for name in cfg.distill.teachers
     }
-    return Teachers(roles, {name: t.tags for name, t in named.items()})
+    return teachers_of(cfg, roles)
+
+
+def build_teacher(cfg: TemperConfig, dev: torch.device, name: str) -> Reference:
+    """Teacher ``name`` of ``distill.teachers``: a frozen engine on its weights, built as
+    the reference's (in this process, or in a Ray worker of the teacher's group)."""
+    return _frozen(cfg, dev, cfg.distill.teachers[name].model_path, "reference")
+
+
+def teachers_of(cfg: TemperConfig, roles: dict[str, ReferenceRole]) -> Teachers:
+    """The router over the teachers' roles (local, or Ray worker groups' proxies)."""
+    return Teachers(roles, {name: t.tags for name, t in cfg.distill.teachers.items()})
 
 
 def build_critic(cfg: TemperConfig, dev: torch.device) -> Critic:

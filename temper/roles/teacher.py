@@ -1,7 +1,8 @@
 """The teachers of on-policy distillation: frozen models that score the student's tokens.
 
 A teacher is a reference role with another model (``distill.teachers.<name>.model_path``):
-the same forward-only engine, micro-batching and temperature. With several teachers each
+the same forward-only engine, micro-batching, temperature and devices (in this process,
+or on Ray a worker group of its own, ``teacher:<name>``, whose proxy stands in here). With several teachers each
 sample goes only to the teachers its data tag routes it to (ROLL's multi-teacher OPD), so
 a teacher runs its forward on its own samples, not on the whole batch.
 """

@@ -22,8 +22,9 @@ What verl computes, and what temper builds of it:
   default ``teacher_model`` entry when others are added, and so does this translation;
   ``num_replicas`` and ``inference.*`` configure verl's teacher inference servers — here a
   teacher is a forward-only engine built as the reference's;
-- ``nnodes`` / ``n_gpus_per_node``: a teacher resource pool of its own (``nnodes > 0``) is
-  refused, as the teachers are colocated with the actor.
+- ``nnodes`` / ``n_gpus_per_node``: verl's teacher resource pool of its own (``nnodes >
+  0``) is refused; ``nnodes: 0`` puts the teachers on the trainer's devices, where temper
+  places them (the reference's).
 """
 
 from __future__ import annotations
@@ -176,9 +177,10 @@ def distillation(section: Any, ctx: Any) -> None:
     if (section.get("nnodes") or 0) > 0:
         raise ConfigError(
             f"{SECTION}.nnodes",
-            "a teacher resource pool of its own is not built: the teachers are colocated "
-            "with the actor",
-            f"set {SECTION}.nnodes=0",
+            "verl's teacher resource pool (devices besides the trainer's) is not translated: "
+            "here the teachers run on the reference's devices",
+            f"set {SECTION}.nnodes=0 (the teachers share the trainer's devices), or place "
+            "them natively with resources.reference",
         )
     ctx.note("the teachers share the actor's devices (nnodes is 0)", f"{SECTION}.n_gpus_per_node")
     coef = _loss(section, ctx)

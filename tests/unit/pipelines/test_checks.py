@@ -34,7 +34,6 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 TEACHER = {"distill": {"teachers": {"big": {"model_path": "teacher"}}}}
 REFUSED = [
-    (RLVR, {**TEACHER, "resources": {"backend": "ray"}}, "distill.teachers"),
     (RLVR, {"distill": {**TEACHER["distill"], "kl_penalty": "full"}}, "distill.kl_penalty"),
     (RLVR, {**TEACHER, "algorithm": {"adv_estimator": "gae"}}, "distill.pure"),
     ({**RLVR, "pipeline": "sft"}, TEACHER, "distill"),
