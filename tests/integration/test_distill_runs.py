@@ -114,9 +114,10 @@ UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
 OPD = UPSTREAM / "roll-2026-08-8eb27cc/examples/qwen3-8B-onpolicy-distill-megatron"
 
 
-def _roll_rows(path: Path, n: int, seed: int) -> Path:
+def _roll_rows(path: Path, n: int, seed: int, tags: tuple[str, ...] = ("math_dapo",)) -> Path:
     """``task:arithmetic`` prompts in the file's columns: ``messages`` (a JSON message
-    list, as ROLL's data holds it), ``tag`` (the math reward's ``math_dapo``), ground truth."""
+    list, as ROLL's data holds it), ``tag`` (``tags`` in turn: the math reward's
+    ``math_dapo`` by default), ground truth and (for the code reward) no test cases."""
     from temper.data.tasks import make_task_rows
 
     rows = make_task_rows("arithmetic", n, seed=seed)
@@ -124,11 +125,12 @@ def _roll_rows(path: Path, n: int, seed: int) -> Path:
         json.dumps(
             {
                 "messages": json.dumps(r["prompt"]),
-                "tag": "math_dapo",
+                "tag": tags[i % len(tags)],
                 "ground_truth": r["reward_model"]["ground_truth"],
+                "test_cases": "[]",
             }
         )
-        for r in rows
+        for i, r in enumerate(rows)
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -206,3 +208,49 @@ def test_verl_distillation_command_line_trains(tmp_path, tiny_model_dir, teacher
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["train/advantage_mean"] == pytest.approx(-r["distill/penalty_mean"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_roll_multi_teacher_file_routes_each_sample_by_tag(
+    tmp_path, tiny_model_dir, teacher_dir, monkeypatch
+):
+    """ROLL's multi-teacher example (math to teacher_32B, code to teacher_14B): 2 steps on
+    CPU with half the prompts tagged each way. teacher_14B is given the student's own
+    weights, so the KL on the samples routed to it is 0 and on teacher_32B's it is not:
+    each sample was scored by the teacher its tag names."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "roll-mopd"
+    train_rows = _roll_rows(tmp_path / "train.jsonl", 64, 5, ("math_dapo", "KodCode"))
+    val_rows = _roll_rows(tmp_path / "val.jsonl", 8, 6)
+    teachers = {"teacher_32B": teacher_dir, "teacher_14B": tiny_model_dir}
+    roles = ["student_train", "student_infer", *(f"teacher.{t}" for t in teachers)]
+    overrides = [
+        f"pretrain={tiny_model_dir}",  # model
+        f"reward_pretrain={tiny_model_dir}",
+        *(f"teacher.{t}.model_args.model_name_or_path={p}" for t, p in teachers.items()),
+        f"student_train.data_args.file_name=[{train_rows}]",  # data
+        f"validation.data_args.file_name=[{val_rows}]",
+        "rollout_batch_size=4",  # 4 prompts a step instead of 16
+        "max_steps=2",  # length
+        "prompt_length=96",
+        "response_length=8",
+        "num_gpus_per_node=1",  # device
+        *[f"{role}.device_mapping=list(range(0,1))" for role in roles],
+        "student_train.strategy_args.strategy_name=hf_train",
+        "student_infer.strategy_args.strategy_name=hf_infer",
+        *(f"teacher.{t}.strategy_args.strategy_name=hf_infer" for t in teachers),
+        *(f"~{role}.strategy_args.strategy_config" for role in roles if role != "student_infer"),
+        "~student_infer.strategy_args.strategy_config",
+        "track_with=stdout",
+        f"output_dir={out}",  # outputs
+        f"checkpoint_config.output_dir={out / 'ckpt'}",
+    ]
+    config = OPD / "multi_teacher_onpolicy_distill_config.yaml"
+    assert main(["train", str(config), *overrides]) == 0
+    rows = [r for r in read_metrics(out) if "distill/reverse_kl" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        routed = r["distill/teacher_32B/samples"] + r["distill/teacher_14B/samples"]
+        assert routed == r["perf/samples"] == 32  # 4 prompts × 8: each sample to one teacher
+        assert abs(r["distill/teacher_14B/reverse_kl"]) < 1e-3  # the student's own weights
+        assert r["distill/teacher_32B/reverse_kl"] > 1e-2

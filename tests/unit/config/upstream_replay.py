@@ -148,7 +148,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("pipeline: sft", r"SFT (trainer|pipeline)"),
     ("pipeline: dpo", r"DPO pipeline"),
     ("pipeline: distillation", r"distillation pipeline"),
-    ("distillation: teachers on ray", r"placing them on Ray workers of their own"),
     ("pipeline: rollout only", r"ROLL rollout pipeline"),
     ("pipeline: generation/eval", r"verl (generation|evaluation) entry point"),
     ("pipeline: spin/sppo/prime", r"verl (SPIN|SPPO|PRIME) recipe"),
