@@ -10,7 +10,9 @@ off-policy RL training"; verl ``algorithm.rollout_correction``, ROLL
 
 truncated at ``threshold``; masked importance sampling (``mode="mask"``) instead drops
 tokens/sequences whose ratio leaves ``[threshold_low, threshold]`` (ROLL
-``train_infer_ratio_mask`` / ``train_infer_ratio_seq_mask``).
+``train_infer_ratio_mask`` / ``train_infer_ratio_seq_mask``); IcePop (``mode="icepop"``,
+verl's ``rollout_is_threshold: "low_high"``) keeps ``ρ`` inside ``[threshold_low,
+threshold]`` and zeroes it outside, leaving those tokens in the loss's mask.
 
 Levels (registry :data:`ROLLOUT_IS_LEVELS`, config ``rollout_correction.rollout_is``):
 
@@ -72,16 +74,24 @@ def rollout_is_weights(
     * ``mode="mask"`` (MIS): ``w = 1``; tokens (or whole sequences, for sequence levels)
       with ``ρ ∉ [threshold_low, threshold]`` are removed from the mask
       (``threshold_low`` defaults to ``1/threshold``).
+    * ``mode="icepop"``: ``w = ρ·1[threshold_low ≤ ρ ≤ threshold]``; mask unchanged
+      (``threshold_low`` required).
 
-    ``batch_normalize`` rescales the weights to mean 1 over the valid tokens (verl
-    ``rollout_is_batch_normalize``). Weights are 0 on masked tokens and detached.
+    ``batch_normalize`` (verl ``rollout_is_batch_normalize``) divides the weights by their
+    mean — over valid tokens at the token level, over sequences (one weight each, the
+    sequences with a valid token) at a sequence level — unless that mean is ≤ 1e-8.
+    Weights are 0 on masked tokens and detached.
     Metrics: ``rollout_is_mean``, ``rollout_is_clipfrac`` (fraction of valid tokens whose
     ratio was truncated or masked), ``rollout_log_ratio_mean`` (k1 KL(π_rollout‖π_old)).
     """
-    if mode not in ("truncate", "mask"):
-        raise ValueError(f"rollout correction mode must be 'truncate' or 'mask', got {mode!r}")
+    if mode not in ("truncate", "mask", "icepop"):
+        raise ValueError(
+            f"rollout correction mode must be 'truncate', 'mask' or 'icepop', got {mode!r}"
+        )
     if threshold <= 0:
         raise ValueError(f"threshold must be > 0, got {threshold}")
+    if mode == "icepop" and (threshold_low is None or not 0 < threshold_low <= threshold):
+        raise ValueError(f"icepop needs 0 < threshold_low <= threshold, got {threshold_low}")
     level_fn = ROLLOUT_IS_LEVELS.get(level)
     with torch.no_grad():
         m = (response_mask > 0).to(old_log_prob.dtype)
@@ -93,6 +103,10 @@ def rollout_is_weights(
             outside = ratio > threshold
             weights = torch.clamp(ratio, max=threshold) * m
             new_mask = response_mask
+        elif mode == "icepop":
+            outside = (ratio > threshold) | (ratio < low)
+            weights = torch.where(outside, torch.zeros_like(ratio), ratio) * m
+            new_mask = response_mask
         else:
             outside = (ratio > threshold) | (ratio < low)
             weights = m.clone()
@@ -100,7 +114,13 @@ def rollout_is_weights(
             new_mask = response_mask * keep
             weights = weights * keep.to(weights.dtype)
         if batch_normalize and m.sum() > 0:
-            weights = weights / masked_mean(weights, m).clamp(min=1e-8) * m
+            if level == "token":
+                mean = masked_mean(weights, m)
+            else:  # one weight per sequence: the mean over the sequences
+                has = (m.sum(dim=-1) > 0).to(m.dtype)
+                mean = (masked_mean(weights, m, dim=-1) * has).sum() / has.sum()
+            if mean > 1e-8:
+                weights = weights / mean
         metrics = {
             "rollout_is_mean": masked_mean(weights, m),
             "rollout_is_clipfrac": masked_mean(outside.to(m.dtype), m),

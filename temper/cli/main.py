@@ -1,4 +1,4 @@
-"""``temper`` command line: check, convert, train, report (and more as they land)."""
+"""``temper`` command line: check, convert, train, generate, eval, report."""
 
 from __future__ import annotations
 
@@ -105,7 +105,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     for name, value, how in rows:
         print(f"  {name:<{width}}  {value:>{vwidth}}  {how}")
     from temper.cluster.placement import format_table, placement_rows
+    from temper.config.plan import NO_TRAINING
 
+    if NO_TRAINING in loaded.plan.uses:  # generate, eval: one process, no roles placed
+        return 0
     print(f"# placement (resources.backend: {cfg.resources.backend})")
     print("\n".join(format_table(placement_rows(cfg, loaded.plan))))
     return 0
@@ -131,9 +134,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from temper.pipelines import run_pipeline
+    from temper.pipelines import command_pipeline, run_pipeline
 
     loaded = _load(args)
+    command_pipeline(loaded.config, "train")  # generate and eval configs have their own
     for note in _preflight(loaded):  # before Ray starts or a model loads
         print(f"pre-flight: {note}", flush=True)
     summary = run_pipeline(loaded.config, loaded.plan)
@@ -147,6 +151,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"report: {report.png} (dashboard), {report.markdown} (summary)")
     if stopped:  # interrupted after a checkpoint: 128 + signal, as a shell reports it
         return 128 + int(signal.Signals[stopped])
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    return _run_command(args, "generate")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    return _run_command(args, "eval")
+
+
+def _run_command(args: argparse.Namespace, command: str) -> int:
+    """``temper generate`` / ``temper eval``: a pipeline that is no training loop, run
+    whole by its record's ``main`` after the same pre-flight as ``train``."""
+    from temper.pipelines import command_pipeline, run_command
+
+    loaded = _load(args)
+    command_pipeline(loaded.config, command)  # a config of another command: said first
+    for note in _preflight(loaded):
+        print(f"pre-flight: {note}", flush=True)
+    run_command(loaded.config, command)
     return 0
 
 
@@ -217,6 +242,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="write the run's report at the end")
     add_overwrite(p)
     p.set_defaults(func=cmd_train)
+    p = add(
+        "generate",
+        "generate responses to a file of prompts and write them with their log-probs "
+        "(verl main_generation)",
+    )
+    p.set_defaults(func=cmd_generate)
+    p = add(
+        "eval",
+        "score a file of responses with temper's rewards: mean@n and pass@k per data "
+        "source (verl main_eval)",
+    )
+    p.set_defaults(func=cmd_eval)
     p = sub.add_parser(
         "report", help="draw a run's dashboard (PNG) and summary (markdown)", parents=[common]
     )

@@ -29,7 +29,6 @@ VALUES = "values"  # an advantage estimator that bootstraps from a critic's valu
 REWARD_COMPONENTS = "reward_components"  # an estimator of named reward components (gdpo)
 ONE_PROCESS = "one_process"  # a training engine that trains in this one process
 MEGATRON_PARALLEL = "megatron_parallel"  # ranks split by the role's megatron TP × PP × CP
-SEQUENCE_PARALLEL = "sequence_parallel"  # ranks split by ulysses_sequence_parallel_size
 
 
 class Catalog(Protocol):

@@ -9,8 +9,13 @@ The arithmetic (samples = responses, or episodes):
     samples_per_step   = the pipeline's step shape: data.train_batch_size × rollout.n
                          (rlvr), num_env_groups × group_size (agentic)
     dp(role)           = devices(role) / (TP × PP × CP)     (megatron)
-                       = devices(role) / ulysses_sp          (fsdp2, deepspeed)
+                       = devices(role)                        (fsdp2, deepspeed)
                        = 1                                    (torch: one process)
+
+``ulysses_sequence_parallel_size`` > 1 on fsdp2/deepspeed: Ulysses attention (sequences
+split over a group's ranks) is not built, so a group's ranks are data-parallel ranks —
+the same updates (the gradient is the whole batch's either way), but each rank holds
+whole sequences; ``temper check`` says so.
     mini_batch_size    = actor.mini_batch_size or samples_per_step
     per_rank_mini      = mini_batch_size / dp
     grad_accum         = per_rank_mini / micro_batch_size_per_device
@@ -28,12 +33,17 @@ from temper.config.catalog import (
     MEGATRON_PARALLEL,
     ONE_PROCESS,
     REFERENCE,
-    SEQUENCE_PARALLEL,
     VALUES,
     Catalog,
 )
 from temper.config.errors import BOUND, Bound, ConfigError, nearest_divisor
-from temper.config.plan import REFERENCE_ALWAYS, Derived, StepShape, TrainArithmetic
+from temper.config.plan import (
+    NO_TRAINING,
+    REFERENCE_ALWAYS,
+    Derived,
+    StepShape,
+    TrainArithmetic,
+)
 from temper.config.schema import TemperConfig, TrainEngineConfig
 
 __all__ = ["Derived", "StepShape", "TrainArithmetic", "derive", "explain", "prompt_groups"]
@@ -102,14 +112,14 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog
                 "choose parallel sizes whose product divides the role's device count",
             )
         return devices // model_parallel
-    sp = engine.ulysses_sequence_parallel_size if SEQUENCE_PARALLEL in needs else 1
-    if devices % sp:
+    sp = engine.ulysses_sequence_parallel_size
+    if devices % sp:  # verl's and ROLL's own rule, kept so their files mean the same here
         raise ConfigError(
             f"{key}.ulysses_sequence_parallel_size",
             f"{devices} devices are not divisible by the sequence-parallel size {sp}",
             "choose a size that divides the role's device count",
         )
-    return devices // sp
+    return devices
 
 
 def train_arithmetic(
@@ -190,9 +200,10 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
     samples = shape.samples
     place = placement(cfg)
     critic_on = uses_critic(cfg, catalog)
-    actor = train_arithmetic(
-        cfg.actor, "actor", "actor_train", len(place["actor_train"]), samples, catalog
-    )
+    # generate, eval: no actor is placed (their checks refuse resources.*), so none splits
+    trains = NO_TRAINING not in catalog.pipeline_uses(cfg)
+    devices = len(place["actor_train"]) if trains else 1
+    actor = train_arithmetic(cfg.actor, "actor", "actor_train", devices, samples, catalog)
     critic = None
     if critic_on:
         critic = train_arithmetic(
@@ -214,6 +225,8 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
 def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
     """Rows (name, value, how it is derived) for ``temper check``."""
     rows: list[tuple[str, str, str]] = list(d.shape.rows)
+    if NO_TRAINING in d.uses:  # generate, eval: what a call takes is the whole story
+        return rows
     steps = str(d.max_steps) if d.max_steps is not None else "from data"
     how = (
         "experiment.max_steps"
@@ -232,6 +245,17 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                 f"{arith.devices} devices, strategy {engine.strategy}",
             )
         )
+        sp = engine.ulysses_sequence_parallel_size
+        if sp > 1:
+            rows.append(
+                (
+                    f"{key} sequence parallelism",
+                    f"{sp} → data parallel",
+                    "Ulysses attention is not built: each group's ranks train as data-parallel "
+                    "ranks (same updates; a rank holds whole sequences, not 1/"
+                    f"{sp} of each)",
+                )
+            )
         rows.append(
             (
                 f"{key} mini-batch (samples)",

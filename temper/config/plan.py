@@ -15,6 +15,11 @@ CRITIC = "critic"  # a value model, when the advantage estimator needs values
 #: The step compares with the frozen reference whatever the KL keys say (DPO's loss is a
 #: ratio to it): with REFERENCE, the plan turns the reference on unless refused.
 REFERENCE_ALWAYS = "reference_always"
+#: The pipeline loads no policy model (``eval`` scores texts): ``model.path`` may be empty.
+NO_POLICY = "no_policy"
+#: The pipeline trains nothing (generate, eval): no step, optimizer or actor placement to
+#: explain.
+NO_TRAINING = "no_training"
 #: What an RL step can use: all of them (RLVR and agentic).
 RL_PARTS = frozenset({ROLLOUT, REFERENCE, CRITIC})
 

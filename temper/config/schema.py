@@ -236,6 +236,7 @@ class DataConfig:
         "placed where the prompt says <image>; vision-language models only.",
     )
     video_key: str = doc("videos", "Column with videos: rows that have them are reported.")
+    audio_key: str = doc("audios", "Column with audio: rows that have it are reported.")
     image_folder: str | None = doc(
         None, "Base of relative image paths; None = the directory of the data file."
     )
@@ -353,6 +354,9 @@ class OptimConfig:
     min_lr_ratio: float = doc(0.0, "Floor of the decay as a fraction of lr.")
     num_cycles: float = doc(0.5, "Cosine cycles over the decay.")
     total_training_steps: int | None = doc(None, "Optimizer steps of the schedule; None derives.")
+    zero_indexed_step: bool = doc(
+        True, "Schedule counts optimizer steps from 0; false from 1 (torchtitan's count)."
+    )
 
 
 @dataclass
@@ -497,6 +501,10 @@ class ActorConfig(TrainEngineConfig):
         off="none",
     )
     rollout_is_threshold: float = doc(2.0, "Upper bound of the truncated IS weight.")
+    rollout_is_threshold_low: float | None = doc(
+        None, "IcePop: IS weights outside [low, threshold] are zero (None: truncate at threshold)."
+    )
+    rollout_is_batch_normalize: bool = doc(False, "Divide the IS weights by their batch mean.")
     entropy_chunk_size: int = doc(0, "Compute entropy in chunks of this many rows (0: whole).")
 
 
@@ -1007,6 +1015,50 @@ class DistillConfig:
     )
 
 
+# --------------------------------------------------------------------------- generate, eval
+
+
+@dataclass
+class GenerateConfig:
+    """Batch generation to a file (pipeline=generate, ``temper generate``; verl's
+    ``main_generation``): ``rollout.n`` responses to every prompt of ``files`` (templated
+    and cut as RL prompts are, ``data.*``), sampled with ``rollout.*``."""
+
+    files: list[str] = doc([], "Prompt files: parquet, jsonl, json, csv (verl data.path).")
+    output_path: str = doc(
+        "",
+        "File written: every input row's columns plus 'responses' (a list of rollout.n "
+        "texts) and 'response_log_probs' (their sampled tokens' log-probs); parquet, jsonl "
+        "or json by suffix (verl data.output_path).",
+    )
+    batch_size: int = doc(128, "Prompts per generate call (verl data.batch_size).")
+
+
+@dataclass
+class EvaluateConfig:
+    """Scoring of a file of responses (pipeline=eval, ``temper eval``; verl's
+    ``main_eval``): every response of a row is scored by the run's reward (``reward.*``,
+    with the row's ``data.data_source_key`` / ``ground_truth_key`` / ``extra_info_key``),
+    and mean@n and pass@k are reported per data source."""
+
+    files: list[str] = doc([], "Files of responses (verl data.path).")
+    response_key: str = doc(
+        "responses",
+        "Column (dotted path) with a row's responses: a list of strings, or one string "
+        "(verl data.response_key).",
+    )
+    k: list[int] = doc(
+        [], "The k of pass@k; empty: 1, 2, 4, … up to the responses per row, and that number."
+    )
+    pass_threshold: float = doc(
+        1.0, "A response passes (counts as correct for pass@k) when its score is at least this."
+    )
+    output_path: str = doc(
+        "",
+        "Also write the metrics here as JSON (verl prints them only); empty: print only.",
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -1017,7 +1069,8 @@ class TemperConfig:
     pipeline: str = doc(
         "rlvr",
         "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; dpo: "
-        "preference pairs; or your own, "
+        "preference pairs; generate: responses to a file (temper generate); eval: scores "
+        "of a file of responses (temper eval); or your own, "
         "as a dotted path "
         "(my_pkg.my_module:MyPipeline) or a file (path/to/pipeline.py:MyPipeline).",
     )
@@ -1035,3 +1088,5 @@ class TemperConfig:
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
     dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")
     distill: DistillConfig = sub(DistillConfig, "On-policy distillation from teachers.")
+    generate: GenerateConfig = sub(GenerateConfig, "Batch generation (pipeline=generate).")
+    evaluate: EvaluateConfig = sub(EvaluateConfig, "Scoring a file of responses (pipeline=eval).")

@@ -26,6 +26,7 @@ from temper.config.derive import (
     uses_reference,
 )
 from temper.config.errors import ConfigError, unknown_name
+from temper.config.plan import NO_POLICY, NO_TRAINING
 from temper.config.schema import OptimConfig, TemperConfig
 
 
@@ -160,6 +161,14 @@ def _check_ranges(cfg: TemperConfig) -> None:
             "set experiment.seed to a number in that range, e.g. 42",
         )
     _positive("model.lora.rank", cfg.model.lora.rank, allow_zero=True)
+    _positive("actor.rollout_is_threshold", cfg.actor.rollout_is_threshold)
+    low, high = cfg.actor.rollout_is_threshold_low, cfg.actor.rollout_is_threshold
+    if low is not None and not 0 < low <= high:
+        raise ConfigError(
+            "actor.rollout_is_threshold_low",
+            f"the IcePop band [{low}, {high}] needs 0 < low ≤ actor.rollout_is_threshold",
+            "set a lower bound in (0, rollout_is_threshold], e.g. 0.5, or null to truncate",
+        )
     if cfg.actor.clip_ratio_c is not None and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError(
             "actor.clip_ratio_c",
@@ -204,7 +213,7 @@ def _check_pixels(low: int | None, high: int | None) -> None:
 
 
 def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
-    if not cfg.model.path:
+    if not cfg.model.path and NO_POLICY not in catalog.pipeline_uses(cfg):
         raise ConfigError(
             "model.path", "no policy model given", "set model.path to a model directory or hub id"
         )
@@ -316,6 +325,8 @@ def _check_reward_components(cfg: TemperConfig, catalog: Catalog) -> None:
 
 
 def _check_placement(cfg: TemperConfig, catalog: Catalog) -> None:
+    if NO_TRAINING in catalog.pipeline_uses(cfg):
+        return  # generate, eval: no roles are placed (their checks refuse resources.*)
     n = total_devices(cfg)
     _positive("resources.nnodes", cfg.resources.nnodes)
     _positive("resources.devices_per_node", cfg.resources.devices_per_node)

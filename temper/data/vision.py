@@ -19,8 +19,8 @@ reads the same columns):
   of tokens, ``(h / factor) · (w / factor)``, so prompt lengths (and the length limit)
   count the tokens the model really sees.
 - A row whose image is missing or undecodable, whose placeholders do not match its
-  images, or that has videos (``data.video_key``; not supported) is reported like any
-  malformed row (``file:row N: reason``) and skipped, or fails the load with
+  images, or that has videos or audio (``data.video_key``, ``data.audio_key``; not
+  supported) is reported like any malformed row (``file:row N: reason``) and skipped, or fails the load with
   ``data.bad_rows=error``.
 
 Model inputs are built from the processor's parts — the image processor, the tokenizer
@@ -431,13 +431,14 @@ def load_vision_processor(
 
 
 def check_no_videos(row: dict[str, Any], cfg: DataConfig) -> None:
-    """Rows with videos are reported: video inputs are not supported (images are)."""
-    value = get_path(row, cfg.video_key)
-    if isinstance(value, (list, tuple, str, bytes, dict)) and value:
-        raise RowProblem(
-            f"column '{cfg.video_key}' holds videos: video inputs are not supported "
-            "(images are); drop the row's videos or the row"
-        )
+    """Rows with videos or audio are reported: those inputs are not supported (images are)."""
+    for key, held, kind in ((cfg.video_key, "videos", "video"), (cfg.audio_key, "audio", "audio")):
+        value = get_path(row, key)
+        if isinstance(value, (list, tuple, str, bytes, dict)) and value:
+            raise RowProblem(
+                f"column '{key}' holds {held}: {kind} inputs are not supported "
+                f"(images are); drop the row's {held} or the row"
+            )
 
 
 # --------------------------------------------------------------------------- model kwargs

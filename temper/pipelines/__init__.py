@@ -1,12 +1,14 @@
 """Pipelines: the one training loop (``driver``) and, per ``pipeline`` name, a record
 (:class:`Pipeline`: producer, step, checks, pre-flight, step shape) registered in
-:data:`PIPELINES` (``rlvr``, ``agentic``, ``sft``) — or the user's own, named by path."""
+:data:`PIPELINES` (``rlvr``, ``agentic``, ``sft``, ``dpo``; ``generate`` and ``eval``,
+which run under their own commands) — or the user's own, named by path."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from temper.config.derive import Derived
+from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.pipelines.producer import Producer, ProducerContext, Validation
 from temper.pipelines.record import Pipeline
@@ -24,7 +26,29 @@ def run_pipeline(cfg: TemperConfig, plan: Derived | None = None) -> dict[str, An
 
     if plan is None:
         plan = plan_of(cfg)
-    return train(cfg, resolve_pipeline(cfg.pipeline), plan)
+    pipeline = command_pipeline(cfg, "train")
+    return train(cfg, pipeline, plan)
+
+
+def command_pipeline(cfg: TemperConfig, command: str) -> Pipeline:
+    """The record of ``cfg.pipeline``, which must be one that ``temper <command>`` runs
+    (``ConfigError`` on ``pipeline`` naming the command that runs it otherwise)."""
+    pipeline = resolve_pipeline(cfg.pipeline)
+    if pipeline.command != command:
+        raise ConfigError(
+            "pipeline",
+            f"pipeline {cfg.pipeline} runs with temper {pipeline.command}, not temper {command}",
+            f"temper {pipeline.command} CONFIG",
+        )
+    return pipeline
+
+
+def run_command(cfg: TemperConfig, command: str) -> dict[str, Any]:
+    """Run a pipeline that is no training loop (``temper generate``, ``temper eval``):
+    its record's ``main``; returns its summary."""
+    pipeline = command_pipeline(cfg, command)
+    assert pipeline.main is not None  # a pipeline of another command than train has one
+    return pipeline.main(cfg)
 
 
 __all__ = [
@@ -33,6 +57,8 @@ __all__ = [
     "Producer",
     "ProducerContext",
     "Validation",
+    "command_pipeline",
     "resolve_pipeline",
+    "run_command",
     "run_pipeline",
 ]

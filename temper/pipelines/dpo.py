@@ -32,7 +32,6 @@ from temper.algorithms.preference import (
 from temper.config.errors import ConfigError
 from temper.config.plan import REFERENCE, REFERENCE_ALWAYS, StepShape
 from temper.config.schema import TemperConfig
-from temper.config.typed import diff_from_default
 from temper.data import Batch, build_sampler
 from temper.data.preference import PairDataset, build_pair_datasets
 from temper.pipelines import sft
@@ -41,6 +40,7 @@ from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Context, Pipeline
 from temper.pipelines.run import Run
 from temper.pipelines.timing import Timer, throughput
+from temper.pipelines.unread import refuse_unread
 from temper.registry import UnknownNameError
 from temper.roles.base import ActorRole, ReferenceRole
 
@@ -198,14 +198,7 @@ RL_ONLY = {
 
 def check(cfg: TemperConfig) -> None:
     """Keys a DPO run would read nothing of are refused with why; then its own limits."""
-    for section, why in UNREAD_SECTIONS.items():
-        diff = diff_from_default(getattr(cfg, section))
-        if diff:
-            key = sft.first_leaf(diff, section)
-            raise ConfigError(key, f"{why} (pipeline dpo)", f"remove {key}")
-    for key, why in RL_ONLY.items():
-        if sft.is_set(cfg, key):
-            raise ConfigError(key, f"{why} (pipeline dpo)", f"remove {key}")
+    refuse_unread(cfg, "dpo", UNREAD_SECTIONS, RL_ONLY)
     dpo, data = cfg.dpo, cfg.data
     if cfg.reference.enable is False:
         raise ConfigError(

@@ -425,11 +425,18 @@ def check_prompt_data(cfg: TemperConfig, notes: list[str]) -> None:
             _check_weights(cfg, {tag for _source, tag in samples})
 
 
-def _check_columns(cfg: TemperConfig, wanted: list[tuple[str, str]]) -> None:
-    """Every train/val file holds each ``(config key, column)`` of ``wanted`` (a dotted
-    column names a nested field: its first part must be a column)."""
+def check_columns(
+    cfg: TemperConfig,
+    wanted: list[tuple[str, str]],
+    sources: list[tuple[str, list[str]]] | None = None,
+) -> None:
+    """Every file of ``sources`` (``(config key, files)``; default the train and val
+    files) holds each ``(config key, column)`` of ``wanted`` (a dotted column names a
+    nested field: its first part must be a column)."""
     data = cfg.data
-    for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+    if sources is None:
+        sources = [("data.train_files", data.train_files), ("data.val_files", data.val_files)]
+    for key, files in sources:
         if not files:
             continue
         columns, _samples = _scan(files, key, cfg)
@@ -455,7 +462,7 @@ def check_sft_data(cfg: TemperConfig, notes: list[str]) -> None:
         if data.messages_key
         else [("data.prompt_key", data.prompt_key), ("sft.response_key", cfg.sft.response_key)]
     )
-    _check_columns(cfg, wanted)
+    check_columns(cfg, wanted)
 
 
 def check_dpo_data(cfg: TemperConfig, notes: list[str]) -> None:
@@ -467,7 +474,25 @@ def check_dpo_data(cfg: TemperConfig, notes: list[str]) -> None:
         ("dpo.chosen_key", cfg.dpo.chosen_key),
         ("dpo.rejected_key", cfg.dpo.rejected_key),
     ]
-    _check_columns(cfg, wanted)
+    check_columns(cfg, wanted)
+
+
+def check_eval_data(cfg: TemperConfig, notes: list[str]) -> None:
+    """Files of responses exist and hold the responses column; every row's data source
+    finds a reward (as for RL prompts); the metrics file can be written (the eval
+    pipeline's pre-flight)."""
+    key, files = "evaluate.files", cfg.evaluate.files
+    columns, samples = _scan(files, key, cfg)
+    column = cfg.evaluate.response_key
+    if columns is not None and column.split(".")[0] not in columns and column not in columns:
+        raise ConfigError(
+            "evaluate.response_key",
+            f"the column '{column}' is not in {key} (its columns: {', '.join(sorted(columns))})",
+            "set evaluate.response_key to the column holding the responses",
+        )
+    _check_rewards(cfg, samples, key)
+    if cfg.evaluate.output_path:
+        writable(Path(cfg.evaluate.output_path).expanduser().parent, "evaluate.output_path")
 
 
 def _check_weights(cfg: TemperConfig, tags: set[str]) -> None:
@@ -607,13 +632,13 @@ def check_outputs(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     check_run_dir(cfg, out, resume, notes)
     if resume is not None:
         check_resume_config(cfg, resume)  # its report is the run's to print
-    _writable(out, "experiment.output_dir")
+    writable(out, "experiment.output_dir")
     if cfg.experiment.checkpoint_dir:
-        _writable(Path(cfg.experiment.checkpoint_dir).expanduser(), "experiment.checkpoint_dir")
+        writable(Path(cfg.experiment.checkpoint_dir).expanduser(), "experiment.checkpoint_dir")
     for key in ("rollout_data_dir", "validation_data_dir", "render_save_dir"):
         value = getattr(cfg.experiment, key)
         if value:
-            _writable(Path(value).expanduser(), f"experiment.{key}")
+            writable(Path(value).expanduser(), f"experiment.{key}")
     check_checkpoint_space(cfg, plan, notes)
 
 
@@ -665,7 +690,7 @@ def check_checkpoint_space(cfg: TemperConfig, plan: Derived, notes: list[str]) -
     )
 
 
-def _writable(path: Path, key: str) -> None:
+def writable(path: Path, key: str) -> None:
     """``path`` exists as a writable directory, or its nearest existing parent is one."""
     probe = path.resolve()
     while not probe.exists() and probe != probe.parent:
@@ -744,8 +769,11 @@ def preflight(cfg: TemperConfig, plan: Derived, checks: Collection[str] | None =
     """Run the pre-flight ``checks`` (all by default) on ``cfg``; raise a ConfigError for
     the first problem; return the notes of what was settled or has no effect here.
     ``cfg`` is updated in place where a setting is settled (the attention kernel)."""
+    from temper.pipelines.registry import resolve_pipeline
+
+    applies = resolve_pipeline(cfg.pipeline).checks  # a pipeline without a run directory
     notes: list[str] = []
     for name, check in CHECKS.items():
-        if checks is None or name in checks:
+        if (checks is None or name in checks) and (applies is None or name in applies):
             check(cfg, plan, notes)
     return notes

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from temper.config.derive import prompt_groups
+from temper.config.errors import ConfigError
 from temper.config.plan import RL_PARTS, StepShape
 from temper.config.schema import TemperConfig
 from temper.pipelines.producer import Producer, ProducerContext
@@ -28,6 +30,18 @@ Context = tuple[int, tuple[str, ...], str] | None
 
 def no_check(cfg: TemperConfig) -> None:
     """A pipeline that refuses no combination of its own."""
+
+
+def no_producer(ctx: ProducerContext) -> Producer:
+    """The producer of a pipeline that runs under its own command (``main``): none —
+    ``run_pipeline`` sends such a config to that command before the driver's loop would
+    ask for one."""
+    raise ConfigError(
+        "pipeline",
+        f"pipeline {ctx.cfg.pipeline} is not a training run: the training loop has no "
+        "producer for it",
+        "run it with its own command (temper generate, temper eval)",
+    )
 
 
 def no_preflight(cfg: TemperConfig, notes: list[str]) -> None:
@@ -87,7 +101,12 @@ class Pipeline:
       estimator that needs an input nothing provides is refused at ``temper check``;
     - ``context(cfg, notes)``: the tokens one sample may reach (:data:`Context`): a prompt
       and its response by default, an episode's ``rollout.max_model_len`` for multi-turn
-      episodes; the pre-flight compares it with the model's context.
+      episodes; the pre-flight compares it with the model's context;
+    - ``command`` and ``main(cfg)``: a pipeline that is no training loop (``generate``,
+      ``eval``) runs whole in ``main`` under its own CLI command (``temper generate``),
+      which is the only one that runs it; ``train`` runs the driver's loop (``main`` None);
+    - ``checks``: the driver's pre-flight groups (:data:`temper.pipelines.preflight.CHECKS`)
+      that apply (None: all); a pipeline that writes one file has no run directory.
     """
 
     build: Callable[[ProducerContext], Producer]
@@ -101,3 +120,6 @@ class Pipeline:
     sections: frozenset[str] = frozenset()
     provides: frozenset[str] = frozenset()
     context: Callable[[TemperConfig, list[str]], Context] = prompt_and_response
+    command: str = "train"
+    main: Callable[[TemperConfig], dict[str, Any]] | None = None
+    checks: frozenset[str] | None = None

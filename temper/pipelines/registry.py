@@ -44,6 +44,8 @@ PIPELINES.add_lazy("rlvr", _builtin("temper.pipelines.rlvr"))
 PIPELINES.add_lazy("agentic", _builtin("temper.pipelines.agentic"))
 PIPELINES.add_lazy("sft", _builtin("temper.pipelines.sft"))
 PIPELINES.add_lazy("dpo", _builtin("temper.pipelines.dpo"))
+PIPELINES.add_lazy("generate", _builtin("temper.pipelines.generate"))
+PIPELINES.add_lazy("eval", _builtin("temper.pipelines.evaluate"))
 
 #: What a producer class must define (the ``Producer`` protocol's methods).
 PRODUCER_METHODS = ("produce", "validate", "dump_rows", "state_dict", "load_state_dict", "close")

@@ -21,7 +21,6 @@ from typing import Any
 from temper.config.errors import ConfigError
 from temper.config.plan import StepShape
 from temper.config.schema import TemperConfig
-from temper.config.typed import diff_from_default
 from temper.data import Batch, build_sampler
 from temper.data.sft import SFTDataset, build_sft_datasets
 from temper.pipelines.preflight import check_sft_data
@@ -29,6 +28,7 @@ from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Context, Pipeline
 from temper.pipelines.run import Run
 from temper.pipelines.timing import Timer, throughput
+from temper.pipelines.unread import refuse_unread
 from temper.roles.base import ActorRole
 
 
@@ -158,6 +158,8 @@ RL_ONLY = {
     "actor.recompute_old_log_prob": NO_GENERATION,
     "actor.rollout_is": NO_GENERATION,
     "actor.rollout_is_threshold": NO_GENERATION,
+    "actor.rollout_is_threshold_low": NO_GENERATION,
+    "actor.rollout_is_batch_normalize": NO_GENERATION,
     "data.max_prompt_length": "a sample is bounded as a whole, by sft.max_length",
     "data.filter_overlong_prompts": "a sample is bounded as a whole, by sft.max_length",
     "data.gen_batch_size": NO_GENERATION,
@@ -172,6 +174,7 @@ RL_ONLY = {
     "data.validation_shuffle": "the validation loss is over every sample; order changes nothing",
     "data.image_key": "SFT here is text only",
     "data.video_key": "SFT here is text only",
+    "data.audio_key": "SFT here is text only",
     "data.image_folder": "SFT here is text only",
     "data.image_min_pixels": "SFT here is text only",
     "data.image_max_pixels": "SFT here is text only",
@@ -189,28 +192,9 @@ RL_ONLY = {
 }
 
 
-def first_leaf(diff: dict[str, Any], prefix: str) -> str:
-    key, value = next(iter(diff.items()))
-    if isinstance(value, dict) and value:
-        return first_leaf(value, f"{prefix}.{key}")
-    return f"{prefix}.{key}"
-
-
-def is_set(cfg: TemperConfig, key: str) -> bool:
-    section, field = key.split(".", 1)
-    return field in diff_from_default(getattr(cfg, section))
-
-
 def check(cfg: TemperConfig) -> None:
     """Keys an SFT run would read nothing of are refused with why; then its own limits."""
-    for section, why in UNREAD_SECTIONS.items():
-        diff = diff_from_default(getattr(cfg, section))
-        if diff:
-            key = first_leaf(diff, section)
-            raise ConfigError(key, f"{why} (pipeline sft)", f"remove {key}")
-    for key, why in RL_ONLY.items():
-        if is_set(cfg, key):
-            raise ConfigError(key, f"{why} (pipeline sft)", f"remove {key}")
+    refuse_unread(cfg, "sft", UNREAD_SECTIONS, RL_ONLY)
     data = cfg.data
     if not data.train_files and not cfg.experiment.val_only:
         raise ConfigError(

@@ -268,8 +268,31 @@ class RewardScorer:
         """Score every response of ``batch`` (see the module doc). Never raises for a
         misbehaving reward function; metrics keys use ``prefix`` (``train``/``val``)."""
         n = len(batch)
-        texts = decode_responses(batch, tokenizer)
-        batch.objects["response_text"] = texts
+        batch.objects["response_text"] = decode_responses(batch, tokenizer)
+        scores, extra_info, failures = self.score_texts(batch)
+        sources = [str(s) for s in _column(batch, DATA_SOURCE, "unknown")]
+        rm_scores = None
+        if self.reward_model is not None and n:
+            rm_scores = self.reward_model.score(batch, tokenizer).float().cpu()
+            scores = scores + rm_scores
+        batch.objects["reward_extra_info"] = extra_info
+        token_level = place_at_last_token(scores, batch["response_mask"].cpu())
+        metrics = _metrics(scores, sources, extra_info, failures, rm_scores, prefix)
+        if prefix == "train":
+            self.guard.observe(n, failures)
+        return RewardOutput(scores, token_level, metrics, failures)
+
+    def score_texts(
+        self, batch: Batch
+    ) -> tuple[torch.Tensor, list[dict[str, Any]], list[RewardFailure]]:
+        """The reward functions' part of :meth:`score_batch`, on texts: the scores
+        (``(B,)``), extra fields and failures of the samples of ``batch``, whose objects
+        hold ``response_text`` and what the functions read (``data_source``,
+        ``ground_truth``, ``extra_info``, ``tag``; the judge's ``raw_prompt`` or
+        ``prompt_text``). No reward model: it scores token ids. ``temper eval`` scores a
+        file's responses so, with no tensors at all."""
+        n = len(batch)
+        texts = [str(t) for t in batch.objects["response_text"]]
         sources = [str(s) for s in _column(batch, DATA_SOURCE, "unknown")]
         truths, extras_in = _column(batch, GROUND_TRUTH, None), _column(batch, EXTRA_INFO, None)
         tags = _column(batch, TAG, None)
@@ -296,16 +319,7 @@ class RewardScorer:
                     failures.append(RewardFailure(i, sources[i], spec.label, kind, reason))
                     self._warn_unknown_source(sources[i], reason)
                 extra_info[i]["reward_failure"] = None if kind == "ok" else reason
-        rm_scores = None
-        if self.reward_model is not None and n:
-            rm_scores = self.reward_model.score(batch, tokenizer).float().cpu()
-            scores = scores + rm_scores
-        batch.objects["reward_extra_info"] = extra_info
-        token_level = place_at_last_token(scores, batch["response_mask"].cpu())
-        metrics = _metrics(scores, sources, extra_info, failures, rm_scores, prefix)
-        if prefix == "train":
-            self.guard.observe(n, failures)
-        return RewardOutput(scores, token_level, metrics, failures)
+        return scores, extra_info, failures
 
     def _judge(
         self,

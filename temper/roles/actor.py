@@ -134,6 +134,9 @@ class Actor:
                 work["response_mask"],
                 level=cfg.rollout_is,
                 threshold=cfg.rollout_is_threshold,
+                threshold_low=cfg.rollout_is_threshold_low,
+                mode="truncate" if cfg.rollout_is_threshold_low is None else "icepop",
+                batch_normalize=cfg.rollout_is_batch_normalize,
             )
             work[_TOKEN_WEIGHTS] = weights
             metrics.update({f"actor/{k}": float(v) for k, v in m.items()})

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from temper.config.catalog import MEGATRON_PARALLEL, ONE_PROCESS, SEQUENCE_PARALLEL
+from temper.config.catalog import MEGATRON_PARALLEL, ONE_PROCESS
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError, unknown_name
 from temper.config.schema import ActorConfig, TemperConfig, TrainEngineConfig
@@ -58,9 +58,9 @@ def _deepspeed(spec: EngineSpec) -> TrainEngine:
 
 ENGINES: Registry[Engine] = Registry("training engine")
 ENGINES.add("torch", Engine(TorchEngine, frozenset({ONE_PROCESS})))
-ENGINES.add("fsdp2", Engine(FSDP2Engine, frozenset({SEQUENCE_PARALLEL})))
+ENGINES.add("fsdp2", Engine(FSDP2Engine, frozenset()))
 ENGINES.add("megatron", Engine(_megatron, frozenset({MEGATRON_PARALLEL})))
-ENGINES.add("deepspeed", Engine(_deepspeed, frozenset({SEQUENCE_PARALLEL})))
+ENGINES.add("deepspeed", Engine(_deepspeed, frozenset()))
 
 
 # Engines whose world-size-1 run computes exactly the torch engine's update: on the local

@@ -5,8 +5,9 @@ resumes exactly (the only state is the step count). The total number of optimize
 is often known only once the pipeline has sized the dataset, so :class:`LRSchedule`
 takes it late (``set_total_steps``) and asks for it only when a schedule needs it.
 
-Conventions follow verl / Hugging Face: at step ``s`` (0-based count of completed
-optimizer steps) with ``W`` warmup steps and ``T`` total steps,
+Conventions follow verl / Hugging Face: at step ``s`` (the count of completed optimizer
+steps, plus 1 with ``optim.zero_indexed_step: false``, torchtitan's count that starts
+the first update one step into the warmup) with ``W`` warmup steps and ``T`` total steps,
 
 * warmup (``s < W``): ``s / W``;
 * ``constant``: 1;
@@ -105,8 +106,9 @@ class LRSchedule:
         warmup = resolve_warmup_steps(
             self.cfg.warmup_steps, self.cfg.warmup_ratio, self.total_steps
         )
+        count = self.step_count if step is None else step
         return lr_multiplier(
-            self.step_count if step is None else step,
+            count if self.cfg.zero_indexed_step else count + 1,
             schedule=self.cfg.lr_scheduler,
             total_steps=self.total_steps,
             warmup_steps=warmup,

@@ -1,6 +1,7 @@
 """Upstream verl and ROLL files train 2 steps on CPU, as ``temper train`` runs them.
 
-One verl GRPO command line, one verl PPO command line with a critic, one ROLL RLVR file
+One verl GRPO command line, one verl PPO command line with a critic, two verl 0.9 command
+lines (GRPO on `model_engine: dp` and on `model_engine: megatron`), one ROLL RLVR file
 (PPO with a critic) and one ROLL agentic file, each with only these overrides:
 
 - model: the tiny test model in place of the author's;
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from temper.cli.main import main
+from temper.pipelines.catalog import load_config
 
 UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
 TRAIN = "task:arithmetic?n=256&seed=5"
@@ -156,3 +158,38 @@ def test_roll_agentic_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     ]
     train = _train(config, overrides, out)
     assert all("actor/pg_loss" in r for r in train)
+
+
+V0_9 = "verl-2026-08-1dda039"
+
+
+@pytest.mark.slow
+def test_verl_09_grpo_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl 0.9's GRPO example: the V1 sync trainer, the new ``reward`` section and
+    ``model_engine: dp`` (all the 2026-08 defaults), 256 prompts × 5 responses a step."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(f"{V0_9}/examples/grpo_trainer/run_qwen3_4b_fsdp.sh")
+    out = tmp_path / "verl09-grpo"
+    data = ["data.train_batch_size=256"]  # one mini-batch (ppo_mini_batch_size=256) a step
+    train = _train(config, overrides + _verl(tiny_model_dir, out) + data, out)
+    assert all("actor/kl_loss" in r for r in train)
+
+
+@pytest.mark.slow
+def test_verl_09_megatron_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl 0.9's ``model_engine=megatron`` GRPO example on one device (TP = PP = 1 for
+    actor and reference), 256 prompts × 5 responses a step."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(f"{V0_9}/examples/grpo_trainer/run_qwen3_8b_megatron.sh")
+    out = tmp_path / "verl09-megatron"
+    device = [
+        f"actor_rollout_ref.{role}.megatron.{degree}_model_parallel_size=1"
+        for role in ("actor", "ref")
+        for degree in ("tensor", "pipeline")
+    ]
+    data = ["data.train_batch_size=256"]  # one mini-batch (ppo_mini_batch_size=256) a step
+    line = overrides + _verl(tiny_model_dir, out) + device + data
+    resolved = load_config(config, line).config
+    assert (resolved.actor.strategy, resolved.reference.strategy) == ("megatron", "megatron")
+    train = _train(config, line, out)
+    assert all("actor/kl_loss" in r for r in train)

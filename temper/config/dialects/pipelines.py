@@ -3,11 +3,12 @@
 temper runs RL — the ``rlvr`` pipeline (PPO, GRPO and relatives, single-turn, verl's
 ``main_ppo`` and ROLL's RLVR pipeline) and the ``agentic`` one (multi-turn episodes) —
 supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline), DPO
-(``dpo``: ROLL's DPO pipeline) and on-policy distillation (RL with teachers: ROLL's OPD
-files), which the dialects translate. verl and ROLL ship other
-trainers too — offline distillation,
-generation-only runs, self-play recipes. Their configs reuse many RL keys, so a key-by-key
-translation would fail on some key deep inside with "unknown key, did you mean …", which
+(``dpo``: ROLL's DPO pipeline), on-policy distillation (RL with teachers: ROLL's OPD
+files) and verl's generation and evaluation entry points (``generate``, ``eval``), which
+the dialects translate. verl and ROLL ship other trainers too — offline distillation,
+ROLL's rollout-only runs, self-play recipes. Their configs reuse many RL keys, so a
+key-by-key translation would fail on some key deep inside with "unknown key, did you mean
+…", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
 keys only that pipeline has, and refused in one line that names the pipeline.
 """
@@ -19,10 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from temper.config.dialects.roll_opd import is_opd
-from temper.config.dialects.verl_sft import is_sft
 from temper.config.errors import ConfigError
 
-RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic, sft and dpo pipelines"
+RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic, sft and dpo pipelines, and generate and eval"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,19 +79,6 @@ def _diffusion(data: dict[str, Any]) -> str | None:
     return None
 
 
-def _verl_generation(data: dict[str, Any]) -> str | None:
-    if "actor_rollout_ref" not in data and "rollout" in data and _has(data, "data.output_path"):
-        return "data.output_path"
-    return None
-
-
-def _verl_eval(data: dict[str, Any]) -> str | None:
-    # an SFT trainer's data has a response_key too (the column it learns)
-    if "actor_rollout_ref" not in data and _has(data, "data.response_key") and not is_sft(data):
-        return "data.response_key"
-    return None
-
-
 def _roll_offline_distill(data: dict[str, Any]) -> str | None:
     """ROLL's (offline) distillation pipeline; an on-policy distillation file, which has a
     ``teacher`` too, is an RL file (``roll_opd``)."""
@@ -107,10 +94,6 @@ ROLL_SHAPES = (
     Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
 )
 VERL_SHAPES = (
-    Shape(
-        "verl generation entry point", "batch generation to a file, no training", _verl_generation
-    ),
-    Shape("verl evaluation entry point", "scoring of saved generations, no training", _verl_eval),
     Shape(
         "verl SPIN recipe",
         "self-play fine-tuning with a DPO-style loss",

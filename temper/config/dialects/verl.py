@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Union, get_args, get_origin
 
 from temper.config.catalog import VALUES, Catalog
-from temper.config.dialects import Translation, verl_sft
+from temper.config.dialects import Translation, verl_generation, verl_sft
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.dialects.verl_v09 import MODEL_ENGINE_STRATEGY
@@ -73,6 +73,9 @@ class Tables:
     defaults: dict[str, Any]
     inherit: list[tuple[str, str]]
     finish: Callable[[Any], None]
+    #: a trainer's (saving cadence and Ray backend follow verl's); generation and
+    #: evaluation run in one process and save nothing
+    trains: bool = True
 
     @functools.cached_property
     def children(self) -> dict[str, set[str]]:
@@ -89,10 +92,16 @@ REVERSE = _reverse(TABLE)  # the PPO trainer's
 
 def translate_verl(raw: RawConfig, catalog: Catalog) -> Translation:
     """Translate a verl config (or document 003's ``backend_config`` wrapper) — the PPO
-    trainer's, or an SFT trainer's (:mod:`verl_sft`); the catalog says which advantage
+    trainer's, an SFT trainer's (:mod:`verl_sft`), or ``main_generation``'s or
+    ``main_eval``'s (:mod:`verl_generation`); the catalog says which advantage
     estimators need a critic (verl builds one for those)."""
-    sft = verl_sft.is_sft(raw.data)
-    return _Translator(raw.data, catalog, raw.added, SFT if sft else PPO).run()
+    if verl_generation.is_generation(raw.data):
+        tables = GENERATION
+    elif verl_generation.is_evaluation(raw.data):
+        tables = EVALUATION
+    else:
+        tables = SFT if verl_sft.is_sft(raw.data) else PPO
+    return _Translator(raw.data, catalog, raw.added, tables).run()
 
 
 @functools.cache
@@ -123,6 +132,15 @@ def _strip_optional(tp: Any) -> Any:
 
 def _allows_none(tp: Any) -> bool:
     return tp is Any or (get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp))
+
+
+def _shown(value: Any) -> str:
+    """A refused value as the one-line message shows it: a section by its keys, not its
+    whole contents."""
+    if isinstance(value, dict):
+        return "a section with " + ", ".join(map(str, value)) if value else "{}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _leaves(value: Any, key: str) -> list[str]:
@@ -331,8 +349,9 @@ class _Translator:
         elif isinstance(rule, Inert):
             ok = rule.ok(value, self) if callable(rule.ok) else value == UNSET or value in rule.ok
             if not ok:
-                raise ConfigError(self.key, f"{rule.reason} (got {value!r})", rule.fix)
-            self.note(f"accepted at its inert value ({rule.why})")
+                raise ConfigError(self.key, f"{rule.reason} (got {_shown(value)})", rule.fix)
+            for leaf in _leaves(value, self.key):  # a section: each of its leaves
+                self.note(f"accepted at its inert value ({rule.why})", leaf)
         elif isinstance(rule, Gated):
             self._gated(rule, value)
         elif isinstance(rule, Call):
@@ -411,6 +430,8 @@ class _Translator:
 
     def _finish(self) -> None:
         """Every verl trainer's part of the final pass: saving cadence and backend."""
+        if not self.tables.trains:
+            return
         # verl saves every trainer.save_freq steps and nothing else: temper's time-based
         # recovery checkpoints (native configs only) stay off, so a verl file saves as
         # it does there
@@ -505,13 +526,31 @@ class _Translator:
 
 PPO = Tables(TABLE, DEFAULTS, INHERIT, _Translator._finish_ppo)
 SFT = Tables(verl_sft.TABLE, {}, [], verl_sft.finish)
+GENERATION = Tables(
+    verl_generation.GENERATION, {}, [], verl_generation.finish_generation, trains=False
+)
+EVALUATION = Tables(
+    verl_generation.EVALUATION, {}, [], verl_generation.finish_evaluation, trains=False
+)
 
 
 def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
     """What verl key ``key`` becomes here: (native keys it sets, how), or None when the
     table has no such key (``temper check --explain``; the PPO trainer's table first,
-    then the SFT trainers')."""
-    rule = TABLE.get(key, verl_sft.TABLE.get(key))
+    then the SFT trainers', then main_generation's and main_eval's)."""
+    rule = next(
+        (
+            t[key]
+            for t in (
+                TABLE,
+                verl_sft.TABLE,
+                verl_generation.GENERATION,
+                verl_generation.EVALUATION,
+            )
+            if key in t
+        ),
+        None,
+    )
     if rule is None:
         return None
     if isinstance(rule, Map):

@@ -165,7 +165,8 @@ KNOWN = (
 
 
 def distillation(section: Any, ctx: Any) -> None:
-    """The ``distillation`` section (module docstring)."""
+    """verl 0.9's on-policy distillation: off, read by nothing; on, policy-gradient OPD
+    with a sampled-token estimator becomes the distill section (module docstring)."""
     if not isinstance(section, dict):
         raise ConfigError(SECTION, "must be a mapping", "see verl's distillation.yaml")
     for k in section:

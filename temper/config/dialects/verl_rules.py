@@ -298,8 +298,12 @@ def filter_metric(v: Any, ctx: Any) -> Any:
     )(v, ctx)
 
 
-def entropy_chunk(v: Any, _ctx: Any) -> Any:
-    return 2048 if v is True else 0 if v is False else v
+def entropy_chunk(v: Any, ctx: Any) -> Any:
+    """``entropy_from_logits_with_chunking``: true chunks by the sibling
+    ``entropy_from_logits_chunk_size`` (verl 0.9; 2048 before it)."""
+    if v is True:
+        return ctx.get(f"{ctx.path.rsplit('.', 1)[0]}.entropy_from_logits_chunk_size", 2048)
+    return 0 if v is False else v
 
 
 def rollout_is(v: Any, ctx: Any) -> Any:

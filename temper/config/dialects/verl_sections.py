@@ -268,11 +268,7 @@ def _section_algorithm() -> dict[str, Rule]:
             "bypass mode is not supported",
             "set bypass_mode: false",
         ),
-        f"{rc}.rollout_is_batch_normalize": _off(
-            "weights are not renormalised",
-            "batch-normalised IS weights are not supported",
-            "set it to false",
-        ),
+        f"{rc}.rollout_is_batch_normalize": Map("actor.rollout_is_batch_normalize"),
         f"{al}.gamma": Map("algorithm.gamma"),
         f"{al}.lam": Map("algorithm.lam"),
         f"{al}.adv_estimator": Map("algorithm.adv_estimator"),

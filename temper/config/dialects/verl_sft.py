@@ -28,6 +28,7 @@ from temper.config.dialects.verl_megatron import _engine as megatron_engine
 from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import TABLE as RL_TABLE
 from temper.config.dialects.verl_table import MOD, PERF, PROFILE_OFF, _fsdp, _inert, _optim
+from temper.config.dialects.verl_v09 import fsdp_v09, megatron_v09
 from temper.config.dialects.verl_versions import SHM, _megatron_optim
 
 SINGLE_TURN = "used only by verl's multi-turn SFT dataset (data.multiturn.enable)"
@@ -229,24 +230,12 @@ def _legacy_model_rows() -> dict[str, Rule]:
 
 def _fsdp_engine() -> dict[str, Rule]:
     """``engine`` = verl's ``FSDPEngineConfig`` (``engine/fsdp.yaml``)."""
-    return {
-        **_fsdp("engine", "actor", trained=True),
-        "engine.entropy_from_logits_chunk_size": Note(PERF),
-        "engine.pad_to_length": Note(PERF),
-        "engine.pad_to_length_bucket": Note(PERF),
-        "engine.qat": Gated(
-            "enable",
-            (False, None),
-            "quantization-aware training is off",
-            "quantization-aware training is not supported",
-            "set qat.enable: false",
-        ),
-        "engine.turbo_config": Note("settings of verl's turbo FSDP engine, not the fsdp one"),
-    }
+    return {**_fsdp("engine", "actor", trained=True), **fsdp_v09("engine", "engine")}
 
 
 FSDP_ENGINE = _fsdp_engine()
 MEGATRON_ENGINE: dict[str, Rule] = {
+    **megatron_v09("engine", "actor"),
     **megatron_engine("engine", "actor", section="engine"),
     "engine.strategy": Map("actor.strategy", r.strategy, weak=True),
 }
@@ -279,12 +268,6 @@ def _optim_rows() -> dict[str, Rule]:
         "optim.optimizer": Map(f"{o}.optimizer", _optimizer),
         "optim.warmup_steps_ratio": Map(f"{o}.warmup_ratio"),  # verl < 0.5's name
         "optim.lr_scheduler": Map(f"{o}.lr_scheduler", _scheduler),
-        "optim.zero_indexed_step": _inert(
-            (True, None),
-            "the schedule counts steps from 0",
-            "a schedule counted from step 1 (torchtitan's) is not supported",
-            "set zero_indexed_step: true",
-        ),
     }
 
 

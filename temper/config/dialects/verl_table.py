@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
-from temper.config.dialects.verl_rules import Gated, Inert, Map, Note, Rule
+from temper.config.dialects.verl_rules import Gated, Inert, Map, Note, Rule, Transform
 
 A, ACT, REF, RO, MOD = (
     "actor_rollout_ref",
@@ -88,6 +88,7 @@ def _optim(prefix: str, role: str) -> dict[str, Rule]:
         f"{prefix}.warmup_style": Map(
             f"{o}.lr_scheduler", r.choice("constant", "cosine", "linear")
         ),
+        f"{prefix}.zero_indexed_step": Map(f"{o}.zero_indexed_step", _zero_indexed(prefix)),
         f"{prefix}.override_optimizer_config": _inert(
             (None, {}),
             "no optimizer overrides",
@@ -95,6 +96,25 @@ def _optim(prefix: str, role: str) -> dict[str, Rule]:
             "set the optimizer fields (lr, betas, eps, weight_decay) directly",
         ),
     }
+
+
+def _zero_indexed(prefix: str) -> Transform:
+    """verl 0.9's ``zero_indexed_step``: false counts the schedule's steps from 1, which
+    verl's FSDP engine applies to its cosine schedule only (its constant schedule with
+    warmup counts from 0 whatever this says)."""
+
+    def fn(v: Any, ctx: Any) -> Any:
+        if v is not False:  # verl's default, temper's count
+            return None
+        style = ctx.get(f"{prefix}.warmup_style") or ctx.get(
+            f"{prefix}.lr_scheduler_type", ctx.get(f"{prefix}.lr_scheduler", "constant")
+        )
+        if style != "cosine":
+            ctx.note(f"no effect here: verl counts its {style} schedule from step 0 either way")
+            return None
+        return False
+
+    return fn
 
 
 def _fsdp(prefix: str, role: str, trained: bool) -> dict[str, Rule]:

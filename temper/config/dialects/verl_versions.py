@@ -288,6 +288,30 @@ def reward_model_server(v: Any, ctx: Any) -> None:
         )
 
 
+def _is_threshold(v: Any, ctx: Any) -> None:
+    """verl's ``rollout_is_threshold``: a float (or float string) truncates the weights at
+    it; ``"low_high"`` (verl 0.9, IcePop) zeroes them outside ``[low, high]``. Weak: its
+    default 2.0 yields to an older key, ``tis_imp_ratio_cap``, that sets it."""
+    low: float | None = None
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        if isinstance(v, str) and "_" in v:
+            lo, hi = v.strip().split("_", 1)
+            low, high = float(lo), float(hi)
+        else:
+            high = float(v)
+    except ValueError:
+        raise ctx.error(
+            f"expected a float or a 'low_high' string, got {v!r}", "e.g. 2.0, or '0.5_5.0'"
+        ) from None
+    if high <= 0 or (low is not None and not 0 < low <= high):
+        raise ctx.error(f"the bounds must be 0 < low ≤ high, got {v!r}", "e.g. 2.0, or '0.5_5.0'")
+    ctx._write("actor.rollout_is_threshold", high, weak=True)
+    if low is not None:
+        ctx._write("actor.rollout_is_threshold_low", low)
+
+
 def _tis_cap(v: Any, ctx: Any) -> None:
     """verl 0.5's ``actor.tis_imp_ratio_cap``: truncated importance sampling of the rollout
     engine's log-probs, capped at this ratio (-1: off) — later ``rollout_is``."""
@@ -419,9 +443,7 @@ RULES: dict[str, Rule] = {
     "algorithm.rollout_is_mode": Note("read with algorithm.rollout_is"),
     "algorithm.rollout_is_threshold": Map("actor.rollout_is_threshold", weak=True),
     # (weak: its default 2.0 yields to an older key, tis_imp_ratio_cap, that sets it)
-    "algorithm.rollout_correction.rollout_is_threshold": Map(
-        "actor.rollout_is_threshold", weak=True
-    ),
+    "algorithm.rollout_correction.rollout_is_threshold": Call(_is_threshold),
     "algorithm.rollout_is_threshold_lower": _inert(
         (None,), "no lower bound", "a lower IS bound is not supported", "set it to null"
     ),

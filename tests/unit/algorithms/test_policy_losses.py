@@ -276,6 +276,31 @@ def test_rollout_is_weights_levels_and_modes() -> None:
     torch.testing.assert_close(w, T([[2.0, 0.5]]) / 1.25)  # mean of [2, 0.5] is 1.25
 
 
+def test_icepop_zeroes_weights_outside_its_band_and_keeps_the_mask() -> None:
+    """verl's ``rollout_is_threshold: "0.8_2.5"``: ratios [3, 0.5, 1.5, 2.5] → [0, 0, 1.5,
+    2.5] (3 above, 0.5 below the band); the mask is unchanged."""
+    old = T([[ln(3.0), ln(0.5), ln(1.5), ln(2.5)]])
+    mask = torch.ones(1, 4)
+    w, new_mask, m = rollout_is_weights(
+        old, torch.zeros(1, 4), mask, threshold=2.5, threshold_low=0.8, mode="icepop"
+    )
+    torch.testing.assert_close(w, T([[0.0, 0.0, 1.5, 2.5]]))
+    assert new_mask is mask and m["rollout_is_clipfrac"].item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="threshold_low"):
+        rollout_is_weights(old, torch.zeros(1, 4), mask, threshold=2.5, mode="icepop")
+
+
+def test_sequence_level_batch_normalization_averages_over_sequences() -> None:
+    """Two sequences, ratios 2 (3 tokens) and 0.5 (1 token): the sequence mean is 1.25
+    (the token mean would be 1.625); a sequence without tokens does not count."""
+    old = T([[ln(2.0) / 3] * 3, [ln(0.5), 0.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = T([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    w, _, _ = rollout_is_weights(
+        old, torch.zeros(3, 3), mask, level="sequence", threshold=5.0, batch_normalize=True
+    )
+    torch.testing.assert_close(w, T([[1.6, 1.6, 1.6], [0.4, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+
+
 def test_rollout_is_weights_multiply_token_losses() -> None:
     logp = leaf([[-1.0, -3.0]])
     loss, _ = run(

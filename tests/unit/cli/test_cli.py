@@ -34,7 +34,15 @@ LOCAL_MODEL = {
     "arithmetic_hard.yaml",
     "agentic_sokoban.yaml",
     "roll_agentic_sokoban.yaml",
+    "generate.yaml",
 }
+#: What ``check`` explains first: a step's samples, or a generate call's or an eval's size.
+SHAPE_ROWS = (
+    "actor mini-batch (samples)",
+    "episodes per step",
+    "prompts per generate call",
+    "rows scored",
+)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -43,7 +51,7 @@ def test_check_passes_and_explains(path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "valid" in out and "# derived values" in out
-    assert "actor mini-batch (samples)" in out or "episodes per step" in out
+    assert any(row in out for row in SHAPE_ROWS)
     assert ("pre-flight passed" in out) == (path.name in LOCAL_MODEL)
 
 

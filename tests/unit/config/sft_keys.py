@@ -113,7 +113,8 @@ engine.pad_to_length true noted
 optim.lr 1.0e-5 -> actor.optim.lr
 optim.lr_scheduler_type cosine -> actor.optim.lr_scheduler
 optim.min_lr_ratio 0.1 -> actor.optim.min_lr_ratio
-optim.zero_indexed_step false !! step 1
+optim.zero_indexed_step false +optim.lr_scheduler_type=cosine -> actor.optim.zero_indexed_step = False
+optim.zero_indexed_step false +optim.lr_scheduler_type=constant noted
 checkpoint.save_contents [model,optimizer,extra] -> actor.checkpoint_contents
 profiler.enable true !! profilers
 trainer.balance_batch false -> experiment.balance_batch

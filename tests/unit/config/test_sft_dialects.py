@@ -16,6 +16,7 @@ import yaml
 from reference_paths import UPSTREAM  # next to this file
 from sft_keys import ROLL, VERL_ENGINE, VERL_LEGACY  # the table next to this file
 
+from temper.config.derive import explain
 from temper.config.dialects.roll import translate_roll
 from temper.config.dialects.verl import key_meaning, translate_verl
 from temper.config.errors import ConfigError
@@ -148,11 +149,32 @@ def test_every_leaf_of_the_file_has_a_row_or_a_note(name):
     assert not silent, silent
 
 
-@pytest.mark.parametrize("path", [LEGACY, ENGINE, ROLL_FILE], ids=["legacy", "engine", "roll"])
-def test_the_whole_files_load_as_sft(path):
-    loaded = load_config(path)
+#: ROLL's file asks for Ulysses SP 2 on 8 devices: 4 samples a step, one per SP group.
+#: Ulysses attention is not built, so the 8 ranks are data-parallel ranks, which 4
+#: samples cannot feed (test below); with ulysses_size 1 the file is otherwise whole.
+NO_SP = ["sft_train.model_args.ulysses_size=1"]
+
+
+@pytest.mark.parametrize(
+    ("path", "overrides"),
+    [(LEGACY, []), (ENGINE, []), (ROLL_FILE, NO_SP)],
+    ids=["legacy", "engine", "roll"],
+)
+def test_the_whole_files_load_as_sft(path, overrides):
+    loaded = load_config(path, overrides)
     assert loaded.config.pipeline == "sft"
     assert loaded.plan.roles == ("actor",) and not loaded.plan.use_rollout
+
+
+def test_sequence_parallel_ranks_are_data_parallel_ranks_and_check_says_so():
+    with pytest.raises(ConfigError) as err:
+        load_config(ROLL_FILE)
+    assert "4 samples cannot be split evenly over 8 data-parallel ranks" in str(err.value)
+    loaded = load_config(ROLL_FILE, ["sft_train.training_args.gradient_accumulation_steps=2"])
+    rows = {name: (value, how) for name, value, how in explain(loaded.config, loaded.plan)}
+    assert loaded.plan.actor.dp == 8
+    value, how = rows["actor sequence parallelism"]
+    assert value == "2 → data parallel" and "Ulysses attention is not built" in how
 
 
 def test_legacy_file_in_native_terms():
@@ -178,14 +200,14 @@ def test_engine_file_reads_conversations():
 
 
 def test_roll_file_in_native_terms():
-    cfg = load_config(ROLL_FILE).config
+    cfg = load_config(ROLL_FILE, ["sft_train.training_args.gradient_accumulation_steps=2"]).config
     assert (cfg.data.prompt_key, cfg.sft.query_key, cfg.sft.response_key) == (
         "instruction",
         "input",
         "output",
     )
-    # dp = 8 devices / Ulysses 2; × gradient_accumulation_steps 1 × per-device batch 1
-    assert cfg.data.train_batch_size == 4 and not cfg.data.shuffle
+    # ROLL's dp = 8 devices / Ulysses 2; × gradient_accumulation_steps 2 × per-device batch 1
+    assert cfg.data.train_batch_size == 8 and not cfg.data.shuffle
     assert cfg.sft.max_length == 2048 and cfg.actor.strategy == "fsdp2"
     assert not cfg.experiment.val_after_train  # only the verl SFT translations set it
 

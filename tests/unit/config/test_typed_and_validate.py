@@ -111,6 +111,14 @@ def test_kl_loss_needs_reference():
     assert plan(build_config(cfg(actor={"use_kl_loss": True}))).use_reference
 
 
+def test_an_icepop_band_needs_a_positive_low_below_the_threshold():
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(actor={"rollout_is_threshold": 2.0, "rollout_is_threshold_low": 3.0}))
+    assert one_line(err).startswith("actor.rollout_is_threshold_low: the IcePop band [3.0, 2.0]")
+    ok = build_config(cfg(actor={"rollout_is_threshold_low": 0.5}))
+    assert ok.actor.rollout_is_threshold_low == 0.5
+
+
 def test_placement_checks():
     with pytest.raises(ConfigError, match=r"resources.actor_train: device ids \[4\] are outside"):
         build_config(

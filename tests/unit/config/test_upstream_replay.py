@@ -97,6 +97,25 @@ def test_shell_comment_after_escaped_space_ends_the_command():
     assert cmds[1] == ["b=2"]
 
 
+def test_shell_arrays_expand_one_word_per_element():
+    """verl 0.9's scripts gather overrides in arrays: ``"${A[@]}"`` is one word per
+    element (quoted ones keep their spaces), an empty array no word, ``+=`` appends."""
+    text = (
+        "N=4\n"
+        "DATA=(\n"
+        "    data.a=$N  # the size\n"
+        "    data.b='x y'\n"
+        ")\n"
+        "DATA+=(data.c=1)\n"
+        "EMPTY=(\n)\n"
+        "LAUNCH=(uv run python3)\n"
+        '"${LAUNCH[@]}" -m x "${DATA[@]}" "${EMPTY[@]}" k=${DATA[1]} "$@"\n'
+    )
+    assert words(text)[-1] == [
+        "uv", "run", "python3", "-m", "x", "data.a=4", "data.b=x y", "data.c=1", "k=data.b=x y",
+    ]  # fmt: skip
+
+
 def test_script_commands_find_the_config(tmp_path):
     root = tmp_path / "verl"
     (root / "verl/trainer/config").mkdir(parents=True)

@@ -301,3 +301,127 @@ def test_a_pkg_search_path_is_the_checkouts_package_directory():
     assert any(
         "pkg://verl.trainer.config" in n and n.endswith(str(CONFIG.resolve())) for n in raw.notes
     )
+
+
+# ------------------------------------------------------ engine, optimizer and rollout keys
+
+AOPT = "actor_rollout_ref.actor.optim"
+
+
+def test_zero_indexed_step_false_counts_verls_cosine_schedule_from_one():
+    cosine = native(
+        composed(
+            "ppo_trainer.yaml",
+            f"{AOPT}.lr_scheduler_type=cosine",
+            f"{AOPT}.zero_indexed_step=false",
+        )
+    )
+    assert cosine["actor"]["optim"]["zero_indexed_step"] is False
+    constant = composed("ppo_trainer.yaml", f"{AOPT}.zero_indexed_step=false")
+    assert "zero_indexed_step" not in native(constant)["actor"].get("optim", {})
+    assert any("zero_indexed_step" in n and "constant schedule" in n for n in notes(constant))
+
+
+def test_the_critics_v09_fsdp_section_sets_the_critics_engine():
+    data = composed(
+        "ppo_trainer.yaml",
+        "algorithm.adv_estimator=gae",
+        "critic.fsdp.param_offload=true",
+        "critic.fsdp.optimizer_offload=true",
+    )
+    critic = native(data)["critic"]
+    assert critic["fsdp"]["param_offload"] is True and critic["fsdp"]["optimizer_offload"] is True
+
+
+def test_entropy_chunking_reads_verl_09s_chunk_size():
+    data = composed(
+        "ppo_trainer.yaml",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+        "actor_rollout_ref.actor.entropy_from_logits_chunk_size=512",
+    )
+    assert native(data)["actor"]["entropy_chunk_size"] == 512
+
+
+def test_the_adam_epsilon_of_verl_09_arrives():
+    assert native(composed("ppo_trainer.yaml", f"{AOPT}.eps=1e-6"))["actor"]["optim"]["eps"] == 1e-6
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        (f"{AOPT}.use_precision_aware_optimizer=true", "precision-aware optimizer"),
+        ("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware"),
+        ("actor_rollout_ref.rollout.full_determinism=true", "per-request seeded"),
+        ("actor_rollout_ref.rollout.nnodes=2", "issue 23"),
+        ("actor_rollout_ref.rollout.disaggregation.enabled=true", "disaggregation"),
+        ("actor_rollout_ref.actor.policy_loss.tau_pos=1.0", "actor_rollout_ref.actor.tau_pos"),
+        ("data.mm_processor_kwargs={max_pixels:1024}", "processor keyword"),
+        ("skip.rollout.enable=true", "dumped rollouts"),
+        ("algorithm.filter_groups.max_inflight_gen_batches=2", "in flight"),
+        ("critic.loss_scale_factor=2.0", "loss_scale_factor"),
+    ],
+)
+def test_verl_09_settings_temper_cannot_honour_are_refused_in_one_line(override, words):
+    with pytest.raises(ConfigError) as err:
+        native(composed("ppo_trainer.yaml", override))
+    text = str(err.value)
+    assert text.startswith(override.split("=")[0].rsplit(".enable", 1)[0]) and words in text
+    assert "\n" not in text
+
+
+def test_the_v09_optimizer_and_engine_keys_are_noted_at_their_off_values():
+    text = "\n".join(notes(composed("ppo_trainer.yaml")))
+    for key in (
+        "actor_rollout_ref.actor.fsdp_config.pad_to_length",
+        "actor_rollout_ref.actor.fsdp_config.qat.enable",
+        "actor_rollout_ref.rollout.disaggregation.enabled",
+        "critic.fsdp.qat.enable",
+    ):
+        assert key in text, key
+
+
+def test_non_strict_loading_is_noted_as_temper_loading_strictly():
+    data = composed("ppo_trainer.yaml", "actor_rollout_ref.actor.checkpoint.strict=false")
+    assert any("checkpoint.strict" in n and "loads checkpoints strictly" in n for n in notes(data))
+
+
+def test_audio_rows_have_a_column_name():
+    assert (
+        native(composed("ppo_trainer.yaml", "data.audio_key=speech"))["data"]["audio_key"]
+        == "speech"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        (f"{AOPT}.use_precision_aware_optimizer=true", "precision-aware optimizer"),
+        ("actor_rollout_ref.actor.megatron.use_megatron_fsdp=true", "Megatron-FSDP"),
+        ("actor_rollout_ref.actor.megatron.dynamic_context_parallel=true", "dynamic context"),
+    ],
+)
+def test_verl_09_megatron_settings_temper_cannot_honour_are_refused(override, words):
+    with pytest.raises(ConfigError) as err:
+        native(composed("ppo_megatron_trainer.yaml", override))
+    assert str(err.value).startswith(override.split("=")[0]) and words in str(err.value)
+
+
+def test_the_muon_options_are_inert_while_adam_is_the_optimizer():
+    text = "\n".join(notes(composed("ppo_megatron_trainer.yaml", f"{AOPT}.muon_momentum=0.9")))
+    assert f"{AOPT}.muon_momentum" in text and "Muon optimizer only" in text
+
+
+def test_the_gdpo_reward_manager_scores_as_naive_and_icepop_thresholds_arrive():
+    data = composed(
+        "ppo_trainer.yaml",
+        "reward.reward_manager.name=gdpo",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=0.5_4.0",
+    )
+    out = native(data)
+    assert out["reward"]["reward_manager"] == "naive"
+    assert (out["actor"]["rollout_is_threshold_low"], out["actor"]["rollout_is_threshold"]) == (
+        0.5,
+        4.0,
+    )
+    assert any("gdpo scores as naive" in n for n in notes(data))

@@ -213,8 +213,8 @@ def test_fix_hints_are_in_the_files_dialect():
     "path, start",
     [
         (
-            V0625 / "verl/trainer/config/generation.yaml",
-            "data.output_path: this is a verl generation entry point",
+            R2508 / "qwen2.5-7B-rlvr_megatron/rlvr_rollout_mock_dump.yaml",
+            "rollout_mock.mode: this is a ROLL rollout pipeline",
         ),
         (
             V0625 / "recipe/spin/config/spin_trainer.yaml",
@@ -229,6 +229,16 @@ def test_fix_hints_are_in_the_files_dialect():
 def test_pipelines_without_a_loop_are_named(path, start):
     msg = refusal(path)
     assert msg.startswith(start) and "a pipeline temper has no loop for" in msg
+
+
+def test_generation_and_evaluation_configs_are_their_pipelines():
+    """verl's main_generation and main_eval configs translate into generate and eval."""
+    loaded = load_config(V0625 / "verl/trainer/config/generation.yaml")
+    assert loaded.config.pipeline == "generate" and loaded.config.rollout.n == 5
+    assert loaded.config.generate.output_path == "/opt/tiger/math_Qwen2-7B-Instruct.parquet"
+    loaded = load_config(V2601 / "verl/trainer/config/evaluation.yaml")
+    assert loaded.config.pipeline == "eval" and loaded.config.evaluate.response_key == "responses"
+    assert loaded.config.data.ground_truth_key == "reward_model.ground_truth"
 
 
 def test_sft_configs_are_the_sft_pipeline():

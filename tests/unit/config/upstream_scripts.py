@@ -7,7 +7,9 @@ continuations, comments, ``;``/``&&``/``|`` separators) with the expansions thos
 scripts use — ``$VAR``, ``${VAR}``, ``${VAR:-default}`` (and ``:=``, ``-``), ``$((…))``
 arithmetic, ``$(pwd)`` — evaluated over the script's own assignments, in order. Other
 command substitutions (``$(date …)``, ``$(nvidia-smi …)``) are not run: they expand to a
-placeholder, which is fine for the names and paths they feed. Control flow is not
+placeholder, which is fine for the names and paths they feed. Bash arrays
+(``ARGS=( … )``, ``ARGS+=( … )``) expand where ``"${ARGS[@]}"`` (or ``${ARGS[i]}``)
+names them, one word per element, as bash does. Control flow is not
 followed: assignments are applied in the order they appear, which is what these
 scripts' top-level parameter blocks need. Nothing is ever executed.
 """
@@ -100,10 +102,11 @@ class Command:
 class _Lexer:
     """Splits shell text into commands (lists of words), expanding as it goes."""
 
-    def __init__(self, text: str, env: dict[str, str]) -> None:
+    def __init__(self, text: str, env: dict[str, str], arrays: dict | None = None) -> None:
         self.s = text
         self.i = 0
         self.env = env
+        self.arrays: dict[str, list[str]] = {} if arrays is None else arrays
 
     def peek(self, k: int = 0) -> str:
         j = self.i + k
@@ -121,6 +124,11 @@ class _Lexer:
             elif c == "#":
                 while self.i < len(self.s) and self.peek() != "\n":
                     self.i += 1
+            elif c == "(" and words and _ARRAY.match(words[-1]) and self.s[self.i - 1] == "=":
+                self.i += 1
+                name, plus = _ARRAY.match(words.pop()).groups()  # type: ignore[union-attr]
+                elements = self._array()
+                self.arrays[name] = (self.arrays.get(name, []) if plus else []) + elements
             elif c in "\n;&|()":
                 self.i += 1
                 if words:
@@ -131,6 +139,25 @@ class _Lexer:
         if words:
             out.append(self._finish(words))
         return out
+
+    def _array(self) -> list[str]:
+        """The elements of ``NAME=( … )`` up to its ``)`` (the ``(`` is consumed)."""
+        elements: list[str] = []
+        while self.i < len(self.s):
+            c = self.peek()
+            if c == ")":
+                self.i += 1
+                break
+            if c == "\\" and self.peek(1) == "\n":
+                self.i += 2
+            elif c in " \t\n":
+                self.i += 1
+            elif c == "#":
+                while self.i < len(self.s) and self.peek() != "\n":
+                    self.i += 1
+            else:
+                elements.extend(w for w in self.word() if w != _EMPTY)
+        return elements
 
     def _finish(self, words: list[str]) -> list[str]:
         # An assignment-only command (``A=1 B=2``) takes effect now, for later commands.
@@ -183,6 +210,9 @@ class _Lexer:
                 buf.append(c)
                 self.i += 1
         text = "".join(buf)
+        if _ELEMENT in text:  # "${ARR[@]}": one word per element, quoted or not
+            words = [w for w in text.split(_ELEMENT) if w]
+            return [w for w in words if w != _EMPTY]
         if not quoted and not text.strip(_SPLIT):
             return []
         if quoted or assignment:  # no field splitting in quotes or assignments
@@ -244,11 +274,23 @@ class _Lexer:
             return "$"
         self.i += m.end()
         name = m.group()
-        if name in "@*":
-            return ""  # "$@": the script's own arguments, none here
+        if name == "@":
+            return _EMPTY_ARRAY  # "$@": the script's own arguments, none here: no word
+        if name == "*":
+            return ""
         return self.env.get(name, "")
 
     def _braced(self, body: str) -> str:
+        a = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[(@|\*|[0-9]+)\]", body)
+        if a:
+            elements = self.arrays.get(a.group(1))
+            if elements is None:  # a plain variable indexed: bash gives its value at [0]
+                plain = self.env.get(a.group(1), "")
+                return plain if a.group(2) in "@*0" else ""
+            if a.group(2) in "@*":
+                return _ELEMENT + _ELEMENT.join(elements) + _ELEMENT if elements else _EMPTY_ARRAY
+            k = int(a.group(2))
+            return elements[k] if k < len(elements) else ""
         m = re.match(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?[-=+?])?(.*)$", body, re.S)
         if not m:
             return ""
@@ -256,7 +298,7 @@ class _Lexer:
         value = self.env.get(name)
         if op is None:
             return value or ""
-        default = _Lexer(rest, self.env).expand_word()
+        default = _Lexer(rest, self.env, self.arrays).expand_word()
         empty = value is None or (op.startswith(":") and value == "")
         if op.endswith("-"):
             return default if empty else value  # type: ignore[return-value]
@@ -290,6 +332,10 @@ class _Lexer:
 
 
 _SPLIT = "\x00"  # marks where an unquoted expansion splits into words
+_ELEMENT = "\x01"  # marks the bounds of an array's elements in an expansion
+_EMPTY = "\x02"  # an empty array's expansion: no word at all
+_EMPTY_ARRAY = _ELEMENT + _EMPTY + _ELEMENT
+_ARRAY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=$")
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 

@@ -421,7 +421,12 @@ algorithm.rollout_correction.rollout_is sequence -> actor.rollout_is
 algorithm.rollout_correction.rollout_is_threshold 5.0 -> actor.rollout_is_threshold
 algorithm.rollout_correction.rollout_rs token !! rejection sampling
 algorithm.rollout_correction.bypass_mode true !! bypass
-algorithm.rollout_correction.rollout_is_batch_normalize true !! batch-normalised
+algorithm.rollout_correction.rollout_is_batch_normalize true -> actor.rollout_is_batch_normalize
+algorithm.rollout_correction.rollout_is_threshold '0.5_5.0' -> actor.rollout_is_threshold_low = 0.5
+algorithm.rollout_correction.rollout_is_threshold '0.5_5.0' -> actor.rollout_is_threshold = 5.0
+algorithm.rollout_correction.rollout_is_threshold '3.0' -> actor.rollout_is_threshold = 3.0
+algorithm.rollout_correction.rollout_is_threshold '5_0.5' !! low ≤ high
+algorithm.rollout_correction.rollout_is_threshold 'a_b' !! low_high
 algorithm.gamma 0.99 -> algorithm.gamma
 algorithm.lam 0.95 -> algorithm.lam
 algorithm.adv_estimator grpo -> algorithm.adv_estimator

@@ -142,10 +142,11 @@ def test_bad_images_are_reported_per_row_and_skipped(vl, tmp_path, caplog):
         row("<image>", ["ok.png"], videos=[{"video": "clip.mp4"}]),
         row("<image>", ["https://example.com/a.png"]),
         row("<image>", [{"path": None}]),
+        row("<image>", ["ok.png"], audios=["speech.wav"]),
     ]
     files = [write_rows(stored, tmp_path / "a.parquet"), write_rows(listed, tmp_path / "b.jsonl")]
     ds = load(vl, files)
-    assert len(ds) == 1 and ds.metrics()["data/skipped_rows"] == 7
+    assert len(ds) == 1 and ds.metrics()["data/skipped_rows"] == 8
     reasons = {f"{Path(i.file).name}:{i.where}": i.reason for i in ds.skip_reasons}
     assert "cannot be decoded (UnidentifiedImageError" in reasons["a.parquet:row 1"]
     assert "0x" not in reasons["a.parquet:row 1"]  # no memory addresses in reports
@@ -155,6 +156,7 @@ def test_bad_images_are_reported_per_row_and_skipped(vl, tmp_path, caplog):
     assert "video inputs are not supported" in reasons["b.jsonl:line 2"]
     assert "URL" in reasons["b.jsonl:line 3"]
     assert "neither bytes, path nor image" in reasons["b.jsonl:line 4"]
+    assert "audio inputs are not supported" in reasons["b.jsonl:line 5"]
     assert "skipping malformed row" in caplog.text
 
 

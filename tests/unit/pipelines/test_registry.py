@@ -33,7 +33,7 @@ NOT_A_PIPELINE = 3
 
 
 def test_builtin_records_declare_their_needs():
-    assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft", "dpo"]
+    assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft", "dpo", "generate", "eval"]
     agentic = resolve_pipeline("agentic")
     assert agentic.sections == frozenset({"agentic", "distill"})
     assert agentic.step_shape is episode_groups
@@ -48,6 +48,12 @@ def test_builtin_records_declare_their_needs():
     dpo = resolve_pipeline("dpo")
     assert dpo.step is dpo_step and dpo.uses == frozenset({"reference", "reference_always"})
     assert dpo.sections == frozenset({"dpo"}) and dpo.curve == "train/rewards/margin"
+    for name in ("rlvr", "agentic", "sft", "dpo"):
+        assert resolve_pipeline(name).command == "train" and resolve_pipeline(name).main is None
+    generate, evaluate = resolve_pipeline("generate"), resolve_pipeline("eval")
+    assert generate.command == "generate" and generate.uses == {"rollout", "no_training"}
+    assert evaluate.command == "eval" and evaluate.uses == {"no_policy", "no_training"}
+    assert generate.sections == {"generate"} and evaluate.sections == {"evaluate"}
 
 
 def test_a_producer_class_in_a_file_gets_the_default_hooks(tmp_path):

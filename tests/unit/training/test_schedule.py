@@ -47,3 +47,17 @@ def test_warmup_ratio_and_late_total() -> None:
         sched.step()
     assert lrs == pytest.approx([0.0, 1.0, 2.0, 1.0, 0.0])
     assert opt.param_groups[0]["lr"] == pytest.approx(0.0)
+
+
+def test_a_schedule_counted_from_one_starts_one_step_in() -> None:
+    """``zero_indexed_step: false`` (torchtitan's count): the first update uses the
+    multiplier of step 1 — W=2, T=6 cosine: [½, 1, ½(1+cos(π/4)), ½, ½(1−cos(π/4)), 0]."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    cfg = OptimConfig(lr=1.0, lr_scheduler="cosine", warmup_steps=2, zero_indexed_step=False)
+    sched = LRSchedule(opt, cfg, total_steps=6)
+    lrs = []
+    for _ in range(6):
+        lrs.append(sched.apply())
+        sched.step()
+    c = math.cos(math.pi / 4)
+    assert lrs == pytest.approx([0.5, 1.0, 0.5 * (1 + c), 0.5, 0.5 * (1 - c), 0.0])

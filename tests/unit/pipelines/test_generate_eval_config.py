@@ -1,0 +1,127 @@
+"""generate and eval configs: each runs under its own command only, its plan trains
+nothing, and what it would read nothing of is refused in one line naming the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from temper.config.derive import explain
+from temper.config.errors import ConfigError
+from temper.pipelines import command_pipeline
+from temper.pipelines.catalog import build_config, plan
+
+GENERATE: dict[str, Any] = {
+    "pipeline": "generate",
+    "model": {"path": "m"},
+    "rollout": {"n": 4},
+    "generate": {"files": ["p.parquet"], "output_path": "out/g.parquet", "batch_size": 3},
+}
+EVAL: dict[str, Any] = {"pipeline": "eval", "evaluate": {"files": ["g.parquet"]}}
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def test_each_runs_under_its_own_command():
+    gen, ev = build_config(GENERATE), build_config(EVAL)  # eval needs no model.path
+    assert command_pipeline(gen, "generate").main is not None
+    assert command_pipeline(ev, "eval").main is not None
+    with pytest.raises(ConfigError, match="runs with temper generate, not temper train"):
+        command_pipeline(gen, "train")
+    rl = build_config({"model": {"path": "m"}, "data": {"train_files": ["t.parquet"]}})
+    with pytest.raises(ConfigError, match="pipeline rlvr runs with temper train"):
+        command_pipeline(rl, "eval")
+
+
+def test_check_explains_the_call_not_a_training_step():
+    cfg = build_config(GENERATE)
+    rows = {name: value for name, value, _how in explain(cfg, plan(cfg))}
+    assert rows == {"prompts per generate call": "3", "responses per prompt": "4"}
+
+
+REFUSED_GENERATE = [
+    ({"reward": {"function": "gsm8k"}}, "reward.function", "scores nothing"),
+    ({"actor": {"optim": {"lr": 1e-3}}}, "actor.optim.lr", "trains nothing"),
+    ({"data": {"train_files": ["t.parquet"]}}, "data.train_files", "generate.files"),
+    ({"rollout": {"val": {"n": 2}}}, "rollout.val.n", "no validation"),
+    ({"experiment": {"max_steps": 3}}, "experiment.max_steps", "no run directory"),
+    ({"resources": {"nnodes": 2}}, "resources.nnodes", "one engine in this process"),
+    ({"rollout": {"temperature": 0.0}}, "rollout.n", "identical responses"),
+    ({"generate": {"output_path": "out/g.txt"}}, "generate.output_path", ".parquet"),
+    ({"generate": {"output_path": ""}}, "generate.output_path", "no output file"),
+]
+
+
+@pytest.mark.parametrize(("over", "key", "why"), REFUSED_GENERATE)
+def test_generate_refuses_what_it_would_not_read(over, key, why):
+    with pytest.raises(ConfigError) as err:
+        build_config(merged(GENERATE, over))
+    assert err.value.key == key and why in str(err.value)
+
+
+REFUSED_EVAL = [
+    ({"model": {"path": "m"}}, "model.path", "loads no policy"),
+    ({"rollout": {"n": 2}}, "rollout.n", "generates nothing"),
+    ({"data": {"max_prompt_length": 64}}, "data.max_prompt_length", "evaluate.*"),
+    ({"reward": {"model": {"enable": True, "path": "rm"}}}, "reward.model.enable", "texts"),
+    ({"evaluate": {"k": [0, 2]}}, "evaluate.k", "k >= 1"),
+    ({"reward": {"max_failed_steps": 5}}, "reward.max_failed_steps", "no steps to fail"),
+    ({"evaluate": {"files": []}}, "evaluate.files", "no files"),
+    ({"generate": {"batch_size": 4}}, "generate", "generate pipeline"),
+]
+
+
+@pytest.mark.parametrize(("over", "key", "why"), REFUSED_EVAL)
+def test_eval_refuses_what_it_would_not_read(over, key, why):
+    with pytest.raises(ConfigError) as err:
+        build_config(merged(EVAL, over))
+    assert err.value.key == key and why in str(err.value)
+
+
+def test_the_examples_load():
+    """examples/generate.yaml writes what examples/eval.yaml reads."""
+    from pathlib import Path
+
+    from temper.pipelines.catalog import load_config
+
+    root = Path(__file__).resolve().parents[3] / "examples"
+    gen = load_config(root / "generate.yaml").config
+    ev = load_config(root / "eval.yaml").config
+    assert (gen.pipeline, ev.pipeline) == ("generate", "eval")
+    assert ev.evaluate.files == [gen.generate.output_path]
+
+
+def test_source_metrics_by_hand():
+    """Two sources; prompts of source b have 2 and 4 responses, so pass@4 is left out
+    for b (and for all) and pass@2 uses every prompt."""
+    from temper.pipelines.evaluate import metrics_table, source_metrics
+
+    scores = [[1.0, 0.0, 0.0, 0.0], [0.5, 1.0], [1.0, 1.0, 0.0, 0.0]]
+    metrics = source_metrics(scores, ["a", "b", "b"], [1, 2, 4], threshold=1.0)
+    assert metrics["a/mean@n"] == pytest.approx(0.25)
+    assert metrics["a/pass@4"] == pytest.approx(1.0)
+    # b: mean of (0.75, 0.5); pass@1 of (1/2, 2/4); pass@2 of (1, 1 − C(2,2)/C(4,2) = 5/6)
+    assert metrics["b/mean@n"] == pytest.approx(0.625)
+    assert metrics["b/pass@1"] == pytest.approx(0.5)
+    assert metrics["b/pass@2"] == pytest.approx((1 + 5 / 6) / 2)
+    assert "b/pass@4" not in metrics and "all/pass@4" not in metrics
+    assert metrics["all/prompts"] == 3.0 and metrics["all/responses"] == 10.0
+    lines = metrics_table(metrics)
+    assert lines[0].split() == [
+        "data",
+        "source",
+        "prompts",
+        "responses",
+        "mean@n",
+        "pass@1",
+        "pass@2",
+        "pass@4",
+    ]
+    assert [line.split()[0] for line in lines[1:]] == ["a", "b", "all"]
+    assert lines[2].split()[-1] == "-"  # b has no pass@4
