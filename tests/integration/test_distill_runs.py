@@ -166,6 +166,7 @@ def test_roll_onpolicy_distill_file_trains(tmp_path, tiny_model_dir, teacher_dir
         "track_with=stdout",
         f"output_dir={out}",  # outputs
         f"checkpoint_config.output_dir={out / 'ckpt'}",
+        f"rollout_dump_dir={out / 'rollout_dump'}",  # the file's is relative to the cwd
     ]
     assert main(["train", str(OPD / "onpolicy_distill_config.yaml"), *overrides]) == 0
     rows = [r for r in read_metrics(out) if "distill/reverse_kl" in r]
@@ -244,6 +245,7 @@ def test_roll_multi_teacher_file_routes_each_sample_by_tag(
         "track_with=stdout",
         f"output_dir={out}",  # outputs
         f"checkpoint_config.output_dir={out / 'ckpt'}",
+        f"rollout_dump_dir={out / 'rollout_dump'}",  # the file's is relative to the cwd
     ]
     config = OPD / "multi_teacher_onpolicy_distill_config.yaml"
     assert main(["train", str(config), *overrides]) == 0
