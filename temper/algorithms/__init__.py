@@ -26,6 +26,7 @@ from temper.algorithms.aggregation import (
     LossAggregator,
     compute_global_normalizers,
 )
+from temper.algorithms.distill import distill_penalty, route_by_tag
 from temper.algorithms.groups import GroupStats, as_group_ids, group_stats
 from temper.algorithms.kl import (
     KL_CONTROLLERS,
@@ -157,6 +158,7 @@ __all__ = [
     "compute_global_normalizers",
     "compute_policy_loss",
     "discounted_returns",
+    "distill_penalty",
     "entropy_from_logits",
     "entropy_loss",
     "estimator_inputs",
@@ -187,6 +189,7 @@ __all__ = [
     "reward_norm_types",
     "roll_dual_clip_constant",
     "rollout_is_weights",
+    "route_by_tag",
     "sample_loss_weights",
     "sequence_log_probs",
     "sft_loss",

@@ -14,6 +14,7 @@ from temper.roles.builder import local_engine
 from temper.rollout.registry import resolve_engine_name
 
 #: The ``resources`` key (and ``Derived.placement`` entry) of each role's device ids.
+TEACHER = "teacher:"  # a teacher's worker group: teacher:<name> of distill.teachers
 PLACEMENT_KEYS = {
     "actor": "actor_train",
     "rollout": "actor_infer",
@@ -43,7 +44,15 @@ def placed_roles(cfg: TemperConfig, d: Derived) -> dict[str, list[int]]:
     roles = ["actor", *(["rollout"] if d.use_rollout else []), *d.roles[1:]]
     if judge_used(cfg):
         roles.append("judge")
-    return {role: list(d.placement[PLACEMENT_KEYS[role]]) for role in roles}
+    placed = {role: list(d.placement[PLACEMENT_KEYS[role]]) for role in roles}
+    for name in cfg.distill.teachers:  # each teacher its group, on the reference's devices
+        placed[teacher_role(name)] = list(d.placement["reference"])
+    return placed
+
+
+def teacher_role(name: str) -> str:
+    """The worker-group role of teacher ``name``."""
+    return f"{TEACHER}{name}"
 
 
 def device_pools(ids_by_role: dict[str, list[int]]) -> list[tuple[int, ...]]:
@@ -100,16 +109,17 @@ def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
         ("role", "devices", "nodes", "ranks", "dp", "engine", "bundle/rank", "colocated with")
     ]
     for role, ids in place.items():
+        engine_of = "reference" if role.startswith(TEACHER) else role  # built as it is
         if role == "rollout":  # one whole engine per rank (data-parallel rollout)
             strategy = resolve_engine_name(cfg.rollout.engine, cfg.model)
         elif role == "judge":  # one whole engine per rank too
             strategy = cfg.reward.judge.engine
         else:
-            strategy = getattr(cfg, role).strategy
+            strategy = getattr(cfg, engine_of).strategy
         dp = {"actor": d.actor.dp, "critic": d.critic.dp if d.critic else len(ids)}.get(
             role, len(ids)
         )
-        if role == "reference" and strategy == "megatron":  # TP ranks share their samples
+        if engine_of == "reference" and strategy == "megatron":  # TP ranks share their samples
             dp = len(ids) // max(1, cfg.reference.megatron.model_parallel_size)
         shared = [r for r in place if r != role and set(place[r]) & set(ids)]
         share = min(s for _, _, s in slots[role])

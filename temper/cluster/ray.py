@@ -160,8 +160,9 @@ class RankWorker:
         returns this process's pid, Ray node id and data-parallel index."""
         import ray
 
+        from temper.cluster.placement import TEACHER
         from temper.cluster.process_group import default_backend, init_process_group
-        from temper.roles.builder import build_actor, build_critic, build_reference
+        from temper.roles.builder import build_actor, build_critic, build_reference, build_teacher
         from temper.training.models import resolve_device
 
         dev = resolve_device(device)
@@ -189,7 +190,10 @@ class RankWorker:
             "reference": build_reference,
             "critic": build_critic,
         }
-        self.role = build[self.role_name](self.cfg, dev)
+        if self.role_name.startswith(TEACHER):
+            self.role = build_teacher(self.cfg, dev, self.role_name.removeprefix(TEACHER))
+        else:
+            self.role = build[self.role_name](self.cfg, dev)
         node = ray.get_runtime_context().get_node_id()
         return os.getpid(), node, self.role.engine.dp_rank
 

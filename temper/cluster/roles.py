@@ -27,6 +27,7 @@ from temper.cluster.placement import (
     format_ids,
     placed_roles,
     rank_slots,
+    teacher_role,
     worker_device,
 )
 from temper.cluster.rollout import RemoteRollout, StoredWeights
@@ -35,8 +36,9 @@ from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.rewards.judge import JudgeEngine
-from temper.roles.base import Roles
-from temper.roles.builder import build_roles
+from temper.roles.base import ReferenceRole, Roles
+from temper.roles.builder import build_roles, teachers_of
+from temper.roles.teacher import Teachers
 from temper.rollout import RolloutEngine, build_rollout_engine
 
 if TYPE_CHECKING:
@@ -319,10 +321,21 @@ def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
         critic=RemoteCritic(groups["critic"], cfg.critic, balance) if "critic" in groups else None,
         rollout=RemoteRollout(groups["rollout"]) if "rollout" in groups else None,
         judge=RemoteJudge(groups["judge"]) if "judge" in groups else None,
+        teachers=_remote_teachers(cfg, groups),
         groups=list(groups.values()),
         placement_groups=pgs,
         timeline_json_file=cfg.resources.ray.timeline_json_file,
     )
+
+
+def _remote_teachers(cfg: TemperConfig, groups: dict[str, Any]) -> Teachers | None:
+    """The teachers' router over their worker groups (``teacher:<name>``), or None."""
+    if not cfg.distill.teachers:
+        return None
+    proxies: dict[str, ReferenceRole] = {
+        name: RemoteReference(groups[teacher_role(name)]) for name in cfg.distill.teachers
+    }
+    return teachers_of(cfg, proxies)
 
 
 def build_cluster_rollout(cfg: TemperConfig, roles: Roles, tokenizer: Any) -> RolloutEngine:

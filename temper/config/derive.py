@@ -305,6 +305,16 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                 else "reference.enable or use_kl_loss or use_kl_in_reward",
             )
         )
+    for name, teacher in cfg.distill.teachers.items():  # on-policy distillation
+        tags = ", ".join(teacher.tags) if teacher.tags else "every tag"
+        rows.append(
+            (
+                f"teacher {name}",
+                teacher.model_path,
+                f"kl_coef {teacher.kl_coef:g}, scores {tags}; on the reference's devices, "
+                f"engine reference.strategy ({cfg.reference.strategy})",
+            )
+        )
     rows.append(
         (
             "devices",

@@ -755,7 +755,9 @@ class AlgorithmConfig:
     gae_whiten: bool = doc(True, "GAE: whiten advantages in the estimator (verl; ROLL: false).")
     use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
     kl_penalty: str = doc(
-        "kl", "KL estimator in the reward (kl, abs, mse, low_var_kl, full).", registry="kl_penalty"
+        "kl",
+        "KL estimator in the reward (kl, abs, mse, low_var_kl, full).",
+        registry="kl_penalty",
     )
     kl_ctrl: KLControlConfig = sub(KLControlConfig, "KL coefficient controller.")
     reward_norm: str = doc(
@@ -965,6 +967,54 @@ class DPOConfig:
     )
 
 
+@dataclass
+class TeacherConfig:
+    """A teacher of on-policy distillation: a frozen model that scores the student's
+    sampled tokens (a forward pass, built as the reference is: engine
+    ``reference.strategy``, its micro-batching, its devices ``resources.reference`` — in
+    this process on the local backend, a worker group of its own on Ray)."""
+
+    model_path: str = doc(
+        "", "The teacher's weights (a directory or hub id; ROLL teacher model_name_or_path)."
+    )
+    kl_coef: float = doc(1.0, "Weight of this teacher's KL in the signal, c_i (ROLL opd_kl_coef).")
+    tags: list[str] = doc(
+        [],
+        "Data tags (data.tag_key) of the samples this teacher scores; empty: every sample "
+        "(ROLL tag_included).",
+    )
+
+
+@dataclass
+class DistillConfig:
+    """On-policy distillation (pipelines rlvr and agentic): the student samples, every
+    teacher routed to a sample scores its tokens, and the per-token signal
+    ``−Σ_i c_i·KL_i`` (estimator ``kl_penalty`` of the student's old log-probs against the
+    teacher's) is the advantage (``pure``) or is added to the RL advantage."""
+
+    teachers: dict[str, TeacherConfig] = doc(
+        {}, "Teachers by name; empty: no distillation (ROLL teacher, single or a dict)."
+    )
+    pure: bool = doc(
+        True,
+        "True: the advantage is the distillation signal alone and the task reward is only "
+        "reported (ROLL is_pure_opd); False: the signal is added to the estimator's "
+        "advantage (ROLL use_opd).",
+    )
+    kl_penalty: str = doc(
+        "kl",
+        "Per-token estimator of the student's KL to a teacher on the sampled token: kl "
+        "(log π − log π_t), abs, mse, low_var_kl (ROLL kl_penalty; verl loss_mode).",
+        registry="kl_penalty",
+    )
+    log_prob_min_clamp: float | None = doc(
+        None, "Clamp both models' log-probs from below first (verl log_prob_min_clamp)."
+    )
+    loss_max_clamp: float | None = doc(
+        None, "Cap each teacher's per-token estimate (verl loss_max_clamp)."
+    )
+
+
 # --------------------------------------------------------------------------- generate, eval
 
 
@@ -1037,5 +1087,6 @@ class TemperConfig:
     agentic: AgenticConfig = sub(AgenticConfig, "Agentic pipeline (pipeline=agentic).")
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
     dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")
+    distill: DistillConfig = sub(DistillConfig, "On-policy distillation from teachers.")
     generate: GenerateConfig = sub(GenerateConfig, "Batch generation (pipeline=generate).")
     evaluate: EvaluateConfig = sub(EvaluateConfig, "Scoring a file of responses (pipeline=eval).")

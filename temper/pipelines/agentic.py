@@ -236,6 +236,6 @@ PIPELINE = Pipeline(
     preflight=preflight,
     step_shape=episode_groups,
     shaping=shaping,
-    sections=frozenset({"agentic"}),
+    sections=frozenset({"agentic", "distill"}),
     context=episode_length,
 )

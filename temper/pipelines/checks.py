@@ -40,6 +40,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_estimator_inputs(cfg)
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
+    _check_distill(cfg, plan)
     if cfg.reward.launch_async:
         raise ConfigError(
             "reward.launch_async",
@@ -165,6 +166,28 @@ def _check_policy_loss(cfg: TemperConfig) -> None:
 
 CHECKPOINT_PARTS = ("model", "optimizer", "extra")
 HF_PARTS = ("hf", "hf_model")
+
+
+def _check_distill(cfg: TemperConfig, plan: Derived) -> None:
+    """On-policy distillation's teachers: what their signal and placement can honour."""
+    teachers = cfg.distill.teachers
+    if not teachers:
+        return
+    if kl_estimator_needs_logits(cfg.distill.kl_penalty):
+        raise ConfigError(
+            "distill.kl_penalty",
+            f"'{cfg.distill.kl_penalty}' needs the logits of both models; the teachers' "
+            "signal is estimated on the sampled tokens' log-probs",
+            "use kl, abs, mse or low_var_kl",
+        )
+    if cfg.distill.pure and plan.use_critic:
+        raise ConfigError(
+            "distill.pure",
+            f"pure distillation's advantage is the teachers' signal, so the critic of "
+            f"adv_estimator {cfg.algorithm.adv_estimator} would be trained on nothing the "
+            "update uses",
+            "use an estimator without a critic (reinforce, grpo), or distill.pure: false",
+        )
 
 
 def _check_checkpoint_contents(role: str, contents: list[str]) -> None:

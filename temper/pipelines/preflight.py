@@ -137,6 +137,8 @@ def check_models(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     check_tokenizer_path(tok, key, notes)
     if plan.use_critic and cfg.critic.model_path:
         check_model_path(cfg.critic.model_path, "critic.model_path", notes)
+    for name, teacher in cfg.distill.teachers.items():
+        check_model_path(teacher.model_path, f"distill.teachers.{name}.model_path", notes)
     if cfg.reward.model.enable:
         if not cfg.reward.model.path:
             raise ConfigError(
@@ -309,6 +311,9 @@ def model_uses(cfg: TemperConfig, plan: Derived, notes: list[str]) -> list[Model
         uses.append(
             ModelUse("critic.model_path", cfg.critic.model_path, *trust, tokenizer, context)
         )
+    for name, teacher in cfg.distill.teachers.items():  # scores the student's tokens
+        key = f"distill.teachers.{name}.model_path"
+        uses.append(ModelUse(key, teacher.model_path, *trust, tokenizer, context))
     rm = cfg.reward.model
     if rm.enable and rm.path:
         own = rm.input_tokenizer is not None  # re-templated with the RM's own tokenizer

@@ -37,6 +37,9 @@ def rl_step(run: Run) -> dict[str, float]:
         if roles.reference is not None:
             with t("ref"):
                 batch = roles.reference.compute_ref_log_probs(batch)
+        if roles.teachers is not None:  # on-policy distillation: the teachers score the tokens
+            with t("teacher"):
+                batch = roles.teachers.compute_teacher_log_probs(batch)
         if roles.critic is not None:
             with t("values"):
                 batch = roles.critic.compute_values(batch)

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from temper import algorithms as A
-from temper.config.schema import AgenticConfig, AlgorithmConfig, TemperConfig
+from temper.config.schema import AgenticConfig, AlgorithmConfig, DistillConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.rewards.placement import place_at_last_token
 
@@ -49,6 +49,7 @@ class ShapingSettings:
     response_length: int  # the overlong buffer's limit (rollout.response_length)
     agentic: AgenticConfig | None = None  # pipeline agentic: its reward normalization
     seed: int = 0  # PF-PPO's resampling stream
+    distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)  # teachers
 
     @classmethod
     def from_config(
@@ -61,6 +62,7 @@ class ShapingSettings:
             response_length=cfg.rollout.response_length,
             agentic=agentic,
             seed=cfg.experiment.seed,
+            distill=cfg.distill,
         )
 
     @property
@@ -243,7 +245,17 @@ def compute_experience(
         gae_whiten=algo.gae_whiten,
         reward_weights=tuple(weights) if weights is not None else None,
     )
-    advantages, returns = A.compute_advantages(algo.adv_estimator, inputs, params)
+    penalty = None
+    if s.distill.teachers:  # on-policy distillation: −Σ c_i·KL_i per token
+        penalty, distilled = distillation_signal(batch, s.distill, mask)
+        metrics.update(distilled)
+    if penalty is not None and s.distill.pure:  # the signal is the whole advantage
+        advantages = -penalty
+        returns = advantages
+    else:
+        advantages, returns = A.compute_advantages(algo.adv_estimator, inputs, params)
+        if penalty is not None:
+            advantages = advantages - penalty
     if algo.whiten_advantages:
         advantages = A.masked_whiten(advantages, mask) * mask
     advantages, adv_clipped = A.clip_with_fraction(advantages, algo.advantage_clip)
@@ -261,6 +273,40 @@ def compute_experience(
         batch, pf = _pf_ppo(batch, algo, s.seed, step)
         metrics.update(pf)
     return batch, metrics
+
+
+def distillation_signal(
+    batch: Batch, distill: DistillConfig, mask: Tensor
+) -> tuple[Tensor, dict[str, float]]:
+    """``(B, R)`` weighted divergence of the student's old log-probs from the teachers'
+    (:func:`temper.algorithms.distill_penalty`) and its metrics: per teacher, the mean
+    sampled reverse KL ``log π − log π_t`` over the tokens it scored."""
+    names = list(distill.teachers)
+    student, teacher = batch["old_log_probs"].float(), batch["teacher_log_probs"].float()
+    routed = batch["teacher_routed"].bool()
+    coefs = [distill.teachers[n].kl_coef for n in names]
+    penalty = A.distill_penalty(
+        student,
+        teacher,
+        routed,
+        coefs,
+        mask,
+        distill.kl_penalty,
+        log_prob_min=distill.log_prob_min_clamp,
+        max_value=distill.loss_max_clamp,
+    )
+    metrics: dict[str, float] = {}
+    total, count = 0.0, 0.0
+    for t, name in enumerate(names):
+        scored = mask * routed[:, t].unsqueeze(-1).float()
+        n = float(scored.sum())
+        kl = float(((student - teacher[:, t]) * scored).sum())
+        metrics[f"distill/{name}/reverse_kl"] = kl / n if n else 0.0
+        metrics[f"distill/{name}/samples"] = float(routed[:, t].sum())
+        total, count = total + kl, count + n
+    metrics["distill/reverse_kl"] = total / count if count else 0.0
+    metrics["distill/penalty_mean"] = float((penalty * mask).sum() / mask.sum().clamp(min=1))
+    return penalty, metrics
 
 
 def _loss_masks(batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:

@@ -107,6 +107,17 @@ class ReferenceRole(Protocol):
         ...
 
 
+class TeacherRole(Protocol):
+    """The teachers of on-policy distillation (``temper.roles.teacher.Teachers``)."""
+
+    names: list[str]  # teacher t of ``teacher_log_probs[:, t]``
+
+    def compute_teacher_log_probs(self, batch: Batch) -> Batch:
+        """A copy of ``batch`` with ``teacher_log_probs`` (B, T, R) and ``teacher_routed``
+        (B, T): each teacher's log-probs of the response tokens of the samples routed to it."""
+        ...
+
+
 @dataclass
 class Roles:
     """The trained and frozen roles of a run (``None``: not used by this config)."""
@@ -114,6 +125,7 @@ class Roles:
     actor: ActorRole
     reference: ReferenceRole | None
     critic: CriticRole | None
+    teachers: TeacherRole | None = None  # on-policy distillation (distill.teachers)
 
     def shutdown(self) -> None:
         """Release what the roles hold outside this process (Ray worker groups)."""

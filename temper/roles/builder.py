@@ -27,9 +27,10 @@ from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig, TrainEngineConfig
 from temper.roles.actor import Actor
-from temper.roles.base import Roles
+from temper.roles.base import ReferenceRole, Roles
 from temper.roles.critic import Critic
 from temper.roles.reference import Reference
+from temper.roles.teacher import Teachers
 from temper.training.micro_batching import MicroBatching
 from temper.training.models import resolve_device
 from temper.training.registry import build_engine, local_engine
@@ -113,22 +114,52 @@ def build_reference(cfg: TemperConfig, dev: torch.device, actor: Actor | None = 
         return Reference(
             actor.engine, disable_adapters=True, micro_batching=ref_micro, temperature=temperature
         )
+    return _frozen(cfg, dev, None, "reference")
+
+
+def _frozen(cfg: TemperConfig, dev: torch.device, model_path: str | None, role: str) -> Reference:
+    """A forward-only policy on its own engine ``reference.strategy``, with the reference's
+    micro-batching: the reference (``model_path`` None: the policy's weights) or a teacher."""
+    ref_micro = reference_micro_batching(cfg, infer_micro_batching(cfg, cfg.actor))
     engine = build_engine(
         local_strategy(cfg, cfg.reference.strategy, "reference.strategy"),
         EngineSpec(
             model=cfg.model,
             device=dev,
+            model_path=model_path,
             train=None,
             infer_micro=ref_micro,
             param_offload=cfg.reference.param_offload,
             seed=cfg.experiment.seed,
-            role="reference",
+            role=role,
             fsdp=cfg.reference.fsdp,
             megatron=cfg.reference.megatron,
             deepspeed=cfg.reference.deepspeed,
         ),
     )
-    return Reference(engine, temperature=temperature)
+    return Reference(engine, temperature=_temperature(cfg))
+
+
+def build_teachers(cfg: TemperConfig, dev: torch.device) -> Teachers | None:
+    """The teachers of ``distill.teachers`` (None without any): each a frozen engine built
+    as the reference's, on its own weights."""
+    if not cfg.distill.teachers:
+        return None
+    roles: dict[str, ReferenceRole] = {
+        name: build_teacher(cfg, dev, name) for name in cfg.distill.teachers
+    }
+    return teachers_of(cfg, roles)
+
+
+def build_teacher(cfg: TemperConfig, dev: torch.device, name: str) -> Reference:
+    """Teacher ``name`` of ``distill.teachers``: a frozen engine on its weights, built as
+    the reference's (in this process, or in a Ray worker of the teacher's group)."""
+    return _frozen(cfg, dev, cfg.distill.teachers[name].model_path, "reference")
+
+
+def teachers_of(cfg: TemperConfig, roles: dict[str, ReferenceRole]) -> Teachers:
+    """The router over the teachers' roles (local, or Ray worker groups' proxies)."""
+    return Teachers(roles, {name: t.tags for name, t in cfg.distill.teachers.items()})
 
 
 def build_critic(cfg: TemperConfig, dev: torch.device) -> Critic:
@@ -177,7 +208,7 @@ def build_roles(
                 "estimator (low_var_kl)",
             )
         actor.engine.kl_reference = reference
-    return Roles(actor=actor, reference=reference, critic=critic)
+    return Roles(actor=actor, reference=reference, critic=critic, teachers=build_teachers(cfg, dev))
 
 
 def full_kl_key(cfg: TemperConfig) -> str | None:

@@ -49,8 +49,9 @@ def _roles(cfg: TemperConfig, plan: Derived) -> list[tuple[str, MegatronConfig]]
     if plan.use_critic and cfg.critic.strategy == "megatron":
         roles.append(("critic", cfg.critic.megatron))
     ref = cfg.reference
-    if plan.use_reference and ref.strategy == "megatron" and cfg.model.lora.rank == 0:
-        roles.append(("reference", ref.megatron))
+    own_engine = plan.use_reference and cfg.model.lora.rank == 0
+    if ref.strategy == "megatron" and (own_engine or cfg.distill.teachers):
+        roles.append(("reference", ref.megatron))  # the teachers' engines are built so too
     return roles
 
 

@@ -114,7 +114,8 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         roles.append(
             ("critic", cfg.critic.strategy, cfg.critic, cfg.critic.deepspeed, plan.critic.dp)
         )
-    if plan.use_reference and cfg.model.lora.rank == 0:
+    # the reference's own engine, and the teachers', which are built as it is
+    if (plan.use_reference and cfg.model.lora.rank == 0) or cfg.distill.teachers:
         ranks = len(plan.placement["reference"]) if cfg.resources.backend != "local" else 1
         ref = cfg.reference
         roles.append(("reference", ref.strategy, None, ref.deepspeed, ranks))

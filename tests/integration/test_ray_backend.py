@@ -235,3 +235,35 @@ def test_dpo_on_two_fsdp2_ranks(tmp_path, tiny_model_dir, monkeypatch, ray_sessi
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor").state_dict()
     moved = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(moved) == len(before)
+
+
+def test_distillation_teacher_on_its_own_ray_workers(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session
+) -> None:
+    """On-policy distillation on Ray: the actor on 2 FSDP2 ranks (devices 0, 1), the
+    teacher — another tiny model — a worker group of its own on device 1, scoring the
+    student's samples with its own weights (not the student's: the KL to it is not 0)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from temper.pipelines import run_pipeline as train
+    from temper.utils.tiny import make_tiny_model
+
+    teacher = make_tiny_model(tmp_path / "teacher", hidden_size=32, seed=7)
+    over = {
+        "algorithm": {"adv_estimator": "reinforce"},
+        "reference": {"strategy": "fsdp2"},
+        "resources": {
+            "backend": "ray",
+            "devices_per_node": 2,
+            "reference": [1],
+            "ray": {"num_cpus": 4, "rpc_timeout": 120},
+        },
+        "distill": {"teachers": {"tutor": {"model_path": str(teacher)}}},
+    }
+    train(ray_config(tmp_path, tiny_model_dir, **over))
+    rows = metrics_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["distill/tutor/samples"] == 4  # every sample: the teacher lists no tags
+        assert r["train/advantage_mean"] == pytest.approx(-r["distill/penalty_mean"], abs=1e-6)
+        assert r["timing/teacher_s"] > 0
+        assert abs(r["distill/tutor/reverse_kl"]) > 1e-3

@@ -40,7 +40,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / len(solution_str)
 '''
 STEPS = 6
-ALGOS = ("grpo", "gae", "agentic", "sft", "dpo")
+ALGOS = ("grpo", "gae", "agentic", "sft", "dpo", "distill")
 
 
 LAKE = {
@@ -159,9 +159,14 @@ def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
         },
         "rollout": {"n": 4, "response_length": 8, "temperature": 1.0},
         "actor": {"mini_batch_size": 4, "micro_batch_size_per_device": 4, "optim": {"lr": 3e-3}},
-        "algorithm": {"adv_estimator": algo},
+        "algorithm": {"adv_estimator": "reinforce" if algo == "distill" else algo},
         "reward": {"function": "custom", "custom_function": {"path": str(reward_file)}},
     }
+    if algo == "distill":  # on-policy distillation from another tiny model (frozen teacher)
+        from temper.utils.tiny import make_tiny_model
+
+        teacher = make_tiny_model(tmp / "teacher", hidden_size=32, seed=7)
+        cfg["distill"] = {"teachers": {"teacher": {"model_path": str(teacher)}}}
     cfg["reward"]["num_workers"] = 1
     if algo == "gae":
         cfg["algorithm"].update({"lam": 0.95, "use_kl_in_reward": True})

@@ -3,10 +3,12 @@
 temper runs RL — the ``rlvr`` pipeline (PPO, GRPO and relatives, single-turn, verl's
 ``main_ppo`` and ROLL's RLVR pipeline) and the ``agentic`` one (multi-turn episodes) —
 supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline), DPO
-(``dpo``: ROLL's DPO pipeline), and verl's generation and evaluation entry points
-(``generate``, ``eval``), which the dialects translate. verl and ROLL ship other
-trainers too — distillation, ROLL's rollout-only runs, self-play recipes. Their configs
-reuse many RL keys, so a key-by-key translation would fail on some key deep inside with "unknown key, did you mean …", which
+(``dpo``: ROLL's DPO pipeline), on-policy distillation (RL with teachers: ROLL's OPD
+files) and verl's generation and evaluation entry points (``generate``, ``eval``), which
+the dialects translate. verl and ROLL ship other trainers too — offline distillation,
+ROLL's rollout-only runs, self-play recipes. Their configs reuse many RL keys, so a
+key-by-key translation would fail on some key deep inside with "unknown key, did you mean
+…", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
 keys only that pipeline has, and refused in one line that names the pipeline.
 """
@@ -17,6 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from temper.config.dialects.roll_opd import is_opd
 from temper.config.errors import ConfigError
 
 RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic, sft and dpo pipelines, and generate and eval"
@@ -76,17 +79,17 @@ def _diffusion(data: dict[str, Any]) -> str | None:
     return None
 
 
+def _roll_offline_distill(data: dict[str, Any]) -> str | None:
+    """ROLL's (offline) distillation pipeline; an on-policy distillation file, which has a
+    ``teacher`` too, is an RL file (``roll_opd``)."""
+    if is_opd(data):
+        return None
+    keys = ("student", "teacher", "student_pretrain", "teacher_pretrain", "kd_objective")
+    return _any_key(*keys)(data)
+
+
 ROLL_SHAPES = (
-    Shape(
-        "ROLL on-policy distillation pipeline",
-        "a student on its own samples, scored by teachers",
-        _any_key("student_train", "student_infer", "is_pure_opd", "use_opd", truthy=True),
-    ),
-    Shape(
-        "ROLL distillation pipeline",
-        "a student on a teacher's logits",
-        _any_key("student", "teacher", "student_pretrain", "teacher_pretrain", "kd_objective"),
-    ),
+    Shape("ROLL distillation pipeline", "a student on a teacher's logits", _roll_offline_distill),
     Shape("ROLL Reward-FL pipeline", "a diffusion model by reward feedback learning", _diffusion),
     Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
 )

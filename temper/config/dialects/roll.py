@@ -1,4 +1,5 @@
-"""The ROLL dialect: a ROLL pipeline YAML (RLVR or agentic) -> the native schema.
+"""The ROLL dialect: a ROLL pipeline YAML (RLVR or agentic, with on-policy distillation's
+teachers or without: :mod:`roll_opd`) -> the native schema.
 
 The generic walker visits every key of the input against ``roll_table.TOP``: mapped,
 noted, rejected, or read by one of the derivations in ``roll_derive`` (the arithmetic and
@@ -13,15 +14,20 @@ device mappings use more than one device, else ``local`` (one process).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from temper.config.catalog import Catalog
 from temper.config.dialects import Translation
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_devices import parse_device_mapping
 from temper.config.dialects.roll_dpo import DPO_TABLE, is_dpo, translate_roll_dpo
+from temper.config.dialects.roll_opd import is_opd, rewrite_opd, user_key
 from temper.config.dialects.roll_sft import SFT_TABLE, is_sft, translate_roll_sft
 from temper.config.dialects.roll_table import ROLL_DEFAULTS, TOP
 from temper.config.dialects.roll_walk import KeyTable
+from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 
 __all__ = ["parse_device_mapping", "translate_roll"]
@@ -32,13 +38,36 @@ REVERSE = RL_TABLE.reverse
 
 def translate_roll(raw: RawConfig, catalog: Catalog | None = None) -> Translation:
     """Translate a ROLL pipeline config (see the module docstring) — RLVR, agentic, SFT
-    (:mod:`roll_sft`) or DPO (:mod:`roll_dpo`); ROLL's rules read no registry, so ``catalog`` (the dialect
-    interface's) is not needed."""
+    (:mod:`roll_sft`), DPO (:mod:`roll_dpo`) or on-policy distillation (:mod:`roll_opd`),
+    whose messages name the file's own keys (``student_train``, ``teacher``), not those of
+    the RL file it is rewritten into. ROLL's rules read no registry, so ``catalog`` (the
+    dialect interface's) is not needed."""
     if is_sft(raw.data):
         return translate_roll_sft(raw)
     if is_dpo(raw.data):
         return translate_roll_dpo(raw)
-    given = dict(raw.data)
+    if not is_opd(raw.data):
+        return _translate(raw, dict(raw.data))
+    given, distill, notes = rewrite_opd(raw.data)
+    renamed = distill.pop("renamed")
+    try:
+        out = _translate(raw, given, distill, notes)
+    except ConfigError as err:
+        raise ConfigError(
+            user_key(err.key, renamed), err.reason, err.template, bound=err.bound
+        ) from err
+    out.sources = {dst: user_key(src, renamed) for dst, src in out.sources.items()}
+    return out
+
+
+def _translate(
+    raw: RawConfig,
+    given: dict[str, Any],
+    distill: dict[str, Any] | None = None,
+    opd_notes: Sequence[str] = (),
+) -> Translation:
+    """An RLVR or agentic file ``given`` (with ``distill``'s teachers: an OPD file
+    rewritten by :func:`rewrite_opd`)."""
     applied = {k: v for k, v in ROLL_DEFAULTS.items() if k not in given}
     if isinstance(given.get("validation"), dict) and "eval_steps" in given["validation"]:
         applied.pop("eval_steps", None)
@@ -65,6 +94,14 @@ def translate_roll(raw: RawConfig, catalog: Catalog | None = None) -> Translatio
     if agentic:
         derive.episodes(ctx)
     derive.definitions(ctx, raw, defs)
+    if distill is not None:
+        ctx.set("distill.teachers", distill["teachers"], "teacher")
+        kl = ctx.native_get("algorithm.kl_penalty")
+        if kl is not None:  # ROLL's OPD estimates each teacher's KL with kl_penalty
+            ctx.set("distill.kl_penalty", kl, "kl_penalty")
+        mode = "is_pure_opd" if distill["pure"] else "use_opd"
+        ctx.set("distill.pure", distill["pure"], "student_train" if distill["pure"] else mode)
+        ctx.notes.extend(opd_notes)
     if applied:
         ctx.notes.append(
             "ROLL defaults applied for keys the file omits: "

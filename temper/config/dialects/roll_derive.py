@@ -360,6 +360,14 @@ def data_files(ctx: Ctx) -> None:
     template = ctx.get("actor_train.data_args.template", MISSING)
     if template is MISSING:
         template = ctx.get("global_template", MISSING)
+    for tag, named in (ctx.get("tag_to_template") or {}).items():
+        if named != (None if template is MISSING else template):
+            raise ConfigError(
+                f"tag_to_template.{tag}",
+                f"'{named}' is not the file's template ({template if template is not MISSING else 'none'}): "
+                "one chat template serves every tag here",
+                "remove tag_to_template, or give every tag the one template",
+            )
     if template is not MISSING:
         ctx.set("data.chat_template", "native", "actor_train.data_args.template")
         if template not in (None, "native"):

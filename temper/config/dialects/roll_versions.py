@@ -60,8 +60,8 @@ def _worker(role: str) -> dict[str, Rule]:
             "set mtp_training_mode: disabled",
             ok=lambda v: v in (None, "disabled"),
         ),
-        "opd_kl_coef": Note("read by ROLL's on-policy distillation only"),
-        "tag_included": Note("read by ROLL's on-policy distillation teachers only"),
+        "opd_kl_coef": Note("read by ROLL's on-policy distillation teachers only (roll_opd)"),
+        "tag_included": Note("read by ROLL's on-policy distillation teachers only (roll_opd)"),
         "router_replay": Reject(
             "MoE router replay is not supported",
             "remove router_replay",
@@ -408,11 +408,7 @@ ADDITIONS: dict[str, Rule] = {
         ok=lambda v: not v or not any(vv for vv in (v or {}).values()),
         note="no filter",
     ),
-    "tag_to_template": Reject(
-        "one chat template serves every tag here",
-        "remove tag_to_template",
-        ok=lambda v: not v,
-    ),
+    "tag_to_template": Use("one chat template for every tag: each must be the file's template"),
     "use_policy_loss_type": Reject(
         "only the PPO loss (with the importance ratio) is supported here; PG is "
         "the plain policy gradient",
@@ -434,7 +430,10 @@ ADDITIONS: dict[str, Rule] = {
     "ipa_failure_reward": Reject(
         "the IPA failure reward is not supported", "remove it", ok=lambda v: v in (None, 0, 0.0)
     ),
-    "pure_opd_pipeline_type": Note("read by ROLL's on-policy distillation pipeline only"),
+    "pure_opd_pipeline_type": Note(
+        "ROLL's OPD launcher picks the RLVR or agentic config class with it; here the "
+        "file's train_env_manager picks the pipeline"
+    ),
     "rollout_mock.enable": Reject(
         "replaying mocked rollouts is not supported",
         "set rollout_mock.enable: false",
@@ -456,13 +455,15 @@ for _k in ("attn_implementation", "lora_rank", "lora_alpha", "lora_target"):
 ADDITIONS["rewards.*.reward_manager_config"] = Reject(
     "ROLL's reward-system plugins are not supported", "remove it", ok=lambda v: not v
 )
-for _k in ("is_pure_opd", "use_opd", "student_train", "student_infer", "teacher"):
-    ADDITIONS[_k] = Reject(
-        "on-policy distillation (ROLL's OPD) is not supported",
-        f"remove {_k}",
-        ok=lambda v: not v,
-        note="off",
-    )
+for _k in ("is_pure_opd", "use_opd", "student_train", "student_infer"):
+    ADDITIONS[_k] = Use("on-policy distillation (roll_opd): its mode and the student's workers")
+ADDITIONS["teacher"] = Reject(
+    "ROLL reads the teacher only in on-policy distillation (student_train and student_infer, "
+    "or use_opd)",
+    "remove teacher, or configure on-policy distillation",
+    ok=lambda v: not v,
+    note="off",
+)
 # Vision-language, video and audio inputs (ROLL's data_args of its VL pipelines).
 for _section in ("actor_train", "validation"):
     for _k in (

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
+from temper.config.dialects.verl_distill import RULES as DISTILL_RULES
 from temper.config.dialects.verl_megatron import MEGATRON_INHERIT, megatron_rules
 from temper.config.dialects.verl_rewards import RULES
 from temper.config.dialects.verl_rules import Call, Map, Note, Rule
@@ -363,6 +364,7 @@ TABLE: dict[str, Rule] = _gather(
     _section_ray(),
     megatron_rules(),
     V09_RULES,
+    DISTILL_RULES,
     _gate(
         "global_profiler",
         "tool",

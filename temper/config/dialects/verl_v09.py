@@ -573,13 +573,7 @@ def _data_v09() -> dict[str, Rule]:
             )
             for part in ("rollout", "async_rollout", "rollout_tq")
         },
-        "distillation": Gated(
-            "enabled",
-            (False, None),
-            "distillation is off",
-            "verl's distillation trainer is not supported here",
-            "set enabled: false",
-        ),
+        # "distillation": its own module, verl_distill
     }
 
 

@@ -32,7 +32,11 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+TEACHER = {"distill": {"teachers": {"big": {"model_path": "teacher"}}}}
 REFUSED = [
+    (RLVR, {"distill": {**TEACHER["distill"], "kl_penalty": "full"}}, "distill.kl_penalty"),
+    (RLVR, {**TEACHER, "algorithm": {"adv_estimator": "gae"}}, "distill.pure"),
+    ({**RLVR, "pipeline": "sft"}, TEACHER, "distill"),
     (RLVR, {"algorithm": {"use_reward_norm": True}}, "algorithm.use_reward_norm"),
     (
         RLVR,

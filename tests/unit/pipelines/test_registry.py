@@ -35,9 +35,12 @@ NOT_A_PIPELINE = 3
 def test_builtin_records_declare_their_needs():
     assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft", "dpo", "generate", "eval"]
     agentic = resolve_pipeline("agentic")
-    assert agentic.sections == frozenset({"agentic"}) and agentic.step_shape is episode_groups
+    assert agentic.sections == frozenset({"agentic", "distill"})
+    assert agentic.step_shape is episode_groups
     rlvr = resolve_pipeline("rlvr")
-    assert rlvr.sections == frozenset() and rlvr.step is rl_step and agentic.step is rl_step
+    assert (
+        rlvr.sections == frozenset({"distill"}) and rlvr.step is rl_step and agentic.step is rl_step
+    )
     assert rlvr.uses == agentic.uses == frozenset({"rollout", "reference", "critic"})
     sft = resolve_pipeline("sft")
     assert sft.step is sft_step and sft.uses == frozenset() and sft.curve == "train/loss"

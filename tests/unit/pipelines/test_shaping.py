@@ -9,7 +9,9 @@ import torch
 from temper.config.schema import (
     AgenticConfig,
     AlgorithmConfig,
+    DistillConfig,
     RewardNormalizationConfig,
+    TeacherConfig,
 )
 from temper.data.batch import Batch
 from temper.pipelines.shaping import (
@@ -242,3 +244,54 @@ def test_length_reward_shapes_episodes_too(episodes):
     out, _ = shape(episodes, algo, agentic())
     # g0: the successful episode is the longer one: λ = 0.5 − 1 = −0.5 for it
     assert out["token_level_scores"][0].sum().item() == pytest.approx(1.0 - 0.5)
+
+
+# ------------------------------------------- on-policy distillation (distill.teachers)
+
+
+def distill_batch():
+    """Two samples of two tokens: student and two teachers' log-probs, sample 1 routed
+    only to teacher ``b``; the first sample's group scores 1, the second 0."""
+    return batch(
+        [1.0, 0.0],
+        ["u", "u"],
+        [2, 2],
+        R=2,
+        old_log_probs=torch.tensor([[-1.0, -1.0], [-2.0, -0.5]]),
+        teacher_log_probs=torch.tensor(
+            [[[-2.0, -1.5], [-1.0, -3.0]], [[-4.0, -4.0], [-1.0, -0.5]]]
+        ),
+        teacher_routed=torch.tensor([[True, True], [False, True]]),
+    )
+
+
+def distill(pure):
+    teachers = {"a": TeacherConfig(model_path="A", kl_coef=0.3), "b": TeacherConfig("B", 0.7)}
+    return DistillConfig(teachers=teachers, pure=pure)
+
+
+def test_pure_distillation_advantage_is_minus_the_weighted_kl():
+    algo = AlgorithmConfig(adv_estimator="grpo")
+    settings = ShapingSettings(algo, response_length=2, distill=distill(pure=True))
+    out, m = compute_experience(distill_batch(), settings, ShapingState.from_config(algo))
+    # per token Σ c_t·routed·(log π − log π_t) (tests/unit/algorithms/test_distill.py)
+    expected = -torch.tensor([[0.3, 1.55], [-0.7, 0.0]])
+    torch.testing.assert_close(out["advantages"], expected)
+    torch.testing.assert_close(out["returns"], expected)
+    # reverse KL per teacher over the tokens it scored: a (1.0 + 0.5)/2; b (0 + 2 − 1 + 0)/4
+    assert m["distill/a/reverse_kl"] == pytest.approx(0.75)
+    assert m["distill/b/reverse_kl"] == pytest.approx(0.25)
+    assert m["distill/reverse_kl"] == pytest.approx((1.5 + 1.0) / 6)
+    assert m["distill/a/samples"] == 1.0 and m["distill/b/samples"] == 2.0
+    assert m["train/score_mean"] == 0.5  # the task reward is still reported
+
+
+def test_mixed_distillation_subtracts_the_kl_from_the_rl_advantage():
+    algo = AlgorithmConfig(adv_estimator="grpo")
+    plain, _ = compute_experience(
+        distill_batch(), ShapingSettings(algo, response_length=2), ShapingState.from_config(algo)
+    )
+    settings = ShapingSettings(algo, response_length=2, distill=distill(pure=False))
+    out, _ = compute_experience(distill_batch(), settings, ShapingState.from_config(algo))
+    expected = plain["advantages"] - torch.tensor([[0.3, 1.55], [-0.7, 0.0]])
+    torch.testing.assert_close(out["advantages"], expected)

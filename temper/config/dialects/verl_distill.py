@@ -1,0 +1,197 @@
+"""verl 0.9's ``distillation`` section (``verl/trainer/config/distillation``) → the native
+``distill`` section: on-policy distillation in verl's PPO trainer.
+
+What verl computes, and what temper builds of it:
+
+- ``enabled: false`` (every PPO file of the 2026-08 snapshot composes the section so): the
+  rest is read by nothing;
+- ``distillation_loss.use_policy_gradient: true``: the per-token distillation loss of an
+  estimator ``loss_mode`` (``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``,
+  after ``log_prob_min_clamp`` and ``loss_max_clamp``) is the negative advantage of a
+  policy-gradient loss — temper's ``distill.kl_penalty`` and its clamps. With
+  ``use_task_rewards: false`` that is the whole loss (``distill.pure``); with ``true`` the
+  task's PPO loss (with its KL loss and entropy bonus, which pure mode drops: they must
+  be off) is added, the distillation term weighted by ``distillation_loss_coef``
+  (temper subtracts ``coef × KL`` from the task advantage: one clipped loss instead of two,
+  the same gradient while the ratio is inside the clip range);
+- ``use_policy_gradient: false`` (the distillation loss as a direct gradient term, verl's
+  GKD mode) and the ``*_topk`` losses (the teachers' top-k logits) are refused: temper's
+  teachers give the sampled tokens' log-probs;
+- ``teacher_models.<name>``: ``model_path`` and ``key`` (the value of the sample's
+  ``teacher_key`` field it takes: temper routes by ``data.tag_key``); verl drops the
+  default ``teacher_model`` entry when others are added, and so does this translation;
+  ``num_replicas`` and ``inference.*`` configure verl's teacher inference servers — here a
+  teacher is a forward-only engine built as the reference's;
+- ``nnodes`` / ``n_gpus_per_node``: verl's teacher resource pool of its own (``nnodes >
+  0``) is refused; ``nnodes: 0`` puts the teachers on the trainer's devices, where temper
+  places them (the reference's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temper.config.dialects.verl_rules import Call, Rule
+from temper.config.errors import ConfigError
+
+SECTION = "distillation"
+LOSS = f"{SECTION}.distillation_loss"
+ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+DEFAULT_TEACHER = "teacher_model"  # verl pops it when other teachers are added
+SERVED = (
+    "configures verl's teacher inference server; here a teacher is a forward-only engine "
+    "built as the reference's (reference.strategy)"
+)
+
+
+def _off(section: dict[str, Any], ctx: Any) -> None:
+    ctx.note("no effect here (distillation.enabled is false)", SECTION)
+
+
+def _teachers(section: dict[str, Any], ctx: Any) -> dict[str, dict[str, Any]]:
+    models = dict(section.get("teacher_models") or {})
+    if len(models) > 1 and DEFAULT_TEACHER in models:
+        models.pop(DEFAULT_TEACHER)
+        ctx.note(
+            "dropped, as verl drops it when other teachers are added",
+            f"{SECTION}.teacher_models.{DEFAULT_TEACHER}",
+        )
+    if not models:
+        raise ConfigError(
+            f"{SECTION}.teacher_models",
+            "distillation is enabled without a teacher",
+            f"set {SECTION}.teacher_models.{DEFAULT_TEACHER}.model_path",
+        )
+    for name, teacher in models.items():
+        key = f"{SECTION}.teacher_models.{name}"
+        if not isinstance(teacher, dict) or not teacher.get("model_path"):
+            raise ConfigError(
+                f"{key}.model_path", "a teacher needs its model", "set it to a model path"
+            )
+        for k in teacher:
+            if k in ("num_replicas", "inference"):
+                ctx.note(SERVED, f"{key}.{k}")
+            elif k == "_target_":
+                ctx.note("verl's dataclass target; no effect here", f"{key}.{k}")
+            elif k not in ("model_path", "key"):
+                raise ConfigError(f"{key}.{k}", "unknown verl key", "remove it")
+    return models
+
+
+def _loss(section: dict[str, Any], ctx: Any) -> float:
+    """The loss section's writes; returns each teacher's coefficient (a ConfigError for
+    what is not built)."""
+    loss = section.get("distillation_loss") or {}
+    mode = loss.get("loss_mode", "k3")
+    if not loss.get("use_policy_gradient", False):
+        raise ConfigError(
+            f"{LOSS}.use_policy_gradient",
+            "the distillation loss as a direct gradient term (verl's GKD mode) is not "
+            "built; temper distills with the policy gradient of the per-token KL",
+            f"set {LOSS}.use_policy_gradient=true",
+        )
+    if mode not in ESTIMATORS:
+        raise ConfigError(
+            f"{LOSS}.loss_mode",
+            f"'{mode}' needs the teachers' top-k logits; temper's teachers give the sampled "
+            "tokens' log-probs",
+            f"use a sampled-token estimator: {', '.join(ESTIMATORS)}",
+        )
+    if loss.get("policy_loss_mode", "vanilla") != "vanilla":
+        raise ConfigError(
+            f"{LOSS}.policy_loss_mode",
+            "the distillation term is part of the actor's policy loss here",
+            "set it to vanilla",
+        )
+    for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        actor = ctx.get(f"actor_rollout_ref.actor.{k}", 0.2)
+        if k in loss and loss[k] != actor:
+            raise ConfigError(
+                f"{LOSS}.{k}",
+                f"{loss[k]} differs from actor_rollout_ref.actor.{k} ({actor}); the "
+                "distillation term shares the actor's clipped loss here",
+                f"give both the same value, {actor}",
+            )
+    pure = not loss.get("use_task_rewards", True)
+    actor = "actor_rollout_ref.actor"
+    if pure and (ctx.get(f"{actor}.use_kl_loss", False) or ctx.get(f"{actor}.entropy_coeff", 0)):
+        raise ConfigError(
+            f"{LOSS}.use_task_rewards",
+            "without task rewards verl drops the actor's whole PPO loss, its KL loss and "
+            "entropy bonus with it; temper would keep them",
+            f"set {actor}.use_kl_loss=false and {actor}.entropy_coeff=0, or use_task_rewards=true",
+        )
+    coef = float(loss.get("distillation_loss_coef", 1.0))
+    ctx.write("distill.kl_penalty", mode, f"{LOSS}.loss_mode")
+    ctx.write("distill.pure", pure, f"{LOSS}.use_task_rewards")
+    ctx.write("distill.log_prob_min_clamp", loss.get("log_prob_min_clamp"), LOSS)
+    ctx.write("distill.loss_max_clamp", loss.get("loss_max_clamp"), LOSS)
+    if pure and "distillation_loss_coef" in loss:
+        ctx.note(
+            "no effect here (verl reads it only with use_task_rewards)",
+            f"{LOSS}.distillation_loss_coef",
+        )
+    if "topk" in loss:
+        ctx.note(f"no effect here (read by the *_topk losses; loss_mode is {mode})", f"{LOSS}.topk")
+    for k in loss:
+        if k not in KNOWN_LOSS_KEYS:
+            raise ConfigError(f"{LOSS}.{k}", "unknown verl key", "remove it")
+    return 1.0 if pure else coef
+
+
+KNOWN_LOSS_KEYS = (
+    "_target_",
+    "loss_mode",
+    "topk",
+    "use_task_rewards",
+    "distillation_loss_coef",
+    "loss_max_clamp",
+    "log_prob_min_clamp",
+    "use_policy_gradient",
+    "policy_loss_mode",
+    "clip_ratio",
+    "clip_ratio_low",
+    "clip_ratio_high",
+)
+KNOWN = (
+    "_target_",
+    "enabled",
+    "distillation_loss",
+    "n_gpus_per_node",
+    "nnodes",
+    "teacher_models",
+    "teacher_key",
+)
+
+
+def distillation(section: Any, ctx: Any) -> None:
+    """verl 0.9's on-policy distillation: off, read by nothing; on, policy-gradient OPD
+    with a sampled-token estimator becomes the distill section (module docstring)."""
+    if not isinstance(section, dict):
+        raise ConfigError(SECTION, "must be a mapping", "see verl's distillation.yaml")
+    for k in section:
+        if k not in KNOWN:
+            raise ConfigError(f"{SECTION}.{k}", "unknown verl key", "remove it")
+    if not section.get("enabled", False):
+        _off(section, ctx)
+        return
+    if (section.get("nnodes") or 0) > 0:
+        raise ConfigError(
+            f"{SECTION}.nnodes",
+            "verl's teacher resource pool (devices besides the trainer's) is not translated: "
+            "here the teachers run on the reference's devices",
+            f"set {SECTION}.nnodes=0 (the teachers share the trainer's devices), or place "
+            "them natively with resources.reference",
+        )
+    ctx.note("the teachers share the actor's devices (nnodes is 0)", f"{SECTION}.n_gpus_per_node")
+    coef = _loss(section, ctx)
+    for name, teacher in _teachers(section, ctx).items():
+        key = f"{SECTION}.teacher_models.{name}"
+        ctx.write(f"distill.teachers.{name}.model_path", teacher["model_path"], f"{key}.model_path")
+        ctx.write(f"distill.teachers.{name}.kl_coef", coef, f"{LOSS}.distillation_loss_coef")
+        tag = teacher.get("key")
+        ctx.write(f"distill.teachers.{name}.tags", [] if tag is None else [str(tag)], f"{key}.key")
+    ctx.write("data.tag_key", section.get("teacher_key", "data_source"), f"{SECTION}.teacher_key")
+
+
+RULES: dict[str, Rule] = {SECTION: Call(distillation)}
