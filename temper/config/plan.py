@@ -15,6 +15,9 @@ CRITIC = "critic"  # a value model, when the advantage estimator needs values
 #: The step compares with the frozen reference whatever the KL keys say (DPO's loss is a
 #: ratio to it): with REFERENCE, the plan turns the reference on unless refused.
 REFERENCE_ALWAYS = "reference_always"
+#: The trained model is a scorer, not a policy: the backbone with a scalar head and no LM
+#: head, saved as a sequence-classification model (reward-model training).
+SCORE_HEAD = "score_head"
 #: What an RL step can use: all of them (RLVR and agentic).
 RL_PARTS = frozenset({ROLLOUT, REFERENCE, CRITIC})
 

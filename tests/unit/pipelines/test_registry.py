@@ -33,7 +33,7 @@ NOT_A_PIPELINE = 3
 
 
 def test_builtin_records_declare_their_needs():
-    assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft", "dpo"]
+    assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft", "dpo", "reward_model"]
     agentic = resolve_pipeline("agentic")
     assert agentic.sections == frozenset({"agentic"}) and agentic.step_shape is episode_groups
     rlvr = resolve_pipeline("rlvr")
@@ -45,6 +45,9 @@ def test_builtin_records_declare_their_needs():
     dpo = resolve_pipeline("dpo")
     assert dpo.step is dpo_step and dpo.uses == frozenset({"reference", "reference_always"})
     assert dpo.sections == frozenset({"dpo"}) and dpo.curve == "train/rewards/margin"
+    rm = resolve_pipeline("reward_model")
+    assert rm.uses == frozenset({"score_head"}) and rm.sections == frozenset({"rm"})
+    assert rm.curve == "train/loss" and rm.step_shape is dpo.step_shape
 
 
 def test_a_producer_class_in_a_file_gets_the_default_hooks(tmp_path):
