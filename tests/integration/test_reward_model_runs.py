@@ -211,3 +211,27 @@ def test_check_refuses_what_the_pipeline_cannot_honour(
     for override, key in refusals.items():
         assert main(["check", str(config), "rm.rejected_key=worse", override]) == 2, override
         assert f"config error: {key}" in capsys.readouterr().err, override
+
+
+def test_deepspeed_zero3_trains_the_same_reward_model(tmp_path, tiny_model_dir, monkeypatch):
+    """``actor.strategy: deepspeed`` (ZeRO-3, one rank on the local backend: its gathered
+    export path) computes the torch engine's first step and writes a final model that
+    loads as ``AutoModelForSequenceClassification``."""
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForSequenceClassification
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    steps = {"max_steps": 2, "val_before_train": False, "test_freq": 2, "save_freq": 2}
+    losses = {}
+    for strategy in ("torch", "deepspeed"):
+        out = tmp_path / strategy
+        actor = {"micro_batch_size_per_device": 4, "optim": {"lr": 2e-3}, "strategy": strategy}
+        if strategy == "deepspeed":
+            actor["deepspeed"] = {"zero_optimization": {"stage": 3}}
+        run_pipeline(build_config(_native(tiny_model_dir, out, actor=actor, experiment=steps)))
+        losses[strategy] = [r["train/loss"] for r in _rows(out) if "train/loss" in r]
+    assert losses["deepspeed"][0] == pytest.approx(losses["torch"][0], rel=1e-5)
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "deepspeed" / "final" / "actor", num_labels=1, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
