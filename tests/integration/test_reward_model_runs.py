@@ -234,4 +234,5 @@ def test_deepspeed_zero3_trains_the_same_reward_model(tmp_path, tiny_model_dir, 
     model, info = AutoModelForSequenceClassification.from_pretrained(
         tmp_path / "deepspeed" / "final" / "actor", num_labels=1, output_loading_info=True
     )
+    assert type(model).__name__ == "LlamaForSequenceClassification"
     assert not info["missing_keys"] and not info["unexpected_keys"], info
