@@ -1,9 +1,9 @@
 """Reward-model training: the ``reward_model`` pipeline (Bradley–Terry on preference pairs).
 
 Neither verl nor ROLL trains reward models; OpenRLHF, NeMo-RL and TRL do. The trained
-model is the policy's backbone with a scalar head (the critic's value model, built by
-every training engine that builds a critic, with a bias-free head: plan part
-``score_head``), and a sequence's score is the head's output at its last token. A step
+model is the policy's backbone with a scalar head (the critic's value model with a
+bias-free head: plan part ``score_head``; engines declare whether theirs is the Hugging
+Face one, ``hf_value_model``), and a sequence's score is the head's output at its last token. A step
 draws ``data.train_batch_size`` preference pairs from the resumable sampler — the DPO
 pipeline's data (:mod:`temper.data.preference`: a prompt, its chosen and its rejected
 response, with its bad-row reporting), its columns and length under ``rm.*`` — laid out
@@ -47,6 +47,7 @@ from temper.pipelines.run import Run
 from temper.pipelines.timing import Timer, throughput
 from temper.registry import UnknownNameError
 from temper.roles.base import ActorRole
+from temper.training.registry import ENGINES
 
 
 def loss_params(cfg: TemperConfig) -> RewardLossParams:
@@ -174,9 +175,6 @@ RL_ONLY = {
     "actor.entropy_coeff": "a scorer has no token distribution to take an entropy of",
     "actor.entropy_chunk_size": "a scorer has no token distribution to take an entropy of",
 }
-#: Engines that train a reward model: those whose value model is the Hugging Face
-#: backbone and head, saved as ``AutoModelForSequenceClassification``.
-ENGINES = ("torch", "fsdp2", "deepspeed")
 
 
 def check(cfg: TemperConfig) -> None:
@@ -191,12 +189,14 @@ def check(cfg: TemperConfig) -> None:
         if sft.is_set(cfg, key):
             raise ConfigError(key, f"{why} (pipeline reward_model)", f"remove {key}")
     rm, data = cfg.rm, cfg.data
-    if cfg.actor.strategy not in ENGINES:
+    strategy = cfg.actor.strategy
+    if strategy in ENGINES and not ENGINES.get(strategy).hf_value_model:
+        able = [n for n in ENGINES.names() if ENGINES.get(n).hf_value_model]
         raise ConfigError(
             "actor.strategy",
-            f"the {cfg.actor.strategy} engine keeps its own weight layout, which is not "
-            "saved as a sequence-classification model",
-            f"use one of {', '.join(ENGINES)} for pipeline reward_model",
+            f"the {strategy} engine builds its own network, which is not saved as a "
+            "sequence-classification model",
+            f"use one of {', '.join(able)} for pipeline reward_model",
         )
     if cfg.resources.backend != "local":
         raise ConfigError(
