@@ -40,7 +40,7 @@ from temper.config.typed import diff_from_default
 from temper.data import Batch, build_sampler
 from temper.data.preference import PairColumns, PairDataset, build_pair_datasets, scored_pairs
 from temper.pipelines import dpo, sft
-from temper.pipelines.preflight import check_rm_data
+from temper.pipelines.preflight import check_model_path, check_rm_data
 from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Context, Pipeline
 from temper.pipelines.run import Run
@@ -242,13 +242,33 @@ def check(cfg: TemperConfig) -> None:
         )
 
 
+def preflight(cfg: TemperConfig, notes: list[str]) -> None:
+    """The pairs' columns (:func:`~temper.pipelines.preflight.check_rm_data`), and a model
+    whose architecture ``transformers`` has a sequence-classification class for (the
+    form the trained model is saved in) — read from its ``config.json``, not loaded."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES as CLASSIFIERS,
+    )
+
+    check_rm_data(cfg, notes)
+    config = check_model_path(cfg.model.path, "model.path", notes) or {}
+    model_type = config.get("model_type")
+    if isinstance(model_type, str) and not config.get("auto_map") and model_type not in CLASSIFIERS:
+        raise ConfigError(
+            "model.path",
+            f"transformers has no sequence-classification class for model_type "
+            f"'{model_type}', the form a reward model is saved in",
+            "train the reward model from a text model (llama, qwen2, mistral, …)",
+        )
+
+
 PIPELINE = Pipeline(
     build=RewardModelProducer,
     step=reward_model_step,
     uses=frozenset({SCORE_HEAD}),
     curve="train/loss",
     check=check,
-    preflight=check_rm_data,
+    preflight=preflight,
     step_shape=dpo.rows_per_step,
     sections=frozenset({"rm"}),
     context=sequence,

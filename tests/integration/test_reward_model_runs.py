@@ -236,3 +236,22 @@ def test_deepspeed_zero3_trains_the_same_reward_model(tmp_path, tiny_model_dir, 
     )
     assert type(model).__name__ == "LlamaForSequenceClassification"
     assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_check_refuses_a_model_without_a_sequence_classification_class(
+    tmp_path, tiny_vlm_dir, monkeypatch, capsys
+):
+    """A vision-language model (Qwen2-VL) has no ``*ForSequenceClassification`` in
+    transformers: ``temper check`` refuses it before a run would train and fail to save."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"prompt": "2+2?", "chosen": "4", "rejected": "5"}) + "\n")
+    config = tmp_path / "rm.yaml"
+    config.write_text(
+        f"pipeline: reward_model\nmodel: {{path: {tiny_vlm_dir}}}\n"
+        f"data: {{train_files: [{data}], train_batch_size: 1}}\n"
+        f"experiment: {{output_dir: {tmp_path / 'out'}}}\nrm: {{max_length: 128}}\n"
+    )
+    assert main(["check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "config error: model.path" in err and "'qwen2_vl'" in err
