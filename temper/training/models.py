@@ -308,6 +308,27 @@ def save_sequence_classification(config: Any, state: dict[str, torch.Tensor], ou
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
+def saved_score_head(path: str | Path) -> torch.Tensor | None:
+    """The ``score.weight`` (1, hidden) of a sequence-classification directory with one
+    label (a reward model :func:`save_sequence_classification` wrote), or None."""
+    from safetensors import safe_open
+
+    src = Path(path)
+    config = src / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    archs = data.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        return None
+    for file in sorted(src.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as weights:
+            if "score.weight" in weights.keys():  # noqa: SIM118 (a safetensors handle)
+                tensor: torch.Tensor = weights.get_tensor("score.weight")
+                return tensor if tensor.shape[0] == 1 else None
+    return None
+
+
 def is_value_model_dir(path: str | Path) -> bool:
     """True for a directory written by :meth:`ValueModel.save_pretrained`."""
     return (Path(path) / VALUE_HEAD_FILE).is_file()
@@ -328,7 +349,8 @@ def load_value_model(
     A fresh head is initialised N(0, 0.02²)-ish from ``seed`` (small, so initial values
     are ≈ 0 but the backbone still receives gradients from the first step), bias 0.
     ``score_head``: a reward model's head, without bias (the sequence-classification
-    layout; a pair loss sees only score differences, which a bias would not change).
+    layout; a pair loss sees only score differences, which a bias would not change),
+    the saved one when ``path`` is a reward model (:func:`saved_score_head`).
     """
     from safetensors.torch import load_file
     from transformers import AutoModel
@@ -337,8 +359,12 @@ def load_value_model(
     backbone: Any = _from_pretrained(AutoModel, cfg, src, dtype)  # a transformers AutoModel
     hidden = text_hidden_size(backbone.config)
     head = nn.Linear(hidden, 1, bias=not score_head, dtype=dtype)
+    saved_score = saved_score_head(src) if score_head else None
     if is_value_model_dir(src) and not score_head:
         head.load_state_dict(load_file(str(Path(src) / VALUE_HEAD_FILE)))
+    elif saved_score is not None:  # a reward model trained on: its head goes on too
+        with torch.no_grad():
+            head.weight.copy_(saved_score.reshape(head.weight.shape))
     else:
         std = float(getattr(backbone.config, "initializer_range", 0.02))
         gen = torch.Generator().manual_seed(seed)

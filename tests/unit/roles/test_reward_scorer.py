@@ -90,7 +90,8 @@ def test_saved_scorer_loads_as_sequence_classification_with_the_same_scores(
     """After an update, ``save_hf`` writes a directory that
     ``AutoModelForSequenceClassification`` loads (num_labels=1, no fresh weights), whose
     logit at each sequence's last token is the trained model's score — read alone, and
-    through temper's reward-model role (left-padded batches)."""
+    through temper's reward-model role (left-padded batches) — and which a new
+    reward-model run starts from whole (head included)."""
     from transformers import AutoModelForSequenceClassification
 
     from temper.config.schema import RewardModelConfig
@@ -115,3 +116,6 @@ def test_saved_scorer_loads_as_sequence_classification_with_the_same_scores(
     torch.testing.assert_close(alone, trained, rtol=1e-5, atol=1e-5)
     served = RewardModel.from_config(RewardModelConfig(enable=True, path=str(out)), "cpu")
     torch.testing.assert_close(served.score_sequences(sequences), trained, rtol=1e-5, atol=1e-5)
+    # a reward-model run from the saved model goes on with its backbone and its head
+    again = _scorer(str(out)).compute_scores(batch)["scores"]
+    torch.testing.assert_close(again, trained, rtol=1e-5, atol=1e-5)
