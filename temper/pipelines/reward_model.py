@@ -174,6 +174,7 @@ RL_ONLY = {
     "actor.loss_agg_mode": "a reward-model loss is a mean over pairs of one score each",
     "actor.entropy_coeff": "a scorer has no token distribution to take an entropy of",
     "actor.entropy_chunk_size": "a scorer has no token distribution to take an entropy of",
+    "actor.use_torch_compile": "it compiles the entropy kernel, which a scorer does not run",
 }
 
 
