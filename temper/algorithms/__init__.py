@@ -63,6 +63,11 @@ from temper.algorithms.preference import (
     preference_loss,
     sequence_log_probs,
 )
+from temper.algorithms.reward_model import (
+    REWARD_MODEL_LOSSES,
+    RewardLossParams,
+    bradley_terry_loss,
+)
 from temper.algorithms.reward_shaping import (
     REWARD_NORMALIZATION_METHODS,
     REWARD_NORMS,
@@ -100,6 +105,7 @@ REGISTRIES: dict[str, Registry] = {
     "pf_ppo.reweight_method": PF_PPO_REWEIGHT,
     "rollout_correction.rollout_is": ROLLOUT_IS_LEVELS,
     "dpo_loss": PREFERENCE_LOSSES,
+    "reward_model_loss": REWARD_MODEL_LOSSES,
 }
 
 
@@ -130,6 +136,7 @@ __all__ = [
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "REGISTRIES",
+    "REWARD_MODEL_LOSSES",
     "REWARD_NORMALIZATION_METHODS",
     "REWARD_NORMS",
     "ROLLOUT_IS_LEVELS",
@@ -146,11 +153,13 @@ __all__ = [
     "PolicyLossParams",
     "PreferenceParams",
     "Registry",
+    "RewardLossParams",
     "RunningMoments",
     "UnknownNameError",
     "actor_loss",
     "apply_kl_penalty",
     "as_group_ids",
+    "bradley_terry_loss",
     "check_name",
     "check_policy_loss",
     "clip_with_fraction",

@@ -118,9 +118,20 @@ class RemoteActor(_RemoteTrained):
         return metrics
 
     def dpo_update(self, batch: Batch, loss_type: str, params: Any) -> dict[str, float]:
-        """Each rank a preference update on its share of whole pairs: contiguous equal
-        shares (no length balancing, which would part a pair's rows) of an even number
-        of rows each; the ranks' (global) metrics."""
+        """Each rank a preference update on its share of whole pairs (:meth:`_pairs`)."""
+        return self._pairs("dpo_update", batch, loss_type, params)
+
+    def reward_update(self, batch: Batch, loss_type: str, params: Any) -> dict[str, float]:
+        """Each rank a reward-model update on its share of whole pairs (:meth:`_pairs`)."""
+        return self._pairs("reward_update", batch, loss_type, params)
+
+    def compute_scores(self, batch: Batch) -> Batch:
+        return self.group.dispatch("compute_scores", batch)
+
+    def _pairs(self, method: str, batch: Batch, loss_type: str, params: Any) -> dict[str, float]:
+        """Pair update ``method`` on every rank, each on its share of whole pairs:
+        contiguous equal shares (no length balancing, which would part a pair's rows) of
+        an even number of rows each; the ranks' (global) metrics."""
         ranks = self.group.data_size
         if len(batch) % (2 * ranks):
             raise ValueError(
@@ -128,7 +139,7 @@ class RemoteActor(_RemoteTrained):
                 f"ranks: use a data.train_batch_size that is a multiple of {ranks}"
             )
         shares = self.group.scatter(
-            "dpo_update", batch, balance=False, allow_pad=False, loss_type=loss_type, params=params
+            method, batch, balance=False, allow_pad=False, loss_type=loss_type, params=params
         )
         self._updates += 1
         return _mean_metrics(shares)

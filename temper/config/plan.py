@@ -20,6 +20,9 @@ NO_POLICY = "no_policy"
 #: The pipeline trains nothing (generate, eval): no step, optimizer or actor placement to
 #: explain.
 NO_TRAINING = "no_training"
+#: The trained model is a scorer, not a policy: the backbone with a scalar head and no LM
+#: head, saved as a sequence-classification model (reward-model training).
+SCORE_HEAD = "score_head"
 #: What an RL step can use: all of them (RLVR and agentic).
 RL_PARTS = frozenset({ROLLOUT, REFERENCE, CRITIC})
 

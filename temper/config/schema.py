@@ -1059,6 +1059,34 @@ class EvaluateConfig:
     )
 
 
+# --------------------------------------------------------------------------- rm
+
+
+@dataclass
+class RewardModelTrainingConfig:
+    """Reward-model training (pipeline=reward_model): preference pairs as for DPO (a row's
+    prompt, ``data.prompt_key``, its preferred and its dispreferred response), a scalar
+    head on the policy's backbone, and a loss on the pair's two scores."""
+
+    chosen_key: str = doc("chosen", "Column with the preferred response.")
+    rejected_key: str = doc("rejected", "Column with the dispreferred response.")
+    loss_type: str = doc(
+        "bradley_terry",
+        "Pair loss on the two scores (registry name): bradley_terry, −log σ(r_c − r_r).",
+        registry="reward_model_loss",
+    )
+    center_rewards_coef: float = doc(
+        0.0,
+        "Weight c of the centring term c·(r_c + r_r)² that keeps scores near 0 (TRL "
+        "center_rewards_coefficient); 0: none.",
+    )
+    max_length: int = doc(
+        1024,
+        "Longest sequence in tokens, the prompt with either response; longer ones follow "
+        "data.truncation.",
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -1070,7 +1098,8 @@ class TemperConfig:
         "rlvr",
         "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; dpo: "
         "preference pairs; generate: responses to a file (temper generate); eval: scores "
-        "of a file of responses (temper eval); or your own, "
+        "of a file of responses (temper eval); reward_model: a Bradley–Terry reward "
+        "model; or your own, "
         "as a dotted path "
         "(my_pkg.my_module:MyPipeline) or a file (path/to/pipeline.py:MyPipeline).",
     )
@@ -1090,3 +1119,6 @@ class TemperConfig:
     distill: DistillConfig = sub(DistillConfig, "On-policy distillation from teachers.")
     generate: GenerateConfig = sub(GenerateConfig, "Batch generation (pipeline=generate).")
     evaluate: EvaluateConfig = sub(EvaluateConfig, "Scoring a file of responses (pipeline=eval).")
+    rm: RewardModelTrainingConfig = sub(
+        RewardModelTrainingConfig, "Reward-model training (pipeline=reward_model)."
+    )

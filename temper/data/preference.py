@@ -2,12 +2,13 @@
 
 A row holds the prompt (``data.prompt_key``: a string, the user's turn, or a chat list,
 templated as an RL or SFT prompt is, ``data.system_prompt`` included) and two responses,
-``dpo.chosen_key`` (preferred) and ``dpo.rejected_key``, each a string or a conversation
+``chosen_key`` (preferred) and ``rejected_key`` of the pipeline's section
+(:class:`PairColumns`: ``dpo`` or ``rm``), each a string or a conversation
 ending with the assistant's turn (whose earlier turns are then the prompt: TRL's and
 UltraFeedback's conversational rows); each response's tokens follow
 the templated prompt, closed by the tokenizer's EOS — the SFT layout
 (:class:`temper.data.sft.Encoder`), so a pair is two SFT samples with one prompt. Longer
-than ``dpo.max_length`` (the prompt with either response) follows ``data.truncation``
+than the section's ``max_length`` (the prompt with either response) follows ``data.truncation``
 (``error`` fails the load naming the row, ``left``/``right`` cut that side as SFT does).
 
 Bad rows — no chosen or rejected column, an empty response, the same response twice (a
@@ -40,6 +41,22 @@ from temper.data.sources import read_rows
 log = logging.getLogger("temper.data")
 
 _LOGGED_ISSUES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class PairColumns:
+    """Where a pipeline's pairs are configured: its section's name (``dpo``, ``rm``: the
+    keys errors name), ``chosen_key``, ``rejected_key`` and ``max_length``."""
+
+    section: str
+    chosen_key: str
+    rejected_key: str
+    max_length: int
+
+    @classmethod
+    def of(cls, section: str, settings: Any) -> PairColumns:
+        """The columns of config section ``settings`` (named ``section``)."""
+        return cls(section, settings.chosen_key, settings.rejected_key, settings.max_length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +122,23 @@ class PairDataset:
             yield self.make_batch(order[start : start + size].tolist())
 
 
+def scored_pairs(data: PairDataset) -> PairDataset:
+    """``data`` laid out for a model with a scalar head that scores a whole sequence at
+    its last token (a reward model): each row's prompt is the whole sequence (prompt and
+    response), its response one slot (``response_mask`` 1) holding the pad token. A
+    value model's output at a response slot is its value at the token before it, so the
+    slot's value is the one at the sequence's last token — the score a
+    ``*ForSequenceClassification`` model reads there — and, attention being causal, the
+    slot's own token changes nothing of it."""
+
+    def scored(e: SFTExample) -> SFTExample:
+        sequence = e.prompt_ids + e.response_ids
+        return SFTExample(sequence, (data.pad_token_id,), (1,), e.source, e.truncated)
+
+    pairs = [PairExample(scored(p.chosen), scored(p.rejected)) for p in data.pairs]
+    return PairDataset(pairs, data.pad_token_id, data.name, data.skip_reasons, data.rows_read)
+
+
 _RESPONSE = "__temper_response__"  # the column a conversational response is encoded from
 
 
@@ -136,7 +170,12 @@ def _as_text_row(row: dict[str, Any], column: str, prompt_key: str) -> tuple[dic
 
 
 def _side(
-    encoder: Encoder, row: dict[str, Any], column: str, cfg: TemperConfig, where: str
+    encoder: Encoder,
+    row: dict[str, Any],
+    column: str,
+    cfg: TemperConfig,
+    where: str,
+    columns: PairColumns,
 ) -> SFTExample:
     """One response of a pair as a cut SFT sample (RowProblem when nothing is left)."""
     text_row, response_column = _as_text_row(row, column, cfg.data.prompt_key)
@@ -146,14 +185,14 @@ def _side(
         named = str(err).replace(f"'{_RESPONSE}'", f"'{column}' (its last turn)")
         raise RowProblem(named) from err
     length = len(prompt) + len(response)
-    limit = cfg.dpo.max_length
+    limit = columns.max_length
     mode = cfg.data.truncation
     if length > limit and mode == "error":
         raise DataError(
-            "dpo.max_length",
+            f"{columns.section}.max_length",
             f"the sample at {where} has {length} tokens (prompt and '{column}'), more than "
             f"max_length={limit}",
-            "raise dpo.max_length, or set data.truncation to left or right",
+            f"raise {columns.section}.max_length, or set data.truncation to left or right",
         )
     kept = truncate(prompt, response, mask, limit, mode)
     if kept is None:
@@ -165,13 +204,20 @@ def _side(
 
 
 def build_pair_dataset(
-    files: Sequence[str], cfg: TemperConfig, tokenizer: Any, name: str, key: str, limit: int
+    files: Sequence[str],
+    cfg: TemperConfig,
+    tokenizer: Any,
+    name: str,
+    key: str,
+    limit: int,
+    columns: PairColumns | None = None,
 ) -> PairDataset:
     """Load, template, tokenize and cut the pairs of ``files`` (``key``: the config key
-    that named them). Raises :class:`DataError` for unreadable files, a bad row under
+    that named them; ``columns``: the pipeline's pair settings, DPO's by default). Raises :class:`DataError` for unreadable files, a bad row under
     ``bad_rows=error``, an overlong sample under ``truncation=error``, and no usable
     pair; ``limit > 0`` keeps the first that many usable pairs."""
-    data, dpo = cfg.data, cfg.dpo
+    data = cfg.data
+    cols = columns or PairColumns.of("dpo", cfg.dpo)
     check_template(data, tokenizer)
     encoder = Encoder(cfg, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
@@ -187,11 +233,11 @@ def build_pair_dataset(
             if item.problem is not None:
                 raise RowProblem(item.problem)
             assert item.row is not None
-            chosen = _side(encoder, item.row, dpo.chosen_key, cfg, where)
-            rejected = _side(encoder, item.row, dpo.rejected_key, cfg, where)
+            chosen = _side(encoder, item.row, cols.chosen_key, cfg, where, cols)
+            rejected = _side(encoder, item.row, cols.rejected_key, cfg, where, cols)
             if chosen.response_ids == rejected.response_ids:
                 raise RowProblem(
-                    f"'{dpo.chosen_key}' and '{dpo.rejected_key}' are the same response: "
+                    f"'{cols.chosen_key}' and '{cols.rejected_key}' are the same response: "
                     "the pair prefers nothing"
                 )
         except RowProblem as err:
@@ -222,24 +268,33 @@ def build_pair_dataset(
         raise DataError(
             key,
             f"no usable pair in {list(files)}: {rows} rows read, {len(skipped)} malformed{first}",
-            "check the files and data.prompt_key / dpo.chosen_key / dpo.rejected_key",
+            f"check the files and data.prompt_key / {cols.section}.chosen_key / "
+            f"{cols.section}.rejected_key",
         )
     return PairDataset(pairs, int(pad), name, skipped, rows)
 
 
 def build_pair_datasets(
-    cfg: TemperConfig, tokenizer: Any
+    cfg: TemperConfig, tokenizer: Any, columns: PairColumns | None = None
 ) -> tuple[PairDataset | None, PairDataset | None]:
-    """The train and validation pairs of a DPO run (None where no files are given);
-    ``data.train_max_samples`` / ``val_max_samples`` keep the first N usable pairs."""
+    """The train and validation pairs of a run (None where no files are given; ``columns``:
+    the pipeline's pair settings, DPO's by default); ``data.train_max_samples`` /
+    ``val_max_samples`` keep the first N usable pairs."""
     data = cfg.data
+    cols = columns or PairColumns.of("dpo", cfg.dpo)
     train = val = None
     if data.train_files:
         train = build_pair_dataset(
-            data.train_files, cfg, tokenizer, "train", "data.train_files", data.train_max_samples
+            data.train_files,
+            cfg,
+            tokenizer,
+            "train",
+            "data.train_files",
+            data.train_max_samples,
+            cols,
         )
     if data.val_files:
         val = build_pair_dataset(
-            data.val_files, cfg, tokenizer, "val", "data.val_files", data.val_max_samples
+            data.val_files, cfg, tokenizer, "val", "data.val_files", data.val_max_samples, cols
         )
     return train, val

@@ -68,6 +68,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
             "pf_ppo.reweight_method",
             "rollout_correction.rollout_is",
             "dpo_loss",
+            "reward_model_loss",
         )
     },
     "strategy": lambda: _registry("temper.training.registry", "ENGINES").names(),

@@ -468,11 +468,21 @@ def check_sft_data(cfg: TemperConfig, notes: list[str]) -> None:
 def check_dpo_data(cfg: TemperConfig, notes: list[str]) -> None:
     """Preference data files exist and hold the prompt, chosen and rejected columns (the
     DPO pipeline's pre-flight)."""
-    data = cfg.data
+    check_pair_data(cfg, "dpo", cfg.dpo.chosen_key, cfg.dpo.rejected_key)
+
+
+def check_rm_data(cfg: TemperConfig, notes: list[str]) -> None:
+    """The reward-model pipeline's pre-flight: its pairs' columns, as for DPO."""
+    check_pair_data(cfg, "rm", cfg.rm.chosen_key, cfg.rm.rejected_key)
+
+
+def check_pair_data(cfg: TemperConfig, section: str, chosen: str, rejected: str) -> None:
+    """Preference data files exist and hold the prompt, chosen and rejected columns
+    (``section``: the config section naming the latter two)."""
     wanted = [
-        ("data.prompt_key", data.prompt_key),
-        ("dpo.chosen_key", cfg.dpo.chosen_key),
-        ("dpo.rejected_key", cfg.dpo.rejected_key),
+        ("data.prompt_key", cfg.data.prompt_key),
+        (f"{section}.chosen_key", chosen),
+        (f"{section}.rejected_key", rejected),
     ]
     check_columns(cfg, wanted)
 

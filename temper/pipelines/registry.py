@@ -46,6 +46,7 @@ PIPELINES.add_lazy("sft", _builtin("temper.pipelines.sft"))
 PIPELINES.add_lazy("dpo", _builtin("temper.pipelines.dpo"))
 PIPELINES.add_lazy("generate", _builtin("temper.pipelines.generate"))
 PIPELINES.add_lazy("eval", _builtin("temper.pipelines.evaluate"))
+PIPELINES.add_lazy("reward_model", _builtin("temper.pipelines.reward_model"))
 
 #: What a producer class must define (the ``Producer`` protocol's methods).
 PRODUCER_METHODS = ("produce", "validate", "dump_rows", "state_dict", "load_state_dict", "close")

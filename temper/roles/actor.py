@@ -37,6 +37,11 @@ from temper.algorithms.preference import (
     pair_metrics,
     sequence_log_probs,
 )
+from temper.algorithms.reward_model import (
+    REWARD_MODEL_LOSSES,
+    RewardLossParams,
+    score_pair_metrics,
+)
 from temper.algorithms.rollout_correction import rollout_is_weights
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
@@ -47,12 +52,11 @@ from temper.roles.minibatch import (
     pair_mini_batches,
     per_rank_mini_batch,
 )
+from temper.roles.pairs import PairObjective, pair_coefficients, pair_loss_fn, row_scalars
 from temper.training.base import LossFn, TrainEngine
 
 _POSITIVE = "_sft_positive"
 _TOKEN_WEIGHTS = "_token_weights"  # rollout IS weights × sample weights (B, R)
-_DPO_COEF = "_dpo_coef"  # ∂L/∂ log π(row) of a DPO mini-batch (B,)
-_DPO_SHARE = "_dpo_share/"  # a row's share of the mini-batch's loss and metrics (B,) each
 
 
 def policy_loss_params(cfg: ActorConfig) -> PolicyLossParams:
@@ -287,86 +291,83 @@ class Actor:
         ``2i``/``2i + 1`` are pair ``i``'s chosen/rejected response; ``ref_log_probs`` from
         the reference): the mean over pairs of registered loss ``loss_type``
         (:data:`~temper.algorithms.preference.PREFERENCE_LOSSES`) of the sequence
-        log-probs, over mini-batches of whole pairs (``mini_batch_size`` rows, two per
-        pair), one optimizer step each, ``ppo_epochs`` passes, ``shuffle`` as in
-        :meth:`update`.
+        log-probs, over mini-batches of whole pairs (:meth:`_pair_update`).
 
-        A pair's loss couples two rows that the engine's micro-batches (a sample count,
-        a token budget, packing) and data-parallel shards may put apart. But the loss
-        depends on the weights only through each row's sequence log-prob ``s``, so its
-        gradient is ``Σ_rows (∂L/∂s_row)·∇s_row``: a no-grad forward of the mini-batch
-        first gives every ``s`` and so ``∂L/∂s`` (autograd on the ``(rows,)`` vector —
-        exact for any registered loss), then each micro-batch backpropagates
-        ``Σ_rows coef_row · s_row`` — the DPO gradient whatever the split, at the cost of
-        that forward. The no-grad forward runs in eval mode: with dropout the coefficient
-        is the one of the model without it. Returns the averaged ``actor/*`` metrics:
-        ``loss`` (the mean pair loss), ``rewards/chosen`` / ``rewards/rejected`` /
-        ``rewards/margin`` / ``rewards/accuracy``, ``logps/chosen`` / ``logps/rejected``
+        Returns the averaged ``actor/*`` metrics: ``loss`` (the mean pair loss),
+        ``rewards/chosen`` / ``rewards/rejected`` / ``rewards/margin`` /
+        ``rewards/accuracy``, ``logps/chosen`` / ``logps/rejected``
         (:func:`~temper.algorithms.preference.preference_loss`), each at the weights
         before its mini-batch's optimizer step.
         """
-        cfg = self.cfg
         params = params or PreferenceParams()
-        PREFERENCE_LOSSES.get(loss_type)  # an unknown name fails before any forward
+        loss = PREFERENCE_LOSSES.get(loss_type)  # an unknown name fails before any forward
         if "ref_log_probs" not in batch:
             raise KeyError("actor.dpo_update needs ref_log_probs from the reference")
+
+        def objective(
+            chosen: torch.Tensor, rejected: torch.Tensor, mini: Batch
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            ref = sequence_log_probs(mini["ref_log_probs"], mini["response_mask"]).double()
+            parts = (chosen, rejected, ref[0::2], ref[1::2])
+            return loss(*parts, params), pair_metrics(*parts, params)
+
+        return self._pair_update(batch, "log_probs", objective)
+
+    def compute_scores(self, batch: Batch) -> Batch:
+        """A copy of ``batch`` with ``scores`` (B,) of a scalar-head model (a reward model
+        in training: the actor's engine is a value model): its ``values`` summed over
+        ``response_mask``, the one slot whose value is the sequence's score
+        (:func:`temper.data.preference.scored_pairs`)."""
+        values = self.engine.forward(batch, with_values=True)["values"]
+        scores = row_scalars(values, batch["response_mask"].to(values.device))
+        return batch.union(Batch.from_dict({"scores": scores}))
+
+    def reward_update(
+        self, batch: Batch, loss_type: str = "bradley_terry", params: RewardLossParams | None = None
+    ) -> dict[str, float]:
+        """A reward-model update on a batch of pairs (rows ``2i``/``2i + 1``: pair ``i``'s
+        chosen/rejected sequence, each scored at one ``response_mask`` slot): the mean over
+        pairs of registered loss ``loss_type``
+        (:data:`~temper.algorithms.reward_model.REWARD_MODEL_LOSSES`) of the scores, over
+        mini-batches of whole pairs (:meth:`_pair_update`). Returns the averaged
+        ``actor/*`` metrics: ``loss``, ``rewards/chosen`` / ``rewards/rejected`` /
+        ``rewards/margin`` / ``rewards/accuracy``
+        (:func:`~temper.algorithms.reward_model.score_pair_metrics`), each at the weights
+        before its mini-batch's optimizer step."""
+        params = params or RewardLossParams()
+        loss = REWARD_MODEL_LOSSES.get(loss_type)  # an unknown name fails before any forward
+
+        def objective(
+            chosen: torch.Tensor, rejected: torch.Tensor, mini: Batch
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            return loss(chosen, rejected, params), score_pair_metrics(chosen, rejected)
+
+        return self._pair_update(batch, "values", objective)
+
+    def _pair_update(self, batch: Batch, key: str, objective: PairObjective) -> dict[str, float]:
+        """Mini-batches of whole pairs (``mini_batch_size`` rows, two per pair), one
+        optimizer step each, ``ppo_epochs`` passes, ``shuffle`` as in :meth:`update`; the
+        gradient of each mini-batch's mean pair loss through :mod:`temper.roles.pairs`
+        (a no-grad forward gives each row's scalar of output ``key``, then the
+        micro-batches backpropagate their rows' coefficients). The no-grad forward runs in
+        eval mode: with dropout the coefficient is the one of the model without it."""
+        cfg = self.cfg
         temperature = self._temperature(batch)
         steps = StepMetrics()
         seed = self.seed * 1_000_003 + self.updates
         size = per_rank_mini_batch(cfg.mini_batch_size, self.engine.dp_size)
         pairs = size // 2 if size is not None else None
+        values = key == "values"
         for mini in pair_mini_batches(batch, pairs, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed):
-            work = self._dpo_coefficients(mini, loss_type, params, temperature)
+            out = self.engine.forward(mini, temperature=temperature, with_values=values)
+            n_pairs = self.engine.global_sum([len(mini) // 2])[0]
+            scalars = row_scalars(out[key], mini["response_mask"])
+            work = pair_coefficients(mini, scalars, objective, n_pairs)
             steps.add(
-                self.engine.train_mini_batch(work, self._dpo_fn(work), temperature=temperature)
+                self.engine.train_mini_batch(work, pair_loss_fn(work, key), temperature=temperature)
             )
         self.updates += 1
         return steps.result("actor")
-
-    def _dpo_coefficients(
-        self, mini: Batch, loss_type: str, params: PreferenceParams, temperature: float
-    ) -> Batch:
-        """``mini`` with each row's ``∂L/∂s`` and its share of the loss and metrics (the
-        pair's value / the mini-batch's pairs over every data-parallel rank, on the chosen
-        row; 0 on the rejected one)."""
-        if not bool((mini["chosen"][0::2] == 1).all() and (mini["chosen"][1::2] == 0).all()):
-            raise ValueError("a DPO batch alternates chosen and rejected rows, pair by pair")
-        mask = mini["response_mask"]
-        policy = self.engine.forward(mini, temperature=temperature)["log_probs"]
-        seq = sequence_log_probs(policy, mask).detach().double().requires_grad_(True)
-        ref = sequence_log_probs(mini["ref_log_probs"], mask).double()
-        n_pairs = self.engine.global_sum([len(mini) // 2])[0]
-        shares: dict[str, torch.Tensor] = {}
-        per_pair = PREFERENCE_LOSSES.get(loss_type)(
-            seq[0::2], seq[1::2], ref[0::2], ref[1::2], params
-        )
-        (per_pair.sum() / n_pairs).backward()
-        assert seq.grad is not None
-        shares["loss"] = per_pair.detach()
-        chosen, rejected = seq.detach()[0::2], seq.detach()[1::2]
-        shares.update(pair_metrics(chosen, rejected, ref[0::2], ref[1::2], params))
-        work = mini.union(Batch.from_dict({_DPO_COEF: seq.grad.float()}))
-        for name, per in shares.items():
-            row = torch.zeros(len(mini), dtype=torch.float64, device=seq.device)
-            row[0::2] = per / n_pairs
-            work[_DPO_SHARE + name] = row
-        return work
-
-    def _dpo_fn(self, mini: Batch) -> LossFn:
-        """A micro-batch's part of the DPO loss: ``Σ coef·(s − s̄) + Σ share`` — the
-        gradient of :meth:`dpo_update`, and (``s̄``: ``s`` detached) the value of the
-        pairs' loss shares, so the micro-batches sum to the mini-batch's mean pair loss."""
-        keys = [k for k in mini.tensors.keys() if isinstance(k, str)]  # noqa: SIM118
-        names = [k[len(_DPO_SHARE) :] for k in keys if k.startswith(_DPO_SHARE)]
-
-        def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
-            seq = sequence_log_probs(out["log_probs"], mb["response_mask"])
-            coef = mb[_DPO_COEF].to(seq.dtype)
-            loss = (coef * (seq - seq.detach())).sum() + mb[_DPO_SHARE + "loss"].sum().to(seq.dtype)
-            metrics = {n: mb[_DPO_SHARE + n].sum() for n in names if n != "loss"}
-            return loss, metrics
-
-        return loss_fn
 
     # ------------------------------------------------------------------ state
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from temper.algorithms.preference import PreferenceParams
+from temper.algorithms.reward_model import RewardLossParams
 from temper.data.batch import Batch
 
 
@@ -85,6 +86,18 @@ class ActorRole(TrainedRole, Protocol):
     ) -> dict[str, float]:
         """A preference update on a batch of pairs (chosen row, rejected row) with their
         ``ref_log_probs``: the mean pair loss ``loss_type``."""
+        ...
+
+    def compute_scores(self, batch: Batch) -> Batch:
+        """A copy of ``batch`` with ``scores`` (B,) of a scalar-head actor (a reward
+        model in training)."""
+        ...
+
+    def reward_update(
+        self, batch: Batch, loss_type: str, params: RewardLossParams
+    ) -> dict[str, float]:
+        """A reward-model update on a batch of pairs (chosen row, rejected row), each
+        scored at one slot: the mean pair loss ``loss_type`` of the scores."""
         ...
 
 

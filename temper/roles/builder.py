@@ -25,6 +25,7 @@ import torch
 from temper.algorithms.kl import kl_estimator_needs_logits
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
+from temper.config.plan import SCORE_HEAD
 from temper.config.schema import TemperConfig, TrainEngineConfig
 from temper.roles.actor import Actor
 from temper.roles.base import ReferenceRole, Roles
@@ -85,13 +86,16 @@ def local_strategy(cfg: TemperConfig, strategy: str, key: str) -> str:
     return engine
 
 
-def build_actor(cfg: TemperConfig, dev: torch.device) -> Actor:
-    """The actor on engine ``actor.strategy`` (see :func:`local_strategy`)."""
+def build_actor(cfg: TemperConfig, dev: torch.device, *, scorer: bool = False) -> Actor:
+    """The actor on engine ``actor.strategy`` (see :func:`local_strategy`); ``scorer``:
+    the trained model is the policy's backbone with a scalar score head (a value model
+    saved as a sequence-classification model: reward-model training)."""
     engine = build_engine(
         local_strategy(cfg, cfg.actor.strategy, "actor.strategy"),
         EngineSpec(
             model=cfg.model,
             device=dev,
+            kind="score" if scorer else "causal_lm",
             train=cfg.actor,
             infer_micro=infer_micro_batching(cfg, cfg.actor),
             entropy_chunk_size=cfg.actor.entropy_chunk_size,
@@ -194,7 +198,7 @@ def build_roles(
     ``device`` defaults to ``experiment.device`` (``auto``: cuda when available).
     """
     dev = resolve_device(device if device is not None else cfg.experiment.device)
-    actor = build_actor(cfg, dev)
+    actor = build_actor(cfg, dev, scorer=SCORE_HEAD in plan.uses)
     reference = build_reference(cfg, dev, actor) if plan.use_reference else None
     critic = build_critic(cfg, dev) if plan.use_critic else None
     key = full_kl_key(cfg)

@@ -152,7 +152,7 @@ class DeepSpeedCheckpointer:
         first = self.rank == 0
         full = {n: t.cpu() for n, t in self._module_state() if first}
         merged: dict[str, torch.Tensor] = {}
-        if is_peft_model(model) and merge_lora and spec.kind != "value":
+        if is_peft_model(model) and merge_lora and not spec.value_head:
             merged = {n: t.cpu() for n, t in self.named_weights() if first}
         if first:
             save_gathered_hf(
@@ -160,7 +160,7 @@ class DeepSpeedCheckpointer:
                 path,
                 full=full,
                 merged=merged,
-                value=spec.kind == "value",
+                value=spec.value_head,
                 merge_lora=merge_lora,
                 tokenizer=hf_tokenizer(spec.model, spec.model_path, path),
             )

@@ -149,7 +149,7 @@ class FSDP2Checkpointer:
         out = Path(path)
         full = _full_state_on_rank0(model)
         merged: dict[str, torch.Tensor] = {}
-        if is_peft_model(model) and merge_lora and spec.kind != "value":
+        if is_peft_model(model) and merge_lora and not spec.value_head:
             for name, tensor in full_named_weights(model):
                 if self.rank == 0:
                     merged[name] = tensor.detach().cpu().contiguous()
@@ -159,7 +159,7 @@ class FSDP2Checkpointer:
                 out,
                 full=full,
                 merged=merged,
-                value=spec.kind == "value",
+                value=spec.value_head,
                 merge_lora=merge_lora,
                 tokenizer=hf_tokenizer(spec.model, spec.model_path, out),
             )

@@ -35,7 +35,7 @@ def save_hf_dir(model: nn.Module, spec: EngineSpec, path: str, *, merge_lora: bo
     """HF directory (+ tokenizer) of a model held whole; LoRA: merged model +
     ``lora_adapter/`` (see :func:`save_hf_model`); a value model: its own layout."""
     tokenizer = hf_tokenizer(spec.model, spec.model_path, path)
-    if spec.kind == "value":
+    if spec.value_head:
         value_model: Any = model  # models.ValueModel
         value_model.save_pretrained(path)
         if tokenizer is not None:

@@ -154,7 +154,7 @@ class MegatronEngine(TorchEngine):
         out: dict[str, torch.Tensor] = {}
         with self._autocast():
             hidden = self.model(ids, positions, None)  # (b, L, V/TP) or (b, L, 1) values
-        if self.spec.kind == "value":
+        if self.spec.value_head:
             out["values"] = hidden.squeeze(-1).float().gather(1, index)
         else:
             at = index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])

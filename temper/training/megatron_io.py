@@ -116,7 +116,7 @@ class MegatronCheckpointer:
         """``(hf_name, full tensor)`` of the causal LM (or value model backbone + head)."""
         built = self.built
         local = dict(self.model.named_parameters())
-        value = self.spec.kind == "value"
+        value = self.spec.value_head
         yield from hf_tensors(
             built.maps,
             built.layout,
@@ -147,13 +147,13 @@ class MegatronCheckpointer:
         if rank0:
             out.mkdir(parents=True, exist_ok=True)
             config = self.built.hf_config
-            if spec.kind == "value":
+            if spec.value_head:
                 config.architectures = [_base_architecture(config)]
             else:
                 config.architectures = [_causal_architecture(config)]
             config.save_pretrained(str(out))
             save_torch_state_dict(state, str(out), max_shard_size="5GB")
-            if spec.kind == "value":
+            if spec.value_head:
                 from safetensors.torch import save_file
 
                 save_file(head, str(out / VALUE_HEAD_FILE))

@@ -292,7 +292,7 @@ def build_model(
         device=device,
         gradient_checkpointing=spec.model.enable_gradient_checkpointing and spec.train is not None,
     )
-    value = spec.kind == "value"
+    value = spec.value_head
     padded = layout.padded_vocab(parallel.tp)
     module = GPTModel(
         config,

@@ -176,12 +176,17 @@ def load_causal_lm(
 
 
 class ValueModel(nn.Module):
-    """Causal-LM backbone + scalar head: ``values = head(hidden_states).squeeze(-1)``."""
+    """Causal-LM backbone + scalar head: ``values = head(hidden_states).squeeze(-1)``.
 
-    def __init__(self, backbone: nn.Module, head: nn.Linear) -> None:
+    ``score_head``: the model is a reward model in training (a bias-free head, as the
+    ``score`` layer of ``transformers``' ``*ForSequenceClassification``), saved in that
+    class's layout (:meth:`save_pretrained`)."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear, *, score_head: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
         self.value_head = head
+        self.score_head = score_head
 
     @property
     def config(self) -> Any:
@@ -222,7 +227,9 @@ class ValueModel(nn.Module):
     def save_pretrained(
         self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None
     ) -> None:
-        """Backbone as a HF directory (adapters only, with LoRA) + the head weights.
+        """Backbone as a HF directory (adapters only, with LoRA) + the head weights; with
+        ``score_head``, one ``AutoModelForSequenceClassification`` directory
+        (:func:`save_sequence_classification`).
 
         ``state_dict`` (this module's keys) replaces the live weights: a sharded (FSDP2)
         model passes its gathered full state.
@@ -232,6 +239,10 @@ class ValueModel(nn.Module):
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         backbone: Any = self.backbone  # a transformers AutoModel
+        if self.score_head:
+            full = state_dict if state_dict is not None else self.state_dict()
+            save_sequence_classification(backbone.config, full, out)
+            return
         if state_dict is None:
             backbone.save_pretrained(str(out))
             head_sd = self.value_head.state_dict()
@@ -254,6 +265,70 @@ class ValueModel(nn.Module):
         return int(self.value_head.in_features)
 
 
+def save_sequence_classification(config: Any, state: dict[str, torch.Tensor], out: Path) -> None:
+    """A :class:`ValueModel`'s weights (``state``: its ``backbone.*`` and ``value_head.*``)
+    as the ``transformers`` directory of ``AutoModelForSequenceClassification`` with
+    ``num_labels=1``: the backbone under the class's ``base_model_prefix``, the head as
+    its ``score.weight``, ``config.json`` naming the class. Its logit at a sequence's last
+    token is this model's value there. The names are checked against the class itself
+    (built on the meta device): an architecture whose classifier is laid out otherwise
+    fails here rather than loading with a fresh head."""
+    import copy
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForSequenceClassification
+
+    mapping: Any = AutoModelForSequenceClassification._model_mapping
+    if type(config) not in mapping:
+        raise ValueError(
+            f"{type(config).__name__} has no sequence-classification class in transformers: "
+            "a reward model of this architecture cannot be saved as one"
+        )
+    cls = mapping[type(config)]
+    cfg = copy.deepcopy(config)
+    cfg.architectures = [cls.__name__]
+    cfg.num_labels = 1
+    prefix = cls.base_model_prefix
+    weights = {
+        f"{prefix}.{k[len('backbone.') :]}": v
+        for k, v in state.items()
+        if k.startswith("backbone.")
+    }
+    weights["score.weight"] = state["value_head.weight"]
+    with torch.device("meta"):
+        expected = set(cls(cfg).state_dict())
+    if set(weights) != expected:
+        missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
+        raise ValueError(
+            f"the reward model's weights do not match {cls.__name__}: missing {missing[:5]}, "
+            f"unexpected {extra[:5]}"
+        )
+    cfg.save_pretrained(str(out))
+    tensors = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def saved_score_head(path: str | Path) -> torch.Tensor | None:
+    """The ``score.weight`` (1, hidden) of a sequence-classification directory with one
+    label (a reward model :func:`save_sequence_classification` wrote), or None."""
+    from safetensors import safe_open
+
+    src = Path(path)
+    config = src / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    archs = data.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        return None
+    for file in sorted(src.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as weights:
+            if "score.weight" in weights.keys():  # noqa: SIM118 (a safetensors handle)
+                tensor: torch.Tensor = weights.get_tensor("score.weight")
+                return tensor if tensor.shape[0] == 1 else None
+    return None
+
+
 def is_value_model_dir(path: str | Path) -> bool:
     """True for a directory written by :meth:`ValueModel.save_pretrained`."""
     return (Path(path) / VALUE_HEAD_FILE).is_file()
@@ -267,11 +342,15 @@ def load_value_model(
     path: str | None = None,
     trainable: bool = True,
     seed: int = 0,
+    score_head: bool = False,
 ) -> ValueModel:
     """A value model from a saved value-model directory, or a fresh head on a causal LM.
 
     A fresh head is initialised N(0, 0.02²)-ish from ``seed`` (small, so initial values
     are ≈ 0 but the backbone still receives gradients from the first step), bias 0.
+    ``score_head``: a reward model's head, without bias (the sequence-classification
+    layout; a pair loss sees only score differences, which a bias would not change),
+    the saved one when ``path`` is a reward model (:func:`saved_score_head`).
     """
     from safetensors.torch import load_file
     from transformers import AutoModel
@@ -279,20 +358,25 @@ def load_value_model(
     src = resolve_model_path(path or cfg.path)
     backbone: Any = _from_pretrained(AutoModel, cfg, src, dtype)  # a transformers AutoModel
     hidden = text_hidden_size(backbone.config)
-    head = nn.Linear(hidden, 1, dtype=dtype)
-    if is_value_model_dir(src):
+    head = nn.Linear(hidden, 1, bias=not score_head, dtype=dtype)
+    saved_score = saved_score_head(src) if score_head else None
+    if is_value_model_dir(src) and not score_head:
         head.load_state_dict(load_file(str(Path(src) / VALUE_HEAD_FILE)))
+    elif saved_score is not None:  # a reward model trained on: its head goes on too
+        with torch.no_grad():
+            head.weight.copy_(saved_score.reshape(head.weight.shape))
     else:
         std = float(getattr(backbone.config, "initializer_range", 0.02))
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * std)
-            head.bias.zero_()
+            if head.bias is not None:
+                head.bias.zero_()
     if cfg.lora.rank > 0:
         backbone = apply_lora(backbone, cfg.lora, task_type=None)
     if trainable:
         _checkpointing(backbone, cfg, device)
-    model = ValueModel(backbone, head)
+    model = ValueModel(backbone, head, score_head=score_head)
     if not trainable:
         model.requires_grad_(False)
     return model.to(device)

@@ -34,10 +34,15 @@ EngineFactory = Callable[[EngineSpec], TrainEngine]
 
 @dataclasses.dataclass(frozen=True)
 class Engine:
-    """A training engine: its factory, and its needs (``temper.config.catalog``)."""
+    """A training engine: its factory, and its needs (``temper.config.catalog``).
+
+    ``hf_value_model``: its value model is the Hugging Face backbone and scalar head of
+    :mod:`temper.training.models`, so a reward model it trains saves as
+    ``AutoModelForSequenceClassification`` (Megatron builds its own network instead)."""
 
     build: EngineFactory
     needs: frozenset[str] = frozenset()
+    hf_value_model: bool = True
 
 
 def _megatron(spec: EngineSpec) -> TrainEngine:
@@ -59,7 +64,7 @@ def _deepspeed(spec: EngineSpec) -> TrainEngine:
 ENGINES: Registry[Engine] = Registry("training engine")
 ENGINES.add("torch", Engine(TorchEngine, frozenset({ONE_PROCESS})))
 ENGINES.add("fsdp2", Engine(FSDP2Engine, frozenset()))
-ENGINES.add("megatron", Engine(_megatron, frozenset({MEGATRON_PARALLEL})))
+ENGINES.add("megatron", Engine(_megatron, frozenset({MEGATRON_PARALLEL}), hf_value_model=False))
 ENGINES.add("deepspeed", Engine(_deepspeed, frozenset()))
 
 

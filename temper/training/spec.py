@@ -22,7 +22,10 @@ from temper.config.schema import (
 )
 from temper.training.micro_batching import MicroBatching
 
-ModelKind = Literal["causal_lm", "value"]
+#: ``causal_lm``: a policy (log-probs, entropy); ``value``: a critic, the backbone with a
+#: scalar head saved in temper's value-model layout; ``score``: the same network saved as
+#: a Hugging Face sequence-classification model (a reward model in training).
+ModelKind = Literal["causal_lm", "value", "score"]
 
 
 @dataclass
@@ -32,7 +35,8 @@ class EngineSpec:
     Attributes:
         model: the model section (path, dtype, LoRA, checkpointing, …).
         device: where compute runs.
-        kind: ``causal_lm`` (log-probs, entropy) or ``value`` (backbone + scalar head).
+        kind: ``causal_lm`` (log-probs, entropy), ``value`` or ``score`` (backbone +
+            scalar head; see :data:`ModelKind`).
         model_path: weights to load instead of ``model.path`` (critic ``model_path``).
         train: batching, clipping and optimizer of a trained role; ``None`` = frozen.
         infer_micro: micro-batching of no-grad forwards (log-probs, values).
@@ -60,6 +64,11 @@ class EngineSpec:
     fsdp: FSDPConfig | None = None
     megatron: MegatronConfig | None = None
     deepspeed: dict[str, Any] | None = None
+
+    @property
+    def value_head(self) -> bool:
+        """The model is a backbone with a scalar head (forwards return ``values``)."""
+        return self.kind in ("value", "score")
 
     @property
     def optim(self) -> OptimConfig | None:

@@ -155,8 +155,10 @@ class TorchEngine(TrainEngine):
         """The HF model (or value model) this engine trains, in its storage dtype."""
         spec = self.spec
         storage = torch.float32 if self.trainable else self.compute_dtype
-        loader = load_value_model if spec.kind == "value" else load_causal_lm
-        kwargs: dict[str, Any] = {"seed": spec.seed} if spec.kind == "value" else {}
+        loader = load_value_model if spec.value_head else load_causal_lm
+        kwargs: dict[str, Any] = (
+            {"seed": spec.seed, "score_head": spec.kind == "score"} if spec.value_head else {}
+        )
         model = loader(
             spec.model,
             device=self._load_device(),
@@ -225,7 +227,7 @@ class TorchEngine(TrainEngine):
         self.optimizer.step()
 
     def _accepts_logits_to_keep(self) -> bool:
-        if self.spec.kind == "value":
+        if self.spec.value_head:
             return False
         hf: Any = self.model  # a transformers (or peft) model, duck-typed
         base = hf.get_base_model() if is_peft_model(self.model) else hf
@@ -364,7 +366,7 @@ class TorchEngine(TrainEngine):
         labels = inp.response_ids[valid]  # (K,): log-probs and entropy only where scored
         out: dict[str, torch.Tensor] = {}
         with self._autocast(), vision_context:
-            if self.spec.kind == "value":
+            if self.spec.value_head:
                 if packed is None:
                     out["values"] = self._module()(**{**model_in, **extra}, keep_last=r + 1)[:, :r]
                 else:
@@ -396,7 +398,7 @@ class TorchEngine(TrainEngine):
                             temperature=temperature,
                             chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
                         )
-        if packed is not None or self.spec.kind != "value":  # (K, …) -> (b, r, …)
+        if packed is not None or not self.spec.value_head:  # (K, …) -> (b, r, …)
             out = {k: unpack(v, valid) for k, v in out.items()}
         mask = mb["response_mask"][:, :r].to(self.device) > 0
         return {
@@ -448,7 +450,7 @@ class TorchEngine(TrainEngine):
         ``micro_batching`` overrides the engine's inference micro-batching (the reference
         shares the actor's engine under LoRA but has its own batch settings).
         """
-        if with_values and self.spec.kind != "value":
+        if with_values and not self.spec.value_head:
             raise ValueError("values need a value-model engine (kind='value')")
         spec = micro_batching or self.infer_micro
         self.model.eval()

@@ -2,7 +2,8 @@
 stopped by SIGTERM mid-step, and resumed, ends bit-identical to an uninterrupted run —
 weights, optimizer state and metrics rows (timings aside) — for RLVR with GRPO, RLVR PPO
 with a critic, the agentic pipeline (FrozenLake episodes: the env manager's seeds are
-in the checkpoint) and SFT (the shuffled sampler's position is in the checkpoint).
+in the checkpoint), SFT (the shuffled sampler's position is in the checkpoint), DPO and
+reward-model training.
 Damaged checkpoints are skipped — truncated ones by size, same-size corruption by
 checksum, and the run resumed from the previous one equals a run that saved only that
 one; a checkpoint's actor loads in transformers.
@@ -40,7 +41,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / len(solution_str)
 '''
 STEPS = 6
-ALGOS = ("grpo", "gae", "agentic", "sft", "dpo", "distill")
+ALGOS = ("grpo", "gae", "agentic", "sft", "dpo", "distill", "reward_model")
 
 
 LAKE = {
@@ -128,9 +129,18 @@ def _dpo_config() -> dict:
     }
 
 
+def _reward_model_config() -> dict:
+    """A reward model on the same pairs: the scorer (backbone and head) and its
+    optimizer are in the checkpoint, the sampler's position is the producer's state."""
+    cfg = _dpo_config()
+    del cfg["dpo"]
+    return {**cfg, "pipeline": "reward_model", "rm": {"max_length": 128}}
+
+
 def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
-    if algo in ("sft", "dpo"):
-        cfg = _sft_config() if algo == "sft" else _dpo_config()
+    if algo in ("sft", "dpo", "reward_model"):
+        pick = {"sft": _sft_config, "dpo": _dpo_config, "reward_model": _reward_model_config}
+        cfg = pick[algo]()
         cfg["model"] = {"path": str(model_dir)}
         build_config(cfg)
         return cfg
@@ -220,11 +230,10 @@ def _rows(out: Path) -> list[dict]:
     return rows
 
 
-def _train_curve(out: Path) -> list[float]:
-    """The run's curve as logged: RL's train/score_mean, DPO's train/rewards/margin, SFT's
-    train/loss."""
-    curve = ("train/score_mean", "train/rewards/margin", "train/loss")
-    return [next(r[k] for k in curve if k in r) for r in _rows(out) if r["step"] > 0]
+def _train_curve(out: Path, curve: str) -> list[float]:
+    """The run's curve as logged (RL's train/score_mean, DPO's train/rewards/margin, SFT's
+    train/loss, …: the summary's ``curve``)."""
+    return [r[curve] for r in _rows(out) if r["step"] > 0]
 
 
 def _comparable(rows: list[dict]) -> list[dict]:
@@ -259,21 +268,31 @@ def _assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
     assert ra == rb
 
 
+class _ReferenceRuns(dict):
+    """Uninterrupted reference runs by algorithm, each made when a test first asks for it
+    (so a test of one algorithm does not train the others)."""
+
+    def __init__(self, tmp: Path, model_dir: Path) -> None:
+        super().__init__()
+        self.tmp, self.model_dir = tmp, model_dir
+
+    def __missing__(self, algo: str) -> tuple[dict, Path]:
+        cfg = _config(self.tmp, self.model_dir, algo)
+        out = self.tmp / f"{algo}-full"
+        _train(cfg, out)
+        # experiment.deterministic is the run's: closing it gives the process back its own
+        assert not torch.are_deterministic_algorithms_enabled()
+        self[algo] = (cfg, out)
+        return cfg, out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
-    """Uninterrupted reference runs, one per algorithm, made once."""
+    """Uninterrupted reference runs, one per algorithm, each made once."""
     tmp = tmp_path_factory.mktemp("resume")
-    made = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TEMPER_CACHE", str(tmp / "cache"))
-        for algo in ALGOS:
-            cfg = _config(tmp, tiny_model_dir, algo)
-            out = tmp / f"{algo}-full"
-            _train(cfg, out)
-            # experiment.deterministic is the run's: closing it gives the process back its own
-            assert not torch.are_deterministic_algorithms_enabled()
-            made[algo] = (cfg, out)
-        yield tmp, made
+        yield tmp, _ReferenceRuns(tmp, tiny_model_dir)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -290,7 +309,7 @@ def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo,
     summary = _train(cfg, out)  # resume_mode: auto
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
     assert summary["steps"] == STEPS and summary["stopped_by"] is None
-    assert summary["curve_values"] == _train_curve(full)
+    assert summary["curve_values"] == _train_curve(full, summary["curve"])
     _assert_same_run(full, out)
 
 

@@ -33,7 +33,15 @@ NOT_A_PIPELINE = 3
 
 
 def test_builtin_records_declare_their_needs():
-    assert PIPELINES.primary_names() == ["rlvr", "agentic", "sft", "dpo", "generate", "eval"]
+    assert PIPELINES.primary_names() == [
+        "rlvr",
+        "agentic",
+        "sft",
+        "dpo",
+        "generate",
+        "eval",
+        "reward_model",
+    ]
     agentic = resolve_pipeline("agentic")
     assert agentic.sections == frozenset({"agentic", "distill"})
     assert agentic.step_shape is episode_groups
@@ -54,6 +62,9 @@ def test_builtin_records_declare_their_needs():
     assert generate.command == "generate" and generate.uses == {"rollout", "no_training"}
     assert evaluate.command == "eval" and evaluate.uses == {"no_policy", "no_training"}
     assert generate.sections == {"generate"} and evaluate.sections == {"evaluate"}
+    rm = resolve_pipeline("reward_model")
+    assert rm.uses == frozenset({"score_head"}) and rm.sections == frozenset({"rm"})
+    assert rm.curve == "train/loss" and rm.step_shape is dpo.step_shape
 
 
 def test_a_producer_class_in_a_file_gets_the_default_hooks(tmp_path):
