@@ -260,6 +260,8 @@ SERVER: dict[str, Rule] = {
     **{key: Note(SERVER_NOT_READ) for key in RL_TABLE},
     "trainer.nnodes": Call(_nnodes),
     "trainer.n_gpus_per_node": GENERATION["trainer.n_gpus_per_node"],
+    # the server's engines run on the accelerator Ray gives them; trainer.device is how a
+    # verl file names it (verl's trainers read it), so it places temper's engine
     "trainer.device": RL_TABLE["trainer.device"],
     "data.train_files": Map("generate.files", lambda v, _c: [v] if isinstance(v, str) else v),
     "data.prompt_key": Map("data.prompt_key"),
