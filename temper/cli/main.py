@@ -31,6 +31,8 @@ USER_ERRORS: dict[tuple[str, str], str] = {
     ("temper.pipelines.checkpointing", "CheckpointWriteError"): "",
 }
 DEBUG_ENV = "TEMPER_DEBUG"
+#: The commands that run a config: what a file is read as (``--for`` of check, convert).
+COMMANDS = ("train", "generate", "eval")
 
 
 def _user_error_hint(err: BaseException) -> str | None:
@@ -58,7 +60,12 @@ def _load(args: argparse.Namespace) -> LoadedConfig:
             f"temper {args.command} FILE [key=value …], e.g. temper {args.command} "
             "examples/quickstart.yaml",
         )
-    args.loaded = load_config(args.config, args.overrides, dialect=args.dialect)
+    # the command that reads the file (check and convert: --for): verl's ppo_trainer.yaml
+    # trains under temper train and generates under temper generate, as verl's main_ppo
+    # and main_generation_server read it
+    args.loaded = load_config(
+        args.config, args.overrides, dialect=args.dialect, command=args.reads_as
+    )
     loaded: LoadedConfig = args.loaded
     if getattr(args, "overwrite", False):  # a flag, so a verl or ROLL file can say it too
         loaded.config.experiment.overwrite = True
@@ -206,7 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("config", nargs="?", help="YAML config (native, verl or ROLL)")
         p.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
         p.add_argument("--dialect", default="auto", help="auto, native, verl or roll")
+        p.set_defaults(reads_as=name if name in COMMANDS else "train")
         return p
+
+    def add_for(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--for",
+            dest="reads_as",
+            default="train",
+            choices=COMMANDS,
+            help="read the config as this command does (a verl ppo_trainer.yaml is a "
+            "generation for generate, as verl's main_generation_server reads it)",
+        )
 
     def add_overwrite(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -232,11 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the config alone: skip the pre-flight of models, data, directories, "
         "engines and rewards on this machine",
     )
+    add_for(p)
     add_overwrite(p)
     p.set_defaults(func=cmd_check)
     p = add("convert", "print a config translated into the native schema")
     p.add_argument("--to", default="native", choices=["native"], help="target dialect")
     p.add_argument("--full", action="store_true", help="write every key, defaults included")
+    add_for(p)
     p.set_defaults(func=cmd_convert)
     p = add("train", "train with a config")
     p.add_argument("--report", action="store_true", help="write the run's report at the end")
@@ -245,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "generate",
         "generate responses to a file of prompts and write them with their log-probs "
-        "(verl main_generation)",
+        "(verl main_generation, and main_generation_server on a ppo_trainer.yaml)",
     )
     p.set_defaults(func=cmd_generate)
     p = add(

@@ -58,6 +58,7 @@ def load_config(
     dialect: str = "auto",
     *,
     catalog: Catalog,
+    command: str = "train",
 ) -> LoadedConfig:
     """Load a native, verl or ROLL YAML file into a validated ``TemperConfig`` and plan.
 
@@ -65,12 +66,14 @@ def load_config(
     names and the batch arithmetic (``validate``), then what the run's pipeline cannot
     honour in combination (``catalog.check``) — so one translation tells every error in
     the keys of the file the user wrote. Raises ``ConfigError`` (key, reason, fix) before
-    anything heavy is imported.
+    anything heavy is imported. ``command`` is the temper command that reads the file
+    (``RawConfig.command``: a dialect whose file serves several entry points reads it as
+    that command's).
     """
     from temper.config.dialects.in_dialect import in_dialect
     from temper.config.validate import validate
 
-    raw = load_yaml(path, list(overrides or []))
+    raw = dataclasses.replace(load_yaml(path, list(overrides or [])), command=command)
     if not raw.data:
         raise ConfigError(str(path), "the config is empty", "write a native, verl or ROLL config")
     name, translation = translate(raw, dialect, catalog)

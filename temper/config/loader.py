@@ -66,6 +66,10 @@ class RawConfig:
     added: dict[str, str] = dataclasses.field(default_factory=dict)
     # top-level keys that ``${...}`` interpolations elsewhere in the file read
     referenced: set[str] = dataclasses.field(default_factory=set)
+    # the command that reads it (train, generate, eval): one verl file serves several
+    # entry points (ppo_trainer.yaml is main_ppo's and main_generation_server's), and
+    # which one the user runs is said by the command, not the file
+    command: str = "train"
 
 
 @dataclasses.dataclass(frozen=True)

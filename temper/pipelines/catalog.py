@@ -116,10 +116,15 @@ CATALOG = RegistryCatalog()
 
 
 def load_config(
-    path: str | Path, overrides: Sequence[str] | None = None, dialect: str = "auto"
+    path: str | Path,
+    overrides: Sequence[str] | None = None,
+    dialect: str = "auto",
+    command: str = "train",
 ) -> LoadedConfig:
-    """A native, verl or ROLL file, validated against every registry, with its plan."""
-    return _load_config(path, overrides, dialect, catalog=CATALOG)
+    """A native, verl or ROLL file, validated against every registry, with its plan, as
+    ``temper <command>`` reads it (verl's ``ppo_trainer.yaml`` is a generation for
+    ``generate``: verl's ``main_generation_server`` composes it)."""
+    return _load_config(path, overrides, dialect, catalog=CATALOG, command=command)
 
 
 def build_config(data: dict[str, Any]) -> TemperConfig:

@@ -1,4 +1,5 @@
-"""Batch generation: the ``generate`` pipeline (``temper generate``; verl's ``main_generation``).
+"""Batch generation: the ``generate`` pipeline (``temper generate``; verl's ``main_generation``
+and ``main_generation_server``).
 
 The prompts of ``generate.files`` are read, templated, tokenized and length-checked as
 RL prompts are (:func:`temper.data.build_dataset`: ``data.prompt_key`` or

@@ -1,7 +1,8 @@
 """``temper generate`` and ``temper eval`` on CPU.
 
-Generation: verl's generation command lines (an ``examples/generation`` script, and the
-r1 recipe's, which asks for 8 responses a prompt) run on the tiny test model with only
+Generation: verl's generation command lines (an ``examples/generation`` script, the r1
+recipe's, which asks for 8 responses a prompt, and verl 0.9's ``main_generation_server``
+line on ``ppo_trainer.yaml``) run on the tiny test model with only
 these overrides — model, data (a small parquet of chat prompts), length (prompt and
 response), device (one CPU, the ``hf`` engine) and output; every other setting
 (sampling, batch size, responses per prompt) is the file's. The output parquet holds
@@ -36,13 +37,14 @@ pytestmark = pytest.mark.slow
 UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
 
 
-def _script(rel: str, index: int = 0) -> tuple[Path, list[str]]:
-    """The config and overrides of a verl example script's ``index``-th command."""
+def _script(rel: str, index: int = 0, env: dict[str, str] | None = None) -> tuple[Path, list[str]]:
+    """The config and overrides of a verl example script's ``index``-th command (``env``:
+    variables the user sets when running it)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
     from upstream_scripts import script_commands
 
     snap, _, path = rel.partition("/")
-    cmd = script_commands(UPSTREAM / snap / path, UPSTREAM / snap)[index]
+    cmd = script_commands(UPSTREAM / snap / path, UPSTREAM / snap, env=env)[index]
     return cmd.config, list(cmd.overrides)
 
 
@@ -105,6 +107,43 @@ def test_verl_generation_command_line_writes_responses_and_log_probs(
         for lp in row["response_log_probs"]:
             assert 1 <= len(lp) <= 8  # one per sampled token, at most response_length
             assert all(v <= 0.0 and math.isfinite(v) for v in lp)
+
+
+SERVER_SCRIPT = "verl-2026-08-1dda039/examples/generation/run_deepseek_llm_7b.sh"
+
+
+def test_verl_09_generation_server_command_line_writes_n_responses(
+    tmp_path, tiny_model_dir, monkeypatch, caplog
+):
+    """verl 0.9's ``main_generation_server`` line (``ppo_trainer.yaml``) under ``temper
+    generate``: 3 responses a prompt (the script's own ``N_SAMPLES``, as a user runs it),
+    sampled with the file's temperature, top-k and top-p; the output is the server's:
+    each input row and its ``responses``, no log-probs."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(SERVER_SCRIPT, env={"N_SAMPLES": "3"})
+    assert config.name == "ppo_trainer.yaml"
+    prompts = _prompts(tmp_path / "prompts.parquet")
+    out = tmp_path / "gen" / "responses.parquet"
+    overrides += [
+        f"actor_rollout_ref.model.path={tiny_model_dir}",  # model
+        f"data.train_files={prompts}",  # data
+        "actor_rollout_ref.rollout.prompt_length=64",  # length
+        "actor_rollout_ref.rollout.response_length=8",
+        "trainer.n_gpus_per_node=1",  # device
+        "trainer.device=cpu",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.name=hf",
+        f"data.output_path={out}",  # output
+    ]
+    with caplog.at_level(logging.WARNING, logger="temper.data"):
+        assert main(["generate", str(config), *overrides]) == 0
+    assert f"{prompts}:row 2: column 'prompt' is null" in caplog.text  # reported, skipped
+    rows = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["index"] for r in rows] == [0, 1, 3, 4]  # the input's order
+    for row in rows:
+        assert set(row) == {"prompt", "data_source", "reward_model", "extra_info", "responses"}
+        assert len(row["responses"]) == 3 and all(isinstance(t, str) for t in row["responses"])
+    assert any(len(set(r["responses"])) > 1 for r in rows)  # sampled, not greedy copies
 
 
 def _score_file(tmp_path: Path) -> Path:

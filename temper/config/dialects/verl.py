@@ -93,12 +93,15 @@ REVERSE = _reverse(TABLE)  # the PPO trainer's
 def translate_verl(raw: RawConfig, catalog: Catalog) -> Translation:
     """Translate a verl config (or document 003's ``backend_config`` wrapper) — the PPO
     trainer's, an SFT trainer's (:mod:`verl_sft`), or ``main_generation``'s or
-    ``main_eval``'s (:mod:`verl_generation`); the catalog says which advantage
+    ``main_eval``'s (:mod:`verl_generation`), or a PPO trainer's as ``temper generate``
+    reads it (``main_generation_server``'s); the catalog says which advantage
     estimators need a critic (verl builds one for those)."""
     if verl_generation.is_generation(raw.data):
         tables = GENERATION
     elif verl_generation.is_evaluation(raw.data):
         tables = EVALUATION
+    elif raw.command == "generate" and not verl_sft.is_sft(raw.data):
+        tables = SERVER  # a PPO trainer's composition: verl 0.9's main_generation_server
     else:
         tables = SFT if verl_sft.is_sft(raw.data) else PPO
     return _Translator(raw.data, catalog, raw.added, tables).run()
@@ -414,6 +417,14 @@ class _Translator:
         engine's kwargs, a custom reward function."""
         self._sequence_level_losses()
         self._sequence_parallel_budgets()
+        self.finish_engine_kwargs()
+        path, path_key, _ = self.writes.get("reward.custom_function.path", (None, "", False))
+        if path:
+            self.key = path_key  # custom_reward_function.path, or verl 0.9's reward.…
+            self._write("reward.function", "custom")
+
+    def finish_engine_kwargs(self) -> None:
+        """The chosen engine's ``rollout.engine_kwargs`` (the others' are noted)."""
         self.key = self.prefix + "actor_rollout_ref.rollout.engine_kwargs"
         chosen = self.writes.get("rollout.engine", (RolloutConfig.engine, "", False))[0]
         kwargs = self.state.get("engine_kwargs", {})
@@ -423,10 +434,6 @@ class _Translator:
                     self.note(f"no effect here (used only when rollout.name is {name})", key)
         if kwargs.get(chosen):
             self._write("rollout.engine_kwargs", _convert(kwargs[chosen], dict[str, Any], self.key))
-        path, path_key, _ = self.writes.get("reward.custom_function.path", (None, "", False))
-        if path:
-            self.key = path_key  # custom_reward_function.path, or verl 0.9's reward.…
-            self._write("reward.function", "custom")
 
     def _finish(self) -> None:
         """Every verl trainer's part of the final pass: saving cadence and backend."""
@@ -529,6 +536,7 @@ SFT = Tables(verl_sft.TABLE, {}, [], verl_sft.finish)
 GENERATION = Tables(
     verl_generation.GENERATION, {}, [], verl_generation.finish_generation, trains=False
 )
+SERVER = Tables(verl_generation.SERVER, {}, [], verl_generation.finish_server, trains=False)
 EVALUATION = Tables(
     verl_generation.EVALUATION, {}, [], verl_generation.finish_evaluation, trains=False
 )

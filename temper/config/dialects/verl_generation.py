@@ -1,12 +1,19 @@
-"""The verl key tables of ``main_generation`` (``generation.yaml``) and ``main_eval``
-(``evaluation.yaml``, recipe r1's too), translated into ``pipeline: generate`` and
-``pipeline: eval``.
+"""The verl key tables of ``main_generation`` (``generation.yaml``), verl 0.9's
+``main_generation_server`` (``ppo_trainer.yaml``) and ``main_eval`` (``evaluation.yaml``,
+recipe r1's too), translated into ``pipeline: generate`` and ``pipeline: eval``.
 
 Told apart from a trainer's config by shape (:func:`is_generation`, :func:`is_evaluation`):
 no ``actor_rollout_ref``, and a ``rollout`` section with ``data.output_path``, or a
 ``data.response_key`` (an SFT trainer's data has one too: :func:`verl_sft.is_sft` first).
 Rows reuse the PPO table's where the keys mean the same under another prefix (the
 ``rollout`` section is the PPO table's ``actor_rollout_ref.rollout``).
+
+``main_generation_server`` composes the PPO trainer's file, so its file has no shape of
+its own: ``temper generate`` says it (``RawConfig.command``), ``temper train`` on the same
+file trains. Its table (:data:`SERVER`) is the PPO table with every key noted as not read
+except the ones the server reads: ``data.train_files`` / ``prompt_key`` / ``output_path``,
+``actor_rollout_ref.model`` (what its engine loads) and ``.rollout`` (the engine and its
+sampling), and ``trainer.nnodes`` / ``n_gpus_per_node``.
 
 What differs from verl, stated where it applies:
 
@@ -29,6 +36,8 @@ from temper.config.dialects.verl_rules import Call, Map, Note, Rule
 from temper.config.dialects.verl_sections import TABLE as RL_TABLE
 from temper.config.dialects.verl_sft import is_sft
 from temper.config.dialects.verl_table import PERF, RO
+
+MOD = "actor_rollout_ref.model"
 
 NO_RAY = "temper runs it in this process; verl starts Ray for its workers"
 NO_TRAINING = "the actor section of verl's worker, which trains nothing here"
@@ -165,6 +174,113 @@ GENERATION: dict[str, Rule] = {
     **_ray("ray_init"),
     **_ray("ray_kwargs"),
 }
+
+
+# ----------------------------------------------------------- main_generation_server
+
+SERVER_NOT_READ = (
+    "not read by verl's main_generation_server, which composes ppo_trainer.yaml and reads "
+    "only the prompts, the model, the rollout engine and the node count of it"
+)
+#: ``actor_rollout_ref.rollout`` keys the server reads: its sampling (the requests send
+#: temperature, top_p and response_length as max_tokens; the engine's generation-config
+#: defaults hold top_k), the engine it starts (vLLM's arguments) and ``n`` (requests per
+#: prompt). The rest (validation, multi-turn, log-prob recomputation, weight sync) is
+#: the trainer's.
+SERVER_ROLLOUT_KEYS = [
+    "name",
+    "temperature",
+    "top_k",
+    "top_p",
+    "response_length",
+    "n",
+    "dtype",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "tensor_model_parallel_size",
+    "data_parallel_size",
+    "expert_parallel_size",
+    "pipeline_model_parallel_size",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_seqs",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "disable_log_stats",
+    "logprobs_mode",
+    "quantization",
+    "quantization_config_file",
+    "cudagraph_capture_sizes",
+    "scheduling_policy",
+    "seed",
+    "full_determinism",
+    "mtp",
+    "enable_rollout_routing_replay",
+    "engine_kwargs",
+]
+#: ``actor_rollout_ref.model`` keys the server's engine reads.
+SERVER_MODEL_KEYS = ["path", "trust_remote_code", "external_lib", "custom_chat_template"]
+
+
+def _server_load_format(value: Any, ctx: Any) -> None:
+    """``rollout.load_format``: verl's server starts its engine with it, and its default
+    ``dummy`` (random weights a trainer would overwrite) generates from random weights:
+    refused; a real format loads ``model.path`` as temper's engine does."""
+    if isinstance(value, str) and value.startswith("dummy"):
+        raise ctx.error(
+            f"verl's generation server would generate from random weights (load_format "
+            f"{value!r}: no trainer syncs real ones in a generation-only run)",
+            "set actor_rollout_ref.rollout.load_format=auto, as verl's generation example does",
+        )
+    ctx.note("accepted: temper's engine loads model.path (auto)")
+
+
+def _server_prompt_length(value: Any, ctx: Any) -> None:
+    """``rollout.prompt_length``: temper's prompt bound (``data.max_prompt_length``)."""
+    ctx.write("data.max_prompt_length", value)
+    ctx.note(
+        "verl's server sends each prompt whole (a prompt past the engine's max_model_len "
+        "fails its request); here it bounds the prompts, and a longer one stops the load "
+        "naming its file and row (data.truncation=error)"
+    )
+
+
+SERVER_OUTPUT = (
+    "verl's server writes the input rows and their 'responses' only (no log-probs), "
+    "whatever it says; so does temper generate for it (rollout.calculate_log_probs=false)"
+)
+
+
+def _server_log_probs(value: Any, ctx: Any) -> None:
+    """``rollout.calculate_log_probs``: not read for the output (:func:`finish_server`)."""
+    ctx.note(SERVER_OUTPUT)
+
+
+SERVER: dict[str, Rule] = {
+    **{key: Note(SERVER_NOT_READ) for key in RL_TABLE},
+    "trainer.nnodes": Call(_nnodes),
+    "trainer.n_gpus_per_node": GENERATION["trainer.n_gpus_per_node"],
+    # the server's engines run on the accelerator Ray gives them; trainer.device is how a
+    # verl file names it (verl's trainers read it), so it places temper's engine
+    "trainer.device": RL_TABLE["trainer.device"],
+    "data.train_files": Map("generate.files", lambda v, _c: [v] if isinstance(v, str) else v),
+    "data.prompt_key": Map("data.prompt_key"),
+    "data.output_path": Map("generate.output_path"),
+    **{f"{MOD}.{k}": RL_TABLE[f"{MOD}.{k}"] for k in SERVER_MODEL_KEYS},
+    **{f"{RO}.{k}": RL_TABLE[f"{RO}.{k}"] for k in SERVER_ROLLOUT_KEYS},
+    f"{RO}.load_format": Call(_server_load_format),
+    f"{RO}.prompt_length": Call(_server_prompt_length),
+    f"{RO}.calculate_log_probs": Call(_server_log_probs),
+}
+
+
+def finish_server(ctx: Any) -> None:
+    """``pipeline: generate``, the server's output (rows and responses, no log-probs:
+    with any verl version's default of ``calculate_log_probs``), and the chosen engine's
+    ``engine_kwargs`` as the PPO trainer's translation passes them."""
+    ctx.write("pipeline", "generate", key="data.train_files")
+    ctx.write("rollout.calculate_log_probs", False, key=f"{RO}.calculate_log_probs")
+    ctx.finish_engine_kwargs()
 
 
 def finish_generation(ctx: Any) -> None:

@@ -401,6 +401,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-08-1dda039/examples/cispo_trainer/run_qwen3_8b_fsdp.sh": "passes",
     "verl-2026-08-1dda039/examples/dppo_trainer/run_qwen3_30b_a3b_megatron.sh": "megatron: expert parallel (MoE)",
     "verl-2026-08-1dda039/examples/gdpo_trainer/run_qwen3_8b_fsdp.sh": "passes",
+    "verl-2026-08-1dda039/examples/generation/run_deepseek_llm_7b.sh": "passes",
     "verl-2026-08-1dda039/examples/gmpo_trainer/run_qwen3_8b_fsdp.sh": "passes",
     "verl-2026-08-1dda039/examples/gpg_trainer/run_qwen3_8b_fsdp.sh": "passes",
     "verl-2026-08-1dda039/examples/gpg_trainer/run_qwen3_8b_megatron.sh": "megatron: pipeline parallel",

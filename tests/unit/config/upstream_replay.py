@@ -6,7 +6,9 @@ Every file under ``tests/data/upstream`` is one of:
   file, or a ROLL pipeline YAML — checked as it is;
 - a **script row**: a trainer command line of a verl example script (or of a SkyPilot
   task's ``run:`` block), parsed by :mod:`upstream_scripts` into the config file it
-  composes and its ``key=value`` overrides — checked with them;
+  composes and its ``key=value`` overrides — checked with them, as the temper command
+  of its entry point reads them (``temper generate`` for ``main_generation_server``,
+  which composes ``ppo_trainer.yaml``);
 - a **fragment**: a file that other files pull in (Hydra ``defaults:`` groups, ROLL's
   ``config/`` definitions), a tool or interaction config, a Ray runtime env, or a
   script without a trainer command (data preparation).
@@ -45,6 +47,7 @@ class Row:
     name: str  # snapshot-relative path, "#n" for a script's n-th trainer command
     config: Path
     overrides: tuple[str, ...] = ()
+    command: str = "train"  # the temper command that reads it (upstream_scripts.Command)
 
 
 # --------------------------------------------------------------------------- the rows
@@ -94,7 +97,7 @@ def rows() -> tuple[Row, ...]:
                 if path.suffix == ".yaml"
                 else script_commands(path, root)
             )
-            out += [Row(f"{snap}/{c.name}", c.config, c.overrides) for c in cmds]
+            out += [Row(f"{snap}/{c.name}", c.config, c.overrides, c.command) for c in cmds]
     for snap in ROLL:
         for path in sorted((UPSTREAM / snap).rglob("*.yaml")):
             if path.parent.name != "config":
@@ -214,7 +217,7 @@ def check(row: Row) -> str:
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
     try:
-        loaded = load_config(row.config, list(row.overrides))
+        loaded = load_config(row.config, list(row.overrides), command=row.command)
         try:
             preflight(loaded.config, loaded.plan, checks=("engines", "rewards"))
         except ConfigError as err:

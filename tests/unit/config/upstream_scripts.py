@@ -28,12 +28,16 @@ ENTRY_POINTS = {
     "recipe.spin.main_spin": "spin",
     "recipe.sppo.main_sppo": "sppo",
     "verl.trainer.main_generation": "generation",
+    "verl.trainer.main_generation_server": "generation",  # verl 0.9: on ppo_trainer.yaml
+    "verl.trainer.main_ppo_v0": "ppo",  # verl 0.9: the legacy trainer
     "verl.trainer.main_eval": "eval",
     "recipe.r1.main_eval": "eval",
     "verl.trainer.fsdp_sft_trainer": "sft",
     "verl.trainer.sft_trainer": "sft",
     "main_ppo_split.py": "ppo",  # examples/split_placement: main_ppo with split placement
 }
+#: The temper command of an entry point's kind (the others: ``train``).
+COMMANDS = {"generation": "generate", "eval": "eval"}
 #: Each entry point's default config (``--config-name``), relative to the snapshot root.
 DEFAULT_CONFIG = {
     "verl.trainer.main_ppo": "verl/trainer/config/ppo_trainer.yaml",
@@ -42,6 +46,8 @@ DEFAULT_CONFIG = {
     "recipe.spin.main_spin": "recipe/spin/config/spin_trainer.yaml",
     "recipe.sppo.main_sppo": "recipe/sppo/config/sppo_trainer.yaml",
     "verl.trainer.main_generation": "verl/trainer/config/generation.yaml",
+    "verl.trainer.main_generation_server": "verl/trainer/config/ppo_trainer.yaml",
+    "verl.trainer.main_ppo_v0": "verl/trainer/config/ppo_trainer.yaml",
     "verl.trainer.main_eval": "verl/trainer/config/evaluation.yaml",
     "recipe.r1.main_eval": "recipe/r1/config/evaluation.yaml",
     "verl.trainer.fsdp_sft_trainer": "verl/trainer/config/sft_trainer.yaml",
@@ -57,6 +63,8 @@ MODULE_DIR = {
     "recipe.spin.main_spin": "recipe/spin",
     "recipe.sppo.main_sppo": "recipe/sppo",
     "verl.trainer.main_generation": "verl/trainer",
+    "verl.trainer.main_generation_server": "verl/trainer",
+    "verl.trainer.main_ppo_v0": "verl/trainer",
     "verl.trainer.main_eval": "verl/trainer",
     "recipe.r1.main_eval": "recipe/r1",
     "verl.trainer.fsdp_sft_trainer": "verl/trainer",
@@ -90,6 +98,12 @@ class Command:
     @property
     def kind(self) -> str:
         return ENTRY_POINTS[self.entry]
+
+    @property
+    def command(self) -> str:
+        """The temper command that runs it (a generation server's ``ppo_trainer.yaml`` is
+        read by ``temper generate``)."""
+        return COMMANDS.get(self.kind, "train")
 
     @property
     def name(self) -> str:

@@ -125,3 +125,83 @@ def test_source_metrics_by_hand():
     ]
     assert [line.split()[0] for line in lines[1:]] == ["a", "b", "all"]
     assert lines[2].split()[-1] == "-"  # b has no pass@4
+
+
+# ------------------------------------------- verl 0.9's main_generation_server line
+
+
+def _server_line() -> tuple[Any, list[str]]:
+    """verl 2026-08's generation example: ``main_generation_server`` on ppo_trainer.yaml."""
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(tests / "unit" / "config"))
+    from upstream_scripts import script_commands
+
+    root = tests / "data" / "upstream" / "verl-2026-08-1dda039"
+    cmd = script_commands(root / "examples/generation/run_deepseek_llm_7b.sh", root)[0]
+    assert cmd.command == "generate" and cmd.config.name == "ppo_trainer.yaml"
+    return cmd.config, list(cmd.overrides)
+
+
+def test_generation_server_line_reads_as_generate():
+    from temper.config.dialects.verl_generation import SERVER_NOT_READ
+    from temper.pipelines.catalog import load_config
+
+    config, overrides = _server_line()
+    lr = "actor_rollout_ref.actor.optim.lr=1e-5"  # a PPO key: noted, not refused
+    loaded = load_config(config, [*overrides, lr], command="generate")
+    cfg = loaded.config
+    assert cfg.pipeline == "generate"
+    assert cfg.generate.files == ["/home/user/data/gsm8k/test.parquet"]
+    assert cfg.generate.output_path.endswith("deepseek_llm_7b_gen_test.parquet")
+    assert cfg.model.path == "deepseek-ai/deepseek-llm-7b-chat" and cfg.model.trust_remote_code
+    r = cfg.rollout
+    assert (r.n, r.temperature, r.top_k, r.top_p) == (1, 1.0, 50, 0.7)
+    assert (r.response_length, cfg.data.max_prompt_length) == (1024, 2048)
+    assert r.tensor_parallel_size == 2 and r.gpu_memory_utilization == 0.8
+    assert r.calculate_log_probs is False  # the server writes responses only
+    assert cfg.actor.optim.lr == build_config(GENERATE).actor.optim.lr  # untouched
+    unread = next(n for n in loaded.notes if SERVER_NOT_READ in n)
+    assert "actor_rollout_ref.actor.optim.lr" in unread and "data.train_batch_size" in unread
+
+
+def test_generation_server_refuses_what_it_reads_and_cannot_honour():
+    from temper.pipelines.catalog import load_config
+
+    config, overrides = _server_line()
+    cases = [
+        # verl's default: random weights, which no trainer syncs in a generation
+        ("actor_rollout_ref.rollout.load_format=dummy", "load_format", "random weights"),
+        ("trainer.nnodes=2", "trainer.nnodes", "multi-node generation"),
+        ("actor_rollout_ref.rollout.temprature=1", "temprature", "did you mean 'temperature'"),
+    ]
+    for extra, key, why in cases:
+        with pytest.raises(ConfigError) as err:
+            load_config(config, [*overrides, extra], command="generate")
+        assert key in err.value.key and why in str(err.value), extra
+
+
+def test_the_same_line_under_train_is_read_as_rl():
+    """``temper train`` reads ppo_trainer.yaml as main_ppo does: this line's generation
+    keys disagree with the trainer's (verl's main_ppo would train with prompts of 512)."""
+    from temper.pipelines.catalog import load_config
+
+    config, overrides = _server_line()
+    with pytest.raises(ConfigError) as err:
+        load_config(config, overrides)
+    assert err.value.key == "data.max_prompt_length"
+    keep = ("data.train_files", "actor_rollout_ref.model.path", "trainer.n")
+    rl = [o for o in overrides if o.startswith(keep)]
+    assert load_config(config, rl).config.pipeline == "rlvr"
+
+
+def test_check_for_generate(capsys):
+    from temper.cli.main import main
+
+    config, overrides = _server_line()
+    assert main(["check", "--config-only", "--for", "generate", str(config), *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline: generate" in out and "responses per prompt" in out
+    assert main(["check", "--config-only", str(config), *overrides]) == 2  # train's reading
