@@ -36,7 +36,6 @@ from temper.algorithms.reward_model import (
 from temper.config.errors import ConfigError
 from temper.config.plan import SCORE_HEAD
 from temper.config.schema import TemperConfig
-from temper.config.typed import diff_from_default
 from temper.data import Batch, build_sampler
 from temper.data.preference import PairColumns, PairDataset, build_pair_datasets, scored_pairs
 from temper.pipelines import dpo, sft
@@ -45,6 +44,7 @@ from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Context, Pipeline
 from temper.pipelines.run import Run
 from temper.pipelines.timing import Timer, throughput
+from temper.pipelines.unread import refuse_unread
 from temper.registry import UnknownNameError
 from temper.roles.base import ActorRole
 from temper.training.registry import ENGINES
@@ -181,14 +181,7 @@ RL_ONLY = {
 def check(cfg: TemperConfig) -> None:
     """Keys a reward-model run would read nothing of are refused with why; then its own
     limits."""
-    for section, why in UNREAD_SECTIONS.items():
-        diff = diff_from_default(getattr(cfg, section))
-        if diff:
-            key = sft.first_leaf(diff, section)
-            raise ConfigError(key, f"{why} (pipeline reward_model)", f"remove {key}")
-    for key, why in RL_ONLY.items():
-        if sft.is_set(cfg, key):
-            raise ConfigError(key, f"{why} (pipeline reward_model)", f"remove {key}")
+    refuse_unread(cfg, "reward_model", UNREAD_SECTIONS, RL_ONLY)
     rm, data = cfg.rm, cfg.data
     strategy = cfg.actor.strategy
     if strategy in ENGINES and not ENGINES.get(strategy).hf_value_model:
