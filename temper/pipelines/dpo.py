@@ -32,7 +32,7 @@ from temper.algorithms.preference import (
 from temper.config.errors import ConfigError
 from temper.config.plan import REFERENCE, REFERENCE_ALWAYS, StepShape
 from temper.config.schema import TemperConfig
-from temper.data import Batch, build_sampler
+from temper.data import Batch
 from temper.data.preference import PairDataset, build_pair_datasets
 from temper.pipelines import sft
 from temper.pipelines.preflight import check_dpo_data
@@ -64,11 +64,7 @@ class DPOProducer(sft.DatasetProducer):
         self.params = preference_params(cfg)
         train, self.val_data = build_pair_datasets(cfg, ctx.tokenizer)
         self.train_data: PairDataset | None = train
-        self.sampler = build_sampler(cfg, len(train)) if train is not None else None
-        self.total_steps = 0
-        if self.sampler is not None:
-            epochs = cfg.experiment.total_epochs * self.sampler.batches_per_epoch
-            self.total_steps = cfg.experiment.max_steps or epochs
+        self._draw_rows(cfg, len(train) if train is not None else None)
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """The next ``train_batch_size`` pairs (``2 ×`` rows) and the data's counts."""
@@ -199,7 +195,7 @@ RL_ONLY = {
 def check(cfg: TemperConfig) -> None:
     """Keys a DPO run would read nothing of are refused with why; then its own limits."""
     refuse_unread(cfg, "dpo", UNREAD_SECTIONS, RL_ONLY)
-    dpo, data = cfg.dpo, cfg.data
+    dpo = cfg.dpo
     if cfg.reference.enable is False:
         raise ConfigError(
             "reference.enable",
@@ -222,19 +218,25 @@ def check(cfg: TemperConfig) -> None:
             f"label smoothing is a form of the sigmoid loss; dpo.loss_type is {dpo.loss_type}",
             "remove dpo.label_smoothing, or use loss_type sigmoid",
         )
+    check_pairs(cfg, "dpo", dpo.max_length, "a DPO sequence is cut at one end, as an SFT one")
+
+
+def check_pairs(cfg: TemperConfig, section: str, max_length: int, cut: str) -> None:
+    """What a run on preference pairs (DPO, reward-model training) needs: training data,
+    a positive ``<section>.max_length``, a cut at one end, and mini-batches that keep a
+    pair's two rows together (``cut``: how this pipeline cuts a sequence)."""
+    data = cfg.data
     if not data.train_files and not cfg.experiment.val_only:
         raise ConfigError(
             "data.train_files",
             "no training data given",
             "set data.train_files to a file or list of prompt/chosen/rejected rows",
         )
-    if dpo.max_length <= 0:
-        raise ConfigError("dpo.max_length", f"must be > 0, got {dpo.max_length}", "set it")
+    if max_length <= 0:
+        raise ConfigError(f"{section}.max_length", f"must be > 0, got {max_length}", "set it")
     if data.truncation == "middle":
         raise ConfigError(
-            "data.truncation",
-            "middle cuts a prompt in two; a DPO sequence is cut at one end, as an SFT one",
-            "use error, left or right",
+            "data.truncation", f"middle cuts a prompt in two; {cut}", "use error, left or right"
         )
     mini = cfg.actor.mini_batch_size
     if mini is not None and mini % 2:

@@ -36,7 +36,7 @@ from temper.algorithms.reward_model import (
 from temper.config.errors import ConfigError
 from temper.config.plan import SCORE_HEAD
 from temper.config.schema import TemperConfig
-from temper.data import Batch, build_sampler
+from temper.data import Batch
 from temper.data.preference import PairColumns, PairDataset, build_pair_datasets, scored_pairs
 from temper.pipelines import dpo, sft
 from temper.pipelines.preflight import check_model_path, check_rm_data
@@ -70,11 +70,7 @@ class RewardModelProducer(sft.DatasetProducer):
         train, val = build_pair_datasets(cfg, ctx.tokenizer, PairColumns.of("rm", cfg.rm))
         self.train_data: PairDataset | None = scored_pairs(train) if train is not None else None
         self.val_data = scored_pairs(val) if val is not None else None
-        self.sampler = build_sampler(cfg, len(train)) if train is not None else None
-        self.total_steps = 0
-        if self.sampler is not None:
-            epochs = cfg.experiment.total_epochs * self.sampler.batches_per_epoch
-            self.total_steps = cfg.experiment.max_steps or epochs
+        self._draw_rows(cfg, len(train) if train is not None else None)
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """The next ``train_batch_size`` pairs (``2 ×`` rows) and the data's counts."""
@@ -182,7 +178,7 @@ def check(cfg: TemperConfig) -> None:
     """Keys a reward-model run would read nothing of are refused with why; then its own
     limits."""
     refuse_unread(cfg, "reward_model", UNREAD_SECTIONS, RL_ONLY)
-    rm, data = cfg.rm, cfg.data
+    rm = cfg.rm
     strategy = cfg.actor.strategy
     if strategy in ENGINES and not ENGINES.get(strategy).hf_value_model:
         able = [n for n in ENGINES.names() if ENGINES.get(n).hf_value_model]
@@ -213,27 +209,9 @@ def check(cfg: TemperConfig) -> None:
         loss_params(cfg)
     except ValueError as err:
         raise ConfigError("rm.center_rewards_coef", str(err), "use a value >= 0") from err
-    if not data.train_files and not cfg.experiment.val_only:
-        raise ConfigError(
-            "data.train_files",
-            "no training data given",
-            "set data.train_files to a file or list of prompt/chosen/rejected rows",
-        )
-    if rm.max_length <= 0:
-        raise ConfigError("rm.max_length", f"must be > 0, got {rm.max_length}", "set it")
-    if data.truncation == "middle":
-        raise ConfigError(
-            "data.truncation",
-            "middle cuts a prompt in two; a reward-model sequence is cut at one end, as a DPO one",
-            "use error, left or right",
-        )
-    mini = cfg.actor.mini_batch_size
-    if mini is not None and mini % 2:
-        raise ConfigError(
-            "actor.mini_batch_size",
-            f"counts sequences, two per pair; {mini} would part a pair's chosen and rejected",
-            f"set actor.mini_batch_size to an even number ({mini + 1})",
-        )
+    dpo.check_pairs(
+        cfg, "rm", rm.max_length, "a reward-model sequence is cut at one end, as a DPO one"
+    )
 
 
 def preflight(cfg: TemperConfig, notes: list[str]) -> None:

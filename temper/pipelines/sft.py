@@ -38,6 +38,16 @@ class DatasetProducer:
     outside this process."""
 
     sampler: Any
+    total_steps: int
+
+    def _draw_rows(self, cfg: TemperConfig, rows: int | None) -> None:
+        """The resumable sampler over ``rows`` training rows (None: no training data) and
+        the run's steps: ``experiment.max_steps``, else ``total_epochs`` passes."""
+        self.sampler = build_sampler(cfg, rows) if rows is not None else None
+        self.total_steps = 0
+        if self.sampler is not None:
+            epochs = cfg.experiment.total_epochs * self.sampler.batches_per_epoch
+            self.total_steps = cfg.experiment.max_steps or epochs
 
     def dump_rows(self, batch: Batch, step: int) -> list[dict[str, Any]]:
         """Nothing is generated (``experiment.rollout_data_dir`` is refused)."""
@@ -66,11 +76,7 @@ class SFTProducer(DatasetProducer):
         self.actor: ActorRole = ctx.roles.actor
         train, self.val_data = build_sft_datasets(cfg, ctx.tokenizer)
         self.train_data: SFTDataset | None = train
-        self.sampler = build_sampler(cfg, len(train)) if train is not None else None
-        self.total_steps = 0
-        if self.sampler is not None:
-            epochs = cfg.experiment.total_epochs * self.sampler.batches_per_epoch
-            self.total_steps = cfg.experiment.max_steps or epochs
+        self._draw_rows(cfg, len(train) if train is not None else None)
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """The next ``train_batch_size`` samples (their ``response_mask``: the tokens to
