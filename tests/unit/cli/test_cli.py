@@ -55,6 +55,18 @@ def test_check_passes_and_explains(path, capsys):
     assert ("pre-flight passed" in out) == (path.name in LOCAL_MODEL)
 
 
+#: Recipes of chained stages (examples/<recipe>/*.yaml): each stage's config is valid; a
+#: later stage's model is an earlier stage's output, so the pre-flight waits for that run.
+#: (examples/config/ holds ROLL's config fragments, composed by the ROLL examples.)
+STAGES = sorted(p for p in EXAMPLES.glob("*/*.yaml") if p.parent.name != "config")
+
+
+@pytest.mark.parametrize("path", STAGES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recipe_stages_are_valid_configs(path, capsys):
+    assert main(["check", "--config-only", str(path)]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_convert_round_trips(path, tmp_path, capsys):
     """Converting a dialect file gives a native config that passes check; converting
