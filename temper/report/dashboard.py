@@ -27,7 +27,7 @@ from temper.report.steps import by_step
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("train/reward_mean", "train/score_mean")),
     ("validation reward", ("val/reward_mean",)),
-    ("KL", ("actor/kl", "actor/kl_loss", "train/kl_in_reward")),
+    ("KL", ("actor/kl", "actor/kl_loss", "train/kl_in_reward", "distill/reverse_kl")),
     ("entropy", ("actor/entropy",)),
     ("response length", ("response/length_mean", "response/length_max")),
     ("grad norm", ("actor/grad_norm", "critic/grad_norm")),
@@ -118,6 +118,14 @@ def _keys_for(title: str, keys: tuple[str, ...], rows: list[dict[str, Any]]) -> 
     return [k for k in keys if k in present]
 
 
+def _stage_parts(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows of each stage of a chained report, in order (one part for a single run)."""
+    parts: dict[Any, list[dict[str, Any]]] = {}
+    for row in rows:
+        parts.setdefault(row.get("stage"), []).append(row)
+    return list(parts.values())
+
+
 def plot_dashboard(
     rows: list[dict[str, Any]],
     png: str | Path,
@@ -155,27 +163,31 @@ def plot_dashboard(
                 wrap=True,
             )
         for i, key in enumerate(keys):
-            steps, values = series(rows, key)
-            if not steps:
-                continue
             color, style = f"C{i}", "-" if i == 0 else "--"
-            label = key.split("/", 1)[1] if "/" in key else key
+            label: str | None = key.split("/", 1)[1] if "/" in key else key
             if sum(k.split("/", 1)[-1] == label for k in keys) > 1:  # train/loss, val/loss
                 label = key
-            if len(values) >= 10 and not key.startswith("val/"):
-                ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
-                ema = _ema(values, 0.2)
-                ax.plot(steps, ema, color=color, linestyle=style, linewidth=1.8, label=label)
-            else:
-                ax.plot(
-                    steps,
-                    values,
-                    color=color,
-                    linestyle=style,
-                    marker="o",
-                    markersize=3,
-                    label=label,
-                )
+            # a chained report draws each stage's curve on its own: one stage's moving
+            # average does not run on into the next
+            for part in _stage_parts(rows):
+                steps, values = series(part, key)
+                if not steps:
+                    continue
+                if len(values) >= 10 and not key.startswith("val/"):
+                    ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
+                    ema = _ema(values, 0.2)
+                    ax.plot(steps, ema, color=color, linestyle=style, linewidth=1.8, label=label)
+                else:
+                    ax.plot(
+                        steps,
+                        values,
+                        color=color,
+                        linestyle=style,
+                        marker="o",
+                        markersize=3,
+                        label=label,
+                    )
+                label = None  # one legend entry for all stages
         for stage in (stages or [])[1:]:
             ax.axvline(stage.offset, color="0.35", linestyle=":", linewidth=1)
             ax.text(
