@@ -18,6 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+#: Tries of :func:`spawn_ranks` when the rendezvous port was taken before rank 0 bound it.
+PORT_TRIES = 3
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` now (bind to port 0; the OS picks)."""
@@ -109,12 +112,22 @@ def spawn_ranks(
         group_live = dist.is_available() and dist.is_initialized()
         fork_safe = sys.platform == "linux" and not cuda_live and not group_live
         start_method = "fork" if fork_safe else "spawn"
-    with tempfile.TemporaryDirectory(prefix="temper-ranks-") as out:
-        mp.start_processes(
-            _rank_entry,
-            args=(world, free_port(), fn, args, out, threads),
-            nprocs=world,
-            join=True,
-            start_method=start_method,
-        )
-        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for attempt in range(PORT_TRIES):
+        with tempfile.TemporaryDirectory(prefix="temper-ranks-") as out:
+            try:
+                mp.start_processes(
+                    _rank_entry,
+                    args=(world, free_port(), fn, args, out, threads),
+                    nprocs=world,
+                    join=True,
+                    start_method=start_method,
+                )
+            except mp.ProcessRaisedException as err:
+                # the port free_port found can be taken before rank 0 listens on it (any
+                # process's outgoing connection may get it as its ephemeral port): the
+                # group never formed and no rank ran fn, so a new port is a clean retry
+                if "EADDRINUSE" not in str(err) or attempt == PORT_TRIES - 1:
+                    raise
+                continue
+            return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    raise AssertionError("unreachable: the last try returns or raises")
