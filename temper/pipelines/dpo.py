@@ -98,17 +98,27 @@ class DPOProducer(sft.DatasetProducer):
             for name, per_pair in values.items():
                 sums[name] = sums.get(name, 0.0) + float(per_pair.sum())
             pairs += len(batch) // 2
-        names = {
-            "rewards/accuracy": "accuracy",
-            "rewards/margin": "margin",
-            "rewards/chosen": "rewards_chosen",
-            "rewards/rejected": "rewards_rejected",
-            "logps/chosen": "logps_chosen",
-            "logps/rejected": "logps_rejected",
-            "loss": "loss",
-        }
-        metrics = {f"val/{names[k]}": v / max(pairs, 1) for k, v in sums.items()}
-        return Validation({**metrics, "val/pairs": float(pairs)})
+        return pair_validation(sums, pairs)
+
+
+#: A pair metric's name under ``val/`` (the training names keep their ``rewards/`` and
+#: ``logps/`` groups; validation's are flat).
+VAL_NAMES = {
+    "rewards/accuracy": "accuracy",
+    "rewards/margin": "margin",
+    "rewards/chosen": "rewards_chosen",
+    "rewards/rejected": "rewards_rejected",
+    "logps/chosen": "logps_chosen",
+    "logps/rejected": "logps_rejected",
+    "loss": "loss",
+}
+
+
+def pair_validation(sums: dict[str, float], pairs: int) -> Validation:
+    """The held-out means of per-pair metric sums over ``pairs`` pairs (DPO and
+    reward-model validation), and ``val/pairs``."""
+    metrics = {f"val/{VAL_NAMES[k]}": v / max(pairs, 1) for k, v in sums.items()}
+    return Validation({**metrics, "val/pairs": float(pairs)})
 
 
 def dpo_step(run: Run) -> dict[str, float]:

@@ -98,15 +98,7 @@ class RewardModelProducer(sft.DatasetProducer):
             for name, per_pair in values.items():
                 sums[name] = sums.get(name, 0.0) + float(per_pair.sum())
             pairs += len(batch) // 2
-        names = {
-            "rewards/accuracy": "accuracy",
-            "rewards/margin": "margin",
-            "rewards/chosen": "rewards_chosen",
-            "rewards/rejected": "rewards_rejected",
-            "loss": "loss",
-        }
-        metrics = {f"val/{names[k]}": v / max(pairs, 1) for k, v in sums.items()}
-        return Validation({**metrics, "val/pairs": float(pairs)})
+        return dpo.pair_validation(sums, pairs)
 
 
 def reward_model_step(run: Run) -> dict[str, float]:
