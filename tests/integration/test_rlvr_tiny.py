@@ -83,10 +83,13 @@ def test_grpo_reward_rises_and_every_parameter_moves(tmp_path, tiny_model_dir, m
         "perf/tokens_per_s",
     ):
         assert key in rows[-1], key
-    # learnable toy reward: mean of the last 3 steps beats the first 3 by a clear margin
+    # learnable toy reward: the mean of the last 3 steps beats the first 3. Ten steps of 16
+    # samples leave the size of the gain to the seed: over seeds 1-6 it ranged 0.028-0.119 on
+    # CPU and 0.034-0.088 on an H200 (first 3 steps ~0.045), so the margin is what every
+    # one of those runs cleared, not this seed's gain on CPU.
     rewards = summary["curve_values"]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert last > first + 0.1, rewards
+    assert last > first + 0.02, rewards
     after = params(AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor"))
     unchanged = [n for n in before if torch.equal(before[n], after[n])]
     assert not unchanged, unchanged
