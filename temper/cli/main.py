@@ -29,6 +29,9 @@ USER_ERRORS: dict[tuple[str, str], str] = {
     ("temper.rewards.failures", "RewardFailureError"): "",
     ("temper.rewards.executor", "RewardWorkerError"): "",
     ("temper.pipelines.checkpointing", "CheckpointWriteError"): "",
+    ("temper.pipelines.ahead", "RolloutAheadError"): (
+        " (the same command resumes from the last checkpoint)"
+    ),
 }
 DEBUG_ENV = "TEMPER_DEBUG"
 #: The commands that run a config: what a file is read as (``--for`` of check, convert).

@@ -351,13 +351,15 @@ def _remote_teachers(cfg: TemperConfig, groups: dict[str, Any]) -> Teachers | No
 
 def build_cluster_rollout(cfg: TemperConfig, roles: Roles, tokenizer: Any) -> RolloutEngine:
     """The run's rollout engine, holding the actor's current weights: the ``actor_infer``
-    worker group on Ray, else an engine in this process (``hf`` shares the actor's module;
-    ``vllm`` holds its own copy)."""
+    worker group on Ray, else an engine in this process (``hf`` shares the actor's module,
+    or holds a copy when the rollout runs ahead; ``vllm`` holds its own copy)."""
     rollout = roles.rollout if isinstance(roles, ClusterRoles) else None
     if rollout is None:
-        rollout = build_rollout_engine(
-            cfg.rollout, cfg.model, module=roles.actor.engine.shareable_module, tokenizer=tokenizer
-        )
+        # a rollout that runs ahead of training (async_training) generates while the
+        # trainer updates: it needs weights of its own, never the trainer's module
+        ahead = cfg.async_training.staleness > 0
+        module = None if ahead else roles.actor.engine.shareable_module
+        rollout = build_rollout_engine(cfg.rollout, cfg.model, module=module, tokenizer=tokenizer)
     if not rollout.shared:
         # An engine with its own copy (vLLM, remote ranks) rolls out with the actor's
         # weights from the first step (LoRA merged); with rollout.load_format=dummy they

@@ -315,6 +315,18 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                 f"engine reference.strategy ({cfg.reference.strategy})",
             )
         )
+    k = cfg.async_training.staleness
+    if k > 0:
+        rows.append(
+            (
+                "schedule",
+                "one-step-off" if k == 1 else f"rollout {k} versions ahead",
+                f"async_training.staleness={k}: batch s is generated with the weights after "
+                f"max(0, s - {k + 1}) updates while the steps before it train (the rollout "
+                "holds its own copy of the weights, pushed before each batch that needs a "
+                "newer one); fixed by the step number, so a resume is exact",
+            )
+        )
     rows.append(
         (
             "devices",

@@ -1015,6 +1015,31 @@ class DistillConfig:
     )
 
 
+# --------------------------------------------------------------------------- async
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """Asynchronous RL (pipelines rlvr and agentic): the producer generates and scores the
+    next batches while the trainer updates on the current one, at most ``staleness``
+    policy versions behind. The schedule is fixed: batch s is generated with the weights
+    after max(0, s − 1 − staleness) updates, whatever the timing, so a resumed run equals
+    an uninterrupted one."""
+
+    staleness: int = doc(
+        0,
+        "Policy versions the rollout may run ahead of training, k: batch s is generated "
+        "with the weights after max(0, s − 1 − k) updates while the steps before it train. "
+        "0: synchronous; 1: one-step-off (verl's one_step_off recipe, ROLL "
+        "async_generation_ratio 1).",
+    )
+    wait_timeout: float = doc(
+        1800.0,
+        "Seconds the trainer waits for a batch (or a checkpoint for the batches ahead) "
+        "before the run stops with one line naming the rollout and the batch.",
+    )
+
+
 # --------------------------------------------------------------------------- generate, eval
 
 
@@ -1117,6 +1142,9 @@ class TemperConfig:
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
     dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")
     distill: DistillConfig = sub(DistillConfig, "On-policy distillation from teachers.")
+    async_training: AsyncTrainingConfig = sub(
+        AsyncTrainingConfig, "Rollout ahead of training by a bounded number of policy versions."
+    )
     generate: GenerateConfig = sub(GenerateConfig, "Batch generation (pipeline=generate).")
     evaluate: EvaluateConfig = sub(EvaluateConfig, "Scoring a file of responses (pipeline=eval).")
     rm: RewardModelTrainingConfig = sub(

@@ -236,6 +236,6 @@ PIPELINE = Pipeline(
     preflight=preflight,
     step_shape=episode_groups,
     shaping=shaping,
-    sections=frozenset({"agentic", "distill"}),
+    sections=frozenset({"agentic", "distill", "async_training"}),
     context=episode_length,
 )

@@ -16,6 +16,7 @@ from temper.cluster.roles import ClusterRoles, build_cluster_roles, build_cluste
 from temper.config.derive import Derived
 from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
+from temper.pipelines.ahead import RolloutAhead
 from temper.pipelines.checkpointing import (
     Checkpointer,
     Progress,
@@ -86,6 +87,16 @@ def _build_run(
         if rollout is not None:
             every = cfg.rollout.model_update_frequency
             weights = WeightSync(rollout, roles.actor.engine, every)
+            if cfg.async_training.staleness > 0:  # the rollout runs ahead of training
+                weights.ahead = True
+                producer = RolloutAhead(
+                    producer,
+                    weights.snapshot,
+                    weights.load,
+                    staleness=cfg.async_training.staleness,
+                    wait_timeout=cfg.async_training.wait_timeout,
+                    seed=cfg.experiment.seed,
+                )
         progress = Progress()
         checkpointer = _checkpointer(
             cfg, out, roles, tokenizer, producer, shaping_state, weights, progress

@@ -41,6 +41,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
     _check_distill(cfg, plan)
+    _check_async(cfg)
     if cfg.reward.launch_async:
         raise ConfigError(
             "reward.launch_async",
@@ -54,6 +55,23 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
             "a Ray timeline records Ray's tasks; with resources.backend=local no Ray runs",
             "set resources.backend=ray, or remove it (experiment.profile_steps profiles "
             "the local backend)",
+        )
+
+
+def _check_async(cfg: TemperConfig) -> None:
+    """The rollout ahead of training (``async_training``) pushes the trainer's weights
+    before every batch that needs a newer version; a checkpoint holds the actor's latest
+    weights only, so a sync every N > 1 updates could not resume exactly."""
+    if cfg.async_training.staleness > 0 and cfg.rollout.model_update_frequency != 1:
+        raise ConfigError(
+            "rollout.model_update_frequency",
+            f"with the rollout ahead of training (async_training.staleness="
+            f"{cfg.async_training.staleness}) batch s is generated with the weights after "
+            "max(0, s - 1 - staleness) updates, pushed before it; a push every "
+            f"{cfg.rollout.model_update_frequency} updates would need older weights than a "
+            "checkpoint holds to resume exactly",
+            "set rollout.model_update_frequency: 1 (raise async_training.staleness to let "
+            "the rollout lag further)",
         )
 
 

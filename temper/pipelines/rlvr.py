@@ -206,5 +206,5 @@ PIPELINE = Pipeline(
     check=check,
     preflight=check_prompt_data,
     provides=frozenset({"baseline_rewards", "reward_components"}),
-    sections=frozenset({"distill"}),  # on-policy distillation: teachers score the samples
+    sections=frozenset({"distill", "async_training"}),  # distill: teachers score the samples
 )

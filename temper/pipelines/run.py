@@ -9,13 +9,14 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from temper.cluster.rollout import StoredWeights
 from temper.config.schema import TemperConfig
 from temper.pipelines.checkpointing import Checkpointer, Progress, final_problem, write_final
 from temper.pipelines.producer import Producer
@@ -60,15 +61,30 @@ class WeightSync:
     rollout: RolloutEngine
     actor: RoleEngine
     every: int = 1
+    #: the rollout runs ahead of training (async_training): the producer that runs it
+    #: (pipelines.ahead) pushes a snapshot before each batch instead
+    ahead: bool = False
 
     def after_update(self, step: int) -> None:
-        if not self.rollout.shared and step % max(1, self.every) == 0:
+        if not self.ahead and not self.rollout.shared and step % max(1, self.every) == 0:
             self.push()
 
     def push(self) -> None:
         """The actor's full weights to the rollout engine (a no-op when it shares them)."""
         if not self.rollout.shared:
             self.rollout.load_weights(self.actor.named_weights())
+
+    def snapshot(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The actor's weights as a copy its next update does not change (a remote
+        actor's are a copy already: gathered into Ray's object store)."""
+        named = self.actor.named_weights()
+        if isinstance(named, StoredWeights):
+            return named
+        return [(name, tensor.detach().clone()) for name, tensor in named]
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load a :meth:`snapshot` into the rollout engine."""
+        self.rollout.load_weights(weights)
 
     def state_dict(self) -> dict[str, Any]:
         return self.rollout.state_dict()

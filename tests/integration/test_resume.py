@@ -3,7 +3,8 @@ stopped by SIGTERM mid-step, and resumed, ends bit-identical to an uninterrupted
 weights, optimizer state and metrics rows (timings aside) — for RLVR with GRPO, RLVR PPO
 with a critic, the agentic pipeline (FrozenLake episodes: the env manager's seeds are
 in the checkpoint), SFT (the shuffled sampler's position is in the checkpoint), DPO and
-reward-model training.
+reward-model training, and asynchronous RLVR and agentic runs (rollout 1 and 2 policy
+versions ahead of training).
 Damaged checkpoints are skipped — truncated ones by size, same-size corruption by
 checksum, and the run resumed from the previous one equals a run that saved only that
 one; a checkpoint's actor loads in transformers.
@@ -41,7 +42,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / len(solution_str)
 '''
 STEPS = 6
-ALGOS = ("grpo", "gae", "agentic", "sft", "dpo", "distill", "reward_model")
+ALGOS = ("grpo", "gae", "agentic", "sft", "dpo", "distill", "reward_model", "grpo_k1", "agentic_k2")
+#: Asynchronous runs (the rollout ahead of training by k versions): the batches ahead are
+#: in the checkpoint, so the resumed run trains on the very batches the uninterrupted one did.
+AHEAD = {"grpo_k1": ("grpo", 1), "agentic_k2": ("agentic", 2)}
 
 
 LAKE = {
@@ -138,6 +142,11 @@ def _reward_model_config() -> dict:
 
 
 def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
+    if algo in AHEAD:
+        base, k = AHEAD[algo]
+        cfg = {**_config(tmp, model_dir, base), "async_training": {"staleness": k}}
+        build_config(cfg)
+        return cfg
     if algo in ("sft", "dpo", "reward_model"):
         pick = {"sft": _sft_config, "dpo": _dpo_config, "reward_model": _reward_model_config}
         cfg = pick[algo]()

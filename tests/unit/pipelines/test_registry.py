@@ -43,11 +43,13 @@ def test_builtin_records_declare_their_needs():
         "reward_model",
     ]
     agentic = resolve_pipeline("agentic")
-    assert agentic.sections == frozenset({"agentic", "distill"})
+    assert agentic.sections == frozenset({"agentic", "distill", "async_training"})
     assert agentic.step_shape is episode_groups
     rlvr = resolve_pipeline("rlvr")
     assert (
-        rlvr.sections == frozenset({"distill"}) and rlvr.step is rl_step and agentic.step is rl_step
+        rlvr.sections == frozenset({"distill", "async_training"})
+        and rlvr.step is rl_step
+        and agentic.step is rl_step
     )
     assert rlvr.uses == agentic.uses == frozenset({"rollout", "reference", "critic"})
     sft = resolve_pipeline("sft")
