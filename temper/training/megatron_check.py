@@ -178,12 +178,46 @@ def check_section(
     return [f"{key}.{note}" for note in notes]
 
 
+#: Megatron-Core's kernel fusions (``TransformerConfig`` fields): each computes what the
+#: unfused layers do, faster; the first group are CUDA kernels, the second need
+#: Transformer Engine (Megatron asserts it is installed when they are on).
+CUDA_FUSIONS = (
+    "gradient_accumulation_fusion",
+    "cross_entropy_loss_fusion",
+    "bias_activation_fusion",
+    "masked_softmax_fusion",
+    "bias_dropout_fusion",
+    "apply_rope_fusion",
+    "fused_single_qkv_rope",
+)
+TE_FUSIONS = ("apply_rope_fusion", "fused_single_qkv_rope")
+
+
+def unavailable_fusions(extra: dict[str, object], device_type: str) -> list[str]:
+    """The kernel fusions ``extra`` turns on that cannot run here: every one off CUDA,
+    the Transformer Engine ones where it is not installed. Speed only: the layers compute
+    the same without them."""
+    on = [name for name in CUDA_FUSIONS if extra.get(name)]
+    if device_type != "cuda":
+        return on
+    if importlib.util.find_spec("transformer_engine") is None:
+        return [name for name in on if name in TE_FUSIONS]
+    return []
+
+
 def unapplied_options(
     m: MegatronConfig, device_type: str, *, gradient_checkpointing: bool = False
 ) -> list[str]:
     """Notes on the section's set options that are not applied here (see module doc);
     each changes memory or speed only."""
     out: list[str] = []
+    fusions = unavailable_fusions(m.extra, device_type)
+    if fusions:
+        needs = "a CUDA device" if device_type != "cuda" else "Transformer Engine"
+        out.append(
+            f"extra.{', '.join(fusions)}: kernel fusions that need {needs}; the layers run "
+            "unfused here, which computes the same (speed only)"
+        )
     names = [
         "sequence_parallel",
         "use_distributed_optimizer",

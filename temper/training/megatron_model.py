@@ -25,6 +25,7 @@ import torch
 
 from temper.config.errors import ConfigError
 from temper.config.schema import MEGATRON_DEGREES, MegatronConfig
+from temper.training.megatron_check import unavailable_fusions
 from temper.training.megatron_convert import (
     HFLayout,
     ParamMap,
@@ -152,7 +153,8 @@ def transformer_config(
             kwargs["recompute_num_layers"] = m.recompute_num_layers or (1 if full else None)
             if m.recompute_modules is not None:
                 kwargs["recompute_modules"] = list(m.recompute_modules)
-    kwargs.update(m.extra)
+    unavailable = set(unavailable_fusions(m.extra, device.type))  # noted by the pre-flight
+    kwargs.update({k: v for k, v in m.extra.items() if k not in unavailable})
     try:
         return TransformerConfig(**kwargs)
     except (AssertionError, ValueError, TypeError) as err:

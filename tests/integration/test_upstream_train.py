@@ -2,7 +2,8 @@
 
 One verl GRPO command line, one verl PPO command line with a critic, two verl 0.9 command
 lines (GRPO on `model_engine: dp` and on `model_engine: megatron`), one ROLL RLVR file
-(PPO with a critic) and one ROLL agentic file, each with only these overrides:
+(PPO with a critic) and one ROLL agentic file, and ROLL's asynchronous RLVR and agentic
+files (one-step-off), each with only these overrides:
 
 - model: the tiny test model in place of the author's;
 - data: ``task:`` data (and, for ROLL, the column that holds its prompts); for the two
@@ -157,6 +158,61 @@ def test_roll_agentic_file_trains(tmp_path, tiny_model_dir, monkeypatch):
         f"render_save_dir={out / 'render'}",
     ]
     train = _train(config, overrides, out)
+    assert all("actor/pg_loss" in r for r in train)
+
+
+@pytest.mark.slow
+def test_roll_async_rlvr_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's asynchronous RLVR example (2026-08, async_generation_ratio 1): one-step-off
+    on Megatron, 64 prompts × 8 a step."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM / "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config_async.yaml"
+    )
+    out = tmp_path / "roll-rlvr-async"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        # device: one device holds no tensor-parallel pair (the file's TP is 2)
+        "actor_train.strategy_args.strategy_config.tensor_model_parallel_size=1",
+        "actor_train.strategy_args.strategy_config.sequence_parallel=false",
+        "response_length=8",
+        f"actor_train.data_args.file_name=[{TRAIN}]",  # data
+        "rollout_batch_size=8",  # one mini-batch (1 per device × 64 accumulation) a step
+        "actor_train.data_args.messages=prompt",
+    ]
+    train = _train(config, overrides, out)
+    assert [r["async/policy_version"] for r in train] == [0, 0]  # batch 2: generated ahead
+    assert [r["async/staleness_max"] for r in train] == [0, 1]
+
+
+@pytest.mark.slow
+def test_roll_async_agentic_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's asynchronous FrozenLake example (2026-08, async_generation_ratio 1): the
+    episodes of step 2 are played with the weights of step 0 while step 1 trains."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM
+        / "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agent_val_frozen_lake_async.yaml"
+    )
+    out = tmp_path / "roll-agentic-async"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        "max_actions_per_traj=3",  # length
+        "max_tokens_per_step=16",
+        "sequence_length=1024",  # the tiny model's context (the file's is Qwen's)
+        "actor_infer.generating_args.max_new_tokens=16",
+        # data: one mini-batch (2 per device × 128 accumulation) of episodes a step, 32
+        # groups of 8 (the file's 1024 are 128 groups), and one validation episode per tag
+        "rollout_batch_size=256",
+        "train_env_manager.num_env_groups=32",
+        "train_env_manager.num_groups_partition=[32]",
+        "val_batch_size=4",
+        "val_env_manager.num_env_groups=4",
+        "val_env_manager.num_groups_partition=[1,1,1,1]",
+        "actor_infer.infer_batch_size=256",  # device: generate the episodes at once
+    ]
+    train = _train(config, overrides, out)
+    assert [r["async/staleness_max"] for r in train] == [0, 1]
     assert all("actor/pg_loss" in r for r in train)
 
 

@@ -91,6 +91,7 @@ def _translate(
     derive.mini_batch(ctx)
     derive.rewards(ctx)
     derive.dynamic_sampling(ctx)
+    derive.async_generation(ctx)
     if agentic:
         derive.episodes(ctx)
     derive.definitions(ctx, raw, defs)

@@ -734,3 +734,30 @@ def episodes(ctx: Ctx) -> None:
                 f"{mgr}: {envs} environments × {replays} episodes each = {batch_key} "
                 f"{batch} -> agentic.{mgr}.num_env_groups = {groups * replays}"
             )
+
+
+def async_generation(ctx: Ctx) -> None:
+    """``async_generation_ratio`` r → ``async_training.staleness`` r: the rollout runs r
+    policy versions ahead of training. ROLL takes whole numbers only (its agentic scheduler
+    queues ``range(r)`` batches ahead; its RLVR config asserts r ≥ 1)."""
+    key = "async_generation_ratio"
+    ratio = ctx.get(key)
+    if not ratio:
+        return
+    if isinstance(ratio, bool) or not float(ratio).is_integer() or ratio < 1:
+        raise ConfigError(
+            key,
+            f"{ratio!r} is not a whole number of batches ahead (ROLL's RLVR pipeline asserts "
+            "a ratio ≥ 1 and its agentic scheduler queues range(ratio) batches)",
+            "set async_generation_ratio to 1, 2, … (batches generated ahead), or 0",
+        )
+    k = int(ratio)
+    ctx.set("async_training.staleness", k, key)
+    ctx.notes.append(
+        f"{key}: the rollout runs {k} polic{'y version' if k == 1 else 'y versions'} ahead of "
+        f"training (async_training.staleness={k}): batch s is generated whole with the "
+        f"weights after max(0, s - {k + 1}) updates. ROLL streams prompts to training as "
+        "they finish and continues the ones in flight at a weight update with the new "
+        "weights (partial rollout); here the batch's samples and their policy version depend "
+        "on the step alone (the same staleness bound; a resume is exact)"
+    )

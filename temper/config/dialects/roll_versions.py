@@ -293,14 +293,7 @@ ADDITIONS: dict[str, Rule] = {
         "remove it",
         ok=lambda v: v in (None, 0, 0.0),
     ),
-    "async_generation_ratio": Reject(
-        "asynchronous (off-policy) generation, which runs rollouts ahead of training, is not "
-        "supported",
-        "set async_generation_ratio: 0 (synchronous: every step generates with the "
-        "current weights)",
-        ok=lambda v: not v,
-        note="0: synchronous generation, as temper runs",
-    ),
+    "async_generation_ratio": Use("async_training.staleness (whole numbers of batches ahead)"),
     "offload_nccl": Note("frees NCCL buffers between phases: " + PERF),
     "rollout_dump_dir": Map("experiment.rollout_data_dir"),
     "model_download_type": Note(

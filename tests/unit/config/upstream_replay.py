@@ -167,7 +167,11 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("env manager", r"custom ROLL env manager class"),
     ("env type", r"\.env_type\b.*: unknown value '\w+'"),
     ("env tool wrapper", r"GEM tool wrappers"),
-    ("async generation", r"asynchronous \(off-policy\) generation"),
+    ("async generation", r"asynchronous \(off-policy\) generation|fully-async trainer"),
+    (
+        "length: engine context",
+        r"max_model_len.*is shorter than max_prompt_length \+ response_length",
+    ),
     ("tp rollout on ray", r"tensor-parallel rollout\) is not supported on the ray backend"),
     ("lora reference on ray", r"LoRA reference"),
     ("custom code", r"custom (dataset classes|samplers|ROLL worker class)"),

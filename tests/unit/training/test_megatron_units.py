@@ -248,6 +248,31 @@ def test_memory_options_are_notes_not_errors() -> None:
     assert any("moe_grouped_gemm" in n and "dense" in n for n in moe)
 
 
+def test_kernel_fusions_that_cannot_run_here_are_dropped_with_a_note() -> None:
+    """ROLL's async RLVR file sets apply_rope_fusion and bias_activation_fusion: on CPU
+    both are CUDA kernels, and Megatron asserts Transformer Engine for the rope fusion;
+    the layers compute the same unfused, so the config builds and the note says why."""
+    import importlib.util
+
+    from temper.training.megatron_check import unavailable_fusions
+    from temper.training.megatron_model import transformer_config
+
+    extra = {
+        "apply_rope_fusion": True,
+        "bias_activation_fusion": True,
+        "bias_dropout_fusion": False,
+    }
+    assert unavailable_fusions(extra, "cpu") == ["bias_activation_fusion", "apply_rope_fusion"]
+    te = importlib.util.find_spec("transformer_engine") is not None
+    assert unavailable_fusions(extra, "cuda") == ([] if te else ["apply_rope_fusion"])
+    (note,) = [n for n in unapplied_options(MegatronConfig(extra=extra), "cpu") if "fusion" in n]
+    assert "a CUDA device" in note and "computes the same" in note
+    tc = transformer_config(
+        LAYOUT, None, MegatronConfig(extra=extra), role="actor", device=torch.device("cpu")
+    )
+    assert not tc.apply_rope_fusion and not tc.bias_activation_fusion
+
+
 def test_temper_check_refuses_pipeline_parallel_on_cpu(tmp_path, tiny_path, capsys) -> None:
     import yaml
 
