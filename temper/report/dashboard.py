@@ -33,6 +33,9 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("grad norm", ("actor/grad_norm", "critic/grad_norm")),
     ("throughput (tokens/s)", ("perf/tokens_per_s",)),
     ("loss", ("actor/pg_loss", "critic/value_loss", "train/loss", "val/loss")),
+    # asynchronous runs: how old the samples were, and how much of the trainer's work
+    # the rollout overlapped (a fraction of the shorter of the two)
+    ("rollout ahead", ("async/staleness_mean", "perf/rollout_overlap")),
 )
 
 
@@ -140,7 +143,7 @@ def plot_dashboard(
     import matplotlib.pyplot as plt
 
     panels = [(t, _keys_for(t, keys, rows), keys) for t, keys in PANELS]
-    cols = 4
+    cols = 3
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
     all_steps = [int(r["step"]) for r in rows]
