@@ -82,3 +82,51 @@ def test_worker_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, tin
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
     assert (run_dir / "checkpoints" / "global_step_3").is_dir()
+
+
+def test_rollout_killed_while_running_ahead_stops_in_one_line_and_resume_continues(
+    tmp_path, tiny_model_dir
+):
+    """One-step-off on Ray (trainer on slots 0-1, rollout on slot 2): the rollout worker
+    killed while it generates the next batch ahead stops the run with one line naming it
+    (no hang: the test's deadline bounds it), and the same command resumes to the end."""
+    env = {**os.environ, "TEMPER_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    cfg = yaml.safe_load(open(write_config(tmp_path, tiny_model_dir)))
+    cfg["async_training"] = {"staleness": 1}
+    config = tmp_path / "ray_async.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    proc = temper_train(str(config), env)
+    lines, pid, killed = [], None, None
+    deadline = time.monotonic() + 400
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the run did not reach step 1's checkpoint in time:\n" + "".join(lines))
+        found = re.search(r"ray: rollout ranks 0\.\.0 up \(pids \[(\d+)\]\)", line)
+        if found:
+            pid = int(found.group(1))
+        if line.startswith("checkpoint:") and "global_step_1" in line and killed is None:
+            assert pid is not None, "".join(lines)
+            os.kill(pid, signal.SIGKILL)  # step 2 has begun: batch 3 is generating ahead
+            killed = pid
+    code = proc.wait(timeout=120)
+    out = "".join(lines)
+    assert killed is not None, out
+    assert code != 0, out
+    assert "rollout rank 0: worker process died" in out, out[-3000:]
+    assert "Traceback" not in out
+    run_dir = tmp_path / "run"
+    again = subprocess.run(
+        [sys.executable, "-m", "temper", "train", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resumed from {run_dir / 'checkpoints' / 'global_step_1'} at step 1" in again.stdout
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["async/staleness_max"] for r in rows] == [0, 1, 1]
