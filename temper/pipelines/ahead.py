@@ -224,6 +224,10 @@ class RolloutAhead:
             self.pending[produced.step] = done
 
     def close(self) -> None:
+        """Stop the worker (batches queued but not started are cancelled: a run that
+        failed does not go on generating for it), then close the inner producer."""
+        for future in self.pending.values():
+            future.cancel()
         try:
             self.worker.close()
         finally:
