@@ -222,6 +222,27 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
     )
 
 
+#: Policy losses that draw random numbers while the trainer computes them.
+RANDOM_LOSSES = ("clip_cov",)
+
+
+def _shared_rng_caveat(cfg: TemperConfig) -> str:
+    """Where the rollout runs ahead on a thread of this process with the Hugging Face
+    engine (which samples from torch's global generator), a trainer that draws random
+    numbers too (LoRA dropout, a random policy loss) interleaves with it by timing."""
+    local_hf = cfg.resources.backend == "local" and cfg.rollout.engine in ("hf", "auto")
+    draws = (cfg.model.lora.rank > 0 and cfg.model.lora.dropout > 0) or (
+        cfg.actor.policy_loss in RANDOM_LOSSES
+    )
+    if not (local_hf and draws):
+        return ""
+    return (
+        "; but this trainer draws random numbers (LoRA dropout or a random policy loss) "
+        "from the generator the hf rollout samples with on its thread, so runs are not "
+        "bit-reproducible: use rollout.engine vllm or resources.backend ray for that"
+    )
+
+
 def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
     """Rows (name, value, how it is derived) for ``temper check``."""
     rows: list[tuple[str, str, str]] = list(d.shape.rows)
@@ -324,7 +345,8 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                 f"async_training.staleness={k}: batch s is generated with the weights after "
                 f"max(0, s - {k + 1}) updates while the steps before it train (the rollout "
                 "holds its own copy of the weights, pushed before each batch that needs a "
-                "newer one); fixed by the step number, so a resume is exact",
+                "newer one); fixed by the step number, so a resume is exact"
+                + _shared_rng_caveat(cfg),
             )
         )
     rows.append(

@@ -257,3 +257,19 @@ def test_check_explains_the_schedule_and_refuses_what_it_cannot_resume():
         build_config({**_cfg(actor={"mini_batch_size": 2}), "pipeline": "sft"})
     with pytest.raises(ConfigError, match="async_training.staleness"):
         build_config(_cfg(async_training={"staleness": -1}))
+
+
+def test_check_says_when_the_trainer_shares_the_rollouts_random_generator():
+    from temper.config.derive import explain
+    from temper.pipelines.catalog import build_config, plan
+
+    def schedule(**sections: Any) -> str:
+        cfg = build_config(_cfg(**sections))
+        return {n: how for n, _, how in explain(cfg, plan(cfg))}["schedule"]
+
+    assert "not bit-reproducible" not in schedule()
+    lora = {"lora": {"rank": 4, "dropout": 0.1}}
+    assert "not bit-reproducible" in schedule(model={"path": "m", **lora})
+    assert "not bit-reproducible" not in schedule(
+        model={"path": "m", **lora}, rollout={"engine": "vllm", "n": 2}
+    )
