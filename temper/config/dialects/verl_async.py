@@ -167,20 +167,24 @@ def _mode_option(mode: str, on: Any) -> Any:
             reader = "the async trainers" if mode == "async" else f"verl's {mode} trainer"
             ctx.note(f"no effect here (read by {reader} only; trainer_mode is {running})")
 
+    first = " ".join((on.__doc__ or "").split("\n\n")[0].split())
+    running = "either async mode" if mode == "async" else mode
+    fn.__doc__ = f"{first} Read when trainer_mode is {running}; noted otherwise."
     return fn
 
 
 def warmup(_v: Any, _ctx: Any) -> None:
-    """``num_warmup_batches`` of the mode that runs: :func:`finish` reads it (with the
-    off-policy threshold that caps it) and notes what it becomes."""
+    """Batches verl starts ahead of training: ``async_training.staleness`` is this, capped
+    at ``trainer.v1.sampler.max_off_policy_threshold`` − 1 (0: synchronous)."""
 
 
 SYNC_STEP_DEFAULT = 4  # trainer.v1.separate_async.parameter_sync_step
 
 
 def parameter_sync_step(v: Any, ctx: Any) -> None:
-    """``separate_async.parameter_sync_step`` P: the step's mini-batch updates per weight
-    push (:func:`finish` checks verl's assertion on it)."""
+    """Mini-batch updates per weight push; verl asserts ``train_batch_size =
+    parameter_sync_step × ppo_mini_batch_size``, which makes it temper's step (its
+    mini-batch updates, then one push)."""
     if not _int(v) or v < 1:
         raise ctx.error(f"must be a positive integer (got {v!r})", "set it to 1 or more")
     ctx.note(
@@ -210,7 +214,8 @@ def _sync_step_fits(ctx: Any) -> None:
 
 
 def hybrid_switch(v: Any, ctx: Any) -> None:
-    """``hybrid_rollout.enable_switch``: lends the trainer's idle GPUs to the rollout."""
+    """Lends the trainer's idle devices to the rollout (verl's hybrid rollout): refused
+    when true (not built)."""
     if v not in (False, None):
         raise ctx.error(
             f"lending the trainer's idle devices to the rollout (hybrid rollout) is not "
@@ -221,6 +226,8 @@ def hybrid_switch(v: Any, ctx: Any) -> None:
 
 
 def hybrid_option(_v: Any, ctx: Any) -> None:
+    """Tunes verl's hybrid rollout, read with ``enable_switch`` only (which must be false
+    here): no effect."""
     ctx.note(
         "no effect here (tunes hybrid rollout, which temper does not build; verl reads it "
         "with hybrid_rollout.enable_switch only, which must be false)"
@@ -236,7 +243,7 @@ def _sampling(ctx: Any) -> str:
 
 def off_policy_threshold(v: Any, ctx: Any) -> None:
     """The replay buffer's bound T (verl asserts T > 0 in every mode): an async mode's
-    staleness is at most T − 1 (:func:`finish`)."""
+    ``async_training.staleness`` is at most T − 1."""
     if not _int(v) or v <= 0:
         raise ctx.error(
             f"must be a positive integer (verl's replay buffer asserts it; got {v!r})",
@@ -249,7 +256,8 @@ def off_policy_threshold(v: Any, ctx: Any) -> None:
 
 
 def off_policy_strategy(v: Any, ctx: Any) -> None:
-    """What verl does with a sample past the bound: drop it, or wait for it."""
+    """What verl does with a sample past the bound (drop or wait): no effect here, where
+    the fixed schedule never exceeds it."""
     if v not in ("drop", "wait"):
         raise ctx.error(f"must be drop or wait (got {v!r})", "set it to drop or wait")
     if v1_mode(ctx) in ASYNC_MODES:
@@ -331,14 +339,17 @@ def separate_pool(ctx: Any, nodes_key: str, gpus_key: str, what: str) -> None:
 
 
 def rollout_pool_key(v: Any, ctx: Any) -> None:
-    """``rollout.nnodes`` / ``rollout.n_gpus_per_node`` (one-step-off): :func:`finish`."""
+    """verl's one-step-off recipe: the rollout's own pool (``rollout.nnodes ×
+    rollout.n_gpus_per_node``), placed as ``resources.actor_infer`` after the trainer's
+    devices; the recipe runs as ``async_training.staleness`` 1."""
     if not _int(v) or v <= 0:
         raise ctx.error(f"must be a positive integer (got {v!r})", "give the rollout pool's size")
 
 
 def standalone_rollout(v: Any, ctx: Any) -> None:
-    """``actor_rollout_ref.rollout.nnodes`` / ``n_gpus_per_node``: the standalone rollout
-    pool of verl's separate_async trainer (:func:`finish`); 0 elsewhere."""
+    """The standalone rollout pool of verl's separate_async trainer (``nnodes ×
+    n_gpus_per_node``), placed as ``resources.actor_infer`` after the trainer's devices;
+    with the other trainers nnodes is 0 (the rollout shares the trainer's devices)."""
     if one_step_off(ctx):
         ctx.note(
             "no effect here (verl's one-step-off main sets it from the top-level rollout "
@@ -363,9 +374,8 @@ def standalone_rollout(v: Any, ctx: Any) -> None:
 
 
 def hybrid_engine(v: Any, ctx: Any) -> None:
-    """``actor_rollout_ref.hybrid_engine``: true (the actor, rollout and reference share
-    all devices) everywhere but verl's one-step-off recipe, which asserts false (its
-    rollout runs on its own pool)."""
+    """True: the actor, rollout and reference share all devices (colocated placement);
+    verl's one-step-off recipe asserts false (its rollout runs on a pool of its own)."""
     if one_step_off(ctx):
         if v is not False:
             raise ctx.error(
