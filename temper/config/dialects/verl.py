@@ -212,8 +212,7 @@ class _Translator:
     def replace(self, native: str, value: Any, key: str) -> None:
         """Set native field ``native`` over what another key set, as verl key ``key`` (the
         final pass's derivations: a separate rollout pool re-counts the devices)."""
-        converted = _convert(value, native_type(native), self.prefix + key)
-        self.writes[native] = (converted, self.prefix + key, False)
+        self.writes[native] = (_convert(value, native_type(native), key), key, False)
 
     # ------------------------------------------------------------------ driver
 
