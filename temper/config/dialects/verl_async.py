@@ -23,7 +23,9 @@ the steps before it train. verl's asynchronous trainers map onto it as follows.
 - ``algorithm.rollout_correction.bypass_mode`` takes the rollout's log-probs as the old
   log-probs (no actor recompute) and replaces the policy loss with its own: with
   ``loss_type: ppo_clip`` the vanilla PPO-clip loss, whose ratio is π/π_rollout, without IS
-  weights (``compute_policy_loss_bypass_mode`` computes them for metrics only).
+  weights (``compute_policy_loss_bypass_mode`` computes them for metrics only); with
+  ``loss_type: reinforce`` REINFORCE with those weights, truncated, computed from the
+  current policy (``actor.policy_loss: reinforce_is``).
 - verl's fully-async trainer (``async_training.*``) streams single samples with partial
   rollout under a fractional ``staleness_threshold``: refused.
 """
@@ -398,7 +400,10 @@ def hybrid_engine(v: Any, ctx: Any) -> None:
 
 
 def finish(ctx: Any) -> None:
-    """The final pass: the staleness and placement of an asynchronous trainer."""
+    """The final pass: the staleness and placement of an asynchronous trainer; bypass
+    mode's REINFORCE loss."""
+    if bypass_on(ctx) and ctx.get(f"{RC}.loss_type", "ppo_clip") == "reinforce":
+        _reinforce(ctx)
     mode = v1_mode(ctx)
     if one_step_off(ctx):
         ctx.write("async_training.staleness", 1, "rollout.nnodes")
@@ -471,27 +476,52 @@ def bypass_mode(v: Any, ctx: Any) -> None:
         )
     ctx.write("actor.recompute_old_log_prob", False)
     ctx.note(
-        "verl's bypass mode (loss_type ppo_clip): the rollout's log-probs are the old "
-        "log-probs (no actor recompute) and the vanilla PPO-clip loss's ratio is "
-        "pi/pi_rollout; actor.recompute_old_log_prob: false does the same"
+        "verl's bypass mode: the rollout's log-probs are the old log-probs (no actor "
+        "recompute; actor.recompute_old_log_prob: false), and loss_type's loss replaces "
+        "the policy loss (ppo_clip: the vanilla PPO-clip loss, ratio pi/pi_rollout)"
     )
 
 
 def loss_type(v: Any, ctx: Any) -> None:
-    """``rollout_correction.loss_type``: bypass mode's loss (``ppo_clip`` only here)."""
+    """Bypass mode's loss: ``ppo_clip`` (the vanilla PPO-clip loss, ratio π/π_rollout, no IS
+    weights) or ``reinforce`` (``actor.policy_loss: reinforce_is``: REINFORCE with the
+    truncated IS weights π/π_rollout that ``rollout_is`` names, no clipping)."""
     if not bypass_on(ctx):
         ctx.note("no effect here (read in bypass mode only, which is off)")
         return
-    if v == "reinforce":
-        raise ctx.error(
-            "bypass mode's REINFORCE loss (explicit truncated IS weights pi/pi_rollout, no "
-            "clipping) is not built",
-            "set loss_type: ppo_clip (PPO-clip with the ratio pi/pi_rollout), or "
-            "bypass_mode: false",
-        )
-    if v not in ("ppo_clip", None):
+    if v not in ("ppo_clip", "reinforce", None):
         raise ctx.error(f"must be ppo_clip or reinforce (got {v!r})", "set loss_type: ppo_clip")
-    ctx.note("ppo_clip: the vanilla PPO-clip loss with old log-probs from the rollout")
+    if v == "reinforce":
+        ctx.note(
+            "reinforce: actor.policy_loss reinforce_is, -sg[w]·A·log pi with w the truncated "
+            "IS weight pi/pi_rollout at rollout_is's level (none: plain REINFORCE)"
+        )
+    else:
+        ctx.note("ppo_clip: the vanilla PPO-clip loss with old log-probs from the rollout")
+
+
+def _reinforce(ctx: Any) -> None:
+    """Bypass mode's REINFORCE loss: ``actor.policy_loss: reinforce_is`` with
+    ``rollout_is``'s level and thresholds (verl computes the weights inside the loss, from
+    the current log-probs)."""
+    key = f"{RC}.loss_type"
+    level = ctx.get(f"{RC}.rollout_is") or "none"
+    if level != "none" and ctx.get(f"{RC}.rollout_is_batch_normalize", False):
+        raise ctx.error_at(
+            f"{RC}.rollout_is_batch_normalize",
+            "bypass mode's REINFORCE loss normalizes its IS weights within each micro-batch "
+            "in verl, which depends on how the batch is split; temper's micro-batches are "
+            "its own",
+            "set rollout_is_batch_normalize: false",
+        )
+    ctx.replace("actor.policy_loss", "reinforce_is", key)
+    ctx.write("actor.policy_loss_kwargs.reinforce_is_level", level, key)
+    if level != "none":
+        high = ctx.writes.get("actor.rollout_is_threshold", (2.0,))[0]
+        low = ctx.writes.get("actor.rollout_is_threshold_low", (None,))[0]
+        ctx.write("actor.policy_loss_kwargs.reinforce_is_threshold", high, key)
+        if low is not None:
+            ctx.write("actor.policy_loss_kwargs.reinforce_is_threshold_low", low, key)
 
 
 def rollout_is(v: Any, ctx: Any) -> Any:
@@ -502,11 +532,17 @@ def rollout_is(v: Any, ctx: Any) -> Any:
     if v is None:
         return None
     level = choice("token", "sequence")(v, ctx)
-    if bypass_on(ctx) and ctx.get(f"{RC}.loss_type", "ppo_clip") == "ppo_clip":
+    if not bypass_on(ctx):
+        return level
+    if ctx.get(f"{RC}.loss_type", "ppo_clip") == "reinforce":
+        ctx.note(
+            "the level of bypass mode's REINFORCE weights (actor.policy_loss_kwargs."
+            "reinforce_is_level), computed in the loss from the current policy"
+        )
+    else:
         ctx.note(
             "no effect here (verl's bypass mode with loss_type ppo_clip computes these IS "
             "weights for metrics only: the PPO ratio pi/pi_rollout already corrects for the "
             "rollout, so the loss applies none)"
         )
-        return "none"
-    return level
+    return "none"

@@ -256,9 +256,9 @@ def test_bypass_mode_trains_on_the_rollouts_log_probs_without_is_weights():
     ("override", "key", "words"),
     [
         (
-            "algorithm.rollout_correction.loss_type=reinforce",
-            "algorithm.rollout_correction.loss_type",
-            "REINFORCE loss",
+            "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+            "algorithm.rollout_correction.rollout_is_batch_normalize",
+            "within each micro-batch",
         ),
         (
             "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
@@ -267,12 +267,40 @@ def test_bypass_mode_trains_on_the_rollouts_log_probs_without_is_weights():
         ),
     ],
 )
-def test_bypass_mode_refuses_a_loss_it_would_replace_or_that_is_not_built(override, key, words):
-    data = composed("ppo_trainer.yaml", "algorithm.rollout_correction.bypass_mode=true", override)
+def test_bypass_mode_refuses_a_loss_it_would_replace_or_weights_it_splits_differently(
+    override, key, words
+):
+    data = composed(
+        "ppo_trainer.yaml",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=token",
+        override,
+    )
     with pytest.raises(ConfigError) as err:
         native(data)
     text = str(err.value)
     assert text.startswith(f"{key}: ") and words in text and "\n" not in text
+
+
+def test_bypass_mode_reinforce_is_the_reinforce_is_loss_with_rollout_is_settings():
+    """verl's compute_policy_loss_bypass_mode (reinforce): -w·A·log π with w the IS
+    weights of rollout_is / rollout_is_threshold, from the current policy."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold='0.5_4.0'",
+    )
+    out, text = translated(data)
+    actor = out["actor"]
+    assert (actor["policy_loss"], actor["recompute_old_log_prob"]) == ("reinforce_is", False)
+    assert actor["rollout_is"] == "none"  # applied inside the loss, not before it
+    kwargs = actor["policy_loss_kwargs"]
+    assert kwargs["reinforce_is_level"] == "token"
+    assert (kwargs["reinforce_is_threshold_low"], kwargs["reinforce_is_threshold"]) == (0.5, 4.0)
+    assert "computed in the loss from the current policy" in text
 
 
 def test_the_fully_async_trainer_is_refused_saying_what_is_not_built():

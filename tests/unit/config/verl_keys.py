@@ -428,7 +428,14 @@ algorithm.rollout_correction.bypass_mode true +actor_rollout_ref.actor.policy_lo
 algorithm.rollout_correction.bypass_mode true +actor_rollout_ref.rollout.calculate_log_probs=false !! needs the rollout's log-probs
 algorithm.rollout_correction.loss_type reinforce noted
 algorithm.rollout_correction.loss_type ppo_clip +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true noted
-algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true !! REINFORCE loss
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.policy_loss = reinforce_is
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.policy_loss_kwargs.reinforce_is_level = none
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=sequence -> actor.policy_loss_kwargs.reinforce_is_level = sequence
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=token -> actor.rollout_is = none
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=token +algorithm.rollout_correction.rollout_is_threshold='0.5_5.0' -> actor.policy_loss_kwargs.reinforce_is_threshold_low = 0.5
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=token +algorithm.rollout_correction.rollout_is_threshold=3.0 -> actor.policy_loss_kwargs.reinforce_is_threshold = 3.0
+algorithm.rollout_correction.loss_type pg +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true !! ppo_clip or reinforce
+algorithm.rollout_correction.rollout_is_batch_normalize true +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.loss_type=reinforce +algorithm.rollout_correction.rollout_is=token !! micro-batch
 algorithm.rollout_correction.rollout_is token +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.rollout_is = none
 algorithm.rollout_correction.rollout_is_threshold null noted
 algorithm.rollout_correction.rollout_is_threshold null +algorithm.rollout_correction.rollout_is=token !! no IS weights
