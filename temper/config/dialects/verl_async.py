@@ -155,7 +155,7 @@ def _staleness(ctx: Any, mode: str) -> None:
     )
 
 
-def _mode_option(mode: str, on: Any) -> Any:
+def mode_option(mode: str, on: Any) -> Any:
     """A ``trainer.v1.<mode>.*`` or sampler option: ``on(v, ctx)`` when ``mode`` (a mode
     name, or ``"async"`` for either async mode) runs, else a note that nothing reads it."""
 
@@ -175,9 +175,14 @@ def _mode_option(mode: str, on: Any) -> Any:
     return fn
 
 
-def warmup(_v: Any, _ctx: Any) -> None:
+def warmup(v: Any, ctx: Any) -> None:
     """Batches verl starts ahead of training: ``async_training.staleness`` is this, capped
     at ``trainer.v1.sampler.max_off_policy_threshold`` − 1 (0: synchronous)."""
+    if not _int(v) or v < 0:  # the final pass sets the staleness from it (and its default)
+        raise ctx.error(
+            f"must be an integer >= 0 (got {v!r})",
+            "set it to 0 (synchronous) or more (batches started ahead of training)",
+        )
 
 
 SYNC_STEP_DEFAULT = 4  # trainer.v1.separate_async.parameter_sync_step

@@ -67,14 +67,12 @@ RULES: dict[str, Rule] = {
         "verl's sync trainer has no options",
         "set sync: {}",
     ),
-    f"{V1}.colocate_async.num_warmup_batches": Call(va._mode_option("colocate_async", va.warmup)),
-    f"{SEP}.num_warmup_batches": Call(va._mode_option("separate_async", va.warmup)),
-    f"{SEP}.parameter_sync_step": Call(va._mode_option("separate_async", va.parameter_sync_step)),
-    f"{SEP}.hybrid_rollout.enable_switch": Call(
-        va._mode_option("separate_async", va.hybrid_switch)
-    ),
+    f"{V1}.colocate_async.num_warmup_batches": Call(va.mode_option("colocate_async", va.warmup)),
+    f"{SEP}.num_warmup_batches": Call(va.mode_option("separate_async", va.warmup)),
+    f"{SEP}.parameter_sync_step": Call(va.mode_option("separate_async", va.parameter_sync_step)),
+    f"{SEP}.hybrid_rollout.enable_switch": Call(va.mode_option("separate_async", va.hybrid_switch)),
     **{
-        f"{SEP}.hybrid_rollout.{k}": Call(va._mode_option("separate_async", va.hybrid_option))
+        f"{SEP}.hybrid_rollout.{k}": Call(va.mode_option("separate_async", va.hybrid_option))
         for k in HYBRID
     },
     f"{V1}.sampler.max_off_policy_threshold": Call(va.off_policy_threshold),
