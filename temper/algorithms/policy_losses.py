@@ -59,6 +59,9 @@ class PolicyLossParams:
         topr_positive_weight / topr_negative_weight: TOPR weights of the two sets.
         dro_beta: DRO's quadratic penalty coefficient ``β`` (must be set, > 0, for ``dro``).
         log_ratio_clamp: bound on ``|log π_θ - log π_old|`` before ``exp``.
+        reinforce_is_level / reinforce_is_threshold / reinforce_is_threshold_low: the
+            importance weights of ``reinforce_is`` (``none``, ``token`` or ``sequence``;
+            truncated at the threshold, or zero outside ``[low, threshold]`` with a low).
 
     ``dppo_tv`` / ``dppo_kl`` read ``clip_ratio_low`` / ``clip_ratio_high`` as divergence
     thresholds and ``clip_ratio_c`` as the truncation of their importance weight.
@@ -80,6 +83,9 @@ class PolicyLossParams:
     topr_negative_weight: float = 1.0
     dro_beta: float | None = None
     log_ratio_clamp: float = 20.0
+    reinforce_is_level: str = "none"
+    reinforce_is_threshold: float = 2.0
+    reinforce_is_threshold_low: float | None = None
 
     def __post_init__(self) -> None:
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:

@@ -1,5 +1,6 @@
 """Policy-loss variants registered in :data:`POLICY_LOSSES`: entropy-aware (Clip-Cov,
-KL-Cov), geometric-mean (GMPO), soft-gated (SAPO) and tapered off-policy REINFORCE (TOPR).
+KL-Cov), geometric-mean (GMPO), soft-gated (SAPO), tapered off-policy REINFORCE (TOPR) and
+REINFORCE with truncated importance weights (``reinforce_is``).
 
 Same signature and conventions as :mod:`temper.algorithms.policy_losses`.
 """
@@ -19,6 +20,7 @@ from temper.algorithms.policy_losses import (
     _log_ratio,
     _ppo_clip_terms,
 )
+from temper.algorithms.rollout_correction import rollout_is_weights as is_weights
 
 
 def _covariance(advantages: Tensor, log_prob: Tensor, valid: Tensor) -> Tensor:
@@ -217,4 +219,48 @@ def topr(
         "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
         "ppo_kl": masked_mean(-lr, m),
     }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+@POLICY_LOSSES.register("reinforce_is")
+def reinforce_is(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, Metrics]:
+    """REINFORCE with importance weights of the current policy over the old one, no
+    clipping (verl's bypass mode with ``loss_type: reinforce``, where the old log-probs
+    are the rollout's).
+
+    ``L = -sg[w]·A·log π_θ`` per token, with ``w`` from ``ρ = π_θ/π_old`` at
+    ``reinforce_is_level``: ``token`` (ρ per token), ``sequence`` (exp of the response's
+    summed log ratio, on each of its tokens), or ``none`` (``w = 1``: plain REINFORCE,
+    ``L = -A·log π_θ``); ``w = min(ρ, reinforce_is_threshold)``, or with
+    ``reinforce_is_threshold_low`` (IcePop) ``w = ρ`` inside ``[low, threshold]`` and 0
+    outside. The log ratio is clamped to ±20 before ``exp``. Metrics: ``pg_clipfrac``
+    (share of tokens whose ρ was truncated or zeroed), ``ppo_kl`` (k1 KL(π_old‖π_θ)).
+    """
+    m = response_mask
+    lr = _log_ratio(log_prob, old_log_prob, params).detach()
+    zero = torch.zeros((), device=log_prob.device)
+    if params.reinforce_is_level == "none":
+        w, clipfrac = torch.ones_like(log_prob), zero
+    else:
+        icepop = params.reinforce_is_threshold_low is not None
+        w, _, stats = is_weights(
+            log_prob.detach(),
+            old_log_prob,
+            m,
+            level=params.reinforce_is_level,
+            threshold=params.reinforce_is_threshold,
+            threshold_low=params.reinforce_is_threshold_low,
+            mode="icepop" if icepop else "truncate",
+        )
+        clipfrac = stats["rollout_is_clipfrac"]
+    losses = -w * advantages * log_prob
+    metrics = {"pg_clipfrac": clipfrac, "pg_clipfrac_lower": zero, "ppo_kl": masked_mean(-lr, m)}
     return _finish(losses, m, params, agg, rollout_is_weights, metrics)

@@ -36,7 +36,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_checkpoint_contents("actor", cfg.actor.checkpoint_contents)
     _check_checkpoint_contents("critic", cfg.critic.checkpoint_contents)
     _check_pipeline_sections(cfg)
-    _check_token_budgets(cfg)
+    _check_token_budgets(cfg, plan)
     _check_estimator_inputs(cfg)
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
@@ -75,15 +75,16 @@ def _check_async(cfg: TemperConfig) -> None:
         )
 
 
-def _check_token_budgets(cfg: TemperConfig) -> None:
+def _check_token_budgets(cfg: TemperConfig, plan: Derived) -> None:
     """A token-budget micro-batch holds at least one whole sample: as long as the
     pipeline's samples may be (its record's ``context``: a prompt and its response, an
-    episode, an SFT sequence)."""
+    episode, an SFT sequence) — for the roles the run has (a critic's budget is read only
+    when there is a critic)."""
     context = resolve_pipeline(cfg.pipeline).context(cfg, [])
     if context is None:  # nothing bounds a sample here (an episode without max_model_len)
         return
     seq, keys, what = context
-    for key in ("actor", "critic"):
+    for key in ("actor", "critic") if plan.use_critic else ("actor",):
         engine = getattr(cfg, key)
         budget = engine.max_token_len_per_device
         if engine.use_dynamic_bsz and budget < seq:

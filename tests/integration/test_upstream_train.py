@@ -1,9 +1,10 @@
 """Upstream verl and ROLL files train 2 steps on CPU, as ``temper train`` runs them.
 
 One verl GRPO command line, one verl PPO command line with a critic, two verl 0.9 command
-lines (GRPO on `model_engine: dp` and on `model_engine: megatron`), one ROLL RLVR file
-(PPO with a critic) and one ROLL agentic file, and ROLL's asynchronous RLVR and agentic
-files (one-step-off), each with only these overrides:
+lines (GRPO on `model_engine: dp` and on `model_engine: megatron`), two asynchronous verl
+runs (the GRPO line as ``trainer_mode=separate_async``, and a one-step-off recipe
+script), one ROLL RLVR file (PPO with a critic), one ROLL agentic file, and ROLL's
+asynchronous RLVR and agentic files (one-step-off), each with only these overrides:
 
 - model: the tiny test model in place of the author's;
 - data: ``task:`` data (and, for ROLL, the column that holds its prompts); for the two
@@ -11,13 +12,14 @@ files (one-step-off), each with only these overrides:
   (128 for verl's, 64 for ROLL's), and 2 validation episodes instead of 16 for the
   agentic one, so the suite stays fast — the mini-batch arithmetic is the file's own;
 - length: short prompts, responses and (agentic) episodes, and 2 steps;
-- device: one device (``n_gpus_per_node=1`` / every ``device_mapping`` on device 0) and the
-  rollout engine that runs on this CPU (``hf``, generating a batch at a time; the files
+- device: one device (``n_gpus_per_node=1`` / every ``device_mapping`` on device 0; the
+  asynchronous runs' rollout pool: one more device) and the rollout engine that runs on
+  this CPU (``hf``, generating a batch at a time; the files
   name vLLM, whose CPU build takes a minute to start and is tested on its own);
 - where outputs go.
 
 Every other setting — batch sizes, estimators, losses, KL, clipping, optimizer — is the
-file's own.
+file's own (the separate_async line adds that mode's settings, which verl asserts).
 """
 
 from __future__ import annotations
@@ -249,3 +251,52 @@ def test_verl_09_megatron_command_line_trains(tmp_path, tiny_model_dir, monkeypa
     assert (resolved.actor.strategy, resolved.reference.strategy) == ("megatron", "megatron")
     train = _train(config, line, out)
     assert all("actor/kl_loss" in r for r in train)
+
+
+def _rollout_pool(train: list[dict]) -> None:
+    """One version behind: step 1 trains on the initial weights' batch, step 2 on a batch
+    generated with the initial weights while step 1 trained."""
+    assert [r["async/staleness_max"] for r in train] == [0, 1]
+
+
+@pytest.mark.slow
+def test_verl_09_separate_async_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl 0.9's GRPO example run as ``trainer.v1.trainer_mode=separate_async`` (verl's
+    default num_warmup_batches 1: one version behind), with the mode's own settings —
+    ``parameter_sync_step`` = train_batch_size / ppo_mini_batch_size, as verl asserts, and
+    a weight-sync backend — and its rollout on a pool of its own: one device beside the
+    trainer's (Ray)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(f"{V0_9}/examples/grpo_trainer/run_qwen3_4b_fsdp.sh")
+    out = tmp_path / "verl09-separate-async"
+    data = ["data.train_batch_size=256"]  # one mini-batch (ppo_mini_batch_size=256) a step
+    mode = [
+        "trainer.v1.trainer_mode=separate_async",
+        "trainer.v1.separate_async.parameter_sync_step=1",  # 256 = 1 × 256
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+    ]
+    device = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
+    line = overrides + _verl(tiny_model_dir, out) + data + mode + device
+    resolved = load_config(config, line).config
+    assert resolved.async_training.staleness == 1
+    assert (resolved.resources.actor_train, resolved.resources.actor_infer) == ([0], [1])
+    train = _train(config, line, out)
+    _rollout_pool(train)
+
+
+@pytest.mark.slow
+def test_verl_one_step_off_script_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl's one-step-off recipe (GRPO, 2 rollout devices beside 6 trainer devices in
+    the script; one beside one here), 192 prompts × 5 responses a step."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(
+        f"{V0_9}/verl/experimental/one_step_off_policy/shell/grpo_0.6b_gsm8k_fsdp2_2_6.sh"
+    )
+    out = tmp_path / "verl-one-step-off"
+    data = ["data.train_batch_size=192"]  # one mini-batch (ppo_mini_batch_size=192) a step
+    device = ["rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+    line = overrides + _verl(tiny_model_dir, out) + data + device
+    resolved = load_config(config, line).config
+    assert resolved.async_training.staleness == 1 and not resolved.actor.recompute_old_log_prob
+    train = _train(config, line, out)
+    _rollout_pool(train)

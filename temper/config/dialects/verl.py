@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Union, get_args, get_origin
 
 from temper.config.catalog import VALUES, Catalog
-from temper.config.dialects import Translation, verl_generation, verl_sft
+from temper.config.dialects import Translation, verl_async, verl_generation, verl_sft
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.dialects.verl_v09 import MODEL_ENGINE_STRATEGY
@@ -204,6 +204,15 @@ class _Translator:
 
     def error(self, reason: str, fix: str) -> ConfigError:
         return ConfigError(self.key, reason, fix)
+
+    def error_at(self, key: str, reason: str, fix: str) -> ConfigError:
+        """A refusal of verl key ``key`` (a final pass's, which reads several keys)."""
+        return ConfigError(self.prefix + key, reason, fix)
+
+    def replace(self, native: str, value: Any, key: str) -> None:
+        """Set native field ``native`` over what another key set, as verl key ``key`` (the
+        final pass's derivations: a separate rollout pool re-counts the devices)."""
+        self.writes[native] = (_convert(value, native_type(native), key), key, False)
 
     # ------------------------------------------------------------------ driver
 
@@ -417,6 +426,7 @@ class _Translator:
         engine's kwargs, a custom reward function."""
         self._sequence_level_losses()
         self._sequence_parallel_budgets()
+        verl_async.finish(self)
         self.finish_engine_kwargs()
         path, path_key, _ = self.writes.get("reward.custom_function.path", (None, "", False))
         if path:

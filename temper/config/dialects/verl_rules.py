@@ -306,11 +306,6 @@ def entropy_chunk(v: Any, ctx: Any) -> Any:
     return 0 if v is False else v
 
 
-def rollout_is(v: Any, ctx: Any) -> Any:
-    """null is off: left to temper's default (none), so an older key may switch it on."""
-    return None if v is None else choice("token", "sequence")(v, ctx)
-
-
 def device(v: Any, ctx: Any) -> Any:
     return choice("auto", "cpu", "cuda")(v, ctx)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects import verl_async as va
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_distill import RULES as DISTILL_RULES
 from temper.config.dialects.verl_megatron import MEGATRON_INHERIT, megatron_rules
@@ -246,9 +247,8 @@ def _section_reward() -> dict[str, Rule]:
 
 def _section_algorithm() -> dict[str, Rule]:
     al, rc = "algorithm", "algorithm.rollout_correction"
-    bypass_off = r.when_off(f"{rc}.bypass_mode")
     return {
-        f"{rc}.rollout_is": Map("actor.rollout_is", r.rollout_is),
+        f"{rc}.rollout_is": Map("actor.rollout_is", va.rollout_is),
         f"{rc}.rollout_is_threshold": Map("actor.rollout_is_threshold"),
         f"{rc}.rollout_rs": _off(
             "no rejection sampling", "rollout rejection sampling is not supported", "set it to null"
@@ -259,15 +259,8 @@ def _section_algorithm() -> dict[str, Rule]:
             "rollout rejection sampling is not supported",
             "set it to null",
         ),
-        f"{rc}.bypass_mode": _off(
-            "old log-probs are recomputed", "bypass mode is not supported", "set bypass_mode: false"
-        ),
-        f"{rc}.loss_type": _inert(
-            bypass_off,
-            "used only in bypass mode",
-            "bypass mode is not supported",
-            "set bypass_mode: false",
-        ),
+        f"{rc}.bypass_mode": Call(va.bypass_mode),
+        f"{rc}.loss_type": Call(va.loss_type),
         f"{rc}.rollout_is_batch_normalize": Map("actor.rollout_is_batch_normalize"),
         f"{al}.gamma": Map("algorithm.gamma"),
         f"{al}.lam": Map("algorithm.lam"),

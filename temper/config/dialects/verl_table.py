@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects import verl_async
 from temper.config.dialects import verl_rules as r
-from temper.config.dialects.verl_rules import Gated, Inert, Map, Note, Rule, Transform
+from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule, Transform
 
 A, ACT, REF, RO, MOD = (
     "actor_rollout_ref",
@@ -240,12 +241,7 @@ def _section_model() -> dict[str, Rule]:
     mtp_off = "multi-token prediction is off"
     return _gather(
         {
-            f"{A}.hybrid_engine": _inert(
-                (True,),
-                "actor, rollout and reference share all devices: colocated placement",
-                "only the hybrid engine (colocated actor and rollout) is expressible in verl terms",
-                "remove it; place roles natively with resources.actor_infer",
-            ),
+            f"{A}.hybrid_engine": Call(verl_async.hybrid_engine),
             f"{A}.nccl_timeout": Note("collective timeouts use torch's defaults"),
             f"{MOD}.path": Map("model.path"),
             f"{MOD}.hf_config_path": _off(

@@ -8,13 +8,9 @@
   the one the user picked.
 - ``trainer.use_v1`` / ``trainer.v1.*``: verl's V1 trainer. Its ``sync`` mode and the
   legacy trainer (``use_v1: false``) run the same synchronous step, which is temper's
-  loop. ``colocate_async`` / ``separate_async`` run rollouts ahead of training:
-  asynchronous training is not built yet (issue 23 builds it), so they are refused; each
-  of their options is inert under ``sync`` (verl reads ``trainer.v1.<mode>`` for the
-  chosen mode only), and so is the replay buffer's off-policy bound (sync sampling is
-  on-policy: ``replay_buffer.py`` calls ``max_off_policy_strategy`` a no-op there). The
-  invariant ``train_batch_size = parameter_sync_step × ppo_mini_batch_size`` holds for
-  ``separate_async`` only, which is refused, so it is not checked.
+  loop. ``colocate_async`` / ``separate_async`` run rollouts ahead of training: they
+  become ``async_training.staleness`` (:mod:`verl_async`, which also reads their options
+  and the replay buffer's off-policy bound; each is noted where its mode does not run).
 - ``reward``: the section that replaces ``reward_model`` / ``custom_reward_function`` /
   ``sandbox_fusion`` / ``reward_manager``. Its keys set the native fields the legacy keys
   set, weakly: verl 0.9 keeps the legacy sections (all null, ``legacy_reward_impl.yaml``)
@@ -26,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects import verl_async as va
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_table import _fsdp
@@ -48,53 +45,7 @@ def _model_engine(v: Any, ctx: Any) -> Any:
 
 
 V1 = "trainer.v1"
-ASYNC_MODES = ("colocate_async", "separate_async")
-ASYNC_REASON = (
-    "asynchronous (off-policy) generation, which runs rollouts ahead of training, is not "
-    "built yet (issue 23 builds it)"
-)
-ASYNC_FIX = f"set {V1}.trainer_mode: sync (every step generates with the current weights)"
-
-
-def _v1_on(ctx: Any) -> bool:
-    """verl reads ``trainer.v1`` only with the V1 trainer (``use_v1``, default true)."""
-    return ctx.get("trainer.use_v1", True) is not False
-
-
-def _trainer_mode(v: Any, ctx: Any) -> None:
-    """verl's V1 trainer mode: sync runs as temper's loop; colocate_async and
-    separate_async are refused (asynchronous training is not built yet: issue 23); with
-    trainer.use_v1 false it is not read."""
-    if not _v1_on(ctx):
-        ctx.note("no effect here (trainer.use_v1 is false: the legacy trainer never reads it)")
-        return
-    if v in ASYNC_MODES:
-        raise ctx.error(f"{ASYNC_REASON} (got {v!r})", ASYNC_FIX)
-    r.choice("sync", *ASYNC_MODES)(v, ctx)
-    ctx.note("verl's V1 sync trainer: temper's loop runs the same synchronous step")
-
-
-def _mode_off(mode: str) -> Any:
-    """Inert predicate: ``trainer.v1.<mode>.*`` is read only when that mode runs."""
-    return lambda _v, ctx: not _v1_on(ctx) or ctx.get(f"{V1}.trainer_mode", "sync") != mode
-
-
-def _async_option(mode: str) -> Inert:
-    return Inert(
-        _mode_off(mode),
-        f"read only by verl's {mode} trainer; trainer_mode is sync",
-        ASYNC_REASON,
-        ASYNC_FIX,
-    )
-
-
-def _positive_int(v: Any, _ctx: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-ON_POLICY = "sync sampling is on-policy: the off-policy bound is read by the async trainers only"
 HYBRID = (
-    "enable_switch",
     "switch_threshold_ratio",
     "adaptive_switch_threshold",
     "switch_threshold_step_up",
@@ -102,45 +53,33 @@ HYBRID = (
     "switch_threshold_release_steps",
     "switch_cost_window_size",
 )
-
-
-def _fully_async(_v: Any, ctx: Any) -> None:
-    """verl's fully-async trainer (``verl.experimental.fully_async_policy``): a separate
-    rollouter streaming samples to the trainer, bounded by ``staleness_threshold``."""
-    raise ctx.error(
-        f"verl's fully-async trainer: {ASYNC_REASON}",
-        "train with verl's synchronous trainer's config (ppo_trainer): remove async_training "
-        "and run the same file's other sections",
-    )
+SEP = f"{V1}.separate_async"
 
 
 RULES: dict[str, Rule] = {
     "model_engine": Map("actor.strategy", _model_engine),
-    "async_training": Call(_fully_async),
-    "trainer.use_v1": Note(
-        "verl's V1 sync trainer and its legacy trainer run the same synchronous step, "
-        "temper's loop; its samples keep their submission order either way"
-    ),
-    f"{V1}.trainer_mode": Call(_trainer_mode),
+    "async_training": Call(va.fully_async),
+    "trainer.use_v1": Call(va.use_v1),
+    f"{V1}.trainer_mode": Call(va.trainer_mode),
     f"{V1}.sync": Inert(
         (None, {}),
         "the sync trainer takes no options",
         "verl's sync trainer has no options",
         "set sync: {}",
     ),
-    f"{V1}.colocate_async.num_warmup_batches": _async_option("colocate_async"),
-    f"{V1}.separate_async.num_warmup_batches": _async_option("separate_async"),
-    f"{V1}.separate_async.parameter_sync_step": _async_option("separate_async"),
-    **{f"{V1}.separate_async.hybrid_rollout.{k}": _async_option("separate_async") for k in HYBRID},
-    f"{V1}.sampler.max_off_policy_threshold": Inert(
-        _positive_int,
-        ON_POLICY,
-        "must be a positive integer (verl's replay buffer asserts it)",
-        "set it to a positive integer (verl's default is 8)",
-    ),
-    f"{V1}.sampler.max_off_policy_strategy": Inert(
-        ("drop", "wait"), ON_POLICY, "must be drop or wait", "set it to drop or wait"
-    ),
+    f"{V1}.colocate_async.num_warmup_batches": Call(va.mode_option("colocate_async", va.warmup)),
+    f"{SEP}.num_warmup_batches": Call(va.mode_option("separate_async", va.warmup)),
+    f"{SEP}.parameter_sync_step": Call(va.mode_option("separate_async", va.parameter_sync_step)),
+    f"{SEP}.hybrid_rollout.enable_switch": Call(va.mode_option("separate_async", va.hybrid_switch)),
+    **{
+        f"{SEP}.hybrid_rollout.{k}": Call(va.mode_option("separate_async", va.hybrid_option))
+        for k in HYBRID
+    },
+    f"{V1}.sampler.max_off_policy_threshold": Call(va.off_policy_threshold),
+    f"{V1}.sampler.max_off_policy_strategy": Call(va.off_policy_strategy),
+    # verl's one-step-off recipe: the rollout's own pool (verl_async.finish)
+    "rollout.nnodes": Call(va.rollout_pool_key),
+    "rollout.n_gpus_per_node": Call(va.rollout_pool_key),
     f"{V1}.sampler.sync_refill_failed_groups": Inert(
         (False, None),
         "failed groups are not replaced",
@@ -483,7 +422,6 @@ def _misplaced(where: str) -> Any:
 
 
 def _rollout_v09() -> dict[str, Rule]:
-    standalone_off = r.when_off(f"{RO}.nnodes", (0, None))
     return {
         f"{RO}.seed": Map("experiment.seed", weak=True),  # vLLM's engine seed
         f"{RO}.full_determinism": Inert(
@@ -494,19 +432,8 @@ def _rollout_v09() -> dict[str, Rule]:
             "set full_determinism: false (experiment.deterministic makes training kernels "
             "deterministic)",
         ),
-        f"{RO}.nnodes": Inert(
-            (0, None),
-            "the rollout shares the trainer's devices (hybrid engine)",
-            "standalone rollout nodes (verl's asynchronous rollouter) are not supported: "
-            "asynchronous training is not built yet (issue 23)",
-            "set nnodes: 0",
-        ),
-        f"{RO}.n_gpus_per_node": Inert(
-            standalone_off,
-            "read for standalone rollout nodes only (nnodes is 0)",
-            "standalone rollout nodes are not supported",
-            "set nnodes: 0",
-        ),
+        f"{RO}.nnodes": Call(va.standalone_rollout),
+        f"{RO}.n_gpus_per_node": Call(va.standalone_rollout),
         f"{RO}.qat": _qat(),
         f"{RO}.disaggregation": Gated(
             "enabled",

@@ -291,7 +291,16 @@ def reward_model_server(v: Any, ctx: Any) -> None:
 def _is_threshold(v: Any, ctx: Any) -> None:
     """verl's ``rollout_is_threshold``: a float (or float string) truncates the weights at
     it; ``"low_high"`` (verl 0.9, IcePop) zeroes them outside ``[low, high]``. Weak: its
-    default 2.0 yields to an older key, ``tis_imp_ratio_cap``, that sets it."""
+    default 2.0 yields to an older key, ``tis_imp_ratio_cap``, that sets it. null: verl
+    computes no IS weights (``compute_rollout_correction_and_rejection_mask``)."""
+    if v is None:
+        if ctx.get("algorithm.rollout_correction.rollout_is") is not None:
+            raise ctx.error(
+                "null computes no IS weights, so rollout_is would have no effect",
+                "give a threshold (verl's default is 2.0), or set rollout_is: null",
+            )
+        ctx.note("accepted at its inert value (null: no rollout IS weights)")
+        return
     low: float | None = None
     try:
         if isinstance(v, bool):

@@ -199,6 +199,54 @@ def test_topr_positive_and_negative_sets() -> None:
     torch.testing.assert_close(logp.grad, T([[-1 / 3, 0.5 / 3, 1 / 3]]))
 
 
+def reinforce(level: str, low: float | None = None, threshold: float = 2.0) -> PolicyLossParams:
+    return PolicyLossParams(
+        reinforce_is_level=level,
+        reinforce_is_threshold=threshold,
+        reinforce_is_threshold_low=low,
+    )
+
+
+def test_reinforce_is_without_weights_is_plain_reinforce() -> None:
+    logp = leaf([[-1.0, -2.0]])
+    loss, m = run("reinforce_is", logp, T([[-1.5, -1.0]]), T([[1.0, -1.0]]), torch.ones(1, 2),
+                  reinforce("none"))  # fmt: skip
+    # -A·log π = [-1·(-1), -(-1)·(-2)] = [1, -2] -> mean -0.5; no ratio, no clipping
+    assert loss.item() == pytest.approx(-0.5)
+    assert m["ppo_kl"].item() == pytest.approx(0.25)  # mean(-(log π - log π_old)) = (-0.5 + 1)/2
+    loss.backward()
+    torch.testing.assert_close(logp.grad, T([[-0.5, 0.5]]))  # -A/2
+
+
+def test_reinforce_is_token_weights_truncate_and_are_detached() -> None:
+    logp = leaf([[-1.0, -2.0, -0.5]])
+    old = T([[-1.0 - ln(3.0), -2.0 - ln(0.5), -0.5 - ln(1.5)]])  # ρ = [3, 0.5, 1.5]
+    loss, m = run("reinforce_is", logp, old, T([[1.0, -1.0, 2.0]]), torch.ones(1, 3),
+                  reinforce("token"))  # fmt: skip
+    # w = min(ρ, 2) = [2, 0.5, 1.5]; -w·A·log π = [-2·1·(-1), -0.5·(-1)·(-2), -1.5·2·(-0.5)]
+    #   = [2, -1, 1.5] -> mean 2.5/3
+    assert loss.item() == pytest.approx(2.5 / 3, rel=1e-6)
+    assert m["pg_clipfrac"].item() == pytest.approx(1 / 3)  # ρ = 3 was truncated
+    loss.backward()  # w is a constant: d/dlogπ = -w·A/3
+    torch.testing.assert_close(logp.grad, T([[-2 / 3, 0.5 / 3, -3 / 3]]))
+
+
+def test_reinforce_is_sequence_weight_and_icepop() -> None:
+    logp = leaf([[-1.0, -2.0], [-1.0, -1.0]])
+    old = T([[-1.0 - ln(3.0), -2.0 - ln(0.5)], [-1.0 - ln(4.0), -1.0]])
+    mask = torch.ones(2, 2)
+    adv = T([[1.0, 1.0], [1.0, 1.0]])
+    # sequence ρ: 3·0.5 = 1.5 (row 0), 4·1 = 4 (row 1) -> truncated at 2: w = [1.5, 2]
+    loss, _ = run("reinforce_is", logp, old, adv, mask, reinforce("sequence"))
+    # -w·A·log π: row 0: 1.5·[1, 2] = [1.5, 3]; row 1: 2·[1, 1] = [2, 2] -> mean 8.5/4
+    assert loss.item() == pytest.approx(8.5 / 4, rel=1e-6)
+    # IcePop [0.5, 2]: row 1's ρ = 4 is outside -> weight 0; row 0 keeps 1.5 -> 4.5/4
+    loss, m = run("reinforce_is", leaf([[-1.0, -2.0], [-1.0, -1.0]]), old, adv, mask,
+                  reinforce("sequence", low=0.5))  # fmt: skip
+    assert loss.item() == pytest.approx(4.5 / 4, rel=1e-6)
+    assert m["pg_clipfrac"].item() == pytest.approx(0.5)  # row 1's two tokens
+
+
 def test_geo_mean_hand_values() -> None:
     logp = leaf([[0.0, 0.0], [0.0, 0.0]])
     old = T([[-0.5, 0.1], [0.5, -0.1]])  # log r = [[0.5, -0.1], [-0.5, 0.1]]

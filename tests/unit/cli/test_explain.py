@@ -60,5 +60,6 @@ def test_verl_09_keys_and_keys_read_by_their_own_rule(capsys):
     what the rule does."""
     out = explain(capsys, "model_engine", "trainer.v1.trainer_mode", "reward.sandbox_fusion")
     assert "model_engine (verl key): sets actor.strategy (converted)" in out
-    assert "trainer.v1.trainer_mode (verl key): verl's V1 trainer mode: sync runs" in out
+    assert "trainer.v1.trainer_mode (verl key): verl's V1 trainer mode: ``sync`` is" in out
+    assert "set ``async_training.staleness`` to ``num_warmup_batches``" in out
     assert "reward.sandbox_fusion (verl key): verl 0.9's reward.sandbox_fusion" in out

@@ -175,6 +175,13 @@ def test_dynamic_bsz_budget_must_hold_a_sample():
         build_config(cfg(actor={"use_dynamic_bsz": True, "max_token_len_per_device": 100}))
 
 
+def test_a_critic_budget_is_checked_only_when_there_is_a_critic():
+    small = {"use_dynamic_bsz": True, "max_token_len_per_device": 100}
+    with pytest.raises(ConfigError, match="critic.max_token_len_per_device: a token budget"):
+        build_config(cfg(algorithm={"adv_estimator": "gae"}, critic=small))
+    build_config(cfg(algorithm={"adv_estimator": "grpo"}, critic=small))  # no critic: unread
+
+
 def test_bound_in_units():
     """A batch-size fix's bound (samples) restated in units of n samples: x units are
     x·n samples, so "≤ 32" is "≤ 16" pairs, "divides 32" is "divides 16", and "a multiple

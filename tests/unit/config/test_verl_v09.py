@@ -114,14 +114,203 @@ def test_the_v1_sync_trainer_is_temper_loop_and_its_async_options_are_noted():
         assert key in text
 
 
-@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
-def test_the_async_trainer_modes_are_refused_pointing_at_the_async_issue(mode):
-    data = composed("ppo_trainer.yaml", f"trainer.v1.trainer_mode={mode}")
+POOL = (
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=2",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+)
+
+
+def translated(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    out = translate_verl(RawConfig(data=data, source="<test>"), CATALOG)
+    return out.native, "\n".join(out.notes)
+
+
+def test_colocate_async_runs_num_warmup_batches_versions_ahead_and_says_what_differs():
+    out, text = translated(composed("ppo_trainer.yaml", "trainer.v1.trainer_mode=colocate_async"))
+    assert out["async_training"]["staleness"] == 1  # verl's default num_warmup_batches
+    assert "resources" not in out or "actor_infer" not in out["resources"]  # colocated
+    assert "partial rollout" in text and "in finish order" in text
+    assert "generates each batch whole" in text and "bit-identical resume" in text
+    assert "holds its own copy of the weights rather than time-sharing" in text
+
+
+@pytest.mark.parametrize(("warmup", "threshold", "k"), [(0, 8, 0), (3, 8, 3), (5, 3, 2)])
+def test_the_staleness_is_num_warmup_batches_capped_at_the_off_policy_threshold(
+    warmup, threshold, k
+):
+    """verl's replay buffer trains no sample more than max_off_policy_threshold − 1
+    versions old (span = step − tag + 1 ≤ T)."""
+    out, text = translated(
+        composed(
+            "ppo_trainer.yaml",
+            "trainer.v1.trainer_mode=colocate_async",
+            f"trainer.v1.colocate_async.num_warmup_batches={warmup}",
+            f"trainer.v1.sampler.max_off_policy_threshold={threshold}",
+        )
+    )
+    assert out["async_training"]["staleness"] == k
+    capped = f"num_warmup_batches {warmup} runs as async_training.staleness {k}"
+    assert (capped in text) == (warmup > threshold - 1)
+
+
+def test_separate_async_places_the_rollout_on_its_own_pool():
+    out, text = translated(
+        composed(
+            "ppo_trainer.yaml",
+            "trainer.v1.trainer_mode=separate_async",
+            "trainer.n_gpus_per_node=6",
+            *POOL,
+        )
+    )
+    assert out["async_training"]["staleness"] == 1
+    res = out["resources"]
+    assert (res["nnodes"], res["devices_per_node"], res["backend"]) == (1, 8, "ray")
+    assert res["actor_train"] == list(range(6)) and res["actor_infer"] == [6, 7]
+    assert "pushes the weights once per step: so does temper's step" in text
+    assert "none is dropped or waited for" in text  # max_off_policy_strategy
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "words"),
+    [
+        ((), "actor_rollout_ref.rollout.nnodes", "pool of its own"),
+        (
+            (*POOL, "trainer.v1.separate_async.parameter_sync_step=2"),
+            "trainer.v1.separate_async.parameter_sync_step",
+            "data.train_batch_size (1024) = parameter_sync_step (2) ×",
+        ),
+        (POOL[:2], "actor_rollout_ref.rollout.checkpoint_engine.backend", "other than naive"),
+        (
+            (*POOL, "trainer.v1.separate_async.hybrid_rollout.enable_switch=true"),
+            "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+            "hybrid rollout",
+        ),
+    ],
+)
+def test_separate_async_refuses_what_verl_asserts_or_temper_lacks(overrides, key, words):
+    data = composed("ppo_trainer.yaml", "trainer.v1.trainer_mode=separate_async", *overrides)
     with pytest.raises(ConfigError) as err:
         native(data)
     text = str(err.value)
-    assert text.startswith("trainer.v1.trainer_mode: asynchronous") and "issue 23" in text
-    assert "trainer_mode: sync" in text and "\n" not in text
+    assert text.startswith(f"{key}: ") and words in text and "\n" not in text
+
+
+def test_an_async_modes_options_are_noted_when_another_mode_runs():
+    _, text = translated(composed("ppo_trainer.yaml", "trainer.v1.trainer_mode=colocate_async"))
+    assert (
+        "read by verl's separate_async trainer only; trainer_mode is colocate_async): "
+        "trainer.v1.separate_async.num_warmup_batches"
+    ) in text
+
+
+ONE_STEP = V2608 / "verl/experimental/one_step_off_policy"
+
+
+def test_the_one_step_off_recipe_runs_one_version_behind_on_its_own_pool():
+    data = known(load_yaml(ONE_STEP / "config/one_step_off_ppo_trainer.yaml").data)
+    data["actor_rollout_ref"]["hybrid_engine"] = False  # its scripts set it (verl asserts)
+    data["trainer"]["n_gpus_per_node"] = 6
+    data["rollout"] = {"nnodes": 1, "n_gpus_per_node": 2}
+    out, text = translated(data)
+    assert out["async_training"]["staleness"] == 1
+    assert out["actor"]["recompute_old_log_prob"] is False  # its bypass_mode: true
+    res = out["resources"]
+    assert res["actor_train"] == list(range(6)) and res["actor_infer"] == [6, 7]
+    assert "max(0, s-2) updates" in text
+    assert "OneStepOffRayTrainer) never reads trainer.v1" in text
+
+
+def test_the_one_step_off_config_alone_is_refused_as_verl_asserts():
+    data = known(load_yaml(ONE_STEP / "config/one_step_off_ppo_trainer.yaml").data)
+    with pytest.raises(ConfigError) as err:  # hybrid_engine: true, verl's default
+        native(data)
+    assert str(err.value).startswith("actor_rollout_ref.hybrid_engine: verl's one-step-off")
+
+
+def test_the_one_step_off_script_translates():
+    from upstream_scripts import script_commands  # next to this file
+
+    (cmd,) = script_commands(ONE_STEP / "shell/grpo_0.6b_gsm8k_fsdp2_2_6.sh", V2608)
+    assert cmd.config == ONE_STEP / "config/one_step_off_ppo_trainer.yaml"
+    cfg = load_config(cmd.config, list(cmd.overrides)).config
+    assert cfg.async_training.staleness == 1 and not cfg.actor.recompute_old_log_prob
+    assert cfg.resources.actor_train == list(range(6)) and cfg.resources.actor_infer == [6, 7]
+
+
+def test_bypass_mode_trains_on_the_rollouts_log_probs_without_is_weights():
+    """verl's compute_policy_loss_bypass_mode (ppo_clip): the vanilla loss with
+    old = rollout log-probs and rollout_is_weights=None (computed for metrics only)."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.rollout_is=token",
+    )
+    out, text = translated(data)
+    assert out["actor"]["recompute_old_log_prob"] is False
+    assert out["actor"]["rollout_is"] == "none"
+    assert "computes these IS weights for metrics only" in text
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "words"),
+    [
+        (
+            "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+            "algorithm.rollout_correction.rollout_is_batch_normalize",
+            "within each micro-batch",
+        ),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+            "algorithm.rollout_correction.bypass_mode",
+            "replaces policy_loss.loss_mode ('gspo')",
+        ),
+    ],
+)
+def test_bypass_mode_refuses_a_loss_it_would_replace_or_weights_it_splits_differently(
+    override, key, words
+):
+    data = composed(
+        "ppo_trainer.yaml",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=token",
+        override,
+    )
+    with pytest.raises(ConfigError) as err:
+        native(data)
+    text = str(err.value)
+    assert text.startswith(f"{key}: ") and words in text and "\n" not in text
+
+
+def test_bypass_mode_reinforce_is_the_reinforce_is_loss_with_rollout_is_settings():
+    """verl's compute_policy_loss_bypass_mode (reinforce): -w·A·log π with w the IS
+    weights of rollout_is / rollout_is_threshold, from the current policy."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold='0.5_4.0'",
+    )
+    out, text = translated(data)
+    actor = out["actor"]
+    assert (actor["policy_loss"], actor["recompute_old_log_prob"]) == ("reinforce_is", False)
+    assert actor["rollout_is"] == "none"  # applied inside the loss, not before it
+    kwargs = actor["policy_loss_kwargs"]
+    assert kwargs["reinforce_is_level"] == "token"
+    assert (kwargs["reinforce_is_threshold_low"], kwargs["reinforce_is_threshold"]) == (0.5, 4.0)
+    assert "computed in the loss from the current policy" in text
+
+
+def test_the_fully_async_trainer_is_refused_saying_what_is_not_built():
+    path = V2608 / "verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml"
+    with pytest.raises(ConfigError) as err:
+        translate_verl(load_yaml(path), CATALOG)
+    text = str(err.value)
+    assert text.startswith("async_training: verl's fully-async trainer")
+    assert "partial rollout" in text and "fractional staleness_threshold" in text
+    assert "trainer_mode: separate_async" in text and "one-step-off" in text
 
 
 def test_the_legacy_trainer_never_reads_trainer_v1():
@@ -352,7 +541,7 @@ def test_the_adam_epsilon_of_verl_09_arrives():
         (f"{AOPT}.use_precision_aware_optimizer=true", "precision-aware optimizer"),
         ("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware"),
         ("actor_rollout_ref.rollout.full_determinism=true", "per-request seeded"),
-        ("actor_rollout_ref.rollout.nnodes=2", "issue 23"),
+        ("actor_rollout_ref.rollout.nnodes=2", "separate_async trainer only"),
         ("actor_rollout_ref.rollout.disaggregation.enabled=true", "disaggregation"),
         ("actor_rollout_ref.actor.policy_loss.tau_pos=1.0", "actor_rollout_ref.actor.tau_pos"),
         ("data.mm_processor_kwargs={max_pixels:1024}", "processor keyword"),

@@ -172,6 +172,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
         "length: engine context",
         r"max_model_len.*is shorter than max_prompt_length \+ response_length",
     ),
+    ("one-step-off: hybrid engine", r"one-step-off trainer asserts hybrid_engine is false"),
     ("tp rollout on ray", r"tensor-parallel rollout\) is not supported on the ray backend"),
     ("lora reference on ray", r"LoRA reference"),
     ("custom code", r"custom (dataset classes|samplers|ROLL worker class)"),

@@ -35,6 +35,8 @@ ENTRY_POINTS = {
     "verl.trainer.fsdp_sft_trainer": "sft",
     "verl.trainer.sft_trainer": "sft",
     "main_ppo_split.py": "ppo",  # examples/split_placement: main_ppo with split placement
+    # verl 0.9's one-step-off recipe: its own trainer, with the rollout on a pool of its own
+    "verl.experimental.one_step_off_policy.main_ppo": "ppo",
 }
 #: The temper command of an entry point's kind (the others: ``train``).
 COMMANDS = {"generation": "generate", "eval": "eval"}
@@ -53,6 +55,9 @@ DEFAULT_CONFIG = {
     "verl.trainer.fsdp_sft_trainer": "verl/trainer/config/sft_trainer.yaml",
     "verl.trainer.sft_trainer": "verl/trainer/config/sft_trainer_engine.yaml",
     "main_ppo_split.py": "examples/split_placement/config/ppo_trainer_split.yaml",
+    "verl.experimental.one_step_off_policy.main_ppo": (
+        "verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml"
+    ),
 }
 #: Where an entry point's ``@hydra.main(config_path=...)`` points, for relative
 #: ``--config-path`` values (Hydra resolves them against the module's directory).
@@ -70,6 +75,7 @@ MODULE_DIR = {
     "verl.trainer.fsdp_sft_trainer": "verl/trainer",
     "verl.trainer.sft_trainer": "verl/trainer",
     "main_ppo_split.py": "examples/split_placement",
+    "verl.experimental.one_step_off_policy.main_ppo": "verl/experimental/one_step_off_policy",
 }
 #: The environment the scripts see (``$HOME``); the working directory is the snapshot
 #: root, as verl's scripts ask ("run from the root of the project").

@@ -28,6 +28,8 @@ ROWS = """
 # ---------------------------------------------------------------- actor_rollout_ref
 actor_rollout_ref.hybrid_engine true noted
 actor_rollout_ref.hybrid_engine false !! hybrid engine
+actor_rollout_ref.hybrid_engine false +rollout.nnodes=1 +rollout.n_gpus_per_node=2 noted
+actor_rollout_ref.hybrid_engine true +rollout.nnodes=1 +rollout.n_gpus_per_node=2 !! asserts hybrid_engine is false
 actor_rollout_ref.nccl_timeout 1200 noted
 actor_rollout_ref.model.path /m/policy +critic.model.tokenizer_path=/m/policy -> model.path
 actor_rollout_ref.model.tokenizer_path /m/tok -> model.tokenizer_path
@@ -420,7 +422,23 @@ algorithm.rollout_correction.rollout_is token -> actor.rollout_is
 algorithm.rollout_correction.rollout_is sequence -> actor.rollout_is
 algorithm.rollout_correction.rollout_is_threshold 5.0 -> actor.rollout_is_threshold
 algorithm.rollout_correction.rollout_rs token !! rejection sampling
-algorithm.rollout_correction.bypass_mode true !! bypass
+algorithm.rollout_correction.bypass_mode true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.recompute_old_log_prob = false
+algorithm.rollout_correction.bypass_mode false -> actor.recompute_old_log_prob = true
+algorithm.rollout_correction.bypass_mode true +actor_rollout_ref.actor.policy_loss.loss_mode=gspo !! replaces policy_loss.loss_mode
+algorithm.rollout_correction.bypass_mode true +actor_rollout_ref.rollout.calculate_log_probs=false !! needs the rollout's log-probs
+algorithm.rollout_correction.loss_type reinforce noted
+algorithm.rollout_correction.loss_type ppo_clip +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true noted
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.policy_loss = reinforce_is
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.policy_loss_kwargs.reinforce_is_level = none
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=sequence -> actor.policy_loss_kwargs.reinforce_is_level = sequence
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=token -> actor.rollout_is = none
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=token +algorithm.rollout_correction.rollout_is_threshold='0.5_5.0' -> actor.policy_loss_kwargs.reinforce_is_threshold_low = 0.5
+algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=token +algorithm.rollout_correction.rollout_is_threshold=3.0 -> actor.policy_loss_kwargs.reinforce_is_threshold = 3.0
+algorithm.rollout_correction.loss_type pg +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true !! ppo_clip or reinforce
+algorithm.rollout_correction.rollout_is_batch_normalize true +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.loss_type=reinforce +algorithm.rollout_correction.rollout_is=token !! micro-batch
+algorithm.rollout_correction.rollout_is token +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.rollout_is = none
+algorithm.rollout_correction.rollout_is_threshold null noted
+algorithm.rollout_correction.rollout_is_threshold null +algorithm.rollout_correction.rollout_is=token !! no IS weights
 algorithm.rollout_correction.rollout_is_batch_normalize true -> actor.rollout_is_batch_normalize
 algorithm.rollout_correction.rollout_is_threshold '0.5_5.0' -> actor.rollout_is_threshold_low = 0.5
 algorithm.rollout_correction.rollout_is_threshold '0.5_5.0' -> actor.rollout_is_threshold = 5.0
@@ -519,9 +537,27 @@ critic.strategy torchtitan !! TorchTitan
 trainer.use_v1 true noted
 trainer.use_v1 false noted
 trainer.v1.trainer_mode sync noted
-trainer.v1.trainer_mode colocate_async !! asynchronous
-trainer.v1.trainer_mode separate_async !! not built yet
-async_training {staleness_threshold:0.1} !! fully-async
+trainer.v1.trainer_mode colocate_async -> async_training.staleness = 1
+trainer.v1.trainer_mode colocate_async +trainer.v1.colocate_async.num_warmup_batches=0 -> async_training.staleness = 0
+trainer.v1.trainer_mode colocate_async +trainer.v1.colocate_async.num_warmup_batches=5 +trainer.v1.sampler.max_off_policy_threshold=3 -> async_training.staleness = 2
+trainer.v1.trainer_mode separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl -> async_training.staleness = 1
+trainer.v1.trainer_mode separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl -> resources.actor_infer = [8,9]
+trainer.v1.trainer_mode separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl -> resources.devices_per_node = 10
+trainer.v1.colocate_async.num_warmup_batches -1 +trainer.v1.trainer_mode=colocate_async !! integer >= 0
+actor_rollout_ref.rollout.nnodes 0 +trainer.v1.trainer_mode=separate_async !! pool of its own
+actor_rollout_ref.rollout.checkpoint_engine.backend naive +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 !! naive
+trainer.v1.separate_async.parameter_sync_step 2 +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl !! train_batch_size (1024) = parameter_sync_step (2)
+trainer.v1.separate_async.parameter_sync_step 4 +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl noted
+trainer.v1.separate_async.hybrid_rollout.enable_switch true +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl !! hybrid rollout
+trainer.v1.sampler.max_off_policy_strategy wait +trainer.v1.trainer_mode=colocate_async noted
+async_training {staleness_threshold:0.1} !! separate_async
+async_training {staleness_threshold:0.1} !! partial rollout
+rollout.nnodes 1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.hybrid_engine=false -> async_training.staleness = 1
+rollout.n_gpus_per_node 2 +rollout.nnodes=1 +actor_rollout_ref.hybrid_engine=false -> resources.actor_infer = [8,9]
+rollout.n_gpus_per_node 8 +rollout.nnodes=2 +actor_rollout_ref.hybrid_engine=false -> resources.nnodes = 3
+rollout.nnodes 2 +rollout.n_gpus_per_node=4 +actor_rollout_ref.hybrid_engine=false !! does not fit
+rollout.nnodes 0 +rollout.n_gpus_per_node=4 +actor_rollout_ref.hybrid_engine=false !! positive integer
+trainer.v1.trainer_mode separate_async +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.hybrid_engine=false noted
 trainer.v1.trainer_mode separate_async +trainer.use_v1=false noted
 trainer.v1.trainer_mode fully_async !! not supported
 trainer.v1.sync {} noted
