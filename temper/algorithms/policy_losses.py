@@ -58,6 +58,9 @@ class PolicyLossParams:
         tau_pos / tau_neg: SAPO gate temperatures for positive/negative advantages.
         topr_positive_weight / topr_negative_weight: TOPR weights of the two sets.
         dro_beta: DRO's quadratic penalty coefficient ``β`` (must be set, > 0, for ``dro``).
+        cispo_unified_mask: CISPO's token mask (MiniMax-M1 eq. 7; ROLL
+            ``cispo_use_unified_mask``): drop tokens whose ratio left the clip range in the
+            direction the advantage pushes it.
         log_ratio_clamp: bound on ``|log π_θ - log π_old|`` before ``exp``.
 
     ``dppo_tv`` / ``dppo_kl`` read ``clip_ratio_low`` / ``clip_ratio_high`` as divergence
@@ -79,6 +82,7 @@ class PolicyLossParams:
     topr_positive_weight: float = 1.0
     topr_negative_weight: float = 1.0
     dro_beta: float | None = None
+    cispo_unified_mask: bool = False
     log_ratio_clamp: float = 20.0
 
     def __post_init__(self) -> None:
@@ -240,13 +244,20 @@ def cispo(
     """CISPO (MiniMax-M1, arXiv:2506.13585): clipped IS weight, stop-gradient.
 
     ``L = -sg[clip(r, 1-ε_low, 1+ε_high)]·A·log π_θ`` — every token keeps a gradient,
-    only the weight is clipped.
+    only the weight is clipped. With ``cispo_unified_mask`` (the paper's eq. 7) the token
+    loss is multiplied by ``M = 0`` if ``A > 0 and r > 1+ε_high`` or ``A < 0 and
+    r < 1-ε_low``, else ``1`` (the token stays in the aggregation's denominator).
     """
     m = response_mask
     lr = _log_ratio(log_prob, old_log_prob, params)
     ratio = torch.exp(lr)
     w = torch.clamp(ratio, 1.0 - params.low, 1.0 + params.high)
     losses = -w.detach() * advantages * log_prob
+    if params.cispo_unified_mask:
+        drop = ((advantages > 0) & (ratio > 1.0 + params.high)) | (
+            (advantages < 0) & (ratio < 1.0 - params.low)
+        )
+        losses = losses * (~drop).to(losses.dtype)
     metrics = {
         "pg_clipfrac": masked_mean((ratio != w).float(), m),
         "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),

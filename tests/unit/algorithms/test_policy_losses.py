@@ -158,6 +158,24 @@ def test_cispo_stop_gradient_clipped_weight() -> None:
     torch.testing.assert_close(logp.grad, T([[-0.6, 0.4]]))
 
 
+def test_cispo_unified_mask_drops_tokens_pushed_past_the_clip() -> None:
+    logp = leaf([[-1.0, -2.0, -0.5, -1.0]])
+    old = T([[-1.0 - ln(1.5), -2.0 - ln(0.5), -0.5 - ln(1.5), -1.0 - ln(0.5)]])
+    adv = T([[1.0, -1.0, -1.0, 1.0]])  # r = [1.5, 0.5, 1.5, 0.5]
+    params = PolicyLossParams(cispo_unified_mask=True)
+    loss, _ = run("cispo", logp, old, adv, torch.ones(1, 4), params)
+    # M = 0 for token 0 (A>0, r=1.5>1.2) and token 1 (A<0, r=0.5<0.8); tokens 2, 3 kept:
+    # w = clip(r, 0.8, 1.2) = [., ., 1.2, 0.8]; L = [0, 0, -1.2*(-1)*(-0.5), -0.8*1*(-1)]
+    #   = [0, 0, -0.6, 0.8]; token-mean over all 4 tokens = 0.2/4 = 0.05
+    assert loss.item() == pytest.approx(0.05, rel=1e-6)
+    loss.backward()
+    # dL/dlogp = -M w A / 4 = [0, 0, 1.2/4, -0.8/4]
+    torch.testing.assert_close(logp.grad, T([[0.0, 0.0, 0.3, -0.2]]))
+    plain, _ = run("cispo", logp.detach(), old, adv, torch.ones(1, 4))
+    # without the mask: [1.2, -1.6, -0.6, 0.8] -> -0.2/4 = -0.05
+    assert plain.item() == pytest.approx(-0.05, rel=1e-6)
+
+
 def test_gpg_plain_policy_gradient() -> None:
     logp = leaf([[-1.0, -3.0]])
     loss, _ = run("gpg", logp, logp.detach(), T([[2.0, -1.0]]), torch.ones(1, 2))
