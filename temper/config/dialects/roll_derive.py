@@ -12,6 +12,7 @@ import math
 import os
 from typing import Any
 
+from temper.config.dialects import roll_pg
 from temper.config.dialects.roll_devices import parse_device_mapping
 from temper.config.dialects.roll_rewards import rewards as rewards
 from temper.config.dialects.roll_rules import (
@@ -279,6 +280,7 @@ def algorithm(ctx: Ctx) -> None:
         for side in ("low", "high"):
             if ctx.has(f"pg_clip_{side}"):
                 ctx.note(f"pg_clip_{side}", "used only with use_pg_clip_range: true")
+    roll_pg.pg_variant(ctx)
     experiment(ctx)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.roll_pg import PARAM_RULES
 from temper.config.dialects.roll_rules import (
     ATTN,
     Map,
@@ -148,14 +149,8 @@ def _worker(role: str) -> dict[str, Rule]:
             "use_sequence_packing": Map("model.use_remove_padding"),
             "use_dynamic_batching_in_infer": Map("rollout.log_prob_use_dynamic_bsz"),
             "max_tokens_per_microbatch_in_infer": Map("rollout.log_prob_max_token_len_per_device"),
-            "pg_variant": Reject(
-                "ROLL's policy-gradient worker variants (tis, topr, cispo, kimi15) are set "
-                "here with actor.policy_loss",
-                "remove pg_variant (ppo is temper's vanilla PPO loss), or use the native "
-                "actor.policy_loss",
-                ok=lambda v: v in (None, "ppo"),
-                note="ppo: temper's vanilla PPO loss",
-            ),
+            "pg_variant": Use("actor.policy_loss (with a policy-gradient worker_cls)"),
+            **PARAM_RULES,
         }
     elif role == "reference":
         rules |= {

@@ -494,8 +494,54 @@ MAPPED += [
     ]
 ]
 
+# ROLL's policy-gradient workers: pg_variant -> the native loss with the same formula
+PG = {"actor_train": {"worker_cls": "roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker"}}
+PG_AGENTIC = {
+    "actor_train": {"worker_cls": "roll.pipeline.agentic.agentic_actor_pg_worker.ActorWorker"}
+}
+MAPPED += [
+    ("actor_train.worker_cls", PG["actor_train"]["worker_cls"], "actor.policy_loss", "gpg", {}),
+    ("actor_train.pg_variant", "vanilla", "actor.policy_loss", "gpg", PG),
+    ("actor_train.pg_variant", "vanilla", "actor.policy_loss", "gpg", PG_AGENTIC),
+    ("actor_train.pg_variant", "ppo", "actor.policy_loss", "vanilla", PG),
+    (
+        "actor_train.pg_variant",
+        "ppo",
+        "actor.clip_ratio_c",
+        1.4,
+        merge(PG, {"dual_clip_loss": True}),
+    ),
+    # tis: -sg[clip(r, 0, 1)] A log pi = cispo with 1 - eps_low = 0, 1 + eps_high = 1
+    ("actor_train.pg_variant", "tis", "actor.policy_loss", "cispo", PG),
+    ("actor_train.pg_variant", "tis", "actor.clip_ratio_low", 1.0, PG),
+    ("actor_train.pg_variant", "tis", "actor.clip_ratio_high", 0.0, PG),
+    (
+        "actor_train.pg_variant",
+        "tis",
+        "actor.clip_ratio_high",
+        0.0,
+        merge(PG, {"use_pg_clip_range": True, "pg_clip_high": 0.28}),
+    ),
+    ("actor_train.pg_variant", "cispo", "actor.policy_loss", "cispo", PG),
+    ("actor_train.pg_variant", "cispo", "actor.clip_ratio_low", 0.1, PG),
+    ("actor_train.pg_variant", "cispo", "actor.clip_ratio_high", 0.1, PG),
+    # kimi15: -A log pi + tau/2 (log pi - log pi_old)^2 = dro with beta = tau = 0.1
+    ("actor_train.pg_variant", "kimi15", "actor.policy_loss", "dro", PG),
+    ("actor_train.pg_variant", "kimi15", "actor.policy_loss_kwargs", {"dro_beta": 0.1}, PG),
+    (
+        "actor_train.pg_variant",
+        "kimi15",
+        "actor.policy_loss",
+        "dro",
+        merge(PG, {"importance_sampling": "token"}),
+    ),
+]
+
 # (ROLL key, value, extra context): accepted, a note names the key.
 NOTED = [
+    ("actor_train.pg_variant", "topr", {}),  # the PPO worker does not read it
+    ("actor_train.cispo_epsilon_low", 0.1, PG),  # ROLL's built-in value
+    ("pg_clip_high", 0.28, merge(PG, {"use_pg_clip_range": True})),
     ("hydra.run.dir", ".", {}),
     ("hydra.output_subdir", None, {}),
     ("logging_dir", "./logs", {}),
@@ -566,6 +612,11 @@ NOTED = [
 
 # (ROLL key, value, words in the reason, extra context)
 REJECTED = [
+    ("actor_train.pg_variant", "topr", "sign of their score", PG),
+    ("actor_train.pg_variant", "foo", "not one of ROLL's variants", PG),
+    ("actor_train.tis_upper_bound", 2.0, "loader drops it", PG),
+    ("actor_train.cispo_use_unified_mask", True, "loader drops it", PG),
+    ("actor_train.kimi15_tau", 0.5, "loader drops it", PG),
     ("checkpoint_config.type", "s3", "file_system", {}),
     ("error_max_len_clip", True, "not implemented", {}),
     ("enable_response_mask", False, "environment observation tokens", {}),
