@@ -19,7 +19,9 @@ Levels (registry :data:`ROLLOUT_IS_LEVELS`, config ``rollout_correction.rollout_
 * ``token``: ``ρ_t = exp(log π_old - log π_rollout)`` per token;
 * ``sequence``: ``ρ_i = exp(Σ_t (log π_old - log π_rollout))`` (product), broadcast;
 * ``geometric``: ``ρ_i = exp(mean_t (log π_old - log π_rollout))``, broadcast
-  (ROLL's ``train_infer_ratio_seq``).
+  (ROLL's ``train_infer_ratio_seq``);
+* ``segment``: the geometric mean over each run of consecutive valid tokens (a turn of a
+  multi-turn response), broadcast to the run (ROLL's ``weight_type: segment``).
 
 Log-ratios are clamped to [-20, 20] before ``exp``. Weights are detached.
 
@@ -60,6 +62,11 @@ def _geometric_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
 
 
+@ROLLOUT_IS_LEVELS.register("segment")
+def _segment_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    return _rs_segment_mean(log_ratio, mask)
+
+
 def rollout_is_weights(
     old_log_prob: Tensor,
     rollout_log_prob: Tensor,
@@ -83,7 +90,7 @@ def rollout_is_weights(
       (``threshold_low`` required).
 
     ``batch_normalize`` (verl ``rollout_is_batch_normalize``) divides the weights by their
-    mean — over valid tokens at the token level, over sequences (one weight each, the
+    mean — over valid tokens at the token and segment levels, over sequences (one weight each, the
     sequences with a valid token) at a sequence level — unless that mean is ≤ 1e-8.
     Weights are 0 on masked tokens and detached.
     Metrics: ``rollout_is_mean``, ``rollout_is_clipfrac`` (fraction of valid tokens whose
@@ -119,7 +126,7 @@ def rollout_is_weights(
             new_mask = response_mask * keep
             weights = weights * keep.to(weights.dtype)
         if batch_normalize and m.sum() > 0:
-            if level == "token":
+            if level in ("token", "segment"):  # segment: weights vary within a sequence
                 mean = masked_mean(weights, m)
             else:  # one weight per sequence: the mean over the sequences
                 has = (m.sum(dim=-1) > 0).to(m.dtype)

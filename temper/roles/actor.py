@@ -13,7 +13,9 @@ run without old-log-prob recompute or entropy bonus still shows it.
 Keys read by ``update``: ``prompt_ids``, ``prompt_mask``, ``response_ids``,
 ``response_mask``, ``advantages``, ``old_log_probs`` (or ``rollout_log_probs`` with
 ``recompute_old_log_prob: false``); ``ref_log_probs`` for the KL loss;
-``rollout_log_probs`` for ``rollout_is``; ``token_level_scores`` (or
+``rollout_log_probs`` for ``rollout_is`` and ``rollout_rs`` (whose rejected tokens
+leave ``response_mask`` for the whole update: policy, KL, entropy and SFT terms and their
+normalizers, after the advantages were computed); ``token_level_scores`` (or
 ``token_level_rewards``) for the SFT term's positive samples; ``sample_weights`` (B,),
 when the shaping phase set them (ROLL's difficulty/length loss weights), multiply each
 sample's policy-gradient loss, like the rollout IS weights do per token.
@@ -42,7 +44,11 @@ from temper.algorithms.reward_model import (
     RewardLossParams,
     score_pair_metrics,
 )
-from temper.algorithms.rollout_correction import rollout_is_weights
+from temper.algorithms.rollout_correction import (
+    RejectionFilter,
+    rollout_is_weights,
+    rollout_rejection_mask,
+)
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
@@ -143,6 +149,17 @@ class Actor:
                 batch_normalize=cfg.rollout_is_batch_normalize,
             )
             work[_TOKEN_WEIGHTS] = weights
+            metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
+        if cfg.rollout_rs:  # rejection sampling: the rejected tokens leave every loss term
+            if "rollout_log_probs" not in work:
+                raise KeyError("actor.rollout_rs needs rollout_log_probs")
+            keep, m = rollout_rejection_mask(
+                work["old_log_probs"],
+                work["rollout_log_probs"],
+                work["response_mask"],
+                [RejectionFilter(f.stat, f.level, f.low, f.high) for f in cfg.rollout_rs],
+            )
+            work["response_mask"] = work["response_mask"] * keep
             metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
         if "sample_weights" in work:  # per-sample loss weights: one token weight matrix
             per_sample = work["sample_weights"].unsqueeze(-1).to(work["response_mask"].dtype)

@@ -132,3 +132,21 @@ def test_no_valid_token_and_nan() -> None:
     )
     assert m["rollout_rs_masked_fraction"].item() == 0.0
     assert m["rollout_rs_seq_masked_fraction"].item() == 0.0
+
+
+def test_segment_importance_weights_are_per_turn() -> None:
+    from temper.algorithms import rollout_is_weights
+
+    # turns [0, 1] and [3]: rho = [2, 0.5] -> geometric mean 1; rho = [1.5] -> 1.5
+    rollout = logs([[0.25, 0.5, 0.5, 0.4]])
+    old = logs([[0.5, 0.25, 0.9, 0.6]])
+    mask = T([[1.0, 1.0, 0.0, 1.0]])
+    w, _, m = rollout_is_weights(old, rollout, mask, level="segment", threshold=1.2)
+    # truncated at 1.2: [1, 1, 0 (masked), 1.2]; 1 of 3 valid tokens truncated
+    torch.testing.assert_close(w, T([[1.0, 1.0, 0.0, 1.2]]))
+    assert m["rollout_is_clipfrac"].item() == pytest.approx(1 / 3)
+    # batch normalize divides by the token mean (1 + 1 + 1.2)/3
+    w, _, _ = rollout_is_weights(
+        old, rollout, mask, level="segment", threshold=1.2, batch_normalize=True
+    )
+    torch.testing.assert_close(w, T([[1.0, 1.0, 0.0, 1.2]]) / (3.2 / 3))
