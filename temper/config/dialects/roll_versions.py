@@ -362,16 +362,11 @@ ADDITIONS: dict[str, Rule] = {
     ),
     "train_infer_correction.is_weight.enabled": Use("actor.rollout_is"),
     "train_infer_correction.is_weight.weight_type": Use("actor.rollout_is"),
-    "train_infer_correction.is_weight.upper_bound": Map("actor.rollout_is_threshold"),
+    "train_infer_correction.is_weight.upper_bound": Use("actor.rollout_is_threshold"),
     "train_infer_correction.is_weight.detach": Note(
         "the importance weight is never differentiated"
     ),
-    "train_infer_correction.filters": Reject(
-        "rejecting samples by their train/rollout probability ratio is not supported",
-        "remove the filters (or set enabled: false in each)",
-        ok=lambda v: not v or all(not (f or {}).get("enabled") for f in v),
-        note="no filter enabled",
-    ),
+    "train_infer_correction.filters": Use("actor.rollout_rs"),
     # ---- remaining fields of ROLL's config dataclasses (no example sets them)
     "balance_length": Note("balances lengths over data-parallel ranks: " + PERF),
     "base_dir": Note("temper writes under experiment.output_dir"),

@@ -537,8 +537,50 @@ MAPPED += [
     ),
 ]
 
+# ROLL's train/infer correction: importance weights and rejection filters
+TIC = "train_infer_correction"
+IS_ON = {TIC: {"is_weight": {"enabled": True}}}
+SEGMENT_FILTER = {
+    "enabled": True,
+    "agg_type": "segment",
+    "diff_enabled": True,
+    "ratio_high": 1.05,
+    "diff_low": -0.1,
+    "diff_high": 0.1,
+}
+MAPPED += [
+    (f"{TIC}.is_weight.enabled", True, "actor.rollout_is", "token", {}),
+    (f"{TIC}.is_weight.enabled", True, "actor.rollout_is_threshold", 1.2, {}),  # ROLL's
+    (f"{TIC}.is_weight.upper_bound", 1.5, "actor.rollout_is_threshold", 1.5, IS_ON),
+    (f"{TIC}.is_weight.weight_type", "geometric", "actor.rollout_is", "geometric", IS_ON),
+    (f"{TIC}.is_weight.weight_type", "segment", "actor.rollout_is", "segment", IS_ON),
+    (
+        f"{TIC}.filters",
+        [SEGMENT_FILTER, {"enabled": False}, {"enabled": True, "agg_type": "sequence"}],
+        "actor.rollout_rs",
+        [
+            {"stat": "ratio", "level": "segment_mean", "low": 0.8, "high": 1.05},
+            {"stat": "prob_diff", "level": "segment_mean", "low": -0.1, "high": 0.1},
+            {"stat": "ratio", "level": "sequence_sum", "low": 0.8, "high": 1.2},
+        ],
+        {},
+    ),
+    (
+        f"{TIC}.filters",
+        [{"enabled": True, "agg_type": "geometric", "ratio_enabled": False, "diff_enabled": True}],
+        "actor.rollout_rs",
+        [{"stat": "prob_diff", "level": "sequence_mean", "low": -0.2, "high": 0.2}],
+        {},
+    ),
+    # ROLL's old log-probs without recompute are the trainer's forward, not the engine's
+    ("enable_old_logprobs_recompute", False, "actor.recompute_old_log_prob", True, IS_ON),
+    ("enable_old_logprobs_recompute", False, "actor.recompute_old_log_prob", False, {}),
+]
+
 # (ROLL key, value, extra context): accepted, a note names the key.
 NOTED = [
+    ("enable_old_logprobs_recompute", False, IS_ON),
+    (f"{TIC}.is_weight.upper_bound", 1.5, {}),  # weights off
     ("actor_train.pg_variant", "topr", {}),  # the PPO worker does not read it
     ("actor_train.cispo_epsilon_low", 0.1, PG),  # ROLL's built-in value
     ("pg_clip_high", 0.28, merge(PG, {"use_pg_clip_range": True})),
@@ -612,6 +654,10 @@ NOTED = [
 
 # (ROLL key, value, words in the reason, extra context)
 REJECTED = [
+    (f"{TIC}.is_weight.upper_bound", None, "untruncated", IS_ON),
+    (f"{TIC}.is_weight.weight_type", "turn", "granularities", IS_ON),
+    (f"{TIC}.filters", [{"enabled": True, "agg_typ": "token"}], "loader drops it", {}),
+    (f"{TIC}.filters", [{"enabled": True, "agg_type": "tok"}], "granularities", {}),
     ("actor_train.pg_variant", "topr", "sign of their score", PG),
     ("actor_train.pg_variant", "foo", "not one of ROLL's variants", PG),
     ("actor_train.tis_upper_bound", 2.0, "loader drops it", PG),
