@@ -36,7 +36,12 @@ if TYPE_CHECKING:
     from temper.config.dialects.roll_derive import Ctx
 
 KEY = "train_infer_correction"
-IS_LEVELS = {"token": "token", "geometric": "geometric", "sequence": "sequence", "segment": "segment"}
+IS_LEVELS = {
+    "token": "token",
+    "geometric": "geometric",
+    "sequence": "sequence",
+    "segment": "segment",
+}
 RS_LEVELS = {
     "token": "token",
     "geometric": "sequence_mean",
