@@ -526,11 +526,11 @@ class ActorConfig(TrainEngineConfig):
         None, "IcePop: IS weights outside [low, threshold] are zero (None: truncate at threshold)."
     )
     rollout_is_batch_normalize: bool = doc(False, "Divide the IS weights by their batch mean.")
+    entropy_chunk_size: int = doc(0, "Compute entropy in chunks of this many rows (0: whole).")
     rollout_rs: list[RolloutFilter] = doc(
         [],
-        "Rejection sampling: tokens (or sequences, turns) failing any filter leave the loss.",
+        "Rejection sampling: tokens (or sequences, turns) failing any filter leave the loss (after advantages).",
     )
-    entropy_chunk_size: int = doc(0, "Compute entropy in chunks of this many rows (0: whole).")
 
 
 @dataclass

@@ -80,7 +80,9 @@ def _filter(option: str, spec: str, ctx: Any) -> dict[str, Any]:
 
 
 def rollout_rs(v: Any, ctx: Any) -> None:
-    """``rollout_rs`` (read with ``rollout_rs_threshold``) -> ``actor.rollout_rs``."""
+    """Rejection modes with ``rollout_rs_threshold`` -> ``actor.rollout_rs`` filters (k1:
+    ratio bounds ``[1/hi, 1/lo]``; k2, k3: upper bounds); with adv_estimator grpo or rloo
+    only (verl rejects before the advantages, temper after)."""
     if v is None:
         ctx.note("accepted at its inert value (no rejection sampling)")
         return
@@ -107,6 +109,6 @@ def rollout_rs(v: Any, ctx: Any) -> None:
 
 
 def rollout_rs_threshold(v: Any, ctx: Any) -> None:
-    """Read by :func:`rollout_rs`; inert while rejection sampling is off."""
+    """Read with ``rollout_rs``; inert while rejection sampling is off."""
     if ctx.get(f"{RC}.rollout_rs") is None:
         ctx.note("no effect here (rollout_rs is off)")
