@@ -28,12 +28,9 @@ e^20 is rejected or truncated either way).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from temper.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from temper.config.dialects.roll_derive import Ctx
 
 KEY = "train_infer_correction"
 IS_LEVELS = {
@@ -69,7 +66,7 @@ def _level(table: dict[str, str], value: Any, key: str) -> str:
     return table[value]
 
 
-def _filters(ctx: Ctx) -> list[dict[str, Any]]:
+def _filters(ctx: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, given in enumerate(ctx.get(f"{KEY}.filters") or []):
         key = f"{KEY}.filters[{i}]"
@@ -92,7 +89,7 @@ def _filters(ctx: Ctx) -> list[dict[str, Any]]:
     return out
 
 
-def train_infer_correction(ctx: Ctx) -> None:
+def train_infer_correction(ctx: Any) -> None:
     """Importance weights and rejection filters of ROLL's train/infer correction."""
     weight = f"{KEY}.is_weight"
     active = False

@@ -29,13 +29,10 @@ are what ROLL runs. A file that sets one to another value is refused (:data:`PAR
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from temper.config.dialects.roll_rules import Reject
 from temper.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from temper.config.dialects.roll_derive import Ctx
 
 KEY = "actor_train.pg_variant"
 PG_WORKERS = frozenset(
@@ -92,7 +89,7 @@ def _param_rule(name: str, default: Any) -> Reject:
 PARAM_RULES = {name: _param_rule(name, default) for name, default in DEFAULTS.items()}
 
 
-def pg_variant(ctx: Ctx) -> None:
+def pg_variant(ctx: Any) -> None:
     """Set ``actor.policy_loss`` (and its parameters) from ROLL's PG worker's variant."""
     variant = ctx.get(KEY)
     cls = ctx.get("actor_train.worker_cls")
