@@ -55,6 +55,7 @@ from temper.algorithms.policy_losses import (
     PolicyLossParams,
     check_policy_loss,
     compute_policy_loss,
+    policy_loss_inputs,
     roll_dual_clip_constant,
 )
 from temper.algorithms.preference import (
@@ -178,6 +179,7 @@ __all__ = [
     "compute_advantages",
     "compute_global_normalizers",
     "compute_policy_loss",
+    "policy_loss_inputs",
     "discounted_returns",
     "distill_penalty",
     "entropy_from_logits",

@@ -5,7 +5,10 @@ One signature for all::
 
     fn(log_prob, old_log_prob, advantages, response_mask,
        params: PolicyLossParams, agg: LossAggregator,
-       rollout_is_weights: Tensor | None = None) -> (loss, metrics)
+       rollout_is_weights: Tensor | None = None, **inputs) -> (loss, metrics)
+
+where ``inputs`` are the few extra tensors a loss declares (:func:`needs_inputs`; only
+``topr_score`` takes one, ``sample_positive``).
 
 Shapes: every tensor ``(B, T)``; ``loss`` is a scalar, already divided by the *global*
 normalizers of ``agg`` (sum the micro-batch losses, do not average them). ``metrics``
@@ -26,7 +29,7 @@ A loss that cannot run with its parameters (``dro`` without ``dro_beta``) raises
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -126,6 +129,31 @@ def roll_dual_clip_constant(pg_clip: float) -> float:
 PolicyLossFn = Callable[..., tuple[Tensor, Metrics]]
 
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy_loss")
+
+#: Inputs a loss takes besides the common arguments, declared with
+#: :func:`needs_inputs`; the caller provides them by these names (keyword arguments),
+#: never by the loss's name. ``sample_positive``: ``(B,)``, 1 for a sample whose task
+#: score is > 0.
+POLICY_LOSS_INPUTS = frozenset({"sample_positive"})
+_NEEDS: dict[PolicyLossFn, frozenset[str]] = {}
+
+
+def needs_inputs(*names: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Declare the extra inputs (of :data:`POLICY_LOSS_INPUTS`) a registered loss takes."""
+    unknown = set(names) - POLICY_LOSS_INPUTS
+    if unknown:
+        raise ValueError(f"unknown policy-loss inputs {sorted(unknown)}")
+
+    def mark(fn: PolicyLossFn) -> PolicyLossFn:
+        _NEEDS[fn] = frozenset(names)
+        return fn
+
+    return mark
+
+
+def policy_loss_inputs(name: str) -> frozenset[str]:
+    """The extra inputs policy loss ``name`` takes (empty for most)."""
+    return _NEEDS.get(POLICY_LOSSES.get(name), frozenset())
 
 
 class PolicyLossParamError(ValueError):
@@ -297,8 +325,11 @@ def check_policy_loss(name: str, params: PolicyLossParams) -> None:
     log_prob = torch.zeros(1, 2)
     mask = torch.ones(1, 2)
     agg = LossAggregator.from_mask("token-mean", mask)
+    inputs = {"sample_positive": torch.ones(1)}
     with torch.random.fork_rng(devices=[]):
-        POLICY_LOSSES.get(name)(log_prob, log_prob, torch.tensor([[1.0, -1.0]]), mask, params, agg)
+        compute_policy_loss(
+            name, log_prob, log_prob, torch.tensor([[1.0, -1.0]]), mask, params, agg, None, inputs
+        )
 
 
 def compute_policy_loss(
@@ -310,8 +341,15 @@ def compute_policy_loss(
     params: PolicyLossParams,
     agg: LossAggregator,
     rollout_is_weights: Tensor | None = None,
+    inputs: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Metrics]:
-    """Look up ``name`` in :data:`POLICY_LOSSES` and call it."""
+    """Look up ``name`` in :data:`POLICY_LOSSES` and call it, with the extra ``inputs`` it
+    declares (:func:`policy_loss_inputs`; a missing one raises ``KeyError``)."""
+    given = inputs or {}
+    missing = policy_loss_inputs(name) - set(given)
+    if missing:
+        raise KeyError(f"policy loss {name!r} needs {', '.join(sorted(missing))}")
+    extra = {k: given[k] for k in policy_loss_inputs(name)}
     return POLICY_LOSSES.get(name)(
-        log_prob, old_log_prob, advantages, response_mask, params, agg, rollout_is_weights
+        log_prob, old_log_prob, advantages, response_mask, params, agg, rollout_is_weights, **extra
     )

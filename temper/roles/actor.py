@@ -16,7 +16,8 @@ Keys read by ``update``: ``prompt_ids``, ``prompt_mask``, ``response_ids``,
 ``rollout_log_probs`` for ``rollout_is`` and ``rollout_rs`` (whose rejected tokens
 leave ``response_mask`` for the whole update: policy, KL, entropy and SFT terms and their
 normalizers, after the advantages were computed); ``token_level_scores`` (or
-``token_level_rewards``) for the SFT term's positive samples; ``sample_weights`` (B,),
+``token_level_rewards``) for the positive samples of the SFT term and of a policy loss
+that takes ``sample_positive`` (``topr_score``); ``sample_weights`` (B,),
 when the shaping phase set them (ROLL's difficulty/length loss weights), multiply each
 sample's policy-gradient loss, like the rollout IS weights do per token.
 """
@@ -32,7 +33,11 @@ from temper.algorithms.aggregation import LossAggregator
 from temper.algorithms.kl import kl_estimator_needs_logits, kl_loss, kl_penalty
 from temper.algorithms.masked import masked_mean
 from temper.algorithms.objectives import actor_loss, entropy_loss, nll_loss, sft_loss
-from temper.algorithms.policy_losses import PolicyLossParams, compute_policy_loss
+from temper.algorithms.policy_losses import (
+    PolicyLossParams,
+    compute_policy_loss,
+    policy_loss_inputs,
+)
 from temper.algorithms.preference import (
     PREFERENCE_LOSSES,
     PreferenceParams,
@@ -165,10 +170,12 @@ class Actor:
             per_sample = work["sample_weights"].unsqueeze(-1).to(work["response_mask"].dtype)
             base = work[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in work else torch.ones_like(per_sample)
             work[_TOKEN_WEIGHTS] = base * per_sample.expand_as(work["response_mask"])
-        if cfg.sft_loss_coef:
+        needs = policy_loss_inputs(cfg.policy_loss)
+        if cfg.sft_loss_coef or "sample_positive" in needs:
             key = "token_level_scores" if "token_level_scores" in work else "token_level_rewards"
             if key not in work:
-                raise KeyError("actor.sft_loss_coef needs token_level_scores to pick positives")
+                why = "actor.sft_loss_coef" if cfg.sft_loss_coef else f"{cfg.policy_loss}"
+                raise KeyError(f"{why} needs token_level_scores to pick positives")
             work[_POSITIVE] = (work[key].sum(dim=-1) > 0).float()
         return work, metrics
 
@@ -200,6 +207,7 @@ class Actor:
             log_prob = out["log_probs"]
             share = float((mask > 0).sum()) / n_tokens  # local means → partial sums
             weights = mb[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in mb else None  # noqa: SIM401
+            inputs = {"sample_positive": mb[_POSITIVE]} if _POSITIVE in mb else None
             pg, pg_m = compute_policy_loss(
                 cfg.policy_loss,
                 log_prob,
@@ -209,6 +217,7 @@ class Actor:
                 self.params,
                 agg,
                 weights,
+                inputs,
             )
             metrics: dict[str, Any] = {"pg_loss": pg.detach()}
             for k, v in pg_m.items():
