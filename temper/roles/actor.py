@@ -16,8 +16,9 @@ Keys read by ``update``: ``prompt_ids``, ``prompt_mask``, ``response_ids``,
 ``rollout_log_probs`` for ``rollout_is`` and ``rollout_rs`` (whose rejected tokens
 leave ``response_mask`` for the whole update: policy, KL, entropy and SFT terms and their
 normalizers, after the advantages were computed); ``token_level_scores`` (or
-``token_level_rewards``) for the positive samples of the SFT term and of a policy loss
-that takes ``sample_positive`` (``topr_score``); ``sample_weights`` (B,),
+``token_level_rewards``) for the SFT term's positive samples; ``scores`` (B, the task
+score before any normalization) for a policy loss that takes ``sample_positive``
+(``topr_score``: score > 0); ``sample_weights`` (B,),
 when the shaping phase set them (ROLL's difficulty/length loss weights), multiply each
 sample's policy-gradient loss, like the rollout IS weights do per token.
 """
@@ -67,6 +68,7 @@ from temper.roles.pairs import PairObjective, pair_coefficients, pair_loss_fn, r
 from temper.training.base import LossFn, TrainEngine
 
 _POSITIVE = "_sft_positive"
+_SCORE_POSITIVE = "_score_positive"  # (B,) task score > 0 (topr_score's positive set)
 _TOKEN_WEIGHTS = "_token_weights"  # rollout IS weights × sample weights (B, R)
 
 
@@ -170,13 +172,15 @@ class Actor:
             per_sample = work["sample_weights"].unsqueeze(-1).to(work["response_mask"].dtype)
             base = work[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in work else torch.ones_like(per_sample)
             work[_TOKEN_WEIGHTS] = base * per_sample.expand_as(work["response_mask"])
-        needs = policy_loss_inputs(cfg.policy_loss)
-        if cfg.sft_loss_coef or "sample_positive" in needs:
+        if cfg.sft_loss_coef:
             key = "token_level_scores" if "token_level_scores" in work else "token_level_rewards"
             if key not in work:
-                why = "actor.sft_loss_coef" if cfg.sft_loss_coef else f"{cfg.policy_loss}"
-                raise KeyError(f"{why} needs token_level_scores to pick positives")
+                raise KeyError("actor.sft_loss_coef needs token_level_scores to pick positives")
             work[_POSITIVE] = (work[key].sum(dim=-1) > 0).float()
+        if "sample_positive" in policy_loss_inputs(cfg.policy_loss):  # the raw task score
+            if "scores" not in work:
+                raise KeyError(f"policy loss {cfg.policy_loss} needs the samples' scores")
+            work[_SCORE_POSITIVE] = (work["scores"].float() > 0).float()
         return work, metrics
 
     def _loss_fn(self, mini: Batch) -> LossFn:
@@ -207,7 +211,7 @@ class Actor:
             log_prob = out["log_probs"]
             share = float((mask > 0).sum()) / n_tokens  # local means → partial sums
             weights = mb[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in mb else None  # noqa: SIM401
-            inputs = {"sample_positive": mb[_POSITIVE]} if _POSITIVE in mb else None
+            inputs = {"sample_positive": mb[_SCORE_POSITIVE]} if _SCORE_POSITIVE in mb else None
             pg, pg_m = compute_policy_loss(
                 cfg.policy_loss,
                 log_prob,

@@ -364,3 +364,30 @@ def test_actor_rejection_sampling_is_the_update_without_the_rejected_tokens(
     assert m_rs["actor/pg_loss"] == pytest.approx(m_hand["actor/pg_loss"], rel=1e-6)
     for name, p in w_rs.items():
         torch.testing.assert_close(p, w_hand[name], atol=1e-8, rtol=0, msg=name)
+
+
+def test_topr_score_takes_its_positive_set_from_the_raw_scores(tiny_path: str) -> None:
+    """topr_score's positive set is score > 0 (the task score, before normalization):
+    with every score flipped positive, its update is topr's with all advantages' signs
+    ignored, i.e. plain -A log pi on every token (r = 1 on the first step)."""
+    batch = make_batch(PROMPTS, RESPONSES, seed=3)
+    results = []
+    for loss, scores in (("topr_score", [1.0, 1.0, 1.0, 1.0]), ("gpg", None)):
+        cfg = make_config(tiny_path)
+        cfg.actor.policy_loss = loss
+        plan = dataclasses.replace(validate(cfg, CATALOG), use_reference=False)
+        actor = build_roles(cfg, plan, "cpu").actor
+        b = actor.compute_log_probs(batch)
+        if scores is not None:
+            b["scores"] = torch.tensor(scores)
+        results.append((actor.update(b), dict(actor.engine.model.named_parameters())))
+    (m_topr, w_topr), (m_gpg, w_gpg) = results
+    assert m_topr["actor/pg_loss"] == pytest.approx(m_gpg["actor/pg_loss"], rel=1e-6)
+    for name, p in w_topr.items():
+        torch.testing.assert_close(p, w_gpg[name], atol=1e-8, rtol=0, msg=name)
+    cfg = make_config(tiny_path)
+    cfg.actor.policy_loss = "topr_score"
+    plan = dataclasses.replace(validate(cfg, CATALOG), use_reference=False)
+    actor = build_roles(cfg, plan, "cpu").actor
+    with pytest.raises(KeyError, match="scores"):
+        actor.update(actor.compute_log_probs(batch))
