@@ -15,16 +15,17 @@ tis        ``-sg[clip(r, 0, 1)]·A·log π_θ``                            ``cis
                                                                        ε_high 0
 cispo      ``-sg[clip(r, 0.9, 1.1)]·A·log π_θ``                        ``cispo``, ε 0.1
 kimi15     ``-A·log π_θ + τ/2·(log π_θ - log π_old)²``, τ = 0.1        ``dro``, β = 0.1
-topr       positive-score samples ``-A·log π_θ``, others               refused
-           ``-sg[clip(r, 0, 1)]·A·log π_θ`` (split by the sample's
-           score; temper's ``topr`` splits by the advantage's sign)
+topr       samples with score > 0 ``-w₊·A·log π_θ``, the others        ``topr_score``
+           ``-w₋·sg[clip(r, 0, 1)]·A·log π_θ`` (split by the sample's
+           score, not by the advantage's sign as temper's ``topr``)
 =========  ==========================================================  =================
 
 The variants' parameters (``tis_lower_bound``/``tis_upper_bound``, ``cispo_epsilon_low``/
 ``cispo_epsilon_high``/``cispo_use_unified_mask``, ``kimi15_tau``) are read with
-``getattr(actor_train, key, default)``, but they are not fields of ROLL's
-``WorkerConfig``, and its loader (dacite, not strict) drops them: the defaults above
-are what ROLL runs. A file that sets one to another value is refused (:data:`PARAM_RULES`).
+``getattr(actor_train, key, default)``, but (unlike ``topr_positive_weight`` /
+``topr_negative_weight``, ``w₊``/``w₋``) they are not fields of ROLL's
+``WorkerConfig``, and its loader (dacite, not strict) drops them: the defaults above are
+what ROLL runs. A file that sets one to another value is refused (:data:`PARAM_RULES`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ _LOSSES: dict[str, tuple[str, dict[str, float], dict[str, Any]]] = {
         {},
     ),
     "kimi15": ("dro", {}, {"dro_beta": DEFAULTS["kimi15_tau"]}),
+    "topr": ("topr_score", {}, {}),  # + topr_positive_weight / topr_negative_weight
 }
 # PPO-only keys that a non-ppo variant does not read
 _PPO_KEYS = ("pg_clip", "dual_clip_loss", "use_pg_clip_range", "pg_clip_low", "pg_clip_high")
@@ -104,15 +106,8 @@ def pg_variant(ctx: Any) -> None:
         return
     src = KEY if ctx.has(KEY) else "actor_train.worker_cls"
     variant = "vanilla" if variant is None else variant
-    if variant == "topr":
-        raise ConfigError(
-            KEY,
-            "ROLL's topr splits samples by the sign of their score, temper's topr by "
-            "the sign of the advantage (the same only when advantages are the raw scores)",
-            "use another pg_variant, or a native config with actor.policy_loss: topr",
-        )
     if variant not in _LOSSES:
-        valid = ", ".join(sorted([*_LOSSES, "topr"]))
+        valid = ", ".join(sorted(_LOSSES))
         raise ConfigError(KEY, f"'{variant}' is not one of ROLL's variants", f"use one of: {valid}")
     loss, actor, kwargs = _LOSSES[variant]
     if ctx.src.get("actor.policy_loss") == "importance_sampling":  # the PPO worker's key
@@ -129,3 +124,8 @@ def pg_variant(ctx: Any) -> None:
         ctx.set(f"actor.{name}", value, src)
     for name, value in kwargs.items():
         ctx.set(f"actor.policy_loss_kwargs.{name}", value, src)
+    if variant == "topr":  # WorkerConfig fields, read by the PG worker
+        for side in ("positive", "negative"):
+            key = f"actor_train.topr_{side}_weight"
+            weight = ctx.get(key, 1.0)
+            ctx.set(f"actor.policy_loss_kwargs.topr_{side}_weight", float(weight), key)

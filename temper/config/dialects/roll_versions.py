@@ -150,6 +150,8 @@ def _worker(role: str) -> dict[str, Rule]:
             "use_dynamic_batching_in_infer": Map("rollout.log_prob_use_dynamic_bsz"),
             "max_tokens_per_microbatch_in_infer": Map("rollout.log_prob_max_token_len_per_device"),
             "pg_variant": Use("actor.policy_loss (with a policy-gradient worker_cls)"),
+            "topr_positive_weight": Use("actor.policy_loss_kwargs (pg_variant topr)"),
+            "topr_negative_weight": Use("actor.policy_loss_kwargs (pg_variant topr)"),
             **PARAM_RULES,
         }
     elif role == "reference":

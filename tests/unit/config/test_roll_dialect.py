@@ -525,6 +525,22 @@ MAPPED += [
     ("actor_train.pg_variant", "cispo", "actor.policy_loss", "cispo", PG),
     ("actor_train.pg_variant", "cispo", "actor.clip_ratio_low", 0.1, PG),
     ("actor_train.pg_variant", "cispo", "actor.clip_ratio_high", 0.1, PG),
+    # topr: split by the sample's score (ROLL's scores), weights from actor_train
+    ("actor_train.pg_variant", "topr", "actor.policy_loss", "topr_score", PG),
+    (
+        "actor_train.pg_variant",
+        "topr",
+        "actor.policy_loss_kwargs",
+        {"topr_positive_weight": 1.0, "topr_negative_weight": 1.0},
+        PG_AGENTIC,
+    ),
+    (
+        "actor_train.topr_negative_weight",
+        0.5,
+        "actor.policy_loss_kwargs",
+        {"topr_positive_weight": 2.0, "topr_negative_weight": 0.5},
+        merge(PG, {"actor_train": {"pg_variant": "topr", "topr_positive_weight": 2}}),
+    ),
     # kimi15: -A log pi + tau/2 (log pi - log pi_old)^2 = dro with beta = tau = 0.1
     ("actor_train.pg_variant", "kimi15", "actor.policy_loss", "dro", PG),
     ("actor_train.pg_variant", "kimi15", "actor.policy_loss_kwargs", {"dro_beta": 0.1}, PG),
@@ -658,7 +674,6 @@ REJECTED = [
     (f"{TIC}.is_weight.weight_type", "turn", "granularities", IS_ON),
     (f"{TIC}.filters", [{"enabled": True, "agg_typ": "token"}], "loader drops it", {}),
     (f"{TIC}.filters", [{"enabled": True, "agg_type": "tok"}], "granularities", {}),
-    ("actor_train.pg_variant", "topr", "sign of their score", PG),
     ("actor_train.pg_variant", "foo", "not one of ROLL's variants", PG),
     ("actor_train.tis_upper_bound", 2.0, "loader drops it", PG),
     ("actor_train.cispo_use_unified_mask", True, "loader drops it", PG),
