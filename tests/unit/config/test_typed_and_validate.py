@@ -137,6 +137,9 @@ def test_rejection_filters_are_typed_named_and_bounded():
     with pytest.raises(ConfigError) as err:
         build_config(cfg(actor={"rollout_rs": [{"low": 2.0, "high": 0.5}]}))
     assert one_line(err).startswith("actor.rollout_rs[0].low: 2.0 > high 0.5")
+    with pytest.raises(ConfigError) as err:  # old log-probs = the rollout's: a no-op
+        build_config(cfg(actor={"rollout_rs": [{"high": 2.0}], "recompute_old_log_prob": False}))
+    assert one_line(err).startswith("actor.rollout_rs: with actor.recompute_old_log_prob false")
 
 
 def test_placement_checks():
