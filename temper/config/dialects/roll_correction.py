@@ -113,7 +113,15 @@ def train_infer_correction(ctx: Any) -> None:
     if filters:
         ctx.set("actor.rollout_rs", filters, f"{KEY}.filters")
         active = True
-    if active and ctx.native_get("actor.recompute_old_log_prob") is False:
+    no_recompute = ctx.native_get("actor.recompute_old_log_prob") is False
+    rlvr = ctx.native_get("pipeline") == "rlvr"
+    if filters and no_recompute and rlvr and (ctx.get("entropy_loss_coef") or 0) > 0:
+        ctx.notes.append(
+            f"{KEY}.filters: ROLL's RLVR workers without enable_old_logprobs_recompute "
+            "average the entropy bonus over every response token; temper, as ROLL "
+            "with it, over the tokens the filters keep"
+        )
+    if active and no_recompute:
         del ctx.src["actor.recompute_old_log_prob"]
         ctx.set("actor.recompute_old_log_prob", True, KEY)
         ctx.note(

@@ -596,6 +596,11 @@ MAPPED += [
 # (ROLL key, value, extra context): accepted, a note names the key.
 NOTED = [
     ("enable_old_logprobs_recompute", False, IS_ON),
+    (
+        f"{TIC}.filters",
+        [{"enabled": True}],
+        {"enable_old_logprobs_recompute": False, "entropy_loss_coef": 0.01},
+    ),
     (f"{TIC}.is_weight.upper_bound", 1.5, {}),  # weights off
     ("actor_train.pg_variant", "topr", {}),  # the PPO worker does not read it
     ("actor_train.cispo_epsilon_low", 0.1, PG),  # ROLL's built-in value
