@@ -55,6 +55,7 @@ from temper.algorithms.policy_losses import (
     PolicyLossParams,
     check_policy_loss,
     compute_policy_loss,
+    policy_loss_inputs,
     roll_dual_clip_constant,
 )
 from temper.algorithms.preference import (
@@ -80,7 +81,14 @@ from temper.algorithms.reward_shaping import (
     overlong_penalty,
     reward_norm_types,
 )
-from temper.algorithms.rollout_correction import ROLLOUT_IS_LEVELS, rollout_is_weights
+from temper.algorithms.rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_LEVELS,
+    ROLLOUT_RS_STATS,
+    RejectionFilter,
+    rollout_is_weights,
+    rollout_rejection_mask,
+)
 from temper.algorithms.sample_filters import (
     PF_PPO_REWEIGHT,
     filter_groups_by_mean,
@@ -104,6 +112,8 @@ REGISTRIES: dict[str, Registry] = {
     "reward_normalization.method": REWARD_NORMALIZATION_METHODS,
     "pf_ppo.reweight_method": PF_PPO_REWEIGHT,
     "rollout_correction.rollout_is": ROLLOUT_IS_LEVELS,
+    "rollout_correction.rollout_rs_stat": ROLLOUT_RS_STATS,
+    "rollout_correction.rollout_rs_level": ROLLOUT_RS_LEVELS,
     "dpo_loss": PREFERENCE_LOSSES,
     "reward_model_loss": REWARD_MODEL_LOSSES,
 }
@@ -140,6 +150,8 @@ __all__ = [
     "REWARD_NORMALIZATION_METHODS",
     "REWARD_NORMS",
     "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_LEVELS",
+    "ROLLOUT_RS_STATS",
     "AdaptiveKLController",
     "AdvantageInputs",
     "AdvantageParams",
@@ -153,6 +165,7 @@ __all__ = [
     "PolicyLossParams",
     "PreferenceParams",
     "Registry",
+    "RejectionFilter",
     "RewardLossParams",
     "RunningMoments",
     "UnknownNameError",
@@ -192,12 +205,14 @@ __all__ = [
     "overlong_penalty",
     "pf_ppo_resample_indices",
     "pf_ppo_weights",
+    "policy_loss_inputs",
     "preference_loss",
     "registry_names",
     "response_logprobs_from_sequence_logits",
     "reward_norm_types",
     "roll_dual_clip_constant",
     "rollout_is_weights",
+    "rollout_rejection_mask",
     "route_by_tag",
     "sample_loss_weights",
     "sequence_log_probs",

@@ -5,7 +5,10 @@ One signature for all::
 
     fn(log_prob, old_log_prob, advantages, response_mask,
        params: PolicyLossParams, agg: LossAggregator,
-       rollout_is_weights: Tensor | None = None) -> (loss, metrics)
+       rollout_is_weights: Tensor | None = None, **inputs) -> (loss, metrics)
+
+where ``inputs`` are the few extra tensors a loss declares (:func:`needs_inputs`; only
+``topr_score`` takes one, ``sample_positive``).
 
 Shapes: every tensor ``(B, T)``; ``loss`` is a scalar, already divided by the *global*
 normalizers of ``agg`` (sum the micro-batch losses, do not average them). ``metrics``
@@ -26,7 +29,7 @@ A loss that cannot run with its parameters (``dro`` without ``dro_beta``) raises
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +61,9 @@ class PolicyLossParams:
         tau_pos / tau_neg: SAPO gate temperatures for positive/negative advantages.
         topr_positive_weight / topr_negative_weight: TOPR weights of the two sets.
         dro_beta: DRO's quadratic penalty coefficient ``β`` (must be set, > 0, for ``dro``).
+        cispo_unified_mask: CISPO's token mask (MiniMax-M1 eq. 7; ROLL
+            ``cispo_use_unified_mask``): drop tokens whose ratio left the clip range in the
+            direction the advantage pushes it.
         log_ratio_clamp: bound on ``|log π_θ - log π_old|`` before ``exp``.
         reinforce_is_level / reinforce_is_threshold / reinforce_is_threshold_low: the
             importance weights of ``reinforce_is`` (``none``, ``token`` or ``sequence``;
@@ -82,6 +88,7 @@ class PolicyLossParams:
     topr_positive_weight: float = 1.0
     topr_negative_weight: float = 1.0
     dro_beta: float | None = None
+    cispo_unified_mask: bool = False
     log_ratio_clamp: float = 20.0
     reinforce_is_level: str = "none"
     reinforce_is_threshold: float = 2.0
@@ -128,6 +135,31 @@ def roll_dual_clip_constant(pg_clip: float) -> float:
 PolicyLossFn = Callable[..., tuple[Tensor, Metrics]]
 
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy_loss")
+
+#: Inputs a loss takes besides the common arguments, declared with
+#: :func:`needs_inputs`; the caller provides them by these names (keyword arguments),
+#: never by the loss's name. ``sample_positive``: ``(B,)``, 1 for a sample whose task
+#: score is > 0.
+POLICY_LOSS_INPUTS = frozenset({"sample_positive"})
+_NEEDS: dict[PolicyLossFn, frozenset[str]] = {}
+
+
+def needs_inputs(*names: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Declare the extra inputs (of :data:`POLICY_LOSS_INPUTS`) a registered loss takes."""
+    unknown = set(names) - POLICY_LOSS_INPUTS
+    if unknown:
+        raise ValueError(f"unknown policy-loss inputs {sorted(unknown)}")
+
+    def mark(fn: PolicyLossFn) -> PolicyLossFn:
+        _NEEDS[fn] = frozenset(names)
+        return fn
+
+    return mark
+
+
+def policy_loss_inputs(name: str) -> frozenset[str]:
+    """The extra inputs policy loss ``name`` takes (empty for most)."""
+    return _NEEDS.get(POLICY_LOSSES.get(name), frozenset())
 
 
 class PolicyLossParamError(ValueError):
@@ -246,13 +278,20 @@ def cispo(
     """CISPO (MiniMax-M1, arXiv:2506.13585): clipped IS weight, stop-gradient.
 
     ``L = -sg[clip(r, 1-ε_low, 1+ε_high)]·A·log π_θ`` — every token keeps a gradient,
-    only the weight is clipped.
+    only the weight is clipped. With ``cispo_unified_mask`` (the paper's eq. 7) the token
+    loss is multiplied by ``M = 0`` if ``A > 0 and r > 1+ε_high`` or ``A < 0 and
+    r < 1-ε_low``, else ``1`` (the token stays in the aggregation's denominator).
     """
     m = response_mask
     lr = _log_ratio(log_prob, old_log_prob, params)
     ratio = torch.exp(lr)
     w = torch.clamp(ratio, 1.0 - params.low, 1.0 + params.high)
     losses = -w.detach() * advantages * log_prob
+    if params.cispo_unified_mask:
+        drop = ((advantages > 0) & (ratio > 1.0 + params.high)) | (
+            (advantages < 0) & (ratio < 1.0 - params.low)
+        )
+        losses = losses * (~drop).to(losses.dtype)
     metrics = {
         "pg_clipfrac": masked_mean((ratio != w).float(), m),
         "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
@@ -292,8 +331,11 @@ def check_policy_loss(name: str, params: PolicyLossParams) -> None:
     log_prob = torch.zeros(1, 2)
     mask = torch.ones(1, 2)
     agg = LossAggregator.from_mask("token-mean", mask)
+    inputs = {"sample_positive": torch.ones(1)}
     with torch.random.fork_rng(devices=[]):
-        POLICY_LOSSES.get(name)(log_prob, log_prob, torch.tensor([[1.0, -1.0]]), mask, params, agg)
+        compute_policy_loss(
+            name, log_prob, log_prob, torch.tensor([[1.0, -1.0]]), mask, params, agg, None, inputs
+        )
 
 
 def compute_policy_loss(
@@ -305,8 +347,15 @@ def compute_policy_loss(
     params: PolicyLossParams,
     agg: LossAggregator,
     rollout_is_weights: Tensor | None = None,
+    inputs: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Metrics]:
-    """Look up ``name`` in :data:`POLICY_LOSSES` and call it."""
+    """Look up ``name`` in :data:`POLICY_LOSSES` and call it, with the extra ``inputs`` it
+    declares (:func:`policy_loss_inputs`; a missing one raises ``KeyError``)."""
+    given = inputs or {}
+    missing = policy_loss_inputs(name) - set(given)
+    if missing:
+        raise KeyError(f"policy loss {name!r} needs {', '.join(sorted(missing))}")
+    extra = {k: given[k] for k in policy_loss_inputs(name)}
     return POLICY_LOSSES.get(name)(
-        log_prob, old_log_prob, advantages, response_mask, params, agg, rollout_is_weights
+        log_prob, old_log_prob, advantages, response_mask, params, agg, rollout_is_weights, **extra
     )

@@ -139,7 +139,8 @@ def dro(
 
     so ``∂L/∂log π_θ = -A + β·(log π_θ - log π_old)``: the REINFORCE gradient at
     ``π_θ = π_old``, pulled back towards ``π_old`` as the policy moves. The log-ratio is
-    not clamped (as verl). DRO expects advantages suited to its soft off-policy form;
+    not clamped (as verl). ROLL's ``pg_variant: kimi15`` is this loss with
+    ``β = kimi15_tau`` (its ``-A·log π + τ/2·(log π - log π_old)²``). DRO expects advantages suited to its soft off-policy form;
     any estimator's are accepted. Raises :class:`PolicyLossParamError` without a
     positive ``dro_beta``.
     """

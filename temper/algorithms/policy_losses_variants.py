@@ -19,6 +19,7 @@ from temper.algorithms.policy_losses import (
     _finish,
     _log_ratio,
     _ppo_clip_terms,
+    needs_inputs,
 )
 from temper.algorithms.rollout_correction import rollout_is_weights as is_weights
 
@@ -185,6 +186,33 @@ def sapo(
     return _finish(losses, m, params, agg, rollout_is_weights, metrics)
 
 
+def _topr(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None,
+    pos: Tensor,
+) -> tuple[Tensor, Metrics]:
+    m = response_mask
+    lr = _log_ratio(log_prob, old_log_prob, params)
+    ratio = torch.exp(lr).detach()
+    w = torch.where(
+        pos,
+        torch.full_like(ratio, params.topr_positive_weight),
+        params.topr_negative_weight * torch.clamp(ratio, 0.0, 1.0),
+    )
+    losses = -w * advantages * log_prob
+    metrics = {
+        "pg_clipfrac": masked_mean(((ratio > 1.0) & ~pos).float(), m),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
+        "ppo_kl": masked_mean(-lr, m),
+    }
+    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
 @POLICY_LOSSES.register("topr")
 def topr(
     log_prob: Tensor,
@@ -200,26 +228,37 @@ def topr(
     Positive set (``A > 0``): SFT-like ``L = -w₊·A·log π_θ`` (no importance ratio).
     Negative set (``A ≤ 0``): ``L = -w₋·sg[clip(r, 0, 1)]·A·log π_θ`` (truncated ratio).
     ``w₊ = topr_positive_weight``, ``w₋ = topr_negative_weight``. The sets are split by the
-    sign of the advantage; ROLL splits by the sign of the sample's score, which is the
-    same when advantages are the raw rewards. Metric ``pg_clipfrac``: share of negative
-    tokens with ``r > 1``.
+    sign of the advantage; ``topr_score`` splits them by the sample's task score, as
+    ROLL does. Metric ``pg_clipfrac``: share of negative tokens with ``r > 1``.
     """
-    m = response_mask
-    lr = _log_ratio(log_prob, old_log_prob, params)
-    ratio = torch.exp(lr).detach()
     pos = advantages > 0
-    w = torch.where(
-        pos,
-        torch.full_like(ratio, params.topr_positive_weight),
-        params.topr_negative_weight * torch.clamp(ratio, 0.0, 1.0),
+    return _topr(
+        log_prob, old_log_prob, advantages, response_mask, params, agg, rollout_is_weights, pos
     )
-    losses = -w * advantages * log_prob
-    metrics = {
-        "pg_clipfrac": masked_mean(((ratio > 1.0) & ~pos).float(), m),
-        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
-        "ppo_kl": masked_mean(-lr, m),
-    }
-    return _finish(losses, m, params, agg, rollout_is_weights, metrics)
+
+
+@POLICY_LOSSES.register("topr_score")
+@needs_inputs("sample_positive")
+def topr_score(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: PolicyLossParams,
+    agg: LossAggregator,
+    rollout_is_weights: Tensor | None = None,
+    *,
+    sample_positive: Tensor,
+) -> tuple[Tensor, Metrics]:
+    """TOPR with the sets split by the sample's task score (ROLL's ``pg_variant: topr``):
+    the loss of ``topr`` with the positive set ``score > 0`` (``sample_positive``, (B,))
+    whatever the sign of each token's advantage — a positive-score sample with a negative
+    (normalized) advantage keeps ``-w₊·A·log π_θ``.
+    """
+    pos = (sample_positive > 0).unsqueeze(-1).expand_as(advantages)
+    return _topr(
+        log_prob, old_log_prob, advantages, response_mask, params, agg, rollout_is_weights, pos
+    )
 
 
 @POLICY_LOSSES.register("reinforce_is")

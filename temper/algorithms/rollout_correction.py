@@ -19,14 +19,21 @@ Levels (registry :data:`ROLLOUT_IS_LEVELS`, config ``rollout_correction.rollout_
 * ``token``: ``ρ_t = exp(log π_old - log π_rollout)`` per token;
 * ``sequence``: ``ρ_i = exp(Σ_t (log π_old - log π_rollout))`` (product), broadcast;
 * ``geometric``: ``ρ_i = exp(mean_t (log π_old - log π_rollout))``, broadcast
-  (ROLL's ``train_infer_ratio_seq``).
+  (ROLL's ``train_infer_ratio_seq``);
+* ``segment``: the geometric mean over each run of consecutive valid tokens (a turn of a
+  multi-turn response), broadcast to the run (ROLL's ``weight_type: segment``).
 
 Log-ratios are clamped to [-20, 20] before ``exp``. Weights are detached.
+
+Rejection sampling (:func:`rollout_rejection_mask`, config ``actor.rollout_rs``; verl
+``rollout_rs``, ROLL ``train_infer_correction.filters``) removes tokens, or whole
+sequences or turns, whose mismatch statistic leaves its bounds from the loss's mask.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -55,6 +62,11 @@ def _geometric_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
 
 
+@ROLLOUT_IS_LEVELS.register("segment")
+def _segment_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    return _rs_segment_mean(log_ratio, mask)
+
+
 def rollout_is_weights(
     old_log_prob: Tensor,
     rollout_log_prob: Tensor,
@@ -78,7 +90,7 @@ def rollout_is_weights(
       (``threshold_low`` required).
 
     ``batch_normalize`` (verl ``rollout_is_batch_normalize``) divides the weights by their
-    mean — over valid tokens at the token level, over sequences (one weight each, the
+    mean — over valid tokens at the token and segment levels, over sequences (one weight each, the
     sequences with a valid token) at a sequence level — unless that mean is ≤ 1e-8.
     Weights are 0 on masked tokens and detached.
     Metrics: ``rollout_is_mean``, ``rollout_is_clipfrac`` (fraction of valid tokens whose
@@ -114,7 +126,7 @@ def rollout_is_weights(
             new_mask = response_mask * keep
             weights = weights * keep.to(weights.dtype)
         if batch_normalize and m.sum() > 0:
-            if level == "token":
+            if level in ("token", "segment"):  # segment: weights vary within a sequence
                 mean = masked_mean(weights, m)
             else:  # one weight per sequence: the mean over the sequences
                 has = (m.sum(dim=-1) > 0).to(m.dtype)
@@ -145,3 +157,147 @@ def logprob_diff(
             zero = torch.zeros((), device=log_prob.device)
             return {"logprob_diff": zero, "logprob_diff_max": zero}
         return {"logprob_diff": diff.mean(), "logprob_diff_max": diff.max()}
+
+
+# ----------------------------------------------------------------------------- rejection
+
+
+@dataclass(frozen=True)
+class RejectionStat:
+    """A per-token statistic of the train/rollout mismatch and what turns its aggregate
+    into the value compared with the bounds (``after``)."""
+
+    token: Callable[[Tensor, Tensor], Tensor]  # (old_log_prob, rollout_log_prob) -> (B, T)
+    after: Callable[[Tensor], Tensor]
+
+
+def _clamped_log_ratio(old: Tensor, rollout: Tensor) -> Tensor:
+    return torch.clamp(old - rollout, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+def _k2(old: Tensor, rollout: Tensor) -> Tensor:
+    return 0.5 * _clamped_log_ratio(old, rollout).square()
+
+
+def _k3(old: Tensor, rollout: Tensor) -> Tensor:
+    lr = _clamped_log_ratio(old, rollout)
+    return torch.exp(lr) - 1.0 - lr
+
+
+def _prob_diff(old: Tensor, rollout: Tensor) -> Tensor:
+    return torch.exp(old) - torch.exp(rollout)
+
+
+ROLLOUT_RS_STATS: Registry[RejectionStat] = Registry("rollout_correction.rollout_rs_stat")
+ROLLOUT_RS_STATS.add("ratio", RejectionStat(_clamped_log_ratio, torch.exp))
+ROLLOUT_RS_STATS.add("k2", RejectionStat(_k2, _identity))
+ROLLOUT_RS_STATS.add("k3", RejectionStat(_k3, _identity))
+ROLLOUT_RS_STATS.add("prob_diff", RejectionStat(_prob_diff, _identity))
+
+RSLevelFn = Callable[[Tensor, Tensor], Tensor]
+ROLLOUT_RS_LEVELS: Registry[RSLevelFn] = Registry("rollout_correction.rollout_rs_level")
+
+
+@ROLLOUT_RS_LEVELS.register("token")
+def _rs_token(values: Tensor, mask: Tensor) -> Tensor:
+    return values
+
+
+@ROLLOUT_RS_LEVELS.register("sequence_sum")
+def _rs_sequence_sum(values: Tensor, mask: Tensor) -> Tensor:
+    return (values * mask).sum(dim=-1, keepdim=True).expand_as(values)
+
+
+@ROLLOUT_RS_LEVELS.register("sequence_mean")
+def _rs_sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
+    return masked_mean(values, mask, dim=-1).unsqueeze(-1).expand_as(values)
+
+
+@ROLLOUT_RS_LEVELS.register("sequence_max")
+def _rs_sequence_max(values: Tensor, mask: Tensor) -> Tensor:
+    low = torch.full_like(values, float("-inf"))
+    top = torch.where(mask > 0, values, low).max(dim=-1, keepdim=True).values
+    top = torch.where(torch.isinf(top) & (top < 0), torch.zeros_like(top), top)
+    return top.expand_as(values)
+
+
+@ROLLOUT_RS_LEVELS.register("segment_mean")
+def _rs_segment_mean(values: Tensor, mask: Tensor) -> Tensor:
+    valid = mask > 0
+    before = torch.nn.functional.pad(valid[:, :-1], (1, 0), value=False)
+    seg = torch.cumsum((valid & ~before).long(), dim=-1) * valid.long()  # 1.. per run, 0 off
+    k = int(seg.max().item()) + 1 if seg.numel() else 1
+    m = valid.to(values.dtype)
+    sums = torch.zeros(values.shape[0], k, dtype=values.dtype, device=values.device)
+    counts = torch.zeros_like(sums)
+    sums.scatter_add_(1, seg, values * m)
+    counts.scatter_add_(1, seg, m)
+    return (sums / counts.clamp(min=1.0)).gather(1, seg) * m
+
+
+@dataclass(frozen=True)
+class RejectionFilter:
+    """One rule: keep a token iff ``low ≤ after(level(stat)) ≤ high`` (a bound of None is
+    open). Names are of :data:`ROLLOUT_RS_STATS` and :data:`ROLLOUT_RS_LEVELS`."""
+
+    stat: str = "ratio"
+    level: str = "token"
+    low: float | None = None
+    high: float | None = None
+
+
+def rollout_rejection_mask(
+    old_log_prob: Tensor,
+    rollout_log_prob: Tensor,
+    response_mask: Tensor,
+    filters: Sequence[RejectionFilter],
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Rejection sampling on the rollout/train mismatch: which tokens stay in the loss.
+
+    Shapes: log-probs and mask ``(B, T)`` -> ``(keep (B, T) in the mask's dtype, metrics)``;
+    ``response_mask * keep`` is the new loss mask. With ``lr_t = clamp(log π_old(y_t) −
+    log π_rollout(y_t), ±20)``, the per-token statistics (:data:`ROLLOUT_RS_STATS`) are
+
+    * ``ratio``: ``lr_t``, compared after aggregation as ``exp(·)`` — so ``token`` is
+      ``ρ_t = π_old/π_rollout``, ``sequence_sum`` the sequence's product ``Π ρ_t``,
+      ``sequence_mean`` its geometric mean, ``segment_mean`` the geometric mean of each
+      run of consecutive response tokens (a turn);
+    * ``k2``: ``½·lr_t²``; ``k3``: ``ρ_t − 1 − lr_t`` (Schulman's estimators of
+      KL(π_rollout‖π_old));
+    * ``prob_diff``: ``π_old(y_t) − π_rollout(y_t)`` (probabilities, not logs),
+
+    aggregated per :data:`ROLLOUT_RS_LEVELS` over the valid tokens — ``token`` (itself),
+    ``sequence_sum``, ``sequence_mean``, ``sequence_max`` (broadcast to the sequence),
+    ``segment_mean`` (broadcast to the run). A token is kept iff every filter holds
+    ``low ≤ value ≤ high`` (NaN fails); a sequence-level value rejects the whole
+    sequence. Metrics (over valid tokens / sequences with a valid token):
+    ``rollout_rs_masked_fraction`` (tokens rejected), ``rollout_rs_seq_masked_fraction``
+    (sequences with a rejected token), ``rollout_rs_{i}_masked_fraction`` per filter ``i``.
+    """
+    with torch.no_grad():
+        m = (response_mask > 0).to(old_log_prob.dtype)
+        keep = torch.ones_like(m, dtype=torch.bool)
+        metrics: dict[str, Tensor] = {}
+        for i, f in enumerate(filters):
+            stat = ROLLOUT_RS_STATS.get(f.stat)
+            level = ROLLOUT_RS_LEVELS.get(f.level)
+            value = stat.after(level(stat.token(old_log_prob, rollout_log_prob) * m, m))
+            ok = torch.ones_like(keep)
+            if f.low is not None:
+                ok = ok & (value >= f.low)
+            if f.high is not None:
+                ok = ok & (value <= f.high)
+            metrics[f"rollout_rs_{i}_masked_fraction"] = masked_mean((~ok).to(m.dtype), m)
+            keep = keep & ok
+        rejected = (~keep).to(m.dtype) * m
+        metrics["rollout_rs_masked_fraction"] = masked_mean(rejected, m)
+        has = m.sum(dim=-1) > 0
+        hit = (rejected.sum(dim=-1) > 0).to(m.dtype)
+        metrics["rollout_rs_seq_masked_fraction"] = (
+            hit[has].mean() if bool(has.any()) else torch.zeros((), device=m.device)
+        )
+    return keep.to(response_mask.dtype), metrics

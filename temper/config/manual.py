@@ -56,6 +56,15 @@ def _section_type(tp: Any) -> type | None:
     return None
 
 
+def _list_item_type(tp: Any) -> type | None:
+    """The dataclass of the items of a ``list[Section]`` field, else None."""
+    if get_origin(tp) is list:
+        (arg,) = get_args(tp) or (None,)
+        if dataclasses.is_dataclass(arg) and isinstance(arg, type):
+            return arg
+    return None
+
+
 def native_keys(cls: type = TemperConfig, prefix: str = "") -> Iterator[tuple[str, bool]]:
     """Every native key in schema order: ``(dotted path, is_section)``."""
     hints = typing.get_type_hints(cls)
@@ -65,6 +74,10 @@ def native_keys(cls: type = TemperConfig, prefix: str = "") -> Iterator[tuple[st
         yield path, section is not None
         if section is not None:
             yield from native_keys(section, path + ".")
+        item = _list_item_type(hints[f.name])
+        if item is not None:  # a list of sections: its items' keys under ``key[]``
+            yield f"{path}[]", True
+            yield from native_keys(item, path + "[].")
 
 
 def _upstream_spellings() -> tuple[dict[str, list[str]], dict[str, list[str]]]:

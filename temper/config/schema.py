@@ -468,6 +468,26 @@ class TrainEngineConfig:
 
 
 @dataclass
+class RolloutFilter:
+    """One rejection rule of ``actor.rollout_rs``: a token stays in the loss iff
+    ``low ≤ value ≤ high``, the value being ``stat`` aggregated at ``level``."""
+
+    stat: str = doc(
+        "ratio",
+        "Mismatch statistic: ratio (π_old/π_rollout), k2, k3, prob_diff (π_old − π_rollout).",
+        registry="rollout_correction.rollout_rs_stat",
+    )
+    level: str = doc(
+        "token",
+        "Aggregation: token, sequence_sum, sequence_mean, sequence_max, segment_mean "
+        "(a ratio aggregates its log: sequence_sum is the product, _mean the geometric mean).",
+        registry="rollout_correction.rollout_rs_level",
+    )
+    low: float | None = doc(None, "Lower bound of the kept values (None: open).")
+    high: float | None = doc(None, "Upper bound of the kept values (None: open).")
+
+
+@dataclass
 class ActorConfig(TrainEngineConfig):
     """The policy being trained: PPO-style loss and its terms."""
 
@@ -496,7 +516,8 @@ class ActorConfig(TrainEngineConfig):
     )
     rollout_is: str = doc(
         "none",
-        "Truncated importance sampling for rollout/train mismatch (none, token, sequence).",
+        "Truncated importance sampling for rollout/train mismatch (none, token, sequence, "
+        "geometric, segment).",
         registry="rollout_correction.rollout_is",
         off="none",
     )
@@ -506,6 +527,10 @@ class ActorConfig(TrainEngineConfig):
     )
     rollout_is_batch_normalize: bool = doc(False, "Divide the IS weights by their batch mean.")
     entropy_chunk_size: int = doc(0, "Compute entropy in chunks of this many rows (0: whole).")
+    rollout_rs: list[RolloutFilter] = doc(
+        [],
+        "Rejection sampling: tokens (or sequences, turns) failing any filter leave the loss (after advantages).",
+    )
 
 
 @dataclass

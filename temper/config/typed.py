@@ -44,9 +44,14 @@ def field_info(cls: type, path: str) -> FieldInfo | None:
     parts = path.split(".")
     for i, part in enumerate(parts):
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        if part not in fields:
+        name = part.removesuffix("[]")  # ``key[]``: the items of a list of sections
+        if name not in fields:
             return None
-        f, tp = fields[part], _hints(cls)[part]
+        f, tp = fields[name], _hints(cls)[name]
+        if name != part:
+            if get_origin(tp) is not list:
+                return None
+            tp = get_args(tp)[0]
         if i == len(parts) - 1:
             default = to_dict(_field_default(f))
             return FieldInfo(

@@ -63,6 +63,10 @@ def check_names(cfg: TemperConfig, catalog: Catalog) -> None:
                 for name, item in value.items():
                     if dataclasses.is_dataclass(item):
                         walk(item, f"{key}.{name}.")
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if dataclasses.is_dataclass(item):
+                        walk(item, f"{key}[{i}].")
 
     walk(cfg, "")
 
@@ -171,6 +175,16 @@ def _check_ranges(cfg: TemperConfig) -> None:
             f"the IcePop band [{low}, {high}] needs 0 < low ≤ actor.rollout_is_threshold",
             "set a lower bound in (0, rollout_is_threshold], e.g. 0.5, or null to truncate",
         )
+    for i, f in enumerate(cfg.actor.rollout_rs):
+        key = f"actor.rollout_rs[{i}]"
+        if f.low is None and f.high is None:
+            raise ConfigError(
+                key, "a filter without bounds rejects nothing", "set low, high or both"
+            )
+        if f.low is not None and f.high is not None and f.low > f.high:
+            raise ConfigError(
+                f"{key}.low", f"{f.low} > high {f.high} rejects every token", "set low ≤ high"
+            )
     if cfg.actor.clip_ratio_c is not None and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError(
             "actor.clip_ratio_c",

@@ -67,6 +67,8 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
             "reward_normalization.method",
             "pf_ppo.reweight_method",
             "rollout_correction.rollout_is",
+            "rollout_correction.rollout_rs_stat",
+            "rollout_correction.rollout_rs_level",
             "dpo_loss",
             "reward_model_loss",
         )

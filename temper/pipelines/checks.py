@@ -40,6 +40,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_estimator_inputs(cfg)
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
+    _check_rollout_rejection(cfg)
     _check_distill(cfg, plan)
     _check_async(cfg)
     if cfg.reward.launch_async:
@@ -181,6 +182,19 @@ def _check_policy_loss(cfg: TemperConfig) -> None:
     except PolicyLossParamError as err:
         key = f"actor.policy_loss_kwargs.{err.param}"
         raise ConfigError(key, str(err), f"set {key} to {err.want}") from err
+
+
+def _check_rollout_rejection(cfg: TemperConfig) -> None:
+    """Rejection sampling compares the trainer's old log-probs with the rollout engine's;
+    without a recompute they are the engine's own, and nothing would ever be rejected."""
+    full_kl = cfg.algorithm.use_kl_in_reward and kl_estimator_needs_logits(cfg.algorithm.kl_penalty)
+    if cfg.actor.rollout_rs and not cfg.actor.recompute_old_log_prob and not full_kl:
+        raise ConfigError(
+            "actor.rollout_rs",
+            "with actor.recompute_old_log_prob false the old log-probs are the rollout "
+            "engine's, so no token would ever be rejected",
+            "set actor.recompute_old_log_prob=true, or remove actor.rollout_rs",
+        )
 
 
 CHECKPOINT_PARTS = ("model", "optimizer", "extra")

@@ -166,6 +166,7 @@ RL_ONLY = {
     "actor.rollout_is_threshold": NO_GENERATION,
     "actor.rollout_is_threshold_low": NO_GENERATION,
     "actor.rollout_is_batch_normalize": NO_GENERATION,
+    "actor.rollout_rs": NO_GENERATION,
     "data.max_prompt_length": "a sample is bounded as a whole, by sft.max_length",
     "data.filter_overlong_prompts": "a sample is bounded as a whole, by sft.max_length",
     "data.gen_batch_size": NO_GENERATION,

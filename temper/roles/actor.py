@@ -13,8 +13,12 @@ run without old-log-prob recompute or entropy bonus still shows it.
 Keys read by ``update``: ``prompt_ids``, ``prompt_mask``, ``response_ids``,
 ``response_mask``, ``advantages``, ``old_log_probs`` (or ``rollout_log_probs`` with
 ``recompute_old_log_prob: false``); ``ref_log_probs`` for the KL loss;
-``rollout_log_probs`` for ``rollout_is``; ``token_level_scores`` (or
-``token_level_rewards``) for the SFT term's positive samples; ``sample_weights`` (B,),
+``rollout_log_probs`` for ``rollout_is`` and ``rollout_rs`` (whose rejected tokens
+leave ``response_mask`` for the whole update: policy, KL, entropy and SFT terms and their
+normalizers, after the advantages were computed); ``token_level_scores`` (or
+``token_level_rewards``) for the SFT term's positive samples; ``scores`` (B, the task
+score before any normalization) for a policy loss that takes ``sample_positive``
+(``topr_score``: score > 0); ``sample_weights`` (B,),
 when the shaping phase set them (ROLL's difficulty/length loss weights), multiply each
 sample's policy-gradient loss, like the rollout IS weights do per token.
 """
@@ -30,7 +34,11 @@ from temper.algorithms.aggregation import LossAggregator
 from temper.algorithms.kl import kl_estimator_needs_logits, kl_loss, kl_penalty
 from temper.algorithms.masked import masked_mean
 from temper.algorithms.objectives import actor_loss, entropy_loss, nll_loss, sft_loss
-from temper.algorithms.policy_losses import PolicyLossParams, compute_policy_loss
+from temper.algorithms.policy_losses import (
+    PolicyLossParams,
+    compute_policy_loss,
+    policy_loss_inputs,
+)
 from temper.algorithms.preference import (
     PREFERENCE_LOSSES,
     PreferenceParams,
@@ -42,7 +50,11 @@ from temper.algorithms.reward_model import (
     RewardLossParams,
     score_pair_metrics,
 )
-from temper.algorithms.rollout_correction import rollout_is_weights
+from temper.algorithms.rollout_correction import (
+    RejectionFilter,
+    rollout_is_weights,
+    rollout_rejection_mask,
+)
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
@@ -56,6 +68,7 @@ from temper.roles.pairs import PairObjective, pair_coefficients, pair_loss_fn, r
 from temper.training.base import LossFn, TrainEngine
 
 _POSITIVE = "_sft_positive"
+_SCORE_POSITIVE = "_score_positive"  # (B,) task score > 0 (topr_score's positive set)
 _TOKEN_WEIGHTS = "_token_weights"  # rollout IS weights × sample weights (B, R)
 
 
@@ -144,6 +157,17 @@ class Actor:
             )
             work[_TOKEN_WEIGHTS] = weights
             metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
+        if cfg.rollout_rs:  # rejection sampling: the rejected tokens leave every loss term
+            if "rollout_log_probs" not in work:
+                raise KeyError("actor.rollout_rs needs rollout_log_probs")
+            keep, m = rollout_rejection_mask(
+                work["old_log_probs"],
+                work["rollout_log_probs"],
+                work["response_mask"],
+                [RejectionFilter(f.stat, f.level, f.low, f.high) for f in cfg.rollout_rs],
+            )
+            work["response_mask"] = work["response_mask"] * keep
+            metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
         if "sample_weights" in work:  # per-sample loss weights: one token weight matrix
             per_sample = work["sample_weights"].unsqueeze(-1).to(work["response_mask"].dtype)
             base = work[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in work else torch.ones_like(per_sample)
@@ -153,6 +177,10 @@ class Actor:
             if key not in work:
                 raise KeyError("actor.sft_loss_coef needs token_level_scores to pick positives")
             work[_POSITIVE] = (work[key].sum(dim=-1) > 0).float()
+        if "sample_positive" in policy_loss_inputs(cfg.policy_loss):  # the raw task score
+            if "scores" not in work:
+                raise KeyError(f"policy loss {cfg.policy_loss} needs the samples' scores")
+            work[_SCORE_POSITIVE] = (work["scores"].float() > 0).float()
         return work, metrics
 
     def _loss_fn(self, mini: Batch) -> LossFn:
@@ -183,6 +211,7 @@ class Actor:
             log_prob = out["log_probs"]
             share = float((mask > 0).sum()) / n_tokens  # local means → partial sums
             weights = mb[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in mb else None  # noqa: SIM401
+            inputs = {"sample_positive": mb[_SCORE_POSITIVE]} if _SCORE_POSITIVE in mb else None
             pg, pg_m = compute_policy_loss(
                 cfg.policy_loss,
                 log_prob,
@@ -192,6 +221,7 @@ class Actor:
                 self.params,
                 agg,
                 weights,
+                inputs,
             )
             metrics: dict[str, Any] = {"pg_loss": pg.detach()}
             for k, v in pg_m.items():

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -91,7 +92,7 @@ def test_rollout_killed_while_running_ahead_stops_in_one_line_and_resume_continu
     killed while it generates the next batch ahead stops the run with one line naming it
     (no hang: the test's deadline bounds it), and the same command resumes to the end."""
     env = {**os.environ, "TEMPER_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
-    cfg = yaml.safe_load(open(write_config(tmp_path, tiny_model_dir)))
+    cfg = yaml.safe_load(Path(write_config(tmp_path, tiny_model_dir)).read_text())
     cfg["async_training"] = {"staleness": 1}
     config = tmp_path / "ray_async.yaml"
     config.write_text(yaml.safe_dump(cfg))

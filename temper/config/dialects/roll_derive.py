@@ -12,6 +12,7 @@ import math
 import os
 from typing import Any
 
+from temper.config.dialects import roll_correction, roll_pg
 from temper.config.dialects.roll_devices import parse_device_mapping
 from temper.config.dialects.roll_rewards import rewards as rewards
 from temper.config.dialects.roll_rules import (
@@ -238,27 +239,9 @@ def _estimator(ctx: Ctx) -> None:
         _norm_types(ctx)
 
 
-def _train_infer_correction(ctx: Ctx) -> None:
-    """ROLL's ``train_infer_correction.is_weight`` (truncated importance weights for the
-    rollout engine's log-probs vs the trainer's) -> ``actor.rollout_is``."""
-    key = "train_infer_correction.is_weight"
-    if not ctx.get(f"{key}.enabled"):
-        if ctx.has(f"{key}.weight_type"):
-            ctx.note(f"{key}.weight_type", "importance weights are off (enabled: false)")
-        return
-    kind = ctx.get(f"{key}.weight_type", "token")
-    if kind not in ("token", "sequence"):
-        raise ConfigError(
-            f"{key}.weight_type",
-            f"'{kind}' importance weights are not supported",
-            "use token or sequence",
-        )
-    ctx.set("actor.rollout_is", kind, f"{key}.enabled")
-
-
 def algorithm(ctx: Ctx) -> None:
     _estimator(ctx)
-    _train_infer_correction(ctx)
+    roll_correction.train_infer_correction(ctx)
     # ROLL's GAE returns raw advantages; whitening is its separate whiten_advantages key.
     ctx.set("algorithm.gae_whiten", False, "adv_estimator")
     if ctx.get("target_kl") is not None:
@@ -279,6 +262,7 @@ def algorithm(ctx: Ctx) -> None:
         for side in ("low", "high"):
             if ctx.has(f"pg_clip_{side}"):
                 ctx.note(f"pg_clip_{side}", "used only with use_pg_clip_range: true")
+    roll_pg.pg_variant(ctx)
     experiment(ctx)
 
 

@@ -133,6 +133,9 @@ ROLE_WORKERS = {
         "roll.pipeline.rlvr.actor_worker.ActorWorker",
         "roll.pipeline.agentic.agentic_actor_worker.ActorWorker",
         "roll.pipeline.base_worker.ActorWorker",
+        # the policy-gradient workers: actor_train.pg_variant picks the loss (roll_pg)
+        "roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker",
+        "roll.pipeline.agentic.agentic_actor_pg_worker.ActorWorker",
     },
     "actor_infer": {
         "roll.pipeline.base_worker.InferWorker",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.roll_pg import PARAM_RULES
 from temper.config.dialects.roll_rules import (
     ATTN,
     Map,
@@ -148,14 +149,10 @@ def _worker(role: str) -> dict[str, Rule]:
             "use_sequence_packing": Map("model.use_remove_padding"),
             "use_dynamic_batching_in_infer": Map("rollout.log_prob_use_dynamic_bsz"),
             "max_tokens_per_microbatch_in_infer": Map("rollout.log_prob_max_token_len_per_device"),
-            "pg_variant": Reject(
-                "ROLL's policy-gradient worker variants (tis, topr, cispo, kimi15) are set "
-                "here with actor.policy_loss",
-                "remove pg_variant (ppo is temper's vanilla PPO loss), or use the native "
-                "actor.policy_loss",
-                ok=lambda v: v in (None, "ppo"),
-                note="ppo: temper's vanilla PPO loss",
-            ),
+            "pg_variant": Use("actor.policy_loss (with a policy-gradient worker_cls)"),
+            "topr_positive_weight": Use("actor.policy_loss_kwargs (pg_variant topr)"),
+            "topr_negative_weight": Use("actor.policy_loss_kwargs (pg_variant topr)"),
+            **PARAM_RULES,
         }
     elif role == "reference":
         rules |= {
@@ -367,16 +364,11 @@ ADDITIONS: dict[str, Rule] = {
     ),
     "train_infer_correction.is_weight.enabled": Use("actor.rollout_is"),
     "train_infer_correction.is_weight.weight_type": Use("actor.rollout_is"),
-    "train_infer_correction.is_weight.upper_bound": Map("actor.rollout_is_threshold"),
+    "train_infer_correction.is_weight.upper_bound": Use("actor.rollout_is_threshold"),
     "train_infer_correction.is_weight.detach": Note(
         "the importance weight is never differentiated"
     ),
-    "train_infer_correction.filters": Reject(
-        "rejecting samples by their train/rollout probability ratio is not supported",
-        "remove the filters (or set enabled: false in each)",
-        ok=lambda v: not v or all(not (f or {}).get("enabled") for f in v),
-        note="no filter enabled",
-    ),
+    "train_infer_correction.filters": Use("actor.rollout_rs"),
     # ---- remaining fields of ROLL's config dataclasses (no example sets them)
     "balance_length": Note("balances lengths over data-parallel ranks: " + PERF),
     "base_dir": Note("temper writes under experiment.output_dir"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_async as va
+from temper.config.dialects import verl_rs
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_distill import RULES as DISTILL_RULES
 from temper.config.dialects.verl_megatron import MEGATRON_INHERIT, megatron_rules
@@ -250,15 +251,8 @@ def _section_algorithm() -> dict[str, Rule]:
     return {
         f"{rc}.rollout_is": Map("actor.rollout_is", va.rollout_is),
         f"{rc}.rollout_is_threshold": Map("actor.rollout_is_threshold"),
-        f"{rc}.rollout_rs": _off(
-            "no rejection sampling", "rollout rejection sampling is not supported", "set it to null"
-        ),
-        f"{rc}.rollout_rs_threshold": _inert(
-            r.when_off(f"{rc}.rollout_rs"),
-            "rollout_rs is off",
-            "rollout rejection sampling is not supported",
-            "set it to null",
-        ),
+        f"{rc}.rollout_rs": Call(verl_rs.rollout_rs),
+        f"{rc}.rollout_rs_threshold": Call(verl_rs.rollout_rs_threshold),
         f"{rc}.bypass_mode": Call(va.bypass_mode),
         f"{rc}.loss_type": Call(va.loss_type),
         f"{rc}.rollout_is_batch_normalize": Map("actor.rollout_is_batch_normalize"),

@@ -144,7 +144,15 @@ def policy_fn(name: str) -> LossFn:
     ) -> torch.Tensor:
         logp = logprobs_from_logits(r["x"] @ b.w, r["labels"])
         loss, _m = compute_policy_loss(
-            name, logp, r["old"], r["adv"], r["mask"], PolicyLossParams(dro_beta=0.1), agg
+            name,
+            logp,
+            r["old"],
+            r["adv"],
+            r["mask"],
+            PolicyLossParams(dro_beta=0.1),
+            agg,
+            None,
+            {"sample_positive": r["positive"]},  # read by the losses that declare it
         )
         return loss
 

@@ -38,8 +38,18 @@ def run(
     agg: LossAggregator | None = None,
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    # every sample in topr_score's positive set (the other losses take no extra input)
+    positive = {"sample_positive": torch.ones(logp.shape[0])}
     return compute_policy_loss(
-        name, logp, old, adv, mask, params or PolicyLossParams(), agg or token_mean(mask), weights
+        name,
+        logp,
+        old,
+        adv,
+        mask,
+        params or PolicyLossParams(),
+        agg or token_mean(mask),
+        weights,
+        positive,
     )
 
 
@@ -158,6 +168,24 @@ def test_cispo_stop_gradient_clipped_weight() -> None:
     torch.testing.assert_close(logp.grad, T([[-0.6, 0.4]]))
 
 
+def test_cispo_unified_mask_drops_tokens_pushed_past_the_clip() -> None:
+    logp = leaf([[-1.0, -2.0, -0.5, -1.0]])
+    old = T([[-1.0 - ln(1.5), -2.0 - ln(0.5), -0.5 - ln(1.5), -1.0 - ln(0.5)]])
+    adv = T([[1.0, -1.0, -1.0, 1.0]])  # r = [1.5, 0.5, 1.5, 0.5]
+    params = PolicyLossParams(cispo_unified_mask=True)
+    loss, _ = run("cispo", logp, old, adv, torch.ones(1, 4), params)
+    # M = 0 for token 0 (A>0, r=1.5>1.2) and token 1 (A<0, r=0.5<0.8); tokens 2, 3 kept:
+    # w = clip(r, 0.8, 1.2) = [., ., 1.2, 0.8]; L = [0, 0, -1.2*(-1)*(-0.5), -0.8*1*(-1)]
+    #   = [0, 0, -0.6, 0.8]; token-mean over all 4 tokens = 0.2/4 = 0.05
+    assert loss.item() == pytest.approx(0.05, rel=1e-6)
+    loss.backward()
+    # dL/dlogp = -M w A / 4 = [0, 0, 1.2/4, -0.8/4]
+    torch.testing.assert_close(logp.grad, T([[0.0, 0.0, 0.3, -0.2]]))
+    plain, _ = run("cispo", logp.detach(), old, adv, torch.ones(1, 4))
+    # without the mask: [1.2, -1.6, -0.6, 0.8] -> -0.2/4 = -0.05
+    assert plain.item() == pytest.approx(-0.05, rel=1e-6)
+
+
 def test_gpg_plain_policy_gradient() -> None:
     logp = leaf([[-1.0, -3.0]])
     loss, _ = run("gpg", logp, logp.detach(), T([[2.0, -1.0]]), torch.ones(1, 2))
@@ -245,6 +273,42 @@ def test_reinforce_is_sequence_weight_and_icepop() -> None:
                   reinforce("sequence", low=0.5))  # fmt: skip
     assert loss.item() == pytest.approx(4.5 / 4, rel=1e-6)
     assert m["pg_clipfrac"].item() == pytest.approx(0.5)  # row 1's two tokens
+
+
+def test_topr_score_splits_by_the_sample_score() -> None:
+    from temper.algorithms import policy_loss_inputs
+
+    logp = leaf([[-1.0, -2.0], [-0.5, -1.0]])
+    old = T([[-1.0 - ln(3.0), -2.0 - ln(0.5)], [-0.5 - ln(2.0), -1.0 - ln(0.5)]])
+    adv = T([[-1.0, -1.0], [1.0, 1.0]])  # r = [[3, 0.5], [2, 0.5]]
+    mask = torch.ones(2, 2)
+    positive = {"sample_positive": T([1.0, 0.0])}  # score > 0 for sample 0 only
+    agg = token_mean(mask)
+    loss, m = compute_policy_loss(
+        "topr_score", logp, old, adv, mask, PolicyLossParams(), agg, None, positive
+    )
+    # sample 0 (positive set, A = -1): -A log pi = [-1, -2]
+    # sample 1 (negative set, A = +1): w = clip(r, 0, 1) = [1, 0.5] -> -w A log pi = [0.5, 0.5]
+    # token-mean = (-1 - 2 + 0.5 + 0.5)/4 = -0.5
+    assert loss.item() == pytest.approx(-0.5, rel=1e-6)
+    assert m["pg_clipfrac"].item() == pytest.approx(1 / 4)  # sample 1's r = 2 > 1
+    loss.backward()
+    # dL/dlogp = -w A / 4 = [[0.25, 0.25], [-0.25, -0.125]]
+    torch.testing.assert_close(logp.grad, T([[0.25, 0.25], [-0.25, -0.125]]))
+    # split by the advantage instead (topr): sample 1 positive [0.5, 1], sample 0 negative
+    # w = [1, 0.5] -> [-1, -1]; mean (-1 - 1 + 0.5 + 1)/4 = -0.125
+    plain, _ = run("topr", logp.detach(), old, adv, mask)
+    assert plain.item() == pytest.approx(-0.125, rel=1e-6)
+    # weights 2 / 0.5: [-2, -4] and [0.25, 0.25] -> -5.5/4
+    params = PolicyLossParams(topr_positive_weight=2.0, topr_negative_weight=0.5)
+    weighted, _ = compute_policy_loss(
+        "topr_score", logp.detach(), old, adv, mask, params, agg, None, positive
+    )
+    assert weighted.item() == pytest.approx(-1.375, rel=1e-6)
+    assert policy_loss_inputs("topr_score") == {"sample_positive"}
+    assert policy_loss_inputs("topr") == frozenset()
+    with pytest.raises(KeyError, match="sample_positive"):
+        compute_policy_loss("topr_score", logp.detach(), old, adv, mask, PolicyLossParams(), agg)
 
 
 def test_geo_mean_hand_values() -> None:

@@ -65,7 +65,7 @@ def test_registry_names_for_config_validator() -> None:
     }  # fmt: skip
     assert set(names["policy_loss"]) == {
         "vanilla", "gspo", "cispo", "gpg", "clip_cov", "kl_cov", "geo_mean", "sapo", "topr",
-        "dppo_tv", "dppo_kl", "dro", "reinforce_is",
+        "topr_score", "dppo_tv", "dppo_kl", "dro", "reinforce_is",
     }  # fmt: skip
     assert {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "k3+", "k1+"} <= set(
         names["kl_penalty"]

@@ -494,8 +494,117 @@ MAPPED += [
     ]
 ]
 
+# ROLL's policy-gradient workers: pg_variant -> the native loss with the same formula
+PG = {"actor_train": {"worker_cls": "roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker"}}
+PG_AGENTIC = {
+    "actor_train": {"worker_cls": "roll.pipeline.agentic.agentic_actor_pg_worker.ActorWorker"}
+}
+MAPPED += [
+    ("actor_train.worker_cls", PG["actor_train"]["worker_cls"], "actor.policy_loss", "gpg", {}),
+    ("actor_train.pg_variant", "vanilla", "actor.policy_loss", "gpg", PG),
+    ("actor_train.pg_variant", "vanilla", "actor.policy_loss", "gpg", PG_AGENTIC),
+    ("actor_train.pg_variant", "ppo", "actor.policy_loss", "vanilla", PG),
+    (
+        "actor_train.pg_variant",
+        "ppo",
+        "actor.clip_ratio_c",
+        1.4,
+        merge(PG, {"dual_clip_loss": True}),
+    ),
+    # tis: -sg[clip(r, 0, 1)] A log pi = cispo with 1 - eps_low = 0, 1 + eps_high = 1
+    ("actor_train.pg_variant", "tis", "actor.policy_loss", "cispo", PG),
+    ("actor_train.pg_variant", "tis", "actor.clip_ratio_low", 1.0, PG),
+    ("actor_train.pg_variant", "tis", "actor.clip_ratio_high", 0.0, PG),
+    (
+        "actor_train.pg_variant",
+        "tis",
+        "actor.clip_ratio_high",
+        0.0,
+        merge(PG, {"use_pg_clip_range": True, "pg_clip_high": 0.28}),
+    ),
+    ("actor_train.pg_variant", "cispo", "actor.policy_loss", "cispo", PG),
+    ("actor_train.pg_variant", "cispo", "actor.clip_ratio_low", 0.1, PG),
+    ("actor_train.pg_variant", "cispo", "actor.clip_ratio_high", 0.1, PG),
+    # topr: split by the sample's score (ROLL's scores), weights from actor_train
+    ("actor_train.pg_variant", "topr", "actor.policy_loss", "topr_score", PG),
+    (
+        "actor_train.pg_variant",
+        "topr",
+        "actor.policy_loss_kwargs",
+        {"topr_positive_weight": 1.0, "topr_negative_weight": 1.0},
+        PG_AGENTIC,
+    ),
+    (
+        "actor_train.topr_negative_weight",
+        0.5,
+        "actor.policy_loss_kwargs",
+        {"topr_positive_weight": 2.0, "topr_negative_weight": 0.5},
+        merge(PG, {"actor_train": {"pg_variant": "topr", "topr_positive_weight": 2}}),
+    ),
+    # kimi15: -A log pi + tau/2 (log pi - log pi_old)^2 = dro with beta = tau = 0.1
+    ("actor_train.pg_variant", "kimi15", "actor.policy_loss", "dro", PG),
+    ("actor_train.pg_variant", "kimi15", "actor.policy_loss_kwargs", {"dro_beta": 0.1}, PG),
+    (
+        "actor_train.pg_variant",
+        "kimi15",
+        "actor.policy_loss",
+        "dro",
+        merge(PG, {"importance_sampling": "token"}),
+    ),
+]
+
+# ROLL's train/infer correction: importance weights and rejection filters
+TIC = "train_infer_correction"
+IS_ON = {TIC: {"is_weight": {"enabled": True}}}
+SEGMENT_FILTER = {
+    "enabled": True,
+    "agg_type": "segment",
+    "diff_enabled": True,
+    "ratio_high": 1.05,
+    "diff_low": -0.1,
+    "diff_high": 0.1,
+}
+MAPPED += [
+    (f"{TIC}.is_weight.enabled", True, "actor.rollout_is", "token", {}),
+    (f"{TIC}.is_weight.enabled", True, "actor.rollout_is_threshold", 1.2, {}),  # ROLL's
+    (f"{TIC}.is_weight.upper_bound", 1.5, "actor.rollout_is_threshold", 1.5, IS_ON),
+    (f"{TIC}.is_weight.weight_type", "geometric", "actor.rollout_is", "geometric", IS_ON),
+    (f"{TIC}.is_weight.weight_type", "segment", "actor.rollout_is", "segment", IS_ON),
+    (
+        f"{TIC}.filters",
+        [SEGMENT_FILTER, {"enabled": False}, {"enabled": True, "agg_type": "sequence"}],
+        "actor.rollout_rs",
+        [
+            {"stat": "ratio", "level": "segment_mean", "low": 0.8, "high": 1.05},
+            {"stat": "prob_diff", "level": "segment_mean", "low": -0.1, "high": 0.1},
+            {"stat": "ratio", "level": "sequence_sum", "low": 0.8, "high": 1.2},
+        ],
+        {},
+    ),
+    (
+        f"{TIC}.filters",
+        [{"enabled": True, "agg_type": "geometric", "ratio_enabled": False, "diff_enabled": True}],
+        "actor.rollout_rs",
+        [{"stat": "prob_diff", "level": "sequence_mean", "low": -0.2, "high": 0.2}],
+        {},
+    ),
+    # ROLL's old log-probs without recompute are the trainer's forward, not the engine's
+    ("enable_old_logprobs_recompute", False, "actor.recompute_old_log_prob", True, IS_ON),
+    ("enable_old_logprobs_recompute", False, "actor.recompute_old_log_prob", False, {}),
+]
+
 # (ROLL key, value, extra context): accepted, a note names the key.
 NOTED = [
+    ("enable_old_logprobs_recompute", False, IS_ON),
+    (
+        f"{TIC}.filters",
+        [{"enabled": True}],
+        {"enable_old_logprobs_recompute": False, "entropy_loss_coef": 0.01},
+    ),
+    (f"{TIC}.is_weight.upper_bound", 1.5, {}),  # weights off
+    ("actor_train.pg_variant", "topr", {}),  # the PPO worker does not read it
+    ("actor_train.cispo_epsilon_low", 0.1, PG),  # ROLL's built-in value
+    ("pg_clip_high", 0.28, merge(PG, {"use_pg_clip_range": True})),
     ("hydra.run.dir", ".", {}),
     ("hydra.output_subdir", None, {}),
     ("logging_dir", "./logs", {}),
@@ -566,6 +675,14 @@ NOTED = [
 
 # (ROLL key, value, words in the reason, extra context)
 REJECTED = [
+    (f"{TIC}.is_weight.upper_bound", None, "untruncated", IS_ON),
+    (f"{TIC}.is_weight.weight_type", "turn", "granularities", IS_ON),
+    (f"{TIC}.filters", [{"enabled": True, "agg_typ": "token"}], "loader drops it", {}),
+    (f"{TIC}.filters", [{"enabled": True, "agg_type": "tok"}], "granularities", {}),
+    ("actor_train.pg_variant", "foo", "not one of ROLL's variants", PG),
+    ("actor_train.tis_upper_bound", 2.0, "loader drops it", PG),
+    ("actor_train.cispo_use_unified_mask", True, "loader drops it", PG),
+    ("actor_train.kimi15_tau", 0.5, "loader drops it", PG),
     ("checkpoint_config.type", "s3", "file_system", {}),
     ("error_max_len_clip", True, "not implemented", {}),
     ("enable_response_mask", False, "environment observation tokens", {}),

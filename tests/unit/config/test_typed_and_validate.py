@@ -119,6 +119,29 @@ def test_an_icepop_band_needs_a_positive_low_below_the_threshold():
     assert ok.actor.rollout_is_threshold_low == 0.5
 
 
+def test_rejection_filters_are_typed_named_and_bounded():
+    ok = build_config(
+        cfg(actor={"rollout_rs": [{"stat": "k3", "level": "sequence_max", "high": 0.01}]})
+    )
+    (f,) = ok.actor.rollout_rs
+    assert (f.stat, f.level, f.low, f.high) == ("k3", "sequence_max", None, 0.01)
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(actor={"rollout_rs": [{"stat": "k9", "high": 1.0}]}))
+    assert one_line(err).startswith("actor.rollout_rs[0].stat: unknown")
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(actor={"rollout_rs": [{"level": "sequence"}]}))
+    assert "actor.rollout_rs[0].level" in one_line(err)
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(actor={"rollout_rs": [{"low": 0.5}, {"stat": "ratio"}]}))
+    assert one_line(err).startswith("actor.rollout_rs[1]: a filter without bounds")
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(actor={"rollout_rs": [{"low": 2.0, "high": 0.5}]}))
+    assert one_line(err).startswith("actor.rollout_rs[0].low: 2.0 > high 0.5")
+    with pytest.raises(ConfigError) as err:  # old log-probs = the rollout's: a no-op
+        build_config(cfg(actor={"rollout_rs": [{"high": 2.0}], "recompute_old_log_prob": False}))
+    assert one_line(err).startswith("actor.rollout_rs: with actor.recompute_old_log_prob false")
+
+
 def test_placement_checks():
     with pytest.raises(ConfigError, match=r"resources.actor_train: device ids \[4\] are outside"):
         build_config(

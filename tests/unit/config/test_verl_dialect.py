@@ -148,6 +148,29 @@ def test_key(key, value, extras, expect):
         assert got == want
 
 
+@needs_flat
+def test_rollout_rs_modes_become_rejection_filters():
+    """k1 keeps pi_rollout/pi_old in [lo, hi]: the ratio pi_old/pi_rollout in [1/hi, 1/lo]."""
+    data = base()
+    set_key(data, "algorithm.adv_estimator", "grpo")
+    rc = "algorithm.rollout_correction"
+    set_key(data, f"{rc}.rollout_rs", "token_k1,seq_sum_k1,seq_mean_k2,seq_max_k3,token_k1")
+    set_key(data, f"{rc}.rollout_rs_threshold", "0.5_4.0,2.0,0.01,0.02")
+    cfg, _ = build(data)
+    assert [(f.stat, f.level, f.low, f.high) for f in cfg.actor.rollout_rs] == [
+        ("ratio", "token", 0.25, 2.0),
+        ("ratio", "sequence_sum", 0.5, 2.0),
+        ("k2", "sequence_mean", None, 0.01),
+        ("k3", "sequence_max", None, 0.02),
+    ]  # a repeated option counts once, as in verl
+    set_key(data, f"{rc}.rollout_rs", "seq_mean_k3")
+    set_key(data, f"{rc}.rollout_rs_threshold", 0.05)
+    cfg, _ = build(data)
+    assert [(f.stat, f.level, f.high) for f in cfg.actor.rollout_rs] == [
+        ("k3", "sequence_mean", 0.05)
+    ]
+
+
 def _leaves(value: Any, path: str) -> list[str]:
     if isinstance(value, dict) and value:
         return [x for k, v in value.items() for x in _leaves(v, f"{path}.{k}")]

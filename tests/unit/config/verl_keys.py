@@ -421,7 +421,12 @@ custom_reward_function.reward_kwargs {scale:2} -> reward.custom_function.kwargs
 algorithm.rollout_correction.rollout_is token -> actor.rollout_is
 algorithm.rollout_correction.rollout_is sequence -> actor.rollout_is
 algorithm.rollout_correction.rollout_is_threshold 5.0 -> actor.rollout_is_threshold
-algorithm.rollout_correction.rollout_rs token !! rejection sampling
+algorithm.rollout_correction.rollout_rs token !! rejection modes
+algorithm.rollout_correction.rollout_rs token_k1 +algorithm.rollout_correction.rollout_rs_threshold=2.0 !! adv_estimator
+algorithm.rollout_correction.rollout_rs token_k2 +algorithm.adv_estimator=grpo !! needs rollout_rs_threshold
+algorithm.rollout_correction.rollout_rs token_k2 +algorithm.adv_estimator=grpo +algorithm.rollout_correction.rollout_rs_threshold='0.5_1' !! not a positive bound
+algorithm.rollout_correction.rollout_rs token_k1,token_k2 +algorithm.adv_estimator=rloo +algorithm.rollout_correction.rollout_rs_threshold='1,2,3' !! 3 thresholds for 2
+algorithm.rollout_correction.rollout_rs_threshold 2.0 noted
 algorithm.rollout_correction.bypass_mode true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.recompute_old_log_prob = false
 algorithm.rollout_correction.bypass_mode false -> actor.recompute_old_log_prob = true
 algorithm.rollout_correction.bypass_mode true +actor_rollout_ref.actor.policy_loss.loss_mode=gspo !! replaces policy_loss.loss_mode

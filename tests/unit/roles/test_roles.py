@@ -328,3 +328,66 @@ def test_dpo_mini_batches_keep_pairs_and_refuse_a_split_layout(tiny_path: str) -
     bad = batch.select([0, 2, 1, 3])
     with pytest.raises(ValueError, match="alternates chosen and rejected"):
         actor.dpo_update(bad, "sigmoid", PreferenceParams())
+
+
+def test_actor_rejection_sampling_is_the_update_without_the_rejected_tokens(
+    tiny_path: str,
+) -> None:
+    """actor.rollout_rs takes the rejected tokens (here a whole sample and one token) out
+    of the loss: the update equals one on a batch whose response_mask lacks them."""
+    from temper.config.schema import RolloutFilter
+
+    batch = make_batch(PROMPTS, RESPONSES, seed=2)
+    runs = []
+    for rejection in (True, False):
+        cfg = make_config(tiny_path)
+        cfg.actor.loss_agg_mode = "seq-mean-token-mean"
+        if rejection:
+            cfg.actor.rollout_rs = [RolloutFilter("ratio", "token", 0.5, 2.0)]
+        plan = dataclasses.replace(validate(cfg, CATALOG), use_reference=False)
+        actor = build_roles(cfg, plan, "cpu").actor
+        b = actor.compute_log_probs(batch)
+        shift = torch.zeros_like(b["old_log_probs"])
+        shift[0] = 1.0  # rho = e^-1 < 0.5 on all of sample 0
+        shift[2, 1] = -1.0  # rho = e > 2 on sample 2's second token
+        b["rollout_log_probs"] = b["old_log_probs"] + shift * b["response_mask"]
+        if not rejection:
+            mask = b["response_mask"].clone()
+            mask[0] = 0
+            mask[2, 1] = 0
+            b["response_mask"] = mask
+        runs.append((actor.update(b), dict(actor.engine.model.named_parameters())))
+    (m_rs, w_rs), (m_hand, w_hand) = runs
+    # 6 + 1 of the 6 + 2 + 4 + 1 = 13 valid tokens; 2 of the 4 samples touched
+    assert m_rs["actor/rollout_rs_masked_fraction"] == pytest.approx(7 / 13)
+    assert m_rs["actor/rollout_rs_seq_masked_fraction"] == pytest.approx(1 / 2)
+    assert m_rs["actor/pg_loss"] == pytest.approx(m_hand["actor/pg_loss"], rel=1e-6)
+    for name, p in w_rs.items():
+        torch.testing.assert_close(p, w_hand[name], atol=1e-8, rtol=0, msg=name)
+
+
+def test_topr_score_takes_its_positive_set_from_the_raw_scores(tiny_path: str) -> None:
+    """topr_score's positive set is score > 0 (the task score, before normalization):
+    with every score flipped positive, its update is topr's with all advantages' signs
+    ignored, i.e. plain -A log pi on every token (r = 1 on the first step)."""
+    batch = make_batch(PROMPTS, RESPONSES, seed=3)
+    results = []
+    for loss, scores in (("topr_score", [1.0, 1.0, 1.0, 1.0]), ("gpg", None)):
+        cfg = make_config(tiny_path)
+        cfg.actor.policy_loss = loss
+        plan = dataclasses.replace(validate(cfg, CATALOG), use_reference=False)
+        actor = build_roles(cfg, plan, "cpu").actor
+        b = actor.compute_log_probs(batch)
+        if scores is not None:
+            b["scores"] = torch.tensor(scores)
+        results.append((actor.update(b), dict(actor.engine.model.named_parameters())))
+    (m_topr, w_topr), (m_gpg, w_gpg) = results
+    assert m_topr["actor/pg_loss"] == pytest.approx(m_gpg["actor/pg_loss"], rel=1e-6)
+    for name, p in w_topr.items():
+        torch.testing.assert_close(p, w_gpg[name], atol=1e-8, rtol=0, msg=name)
+    cfg = make_config(tiny_path)
+    cfg.actor.policy_loss = "topr_score"
+    plan = dataclasses.replace(validate(cfg, CATALOG), use_reference=False)
+    actor = build_roles(cfg, plan, "cpu").actor
+    with pytest.raises(KeyError, match="scores"):
+        actor.update(actor.compute_log_probs(batch))
