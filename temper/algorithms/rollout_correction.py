@@ -43,28 +43,51 @@ from temper.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 
-ISLevelFn = Callable[[Tensor, Tensor], Tensor]
-ROLLOUT_IS_LEVELS: Registry[ISLevelFn] = Registry("rollout_correction.rollout_is")
+LevelFn = Callable[[Tensor, Tensor], Tensor]
+"""``(values (B, T), mask (B, T)) -> (B, T)``: a per-token value aggregated at a level and
+broadcast back to the tokens it covers (the IS weights' log-ratios and the rejection
+statistics share them)."""
 
 
-@ROLLOUT_IS_LEVELS.register("token")
-def _token_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
-    return log_ratio
+def _per_token(values: Tensor, mask: Tensor) -> Tensor:
+    return values
 
 
-@ROLLOUT_IS_LEVELS.register("sequence")
-def _sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
-    return (log_ratio * mask).sum(dim=-1, keepdim=True).expand_as(log_ratio)
+def _sequence_sum(values: Tensor, mask: Tensor) -> Tensor:
+    return (values * mask).sum(dim=-1, keepdim=True).expand_as(values)
 
 
-@ROLLOUT_IS_LEVELS.register("geometric")
-def _geometric_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
-    return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
+def _sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
+    return masked_mean(values, mask, dim=-1).unsqueeze(-1).expand_as(values)
 
 
-@ROLLOUT_IS_LEVELS.register("segment")
-def _segment_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
-    return _rs_segment_mean(log_ratio, mask)
+def _sequence_max(values: Tensor, mask: Tensor) -> Tensor:
+    low = torch.full_like(values, float("-inf"))
+    top = torch.where(mask > 0, values, low).max(dim=-1, keepdim=True).values
+    top = torch.where(torch.isinf(top) & (top < 0), torch.zeros_like(top), top)
+    return top.expand_as(values)
+
+
+def _segment_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """The mean over each run of consecutive valid tokens (a turn), on the run's tokens."""
+    valid = mask > 0
+    before = torch.nn.functional.pad(valid[:, :-1], (1, 0), value=False)
+    seg = torch.cumsum((valid & ~before).long(), dim=-1) * valid.long()  # 1.. per run, 0 off
+    k = int(seg.max().item()) + 1 if seg.numel() else 1
+    m = valid.to(values.dtype)
+    sums = torch.zeros(values.shape[0], k, dtype=values.dtype, device=values.device)
+    counts = torch.zeros_like(sums)
+    sums.scatter_add_(1, seg, values * m)
+    counts.scatter_add_(1, seg, m)
+    return (sums / counts.clamp(min=1.0)).gather(1, seg) * m
+
+
+#: IS levels (of the log-ratio; module docstring)
+ROLLOUT_IS_LEVELS: Registry[LevelFn] = Registry("rollout_correction.rollout_is")
+ROLLOUT_IS_LEVELS.add("token", _per_token)
+ROLLOUT_IS_LEVELS.add("sequence", _sequence_sum)
+ROLLOUT_IS_LEVELS.add("geometric", _sequence_mean)
+ROLLOUT_IS_LEVELS.add("segment", _segment_mean)
 
 
 def rollout_is_weights(
@@ -198,45 +221,13 @@ ROLLOUT_RS_STATS.add("k2", RejectionStat(_k2, _identity))
 ROLLOUT_RS_STATS.add("k3", RejectionStat(_k3, _identity))
 ROLLOUT_RS_STATS.add("prob_diff", RejectionStat(_prob_diff, _identity))
 
-RSLevelFn = Callable[[Tensor, Tensor], Tensor]
-ROLLOUT_RS_LEVELS: Registry[RSLevelFn] = Registry("rollout_correction.rollout_rs_level")
-
-
-@ROLLOUT_RS_LEVELS.register("token")
-def _rs_token(values: Tensor, mask: Tensor) -> Tensor:
-    return values
-
-
-@ROLLOUT_RS_LEVELS.register("sequence_sum")
-def _rs_sequence_sum(values: Tensor, mask: Tensor) -> Tensor:
-    return (values * mask).sum(dim=-1, keepdim=True).expand_as(values)
-
-
-@ROLLOUT_RS_LEVELS.register("sequence_mean")
-def _rs_sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
-    return masked_mean(values, mask, dim=-1).unsqueeze(-1).expand_as(values)
-
-
-@ROLLOUT_RS_LEVELS.register("sequence_max")
-def _rs_sequence_max(values: Tensor, mask: Tensor) -> Tensor:
-    low = torch.full_like(values, float("-inf"))
-    top = torch.where(mask > 0, values, low).max(dim=-1, keepdim=True).values
-    top = torch.where(torch.isinf(top) & (top < 0), torch.zeros_like(top), top)
-    return top.expand_as(values)
-
-
-@ROLLOUT_RS_LEVELS.register("segment_mean")
-def _rs_segment_mean(values: Tensor, mask: Tensor) -> Tensor:
-    valid = mask > 0
-    before = torch.nn.functional.pad(valid[:, :-1], (1, 0), value=False)
-    seg = torch.cumsum((valid & ~before).long(), dim=-1) * valid.long()  # 1.. per run, 0 off
-    k = int(seg.max().item()) + 1 if seg.numel() else 1
-    m = valid.to(values.dtype)
-    sums = torch.zeros(values.shape[0], k, dtype=values.dtype, device=values.device)
-    counts = torch.zeros_like(sums)
-    sums.scatter_add_(1, seg, values * m)
-    counts.scatter_add_(1, seg, m)
-    return (sums / counts.clamp(min=1.0)).gather(1, seg) * m
+#: Rejection levels (of the statistic)
+ROLLOUT_RS_LEVELS: Registry[LevelFn] = Registry("rollout_correction.rollout_rs_level")
+ROLLOUT_RS_LEVELS.add("token", _per_token)
+ROLLOUT_RS_LEVELS.add("sequence_sum", _sequence_sum)
+ROLLOUT_RS_LEVELS.add("sequence_mean", _sequence_mean)
+ROLLOUT_RS_LEVELS.add("sequence_max", _sequence_max)
+ROLLOUT_RS_LEVELS.add("segment_mean", _segment_mean)
 
 
 @dataclass(frozen=True)
