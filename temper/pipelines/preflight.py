@@ -91,7 +91,11 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     run here (vLLM with this model; a DeepSpeed section that resolves; Megatron degrees
     this hardware runs); GPU-only tuning noted on CPU."""
     from temper.cluster.placement import worker_device
-    from temper.rollout.registry import check_rollout_engine, engine_problem
+    from temper.rollout.registry import (
+        check_rollout_engine,
+        check_tensor_parallel,
+        engine_problem,
+    )
     from temper.training.megatron_check import check_megatron
     from temper.training.registry import check_engines as check_training_engines
 
@@ -106,6 +110,8 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
         notes.append("experiment.device: cuda -> cpu (no CUDA device on this machine)")
     check_training_engines(cfg, plan)  # deepspeed installed, its section resolves
     notes.extend(check_megatron(cfg, plan, worker_device(cfg)))
+    if plan.use_rollout:
+        check_tensor_parallel(cfg.rollout, cfg.resources.backend)
     cpu = on_cpu(cfg)
     attn = cfg.model.attn_implementation
     if attn in FLASH_PACKAGES:

@@ -143,6 +143,9 @@ class RolloutEntry:
 
     build: EngineBuilder
     problem: Callable[[], ConfigError | None] = _available
+    #: Whether one engine can shard over ``tp`` devices here: None (it never does), or
+    #: a function giving why it cannot on this machine (None: it can).
+    tensor_parallel: Callable[[int], str | None] | None = None
 
 
 def _vllm_problem() -> ConfigError | None:
@@ -182,7 +185,22 @@ def _not_in_this_build(name: str, package: str, install: str) -> RolloutEntry:
 
 ROLLOUT_ENGINES: Registry[RolloutEntry] = Registry("rollout engine")
 ROLLOUT_ENGINES.add("hf", RolloutEntry(_build_hf))
-ROLLOUT_ENGINES.add("vllm", RolloutEntry(_build_vllm, _vllm_problem))
+
+
+def _vllm_tensor_parallel(tp: int) -> str | None:
+    from temper.rollout.vllm_engine import is_cpu_platform
+
+    if vllm_available() and is_cpu_platform():
+        return (
+            f"{tp} > 1 is not supported with vLLM's CPU build here: temper runs the CPU "
+            "engine in the training process, and tensor parallelism needs one process per rank"
+        )
+    return None
+
+
+ROLLOUT_ENGINES.add(
+    "vllm", RolloutEntry(_build_vllm, _vllm_problem, tensor_parallel=_vllm_tensor_parallel)
+)
 ROLLOUT_ENGINES.add(
     "sglang", _not_in_this_build("sglang", "sglang", "pip install 'temper-rl[sglang]' (GPU)")
 )
@@ -202,12 +220,49 @@ def engine_problem(name: str) -> ConfigError | None:
     return ROLLOUT_ENGINES.get(resolved).problem() if resolved in ROLLOUT_ENGINES else None
 
 
+def check_tensor_parallel(rollout_cfg: RolloutConfig, backend: str) -> None:
+    """Pre-flight: a tensor-parallel rollout (``rollout.tensor_parallel_size > 1``) needs
+    an engine that shards, and devices one engine may span — said at ``temper check``,
+    not from inside a rollout worker once the run has started."""
+    tp = rollout_cfg.tensor_parallel_size
+    if tp < 1:
+        raise ConfigError("rollout.tensor_parallel_size", "must be ≥ 1", "set it to 1")
+    if tp == 1:
+        return
+    if backend == "ray":
+        raise ConfigError(
+            "rollout.tensor_parallel_size",
+            f"{tp} (tensor-parallel rollout) is not supported on the ray backend: each "
+            "actor_infer rank runs one whole engine on one device",
+            "set it to 1; more actor_infer devices give more data-parallel engines",
+        )
+    name = resolve_engine_name(rollout_cfg.engine)
+    if name not in ROLLOUT_ENGINES:
+        return  # validation names the unknown engine
+    shards = ROLLOUT_ENGINES.get(name).tensor_parallel
+    why = (
+        f"the '{name}' rollout engine generates on one device and cannot shard over {tp}"
+        if shards is None
+        else shards(tp)
+    )
+    if why:
+        raise ConfigError(
+            "rollout.tensor_parallel_size",
+            why,
+            "set it to 1 (on CPU), or use rollout.engine=vllm on a GPU machine",
+        )
+
+
 def register_rollout_engine(
-    name: str, builder: EngineBuilder, problem: Callable[[], ConfigError | None] = _available
+    name: str,
+    builder: EngineBuilder,
+    problem: Callable[[], ConfigError | None] = _available,
+    tensor_parallel: Callable[[int], str | None] | None = None,
 ) -> None:
     """Add (or replace) the builder for ``rollout.engine=name``; ``problem`` says why it
-    cannot be built here (checked by ``temper check``)."""
-    ROLLOUT_ENGINES.add(name, RolloutEntry(builder, problem), replace=True)
+    cannot be built here (checked by ``temper check``); ``tensor_parallel`` as on
+    :class:`RolloutEntry`."""
+    ROLLOUT_ENGINES.add(name, RolloutEntry(builder, problem, tensor_parallel), replace=True)
 
 
 def build_rollout_engine(

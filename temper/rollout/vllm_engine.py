@@ -90,7 +90,7 @@ class VLLMEngineError(RuntimeError):
     """vLLM failed (start, generation or weight sync); the message names the options."""
 
 
-def _is_cpu_platform() -> bool:
+def is_cpu_platform() -> bool:
     """vLLM's own platform detection (the CPU build reports CPU even if CUDA exists)."""
     from vllm.platforms import current_platform
 
@@ -275,7 +275,7 @@ class VLLMRolloutEngine(RolloutEngine):
         use_in_process_engine()
         from vllm import LLM, EngineArgs
 
-        on_cpu = _is_cpu_platform()
+        on_cpu = is_cpu_platform()
         if seed is None:
             seed = torch.initial_seed() % (2**32)
         kwargs, notes = engine_args(

@@ -69,6 +69,7 @@ def _verl(tiny: Path, out: Path) -> list[str]:
         "trainer.total_training_steps=2",
         "trainer.n_gpus_per_node=1",  # device
         "trainer.nnodes=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.name=hf",
         "trainer.logger=[console]",
         f"trainer.default_local_dir={out}",  # outputs

@@ -174,6 +174,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ),
     ("one-step-off: hybrid engine", r"one-step-off trainer asserts hybrid_engine is false"),
     ("tp rollout on ray", r"tensor-parallel rollout\) is not supported on the ray backend"),
+    ("tp rollout on cpu", r"is not supported with vLLM's CPU build"),
     ("lora reference on ray", r"LoRA reference"),
     ("custom code", r"custom (dataset classes|samplers|ROLL worker class)"),
     ("verl interaction", r"interaction agents"),

