@@ -40,7 +40,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_estimator_inputs(cfg)
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
-    _check_rollout_rejection(cfg)
+    _check_rollout_correction(cfg)
     _check_distill(cfg, plan)
     _check_async(cfg)
     if cfg.reward.launch_async:
@@ -184,16 +184,27 @@ def _check_policy_loss(cfg: TemperConfig) -> None:
         raise ConfigError(key, str(err), f"set {key} to {err.want}") from err
 
 
-def _check_rollout_rejection(cfg: TemperConfig) -> None:
-    """Rejection sampling compares the trainer's old log-probs with the rollout engine's;
-    without a recompute they are the engine's own, and nothing would ever be rejected."""
+def _check_rollout_correction(cfg: TemperConfig) -> None:
+    """Rollout correction (IS weights, rejection sampling) compares the trainer's old
+    log-probs with the rollout engine's; without a recompute they are the engine's own:
+    every weight would be 1 and no token would ever be rejected."""
     full_kl = cfg.algorithm.use_kl_in_reward and kl_estimator_needs_logits(cfg.algorithm.kl_penalty)
-    if cfg.actor.rollout_rs and not cfg.actor.recompute_old_log_prob and not full_kl:
+    if cfg.actor.recompute_old_log_prob or full_kl:
+        return
+    if cfg.actor.rollout_rs:
         raise ConfigError(
             "actor.rollout_rs",
             "with actor.recompute_old_log_prob false the old log-probs are the rollout "
             "engine's, so no token would ever be rejected",
             "set actor.recompute_old_log_prob=true, or remove actor.rollout_rs",
+        )
+    if cfg.actor.rollout_is != "none":
+        raise ConfigError(
+            "actor.rollout_is",
+            "with actor.recompute_old_log_prob false the old log-probs are the rollout "
+            "engine's, so every importance weight would be 1",
+            "set actor.recompute_old_log_prob=true, or actor.rollout_is=none (the "
+            "reinforce_is policy loss weighs by the current policy instead)",
         )
 
 

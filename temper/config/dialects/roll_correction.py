@@ -20,8 +20,8 @@ sum, per-run mean).
 
 ROLL applies both after the advantages, in the actor's loss; so does temper. Without
 ``enable_old_logprobs_recompute`` ROLL's ``old_log_probs`` are the trainer's own first
-forward of the update (cached), not the engine's: with a correction on, temper
-recomputes them (``actor.recompute_old_log_prob``), which is the same forward. ROLL
+forward of the update (cached), not the engine's: temper recomputes them
+(``actor.recompute_old_log_prob``), which is the same forward. ROLL
 clamps nothing before ``exp``; temper clamps each ``lr_t`` to ±20 (a ratio beyond
 e^20 is rejected or truncated either way).
 """
@@ -92,7 +92,6 @@ def _filters(ctx: Any) -> list[dict[str, Any]]:
 def train_infer_correction(ctx: Any) -> None:
     """Importance weights and rejection filters of ROLL's train/infer correction."""
     weight = f"{KEY}.is_weight"
-    active = False
     if ctx.get(f"{weight}.enabled"):
         kind = ctx.get(f"{weight}.weight_type", "token")
         ctx.set("actor.rollout_is", _level(IS_LEVELS, kind, f"{weight}.weight_type"), weight)
@@ -104,7 +103,6 @@ def train_infer_correction(ctx: Any) -> None:
                 "set an upper bound, e.g. 1.2 (ROLL's default)",
             )
         ctx.set("actor.rollout_is_threshold", float(bound), f"{weight}.upper_bound")
-        active = True
     else:
         for name in ("weight_type", "upper_bound"):
             if ctx.has(f"{weight}.{name}"):
@@ -112,20 +110,11 @@ def train_infer_correction(ctx: Any) -> None:
     filters = _filters(ctx)
     if filters:
         ctx.set("actor.rollout_rs", filters, f"{KEY}.filters")
-        active = True
-    no_recompute = ctx.native_get("actor.recompute_old_log_prob") is False
+    no_recompute = ctx.get("enable_old_logprobs_recompute") is False
     rlvr = ctx.native_get("pipeline") == "rlvr"
     if filters and no_recompute and rlvr and (ctx.get("entropy_loss_coef") or 0) > 0:
         ctx.notes.append(
             f"{KEY}.filters: ROLL's RLVR workers without enable_old_logprobs_recompute "
             "average the entropy bonus over every response token; temper, as ROLL "
             "with it, over the tokens the filters keep"
-        )
-    if active and no_recompute:
-        del ctx.src["actor.recompute_old_log_prob"]
-        ctx.set("actor.recompute_old_log_prob", True, KEY)
-        ctx.note(
-            "enable_old_logprobs_recompute",
-            "without it ROLL's old log-probs are the trainer's first forward of the update, "
-            "which temper computes as a recompute for the train/infer correction",
         )

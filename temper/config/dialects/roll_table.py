@@ -90,8 +90,13 @@ TOP: dict[str, Rule] = {
     "ppo_epochs": Map(("actor.ppo_epochs", "critic.ppo_epochs")),
     "max_grad_norm": Map(("actor.grad_clip", "critic.grad_clip")),
     "l2": Map("actor.l2_coef"),
-    # later ROLL releases: false uses the rollout engine's log-probs as the old ones
-    "enable_old_logprobs_recompute": Map("actor.recompute_old_log_prob"),
+    # ROLL's old log-probs are the trainer's own either way (roll/pipeline/base_worker.py)
+    "enable_old_logprobs_recompute": Note(
+        "ROLL's old log-probs are the trainer's own with either value: false caches the "
+        "first forward of the update (the numbers a recompute gives; ROLL forces the "
+        "recompute when a step takes several backward passes); temper recomputes them "
+        "(actor.recompute_old_log_prob: true)"
+    ),
     "lambd": Map("algorithm.lam"),
     "gamma": Map("algorithm.gamma"),
     "kl_penalty": Map("algorithm.kl_penalty"),

@@ -377,8 +377,9 @@ ADDITIONS: dict[str, Rule] = {
     "transfer_backend": Note("weights sync over temper's own transport: " + PERF),
     "enable_reference": Map("reference.enable", lambda v: True if v else None),
     "force_disable_old_logprobs_recompute": Reject(
-        "use enable_old_logprobs_recompute: false (temper takes the rollout engine's "
-        "log-probs as the old ones then)",
+        "ROLL then takes each mini-batch's first forward (after the step's earlier "
+        "updates) as its old log-probs; temper's are the policy's before the step's first "
+        "update, or the rollout engine's (actor.recompute_old_log_prob: false)",
         "remove force_disable_old_logprobs_recompute",
         ok=lambda v: not v,
     ),

@@ -21,9 +21,11 @@ def test_no_valid_tokens_is_zero():
     assert float(out["logprob_diff"]) == 0.0 and float(out["logprob_diff_max"]) == 0.0
 
 
-def test_roll_enable_old_logprobs_recompute_maps_to_the_actor():
+def test_roll_enable_old_logprobs_recompute_false_still_means_the_trainers_log_probs():
+    """ROLL caches its trainer's first forward as the old log-probs: never the engine's."""
     from temper.config.dialects.roll import translate_roll
     from temper.config.loader import RawConfig
 
     t = translate_roll(RawConfig(data={"enable_old_logprobs_recompute": False}, source="<t>"))
-    assert t.native["actor"]["recompute_old_log_prob"] is False
+    assert t.native.get("actor", {}).get("recompute_old_log_prob", True) is True
+    assert any("enable_old_logprobs_recompute" in note for note in t.notes)

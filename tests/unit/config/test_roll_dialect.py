@@ -590,12 +590,13 @@ MAPPED += [
     ),
     # ROLL's old log-probs without recompute are the trainer's forward, not the engine's
     ("enable_old_logprobs_recompute", False, "actor.recompute_old_log_prob", True, IS_ON),
-    ("enable_old_logprobs_recompute", False, "actor.recompute_old_log_prob", False, {}),
+    ("enable_old_logprobs_recompute", False, "actor.recompute_old_log_prob", True, {}),
 ]
 
 # (ROLL key, value, extra context): accepted, a note names the key.
 NOTED = [
     ("enable_old_logprobs_recompute", False, IS_ON),
+    ("enable_old_logprobs_recompute", True, {}),
     (
         f"{TIC}.filters",
         [{"enabled": True}],

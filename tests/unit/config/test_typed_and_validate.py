@@ -119,6 +119,13 @@ def test_an_icepop_band_needs_a_positive_low_below_the_threshold():
     assert ok.actor.rollout_is_threshold_low == 0.5
 
 
+def test_is_weights_need_a_recompute_else_each_would_be_one():
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(actor={"rollout_is": "token", "recompute_old_log_prob": False}))
+    assert one_line(err).startswith("actor.rollout_is: with actor.recompute_old_log_prob false")
+    assert build_config(cfg(actor={"rollout_is": "token"})).actor.rollout_is == "token"
+
+
 def test_rejection_filters_are_typed_named_and_bounded():
     ok = build_config(
         cfg(actor={"rollout_rs": [{"stat": "k3", "level": "sequence_max", "high": 0.01}]})
