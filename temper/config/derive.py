@@ -15,7 +15,9 @@ The arithmetic (samples = responses, or episodes):
 ``ulysses_sequence_parallel_size`` > 1 on fsdp2/deepspeed: Ulysses attention (sequences
 split over a group's ranks) is not built, so a group's ranks are data-parallel ranks —
 the same updates (the gradient is the whole batch's either way), but each rank holds
-whole sequences; ``temper check`` says so.
+whole sequences; ``temper check`` says so. ``micro_batch_size_per_device`` counts a
+group's samples there (verl's and ROLL's meaning), so a rank takes ``micro / sp`` of them:
+the same tokens per device, the same accumulation steps as verl's.
     mini_batch_size    = actor.mini_batch_size or samples_per_step
     per_rank_mini      = mini_batch_size / dp
     grad_accum         = per_rank_mini / micro_batch_size_per_device
@@ -164,7 +166,18 @@ def train_arithmetic(
             raise ConfigError(
                 f"{key}.micro_batch_size_per_device", "must be positive", "set it to 1 or more"
             )
-        if per_rank % micro:
+        sp = engine.ulysses_sequence_parallel_size
+        if sp > 1:  # a sequence-parallel group's micro-batch, split over its ranks
+            group, per_group = micro, per_rank * sp
+            micro = engine.rank_micro_batch_size()
+            if per_rank % micro:
+                raise ConfigError(
+                    f"{key}.micro_batch_size_per_device",
+                    f"the {per_group} samples each sequence-parallel group gets per "
+                    f"mini-batch are not divisible by {group}",
+                    f"use a divisor of {per_group}, e.g. {nearest_divisor(per_group, group)}",
+                )
+        elif per_rank % micro:
             raise ConfigError(
                 f"{key}.micro_batch_size_per_device",
                 f"the {per_rank} samples each rank gets per mini-batch are not divisible "
@@ -274,7 +287,7 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                     f"{sp} → data parallel",
                     "Ulysses attention is not built: each group's ranks train as data-parallel "
                     "ranks (same updates; a rank holds whole sequences, not 1/"
-                    f"{sp} of each)",
+                    f"{sp} of each, and 1/{sp} of the group's micro-batch)",
                 )
             )
         rows.append(
@@ -290,7 +303,11 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                     f"{key} gradient accumulation",
                     str(arith.grad_accum),
                     f"mini-batch / dp ({arith.dp}) / micro_batch_size_per_device "
-                    f"({arith.micro_batch_size})",
+                    + (
+                        f"÷ sp ({arith.micro_batch_size} per rank)"
+                        if engine.ulysses_sequence_parallel_size > 1
+                        else f"({arith.micro_batch_size})"
+                    ),
                 )
             )
         else:

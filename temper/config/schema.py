@@ -438,7 +438,11 @@ class TrainEngineConfig:
     mini_batch_size: int | None = doc(
         None, "Samples per optimizer step; None = the whole step's batch (one update)."
     )
-    micro_batch_size_per_device: int = doc(1, "Samples per forward/backward on one device.")
+    micro_batch_size_per_device: int = doc(
+        1,
+        "Samples per forward/backward on one device (on one Ulysses sequence-parallel group "
+        "when ulysses_sequence_parallel_size > 1, as verl and ROLL count it).",
+    )
     use_dynamic_bsz: bool = doc(False, "Micro-batches by token budget instead of sample count.")
     max_token_len_per_device: int = doc(16384, "Token budget per micro-batch (use_dynamic_bsz).")
     ppo_epochs: int = doc(1, "Passes over the step's batch.")
@@ -465,6 +469,16 @@ class TrainEngineConfig:
     freeze_module_prefix: list[str] = doc(
         [], "Freeze parameters whose names start with one of these (ROLL freeze_module_prefix)."
     )
+
+    def rank_micro_batch_size(self, size: int | None = None) -> int:
+        """Samples one rank takes per forward pass out of ``size`` (default
+        ``micro_batch_size_per_device``): ``size`` counts a Ulysses sequence-parallel
+        group's samples (verl's and ROLL's ``*_micro_batch_size_per_gpu`` with SP: each of
+        the group's ranks holds 1/sp of every sequence); the group's ranks train as
+        data-parallel ranks here (Ulysses attention is not built), so each takes
+        ``max(1, size // sp)`` whole sequences — the same tokens per device."""
+        size = self.micro_batch_size_per_device if size is None else size
+        return max(1, size // max(1, self.ulysses_sequence_parallel_size))
 
 
 @dataclass

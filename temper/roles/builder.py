@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 def infer_micro_batching(cfg: TemperConfig, engine: TrainEngineConfig) -> MicroBatching:
     """No-grad micro-batching of a trained role (actor old log-probs, critic values)."""
     ro = cfg.rollout
-    size = (
+    size = engine.rank_micro_batch_size(  # a sequence-parallel group's, split over its ranks
         engine.log_prob_micro_batch_size_per_device
         or ro.log_prob_micro_batch_size_per_device
         or engine.micro_batch_size_per_device

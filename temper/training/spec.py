@@ -103,4 +103,4 @@ class EngineSpec:
         if t is None:
             return self.infer_micro
         budget = t.max_token_len_per_device if t.use_dynamic_bsz else None
-        return MicroBatching(size=t.micro_batch_size_per_device, max_tokens=budget)
+        return MicroBatching(size=t.rank_micro_batch_size(), max_tokens=budget)

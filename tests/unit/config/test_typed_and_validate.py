@@ -193,6 +193,24 @@ def test_derived_arithmetic_fsdp_and_megatron():
     assert d.actor.dp == 4 and d.actor.grad_accum == 64 // 4
 
 
+def test_a_sequence_parallel_groups_micro_batch_is_split_over_its_ranks():
+    """verl's run_deepseek7b_llm_sp2: 8 devices, Ulysses SP 2, a mini-batch of 256, micro
+    64 per SP group — verl runs 4 groups × 64 samples, one micro-step each; trained as 8
+    data-parallel ranks here, each takes 32 whole sequences, also in one micro-step."""
+    actor = {"strategy": "fsdp2", "mini_batch_size": 256, "micro_batch_size_per_device": 64}
+    base = cfg(data={"train_batch_size": 256}, resources={"backend": "ray", "devices_per_node": 8})
+    d = plan(build_config({**base, "actor": {**actor, "ulysses_sequence_parallel_size": 2}}))
+    assert (d.actor.dp, d.actor.per_rank_mini_batch, d.actor.micro_batch_size) == (8, 32, 32)
+    assert d.actor.grad_accum == 1
+    with pytest.raises(ConfigError) as err:  # without SP, 64 per device do not fit in 32
+        build_config({**base, "actor": actor})
+    assert "32 samples each rank gets per mini-batch are not divisible by 64" in one_line(err)
+    bad = {**actor, "micro_batch_size_per_device": 48, "ulysses_sequence_parallel_size": 2}
+    with pytest.raises(ConfigError) as err:
+        build_config({**base, "actor": bad})
+    assert "64 samples each sequence-parallel group gets per mini-batch" in one_line(err)
+
+
 def test_registry_names_checked():
     c = from_dict(TemperConfig, cfg(algorithm={"adv_estimator": "grpoo"}))
     with pytest.raises(ConfigError) as err:
@@ -228,3 +246,26 @@ def test_bound_in_units():
     # a token budget of whole samples ≥ 22528, counted per rank of 4 (rounded up)
     assert Bound("at_least", 22528, 11264).in_units(4) == Bound("at_least", 5632, 2816)
     assert Bound("at_least", 10, 4).in_units(4).text() == "≥ 3"
+
+
+def test_engines_take_a_ranks_share_of_a_sequence_parallel_micro_batch():
+    import torch
+
+    from temper.roles.builder import infer_micro_batching
+    from temper.training.spec import EngineSpec
+
+    c = build_config(
+        cfg(
+            data={"train_batch_size": 256},
+            actor={
+                "strategy": "fsdp2",
+                "micro_batch_size_per_device": 64,
+                "log_prob_micro_batch_size_per_device": 16,
+                "ulysses_sequence_parallel_size": 2,
+            },
+            resources={"backend": "ray", "devices_per_node": 8},
+        )
+    )
+    spec = EngineSpec(model=c.model, device=torch.device("cpu"), train=c.actor)
+    assert spec.train_micro.size == 32
+    assert infer_micro_batching(c, c.actor).size == 8
