@@ -6,8 +6,10 @@ way. Nothing here imports Megatron-Core (only asks whether it is installed).
 
 What runs where:
 
-* everywhere (CPU with gloo, CUDA with nccl): tensor parallelism, data parallelism over
-  the role's remaining ranks, the actor, critic and reference, checkpoints;
+* everywhere (CPU with gloo, CUDA with nccl): tensor parallelism, pipeline parallelism
+  (temper's own schedule, :mod:`megatron_pipeline`; the model's layers must split evenly
+  over the stages, checked when the model's config is read), data parallelism over the
+  role's remaining ranks, the actor, critic and reference, checkpoints;
 * CUDA only: activation recompute (``recompute_*``, ``model.enable_gradient_checkpointing``),
   whose checkpointing saves CUDA RNG states;
 * memory/speed options that do not change the update and that this build does not
@@ -15,7 +17,7 @@ What runs where:
   parameter gather, parameter/gradient/optimizer offload (optimizer state is kept
   whole on every DP rank; gradients are all-reduced after the backward). They are
   reported as notes, not errors, so a GPU config checks and runs unchanged;
-* not in this build: pipeline parallelism (and its virtual stages), context parallelism,
+* not in this build: virtual (interleaved) pipeline stages, context parallelism,
   expert parallelism (the converter covers dense models), LoRA — errors naming the key.
 """
 
@@ -128,19 +130,12 @@ def check_section(
     for name, value in m.degrees().items():
         if value is not None and value < 1:
             raise ConfigError(f"{key}.{name}", "must be ≥ 1", "set it to 1 or more")
-    if m.pipeline_model_parallel_size > 1:
-        raise ConfigError(
-            f"{key}.pipeline_model_parallel_size",
-            "pipeline parallelism is not in this build of the megatron engine (on CPU "
-            "Megatron's pipeline schedules cannot run at all: their send/receive buffers "
-            "are CUDA tensors)",
-            "set it to 1 and use tensor_model_parallel_size (and data parallelism) instead",
-        )
     if m.virtual_pipeline_model_parallel_size not in (None, 1):
         raise ConfigError(
             f"{key}.virtual_pipeline_model_parallel_size",
-            "interleaved pipeline stages need pipeline parallelism, which is not in this build",
-            "set it to null",
+            "interleaved (virtual) pipeline stages are not in this build; the megatron "
+            "engine's pipeline schedule runs one stage per rank",
+            "set it to null (pipeline_model_parallel_size alone pipelines the model)",
         )
     if m.context_parallel_size > 1:
         why = (

@@ -42,14 +42,28 @@ import torch.distributed as dist
 from torch import nn
 
 from temper.data.batch import Batch
+from temper.training.base import LossFn, NonFiniteError
 from temper.training.megatron_check import (
     check_engine_spec,
     half_precision_note,
     unapplied_options,
 )
 from temper.training.megatron_io import MegatronCheckpointer
-from temper.training.megatron_model import MegatronModel, build_model, read_model_source
+from temper.training.megatron_model import (
+    MegatronModel,
+    build_model,
+    read_model_source,
+    set_stage_input,
+)
 from temper.training.megatron_parallel import init_parallel
+from temper.training.megatron_pipeline import (
+    StageLink,
+    broadcast_outputs,
+    broadcast_sums,
+    run_backwards,
+    run_forwards,
+    sync_tied_grads,
+)
 from temper.training.megatron_vocab import log_probs_and_entropy
 from temper.training.micro_batching import (
     MicroBatching,
@@ -62,6 +76,8 @@ from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 
 log = logging.getLogger(__name__)
+
+LOSS_SUM = "__loss_sum__"  # the loss beside the metric sums a last stage broadcasts
 
 
 def right_align(inp: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,6 +118,7 @@ class MegatronEngine(TorchEngine):
             spec.megatron_config, role=spec.role, device=device, seed=spec.seed
         )
         self._comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.link = StageLink(self.parallel, device, self._comm_device)
         ckpt = spec.model.enable_gradient_checkpointing and spec.train is not None
         for note in unapplied_options(
             spec.megatron_config, device.type, gradient_checkpointing=ckpt
@@ -136,6 +153,18 @@ class MegatronEngine(TorchEngine):
         return module
 
     @property
+    def _tied_param(self) -> nn.Parameter | None:
+        """This stage's copy of a tied embedding that spans the pipeline's first and last
+        stage (the embedding there, the output layer's copy here); else None."""
+        p = self.parallel
+        if p.pp == 1 or not self.built.layout.tied_embeddings or self.spec.value_head:
+            return None
+        params = dict(self.model.named_parameters())
+        if p.first_stage:
+            return params["embedding.word_embeddings.weight"]
+        return params["output_layer.weight"] if p.last_stage else None
+
+    @property
     def shareable_module(self) -> nn.Module | None:
         return None  # not a Hugging Face module: rollout engines get synced copies
 
@@ -145,15 +174,33 @@ class MegatronEngine(TorchEngine):
 
     # ------------------------------------------------------------------ forward
 
-    def _run(
-        self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
-    ) -> dict[str, torch.Tensor]:
+    def _stage_output(self, mb: Batch, received: torch.Tensor | None) -> torch.Tensor:
+        """This stage's output for ``mb``: logits ``(b, L, V/TP)`` (or values ``(b, L, 1)``)
+        on the last stage, else the hidden states ``(L, b, H)`` to send on; ``received``:
+        the previous stage's, None on the first."""
         inp = model_inputs(mb, self.device)
-        ids, index = right_align(inp)
+        ids, _ = right_align(inp)
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
-        out: dict[str, torch.Tensor] = {}
+        if self.parallel.pp > 1:
+            set_stage_input(self.built.module, received)
         with self._autocast():
-            hidden = self.model(ids, positions, None)  # (b, L, V/TP) or (b, L, 1) values
+            out: torch.Tensor = self.model(ids, positions, None)
+        return out
+
+    def _head(
+        self,
+        mb: Batch,
+        hidden: torch.Tensor,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = True,
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs (+ entropy) or values of the response tokens from the last stage's
+        output."""
+        inp = model_inputs(mb, self.device)
+        _, index = right_align(inp)
+        out: dict[str, torch.Tensor] = {}
         if self.spec.value_head:
             out["values"] = hidden.squeeze(-1).float().gather(1, index)
         else:
@@ -177,6 +224,92 @@ class MegatronEngine(TorchEngine):
             )
             for k, v in out.items()
         }
+
+    def _run(
+        self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
+    ) -> dict[str, torch.Tensor]:
+        hidden = self._stage_output(mb, None)
+        return self._head(
+            mb,
+            hidden,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+
+    def _forward_micro_batches(
+        self, micro: list[Batch], *, temperature: float, with_entropy: bool
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        if self.parallel.pp == 1:
+            yield from super()._forward_micro_batches(
+                micro, temperature=temperature, with_entropy=with_entropy
+            )
+            return
+        # forward only over the stages: the last one computes the outputs, which are then
+        # broadcast to every stage (megatron_pipeline)
+        v = self.spec.value_head
+        keys = ["values"] if v else ["log_probs", *(["entropy"] if with_entropy else [])]
+
+        def step(i: int, received: torch.Tensor | None) -> torch.Tensor:
+            hidden = self._stage_output(micro[i], received)
+            if not self.parallel.last_stage:
+                return hidden
+            out = self._head(micro[i], hidden, temperature=temperature, with_entropy=with_entropy)
+            return torch.stack([out[k] for k in keys])
+
+        saved = run_forwards(self.link, len(micro), step, grad=False)
+        shapes = [(len(keys), len(mb), mb["response_ids"].shape[1]) for mb in micro]
+        for stacked in broadcast_outputs(self.link, [o for _, o in saved], shapes):
+            yield dict(zip(keys, stacked))
+
+    def _accumulate(
+        self,
+        micro: list[Batch],
+        groups: list[list[int]],
+        loss_fn: LossFn,
+        *,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[float, dict[str, float]]:
+        if self.parallel.pp == 1:
+            return super()._accumulate(
+                micro, groups, loss_fn, temperature=temperature, with_entropy=with_entropy
+            )
+        # GPipe over the stages (megatron_pipeline): the last stage turns each output
+        # into its loss; every loss is checked (one collective) before any backward
+        last = self.parallel.last_stage
+        sums: dict[str, float] = {}
+
+        def step(i: int, received: torch.Tensor | None) -> torch.Tensor:
+            mb = micro[i]
+            hidden = self._stage_output(mb, received)
+            if not last:
+                return hidden
+            out = self._head(
+                mb, hidden, temperature=temperature, with_entropy=True, entropy_grad=with_entropy
+            )
+            loss, metrics = loss_fn(mb.to(self.device), out)
+            if not groups[i]:  # padding micro-batch: same transfers, no contribution
+                return loss * 0.0
+            sums[LOSS_SUM] = sums.get(LOSS_SUM, 0.0) + float(loss.detach())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            return loss
+
+        saved = run_forwards(self.link, len(micro), step, grad=True)
+        finite = [1.0] * len(micro)
+        if last:
+            finite = [float(torch.isfinite(loss.detach()).all()) for _, loss in saved]
+        bad = [i for i, ok in enumerate(self._all_reduce(finite, dist.ReduceOp.MIN)) if ok <= 0]
+        if bad:
+            self._zero_grad()
+            raise NonFiniteError(
+                f"{self.spec.role}: loss is not finite in micro-batch {bad[0]}; optimizer "
+                "step skipped, weights unchanged"
+            )
+        run_backwards(self.link, saved)
+        sums = broadcast_sums(self.parallel, sums)
+        return sums.pop(LOSS_SUM, 0.0), sums
 
     # ------------------------------------------------------------------ collectives
 
@@ -227,6 +360,12 @@ class MegatronEngine(TorchEngine):
         return ok > 0
 
     def _reduce_grads(self) -> None:
+        """Sum gradients over the DP group, then a tied embedding's over its two copies
+        (pipeline parallel)."""
+        self._reduce_dp_grads()
+        sync_tied_grads(self.link, self._tied_param)
+
+    def _reduce_dp_grads(self) -> None:
         """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype)."""
         if self.parallel.dp == 1:
             return
@@ -248,15 +387,16 @@ class MegatronEngine(TorchEngine):
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
         grads = [p.grad for p in params if p.grad is not None]
+        copy = self._tied_param if self.parallel.last_stage else None
         counted = [
             p.grad
             for p in params
-            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not copy
         ]
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for g in counted:
             sq += g.detach().double().pow(2).sum()
-        if self.parallel.tp > 1:
+        if self.parallel.tp > 1 or self.parallel.pp > 1:
             sq = sq.to(self._comm_device)
             dist.all_reduce(sq, group=self.parallel.model_parallel_group)
         norm = float(sq.sqrt())

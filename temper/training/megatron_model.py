@@ -8,7 +8,9 @@
 * :func:`build_model` — ``GPTModel`` with the layer spec of :mod:`megatron_layers`,
   Hugging Face's RoPE, and for a critic the scalar value head; then every parameter is
   filled with this TP rank's shard of the HF tensors (:mod:`megatron_convert`), read one
-  tensor at a time from the checkpoint's safetensors (no full model in memory).
+  tensor at a time from the checkpoint's safetensors (no full model in memory). Under
+  pipeline parallelism each rank builds its stage only (Megatron's ``pre_process`` /
+  ``post_process``, its share of the layers) and reads only that stage's tensors.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ _OWNED_FIELDS = frozenset(
         *MEGATRON_DEGREES,
         "sequence_parallel",
         "params_dtype",
+        "pipeline_dtype",
         "use_cpu_initialization",
         "perform_initialization",
         "recompute_granularity",
@@ -69,6 +72,16 @@ _OWNED_FIELDS = frozenset(
         "recompute_num_layers",
         "recompute_modules",
     }
+)
+
+
+#: TransformerConfig fields that split layers unevenly over pipeline stages
+UNEVEN_SPLIT_FIELDS = (
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
 )
 
 
@@ -137,6 +150,9 @@ def transformer_config(
         perform_initialization=False,
         use_cpu_initialization=not cuda,
         cuda_graph_scope=[],  # the default ["full"] only warns that it is deprecated
+        # Megatron requires it with PP > 1 (its schedules' buffer dtype); temper's own
+        # schedule sends each activation's dtype with it (megatron_pipeline)
+        pipeline_dtype=torch.float32,
     )
     if cuda:
         # activation recompute saves CUDA RNG states, so it runs on CUDA only (see
@@ -162,7 +178,17 @@ def transformer_config(
 
 
 def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
-    """TP must split heads, KV groups and the FFN evenly (whole query groups per rank)."""
+    """TP must split heads, KV groups and the FFN evenly (whole query groups per rank);
+    PP the layers into equal stages, unless ``extra`` asks Megatron for an uneven split
+    (which Megatron then checks)."""
+    pp = m.pipeline_model_parallel_size
+    uneven = any(name in m.extra for name in UNEVEN_SPLIT_FIELDS)
+    if layout.num_layers % pp and not uneven:
+        raise ConfigError(
+            f"{role}.megatron.pipeline_model_parallel_size",
+            f"{pp} does not divide the model's {layout.num_layers} layers",
+            f"use a pipeline-parallel size that divides {layout.num_layers}",
+        )
     tp = m.tensor_model_parallel_size
     for what, n in (
         ("attention heads", layout.num_heads),
@@ -296,14 +322,22 @@ def build_model(
     )
     value = spec.value_head
     padded = layout.padded_vocab(parallel.tp)
+    first, last = parallel.first_stage, parallel.last_stage
     module = GPTModel(
         config,
         layer_spec(qk_layernorm=layout.qk_norm, use_te=use_te),
         vocab_size=padded,
         max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
         position_embedding_type="rope",
-        share_embeddings_and_output_weights=layout.tied_embeddings and not value,
+        # over several stages a tied model's last stage holds a copy of the embedding,
+        # which the engine keeps equal (megatron_pipeline.sync_tied_grads): Megatron's
+        # own copy-at-init moves the weight to CUDA, so it is not asked for
+        share_embeddings_and_output_weights=layout.tied_embeddings
+        and not value
+        and parallel.pp == 1,
         parallel_output=True,
+        pre_process=first,
+        post_process=last,
     )
     # Hugging Face's RoPE frequencies, on the model's device (see megatron_layers)
     rope = HFRotaryEmbedding(
@@ -311,16 +345,28 @@ def build_model(
     )
     rope.to_device(device)
     module.rotary_pos_emb = rope
-    if value:
+    if value and last:
         module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
     module.to(device)
     names = {n for n, _ in module.named_parameters()}
-    maps = param_maps(layout, names, value_head=value)
+    # Megatron numbers a stage's layers from 0 in names, and from its offset in
+    # ``layer_number`` (1-based): the global index of each
+    layers = [int(layer.layer_number) - 1 for layer in module.decoder.layers]
+    maps = param_maps(layout, names, value_head=value, layers=layers, first=first, last=last)
     _mark_tensor_parallel(module, maps)
     _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
     tp_group = parallel.tp_group if parallel.tp > 1 else None
     vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
     return MegatronModel(module, layout, hf_config, maps, vocab, use_te)
+
+
+def set_stage_input(module: torch.nn.Module, received: torch.Tensor | None) -> None:
+    """Give a pipeline stage's ``GPTModel`` the previous stage's hidden states, which its
+    decoder starts from in the next forward (the first stage embeds its tokens)."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    assert isinstance(module, GPTModel)
+    module.set_input_tensor(received)
 
 
 def _mark_tensor_parallel(module: torch.nn.Module, maps: list[ParamMap]) -> None:
