@@ -47,9 +47,9 @@ def qwen2_path(tmp_path_factory) -> str:
     return _tiny(tmp_path_factory.mktemp("megatron-pp") / "qwen2", "qwen2")
 
 
-def make_actor(path: str, strategy: str, pp: int = 1) -> Actor:
+def make_actor(path: str, strategy: str, pp: int = 1, tp: int = 1) -> Actor:
     cfg = actor_config(strategy)
-    cfg.megatron = MegatronConfig(pipeline_model_parallel_size=pp)
+    cfg.megatron = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     spec = EngineSpec(
         model=ModelConfig(path=path),
         device=torch.device("cpu"),
@@ -147,6 +147,38 @@ def test_two_stages_equal_one(model: str, tiny_path: str, qwen2_path: str, tmp_p
             torch.testing.assert_close(r["values"], values, atol=1e-5, rtol=1e-5)
             for k, v in ref_c.items():
                 assert r["critic"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+
+
+def _grid_rank(rank: int, world: int, path: str, batch: Batch, tp: int) -> dict:
+    actor = make_actor(path, "megatron", pp=2, tp=tp)
+    engine = actor.engine
+    p = engine.parallel
+    assert (p.pp, p.tp, p.dp, p.pp_rank) == (2, tp, 2 // tp, rank // 2)
+    mine = shard(batch, engine.dp_rank, engine.dp_size)
+    old = actor.compute_log_probs(mine)["old_log_probs"]
+    metrics = actor.update(mine)
+    return {"old": old, "dp": engine.dp_rank, "metrics": metrics, "weights": weights(engine)}
+
+
+@pytest.mark.parametrize("tp", [2, 1], ids=["tp2xpp2", "pp2xdp2"])
+def test_pipeline_with_tensor_or_data_parallel_equals_one_rank(tiny_path: str, tp: int) -> None:
+    """4 ranks: PP=2 × TP=2, and PP=2 × DP=2 (each pipeline on half the batch), give the
+    one-rank update of the whole batch."""
+    single = make_actor(tiny_path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    ref_weights = weights(single.engine)
+
+    ranks = spawn_ranks(_grid_rank, 4, tiny_path, batch, tp)
+
+    dp = 2 // tp
+    olds = [next(r["old"] for r in ranks if r["dp"] == d) for d in range(dp)]
+    torch.testing.assert_close(torch.cat(olds), batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+    for r in ranks:
+        for k, v in ref_metrics.items():
+            if k != "actor/packed_fraction":
+                assert r["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+        assert_close_weights(r["weights"], ref_weights)
 
 
 # ----------------------------------------------------------------------- checkpoints
