@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import MegatronConfig, TemperConfig
+from temper.training.megatron_convert import HFLayout
 
 if TYPE_CHECKING:
     from temper.training.spec import EngineSpec
@@ -89,6 +90,42 @@ def half_precision_note(model_dtype: str, device_type: str) -> str | None:
         f"model.dtype={model_dtype}: Megatron-Core's layers compute in half precision through "
         "CUDA autocast only; on CPU the megatron engine computes in fp32"
     )
+
+
+#: TransformerConfig fields that split layers unevenly over pipeline stages
+UNEVEN_SPLIT_FIELDS = (
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
+
+
+def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
+    """TP must split heads, KV groups and the FFN evenly (whole query groups per rank);
+    PP the layers into equal stages, unless ``extra`` asks Megatron for an uneven split
+    (which Megatron then checks)."""
+    pp = m.pipeline_model_parallel_size
+    uneven = any(name in m.extra for name in UNEVEN_SPLIT_FIELDS)
+    if layout.num_layers % pp and not uneven:
+        raise ConfigError(
+            f"{role}.megatron.pipeline_model_parallel_size",
+            f"{pp} does not divide the model's {layout.num_layers} layers",
+            f"use a pipeline-parallel size that divides {layout.num_layers}",
+        )
+    tp = m.tensor_model_parallel_size
+    for what, n in (
+        ("attention heads", layout.num_heads),
+        ("key/value heads", layout.num_kv_heads),
+        ("FFN columns", layout.ffn_hidden_size),
+    ):
+        if n % tp:
+            raise ConfigError(
+                f"{role}.megatron.tensor_model_parallel_size",
+                f"{tp} does not divide the model's {n} {what}",
+                f"use a tensor-parallel size that divides {n}",
+            )
 
 
 def check_engine_spec(spec: EngineSpec) -> None:

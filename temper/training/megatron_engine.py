@@ -1,33 +1,39 @@
-"""The ``megatron`` engine: a Megatron-Core ``GPTModel`` with tensor and data parallelism
-(verl ``strategy: megatron``, ROLL ``megatron_train`` / ``megatron_infer``).
+"""The ``megatron`` engine: a Megatron-Core ``GPTModel`` with tensor, pipeline and data
+parallelism (verl ``strategy: megatron``, ROLL ``megatron_train`` / ``megatron_infer``).
 
 It runs inside the role's ``torch.distributed`` world (the Ray worker group; a one-rank
 world is made on the local backend). :mod:`megatron_parallel` cuts the world into
-tensor-parallel (TP) groups and data-parallel (DP) groups; :mod:`megatron_model` builds
-the model from the HF checkpoint, each rank holding its TP shard. The training loop,
-micro-batching, loss bookkeeping and LR schedule are the :class:`TorchEngine`'s; this
-class supplies the model, its forward, and the collectives:
+tensor-parallel (TP), pipeline-parallel (PP) and data-parallel (DP) groups;
+:mod:`megatron_model` builds the model from the HF checkpoint, each rank holding its TP
+shard of its pipeline stage. The training loop, micro-batching, loss bookkeeping and LR
+schedule are the :class:`TorchEngine`'s; this class supplies the model, its forward,
+and the collectives:
 
-* **Samples.** A TP group computes on the same samples (the worker group hands every
-  rank of it the same shard, see :attr:`dp_rank`); DP groups on different ones. Loss
-  normalizers and metrics are summed over the DP group only.
+* **Samples.** The TP groups of one pipeline compute on the same samples (the worker
+  group hands every rank of it the same shard, see :attr:`dp_rank`); DP groups on
+  different ones. Loss normalizers and metrics are summed over the DP group only.
 * **Forward.** Each micro-batch (left-padded prompt ‖ right-padded response) is shifted
   row by row so that its real tokens start at position 0: RoPE positions are then the
   sequence positions, exactly Hugging Face's ``cumsum(mask) - 1``, and causal attention
   alone masks the trailing padding. Log-probs and entropy come from the vocabulary-
   parallel logits without gathering them (:mod:`megatron_vocab`).
+* **Pipeline.** With PP > 1 the micro-batches go through the stages on temper's own
+  schedule (:mod:`megatron_pipeline`: all forwards, then all backwards); the last stage
+  computes outputs and losses, and its log-probs, values and metric sums are broadcast
+  so that every rank returns what a one-stage engine would.
 * **Gradients.** TP-sharded weights get their gradient from Megatron's TP layers;
   after the micro-batches, gradients are summed over the DP group (each rank's loss is
-  a partial sum of the mini-batch loss), then clipped by the global norm, counting
-  each TP-replicated weight (norms) once. AdamW on the fp32 local shards, as the torch
-  engine does — so one update equals the torch engine's at any TP × DP.
+  a partial sum of the mini-batch loss) — and a tied embedding's over its first- and
+  last-stage copies — then clipped by the global norm over TP × PP, counting each
+  TP-replicated weight (norms) and the tied copy once. AdamW on the fp32 local shards,
+  as the torch engine does — so one update equals the torch engine's at any TP × PP × DP.
 * **Collectives in step.** Every rank runs the same number of micro-batches (padding
   micro-batches with zero loss, as FSDP2 does) and a non-finite loss anywhere stops
   every rank before its backward.
 
-Checkpoints (sharded, reshardable over TP and DP) and the export to Hugging Face names
-are :class:`~temper.training.megatron_io.MegatronCheckpointer`'s, which the engine builds
-from its model, parallel groups, optimizer, schedule and spec.
+Checkpoints (sharded, reshardable over TP, PP and DP) and the export to Hugging Face
+names are :class:`~temper.training.megatron_io.MegatronCheckpointer`'s, which the engine
+builds from its model, parallel groups, optimizer, schedule and spec.
 """
 
 from __future__ import annotations
@@ -42,27 +48,21 @@ import torch.distributed as dist
 from torch import nn
 
 from temper.data.batch import Batch
-from temper.training.base import LossFn, NonFiniteError
+from temper.training.base import LossFn
 from temper.training.megatron_check import (
     check_engine_spec,
     half_precision_note,
     unapplied_options,
 )
 from temper.training.megatron_io import MegatronCheckpointer
-from temper.training.megatron_model import (
-    MegatronModel,
-    build_model,
-    read_model_source,
-    set_stage_input,
-)
+from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_parallel import init_parallel
 from temper.training.megatron_pipeline import (
     StageLink,
-    broadcast_outputs,
-    broadcast_sums,
-    run_backwards,
-    run_forwards,
+    forward_only,
+    set_stage_input,
     sync_tied_grads,
+    train_forward_backward,
 )
 from temper.training.megatron_vocab import log_probs_and_entropy
 from temper.training.micro_batching import (
@@ -76,8 +76,6 @@ from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 
 log = logging.getLogger(__name__)
-
-LOSS_SUM = "__loss_sum__"  # the loss beside the metric sums a last stage broadcasts
 
 
 def right_align(inp: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,22 +243,15 @@ class MegatronEngine(TorchEngine):
                 micro, temperature=temperature, with_entropy=with_entropy
             )
             return
-        # forward only over the stages: the last one computes the outputs, which are then
-        # broadcast to every stage (megatron_pipeline)
-        v = self.spec.value_head
-        keys = ["values"] if v else ["log_probs", *(["entropy"] if with_entropy else [])]
-
-        def step(i: int, received: torch.Tensor | None) -> torch.Tensor:
-            hidden = self._stage_output(micro[i], received)
-            if not self.parallel.last_stage:
-                return hidden
-            out = self._head(micro[i], hidden, temperature=temperature, with_entropy=with_entropy)
-            return torch.stack([out[k] for k in keys])
-
-        saved = run_forwards(self.link, len(micro), step, grad=False)
-        shapes = [(len(keys), len(mb), mb["response_ids"].shape[1]) for mb in micro]
-        for stacked in broadcast_outputs(self.link, [o for _, o in saved], shapes):
-            yield dict(zip(keys, stacked))
+        yield from forward_only(
+            self.link,
+            micro,
+            self._stage_output,
+            lambda mb, hidden: self._head(
+                mb, hidden, temperature=temperature, with_entropy=with_entropy
+            ),
+            ["values"] if self.spec.value_head else ["log_probs", *["entropy"] * with_entropy],
+        )
 
     def _accumulate(
         self,
@@ -275,41 +266,18 @@ class MegatronEngine(TorchEngine):
             return super()._accumulate(
                 micro, groups, loss_fn, temperature=temperature, with_entropy=with_entropy
             )
-        # GPipe over the stages (megatron_pipeline): the last stage turns each output
-        # into its loss; every loss is checked (one collective) before any backward
-        last = self.parallel.last_stage
-        sums: dict[str, float] = {}
-
-        def step(i: int, received: torch.Tensor | None) -> torch.Tensor:
-            mb = micro[i]
-            hidden = self._stage_output(mb, received)
-            if not last:
-                return hidden
-            out = self._head(
+        return train_forward_backward(
+            self.link,
+            micro,
+            groups,
+            self._stage_output,
+            lambda mb, hidden: self._head(
                 mb, hidden, temperature=temperature, with_entropy=True, entropy_grad=with_entropy
-            )
-            loss, metrics = loss_fn(mb.to(self.device), out)
-            if not groups[i]:  # padding micro-batch: same transfers, no contribution
-                return loss * 0.0
-            sums[LOSS_SUM] = sums.get(LOSS_SUM, 0.0) + float(loss.detach())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            return loss
-
-        saved = run_forwards(self.link, len(micro), step, grad=True)
-        finite = [1.0] * len(micro)
-        if last:
-            finite = [float(torch.isfinite(loss.detach()).all()) for _, loss in saved]
-        bad = [i for i, ok in enumerate(self._all_reduce(finite, dist.ReduceOp.MIN)) if ok <= 0]
-        if bad:
-            self._zero_grad()
-            raise NonFiniteError(
-                f"{self.spec.role}: loss is not finite in micro-batch {bad[0]}; optimizer "
-                "step skipped, weights unchanged"
-            )
-        run_backwards(self.link, saved)
-        sums = broadcast_sums(self.parallel, sums)
-        return sums.pop(LOSS_SUM, 0.0), sums
+            ),
+            lambda mb, out: loss_fn(mb.to(self.device), out),
+            all_min=lambda flags: self._all_reduce(flags, dist.ReduceOp.MIN),
+            role=self.spec.role,
+        )
 
     # ------------------------------------------------------------------ collectives
 
@@ -415,7 +383,7 @@ class MegatronEngine(TorchEngine):
 
     def save_checkpoint(self, path: str) -> None:
         """Sharded checkpoint: model, AdamW moments, schedule, per-rank RNG. A collective;
-        loads at any TP/DP layout."""
+        loads at any TP/PP/DP layout."""
         self.checkpointer.save(path)
 
     def load_checkpoint(self, path: str) -> None:

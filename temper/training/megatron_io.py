@@ -4,16 +4,19 @@
   format). Each parameter and its AdamW moments are DTensors over a ``(dp, tp)`` mesh
   laid out like Megatron's groups — sharded along the TP dimension Megatron splits,
   replicated over DP — so each rank writes only its shards, replicas are written once,
-  and a run saved at one TP × DP layout resumes at another (DCP reshards). Megatron-
+  and a run saved at one TP × DP layout resumes at another (DCP reshards). Under
+  pipeline parallelism each stage writes its own parameters under their names in the
+  whole model (global layer index; a tied embedding's last-stage copy is left out and
+  restored from the first stage), so a checkpoint also resumes at another PP size. Megatron-
   Core's own ``dist_checkpointing`` is not used: its only save strategy (``torch_dist``)
   calls ``torch.cuda.synchronize`` and cannot run on CPU; this layout is the same idea
   (global tensors, per-rank shards) through torch's API, on CPU and GPU alike. The LR
   schedule and AdamW's step count ride along; each rank's RNG state is a file of its
   own under ``rng/`` (restored when the world size matches).
 * **Export** (:meth:`MegatronCheckpointer.hf_named_weights`): for weight sync and HF
-  directories, each parameter's TP shards are all-gathered and turned back into HF
-  tensors one at a time (:func:`megatron_convert.hf_tensors`), so no rank holds the
-  whole model twice.
+  directories, each parameter is broadcast from its pipeline stage, its TP shards are
+  all-gathered, and it is turned back into HF tensors one at a time
+  (:func:`megatron_convert.hf_tensors`), so no rank holds the whole model twice.
 * **HF directories** (:meth:`MegatronCheckpointer.save_hf`): rank 0 writes safetensors
   (sharded at 5 GB), ``config.json``, the generation config and the tokenizer; a critic
   writes the layout of :class:`temper.training.models.ValueModel` (backbone +
@@ -81,7 +84,7 @@ class MegatronCheckpointer:
     Attributes:
         model: this rank's GPTModel (its TP shard of every parameter).
         built: the model's HF layout, config and Megatron ↔ HF parameter maps.
-        parallel: the TP and DP groups this rank belongs to.
+        parallel: the TP, PP and DP groups this rank belongs to.
         optimizer: AdamW over the local shards, ``None`` when frozen.
         schedule: the LR schedule, saved beside the optimizer.
         spec: what the engine was built from (role, model section, kind).
@@ -329,7 +332,7 @@ class MegatronCheckpointer:
         dist.barrier()
 
     def load(self, path: str | Path) -> None:
-        """Inverse of :meth:`save`, at this engine's (possibly other) TP × DP."""
+        """Inverse of :meth:`save`, at this engine's (possibly other) TP × PP × DP."""
         import torch.distributed.checkpoint as dcp
 
         src = Path(path)

@@ -27,7 +27,7 @@ import torch
 
 from temper.config.errors import ConfigError
 from temper.config.schema import MEGATRON_DEGREES, MegatronConfig
-from temper.training.megatron_check import unavailable_fusions
+from temper.training.megatron_check import check_divisible, unavailable_fusions
 from temper.training.megatron_convert import (
     HFLayout,
     ParamMap,
@@ -72,16 +72,6 @@ _OWNED_FIELDS = frozenset(
         "recompute_num_layers",
         "recompute_modules",
     }
-)
-
-
-#: TransformerConfig fields that split layers unevenly over pipeline stages
-UNEVEN_SPLIT_FIELDS = (
-    "num_layers_in_first_pipeline_stage",
-    "num_layers_in_last_pipeline_stage",
-    "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split",
-    "pipeline_model_parallel_layout",
 )
 
 
@@ -175,32 +165,6 @@ def transformer_config(
         return TransformerConfig(**kwargs)
     except (AssertionError, ValueError, TypeError) as err:
         raise ConfigError(key, f"Megatron-Core rejects the configuration: {err}", "") from err
-
-
-def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
-    """TP must split heads, KV groups and the FFN evenly (whole query groups per rank);
-    PP the layers into equal stages, unless ``extra`` asks Megatron for an uneven split
-    (which Megatron then checks)."""
-    pp = m.pipeline_model_parallel_size
-    uneven = any(name in m.extra for name in UNEVEN_SPLIT_FIELDS)
-    if layout.num_layers % pp and not uneven:
-        raise ConfigError(
-            f"{role}.megatron.pipeline_model_parallel_size",
-            f"{pp} does not divide the model's {layout.num_layers} layers",
-            f"use a pipeline-parallel size that divides {layout.num_layers}",
-        )
-    tp = m.tensor_model_parallel_size
-    for what, n in (
-        ("attention heads", layout.num_heads),
-        ("key/value heads", layout.num_kv_heads),
-        ("FFN columns", layout.ffn_hidden_size),
-    ):
-        if n % tp:
-            raise ConfigError(
-                f"{role}.megatron.tensor_model_parallel_size",
-                f"{tp} does not divide the model's {n} {what}",
-                f"use a tensor-parallel size that divides {n}",
-            )
 
 
 class HFCheckpoint:
@@ -358,15 +322,6 @@ def build_model(
     tp_group = parallel.tp_group if parallel.tp > 1 else None
     vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
     return MegatronModel(module, layout, hf_config, maps, vocab, use_te)
-
-
-def set_stage_input(module: torch.nn.Module, received: torch.Tensor | None) -> None:
-    """Give a pipeline stage's ``GPTModel`` the previous stage's hidden states, which its
-    decoder starts from in the next forward (the first stage embeds its tokens)."""
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    assert isinstance(module, GPTModel)
-    module.set_input_tensor(received)
 
 
 def _mark_tensor_parallel(module: torch.nn.Module, maps: list[ParamMap]) -> None:

@@ -28,11 +28,31 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from temper.data.batch import Batch
+from temper.training.base import NonFiniteError
 from temper.training.megatron_parallel import Parallel
+
+#: ``(micro-batch, activation received or None on the first stage) -> this stage's
+#: output`` (hidden states to send on; the last stage's logits or values)
+Stage = Callable[[Batch, "torch.Tensor | None"], torch.Tensor]
+#: The last stage's outputs of a micro-batch (log-probs, entropy or values by key)
+Head = Callable[[Batch, torch.Tensor], dict[str, torch.Tensor]]
+#: A micro-batch's loss (a partial sum of the mini-batch's) and metric sums
+MicroLoss = Callable[[Batch, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+LOSS_SUM = "__loss_sum__"  # the loss beside the metric sums a last stage broadcasts
 
 #: Activation dtypes by the code sent in the header
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 HEADER = 4  # dtype code and a 3-d shape (sequence, batch, hidden)
+
+
+def set_stage_input(module: torch.nn.Module, received: torch.Tensor | None) -> None:
+    """Give a pipeline stage's ``GPTModel`` the previous stage's hidden states, which its
+    decoder starts from in the next forward (the first stage embeds its tokens)."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    assert isinstance(module, GPTModel)
+    module.set_input_tensor(received)
 
 
 class StageLink:
@@ -106,6 +126,71 @@ def run_backwards(link: StageLink, saved: list[tuple[torch.Tensor | None, torch.
         if received is not None:
             g = received.grad
             link.send_backward(g if g is not None else torch.zeros_like(received))
+
+
+def forward_only(
+    link: StageLink, micro: list[Batch], stage: Stage, head: Head, keys: list[str]
+) -> list[dict[str, torch.Tensor]]:
+    """No-grad outputs ``keys`` of every micro-batch, ``(b, R)`` each, on every stage."""
+
+    def step(i: int, received: torch.Tensor | None) -> torch.Tensor:
+        hidden = stage(micro[i], received)
+        if not link.p.last_stage:
+            return hidden
+        out = head(micro[i], hidden)
+        return torch.stack([out[k] for k in keys])
+
+    saved = run_forwards(link, len(micro), step, grad=False)
+    shapes = [(len(keys), len(mb), mb["response_ids"].shape[1]) for mb in micro]
+    stacked = broadcast_outputs(link, [out for _, out in saved], shapes)
+    return [dict(zip(keys, t)) for t in stacked]
+
+
+def train_forward_backward(
+    link: StageLink,
+    micro: list[Batch],
+    groups: list[list[int]],
+    stage: Stage,
+    head: Head,
+    loss: MicroLoss,
+    *,
+    all_min: Callable[[list[float]], list[float]],
+    role: str,
+) -> tuple[float, dict[str, float]]:
+    """Forwards, then backwards of every micro-batch, gradients accumulated on each
+    stage: the ``(loss sum, metric sums)`` of the pipeline's micro-batches on every stage
+    (padding micro-batches, ``groups[i]`` empty, contribute nothing). Every loss is
+    checked before any backward (``all_min``: a MIN over the role's ranks), so a
+    non-finite one leaves no gradient anywhere."""
+    last = link.p.last_stage
+    sums: dict[str, float] = {}
+
+    def step(i: int, received: torch.Tensor | None) -> torch.Tensor:
+        mb = micro[i]
+        hidden = stage(mb, received)
+        if not last:
+            return hidden
+        value, metrics = loss(mb, head(mb, hidden))
+        if not groups[i]:  # padding micro-batch: same transfers, no contribution
+            return value * 0.0
+        sums[LOSS_SUM] = sums.get(LOSS_SUM, 0.0) + float(value.detach())
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        return value
+
+    saved = run_forwards(link, len(micro), step, grad=True)
+    finite = [1.0] * len(micro)
+    if last:
+        finite = [float(torch.isfinite(out.detach()).all()) for _, out in saved]
+    bad = [i for i, ok in enumerate(all_min(finite)) if ok <= 0]
+    if bad:
+        raise NonFiniteError(
+            f"{role}: loss is not finite in micro-batch {bad[0]}; optimizer step skipped, "
+            "weights unchanged"
+        )
+    run_backwards(link, saved)
+    sums = broadcast_sums(link.p, sums)
+    return sums.pop(LOSS_SUM, 0.0), sums
 
 
 def broadcast_outputs(

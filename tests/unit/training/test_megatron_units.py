@@ -295,7 +295,7 @@ def test_temper_check_accepts_pipeline_parallel_and_refuses_virtual_stages(
 
 
 def test_pipeline_stages_must_split_the_layers_evenly() -> None:
-    from temper.training.megatron_model import check_divisible
+    from temper.training.megatron_check import check_divisible
 
     three = replace(LAYOUT, num_layers=3, num_heads=4, num_kv_heads=2)
     with pytest.raises(ConfigError) as err:
