@@ -149,7 +149,7 @@ def test_two_stages_equal_one(model: str, tiny_path: str, qwen2_path: str, tmp_p
                 assert r["critic"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
 
 
-def _grid_rank(rank: int, world: int, path: str, batch: Batch, tp: int) -> dict:
+def _grid_rank(rank: int, world: int, path: str, batch: Batch, tp: int, ckpt: str) -> dict:
     actor = make_actor(path, "megatron", pp=2, tp=tp)
     engine = actor.engine
     p = engine.parallel
@@ -157,19 +157,29 @@ def _grid_rank(rank: int, world: int, path: str, batch: Batch, tp: int) -> dict:
     mine = shard(batch, engine.dp_rank, engine.dp_size)
     old = actor.compute_log_probs(mine)["old_log_probs"]
     metrics = actor.update(mine)
+    engine.save_checkpoint(ckpt)
     return {"old": old, "dp": engine.dp_rank, "metrics": metrics, "weights": weights(engine)}
 
 
+def _load_rank(rank: int, world: int, path: str, ckpt: str) -> dict:
+    actor = make_actor(path, "megatron")
+    actor.engine.load_checkpoint(ckpt)
+    return weights(actor.engine)
+
+
 @pytest.mark.parametrize("tp", [2, 1], ids=["tp2xpp2", "pp2xdp2"])
-def test_pipeline_with_tensor_or_data_parallel_equals_one_rank(tiny_path: str, tp: int) -> None:
+def test_pipeline_with_tensor_or_data_parallel_equals_one_rank(
+    tiny_path: str, tp: int, tmp_path: Path
+) -> None:
     """4 ranks: PP=2 × TP=2, and PP=2 × DP=2 (each pipeline on half the batch), give the
-    one-rank update of the whole batch."""
+    one-rank update of the whole batch; their checkpoint loads on one rank."""
     single = make_actor(tiny_path, "torch")
     batch = with_log_probs(single, make_batch())
     ref_metrics = single.update(batch)
     ref_weights = weights(single.engine)
 
-    ranks = spawn_ranks(_grid_rank, 4, tiny_path, batch, tp)
+    ckpt = str(tmp_path / "ckpt")
+    ranks = spawn_ranks(_grid_rank, 4, tiny_path, batch, tp, ckpt)
 
     dp = 2 // tp
     olds = [next(r["old"] for r in ranks if r["dp"] == d) for d in range(dp)]
@@ -179,6 +189,34 @@ def test_pipeline_with_tensor_or_data_parallel_equals_one_rank(tiny_path: str, t
             if k != "actor/packed_fraction":
                 assert r["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
         assert_close_weights(r["weights"], ref_weights)
+    (loaded,) = spawn_ranks(_load_rank, 1, tiny_path, ckpt)
+    for k, v in ranks[0]["weights"].items():
+        torch.testing.assert_close(loaded[k], v, atol=0, rtol=0, msg=k)
+
+
+def _nan_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    from temper.training.base import NonFiniteError
+
+    engine = make_actor(path, "megatron", pp=2).engine
+    before = weights(engine)
+
+    def nan_on_second(mb: Batch, out: dict[str, torch.Tensor]):
+        scale = float("nan") if len(mb) and mb["advantages"][0, 0] < 0 else 1.0
+        return (out["log_probs"].sum() * scale, {})
+
+    with pytest.raises(NonFiniteError, match="not finite in micro-batch"):
+        engine.train_mini_batch(batch, nan_on_second)
+    after = weights(engine)
+    return {"unchanged": all(torch.equal(before[k], after[k]) for k in before)}
+
+
+def test_a_non_finite_loss_on_the_last_stage_stops_every_stage(tiny_path: str) -> None:
+    """The last stage's NaN loss raises on both stages before any backward; no weight
+    moves."""
+    single = make_actor(tiny_path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ranks = spawn_ranks(_nan_rank, 2, tiny_path, batch)
+    assert all(r["unchanged"] for r in ranks)
 
 
 # ----------------------------------------------------------------------- checkpoints
