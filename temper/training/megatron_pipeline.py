@@ -11,6 +11,9 @@ send/recv between neighbouring stages (gloo on CPU, nccl on GPU alike):
   accumulate in the order a one-stage engine sums them. The last stage turns each
   micro-batch's output into its loss as it is made (the loss function's partial sums,
   unchanged: PP changes where a loss is computed, not what it is).
+  Each stage holds the activations of all its micro-batches until their backwards
+  (GPipe's memory cost; a 1F1B order would hold at most PP of them and is not built):
+  it lets every loss be checked for finiteness before any backward, as one stage does.
 * **Activations** go forward with a header first (dtype and shape), so a stage never
   guesses the size of what it receives; gradients come back shaped like the activation
   the stage sent.
