@@ -47,6 +47,13 @@ def qwen2_path(tmp_path_factory) -> str:
     return _tiny(tmp_path_factory.mktemp("megatron-pp") / "qwen2", "qwen2")
 
 
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory) -> str:
+    from temper.utils.tiny import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("megatron-pp") / "llama4", num_layers=4))
+
+
 def make_actor(path: str, strategy: str, pp: int = 1, tp: int = 1) -> Actor:
     cfg = actor_config(strategy)
     cfg.megatron = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
@@ -192,6 +199,31 @@ def test_pipeline_with_tensor_or_data_parallel_equals_one_rank(
     (loaded,) = spawn_ranks(_load_rank, 1, tiny_path, ckpt)
     for k, v in ranks[0]["weights"].items():
         torch.testing.assert_close(loaded[k], v, atol=0, rtol=0, msg=k)
+
+
+def _four_stage_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    actor = make_actor(path, "megatron", pp=4)
+    assert actor.engine.parallel.pp_rank == rank
+    old = actor.compute_log_probs(batch)["old_log_probs"]
+    metrics = actor.update(batch)
+    return {"old": old, "metrics": metrics, "weights": weights(actor.engine)}
+
+
+def test_four_stages_equal_one(four_layers: str) -> None:
+    """PP=4 over a 4-layer tied model: the middle stages receive and send both ways and
+    hold no embedding copy."""
+    single = make_actor(four_layers, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    ref_weights = weights(single.engine)
+    ranks = spawn_ranks(_four_stage_rank, 4, four_layers, batch)
+    for r in ranks:
+        torch.testing.assert_close(r["old"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+        assert r["metrics"]["actor/loss"] == pytest.approx(ref_metrics["actor/loss"], rel=1e-5)
+        assert r["metrics"]["actor/grad_norm"] == pytest.approx(
+            ref_metrics["actor/grad_norm"], rel=1e-5
+        )
+        assert_close_weights(r["weights"], ref_weights)
 
 
 def _nan_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
