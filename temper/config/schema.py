@@ -381,8 +381,12 @@ class MegatronConfig:
     """
 
     tensor_model_parallel_size: int = degree(1, "Tensor parallel degree.", splits_model=True)
-    pipeline_model_parallel_size: int = degree(1, "Pipeline parallel degree.", splits_model=True)
-    virtual_pipeline_model_parallel_size: int | None = degree(None, "Interleaved pipeline chunks.")
+    pipeline_model_parallel_size: int = degree(
+        1, "Pipeline parallel degree (stages; must divide the layers).", splits_model=True
+    )
+    virtual_pipeline_model_parallel_size: int | None = degree(
+        None, "Interleaved pipeline chunks (not in this build: null)."
+    )
     context_parallel_size: int = degree(1, "Context (sequence) parallel degree.", splits_model=True)
     expert_model_parallel_size: int = degree(1, "Expert parallel degree (MoE).")
     expert_tensor_parallel_size: int | None = degree(

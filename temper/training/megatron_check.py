@@ -6,8 +6,10 @@ way. Nothing here imports Megatron-Core (only asks whether it is installed).
 
 What runs where:
 
-* everywhere (CPU with gloo, CUDA with nccl): tensor parallelism, data parallelism over
-  the role's remaining ranks, the actor, critic and reference, checkpoints;
+* everywhere (CPU with gloo, CUDA with nccl): tensor parallelism, pipeline parallelism
+  (temper's own schedule, :mod:`megatron_pipeline`; the model's layers must split evenly
+  over the stages, checked when the model's config is read), data parallelism over the
+  role's remaining ranks, the actor, critic and reference, checkpoints;
 * CUDA only: activation recompute (``recompute_*``, ``model.enable_gradient_checkpointing``),
   whose checkpointing saves CUDA RNG states;
 * memory/speed options that do not change the update and that this build does not
@@ -15,7 +17,7 @@ What runs where:
   parameter gather, parameter/gradient/optimizer offload (optimizer state is kept
   whole on every DP rank; gradients are all-reduced after the backward). They are
   reported as notes, not errors, so a GPU config checks and runs unchanged;
-* not in this build: pipeline parallelism (and its virtual stages), context parallelism,
+* not in this build: virtual (interleaved) pipeline stages, context parallelism,
   expert parallelism (the converter covers dense models), LoRA — errors naming the key.
 """
 
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import MegatronConfig, TemperConfig
+from temper.training.megatron_convert import HFLayout
 
 if TYPE_CHECKING:
     from temper.training.spec import EngineSpec
@@ -89,6 +92,42 @@ def half_precision_note(model_dtype: str, device_type: str) -> str | None:
     )
 
 
+#: TransformerConfig fields that split layers unevenly over pipeline stages
+UNEVEN_SPLIT_FIELDS = (
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
+
+
+def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
+    """TP must split heads, KV groups and the FFN evenly (whole query groups per rank);
+    PP the layers into equal stages, unless ``extra`` asks Megatron for an uneven split
+    (which Megatron then checks)."""
+    pp = m.pipeline_model_parallel_size
+    uneven = any(name in m.extra for name in UNEVEN_SPLIT_FIELDS)
+    if layout.num_layers % pp and not uneven:
+        raise ConfigError(
+            f"{role}.megatron.pipeline_model_parallel_size",
+            f"{pp} does not divide the model's {layout.num_layers} layers",
+            f"use a pipeline-parallel size that divides {layout.num_layers}",
+        )
+    tp = m.tensor_model_parallel_size
+    for what, n in (
+        ("attention heads", layout.num_heads),
+        ("key/value heads", layout.num_kv_heads),
+        ("FFN columns", layout.ffn_hidden_size),
+    ):
+        if n % tp:
+            raise ConfigError(
+                f"{role}.megatron.tensor_model_parallel_size",
+                f"{tp} does not divide the model's {n} {what}",
+                f"use a tensor-parallel size that divides {n}",
+            )
+
+
 def check_engine_spec(spec: EngineSpec) -> None:
     """The engine-side check of one role (raises; notes are logged by the engine)."""
     check_section(
@@ -128,19 +167,12 @@ def check_section(
     for name, value in m.degrees().items():
         if value is not None and value < 1:
             raise ConfigError(f"{key}.{name}", "must be ≥ 1", "set it to 1 or more")
-    if m.pipeline_model_parallel_size > 1:
-        raise ConfigError(
-            f"{key}.pipeline_model_parallel_size",
-            "pipeline parallelism is not in this build of the megatron engine (on CPU "
-            "Megatron's pipeline schedules cannot run at all: their send/receive buffers "
-            "are CUDA tensors)",
-            "set it to 1 and use tensor_model_parallel_size (and data parallelism) instead",
-        )
     if m.virtual_pipeline_model_parallel_size not in (None, 1):
         raise ConfigError(
             f"{key}.virtual_pipeline_model_parallel_size",
-            "interleaved pipeline stages need pipeline parallelism, which is not in this build",
-            "set it to null",
+            "interleaved (virtual) pipeline stages are not in this build; the megatron "
+            "engine's pipeline schedule runs one stage per rank",
+            "set it to null (pipeline_model_parallel_size alone pipelines the model)",
         )
     if m.context_parallel_size > 1:
         why = (

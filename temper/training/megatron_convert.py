@@ -28,7 +28,7 @@ logits are cut off before any softmax.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -107,76 +107,65 @@ def hf_layout(hf_config: Any) -> HFLayout:
 
 @dataclass(frozen=True)
 class ParamMap:
-    """One Megatron parameter and the HF tensors it is made of."""
+    """One Megatron parameter and the HF tensors it is made of.
+
+    ``megatron`` is the name in this rank's module (a pipeline stage numbers its layers
+    from 0); ``key`` the name in the whole model (global layer index), which checkpoints
+    use so that they load at another pipeline size. ``tied_copy``: the last stage's copy
+    of a tied embedding (the first stage holds the original), kept equal to it by the
+    engine and neither exported nor saved.
+    """
 
     megatron: str
     hf: tuple[str, ...]
     kind: Kind
-    layer: int | None = None  # decoder layer index; None for embeddings/final norm/head
+    layer: int | None = None  # global decoder layer index; None for embeddings/norm/head
+    key: str = ""
+    tied_copy: bool = False
+
+    @property
+    def global_name(self) -> str:
+        return self.key or self.megatron
 
 
 def param_maps(
-    layout: HFLayout, megatron_names: set[str], *, value_head: bool = False
+    layout: HFLayout,
+    megatron_names: set[str],
+    *,
+    value_head: bool = False,
+    layers: Sequence[int] | None = None,
+    first: bool = True,
+    last: bool = True,
 ) -> list[ParamMap]:
-    """Every Megatron parameter of the model (``megatron_names``) with its HF tensors, in
-    order: embeddings, layer 0 … layer N-1, final norm, output layer / value head.
+    """Every Megatron parameter of the model or pipeline stage (``megatron_names``) with
+    its HF tensors, in order: embeddings, the layers, final norm, output layer / value
+    head.
+
+    ``layers``: the global indices of the stage's layers (its local layer ``j`` is
+    ``layers[j]``; all by default); ``first``/``last``: the stage holds the embedding /
+    the final norm and head. A tied model's last stage, when it is not also the first,
+    has an output layer of its own: the tied copy, read from the embedding.
 
     HF names carry no ``model.`` prefix here (the value model's backbone has none; the
     causal LM's ``model.`` is added by the reader/writer). ``lm_head.weight`` is named
     as is.
     """
-    out = [ParamMap("embedding.word_embeddings.weight", ("embed_tokens.weight",), "col")]
-    for i in range(layout.num_layers):
-        m, h = f"decoder.layers.{i}.", f"layers.{i}."
-        qkv = tuple(f"{h}self_attn.{p}_proj.weight" for p in "qkv")
-        out.append(ParamMap(f"{m}self_attention.linear_qkv.weight", qkv, "qkv", i))
-        if layout.qkv_bias:
-            qkv_b = tuple(f"{h}self_attn.{p}_proj.bias" for p in "qkv")
-            out.append(ParamMap(f"{m}self_attention.linear_qkv.bias", qkv_b, "qkv", i))
-        out.append(
-            ParamMap(
-                f"{m}self_attention.linear_proj.weight", (f"{h}self_attn.o_proj.weight",), "row", i
-            )
-        )
-        if layout.qk_norm:
-            out.append(
-                ParamMap(
-                    f"{m}self_attention.q_layernorm.weight",
-                    (f"{h}self_attn.q_norm.weight",),
-                    "rep",
-                    i,
-                )
-            )
-            out.append(
-                ParamMap(
-                    f"{m}self_attention.k_layernorm.weight",
-                    (f"{h}self_attn.k_norm.weight",),
-                    "rep",
-                    i,
-                )
-            )
-        fused_norms = f"{m}self_attention.linear_qkv.layer_norm_weight" in megatron_names
-        attn_norm = (
-            f"{m}self_attention.linear_qkv.layer_norm_weight"
-            if fused_norms
-            else f"{m}input_layernorm.weight"
-        )
-        mlp_norm = (
-            f"{m}mlp.linear_fc1.layer_norm_weight"
-            if fused_norms
-            else f"{m}pre_mlp_layernorm.weight"
-        )
-        out.append(ParamMap(attn_norm, (f"{h}input_layernorm.weight",), "rep", i))
-        out.append(ParamMap(mlp_norm, (f"{h}post_attention_layernorm.weight",), "rep", i))
-        glu = (f"{h}mlp.gate_proj.weight", f"{h}mlp.up_proj.weight")
-        out.append(ParamMap(f"{m}mlp.linear_fc1.weight", glu, "glu", i))
-        out.append(ParamMap(f"{m}mlp.linear_fc2.weight", (f"{h}mlp.down_proj.weight",), "row", i))
-    out.append(ParamMap("decoder.final_layernorm.weight", ("norm.weight",), "rep"))
-    if value_head:
-        out.append(ParamMap("output_layer.linear.weight", ("value_head.weight",), "rep"))
-        out.append(ParamMap("output_layer.linear.bias", ("value_head.bias",), "rep"))
-    elif not layout.tied_embeddings:
-        out.append(ParamMap("output_layer.weight", ("lm_head.weight",), "col"))
+    out: list[ParamMap] = []
+    if first:
+        out.append(ParamMap("embedding.word_embeddings.weight", ("embed_tokens.weight",), "col"))
+    held = range(layout.num_layers) if layers is None else layers
+    for j, i in enumerate(held):
+        out += _layer_maps(layout, megatron_names, j, i)
+    if last:
+        out.append(ParamMap("decoder.final_layernorm.weight", ("norm.weight",), "rep"))
+        if value_head:
+            out.append(ParamMap("output_layer.linear.weight", ("value_head.weight",), "rep"))
+            out.append(ParamMap("output_layer.linear.bias", ("value_head.bias",), "rep"))
+        elif not layout.tied_embeddings:
+            out.append(ParamMap("output_layer.weight", ("lm_head.weight",), "col"))
+        elif not first:
+            copy = ParamMap("output_layer.weight", ("lm_head.weight",), "col", tied_copy=True)
+            out.append(copy)
     missing = [p.megatron for p in out if p.megatron not in megatron_names]
     unknown = megatron_names - {p.megatron for p in out}
     if missing or unknown:
@@ -185,6 +174,38 @@ def param_maps(
             f"unmapped {sorted(unknown)[:4]}"
         )
     return out
+
+
+def _layer_maps(layout: HFLayout, megatron_names: set[str], j: int, i: int) -> list[ParamMap]:
+    """The maps of global layer ``i``, held as the module's layer ``j``."""
+    m, g, h = f"decoder.layers.{j}.", f"decoder.layers.{i}.", f"layers.{i}."
+
+    def pm(local: str, hf: tuple[str, ...], kind: Kind) -> ParamMap:
+        key = g + local if i != j else ""
+        return ParamMap(m + local, hf, kind, i, key)
+
+    out = [pm("self_attention.linear_qkv.weight", _qkv(h, "weight"), "qkv")]
+    if layout.qkv_bias:
+        out.append(pm("self_attention.linear_qkv.bias", _qkv(h, "bias"), "qkv"))
+    out.append(pm("self_attention.linear_proj.weight", (f"{h}self_attn.o_proj.weight",), "row"))
+    if layout.qk_norm:
+        out.append(pm("self_attention.q_layernorm.weight", (f"{h}self_attn.q_norm.weight",), "rep"))
+        out.append(pm("self_attention.k_layernorm.weight", (f"{h}self_attn.k_norm.weight",), "rep"))
+    fused_norms = f"{m}self_attention.linear_qkv.layer_norm_weight" in megatron_names
+    attn_norm = (
+        "self_attention.linear_qkv.layer_norm_weight" if fused_norms else "input_layernorm.weight"
+    )
+    mlp_norm = "mlp.linear_fc1.layer_norm_weight" if fused_norms else "pre_mlp_layernorm.weight"
+    out.append(pm(attn_norm, (f"{h}input_layernorm.weight",), "rep"))
+    out.append(pm(mlp_norm, (f"{h}post_attention_layernorm.weight",), "rep"))
+    glu = (f"{h}mlp.gate_proj.weight", f"{h}mlp.up_proj.weight")
+    out.append(pm("mlp.linear_fc1.weight", glu, "glu"))
+    out.append(pm("mlp.linear_fc2.weight", (f"{h}mlp.down_proj.weight",), "row"))
+    return out
+
+
+def _qkv(h: str, what: str) -> tuple[str, ...]:
+    return tuple(f"{h}self_attn.{p}_proj.{what}" for p in "qkv")
 
 
 def hf_inv_freq(hf_config: Any) -> torch.Tensor:
@@ -299,21 +320,24 @@ def hf_tensors(
     maps: list[ParamMap],
     layout: HFLayout,
     gather: Callable[[torch.Tensor], list[torch.Tensor]],
-    local: Mapping[str, torch.Tensor],
+    local: Callable[[ParamMap], torch.Tensor],
     *,
     prefix: str = "model.",
     tied_head: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(hf_name, tensor)`` of the whole model from this rank's Megatron parameters:
-    each parameter's TP shards are gathered (``gather``: a collective over the TP group)
-    and merged as it is reached, so at most one layer's full tensors exist at a time.
-    ``lm_head.weight`` and the value head keep their names; the rest get ``prefix``.
+    ``local(pm)`` is this TP rank's shard of ``pm`` (fetched from the stage holding it
+    under pipeline parallelism), whose TP shards are gathered (``gather``: a collective
+    over the TP group) and merged as it is reached, so at most one layer's full tensors
+    exist at a time. ``lm_head.weight`` and the value head keep their names; the rest get
+    ``prefix``. ``maps`` hold no tied copy (see :class:`ParamMap`).
 
     ``tied_head``: a tied model's embedding is also yielded as ``lm_head.weight``, as a
     Hugging Face ``state_dict`` has it — vLLM's layer-wise reload restores any layer that
     received no tensor, and its LM head shares storage with the embedding."""
     for pm in maps:
-        shards = gather(local[pm.megatron]) if pm.kind != "rep" else [local[pm.megatron]]
+        shard = local(pm)
+        shards = gather(shard) if pm.kind != "rep" else [shard]
         for name, tensor in to_hf(pm, shards, layout):
             top = name.startswith(("lm_head.", "value_head."))
             yield (name if top else prefix + name), tensor

@@ -1,33 +1,39 @@
-"""The ``megatron`` engine: a Megatron-Core ``GPTModel`` with tensor and data parallelism
-(verl ``strategy: megatron``, ROLL ``megatron_train`` / ``megatron_infer``).
+"""The ``megatron`` engine: a Megatron-Core ``GPTModel`` with tensor, pipeline and data
+parallelism (verl ``strategy: megatron``, ROLL ``megatron_train`` / ``megatron_infer``).
 
 It runs inside the role's ``torch.distributed`` world (the Ray worker group; a one-rank
 world is made on the local backend). :mod:`megatron_parallel` cuts the world into
-tensor-parallel (TP) groups and data-parallel (DP) groups; :mod:`megatron_model` builds
-the model from the HF checkpoint, each rank holding its TP shard. The training loop,
-micro-batching, loss bookkeeping and LR schedule are the :class:`TorchEngine`'s; this
-class supplies the model, its forward, and the collectives:
+tensor-parallel (TP), pipeline-parallel (PP) and data-parallel (DP) groups;
+:mod:`megatron_model` builds the model from the HF checkpoint, each rank holding its TP
+shard of its pipeline stage. The training loop, micro-batching, loss bookkeeping and LR
+schedule are the :class:`TorchEngine`'s; this class supplies the model, its forward,
+and the collectives:
 
-* **Samples.** A TP group computes on the same samples (the worker group hands every
-  rank of it the same shard, see :attr:`dp_rank`); DP groups on different ones. Loss
-  normalizers and metrics are summed over the DP group only.
+* **Samples.** The TP groups of one pipeline compute on the same samples (the worker
+  group hands every rank of it the same shard, see :attr:`dp_rank`); DP groups on
+  different ones. Loss normalizers and metrics are summed over the DP group only.
 * **Forward.** Each micro-batch (left-padded prompt ‖ right-padded response) is shifted
   row by row so that its real tokens start at position 0: RoPE positions are then the
   sequence positions, exactly Hugging Face's ``cumsum(mask) - 1``, and causal attention
   alone masks the trailing padding. Log-probs and entropy come from the vocabulary-
   parallel logits without gathering them (:mod:`megatron_vocab`).
+* **Pipeline.** With PP > 1 the micro-batches go through the stages on temper's own
+  schedule (:mod:`megatron_pipeline`: all forwards, then all backwards); the last stage
+  computes outputs and losses, and its log-probs, values and metric sums are broadcast
+  so that every rank returns what a one-stage engine would.
 * **Gradients.** TP-sharded weights get their gradient from Megatron's TP layers;
   after the micro-batches, gradients are summed over the DP group (each rank's loss is
-  a partial sum of the mini-batch loss), then clipped by the global norm, counting
-  each TP-replicated weight (norms) once. AdamW on the fp32 local shards, as the torch
-  engine does — so one update equals the torch engine's at any TP × DP.
+  a partial sum of the mini-batch loss) — and a tied embedding's over its first- and
+  last-stage copies — then clipped by the global norm over TP × PP, counting each
+  TP-replicated weight (norms) and the tied copy once. AdamW on the fp32 local shards,
+  as the torch engine does — so one update equals the torch engine's at any TP × PP × DP.
 * **Collectives in step.** Every rank runs the same number of micro-batches (padding
   micro-batches with zero loss, as FSDP2 does) and a non-finite loss anywhere stops
   every rank before its backward.
 
-Checkpoints (sharded, reshardable over TP and DP) and the export to Hugging Face names
-are :class:`~temper.training.megatron_io.MegatronCheckpointer`'s, which the engine builds
-from its model, parallel groups, optimizer, schedule and spec.
+Checkpoints (sharded, reshardable over TP, PP and DP) and the export to Hugging Face
+names are :class:`~temper.training.megatron_io.MegatronCheckpointer`'s, which the engine
+builds from its model, parallel groups, optimizer, schedule and spec.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from temper.data.batch import Batch
+from temper.training.base import LossFn
 from temper.training.megatron_check import (
     check_engine_spec,
     half_precision_note,
@@ -50,6 +57,13 @@ from temper.training.megatron_check import (
 from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_parallel import init_parallel
+from temper.training.megatron_pipeline import (
+    StageLink,
+    forward_only,
+    set_stage_input,
+    sync_tied_grads,
+    train_forward_backward,
+)
 from temper.training.megatron_vocab import log_probs_and_entropy
 from temper.training.micro_batching import (
     MicroBatching,
@@ -102,6 +116,7 @@ class MegatronEngine(TorchEngine):
             spec.megatron_config, role=spec.role, device=device, seed=spec.seed
         )
         self._comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.link = StageLink(self.parallel, device, self._comm_device)
         ckpt = spec.model.enable_gradient_checkpointing and spec.train is not None
         for note in unapplied_options(
             spec.megatron_config, device.type, gradient_checkpointing=ckpt
@@ -136,6 +151,18 @@ class MegatronEngine(TorchEngine):
         return module
 
     @property
+    def _tied_param(self) -> nn.Parameter | None:
+        """This stage's copy of a tied embedding that spans the pipeline's first and last
+        stage (the embedding there, the output layer's copy here); else None."""
+        p = self.parallel
+        if p.pp == 1 or not self.built.layout.tied_embeddings or self.spec.value_head:
+            return None
+        params = dict(self.model.named_parameters())
+        if p.first_stage:
+            return params["embedding.word_embeddings.weight"]
+        return params["output_layer.weight"] if p.last_stage else None
+
+    @property
     def shareable_module(self) -> nn.Module | None:
         return None  # not a Hugging Face module: rollout engines get synced copies
 
@@ -145,15 +172,33 @@ class MegatronEngine(TorchEngine):
 
     # ------------------------------------------------------------------ forward
 
-    def _run(
-        self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
-    ) -> dict[str, torch.Tensor]:
+    def _stage_output(self, mb: Batch, received: torch.Tensor | None) -> torch.Tensor:
+        """This stage's output for ``mb``: logits ``(b, L, V/TP)`` (or values ``(b, L, 1)``)
+        on the last stage, else the hidden states ``(L, b, H)`` to send on; ``received``:
+        the previous stage's, None on the first."""
         inp = model_inputs(mb, self.device)
-        ids, index = right_align(inp)
+        ids, _ = right_align(inp)
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
-        out: dict[str, torch.Tensor] = {}
+        if self.parallel.pp > 1:
+            set_stage_input(self.built.module, received)
         with self._autocast():
-            hidden = self.model(ids, positions, None)  # (b, L, V/TP) or (b, L, 1) values
+            out: torch.Tensor = self.model(ids, positions, None)
+        return out
+
+    def _head(
+        self,
+        mb: Batch,
+        hidden: torch.Tensor,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = True,
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs (+ entropy) or values of the response tokens from the last stage's
+        output."""
+        inp = model_inputs(mb, self.device)
+        _, index = right_align(inp)
+        out: dict[str, torch.Tensor] = {}
         if self.spec.value_head:
             out["values"] = hidden.squeeze(-1).float().gather(1, index)
         else:
@@ -177,6 +222,62 @@ class MegatronEngine(TorchEngine):
             )
             for k, v in out.items()
         }
+
+    def _run(
+        self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
+    ) -> dict[str, torch.Tensor]:
+        hidden = self._stage_output(mb, None)
+        return self._head(
+            mb,
+            hidden,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+
+    def _forward_micro_batches(
+        self, micro: list[Batch], *, temperature: float, with_entropy: bool
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        if self.parallel.pp == 1:
+            yield from super()._forward_micro_batches(
+                micro, temperature=temperature, with_entropy=with_entropy
+            )
+            return
+        yield from forward_only(
+            self.link,
+            micro,
+            self._stage_output,
+            lambda mb, hidden: self._head(
+                mb, hidden, temperature=temperature, with_entropy=with_entropy
+            ),
+            ["values"] if self.spec.value_head else ["log_probs", *["entropy"] * with_entropy],
+        )
+
+    def _accumulate(
+        self,
+        micro: list[Batch],
+        groups: list[list[int]],
+        loss_fn: LossFn,
+        *,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[float, dict[str, float]]:
+        if self.parallel.pp == 1:
+            return super()._accumulate(
+                micro, groups, loss_fn, temperature=temperature, with_entropy=with_entropy
+            )
+        return train_forward_backward(
+            self.link,
+            micro,
+            groups,
+            self._stage_output,
+            lambda mb, hidden: self._head(
+                mb, hidden, temperature=temperature, with_entropy=True, entropy_grad=with_entropy
+            ),
+            lambda mb, out: loss_fn(mb.to(self.device), out),
+            all_min=lambda flags: self._all_reduce(flags, dist.ReduceOp.MIN),
+            role=self.spec.role,
+        )
 
     # ------------------------------------------------------------------ collectives
 
@@ -227,6 +328,12 @@ class MegatronEngine(TorchEngine):
         return ok > 0
 
     def _reduce_grads(self) -> None:
+        """Sum gradients over the DP group, then a tied embedding's over its two copies
+        (pipeline parallel)."""
+        self._reduce_dp_grads()
+        sync_tied_grads(self.link, self._tied_param)
+
+    def _reduce_dp_grads(self) -> None:
         """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype)."""
         if self.parallel.dp == 1:
             return
@@ -248,15 +355,16 @@ class MegatronEngine(TorchEngine):
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
         grads = [p.grad for p in params if p.grad is not None]
+        copy = self._tied_param if self.parallel.last_stage else None
         counted = [
             p.grad
             for p in params
-            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not copy
         ]
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for g in counted:
             sq += g.detach().double().pow(2).sum()
-        if self.parallel.tp > 1:
+        if self.parallel.tp > 1 or self.parallel.pp > 1:
             sq = sq.to(self._comm_device)
             dist.all_reduce(sq, group=self.parallel.model_parallel_group)
         norm = float(sq.sqrt())
@@ -275,7 +383,7 @@ class MegatronEngine(TorchEngine):
 
     def save_checkpoint(self, path: str) -> None:
         """Sharded checkpoint: model, AdamW moments, schedule, per-rank RNG. A collective;
-        loads at any TP/DP layout."""
+        loads at any TP/PP/DP layout."""
         self.checkpointer.save(path)
 
     def load_checkpoint(self, path: str) -> None:

@@ -4,16 +4,19 @@
   format). Each parameter and its AdamW moments are DTensors over a ``(dp, tp)`` mesh
   laid out like Megatron's groups — sharded along the TP dimension Megatron splits,
   replicated over DP — so each rank writes only its shards, replicas are written once,
-  and a run saved at one TP × DP layout resumes at another (DCP reshards). Megatron-
+  and a run saved at one TP × DP layout resumes at another (DCP reshards). Under
+  pipeline parallelism each stage writes its own parameters under their names in the
+  whole model (global layer index; a tied embedding's last-stage copy is left out and
+  restored from the first stage), so a checkpoint also resumes at another PP size. Megatron-
   Core's own ``dist_checkpointing`` is not used: its only save strategy (``torch_dist``)
   calls ``torch.cuda.synchronize`` and cannot run on CPU; this layout is the same idea
   (global tensors, per-rank shards) through torch's API, on CPU and GPU alike. The LR
   schedule and AdamW's step count ride along; each rank's RNG state is a file of its
   own under ``rng/`` (restored when the world size matches).
 * **Export** (:meth:`MegatronCheckpointer.hf_named_weights`): for weight sync and HF
-  directories, each parameter's TP shards are all-gathered and turned back into HF
-  tensors one at a time (:func:`megatron_convert.hf_tensors`), so no rank holds the
-  whole model twice.
+  directories, each parameter is broadcast from its pipeline stage, its TP shards are
+  all-gathered, and it is turned back into HF tensors one at a time
+  (:func:`megatron_convert.hf_tensors`), so no rank holds the whole model twice.
 * **HF directories** (:meth:`MegatronCheckpointer.save_hf`): rank 0 writes safetensors
   (sharded at 5 GB), ``config.json``, the generation config and the tokenizer; a critic
   writes the layout of :class:`temper.training.models.ValueModel` (backbone +
@@ -40,9 +43,10 @@ import torch.distributed as dist
 from torch import nn
 
 from temper.training.hf_export import load_tokenizer
-from temper.training.megatron_convert import Kind, hf_tensors
+from temper.training.megatron_convert import Kind, ParamMap, hf_tensors
 from temper.training.megatron_model import MegatronModel, model_dir
 from temper.training.megatron_parallel import Parallel
+from temper.training.megatron_pipeline import StageLink, sync_tied_state
 from temper.training.models import VALUE_HEAD_FILE, VALUE_MODEL_STAMP
 from temper.training.schedule import LRSchedule
 from temper.training.spec import EngineSpec
@@ -80,7 +84,7 @@ class MegatronCheckpointer:
     Attributes:
         model: this rank's GPTModel (its TP shard of every parameter).
         built: the model's HF layout, config and Megatron ↔ HF parameter maps.
-        parallel: the TP and DP groups this rank belongs to.
+        parallel: the TP, PP and DP groups this rank belongs to.
         optimizer: AdamW over the local shards, ``None`` when frozen.
         schedule: the LR schedule, saved beside the optimizer.
         spec: what the engine was built from (role, model section, kind).
@@ -112,16 +116,56 @@ class MegatronCheckpointer:
 
         return gather
 
+    @cached_property
+    def _owners(self) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
+        """Every exported parameter of the whole model in order, with the stage holding
+        it and its local (TP shard) shape and dtype; one object all-gather over the
+        pipeline group the first time (stages build only their own maps)."""
+        params = dict(self.model.named_parameters())
+        mine = [
+            (pm, tuple(params[pm.megatron].shape), params[pm.megatron].dtype)
+            for pm in self.built.maps
+            if not pm.tied_copy
+        ]
+        p = self.parallel
+        if p.pp == 1:
+            return [(0, pm, shape, dtype) for pm, shape, dtype in mine]
+        stages: list[Any] = [None] * p.pp
+        dist.all_gather_object(stages, mine, group=p.pp_group)
+        return [(s, *row) for s, rows in enumerate(stages) for row in rows]
+
+    def _fetch(self) -> Callable[[ParamMap], torch.Tensor]:
+        """This TP rank's shard of a parameter, broadcast from the stage that holds it
+        (a collective over the pipeline group; the stage's own tensor at PP = 1)."""
+        p = self.parallel
+        params = dict(self.model.named_parameters())
+        where = {pm.global_name: (s, shape, dtype) for s, pm, shape, dtype in self._owners}
+        comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+        def fetch(pm: ParamMap) -> torch.Tensor:
+            stage, shape, dtype = where[pm.global_name]
+            if p.pp == 1:
+                return params[pm.megatron].detach()
+            if stage == p.pp_rank:
+                t = params[pm.megatron].detach().to(comm).contiguous()
+            else:
+                t = torch.empty(shape, dtype=dtype, device=comm)
+            dist.broadcast(t, group=p.pp_group, group_src=stage)
+            return t.to(self.device)
+
+        return fetch
+
     def hf_named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(hf_name, full tensor)`` of the causal LM (or value model backbone + head)."""
+        """``(hf_name, full tensor)`` of the causal LM (or value model backbone + head),
+        on every rank: each parameter is broadcast from its pipeline stage, then its TP
+        shards are gathered."""
         built = self.built
-        local = dict(self.model.named_parameters())
         value = self.spec.value_head
         yield from hf_tensors(
-            built.maps,
+            [pm for _, pm, _, _ in self._owners],
             built.layout,
             self._gather_tp(),
-            local,
+            self._fetch(),
             prefix="" if value else "model.",
             tied_head=built.layout.tied_embeddings and not value,
         )
@@ -172,20 +216,30 @@ class MegatronCheckpointer:
 
     @cached_property
     def _mesh(self) -> Any:
-        """A ``(dp, tp)`` device mesh over the role's ranks, laid out like Megatron's groups
-        (rank = dp_index × TP + tp_index for PP = CP = 1); made at the first checkpoint."""
+        """A ``(dp, tp)`` device mesh over this pipeline stage's ranks, laid out like
+        Megatron's groups (rank = (pp_index × DP + dp_index) × TP + tp_index for CP = 1);
+        made at the first checkpoint."""
         from torch.distributed.device_mesh import init_device_mesh
 
         p = self.parallel
         device = "cuda" if self.device.type == "cuda" else "cpu"
-        return init_device_mesh(device, (p.dp, p.tp), mesh_dim_names=("dp", "tp"))
+        if p.pp == 1:
+            return init_device_mesh(device, (p.dp, p.tp), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(device, (p.pp, p.dp, p.tp), mesh_dim_names=("pp", "dp", "tp"))
+        return mesh["dp", "tp"]
 
     @cached_property
     def _kinds(self) -> dict[str, Kind]:
         """How each Megatron parameter is split over TP (by parameter name)."""
         return {pm.megatron: pm.kind for pm in self.built.maps}
 
-    def _pieces(self, name: str, local: torch.Tensor) -> dict[str, Any]:
+    @cached_property
+    def _saved(self) -> dict[str, str]:
+        """The parameters a checkpoint holds, by module name, with their names in the
+        whole model (a stage's layers under their global index; a tied copy left out)."""
+        return {pm.megatron: pm.global_name for pm in self.built.maps if not pm.tied_copy}
+
+    def _pieces(self, name: str, local: torch.Tensor, key: str) -> dict[str, Any]:
         """``local`` (a parameter-shaped tensor of this rank) as DTensors whose global shape
         does not depend on the TP size: the fused GLU weight is kept as its gate and up
         halves (Megatron's ``[gate_r; up_r]`` per rank is no slice of one global tensor)."""
@@ -195,16 +249,16 @@ class MegatronCheckpointer:
         mesh = self._mesh
         if kind == "rep":
             return {
-                name: DTensor.from_local(local, mesh, [Replicate(), Replicate()], run_check=False)
+                key: DTensor.from_local(local, mesh, [Replicate(), Replicate()], run_check=False)
             }
         dim = 1 if kind == "row" else 0
         place = [Replicate(), Shard(dim)]
         if kind != "glu":
-            return {name: DTensor.from_local(local, mesh, place, run_check=False)}
+            return {key: DTensor.from_local(local, mesh, place, run_check=False)}
         gate, up = local.chunk(2, dim=0)
         return {
-            f"{name}.gate": DTensor.from_local(gate, mesh, place, run_check=False),
-            f"{name}.up": DTensor.from_local(up, mesh, place, run_check=False),
+            f"{key}.gate": DTensor.from_local(gate, mesh, place, run_check=False),
+            f"{key}.up": DTensor.from_local(up, mesh, place, run_check=False),
         }
 
     def _adam_state(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -227,22 +281,42 @@ class MegatronCheckpointer:
         """What a checkpoint holds, as DTensors over the current layout (see
         :meth:`_pieces`)."""
         state: dict[str, Any] = {}
+        saved = self._saved
         for name, p in self.model.named_parameters():
-            if self.trainable and not p.requires_grad:
+            if (self.trainable and not p.requires_grad) or name not in saved:
                 continue
-            state.update({f"model.{k}": v for k, v in self._pieces(name, p.data).items()})
+            pieces = self._pieces(name, p.data, saved[name])
+            state.update({f"model.{k}": v for k, v in pieces.items()})
         if self.optimizer is None or self.schedule is None:
             return state
         steps = set()
         for name, st in self._adam_state().items():
             steps.add(float(st["step"]))
+            if name not in saved:
+                continue
             for key in ("exp_avg", "exp_avg_sq"):
-                state.update(
-                    {f"optimizer.{key}.{k}": v for k, v in self._pieces(name, st[key]).items()}
-                )
+                pieces = self._pieces(name, st[key], saved[name])
+                state.update({f"optimizer.{key}.{k}": v for k, v in pieces.items()})
         state["optimizer.step"] = steps.pop() if len(steps) == 1 else 0.0
         state["scheduler"] = self.schedule.state_dict()
         return state
+
+    def _sync_tied_copy(self) -> None:
+        """A tied embedding's last-stage copy (not in checkpoints) from the first stage:
+        weight, and AdamW moments when training."""
+        p = self.parallel
+        if p.pp == 1 or not self.built.layout.tied_embeddings or self.spec.value_head:
+            return
+        if not (p.first_stage or p.last_stage):
+            return
+        params = dict(self.model.named_parameters())
+        name = "embedding.word_embeddings.weight" if p.first_stage else "output_layer.weight"
+        tensors = [params[name].data]
+        if self.optimizer is not None and self.schedule is not None:
+            st = self._adam_state()[name]
+            tensors += [st["exp_avg"], st["exp_avg_sq"]]
+        comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        sync_tied_state(StageLink(p, self.device, comm), tensors)
 
     def save(self, path: str | Path) -> None:
         """Each rank writes its shards (``torch.distributed.checkpoint``); replicas once."""
@@ -258,7 +332,7 @@ class MegatronCheckpointer:
         dist.barrier()
 
     def load(self, path: str | Path) -> None:
-        """Inverse of :meth:`save`, at this engine's (possibly other) TP × DP."""
+        """Inverse of :meth:`save`, at this engine's (possibly other) TP × PP × DP."""
         import torch.distributed.checkpoint as dcp
 
         src = Path(path)
@@ -272,6 +346,7 @@ class MegatronCheckpointer:
             for st in self._adam_state().values():
                 st["step"] = torch.tensor(step)
             self.schedule.load_state_dict(state["scheduler"])
+        self._sync_tied_copy()
         rng_file = src / RNG_DIR / f"rank{dist.get_rank()}.pt"
         if rng_file.is_file():
             rng = torch.load(rng_file, weights_only=True)

@@ -8,7 +8,9 @@
 * :func:`build_model` — ``GPTModel`` with the layer spec of :mod:`megatron_layers`,
   Hugging Face's RoPE, and for a critic the scalar value head; then every parameter is
   filled with this TP rank's shard of the HF tensors (:mod:`megatron_convert`), read one
-  tensor at a time from the checkpoint's safetensors (no full model in memory).
+  tensor at a time from the checkpoint's safetensors (no full model in memory). Under
+  pipeline parallelism each rank builds its stage only (Megatron's ``pre_process`` /
+  ``post_process``, its share of the layers) and reads only that stage's tensors.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from temper.config.errors import ConfigError
 from temper.config.schema import MEGATRON_DEGREES, MegatronConfig
-from temper.training.megatron_check import unavailable_fusions
+from temper.training.megatron_check import check_divisible, unavailable_fusions
 from temper.training.megatron_convert import (
     HFLayout,
     ParamMap,
@@ -62,6 +64,7 @@ _OWNED_FIELDS = frozenset(
         *MEGATRON_DEGREES,
         "sequence_parallel",
         "params_dtype",
+        "pipeline_dtype",
         "use_cpu_initialization",
         "perform_initialization",
         "recompute_granularity",
@@ -137,6 +140,9 @@ def transformer_config(
         perform_initialization=False,
         use_cpu_initialization=not cuda,
         cuda_graph_scope=[],  # the default ["full"] only warns that it is deprecated
+        # Megatron requires it with PP > 1 (its schedules' buffer dtype); temper's own
+        # schedule sends each activation's dtype with it (megatron_pipeline)
+        pipeline_dtype=torch.float32,
     )
     if cuda:
         # activation recompute saves CUDA RNG states, so it runs on CUDA only (see
@@ -159,22 +165,6 @@ def transformer_config(
         return TransformerConfig(**kwargs)
     except (AssertionError, ValueError, TypeError) as err:
         raise ConfigError(key, f"Megatron-Core rejects the configuration: {err}", "") from err
-
-
-def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
-    """TP must split heads, KV groups and the FFN evenly (whole query groups per rank)."""
-    tp = m.tensor_model_parallel_size
-    for what, n in (
-        ("attention heads", layout.num_heads),
-        ("key/value heads", layout.num_kv_heads),
-        ("FFN columns", layout.ffn_hidden_size),
-    ):
-        if n % tp:
-            raise ConfigError(
-                f"{role}.megatron.tensor_model_parallel_size",
-                f"{tp} does not divide the model's {n} {what}",
-                f"use a tensor-parallel size that divides {n}",
-            )
 
 
 class HFCheckpoint:
@@ -296,14 +286,22 @@ def build_model(
     )
     value = spec.value_head
     padded = layout.padded_vocab(parallel.tp)
+    first, last = parallel.first_stage, parallel.last_stage
     module = GPTModel(
         config,
         layer_spec(qk_layernorm=layout.qk_norm, use_te=use_te),
         vocab_size=padded,
         max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
         position_embedding_type="rope",
-        share_embeddings_and_output_weights=layout.tied_embeddings and not value,
+        # over several stages a tied model's last stage holds a copy of the embedding,
+        # which the engine keeps equal (megatron_pipeline.sync_tied_grads): Megatron's
+        # own copy-at-init moves the weight to CUDA, so it is not asked for
+        share_embeddings_and_output_weights=layout.tied_embeddings
+        and not value
+        and parallel.pp == 1,
         parallel_output=True,
+        pre_process=first,
+        post_process=last,
     )
     # Hugging Face's RoPE frequencies, on the model's device (see megatron_layers)
     rope = HFRotaryEmbedding(
@@ -311,11 +309,14 @@ def build_model(
     )
     rope.to_device(device)
     module.rotary_pos_emb = rope
-    if value:
+    if value and last:
         module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
     module.to(device)
     names = {n for n, _ in module.named_parameters()}
-    maps = param_maps(layout, names, value_head=value)
+    # Megatron numbers a stage's layers from 0 in names, and from its offset in
+    # ``layer_number`` (1-based): the global index of each
+    layers = [int(layer.layer_number) - 1 for layer in module.decoder.layers]
+    maps = param_maps(layout, names, value_head=value, layers=layers, first=first, last=last)
     _mark_tensor_parallel(module, maps)
     _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
     tp_group = parallel.tp_group if parallel.tp > 1 else None

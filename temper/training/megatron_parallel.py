@@ -3,9 +3,10 @@
 A role's ranks are one ``torch.distributed`` world (the Ray worker group joins them;
 tests use ``spawn_ranks``). ``initialize_model_parallel`` cuts that world into tensor-
 (TP), pipeline- (PP) and context-parallel (CP) groups, Megatron's default order
-``tp-cp-ep-dp-pp``: consecutive ranks form a TP group, and the ranks holding the same TP
-shard in different TP groups form a data-parallel (DP) group. A TP group computes on the
-same samples; DP ranks on different ones.
+``tp-cp-ep-dp-pp``: consecutive ranks form a TP group, the ranks holding the same TP
+shard in different TP groups of one stage form a data-parallel (DP) group, and the
+stages of one pipeline are ``TP × DP`` ranks apart. The TP groups of one pipeline
+compute on the same samples; DP ranks on different ones.
 
 On the local backend a role runs in the driver process, which has no process group: a
 one-rank world (gloo on CPU, nccl on GPU) is created for it, so the same Megatron code
@@ -48,6 +49,20 @@ class Parallel:
     tp_group: Any
     dp_group: Any
     model_parallel_group: Any  # TP × PP: where a gradient norm is summed
+    pp: int = 1
+    pp_rank: int = 0
+    pp_group: Any = None
+    prev_rank: int = 0  # global ranks of the neighbouring pipeline stages
+    next_rank: int = 0
+    embedding_group: Any = None  # first and last stage of a pipeline (a tied copy's grads)
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
 
 
 def ensure_process_group(device: torch.device) -> None:
@@ -133,6 +148,7 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
         else:
             tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
+    pp = ps.get_pipeline_model_parallel_world_size()
     return Parallel(
         rank=dist.get_rank(),
         world=world,
@@ -143,4 +159,10 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         tp_group=ps.get_tensor_model_parallel_group(),
         dp_group=ps.get_data_parallel_group(),
         model_parallel_group=ps.get_model_parallel_group(),
+        pp=pp,
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        pp_group=ps.get_pipeline_model_parallel_group() if pp > 1 else None,
+        prev_rank=ps.get_pipeline_model_parallel_prev_rank() if pp > 1 else 0,
+        next_rank=ps.get_pipeline_model_parallel_next_rank() if pp > 1 else 0,
+        embedding_group=ps.get_embedding_group(check_initialized=False) if pp > 1 else None,
     )

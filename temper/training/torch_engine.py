@@ -459,8 +459,10 @@ class TorchEngine(TrainEngine):
         results: dict[str, torch.Tensor] = {}
         with self._on_device():
             micro, groups = self._split(batch, spec)
-            for mb, rows in zip(micro, groups):
-                out = self._run(mb, temperature=temperature, with_entropy=with_entropy)
+            outs = self._forward_micro_batches(
+                micro, temperature=temperature, with_entropy=with_entropy
+            )
+            for out, rows in zip(outs, groups):
                 if not rows:  # a padding micro-batch (collectives only)
                     continue
                 index = torch.as_tensor(rows, device=home)
@@ -493,6 +495,42 @@ class TorchEngine(TrainEngine):
         self._zero_grad()
         micro, groups = self._split(batch, self.train_micro)
         packed_before = self.layouts["packed"]
+        total, sums = self._accumulate(
+            micro, groups, loss_fn, temperature=temperature, with_entropy=with_entropy
+        )
+        packing = self.spec.model.use_remove_padding
+        if packing:  # packed micro-batches over all ranks
+            sums["packed_fraction/num"] = float(self.layouts["packed"] - packed_before)
+            sums["packed_fraction/den"] = float(len(micro))
+        sums = self._reduce_sums({**sums, "loss": total})
+        total = sums.pop("loss")
+        if packing:
+            sums["packed_fraction"] = sums.pop("packed_fraction/num") / max(
+                sums.pop("packed_fraction/den"), 1.0
+            )
+        self._reduce_grads()
+        grad_norm, lr = self._apply_gradients()
+        return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}
+
+    def _forward_micro_batches(
+        self, micro: list[Batch], *, temperature: float, with_entropy: bool
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """The no-grad outputs of each micro-batch, in order (an engine that pipelines
+        its micro-batches over stages runs them its own way)."""
+        for mb in micro:
+            yield self._run(mb, temperature=temperature, with_entropy=with_entropy)
+
+    def _accumulate(
+        self,
+        micro: list[Batch],
+        groups: list[list[int]],
+        loss_fn: LossFn,
+        *,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[float, dict[str, float]]:
+        """Forward, loss and backward of every micro-batch, gradients accumulated: this
+        rank's ``(loss sum, metric sums)`` (padding micro-batches contribute nothing)."""
         total = 0.0
         sums: dict[str, float] = {}
         for i, (mb, rows) in enumerate(zip(micro, groups)):
@@ -514,19 +552,7 @@ class TorchEngine(TrainEngine):
             total += float(loss.detach())
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        packing = self.spec.model.use_remove_padding
-        if packing:  # packed micro-batches over all ranks
-            sums["packed_fraction/num"] = float(self.layouts["packed"] - packed_before)
-            sums["packed_fraction/den"] = float(len(micro))
-        sums = self._reduce_sums({**sums, "loss": total})
-        total = sums.pop("loss")
-        if packing:
-            sums["packed_fraction"] = sums.pop("packed_fraction/num") / max(
-                sums.pop("packed_fraction/den"), 1.0
-            )
-        self._reduce_grads()
-        grad_norm, lr = self._apply_gradients()
-        return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}
+        return total, sums
 
     def _apply_gradients(self) -> tuple[float, float]:
         """Clip, check, step and clear the accumulated gradients: ``(grad_norm before

@@ -1,6 +1,6 @@
 """The megatron engine on CUDA (nccl): TransformerEngine's layer spec when TE is
-installed, bf16 autocast over fp32 master weights, and TP=2 over two GPUs matching the
-torch engine. Written for a GPU machine; skipped without CUDA (not run on the CPU CI)."""
+installed, bf16 autocast over fp32 master weights, and TP=2 or PP=2 over two GPUs
+matching the torch engine. Written for a GPU machine; skipped without CUDA (not run on the CPU CI)."""
 
 from __future__ import annotations
 
@@ -45,12 +45,14 @@ def _batch() -> Batch:
     )
 
 
-def _actor(path: str, strategy: str, device: str, tp: int = 1, dtype: str = "auto") -> Actor:
+def _actor(
+    path: str, strategy: str, device: str, tp: int = 1, dtype: str = "auto", pp: int = 1
+) -> Actor:
     cfg = ActorConfig(
         strategy=strategy,
         micro_batch_size_per_device=2,
         grad_clip=1.0,
-        megatron=MegatronConfig(tensor_model_parallel_size=tp),
+        megatron=MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
         optim=OptimConfig(lr=1e-3, weight_decay=0.0),
     )
     spec = EngineSpec(
@@ -79,7 +81,7 @@ def test_one_gpu_bf16_matches_cpu_and_uses_transformer_engine(tmp_path: Path) ->
     engine.load_checkpoint(str(tmp_path / "ckpt"))
 
 
-def _tp2_rank(rank: int, path: str, batch: Batch, port: int, out: str) -> None:
+def _two_rank(rank: int, path: str, batch: Batch, port: int, out: str, tp: int) -> None:
     import torch.distributed as dist
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")
@@ -92,7 +94,7 @@ def _tp2_rank(rank: int, path: str, batch: Batch, port: int, out: str) -> None:
         timeout=datetime.timedelta(minutes=5),
     )
     try:
-        actor = _actor(path, "megatron", "cuda", tp=2, dtype="fp32")
+        actor = _actor(path, "megatron", "cuda", tp=tp, dtype="fp32", pp=2 // tp)
         metrics = actor.update(batch)
         weights = {k: v.detach().cpu() for k, v in actor.engine.named_weights()}
         if rank == 0:
@@ -102,7 +104,11 @@ def _tp2_rank(rank: int, path: str, batch: Batch, port: int, out: str) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_two_gpus_tensor_parallel_update_matches_the_torch_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "pp2"])
+def test_two_gpus_tensor_or_pipeline_parallel_update_matches_the_torch_engine(
+    tmp_path: Path, tp: int
+) -> None:
+    """TP=2, or two pipeline stages (temper's schedule over nccl send/recv)."""
     import torch.multiprocessing as mp
 
     path = str(make_tiny_model(tmp_path / "tiny"))
@@ -112,7 +118,11 @@ def test_two_gpus_tensor_parallel_update_matches_the_torch_engine(tmp_path: Path
     ref_w = {k: v.detach() for k, v in single.engine.named_weights()}
     out = str(tmp_path / "rank0.pt")
     mp.start_processes(
-        _tp2_rank, args=(path, batch, free_port(), out), nprocs=2, join=True, start_method="spawn"
+        _two_rank,
+        args=(path, batch, free_port(), out, tp),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
     )
     got = torch.load(out, weights_only=False)
     assert got["metrics"]["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=1e-3)

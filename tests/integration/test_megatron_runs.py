@@ -122,6 +122,54 @@ def test_roll_megatron_example_grpo_with_tp2_actor_and_reference(
     assert all(not torch.equal(before[k], after[k]) for k in after)
 
 
+@pytest.mark.ray
+def test_roll_megatron_example_trains_with_two_pipeline_stages(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session
+):
+    """The same example with the actor and reference as two pipeline stages (PP=2,
+    TP=1) of the tied tiny model: 2 steps through temper's pipeline schedule, rollout
+    log-probs = trainer log-probs (the stages' weights gathered into one HF model at each
+    sync), every parameter of the final HF directory moved."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from safetensors.torch import load_file
+
+    out = tmp_path / "roll-pp"
+    pp = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2}
+    overrides = [
+        f"pretrain={tiny_model_dir}",
+        f"reward_pretrain={tiny_model_dir}",
+        f"actor_train.data_args.file_name=[{TASK}]",
+        f"validation.data_args.file_name={TASK}",
+        "prompt_length=96",
+        "response_length=12",
+        "rollout_batch_size=2",
+        "actor_train.training_args.per_device_train_batch_size=2",
+        "actor_train.training_args.gradient_accumulation_steps=4",
+        "max_steps=2",
+        "eval_steps=2",
+        f"output_dir={out}",
+        "actor_train.model_args.dtype=fp32",
+        "actor_infer.strategy_args.strategy_name=hf_infer",
+        "~actor_infer.strategy_args.strategy_config",
+        *(f"actor_train.strategy_args.strategy_config.{k}={v}" for k, v in pp.items()),
+        *(f"reference.strategy_args.strategy_config.{k}={v}" for k, v in pp.items()),
+    ]
+    placement = {
+        "actor": ("0,1", "2", "1", "megatron"),
+        "rollout": ("0,1", "2", "2", "hf"),
+        "reference": ("0,1", "2", "1", "megatron"),
+    }
+    _run(ROOT / "examples" / "roll_megatron.yaml", overrides, placement)
+    rows = _train_rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["rollout/logprob_diff"] < 1e-4 for r in rows)
+    assert all("actor/kl" in r for r in rows)
+    before = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    after = load_file(str(out / "final" / "actor" / "model.safetensors"))
+    assert set(after) == set(before) - {"lm_head.weight"}
+    assert all(not torch.equal(before[k], after[k]) for k in after)
+
+
 def verl_command_line(sh: Path) -> tuple[str, list[str]]:
     """``(config name, key=value overrides)`` of the ``verl.trainer.main_ppo`` call in
     ``sh``; overrides whose value is a shell variable are dropped (the test sets them)."""

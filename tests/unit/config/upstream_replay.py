@@ -141,7 +141,10 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("rewards: served reward model", r"served reward model|generative reward model"),
     ("video/audio input", r"video \(and audio\) inputs"),
     ("vision-language", r"vision-language|multimodal|vision tower"),
-    ("megatron: pipeline parallel", r"pipeline parallelism is not in this build"),
+    (
+        "megatron: virtual pipeline",
+        r"interleaved \(virtual\) pipeline stages are not in this build",
+    ),
     ("megatron: context parallel", r"context-parallel attention cannot run"),
     ("megatron: expert parallel (MoE)", r"expert parallelism needs a mixture-of-experts model"),
     ("megatron: dist-checkpoint init", r"from a Megatron dist checkpoint is not supported"),

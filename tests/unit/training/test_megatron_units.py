@@ -187,11 +187,6 @@ def _check(device: str = "cpu", lora: int = 0, **m: Any) -> list[str]:
     ("m", "key", "words"),
     [
         (
-            {"pipeline_model_parallel_size": 2},
-            "actor.megatron.pipeline_model_parallel_size",
-            "send/receive",
-        ),
-        (
             {"virtual_pipeline_model_parallel_size": 2},
             "actor.megatron.virtual_pipeline_model_parallel_size",
             "pipeline",
@@ -273,26 +268,93 @@ def test_kernel_fusions_that_cannot_run_here_are_dropped_with_a_note() -> None:
     assert not tc.apply_rope_fusion and not tc.bias_activation_fusion
 
 
-def test_temper_check_refuses_pipeline_parallel_on_cpu(tmp_path, tiny_path, capsys) -> None:
+def test_temper_check_accepts_pipeline_parallel_and_refuses_virtual_stages(
+    tmp_path, tiny_path, capsys
+) -> None:
     import yaml
 
     from temper.cli.main import main
 
+    megatron: dict[str, Any] = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2}
     cfg = {
         "experiment": {"device": "cpu"},
         "model": {"path": tiny_path},
         "data": {"train_files": ["task:arithmetic?n=8"]},
-        "actor": {
-            "strategy": "megatron",
-            "megatron": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2},
-        },
+        "actor": {"strategy": "megatron", "megatron": megatron},
         "resources": {"backend": "ray", "devices_per_node": 2},
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    assert main(["check", str(path)]) == 0
+    capsys.readouterr()
+    megatron["virtual_pipeline_model_parallel_size"] = 2
+    path.write_text(yaml.safe_dump(cfg))
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "actor.megatron.pipeline_model_parallel_size" in err and err.count("\n") == 1
+    assert "actor.megatron.virtual_pipeline_model_parallel_size" in err and err.count("\n") == 1
+
+
+def test_pipeline_stages_must_split_the_layers_evenly() -> None:
+    from temper.training.megatron_check import check_divisible
+
+    three = replace(LAYOUT, num_layers=3, num_heads=4, num_kv_heads=2)
+    with pytest.raises(ConfigError) as err:
+        check_divisible(three, MegatronConfig(pipeline_model_parallel_size=2), "actor")
+    assert err.value.key == "actor.megatron.pipeline_model_parallel_size"
+    assert "3 layers" in err.value.reason and "divides 3" in err.value.fix
+    check_divisible(three, MegatronConfig(pipeline_model_parallel_size=3), "actor")
+    uneven = MegatronConfig(
+        pipeline_model_parallel_size=2, extra={"num_layers_in_first_pipeline_stage": 1}
+    )
+    check_divisible(three, uneven, "actor")  # Megatron's own uneven split: its own check
+
+
+def _stage_names(layout: HFLayout, layers: list[int], first: bool, last: bool) -> set[str]:
+    names = set()
+    if first:
+        names.add("embedding.word_embeddings.weight")
+    for j, _ in enumerate(layers):
+        for p in (
+            "self_attention.linear_qkv.weight",
+            "self_attention.linear_qkv.bias",
+            "self_attention.linear_proj.weight",
+            "self_attention.q_layernorm.weight",
+            "self_attention.k_layernorm.weight",
+            "input_layernorm.weight",
+            "pre_mlp_layernorm.weight",
+            "mlp.linear_fc1.weight",
+            "mlp.linear_fc2.weight",
+        ):
+            names.add(f"decoder.layers.{j}.{p}")
+    if last:
+        names |= {"decoder.final_layernorm.weight", "output_layer.weight"}
+    return names
+
+
+def test_stage_maps_name_layers_globally_and_mark_the_tied_copy() -> None:
+    """A stage numbers its layers from 0; checkpoints and export use the global index.
+    A tied model's last stage holds an output layer: the tied copy, read from the
+    embedding and never exported or saved."""
+    from temper.training.megatron_convert import param_maps
+
+    layout = replace(LAYOUT, num_layers=4, tied_embeddings=True)
+    first = param_maps(layout, _stage_names(layout, [0, 1], True, False), layers=[0, 1], last=False)
+    last = param_maps(layout, _stage_names(layout, [2, 3], False, True), layers=[2, 3], first=False)
+    assert first[0].megatron == "embedding.word_embeddings.weight"
+    assert not any(pm.tied_copy for pm in first)
+    qkv = next(
+        pm for pm in last if pm.megatron == "decoder.layers.1.self_attention.linear_qkv.weight"
+    )
+    assert qkv.global_name == "decoder.layers.3.self_attention.linear_qkv.weight" and qkv.layer == 3
+    assert qkv.hf[0] == "layers.3.self_attn.q_proj.weight"
+    (copy,) = [pm for pm in last if pm.tied_copy]
+    assert copy.megatron == "output_layer.weight" and copy.hf == ("lm_head.weight",)
+    whole = param_maps(
+        layout, _stage_names(layout, [0, 1, 2, 3], True, True) - {"output_layer.weight"}
+    )
+    assert [pm.global_name for pm in whole] == [
+        pm.global_name for pm in first + last if not pm.tied_copy
+    ]
 
 
 # ----------------------------------------------------------------------- worker groups
