@@ -110,7 +110,7 @@ def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
     ]
     for role, ids in place.items():
         engine_of = "reference" if role.startswith(TEACHER) else role  # built as it is
-        if role == "rollout":  # one whole engine per rank (data-parallel rollout)
+        if role == "rollout":  # one engine per rank, or per tensor_parallel_size ranks
             strategy = resolve_engine_name(cfg.rollout.engine, cfg.model)
         elif role == "judge":  # one whole engine per rank too
             strategy = cfg.reward.judge.engine
@@ -121,6 +121,9 @@ def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
         )
         if engine_of == "reference" and strategy == "megatron":  # TP ranks share their samples
             dp = len(ids) // max(1, cfg.reference.megatron.model_parallel_size)
+        tp = cfg.rollout.tensor_parallel_size if role == "rollout" else 1
+        if tp > 1:  # an engine's tensor-parallel ranks share their prompts
+            dp, strategy = len(ids) // tp, f"{strategy} TP={tp}"
         shared = [r for r in place if r != role and set(place[r]) & set(ids)]
         share = min(s for _, _, s in slots[role])
         if cfg.resources.backend == "local":

@@ -166,11 +166,11 @@ class RankWorker:
         from temper.training.models import resolve_device
 
         dev = resolve_device(device)
-        if self.role_name == "rollout":  # independent engines: no collective to join
+        if self.role_name == "rollout":  # engines: a tensor-parallel one meets at addr:port
             from temper.cluster.rollout import RolloutRank
 
-            self.role = RolloutRank(self.cfg, dev, self.rank)
-            return os.getpid(), ray.get_runtime_context().get_node_id(), self.rank
+            self.role = RolloutRank(self.cfg, dev, self.rank, meet=(addr, port))
+            return os.getpid(), ray.get_runtime_context().get_node_id(), self.role.engine_index
         if self.role_name == "judge":  # the LLM judge: independent engines too
             from temper.cluster.judge import JudgeRank
 
@@ -221,6 +221,13 @@ class RankWorker:
         return [ray.put(to_store(named))]
 
 
+def group_span(role: str, cfg: TemperConfig, world_size: int) -> int:
+    """Ranks per process group: a role's ranks form one (rank 0 gives the address), the
+    rollout's ranks one per tensor-parallel engine (each engine's first rank gives its
+    own)."""
+    return cfg.rollout.tensor_parallel_size if role == "rollout" else world_size
+
+
 def remote_worker_class() -> Any:
     ray = require_ray()
     return ray.remote(RankWorker)
@@ -259,9 +266,14 @@ class RayWorkerGroup(WorkerGroup):
             for rank, (pg, bundle, share) in enumerate(slots)
         ]
         start = "start (a Ray worker process in its bundle)"
-        addr, port = self._wait([self.workers[0].rendezvous.remote()], start, ranks=[0])[0]
+        span = group_span(role, cfg, world_size)
+        firsts = list(range(0, world_size, span))  # the first rank of each process group
+        meet = self._wait([self.workers[r].rendezvous.remote() for r in firsts], start, firsts)
         up = self._wait(
-            [w.setup.remote(addr, port, device, self.timeout) for w in self.workers],
+            [
+                w.setup.remote(*meet[rank // span], device, self.timeout)
+                for rank, w in enumerate(self.workers)
+            ],
             "start (join the role's process group, build the role and load its model)",
         )
         self.pids = [pid for pid, _, _ in up]

@@ -296,7 +296,8 @@ def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
     """One placement group per device pool (:func:`device_pools`), one worker group per
     role (see cluster.ray), the rollout engines (``actor_infer``) included; each rank in
     its device's bundle (:func:`rank_slots`). Validation has refused what the ray backend
-    cannot place (a LoRA reference, multi-device rollout engines)."""
+    cannot place (a LoRA reference, a rollout engine that does not shard over
+    ``rollout.tensor_parallel_size`` ranks)."""
     from temper.cluster.ray import RayWorkerGroup, init_ray, require_ray
 
     init_ray(cfg)

@@ -1,11 +1,16 @@
-"""The rollout engine on the Ray backend: one engine per ``actor_infer`` rank.
+"""The rollout engines on the Ray backend: one per ``rollout.tensor_parallel_size``
+``actor_infer`` ranks.
 
 ROLL's ``actor_infer`` (verl's rollout of the hybrid engine) is a role of its own: its
-device ids (``resources.actor_infer``, default: the actor's) get a worker group whose
-every rank holds a whole engine (``hf`` or ``vllm``) with its own copy of the weights.
-The driver sees one :class:`~temper.rollout.base.RolloutEngine`, :class:`RemoteRollout`:
+device ids (``resources.actor_infer``, default: the actor's) get a worker group, one rank
+per device, whose every rank holds a whole engine (``hf`` or ``vllm``) with its own copy
+of the weights — or, with ``tensor_parallel_size`` = t > 1, every t consecutive ranks
+one vLLM engine (vLLM's external launcher: the t processes meet at their first rank's
+address, each holds 1/t of every sharded weight and all run the same prompts, as verl's
+SPMD rollout does). The driver sees one :class:`~temper.rollout.base.RolloutEngine`,
+:class:`RemoteRollout`:
 
-* ``generate`` cuts the prompts into one contiguous slice per rank (prompts, not
+* ``generate`` cuts the prompts into one contiguous slice per engine (prompts, not
   samples, so the ``n`` responses of a prompt stay on one engine and in ``aabb`` order),
   runs the slices in parallel and concatenates them back in prompt order;
 * ``load_weights`` takes the trainer's gathered weights as rank 0 of the trainer put them
@@ -13,8 +18,8 @@ The driver sees one :class:`~temper.rollout.base.RolloutEngine`, :class:`RemoteR
   there (shared memory on a node): the driver never holds them, and one object serves
   however many engines there are;
 * sampling stays reproducible: each call draws one seed from the driver's torch RNG
-  (which checkpoints save and restore) and rank ``r`` seeds its process with
-  ``seed + r`` before generating. Engines seeded once at start (vLLM) ignore it.
+  (which checkpoints save and restore) and engine ``e``'s ranks seed their processes
+  with ``seed + e`` before generating. Engines seeded once at start (vLLM) ignore it.
 
 On the actor's device ids (the default) the rollout ranks share the actor's bundles, as
 verl's hybrid engine shares its GPUs; on ids of their own they get their own; on ids that
@@ -33,7 +38,7 @@ import torch
 from temper.cluster.base import WorkerGroup, WorkerGroupError
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
-from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.base import RolloutEngine, SamplingParams, TensorParallelShard
 
 #: One stored weight: ``(array, torch dtype name)``, or ``(name, ALIAS)`` for a tensor
 #: that is the same memory as the earlier entry ``name`` (a tied ``lm_head``).
@@ -42,17 +47,34 @@ ALIAS = "alias"
 
 
 class RolloutRank:
-    """What one ``actor_infer`` rank runs: an engine with an owned copy of the model."""
+    """What one ``actor_infer`` rank runs: an engine with an owned copy of the model, or
+    (``rollout.tensor_parallel_size`` = t > 1) rank ``rank % t`` of engine ``rank // t``,
+    whose t ranks meet at ``meet`` (its first rank's address) and hold 1/t of its
+    weights each."""
 
-    def __init__(self, cfg: TemperConfig, device: torch.device, rank: int) -> None:
+    def __init__(
+        self, cfg: TemperConfig, device: torch.device, rank: int, meet: tuple[str, int]
+    ) -> None:
         from temper.rollout.registry import build_rollout_engine
 
-        self.rank = rank
-        torch.manual_seed(cfg.experiment.seed + rank)  # engines seeded at build (vLLM)
-        self.engine = build_rollout_engine(cfg.rollout, cfg.model, device=device)
+        tp = cfg.rollout.tensor_parallel_size
+        self.engine_index = rank // tp
+        shard = None
+        if tp > 1:
+            local = rank % tp
+            shard = TensorParallelShard(
+                rank=local,
+                world=tp,
+                addr=meet[0],
+                port=meet[1],
+                local_rank=0 if device.type == "cuda" else local,  # Ray shows one GPU
+            )
+        # an engine's ranks sample alike: one seed per engine (vLLM seeds at build)
+        torch.manual_seed(cfg.experiment.seed + self.engine_index)
+        self.engine = build_rollout_engine(cfg.rollout, cfg.model, device=device, shard=shard)
 
     def generate(self, prompts: Batch, params: SamplingParams, seed: int) -> Batch:
-        torch.manual_seed(seed + self.rank)
+        torch.manual_seed(seed + self.engine_index)
         return self.engine.generate(prompts, params)
 
     def load_weights(self, stored: Stored) -> None:
@@ -195,11 +217,15 @@ class RemoteRollout(RolloutEngine):
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the driver's RNG stream
-        slices = prompt_slices(len(prompts), self.group.world_size)
+        engines = self.group.data_ranks or list(range(self.group.world_size))
+        slices = prompt_slices(len(prompts), max(engines) + 1)
+        # every rank of an engine with work gets its slice (a tensor-parallel engine's
+        # ranks run together); each engine's first rank returns the responses
+        ranks = [r for r, e in enumerate(engines) if e < len(slices)]
         parts = self.group.call_first(
-            "generate", [(prompts.slice(a, b), params, seed) for a, b in slices]
+            "generate", [(prompts.slice(*slices[engines[r]]), params, seed) for r in ranks]
         )
-        return Batch.concat(parts)
+        return Batch.concat([parts[engines.index(e)] for e in range(len(slices))])
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if isinstance(named_tensors, StoredWeights):  # already in the store: pass the ref

@@ -390,13 +390,13 @@ def _check_placement(cfg: TemperConfig, catalog: Catalog) -> None:
                     f"placed on {len(ids)} devices",
                     "set resources.backend=ray for multi-device placement",
                 )
-    if cfg.resources.backend == "ray" and cfg.resources.devices_per_infer_worker > 1:
+    per, tp = cfg.resources.devices_per_infer_worker, cfg.rollout.tensor_parallel_size
+    if per > 1 and per != tp:  # an engine spans exactly its tensor-parallel ranks
         raise ConfigError(
             "resources.devices_per_infer_worker",
-            f"{cfg.resources.devices_per_infer_worker} devices per rollout engine "
-            "(tensor-parallel rollout) is not supported on the ray backend: each actor_infer "
-            "rank runs one whole engine on one device",
-            "set it to 1 (ROLL actor_infer.num_gpus_per_worker: 1)",
+            f"{per} devices per rollout engine, but rollout.tensor_parallel_size is {tp}: an "
+            "engine spans its tensor-parallel ranks, one device each",
+            f"set it to {tp} (or 1), or rollout.tensor_parallel_size to {per}",
         )
     infer = cfg.resources.actor_infer
     per = cfg.resources.devices_per_infer_worker

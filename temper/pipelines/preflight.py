@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
-from temper.config.derive import Derived
+from temper.config.derive import Derived, placement
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 
@@ -111,7 +111,8 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     check_training_engines(cfg, plan)  # deepspeed installed, its section resolves
     notes.extend(check_megatron(cfg, plan, worker_device(cfg)))
     if plan.use_rollout:
-        check_tensor_parallel(cfg.rollout, cfg.resources.backend)
+        rollout_devices = len(placement(cfg)["actor_infer"])
+        check_tensor_parallel(cfg.rollout, cfg.resources.backend, rollout_devices)
     cpu = on_cpu(cfg)
     attn = cfg.model.attn_implementation
     if attn in FLASH_PACKAGES:

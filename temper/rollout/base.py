@@ -42,6 +42,20 @@ class SamplingParams:
         return not self.do_sample or self.temperature <= 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class TensorParallelShard:
+    """One rank of a tensor-parallel engine whose ranks are separate processes (the Ray
+    backend's ``actor_infer`` ranks, ``rollout.tensor_parallel_size`` per engine): every
+    rank runs the same engine on the same prompts (SPMD) and holds 1/``world`` of each
+    sharded weight; ``addr:port`` is where the engine's ranks meet."""
+
+    rank: int
+    world: int
+    addr: str
+    port: int
+    local_rank: int  # the device index in this process (0 where Ray shows one GPU)
+
+
 class RolloutEngine(abc.ABC):
     """Generates responses for a batch of tokenized prompts.
 

@@ -19,7 +19,7 @@ import torch
 from temper.config.errors import ConfigError, unknown_name
 from temper.config.schema import ModelConfig, RolloutConfig
 from temper.registry import Registry
-from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.base import RolloutEngine, SamplingParams, TensorParallelShard
 
 
 class EngineBuilder(Protocol):
@@ -31,7 +31,18 @@ class EngineBuilder(Protocol):
         module: torch.nn.Module | None = None,
         tokenizer: Any = None,
         device: str | torch.device | None = None,
+        shard: TensorParallelShard | None = None,
     ) -> RolloutEngine: ...
+
+
+def _one_device(name: str, shard: TensorParallelShard | None) -> None:
+    if shard is not None:  # validation refuses it first (check_tensor_parallel)
+        raise ConfigError(
+            "rollout.tensor_parallel_size",
+            f"the '{name}' rollout engine generates on one device and cannot shard over "
+            f"{shard.world}",
+            "set it to 1",
+        )
 
 
 def _build_hf(
@@ -41,9 +52,12 @@ def _build_hf(
     module: torch.nn.Module | None = None,
     tokenizer: Any = None,
     device: str | torch.device | None = None,
+    shard: TensorParallelShard | None = None,
 ) -> RolloutEngine:
     """Shared module when given (colocated with the trainer), else an owned copy."""
     from temper.rollout.hf import HFRolloutEngine
+
+    _one_device("hf", shard)
 
     if module is None:
         engine = HFRolloutEngine.from_pretrained(
@@ -79,8 +93,10 @@ def _build_vllm(
     module: torch.nn.Module | None = None,
     tokenizer: Any = None,
     device: str | torch.device | None = None,
+    shard: TensorParallelShard | None = None,
 ) -> RolloutEngine:
-    """An in-process vLLM engine with its own copy of the weights (synced each update).
+    """An in-process vLLM engine with its own copy of the weights (synced each update);
+    with ``shard``, one rank of a tensor-parallel engine.
 
     ``module`` is not shared: vLLM holds its weights in its own (fused, repacked)
     layout, so the run pushes the trainer's weights after every update instead.
@@ -91,7 +107,7 @@ def _build_vllm(
     from temper.rollout.vllm_engine import VLLMRolloutEngine
 
     check_rollout_engine(rollout_cfg, model_cfg)
-    return VLLMRolloutEngine.from_config(rollout_cfg, model_cfg, tokenizer=tokenizer)
+    return VLLMRolloutEngine.from_config(rollout_cfg, model_cfg, tokenizer=tokenizer, shard=shard)
 
 
 def vllm_available() -> bool:
@@ -144,8 +160,9 @@ class RolloutEntry:
     build: EngineBuilder
     problem: Callable[[], ConfigError | None] = _available
     #: Whether one engine can shard over ``tp`` devices here: None (it never does), or
-    #: a function giving why it cannot on this machine (None: it can).
-    tensor_parallel: Callable[[int], str | None] | None = None
+    #: a function of ``(tp, backend)`` giving why it cannot (None: it can). On the ray
+    #: backend each of the engine's ranks is an ``actor_infer`` process of its own.
+    tensor_parallel: Callable[[int, str], str | None] | None = None
 
 
 def _vllm_problem() -> ConfigError | None:
@@ -187,13 +204,17 @@ ROLLOUT_ENGINES: Registry[RolloutEntry] = Registry("rollout engine")
 ROLLOUT_ENGINES.add("hf", RolloutEntry(_build_hf))
 
 
-def _vllm_tensor_parallel(tp: int) -> str | None:
+def _vllm_tensor_parallel(tp: int, backend: str) -> str | None:
+    """On Ray every rank of an engine is an ``actor_infer`` process (vLLM's external
+    launcher); in this process vLLM starts the other ranks itself, which its CPU build
+    cannot do beside a trainer."""
     from temper.rollout.vllm_engine import is_cpu_platform
 
-    if vllm_available() and is_cpu_platform():
+    if backend == "local" and vllm_available() and is_cpu_platform():
         return (
-            f"{tp} > 1 is not supported with vLLM's CPU build here: temper runs the CPU "
-            "engine in the training process, and tensor parallelism needs one process per rank"
+            f"{tp} > 1 is not supported with vLLM's CPU build on the local backend: temper "
+            "runs the engine in the training process, and its tensor-parallel ranks need "
+            "processes of their own"
         )
     return None
 
@@ -220,22 +241,16 @@ def engine_problem(name: str) -> ConfigError | None:
     return ROLLOUT_ENGINES.get(resolved).problem() if resolved in ROLLOUT_ENGINES else None
 
 
-def check_tensor_parallel(rollout_cfg: RolloutConfig, backend: str) -> None:
+def check_tensor_parallel(rollout_cfg: RolloutConfig, backend: str, devices: int) -> None:
     """Pre-flight: a tensor-parallel rollout (``rollout.tensor_parallel_size > 1``) needs
-    an engine that shards, and devices one engine may span — said at ``temper check``,
-    not from inside a rollout worker once the run has started."""
+    an engine that shards, and (ray) rollout devices that split into whole engines —
+    said at ``temper check``, not from inside a rollout worker once the run has started.
+    ``devices``: the rollout's devices (``resources.actor_infer``)."""
     tp = rollout_cfg.tensor_parallel_size
     if tp < 1:
         raise ConfigError("rollout.tensor_parallel_size", "must be ≥ 1", "set it to 1")
     if tp == 1:
         return
-    if backend == "ray":
-        raise ConfigError(
-            "rollout.tensor_parallel_size",
-            f"{tp} (tensor-parallel rollout) is not supported on the ray backend: each "
-            "actor_infer rank runs one whole engine on one device",
-            "set it to 1; more actor_infer devices give more data-parallel engines",
-        )
     name = resolve_engine_name(rollout_cfg.engine)
     if name not in ROLLOUT_ENGINES:
         return  # validation names the unknown engine
@@ -243,13 +258,20 @@ def check_tensor_parallel(rollout_cfg: RolloutConfig, backend: str) -> None:
     why = (
         f"the '{name}' rollout engine generates on one device and cannot shard over {tp}"
         if shards is None
-        else shards(tp)
+        else shards(tp, backend)
     )
     if why:
         raise ConfigError(
             "rollout.tensor_parallel_size",
             why,
-            "set it to 1 (on CPU), or use rollout.engine=vllm on a GPU machine",
+            "set it to 1, or use rollout.engine=vllm",
+        )
+    if backend == "ray" and devices % tp:
+        raise ConfigError(
+            "rollout.tensor_parallel_size",
+            f"the {devices} rollout devices (resources.actor_infer) do not split into "
+            f"engines of {tp}",
+            f"use a divisor of {devices}, or place a multiple of {tp} rollout devices",
         )
 
 
@@ -257,7 +279,7 @@ def register_rollout_engine(
     name: str,
     builder: EngineBuilder,
     problem: Callable[[], ConfigError | None] = _available,
-    tensor_parallel: Callable[[int], str | None] | None = None,
+    tensor_parallel: Callable[[int, str], str | None] | None = None,
 ) -> None:
     """Add (or replace) the builder for ``rollout.engine=name``; ``problem`` says why it
     cannot be built here (checked by ``temper check``); ``tensor_parallel`` as on
@@ -272,8 +294,10 @@ def build_rollout_engine(
     module: torch.nn.Module | None = None,
     tokenizer: Any = None,
     device: str | torch.device | None = None,
+    shard: TensorParallelShard | None = None,
 ) -> RolloutEngine:
-    """The engine ``rollout_cfg.engine`` names; ``module`` shares the trainer's model.
+    """The engine ``rollout_cfg.engine`` names; ``module`` shares the trainer's model;
+    ``shard``: this process is one rank of a tensor-parallel engine.
 
     ``auto`` picks ``vllm`` where it is installed and ``hf`` otherwise.
     """
@@ -281,7 +305,11 @@ def build_rollout_engine(
     if name not in ROLLOUT_ENGINES:
         raise unknown_name("rollout.engine", rollout_cfg.engine, rollout_engine_names())
     builder = ROLLOUT_ENGINES.get(name).build
-    return builder(rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device)
+    if shard is None:  # a user's builder need not know the keyword
+        return builder(rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device)
+    return builder(
+        rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device, shard=shard
+    )
 
 
 def sampling_params_from_config(rollout_cfg: RolloutConfig, validation: bool) -> SamplingParams:

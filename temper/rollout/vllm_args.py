@@ -61,6 +61,7 @@ def engine_args(
     seed: int,
     valid_args: Iterable[str] | None = None,
     environ: dict[str, str] | None = None,
+    spmd: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """vLLM ``LLM(**kwargs)`` arguments for the config, and notes on what was not used.
 
@@ -68,6 +69,8 @@ def engine_args(
     saying why (on CPU: GPU-memory and sleep settings), or rejected with a
     ``ConfigError``. ``engine_kwargs.vllm.*`` is passed through last (it wins), after
     its names are checked against ``valid_args`` (vLLM's ``EngineArgs`` fields).
+    ``spmd``: this process is one rank of a tensor-parallel engine whose ranks the caller
+    started (vLLM's ``external_launcher``: one rank per process, CPU or GPU).
     """
     from temper.utils.model_path import resolve_model_path
 
@@ -97,8 +100,11 @@ def engine_args(
     }
     if rollout_cfg.max_model_len is not None:
         kwargs["max_model_len"] = rollout_cfg.max_model_len
+    if spmd:
+        kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size
+        kwargs["distributed_executor_backend"] = "external_launcher"
     if on_cpu:
-        if rollout_cfg.tensor_parallel_size > 1:
+        if rollout_cfg.tensor_parallel_size > 1 and not spmd:
             raise ConfigError(
                 "rollout.tensor_parallel_size",
                 f"{rollout_cfg.tensor_parallel_size} > 1 is not supported with vLLM's CPU "
@@ -127,7 +133,7 @@ def engine_args(
                 "mode (enable_sleep_mode raises), and its memory is host memory"
             )
     else:
-        kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size
+        kwargs.setdefault("tensor_parallel_size", rollout_cfg.tensor_parallel_size)
         kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
         kwargs["block_size"] = rollout_cfg.block_size
         kwargs["enable_sleep_mode"] = rollout_cfg.free_cache_engine

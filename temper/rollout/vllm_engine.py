@@ -63,11 +63,16 @@ from temper.data.vision import (
     is_vision_config,
     vision_token_ids,
 )
-from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.base import RolloutEngine, SamplingParams, TensorParallelShard
 from temper.rollout.stops import finish_responses, right_pad
 from temper.rollout.vllm_args import engine_args
 from temper.rollout.vllm_messages import generation_fix, option_hint
-from temper.rollout.vllm_process import preserve_process_state, use_in_process_engine
+from temper.rollout.vllm_process import (
+    name_cpu_shm_segments,
+    preserve_process_state,
+    unlink_cpu_shm_segments,
+    use_in_process_engine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -265,12 +270,15 @@ class VLLMRolloutEngine(RolloutEngine):
         *,
         tokenizer: Any = None,
         seed: int | None = None,
+        shard: TensorParallelShard | None = None,
     ) -> VLLMRolloutEngine:
         """Start an in-process vLLM engine for ``model_cfg`` with ``rollout_cfg``'s options.
 
         ``seed`` defaults to ``torch.initial_seed()``: ``build_run`` has just seeded
         torch with ``experiment.seed``. Fails with a ``ConfigError`` for a bad option,
         and a ``VLLMEngineError`` naming the options when vLLM refuses to start.
+        ``shard``: this process is one rank of a tensor-parallel engine (every rank of it
+        calls this with the same seed, then generates the same prompts).
         """
         use_in_process_engine()
         from vllm import LLM, EngineArgs
@@ -284,7 +292,18 @@ class VLLMRolloutEngine(RolloutEngine):
             on_cpu=on_cpu,
             seed=seed,
             valid_args=[f.name for f in dataclasses.fields(EngineArgs)],
+            spmd=shard is not None,
         )
+        if shard is not None:  # vLLM's external launcher meets its ranks through these
+            if on_cpu:
+                name_cpu_shm_segments(str(shard.port))
+            os.environ.update(
+                RANK=str(shard.rank),
+                LOCAL_RANK=str(shard.local_rank),
+                WORLD_SIZE=str(shard.world),
+                MASTER_ADDR=shard.addr,
+                MASTER_PORT=str(shard.port),
+            )
         for note in notes:
             log.info("vllm: %s", note)
         if on_cpu:
@@ -305,6 +324,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"options involved: {option_hint(str(exc), kwargs)}. Fix those options, "
                 "or set rollout.engine=hf"
             ) from exc
+        if shard is not None and on_cpu:
+            unlink_cpu_shm_segments(str(shard.port), shard.rank)
         if tokenizer is None:
             tokenizer = llm.get_tokenizer()
         with contextlib.suppress(AttributeError):  # the context vLLM chose (None: the model's)

@@ -13,9 +13,11 @@ imports it before vLLM.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,3 +57,32 @@ def preserve_process_state() -> Iterator[None]:
         torch.random.set_rng_state(torch_state)
         torch.set_num_threads = set_threads
         set_threads(threads)
+
+
+#: Prefix of the shared-memory segments of temper's tensor-parallel CPU engines.
+SHM_PREFIX = "temper-vllm-"
+
+
+def name_cpu_shm_segments(tag: str) -> None:
+    """Name the shared-memory segments of vLLM's CPU communicator after ``tag`` (the
+    engine's meeting port). vLLM names them after the engine's init method, which is
+    ``env://`` for every externally launched engine: two tensor-parallel engines on one
+    node, or a killed run's leftovers, would take the same names ("create shm ...
+    failed. errno: 17"). Each rank of an engine calls this before the engine starts."""
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+
+    def group_name(communicator: Any) -> str:
+        ranks = "-".join(str(rank) for rank in communicator.ranks)
+        return f"{SHM_PREFIX}{tag}-{communicator.unique_name}-[{ranks}]-cpushm"
+
+    _CPUSHMDistributed.make_group_name = staticmethod(group_name)  # type: ignore[method-assign]
+
+
+def unlink_cpu_shm_segments(tag: str, rank: int) -> None:
+    """Remove the name of this rank's segments once every rank has mapped them (vLLM's
+    start ends with a barrier after the join): the memory stays until the engine's
+    processes end, and a process that is killed (Ray's shutdown) leaves nothing behind
+    in ``/dev/shm``."""
+    for path in glob.glob(f"/dev/shm/{glob.escape(SHM_PREFIX + tag)}-*_{rank}"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -401,8 +401,18 @@ def strategies(ctx: Ctx) -> None:
         ctx.set("rollout.engine", engine, key)
         _engine_cfg(ctx, engine, ctx.get("actor_infer.strategy_args.strategy_config") or {})
     gpus = ctx.get("actor_infer.num_gpus_per_worker")
-    if gpus is not None and not ctx.native_get("rollout.tensor_parallel_size"):
+    tp = ctx.native_get("rollout.tensor_parallel_size")
+    if gpus is not None and not tp:
         ctx.set("rollout.tensor_parallel_size", gpus, "actor_infer.num_gpus_per_worker")
+    elif gpus is not None and gpus != tp and ctx.native_get("rollout.engine") == "vllm":
+        # ROLL gives a vLLM worker tensor_parallel_size × pipeline_parallel_size GPUs,
+        # whatever num_gpus_per_worker says (roll/configs/worker_config.py)
+        ctx.src.pop("resources.devices_per_infer_worker", None)
+        ctx.set("resources.devices_per_infer_worker", tp, "actor_infer.num_gpus_per_worker")
+        ctx.note(
+            "actor_infer.num_gpus_per_worker",
+            f"ROLL replaces {gpus} with the vLLM engine's tensor_parallel_size ({tp})",
+        )
 
 
 # strategy_config keys with a field of their own in the native megatron section; the

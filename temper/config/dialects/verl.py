@@ -382,10 +382,14 @@ class _Translator:
             self.note(f"accepted at its inert value ({rule.why})", leaf)
 
     def _map(self, rule: Map, value: Any) -> None:
-        if value == UNSET:
+        if value == UNSET and rule.unset is None:
             self.note("'???' (verl's mandatory-value marker, unset): the temper default applies")
             return
-        out = rule.fn(value, self) if rule.fn else value
+        if value == UNSET:  # the value it means here, in native terms
+            self.note(f"'???' (verl's mandatory-value marker, unset): {rule.native}={rule.unset}")
+            out = rule.unset
+        else:
+            out = rule.fn(value, self) if rule.fn else value
         tp = native_type(rule.native)
         if out is None and not _allows_none(tp):
             self.note(

@@ -31,6 +31,9 @@ class Map:
     native: str
     fn: Transform | None = None
     weak: bool = False  # yields (with a note) to another key that sets the same field
+    # the value verl's mandatory-value marker (``???``, unset) means here; None: the
+    # temper default applies
+    unset: Any = None
 
 
 @dataclass(frozen=True)

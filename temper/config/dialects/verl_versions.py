@@ -411,7 +411,8 @@ RULES: dict[str, Rule] = {
     f"{RO}.prometheus": Call(
         _note_leaves("no effect here (Prometheus exports engine metrics only)")
     ),
-    f"{RO}.name": Map("rollout.engine", _rollout_engine),
+    # verl leaves the engine to the user; its default rollout (TP 2) is vLLM's
+    f"{RO}.name": Map("rollout.engine", _rollout_engine, unset="auto"),
     f"{MOD}.use_shm": Note(SHM),
     f"{CR}.model.use_shm": Note(SHM),
     f"{RM}.model.use_shm": Note(SHM),

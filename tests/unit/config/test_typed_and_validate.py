@@ -269,3 +269,20 @@ def test_engines_take_a_ranks_share_of_a_sequence_parallel_micro_batch():
     spec = EngineSpec(model=c.model, device=torch.device("cpu"), train=c.actor)
     assert spec.train_micro.size == 32
     assert infer_micro_batching(c, c.actor).size == 8
+
+
+def test_an_engine_spans_its_tensor_parallel_ranks():
+    ray = {"backend": "ray", "devices_per_node": 4, "actor_train": [0], "actor_infer": [0, 1]}
+    ok = cfg(rollout={"engine": "vllm", "tensor_parallel_size": 2}, resources=ray)
+    assert build_config(ok).resources.devices_per_infer_worker == 1
+    both = cfg(
+        rollout={"engine": "vllm", "tensor_parallel_size": 2},
+        resources={**ray, "devices_per_infer_worker": 2},
+    )
+    assert build_config(both).rollout.tensor_parallel_size == 2
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(resources={**ray, "devices_per_infer_worker": 2}))
+    assert one_line(err).startswith(
+        "resources.devices_per_infer_worker: 2 devices per rollout engine, but "
+        "rollout.tensor_parallel_size is 1"
+    )

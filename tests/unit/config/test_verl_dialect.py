@@ -338,8 +338,16 @@ def test_global_micro_batch_respects_sequence_parallel():
 
 
 def test_unset_marker_keeps_default():
+    cfg, notes = build({"actor_rollout_ref": {"rollout": {"top_k": "???"}}})
+    assert cfg.rollout.top_k == -1
+    assert noted(notes, "actor_rollout_ref.rollout.top_k")
+
+
+def test_unset_rollout_name_means_auto():
+    """verl leaves the engine to the user, its default rollout (TP 2) being vLLM's: here
+    ``auto`` (vLLM where installed, else hf)."""
     cfg, notes = build({"actor_rollout_ref": {"rollout": {"name": "???"}}})
-    assert cfg.rollout.engine == "hf"
+    assert cfg.rollout.engine == "auto"
     assert noted(notes, "actor_rollout_ref.rollout.name")
 
 

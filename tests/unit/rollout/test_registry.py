@@ -94,35 +94,32 @@ def test_vllm_without_the_package_is_a_config_error(tiny_dir, monkeypatch):
     assert registry.resolve_engine_name("vllm") == "vllm"
 
 
-@pytest.mark.parametrize(
-    ("engine", "backend", "expected"),
-    [
-        ("hf", "ray", "is not supported on the ray backend"),
-        ("vllm", "ray", "is not supported on the ray backend"),
-        ("hf", "local", "the 'hf' rollout engine generates on one device and cannot shard over 2"),
-    ],
-)
-def test_tensor_parallel_rollout_is_refused_where_it_cannot_run(engine, backend, expected):
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_an_engine_that_does_not_shard_refuses_tensor_parallelism(backend):
     """Refused by ``temper check`` (the pre-flight), not from inside a worker later."""
-    rollout = RolloutConfig(engine=engine, tensor_parallel_size=2)
-    with pytest.raises(ConfigError, match=expected) as err:
-        check_tensor_parallel(rollout, backend)
+    rollout = RolloutConfig(engine="hf", tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="'hf' rollout engine generates on one device") as err:
+        check_tensor_parallel(rollout, backend, devices=2)
     assert err.value.key == "rollout.tensor_parallel_size"
-    check_tensor_parallel(RolloutConfig(engine=engine, tensor_parallel_size=1), backend)
+    check_tensor_parallel(RolloutConfig(engine="hf", tensor_parallel_size=1), backend, devices=2)
 
 
-def test_tensor_parallel_vllm_is_refused_on_vllms_cpu_build(monkeypatch):
+def test_tensor_parallel_vllm_runs_on_ray_ranks_not_beside_a_cpu_trainer(monkeypatch):
     import temper.rollout.vllm_engine as vllm_engine
 
     monkeypatch.setattr("temper.rollout.registry.vllm_available", lambda: True)
     monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: True)
-    with pytest.raises(ConfigError, match="vLLM's CPU build"):
-        check_tensor_parallel(RolloutConfig(engine="vllm", tensor_parallel_size=2), "local")
+    vllm = RolloutConfig(engine="vllm", tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="vLLM's CPU build on the local backend"):
+        check_tensor_parallel(vllm, "local", devices=1)
+    check_tensor_parallel(vllm, "ray", devices=4)  # two engines of two ranks
+    with pytest.raises(ConfigError, match="3 rollout devices .* do not split into engines of 2"):
+        check_tensor_parallel(vllm, "ray", devices=3)
     monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: False)  # a GPU build
-    check_tensor_parallel(RolloutConfig(engine="vllm", tensor_parallel_size=2), "local")
+    check_tensor_parallel(vllm, "local", devices=1)
 
 
-def test_verl_tensor_parallel_rollout_on_ray_fails_check_in_verls_words(capsys):
+def test_verl_tensor_parallel_hf_rollout_fails_check_in_verls_words(capsys):
     from pathlib import Path
 
     from temper.cli.main import main
@@ -132,4 +129,4 @@ def test_verl_tensor_parallel_rollout_on_ray_fails_check_in_verls_words(capsys):
     assert main(["check", str(example), f"{key}=2", "trainer.n_gpus_per_node=2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"config error: {key} "), err
-    assert "not supported on the ray backend" in err and "Fix:" in err
+    assert "generates on one device" in err and "Fix:" in err
