@@ -38,10 +38,13 @@ def worker_device(cfg: TemperConfig) -> str:
 def placed_roles(cfg: TemperConfig, d: Derived) -> dict[str, list[int]]:
     """The device ids of every role that gets Ray workers, in start order: the actor, the
     rollout engines where the step generates (an SFT run has none), the run's other
-    roles, and the LLM judge when a sample goes to it."""
+    roles (not a LoRA run's reference: the actor's ranks serve their base), and the LLM
+    judge when a sample goes to it."""
     from temper.cluster.judge import judge_used
 
     roles = ["actor", *(["rollout"] if d.use_rollout else []), *d.roles[1:]]
+    if cfg.model.lora.rank > 0:  # the reference is the actor's base: the actor's ranks
+        roles = [role for role in roles if role != "reference"]
     if judge_used(cfg):
         roles.append("judge")
     placed = {role: list(d.placement[PLACEMENT_KEYS[role]]) for role in roles}

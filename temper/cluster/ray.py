@@ -194,6 +194,9 @@ class RankWorker:
             self.role = build_teacher(self.cfg, dev, self.role_name.removeprefix(TEACHER))
         else:
             self.role = build[self.role_name](self.cfg, dev)
+        if self.role_name == "actor" and self.cfg.model.lora.rank > 0:
+            # the reference is the base under the adapters: no second copy, no group
+            self.role.base_reference = build_reference(self.cfg, dev, actor=self.role)
         node = ray.get_runtime_context().get_node_id()
         return os.getpid(), node, self.role.engine.dp_rank
 

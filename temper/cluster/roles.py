@@ -151,12 +151,15 @@ class RemoteCritic(_RemoteTrained):
 
 
 class RemoteReference:
-    def __init__(self, group: RayWorkerGroup) -> None:
-        self.group = group
+    """A reference (or teacher) worker group; or (``method`` prefix ``base_reference.``)
+    the actor's group serving its LoRA base as the reference."""
+
+    def __init__(self, group: RayWorkerGroup, prefix: str = "") -> None:
+        self.group, self.prefix = group, prefix
         self.engine = RemoteEngine(group)
 
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
-        return self.group.dispatch("compute_ref_log_probs", batch)
+        return self.group.dispatch(f"{self.prefix}compute_ref_log_probs", batch)
 
 
 @dataclass
@@ -295,14 +298,16 @@ def _placement_group(
 def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
     """One placement group per device pool (:func:`device_pools`), one worker group per
     role (see cluster.ray), the rollout engines (``actor_infer``) included; each rank in
-    its device's bundle (:func:`rank_slots`). Validation has refused what the ray backend
-    cannot place (a LoRA reference, a rollout engine that does not shard over
-    ``rollout.tensor_parallel_size`` ranks)."""
+    its device's bundle (:func:`rank_slots`) — a LoRA run's reference is the actor's base,
+    served by the actor's ranks. Validation has refused what the ray backend cannot place
+    (a rollout engine that does not shard over ``rollout.tensor_parallel_size`` ranks)."""
     from temper.cluster.ray import RayWorkerGroup, init_ray, require_ray
 
     init_ray(cfg)
     ray = require_ray()
     place = placed_roles(cfg, plan)
+    # LoRA: the reference is the base under the actor's adapters, served by its ranks
+    lora_reference = cfg.model.lora.rank > 0 and plan.use_reference
     wanted = list(place)
     slots = rank_slots(place)
     pools = device_pools(place)
@@ -329,7 +334,13 @@ def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
     balance = cfg.experiment.balance_batch
     return ClusterRoles(
         actor=RemoteActor(groups["actor"], cfg.actor, balance),
-        reference=RemoteReference(groups["reference"]) if "reference" in groups else None,
+        reference=(
+            RemoteReference(groups["actor"], "base_reference.")
+            if lora_reference
+            else RemoteReference(groups["reference"])
+            if "reference" in groups
+            else None
+        ),
         critic=RemoteCritic(groups["critic"], cfg.critic, balance) if "critic" in groups else None,
         rollout=RemoteRollout(groups["rollout"]) if "rollout" in groups else None,
         judge=RemoteJudge(groups["judge"]) if "judge" in groups else None,

@@ -23,7 +23,6 @@ from temper.config.derive import (
     placement,
     total_devices,
     uses_critic,
-    uses_reference,
 )
 from temper.config.errors import ConfigError, unknown_name
 from temper.config.plan import NO_POLICY, NO_TRAINING
@@ -373,14 +372,6 @@ def _check_placement(cfg: TemperConfig, catalog: Catalog) -> None:
                 f"device ids {ids} are not contiguous",
                 "use a contiguous range, e.g. list(range(0, 4))",
             )
-    if cfg.resources.backend == "ray" and cfg.model.lora.rank > 0 and uses_reference(cfg, catalog):
-        raise ConfigError(
-            "model.lora.rank",
-            "on the ray backend a LoRA reference (the actor's weights with adapters off) "
-            "would live in another worker group; this build does not share it across groups",
-            "use resources.backend=local, full fine-tuning (model.lora.rank=0), or drop the "
-            "KL terms (actor.use_kl_loss=false, algorithm.use_kl_in_reward=false)",
-        )
     if cfg.resources.backend == "local":
         for role, ids in placement(cfg).items():
             if len(ids) > 1:

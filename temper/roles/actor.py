@@ -65,6 +65,7 @@ from temper.roles.minibatch import (
     per_rank_mini_batch,
 )
 from temper.roles.pairs import PairObjective, pair_coefficients, pair_loss_fn, row_scalars
+from temper.roles.reference import Reference
 from temper.training.base import LossFn, TrainEngine
 
 _POSITIVE = "_sft_positive"
@@ -106,6 +107,9 @@ class Actor:
         self.seed = seed
         self.params = policy_loss_params(cfg)
         self.updates = 0
+        # LoRA on a Ray worker: the reference is this engine with its adapters off, served
+        # from the actor's ranks (set by the worker; the local backend builds its own)
+        self.base_reference: Reference | None = None
 
     def _temperature(self, batch: Batch) -> float:
         t = float(batch.meta.get("temperature", self.temperature) or 1.0)

@@ -101,6 +101,29 @@ def test_grpo_on_two_fsdp2_ranks_with_a_reference(
     assert len(moved) == len(before)
 
 
+def test_lora_with_a_kl_loss_takes_the_reference_from_the_actors_ranks(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session
+) -> None:
+    """LoRA on 2 fsdp2 ranks: the reference is the base under the adapters, served by the
+    actor's own ranks (no reference group, no second copy): the KL is 0 while the
+    adapters are still zero (step 1), then the policy moves away from its base."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from temper.cluster.placement import placement_rows
+    from temper.pipelines import run_pipeline as train
+    from temper.pipelines.catalog import plan
+
+    over = {
+        "model": {"path": str(tiny_model_dir), "lora": {"rank": 4, "alpha": 8}},
+        "actor": {"use_kl_loss": True, "optim": {"lr": 3e-2, "weight_decay": 0.0}},
+    }
+    cfg = ray_config(tmp_path, tiny_model_dir, **over)
+    assert [row[0] for row in placement_rows(cfg, plan(cfg))[1:]] == ["actor", "rollout"]
+    train(cfg)
+    rows = metrics_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["actor/kl_loss"] == 0.0 and rows[1]["actor/kl_loss"] > 0.0
+
+
 def metrics_rows(run_dir) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -200,13 +200,13 @@ def test_fix_hints_are_in_the_files_dialect():
     msg = refusal(
         FLAT,
         "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_type=full",
     )
-    assert msg.startswith("actor_rollout_ref.model.lora_rank (temper: model.lora.rank)")
+    assert msg.startswith("actor_rollout_ref.actor.kl_loss_type (temper: actor.kl_loss_type)")
     fix = msg.split("Fix: ")[1]
     assert "resources.backend" not in fix and "trainer.n_gpus_per_node=1" in fix
-    assert "actor_rollout_ref.actor.use_kl_loss=false" in fix
 
 
 @pytest.mark.parametrize(
