@@ -406,6 +406,13 @@ class MegatronConfig:
     grad_offload: bool = doc(False, "Keep gradients on CPU between uses (CUDA).")
     optimizer_offload: bool = doc(False, "Keep optimizer state on CPU between steps (CUDA).")
     extra: dict[str, Any] = doc({}, "Other Megatron-Core TransformerConfig arguments.")
+    dist_checkpoint_path: str | None = doc(
+        None,
+        "Initial weights from this Megatron-Core distributed checkpoint (verl's "
+        "converter_hf_to_mcore output; any TP/PP layout) instead of converting model.path, "
+        "which still gives the architecture and tokenizer.",
+    )
+    dist_checkpoint_prefix: str = doc("", "Key prefix of the weights in dist_checkpoint_path.")
 
     @property
     def model_parallel_size(self) -> int:

@@ -146,6 +146,12 @@ def check_models(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
         check_model_path(cfg.critic.model_path, "critic.model_path", notes)
     for name, teacher in cfg.distill.teachers.items():
         check_model_path(teacher.model_path, f"distill.teachers.{name}.model_path", notes)
+    for role in ("actor", "reference", "critic"):  # megatron roles started from one
+        path = getattr(cfg, role).megatron.dist_checkpoint_path
+        if path and getattr(cfg, role).strategy == "megatron":
+            from temper.training.megatron_dist_init import check_dist_checkpoint
+
+            check_dist_checkpoint(path, f"{role}.megatron.dist_checkpoint_path")
     if cfg.reward.model.enable:
         if not cfg.reward.model.path:
             raise ConfigError(

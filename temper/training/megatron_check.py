@@ -24,6 +24,8 @@ What runs where:
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from temper.config.derive import Derived
@@ -66,6 +68,8 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         notes += check_section(
             role, m, device_type=device_type, lora=cfg.model.lora.rank, gradient_checkpointing=ckpt
         )
+        if m.dist_checkpoint_path:
+            _check_dist_init(cfg, role, m)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
         if sp > 1:
             raise ConfigError(
@@ -78,6 +82,23 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         note = half_precision_note(cfg.model.dtype, device_type)
         notes += [note] if note else []
     return notes
+
+
+def _check_dist_init(cfg: TemperConfig, role: str, m: MegatronConfig) -> None:
+    """A role started from a Megatron distributed checkpoint (which the models pre-flight
+    finds): a tied model is not split into pipeline stages (its last stage's copy of the
+    embedding is not a tensor of the checkpoint)."""
+    key = f"{role}.megatron.dist_checkpoint_path"
+    config = Path(cfg.model.path).expanduser() / "config.json"
+    tied = config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings", False)
+    if tied and m.pipeline_model_parallel_size > 1:
+        raise ConfigError(
+            key,
+            "a model with tied embeddings over pipeline stages keeps a copy of the "
+            "embedding on its last stage, which a distributed checkpoint does not hold",
+            f"set {role}.megatron.pipeline_model_parallel_size: 1, or remove "
+            "dist_checkpoint_path to convert model.path",
+        )
 
 
 def half_precision_note(model_dtype: str, device_type: str) -> str | None:

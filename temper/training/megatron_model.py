@@ -318,7 +318,15 @@ def build_model(
     layers = [int(layer.layer_number) - 1 for layer in module.decoder.layers]
     maps = param_maps(layout, names, value_head=value, layers=layers, first=first, last=last)
     _mark_tensor_parallel(module, maps)
-    _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
+    dist = spec.megatron_config.dist_checkpoint_path
+    if dist:  # a checkpoint converted ahead of time (verl's use_dist_checkpointing)
+        from temper.training.megatron_dist_init import load_dist_checkpoint
+
+        head = (lambda name, t: _fresh_head(name, t, spec.seed, source.path)) if value else None
+        prefix = spec.megatron_config.dist_checkpoint_prefix
+        load_dist_checkpoint(module, dist, prefix=prefix, value_head=head)
+    else:
+        _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
     tp_group = parallel.tp_group if parallel.tp > 1 else None
     vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
     return MegatronModel(module, layout, hf_config, maps, vocab, use_te)

@@ -12,6 +12,7 @@ against Megatron's fields when the engine is built).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
@@ -66,6 +67,37 @@ def _transformer_overrides(native: str, trained: bool) -> Call:
     return Call(fn)
 
 
+def _dist_init(p: str, native: str) -> Callable[[Any, Any], None]:
+    """``use_dist_checkpointing``: start from the Megatron distributed checkpoint at
+    ``dist_checkpointing_path`` (``megatron.dist_checkpoint_path``) instead of converting
+    ``model.path``."""
+
+    def fn(v: Any, ctx: Any) -> None:
+        if not v:
+            ctx.note("initial weights come from model.path (converted from Hugging Face format)")
+            return
+        if not ctx.get(f"{p}.dist_checkpointing_path"):
+            raise ctx.error(
+                "the Megatron distributed checkpoint to start from is not given",
+                f"set {p}.dist_checkpointing_path (verl's converter_hf_to_mcore.py output)",
+            )
+        ctx.note(f"initial weights from {native}.dist_checkpoint_path (model.path: architecture)")
+
+    return fn
+
+
+def _dist_key(p: str, native: str) -> Callable[[Any, Any], None]:
+    """``dist_checkpointing_path`` / ``_prefix``: read while ``use_dist_checkpointing`` is on."""
+
+    def fn(v: Any, ctx: Any) -> None:
+        if not ctx.get(f"{p}.use_dist_checkpointing"):
+            ctx.note("no effect here (use_dist_checkpointing is off)")
+        elif v is not None:
+            ctx.write(native, v)
+
+    return fn
+
+
 def _none_string(value: Any, ctx: Any) -> Any:
     """verl's 2025 megatron trainer file writes the reference's ``expert_tensor_parallel_size:
     None`` (a string to YAML); verl's Python config then reads it as None."""
@@ -89,24 +121,9 @@ def _engine(prefix: str, role: str, section: str | None = None) -> dict[str, Rul
             if trained
             else Note("the reference has no optimizer")
         ),
-        f"{p}.use_dist_checkpointing": Inert(
-            (False, None),
-            "initial weights come from model.path (converted from Hugging Face format)",
-            "loading initial weights from a Megatron dist checkpoint is not supported",
-            "set use_dist_checkpointing: false (temper converts the HF checkpoint itself)",
-        ),
-        f"{p}.dist_checkpointing_path": Inert(
-            r.when_off(f"{p}.use_dist_checkpointing"),
-            "use_dist_checkpointing is off",
-            "needs use_dist_checkpointing",
-            "remove it",
-        ),
-        f"{p}.dist_checkpointing_prefix": Inert(
-            r.when_off(f"{p}.use_dist_checkpointing"),
-            "use_dist_checkpointing is off",
-            "needs use_dist_checkpointing",
-            "remove it",
-        ),
+        f"{p}.use_dist_checkpointing": Call(_dist_init(p, native)),
+        f"{p}.dist_checkpointing_path": Call(_dist_key(p, f"{native}.dist_checkpoint_path")),
+        f"{p}.dist_checkpointing_prefix": Call(_dist_key(p, f"{native}.dist_checkpoint_prefix")),
         f"{p}.seed": Note(
             "Megatron's RNG tracker is seeded from experiment.seed; it only feeds dropout "
             "and initialization, and weights come from the checkpoint"

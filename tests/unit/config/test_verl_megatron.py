@@ -186,7 +186,7 @@ def test_override_transformer_config_splits_into_recompute_fields_and_extra() ->
 @pytest.mark.parametrize(
     ("key", "value", "words"),
     [
-        (f"{ACT}.megatron.use_dist_checkpointing", True, "dist checkpoint"),
+        (f"{ACT}.megatron.use_dist_checkpointing", True, "checkpoint to start from is not"),
         (
             f"{ACT}.megatron.override_mcore_model_config",
             {"num_layers": 2},
@@ -200,6 +200,23 @@ def test_rejected(key: str, value: Any, words: str) -> None:
     with pytest.raises(ConfigError) as err:
         translate(**{key.replace(".", "__"): value})
     assert key in str(err.value) and words in str(err.value)
+
+
+@needs_generated
+def test_use_dist_checkpointing_starts_the_role_from_its_path() -> None:
+    tree, notes = translate(
+        **{
+            f"{ACT}.megatron.use_dist_checkpointing".replace(".", "__"): True,
+            f"{ACT}.megatron.dist_checkpointing_path".replace(".", "__"): "/ckpt/mcore",
+        }
+    )
+    assert native(tree, "actor.megatron")["dist_checkpoint_path"] == "/ckpt/mcore"
+    assert any("dist_checkpoint_path" in n for n in notes)
+    tree, notes = translate(
+        **{f"{ACT}.megatron.dist_checkpointing_path".replace(".", "__"): "/ckpt/mcore"}
+    )  # off: the path is read by nothing
+    assert "dist_checkpoint_path" not in native(tree, "actor.megatron")
+    assert any("use_dist_checkpointing is off" in n for n in notes)
 
 
 @needs_generated
