@@ -27,8 +27,8 @@ from temper.algorithms.aggregation import (
     compute_global_normalizers,
 )
 from temper.algorithms.distill import distill_penalty, route_by_tag
-from temper.algorithms.kd import KD_OBJECTIVES, KDParams
 from temper.algorithms.groups import GroupStats, as_group_ids, group_stats
+from temper.algorithms.kd import KD_OBJECTIVES, KDParams
 from temper.algorithms.kl import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -143,7 +143,6 @@ __all__ = [
     "ADV_ESTIMATORS",
     "KD_OBJECTIVES",
     "KL_CONTROLLERS",
-    "KDParams",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "PF_PPO_REWEIGHT",
@@ -162,6 +161,7 @@ __all__ = [
     "FixedKLController",
     "GlobalNormalizers",
     "GroupStats",
+    "KDParams",
     "KLController",
     "KLNeedsLogitsError",
     "LossAggregator",
