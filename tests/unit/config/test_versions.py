@@ -220,10 +220,6 @@ def test_fix_hints_are_in_the_files_dialect():
             V0625 / "recipe/spin/config/spin_trainer.yaml",
             "actor_rollout_ref.actor.dpo_beta: this is a verl SPIN recipe",
         ),
-        (
-            R2508 / "qwen2.5-7B-distill_megatron/distill_megatron.yaml",
-            "student: this is a ROLL distillation pipeline",
-        ),
     ],
 )
 def test_pipelines_without_a_loop_are_named(path, start):
