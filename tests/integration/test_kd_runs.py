@@ -17,6 +17,7 @@ megatron engines of both workers — is the file's.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -114,7 +115,9 @@ def test_roll_distill_file_trains(tmp_path, tiny_model_dir, teacher_dir, monkeyp
     top 64 at weight 0.85, lr 2e-5 constant. The 32 training rows are one step's batch,
     so every step sees the same rows and their divergence to the teacher is comparable."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config = UPSTREAM / "roll-2026-08-8eb27cc/examples/qwen2.5-7B-distill_megatron/distill_megatron.yaml"
+    config = (
+        UPSTREAM / "roll-2026-08-8eb27cc/examples/qwen2.5-7B-distill_megatron/distill_megatron.yaml"
+    )
     out = tmp_path / "roll-kd"
     data = _question_rows(tmp_path / "gsm8k_zh.jsonl", 32)
     parallel = [
@@ -149,5 +152,5 @@ def test_roll_distill_file_trains(tmp_path, tiny_model_dir, teacher_dir, monkeyp
     assert f"{data.name}:line 3: missing column 'answer_zh'" in caplog.text
     assert f"{data.name}:line 6: column 'answer_zh' is null" in caplog.text
     kl = [r["train/distill_loss"] for r in rows]
-    assert all(b < a for a, b in zip(kl, kl[1:])), kl
+    assert all(b < a for a, b in itertools.pairwise(kl)), kl
     assert not _moved(tiny_model_dir, out), "parameters that did not move"
