@@ -67,12 +67,10 @@ def _has(data: dict[str, Any], path: str) -> bool:
 
 
 def _rollout_only(data: dict[str, Any]) -> str | None:
-    """ROLL's rollout pipelines generate (and dump) without training: no actor_train."""
+    """ROLL's rollout pipelines generate (and dump) without training: no actor_train (a
+    ``rollout_mock`` dump file trains, and is an RL file: :mod:`roll_mock`)."""
     if "actor_infer" in data and "actor_train" not in data:
         return "actor_infer"
-    mock = data.get("rollout_mock")
-    if isinstance(mock, dict) and mock.get("enable") and mock.get("mode") == "dump":
-        return "rollout_mock.mode"
     return None
 
 

@@ -28,6 +28,7 @@ from temper.config.dialects.roll_distill import (
     translate_roll_distill,
 )
 from temper.config.dialects.roll_dpo import DPO_TABLE, is_dpo, translate_roll_dpo
+from temper.config.dialects.roll_mock import rollout_mock
 from temper.config.dialects.roll_opd import is_opd, rewrite_opd, user_key
 from temper.config.dialects.roll_sft import SFT_TABLE, is_sft, translate_roll_sft
 from temper.config.dialects.roll_table import ROLL_DEFAULTS, TOP
@@ -99,6 +100,7 @@ def _translate(
     derive.rewards(ctx)
     derive.dynamic_sampling(ctx)
     derive.async_generation(ctx)
+    rollout_mock(ctx)
     if agentic:
         derive.episodes(ctx)
     derive.definitions(ctx, raw, defs)
