@@ -174,8 +174,10 @@ class RemoteReference:
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         return self.group.dispatch("compute_ref_log_probs", batch)
 
-    def compute_top_logits(self, batch: Batch, k: int, scale: float) -> Batch:
-        return self.group.dispatch("compute_top_logits", batch, k=k, scale=scale)
+    def compute_top_logits(
+        self, batch: Batch, k: int, scale: float, vocab: int | None = None
+    ) -> Batch:
+        return self.group.dispatch("compute_top_logits", batch, k=k, scale=scale, vocab=vocab)
 
 
 @dataclass

@@ -63,7 +63,11 @@ def distill_step(run: Run) -> dict[str, float]:
     with t("step"):
         batch, metrics = run.producer.produce(run.step, t)
         with t("teacher"):
-            batch = teacher_of(run).compute_top_logits(batch, cfg.kd.topk, scale)
+            # the tokenizer's tokens only: a teacher's output layer may have padding rows
+            # (ids no student of another size has), as ROLL cuts to the tokenizer's
+            batch = teacher_of(run).compute_top_logits(
+                batch, cfg.kd.topk, scale, vocab=len(run.tokenizer)
+            )
         with t("train"):
             actor = run.roles.actor.distill_update(
                 batch, cfg.kd.objective, params, cfg.kd.loss_weight

@@ -127,10 +127,12 @@ class ReferenceRole(Protocol):
         """A copy of ``batch`` with ``ref_log_probs`` (B, R)."""
         ...
 
-    def compute_top_logits(self, batch: Batch, k: int, scale: float) -> Batch:
+    def compute_top_logits(
+        self, batch: Batch, k: int, scale: float, vocab: int | None = None
+    ) -> Batch:
         """A copy of ``batch`` with ``kd_indices`` and ``kd_teacher_logits`` (B, R, k): the
-        ``k`` most likely token ids at each response token and their logits / ``scale``
-        (a teacher of offline distillation)."""
+        ``k`` most likely token ids ``< vocab`` at each response token and their logits /
+        ``scale`` (a teacher of offline distillation)."""
         ...
 
 

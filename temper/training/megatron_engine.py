@@ -177,7 +177,9 @@ class MegatronEngine(TorchEngine):
         return masked_outputs(out, mb, inp)
 
     @torch.no_grad()
-    def _micro_top_logits(self, mb: Batch, k: int, scale: float) -> dict[str, torch.Tensor]:
+    def _micro_top_logits(
+        self, mb: Batch, k: int, scale: float, vocab: int | None
+    ) -> dict[str, torch.Tensor]:
         """A teacher's top-``k`` logits / ``scale`` over the vocabulary-parallel logits."""
         inp = model_inputs(mb, self.device)
         ids, index = right_align(inp)
@@ -185,7 +187,7 @@ class MegatronEngine(TorchEngine):
         with self._autocast():
             hidden = self.model(ids, positions, None)
         logits = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        values, top = top_vocab(logits.float() / scale, k, self.built.vocab)
+        values, top = top_vocab(logits.float() / scale, k, self.built.vocab, vocab)
         return masked_outputs({"values": values, "ids": top}, mb, inp)
 
     # ------------------------------------------------------------------ collectives

@@ -111,16 +111,20 @@ def gather_vocab(logits: torch.Tensor, ids: torch.Tensor, shard: VocabShard) -> 
 
 
 @torch.no_grad()
-def top_vocab(logits: torch.Tensor, k: int, shard: VocabShard) -> tuple[torch.Tensor, torch.Tensor]:
+def top_vocab(
+    logits: torch.Tensor, k: int, shard: VocabShard, limit: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest logits over the whole vocabulary and their token ids
-    ``(..., k)`` (``k = 0``: every column, in id order, padded ones at −inf), from this
+    ``(..., k)`` among ids ``< limit`` (None: every real one; ``k = 0``: every column, in
+    id order, padded ones at −inf), from this
     rank's slice: each rank's
     own top ``k`` (with global ids), gathered over the TP group, and the top ``k`` of
     those — exact, since the whole top ``k`` lies among the ranks' local ones."""
     # every rank keeps its whole slice width (padded columns at −inf, which the KD
     # objectives mask) so the gathered shapes agree whatever the ranks' valid columns
+    valid = shard.valid if limit is None else max(0, min(shard.valid, limit - shard.start))
     column = torch.arange(shard.width, device=logits.device)
-    z = logits[..., : shard.width].float().masked_fill(column >= shard.valid, float("-inf"))
+    z = logits[..., : shard.width].float().masked_fill(column >= valid, float("-inf"))
     ids = (column + shard.start).expand(z.shape)
     if 0 < k < shard.width:
         z, local = torch.topk(z, k, dim=-1)

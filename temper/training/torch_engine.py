@@ -436,10 +436,18 @@ class TorchEngine(TrainEngine):
 
     @torch.no_grad()
     def top_logits(
-        self, batch: Batch, k: int, scale: float, micro_batching: MicroBatching | None = None
+        self,
+        batch: Batch,
+        k: int,
+        scale: float,
+        micro_batching: MicroBatching | None = None,
+        *,
+        vocab: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A teacher's side of offline distillation: at every response token the ``k``
-        largest logits divided by ``scale`` and their token ids (``k = 0``: every token),
+        largest logits divided by ``scale`` among ids ``< vocab`` (None: every column; the
+        output layer may have padding rows past the tokenizer's tokens, which a student
+        of another size lacks) and their token ids (``k = 0``: every token),
         ``(B, R, k)`` each in batch order, zero on masked tokens
         (:func:`temper.algorithms.kd.teacher_top_logits`)."""
         self.model.eval()
@@ -448,7 +456,7 @@ class TorchEngine(TrainEngine):
         values = ids = torch.empty(0)
         micro, groups = self._split(batch, micro_batching or self.infer_micro)
         for mb, rows in zip(micro, groups):
-            out = self._micro_top_logits(mb, k, scale)
+            out = self._micro_top_logits(mb, k, scale, vocab)
             if not rows:  # a padding micro-batch (collectives only)
                 continue
             if values.numel() == 0:
@@ -460,10 +468,12 @@ class TorchEngine(TrainEngine):
             ids[index] = out["ids"].to(home).long()
         return values, ids
 
-    def _micro_top_logits(self, mb: Batch, k: int, scale: float) -> dict[str, torch.Tensor]:
+    def _micro_top_logits(
+        self, mb: Batch, k: int, scale: float, vocab: int | None
+    ) -> dict[str, torch.Tensor]:
         """``values`` and ``ids`` ``(b, R, k)`` of one micro-batch (:meth:`top_logits`)."""
         inp = model_inputs(mb, self.device)
-        logits = self.response_logits(mb)
+        logits = self.response_logits(mb)[..., :vocab]
         values, ids = teacher_top_logits(logits, k, scale)
         return masked_outputs({"values": values, "ids": ids}, mb, inp)
 

@@ -105,3 +105,21 @@ def test_vocabulary_parallel_helpers_on_one_rank() -> None:
     assert torch.equal(picked, want)
     picked.sum().backward()
     assert z.grad is not None and float(z.grad.sum()) == picked.numel()
+
+
+def test_top_logits_keep_to_the_tokenizers_ids(tiny_path: str) -> None:
+    """``vocab``: only ids below it (an output layer's padding rows past the tokenizer's
+    tokens are ids a student of another size may not have)."""
+    engine = make_engine(tiny_path, train=False)
+    batch = make_batch(PROMPTS, RESPONSES, seed=6)
+    values, ids = engine.top_logits(batch, 4, 1.0, vocab=50)
+    mask = batch["response_mask"] > 0
+    assert int(ids[mask].max()) < 50
+    full, _ = engine.top_logits(batch, 4, 1.0)
+    assert (values[mask] <= full[mask] + 1e-6).all()
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 3, 10, generator=g)
+    shard = VocabShard.of(0, 1, padded=10, vocab=8)
+    top, top_ids = top_vocab(logits, 2, shard, limit=5)
+    want, want_ids = torch.topk(logits[..., :5], 2, dim=-1)
+    assert torch.equal(top, want) and torch.equal(top_ids, want_ids)
