@@ -28,6 +28,7 @@ from temper.algorithms.aggregation import (
 )
 from temper.algorithms.distill import distill_penalty, route_by_tag
 from temper.algorithms.groups import GroupStats, as_group_ids, group_stats
+from temper.algorithms.kd import KD_OBJECTIVES, KDParams
 from temper.algorithms.kl import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -116,6 +117,7 @@ REGISTRIES: dict[str, Registry] = {
     "rollout_correction.rollout_rs_level": ROLLOUT_RS_LEVELS,
     "dpo_loss": PREFERENCE_LOSSES,
     "reward_model_loss": REWARD_MODEL_LOSSES,
+    "kd_objective": KD_OBJECTIVES,
 }
 
 
@@ -139,6 +141,7 @@ def check_name(key: str, name: str) -> str:
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "KD_OBJECTIVES",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
@@ -158,6 +161,7 @@ __all__ = [
     "FixedKLController",
     "GlobalNormalizers",
     "GroupStats",
+    "KDParams",
     "KLController",
     "KLNeedsLogitsError",
     "LossAggregator",

@@ -117,6 +117,22 @@ class RemoteActor(_RemoteTrained):
         self._updates += 1
         return metrics
 
+    def distill_update(
+        self, batch: Batch, objective: str, params: Any, weight: float
+    ) -> dict[str, float]:
+        """Each rank an offline-distillation update on its equal share (the teacher's
+        top-k logits travel with the rows); the ranks' (global) metrics."""
+        shares = self.group.scatter(
+            "distill_update",
+            batch,
+            balance=self.balance,
+            objective=objective,
+            params=params,
+            weight=weight,
+        )
+        self._updates += 1
+        return _mean_metrics(shares)
+
     def dpo_update(self, batch: Batch, loss_type: str, params: Any) -> dict[str, float]:
         """Each rank a preference update on its share of whole pairs (:meth:`_pairs`)."""
         return self._pairs("dpo_update", batch, loss_type, params)
@@ -160,6 +176,11 @@ class RemoteReference:
 
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         return self.group.dispatch(f"{self.prefix}compute_ref_log_probs", batch)
+
+    def compute_top_logits(
+        self, batch: Batch, k: int, scale: float, vocab: int | None = None
+    ) -> Batch:
+        return self.group.dispatch("compute_top_logits", batch, k=k, scale=scale, vocab=vocab)
 
 
 @dataclass

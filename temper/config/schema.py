@@ -1018,6 +1018,47 @@ class DPOConfig:
 
 
 @dataclass
+class KDConfig:
+    """Offline knowledge distillation (pipeline=distill): the student learns given
+    responses (the SFT data, ``sft`` section) from their NLL and from the teacher's
+    distribution over its top-k tokens at the same positions. The teacher is the one entry
+    of ``distill.teachers`` (its model), built as the reference is (``reference.strategy``,
+    its micro-batching, devices ``resources.reference``)."""
+
+    objective: str = doc(
+        "forward_kl",
+        "Divergence of the student from the teacher at each learnt token: forward_kl, "
+        "reverse_kl, skewed_forward_kl, skewed_reverse_kl, js_divergence, adaptive_kl "
+        "(ROLL kd_objective).",
+        registry="kd_objective",
+    )
+    topk: int = doc(
+        64,
+        "The teacher's most likely tokens both distributions are restricted to (each "
+        "renormalised over them); 0: the whole vocabulary (ROLL logits_topk).",
+    )
+    loss_weight: float = doc(
+        0.5,
+        "w in (1 − w)·NLL + w·KD, both token-means over the learnt tokens (ROLL "
+        "distill_loss_weight).",
+    )
+    temperature: float = doc(
+        1.0, "T dividing both models' logits before the divergence (ROLL kd_temperature)."
+    )
+    teacher_temperature: float = doc(
+        1.0, "A further divisor of the teacher's logits (ROLL teacher_temperature)."
+    )
+    adaptive_alpha: float = doc(
+        0.5,
+        "adaptive_kl's tail: the teacher's least likely tokens up to this cumulative "
+        "probability (ROLL adaptive_kl_alpha).",
+    )
+    skew_lambda: float = doc(
+        0.1, "λ of the skewed KLs' mixture of teacher and student (ROLL skew_lambda)."
+    )
+
+
+@dataclass
 class TeacherConfig:
     """A teacher of on-policy distillation: a frozen model that scores the student's
     sampled tokens (a forward pass, built as the reference is: engine
@@ -1174,7 +1215,7 @@ class TemperConfig:
         "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; dpo: "
         "preference pairs; generate: responses to a file (temper generate); eval: scores "
         "of a file of responses (temper eval); reward_model: a Bradley–Terry reward "
-        "model; or your own, "
+        "model; distill: a student on a teacher's logits (offline distillation); or your own, "
         "as a dotted path "
         "(my_pkg.my_module:MyPipeline) or a file (path/to/pipeline.py:MyPipeline).",
     )
@@ -1192,6 +1233,7 @@ class TemperConfig:
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
     dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")
     distill: DistillConfig = sub(DistillConfig, "On-policy distillation from teachers.")
+    kd: KDConfig = sub(KDConfig, "Offline knowledge distillation (pipeline=distill).")
     async_training: AsyncTrainingConfig = sub(
         AsyncTrainingConfig, "Rollout ahead of training by a bounded number of policy versions."
     )

@@ -71,6 +71,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
             "rollout_correction.rollout_rs_level",
             "dpo_loss",
             "reward_model_loss",
+            "kd_objective",
         )
     },
     "strategy": lambda: _registry("temper.training.registry", "ENGINES").names(),

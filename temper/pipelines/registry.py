@@ -47,6 +47,7 @@ PIPELINES.add_lazy("dpo", _builtin("temper.pipelines.dpo"))
 PIPELINES.add_lazy("generate", _builtin("temper.pipelines.generate"))
 PIPELINES.add_lazy("eval", _builtin("temper.pipelines.evaluate"))
 PIPELINES.add_lazy("reward_model", _builtin("temper.pipelines.reward_model"))
+PIPELINES.add_lazy("distill", _builtin("temper.pipelines.distill"))
 
 #: What a producer class must define (the ``Producer`` protocol's methods).
 PRODUCER_METHODS = ("produce", "validate", "dump_rows", "state_dict", "load_state_dict", "close")

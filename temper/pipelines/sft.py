@@ -202,6 +202,12 @@ RL_ONLY = {
 def check(cfg: TemperConfig) -> None:
     """Keys an SFT run would read nothing of are refused with why; then its own limits."""
     refuse_unread(cfg, "sft", UNREAD_SECTIONS, RL_ONLY)
+    check_data(cfg)
+
+
+def check_data(cfg: TemperConfig) -> None:
+    """What a run on SFT rows (SFT, offline distillation) needs: training data, a
+    positive ``sft.max_length``, a cut at one end, conversations under a chat template."""
     data = cfg.data
     if not data.train_files and not cfg.experiment.val_only:
         raise ConfigError(

@@ -26,11 +26,13 @@ sample's policy-gradient loss, like the rollout IS weights do per token.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from temper.algorithms.aggregation import LossAggregator
+from temper.algorithms.kd import KD_OBJECTIVES, KDParams
 from temper.algorithms.kl import kl_estimator_needs_logits, kl_loss, kl_penalty
 from temper.algorithms.masked import masked_mean
 from temper.algorithms.objectives import actor_loss, entropy_loss, nll_loss, sft_loss
@@ -58,6 +60,7 @@ from temper.algorithms.rollout_correction import (
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
+from temper.roles.kd_loss import distill_loss_fn
 from temper.roles.minibatch import (
     StepMetrics,
     mini_batches,
@@ -296,14 +299,30 @@ class Actor:
         micro-batch split, packing or data-parallel shards do not change it. Returns the
         averaged ``actor/*`` metrics; ``actor/loss`` is the mean mini-batch NLL.
         """
+        return self._supervised(batch, self._nll_fn)
+
+    def distill_update(
+        self, batch: Batch, objective: str, params: KDParams, weight: float
+    ) -> dict[str, float]:
+        """An offline-distillation update: :meth:`sft_update`'s mini-batches and steps, the
+        loss ``(1 − weight)·NLL + weight·KD`` (:mod:`temper.roles.kd_loss`; the batch
+        carries the teacher's top-k ``kd_indices`` and ``kd_teacher_logits``). Returns the
+        averaged ``actor/*`` metrics, with ``actor/sft_loss`` and ``actor/distill_loss``."""
+        KD_OBJECTIVES.get(objective)  # an unknown name fails before any forward
+        mode = self.cfg.loss_agg_mode
+        return self._supervised(
+            batch, lambda mini: distill_loss_fn(self.engine, mini, mode, objective, params, weight)
+        )
+
+    def _supervised(self, batch: Batch, make_loss: Callable[[Batch], LossFn]) -> dict[str, float]:
+        """Mini-batches of given targets, one optimizer step each with ``make_loss(mini)``."""
         cfg = self.cfg
         temperature = self._temperature(batch)
         steps = StepMetrics()
         seed = self.seed * 1_000_003 + self.updates
         size = per_rank_mini_batch(cfg.mini_batch_size, self.engine.dp_size)
         for mini in mini_batches(batch, size, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed):
-            loss_fn = self._nll_fn(mini)
-            steps.add(self.engine.train_mini_batch(mini, loss_fn, temperature=temperature))
+            steps.add(self.engine.train_mini_batch(mini, make_loss(mini), temperature=temperature))
         self.updates += 1
         return steps.result("actor")
 

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from temper.algorithms.kd import KDParams
 from temper.algorithms.preference import PreferenceParams
 from temper.algorithms.reward_model import RewardLossParams
 from temper.data.batch import Batch
@@ -81,6 +82,13 @@ class ActorRole(TrainedRole, Protocol):
         """A supervised update: NLL of the batch's target tokens (``response_mask``)."""
         ...
 
+    def distill_update(
+        self, batch: Batch, objective: str, params: KDParams, weight: float
+    ) -> dict[str, float]:
+        """An offline-distillation update: ``(1 − weight)·NLL + weight·KD`` against the
+        teacher's top-k logits the batch carries."""
+        ...
+
     def dpo_update(
         self, batch: Batch, loss_type: str, params: PreferenceParams
     ) -> dict[str, float]:
@@ -119,11 +127,20 @@ class ReferenceRole(Protocol):
         """A copy of ``batch`` with ``ref_log_probs`` (B, R)."""
         ...
 
+    def compute_top_logits(
+        self, batch: Batch, k: int, scale: float, vocab: int | None = None
+    ) -> Batch:
+        """A copy of ``batch`` with ``kd_indices`` and ``kd_teacher_logits`` (B, R, k): the
+        ``k`` most likely token ids ``< vocab`` at each response token and their logits /
+        ``scale`` (a teacher of offline distillation)."""
+        ...
+
 
 class TeacherRole(Protocol):
     """The teachers of on-policy distillation (``temper.roles.teacher.Teachers``)."""
 
     names: list[str]  # teacher t of ``teacher_log_probs[:, t]``
+    teachers: dict[str, ReferenceRole]  # each teacher's role, by name
 
     def compute_teacher_log_probs(self, batch: Batch) -> Batch:
         """A copy of ``batch`` with ``teacher_log_probs`` (B, T, R) and ``teacher_routed``

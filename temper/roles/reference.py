@@ -12,8 +12,9 @@ import contextlib
 import torch
 
 from temper.data.batch import Batch
+from temper.roles.kd_loss import TEACHER_LOGITS
 from temper.training.base import TrainEngine
-from temper.training.micro_batching import MicroBatching
+from temper.training.micro_batching import KD_INDICES, MicroBatching
 
 
 class Reference:
@@ -53,3 +54,14 @@ class Reference:
                 batch, temperature=t if t > 0 else 1.0, micro_batching=self.micro_batching
             )
         return batch.union(Batch.from_dict({"ref_log_probs": out["log_probs"]}))
+
+    def compute_top_logits(
+        self, batch: Batch, k: int, scale: float, vocab: int | None = None
+    ) -> Batch:
+        """A copy of ``batch`` with a teacher's side of offline distillation: ``kd_indices``
+        (its ``k`` most likely token ids at each response token; 0: every token) and
+        ``kd_teacher_logits`` (its logits there divided by ``scale``), ``(B, R, k)``, among
+        token ids ``< vocab`` (None: every column of its output layer)."""
+        with self._context():
+            values, ids = self.engine.top_logits(batch, k, scale, self.micro_batching, vocab=vocab)
+        return batch.union(Batch.from_dict({KD_INDICES: ids, TEACHER_LOGITS: values}))

@@ -84,6 +84,23 @@ class TrainEngine(abc.ABC):
         inference micro-batching (the reference may share the actor's engine)."""
 
     @abc.abstractmethod
+    def top_logits(
+        self,
+        batch: Batch,
+        k: int,
+        scale: float,
+        micro_batching: MicroBatching | None = None,
+        *,
+        vocab: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """No-grad: at every response token the ``k`` largest logits divided by ``scale``
+        among token ids ``< vocab`` (None: every column of the output layer) and their ids
+        (``k = 0``: every token), ``(B, R, k)`` each in batch order,
+        zero on masked tokens — a teacher's side of offline distillation. A training
+        forward of a batch holding those ids (``kd_indices``) returns the model's own
+        logits at them (``kd_logits``, differentiable)."""
+
+    @abc.abstractmethod
     def train_mini_batch(
         self, batch: Batch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = False
     ) -> dict[str, float]:

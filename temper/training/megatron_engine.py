@@ -64,12 +64,14 @@ from temper.training.megatron_pipeline import (
     sync_tied_grads,
     train_forward_backward,
 )
-from temper.training.megatron_vocab import log_probs_and_entropy
+from temper.training.megatron_vocab import gather_vocab, log_probs_and_entropy, top_vocab
 from temper.training.micro_batching import (
+    KD_INDICES,
+    KD_LOGITS,
     MicroBatching,
     ModelInputs,
+    masked_outputs,
     model_inputs,
-    pad_response,
     split_micro_batches,
 )
 from temper.training.spec import EngineSpec
@@ -212,16 +214,26 @@ class MegatronEngine(TorchEngine):
                 with_entropy=with_entropy,
             )
             out["log_probs"] = log_p
+            if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
+                ids = mb[KD_INDICES][:, : inp.response_len].to(self.device)
+                out[KD_LOGITS] = gather_vocab(logits, ids, self.built.vocab)
             if entropy is not None:
                 out["entropy"] = entropy if entropy_grad else entropy.detach()
-        mask = mb["response_mask"][:, : inp.response_len].to(self.device) > 0
-        return {
-            k: pad_response(
-                torch.where(mask, v.float(), torch.zeros_like(v, dtype=torch.float32)),
-                inp.full_response_len,
-            )
-            for k, v in out.items()
-        }
+        return masked_outputs(out, mb, inp)
+
+    @torch.no_grad()
+    def _micro_top_logits(
+        self, mb: Batch, k: int, scale: float, vocab: int | None
+    ) -> dict[str, torch.Tensor]:
+        """A teacher's top-``k`` logits / ``scale`` over the vocabulary-parallel logits."""
+        inp = model_inputs(mb, self.device)
+        ids, index = right_align(inp)
+        positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        with self._autocast():
+            hidden = self.model(ids, positions, None)
+        logits = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        values, top = top_vocab(logits.float() / scale, k, self.built.vocab, vocab)
+        return masked_outputs({"values": values, "ids": top}, mb, inp)
 
     def _run(
         self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True

@@ -25,6 +25,7 @@ local ``Σ (e/S)·z``. Padded vocabulary columns
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -93,3 +94,51 @@ def log_probs_and_entropy(
     # function to the same reduced values (what makes identity-backward reductions exact)
     expected_z = _tp_sum((exp * z).sum(dim=-1), shard) / total
     return log_p, lse - expected_z
+
+
+def gather_vocab(logits: torch.Tensor, ids: torch.Tensor, shard: VocabShard) -> torch.Tensor:
+    """The logits ``z[..., ids]`` ``(..., k)`` of token ids over the whole vocabulary,
+    from this rank's slice ``(..., shard.width)``: each rank contributes the ids it owns
+    (zero elsewhere) and the TP sum completes them — differentiable, each rank's backward
+    reaching only its own columns (module doc)."""
+    local = ids - shard.start
+    mine = (local >= 0) & (local < shard.valid)
+    if shard.valid:
+        picked = logits[..., : shard.valid].float().gather(-1, local.clamp(0, shard.valid - 1))
+    else:
+        picked = torch.zeros(ids.shape, device=logits.device)
+    return _tp_sum(torch.where(mine, picked, torch.zeros_like(picked)), shard)
+
+
+@torch.no_grad()
+def top_vocab(
+    logits: torch.Tensor, k: int, shard: VocabShard, limit: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest logits over the whole vocabulary and their token ids
+    ``(..., k)`` among ids ``< limit`` (None: every real one; ``k = 0``: every column, in
+    id order, padded ones at −inf), from this
+    rank's slice: each rank's
+    own top ``k`` (with global ids), gathered over the TP group, and the top ``k`` of
+    those — exact, since the whole top ``k`` lies among the ranks' local ones."""
+    # every rank keeps its whole slice width (padded columns at −inf, which the KD
+    # objectives mask) so the gathered shapes agree whatever the ranks' valid columns
+    valid = shard.valid if limit is None else max(0, min(shard.valid, limit - shard.start))
+    column = torch.arange(shard.width, device=logits.device)
+    z = logits[..., : shard.width].float().masked_fill(column >= valid, float("-inf"))
+    ids = (column + shard.start).expand(z.shape)
+    if 0 < k < shard.width:
+        z, local = torch.topk(z, k, dim=-1)
+        ids = local + shard.start
+    if shard.group is None:
+        return z, ids
+    group: Any = shard.group  # a ProcessGroup (VocabShard keeps it untyped)
+    tp = dist.get_world_size(group)
+    values = [torch.empty_like(z) for _ in range(tp)]
+    indices = [torch.empty_like(ids) for _ in range(tp)]
+    dist.all_gather(values, z.contiguous(), group=shard.group)
+    dist.all_gather(indices, ids.contiguous(), group=shard.group)
+    all_z, all_ids = torch.cat(values, dim=-1), torch.cat(indices, dim=-1)
+    if k <= 0 or k >= all_z.shape[-1]:
+        return all_z, all_ids
+    top, where = torch.topk(all_z, k, dim=-1)
+    return top, all_ids.gather(-1, where)

@@ -174,16 +174,41 @@ def model_inputs(batch: Batch, device: torch.device) -> ModelInputs:
 
 
 def pad_response(x: torch.Tensor, full_len: int) -> torch.Tensor:
-    """Right-pad a ``(b, R')`` per-response-token tensor with zeros back to ``(b, R)``."""
+    """Right-pad a ``(b, R', …)`` per-response-token tensor with zeros back to ``(b, R, …)``."""
     if x.shape[1] == full_len:
         return x
-    return torch.nn.functional.pad(x, (0, full_len - x.shape[1]))
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, full_len - x.shape[1]))
+
+
+#: Batch key of offline distillation's teacher token ids per response token ``(B, R, k)``:
+#: a training forward given it also returns the model's logits at those ids (``KD_LOGITS``).
+KD_INDICES = "kd_indices"
+#: Output key of the model's logits at ``KD_INDICES``, ``(B, R, k)``, differentiable.
+KD_LOGITS = "kd_logits"
+
+
+def masked_outputs(
+    out: dict[str, torch.Tensor], mb: Batch, inp: ModelInputs
+) -> dict[str, torch.Tensor]:
+    """A micro-batch's per-response-token outputs ``(b, r, …)`` (floats as float32), zero where
+    ``response_mask`` is 0, right-padded to the batch's response length ``(b, R, …)``."""
+    mask = mb["response_mask"][:, : inp.response_len].to(inp.input_ids.device) > 0
+    result = {}
+    for k, v in out.items():
+        m = mask.reshape(mask.shape + (1,) * (v.dim() - 2))
+        value = v.float() if v.is_floating_point() else v  # token ids stay integers
+        kept = torch.where(m, value, torch.zeros_like(value))
+        result[k] = pad_response(kept, inp.full_response_len)
+    return result
 
 
 __all__ = [
+    "KD_INDICES",
+    "KD_LOGITS",
     "MicroBatching",
     "ModelInputs",
     "first_fit_decreasing",
+    "masked_outputs",
     "micro_batch_indices",
     "model_inputs",
     "pad_response",

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from temper.algorithms.kd import teacher_top_logits
 from temper.algorithms.logprobs import (
     DEFAULT_CHUNK,
     entropy_from_logits,
@@ -39,10 +40,12 @@ from temper.data.batch import Batch
 from temper.training.base import LossFn, NonFiniteError, TrainEngine
 from temper.training.hf_export import save_hf_dir
 from temper.training.micro_batching import (
+    KD_INDICES,
+    KD_LOGITS,
     MicroBatching,
     ModelInputs,
+    masked_outputs,
     model_inputs,
-    pad_response,
     split_micro_batches,
 )
 from temper.training.models import (
@@ -378,6 +381,9 @@ class TorchEngine(TrainEngine):
                 if packed is None:  # (b, r, V) -> (K, V): padding costs no softmax
                     logits = logits[:, :r][valid]
                 out["log_probs"] = logprobs_from_logits(logits, labels, temperature=temperature)
+                if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
+                    ids = mb[KD_INDICES][:, :r].to(self.device)[valid]
+                    out[KD_LOGITS] = logits.gather(-1, ids)
                 if self.kl_reference is not None and not self._adapters_off:  # the exact KL
                     ref = self.kl_reference.response_logits(mb)
                     out["full_kl"] = full_kl_from_logits(
@@ -400,14 +406,7 @@ class TorchEngine(TrainEngine):
                         )
         if packed is not None or not self.spec.value_head:  # (K, …) -> (b, r, …)
             out = {k: unpack(v, valid) for k, v in out.items()}
-        mask = mb["response_mask"][:, :r].to(self.device) > 0
-        return {
-            k: pad_response(
-                torch.where(mask, v.float(), torch.zeros_like(v, dtype=torch.float32)),
-                inp.full_response_len,
-            )
-            for k, v in out.items()
-        }
+        return masked_outputs(out, mb, inp)
 
     @torch.no_grad()
     def response_logits(self, batch: Batch) -> torch.Tensor:
@@ -434,6 +433,49 @@ class TorchEngine(TrainEngine):
                 "position_ids": packed.position_ids,
             }
             return unpack(self._logits(model_in, packed.keep), packed.valid)
+
+    @torch.no_grad()
+    def top_logits(
+        self,
+        batch: Batch,
+        k: int,
+        scale: float,
+        micro_batching: MicroBatching | None = None,
+        *,
+        vocab: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A teacher's side of offline distillation: at every response token the ``k``
+        largest logits divided by ``scale`` among ids ``< vocab`` (None: every column; the
+        output layer may have padding rows past the tokenizer's tokens, which a student
+        of another size lacks) and their token ids (``k = 0``: every token),
+        ``(B, R, k)`` each in batch order, zero on masked tokens
+        (:func:`temper.algorithms.kd.teacher_top_logits`)."""
+        self.model.eval()
+        b, r = batch["response_ids"].shape
+        home = batch["response_ids"].device
+        values = ids = torch.empty(0)
+        micro, groups = self._split(batch, micro_batching or self.infer_micro)
+        for mb, rows in zip(micro, groups):
+            out = self._micro_top_logits(mb, k, scale, vocab)
+            if not rows:  # a padding micro-batch (collectives only)
+                continue
+            if values.numel() == 0:
+                width = out["values"].shape[-1]
+                values = torch.zeros(b, r, width, dtype=torch.float32, device=home)
+                ids = torch.zeros(b, r, width, dtype=torch.long, device=home)
+            index = torch.as_tensor(rows, device=home)
+            values[index] = out["values"].to(home)
+            ids[index] = out["ids"].to(home).long()
+        return values, ids
+
+    def _micro_top_logits(
+        self, mb: Batch, k: int, scale: float, vocab: int | None
+    ) -> dict[str, torch.Tensor]:
+        """``values`` and ``ids`` ``(b, R, k)`` of one micro-batch (:meth:`top_logits`)."""
+        inp = model_inputs(mb, self.device)
+        logits = self.response_logits(mb)[..., :vocab]
+        values, ids = teacher_top_logits(logits, k, scale)
+        return masked_outputs({"values": values, "ids": ids}, mb, inp)
 
     @torch.no_grad()
     def forward(

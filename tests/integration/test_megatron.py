@@ -398,3 +398,41 @@ def test_checkpoint_resumes_at_another_tensor_parallel_size(tiny_path: str, tmp_
     assert not torch.equal(
         trained["w1"]["model.embed_tokens.weight"], trained["w2"]["model.embed_tokens.weight"]
     )
+
+
+# ----------------------------------------------------------------------- distillation
+
+
+def _kd_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    from temper.algorithms.kd import KDParams
+    from temper.roles.kd_loss import TEACHER_LOGITS
+    from temper.training.micro_batching import KD_INDICES
+
+    actor = make_actor(path, "megatron", tp=2)
+    values, ids = actor.engine.top_logits(batch, 5, 0.5)
+    work = batch.union(Batch.from_dict({KD_INDICES: ids, TEACHER_LOGITS: values}))
+    metrics = actor.distill_update(work, "forward_kl", KDParams(teacher_temperature=0.5), 0.5)
+    full = weights(actor.engine)
+    return {"values": values, "ids": ids, "metrics": metrics, "weights": full} if rank == 0 else {}
+
+
+def test_offline_distillation_at_tp2_matches_torch_engine(tiny_path: str) -> None:
+    """The vocabulary-parallel top-k of a teacher forward and gather of a student's logits
+    at the teacher's ids (offline distillation) at TP=2 give the torch engine's top-k, loss
+    and weights (the model as its own teacher at half the temperature: a divergence > 0)."""
+    from temper.algorithms.kd import KDParams
+    from temper.roles.kd_loss import TEACHER_LOGITS
+    from temper.training.micro_batching import KD_INDICES
+
+    batch = make_batch(seed=5)
+    single = make_actor(tiny_path, "torch")
+    values, ids = single.engine.top_logits(batch, 5, 0.5)
+    work = batch.union(Batch.from_dict({KD_INDICES: ids, TEACHER_LOGITS: values}))
+    ref = single.distill_update(work, "forward_kl", KDParams(teacher_temperature=0.5), 0.5)
+    assert ref["actor/distill_loss"] > 0.01
+    (got, _) = spawn_ranks(_kd_rank, 2, tiny_path, batch)
+    torch.testing.assert_close(got["values"], values, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got["ids"], ids)
+    for k in ("actor/loss", "actor/distill_loss", "actor/sft_loss", "actor/grad_norm"):
+        assert got["metrics"][k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), k
+    assert_close_weights(got["weights"], weights(single.engine))

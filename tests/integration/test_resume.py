@@ -42,7 +42,18 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / len(solution_str)
 '''
 STEPS = 6
-ALGOS = ("grpo", "gae", "agentic", "sft", "dpo", "distill", "reward_model", "grpo_k1", "agentic_k2")
+ALGOS = (
+    "grpo",
+    "gae",
+    "agentic",
+    "sft",
+    "dpo",
+    "distill",
+    "kd",
+    "reward_model",
+    "grpo_k1",
+    "agentic_k2",
+)
 #: Asynchronous runs (the rollout ahead of training by k versions): the batches ahead are
 #: in the checkpoint, so the resumed run trains on the very batches the uninterrupted one did.
 AHEAD = {"grpo_k1": ("grpo", 1), "agentic_k2": ("agentic", 2)}
@@ -151,6 +162,15 @@ def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
         pick = {"sft": _sft_config, "dpo": _dpo_config, "reward_model": _reward_model_config}
         cfg = pick[algo]()
         cfg["model"] = {"path": str(model_dir)}
+        build_config(cfg)
+        return cfg
+    if algo == "kd":  # offline distillation: SFT rows, a frozen teacher's top-k logits
+        from temper.utils.tiny import make_tiny_model
+
+        cfg = {**_sft_config(), "pipeline": "distill", "model": {"path": str(model_dir)}}
+        teacher = make_tiny_model(tmp / "kd-teacher", hidden_size=32, seed=7)
+        cfg["distill"] = {"teachers": {"default": {"model_path": str(teacher)}}}
+        cfg["kd"] = {"objective": "js_divergence", "topk": 8, "loss_weight": 0.7}
         build_config(cfg)
         return cfg
     if algo == "agentic":

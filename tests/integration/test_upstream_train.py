@@ -141,6 +141,32 @@ def test_roll_rlvr_file_trains(tmp_path, tiny_model_dir, monkeypatch):
 
 
 @pytest.mark.slow
+def test_roll_rollout_mock_dump_file_trains_and_dumps(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's RLVR rollout-dump example (2026-08, rollout_mock mode dump): it trains as
+    usual and writes every step's generations under <dump_dir>/train."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM
+        / "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_rollout_mock_dump.yaml"
+    )
+    out = tmp_path / "roll-rlvr-dump"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        "response_length=8",
+        f"actor_train.data_args.file_name=[{TRAIN}]",  # data
+        "actor_train.data_args.messages=prompt",
+        f"validation.data_args.file_name=[{VAL}]",
+        "validation.data_args.messages=prompt",
+        f"rollout_mock.dump_dir={out / 'dumps'}",  # outputs
+    ]
+    _train(config, overrides, out)
+    for step in (1, 2):
+        rows = (out / "dumps" / "train" / f"{step}.jsonl").read_text().splitlines()
+        assert len(rows) == 8 * 8  # rollout_batch_size prompts × 8 responses
+        assert {"prompt", "response", "score", "advantage"} <= set(json.loads(rows[0]))
+
+
+@pytest.mark.slow
 def test_roll_agentic_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     """ROLL's single-node FrozenLake agentic demo (2026-08): FrozenLake episodes, scored
     per trajectory, trained with grpo (reinforce over reward_normalization)."""

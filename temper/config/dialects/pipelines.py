@@ -3,10 +3,11 @@
 temper runs RL — the ``rlvr`` pipeline (PPO, GRPO and relatives, single-turn, verl's
 ``main_ppo`` and ROLL's RLVR pipeline) and the ``agentic`` one (multi-turn episodes) —
 supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline), DPO
-(``dpo``: ROLL's DPO pipeline), on-policy distillation (RL with teachers: ROLL's OPD
-files) and verl's generation and evaluation entry points (``generate``, ``eval``), which
-the dialects translate. verl and ROLL ship other trainers too — offline distillation,
-ROLL's rollout-only runs, self-play recipes. Their configs reuse many RL keys, so a
+(``dpo``: ROLL's DPO pipeline), offline distillation (``distill``: ROLL's distill
+pipeline), on-policy distillation (RL with teachers: ROLL's OPD files) and verl's
+generation and evaluation entry points (``generate``, ``eval``), which the dialects
+translate. verl and ROLL ship other trainers too — ROLL's rollout-only runs, self-play
+recipes. Their configs reuse many RL keys, so a
 key-by-key translation would fail on some key deep inside with "unknown key, did you mean
 …", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
@@ -19,10 +20,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from temper.config.dialects.roll_opd import is_opd
 from temper.config.errors import ConfigError
 
-RUNS = "temper runs the rlvr (PPO, GRPO, …), agentic, sft and dpo pipelines, and generate and eval"
+RUNS = (
+    "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, distill and reward_model "
+    "pipelines, and generate and eval"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +67,10 @@ def _has(data: dict[str, Any], path: str) -> bool:
 
 
 def _rollout_only(data: dict[str, Any]) -> str | None:
-    """ROLL's rollout pipelines generate (and dump) without training: no actor_train."""
+    """ROLL's rollout pipelines generate (and dump) without training: no actor_train (a
+    ``rollout_mock`` dump file trains, and is an RL file: :mod:`roll_mock`)."""
     if "actor_infer" in data and "actor_train" not in data:
         return "actor_infer"
-    mock = data.get("rollout_mock")
-    if isinstance(mock, dict) and mock.get("enable") and mock.get("mode") == "dump":
-        return "rollout_mock.mode"
     return None
 
 
@@ -79,17 +80,7 @@ def _diffusion(data: dict[str, Any]) -> str | None:
     return None
 
 
-def _roll_offline_distill(data: dict[str, Any]) -> str | None:
-    """ROLL's (offline) distillation pipeline; an on-policy distillation file, which has a
-    ``teacher`` too, is an RL file (``roll_opd``)."""
-    if is_opd(data):
-        return None
-    keys = ("student", "teacher", "student_pretrain", "teacher_pretrain", "kd_objective")
-    return _any_key(*keys)(data)
-
-
 ROLL_SHAPES = (
-    Shape("ROLL distillation pipeline", "a student on a teacher's logits", _roll_offline_distill),
     Shape("ROLL Reward-FL pipeline", "a diffusion model by reward feedback learning", _diffusion),
     Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
 )

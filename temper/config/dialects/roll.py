@@ -22,7 +22,13 @@ from temper.config.dialects import Translation
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_devices import parse_device_mapping
+from temper.config.dialects.roll_distill import (
+    DISTILL_TABLE,
+    is_distill,
+    translate_roll_distill,
+)
 from temper.config.dialects.roll_dpo import DPO_TABLE, is_dpo, translate_roll_dpo
+from temper.config.dialects.roll_mock import rollout_mock
 from temper.config.dialects.roll_opd import is_opd, rewrite_opd, user_key
 from temper.config.dialects.roll_sft import SFT_TABLE, is_sft, translate_roll_sft
 from temper.config.dialects.roll_table import ROLL_DEFAULTS, TOP
@@ -38,7 +44,7 @@ REVERSE = RL_TABLE.reverse
 
 def translate_roll(raw: RawConfig, catalog: Catalog | None = None) -> Translation:
     """Translate a ROLL pipeline config (see the module docstring) — RLVR, agentic, SFT
-    (:mod:`roll_sft`), DPO (:mod:`roll_dpo`) or on-policy distillation (:mod:`roll_opd`),
+    (:mod:`roll_sft`), DPO (:mod:`roll_dpo`), offline distillation (:mod:`roll_distill`) or on-policy distillation (:mod:`roll_opd`),
     whose messages name the file's own keys (``student_train``, ``teacher``), not those of
     the RL file it is rewritten into. ROLL's rules read no registry, so ``catalog`` (the
     dialect interface's) is not needed."""
@@ -46,6 +52,8 @@ def translate_roll(raw: RawConfig, catalog: Catalog | None = None) -> Translatio
         return translate_roll_sft(raw)
     if is_dpo(raw.data):
         return translate_roll_dpo(raw)
+    if is_distill(raw.data) and not is_opd(raw.data):
+        return translate_roll_distill(raw)
     if not is_opd(raw.data):
         return _translate(raw, dict(raw.data))
     given, distill, notes = rewrite_opd(raw.data)
@@ -92,6 +100,7 @@ def _translate(
     derive.rewards(ctx)
     derive.dynamic_sampling(ctx)
     derive.async_generation(ctx)
+    rollout_mock(ctx)
     if agentic:
         derive.episodes(ctx)
     derive.definitions(ctx, raw, defs)
@@ -115,4 +124,9 @@ def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
     """What ROLL key ``key`` becomes here: (native keys it sets, how), or None when the
     table has no such key (``temper check --explain``; the RL pipelines' table first,
     then the SFT pipeline's, then the DPO pipeline's)."""
-    return RL_TABLE.meaning(key) or SFT_TABLE.meaning(key) or DPO_TABLE.meaning(key)
+    return (
+        RL_TABLE.meaning(key)
+        or SFT_TABLE.meaning(key)
+        or DPO_TABLE.meaning(key)
+        or DISTILL_TABLE.meaning(key)
+    )

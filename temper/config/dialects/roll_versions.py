@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.roll_mock import RULES as ROLLOUT_MOCK
 from temper.config.dialects.roll_pg import PARAM_RULES
 from temper.config.dialects.roll_rules import (
     ATTN,
@@ -420,13 +421,7 @@ ADDITIONS: dict[str, Rule] = {
         "ROLL's OPD launcher picks the RLVR or agentic config class with it; here the "
         "file's train_env_manager picks the pipeline"
     ),
-    "rollout_mock.enable": Reject(
-        "replaying mocked rollouts is not supported",
-        "set rollout_mock.enable: false",
-        ok=lambda v: not v,
-    ),
-    "rollout_mock.mode": Note("used only with rollout_mock.enable"),
-    "rollout_mock.dump_dir": Note("used only with rollout_mock.enable"),
+    **ROLLOUT_MOCK,
     **_generating("actor_infer"),
     **_generating("reference"),
     **_generating("validation"),

@@ -213,22 +213,37 @@ def test_fix_hints_are_in_the_files_dialect():
     "path, start",
     [
         (
-            R2508 / "qwen2.5-7B-rlvr_megatron/rlvr_rollout_mock_dump.yaml",
-            "rollout_mock.mode: this is a ROLL rollout pipeline",
+            R2508 / "qwen2.5-0.5B-agentic/agentic_rollout_sokoban.yaml",
+            "actor_infer: this is a ROLL rollout pipeline",
         ),
         (
             V0625 / "recipe/spin/config/spin_trainer.yaml",
             "actor_rollout_ref.actor.dpo_beta: this is a verl SPIN recipe",
-        ),
-        (
-            R2508 / "qwen2.5-7B-distill_megatron/distill_megatron.yaml",
-            "student: this is a ROLL distillation pipeline",
         ),
     ],
 )
 def test_pipelines_without_a_loop_are_named(path, start):
     msg = refusal(path)
     assert msg.startswith(start) and "a pipeline temper has no loop for" in msg
+
+
+def test_rollout_mock_dump_files_train_and_write_their_generations():
+    """ROLL's rollout_mock dump mode trains as usual and writes every step's batch: here
+    the generation dumps under <dump_dir>/train and /val; replaying a dump is refused."""
+    loaded = load(R2508 / "qwen2.5-7B-rlvr_megatron/rlvr_rollout_mock_dump.yaml")
+    exp = loaded.config.experiment
+    assert loaded.config.pipeline == "rlvr"
+    assert exp.rollout_data_dir == "./output/rollout_dumps/rlvr_baseline_v1/train"
+    assert exp.validation_data_dir == "./output/rollout_dumps/rlvr_baseline_v1/val"
+    assert noted(loaded, "not ROLL's pickled DataProto")
+    msg = refusal(
+        R2508 / "qwen2.5-7B-rlvr_megatron/rlvr_rollout_mock_dump.yaml", "rollout_mock.mode=mock"
+    )
+    assert msg.startswith("rollout_mock.mode: 'mock' replays ROLL's pickled batches")
+    off = load(
+        R2508 / "qwen2.5-7B-rlvr_megatron/rlvr_rollout_mock_dump.yaml", "rollout_mock.enable=false"
+    )
+    assert off.config.experiment.rollout_data_dir is None
 
 
 def test_generation_and_evaluation_configs_are_their_pipelines():

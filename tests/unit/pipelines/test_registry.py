@@ -41,6 +41,7 @@ def test_builtin_records_declare_their_needs():
         "generate",
         "eval",
         "reward_model",
+        "distill",
     ]
     agentic = resolve_pipeline("agentic")
     assert agentic.sections == frozenset({"agentic", "distill", "async_training"})
@@ -58,7 +59,10 @@ def test_builtin_records_declare_their_needs():
     dpo = resolve_pipeline("dpo")
     assert dpo.step is dpo_step and dpo.uses == frozenset({"reference", "reference_always"})
     assert dpo.sections == frozenset({"dpo"}) and dpo.curve == "train/rewards/margin"
-    for name in ("rlvr", "agentic", "sft", "dpo"):
+    distill = resolve_pipeline("distill")  # offline: SFT rows and the teacher's logits
+    assert distill.uses == frozenset() and distill.curve == "train/distill_loss"
+    assert distill.sections == frozenset({"sft", "kd", "distill"})
+    for name in ("rlvr", "agentic", "sft", "dpo", "distill"):
         assert resolve_pipeline(name).command == "train" and resolve_pipeline(name).main is None
     generate, evaluate = resolve_pipeline("generate"), resolve_pipeline("eval")
     assert generate.command == "generate" and generate.uses == {"rollout", "no_training"}

@@ -77,7 +77,7 @@ def test_keys_an_sft_run_would_not_read_are_refused(over, key, reason):
 
 def test_the_sft_section_is_refused_under_rl():
     cfg = {"model": {"path": "m"}, "data": {"train_files": ["t"]}, "sft": {"max_length": 64}}
-    with pytest.raises(ConfigError, match="configures the sft pipeline") as err:
+    with pytest.raises(ConfigError, match="configures the sft or distill pipeline") as err:
         build_config(cfg)
     assert err.value.key == "sft"
 
