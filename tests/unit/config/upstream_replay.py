@@ -148,6 +148,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("megatron: context parallel", r"context-parallel attention cannot run"),
     ("megatron: expert parallel (MoE)", r"expert parallelism needs a mixture-of-experts model"),
     ("megatron: dist-checkpoint unset", r"distributed checkpoint to start from is not given"),
+    ("distill: pipeline-parallel teacher", r"teacher's top-k logits come from one forward"),
     ("megatron: lora", r"LoRA is not supported by the megatron engine|Megatron-Bridge LoRA"),
     ("megatron: fsdp", r"Megatron-FSDP"),
     ("engine: fsdp_turbo", r"fsdp_turbo engine"),
