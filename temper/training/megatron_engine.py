@@ -56,6 +56,7 @@ from temper.training.megatron_check import (
 )
 from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
+from temper.training.megatron_moe import is_expert_param
 from temper.training.megatron_parallel import init_parallel
 from temper.training.megatron_pipeline import (
     StageLink,
@@ -99,10 +100,12 @@ class MegatronEngine(TorchEngine):
     """Causal LM or value model on Megatron-Core, tensor × data parallel."""
 
     built: MegatronModel  # the GPTModel and its conversion maps (set by _load_model)
+    _aux_scales: list[float]  # router-loss weight of the micro-batches still to backward
     supports_full_kl = False  # its own _run: no exact KL (refused at check)
 
     def __init__(self, spec: EngineSpec) -> None:
         check_engine_spec(spec)
+        self._aux_scales = []
         device = spec.device
         if device.type == "cuda":
             import os
@@ -277,6 +280,7 @@ class MegatronEngine(TorchEngine):
             lambda mb, out: loss_fn(mb.to(self.device), out),
             all_min=lambda flags: self._all_reduce(flags, dist.ReduceOp.MIN),
             role=self.spec.role,
+            before_backward=lambda i: self._set_aux_loss_scale(),
         )
 
     # ------------------------------------------------------------------ collectives
@@ -315,11 +319,35 @@ class MegatronEngine(TorchEngine):
                 "group pads batches so that every rank gets at least one"
             )
         micro, groups = split_micro_batches(batch, spec)
-        if self.parallel.world == 1:
-            return micro, groups
-        (most,) = self._all_reduce([float(len(micro))], dist.ReduceOp.MAX)
-        pad = int(most) - len(micro)
-        return [*micro, *[micro[-1]] * pad], [*groups, *[[] for _ in range(pad)]]
+        if self.parallel.world > 1:
+            (most,) = self._all_reduce([float(len(micro))], dist.ReduceOp.MAX)
+            pad = int(most) - len(micro)
+            micro, groups = [*micro, *[micro[-1]] * pad], [*groups, *[[] for _ in range(pad)]]
+        if self.built.layout.moe is not None:
+            self._aux_scales = self._moe_aux_loss_scales(groups)
+        return micro, groups
+
+    def _moe_aux_loss_scales(self, groups: list[list[int]]) -> list[float]:
+        """The weight of each micro-batch's router losses (auxiliary and z-loss) in the
+        mini-batch loss: Megatron scales them by 1 / micro-batches and averages gradients
+        over DP — their mean over the DP group's micro-batches; 0 for padding ones."""
+        real = float(sum(1 for g in groups if g))
+        (total,) = self.global_sum([real])
+        return [1.0 / total if g and total else 0.0 for g in groups]
+
+    def _set_aux_loss_scale(self) -> None:
+        """Before a micro-batch's backward: its router losses' weight (Megatron's
+        ``MoEAuxLossAutoScaler`` reads it in the backward, where the losses' gradient
+        joins the main loss's)."""
+        if not self._aux_scales:
+            return
+        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(self._aux_scales.pop(0)))
+
+    def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        self._set_aux_loss_scale()
+        super()._backward(loss, last=last)
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         if self.parallel.world == 1:
@@ -334,20 +362,18 @@ class MegatronEngine(TorchEngine):
         sync_tied_grads(self.link, self._tied_param)
 
     def _reduce_dp_grads(self) -> None:
-        """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype)."""
-        if self.parallel.dp == 1:
-            return
-        grads = [p.grad for p in self.trainable_parameters() if p.grad is not None]
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
-        for group in by_dtype.values():
-            flat = torch.cat([g.reshape(-1) for g in group])
-            dist.all_reduce(flat, group=self.parallel.dp_group)
-            offset = 0
-            for g in group:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+        """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype); an
+        MoE model's expert weights over the expert-data-parallel group instead (the ranks
+        holding the same experts: DP / EP of them)."""
+        p = self.parallel
+        dense: list[torch.Tensor] = []
+        experts: list[torch.Tensor] = []
+        for name, param in self.model.named_parameters():
+            if param.grad is None or not param.requires_grad:
+                continue
+            (experts if p.ep > 1 and is_expert_param(name) else dense).append(param.grad)
+        _all_reduce_flat(dense, p.dp_group, p.dp)
+        _all_reduce_flat(experts, p.expert_dp_group, p.expert_dp)
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
         """Global L2 norm over the model-parallel shards (TP duplicates counted once),
@@ -361,12 +387,22 @@ class MegatronEngine(TorchEngine):
             for p in params
             if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not copy
         ]
+        experts = {id(p.grad) for n, p in self.model.named_parameters() if is_expert_param(n)}
+        split = self.parallel.ep > 1
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        sq_experts = torch.zeros((), dtype=torch.float64, device=self.device)
         for g in counted:
-            sq += g.detach().double().pow(2).sum()
+            if split and id(g) in experts:
+                sq_experts += g.detach().double().pow(2).sum()
+            else:
+                sq += g.detach().double().pow(2).sum()
         if self.parallel.tp > 1 or self.parallel.pp > 1:
             sq = sq.to(self._comm_device)
             dist.all_reduce(sq, group=self.parallel.model_parallel_group)
+        if split:  # each EP rank holds other experts: their squares summed over EP × PP
+            sq_experts = sq_experts.to(self._comm_device)
+            dist.all_reduce(sq_experts, group=self.parallel.expert_model_group)
+            sq = sq.to(self._comm_device) + sq_experts
         norm = float(sq.sqrt())
         coef = clip / (norm + 1e-6)
         if coef < 1.0:
@@ -392,3 +428,19 @@ class MegatronEngine(TorchEngine):
     def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
         """HF directory written by rank 0 from the gathered weights (a collective)."""
         self.checkpointer.save_hf(path)
+
+
+def _all_reduce_flat(grads: list[torch.Tensor], group: Any, size: int) -> None:
+    """Sum ``grads`` over ``group`` in flat buckets, one all-reduce per dtype."""
+    if size == 1 or not grads:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in same:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()

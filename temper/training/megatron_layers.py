@@ -15,6 +15,9 @@ interface, ``GPTModel.output_layer``'s call signature) and says why it exists:
   from transformers' own RoPE initializer for the checkpoint's config
   (:func:`megatron_convert.hf_inv_freq`), so ``rope_theta`` and ``rope_scaling``
   (linear, llama3) are exactly Hugging Face's.
+* :class:`HostTopKRouter` — ``TopKRouter.gating`` moves a CPU router weight to CUDA;
+  this subclass computes the same logits where the weight is (an MoE layer's
+  ``submodules.router``, see :func:`moe_block_spec`).
 * :class:`ValueHead` — the critic's scalar head, called where ``GPTModel`` calls its
   output layer (``(hidden, weight=…, runtime_gather_output=…) -> (out, bias)``).
 
@@ -30,6 +33,8 @@ from typing import Any
 import torch
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.moe_layer import MoESubmodules
+from megatron.core.transformer.moe.router import TopKRouter
 from torch import nn
 
 
@@ -158,3 +163,44 @@ def layer_spec(*, qk_layernorm: bool, use_te: bool) -> Any:
     spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     return spec
+
+
+class HostTopKRouter(TopKRouter):
+    """Megatron's ``TopKRouter`` with its weight left where the model is.
+
+    Only :meth:`gating` is replaced: the parent moves a CPU router weight to CUDA on its
+    first call, and its ``router_gating_linear`` names TransformerEngine's GEMM even
+    where TE is not installed (a ``NameError``); this one computes the same logits,
+    ``input · weightᵀ (+ bias)`` in the configured ``moe_router_dtype``, with torch's
+    linear on the weight's device.
+    """
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:
+        router_dtype = input.dtype
+        if self.config.moe_router_dtype == "fp32":
+            router_dtype = torch.float32
+        elif self.config.moe_router_dtype == "fp64":
+            router_dtype = torch.float64
+        bias = self.bias.to(router_dtype) if self.bias is not None else None
+        return torch.nn.functional.linear(
+            input.to(router_dtype), self.weight.to(router_dtype), bias
+        )
+
+
+def moe_block_spec(config: Any, *, use_te: bool) -> Any:
+    """The decoder block of a mixture-of-experts model: Megatron's per-layer specs (MoE
+    or dense layers after ``config.moe_layer_freq``) with ``SequentialMLP`` experts; off
+    TransformerEngine, :class:`SDPACoreAttention` and :class:`HostTopKRouter` in each."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    block = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=use_te, normalization="RMSNorm"
+    )
+    if use_te:
+        return block
+    for spec in block.layer_specs:
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+        mlp = spec.submodules.mlp
+        if isinstance(mlp.submodules, MoESubmodules):
+            mlp.submodules.router = HostTopKRouter
+    return block
