@@ -283,6 +283,7 @@ def build_model(
         has_transformer_engine,
         layer_spec,
         moe_block_spec,
+        use_host_dispatchers,
     )
 
     layout, hf_config = source.layout, source.hf_config
@@ -324,6 +325,8 @@ def build_model(
     )
     rope.to_device(device)
     module.rotary_pos_emb = rope
+    if layout.moe is not None and device.type != "cuda":
+        use_host_dispatchers(module)  # token exchange on CPU (see megatron_layers)
     if value and last:
         module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
     module.to(device)
