@@ -56,8 +56,8 @@ from temper.training.megatron_check import (
 )
 from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
-from temper.training.megatron_moe import is_expert_param
-from temper.training.megatron_parallel import init_parallel
+from temper.training.megatron_moe import is_expert_param, router_loss_scales, set_router_loss_scale
+from temper.training.megatron_parallel import all_reduce_flat, init_parallel
 from temper.training.megatron_pipeline import (
     StageLink,
     forward_only,
@@ -328,22 +328,12 @@ class MegatronEngine(TorchEngine):
         return micro, groups
 
     def _moe_aux_loss_scales(self, groups: list[list[int]]) -> list[float]:
-        """The weight of each micro-batch's router losses (auxiliary and z-loss) in the
-        mini-batch loss: Megatron scales them by 1 / micro-batches and averages gradients
-        over DP — their mean over the DP group's micro-batches; 0 for padding ones."""
-        real = float(sum(1 for g in groups if g))
-        (total,) = self.global_sum([real])
-        return [1.0 / total if g and total else 0.0 for g in groups]
+        (total,) = self.global_sum([float(sum(1 for g in groups if g))])
+        return router_loss_scales(groups, total)
 
     def _set_aux_loss_scale(self) -> None:
-        """Before a micro-batch's backward: its router losses' weight (Megatron's
-        ``MoEAuxLossAutoScaler`` reads it in the backward, where the losses' gradient
-        joins the main loss's)."""
-        if not self._aux_scales:
-            return
-        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
-
-        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(self._aux_scales.pop(0)))
+        if self._aux_scales:
+            set_router_loss_scale(self._aux_scales.pop(0))
 
     def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
         self._set_aux_loss_scale()
@@ -372,8 +362,8 @@ class MegatronEngine(TorchEngine):
             if param.grad is None or not param.requires_grad:
                 continue
             (experts if p.ep > 1 and is_expert_param(name) else dense).append(param.grad)
-        _all_reduce_flat(dense, p.dp_group, p.dp)
-        _all_reduce_flat(experts, p.expert_dp_group, p.expert_dp)
+        all_reduce_flat(dense, p.dp_group, p.dp)
+        all_reduce_flat(experts, p.expert_dp_group, p.expert_dp)
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
         """Global L2 norm over the model-parallel shards (TP duplicates counted once),
@@ -428,19 +418,3 @@ class MegatronEngine(TorchEngine):
     def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
         """HF directory written by rank 0 from the gathered weights (a collective)."""
         self.checkpointer.save_hf(path)
-
-
-def _all_reduce_flat(grads: list[torch.Tensor], group: Any, size: int) -> None:
-    """Sum ``grads`` over ``group`` in flat buckets, one all-reduce per dtype."""
-    if size == 1 or not grads:
-        return
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for same in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in same])
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for g in same:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()

@@ -291,10 +291,15 @@ class HostAllGatherTokenDispatcher(MoEAllGatherTokenDispatcher):
             torch.distributed.all_gather_into_tensor(sizes, mine, group=group)
             self._sizes = [int(n) for n in sizes.tolist()]
             with torch.no_grad():
-                self.routing_map = _gather_rows(self.routing_map, group, self._sizes)
+                self.routing_map = _gather_rows(self._routing_map(), group, self._sizes)
             probs = _GatherTokens.apply(probs, group, self._sizes)
             hidden_states = _GatherTokens.apply(hidden_states, group, self._sizes)
         return hidden_states, probs
+
+    def _routing_map(self) -> torch.Tensor:
+        """This rank's ``(tokens, experts)`` routing map (set by ``dispatch_preprocess``)."""
+        routing: torch.Tensor = self.routing_map
+        return routing
 
     def token_combine(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.tp_size > 1 or self.ep_size > 1:

@@ -155,7 +155,9 @@ def moe_mlp_maps(
     name numbers the expert as in the whole model."""
     qwen = moe.naming == "qwen"
     block = f"{h}mlp." if qwen else f"{h}block_sparse_moe."
-    out = [("mlp.router.weight", (f"{block}gate.weight",), "rep", "mlp.router.weight")]
+    out: list[tuple[str, tuple[str, ...], str, str]] = [
+        ("mlp.router.weight", (f"{block}gate.weight",), "rep", "mlp.router.weight")
+    ]
     gate, up, down = ("gate_proj", "up_proj", "down_proj") if qwen else ("w1", "w3", "w2")
     for local, e in enumerate(moe.local_experts(ep, ep_rank)):
         hf = f"{block}experts.{e}."
@@ -227,3 +229,23 @@ def refused_moe_option(extra: dict[str, Any], device_type: str) -> tuple[str, st
             key = "moe_router_load_balancing_type"
             return key, "global_aux_loss: Megatron keeps its token counts on CUDA; not on CPU"
     return None
+
+
+def router_loss_scales(groups: list[list[int]], total: float) -> list[float]:
+    """The weight of each micro-batch's router losses (auxiliary and z-loss) in the
+    mini-batch loss (``groups[i]``: micro-batch i's rows, empty for padding; ``total``:
+    the real micro-batches over the DP group). Megatron scales them by 1 / micro-batches
+    and averages gradients over DP, i.e. their mean over the DP group's micro-batches;
+    temper sums gradients over DP, so each real one weighs 1 / total, padding 0."""
+    return [1.0 / total if rows and total else 0.0 for rows in groups]
+
+
+def set_router_loss_scale(scale: float) -> None:
+    """Before a micro-batch's backward: its router losses' weight. Megatron's
+    ``MoEAuxLossAutoScaler`` reads it in the backward, where the router losses'
+    gradient joins the main loss's (the losses are attached to the routing
+    probabilities in the forward)."""
+    import torch
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale))

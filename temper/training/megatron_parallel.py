@@ -181,3 +181,19 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         expert_dp_group=ps.get_expert_data_parallel_group(),
         expert_model_group=ps.get_expert_tensor_model_pipeline_parallel_group() if ep > 1 else None,
     )
+
+
+def all_reduce_flat(grads: list[torch.Tensor], group: Any, size: int) -> None:
+    """Sum ``grads`` over ``group`` in flat buckets, one all-reduce per dtype."""
+    if size == 1 or not grads:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in same:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
