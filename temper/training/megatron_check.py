@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
-from temper.config.schema import MegatronConfig, TemperConfig
+from temper.config.schema import MegatronConfig, ModelConfig, TemperConfig
 from temper.training.megatron_convert import HFLayout
 from temper.training.megatron_moe import (
     CPU_DISPATCHER,
@@ -75,6 +75,10 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         notes += check_section(
             role, m, device_type=device_type, lora=cfg.model.lora.rank, gradient_checkpointing=ckpt
         )
+        path = cfg.critic.model_path if role == "critic" else None
+        layout = local_layout(cfg.model, path or cfg.model.path)
+        if layout is not None:
+            check_experts(layout, m, role)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
         if sp > 1:
             raise ConfigError(
@@ -87,6 +91,23 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         note = half_precision_note(cfg.model.dtype, device_type)
         notes += [note] if note else []
     return notes
+
+
+def local_layout(model: ModelConfig, path: str) -> HFLayout | None:
+    """The conversion layout of a local model directory's ``config.json`` (read, no
+    weights), so that ``check`` sees a dense or MoE model; None for a hub id, an alias
+    not made yet, or a model the engine itself refuses when it reads it."""
+    from pathlib import Path
+
+    from temper.training.megatron_convert import hf_layout
+    from temper.training.models import load_hf_config
+
+    if not (Path(path).expanduser() / "config.json").is_file():
+        return None
+    try:
+        return hf_layout(load_hf_config(model, str(Path(path).expanduser())))
+    except (ValueError, KeyError, OSError):
+        return None
 
 
 def half_precision_note(model_dtype: str, device_type: str) -> str | None:
