@@ -223,6 +223,39 @@ def test_expert_parallel_equals_ep1_with_router_losses(moe_models, model: str) -
     assert not torch.allclose(ep1[0]["weights"][router], plain[0]["weights"][router], atol=1e-7)
 
 
+def _fsdp2_rank(rank: int, world: int, path: str, batch: Any) -> dict:
+    actor = make_actor(path, "fsdp2")
+    mine = shard(batch, rank, world)
+    old = actor.compute_log_probs(mine)["old_log_probs"]
+    metrics = actor.update(mine)
+    return {"old": old, "metrics": metrics, "weights": weights(actor.engine)}
+
+
+def test_fsdp2_trains_hf_moe_like_the_torch_engine(moe_models) -> None:
+    """FSDP2 over 2 ranks trains the tiny Qwen3-MoE through HF's modeling code as the
+    torch engine does (log-probs, loss, weights, clipping active), every tensor moves.
+    Neither adds HF's router loss: transformers computes it only with
+    ``output_router_logits`` (off in the config), and the megatron engine's default
+    ``moe_aux_loss_coeff`` is 0 too, so the three engines train the same objective."""
+    path = moe_models["qwen3_moe"]
+    single = make_actor(path, "torch")
+    batch = with_log_probs(single, make_batch())
+    before = weights(single.engine)
+    ref_metrics = single.update(batch)
+    ref = weights(single.engine)
+    ranks = spawn_ranks(_fsdp2_rank, 2, path, batch)
+    old = torch.cat([r["old"] for r in ranks])
+    torch.testing.assert_close(old, batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+    got = ranks[0]["metrics"]
+    assert torch.isfinite(torch.tensor(got["actor/pg_loss"]))
+    for k in ("actor/pg_loss", "actor/grad_norm"):
+        assert got[k] == pytest.approx(ref_metrics[k], rel=1e-4, abs=1e-6), k
+    assert ref_metrics["actor/grad_norm"] > 0.05  # clipping was active
+    for k, v in ranks[0]["weights"].items():
+        torch.testing.assert_close(v, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+    assert all(not torch.equal(before[k], ref[k]) for k in ref)
+
+
 # ----------------------------------------------------------------------- checkpoints
 
 

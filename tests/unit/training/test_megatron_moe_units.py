@@ -175,3 +175,27 @@ def test_router_losses_are_averaged_over_the_data_parallel_micro_batches() -> No
     over DP; temper sums over DP, so each real micro-batch weighs 1/(all of them)."""
     assert router_loss_scales([[0, 1], [2], []], 4.0) == [0.25, 0.25, 0.0]
     assert router_loss_scales([[]], 0.0) == [0.0]
+
+
+def test_check_reads_a_local_models_config_to_refuse_ep_on_a_dense_model(tmp_path) -> None:
+    """``temper check`` sees a local directory's ``config.json`` (no weights) — dense or
+    MoE — so EP on a dense model fails there; a hub id is left to the engine."""
+    from temper.config.schema import ModelConfig
+    from temper.training.megatron_check import check_experts, local_layout
+
+    dense = tmp_path / "dense"
+    LlamaConfig(**{k: v for k, v in COMMON.items() if k != "num_experts_per_tok"}).save_pretrained(
+        dense
+    )
+    moe = tmp_path / "moe"
+    Qwen3MoeConfig(**COMMON, num_experts=4, moe_intermediate_size=8).save_pretrained(moe)
+    model = ModelConfig(path=str(dense))
+    layout = local_layout(model, str(dense))
+    assert layout is not None and layout.moe is None
+    with pytest.raises(ConfigError) as err:
+        check_experts(layout, MegatronConfig(expert_model_parallel_size=2), "actor")
+    assert "dense" in err.value.reason
+    moe_layout = local_layout(ModelConfig(path=str(moe)), str(moe))
+    assert moe_layout is not None and moe_layout.moe is not None
+    check_experts(moe_layout, MegatronConfig(expert_model_parallel_size=2), "actor")
+    assert local_layout(model, "Qwen/Qwen3-30B-A3B") is None
