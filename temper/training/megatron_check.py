@@ -159,6 +159,16 @@ def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
             )
 
 
+MOE_TP_REASON = (
+    "Megatron's MoE layer trains under tensor parallelism only with sequence "
+    "parallelism, which this build does not apply"
+)
+MOE_TP_FIX = (
+    "set it to 1 and split the model with expert_model_parallel_size / "
+    "pipeline_model_parallel_size"
+)
+
+
 def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
     """Expert parallelism needs an MoE model whose experts it splits evenly; an MoE
     model trains at TP = 1 (Megatron's MoE layer trains under TP only with sequence
@@ -181,13 +191,7 @@ def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
             f"use an expert-parallel size that divides {layout.moe.num_experts}",
         )
     if m.tensor_model_parallel_size > 1:
-        raise ConfigError(
-            f"{key}.tensor_model_parallel_size",
-            "Megatron's MoE layer trains under tensor parallelism only with sequence "
-            "parallelism, which this build does not apply",
-            "set it to 1 and split the model with expert_model_parallel_size / "
-            "pipeline_model_parallel_size",
-        )
+        raise ConfigError(f"{key}.tensor_model_parallel_size", MOE_TP_REASON, MOE_TP_FIX)
 
 
 def check_engine_spec(spec: EngineSpec) -> None:
@@ -251,6 +255,9 @@ def check_section(
             "expert_model_parallel_size ranks, each expert whole)",
             "set it to null or 1, and split experts with expert_model_parallel_size",
         )
+    if m.expert_model_parallel_size > 1 and m.tensor_model_parallel_size > 1:
+        # EP means an MoE model (a dense one is refused when its config is read)
+        raise ConfigError(f"{key}.tensor_model_parallel_size", MOE_TP_REASON, MOE_TP_FIX)
     refused = refused_moe_option(m.extra, device_type)
     if refused:
         raise ConfigError(f"{key}.extra.{refused[0]}", refused[1], "remove it, or run on CUDA")

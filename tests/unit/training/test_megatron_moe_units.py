@@ -199,3 +199,13 @@ def test_check_reads_a_local_models_config_to_refuse_ep_on_a_dense_model(tmp_pat
     assert moe_layout is not None and moe_layout.moe is not None
     check_experts(moe_layout, MegatronConfig(expert_model_parallel_size=2), "actor")
     assert local_layout(model, "Qwen/Qwen3-30B-A3B") is None
+
+
+def test_expert_parallelism_with_tensor_parallelism_is_refused_at_check() -> None:
+    """EP > 1 means an MoE model (a dense one is refused when its config is read), and
+    an MoE model trains here at TP = 1: refused from the section alone."""
+    m = MegatronConfig(tensor_model_parallel_size=2, expert_model_parallel_size=2)
+    with pytest.raises(ConfigError) as err:
+        check_section("actor", m, device_type="cuda", lora=0)
+    assert err.value.key == "actor.megatron.tensor_model_parallel_size"
+    assert "sequence parallelism" in err.value.reason and err.value.fix
