@@ -164,8 +164,7 @@ MOE_TP_REASON = (
     "parallelism, which this build does not apply"
 )
 MOE_TP_FIX = (
-    "set it to 1 and split the model with expert_model_parallel_size / "
-    "pipeline_model_parallel_size"
+    "set it to 1 and split the model with expert_model_parallel_size / pipeline_model_parallel_size"
 )
 
 
