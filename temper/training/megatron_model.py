@@ -325,8 +325,10 @@ def build_model(
     )
     rope.to_device(device)
     module.rotary_pos_emb = rope
-    if layout.moe is not None and device.type != "cuda":
-        use_host_dispatchers(module)  # token exchange on CPU (see megatron_layers)
+    if layout.moe is not None:
+        # Megatron's all-gather dispatcher needs CUDA and equal token counts on every
+        # rank; temper's ranks run micro-batches of their own lengths (megatron_layers)
+        use_host_dispatchers(module)
     if value and last:
         module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
     module.to(device)

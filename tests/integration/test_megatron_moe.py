@@ -5,8 +5,11 @@
   Qwen3-MoE (renormalised top-k, an MLP-only first layer) and Mixtral give Hugging
   Face's logits, at EP = 1 and EP = 2; the export gives back exactly the HF tensors;
 * one actor update at EP = 2 equals the torch engine's (HF modeling code) without router
-  losses, and equals EP = 1 with the auxiliary and z losses on;
-* a checkpoint saved at EP = 2 loads at EP = 1 with the same weights.
+  losses, and equals EP = 1 with the auxiliary and z losses on, also as PP = 2 × EP = 2;
+* FSDP2 trains the HF MoE model like the torch engine;
+* a checkpoint saved at EP = 2 loads at EP = 1 with the same weights;
+* ROLL's megatron example trains the tiny Qwen3-MoE at EP = 2 on Ray, the HF rollout
+  following the trainer's weights.
 """
 
 from __future__ import annotations
@@ -221,6 +224,46 @@ def test_expert_parallel_equals_ep1_with_router_losses(moe_models, model: str) -
         if k.endswith("layers.1.mlp.gate.weight") or k.endswith("block_sparse_moe.gate.weight")
     )
     assert not torch.allclose(ep1[0]["weights"][router], plain[0]["weights"][router], atol=1e-7)
+
+
+def _pp_ep_rank(rank: int, world: int, path: str, batch: Any) -> dict:
+    cfg = actor_config("megatron")
+    cfg.megatron = MegatronConfig(
+        pipeline_model_parallel_size=2, expert_model_parallel_size=2, extra=dict(ROUTER_LOSSES)
+    )
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        train=cfg,
+        infer_micro=MicroBatching(size=1),
+        total_steps=4,
+    )
+    actor = Actor(cfg, build_engine("megatron", spec))
+    engine = actor.engine
+    mine = shard(batch, engine.dp_rank, engine.dp_size)
+    old = actor.compute_log_probs(mine)["old_log_probs"]
+    metrics = actor.update(mine)
+    full = weights(engine)
+    return {"old": old, "dp": engine.dp_rank, "metrics": metrics, "weights": full}
+
+
+def test_pipeline_stages_with_expert_parallelism_equal_one_stage(moe_models) -> None:
+    """PP = 2 × EP = 2 (4 ranks: a dense first layer on stage 0, the MoE layer's experts
+    split over stage 1's two ranks) with router losses equals EP = PP = 1 over the same
+    2 data-parallel shards: log-probs, metrics, updated weights."""
+    path = moe_models["qwen3_moe"]
+    batch = with_log_probs(make_actor(path, "torch"), make_batch())
+    ref = spawn_ranks(_step_rank, 2, path, batch, 1, ROUTER_LOSSES)
+    got = spawn_ranks(_pp_ep_rank, 4, path, batch)
+    by_dp = {r["dp"]: r for r in ref}
+    torch.testing.assert_close(_gather(got[:2]), _gather(ref), atol=1e-6, rtol=1e-6)
+    for r in got:
+        for k in ("actor/pg_loss", "actor/grad_norm"):
+            want = by_dp[r["dp"]]["metrics"][k]
+            assert r["metrics"][k] == pytest.approx(want, rel=1e-5, abs=1e-7), k
+        assert set(r["weights"]) == set(ref[0]["weights"])
+        for k, v in r["weights"].items():
+            torch.testing.assert_close(v, ref[0]["weights"][k], atol=1e-6, rtol=1e-5, msg=k)
 
 
 def _fsdp2_rank(rank: int, world: int, path: str, batch: Any) -> dict:
