@@ -56,7 +56,13 @@ from temper.training.megatron_check import (
 )
 from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
-from temper.training.megatron_moe import is_expert_param, router_loss_scales, set_router_loss_scale
+from temper.training.megatron_moe import (
+    RouterStats,
+    is_expert_param,
+    load_imbalance,
+    router_loss_scales,
+    set_router_loss_scale,
+)
 from temper.training.megatron_parallel import all_reduce_flat, init_parallel
 from temper.training.megatron_pipeline import (
     StageLink,
@@ -129,6 +135,9 @@ class MegatronEngine(TorchEngine):
             if getattr(spec.model, flag):
                 log.warning("model.%s is a GPU kernel option the megatron engine ignores", flag)
         super().__init__(spec)  # builds the model: _load_model sets self.built
+        moe = self.built.layout.moe
+        self._router_stats = RouterStats(self.built.module, moe) if moe is not None else None
+        self._groups: list[list[int]] = []
         half = half_precision_note(spec.model.dtype, device.type)
         if half:
             log.warning("%s", half)
@@ -184,8 +193,16 @@ class MegatronEngine(TorchEngine):
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         if self.parallel.pp > 1:
             set_stage_input(self.built.module, received)
+        if self._router_stats is None:
+            with self._autocast():
+                out: torch.Tensor = self.model(ids, positions, None)
+            return out
+        # an MoE router leaves the trailing padding out of its losses and counts
+        self._router_stats.begin()
+        real = inp.attention_mask.sum(dim=1, keepdim=True)
+        padding = torch.arange(ids.shape[1], device=self.device).unsqueeze(0) >= real
         with self._autocast():
-            out: torch.Tensor = self.model(ids, positions, None)
+            out = self.model(ids, positions, None, padding_mask=padding)
         return out
 
     def _head(
@@ -323,9 +340,32 @@ class MegatronEngine(TorchEngine):
             (most,) = self._all_reduce([float(len(micro))], dist.ReduceOp.MAX)
             pad = int(most) - len(micro)
             micro, groups = [*micro, *[micro[-1]] * pad], [*groups, *[[] for _ in range(pad)]]
-        if self.built.layout.moe is not None:
+        if self._router_stats is not None:
             self._aux_scales = self._moe_aux_loss_scales(groups)
+            self._router_stats.take([])  # counts of earlier forwards dropped
+            self._groups = groups
         return micro, groups
+
+    def train_mini_batch(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """The torch engine's step; for an MoE model with the routers' load imbalance
+        (:func:`megatron_moe.load_imbalance` of the step's tokens over all ranks)."""
+        out = super().train_mini_batch(
+            batch, loss_fn, temperature=temperature, with_entropy=with_entropy
+        )
+        stats, moe = self._router_stats, self.built.layout.moe
+        if stats is not None and moe is not None:
+            counts = stats.take(self._groups).to(self._comm_device)
+            if self.parallel.world > 1:
+                dist.all_reduce(counts)  # TP = 1: stages hold other layers, ranks other tokens
+            out["moe_load_imbalance"] = load_imbalance(counts.cpu(), moe)
+        return out
 
     def _moe_aux_loss_scales(self, groups: list[list[int]]) -> list[float]:
         (total,) = self.global_sum([float(sum(1 for g in groups if g))])

@@ -249,3 +249,62 @@ def set_router_loss_scale(scale: float) -> None:
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
     MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale))
+
+
+class RouterStats:
+    """Tokens routed to each expert of each MoE layer, per micro-batch, for the
+    load-imbalance metric: a forward hook on every router of ``module`` adds its
+    routing map's column sums (padding tokens left out) to the micro-batch begun
+    last (:meth:`begin`)."""
+
+    def __init__(self, module: Any, moe: MoELayout) -> None:
+        import torch
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+
+        self.shape = (len(moe.moe_layers), moe.num_experts)
+        self.rows: list[torch.Tensor] = []
+        for layer in module.decoder.layers:
+            if isinstance(layer.mlp, MoELayer):
+                hook = self._hook(int(layer.layer_number) - 1)
+                layer.mlp.router.register_forward_hook(hook)
+
+    def _hook(self, index: int) -> Any:
+        def hook(module: Any, args: tuple[Any, ...], output: tuple[Any, Any]) -> None:
+            if not self.rows:
+                return
+            routing = output[1]
+            padding = args[1] if len(args) > 1 else None
+            if padding is not None:
+                routing = routing & ~padding.reshape(-1, 1)
+            self.rows[-1][index] += routing.sum(dim=0).to(self.rows[-1].dtype).cpu()
+
+        return hook
+
+    def begin(self) -> None:
+        """A micro-batch's forward starts."""
+        import torch
+
+        self.rows.append(torch.zeros(self.shape, dtype=torch.float64))
+
+    def take(self, groups: list[list[int]]) -> Any:
+        """``(layers, experts)`` token counts of the real micro-batches (``groups[i]``
+        non-empty) since the last call; the record is cleared."""
+        import torch
+
+        total = torch.zeros(self.shape, dtype=torch.float64)
+        for rows, counts in zip(groups, self.rows):
+            if rows:
+                total += counts
+        self.rows = []
+        return total
+
+
+def load_imbalance(counts: Any, moe: MoELayout) -> float:
+    """Mean over MoE layers of ``max / mean`` tokens per expert: 1 when every expert gets
+    as many tokens, ``experts / k`` at most (every token to the same k experts)."""
+    values = []
+    for i, is_moe in enumerate(moe.moe_layers):
+        row = counts[i]
+        if is_moe and float(row.sum()) > 0:
+            values.append(float(row.max() / row.mean()))
+    return sum(values) / len(values) if values else 1.0

@@ -214,10 +214,11 @@ def test_expert_parallel_equals_ep1_with_router_losses(moe_models, model: str) -
     plain = spawn_ranks(_step_rank, 2, path, batch, 1, {})
     torch.testing.assert_close(_gather(ep2), _gather(ep1), atol=1e-6, rtol=1e-6)
     for a, b in zip(ep2, ep1):
-        for k in ("actor/pg_loss", "actor/grad_norm"):
+        for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe_load_imbalance"):
             assert a["metrics"][k] == pytest.approx(b["metrics"][k], rel=1e-5, abs=1e-7), k
-        for k, v in a["weights"].items():
-            torch.testing.assert_close(v, b["weights"][k], atol=1e-6, rtol=1e-5, msg=k)
+        assert 1.0 < a["metrics"]["actor/moe_load_imbalance"] <= 2.0  # 4 experts, top-2
+        for k, v in a["weights"].items():  # Adam's first step: ~lr·sign(g) on tiny g
+            torch.testing.assert_close(v, b["weights"][k], atol=1e-5, rtol=1e-4, msg=k)
     router = next(
         k
         for k in ep1[0]["weights"]
@@ -263,7 +264,7 @@ def test_pipeline_stages_with_expert_parallelism_equal_one_stage(moe_models) -> 
             assert r["metrics"][k] == pytest.approx(want, rel=1e-5, abs=1e-7), k
         assert set(r["weights"]) == set(ref[0]["weights"])
         for k, v in r["weights"].items():
-            torch.testing.assert_close(v, ref[0]["weights"][k], atol=1e-6, rtol=1e-5, msg=k)
+            torch.testing.assert_close(v, ref[0]["weights"][k], atol=1e-5, rtol=1e-4, msg=k)
 
 
 def _fsdp2_rank(rank: int, world: int, path: str, batch: Any) -> dict:

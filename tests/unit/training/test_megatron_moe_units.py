@@ -209,3 +209,16 @@ def test_expert_parallelism_with_tensor_parallelism_is_refused_at_check() -> Non
         check_section("actor", m, device_type="cuda", lora=0)
     assert err.value.key == "actor.megatron.tensor_model_parallel_size"
     assert "sequence parallelism" in err.value.reason and err.value.fix
+
+
+def test_load_imbalance_is_max_over_mean_tokens_per_expert_averaged_over_moe_layers() -> None:
+    import torch
+
+    from temper.training.megatron_moe import load_imbalance
+
+    layout = hf_layout(Qwen3MoeConfig(**COMMON, num_experts=4, moe_intermediate_size=8))
+    assert layout.moe is not None
+    counts = torch.zeros(4, 4, dtype=torch.float64)
+    counts[0] = torch.tensor([2.0, 2.0, 2.0, 2.0])  # balanced: 1
+    counts[1] = torch.tensor([4.0, 4.0, 0.0, 0.0])  # every token to the same 2 of 4: 2
+    assert load_imbalance(counts, layout.moe) == pytest.approx(1.5)  # layers 2, 3: no tokens
