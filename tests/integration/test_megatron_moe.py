@@ -303,26 +303,42 @@ def test_fsdp2_trains_hf_moe_like_the_torch_engine(moe_models) -> None:
 # ----------------------------------------------------------------------- checkpoints
 
 
-def _checkpoint_rank(rank: int, world: int, path: str, batch: Any, ckpt: str, mode: str) -> dict:
-    actor = make_actor(path, "megatron", ep=world, extra=ROUTER_LOSSES)
+def _checkpoint_rank(
+    rank: int, world: int, path: str, b1: Any, b2: Any, ckpt: str, ep: int, mode: str
+) -> dict:
+    """``train``: step on b1, save, step on b2; ``load``: load, (step on b2 when the
+    world has 2 ranks: the same data-parallel shards as the run that saved)."""
+    actor = make_actor(path, "megatron", ep=ep, extra=ROUTER_LOSSES)
     engine = actor.engine
     if mode == "train":
-        actor.update(shard(batch, engine.dp_rank, engine.dp_size))
+        actor.update(shard(b1, engine.dp_rank, engine.dp_size))
         engine.save_checkpoint(ckpt)
     else:
         engine.load_checkpoint(ckpt)
-    return {"weights": weights(engine)}
+    out = {"w1": weights(engine)}
+    if world == 2:
+        actor.update(shard(b2, engine.dp_rank, engine.dp_size))
+        out["w2"] = weights(engine)
+    return out
 
 
-def test_checkpoint_saved_at_ep2_loads_at_ep1(moe_models, tmp_path: Path) -> None:
+def test_checkpoint_saved_at_ep2_resumes_at_ep2_and_ep1(moe_models, tmp_path: Path) -> None:
+    """Saved at EP = 2 after one step: loads on one rank (EP = 1) to the same weights,
+    and resumes on two ranks at EP = 2 and at EP = 1 (AdamW moments and schedule with
+    it) to the uninterrupted run's next step."""
     path = moe_models["qwen2_moe"]
-    batch = with_log_probs(make_actor(path, "torch"), make_batch())
+    torch_actor = make_actor(path, "torch")
+    b1, b2 = with_log_probs(torch_actor, make_batch(0)), with_log_probs(torch_actor, make_batch(1))
     ckpt = str(tmp_path / "ckpt")
-    (trained, _) = spawn_ranks(_checkpoint_rank, 2, path, batch, ckpt, "train")
-    (loaded,) = spawn_ranks(_checkpoint_rank, 1, path, batch, ckpt, "load")
-    assert set(loaded["weights"]) == set(trained["weights"])
-    for k, v in loaded["weights"].items():
-        assert torch.equal(v, trained["weights"][k]), k
+    (trained, _) = spawn_ranks(_checkpoint_rank, 2, path, b1, b2, ckpt, 2, "train")
+    (loaded,) = spawn_ranks(_checkpoint_rank, 1, path, b1, b2, ckpt, 1, "load")
+    assert set(loaded["w1"]) == set(trained["w1"])
+    for k, v in loaded["w1"].items():
+        assert torch.equal(v, trained["w1"][k]), k
+    for ep in (2, 1):
+        (resumed, _) = spawn_ranks(_checkpoint_rank, 2, path, b1, b2, ckpt, ep, "load")
+        for k, v in resumed["w2"].items():
+            torch.testing.assert_close(v, trained["w2"][k], atol=1e-5, rtol=1e-4, msg=f"{ep}:{k}")
 
 
 # ----------------------------------------------------------------------- a whole run
