@@ -22,6 +22,11 @@ Expert parallelism (EP) splits each layer's experts over the ranks of an EP grou
 (Megatron lays EP inside data parallelism): EP rank ``r`` of ``n`` holds experts
 ``r·E/n … (r+1)·E/n`` as its local experts ``0 … E/n-1``. Checkpoints and exports name
 an expert by its global index, so they do not depend on the EP size.
+
+Also here: which ``moe_*`` options are applied, noted or refused
+(:func:`unavailable_moe_options`, :func:`refused_moe_option`), the weight of each
+micro-batch's router losses (:func:`router_loss_scales`) and the tokens-per-expert
+record behind the ``moe_load_imbalance`` metric (:class:`RouterStats`).
 """
 
 from __future__ import annotations
