@@ -341,6 +341,36 @@ def test_checkpoint_saved_at_ep2_resumes_at_ep2_and_ep1(moe_models, tmp_path: Pa
             torch.testing.assert_close(v, trained["w2"][k], atol=1e-5, rtol=1e-4, msg=f"{ep}:{k}")
 
 
+def test_check_refuses_expert_parallelism_on_a_dense_model(tiny_path: str, moe_models) -> None:
+    """``temper check``'s megatron step reads the local model's config: the ROLL example
+    at EP = 2 is refused on the dense tiny Llama, naming the key, and passes on the tiny
+    Qwen3-MoE."""
+    from temper.config.errors import ConfigError
+    from temper.pipelines.catalog import load_config
+    from temper.training.megatron_check import check_megatron
+
+    root = Path(__file__).resolve().parents[2]
+    ep = {"tensor_model_parallel_size": 1, "expert_model_parallel_size": 2}
+
+    def loaded(path: str) -> Any:
+        overrides = [
+            f"pretrain={path}",
+            f"reward_pretrain={path}",
+            "actor_train.training_args.gradient_accumulation_steps=2",
+            *(f"actor_train.strategy_args.strategy_config.{k}={v}" for k, v in ep.items()),
+            *(f"reference.strategy_args.strategy_config.{k}={v}" for k, v in ep.items()),
+        ]
+        return load_config(root / "examples" / "roll_megatron.yaml", overrides)
+
+    dense = loaded(tiny_path)
+    with pytest.raises(ConfigError) as err:
+        check_megatron(dense.config, dense.plan, "cpu")
+    assert err.value.key == "actor.megatron.expert_model_parallel_size"
+    assert "dense" in err.value.reason
+    moe = loaded(moe_models["qwen3_moe"])
+    check_megatron(moe.config, moe.plan, "cpu")
+
+
 # ----------------------------------------------------------------------- a whole run
 
 
