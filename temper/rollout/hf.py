@@ -27,6 +27,7 @@ checkpointed RNG state makes resumed runs continue the same stream.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -198,7 +199,8 @@ class HFRolloutEngine(RolloutEngine):
     # ----------------------------------------------------------------- interface
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy weights in by Hugging Face name; a no-op for a shared module.
+        """Copy weights in by Hugging Face name (an MoE expert also by its checkpoint
+        name, see :func:`fused_expert_slice`); a no-op for a shared module.
 
         A shared module *is* the trainer's model, so its weights are always current.
         """
@@ -207,9 +209,11 @@ class HFRolloutEngine(RolloutEngine):
         state = self.module.state_dict()
         with torch.no_grad():
             for name, tensor in named_tensors:
-                if name not in state:
+                target = state.get(name)
+                if target is None:
+                    target = fused_expert_slice(name, state)
+                if target is None:
                     raise KeyError(f"load_weights: '{name}' is not a weight of the rollout model")
-                target = state[name]
                 if target.shape != tensor.shape:
                     raise ValueError(
                         f"load_weights: '{name}' has shape {tuple(tensor.shape)}, "
@@ -345,3 +349,30 @@ class HFRolloutEngine(RolloutEngine):
             tokenizer=self.tokenizer,
             pad_token_id=self.pad_token_id,
         )
+
+
+_EXPERT = re.compile(
+    r"^(?P<layer>.+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<e>\d+)\."
+    r"(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
+)
+
+
+def fused_expert_slice(name: str, state: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The view of a fused expert tensor that checkpoint name ``name`` (one tensor per
+    expert, as safetensors files, vLLM and the megatron engine's export name them) is
+    in memory: transformers keeps an MoE layer's experts as ``experts.gate_up_proj``
+    ``(E, 2I, H)`` — gate rows then up rows, its checkpoint conversion — and
+    ``experts.down_proj`` ``(E, H, I)``. None when ``name`` is no such expert weight."""
+    m = _EXPERT.match(name)
+    if m is None:
+        return None
+    e, proj = int(m["e"]), m["proj"]
+    prefix = f"{m['layer']}.mlp.experts."
+    if proj in ("down_proj", "w2"):
+        down = state.get(prefix + "down_proj")
+        return down[e] if down is not None else None
+    fused = state.get(prefix + "gate_up_proj")
+    if fused is None:
+        return None
+    half = fused.shape[1] // 2
+    return fused[e, :half] if proj in ("gate_proj", "w1") else fused[e, half:]

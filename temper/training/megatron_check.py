@@ -17,8 +17,12 @@ What runs where:
   parameter gather, parameter/gradient/optimizer offload (optimizer state is kept
   whole on every DP rank; gradients are all-reduced after the backward). They are
   reported as notes, not errors, so a GPU config checks and runs unchanged;
+* mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral) at TP = 1 with expert
+  parallelism (:mod:`megatron_moe`), Megatron's all-gather token dispatcher on CPU;
+  EP on a dense model, or an MoE model at TP > 1, is refused when the model's config
+  is read;
 * not in this build: virtual (interleaved) pipeline stages, context parallelism,
-  expert parallelism (the converter covers dense models), LoRA — errors naming the key.
+  expert tensor parallelism, LoRA — errors naming the key.
 """
 
 from __future__ import annotations
@@ -30,8 +34,13 @@ from typing import TYPE_CHECKING
 
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
-from temper.config.schema import MegatronConfig, TemperConfig
+from temper.config.schema import MegatronConfig, ModelConfig, TemperConfig
 from temper.training.megatron_convert import HFLayout
+from temper.training.megatron_moe import (
+    CPU_DISPATCHER,
+    refused_moe_option,
+    unavailable_moe_options,
+)
 
 if TYPE_CHECKING:
     from temper.training.spec import EngineSpec
@@ -70,6 +79,10 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         )
         if m.dist_checkpoint_path:
             _check_dist_init(cfg, role, m)
+        path = cfg.critic.model_path if role == "critic" else None
+        layout = local_layout(cfg.model, path or cfg.model.path)
+        if layout is not None:
+            check_experts(layout, m, role)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
         if sp > 1:
             raise ConfigError(
@@ -101,6 +114,23 @@ def _check_dist_init(cfg: TemperConfig, role: str, m: MegatronConfig) -> None:
         )
 
 
+def local_layout(model: ModelConfig, path: str) -> HFLayout | None:
+    """The conversion layout of a local model directory's ``config.json`` (read, no
+    weights), so that ``check`` sees a dense or MoE model; None for a hub id, an alias
+    not made yet, or a model the engine itself refuses when it reads it."""
+    from pathlib import Path
+
+    from temper.training.megatron_convert import hf_layout
+    from temper.training.models import load_hf_config
+
+    if not (Path(path).expanduser() / "config.json").is_file():
+        return None
+    try:
+        return hf_layout(load_hf_config(model, str(Path(path).expanduser())))
+    except (ValueError, KeyError, OSError):
+        return None
+
+
 def half_precision_note(model_dtype: str, device_type: str) -> str | None:
     """On CPU the megatron engine computes in fp32: Megatron-Core's linear layers restore
     autocast in their backward for CUDA only (``custom_bwd(device_type="cuda")``), so a
@@ -126,7 +156,8 @@ UNEVEN_SPLIT_FIELDS = (
 def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
     """TP must split heads, KV groups and the FFN evenly (whole query groups per rank);
     PP the layers into equal stages, unless ``extra`` asks Megatron for an uneven split
-    (which Megatron then checks)."""
+    (which Megatron then checks); EP an MoE model's experts (see :func:`check_experts`)."""
+    check_experts(layout, m, role)
     pp = m.pipeline_model_parallel_size
     uneven = any(name in m.extra for name in UNEVEN_SPLIT_FIELDS)
     if layout.num_layers % pp and not uneven:
@@ -147,6 +178,40 @@ def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
                 f"{tp} does not divide the model's {n} {what}",
                 f"use a tensor-parallel size that divides {n}",
             )
+
+
+MOE_TP_REASON = (
+    "Megatron's MoE layer trains under tensor parallelism only with sequence "
+    "parallelism, which this build does not apply"
+)
+MOE_TP_FIX = (
+    "set it to 1 and split the model with expert_model_parallel_size / pipeline_model_parallel_size"
+)
+
+
+def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
+    """Expert parallelism needs an MoE model whose experts it splits evenly; an MoE
+    model trains at TP = 1 (Megatron's MoE layer trains under TP only with sequence
+    parallelism, which this build does not apply)."""
+    key = f"{role}.megatron"
+    ep = m.expert_model_parallel_size
+    if layout.moe is None:
+        if ep > 1:
+            raise ConfigError(
+                f"{key}.expert_model_parallel_size",
+                f"the model ({layout.model_type}) is dense: expert parallelism splits the "
+                "experts of a mixture-of-experts model",
+                "set it to 1",
+            )
+        return
+    if layout.moe.num_experts % ep:
+        raise ConfigError(
+            f"{key}.expert_model_parallel_size",
+            f"{ep} does not divide the model's {layout.moe.num_experts} experts",
+            f"use an expert-parallel size that divides {layout.moe.num_experts}",
+        )
+    if m.tensor_model_parallel_size > 1:
+        raise ConfigError(f"{key}.tensor_model_parallel_size", MOE_TP_REASON, MOE_TP_FIX)
 
 
 def check_engine_spec(spec: EngineSpec) -> None:
@@ -203,18 +268,19 @@ def check_section(
             else "context parallelism is not in this build of the megatron engine"
         )
         raise ConfigError(f"{key}.context_parallel_size", why, "set it to 1")
-    if m.expert_model_parallel_size > 1 or (m.expert_tensor_parallel_size or 1) > 1:
-        name = (
-            "expert_model_parallel_size"
-            if m.expert_model_parallel_size > 1
-            else "expert_tensor_parallel_size"
-        )
+    if (m.expert_tensor_parallel_size or 1) > 1:
         raise ConfigError(
-            f"{key}.{name}",
-            "expert parallelism needs a mixture-of-experts model; the megatron engine "
-            "converts dense Llama, Qwen2 and Qwen3 models only",
-            "set it to 1 (null for expert_tensor_parallel_size)",
+            f"{key}.expert_tensor_parallel_size",
+            "expert tensor parallelism is not in this build (experts are split over "
+            "expert_model_parallel_size ranks, each expert whole)",
+            "set it to null or 1, and split experts with expert_model_parallel_size",
         )
+    if m.expert_model_parallel_size > 1 and m.tensor_model_parallel_size > 1:
+        # EP means an MoE model (a dense one is refused when its config is read)
+        raise ConfigError(f"{key}.tensor_model_parallel_size", MOE_TP_REASON, MOE_TP_FIX)
+    refused = refused_moe_option(m.extra, device_type)
+    if refused:
+        raise ConfigError(f"{key}.extra.{refused[0]}", refused[1], "remove it, or run on CUDA")
     if m.recompute_granularity not in (None, *RECOMPUTE_GRANULARITIES):
         raise ConfigError(
             f"{key}.recompute_granularity",
@@ -287,11 +353,12 @@ def unapplied_options(
             "state is kept whole on each data-parallel rank, gradients are all-reduced after "
             "the backward); memory/speed only, the update is the same"
         )
-    moe = sorted(k for k in m.extra if k.startswith("moe_"))
+    moe = unavailable_moe_options(m.extra, device_type)
     if moe:
         out.append(
-            f"extra.{', '.join(moe)}: mixture-of-experts settings; the megatron engine converts "
-            "dense models only, where Megatron-Core ignores them"
+            f"extra.{', '.join(moe)}: mixture-of-experts kernels/dispatch not applied here "
+            f"(experts run as Megatron's SequentialMLP; on CPU the '{CPU_DISPATCHER}' token "
+            "dispatcher); the layer computes the same (speed only)"
         )
     if device_type != "cuda" and (m.recompute_granularity or gradient_checkpointing):
         out.append(

@@ -34,9 +34,17 @@ from typing import Any, Literal
 
 import torch
 
+from temper.training.megatron_moe import (
+    MOE_MODEL_TYPES,
+    REFUSED_MOE,
+    MoELayout,
+    moe_layout,
+    moe_mlp_maps,
+)
+
 Kind = Literal["qkv", "glu", "col", "row", "rep"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", *MOE_MODEL_TYPES)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 VOCAB_MULTIPLE = 128
 
@@ -57,6 +65,7 @@ class HFLayout:
     qkv_bias: bool
     qk_norm: bool
     norm_eps: float
+    moe: MoELayout | None = None  # the experts of a mixture-of-experts model
 
     @property
     def heads_per_group(self) -> int:
@@ -69,8 +78,11 @@ class HFLayout:
 
 
 def hf_layout(hf_config: Any) -> HFLayout:
-    """The layout of a dense Llama / Qwen2 / Qwen3 config; ``ValueError`` otherwise."""
+    """The layout of a Llama / Qwen2 / Qwen3 config, or of the mixture-of-experts
+    Qwen2-MoE / Qwen3-MoE / Mixtral; ``ValueError`` otherwise."""
     model_type = str(getattr(hf_config, "model_type", ""))
+    if model_type in REFUSED_MOE:
+        raise ValueError(f"model_type '{model_type}': {REFUSED_MOE[model_type]}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model_type '{model_type}' has no Megatron conversion here "
@@ -85,13 +97,15 @@ def hf_layout(hf_config: Any) -> HFLayout:
     heads = int(hf_config.num_attention_heads)
     kv = int(getattr(hf_config, "num_key_value_heads", None) or heads)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    if model_type == "qwen2":
+    if model_type in ("qwen2", "qwen2_moe"):
         qkv_bias = True  # Qwen2 always has q/k/v biases (and none on o_proj)
     else:
         qkv_bias = bool(getattr(hf_config, "attention_bias", False))
+    num_layers = int(hf_config.num_hidden_layers)
+    moe = moe_layout(hf_config, model_type, num_layers) if model_type in MOE_MODEL_TYPES else None
     return HFLayout(
         model_type=model_type,
-        num_layers=int(hf_config.num_hidden_layers),
+        num_layers=num_layers,
         hidden_size=int(hf_config.hidden_size),
         num_heads=heads,
         num_kv_heads=kv,
@@ -100,8 +114,9 @@ def hf_layout(hf_config: Any) -> HFLayout:
         vocab_size=int(hf_config.vocab_size),
         tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         norm_eps=float(hf_config.rms_norm_eps),
+        moe=moe,
     )
 
 
@@ -136,6 +151,8 @@ def param_maps(
     layers: Sequence[int] | None = None,
     first: bool = True,
     last: bool = True,
+    ep: int = 1,
+    ep_rank: int = 0,
 ) -> list[ParamMap]:
     """Every Megatron parameter of the model or pipeline stage (``megatron_names``) with
     its HF tensors, in order: embeddings, the layers, final norm, output layer / value
@@ -143,7 +160,8 @@ def param_maps(
 
     ``layers``: the global indices of the stage's layers (its local layer ``j`` is
     ``layers[j]``; all by default); ``first``/``last``: the stage holds the embedding /
-    the final norm and head. A tied model's last stage, when it is not also the first,
+    the final norm and head; ``ep``/``ep_rank``: the experts this rank holds (an MoE
+    model under expert parallelism, see :mod:`megatron_moe`). A tied model's last stage, when it is not also the first,
     has an output layer of its own: the tied copy, read from the embedding.
 
     HF names carry no ``model.`` prefix here (the value model's backbone has none; the
@@ -155,7 +173,7 @@ def param_maps(
         out.append(ParamMap("embedding.word_embeddings.weight", ("embed_tokens.weight",), "col"))
     held = range(layout.num_layers) if layers is None else layers
     for j, i in enumerate(held):
-        out += _layer_maps(layout, megatron_names, j, i)
+        out += _layer_maps(layout, megatron_names, j, i, ep, ep_rank)
     if last:
         out.append(ParamMap("decoder.final_layernorm.weight", ("norm.weight",), "rep"))
         if value_head:
@@ -176,12 +194,15 @@ def param_maps(
     return out
 
 
-def _layer_maps(layout: HFLayout, megatron_names: set[str], j: int, i: int) -> list[ParamMap]:
+def _layer_maps(
+    layout: HFLayout, megatron_names: set[str], j: int, i: int, ep: int = 1, ep_rank: int = 0
+) -> list[ParamMap]:
     """The maps of global layer ``i``, held as the module's layer ``j``."""
     m, g, h = f"decoder.layers.{j}.", f"decoder.layers.{i}.", f"layers.{i}."
 
-    def pm(local: str, hf: tuple[str, ...], kind: Kind) -> ParamMap:
-        key = g + local if i != j else ""
+    def pm(local: str, hf: tuple[str, ...], kind: Kind, whole: str = "") -> ParamMap:
+        whole = whole or local
+        key = g + whole if i != j or whole != local else ""
         return ParamMap(m + local, hf, kind, i, key)
 
     out = [pm("self_attention.linear_qkv.weight", _qkv(h, "weight"), "qkv")]
@@ -198,10 +219,19 @@ def _layer_maps(layout: HFLayout, megatron_names: set[str], j: int, i: int) -> l
     mlp_norm = "mlp.linear_fc1.layer_norm_weight" if fused_norms else "pre_mlp_layernorm.weight"
     out.append(pm(attn_norm, (f"{h}input_layernorm.weight",), "rep"))
     out.append(pm(mlp_norm, (f"{h}post_attention_layernorm.weight",), "rep"))
+    if layout.moe is not None and layout.moe.moe_layers[i]:
+        for local, hf, kind, whole in moe_mlp_maps(layout.moe, h, ep, ep_rank):
+            out.append(pm(local, hf, _kind(kind), whole))
+        return out
     glu = (f"{h}mlp.gate_proj.weight", f"{h}mlp.up_proj.weight")
     out.append(pm("mlp.linear_fc1.weight", glu, "glu"))
     out.append(pm("mlp.linear_fc2.weight", (f"{h}mlp.down_proj.weight",), "row"))
     return out
+
+
+def _kind(name: str) -> Kind:
+    kinds: dict[str, Kind] = {"glu": "glu", "row": "row", "rep": "rep"}
+    return kinds[name]
 
 
 def _qkv(h: str, what: str) -> tuple[str, ...]:

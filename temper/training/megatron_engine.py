@@ -56,7 +56,14 @@ from temper.training.megatron_check import (
 )
 from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
-from temper.training.megatron_parallel import init_parallel
+from temper.training.megatron_moe import (
+    RouterStats,
+    is_expert_param,
+    load_imbalance,
+    router_loss_scales,
+    set_router_loss_scale,
+)
+from temper.training.megatron_parallel import all_reduce_flat, init_parallel
 from temper.training.megatron_pipeline import (
     StageLink,
     forward_only,
@@ -101,10 +108,12 @@ class MegatronEngine(TorchEngine):
     """Causal LM or value model on Megatron-Core, tensor × data parallel."""
 
     built: MegatronModel  # the GPTModel and its conversion maps (set by _load_model)
+    _aux_scales: list[float]  # router-loss weight of the micro-batches still to backward
     supports_full_kl = False  # its own _run: no exact KL (refused at check)
 
     def __init__(self, spec: EngineSpec) -> None:
         check_engine_spec(spec)
+        self._aux_scales = []
         device = spec.device
         if device.type == "cuda":
             import os
@@ -128,6 +137,9 @@ class MegatronEngine(TorchEngine):
             if getattr(spec.model, flag):
                 log.warning("model.%s is a GPU kernel option the megatron engine ignores", flag)
         super().__init__(spec)  # builds the model: _load_model sets self.built
+        moe = self.built.layout.moe
+        self._router_stats = RouterStats(self.built.module, moe) if moe is not None else None
+        self._groups: list[list[int]] = []
         half = half_precision_note(spec.model.dtype, device.type)
         if half:
             log.warning("%s", half)
@@ -183,8 +195,16 @@ class MegatronEngine(TorchEngine):
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         if self.parallel.pp > 1:
             set_stage_input(self.built.module, received)
+        if self._router_stats is None:
+            with self._autocast():
+                out: torch.Tensor = self.model(ids, positions, None)
+            return out
+        # an MoE router leaves the trailing padding out of its losses and counts
+        self._router_stats.begin()
+        real = inp.attention_mask.sum(dim=1, keepdim=True)
+        padding = torch.arange(ids.shape[1], device=self.device).unsqueeze(0) >= real
         with self._autocast():
-            out: torch.Tensor = self.model(ids, positions, None)
+            out = self.model(ids, positions, None, padding_mask=padding)
         return out
 
     def _head(
@@ -289,6 +309,7 @@ class MegatronEngine(TorchEngine):
             lambda mb, out: loss_fn(mb.to(self.device), out),
             all_min=lambda flags: self._all_reduce(flags, dist.ReduceOp.MIN),
             role=self.spec.role,
+            before_backward=lambda i: self._set_aux_loss_scale(),
         )
 
     # ------------------------------------------------------------------ collectives
@@ -327,11 +348,48 @@ class MegatronEngine(TorchEngine):
                 "group pads batches so that every rank gets at least one"
             )
         micro, groups = split_micro_batches(batch, spec)
-        if self.parallel.world == 1:
-            return micro, groups
-        (most,) = self._all_reduce([float(len(micro))], dist.ReduceOp.MAX)
-        pad = int(most) - len(micro)
-        return [*micro, *[micro[-1]] * pad], [*groups, *[[] for _ in range(pad)]]
+        if self.parallel.world > 1:
+            (most,) = self._all_reduce([float(len(micro))], dist.ReduceOp.MAX)
+            pad = int(most) - len(micro)
+            micro, groups = [*micro, *[micro[-1]] * pad], [*groups, *[[] for _ in range(pad)]]
+        if self._router_stats is not None:
+            self._aux_scales = self._moe_aux_loss_scales(groups)
+            self._router_stats.take([])  # counts of earlier forwards dropped
+            self._groups = groups
+        return micro, groups
+
+    def train_mini_batch(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """The torch engine's step; for an MoE model with the routers' load imbalance
+        (:func:`megatron_moe.load_imbalance` of the step's tokens over all ranks)."""
+        out = super().train_mini_batch(
+            batch, loss_fn, temperature=temperature, with_entropy=with_entropy
+        )
+        stats, moe = self._router_stats, self.built.layout.moe
+        if stats is not None and moe is not None:
+            counts = stats.take(self._groups).to(self._comm_device)
+            if self.parallel.world > 1:
+                dist.all_reduce(counts)  # TP = 1: stages hold other layers, ranks other tokens
+            out["moe_load_imbalance"] = load_imbalance(counts.cpu(), moe)
+        return out
+
+    def _moe_aux_loss_scales(self, groups: list[list[int]]) -> list[float]:
+        (total,) = self.global_sum([float(sum(1 for g in groups if g))])
+        return router_loss_scales(groups, total)
+
+    def _set_aux_loss_scale(self) -> None:
+        if self._aux_scales:
+            set_router_loss_scale(self._aux_scales.pop(0))
+
+    def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        self._set_aux_loss_scale()
+        super()._backward(loss, last=last)
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         if self.parallel.world == 1:
@@ -346,20 +404,18 @@ class MegatronEngine(TorchEngine):
         sync_tied_grads(self.link, self._tied_param)
 
     def _reduce_dp_grads(self) -> None:
-        """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype)."""
-        if self.parallel.dp == 1:
-            return
-        grads = [p.grad for p in self.trainable_parameters() if p.grad is not None]
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
-        for group in by_dtype.values():
-            flat = torch.cat([g.reshape(-1) for g in group])
-            dist.all_reduce(flat, group=self.parallel.dp_group)
-            offset = 0
-            for g in group:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+        """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype); an
+        MoE model's expert weights over the expert-data-parallel group instead (the ranks
+        holding the same experts: DP / EP of them)."""
+        p = self.parallel
+        dense: list[torch.Tensor] = []
+        experts: list[torch.Tensor] = []
+        for name, param in self.model.named_parameters():
+            if param.grad is None or not param.requires_grad:
+                continue
+            (experts if p.ep > 1 and is_expert_param(name) else dense).append(param.grad)
+        all_reduce_flat(dense, p.dp_group, p.dp)
+        all_reduce_flat(experts, p.expert_dp_group, p.expert_dp)
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
         """Global L2 norm over the model-parallel shards (TP duplicates counted once),
@@ -373,12 +429,22 @@ class MegatronEngine(TorchEngine):
             for p in params
             if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not copy
         ]
+        experts = {id(p.grad) for n, p in self.model.named_parameters() if is_expert_param(n)}
+        split = self.parallel.ep > 1
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        sq_experts = torch.zeros((), dtype=torch.float64, device=self.device)
         for g in counted:
-            sq += g.detach().double().pow(2).sum()
+            if split and id(g) in experts:
+                sq_experts += g.detach().double().pow(2).sum()
+            else:
+                sq += g.detach().double().pow(2).sum()
         if self.parallel.tp > 1 or self.parallel.pp > 1:
             sq = sq.to(self._comm_device)
             dist.all_reduce(sq, group=self.parallel.model_parallel_group)
+        if split:  # each EP rank holds other experts: their squares summed over EP × PP
+            sq_experts = sq_experts.to(self._comm_device)
+            dist.all_reduce(sq_experts, group=self.parallel.expert_model_group)
+            sq = sq.to(self._comm_device) + sq_experts
         norm = float(sq.sqrt())
         coef = clip / (norm + 1e-6)
         if coef < 1.0:

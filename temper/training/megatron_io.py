@@ -57,13 +57,25 @@ RNG_DIR = "rng"
 
 
 def _causal_architecture(config: Any) -> str:
-    return {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[
-        config.model_type
-    ]
+    return {
+        "llama": "LlamaForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "qwen2_moe": "Qwen2MoeForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM",
+        "mixtral": "MixtralForCausalLM",
+    }[config.model_type]
 
 
 def _base_architecture(config: Any) -> str:
-    return {"llama": "LlamaModel", "qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}[config.model_type]
+    return {
+        "llama": "LlamaModel",
+        "qwen2": "Qwen2Model",
+        "qwen3": "Qwen3Model",
+        "qwen2_moe": "Qwen2MoeModel",
+        "qwen3_moe": "Qwen3MoeModel",
+        "mixtral": "MixtralModel",
+    }[config.model_type]
 
 
 def _copy_generation_config(spec: EngineSpec, out: Path) -> None:
@@ -116,41 +128,61 @@ class MegatronCheckpointer:
 
         return gather
 
+    @property
+    def _holders(self) -> tuple[Any, int]:
+        """The group whose ranks together hold one copy of every parameter, and its size:
+        the pipeline's stages, and under expert parallelism the EP ranks of each stage
+        (each holds other experts); None when this rank holds them all."""
+        p = self.parallel
+        if p.ep > 1:
+            return p.expert_model_group, p.ep * p.pp
+        return (p.pp_group, p.pp) if p.pp > 1 else (None, 1)
+
     @cached_property
     def _owners(self) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
-        """Every exported parameter of the whole model in order, with the stage holding
-        it and its local (TP shard) shape and dtype; one object all-gather over the
-        pipeline group the first time (stages build only their own maps)."""
+        """Every exported parameter of the whole model in order, with the rank of
+        :attr:`_holders` holding it and its local (TP shard) shape and dtype; one object
+        all-gather the first time (stages and EP ranks build only their own maps). A
+        parameter held by several of them (dense weights under EP) is taken from the
+        first."""
         params = dict(self.model.named_parameters())
         mine = [
             (pm, tuple(params[pm.megatron].shape), params[pm.megatron].dtype)
             for pm in self.built.maps
             if not pm.tied_copy
         ]
-        p = self.parallel
-        if p.pp == 1:
+        group, size = self._holders
+        if size == 1:
             return [(0, pm, shape, dtype) for pm, shape, dtype in mine]
-        stages: list[Any] = [None] * p.pp
-        dist.all_gather_object(stages, mine, group=p.pp_group)
-        return [(s, *row) for s, rows in enumerate(stages) for row in rows]
+        held: list[Any] = [None] * size
+        dist.all_gather_object(held, mine, group=group)
+        out, seen = [], set()
+        for s, rows in enumerate(held):
+            for pm, shape, dtype in rows:
+                if pm.global_name not in seen:
+                    seen.add(pm.global_name)
+                    out.append((s, pm, shape, dtype))
+        return out
 
     def _fetch(self) -> Callable[[ParamMap], torch.Tensor]:
-        """This TP rank's shard of a parameter, broadcast from the stage that holds it
-        (a collective over the pipeline group; the stage's own tensor at PP = 1)."""
-        p = self.parallel
+        """This TP rank's shard of a parameter, broadcast from the rank of
+        :attr:`_holders` that holds it (the rank's own tensor when it holds them all)."""
         params = dict(self.model.named_parameters())
         where = {pm.global_name: (s, shape, dtype) for s, pm, shape, dtype in self._owners}
         comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        group, size = self._holders
+        me = dist.get_rank(group) if size > 1 else 0
+        mine = {pm.global_name: pm.megatron for pm in self.built.maps}
 
         def fetch(pm: ParamMap) -> torch.Tensor:
-            stage, shape, dtype = where[pm.global_name]
-            if p.pp == 1:
+            owner, shape, dtype = where[pm.global_name]
+            if size == 1:
                 return params[pm.megatron].detach()
-            if stage == p.pp_rank:
-                t = params[pm.megatron].detach().to(comm).contiguous()
+            if owner == me:
+                t = params[mine[pm.global_name]].detach().to(comm).contiguous()
             else:
                 t = torch.empty(shape, dtype=dtype, device=comm)
-            dist.broadcast(t, group=p.pp_group, group_src=stage)
+            dist.broadcast(t, group=group, group_src=owner)
             return t.to(self.device)
 
         return fetch

@@ -15,6 +15,14 @@ interface, ``GPTModel.output_layer``'s call signature) and says why it exists:
   from transformers' own RoPE initializer for the checkpoint's config
   (:func:`megatron_convert.hf_inv_freq`), so ``rope_theta`` and ``rope_scaling``
   (linear, llama3) are exactly Hugging Face's.
+* :class:`HostTopKRouter` — ``TopKRouter.gating`` moves a CPU router weight to CUDA;
+  this subclass computes the same logits where the weight is (an MoE layer's
+  ``submodules.router``, see :func:`moe_block_spec`).
+* :class:`HostAllGatherTokenDispatcher` — Megatron's all-gather token dispatcher (the
+  one that runs on gloo: all-gather and reduce-scatter; the all-to-all dispatcher makes
+  a CUDA stream when built) allocates its collectives' outputs on CUDA; this subclass
+  exchanges the same tensors where they are. Swapped into each MoE layer after the
+  model is built (:func:`use_host_dispatchers`), as the RoPE module is.
 * :class:`ValueHead` — the critic's scalar head, called where ``GPTModel`` calls its
   output layer (``(hidden, weight=…, runtime_gather_output=…) -> (out, bias)``).
 
@@ -30,6 +38,9 @@ from typing import Any
 import torch
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
 from torch import nn
 
 
@@ -158,3 +169,161 @@ def layer_spec(*, qk_layernorm: bool, use_te: bool) -> Any:
     spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     return spec
+
+
+class HostTopKRouter(TopKRouter):
+    """Megatron's ``TopKRouter`` with its weight left where the model is.
+
+    Only :meth:`gating` is replaced: the parent moves a CPU router weight to CUDA on its
+    first call, and its ``router_gating_linear`` names TransformerEngine's GEMM even
+    where TE is not installed (a ``NameError``); this one computes the same logits,
+    ``input · weightᵀ (+ bias)`` in the configured ``moe_router_dtype``, with torch's
+    linear on the weight's device.
+    """
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:
+        router_dtype = input.dtype
+        if self.config.moe_router_dtype == "fp32":
+            router_dtype = torch.float32
+        elif self.config.moe_router_dtype == "fp64":
+            router_dtype = torch.float64
+        bias = self.bias.to(router_dtype) if self.bias is not None else None
+        return torch.nn.functional.linear(
+            input.to(router_dtype), self.weight.to(router_dtype), bias
+        )
+
+
+def moe_block_spec(config: Any, *, use_te: bool) -> Any:
+    """The decoder block of a mixture-of-experts model: Megatron's per-layer specs (MoE
+    or dense layers after ``config.moe_layer_freq``) with ``SequentialMLP`` experts; off
+    TransformerEngine, :class:`SDPACoreAttention` and :class:`HostTopKRouter` in each."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    block = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=use_te, normalization="RMSNorm"
+    )
+    if use_te:
+        return block
+    for spec in block.layer_specs:
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+        mlp = spec.submodules.mlp
+        if isinstance(mlp.submodules, MoESubmodules):
+            mlp.submodules.router = HostTopKRouter
+    return block
+
+
+class _GatherTokens(torch.autograd.Function):
+    """Every rank's rows of ``x`` (``sizes[r]`` rows on rank r of ``group``), in rank
+    order; backward: reduce-scatter (each rank's rows get the gradient every rank's
+    experts gave them)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+        ctx.group, ctx.sizes = group, sizes
+        return _gather_rows(x, group, sizes)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _scatter_rows(grad, ctx.group, ctx.sizes), None, None
+
+
+class _ScatterTokens(torch.autograd.Function):
+    """The sum over ``group`` of every rank's ``x`` (all ranks' rows), this rank's rows
+    kept; backward: all-gather."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+        ctx.group, ctx.sizes = group, sizes
+        return _scatter_rows(x, group, sizes)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _gather_rows(grad, ctx.group, ctx.sizes), None, None
+
+
+def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x.contiguous()
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
+
+
+def _gather_rows(x: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+    """All-gather of a different number of rows per rank: padded to the most, gathered,
+    the padding dropped."""
+    most = max(sizes)
+    out = x.new_empty((most * len(sizes), *x.shape[1:]))
+    torch.distributed.all_gather_into_tensor(out, _pad_to(x, most), group=group)
+    return torch.cat([out[i * most : i * most + n] for i, n in enumerate(sizes)])
+
+
+def _scatter_rows(x: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+    """Reduce-scatter of rows ``sizes[r]`` to rank r: each rank's block padded to the
+    most, summed over the group, this rank's rows kept."""
+    most = max(sizes)
+    blocks = torch.cat([_pad_to(b, most) for b in x.split(sizes)])
+    out = x.new_empty((most, *x.shape[1:]))
+    torch.distributed.reduce_scatter_tensor(out, blocks, group=group)
+    return out[: sizes[torch.distributed.get_rank(group)]]
+
+
+class HostAllGatherTokenDispatcher(MoEAllGatherTokenDispatcher):
+    """Megatron's all-gather token dispatcher with its two collectives on the tokens'
+    device, for any number of tokens per rank.
+
+    Megatron's sequence-parallel gather / reduce-scatter allocate their outputs with
+    ``torch.cuda.current_device()`` and need the same number of tokens on every rank
+    (Megatron pads all sequences to one length); temper's ranks run micro-batches of
+    their own lengths. :meth:`token_dispatch` and :meth:`token_combine` here do the
+    same exchange (routing map, probabilities and hidden states gathered over the
+    TP × EP group; expert outputs reduce-scattered back), each rank's row count
+    exchanged first. Routing, permutation and the experts are the parent's.
+    """
+
+    _sizes: list[int]
+
+    def token_dispatch(
+        self, hidden_states: torch.Tensor, probs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tp_size > 1 or self.ep_size > 1:
+            group = self.tp_ep_group
+            mine = torch.tensor([hidden_states.shape[0]], device=hidden_states.device)
+            sizes = mine.new_empty(torch.distributed.get_world_size(group))
+            torch.distributed.all_gather_into_tensor(sizes, mine, group=group)
+            self._sizes = [int(n) for n in sizes.tolist()]
+            with torch.no_grad():
+                self.routing_map = _gather_rows(self._routing_map(), group, self._sizes)
+            probs = _GatherTokens.apply(probs, group, self._sizes)
+            hidden_states = _GatherTokens.apply(hidden_states, group, self._sizes)
+        return hidden_states, probs
+
+    def _routing_map(self) -> torch.Tensor:
+        """This rank's ``(tokens, experts)`` routing map (set by ``dispatch_preprocess``)."""
+        routing: torch.Tensor = self.routing_map
+        return routing
+
+    def token_combine(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1 or self.ep_size > 1:
+            dtype = hidden_states.dtype
+            summed = hidden_states.to(self.local_probs.dtype)
+            hidden_states = _ScatterTokens.apply(summed, self.tp_ep_group, self._sizes)
+            hidden_states = hidden_states.to(dtype)
+        return hidden_states
+
+
+def use_host_dispatchers(module: nn.Module) -> None:
+    """Give every MoE layer of ``module`` a :class:`HostAllGatherTokenDispatcher` (it
+    holds no parameters: the parent's is dropped before any forward)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    groups = ProcessGroupCollection.use_mpu_process_groups()
+    for layer in module.modules():
+        if isinstance(layer, MoELayer) and isinstance(
+            layer.token_dispatcher, MoEAllGatherTokenDispatcher
+        ):
+            old = layer.token_dispatcher
+            layer.token_dispatcher = HostAllGatherTokenDispatcher(
+                old.num_local_experts,
+                old.local_expert_indices,
+                config=old.config,
+                pg_collection=groups,
+            )

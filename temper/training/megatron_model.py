@@ -36,6 +36,11 @@ from temper.training.megatron_convert import (
     param_maps,
     to_megatron_shard,
 )
+from temper.training.megatron_moe import (
+    OWNED_MOE_FIELDS,
+    moe_config_kwargs,
+    unavailable_moe_options,
+)
 from temper.training.megatron_parallel import Parallel
 from temper.training.megatron_vocab import VocabShard
 from temper.training.models import VALUE_HEAD_FILE, is_value_model_dir, load_hf_config
@@ -71,6 +76,7 @@ _OWNED_FIELDS = frozenset(
         "recompute_method",
         "recompute_num_layers",
         "recompute_modules",
+        *OWNED_MOE_FIELDS,
     }
 )
 
@@ -159,7 +165,11 @@ def transformer_config(
             kwargs["recompute_num_layers"] = m.recompute_num_layers or (1 if full else None)
             if m.recompute_modules is not None:
                 kwargs["recompute_modules"] = list(m.recompute_modules)
-    unavailable = set(unavailable_fusions(m.extra, device.type))  # noted by the pre-flight
+    # noted by the pre-flight
+    unavailable = set(unavailable_fusions(m.extra, device.type))
+    if layout.moe is not None:
+        kwargs.update(moe_config_kwargs(layout.moe, m.extra, device.type))
+        unavailable |= set(unavailable_moe_options(m.extra, device.type))
     kwargs.update({k: v for k, v in m.extra.items() if k not in unavailable})
     try:
         return TransformerConfig(**kwargs)
@@ -272,6 +282,8 @@ def build_model(
         ValueHead,
         has_transformer_engine,
         layer_spec,
+        moe_block_spec,
+        use_host_dispatchers,
     )
 
     layout, hf_config = source.layout, source.hf_config
@@ -287,9 +299,13 @@ def build_model(
     value = spec.value_head
     padded = layout.padded_vocab(parallel.tp)
     first, last = parallel.first_stage, parallel.last_stage
+    if layout.moe is not None:
+        spec_: Any = moe_block_spec(config, use_te=use_te)
+    else:
+        spec_ = layer_spec(qk_layernorm=layout.qk_norm, use_te=use_te)
     module = GPTModel(
         config,
-        layer_spec(qk_layernorm=layout.qk_norm, use_te=use_te),
+        spec_,
         vocab_size=padded,
         max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
         position_embedding_type="rope",
@@ -309,6 +325,10 @@ def build_model(
     )
     rope.to_device(device)
     module.rotary_pos_emb = rope
+    if layout.moe is not None:
+        # Megatron's all-gather dispatcher needs CUDA and equal token counts on every
+        # rank; temper's ranks run micro-batches of their own lengths (megatron_layers)
+        use_host_dispatchers(module)
     if value and last:
         module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
     module.to(device)
@@ -316,7 +336,16 @@ def build_model(
     # Megatron numbers a stage's layers from 0 in names, and from its offset in
     # ``layer_number`` (1-based): the global index of each
     layers = [int(layer.layer_number) - 1 for layer in module.decoder.layers]
-    maps = param_maps(layout, names, value_head=value, layers=layers, first=first, last=last)
+    maps = param_maps(
+        layout,
+        names,
+        value_head=value,
+        layers=layers,
+        first=first,
+        last=last,
+        ep=parallel.ep,
+        ep_rank=parallel.ep_rank,
+    )
     _mark_tensor_parallel(module, maps)
     dist = spec.megatron_config.dist_checkpoint_path
     if dist:  # a checkpoint converted ahead of time (verl's use_dist_checkpointing)

@@ -6,7 +6,10 @@ tests use ``spawn_ranks``). ``initialize_model_parallel`` cuts that world into t
 ``tp-cp-ep-dp-pp``: consecutive ranks form a TP group, the ranks holding the same TP
 shard in different TP groups of one stage form a data-parallel (DP) group, and the
 stages of one pipeline are ``TP × DP`` ranks apart. The TP groups of one pipeline
-compute on the same samples; DP ranks on different ones.
+compute on the same samples; DP ranks on different ones. Expert parallelism (EP) lies
+inside data parallelism: consecutive DP ranks form an EP group, which splits each MoE
+layer's experts and exchanges tokens (every rank keeps its own samples); ranks holding
+the same experts form the expert-data-parallel group.
 
 On the local backend a role runs in the driver process, which has no process group: a
 one-rank world (gloo on CPU, nccl on GPU) is created for it, so the same Megatron code
@@ -55,6 +58,12 @@ class Parallel:
     prev_rank: int = 0  # global ranks of the neighbouring pipeline stages
     next_rank: int = 0
     embedding_group: Any = None  # first and last stage of a pipeline (a tied copy's grads)
+    ep: int = 1  # expert parallelism: the experts of an MoE layer split over EP ranks
+    ep_rank: int = 0
+    expert_dp: int = 1  # ranks holding the same experts: their gradients are summed there
+    expert_dp_group: Any = None
+    # EP × PP ranks of one model copy (every expert and stage once): export gathers there
+    expert_model_group: Any = None
 
     @property
     def first_stage(self) -> bool:
@@ -149,6 +158,7 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         else:
             tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
     pp = ps.get_pipeline_model_parallel_world_size()
+    ep = ps.get_expert_model_parallel_world_size()
     return Parallel(
         rank=dist.get_rank(),
         world=world,
@@ -165,4 +175,25 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         prev_rank=ps.get_pipeline_model_parallel_prev_rank() if pp > 1 else 0,
         next_rank=ps.get_pipeline_model_parallel_next_rank() if pp > 1 else 0,
         embedding_group=ps.get_embedding_group(check_initialized=False) if pp > 1 else None,
+        ep=ep,
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        expert_dp=ps.get_expert_data_parallel_world_size(),
+        expert_dp_group=ps.get_expert_data_parallel_group(),
+        expert_model_group=ps.get_expert_tensor_model_pipeline_parallel_group() if ep > 1 else None,
     )
+
+
+def all_reduce_flat(grads: list[torch.Tensor], group: Any, size: int) -> None:
+    """Sum ``grads`` over ``group`` in flat buckets, one all-reduce per dtype."""
+    if size == 1 or not grads:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in same:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()

@@ -117,11 +117,18 @@ def run_forwards(
     return saved
 
 
-def run_backwards(link: StageLink, saved: list[tuple[torch.Tensor | None, torch.Tensor]]) -> None:
+def run_backwards(
+    link: StageLink,
+    saved: list[tuple[torch.Tensor | None, torch.Tensor]],
+    before: Callable[[int], None] | None = None,
+) -> None:
     """The backwards of :func:`run_forwards`' micro-batches, in their order: the last
-    stage from its losses, the others from the gradient the next stage sends back."""
+    stage from its losses, the others from the gradient the next stage sends back;
+    ``before(i)`` runs before micro-batch ``i``'s backward."""
     p = link.p
-    for received, out in saved:
+    for i, (received, out) in enumerate(saved):
+        if before is not None:
+            before(i)
         if p.last_stage:
             out.backward()
         else:
@@ -159,12 +166,14 @@ def train_forward_backward(
     *,
     all_min: Callable[[list[float]], list[float]],
     role: str,
+    before_backward: Callable[[int], None] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Forwards, then backwards of every micro-batch, gradients accumulated on each
     stage: the ``(loss sum, metric sums)`` of the pipeline's micro-batches on every stage
     (padding micro-batches, ``groups[i]`` empty, contribute nothing). Every loss is
     checked before any backward (``all_min``: a MIN over the role's ranks), so a
-    non-finite one leaves no gradient anywhere."""
+    non-finite one leaves no gradient anywhere. ``before_backward(i)``: a hook before
+    micro-batch ``i``'s backward."""
     last = link.p.last_stage
     sums: dict[str, float] = {}
 
@@ -191,7 +200,7 @@ def train_forward_backward(
             f"{role}: loss is not finite in micro-batch {bad[0]}; optimizer step skipped, "
             "weights unchanged"
         )
-    run_backwards(link, saved)
+    run_backwards(link, saved, before_backward)
     sums = broadcast_sums(link.p, sums)
     return sums.pop(LOSS_SUM, 0.0), sums
 

@@ -192,8 +192,16 @@ def _check(device: str = "cpu", lora: int = 0, **m: Any) -> list[str]:
             "pipeline",
         ),
         ({"context_parallel_size": 2}, "actor.megatron.context_parallel_size", "TransformerEngine"),
-        ({"expert_model_parallel_size": 2}, "actor.megatron.expert_model_parallel_size", "dense"),
-        ({"expert_tensor_parallel_size": 2}, "actor.megatron.expert_tensor_parallel_size", "dense"),
+        (
+            {"expert_tensor_parallel_size": 2},
+            "actor.megatron.expert_tensor_parallel_size",
+            "expert tensor parallelism",
+        ),
+        (
+            {"extra": {"moe_router_enable_expert_bias": True}},
+            "actor.megatron.extra.moe_router_enable_expert_bias",
+            "CUDA",
+        ),
         ({"tensor_model_parallel_size": 0}, "actor.megatron.tensor_model_parallel_size", "≥ 1"),
         ({"expert_tensor_parallel_size": 0}, "actor.megatron.expert_tensor_parallel_size", "≥ 1"),
         ({"recompute_granularity": "most"}, "actor.megatron.recompute_granularity", "unknown"),
@@ -240,7 +248,7 @@ def test_memory_options_are_notes_not_errors() -> None:
     on_gpu = unapplied_options(MegatronConfig(recompute_granularity="full"), "cuda")
     assert not any("recompute" in n for n in on_gpu)  # applied on CUDA
     moe = unapplied_options(MegatronConfig(extra={"moe_grouped_gemm": True}), "cuda")
-    assert any("moe_grouped_gemm" in n and "dense" in n for n in moe)
+    assert any("moe_grouped_gemm" in n and "SequentialMLP" in n for n in moe)
 
 
 def test_kernel_fusions_that_cannot_run_here_are_dropped_with_a_note() -> None:
