@@ -20,6 +20,8 @@ ALONE=(
   tests/integration/test_megatron_runs.py
   tests/integration/test_megatron_pipeline.py
   tests/integration/test_megatron_dist_init.py
+  tests/integration/test_megatron_moe.py
+  tests/integration/test_megatron_moe_runs.py
   tests/integration/test_fsdp2.py
   tests/integration/test_vllm.py
   tests/integration/test_agentic_tiny.py
