@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_ray_backend import ray_config_dict  # same folder: pytest puts it on sys.path
 
 from temper.pipelines.catalog import build_config
 from temper.rollout.vllm_process import SHM_PREFIX
@@ -18,11 +19,6 @@ pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.vllm]
-
-REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return (sum(map(ord, solution_str)) % 101) / 100
-"""
 
 
 @pytest.fixture(scope="module")
@@ -44,50 +40,21 @@ def test_grpo_with_two_rank_tensor_parallel_vllm_engines(tmp_path, model_dir, mo
     from temper.pipelines import run_pipeline as train
     from temper.pipelines.catalog import plan
 
-    reward_file = tmp_path / "digits.py"
-    reward_file.write_text(REWARD)
-    cfg = build_config(
-        {
-            "experiment": {
-                "output_dir": str(tmp_path / "run"),
-                "max_steps": 2,
-                "seed": 1,
-                "device": "cpu",
-                "trackers": ["jsonl"],
-            },
-            "model": {"path": str(model_dir)},
-            "data": {
-                "train_files": ["task:arithmetic?n=16&seed=3"],
-                "train_batch_size": 4,
-                "max_prompt_length": 96,
-            },
-            "rollout": {
-                "engine": "vllm",
-                "tensor_parallel_size": 2,
-                "n": 2,
-                "response_length": 8,
-                "max_model_len": 256,
-                "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 256 << 20}},
-            },
-            "actor": {
-                "strategy": "fsdp2",
-                "mini_batch_size": 8,
-                "micro_batch_size_per_device": 2,
-                "optim": {"lr": 3e-3, "weight_decay": 0.0},
-            },
-            "algorithm": {"adv_estimator": "grpo"},
-            "reward": {
-                "function": "custom",
-                "custom_function": {"path": str(reward_file)},
-                "num_workers": 1,
-            },
-            "resources": {
-                "backend": "ray",
-                "devices_per_node": devices,
-                "ray": {"num_cpus": 2 * devices, "rpc_timeout": 300},
-            },
-        }
-    )
+    over = {
+        "data": {"train_batch_size": 4},
+        "rollout": {
+            "engine": "vllm",
+            "tensor_parallel_size": 2,
+            "max_model_len": 256,
+            "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 256 << 20}},
+        },
+        "actor": {"mini_batch_size": 8},
+        "resources": {
+            "devices_per_node": devices,
+            "ray": {"num_cpus": 2 * devices, "rpc_timeout": 300},
+        },
+    }
+    cfg = build_config(ray_config_dict(tmp_path, model_dir, **over))
     rollout_row = next(r for r in placement_rows(cfg, plan(cfg)) if r[0] == "rollout")
     assert rollout_row[3:6] == (str(devices), str(devices // 2), "vllm TP=2")  # ranks, engines
     before = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
@@ -104,4 +71,4 @@ def test_grpo_with_two_rank_tensor_parallel_vllm_engines(tmp_path, model_dir, mo
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor").state_dict()
     assert all(not torch.equal(before[k], after[k]) for k in before)
     # the engine's shared-memory segments leave no names behind (Ray kills its workers)
-    assert not list(Path("/dev/shm").glob(f"{SHM_PREFIX}*")) if Path("/dev/shm").is_dir() else True
+    assert not list(Path("/dev/shm").glob(f"{SHM_PREFIX}*"))
