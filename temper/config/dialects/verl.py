@@ -31,7 +31,13 @@ from collections.abc import Callable
 from typing import Any, Union, get_args, get_origin
 
 from temper.config.catalog import VALUES, Catalog
-from temper.config.dialects import Translation, verl_async, verl_generation, verl_sft
+from temper.config.dialects import (
+    Translation,
+    verl_async,
+    verl_distill,
+    verl_generation,
+    verl_sft,
+)
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.dialects.verl_v09 import MODEL_ENGINE_STRATEGY
@@ -431,6 +437,7 @@ class _Translator:
         self._sequence_level_losses()
         self._sequence_parallel_budgets()
         verl_async.finish(self)
+        verl_distill.finish(self)
         self.finish_engine_kwargs()
         path, path_key, _ = self.writes.get("reward.custom_function.path", (None, "", False))
         if path:

@@ -293,27 +293,36 @@ def fully_async(_v: Any, ctx: Any) -> None:
 # --------------------------------------------------------------------------- pools
 
 
-def _pool_size(ctx: Any, key: str, default: int, what: str) -> int:
+def _pool_size(ctx: Any, key: str, default: int, what: str, pool: str) -> int:
     value = ctx.get(key, default)
     if not _int(value) or value <= 0:
         raise ctx.error_at(
             key,
-            f"{what} runs the rollout on a pool of its own and asserts its size is a positive "
+            f"{what} runs the {pool} on a pool of its own and asserts its size is a positive "
             f"integer (got {value!r})",
             f"set {key} to the pool's size (1 or more)",
         )
     return int(value)
 
 
-def separate_pool(ctx: Any, nodes_key: str, gpus_key: str, what: str) -> None:
-    """The trainer's pool (``trainer.nnodes × n_gpus_per_node``) and the rollout's own
-    pool (``nodes_key × gpus_key``) as temper's device ids: the trainer's first, the
-    rollout's after them (each role a contiguous range of ``nnodes × devices_per_node``)."""
+def separate_pool(
+    ctx: Any,
+    nodes_key: str,
+    gpus_key: str,
+    what: str,
+    *,
+    pool: str = "rollout",
+    role: str = "resources.actor_infer",
+) -> None:
+    """The trainer's pool (``trainer.nnodes × n_gpus_per_node``) and ``pool``'s own
+    (``nodes_key × gpus_key``; the rollout's, or on-policy distillation's teachers') as
+    temper's device ids: the trainer's first, the other's after them, as ``role`` (each a
+    contiguous range of ``nnodes × devices_per_node``)."""
     trainer = f"verl's {what} trainer"
-    nt = _pool_size(ctx, "trainer.nnodes", 1, trainer)
-    gt = _pool_size(ctx, "trainer.n_gpus_per_node", 8, trainer)
-    nr = _pool_size(ctx, nodes_key, 0, trainer)
-    gr = _pool_size(ctx, gpus_key, gt, trainer)
+    nt = _pool_size(ctx, "trainer.nnodes", 1, trainer, pool)
+    gt = _pool_size(ctx, "trainer.n_gpus_per_node", 8, trainer, pool)
+    nr = _pool_size(ctx, nodes_key, 0, trainer, pool)
+    gr = _pool_size(ctx, gpus_key, gt, trainer, pool)
     if nt == nr:  # each node holds both pools' devices (verl's one-node scripts)
         nnodes, per_node = nt, gt + gr
     elif gt == gr:  # whole nodes for each pool
@@ -321,7 +330,7 @@ def separate_pool(ctx: Any, nodes_key: str, gpus_key: str, what: str) -> None:
     else:
         raise ctx.error_at(
             nodes_key,
-            f"a trainer pool of {nt} nodes × {gt} devices beside a rollout pool of {nr} nodes "
+            f"a trainer pool of {nt} nodes × {gt} devices beside a {pool} pool of {nr} nodes "
             f"× {gr} devices does not fit temper's placement (resources.nnodes × "
             "devices_per_node, each role a contiguous range of device ids)",
             "give both pools the same node count or the same devices per node",
@@ -331,10 +340,10 @@ def separate_pool(ctx: Any, nodes_key: str, gpus_key: str, what: str) -> None:
     ctx.replace("resources.nnodes", nnodes, key)
     ctx.replace("resources.devices_per_node", per_node, key)
     ctx.write("resources.actor_train", list(range(train)), key)
-    ctx.write("resources.actor_infer", list(range(train, train + roll)), key)
+    ctx.write(role, list(range(train, train + roll)), key)
     ctx.note(
-        f"{what}: the rollout's own pool ({nr}×{gr}) beside the trainer's ({nt}×{gt}) is "
-        f"resources.actor_infer {train}..{train + roll - 1} of {nnodes}×{per_node} devices, "
+        f"{what}: the {pool} pool ({nr}×{gr}) beside the trainer's ({nt}×{gt}) is "
+        f"{role} {train}..{train + roll - 1} of {nnodes}×{per_node} devices, "
         f"the trainer's resources.actor_train 0..{train - 1}"
         + (
             " (temper numbers devices node by node, so a node may hold both pools' devices)"

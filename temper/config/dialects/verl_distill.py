@@ -23,8 +23,9 @@ What verl computes, and what temper builds of it:
   ``num_replicas`` and ``inference.*`` configure verl's teacher inference servers — here a
   teacher is a forward-only engine built as the reference's;
 - ``nnodes`` / ``n_gpus_per_node``: verl's teacher resource pool of its own (``nnodes >
-  0``) is refused; ``nnodes: 0`` puts the teachers on the trainer's devices, where temper
-  places them (the reference's).
+  0``) becomes ``resources.reference``, device ids after the trainer's (temper places the
+  teachers, and a reference, there; Ray backend); ``nnodes: 0`` puts the teachers on the
+  trainer's devices.
 """
 
 from __future__ import annotations
@@ -175,15 +176,12 @@ def distillation(section: Any, ctx: Any) -> None:
     if not section.get("enabled", False):
         _off(section, ctx)
         return
-    if (section.get("nnodes") or 0) > 0:
-        raise ConfigError(
-            f"{SECTION}.nnodes",
-            "verl's teacher resource pool (devices besides the trainer's) is not translated: "
-            "here the teachers run on the reference's devices",
-            f"set {SECTION}.nnodes=0 (the teachers share the trainer's devices), or place "
-            "them natively with resources.reference",
+    if (section.get("nnodes") or 0) > 0:  # placed in the final pass (finish)
+        ctx.note("the teachers' own pool: resources.reference (see the placement note)")
+    else:
+        ctx.note(
+            "the teachers share the actor's devices (nnodes is 0)", f"{SECTION}.n_gpus_per_node"
         )
-    ctx.note("the teachers share the actor's devices (nnodes is 0)", f"{SECTION}.n_gpus_per_node")
     coef = _loss(section, ctx)
     for name, teacher in _teachers(section, ctx).items():
         key = f"{SECTION}.teacher_models.{name}"
@@ -192,6 +190,26 @@ def distillation(section: Any, ctx: Any) -> None:
         tag = teacher.get("key")
         ctx.write(f"distill.teachers.{name}.tags", [] if tag is None else [str(tag)], f"{key}.key")
     ctx.write("data.tag_key", section.get("teacher_key", "data_source"), f"{SECTION}.teacher_key")
+
+
+def finish(ctx: Any) -> None:
+    """The final pass: the teachers' own pool (``distillation.nnodes`` > 0) beside the
+    trainer's, as ``resources.reference`` (temper places teachers on the reference's
+    devices) — after the trainer's pool is counted."""
+    section = ctx.get(SECTION)
+    if not isinstance(section, dict) or not section.get("enabled", False):
+        return
+    if (section.get("nnodes") or 0) > 0:
+        from temper.config.dialects.verl_async import separate_pool
+
+        separate_pool(
+            ctx,
+            f"{SECTION}.nnodes",
+            f"{SECTION}.n_gpus_per_node",
+            "on-policy distillation",
+            pool="teachers",
+            role="resources.reference",
+        )
 
 
 RULES: dict[str, Rule] = {SECTION: Call(distillation)}

@@ -57,6 +57,15 @@ def test_task_rewards_make_mixed_distillation_weighted_by_the_coef():
     assert not d.pure and all(t.kl_coef == 0.5 for t in d.teachers.values())
 
 
+def test_a_teacher_pool_of_its_own_is_the_references_devices_after_the_trainers():
+    """verl places the teachers on ``distillation.nnodes × n_gpus_per_node`` devices beside
+    the trainer's; temper places teachers on the reference's devices."""
+    over = (*MOPD, "trainer.n_gpus_per_node=4", f"{D}.nnodes=1", f"{D}.n_gpus_per_node=2")
+    res = from_dict(TemperConfig, native(composed("ppo_trainer.yaml", *over))).resources
+    assert (res.nnodes, res.devices_per_node) == (1, 6)
+    assert (res.actor_train, res.reference) == ([0, 1, 2, 3], [4, 5])
+
+
 @pytest.mark.parametrize(
     ("change", "key"),
     [
@@ -64,7 +73,6 @@ def test_task_rewards_make_mixed_distillation_weighted_by_the_coef():
         (f"{LOSS}.loss_mode=forward_kl_topk", f"{LOSS}.loss_mode"),
         (f"{LOSS}.policy_loss_mode=gspo", f"{LOSS}.policy_loss_mode"),
         (f"{LOSS}.clip_ratio_high=0.28", f"{LOSS}.clip_ratio_high"),
-        (f"{D}.nnodes=1", f"{D}.nnodes"),
         ("actor_rollout_ref.actor.use_kl_loss=True", f"{LOSS}.use_task_rewards"),
     ],
 )
