@@ -170,25 +170,13 @@ def translate_roll_distill(raw: RawConfig) -> Translation:
         derive.experiment(ctx)
         derive.definitions(ctx, raw, defs)
     except ConfigError as err:
-        raise ConfigError(
-            _named(err.key), _named(err.reason), _named(err.template), bound=err.bound
-        ) from err
+        raise roll_sft.renamed_error(err, _named) from err
     ctx.notes += [
         "question_key: the user turn is the question alone (ROLL writes '\\n' + question)",
         "kd_objective: compared where the two models predict the response tokens, the NLL's "
         "positions (ROLL masks the divergence by the unshifted labels)",
     ]
-    if applied:
-        ctx.notes.append(
-            "ROLL defaults applied for keys the file omits: "
-            + ", ".join(f"{k}={v!r}" for k, v in applied.items())
-        )
-    return Translation(
-        native=ctx.native,
-        notes=[_named(n) for n in ctx.notes],
-        sources={k: _named(v) for k, v in ctx.src.items()},
-        table={k: _named(v) for k, v in DISTILL_TABLE.reverse.items()},
-    )
+    return roll_sft.named_translation(ctx, applied, DISTILL_TABLE, _named)
 
 
 def _models(ctx: Ctx) -> None:

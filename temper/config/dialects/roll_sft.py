@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from temper.config.dialects import Translation
@@ -188,8 +189,20 @@ def translate_roll_sft(raw: RawConfig) -> Translation:
         derive.experiment(ctx)
         derive.definitions(ctx, raw, defs)
     except ConfigError as err:
-        fix = _named(err.template)
-        raise ConfigError(_named(err.key), _named(err.reason), fix, bound=err.bound) from err
+        raise renamed_error(err, _named) from err
+    return named_translation(ctx, applied, SFT_TABLE, _named)
+
+
+def renamed_error(err: ConfigError, named: Callable[[str], str]) -> ConfigError:
+    """``err`` in the file's own worker names (``named`` rewrites the shared rows')."""
+    return ConfigError(named(err.key), named(err.reason), named(err.template), bound=err.bound)
+
+
+def named_translation(
+    ctx: Ctx, applied: dict[str, Any], table: KeyTable, named: Callable[[str], str]
+) -> Translation:
+    """The translation of a pipeline file whose workers have their own names (``named``
+    rewrites the shared rows' ``actor_train`` …), the ROLL defaults it took noted."""
     if applied:
         ctx.notes.append(
             "ROLL defaults applied for keys the file omits: "
@@ -197,9 +210,9 @@ def translate_roll_sft(raw: RawConfig) -> Translation:
         )
     return Translation(
         native=ctx.native,
-        notes=[_named(n) for n in ctx.notes],
-        sources={k: _named(v) for k, v in ctx.src.items()},
-        table={k: _named(v) for k, v in SFT_TABLE.reverse.items()},
+        notes=[named(n) for n in ctx.notes],
+        sources={k: named(v) for k, v in ctx.src.items()},
+        table={k: named(v) for k, v in table.reverse.items()},
     )
 
 
