@@ -14,32 +14,15 @@ import torch
 pytest.importorskip("megatron.core")
 
 import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before the forks)
-from test_megatron import actor_config, make_batch  # same folder: pytest puts it on sys.path
+from test_megatron import make_batch  # same folder: pytest puts it on sys.path
+from test_megatron_pipeline import make_actor
 
 import temper.training.megatron_engine  # noqa: F401
 from temper.cluster.process_group import spawn_ranks
 from temper.config.errors import ConfigError
-from temper.config.schema import MegatronConfig, ModelConfig
-from temper.roles.actor import Actor
-from temper.training.micro_batching import MicroBatching
-from temper.training.registry import build_engine
-from temper.training.spec import EngineSpec
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
-
-
-def make_actor(path: str, strategy: str, tp: int = 1, dist: str | None = None) -> Actor:
-    cfg = actor_config(strategy)
-    cfg.megatron = MegatronConfig(tensor_model_parallel_size=tp, dist_checkpoint_path=dist)
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        train=cfg,
-        infer_micro=MicroBatching(size=1),
-        total_steps=4,
-    )
-    return Actor(cfg, build_engine(strategy, spec))
 
 
 def _save_rank(rank: int, world: int, path: str, out: str) -> None:

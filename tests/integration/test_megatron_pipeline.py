@@ -54,9 +54,13 @@ def four_layers(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("megatron-pp") / "llama4", num_layers=4))
 
 
-def make_actor(path: str, strategy: str, pp: int = 1, tp: int = 1) -> Actor:
+def make_actor(
+    path: str, strategy: str, pp: int = 1, tp: int = 1, dist: str | None = None
+) -> Actor:
     cfg = actor_config(strategy)
-    cfg.megatron = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    cfg.megatron = MegatronConfig(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, dist_checkpoint_path=dist
+    )
     spec = EngineSpec(
         model=ModelConfig(path=path),
         device=torch.device("cpu"),
