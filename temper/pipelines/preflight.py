@@ -112,7 +112,7 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     notes.extend(check_megatron(cfg, plan, worker_device(cfg)))
     if plan.use_rollout:
         rollout_devices = len(placement(cfg)["actor_infer"])
-        check_tensor_parallel(cfg.rollout, cfg.resources.backend, rollout_devices)
+        check_tensor_parallel(cfg.rollout, cfg.resources.backend, rollout_devices, cfg.model)
     cpu = on_cpu(cfg)
     attn = cfg.model.attn_implementation
     if attn in FLASH_PACKAGES:

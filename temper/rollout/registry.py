@@ -241,17 +241,23 @@ def engine_problem(name: str) -> ConfigError | None:
     return ROLLOUT_ENGINES.get(resolved).problem() if resolved in ROLLOUT_ENGINES else None
 
 
-def check_tensor_parallel(rollout_cfg: RolloutConfig, backend: str, devices: int) -> None:
+def check_tensor_parallel(
+    rollout_cfg: RolloutConfig,
+    backend: str,
+    devices: int,
+    model_cfg: ModelConfig | None = None,
+) -> None:
     """Pre-flight: a tensor-parallel rollout (``rollout.tensor_parallel_size > 1``) needs
     an engine that shards, and (ray) rollout devices that split into whole engines —
     said at ``temper check``, not from inside a rollout worker once the run has started.
-    ``devices``: the rollout's devices (``resources.actor_infer``)."""
+    ``devices``: the rollout's devices (``resources.actor_infer``); ``model_cfg``: the
+    model ``auto`` resolves for (a vision-language model vLLM cannot run gets hf)."""
     tp = rollout_cfg.tensor_parallel_size
     if tp < 1:
         raise ConfigError("rollout.tensor_parallel_size", "must be ≥ 1", "set it to 1")
     if tp == 1:
         return
-    name = resolve_engine_name(rollout_cfg.engine)
+    name = resolve_engine_name(rollout_cfg.engine, model_cfg)
     if name not in ROLLOUT_ENGINES:
         return  # validation names the unknown engine
     shards = ROLLOUT_ENGINES.get(name).tensor_parallel

@@ -130,3 +130,12 @@ def test_verl_tensor_parallel_hf_rollout_fails_check_in_verls_words(capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"config error: {key} "), err
     assert "generates on one device" in err and "Fix:" in err
+
+
+def test_auto_resolves_for_the_model_before_tensor_parallelism_is_judged(monkeypatch):
+    """``auto`` on a model this vLLM cannot run is the hf engine, which does not shard."""
+    monkeypatch.setattr("temper.rollout.registry.vllm_available", lambda: True)
+    monkeypatch.setattr("temper.rollout.registry._vllm_model_problem", lambda m: "no torchvision")
+    rollout = RolloutConfig(engine="auto", tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="'hf' rollout engine generates on one device"):
+        check_tensor_parallel(rollout, "ray", devices=2, model_cfg=ModelConfig(path="vl"))
