@@ -14,6 +14,6 @@ fi
 export OMP_WAIT_POLICY=PASSIVE PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-timeout 240 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
-timeout 300 python3 -m pytest tests/integration/test_rlvr_tiny.py -q -rA -x -p no:cacheprovider \
+timeout 220 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
+timeout 270 python3 -m pytest tests/integration/test_rlvr_tiny.py -q -rA -x -p no:cacheprovider \
   --durations=10 2>&1 | tee "$out/rlvr_tiny_cuda.log"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -102,6 +103,56 @@ def make_tiny_model(
     model.save_pretrained(str(out))
     stamp.write_text(json.dumps(spec))
     return out
+
+
+def make_tiny_moe_model(out_dir: str | Path, model_type: str) -> str:
+    """A tiny random MoE model with the shared byte tokenizer: 4 experts, top-2, router
+    weights scaled up so that tokens spread unevenly over the experts."""
+    import torch
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    out = Path(out_dir)
+    if (out / "config.json").is_file():
+        return str(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    common: dict[str, Any] = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    if model_type == "qwen2_moe":
+        config: Any = Qwen2MoeConfig(
+            **common, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=48
+        )
+    elif model_type == "qwen3_moe":
+        config = Qwen3MoeConfig(
+            **common,
+            num_experts=4,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            head_dim=32,
+            mlp_only_layers=[0],
+        )
+    else:
+        config = MixtralConfig(**common, num_local_experts=4)
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("gate.weight"):  # the router and the shared expert's gate
+                    p.normal_(0.0, 0.5)
+    model.save_pretrained(str(out))
+    return str(out)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from temper.roles.actor import Actor
 from temper.training.micro_batching import MicroBatching
 from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
-from temper.utils.tiny import make_tiny_model
+from temper.utils.tiny import make_tiny_model, make_tiny_moe_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,13 +46,21 @@ def _batch() -> Batch:
 
 
 def _actor(
-    path: str, strategy: str, device: str, tp: int = 1, dtype: str = "auto", pp: int = 1
+    path: str,
+    strategy: str,
+    device: str,
+    tp: int = 1,
+    dtype: str = "auto",
+    pp: int = 1,
+    extra: dict | None = None,
 ) -> Actor:
     cfg = ActorConfig(
         strategy=strategy,
         micro_batch_size_per_device=2,
         grad_clip=1.0,
-        megatron=MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
+        megatron=MegatronConfig(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, extra=dict(extra or {})
+        ),
         optim=OptimConfig(lr=1e-3, weight_decay=0.0),
     )
     spec = EngineSpec(
@@ -79,6 +87,30 @@ def test_one_gpu_bf16_matches_cpu_and_uses_transformer_engine(tmp_path: Path) ->
     assert metrics["actor/grad_norm"] > 0
     engine.save_checkpoint(str(tmp_path / "ckpt"))
     engine.load_checkpoint(str(tmp_path / "ckpt"))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+def test_one_gpu_moe_bf16_matches_cpu_and_trains_with_router_losses(
+    tmp_path: Path, model_type: str
+) -> None:
+    """A mixture-of-experts model (Megatron-Core's MoE layer, EP = 1) on CUDA in bf16
+    gives the torch engine's fp32 CPU log-probs, and an update with the auxiliary and
+    z losses moves the router."""
+    path = make_tiny_moe_model(tmp_path / model_type, model_type)
+    batch = _batch()
+    cpu = _actor(path, "torch", "cpu").compute_log_probs(batch)["old_log_probs"]
+    losses = {"moe_aux_loss_coeff": 0.01, "moe_z_loss_coeff": 0.001}
+    actor = _actor(path, "megatron", "cuda", extra=losses)
+    got = actor.compute_log_probs(batch)["old_log_probs"]
+    torch.testing.assert_close(got, cpu, atol=5e-2, rtol=0)
+    before = {k: v.detach().float().cpu().clone() for k, v in actor.engine.named_weights()}
+    metrics = actor.update(batch.union(Batch.from_dict({"old_log_probs": got})))
+    assert metrics["actor/grad_norm"] > 0
+    after = dict(actor.engine.named_weights())
+    router = [k for k in before if k.endswith(".gate.weight")]
+    assert router, sorted(before)
+    for k in router:
+        assert not torch.equal(after[k].detach().float().cpu(), before[k]), k
 
 
 def _two_rank(rank: int, path: str, batch: Batch, port: int, out: str, tp: int) -> None:

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_moe import tiny_moe  # same folder: pytest puts it on sys.path
+from temper.utils.tiny import make_tiny_moe_model
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory) -> dict[str, str]:
-    return {"qwen3_moe": tiny_moe(tmp_path_factory.mktemp("moe-runs") / "q3", "qwen3_moe")}
+    return {
+        "qwen3_moe": make_tiny_moe_model(tmp_path_factory.mktemp("moe-runs") / "q3", "qwen3_moe")
+    }
 
 
 def test_check_refuses_expert_parallelism_on_a_dense_model(tiny_path: str, moe_models) -> None:
