@@ -45,6 +45,7 @@ from temper.algorithms.kl import (
 from temper.algorithms.logprobs import (
     entropy_from_logits,
     full_kl_from_logits,
+    logprobs_and_entropy,
     logprobs_from_logits,
     response_logprobs_from_sequence_logits,
 )
@@ -198,6 +199,7 @@ __all__ = [
     "kl_loss",
     "kl_penalty",
     "length_reward",
+    "logprobs_and_entropy",
     "logprobs_from_logits",
     "make_kl_controller",
     "masked_mean",

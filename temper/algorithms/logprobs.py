@@ -110,6 +110,115 @@ def entropy_from_logits(
     return res.reshape(logits.shape[:-1])
 
 
+# Elements of one fp32 chunk of the fused pass: small enough on a CPU to stay in cache,
+# large enough on a GPU that kernel launches do not dominate.
+FUSED_CHUNK_ELEMENTS = {"cpu": 8 * 2**20, "cuda": 64 * 2**20}
+
+
+def fused_chunk_rows(vocab: int, device: torch.device) -> int:
+    """Rows per chunk of :func:`logprobs_and_entropy` when the config leaves it open."""
+    budget = FUSED_CHUNK_ELEMENTS.get(device.type, FUSED_CHUNK_ELEMENTS["cuda"])
+    return max(1, budget // max(1, vocab))
+
+
+def logprobs_and_entropy(
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> tuple[Tensor, Tensor]:
+    """Log-probability of each chosen token and the entropy of each row, from one pass.
+
+    Shapes: ``logits (..., V)``, ``labels (...)`` int64 -> two ``(...)`` fp32 tensors,
+    both differentiable (``.detach()`` the entropy when it is only a metric: its gradient
+    pass is then skipped).
+    Formulas, with ``c = l/τ``, ``lse = logsumexp(c)``, ``p = softmax(c)``:
+    ``log p(y) = c_y − lse``; ``H = −Σ_v p_v (c_v − lse)``;
+    ``∂log p(y)/∂c = onehot(y) − p``; ``∂H/∂c = −p (c − lse + H)``.
+
+    The same numbers as :func:`logprobs_from_logits` (bit-identical log-probs) and
+    :func:`entropy_from_logits`, but the autograd graph keeps only the logits (which the
+    LM head's backward holds anyway) and two floats per row: no fp32 copy of bf16 logits,
+    no log-softmax or softmax of the whole ``(N, V)`` block survives the forward. The
+    backward recomputes ``p`` ``chunk_size`` rows at a time and writes the logits' gradient
+    in place, so the only ``(N, V)`` buffer it makes is the gradient itself.
+    """
+    _check_temperature(temperature)
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
+    flat, lab = _rows(logits), labels.reshape(-1).long()
+    if flat.shape[0] == 0:
+        empty = _empty(flat)
+        return empty.reshape(labels.shape), empty.reshape(labels.shape)
+    log_p, entropy = _LogProbEntropy.apply(flat, lab, temperature, chunk_size)
+    return log_p.reshape(labels.shape), entropy.reshape(labels.shape)
+
+
+class _LogProbEntropy(torch.autograd.Function):
+    """Rows ``(N, V)`` and labels ``(N,)`` -> (log-probs, entropy), chunked over rows."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        logits: Tensor,
+        labels: Tensor,
+        temperature: float,
+        step: int,
+    ) -> tuple[Tensor, Tensor]:
+        n = logits.shape[0]
+        work = _work_dtype(logits)
+        lse = torch.empty(n, dtype=work, device=logits.device)
+        log_p = torch.empty(n, dtype=work, device=logits.device)
+        entropy = torch.empty(n, dtype=work, device=logits.device)
+        for i in range(0, n, step):
+            rows = slice(i, i + step)
+            c = _scaled(logits[rows], temperature)
+            lse[rows] = torch.logsumexp(c, dim=-1)
+            # the same two ops as logprobs_from_logits, so the log-probs are bit-identical
+            log_p[rows] = c.gather(-1, labels[rows, None]).squeeze(-1) - lse[rows]
+            log_softmax = c - lse[rows, None]
+            # H = −Σ_v p_v log p_v as a batched dot product (no (rows, V) product
+            # temporary); on the log-softmax, not lse − Σ p c, which cancels in fp32
+            entropy[rows] = -torch.einsum("nv,nv->n", log_softmax.exp(), log_softmax)
+        ctx.save_for_backward(logits, labels, lse, entropy)
+        ctx.temperature, ctx.step = temperature, step  # type: ignore[attr-defined]
+        ctx.set_materialize_grads(False)
+        return log_p, entropy
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, g_logp: Tensor | None, g_ent: Tensor | None
+    ) -> tuple[Tensor | None, None, None, None]:
+        logits, labels, lse, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
+        tau, step = ctx.temperature, ctx.step  # type: ignore[attr-defined]
+        if g_logp is None and g_ent is None:
+            return None, None, None, None
+        grad = torch.empty_like(logits)
+        in_place = grad.dtype == lse.dtype  # fp32 logits: build each chunk inside ``grad``
+        for i in range(0, logits.shape[0], step):
+            rows = slice(i, i + step)
+            c = _scaled(logits[rows], tau)
+            # g = −p · (g_ent (c − lse + H) + g_logp), then + g_logp at the label
+            g = grad[rows] if in_place else torch.empty_like(c)
+            torch.sub(c, lse[rows, None], out=g)
+            p = g.exp()
+            if g_ent is not None:
+                g.add_(entropy[rows, None]).mul_(g_ent[rows, None].to(g.dtype))
+                if g_logp is not None:
+                    g.add_(g_logp[rows, None].to(g.dtype))
+            else:
+                g.copy_(g_logp[rows, None].to(g.dtype).expand_as(g))  # type: ignore[index]
+            g.mul_(p).neg_()
+            if g_logp is not None:
+                g.scatter_add_(-1, labels[rows, None], g_logp[rows, None].to(g.dtype))
+            if tau != 1.0:
+                g.div_(tau)
+            if not in_place:
+                grad[rows] = g
+        return grad, None, None, None
+
+
 DEFAULT_VOCAB_CHUNK = 8192
 
 

@@ -551,7 +551,9 @@ class ActorConfig(TrainEngineConfig):
         None, "IcePop: IS weights outside [low, threshold] are zero (None: truncate at threshold)."
     )
     rollout_is_batch_normalize: bool = doc(False, "Divide the IS weights by their batch mean.")
-    entropy_chunk_size: int = doc(0, "Compute entropy in chunks of this many rows (0: whole).")
+    entropy_chunk_size: int = doc(
+        0, "Rows per chunk of the log-prob + entropy pass (0: sized to the vocabulary)."
+    )
     rollout_rs: list[RolloutFilter] = doc(
         [],
         "Rejection sampling: tokens (or sequences, turns) failing any filter leave the loss (after advantages).",

@@ -40,7 +40,8 @@ class EngineSpec:
         model_path: weights to load instead of ``model.path`` (critic ``model_path``).
         train: batching, clipping and optimizer of a trained role; ``None`` = frozen.
         infer_micro: micro-batching of no-grad forwards (log-probs, values).
-        entropy_chunk_size: rows per entropy chunk (0: one chunk per micro-batch).
+        entropy_chunk_size: rows per chunk of the log-prob + entropy pass (0: sized to the
+            vocabulary, :func:`~temper.algorithms.logprobs.fused_chunk_rows`).
         param_offload: keep a frozen model on CPU between forwards (GPU memory).
         seed: seeds fresh heads (value model) deterministically.
         total_steps: optimizer steps of the LR schedule, if known now.

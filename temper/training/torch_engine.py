@@ -9,9 +9,9 @@ agree with it) and what CI and laptops run. Memory choices:
 * only the logits of response positions are computed (``logits_to_keep``), and
   log-probs/entropy are chunked over rows by the algorithms package;
 * the training forward always returns the per-token ``entropy`` (the ``actor/entropy``
-  metric); unless the loss uses it (``with_entropy``) it is computed from the same
-  logits under ``no_grad`` and chunked, so it costs no second forward and keeps no
-  ``(tokens, V)`` softmax alive for the backward;
+  metric) with the log-probs, from one pass over the logits whose autograd graph keeps no
+  ``(tokens, V)`` softmax or fp32 copy for the backward (``logprobs_and_entropy``); unless
+  the loss uses the entropy (``with_entropy``) it is detached, and its gradient skipped;
 * each micro-batch is trimmed to its longest real prompt/response.
 """
 
@@ -31,8 +31,9 @@ from transformers import PreTrainedModel
 from temper.algorithms.kd import teacher_top_logits
 from temper.algorithms.logprobs import (
     DEFAULT_CHUNK,
-    entropy_from_logits,
     full_kl_from_logits,
+    fused_chunk_rows,
+    logprobs_and_entropy,
     logprobs_from_logits,
 )
 from temper.config.errors import ConfigError
@@ -113,7 +114,7 @@ class TorchEngine(TrainEngine):
         self.grad_clip = spec.train.grad_clip if spec.train is not None else None
         self._logits_to_keep = self._accepts_logits_to_keep()
         self._adapters_off = False
-        self._entropy = self._entropy_fn(spec)
+        self._log_probs_and_entropy = self._fused_fn(spec)
         #: micro-batches run per layout (packing: ``model.use_remove_padding``)
         self.layouts: Counter[str] = Counter()
         self._cost: LayoutCost | None = None  # packing's cost model (_layout_cost)
@@ -136,17 +137,17 @@ class TorchEngine(TrainEngine):
 
     # ------------------------------------------------------------------ plumbing
 
-    def _entropy_fn(self, spec: EngineSpec) -> Any:
-        """``entropy_from_logits``, compiled with ``torch.compile`` under the role's
+    def _fused_fn(self, spec: EngineSpec) -> Any:
+        """``logprobs_and_entropy``, compiled with ``torch.compile`` under the role's
         ``use_torch_compile`` on GPU, as verl compiles its entropy kernel. On CPU it stays
         eager: inductor's CPU backend compiles C++ for every new shape, which costs far more
         than it saves on the small batches CPU runs have."""
         if spec.train is None or not spec.train.use_torch_compile:
-            return entropy_from_logits
+            return logprobs_and_entropy
         if self.device.type != "cuda":
             log.warning("%s.use_torch_compile: the entropy kernel stays eager on CPU", spec.role)
-            return entropy_from_logits
-        return torch.compile(entropy_from_logits, dynamic=True)
+            return logprobs_and_entropy
+        return torch.compile(logprobs_and_entropy, dynamic=True)
 
     # Hooks a data-parallel engine overrides (fsdp2_engine); here one process is the world.
 
@@ -380,7 +381,18 @@ class TorchEngine(TrainEngine):
                 logits = self._logits(model_in, keep, extra)
                 if packed is None:  # (b, r, V) -> (K, V): padding costs no softmax
                     logits = logits[:, :r][valid]
-                out["log_probs"] = logprobs_from_logits(logits, labels, temperature=temperature)
+                if with_entropy:  # one pass for both: _log_probs_and_entropy
+                    out["log_probs"], entropy = self._log_probs_and_entropy(
+                        logits,
+                        labels,
+                        temperature=temperature,
+                        chunk_size=self.spec.entropy_chunk_size
+                        or fused_chunk_rows(logits.shape[-1], logits.device),
+                    )
+                    # a metric-only entropy is detached: its gradient pass is skipped
+                    out["entropy"] = entropy if entropy_grad else entropy.detach()
+                else:
+                    out["log_probs"] = logprobs_from_logits(logits, labels, temperature=temperature)
                 if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
                     ids = mb[KD_INDICES][:, :r].to(self.device)[valid]
                     out[KD_LOGITS] = logits.gather(-1, ids)
@@ -392,18 +404,6 @@ class TorchEngine(TrainEngine):
                         temperature=temperature,
                         chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
                     )
-                if with_entropy and entropy_grad:
-                    chunk = self.spec.entropy_chunk_size or max(1, labels.numel())
-                    out["entropy"] = self._entropy(
-                        logits, temperature=temperature, chunk_size=chunk
-                    )
-                elif with_entropy:
-                    with torch.no_grad():
-                        out["entropy"] = entropy_from_logits(
-                            logits.detach(),
-                            temperature=temperature,
-                            chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
-                        )
         if packed is not None or not self.spec.value_head:  # (K, …) -> (b, r, …)
             out = {k: unpack(v, valid) for k, v in out.items()}
         return masked_outputs(out, mb, inp)
@@ -529,7 +529,7 @@ class TorchEngine(TrainEngine):
         ``loss_fn`` losses and metrics are partial sums (scaled by the mini-batch's global
         normalizers), so both are summed here, never averaged. A causal LM's outputs
         always hold ``entropy``: differentiable if ``with_entropy`` (the loss uses it),
-        else a detached metric computed under ``no_grad`` from the same logits.
+        else detached (the same one pass over the logits, its gradient skipped).
         """
         if self.optimizer is None or self.schedule is None:
             raise RuntimeError(f"the {self.spec.role} engine is frozen (no optimizer)")
