@@ -86,12 +86,13 @@ def main() -> None:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(args.tokens, args.hidden, generator=g).to(args.device, dtype)
-    head: torch.Tensor | None = (
-        torch.randn(args.hidden, args.vocab, generator=g) / args.hidden**0.5
-    ).to(args.device, dtype)
+    weight = (torch.randn(args.hidden, args.vocab, generator=g) / args.hidden**0.5).to(
+        args.device, dtype
+    )
+    head: torch.Tensor | None = weight
     labels = torch.randint(0, args.vocab, (args.tokens,), generator=g).to(args.device)
     if args.no_head:  # the logits themselves are the leaf
-        hidden, head = (hidden @ head).detach(), None
+        hidden, head = (hidden @ weight).detach(), None
     print(f"{args.tokens} tokens × {args.vocab} vocab, {args.dtype} on {args.device}")
     for chunk in args.chunk:
         runs: dict[str, list[tuple[float, float]]] = {"split": [], "fused": []}
