@@ -28,6 +28,7 @@ from temper.rewards.functions import (
     code,
     countdown,
     crossthinkqa,
+    detection,
     format_regex,
     gsm8k,
     ifeval,
@@ -71,6 +72,11 @@ REWARD_FUNCTIONS.add("code", RewardEntry(code.compute_score))
 REWARD_FUNCTIONS.add("ifeval", RewardEntry(ifeval.compute_score))
 REWARD_FUNCTIONS.add("visual_color", RewardEntry(visual.visual_color_score))
 REWARD_FUNCTIONS.add("geo3k", RewardEntry(visual.geo3k_score))
+# ROLL's DetectionRewardWorker: Qwen2.5 models answer in pixels of the shown image
+REWARD_FUNCTIONS.add(
+    "detection",
+    RewardEntry(detection.compute_score, frozenset({MODEL_TYPE, IMAGE_SIZES, PROGRESS})),
+)
 
 CUSTOM = "custom"
 # Scored by the LLM judge (temper.rewards.judge) in the driver, not by a worker function.
