@@ -31,8 +31,9 @@ are lower-cased when read, :mod:`temper.rewards.functions.boxes`).
 
 ROLL's *iou first* loop records, as written, the last unmatched pair of its lists with
 the highest IoU's value, not the pair that has it (its loop variables shadow the
-argmax); here the pair that has the highest IoU is matched, as its docstring and the
-One-RL-to-See-Them-All paper describe.
+argmax); here the pair that has the highest IoU is matched, as its docstring describes.
+The rows of ROLL's examples weigh that term 0; it shows in the ``report_iou_*_iou_match``
+fields.
 """
 
 from __future__ import annotations

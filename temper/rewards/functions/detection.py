@@ -20,7 +20,7 @@ accuracy 0. ``iou_threshold``: ``"average"`` (ROLL's default) averages the match
 over the thresholds ``0.5, 0.55, …, 0.95, 0.99``; a number picks one of them;
 ``"dynamic"`` uses 0.85 while ``progress`` (step / total steps) ≤ 0.1, 0.95 while ≤ 0.25,
 then 0.99. Accuracy is 0 when the response or the ground truth holds no box (a ground
-truth without one is reported in ``detection_problem``).
+truth without one is reported in ``detection_problem``, and ``truth_has_boxes`` is 0).
 
 Where the settings come from: each row's ``reward_model`` (ROLL's data, e.g.
 One-RL-to-See-Them-All/Orsta-Data-47k), which reaches the function as
@@ -299,6 +299,8 @@ def compute_score(
         "score": score,
         "format_reward": fmt,
         "accuracy_reward": accuracy,
+        # a number, so a data set whose truths hold no boxes shows in the metrics
+        "truth_has_boxes": float(truth is not None),
         **parts,
         "detection_problem": "; ".join(problems) or None,
     }

@@ -246,7 +246,7 @@ def test_exact_answer_scores_one():
     out = compute_score("v3det_train", answer(DOG), TRUTH, row(LABEL_FIRST))
     assert out["score"] == pytest.approx(1.0)
     assert out["format_reward"] == 1.0 and out["accuracy_reward"] == pytest.approx(1.0)
-    assert out["detection_problem"] is None
+    assert out["detection_problem"] is None and out["truth_has_boxes"] == 1.0
 
 
 PARTIAL = answer(
@@ -296,6 +296,7 @@ def test_bad_rows_score_as_roll_or_fail_with_the_field():
     no_truth = compute_score("x", answer(DOG), "[]", row(LABEL_FIRST))
     assert no_truth["accuracy_reward"] == 0.0 and no_truth["score"] == pytest.approx(0.1 / 1.1)
     assert "ground truth holds no <answer>" in no_truth["detection_problem"]
+    assert no_truth["truth_has_boxes"] == 0.0
     no_boxes = compute_score("x", "<answer>\nnothing\n</answer>", TRUTH, row(LABEL_FIRST))
     assert no_boxes["score"] == 0.0 and no_boxes["report_iou_50_label_match_recall"] == 0.0
     with pytest.raises(ValueError, match="det_reward_ratio"):
