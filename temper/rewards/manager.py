@@ -58,7 +58,7 @@ from temper.rewards.failures import FailureGuard
 from temper.rewards.functions.auto import DATA_SOURCES, function_name_for
 from temper.rewards.judge import JudgeEngine, LLMJudge, check_judge_config, question_of
 from temper.rewards.placement import place_at_last_token
-from temper.rewards.preflight import check_sandbox, sandbox_settings
+from temper.rewards.preflight import check_sandbox, kwargs_key, sandbox_settings
 from temper.rewards.registry import (
     CUSTOM,
     IMAGE_SIZES,
@@ -66,6 +66,7 @@ from temper.rewards.registry import (
     MODEL_TYPE,
     PROGRESS,
     SANDBOXED,
+    check_reward_kwargs,
     reward_function_needs,
 )
 from temper.rewards.worker import FunctionSpec
@@ -103,6 +104,7 @@ def _spec(function: str, kwargs: Mapping[str, Any], config: RewardConfig, key: s
         check_judge_config(config.judge)
         return FunctionSpec(JUDGE, None, {}, False)
     needs = reward_function_needs(function, key)
+    check_reward_kwargs(function, kwargs, kwargs_key(key))
     if function == "code":
         check_sandbox(config)
     if function in SANDBOXED:

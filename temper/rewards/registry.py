@@ -18,7 +18,7 @@ passes, as keyword arguments of these names, to that entry only —
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from temper.registry import Registry
@@ -47,10 +47,13 @@ REWARD_INPUTS = frozenset({MODEL_TYPE, IMAGE_SIZES, PROGRESS})
 
 @dataclasses.dataclass(frozen=True)
 class RewardEntry:
-    """A built-in reward function and the inputs it needs (of :data:`REWARD_INPUTS`)."""
+    """A built-in reward function, the inputs it needs (of :data:`REWARD_INPUTS`), and
+    ``check``: what its keyword arguments must be (raises ``ValueError`` naming the
+    argument), run by ``temper check`` and again when the scorer is built."""
 
     fn: RewardFunction
     needs: frozenset[str] = frozenset()
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         unknown = self.needs - REWARD_INPUTS
@@ -75,7 +78,11 @@ REWARD_FUNCTIONS.add("geo3k", RewardEntry(visual.geo3k_score))
 # ROLL's DetectionRewardWorker: Qwen2.5 models answer in pixels of the shown image
 REWARD_FUNCTIONS.add(
     "detection",
-    RewardEntry(detection.compute_score, frozenset({MODEL_TYPE, IMAGE_SIZES, PROGRESS})),
+    RewardEntry(
+        detection.compute_score,
+        frozenset({MODEL_TYPE, IMAGE_SIZES, PROGRESS}),
+        detection.check_kwargs,
+    ),
 )
 
 CUSTOM = "custom"
@@ -109,6 +116,20 @@ def get_reward_function(name: str, key: str = "reward.function") -> RewardFuncti
 def reward_function_needs(name: str, key: str = "reward.function") -> frozenset[str]:
     """What built-in ``name`` needs besides the four columns (module doc)."""
     return _entry(name, key).needs
+
+
+def check_reward_kwargs(name: str, kwargs: Mapping[str, Any], key: str) -> None:
+    """``ConfigError`` on ``key`` (where ``kwargs`` are set) when built-in ``name``'s
+    check refuses them; nothing for an entry without a check."""
+    check = _entry(name, key).check
+    if check is None:
+        return
+    try:
+        check(kwargs)
+    except ValueError as err:
+        from temper.config.errors import ConfigError
+
+        raise ConfigError(key, str(err), f"give {name} the arguments it takes") from err
 
 
 def _entry(name: str, key: str) -> RewardEntry:

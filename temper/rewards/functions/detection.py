@@ -66,6 +66,14 @@ IOU_THRESHOLD_MODES = ("average", "dynamic")
 # the terms of det_reward_ratio that weigh a score; iou_completeness weighs inside them
 SCORE_TERMS = ("iou_max_iou_first", "iou_max_label_first", "map", "map50", "map75")
 RATIO_KEYS = (*SCORE_TERMS, "iou_completeness")
+# the keyword arguments that are settings (the module doc)
+SETTINGS = (
+    "iou_threshold",
+    "format_ratio",
+    "accuracy_ratio",
+    "det_reward_ratio",
+    "det_verifier_normalized",
+)
 SIZE_PENALTY_BASE = 0.6
 # model types whose boxes are in pixels of the shown image (ROLL: a "Qwen2_5…" processor)
 PIXEL_BOX_MODELS = frozenset({"qwen2_5_vl", "qwen2_5_omni"})
@@ -113,6 +121,26 @@ def check_iou_threshold(value: Any) -> float | str:
         return number
     valid = ", ".join([*map(str, MATCH_THRESHOLDS), *IOU_THRESHOLD_MODES])
     raise ValueError(f"iou_threshold {value!r} is not one of {valid}")
+
+
+def check_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """``ValueError`` naming the first keyword argument :func:`compute_score` cannot take
+    as a setting (``model_type``, ``image_sizes``, ``progress`` are the manager's)."""
+    for name, value in kwargs.items():
+        if name not in SETTINGS:
+            raise ValueError(
+                f"detection has no setting {name!r} (its settings: {', '.join(SETTINGS)})"
+            )
+        if name == "iou_threshold":
+            check_iou_threshold(value)
+        elif name == "det_reward_ratio":
+            reward_ratios(value)
+        elif name in ("format_ratio", "accuracy_ratio") and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real)
+        ):
+            raise ValueError(f"{name} is {value!r}, not a number")
+        elif name == "det_verifier_normalized" and not isinstance(value, bool):
+            raise ValueError(f"det_verifier_normalized is {value!r}, not true or false")
 
 
 def dynamic_threshold(progress: float) -> float:

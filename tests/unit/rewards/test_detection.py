@@ -367,3 +367,30 @@ def test_manager_passes_inputs_and_records_a_bad_row():
     assert scores[1].item() == config.failure_score
     (failure,) = failures
     assert failure.index == 1 and "verifier_parm" in failure.reason
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"iou_threshold": 0.42}, "is not one of"),
+        ({"det_reward_ratio": {"map": "all"}}, "not a number"),
+        ({"format_ratio": "0.1"}, "not a number"),
+        ({"det_verifier_normalized": "yes"}, "not true or false"),
+        ({"image_sizes": [(1, 1)]}, "no setting 'image_sizes'"),  # the manager's to give
+        ({"iou": 0.5}, "no setting 'iou'"),
+    ],
+)
+def test_route_settings_are_checked_before_the_run(kwargs, message):
+    from temper.config.errors import ConfigError
+    from temper.rewards.preflight import check_rewards
+
+    config = RewardConfig(
+        num_workers=0,
+        routes={"cv": RewardRoute(function="detection", tags=["v3det_train"], kwargs=kwargs)},
+    )
+    with pytest.raises(ConfigError, match=rf"reward\.routes\.cv\.kwargs: .*{message}"):
+        check_rewards(config)  # temper check
+    with pytest.raises(ConfigError, match=message):
+        RewardScorer(config)  # and the run, should it not have been checked
+    fine = {"iou_threshold": "dynamic", "det_reward_ratio": LABEL_FIRST, "format_ratio": 0.2}
+    check_rewards(RewardConfig(routes={"cv": RewardRoute(function="detection", kwargs=fine)}))
