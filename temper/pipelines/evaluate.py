@@ -91,7 +91,7 @@ def evaluate(cfg: TemperConfig) -> dict[str, Any]:
             objects["raw_prompt"].append(row.prompt if isinstance(row.prompt, list) else None)
             objects["prompt_text"].append(row.prompt if isinstance(row.prompt, str) else None)
     judge = build_judge(cfg, worker_device(cfg), None)
-    with RewardScorer(cfg.reward, judge=judge) as scorer:
+    with RewardScorer(cfg.reward, judge=judge, model=cfg.model) as scorer:
         flat, _extra, failures = scorer.score_texts(Batch.from_dict(objects=objects))
     values = flat.tolist()
     scores: list[list[float]] = []

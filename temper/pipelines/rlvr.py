@@ -66,10 +66,16 @@ class RLVRProducer:
         self.shaping = ctx.shaping
         self.greedy_baseline = "baseline_rewards" in estimator_inputs(cfg.algorithm.adv_estimator)
         self.component_keys = list(cfg.algorithm.gdpo_reward_keys)
+        self.progress = 0.0  # step / total steps: rewards may read it (ROLL's detection)
+
+    def _at(self, done: int) -> None:
+        """``progress``: ``done`` steps of the total (ROLL's global_step / max_steps)."""
+        self.progress = done / self.total_steps if self.total_steps else 0.0
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         if self.train_data is None:
             raise ConfigError("data.train_files", "no training data given", "set it")
+        self._at(step - 1)  # the driver counts the step being made; ROLL counts from 0
         batch, metrics = fill_groups(
             lambda _round: self._round(timer),
             self.cfg.data.train_batch_size,
@@ -96,6 +102,7 @@ class RLVRProducer:
         return batch, metrics
 
     def _score(self, batch: Batch, prefix: str = "train") -> tuple[Batch, dict[str, float]]:
+        batch.meta["progress"] = self.progress
         out = self.scorer.score_batch(batch, self.tokenizer, prefix=prefix)
         batch["scores"] = out.scores
         return batch, dict(out.metrics)
@@ -111,6 +118,7 @@ class RLVRProducer:
         """``val/reward_mean`` and ``val/<data_source>/reward_mean`` (module docstring)."""
         if self.val_data is None:
             return Validation({})
+        self._at(step)
         cfg = self.cfg
         scores: list[float] = []
         by_source: dict[str, list[float]] = defaultdict(list)

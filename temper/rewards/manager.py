@@ -30,6 +30,11 @@ added to the rule score otherwise.
 Per-sample object columns read: ``data_source``, ``ground_truth``, ``extra_info``, ``tag``
 (missing columns read as ``"unknown"``/None). Written: ``response_text`` and
 ``reward_extra_info`` (the function's extra fields, plus ``reward_failure``).
+
+A built-in that declares needs (``temper.rewards.registry``) also gets, per call:
+``model_type`` (the scorer's, read from ``model.path`` by ``from_config``),
+``image_sizes`` (from the sample's ``multi_modal_data`` images) and ``progress``
+(``batch.meta["progress"]``, which the RLVR producer sets; 0 when absent).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import torch
 from torch import Tensor
 
 from temper.config.errors import ConfigError
-from temper.config.schema import RewardConfig, TemperConfig
+from temper.config.schema import ModelConfig, RewardConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.rewards.custom import load_custom_function
 from temper.rewards.executor import CallKind, CallResult, RewardCall, RewardExecutor
@@ -53,8 +58,17 @@ from temper.rewards.failures import FailureGuard
 from temper.rewards.functions.auto import DATA_SOURCES, function_name_for
 from temper.rewards.judge import JudgeEngine, LLMJudge, check_judge_config, question_of
 from temper.rewards.placement import place_at_last_token
-from temper.rewards.preflight import check_sandbox, sandbox_settings
-from temper.rewards.registry import CUSTOM, JUDGE, SANDBOXED, get_reward_function
+from temper.rewards.preflight import check_sandbox, kwargs_key, sandbox_settings
+from temper.rewards.registry import (
+    CUSTOM,
+    IMAGE_SIZES,
+    JUDGE,
+    MODEL_TYPE,
+    PROGRESS,
+    SANDBOXED,
+    check_reward_kwargs,
+    reward_function_needs,
+)
 from temper.rewards.worker import FunctionSpec
 
 logger = logging.getLogger(__name__)
@@ -89,7 +103,8 @@ def _spec(function: str, kwargs: Mapping[str, Any], config: RewardConfig, key: s
     if function == JUDGE:
         check_judge_config(config.judge)
         return FunctionSpec(JUDGE, None, {}, False)
-    get_reward_function(function, key)
+    needs = reward_function_needs(function, key)
+    check_reward_kwargs(function, kwargs, kwargs_key(key))
     if function == "code":
         check_sandbox(config)
     if function in SANDBOXED:
@@ -100,7 +115,7 @@ def _spec(function: str, kwargs: Mapping[str, Any], config: RewardConfig, key: s
             f"is set but reward.function is '{function}'",
             "set reward.function=custom (or auto) to use the file, or unset the path",
         )
-    return FunctionSpec(function, None, dict(kwargs), False)
+    return FunctionSpec(function, None, dict(kwargs), False, needs)
 
 
 #: The largest magnitude a score may have: scores are float32 tensors, where a larger
@@ -154,7 +169,10 @@ class RewardScorer:
         judge: JudgeEngine | None = None,
         start_method: str = "spawn",
         preload: Sequence[str] = ("math_verify",),
+        model: ModelConfig | None = None,
     ) -> None:
+        """``model``: the policy model, whose ``model_type`` is read (config file only)
+        when a function needs it (``temper.rewards.registry``)."""
         if config.reward_manager == "prime":
             raise ConfigError(
                 "reward.reward_manager",
@@ -194,6 +212,8 @@ class RewardScorer:
                     "build the scorer with RewardScorer.from_config (or pass judge=)",
                 )
             self.judge = LLMJudge(config.judge, judge)
+        needed = MODEL_TYPE in frozenset().union(*(spec.needs for spec in specs))
+        self.model_type = model_type_of(model) if needed and model is not None else None
         self.executor = RewardExecutor(config.num_workers, start_method, preload)
         self.guard = FailureGuard(config.max_failure_fraction, config.max_failed_steps)
         self._warned_sources: set[str] = set()
@@ -213,7 +233,7 @@ class RewardScorer:
             from temper.rewards.model import RewardModel
 
             rm = RewardModel.from_config(config.reward.model, device=device)
-        return cls(config.reward, reward_model=rm, judge=judge)
+        return cls(config.reward, reward_model=rm, judge=judge, model=config.model)
 
     def close(self) -> None:
         """Stop the reward worker processes and the judge's engine (idempotent)."""
@@ -301,7 +321,8 @@ class RewardScorer:
         failures: list[RewardFailure] = []
         if self.use_rules and n:
             specs = [self.spec_for(t) for t in tags]
-            results = self._run(specs, sources, texts, truths, extras_in)
+            inputs = self._inputs(batch, specs)
+            results = self._run(specs, sources, texts, truths, extras_in, inputs)
             self._judge(batch, specs, texts, truths, results)
             for i, (spec, res) in enumerate(zip(specs, results)):
                 kind, reason = res.kind, res.reason
@@ -343,6 +364,23 @@ class RewardScorer:
             else:
                 results[i] = CallResult("ok", value={"score": score, "judge_verdict": verdict})
 
+    def _inputs(self, batch: Batch, specs: list[FunctionSpec]) -> list[dict[str, Any]]:
+        """Per sample, the inputs its function needs (module doc), by their names."""
+        media = _column(batch, "multi_modal_data", None)
+        progress = float(batch.meta.get("progress", 0.0))
+        out: list[dict[str, Any]] = []
+        for spec, mm in zip(specs, media):
+            given: dict[str, Any] = {}
+            if MODEL_TYPE in spec.needs:
+                given[MODEL_TYPE] = self.model_type
+            if IMAGE_SIZES in spec.needs:
+                images = mm.get("image", []) if isinstance(mm, Mapping) else []
+                given[IMAGE_SIZES] = [tuple(image.size) for image in images]
+            if PROGRESS in spec.needs:
+                given[PROGRESS] = progress
+            out.append(given)
+        return out
+
     def _run(
         self,
         specs: list[FunctionSpec],
@@ -350,6 +388,7 @@ class RewardScorer:
         texts: list[str],
         truths: list[Any],
         extras: list[Any],
+        inputs: list[dict[str, Any]],
     ) -> list[CallResult]:
         timeout = self.config.timeout_s
         per_sample = [i for i, s in enumerate(specs) if not s.batched and s.name != JUDGE]
@@ -361,6 +400,7 @@ class RewardScorer:
                     "solution_str": texts[i],
                     "ground_truth": truths[i],
                     "extra_info": extras[i],
+                    **inputs[i],
                 },
                 timeout,
             )
@@ -414,6 +454,24 @@ class RewardScorer:
             logger.warning(
                 "reward: %s (samples scored failure_score=%s)", reason, self.config.failure_score
             )
+
+
+def model_type_of(model: ModelConfig) -> str | None:
+    """``config.model_type`` of the policy model (its config file only), or None when
+    there is none to read (the model loader reports a missing model)."""
+    from transformers import AutoConfig
+
+    from temper.utils.model_path import resolve_model_path
+
+    if not model.path:
+        return None
+    try:
+        config = AutoConfig.from_pretrained(
+            resolve_model_path(model.path), trust_remote_code=model.trust_remote_code
+        )
+    except (OSError, ValueError):
+        return None
+    return str(getattr(config, "model_type", "") or "") or None
 
 
 def _column(batch: Batch, key: str, default: Any) -> list[Any]:

@@ -2,7 +2,8 @@
 
 ``check_rewards(config)``: the sandbox of the code reward can run here (or
 ``reward.sandbox: none`` says to run generated code unisolated), the LLM judge's
-template and parser are usable, the IFEval package is installed. Kept free of torch so
+template and parser are usable, the IFEval package is installed, a built-in's keyword
+arguments pass its registry entry's check. Kept free of torch so
 ``temper check`` stays fast.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 from temper.config.errors import ConfigError
 from temper.config.schema import RewardConfig
 from temper.rewards.judge import check_judge_config
-from temper.rewards.registry import JUDGE
+from temper.rewards.registry import JUDGE, REWARD_FUNCTIONS, check_reward_kwargs
 from temper.rewards.sandbox import sandbox_problem
 
 # Share of reward.timeout_s a code sample may spend on its tests: the reward returns a
@@ -35,6 +36,14 @@ def sandbox_settings(config: RewardConfig) -> dict[str, Any]:
         if config.timeout_s is None
         else SAMPLE_SHARE * config.timeout_s,
     }
+
+
+def kwargs_key(function_key: str) -> str:
+    """Where the keyword arguments of the function named at ``function_key`` are set:
+    ``reward.routes.<name>.kwargs`` for a route, else ``reward.function_kwargs``."""
+    if function_key.startswith("reward.routes."):
+        return function_key.rsplit(".", 1)[0] + ".kwargs"
+    return "reward.function_kwargs"
 
 
 def check_sandbox(config: RewardConfig) -> None:
@@ -70,5 +79,10 @@ def check_rewards(config: RewardConfig) -> None:
             "ifeval needs the if-verifiable package, which is not installed",
             "pip install 'temper-rl[rewards]' (or pip install if-verifiable)",
         )
+    for name, route in config.routes.items():
+        if route.function in REWARD_FUNCTIONS:
+            check_reward_kwargs(route.function, route.kwargs, f"reward.routes.{name}.kwargs")
+    if config.function in REWARD_FUNCTIONS:
+        check_reward_kwargs(config.function, config.function_kwargs, "reward.function_kwargs")
     if not 0.0 <= config.max_failure_fraction <= 1.0:
         raise ConfigError("reward.max_failure_fraction", "must be between 0 and 1", "e.g. 0.5")

@@ -29,13 +29,16 @@ class FunctionSpec:
     """A reward function by name: built-in ``name``, or ``name`` inside the file ``path``.
 
     ``batched``: verl batch signature ``fn(data_sources, solution_strs, ground_truths,
-    extra_infos, **kwargs) -> list``. ``kwargs`` are passed to every call.
+    extra_infos, **kwargs) -> list``. ``kwargs`` are passed to every call; ``needs``: the
+    per-sample inputs a built-in declares (``temper.rewards.registry``), which the
+    manager adds to each call's arguments.
     """
 
     name: str
     path: str | None = None
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     batched: bool = False
+    needs: frozenset[str] = frozenset()
 
     @property
     def label(self) -> str:

@@ -20,6 +20,12 @@ ROLL worker                          temper function   what else it sets
                                                        ``judge_prompt``; its
                                                        ``device_mapping`` places the
                                                        judge (``resources.reward``)
+``DetectionRewardWorker``            ``detection``     the row's ``reward_model``
+                                                       reaches it
+                                                       (``data.extra_info_columns``);
+                                                       ``DET_IOU_THRESHOLD`` of
+                                                       ``system_envs`` →
+                                                       ``kwargs.iou_threshold``
 ===================================  ================  ==============================
 
 Rule workers load only a tokenizer in ROLL, so their ``model_args``,
@@ -33,6 +39,8 @@ from typing import Any
 
 from temper.config.dialects.roll_rules import (
     CROSSTHINKQA_REWARD_TYPES,
+    DET_IOU_MODES,
+    DET_IOU_THRESHOLDS,
     DTYPES,
     FUNCTION_KWARGS,
     REWARD_WORKERS,
@@ -46,6 +54,10 @@ from temper.config.errors import ConfigError
 JUDGE_PROMPTS: dict[str, str | None] = {"Qwen2.5-7B-Instruct-RLVR-prompt": None}
 JUDGE_ENGINES = {"vllm": "vllm", "hf_infer": "hf"}
 CODE_COLUMNS = ["case_type", "test_cases", "test_case_function"]
+# ROLL's detection worker reads the whole reward_model of a row (ratios, verifier_parm)
+DETECTION_COLUMNS = ["reward_model"]
+DET_ENV = "DET_IOU_THRESHOLD"
+MODEL_PATH = "model_args.model_name_or_path"
 RULE_NOTE = "ROLL's rule reward workers load only a tokenizer"
 # the keys of a rewards.<domain> section that only a judge reads (the table's Use rows)
 JUDGE_KEYS = (
@@ -114,6 +126,8 @@ def rewards(ctx: Any) -> None:
             )
         if function == "code":
             _code(ctx, key, spec)
+        if function == "detection":
+            _detection(ctx, name, spec)
         if function == "llm_judge":
             if judge_domain is not None:
                 raise ConfigError(
@@ -125,6 +139,8 @@ def rewards(ctx: Any) -> None:
             _judge(ctx, key, spec)
         else:
             for path in JUDGE_KEYS:
+                if function == "detection" and path == MODEL_PATH:
+                    continue  # read by _detection
                 if ctx.has(f"{key}.{path}"):
                     for leaf in _leaves(ctx.get(f"{key}.{path}"), f"{key}.{path}"):
                         ctx.note(leaf, RULE_NOTE)
@@ -142,8 +158,17 @@ def _tags(spec: Any) -> list[str]:
     return [str(t) for t in (tags if isinstance(tags, list) else [tags])]
 
 
+def _add_columns(ctx: Any, columns: list[str], src: str) -> None:
+    """Add row ``columns`` to ``data.extra_info_columns`` (several domains may each add)."""
+    dst = "data.extra_info_columns"
+    have = list(ctx.native_get(dst) or [])
+    if have:
+        src = ctx.src.pop(dst)  # the first domain that added columns stays the source
+    ctx.set(dst, [*have, *(c for c in columns if c not in have)], src)
+
+
 def _code(ctx: Any, key: str, spec: dict[str, Any]) -> None:
-    ctx.set("data.extra_info_columns", CODE_COLUMNS, f"{key}.worker_cls")
+    _add_columns(ctx, CODE_COLUMNS, f"{key}.worker_cls")
     use_local = spec.get("use_local", True)
     url = spec.get("code_url")
     if use_local:
@@ -158,6 +183,52 @@ def _code(ctx: Any, key: str, spec: dict[str, Any]) -> None:
         )
     ctx.set("reward.sandbox", "sandbox_fusion", f"{key}.use_local")
     ctx.set("reward.sandbox_url", str(url), f"{key}.code_url")
+
+
+def _detection(ctx: Any, name: str, spec: dict[str, Any]) -> None:
+    """The row's ``reward_model`` reaches the reward; ROLL's IoU threshold, an environment
+    variable of its reward worker, becomes the route's ``iou_threshold``."""
+    key = f"rewards.{name}"
+    _add_columns(ctx, DETECTION_COLUMNS, f"{key}.worker_cls")
+    # ROLL's worker reads its model's processor: Qwen2.5 models answer in pixels; temper
+    # reads the policy model's type, which is that one only when the paths agree
+    path, policy = ctx.get(f"{key}.{MODEL_PATH}"), ctx.native_get("model.path")
+    if path is not None:
+        if policy and str(path) != str(policy):
+            raise ConfigError(
+                f"{key}.{MODEL_PATH}",
+                f"'{path}' differs from the policy model '{policy}'; the detection reward "
+                "reads the box coordinates' convention (pixels for Qwen2.5) of the policy",
+                f"remove it or set it to '{policy}'",
+            )
+        ctx.note(f"{key}.{MODEL_PATH}", "the detection reward reads the policy model's type")
+    found = [
+        (src, value)
+        for src, value in (
+            (f"{key}.system_envs.{DET_ENV}", (spec.get("system_envs") or {}).get(DET_ENV)),
+            (f"system_envs.{DET_ENV}", (ctx.get("system_envs") or {}).get(DET_ENV)),
+        )
+        if value is not None
+    ]
+    if not found:
+        return  # ROLL's default, average, is the function's
+    src, value = found[0]
+    if isinstance(value, str) and value in DET_IOU_MODES:
+        threshold: float | str = value
+    else:
+        try:
+            threshold = float(value)
+        except (TypeError, ValueError):
+            threshold = float("nan")
+        if threshold not in DET_IOU_THRESHOLDS:
+            valid = ", ".join([*map(str, DET_IOU_THRESHOLDS), *DET_IOU_MODES])
+            raise ConfigError(
+                src,
+                f"'{value}' is not an IoU threshold of ROLL's detection verifier (ROLL "
+                "would log an error and use average)",
+                f"use one of {valid}, or remove it for average",
+            )
+    ctx.set(f"reward.routes.{name}.kwargs.iou_threshold", threshold, src)
 
 
 def _judge(ctx: Any, key: str, spec: dict[str, Any]) -> None:

@@ -101,6 +101,7 @@ REWARD_WORKERS = {
     "CodeSandboxRewardWorker": "code",
     "GeneralRuleRewardWorker": "ifeval",
     "LLMJudgeRewardWorker": "llm_judge",
+    "DetectionRewardWorker": "detection",
 }
 # ROLL's per-domain reward keys (``rewards.<name>.<key>``) that a reward function may
 # read as a keyword argument, and which of them each function reads; the others are
@@ -126,7 +127,12 @@ FUNCTION_KWARGS = {
     "code": frozenset(),
     "ifeval": frozenset(),
     "llm_judge": frozenset(),
+    "detection": frozenset(),
 }
+# ROLL's DET_IOU_THRESHOLD values (temper.rewards.functions.detection.MATCH_THRESHOLDS and
+# IOU_THRESHOLD_MODES; config imports nothing of rewards)
+DET_IOU_THRESHOLDS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99)
+DET_IOU_MODES = ("average", "dynamic")
 # Worker classes whose behaviour is temper's own role logic for that role.
 ROLE_WORKERS = {
     "actor_train": {

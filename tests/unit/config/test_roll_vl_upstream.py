@@ -4,9 +4,10 @@ tower frozen by prefix, vLLM's mm preprocessor cache), and what stops a file is 
 
 Keys that other open issues are building are removed first, each named with its issue:
 the general ROLL keys (i12: ``attn_implementation``, ``async_generation_ratio``,
-``offload_nccl``, ``device_map``, ROLL's default ``num_gpus_per_node`` of 8) and ROLL's
-detection reward (i17). The Megatron (i14) and DeepSpeed (i13) engines these files name
-translate; their engines are those issues' work.
+``offload_nccl``, ``device_map``, ROLL's default ``num_gpus_per_node`` of 8). ROLL's
+detection domain (``rewards.cv_detection``) is checked as written: its route scores with
+the ``detection`` reward and reads each row's ``reward_model``. The Megatron (i14) and
+DeepSpeed (i13) engines these files name translate; their engines are those issues' work.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ OWNED_ELSEWHERE = {
     "actor_infer.offload_nccl": "i12",
     "reference.offload_nccl": "i12",
     "offload_nccl": "i12",
-    "rewards.cv_detection": "i17",  # DetectionRewardWorker
 }
 
 
@@ -68,8 +68,6 @@ def _get(data: dict[str, Any], key: str) -> Any:
 def overrides(rel: str) -> list[str]:
     data = yaml.safe_load((UPSTREAM / rel).read_text())
     out = [f"~{k}" for k in OWNED_ELSEWHERE if _get(data, k) is not None]
-    if _get(data, "rewards.cv_detection") is not None:
-        out.append("actor_train.data_args.domain_interleave_probs.cv_detection=0")
     if _get(data, "num_gpus_per_node") is None:  # ROLL's default (i12)
         out.append("+num_gpus_per_node=8")
     return out
@@ -91,6 +89,11 @@ def test_roll_vl_file_passes_check_or_names_what_stops_it(rel):
     assert cfg.data.image_max_pixels == pixels
     prefix = _get(data, "actor_train.model_args.freeze_module_prefix")
     assert cfg.actor.freeze_module_prefix == ([prefix] if prefix else [])
+    if _get(data, "rewards.cv_detection") is not None:
+        route = cfg.reward.routes["cv_detection"]
+        assert route.function == "detection"
+        assert route.tags == _get(data, "rewards.cv_detection.tag_included")
+        assert "reward_model" in cfg.data.extra_info_columns
     infer = _get(data, "actor_infer.strategy_args.strategy_config") or {}
     if "disable_mm_preprocessor_cache" in infer:
         vllm = cfg.rollout.engine_kwargs.get("vllm", {})

@@ -135,7 +135,6 @@ def fragments() -> dict[str, str]:
 FEATURES: tuple[tuple[str, str], ...] = (
     ("megatron engine", r"'megatron' training engine \(Megatron-Core\)"),
     ("deepspeed engine", r"'deepspeed' training engine \(DeepSpeed\)"),
-    ("rewards: cv detection", r"DetectionRewardWorker"),
     ("rewards: ifeval/code/llm_judge", r"(GeneralRule|CodeSandbox|LLMJudge)RewardWorker"),
     ("rewards: sandbox_fusion", r"sandbox_fusion"),
     ("rewards: served reward model", r"served reward model|generative reward model"),

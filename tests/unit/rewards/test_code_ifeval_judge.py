@@ -144,7 +144,7 @@ def test_scorer_runs_code_in_parallel_workers_and_records_bad_rows(tokenizer) ->
     )
     with RewardScorer(config) as scorer:
         specs = [scorer.spec_for(None)] * 4
-        results = scorer._run(specs, ["apps"] * 4, responses, truths, [None] * 4)
+        results = scorer._run(specs, ["apps"] * 4, responses, truths, [None] * 4, [{}] * 4)
         assert len(scorer.executor.worker_pids) == 2  # the samples ran in two workers
     assert [r.kind for r in results] == ["ok", "ok", "ok", "error"]
     assert [r.value["score"] for r in results[:3]] == [1.0, 0.0, 1.0]

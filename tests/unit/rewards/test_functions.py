@@ -162,6 +162,7 @@ def test_registry_names_and_did_you_mean() -> None:
         "countdown",
         "crossthinkqa",
         "custom",
+        "detection",
         "format",
         "geo3k",
         "gsm8k",
@@ -172,6 +173,6 @@ def test_registry_names_and_did_you_mean() -> None:
     ]
     with pytest.raises(
         ConfigError,
-        match=r"reward.function: unknown value 'gsm8' \(did you mean 'gsm8k'\?\).*custom, format",
+        match=r"reward.function: unknown value 'gsm8' \(did you mean 'gsm8k'\?\).*custom, detection, format",
     ):
         get_reward_function("gsm8")
