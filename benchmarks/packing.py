@@ -6,15 +6,21 @@ step (the same for every layout). Layouts:
 
 * ``padded``: ``use_remove_padding: false`` (left-padded prompts ‖ right-padded responses,
   trimmed to the micro-batch's longest);
-* ``packed``: every micro-batch as one row with a block-diagonal causal mask (sdpa);
+* ``dense``: every micro-batch as one row, attention by sdpa under the row's dense
+  ``(T, T)`` prefix-tree mask (the masked path, and temper's packed path before the
+  segment kernel);
+* ``packed``: every micro-batch as one row, attention by the segment kernel
+  (``temper.training.segment_attention``: two SDPA calls per layer over the row's
+  prompts and responses, the default with sdpa);
 * ``auto``: the default — per micro-batch, the layout the cost model predicts is cheaper
-  (``temper.training.packing.model_cost``: FLOPs from the model config, attention FLOPs
-  weighted by ``CPU_ATTENTION_WEIGHT``).
+  (``temper.training.packing.model_cost``).
 
 Length distributions (prompt + response tokens per sample, ``--rows`` per micro-batch):
 ``short`` uniform in [2, 16], ``long`` uniform in [8, 128], ``skewed`` one sample of 128
 and the rest in [2, 16]; ``short-even`` [13, 16] and ``long-even`` [112, 128], where little
-padding is left to remove and the dense ``T²`` mask of a packed row costs more. Each mode runs the same ``--batches`` micro-batches per
+padding is left to remove and the dense ``T²`` mask of a packed row costs more; ``grpo``
+groups of 4 samples sharing a 35-token prompt, responses uniform in [96, 128] (a prompt
+shared by its group is packed once). Each mode runs the same ``--batches`` micro-batches per
 distribution, ``--repeats`` times; the best total is reported, as ms per micro-step and
 as a ratio to ``padded`` from the same run (the machine may be shared).
 
@@ -47,12 +53,14 @@ from temper.training.torch_engine import TorchEngine
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 PAD = 0
+GRPO_PROMPT, GRPO_GROUP = 35, 4
 DISTRIBUTIONS = {
     "short": lambda g, n: torch.randint(2, 17, (n,), generator=g).tolist(),
     "long": lambda g, n: torch.randint(8, 129, (n,), generator=g).tolist(),
     "skewed": lambda g, n: [128, *torch.randint(2, 17, (n - 1,), generator=g).tolist()],
     "short-even": lambda g, n: torch.randint(13, 17, (n,), generator=g).tolist(),
     "long-even": lambda g, n: torch.randint(112, 129, (n,), generator=g).tolist(),
+    "grpo": lambda g, n: (GRPO_PROMPT + torch.randint(96, 129, (n,), generator=g)).tolist(),
 }
 
 
@@ -72,14 +80,19 @@ def model_path(name: str) -> str:
     return name
 
 
-def make_batch(lengths: list[int], vocab: int, g: torch.Generator) -> Batch:
-    """Left-padded prompts (half of each sample, rounded up) ‖ right-padded responses."""
-    pl = torch.tensor([(n + 1) // 2 for n in lengths])
+def make_batch(lengths: list[int], vocab: int, g: torch.Generator, grpo: bool = False) -> Batch:
+    """Left-padded prompts (half of each sample, rounded up; ``grpo``: 35 tokens, the same
+    within each group of 4) ‖ right-padded responses."""
+    halves = [GRPO_PROMPT if grpo else (n + 1) // 2 for n in lengths]
+    pl = torch.tensor(halves)
     rl = torch.tensor(lengths) - pl
     P, R, B = int(pl.max()), max(int(rl.max()), 1), len(lengths)
     pm = (torch.arange(P)[None] >= P - pl[:, None]).long()
     rm = (torch.arange(R)[None] < rl[:, None]).long()
     ids = torch.randint(1, vocab, (B, P + R), generator=g)
+    if grpo:  # every row of a group carries its first row's prompt
+        first = torch.arange(B) // GRPO_GROUP * GRPO_GROUP
+        ids[:, :P] = ids[first, :P]
     return Batch.from_dict(
         {
             "prompt_ids": torch.where(pm > 0, ids[:, :P], PAD),
@@ -99,7 +112,9 @@ def make_engine(path: str, mode: str, rows: int) -> TorchEngine:
         infer_micro=MicroBatching(size=rows),
     )
     engine = TorchEngine(spec)
-    if mode == "packed":
+    if mode == "dense":  # back to transformers' sdpa: the packed row gets its dense mask
+        engine.model.set_attn_implementation("sdpa")
+    if mode in ("packed", "dense"):
         engine._layout_cost = lambda: LayoutCost(per_token=1.0, per_pair=0.0)  # type: ignore[method-assign]
     engine.model.train()
     return engine
@@ -169,7 +184,7 @@ def main() -> None:
     if args.calibrate:
         calibrate(make_engine(path, "auto", args.rows), fits=3)
         return
-    engines = {m: make_engine(path, m, args.rows) for m in ("padded", "packed", "auto")}
+    engines = {m: make_engine(path, m, args.rows) for m in ("padded", "dense", "packed", "auto")}
     cost = engines["auto"]._layout_cost()
     vocab = int(engines["padded"].model.config.vocab_size)
     print(
@@ -177,20 +192,23 @@ def main() -> None:
         f"cost model: {cost.per_token:.3g} FLOP/token, {cost.per_pair:.3g} weighted FLOP/pair"
     )
     print(
-        f"{'lengths':10} {'padded ms':>10} {'packed ms':>10} {'auto ms':>8} "
-        f"{'packed/padded':>14} {'auto/padded':>12} {'auto packs':>11}"
+        f"{'lengths':10} {'padded ms':>10} {'dense ms':>9} {'packed ms':>10} {'auto ms':>8} "
+        f"{'dense/padded':>13} {'packed/padded':>14} {'auto/padded':>12} {'auto packs':>11}"
     )
     for name, draw in DISTRIBUTIONS.items():
         g = torch.Generator().manual_seed(0)
-        batches = [make_batch(draw(g, args.rows), vocab, g) for _ in range(args.batches)]
+        grpo = name == "grpo"
+        batches = [make_batch(draw(g, args.rows), vocab, g, grpo=grpo) for _ in range(args.batches)]
         before = engines["auto"].layouts["packed"]
         times = {m: time_mode(e, batches, args.repeats) for m, e in engines.items()}
         runs = 1 + args.repeats * len(batches)  # the warm-up runs batches[0] once
         packs = (engines["auto"].layouts["packed"] - before) / runs
+        pad = times["padded"]
         print(
-            f"{name:10} {times['padded'] * 1e3:10.1f} {times['packed'] * 1e3:10.1f} "
-            f"{times['auto'] * 1e3:8.1f} {times['packed'] / times['padded']:14.2f} "
-            f"{times['auto'] / times['padded']:12.2f} {packs:11.0%}"
+            f"{name:10} {pad * 1e3:10.1f} {times['dense'] * 1e3:9.1f} "
+            f"{times['packed'] * 1e3:10.1f} {times['auto'] * 1e3:8.1f} "
+            f"{times['dense'] / pad:13.2f} {times['packed'] / pad:14.2f} "
+            f"{times['auto'] / pad:12.2f} {packs:11.0%}"
         )
 
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from temper.config.errors import ConfigError
 from temper.config.schema import DTYPES, LoraConfig, ModelConfig
+from temper.training import segment_attention
 from temper.utils.hf_auto import causal_lm_class, text_hidden_size
 from temper.utils.model_path import resolve_model_path
 
@@ -94,11 +95,17 @@ def _from_pretrained(
     config = load_hf_config(cfg, path)
     if auto_cls is None:
         auto_cls = causal_lm_class(config)
+    attn = resolve_attn_implementation(cfg.attn_implementation)
+    if attn == "sdpa" and cfg.use_remove_padding and getattr(config, "vision_config", None) is None:
+        # packed rows run segment by segment; every unpacked forward is sdpa's own
+        # (training.segment_attention). Vision-language rows are never packed.
+        segment_attention.register()
+        attn = segment_attention.SEGMENT_KERNEL
     return auto_cls.from_pretrained(
         path,
         config=config,
         dtype=dtype,
-        attn_implementation=resolve_attn_implementation(cfg.attn_implementation),
+        attn_implementation=attn,
         trust_remote_code=cfg.trust_remote_code,
     )
 

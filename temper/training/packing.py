@@ -56,6 +56,12 @@ from typing import Any, Literal
 import torch
 
 from temper.training.micro_batching import ModelInputs
+from temper.training.segment_attention import (
+    LAYOUT_KWARG,
+    SEGMENT_KERNEL,
+    SegmentLayout,
+    segment_layout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,10 @@ Layout = Literal["padded", "packed"]
 VARLEN_KERNELS = ("flash_attention_2", "flash_attention_3")
 #: attention kernels that get the block-diagonal mask built here
 MASKED_KERNELS = ("sdpa", "eager")
+#: kernels that run a packed row segment by segment from its :class:`SegmentLayout`
+SEGMENT_KERNELS = (SEGMENT_KERNEL,)
+#: kernels that can run a prefix tree (a prompt shared by its group's responses)
+PREFIX_TREE_KERNELS = MASKED_KERNELS + SEGMENT_KERNELS
 
 
 @dataclass(frozen=True)
@@ -282,6 +292,19 @@ class PackedInputs:
     lengths: torch.Tensor  # (S,) tokens per segment
     keep: torch.Tensor  # (K,)
     valid: torch.Tensor  # (B, r) bool
+    segments: SegmentLayout | None = None  # the segment kernel's layout
+
+    def model_inputs(self) -> dict[str, Any]:
+        """The model's forward keywords for this row (the segment kernel's layout rides
+        along as a keyword transformers hands to the attention function)."""
+        out: dict[str, Any] = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+        }
+        if self.segments is not None:
+            out[LAYOUT_KWARG] = self.segments
+        return out
 
 
 def scored_positions(inp: ModelInputs) -> torch.Tensor:
@@ -309,12 +332,18 @@ def pack(
     L, r = real.shape[1], inp.response_len
     plan = plan if plan is not None else plan_packing(inp, share_prompts=False)
     shared = plan.tokens < int(real.sum())
-    if shared and attn_implementation not in MASKED_KERNELS:
+    if shared and attn_implementation not in PREFIX_TREE_KERNELS:
         raise ValueError(
-            f"shared prompts need a masked attention kernel, not {attn_implementation}"
+            f"shared prompts need a masked or segment attention kernel, not {attn_implementation}"
         )
     valid = scored_positions(inp)
-    if attn_implementation in MASKED_KERNELS:
+    segments = None
+    if attn_implementation in SEGMENT_KERNELS:
+        segments = segment_layout(plan.segment, plan.owner)
+        # a 4-D mask is passed through by transformers' mask builders untouched: this
+        # placeholder stops them building a (T, T) mask the segment kernel never reads
+        mask: torch.Tensor | None = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=real.device)
+    elif attn_implementation in MASKED_KERNELS:
         additive = dtype if attn_implementation == "eager" else None
         mask = prefix_tree_mask(plan.segment, plan.owner, additive_dtype=additive)
     else:
@@ -329,6 +358,7 @@ def pack(
         lengths=plan.lengths,
         keep=plan.where[:, L - r - 1 : L - 1][valid],
         valid=valid,
+        segments=segments,
     )
 
 
@@ -342,6 +372,8 @@ def unpack(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "CALIBRATION_SHAPES",
     "CPU_ATTENTION_WEIGHT",
+    "PREFIX_TREE_KERNELS",
+    "SEGMENT_KERNELS",
     "Layout",
     "LayoutCost",
     "PackPlan",

@@ -56,7 +56,8 @@ from temper.training.models import (
     resolve_dtype,
 )
 from temper.training.packing import (
-    MASKED_KERNELS,
+    PREFIX_TREE_KERNELS,
+    SEGMENT_KERNELS,
     VARLEN_KERNELS,
     LayoutCost,
     PackedInputs,
@@ -311,7 +312,9 @@ class TorchEngine(TrainEngine):
         """The packing cost model of this model (from its config: deterministic, so every
         rank and a resumed run choose the same layouts)."""
         if self._cost is None:
-            self._cost = model_cost(self.model.config, varlen=self._attn_impl() in VARLEN_KERNELS)
+            # a segment kernel, like a varlen one, visits only the pairs of each sequence
+            segments = self._attn_impl() in VARLEN_KERNELS + SEGMENT_KERNELS
+            self._cost = model_cost(self.model.config, varlen=segments)
         return self._cost
 
     def _pack(self, inp: ModelInputs, extra: dict[str, Any]) -> PackedInputs | None:
@@ -326,7 +329,7 @@ class TorchEngine(TrainEngine):
         cost = self._layout_cost()
         lengths = inp.attention_mask.sum(dim=1).tolist()
         # a prompt shared by a group is packed once (prefix-tree mask: masked kernels only)
-        plan = plan_packing(inp, share_prompts=self._attn_impl() in MASKED_KERNELS)
+        plan = plan_packing(inp, share_prompts=self._attn_impl() in PREFIX_TREE_KERNELS)
         layout = choose_layout(lengths, inp.input_ids.shape[1], cost, plan.tokens)
         self.layouts[layout] += 1
         if layout == "padded":
@@ -360,11 +363,7 @@ class TorchEngine(TrainEngine):
             keep: int | torch.Tensor = r + 1
             valid = scored_positions(inp)
         else:
-            model_in = {
-                "input_ids": packed.input_ids,
-                "attention_mask": packed.attention_mask,
-                "position_ids": packed.position_ids,
-            }
+            model_in = packed.model_inputs()
             keep = packed.keep
             valid = packed.valid
         labels = inp.response_ids[valid]  # (K,): log-probs and entropy only where scored
@@ -427,11 +426,7 @@ class TorchEngine(TrainEngine):
                     "position_ids": inp.position_ids,
                 }
                 return self._logits(model_in, r + 1, extra)[:, :r]
-            model_in = {
-                "input_ids": packed.input_ids,
-                "attention_mask": packed.attention_mask,
-                "position_ids": packed.position_ids,
-            }
+            model_in = packed.model_inputs()
             return unpack(self._logits(model_in, packed.keep), packed.valid)
 
     @torch.no_grad()

@@ -134,14 +134,9 @@ def make_tiny_moe_model(out_dir: str | Path, model_type: str) -> str:
             **common, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=48
         )
     elif model_type == "qwen3_moe":
-        config = Qwen3MoeConfig(
-            **common,
-            num_experts=4,
-            moe_intermediate_size=32,
-            norm_topk_prob=True,
-            head_dim=32,
-            mlp_only_layers=[0],
-        )
+        # head_dim is a config field the class's typed signature leaves out
+        qwen3: dict[str, Any] = dict(head_dim=32, mlp_only_layers=[0], norm_topk_prob=True)
+        config = Qwen3MoeConfig(**common, num_experts=4, moe_intermediate_size=32, **qwen3)
     else:
         config = MixtralConfig(**common, num_local_experts=4)
     with torch.random.fork_rng():

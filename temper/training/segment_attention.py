@@ -1,0 +1,202 @@
+"""Attention of a packed row one prefix-tree segment at a time (``temper_segments``).
+
+A packed row (:mod:`temper.training.packing`) is a run of segments, each a prompt followed
+by the responses that share it; a token attends causally within its prompt, and a
+response token to its prompt and to its own response. A dense kernel with a ``(T, T)``
+mask visits all ``T²`` pairs of the row, most of them masked. This kernel gathers the
+segments into two padded batches and runs two SDPA calls per layer:
+
+* the prompts, ``(S, P)`` queries against their own keys, causal;
+* the responses, ``(N, R)`` queries against their prompt's keys followed by their own,
+  ``(N, P + R)``: all of the prompt, causal within the response.
+
+It visits ``S·P² + N·R·(P + R)`` pairs (``P``, ``R`` the longest prompt and response),
+never more than the padded layout's ``B·L²``, and builds no ``T²`` mask; so a packed row
+never costs more attention than padding, and the layout choice can follow the tokens.
+
+Registered with transformers' attention interface as :data:`SEGMENT_KERNEL`; a forward
+that passes no :class:`SegmentLayout` (the padded layout, generation) runs transformers'
+own ``sdpa`` function, and its masks are built by ``sdpa``'s mask function, so a model
+loaded with this kernel computes exactly what ``sdpa`` computes when it is not packed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SEGMENT_KERNEL = "temper_segments"
+#: the forward keyword that carries a packed row's :class:`SegmentLayout` to the kernel
+LAYOUT_KWARG = "temper_segment_layout"
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """Where each prompt and response of a packed row sits, as padded index batches.
+
+    Padded slots index position 0 and are never written back; a padded query may attend
+    to its batch's first key, so no mask row is empty (an empty row makes SDPA return
+    NaN, whose gradient would reach real tokens)."""
+
+    prompt_index: Tensor  # (S, P) long: packed position of each prompt token
+    prompt_real: Tensor  # (S, P) bool
+    prompt_mask: Tensor  # (S, 1, P, P) bool: True = attend
+    response_index: Tensor  # (N, R) long
+    response_real: Tensor  # (N, R) bool
+    response_segment: Tensor  # (N,) long: the segment (prompt) each response belongs to
+    response_mask: Tensor  # (N, 1, R, P + R) bool
+
+
+def _runs(positions: Tensor, key: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Contiguous runs of equal ``key`` along ``positions``: (run of each position, its
+    rank inside the run, run lengths)."""
+    _, lengths = torch.unique_consecutive(key, return_counts=True)
+    run = torch.repeat_interleave(torch.arange(len(lengths), device=key.device), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    return run, torch.arange(len(positions), device=key.device) - starts[run], lengths
+
+
+def _batch(positions: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+    """``(runs, longest)`` index batch of ``positions`` grouped by runs of ``key``, and
+    which slots are real."""
+    run, rank, lengths = _runs(positions, key)
+    rows = len(lengths)
+    width = max(1, int(lengths.max())) if len(lengths) else 1
+    index = torch.zeros(rows, width, dtype=torch.long, device=positions.device)
+    real = torch.zeros(rows, width, dtype=torch.bool, device=positions.device)
+    index[run, rank] = positions
+    real[run, rank] = True
+    return index, real
+
+
+def _causal(n: int, device: torch.device) -> Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def _never_empty(mask: Tensor, query_real: Tensor) -> Tensor:
+    """Let padded queries attend to key 0 (their output is discarded)."""
+    first = torch.zeros(mask.shape[-1], dtype=torch.bool, device=mask.device)
+    first[0] = True
+    return mask | (~query_real[:, :, None] & first)
+
+
+def segment_layout(segment: Tensor, owner: Tensor) -> SegmentLayout:
+    """The layout of a packed row from its plan: ``segment`` ``(T,)`` the segment of each
+    token, ``owner`` ``(T,)`` the row of a response token, -1 for a prompt token
+    (:class:`~temper.training.packing.PackPlan`; segments are contiguous, each its prompt
+    then its responses)."""
+    pos = torch.arange(segment.numel(), device=segment.device)
+    is_prompt = owner < 0
+    n_segments = int(segment.max()) + 1 if segment.numel() else 0
+    # a segment whose prompt is empty still gets its (all-padding) row: responses index it
+    p_pos = pos[is_prompt]
+    prompt_index = torch.zeros(n_segments, 1, dtype=torch.long, device=segment.device)
+    prompt_real = torch.zeros(n_segments, 1, dtype=torch.bool, device=segment.device)
+    if p_pos.numel():
+        seg = segment[p_pos]
+        _, rank, _ = _runs(p_pos, seg)
+        width = int(rank.max()) + 1
+        prompt_index = torch.zeros(n_segments, width, dtype=torch.long, device=segment.device)
+        prompt_real = torch.zeros(n_segments, width, dtype=torch.bool, device=segment.device)
+        prompt_index[seg, rank] = p_pos
+        prompt_real[seg, rank] = True
+    P = prompt_index.shape[1]
+    prompt_mask = _never_empty(_causal(P, segment.device) & prompt_real[:, None, :], prompt_real)
+    r_pos = pos[~is_prompt]
+    response_index, response_real = _batch(r_pos, owner[r_pos])
+    _, _, lengths = _runs(r_pos, owner[r_pos])
+    response_segment = segment[r_pos[torch.cumsum(lengths, 0) - lengths]]
+    R = response_index.shape[1]
+    own = _causal(R, segment.device) & response_real[:, None, :]
+    on_prompt = prompt_real[response_segment][:, None, :].expand(-1, R, -1)
+    response_mask = _never_empty(torch.cat([on_prompt, own], dim=-1), response_real)
+    return SegmentLayout(
+        prompt_index=prompt_index,
+        prompt_real=prompt_real,
+        prompt_mask=prompt_mask[:, None],
+        response_index=response_index,
+        response_real=response_real,
+        response_segment=response_segment,
+        response_mask=response_mask[:, None],
+    )
+
+
+def _heads_first(x: Tensor, index: Tensor) -> Tensor:
+    """``x`` ``(T, H, D)`` gathered at ``index`` ``(n, m)`` -> ``(n, H, m, D)``."""
+    return x[index].transpose(1, 2)
+
+
+def segment_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: ``query`` ``(1, H, T, D)``, ``key`` and
+    ``value`` ``(1, H_kv, T, D)`` -> ``(1, T, H, D)``. Without a layout in ``kwargs``,
+    transformers' ``sdpa`` function computes it."""
+    layout: SegmentLayout | None = kwargs.pop(LAYOUT_KWARG, None)
+    if layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    gqa = q.shape[1] != k.shape[1]
+    kp, vp = _heads_first(k, layout.prompt_index), _heads_first(v, layout.prompt_index)
+    prompts = F.scaled_dot_product_attention(
+        _heads_first(q, layout.prompt_index),
+        kp,
+        vp,
+        attn_mask=layout.prompt_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=gqa,
+    ).transpose(1, 2)  # (S, P, H, D)
+    out = q.new_zeros(q.shape).index_copy(
+        0, layout.prompt_index[layout.prompt_real], prompts[layout.prompt_real]
+    )
+    if layout.response_index.numel() and layout.response_real.any():
+        seg = layout.response_segment
+        responses = F.scaled_dot_product_attention(
+            _heads_first(q, layout.response_index),
+            torch.cat([kp[seg], _heads_first(k, layout.response_index)], dim=2),
+            torch.cat([vp[seg], _heads_first(v, layout.response_index)], dim=2),
+            attn_mask=layout.response_mask,
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=gqa,
+        ).transpose(1, 2)  # (N, R, H, D)
+        out = out.index_copy(
+            0, layout.response_index[layout.response_real], responses[layout.response_real]
+        )
+    return out[None], None
+
+
+def register() -> None:
+    """Make :data:`SEGMENT_KERNEL` a transformers attention implementation (its masks, for
+    unpacked forwards, are ``sdpa``'s). Idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(SEGMENT_KERNEL, segment_attention)
+    AttentionMaskInterface.register(SEGMENT_KERNEL, sdpa_mask)
+
+
+__all__ = [
+    "LAYOUT_KWARG",
+    "SEGMENT_KERNEL",
+    "SegmentLayout",
+    "register",
+    "segment_attention",
+    "segment_layout",
+]
