@@ -27,6 +27,7 @@ as a ratio to ``padded`` from the same run (the machine may be shared).
     python benchmarks/packing.py                   # a 19M-parameter random Llama, 1 thread
     python benchmarks/packing.py --model smollm2   # SmolLM2-135M
     python benchmarks/packing.py --calibrate       # measure CPU_ATTENTION_WEIGHT (3 fits)
+    python benchmarks/packing.py --device cuda --rows 32   # one GPU, bf16 autocast
 """
 
 from __future__ import annotations
@@ -104,10 +105,10 @@ def make_batch(lengths: list[int], vocab: int, g: torch.Generator, grpo: bool = 
     )
 
 
-def make_engine(path: str, mode: str, rows: int) -> TorchEngine:
+def make_engine(path: str, mode: str, rows: int, device: str = "cpu") -> TorchEngine:
     spec = EngineSpec(
         model=ModelConfig(path=path, use_remove_padding=mode != "padded"),
-        device=torch.device("cpu"),
+        device=torch.device(device),
         train=ActorConfig(micro_batch_size_per_device=rows, optim=OptimConfig(lr=1e-6)),
         infer_micro=MicroBatching(size=rows),
     )
@@ -152,9 +153,16 @@ def calibrate(engine: TorchEngine, fits: int) -> None:
 
 def micro_step(engine: TorchEngine, mb: Batch) -> None:
     out = engine._run(mb, temperature=1.0, with_entropy=True, entropy_grad=False)
-    mask = mb["response_mask"]
-    loss = (-mb["advantages"] * out["log_probs"] * mask).sum() / mask.sum().clamp(min=1)
+    dev = out["log_probs"].device
+    mask, adv = mb["response_mask"].to(dev), mb["advantages"].to(dev)
+    loss = (-adv * out["log_probs"] * mask).sum() / mask.sum().clamp(min=1)
     loss.backward()
+
+
+def sync() -> None:
+    """Wait for queued GPU work, so the clock reads finished steps."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def time_mode(engine: TorchEngine, batches: list[Batch], repeats: int) -> float:
@@ -163,9 +171,11 @@ def time_mode(engine: TorchEngine, batches: list[Batch], repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         engine.model.zero_grad(set_to_none=True)
+        sync()
         t0 = time.perf_counter()
         for mb in batches:
             micro_step(engine, mb)
+        sync()
         best = min(best, (time.perf_counter() - t0) / len(batches))
     return best
 
@@ -177,6 +187,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=6, help="micro-batches per distribution")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast)")
     p.add_argument("--calibrate", action="store_true", help="measure the attention weight")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -184,7 +195,10 @@ def main() -> None:
     if args.calibrate:
         calibrate(make_engine(path, "auto", args.rows), fits=3)
         return
-    engines = {m: make_engine(path, m, args.rows) for m in ("padded", "dense", "packed", "auto")}
+    engines = {
+        m: make_engine(path, m, args.rows, args.device)
+        for m in ("padded", "dense", "packed", "auto")
+    }
     cost = engines["auto"]._layout_cost()
     vocab = int(engines["padded"].model.config.vocab_size)
     print(
