@@ -70,12 +70,20 @@ def model_path(name: str) -> str:
         from temper.utils.smollm2 import ensure_smollm2
 
         return str(ensure_smollm2())
-    if name == "medium":
+    # hidden, layers, ffn, heads, kv heads
+    sizes = {"medium": (512, 6, 1376, 4, 2), "large": (2048, 16, 5504, 32, 8)}
+    if name in sizes:
         from temper.utils.tiny import make_tiny_model
 
+        hidden, layers, ffn, heads, kv = sizes[name]
         return str(
             make_tiny_model(
-                "/tmp/temper-bench-medium", hidden_size=512, num_layers=6, intermediate_size=1376
+                f"/tmp/temper-bench-{name}",
+                hidden_size=hidden,
+                num_layers=layers,
+                num_heads=heads,
+                num_kv_heads=kv,
+                intermediate_size=ffn,
             )
         )
     return name
@@ -182,7 +190,11 @@ def time_mode(engine: TorchEngine, batches: list[Batch], repeats: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="medium", help="medium (19M random Llama), smollm2, or a dir")
+    p.add_argument(
+        "--model",
+        default="medium",
+        help="medium (19M random Llama), large (~0.8B), smollm2, or a dir",
+    )
     p.add_argument("--rows", type=int, default=8, help="samples per micro-batch")
     p.add_argument("--batches", type=int, default=6, help="micro-batches per distribution")
     p.add_argument("--repeats", type=int, default=3)

@@ -86,9 +86,10 @@ def load_hf_config(cfg: ModelConfig, path: str | None = None) -> Any:
 
 
 def _from_pretrained(
-    auto_cls: Any | None, cfg: ModelConfig, path: str, dtype: torch.dtype
+    auto_cls: Any | None, cfg: ModelConfig, path: str, dtype: torch.dtype, device: torch.device
 ) -> nn.Module:
-    """Load ``path`` with ``auto_cls`` (None: the causal-LM class its config needs)."""
+    """Load ``path`` with ``auto_cls`` (None: the causal-LM class its config needs) for an
+    engine computing on ``device``."""
     if not path:
         raise ConfigError("model.path", "no model given", "set model.path to a HF directory or id")
     path = resolve_model_path(path)
@@ -96,9 +97,12 @@ def _from_pretrained(
     if auto_cls is None:
         auto_cls = causal_lm_class(config)
     attn = resolve_attn_implementation(cfg.attn_implementation)
-    if attn == "sdpa" and cfg.use_remove_padding and getattr(config, "vision_config", None) is None:
+    text_only = getattr(config, "vision_config", None) is None  # VL rows are never packed
+    if attn == "sdpa" and cfg.use_remove_padding and text_only and device.type == "cpu":
         # packed rows run segment by segment; every unpacked forward is sdpa's own
-        # (training.segment_attention). Vision-language rows are never packed.
+        # (training.segment_attention). On CUDA a packed row keeps the dense mask: there
+        # the segment kernel has not beaten padding yet (benchmarks/packing.py --device
+        # cuda), and flash-attn's varlen kernel is the GPU's packed path.
         segment_attention.register()
         attn = segment_attention.SEGMENT_KERNEL
     return auto_cls.from_pretrained(
@@ -172,7 +176,7 @@ def load_causal_lm(
     updates of ~1e-6 vanish in bf16) and run bf16 under autocast; frozen ones can be
     stored directly in the compute dtype.
     """
-    model = _from_pretrained(None, cfg, path or cfg.path, dtype)
+    model = _from_pretrained(None, cfg, path or cfg.path, dtype, device)
     if cfg.lora.rank > 0:
         model = apply_lora(model, cfg.lora)
     if trainable:
@@ -363,7 +367,7 @@ def load_value_model(
     from transformers import AutoModel
 
     src = resolve_model_path(path or cfg.path)
-    backbone: Any = _from_pretrained(AutoModel, cfg, src, dtype)  # a transformers AutoModel
+    backbone: Any = _from_pretrained(AutoModel, cfg, src, dtype, device)  # transformers AutoModel
     hidden = text_hidden_size(backbone.config)
     head = nn.Linear(hidden, 1, bias=not score_head, dtype=dtype)
     saved_score = saved_score_head(src) if score_head else None

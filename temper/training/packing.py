@@ -339,7 +339,8 @@ def pack(
     valid = scored_positions(inp)
     segments = None
     if attn_implementation in SEGMENT_KERNELS:
-        segments = segment_layout(plan.segment, plan.owner)
+        # built on the host (its sizes are host numbers), then moved: no device waits
+        segments = segment_layout(plan.segment.cpu(), plan.owner.cpu(), device=real.device)
         # a 4-D mask is passed through by transformers' mask builders untouched: this
         # placeholder stops them building a (T, T) mask the segment kernel never reads
         mask: torch.Tensor | None = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=real.device)

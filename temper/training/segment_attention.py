@@ -49,6 +49,13 @@ class SegmentLayout:
     response_real: Tensor  # (N, R) bool
     response_segment: Tensor  # (N,) long: the segment (prompt) each response belongs to
     response_mask: Tensor  # (N, 1, R, P + R) bool
+    # the real slots as flat indices into the (S·P) / (N·R) batches, and their packed
+    # positions: the kernel writes its outputs back with index ops that never wait for
+    # the device (boolean indexing would, at every layer)
+    prompt_slots: Tensor
+    prompt_dest: Tensor
+    response_slots: Tensor
+    response_dest: Tensor
 
 
 def _runs(positions: Tensor, key: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -84,11 +91,14 @@ def _never_empty(mask: Tensor, query_real: Tensor) -> Tensor:
     return mask | (~query_real[:, :, None] & first)
 
 
-def segment_layout(segment: Tensor, owner: Tensor) -> SegmentLayout:
+def segment_layout(
+    segment: Tensor, owner: Tensor, device: torch.device | None = None
+) -> SegmentLayout:
     """The layout of a packed row from its plan: ``segment`` ``(T,)`` the segment of each
     token, ``owner`` ``(T,)`` the row of a response token, -1 for a prompt token
     (:class:`~temper.training.packing.PackPlan`; segments are contiguous, each its prompt
-    then its responses)."""
+    then its responses). Computed where ``segment`` lives (give CPU tensors: the sizes are
+    read on the host) and moved to ``device``."""
     pos = torch.arange(segment.numel(), device=segment.device)
     is_prompt = owner < 0
     n_segments = int(segment.max()) + 1 if segment.numel() else 0
@@ -114,7 +124,7 @@ def segment_layout(segment: Tensor, owner: Tensor) -> SegmentLayout:
     own = _causal(R, segment.device) & response_real[:, None, :]
     on_prompt = prompt_real[response_segment][:, None, :].expand(-1, R, -1)
     response_mask = _never_empty(torch.cat([on_prompt, own], dim=-1), response_real)
-    return SegmentLayout(
+    layout = SegmentLayout(
         prompt_index=prompt_index,
         prompt_real=prompt_real,
         prompt_mask=prompt_mask[:, None],
@@ -122,12 +132,22 @@ def segment_layout(segment: Tensor, owner: Tensor) -> SegmentLayout:
         response_real=response_real,
         response_segment=response_segment,
         response_mask=response_mask[:, None],
+        prompt_slots=prompt_real.flatten().nonzero().flatten(),
+        prompt_dest=prompt_index[prompt_real],
+        response_slots=response_real.flatten().nonzero().flatten(),
+        response_dest=response_index[response_real],
     )
+    if device is None:
+        return layout
+    moved = {k: v.to(device, non_blocking=True) for k, v in vars(layout).items()}
+    return SegmentLayout(**moved)
 
 
 def _heads_first(x: Tensor, index: Tensor) -> Tensor:
-    """``x`` ``(T, H, D)`` gathered at ``index`` ``(n, m)`` -> ``(n, H, m, D)``."""
-    return x[index].transpose(1, 2)
+    """``x`` ``(T, H, D)`` gathered at ``index`` ``(n, m)`` -> ``(n, H, m, D)``
+    (``index_select``: its backward is an index-add, where advanced indexing's sorts)."""
+    picked = x.index_select(0, index.flatten())
+    return picked.view(*index.shape, *x.shape[1:]).transpose(1, 2)
 
 
 def segment_attention(
@@ -162,10 +182,11 @@ def segment_attention(
         scale=scaling,
         enable_gqa=gqa,
     ).transpose(1, 2)  # (S, P, H, D)
-    out = q.new_zeros(q.shape).index_copy(
-        0, layout.prompt_index[layout.prompt_real], prompts[layout.prompt_real]
+    # SDPA's output dtype, which autocast may make lower than the inputs'
+    out = prompts.new_zeros(q.shape).index_copy(
+        0, layout.prompt_dest, prompts.flatten(0, 1).index_select(0, layout.prompt_slots)
     )
-    if layout.response_index.numel() and layout.response_real.any():
+    if layout.response_dest.numel():
         seg = layout.response_segment
         responses = F.scaled_dot_product_attention(
             _heads_first(q, layout.response_index),
@@ -176,9 +197,8 @@ def segment_attention(
             scale=scaling,
             enable_gqa=gqa,
         ).transpose(1, 2)  # (N, R, H, D)
-        out = out.index_copy(
-            0, layout.response_index[layout.response_real], responses[layout.response_real]
-        )
+        picked = responses.flatten(0, 1).index_select(0, layout.response_slots)
+        out = out.index_copy(0, layout.response_dest, picked.to(out.dtype))
     return out[None], None
 
 

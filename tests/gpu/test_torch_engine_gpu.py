@@ -98,9 +98,10 @@ def test_gpu_compiled_fused_log_probs_and_entropy_match_eager(tmp_path) -> None:
         torch.testing.assert_close(w, eager_w[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_gpu_packed_segments_equal_padded(tmp_path) -> None:
-    """The segment attention kernel on CUDA: rows sharing a prompt, packed once, give the
-    padded layout's log-probs, entropy and loss gradients (bf16 autocast)."""
+def test_gpu_packed_shared_prompts_equal_padded(tmp_path) -> None:
+    """Packing on CUDA (sdpa under the row's prefix-tree mask: the segment kernel is the
+    CPU's): rows sharing a prompt, packed once, give the padded layout's log-probs,
+    entropy and loss gradients (bf16 autocast)."""
     path = str(make_tiny_model(tmp_path / "tiny"))
     g = torch.Generator().manual_seed(3)
     prompts = torch.randint(0, 256, (2, 5), generator=g).repeat_interleave(3, dim=0)
