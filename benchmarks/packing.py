@@ -201,6 +201,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast)")
     p.add_argument("--calibrate", action="store_true", help="measure the attention weight")
+    p.add_argument("--dists", nargs="*", default=list(DISTRIBUTIONS), choices=list(DISTRIBUTIONS))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     path = model_path(args.model)
@@ -221,7 +222,8 @@ def main() -> None:
         f"{'lengths':10} {'padded ms':>10} {'dense ms':>9} {'packed ms':>10} {'auto ms':>8} "
         f"{'dense/padded':>13} {'packed/padded':>14} {'auto/padded':>12} {'auto packs':>11}"
     )
-    for name, draw in DISTRIBUTIONS.items():
+    for name in args.dists:
+        draw = DISTRIBUTIONS[name]
         g = torch.Generator().manual_seed(0)
         grpo = name == "grpo"
         batches = [make_batch(draw(g, args.rows), vocab, g, grpo=grpo) for _ in range(args.batches)]
