@@ -41,7 +41,7 @@ from temper.training.megatron_moe import (
     moe_config_kwargs,
     unavailable_moe_options,
 )
-from temper.training.megatron_parallel import Parallel
+from temper.training.megatron_parallel import Parallel, megatron_degrees
 from temper.training.megatron_vocab import VocabShard
 from temper.training.models import VALUE_HEAD_FILE, is_value_model_dir, load_hf_config
 from temper.training.spec import EngineSpec
@@ -83,14 +83,27 @@ _OWNED_FIELDS = frozenset(
 
 @dataclass
 class MegatronModel:
-    """A built model and what the engine needs to run and export it."""
+    """A built model and what the engine needs to run and export it.
 
-    module: torch.nn.Module  # GPTModel
+    ``chunks``: this rank's ``GPTModel`` of each virtual pipeline stage it holds (one
+    without interleaving); ``module``: what holds their parameters — the one chunk, or
+    a ``ModuleList`` of them (parameter names ``"{chunk}.…"``, which ``maps`` use)."""
+
+    module: torch.nn.Module
     layout: HFLayout
     hf_config: Any
     maps: list[ParamMap]
     vocab: VocabShard
     use_te: bool
+    chunks: list[Any] = dataclasses.field(default_factory=list)
+
+    def name_of(self, hf: str, *, tied_copy: bool = False) -> str | None:
+        """The module name of the parameter made of HF tensor ``hf`` on this rank (the
+        tied copy of the embedding with ``tied_copy``); None when the rank lacks it."""
+        for pm in self.maps:
+            if pm.hf == (hf,) and pm.tied_copy == tied_copy:
+                return pm.megatron
+        return None
 
 
 def transformer_config(
@@ -139,7 +152,7 @@ def transformer_config(
         qk_layernorm=layout.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
-        **m.degrees(),
+        **megatron_degrees(m),
         params_dtype=torch.float32,
         # weights come from the checkpoint: no random init (on CPU, Megatron would
         # initialize each full matrix and split it)
@@ -274,17 +287,9 @@ def read_model_source(spec: EngineSpec) -> ModelSource:
 def build_model(
     spec: EngineSpec, source: ModelSource, parallel: Parallel, device: torch.device
 ) -> MegatronModel:
-    """The role's ``GPTModel`` shard on ``device``, holding the checkpoint's weights."""
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    from temper.training.megatron_layers import (
-        HFRotaryEmbedding,
-        ValueHead,
-        has_transformer_engine,
-        layer_spec,
-        moe_block_spec,
-        use_host_dispatchers,
-    )
+    """The role's ``GPTModel`` shards on ``device`` (one per model chunk this rank
+    holds), holding the checkpoint's weights."""
+    from temper.training.megatron_layers import has_transformer_engine
 
     layout, hf_config = source.layout, source.hf_config
     use_te = device.type == "cuda" and has_transformer_engine()
@@ -298,16 +303,68 @@ def build_model(
     )
     value = spec.value_head
     padded = layout.padded_vocab(parallel.tp)
-    first, last = parallel.first_stage, parallel.last_stage
+    chunks, maps = [], []
+    for c in range(parallel.vp):
+        chunk, chunk_maps = _build_chunk(
+            config, layout, source, parallel, device, chunk=c, value=value, use_te=use_te
+        )
+        if parallel.vp > 1:  # the chunk's names in the ModuleList; its global names kept
+            chunk_maps = [
+                dataclasses.replace(pm, megatron=f"{c}.{pm.megatron}", key=pm.global_name)
+                for pm in chunk_maps
+            ]
+        chunks.append(chunk)
+        maps += chunk_maps
+    module: torch.nn.Module = chunks[0] if parallel.vp == 1 else torch.nn.ModuleList(chunks)
+    _mark_tensor_parallel(module, maps)
+    dist = spec.megatron_config.dist_checkpoint_path
+    if dist:  # a checkpoint converted ahead of time (verl's use_dist_checkpointing)
+        from temper.training.megatron_dist_init import load_dist_checkpoint
+
+        head = (lambda name, t: _fresh_head(name, t, spec.seed, source.path)) if value else None
+        prefix = spec.megatron_config.dist_checkpoint_prefix
+        load_dist_checkpoint(chunks, dist, prefix=prefix, value_head=head)
+    else:
+        _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
+    tp_group = parallel.tp_group if parallel.tp > 1 else None
+    vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
+    return MegatronModel(module, layout, hf_config, maps, vocab, use_te, chunks)
+
+
+def _build_chunk(
+    config: Any,
+    layout: HFLayout,
+    source: ModelSource,
+    parallel: Parallel,
+    device: torch.device,
+    *,
+    chunk: int,
+    value: bool,
+    use_te: bool,
+) -> tuple[Any, list[ParamMap]]:
+    """This rank's ``GPTModel`` of virtual stage ``chunk`` (Megatron's ``vp_stage``: it
+    picks the chunk's layers, see :mod:`megatron_chunks`) and its parameter maps."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from temper.training.megatron_layers import (
+        HFRotaryEmbedding,
+        ValueHead,
+        layer_spec,
+        moe_block_spec,
+        use_host_dispatchers,
+    )
+
+    vp_stage = chunk if parallel.vp > 1 else None
+    first, last = parallel.first_chunk(chunk), parallel.last_chunk(chunk)
     if layout.moe is not None:
-        spec_: Any = moe_block_spec(config, use_te=use_te)
+        spec_: Any = moe_block_spec(config, use_te=use_te, vp_stage=vp_stage)
     else:
         spec_ = layer_spec(qk_layernorm=layout.qk_norm, use_te=use_te)
     module = GPTModel(
         config,
         spec_,
-        vocab_size=padded,
-        max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
+        vocab_size=layout.padded_vocab(parallel.tp),
+        max_sequence_length=int(getattr(source.hf_config, "max_position_embeddings", 4096)),
         position_embedding_type="rope",
         # over several stages a tied model's last stage holds a copy of the embedding,
         # which the engine keeps equal (megatron_pipeline.sync_tied_grads): Megatron's
@@ -318,6 +375,7 @@ def build_model(
         parallel_output=True,
         pre_process=first,
         post_process=last,
+        vp_stage=vp_stage,
     )
     # Hugging Face's RoPE frequencies, on the model's device (see megatron_layers)
     rope = HFRotaryEmbedding(
@@ -333,7 +391,7 @@ def build_model(
         module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
     module.to(device)
     names = {n for n, _ in module.named_parameters()}
-    # Megatron numbers a stage's layers from 0 in names, and from its offset in
+    # Megatron numbers a chunk's layers from 0 in names, and from its offset in
     # ``layer_number`` (1-based): the global index of each
     layers = [int(layer.layer_number) - 1 for layer in module.decoder.layers]
     maps = param_maps(
@@ -346,19 +404,7 @@ def build_model(
         ep=parallel.ep,
         ep_rank=parallel.ep_rank,
     )
-    _mark_tensor_parallel(module, maps)
-    dist = spec.megatron_config.dist_checkpoint_path
-    if dist:  # a checkpoint converted ahead of time (verl's use_dist_checkpointing)
-        from temper.training.megatron_dist_init import load_dist_checkpoint
-
-        head = (lambda name, t: _fresh_head(name, t, spec.seed, source.path)) if value else None
-        prefix = spec.megatron_config.dist_checkpoint_prefix
-        load_dist_checkpoint(module, dist, prefix=prefix, value_head=head)
-    else:
-        _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
-    tp_group = parallel.tp_group if parallel.tp > 1 else None
-    vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
-    return MegatronModel(module, layout, hf_config, maps, vocab, use_te)
+    return module, maps
 
 
 def _mark_tensor_parallel(module: torch.nn.Module, maps: list[ParamMap]) -> None:
