@@ -85,8 +85,8 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
             _check_dist_init(cfg, role, m)
         path = cfg.critic.model_path if role == "critic" else None
         layout = local_layout(cfg.model, path or cfg.model.path)
-        if layout is not None:
-            check_experts(layout, m, role)
+        if layout is not None:  # how TP, PP × VPP and EP split this model
+            check_divisible(layout, m, role)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
         if sp > 1:
             raise ConfigError(
