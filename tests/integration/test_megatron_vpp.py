@@ -21,7 +21,7 @@ pytest.importorskip("megatron.core")
 
 import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before the forks)
 import torch.distributed.checkpoint
-from test_megatron import actor_config, make_batch, weights, with_log_probs
+from test_megatron import actor_config, make_batch, shard, weights, with_log_probs
 
 import temper.training.megatron_engine  # noqa: F401
 from temper.cluster.process_group import spawn_ranks
@@ -81,19 +81,27 @@ def qwen2_models(tmp_path_factory) -> tuple[str, str]:
     return _qwen2(root / "a", 3), _qwen2(root / "b", 4)
 
 
-def _megatron(pp: int, vp: int | None, dist: str | None = None) -> MegatronConfig:
+def _megatron(
+    pp: int, vp: int | None, dist: str | None = None, extra: dict | None = None
+) -> MegatronConfig:
     return MegatronConfig(
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vp,
         dist_checkpoint_path=dist,
+        extra=dict(extra or {}),
     )
 
 
 def make_actor(
-    path: str, strategy: str, pp: int = 1, vp: int | None = None, dist: str | None = None
+    path: str,
+    strategy: str,
+    pp: int = 1,
+    vp: int | None = None,
+    dist: str | None = None,
+    extra: dict | None = None,
 ) -> Actor:
     cfg = actor_config(strategy)
-    cfg.megatron = _megatron(pp, vp, dist)
+    cfg.megatron = _megatron(pp, vp, dist, extra)
     spec = EngineSpec(
         model=ModelConfig(path=path),
         device=torch.device("cpu"),
@@ -298,3 +306,87 @@ def test_a_dist_checkpoint_initializes_every_chunk(
     assert not torch.allclose(want, unwanted, atol=1e-3)
     for got in spawn_ranks(_dist_log_probs_rank, 2, other, str(dist), batch):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------- data parallel, MoE
+
+
+def _grid_rank(rank: int, world: int, path: str, batch: Batch, ckpt: str) -> dict:
+    actor = make_actor(path, "megatron", pp=2, vp=2)
+    engine = actor.engine
+    p = engine.parallel
+    assert (p.pp, p.vp, p.dp, p.pp_rank) == (2, 2, 2, rank // 2)
+    mine = shard(batch, engine.dp_rank, engine.dp_size)
+    old = actor.compute_log_probs(mine)["old_log_probs"]
+    metrics = actor.update(mine)
+    engine.save_checkpoint(ckpt)
+    return {"old": old, "dp": engine.dp_rank, "metrics": metrics, "weights": weights(engine)}
+
+
+def test_interleaved_pipelines_with_data_parallel_equal_one_rank(
+    four_layers: str, tmp_path: Path
+) -> None:
+    """4 ranks: two pipelines (PP=2 × VPP=2, each with its own rank-1-to-rank-0 channel)
+    on half the batch each give the one-rank update of the whole batch."""
+    single = make_actor(four_layers, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    ref_weights = weights(single.engine)
+    ranks = spawn_ranks(_grid_rank, 4, four_layers, batch, str(tmp_path / "ckpt"))
+    olds = [next(r["old"] for r in ranks if r["dp"] == d) for d in range(2)]
+    torch.testing.assert_close(torch.cat(olds), batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+    for r in ranks:
+        for k, v in ref_metrics.items():
+            if k != "actor/packed_fraction":
+                assert r["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+        assert_close_weights(r["weights"], ref_weights)
+
+
+ROUTER_LOSSES = {"moe_aux_loss_coeff": 0.01, "moe_z_loss_coeff": 0.001}
+
+
+@pytest.fixture(scope="module")
+def moe_four_layers(tmp_path_factory) -> str:
+    """A 4-layer Qwen3-MoE (layer 0 dense, 1-3 MoE): the tiny MoE model's config with
+    more layers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from temper.utils.tiny import build_tokenizer, make_tiny_moe_model
+
+    root = tmp_path_factory.mktemp("megatron-vpp-moe")
+    config = AutoConfig.from_pretrained(make_tiny_moe_model(root / "two", "qwen3_moe"))
+    config.num_hidden_layers = 4
+    out = root / "four"
+    out.mkdir()
+    build_tokenizer(out)
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("gate.weight"):  # tokens spread unevenly over the experts
+                    p.normal_(0.0, 0.5)
+    model.save_pretrained(str(out))
+    return str(out)
+
+
+def _moe_rank(rank: int, world: int, path: str, batch: Batch, pp: int, vp: int | None) -> dict:
+    actor = make_actor(path, "megatron", pp=pp, vp=vp, extra=ROUTER_LOSSES)
+    old = actor.compute_log_probs(batch)["old_log_probs"]
+    metrics = actor.update(batch)
+    return {"old": old, "metrics": metrics, "weights": weights(actor.engine)}
+
+
+def test_interleaved_moe_with_router_losses_equals_one_stage(moe_four_layers: str) -> None:
+    """A Qwen3-MoE at PP=2 × VPP=2 (each rank's two chunks hold MoE layers) with router
+    losses equals the one-rank engine: every chunk's backward of a micro-batch takes its
+    router-loss weight, and the routers' token counts add up per micro-batch."""
+    batch = with_log_probs(make_actor(moe_four_layers, "torch"), make_batch())
+    (ref,) = spawn_ranks(_moe_rank, 1, moe_four_layers, batch, 1, None)
+    ranks = spawn_ranks(_moe_rank, 2, moe_four_layers, batch, 2, 2)
+    assert 1.0 < ref["metrics"]["actor/moe_load_imbalance"] <= 2.0  # 4 experts, top-2
+    for r in ranks:
+        torch.testing.assert_close(r["old"], ref["old"], atol=1e-6, rtol=1e-6)
+        for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe_load_imbalance"):
+            assert r["metrics"][k] == pytest.approx(ref["metrics"][k], rel=1e-5, abs=1e-7), k
+        assert_close_weights(r["weights"], ref["weights"])
