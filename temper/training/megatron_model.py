@@ -8,9 +8,11 @@
 * :func:`build_model` — ``GPTModel`` with the layer spec of :mod:`megatron_layers`,
   Hugging Face's RoPE, and for a critic the scalar value head; then every parameter is
   filled with this TP rank's shard of the HF tensors (:mod:`megatron_convert`), read one
-  tensor at a time from the checkpoint's safetensors (no full model in memory). Under
-  pipeline parallelism each rank builds its stage only (Megatron's ``pre_process`` /
-  ``post_process``, its share of the layers) and reads only that stage's tensors.
+  tensor at a time from the checkpoint's safetensors (:mod:`hf_reader`; no full model
+  in memory). Under pipeline parallelism each rank builds its stage only (Megatron's
+  ``pre_process`` / ``post_process``, its share of the layers) and reads only that
+  stage's tensors; with virtual (interleaved) stages, one ``GPTModel`` per model chunk
+  it holds (Megatron's ``vp_stage``, :mod:`megatron_chunks`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 
 from temper.config.errors import ConfigError
 from temper.config.schema import MEGATRON_DEGREES, MegatronConfig
+from temper.training.hf_reader import HFCheckpoint
 from temper.training.megatron_check import check_divisible, unavailable_fusions
 from temper.training.megatron_convert import (
     HFLayout,
@@ -43,7 +45,7 @@ from temper.training.megatron_moe import (
 )
 from temper.training.megatron_parallel import Parallel, megatron_degrees
 from temper.training.megatron_vocab import VocabShard
-from temper.training.models import VALUE_HEAD_FILE, is_value_model_dir, load_hf_config
+from temper.training.models import load_hf_config
 from temper.training.spec import EngineSpec
 from temper.utils.model_path import resolve_model_path
 
@@ -188,63 +190,6 @@ def transformer_config(
         return TransformerConfig(**kwargs)
     except (AssertionError, ValueError, TypeError) as err:
         raise ConfigError(key, f"Megatron-Core rejects the configuration: {err}", "") from err
-
-
-class HFCheckpoint:
-    """Tensors of a Hugging Face checkpoint directory, read one at a time by name.
-
-    Names are given without the causal LM's ``model.`` prefix (a value-model backbone
-    has none); ``lm_head.weight`` and ``value_head.*`` are looked up as they are.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self._files: dict[str, Path] = {}
-        index = self.path / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self._files = {k: self.path / v for k, v in weight_map.items()}
-        elif (self.path / "model.safetensors").is_file():
-            from safetensors import safe_open
-
-            single = self.path / "model.safetensors"
-            with safe_open(str(single), framework="pt") as f:
-                self._files = {k: single for k in f.keys()}  # noqa: SIM118 (not a dict)
-        else:
-            raise FileNotFoundError(
-                f"{self.path} has no safetensors weights (model.safetensors or an index); "
-                "the megatron engine reads safetensors checkpoints"
-            )
-        self.prefix = "model." if "model.embed_tokens.weight" in self._files else ""
-        self._value_head: dict[str, torch.Tensor] = {}
-        if is_value_model_dir(self.path):
-            from safetensors.torch import load_file
-
-            head = load_file(str(self.path / VALUE_HEAD_FILE))
-            self._value_head = {f"value_head.{k}": v for k, v in head.items()}
-        self._stack = ExitStack()
-        self._open: dict[Path, Any] = {}
-
-    def has(self, name: str) -> bool:
-        return name in self._value_head or self._key(name) in self._files
-
-    def _key(self, name: str) -> str:
-        return name if name.startswith("lm_head.") else self.prefix + name
-
-    def get(self, name: str) -> torch.Tensor:
-        if name in self._value_head:
-            return self._value_head[name]
-        from safetensors import safe_open
-
-        key = self._key(name)
-        file = self._files[key]
-        if file not in self._open:
-            self._open[file] = self._stack.enter_context(safe_open(str(file), framework="pt"))
-        return self._open[file].get_tensor(key)
-
-    def close(self) -> None:
-        self._stack.close()
-        self._open.clear()
 
 
 def model_dir(path: str) -> str:

@@ -6,7 +6,9 @@ tests use ``spawn_ranks``). ``initialize_model_parallel`` cuts that world into t
 ``tp-cp-ep-dp-pp``: consecutive ranks form a TP group, the ranks holding the same TP
 shard in different TP groups of one stage form a data-parallel (DP) group, and the
 stages of one pipeline are ``TP × DP`` ranks apart. The TP groups of one pipeline
-compute on the same samples; DP ranks on different ones. Expert parallelism (EP) lies
+compute on the same samples; DP ranks on different ones. With virtual (interleaved)
+pipeline stages each rank of a pipeline holds several model chunks; the groups are the
+same (Megatron records only the virtual size). Expert parallelism (EP) lies
 inside data parallelism: consecutive DP ranks form an EP group, which splits each MoE
 layer's experts and exchanges tokens (every rank keeps its own samples); ranks holding
 the same experts form the expert-data-parallel group.
