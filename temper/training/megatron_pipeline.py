@@ -29,9 +29,11 @@ send/recv between neighbouring stages (gloo on CPU, nccl on GPU alike):
   phase, so a rank never waits for its receiver: in chunk-major order rank ``p−1``
   sends to rank 0 while rank 0 still sends its own chunk on, and blocking sends both
   ways would wait for each other. The hops from rank ``p−1`` back to rank 0 (and their
-  gradients) travel on a group of their own (:attr:`Parallel.wrap_group`), so messages
-  between two ranks in each direction keep one order on each channel (with two stages,
-  the ring's two hops join the same pair of ranks).
+  gradients) travel on a group of their own (:attr:`Parallel.wrap_group`): a group's
+  transfers between two ranks run in one order (NCCL: one stream per pair of ranks),
+  and with two stages both hops of the ring join the same two ranks, so rank 1's
+  hand-back to rank 0 would otherwise queue behind rank 0's sends to rank 1 that wait
+  for it. (Exercised on gloo; NCCL pipelines need several GPUs, not run here.)
 * **Activations** go forward with a header first (dtype and shape), so a stage never
   guesses the size of what it receives; gradients come back shaped like the activation
   the stage sent.
