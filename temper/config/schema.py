@@ -385,7 +385,9 @@ class MegatronConfig:
         1, "Pipeline parallel degree (stages; must divide the layers).", splits_model=True
     )
     virtual_pipeline_model_parallel_size: int | None = degree(
-        None, "Interleaved pipeline chunks (not in this build: null)."
+        None,
+        "Interleaved (virtual) pipeline stages: model chunks per pipeline stage (PP × VPP "
+        "must divide the layers; null: one).",
     )
     context_parallel_size: int = degree(1, "Context (sequence) parallel degree.", splits_model=True)
     expert_model_parallel_size: int = degree(1, "Expert parallel degree (MoE).")

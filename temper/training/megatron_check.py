@@ -8,8 +8,11 @@ What runs where:
 
 * everywhere (CPU with gloo, CUDA with nccl): tensor parallelism, pipeline parallelism
   (temper's own schedule, :mod:`megatron_pipeline`; the model's layers must split evenly
-  over the stages, checked when the model's config is read), data parallelism over the
-  role's remaining ranks, the actor, critic and reference, checkpoints;
+  over the stages, checked when the model's config is read) with virtual (interleaved)
+  stages (``virtual_pipeline_model_parallel_size``: the layers split into PP × VPP equal
+  chunks, or Megatron's uneven first/last stage sizes in multiples of VPP, see
+  :mod:`megatron_chunks`), data parallelism over the role's remaining ranks, the actor,
+  critic and reference, checkpoints;
 * CUDA only: activation recompute (``recompute_*``, ``model.enable_gradient_checkpointing``),
   whose checkpointing saves CUDA RNG states;
 * memory/speed options that do not change the update and that this build does not
@@ -21,8 +24,8 @@ What runs where:
   parallelism (:mod:`megatron_moe`), Megatron's all-gather token dispatcher on CPU;
   EP on a dense model, or an MoE model at TP > 1, is refused when the model's config
   is read;
-* not in this build: virtual (interleaved) pipeline stages, context parallelism,
-  expert tensor parallelism, LoRA — errors naming the key.
+* not in this build: context parallelism, expert tensor parallelism, LoRA — errors
+  naming the key.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import MegatronConfig, ModelConfig, TemperConfig
+from temper.training.megatron_chunks import split_of
 from temper.training.megatron_convert import HFLayout
 from temper.training.megatron_moe import (
     CPU_DISPATCHER,
@@ -81,8 +85,8 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
             _check_dist_init(cfg, role, m)
         path = cfg.critic.model_path if role == "critic" else None
         layout = local_layout(cfg.model, path or cfg.model.path)
-        if layout is not None:
-            check_experts(layout, m, role)
+        if layout is not None:  # how TP, PP × VPP and EP split this model
+            check_divisible(layout, m, role)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
         if sp > 1:
             raise ConfigError(
@@ -156,11 +160,25 @@ UNEVEN_SPLIT_FIELDS = (
 def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
     """TP must split heads, KV groups and the FFN evenly (whole query groups per rank);
     PP the layers into equal stages, unless ``extra`` asks Megatron for an uneven split
-    (which Megatron then checks); EP an MoE model's experts (see :func:`check_experts`)."""
+    (which Megatron then checks); PP × VPP the layers into equal chunks, or the uneven
+    stages into VPP chunks each; EP an MoE model's experts (see :func:`check_experts`)."""
     check_experts(layout, m, role)
     pp = m.pipeline_model_parallel_size
     uneven = any(name in m.extra for name in UNEVEN_SPLIT_FIELDS)
-    if layout.num_layers % pp and not uneven:
+    vp = m.virtual_pipeline_model_parallel_size or 1
+    own = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+    # Megatron's other uneven splits (embedding/loss as a layer, an explicit layout) are
+    # Megatron's to check, interleaved or not
+    if vp > 1 and not any(n in m.extra for n in UNEVEN_SPLIT_FIELDS if n not in own):
+        problem = split_of(layout.num_layers, pp, vp, m.extra).problem()
+        if problem is not None:
+            raise ConfigError(
+                f"{role}.megatron.virtual_pipeline_model_parallel_size",
+                f"the model's {layout.num_layers} layers over {pp} pipeline stages × {vp} "
+                f"virtual stages: {problem[0]}",
+                problem[1],
+            )
+    elif layout.num_layers % pp and not uneven:
         raise ConfigError(
             f"{role}.megatron.pipeline_model_parallel_size",
             f"{pp} does not divide the model's {layout.num_layers} layers",
@@ -253,12 +271,13 @@ def check_section(
     for name, value in m.degrees().items():
         if value is not None and value < 1:
             raise ConfigError(f"{key}.{name}", "must be ≥ 1", "set it to 1 or more")
-    if m.virtual_pipeline_model_parallel_size not in (None, 1):
+    vp = m.virtual_pipeline_model_parallel_size
+    if vp is not None and vp > 1 and m.pipeline_model_parallel_size == 1:
         raise ConfigError(
             f"{key}.virtual_pipeline_model_parallel_size",
-            "interleaved (virtual) pipeline stages are not in this build; the megatron "
-            "engine's pipeline schedule runs one stage per rank",
-            "set it to null (pipeline_model_parallel_size alone pipelines the model)",
+            "interleaved (virtual) pipeline stages split each pipeline stage's layers into "
+            "chunks; there is one stage (pipeline_model_parallel_size: 1)",
+            "set it to null, or set pipeline_model_parallel_size above 1",
         )
     if m.context_parallel_size > 1:
         why = (

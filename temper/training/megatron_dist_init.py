@@ -41,27 +41,32 @@ def check_dist_checkpoint(path: str, key: str) -> None:
 
 
 def load_dist_checkpoint(
-    module: torch.nn.Module,
+    chunks: list[torch.nn.Module],
     path: str,
     *,
     prefix: str = "",
     value_head: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
-    """Fill ``module``'s parameters (this rank's shards) from the checkpoint at ``path``.
+    """Fill the parameters of this rank's model ``chunks`` (its shards; one ``GPTModel``
+    per virtual pipeline stage it holds) from the checkpoint at ``path``.
 
-    ``value_head(name, target)``: a critic's fresh head for each of its parameters,
-    which the checkpoint (a policy's) does not hold. Tensors the checkpoint has beyond the
-    model's (TransformerEngine's ``_extra_state``) are ignored; a parameter the
-    checkpoint lacks fails the load, naming it.
+    The chunks are loaded in one call: Megatron checks that the ranks together read
+    every part of each global tensor once, and a layer-stacked tensor spans the
+    chunks of every rank. ``value_head(name, target)``: a critic's fresh head for each
+    of its parameters, which the checkpoint (a policy's) does not hold. Tensors the
+    checkpoint has beyond the model's (TransformerEngine's ``_extra_state``) are ignored;
+    a parameter the checkpoint lacks fails the load, naming it.
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import StrictHandling
 
-    sharded: dict[str, Any] = module.sharded_state_dict(prefix=prefix)  # type: ignore[operator]
-    head = [k for k in sharded if k.startswith(f"{prefix}output_layer.")]
-    if value_head is not None:
-        for k in head:
-            sharded.pop(k)
+    sharded: dict[str, dict[str, Any]] = {}
+    for c, module in enumerate(chunks):
+        state: dict[str, Any] = module.sharded_state_dict(prefix=prefix)  # type: ignore[operator]
+        if value_head is not None:
+            for k in [k for k in state if k.startswith(f"{prefix}output_layer.")]:
+                state.pop(k)
+        sharded[f"chunk{c}"] = state
     try:
         loaded = dist_checkpointing.load(
             sharded, str(Path(path).expanduser()), strict=StrictHandling.ASSUME_OK_UNEXPECTED
@@ -73,6 +78,16 @@ def load_dist_checkpoint(
             "convert the checkpoint from the model at model.path (same architecture), or "
             "remove dist_checkpoint_path",
         ) from err
+    for c, module in enumerate(chunks):
+        _fill(module, loaded[f"chunk{c}"], prefix, value_head)
+
+
+def _fill(
+    module: torch.nn.Module,
+    loaded: dict[str, Any],
+    prefix: str,
+    value_head: Callable[[str, torch.Tensor], torch.Tensor] | None,
+) -> None:
     params = dict(module.named_parameters())
     with torch.no_grad():
         for key, tensor in loaded.items():

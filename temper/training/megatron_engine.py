@@ -20,7 +20,10 @@ and the collectives:
 * **Pipeline.** With PP > 1 the micro-batches go through the stages on temper's own
   schedule (:mod:`megatron_pipeline`: all forwards, then all backwards); the last stage
   computes outputs and losses, and its log-probs, values and metric sums are broadcast
-  so that every rank returns what a one-stage engine would.
+  so that every rank returns what a one-stage engine would. With virtual pipeline
+  stages each rank holds several model chunks (:mod:`megatron_chunks`), each a
+  ``GPTModel`` of its own; the optimizer, gradient reductions, checkpoints and export
+  run over all of them.
 * **Gradients.** TP-sharded weights get their gradient from Megatron's TP layers;
   after the micro-batches, gradients are summed over the DP group (each rank's loss is
   a partial sum of the mini-batch loss) — and a tied embedding's over its first- and
@@ -138,7 +141,7 @@ class MegatronEngine(TorchEngine):
                 log.warning("model.%s is a GPU kernel option the megatron engine ignores", flag)
         super().__init__(spec)  # builds the model: _load_model sets self.built
         moe = self.built.layout.moe
-        self._router_stats = RouterStats(self.built.module, moe) if moe is not None else None
+        self._router_stats = RouterStats(self.built.chunks, moe) if moe is not None else None
         self._groups: list[list[int]] = []
         half = half_precision_note(spec.model.dtype, device.type)
         if half:
@@ -173,8 +176,10 @@ class MegatronEngine(TorchEngine):
             return None
         params = dict(self.model.named_parameters())
         if p.first_stage:
-            return params["embedding.word_embeddings.weight"]
-        return params["output_layer.weight"] if p.last_stage else None
+            name = self.built.name_of("embed_tokens.weight")
+        else:
+            name = self.built.name_of("lm_head.weight", tied_copy=True)
+        return params[name] if name is not None else None
 
     @property
     def shareable_module(self) -> nn.Module | None:
@@ -186,26 +191,36 @@ class MegatronEngine(TorchEngine):
 
     # ------------------------------------------------------------------ forward
 
-    def _stage_output(self, mb: Batch, received: torch.Tensor | None) -> torch.Tensor:
-        """This stage's output for ``mb``: logits ``(b, L, V/TP)`` (or values ``(b, L, 1)``)
-        on the last stage, else the hidden states ``(L, b, H)`` to send on; ``received``:
-        the previous stage's, None on the first."""
+    def _stage_output(
+        self, mb: Batch, received: torch.Tensor | None, *, chunk: int = 0, index: int | None = None
+    ) -> torch.Tensor:
+        """Model ``chunk``'s output for ``mb`` (micro-batch ``index`` of the step): logits
+        ``(b, L, V/TP)`` (or values ``(b, L, 1)``) on the pipeline's last chunk, else the
+        hidden states ``(L, b, H)`` to send on; ``received``: the previous virtual stage's,
+        None on the first."""
         inp = model_inputs(mb, self.device)
         ids, _ = right_align(inp)
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        module = self.built.chunks[chunk]
         if self.parallel.pp > 1:
-            set_stage_input(self.built.module, received)
+            set_stage_input(module, received)
         if self._router_stats is None:
             with self._autocast():
-                out: torch.Tensor = self.model(ids, positions, None)
+                out: torch.Tensor = module(ids, positions, None)
             return out
         # an MoE router leaves the trailing padding out of its losses and counts
-        self._router_stats.begin()
+        self._router_stats.begin(index)
         real = inp.attention_mask.sum(dim=1, keepdim=True)
         padding = torch.arange(ids.shape[1], device=self.device).unsqueeze(0) >= real
         with self._autocast():
-            out = self.model(ids, positions, None, padding_mask=padding)
+            out = module(ids, positions, None, padding_mask=padding)
         return out
+
+    def _chunk_output(
+        self, chunk: int, index: int, mb: Batch, received: torch.Tensor | None
+    ) -> torch.Tensor:
+        """:func:`megatron_pipeline.Stage` over :meth:`_stage_output`."""
+        return self._stage_output(mb, received, chunk=chunk, index=index)
 
     def _head(
         self,
@@ -278,7 +293,7 @@ class MegatronEngine(TorchEngine):
         yield from forward_only(
             self.link,
             micro,
-            self._stage_output,
+            self._chunk_output,
             lambda mb, hidden: self._head(
                 mb, hidden, temperature=temperature, with_entropy=with_entropy
             ),
@@ -302,14 +317,14 @@ class MegatronEngine(TorchEngine):
             self.link,
             micro,
             groups,
-            self._stage_output,
+            self._chunk_output,
             lambda mb, hidden: self._head(
                 mb, hidden, temperature=temperature, with_entropy=True, entropy_grad=with_entropy
             ),
             lambda mb, out: loss_fn(mb.to(self.device), out),
             all_min=lambda flags: self._all_reduce(flags, dist.ReduceOp.MIN),
             role=self.spec.role,
-            before_backward=lambda i: self._set_aux_loss_scale(),
+            before_backward=self._set_aux_loss_scale_of,
         )
 
     # ------------------------------------------------------------------ collectives
@@ -386,6 +401,12 @@ class MegatronEngine(TorchEngine):
     def _set_aux_loss_scale(self) -> None:
         if self._aux_scales:
             set_router_loss_scale(self._aux_scales.pop(0))
+
+    def _set_aux_loss_scale_of(self, index: int) -> None:
+        """Micro-batch ``index``'s router-loss weight, for each of its backwards (one per
+        model chunk under pipeline parallelism)."""
+        if self._aux_scales:
+            set_router_loss_scale(self._aux_scales[index])
 
     def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
         self._set_aux_loss_scale()

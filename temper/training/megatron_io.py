@@ -5,9 +5,10 @@
   laid out like Megatron's groups — sharded along the TP dimension Megatron splits,
   replicated over DP — so each rank writes only its shards, replicas are written once,
   and a run saved at one TP × DP layout resumes at another (DCP reshards). Under
-  pipeline parallelism each stage writes its own parameters under their names in the
-  whole model (global layer index; a tied embedding's last-stage copy is left out and
-  restored from the first stage), so a checkpoint also resumes at another PP size. Megatron-
+  pipeline parallelism each stage writes its own parameters (those of every model chunk
+  it holds, under interleaved stages) under their names in the whole model (global
+  layer index; a tied embedding's last-stage copy is left out and restored from the
+  first stage), so a checkpoint also resumes at another PP or virtual PP size. Megatron-
   Core's own ``dist_checkpointing`` is not used: its only save strategy (``torch_dist``)
   calls ``torch.cuda.synchronize`` and cannot run on CPU; this layout is the same idea
   (global tensors, per-rank shards) through torch's API, on CPU and GPU alike. The LR
@@ -15,7 +16,8 @@
   own under ``rng/`` (restored when the world size matches).
 * **Export** (:meth:`MegatronCheckpointer.hf_named_weights`): for weight sync and HF
   directories, each parameter is broadcast from its pipeline stage, its TP shards are
-  all-gathered, and it is turned back into HF tensors one at a time
+  all-gathered, and it is turned back into HF tensors one at a time, in the model's
+  layer order
   (:func:`megatron_convert.hf_tensors`), so no rank holds the whole model twice.
 * **HF directories** (:meth:`MegatronCheckpointer.save_hf`): rank 0 writes safetensors
   (sharded at 5 GB), ``config.json``, the generation config and the tokenizer; a critic
@@ -86,6 +88,14 @@ def _copy_generation_config(spec: EngineSpec, out: Path) -> None:
     except OSError:
         return
     gen.save_pretrained(str(out))
+
+
+def _model_order(pm: ParamMap) -> tuple[int, int]:
+    """Where ``pm`` sits in the whole model: embedding, layers, then the rest (a
+    stable sort keeps each layer's parameters in their order)."""
+    if pm.layer is not None:
+        return (1, pm.layer)
+    return (0, 0) if pm.hf == ("embed_tokens.weight",) else (2, 0)
 
 
 @dataclass(frozen=True)
@@ -162,7 +172,9 @@ class MegatronCheckpointer:
                 if pm.global_name not in seen:
                     seen.add(pm.global_name)
                     out.append((s, pm, shape, dtype))
-        return out
+        # the model's order (embedding, layers by global index, final norm and head):
+        # interleaved stages hold layers out of order, ranks in rank order would mix them
+        return sorted(out, key=lambda row: _model_order(row[1]))
 
     def _fetch(self) -> Callable[[ParamMap], torch.Tensor]:
         """This TP rank's shard of a parameter, broadcast from the rank of
@@ -342,7 +354,11 @@ class MegatronCheckpointer:
         if not (p.first_stage or p.last_stage):
             return
         params = dict(self.model.named_parameters())
-        name = "embedding.word_embeddings.weight" if p.first_stage else "output_layer.weight"
+        if p.first_stage:
+            name = self.built.name_of("embed_tokens.weight")
+        else:
+            name = self.built.name_of("lm_head.weight", tied_copy=True)
+        assert name is not None  # the first and last stage hold the embedding or its copy
         tensors = [params[name].data]
         if self.optimizer is not None and self.schedule is not None:
             st = self._adam_state()[name]

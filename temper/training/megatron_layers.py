@@ -193,14 +193,15 @@ class HostTopKRouter(TopKRouter):
         )
 
 
-def moe_block_spec(config: Any, *, use_te: bool) -> Any:
+def moe_block_spec(config: Any, *, use_te: bool, vp_stage: int | None = None) -> Any:
     """The decoder block of a mixture-of-experts model: Megatron's per-layer specs (MoE
     or dense layers after ``config.moe_layer_freq``) with ``SequentialMLP`` experts; off
-    TransformerEngine, :class:`SDPACoreAttention` and :class:`HostTopKRouter` in each."""
+    TransformerEngine, :class:`SDPACoreAttention` and :class:`HostTopKRouter` in each.
+    ``vp_stage``: the model chunk whose layers the block holds (interleaved stages)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     block = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=use_te, normalization="RMSNorm"
+        config, use_transformer_engine=use_te, normalization="RMSNorm", vp_stage=vp_stage
     )
     if use_te:
         return block

@@ -8,9 +8,11 @@
 * :func:`build_model` — ``GPTModel`` with the layer spec of :mod:`megatron_layers`,
   Hugging Face's RoPE, and for a critic the scalar value head; then every parameter is
   filled with this TP rank's shard of the HF tensors (:mod:`megatron_convert`), read one
-  tensor at a time from the checkpoint's safetensors (no full model in memory). Under
-  pipeline parallelism each rank builds its stage only (Megatron's ``pre_process`` /
-  ``post_process``, its share of the layers) and reads only that stage's tensors.
+  tensor at a time from the checkpoint's safetensors (:mod:`hf_reader`; no full model
+  in memory). Under pipeline parallelism each rank builds its stage only (Megatron's
+  ``pre_process`` / ``post_process``, its share of the layers) and reads only that
+  stage's tensors; with virtual (interleaved) stages, one ``GPTModel`` per model chunk
+  it holds (Megatron's ``vp_stage``, :mod:`megatron_chunks`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 
 from temper.config.errors import ConfigError
 from temper.config.schema import MEGATRON_DEGREES, MegatronConfig
+from temper.training.hf_reader import HFCheckpoint
 from temper.training.megatron_check import check_divisible, unavailable_fusions
 from temper.training.megatron_convert import (
     HFLayout,
@@ -41,9 +43,9 @@ from temper.training.megatron_moe import (
     moe_config_kwargs,
     unavailable_moe_options,
 )
-from temper.training.megatron_parallel import Parallel
+from temper.training.megatron_parallel import Parallel, megatron_degrees
 from temper.training.megatron_vocab import VocabShard
-from temper.training.models import VALUE_HEAD_FILE, is_value_model_dir, load_hf_config
+from temper.training.models import load_hf_config
 from temper.training.spec import EngineSpec
 from temper.utils.model_path import resolve_model_path
 
@@ -83,14 +85,27 @@ _OWNED_FIELDS = frozenset(
 
 @dataclass
 class MegatronModel:
-    """A built model and what the engine needs to run and export it."""
+    """A built model and what the engine needs to run and export it.
 
-    module: torch.nn.Module  # GPTModel
+    ``chunks``: this rank's ``GPTModel`` of each virtual pipeline stage it holds (one
+    without interleaving); ``module``: what holds their parameters — the one chunk, or
+    a ``ModuleList`` of them (parameter names ``"{chunk}.…"``, which ``maps`` use)."""
+
+    module: torch.nn.Module
     layout: HFLayout
     hf_config: Any
     maps: list[ParamMap]
     vocab: VocabShard
     use_te: bool
+    chunks: list[Any] = dataclasses.field(default_factory=list)
+
+    def name_of(self, hf: str, *, tied_copy: bool = False) -> str | None:
+        """The module name of the parameter made of HF tensor ``hf`` on this rank (the
+        tied copy of the embedding with ``tied_copy``); None when the rank lacks it."""
+        for pm in self.maps:
+            if pm.hf == (hf,) and pm.tied_copy == tied_copy:
+                return pm.megatron
+        return None
 
 
 def transformer_config(
@@ -139,7 +154,7 @@ def transformer_config(
         qk_layernorm=layout.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
-        **m.degrees(),
+        **megatron_degrees(m),
         params_dtype=torch.float32,
         # weights come from the checkpoint: no random init (on CPU, Megatron would
         # initialize each full matrix and split it)
@@ -175,63 +190,6 @@ def transformer_config(
         return TransformerConfig(**kwargs)
     except (AssertionError, ValueError, TypeError) as err:
         raise ConfigError(key, f"Megatron-Core rejects the configuration: {err}", "") from err
-
-
-class HFCheckpoint:
-    """Tensors of a Hugging Face checkpoint directory, read one at a time by name.
-
-    Names are given without the causal LM's ``model.`` prefix (a value-model backbone
-    has none); ``lm_head.weight`` and ``value_head.*`` are looked up as they are.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self._files: dict[str, Path] = {}
-        index = self.path / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self._files = {k: self.path / v for k, v in weight_map.items()}
-        elif (self.path / "model.safetensors").is_file():
-            from safetensors import safe_open
-
-            single = self.path / "model.safetensors"
-            with safe_open(str(single), framework="pt") as f:
-                self._files = {k: single for k in f.keys()}  # noqa: SIM118 (not a dict)
-        else:
-            raise FileNotFoundError(
-                f"{self.path} has no safetensors weights (model.safetensors or an index); "
-                "the megatron engine reads safetensors checkpoints"
-            )
-        self.prefix = "model." if "model.embed_tokens.weight" in self._files else ""
-        self._value_head: dict[str, torch.Tensor] = {}
-        if is_value_model_dir(self.path):
-            from safetensors.torch import load_file
-
-            head = load_file(str(self.path / VALUE_HEAD_FILE))
-            self._value_head = {f"value_head.{k}": v for k, v in head.items()}
-        self._stack = ExitStack()
-        self._open: dict[Path, Any] = {}
-
-    def has(self, name: str) -> bool:
-        return name in self._value_head or self._key(name) in self._files
-
-    def _key(self, name: str) -> str:
-        return name if name.startswith("lm_head.") else self.prefix + name
-
-    def get(self, name: str) -> torch.Tensor:
-        if name in self._value_head:
-            return self._value_head[name]
-        from safetensors import safe_open
-
-        key = self._key(name)
-        file = self._files[key]
-        if file not in self._open:
-            self._open[file] = self._stack.enter_context(safe_open(str(file), framework="pt"))
-        return self._open[file].get_tensor(key)
-
-    def close(self) -> None:
-        self._stack.close()
-        self._open.clear()
 
 
 def model_dir(path: str) -> str:
@@ -274,17 +232,9 @@ def read_model_source(spec: EngineSpec) -> ModelSource:
 def build_model(
     spec: EngineSpec, source: ModelSource, parallel: Parallel, device: torch.device
 ) -> MegatronModel:
-    """The role's ``GPTModel`` shard on ``device``, holding the checkpoint's weights."""
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    from temper.training.megatron_layers import (
-        HFRotaryEmbedding,
-        ValueHead,
-        has_transformer_engine,
-        layer_spec,
-        moe_block_spec,
-        use_host_dispatchers,
-    )
+    """The role's ``GPTModel`` shards on ``device`` (one per model chunk this rank
+    holds), holding the checkpoint's weights."""
+    from temper.training.megatron_layers import has_transformer_engine
 
     layout, hf_config = source.layout, source.hf_config
     use_te = device.type == "cuda" and has_transformer_engine()
@@ -298,16 +248,68 @@ def build_model(
     )
     value = spec.value_head
     padded = layout.padded_vocab(parallel.tp)
-    first, last = parallel.first_stage, parallel.last_stage
+    chunks, maps = [], []
+    for c in range(parallel.vp):
+        chunk, chunk_maps = _build_chunk(
+            config, layout, source, parallel, device, chunk=c, value=value, use_te=use_te
+        )
+        if parallel.vp > 1:  # the chunk's names in the ModuleList; its global names kept
+            chunk_maps = [
+                dataclasses.replace(pm, megatron=f"{c}.{pm.megatron}", key=pm.global_name)
+                for pm in chunk_maps
+            ]
+        chunks.append(chunk)
+        maps += chunk_maps
+    module: torch.nn.Module = chunks[0] if parallel.vp == 1 else torch.nn.ModuleList(chunks)
+    _mark_tensor_parallel(module, maps)
+    dist = spec.megatron_config.dist_checkpoint_path
+    if dist:  # a checkpoint converted ahead of time (verl's use_dist_checkpointing)
+        from temper.training.megatron_dist_init import load_dist_checkpoint
+
+        head = (lambda name, t: _fresh_head(name, t, spec.seed, source.path)) if value else None
+        prefix = spec.megatron_config.dist_checkpoint_prefix
+        load_dist_checkpoint(chunks, dist, prefix=prefix, value_head=head)
+    else:
+        _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
+    tp_group = parallel.tp_group if parallel.tp > 1 else None
+    vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
+    return MegatronModel(module, layout, hf_config, maps, vocab, use_te, chunks)
+
+
+def _build_chunk(
+    config: Any,
+    layout: HFLayout,
+    source: ModelSource,
+    parallel: Parallel,
+    device: torch.device,
+    *,
+    chunk: int,
+    value: bool,
+    use_te: bool,
+) -> tuple[Any, list[ParamMap]]:
+    """This rank's ``GPTModel`` of virtual stage ``chunk`` (Megatron's ``vp_stage``: it
+    picks the chunk's layers, see :mod:`megatron_chunks`) and its parameter maps."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from temper.training.megatron_layers import (
+        HFRotaryEmbedding,
+        ValueHead,
+        layer_spec,
+        moe_block_spec,
+        use_host_dispatchers,
+    )
+
+    vp_stage = chunk if parallel.vp > 1 else None
+    first, last = parallel.first_chunk(chunk), parallel.last_chunk(chunk)
     if layout.moe is not None:
-        spec_: Any = moe_block_spec(config, use_te=use_te)
+        spec_: Any = moe_block_spec(config, use_te=use_te, vp_stage=vp_stage)
     else:
         spec_ = layer_spec(qk_layernorm=layout.qk_norm, use_te=use_te)
     module = GPTModel(
         config,
         spec_,
-        vocab_size=padded,
-        max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
+        vocab_size=layout.padded_vocab(parallel.tp),
+        max_sequence_length=int(getattr(source.hf_config, "max_position_embeddings", 4096)),
         position_embedding_type="rope",
         # over several stages a tied model's last stage holds a copy of the embedding,
         # which the engine keeps equal (megatron_pipeline.sync_tied_grads): Megatron's
@@ -318,6 +320,7 @@ def build_model(
         parallel_output=True,
         pre_process=first,
         post_process=last,
+        vp_stage=vp_stage,
     )
     # Hugging Face's RoPE frequencies, on the model's device (see megatron_layers)
     rope = HFRotaryEmbedding(
@@ -333,7 +336,7 @@ def build_model(
         module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
     module.to(device)
     names = {n for n, _ in module.named_parameters()}
-    # Megatron numbers a stage's layers from 0 in names, and from its offset in
+    # Megatron numbers a chunk's layers from 0 in names, and from its offset in
     # ``layer_number`` (1-based): the global index of each
     layers = [int(layer.layer_number) - 1 for layer in module.decoder.layers]
     maps = param_maps(
@@ -346,19 +349,7 @@ def build_model(
         ep=parallel.ep,
         ep_rank=parallel.ep_rank,
     )
-    _mark_tensor_parallel(module, maps)
-    dist = spec.megatron_config.dist_checkpoint_path
-    if dist:  # a checkpoint converted ahead of time (verl's use_dist_checkpointing)
-        from temper.training.megatron_dist_init import load_dist_checkpoint
-
-        head = (lambda name, t: _fresh_head(name, t, spec.seed, source.path)) if value else None
-        prefix = spec.megatron_config.dist_checkpoint_prefix
-        load_dist_checkpoint(module, dist, prefix=prefix, value_head=head)
-    else:
-        _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
-    tp_group = parallel.tp_group if parallel.tp > 1 else None
-    vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
-    return MegatronModel(module, layout, hf_config, maps, vocab, use_te)
+    return module, maps
 
 
 def _mark_tensor_parallel(module: torch.nn.Module, maps: list[ParamMap]) -> None:

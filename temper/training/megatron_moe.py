@@ -258,20 +258,22 @@ def set_router_loss_scale(scale: float) -> None:
 
 class RouterStats:
     """Tokens routed to each expert of each MoE layer, per micro-batch, for the
-    load-imbalance metric: a forward hook on every router of ``module`` adds its
-    routing map's column sums (padding tokens left out) to the micro-batch begun
-    last (:meth:`begin`)."""
+    load-imbalance metric: a forward hook on every router of the model ``chunks`` (one
+    ``GPTModel`` per virtual pipeline stage of the rank) adds its routing map's column
+    sums (padding tokens left out) to the micro-batch begun last (:meth:`begin`)."""
 
-    def __init__(self, module: Any, moe: MoELayout) -> None:
+    def __init__(self, chunks: list[Any], moe: MoELayout) -> None:
         import torch
         from megatron.core.transformer.moe.moe_layer import MoELayer
 
         self.shape = (len(moe.moe_layers), moe.num_experts)
         self.rows: list[torch.Tensor] = []
-        for layer in module.decoder.layers:
-            if isinstance(layer.mlp, MoELayer):
-                hook = self._hook(int(layer.layer_number) - 1)
-                layer.mlp.router.register_forward_hook(hook)
+        self._current = -1
+        for module in chunks:
+            for layer in module.decoder.layers:
+                if isinstance(layer.mlp, MoELayer):
+                    hook = self._hook(int(layer.layer_number) - 1)
+                    layer.mlp.router.register_forward_hook(hook)
 
     def _hook(self, index: int) -> Any:
         def hook(module: Any, args: tuple[Any, ...], output: tuple[Any, Any]) -> None:
@@ -281,15 +283,20 @@ class RouterStats:
             padding = args[1] if len(args) > 1 else None
             if padding is not None:
                 routing = routing & ~padding.reshape(-1, 1)
-            self.rows[-1][index] += routing.sum(dim=0).to(self.rows[-1].dtype).cpu()
+            row = self.rows[self._current]
+            row[index] += routing.sum(dim=0).to(row.dtype).cpu()
 
         return hook
 
-    def begin(self) -> None:
-        """A micro-batch's forward starts."""
+    def begin(self, index: int | None = None) -> None:
+        """A micro-batch's forward starts: the next one, or micro-batch ``index`` of the
+        step (a rank with several model chunks runs each micro-batch once per chunk)."""
         import torch
 
-        self.rows.append(torch.zeros(self.shape, dtype=torch.float64))
+        index = len(self.rows) if index is None else index
+        while len(self.rows) <= index:
+            self.rows.append(torch.zeros(self.shape, dtype=torch.float64))
+        self._current = index
 
     def take(self, groups: list[list[int]]) -> Any:
         """``(layers, experts)`` token counts of the real micro-batches (``groups[i]``

@@ -6,7 +6,9 @@ tests use ``spawn_ranks``). ``initialize_model_parallel`` cuts that world into t
 ``tp-cp-ep-dp-pp``: consecutive ranks form a TP group, the ranks holding the same TP
 shard in different TP groups of one stage form a data-parallel (DP) group, and the
 stages of one pipeline are ``TP × DP`` ranks apart. The TP groups of one pipeline
-compute on the same samples; DP ranks on different ones. Expert parallelism (EP) lies
+compute on the same samples; DP ranks on different ones. With virtual (interleaved)
+pipeline stages each rank of a pipeline holds several model chunks; the groups are the
+same (Megatron records only the virtual size). Expert parallelism (EP) lies
 inside data parallelism: consecutive DP ranks form an EP group, which splits each MoE
 layer's experts and exchanges tokens (every rank keeps its own samples); ranks holding
 the same experts form the expert-data-parallel group.
@@ -64,6 +66,10 @@ class Parallel:
     expert_dp_group: Any = None
     # EP × PP ranks of one model copy (every expert and stage once): export gathers there
     expert_model_group: Any = None
+    vp: int = 1  # model chunks per rank (virtual pipeline stages, megatron_chunks)
+    # the pipeline's ranks again, for the transfers from the last rank back to the first
+    # between chunks (megatron_pipeline: a channel of their own, apart from the others)
+    wrap_group: Any = None
 
     @property
     def first_stage(self) -> bool:
@@ -72,6 +78,23 @@ class Parallel:
     @property
     def last_stage(self) -> bool:
         return self.pp_rank == self.pp - 1
+
+    def first_chunk(self, chunk: int) -> bool:
+        """``chunk`` of this rank is the pipeline's first (it embeds the tokens)."""
+        return self.first_stage and chunk == 0
+
+    def last_chunk(self, chunk: int) -> bool:
+        """``chunk`` of this rank is the pipeline's last (its output layer makes logits)."""
+        return self.last_stage and chunk == self.vp - 1
+
+
+def megatron_degrees(m: MegatronConfig) -> dict[str, int | None]:
+    """The section's degrees as Megatron-Core takes them: one virtual stage is no
+    interleaving (Megatron wants ``None`` then; it refuses 1 without pipeline stages)."""
+    degrees = m.degrees()
+    if (degrees.get("virtual_pipeline_model_parallel_size") or 1) <= 1:
+        degrees["virtual_pipeline_model_parallel_size"] = None
+    return degrees
 
 
 def ensure_process_group(device: torch.device) -> None:
@@ -125,11 +148,13 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
             f"the {world} ranks of {role} are not divisible by TP×PP×CP = {split}",
             "choose parallel sizes whose product divides the role's device count",
         )
+    degrees = megatron_degrees(m)
     wanted = (
         m.tensor_model_parallel_size,
         m.pipeline_model_parallel_size,
         m.context_parallel_size,
         m.expert_model_parallel_size,
+        degrees["virtual_pipeline_model_parallel_size"],
     )
     if ps.model_parallel_is_initialized():
         have = (
@@ -137,17 +162,18 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
             ps.get_pipeline_model_parallel_world_size(),
             ps.get_context_parallel_world_size(),
             ps.get_expert_model_parallel_world_size(),
+            ps.get_virtual_pipeline_model_parallel_world_size(),
         )
         if have != wanted:
             raise ConfigError(
                 f"{role}.megatron",
-                f"this process already runs Megatron roles with (TP, PP, CP, EP) = {have}, "
+                f"this process already runs Megatron roles with (TP, PP, CP, EP, VPP) = {have}, "
                 f"not {wanted}",
                 "give colocated megatron roles in one process the same parallel sizes",
             )
     else:
         ps.initialize_model_parallel(
-            **m.degrees(),
+            **degrees,
             # gloo copies of every group are only needed for CPU-side collectives of
             # Megatron's own optimizer/checkpointing on GPU; on a gloo world they would
             # be the same groups twice
@@ -159,6 +185,7 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
             tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
     pp = ps.get_pipeline_model_parallel_world_size()
     ep = ps.get_expert_model_parallel_world_size()
+    vp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
     return Parallel(
         rank=dist.get_rank(),
         world=world,
@@ -180,7 +207,27 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         expert_dp=ps.get_expert_data_parallel_world_size(),
         expert_dp_group=ps.get_expert_data_parallel_group(),
         expert_model_group=ps.get_expert_tensor_model_pipeline_parallel_group() if ep > 1 else None,
+        vp=vp,
+        wrap_group=_wrap_group(ps.get_pipeline_model_parallel_group()) if vp > 1 else None,
     )
+
+
+_WRAP_GROUPS: dict[tuple[int, ...], Any] = {}
+
+
+def _wrap_group(pp_group: Any) -> Any:
+    """A second group over this rank's pipeline, made once per process: every rank
+    creates one for every pipeline of the world, in the same order (``new_group`` is a
+    collective over the world)."""
+    mine = tuple(dist.get_process_group_ranks(pp_group))
+    if mine not in _WRAP_GROUPS:
+        pipelines: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(pipelines, mine)
+        for ranks in sorted(set(pipelines)):
+            group = dist.new_group(list(ranks))
+            if ranks == mine:
+                _WRAP_GROUPS[mine] = group
+    return _WRAP_GROUPS[mine]
 
 
 def all_reduce_flat(grads: list[torch.Tensor], group: Any, size: int) -> None:

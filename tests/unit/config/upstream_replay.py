@@ -142,7 +142,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("vision-language", r"vision-language|multimodal|vision tower"),
     (
         "megatron: virtual pipeline",
-        r"interleaved \(virtual\) pipeline stages are not in this build",
+        r"interleaved \(virtual\) pipeline stages split each|pipeline stages × \d+ virtual",
     ),
     ("megatron: context parallel", r"context-parallel attention cannot run"),
     ("megatron: expert parallel on a dense model", r"is dense: expert parallelism splits"),

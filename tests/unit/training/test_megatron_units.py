@@ -189,7 +189,7 @@ def _check(device: str = "cpu", lora: int = 0, **m: Any) -> list[str]:
         (
             {"virtual_pipeline_model_parallel_size": 2},
             "actor.megatron.virtual_pipeline_model_parallel_size",
-            "pipeline",
+            "there is one stage",
         ),
         ({"context_parallel_size": 2}, "actor.megatron.context_parallel_size", "TransformerEngine"),
         (
@@ -276,17 +276,24 @@ def test_kernel_fusions_that_cannot_run_here_are_dropped_with_a_note() -> None:
     assert not tc.apply_rope_fusion and not tc.bias_activation_fusion
 
 
-def test_temper_check_accepts_pipeline_parallel_and_refuses_virtual_stages(
+def test_temper_check_accepts_virtual_stages_that_split_the_layers(
     tmp_path, tiny_path, capsys
 ) -> None:
+    """PP = 2 × VPP = 2 needs 4 layers per 4 chunks: a 4-layer model checks, the 2-layer
+    one is refused at check (not at the engine's start), naming the key and the fix."""
     import yaml
 
     from temper.cli.main import main
+    from temper.utils.tiny import make_tiny_model
 
-    megatron: dict[str, Any] = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2}
+    four = str(make_tiny_model(tmp_path / "four", num_layers=4))
+    megatron: dict[str, Any] = {
+        "pipeline_model_parallel_size": 2,
+        "virtual_pipeline_model_parallel_size": 2,
+    }
     cfg = {
         "experiment": {"device": "cpu"},
-        "model": {"path": tiny_path},
+        "model": {"path": four},
         "data": {"train_files": ["task:arithmetic?n=8"]},
         "actor": {"strategy": "megatron", "megatron": megatron},
         "resources": {"backend": "ray", "devices_per_node": 2},
@@ -295,11 +302,11 @@ def test_temper_check_accepts_pipeline_parallel_and_refuses_virtual_stages(
     path.write_text(yaml.safe_dump(cfg))
     assert main(["check", str(path)]) == 0
     capsys.readouterr()
-    megatron["virtual_pipeline_model_parallel_size"] = 2
+    cfg["model"] = {"path": tiny_path}  # 2 layers
     path.write_text(yaml.safe_dump(cfg))
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "actor.megatron.virtual_pipeline_model_parallel_size" in err and err.count("\n") == 1
+    assert "actor.megatron.virtual_pipeline_model_parallel_size" in err and "2 layers" in err
 
 
 def test_pipeline_stages_must_split_the_layers_evenly() -> None:
@@ -395,3 +402,39 @@ def test_tensor_parallel_ranks_get_the_same_shard() -> None:
     out = group.dispatch("f", batch, balance=False)
     assert out["response_ids"].flatten().tolist() == list(range(8))
     assert math.isclose(group.data_size, 2)
+
+
+def test_virtual_stages_split_the_layers_into_equal_chunks() -> None:
+    """PP × VPP must divide the layers; the message names the product."""
+    from temper.training.megatron_check import check_divisible
+
+    eight = replace(LAYOUT, num_layers=8, num_heads=4, num_kv_heads=2)
+    check_divisible(
+        eight,
+        MegatronConfig(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=4),
+        "critic",
+    )
+    with pytest.raises(ConfigError) as err:
+        check_divisible(
+            eight,
+            MegatronConfig(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=3),
+            "critic",
+        )
+    assert err.value.key == "critic.megatron.virtual_pipeline_model_parallel_size"
+    assert "8 layers" in err.value.reason and "multiple of 6" in err.value.reason
+    assert "divides the layers" in err.value.fix
+    uneven = MegatronConfig(
+        pipeline_model_parallel_size=2,
+        virtual_pipeline_model_parallel_size=2,
+        extra={"num_layers_in_first_pipeline_stage": 3},
+    )
+    with pytest.raises(ConfigError) as err:
+        check_divisible(eight, uneven, "actor")
+    assert "not multiples of 2" in err.value.reason
+    both = replace(
+        uneven,
+        extra={"num_layers_in_first_pipeline_stage": 4, "num_layers_in_last_pipeline_stage": 4},
+    )
+    with pytest.raises(ConfigError) as err:
+        check_divisible(eight, both, "actor")
+    assert "middle stage" in err.value.reason and "set only one" in err.value.fix
