@@ -1106,7 +1106,7 @@ class DistillConfig:
         None, "Clamp both models' log-probs from below first (verl log_prob_min_clamp)."
     )
     loss_max_clamp: float | None = doc(
-        None, "Cap each teacher's per-token estimate (verl loss_max_clamp)."
+        None, "Clip each teacher's per-token estimate to [−M, M] (verl loss_max_clamp)."
     )
     direct_gradient: bool = doc(
         False,
