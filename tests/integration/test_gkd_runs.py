@@ -123,3 +123,38 @@ def test_sampled_k3_term_is_added_to_the_task_loss(
         assert r["actor/distill_loss"] == pytest.approx(r["distill/penalty_mean"], rel=1e-4)
         assert r["actor/loss"] == pytest.approx(r["actor/pg_loss"] + r["actor/distill_loss"])
     assert moved(tiny_model_dir, tmp_path / "run" / "final" / "actor")
+
+
+@pytest.mark.slow
+def test_verl_gkd_command_line_trains(tmp_path, tiny_model_dir, teacher_dir, monkeypatch):
+    """verl's GRPO example (2026-01) with verl 0.9's GKD arguments (those of
+    ``run_qwen3_8b_megatron.sh``: forward_kl_topk as a direct gradient without task
+    rewards, clamps; top-8 here; the example's KL loss off, as verl drops it without
+    task rewards): 2 steps on CPU, the term is the whole loss."""
+    from test_upstream_train import _script, _verl
+
+    from temper.cli.main import main
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(
+        "verl-2026-01-b178a3c/examples/grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh"
+    )
+    out = tmp_path / "verl-gkd"
+    loss = "+distillation.distillation_loss"
+    distill = [
+        "+distillation.enabled=True",
+        f"+distillation.teacher_models.teacher_model.model_path={teacher_dir}",
+        f"{loss}.loss_mode=forward_kl_topk",
+        f"{loss}.topk=8",
+        f"{loss}.use_policy_gradient=False",
+        f"{loss}.use_task_rewards=False",
+        f"{loss}.loss_max_clamp=10.0",
+        f"{loss}.log_prob_min_clamp=-10.0",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+    ]
+    assert main(["train", str(config), *overrides, *_verl(tiny_model_dir, out), *distill]) == 0
+    rows = [r for r in read_metrics(out) if "actor/distill_loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["train/advantage_abs_max"] == 0.0
+        assert r["actor/loss"] == pytest.approx(r["actor/distill_loss"], rel=1e-5)
