@@ -3,15 +3,23 @@ and the term of a micro-batch against a full-vocabulary computation, value and g
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import pytest
 import torch
 
 from temper.algorithms.aggregation import LossAggregator
+from temper.config.schema import TeacherConfig
+from temper.config.validate import validate
 from temper.data.batch import Batch
+from temper.pipelines.catalog import CATALOG
+from temper.roles import build_roles
 from temper.roles.gkd_term import DirectDistill, direct_distill_loss, with_student_ids
 from temper.roles.teacher import TOPK_IDS, TOPK_LOG_PROBS
 from temper.training.micro_batching import KD_INDICES, KD_LOGITS
+
+from .conftest import PROMPTS, RESPONSES, make_batch, make_config
 
 
 def test_student_ids_are_every_teachers_top_k_then_the_sampled_token() -> None:
@@ -86,3 +94,39 @@ def test_sampled_k3_term_routes_weights_and_masks() -> None:
     loss.backward()
     assert log_probs.grad is not None
     torch.testing.assert_close(log_probs.grad, torch.tensor([[3.0 * 0.5 / 2, 0.0]]))
+
+
+def test_actor_gkd_update_is_micro_batch_invariant(tiny_path: str) -> None:
+    """The term uses the mini-batch's normalizers: 1×4, 4×1 and a token budget agree on
+    the loss, the term and the updated weights (top-k mode, two teachers, one routed to
+    half the samples)."""
+    batch = make_batch(PROMPTS, RESPONSES, seed=1)
+    b, r = batch["response_ids"].shape
+    g = torch.Generator().manual_seed(0)
+    teacher = torch.log_softmax(torch.randn(b, 2, r, 64, generator=g), -1)
+    top_lp, top_ids = teacher.topk(4, dim=-1)
+    results = []
+    for micro, budget in ((4, None), (1, None), (1, 11)):
+        cfg = make_config(tiny_path)
+        cfg.actor.loss_agg_mode = "seq-mean-token-mean"
+        cfg.actor.micro_batch_size_per_device = micro
+        cfg.actor.optim.eps = 1.0  # update linear in the gradient (see engine test)
+        cfg.distill.teachers = {"a": TeacherConfig(tiny_path, 0.5), "b": TeacherConfig(tiny_path)}
+        cfg.distill.direct_gradient, cfg.distill.topk = True, 4
+        plan = dataclasses.replace(validate(cfg, CATALOG), use_reference=False)
+        cfg.actor.use_dynamic_bsz = budget is not None
+        cfg.actor.max_token_len_per_device = budget or 16384
+        actor = build_roles(cfg, plan, "cpu").actor
+        work = actor.compute_log_probs(batch)
+        work[TOPK_IDS], work[TOPK_LOG_PROBS] = top_ids, top_lp
+        work["teacher_routed"] = torch.tensor([[True, True], [True, False]] * (b // 2))
+        work["advantages"] = torch.zeros(b, r)
+        metrics = actor.update(work)
+        assert metrics["actor/distill_loss"] > 0
+        results.append((metrics, dict(actor.engine.model.named_parameters())))
+    m0, w0 = results[0]
+    for m, w in results[1:]:
+        for key in ("actor/loss", "actor/distill_loss", "actor/grad_norm"):
+            assert m[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+        for name, p in w.items():
+            torch.testing.assert_close(p, w0[name], atol=1e-8, rtol=0, msg=name)
