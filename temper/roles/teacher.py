@@ -63,7 +63,7 @@ class Teachers:
             sub = batch if whole else batch.select(rows)
             scored = self.teachers[name].compute_ref_log_probs(sub)["ref_log_probs"]
             out[rows, t] = scored.detach().float().cpu()
-            if topk > 0:
+            if topk > 0:  # a second forward: the sampled-token pass above gives the metrics
                 top = self.teachers[name].compute_top_logits(
                     sub, topk, temperature if temperature > 0 else 1.0, vocab, log_probs=True
                 )
