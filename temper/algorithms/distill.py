@@ -46,7 +46,7 @@ def distill_penalty(
 ) -> Tensor:
     """Weighted per-token divergence of the student from its routed teachers, ``(B, R)``.
 
-    ``D[b, r] = m[b, r] · Σ_t c_t · routed[b, t] · min(k(ℓ[b, r], ℓ_t[b, t, r]), M)`` with
+    ``D[b, r] = m[b, r] · Σ_t c_t · routed[b, t] · clip(k(ℓ[b, r], ℓ_t[b, t, r]), −M, M)`` with
     ``k`` the KL estimator ``estimator`` (``kl``: ``ℓ − ℓ_t``, the reverse KL's sample),
     ``ℓ = max(log π, L)`` and ``ℓ_t = max(log π_t, L)`` (``L = log_prob_min``: a token
     one model all but rules out no longer dominates the signal; None: no clamp), ``M =
@@ -67,7 +67,7 @@ def distill_penalty(
     total = torch.zeros_like(student)
     for t, coef in enumerate(coefs):
         k = kl_penalty(student, teachers[:, t], estimator)
-        if max_value is not None:
-            k = k.clamp(max=max_value)
+        if max_value is not None:  # both sides, as verl: the k1 sample can be negative
+            k = k.clamp(min=-max_value, max=max_value)
         total = total + coef * routed[:, t].unsqueeze(-1).float() * k
     return total * response_mask.float()

@@ -60,13 +60,16 @@ def actor_loss(
     sft_loss: Tensor | None = None,
     sft_loss_coef: float = 0.0,
     rl_loss_coef: float = 1.0,
+    distill_loss: Tensor | None = None,
 ) -> Tensor:
     """Total actor loss.
 
-    ``L = rl_loss_coef·(L_pg + kl_loss_coef·L_kl) - entropy_coef·H + sft_loss_coef·L_sft``.
-    With ``rl_loss_coef = 1`` this is verl's ``pg_loss - entropy_coeff·entropy +
-    kl_loss_coef·kl_loss``; the ``rl_loss_coef`` scaling of the policy+KL part is ROLL's.
-    Each term is already globally normalized, so the sum is too.
+    ``L = rl_loss_coef·(L_pg + kl_loss_coef·L_kl) - entropy_coef·H + sft_loss_coef·L_sft
+    + L_distill``. With ``rl_loss_coef = 1`` this is verl's ``pg_loss -
+    entropy_coeff·entropy + kl_loss_coef·kl_loss``; the ``rl_loss_coef`` scaling of the
+    policy+KL part is ROLL's. ``L_distill``: on-policy distillation's direct-gradient
+    term, its teachers' coefficients already inside (verl adds it, weighted, to the PPO
+    loss). Each term is already globally normalized, so the sum is too.
     """
     total = pg_loss
     if kl_loss is not None and kl_loss_coef:
@@ -76,4 +79,6 @@ def actor_loss(
         total = total - entropy_coef * entropy
     if sft_loss is not None and sft_loss_coef:
         total = total + sft_loss_coef * sft_loss
+    if distill_loss is not None:
+        total = total + distill_loss
     return total

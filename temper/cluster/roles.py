@@ -178,9 +178,11 @@ class RemoteReference:
         return self.group.dispatch(f"{self.prefix}compute_ref_log_probs", batch)
 
     def compute_top_logits(
-        self, batch: Batch, k: int, scale: float, vocab: int | None = None
+        self, batch: Batch, k: int, scale: float, vocab: int | None = None, log_probs: bool = False
     ) -> Batch:
-        return self.group.dispatch("compute_top_logits", batch, k=k, scale=scale, vocab=vocab)
+        return self.group.dispatch(
+            "compute_top_logits", batch, k=k, scale=scale, vocab=vocab, log_probs=log_probs
+        )
 
 
 @dataclass

@@ -1085,7 +1085,9 @@ class DistillConfig:
     """On-policy distillation (pipelines rlvr and agentic): the student samples, every
     teacher routed to a sample scores its tokens, and the per-token signal
     ``−Σ_i c_i·KL_i`` (estimator ``kl_penalty`` of the student's old log-probs against the
-    teacher's) is the advantage (``pure``) or is added to the RL advantage."""
+    teacher's) is the advantage (``pure``) or is added to the RL advantage — or, with
+    ``direct_gradient``, a loss term of the actor (GKD), on the sampled token or over the
+    teachers' top-``topk`` tokens."""
 
     teachers: dict[str, TeacherConfig] = doc(
         {}, "Teachers by name; empty: no distillation (ROLL teacher, single or a dict)."
@@ -1106,7 +1108,24 @@ class DistillConfig:
         None, "Clamp both models' log-probs from below first (verl log_prob_min_clamp)."
     )
     loss_max_clamp: float | None = doc(
-        None, "Cap each teacher's per-token estimate (verl loss_max_clamp)."
+        None, "Clip each teacher's per-token estimate to [−M, M] (verl loss_max_clamp)."
+    )
+    direct_gradient: bool = doc(
+        False,
+        "True: the weighted divergence is a loss term differentiated through the "
+        "student's log-probs (GKD; verl use_policy_gradient: false), aggregated with "
+        "actor.loss_agg_mode and added to the actor's loss, and no part of the advantage "
+        "(pure: the advantage is 0, so the policy-gradient term vanishes); kl_penalty "
+        "kl/k1 is refused (its gradient does not depend on the teacher). False: the "
+        "signal is (part of) the advantage.",
+    )
+    topk: int = doc(
+        0,
+        "0: the divergence is kl_penalty on the sampled token. k > 0 (direct_gradient "
+        "only): the forward KL over each teacher's k most likely tokens at every response "
+        "position, Σ π_t (log π_t − log π), both log-probs normalized over the vocabulary "
+        "and floored at log_prob_min_clamp, the sum floored at 0 (verl loss_mode "
+        "forward_kl_topk, topk).",
     )
 
 

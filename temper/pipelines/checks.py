@@ -15,6 +15,7 @@ from temper.algorithms import (
     estimator_inputs,
     kl_estimator_needs_logits,
 )
+from temper.algorithms.gkd import direct_gradient_estimator_ok
 from temper.config.catalog import REWARD_COMPONENTS
 from temper.config.derive import Derived
 from temper.config.errors import BOUND, Bound, ConfigError
@@ -224,6 +225,7 @@ def _check_distill(cfg: TemperConfig, plan: Derived) -> None:
             "signal is estimated on the sampled tokens' log-probs",
             "use kl, abs, mse or low_var_kl",
         )
+    _check_direct_distill(cfg)
     if cfg.distill.pure and plan.use_critic:
         raise ConfigError(
             "distill.pure",
@@ -231,6 +233,30 @@ def _check_distill(cfg: TemperConfig, plan: Derived) -> None:
             f"adv_estimator {cfg.algorithm.adv_estimator} would be trained on nothing the "
             "update uses",
             "use an estimator without a critic (reinforce, grpo), or distill.pure: false",
+        )
+
+
+def _check_direct_distill(cfg: TemperConfig) -> None:
+    """The direct-gradient (GKD) term: an estimator whose gradient sees the teacher, and
+    the top-k forward KL only as a loss term."""
+    d = cfg.distill
+    if d.topk < 0:
+        raise ConfigError("distill.topk", f"{d.topk} is negative", "use 0 or a positive k")
+    if d.topk and not d.direct_gradient:
+        raise ConfigError(
+            "distill.topk",
+            "the top-k forward KL is built as a direct gradient only: as an advantage only "
+            "the sampled token's log-prob would carry it, and the other top-k tokens' "
+            "signal would be lost",
+            "set distill.direct_gradient: true, or distill.topk: 0",
+        )
+    if d.direct_gradient and not d.topk and not direct_gradient_estimator_ok(d.kl_penalty):
+        raise ConfigError(
+            "distill.kl_penalty",
+            f"'{d.kl_penalty}' (log π − log π_t) as a direct gradient is ∇ log π alone: it "
+            "does not depend on the teacher",
+            "use abs, mse/k2 or low_var_kl/k3 with distill.direct_gradient, or "
+            "distill.direct_gradient: false",
         )
 
 

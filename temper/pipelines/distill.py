@@ -109,6 +109,8 @@ RL_ONLY = {
     "distill.kl_penalty": "the divergence is kd.objective over the teacher's top-k tokens",
     "distill.log_prob_min_clamp": "the divergence is kd.objective over the teacher's top-k",
     "distill.loss_max_clamp": "the divergence is kd.objective over the teacher's top-k",
+    "distill.direct_gradient": "the divergence is always a loss term here (kd.loss_weight)",
+    "distill.topk": "the teacher's top-k is kd.topk",
 }
 
 

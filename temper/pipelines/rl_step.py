@@ -39,7 +39,9 @@ def rl_step(run: Run) -> dict[str, float]:
                 batch = roles.reference.compute_ref_log_probs(batch)
         if roles.teachers is not None:  # on-policy distillation: the teachers score the tokens
             with t("teacher"):
-                batch = roles.teachers.compute_teacher_log_probs(batch)
+                # the tokenizer's ids only: a teacher's output layer may have padding rows
+                vocab = len(run.tokenizer) if cfg.distill.topk else None
+                batch = roles.teachers.compute_teacher_log_probs(batch, cfg.distill.topk, vocab)
         if roles.critic is not None:
             with t("values"):
                 batch = roles.critic.compute_values(batch)

@@ -249,12 +249,14 @@ def compute_experience(
     if s.distill.teachers:  # on-policy distillation: −Σ c_i·KL_i per token
         penalty, distilled = distillation_signal(batch, s.distill, mask)
         metrics.update(distilled)
+    # direct gradient (GKD): the divergence is the actor's loss term, never an advantage
+    direct = penalty is not None and s.distill.direct_gradient
     if penalty is not None and s.distill.pure:  # the signal is the whole advantage
-        advantages = -penalty
+        advantages = torch.zeros_like(penalty) if direct else -penalty
         returns = advantages
     else:
         advantages, returns = A.compute_advantages(algo.adv_estimator, inputs, params)
-        if penalty is not None:
+        if penalty is not None and not direct:
             advantages = advantages - penalty
     if algo.whiten_advantages:
         advantages = A.masked_whiten(advantages, mask) * mask

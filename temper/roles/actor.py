@@ -60,6 +60,7 @@ from temper.algorithms.rollout_correction import (
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
+from temper.roles.gkd_term import DirectDistill, direct_distill_loss, with_student_ids
 from temper.roles.kd_loss import distill_loss_fn
 from temper.roles.minibatch import (
     StepMetrics,
@@ -102,9 +103,16 @@ class Actor:
     """Policy role over a trainable causal-LM engine."""
 
     def __init__(
-        self, cfg: ActorConfig, engine: TrainEngine, *, temperature: float = 1.0, seed: int = 0
+        self,
+        cfg: ActorConfig,
+        engine: TrainEngine,
+        *,
+        temperature: float = 1.0,
+        seed: int = 0,
+        distill: DirectDistill | None = None,
     ) -> None:
         self.cfg = cfg
+        self.distill = distill  # on-policy distillation's direct-gradient term (GKD)
         self.engine = engine
         self.temperature = temperature if temperature > 0 else 1.0
         self.seed = seed
@@ -184,6 +192,8 @@ class Actor:
             if key not in work:
                 raise KeyError("actor.sft_loss_coef needs token_level_scores to pick positives")
             work[_POSITIVE] = (work[key].sum(dim=-1) > 0).float()
+        if self.distill is not None:  # the student's logits at the teachers' top-k ids
+            work = with_student_ids(work, self.distill)
         if "sample_positive" in policy_loss_inputs(cfg.policy_loss):  # the raw task score
             if "scores" not in work:
                 raise KeyError(f"policy loss {cfg.policy_loss} needs the samples' scores")
@@ -205,6 +215,7 @@ class Actor:
         )
         n_tokens = max(agg.num_tokens, 1.0)
         n_samples = engine.global_sum([len(mini)])[0]
+        temperature = self._temperature(mini)
         full_kl = kl_estimator_needs_logits(cfg.kl_loss_type)
         sft_agg = None
         if cfg.sft_loss_coef:
@@ -249,6 +260,10 @@ class Actor:
                 est = full if full is not None else kl_penalty(log_prob, ref, cfg.kl_loss_type)
                 metrics["kl"] = masked_mean(est.detach(), mask) * share
             sft = sft_loss(log_prob, mask, mb[_POSITIVE], sft_agg) if sft_agg else None
+            gkd = None
+            if self.distill is not None:
+                gkd, gkd_m = direct_distill_loss(self.distill, mb, out, agg, temperature)
+                metrics.update(gkd_m)
             total = actor_loss(
                 pg,
                 kl_loss=kl,
@@ -258,6 +273,7 @@ class Actor:
                 sft_loss=sft,
                 sft_loss_coef=cfg.sft_loss_coef,
                 rl_loss_coef=cfg.rl_loss_coef,
+                distill_loss=gkd,
             )
             if sft is not None:
                 metrics["sft_loss"] = sft.detach()

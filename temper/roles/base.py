@@ -128,11 +128,11 @@ class ReferenceRole(Protocol):
         ...
 
     def compute_top_logits(
-        self, batch: Batch, k: int, scale: float, vocab: int | None = None
+        self, batch: Batch, k: int, scale: float, vocab: int | None = None, log_probs: bool = False
     ) -> Batch:
         """A copy of ``batch`` with ``kd_indices`` and ``kd_teacher_logits`` (B, R, k): the
         ``k`` most likely token ids ``< vocab`` at each response token and their logits /
-        ``scale`` (a teacher of offline distillation)."""
+        ``scale`` (a teacher of offline distillation; ``log_probs``: their log-softmax)."""
         ...
 
 
@@ -142,9 +142,12 @@ class TeacherRole(Protocol):
     names: list[str]  # teacher t of ``teacher_log_probs[:, t]``
     teachers: dict[str, ReferenceRole]  # each teacher's role, by name
 
-    def compute_teacher_log_probs(self, batch: Batch) -> Batch:
+    def compute_teacher_log_probs(
+        self, batch: Batch, topk: int = 0, vocab: int | None = None
+    ) -> Batch:
         """A copy of ``batch`` with ``teacher_log_probs`` (B, T, R) and ``teacher_routed``
-        (B, T): each teacher's log-probs of the response tokens of the samples routed to it."""
+        (B, T): each teacher's log-probs of the response tokens of the samples routed to it
+        (``topk`` > 0: also its top-k ids and log-probs, ``(B, T, R, k)``)."""
         ...
 
 

@@ -30,6 +30,7 @@ from temper.config.schema import TemperConfig, TrainEngineConfig
 from temper.roles.actor import Actor
 from temper.roles.base import ReferenceRole, Roles
 from temper.roles.critic import Critic
+from temper.roles.gkd_term import DirectDistill
 from temper.roles.reference import Reference
 from temper.roles.teacher import Teachers
 from temper.training.micro_batching import MicroBatching
@@ -104,7 +105,13 @@ def build_actor(cfg: TemperConfig, dev: torch.device, *, scorer: bool = False) -
             role="actor",
         ),
     )
-    return Actor(cfg.actor, engine, temperature=_temperature(cfg), seed=cfg.experiment.seed)
+    return Actor(
+        cfg.actor,
+        engine,
+        temperature=_temperature(cfg),
+        seed=cfg.experiment.seed,
+        distill=DirectDistill.of(cfg.distill),
+    )
 
 
 def build_reference(cfg: TemperConfig, dev: torch.device, actor: Actor | None = None) -> Reference:

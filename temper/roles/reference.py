@@ -56,12 +56,15 @@ class Reference:
         return batch.union(Batch.from_dict({"ref_log_probs": out["log_probs"]}))
 
     def compute_top_logits(
-        self, batch: Batch, k: int, scale: float, vocab: int | None = None
+        self, batch: Batch, k: int, scale: float, vocab: int | None = None, log_probs: bool = False
     ) -> Batch:
         """A copy of ``batch`` with a teacher's side of offline distillation: ``kd_indices``
         (its ``k`` most likely token ids at each response token; 0: every token) and
-        ``kd_teacher_logits`` (its logits there divided by ``scale``), ``(B, R, k)``, among
+        ``kd_teacher_logits`` (its logits there divided by ``scale``; ``log_probs``: their
+        log-softmax, as on-policy distillation's top-k loss wants), ``(B, R, k)``, among
         token ids ``< vocab`` (None: every column of its output layer)."""
         with self._context():
-            values, ids = self.engine.top_logits(batch, k, scale, self.micro_batching, vocab=vocab)
+            values, ids = self.engine.top_logits(
+                batch, k, scale, self.micro_batching, vocab=vocab, log_probs=log_probs
+            )
         return batch.union(Batch.from_dict({KD_INDICES: ids, TEACHER_LOGITS: values}))

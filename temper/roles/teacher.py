@@ -14,6 +14,12 @@ import torch
 from temper.algorithms.distill import route_by_tag
 from temper.data.batch import Batch
 from temper.roles.base import ReferenceRole
+from temper.roles.kd_loss import TEACHER_LOGITS
+from temper.training.micro_batching import KD_INDICES
+
+#: Batch keys of the teachers' top-k token ids and log-probs, ``(B, T, R, k)``.
+TOPK_IDS = "teacher_topk_ids"
+TOPK_LOG_PROBS = "teacher_topk_log_probs"
 
 
 class Teachers:
@@ -32,13 +38,23 @@ class Teachers:
         tags = batch.get("tag") or [""] * len(batch)
         return route_by_tag([str(t) for t in tags], self.tags)
 
-    def compute_teacher_log_probs(self, batch: Batch) -> Batch:
+    def compute_teacher_log_probs(
+        self, batch: Batch, topk: int = 0, vocab: int | None = None
+    ) -> Batch:
         """A copy of ``batch`` with ``teacher_log_probs`` (B, T, R) — teacher ``t``'s
         log-prob of each response token, 0 where ``t`` does not score the sample — and
-        ``teacher_routed`` (B, T) bool."""
+        ``teacher_routed`` (B, T) bool; with ``topk`` > 0 also each teacher's ``topk``
+        most likely token ids ``< vocab`` at every response token, ``teacher_topk_ids``
+        (B, T, R, k), and their log-probs (normalized over the vocabulary, at the
+        sampling temperature), ``teacher_topk_log_probs`` (B, T, R, k) — 0 and id 0 where
+        ``t`` does not score the sample (the direct-gradient top-k loss, distill.topk)."""
         routed = self.route(batch)
         b, r = batch["response_mask"].shape
-        out = torch.zeros(b, len(self.names), r, dtype=torch.float32)
+        n = len(self.names)
+        out = torch.zeros(b, n, r, dtype=torch.float32)
+        top_ids = torch.zeros(b, n, r, max(topk, 0), dtype=torch.long)
+        top_lp = torch.zeros(b, n, r, max(topk, 0), dtype=torch.float32)
+        temperature = float(batch.meta.get("temperature", 1.0) or 1.0)
         for t, name in enumerate(self.names):
             rows = routed[:, t].nonzero(as_tuple=True)[0]
             if len(rows) == 0:
@@ -47,4 +63,13 @@ class Teachers:
             sub = batch if whole else batch.select(rows)
             scored = self.teachers[name].compute_ref_log_probs(sub)["ref_log_probs"]
             out[rows, t] = scored.detach().float().cpu()
-        return batch.union(Batch.from_dict({"teacher_log_probs": out, "teacher_routed": routed}))
+            if topk > 0:  # a second forward: the sampled-token pass above gives the metrics
+                top = self.teachers[name].compute_top_logits(
+                    sub, topk, temperature if temperature > 0 else 1.0, vocab, log_probs=True
+                )
+                top_ids[rows, t] = top[KD_INDICES].long().cpu()
+                top_lp[rows, t] = top[TEACHER_LOGITS].detach().float().cpu()
+        new = {"teacher_log_probs": out, "teacher_routed": routed}
+        if topk > 0:
+            new.update({TOPK_IDS: top_ids, TOPK_LOG_PROBS: top_lp})
+        return batch.union(Batch.from_dict(new))

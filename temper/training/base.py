@@ -92,13 +92,16 @@ class TrainEngine(abc.ABC):
         micro_batching: MicroBatching | None = None,
         *,
         vocab: int | None = None,
+        log_probs: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """No-grad: at every response token the ``k`` largest logits divided by ``scale``
         among token ids ``< vocab`` (None: every column of the output layer) and their ids
         (``k = 0``: every token), ``(B, R, k)`` each in batch order,
-        zero on masked tokens — a teacher's side of offline distillation. A training
-        forward of a batch holding those ids (``kd_indices``) returns the model's own
-        logits at them (``kd_logits``, differentiable)."""
+        zero on masked tokens — a teacher's side of offline distillation. ``log_probs``:
+        the values are the log-softmax of ``logits / scale`` over those ids instead (a
+        teacher of on-policy distillation's top-k loss). A training forward of a batch
+        holding those ids (``kd_indices``) returns the model's own logits at them
+        (``kd_logits``, differentiable)."""
 
     @abc.abstractmethod
     def train_mini_batch(

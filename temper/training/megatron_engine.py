@@ -74,7 +74,12 @@ from temper.training.megatron_pipeline import (
     sync_tied_grads,
     train_forward_backward,
 )
-from temper.training.megatron_vocab import gather_vocab, log_probs_and_entropy, top_vocab
+from temper.training.megatron_vocab import (
+    gather_vocab,
+    log_probs_and_entropy,
+    top_vocab,
+    vocab_logsumexp,
+)
 from temper.training.micro_batching import (
     KD_INDICES,
     KD_LOGITS,
@@ -258,7 +263,7 @@ class MegatronEngine(TorchEngine):
 
     @torch.no_grad()
     def _micro_top_logits(
-        self, mb: Batch, k: int, scale: float, vocab: int | None
+        self, mb: Batch, k: int, scale: float, vocab: int | None, log_probs: bool = False
     ) -> dict[str, torch.Tensor]:
         """A teacher's top-``k`` logits / ``scale`` over the vocabulary-parallel logits."""
         inp = model_inputs(mb, self.device)
@@ -267,7 +272,10 @@ class MegatronEngine(TorchEngine):
         with self._autocast():
             hidden = self.model(ids, positions, None)
         logits = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        values, top = top_vocab(logits.float() / scale, k, self.built.vocab, vocab)
+        z = logits.float() / scale
+        values, top = top_vocab(z, k, self.built.vocab, vocab)
+        if log_probs:  # normalized over the whole (vocabulary-parallel) vocabulary
+            values = values - vocab_logsumexp(z, self.built.vocab, vocab).unsqueeze(-1)
         return masked_outputs({"values": values, "ids": top}, mb, inp)
 
     def _run(

@@ -142,3 +142,24 @@ def top_vocab(
         return all_z, all_ids
     top, where = torch.topk(all_z, k, dim=-1)
     return top, all_ids.gather(-1, where)
+
+
+@torch.no_grad()
+def vocab_logsumexp(
+    logits: torch.Tensor, shard: VocabShard, limit: int | None = None
+) -> torch.Tensor:
+    """``log Σ_v e^{z_v}`` over the whole vocabulary's ids ``< limit`` (None: every real
+    one), ``(..., width) -> (...)``, from this rank's slice: the max and the shifted sum
+    reduced over the TP group (module doc) — a teacher's normalizer of its top-k logits."""
+    valid = shard.valid if limit is None else max(0, min(shard.valid, limit - shard.start))
+    z = logits[..., :valid].float()
+    if valid:
+        m = z.max(dim=-1).values
+    else:
+        m = torch.full(logits.shape[:-1], float("-inf"), device=logits.device)
+    if shard.group is not None:
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=shard.group)
+    total = (z - m.unsqueeze(-1)).exp().sum(dim=-1)
+    if shard.group is not None:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=shard.group)
+    return m + total.log()

@@ -438,8 +438,10 @@ class TorchEngine(TrainEngine):
         micro_batching: MicroBatching | None = None,
         *,
         vocab: int | None = None,
+        log_probs: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A teacher's side of offline distillation: at every response token the ``k``
+        """A teacher's side of offline distillation (``log_probs``: of on-policy
+        distillation's top-k loss, the values normalized over the ids ``< vocab``): at every response token the ``k``
         largest logits divided by ``scale`` among ids ``< vocab`` (None: every column; the
         output layer may have padding rows past the tokenizer's tokens, which a student
         of another size lacks) and their token ids (``k = 0``: every token),
@@ -451,7 +453,7 @@ class TorchEngine(TrainEngine):
         values = ids = torch.empty(0)
         micro, groups = self._split(batch, micro_batching or self.infer_micro)
         for mb, rows in zip(micro, groups):
-            out = self._micro_top_logits(mb, k, scale, vocab)
+            out = self._micro_top_logits(mb, k, scale, vocab, log_probs)
             if not rows:  # a padding micro-batch (collectives only)
                 continue
             if values.numel() == 0:
@@ -464,11 +466,13 @@ class TorchEngine(TrainEngine):
         return values, ids
 
     def _micro_top_logits(
-        self, mb: Batch, k: int, scale: float, vocab: int | None
+        self, mb: Batch, k: int, scale: float, vocab: int | None, log_probs: bool = False
     ) -> dict[str, torch.Tensor]:
         """``values`` and ``ids`` ``(b, R, k)`` of one micro-batch (:meth:`top_logits`)."""
         inp = model_inputs(mb, self.device)
         logits = self.response_logits(mb)[..., :vocab]
+        if log_probs:  # log-softmax is monotone: the same top-k ids, normalized values
+            logits, scale = torch.log_softmax(logits.float() / scale, dim=-1), 1.0
         values, ids = teacher_top_logits(logits, k, scale)
         return masked_outputs({"values": values, "ids": ids}, mb, inp)
 

@@ -7,16 +7,27 @@ What verl computes, and what temper builds of it:
   rest is read by nothing;
 - ``distillation_loss.use_policy_gradient: true``: the per-token distillation loss of an
   estimator ``loss_mode`` (``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``,
-  after ``log_prob_min_clamp`` and ``loss_max_clamp``) is the negative advantage of a
-  policy-gradient loss — temper's ``distill.kl_penalty`` and its clamps. With
+  after ``loss_max_clamp``) is the negative advantage of a
+  policy-gradient loss — temper's ``distill.kl_penalty`` and its cap. With
   ``use_task_rewards: false`` that is the whole loss (``distill.pure``); with ``true`` the
   task's PPO loss (with its KL loss and entropy bonus, which pure mode drops: they must
   be off) is added, the distillation term weighted by ``distillation_loss_coef``
   (temper subtracts ``coef × KL`` from the task advantage: one clipped loss instead of two,
   the same gradient while the ratio is inside the clip range);
-- ``use_policy_gradient: false`` (the distillation loss as a direct gradient term, verl's
-  GKD mode) and the ``*_topk`` losses (the teachers' top-k logits) are refused: temper's
-  teachers give the sampled tokens' log-probs;
+- ``use_policy_gradient: false`` (verl's default; GKD, the distillation loss as a direct
+  gradient term): the per-token loss is differentiated through the student's log-probs,
+  aggregated with the actor's ``loss_agg_mode`` and added to the actor's loss —
+  ``distill.direct_gradient``; the whole loss without task rewards (the advantage is 0),
+  ``distillation_loss_coef`` times it beside the task's PPO loss with them. Its loss is a
+  sampled-token estimator (``kl``/``k1`` refused, as verl refuses it: its gradient does not
+  see the teacher) or ``forward_kl_topk``, the forward KL over the teachers' ``topk`` most
+  likely tokens (``distill.topk``; both models' log-probs floored at
+  ``log_prob_min_clamp``, the sum at 0), which temper builds as a direct gradient only
+  (verl warns that as a policy gradient it moves the sampled token alone);
+- in both modes the per-token loss is capped at ``±loss_max_clamp``, and verl's
+  sampled-token estimators read no ``log_prob_min_clamp`` (only the top-k loss does), so
+  the translation writes it only for ``forward_kl_topk``; ``policy_loss_mode`` other than
+  vanilla is refused, as verl refuses it;
 - ``teacher_models.<name>``: ``model_path`` and ``key`` (the value of the sample's
   ``teacher_key`` field it takes: temper routes by ``data.tag_key``); verl drops the
   default ``teacher_model`` entry when others are added, and so does this translation;
@@ -38,6 +49,8 @@ from temper.config.errors import ConfigError
 SECTION = "distillation"
 LOSS = f"{SECTION}.distillation_loss"
 ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+TOPK_MODE = "forward_kl_topk"  # the forward KL over the teachers' top-k log-probs
+CHUNKED = ("use_chunked_topk", "chunked_topk_chunk_size")
 DEFAULT_TEACHER = "teacher_model"  # verl pops it when other teachers are added
 SERVED = (
     "configures verl's teacher inference server; here a teacher is a forward-only engine "
@@ -81,38 +94,25 @@ def _teachers(section: dict[str, Any], ctx: Any) -> dict[str, dict[str, Any]]:
 
 def _loss(section: dict[str, Any], ctx: Any) -> float:
     """The loss section's writes; returns each teacher's coefficient (a ConfigError for
-    what is not built)."""
+    what is not built, and for what verl itself refuses)."""
     loss = section.get("distillation_loss") or {}
     mode = loss.get("loss_mode", "k3")
-    if not loss.get("use_policy_gradient", False):
-        raise ConfigError(
-            f"{LOSS}.use_policy_gradient",
-            "the distillation loss as a direct gradient term (verl's GKD mode) is not "
-            "built; temper distills with the policy gradient of the per-token KL",
-            f"set {LOSS}.use_policy_gradient=true",
-        )
-    if mode not in ESTIMATORS:
+    if mode not in (*ESTIMATORS, TOPK_MODE):
         raise ConfigError(
             f"{LOSS}.loss_mode",
-            f"'{mode}' needs the teachers' top-k logits; temper's teachers give the sampled "
-            "tokens' log-probs",
-            f"use a sampled-token estimator: {', '.join(ESTIMATORS)}",
+            f"'{mode}' is not one of verl's distillation losses",
+            f"use one of: {', '.join((*ESTIMATORS, TOPK_MODE))}",
         )
-    if loss.get("policy_loss_mode", "vanilla") != "vanilla":
+    if loss.get("policy_loss_mode", "vanilla") != "vanilla":  # verl refuses it in any mode
         raise ConfigError(
             f"{LOSS}.policy_loss_mode",
-            "the distillation term is part of the actor's policy loss here",
+            "verl builds the distillation policy loss with vanilla only",
             "set it to vanilla",
         )
-    for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-        actor = ctx.get(f"actor_rollout_ref.actor.{k}", 0.2)
-        if k in loss and loss[k] != actor:
-            raise ConfigError(
-                f"{LOSS}.{k}",
-                f"{loss[k]} differs from actor_rollout_ref.actor.{k} ({actor}); the "
-                "distillation term shares the actor's clipped loss here",
-                f"give both the same value, {actor}",
-            )
+    if loss.get("use_policy_gradient", False):
+        _policy_gradient(loss, mode, ctx)
+    else:
+        _direct_gradient(loss, mode, ctx)
     pure = not loss.get("use_task_rewards", True)
     actor = "actor_rollout_ref.actor"
     if pure and (ctx.get(f"{actor}.use_kl_loss", False) or ctx.get(f"{actor}.entropy_coeff", 0)):
@@ -123,21 +123,105 @@ def _loss(section: dict[str, Any], ctx: Any) -> float:
             f"set {actor}.use_kl_loss=false and {actor}.entropy_coeff=0, or use_task_rewards=true",
         )
     coef = float(loss.get("distillation_loss_coef", 1.0))
-    ctx.write("distill.kl_penalty", mode, f"{LOSS}.loss_mode")
     ctx.write("distill.pure", pure, f"{LOSS}.use_task_rewards")
-    ctx.write("distill.log_prob_min_clamp", loss.get("log_prob_min_clamp"), LOSS)
     ctx.write("distill.loss_max_clamp", loss.get("loss_max_clamp"), LOSS)
+    if mode == TOPK_MODE:
+        ctx.write("distill.log_prob_min_clamp", loss.get("log_prob_min_clamp"), LOSS)
+    elif loss.get("log_prob_min_clamp") is not None:
+        ctx.note(
+            "no effect here, as in verl: its sampled-token estimators do not clamp the "
+            f"log-probs (loss_mode is {mode})",
+            f"{LOSS}.log_prob_min_clamp",
+        )
     if pure and "distillation_loss_coef" in loss:
         ctx.note(
             "no effect here (verl reads it only with use_task_rewards)",
             f"{LOSS}.distillation_loss_coef",
         )
-    if "topk" in loss:
-        ctx.note(f"no effect here (read by the *_topk losses; loss_mode is {mode})", f"{LOSS}.topk")
+    for k in CHUNKED:
+        if k in loss:
+            ctx.note("verl's memory/speed trade for the top-k loss; no effect here", f"{LOSS}.{k}")
     for k in loss:
         if k not in KNOWN_LOSS_KEYS:
             raise ConfigError(f"{LOSS}.{k}", "unknown verl key", "remove it")
     return 1.0 if pure else coef
+
+
+def _policy_gradient(loss: dict[str, Any], mode: str, ctx: Any) -> None:
+    """``use_policy_gradient: true``: the estimator's negative as the advantage of the
+    actor's clipped loss (distill.kl_penalty)."""
+    if mode == TOPK_MODE:
+        raise ConfigError(
+            f"{LOSS}.use_policy_gradient",
+            f"{TOPK_MODE} as a policy gradient moves only the sampled token's log-prob (verl "
+            "warns that the other top-k tokens' signal is lost); temper builds it as a "
+            "direct gradient only",
+            f"set {LOSS}.use_policy_gradient=false",
+        )
+    for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        actor = ctx.get(f"actor_rollout_ref.actor.{k}", 0.2)
+        if k in loss and loss[k] != actor:
+            raise ConfigError(
+                f"{LOSS}.{k}",
+                f"{loss[k]} differs from actor_rollout_ref.actor.{k} ({actor}); the "
+                "distillation term shares the actor's clipped loss here",
+                f"give both the same value, {actor}",
+            )
+    ctx.write("distill.kl_penalty", mode, f"{LOSS}.loss_mode")
+    if "topk" in loss:
+        ctx.note(f"no effect here (read by {TOPK_MODE}; loss_mode is {mode})", f"{LOSS}.topk")
+
+
+def _direct_gradient(loss: dict[str, Any], mode: str, ctx: Any) -> None:
+    """``use_policy_gradient: false`` (verl's default; GKD): the loss differentiated
+    through the student (distill.direct_gradient), on the sampled token or over the
+    teacher's top-k tokens (distill.topk)."""
+    if mode in ("kl", "k1"):  # verl refuses it: ∇(log π − log π_t) = ∇ log π
+        raise ConfigError(
+            f"{LOSS}.loss_mode",
+            f"backpropagating {mode} directly is wrong: its gradient with respect to the "
+            "student does not depend on the teacher's log-probs",
+            f"use low_var_kl/k3 or {TOPK_MODE} with use_policy_gradient=false, or set "
+            f"{LOSS}.use_policy_gradient=true",
+        )
+    ctx.write("distill.direct_gradient", True, f"{LOSS}.use_policy_gradient")
+    if mode == TOPK_MODE:
+        topk = loss.get("topk", 32)
+        if topk is None or int(topk) <= 0:
+            raise ConfigError(
+                f"{LOSS}.topk",
+                f"{TOPK_MODE} needs the number of the teachers' top tokens",
+                "set it to a positive k (verl's default is 32)",
+            )
+        ctx.write("distill.topk", int(topk), f"{LOSS}.topk")
+    else:
+        ctx.write("distill.kl_penalty", mode, f"{LOSS}.loss_mode")
+        if "topk" in loss:
+            ctx.note(f"no effect here (read by {TOPK_MODE}; loss_mode is {mode})", f"{LOSS}.topk")
+    for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        if k in loss:
+            ctx.note("no effect here (verl reads it only with use_policy_gradient)", f"{LOSS}.{k}")
+
+
+def check_topk_server(teacher: dict[str, Any], key: str, topk: int) -> None:
+    """verl's own checks of a teacher's inference server for the top-k loss: vLLM or
+    SGLang, and vLLM's ``max_logprobs`` (when set) at least ``topk``."""
+    inference = teacher.get("inference") or {}
+    name = inference.get("name", "vllm")
+    if name not in ("vllm", "sglang"):
+        raise ConfigError(
+            f"{key}.inference.name",
+            f"verl serves a teacher's top-k log-probs with vllm or sglang, not {name}",
+            "set it to vllm or sglang",
+        )
+    kwargs = (inference.get("engine_kwargs") or {}).get("vllm") or {}
+    limit = kwargs.get("max_logprobs")
+    if name == "vllm" and limit is not None and int(limit) < topk:
+        raise ConfigError(
+            f"{key}.inference.engine_kwargs.vllm.max_logprobs",
+            f"vLLM's max_logprobs ({limit}) is below {LOSS}.topk ({topk})",
+            f"raise it to at least {topk}, or leave it unset",
+        )
 
 
 KNOWN_LOSS_KEYS = (
@@ -153,6 +237,7 @@ KNOWN_LOSS_KEYS = (
     "clip_ratio",
     "clip_ratio_low",
     "clip_ratio_high",
+    *CHUNKED,
 )
 KNOWN = (
     "_target_",
@@ -167,7 +252,7 @@ KNOWN = (
 
 def distillation(section: Any, ctx: Any) -> None:
     """verl 0.9's on-policy distillation: off, read by nothing; on, policy-gradient OPD
-    with a sampled-token estimator becomes the distill section (module docstring)."""
+    or the direct-gradient (GKD) loss becomes the distill section (module docstring)."""
     if not isinstance(section, dict):
         raise ConfigError(SECTION, "must be a mapping", "see verl's distillation.yaml")
     for k in section:
@@ -183,8 +268,11 @@ def distillation(section: Any, ctx: Any) -> None:
             "the teachers share the actor's devices (nnodes is 0)", f"{SECTION}.n_gpus_per_node"
         )
     coef = _loss(section, ctx)
+    loss = section.get("distillation_loss") or {}
     for name, teacher in _teachers(section, ctx).items():
         key = f"{SECTION}.teacher_models.{name}"
+        if loss.get("loss_mode", "k3") == TOPK_MODE:
+            check_topk_server(teacher, key, int(loss.get("topk", 32)))
         ctx.write(f"distill.teachers.{name}.model_path", teacher["model_path"], f"{key}.model_path")
         ctx.write(f"distill.teachers.{name}.kl_coef", coef, f"{LOSS}.distillation_loss_coef")
         tag = teacher.get("key")

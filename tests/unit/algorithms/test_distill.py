@@ -70,5 +70,5 @@ def test_clamps_of_log_probs_and_of_the_estimate() -> None:
     teacher = torch.tensor([[[-1.0, -25.0, -1.0]]])
     routed, mask = torch.tensor([[True]]), torch.ones(1, 3)
     out = distill_penalty(student, teacher, routed, [1.0], mask, log_prob_min=-10.0, max_value=5.0)
-    # clamped log-probs: (−10, −1, −2) vs (−1, −10, −1): k1 = (−9, 9, −1); capped at 5 above
-    torch.testing.assert_close(out, torch.tensor([[-9.0, 5.0, -1.0]]))
+    # clamped log-probs: (−10, −1, −2) vs (−1, −10, −1): k1 = (−9, 9, −1); clipped to ±5
+    torch.testing.assert_close(out, torch.tensor([[-5.0, 5.0, -1.0]]))

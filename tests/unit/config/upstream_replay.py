@@ -162,7 +162,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("pipeline: sft", r"SFT (trainer|pipeline)"),
     ("pipeline: dpo", r"DPO pipeline"),
     ("pipeline: distillation", r"distillation pipeline|distillation trainer"),
-    ("distillation: GKD (direct gradient)", r"verl's GKD mode\) is not built"),
     ("pipeline: rollout only", r"ROLL rollout pipeline"),
     ("pipeline: generation/eval", r"verl (generation|evaluation) entry point"),
     ("generation: multi-node", r"multi-node generation"),

@@ -36,6 +36,14 @@ TEACHER = {"distill": {"teachers": {"big": {"model_path": "teacher"}}}}
 REFUSED = [
     (RLVR, {"distill": {**TEACHER["distill"], "kl_penalty": "full"}}, "distill.kl_penalty"),
     (RLVR, {**TEACHER, "algorithm": {"adv_estimator": "gae"}}, "distill.pure"),
+    # direct gradient (GKD): k1's gradient does not see the teacher; top-k only so
+    (RLVR, {"distill": {**TEACHER["distill"], "direct_gradient": True}}, "distill.kl_penalty"),
+    (RLVR, {"distill": {**TEACHER["distill"], "topk": 8}}, "distill.topk"),
+    (
+        RLVR,
+        {"distill": {**TEACHER["distill"], "direct_gradient": True, "topk": -1}},
+        "distill.topk",
+    ),
     ({**RLVR, "pipeline": "sft"}, TEACHER, "distill"),
     (RLVR, {"algorithm": {"use_reward_norm": True}}, "algorithm.use_reward_norm"),
     (

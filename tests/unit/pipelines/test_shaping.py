@@ -265,9 +265,9 @@ def distill_batch():
     )
 
 
-def distill(pure):
+def distill(pure, direct_gradient=False):
     teachers = {"a": TeacherConfig(model_path="A", kl_coef=0.3), "b": TeacherConfig("B", 0.7)}
-    return DistillConfig(teachers=teachers, pure=pure)
+    return DistillConfig(teachers=teachers, pure=pure, direct_gradient=direct_gradient)
 
 
 def test_pure_distillation_advantage_is_minus_the_weighted_kl():
@@ -295,3 +295,18 @@ def test_mixed_distillation_subtracts_the_kl_from_the_rl_advantage():
     out, _ = compute_experience(distill_batch(), settings, ShapingState.from_config(algo))
     expected = plain["advantages"] - torch.tensor([[0.3, 1.55], [-0.7, 0.0]])
     torch.testing.assert_close(out["advantages"], expected)
+
+
+@pytest.mark.parametrize("pure", [True, False])
+def test_direct_gradient_distillation_leaves_the_advantage_alone(pure):
+    """GKD: the divergence is the actor's loss term; pure: the advantage is 0, mixed: the
+    estimator's own; the teachers' metrics are still reported."""
+    algo = AlgorithmConfig(adv_estimator="grpo")
+    plain, _ = compute_experience(
+        distill_batch(), ShapingSettings(algo, response_length=2), ShapingState.from_config(algo)
+    )
+    settings = ShapingSettings(algo, response_length=2, distill=distill(pure, True))
+    out, m = compute_experience(distill_batch(), settings, ShapingState.from_config(algo))
+    expected = torch.zeros(2, 2) if pure else plain["advantages"]
+    torch.testing.assert_close(out["advantages"], expected)
+    assert m["distill/a/reverse_kl"] == pytest.approx(0.75)

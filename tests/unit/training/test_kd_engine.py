@@ -123,3 +123,18 @@ def test_top_logits_keep_to_the_tokenizers_ids(tiny_path: str) -> None:
     top, top_ids = top_vocab(logits, 2, shard, limit=5)
     want, want_ids = torch.topk(logits[..., :5], 2, dim=-1)
     assert torch.equal(top, want) and torch.equal(top_ids, want_ids)
+
+
+def test_top_log_probs_are_normalized_over_the_tokenizers_ids(tiny_path: str) -> None:
+    """``log_probs``: the same top-k ids, their log-softmax at the temperature over the ids
+    below ``vocab`` (on-policy distillation's top-k loss), whatever the micro-batching."""
+    engine = make_engine(tiny_path, train=False)
+    batch = make_batch(PROMPTS, RESPONSES, seed=2)
+    values, ids = engine.top_logits(batch, 5, 2.0, MicroBatching(size=1), vocab=50, log_probs=True)
+    _, plain_ids = engine.top_logits(batch, 5, 2.0, MicroBatching(size=1), vocab=50)
+    assert torch.equal(ids, plain_ids)
+    for i, n in enumerate(RESPONSES):
+        want = torch.log_softmax(_full_logits(engine.model, batch, i)[:, :50] / 2.0, dim=-1)
+        torch.testing.assert_close(values[i, :n], want.gather(-1, ids[i, :n]), atol=1e-4, rtol=0)
+    v, _ = engine.top_logits(batch, 5, 2.0, MicroBatching(size=4), vocab=50, log_probs=True)
+    torch.testing.assert_close(v, values, atol=1e-4, rtol=1e-4)

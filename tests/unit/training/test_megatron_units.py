@@ -24,7 +24,7 @@ from temper.training.megatron_convert import (
     to_hf,
     to_megatron_shard,
 )
-from temper.training.megatron_vocab import VocabShard, log_probs_and_entropy
+from temper.training.megatron_vocab import VocabShard, log_probs_and_entropy, vocab_logsumexp
 from temper.training.micro_batching import ModelInputs
 
 LAYOUT = HFLayout(
@@ -120,6 +120,14 @@ def test_vocab_log_probs_and_entropy_equal_softmax_ones(temperature: float) -> N
     (g2,) = torch.autograd.grad((ref_lp + ref_ent).sum(), logits)
     torch.testing.assert_close(g1, g2)
     assert torch.count_nonzero(g1[..., vocab:]) == 0
+
+
+def test_vocab_logsumexp_normalizes_over_the_real_ids_below_the_limit() -> None:
+    """One rank: the teacher's top-k normalizer of on-policy distillation's top-k loss."""
+    logits = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(1))
+    shard = VocabShard.of(0, 1, 16, 10)
+    torch.testing.assert_close(vocab_logsumexp(logits, shard), logits[..., :10].logsumexp(-1))
+    torch.testing.assert_close(vocab_logsumexp(logits, shard, 7), logits[..., :7].logsumexp(-1))
 
 
 def test_vocab_shards_of_a_rank_with_only_padding() -> None:
