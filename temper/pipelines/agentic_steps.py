@@ -16,8 +16,9 @@ that one answer. Every sample carries
   trajectory's.
 
 Each round plays every env of the manager to its end, one ``generate`` per env step for
-all live episodes. An episode whose next prompt leaves no room in
-``rollout.max_model_len`` ends there (``stop_reason`` ``context``).
+all live episodes. A step's prompt is bounded like a dataset prompt: an episode whose
+next prompt is longer than ``data.max_prompt_length`` tokens, or leaves no room to answer
+in ``rollout.max_model_len``, ends there (``stop_reason`` ``context``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class StepPlayer:
         kwargs = dict(cfg.data.apply_chat_template_kwargs)
         chat = ChatTokenizer(tokenizer, template_kwargs=kwargs)  # check_step refuses tools
         self.runner = MultiTurnRunner(engine, chat, multi_turn_settings(cfg))
+        self.max_prompt_length = cfg.data.max_prompt_length
 
     @property
     def pad_token_id(self) -> int:
@@ -78,6 +80,16 @@ class StepPlayer:
         calls, live = 0, list(slots)
         while live:
             specs = [self._spec(manager, s, step, suffix, records[s.env_id]) for s in live]
+            fits = [
+                len(self.runner.chat.prompt(sp.messages)[0]) <= self.max_prompt_length
+                for sp in specs
+            ]
+            for slot in (s for s, ok in zip(live, fits) if not ok):
+                stops[slot.env_id] = "context"  # the prompt outgrew data.max_prompt_length
+            live = [s for s, ok in zip(live, fits) if ok]
+            specs = [sp for sp, ok in zip(specs, fits) if ok]
+            if not live:
+                break
             results: dict[int, EnvTurnResult] = {}
             trajs = self.runner.run(specs, _Responder(manager, live, results), params)
             calls += int(self.runner.metrics.get("rollout/generate_calls", 0))
