@@ -23,7 +23,7 @@ in ``rollout.max_model_len``, ends there (``stop_reason`` ``context``).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import torch
@@ -121,6 +121,7 @@ class StepPlayer:
             "rollout/context_stop_frac": sum(v == "context" for v in stops.values())
             / max(len(slots), 1),
             "env/step_samples": float(len(samples)),
+            **anchor_group_metrics(batch["uid"], batch["anchor_index"]),
         }
         return Played(batch, episodes, logs, metrics)
 
@@ -164,9 +165,11 @@ class StepPlayer:
         reward and keys, and the episode's outcome for dumps and loss masks."""
         if not samples:
             raise ConfigError(
-                "rollout.max_model_len",
-                "no env step had room to answer: every first prompt fills the context",
-                "raise rollout.max_model_len or shorten the tags' templates",
+                "data.max_prompt_length",
+                f"no env step had room to answer: every first prompt is longer than "
+                f"{self.max_prompt_length} tokens or leaves no room in rollout.max_model_len",
+                "raise data.max_prompt_length and rollout.max_model_len (ROLL: "
+                "sequence_length), or shorten the tags' templates",
             )
         env_ids = [int(t.meta["env_id"]) for t in samples]
         returns = {e: sum(r.reward for r in rs) for e, rs in records.items()}
@@ -221,6 +224,20 @@ class StepPlayer:
             for s, ret, rs in zip(slots, returns, rows)
         ]
         return episodes, logs
+
+
+def anchor_group_metrics(groups: list[str], anchors: list[str]) -> dict[str, float]:
+    """Sizes of the step groups (samples of one episode group from one state):
+    ``env/anchor_group_size_max`` / ``_mean`` and ``env/anchor_grouped_frac``, the share of
+    step samples whose state another sample of their group also started from (those get
+    a step-level advantage)."""
+    sizes = Counter(zip(groups, anchors))
+    n = max(len(anchors), 1)
+    return {
+        "env/anchor_group_size_max": float(max(sizes.values(), default=0)),
+        "env/anchor_group_size_mean": n / max(len(sizes), 1),
+        "env/anchor_grouped_frac": sum(c for c in sizes.values() if c > 1) / n,
+    }
 
 
 class _Responder:

@@ -19,10 +19,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.pipelines.agentic_rollout import AgenticPlayer, Player
 from temper.pipelines.agentic_steps import STEP_INPUTS, StepPlayer, check_step
-from temper.pipelines.record import no_check
 from temper.registry import Registry
 from temper.rollout import RolloutEngine
 
@@ -32,10 +32,23 @@ class EnvManagerKind:
     """An env manager: the player a run builds, what its samples provide, its checks."""
 
     player: Callable[[TemperConfig, RolloutEngine, Any], Player]
+    check: Callable[[TemperConfig], None]
     provides: frozenset[str] = frozenset()
-    check: Callable[[TemperConfig], None] = no_check
+
+
+def check_trajectory(cfg: TemperConfig) -> None:
+    """The trajectory env manager keeps the whole episode in one conversation: a tag's
+    window of past steps (``history_length``) would be read by nothing."""
+    for tag, spec in cfg.agentic.custom_envs.items():
+        if spec.history_length is not None:
+            raise ConfigError(
+                f"agentic.custom_envs.{tag}.history_length",
+                "the trajectory env manager shows the whole episode; a window of past steps "
+                "is the step env manager's",
+                "remove it, or set agentic.env_manager: step",
+            )
 
 
 ENV_MANAGERS: Registry[EnvManagerKind] = Registry("env_manager")
-ENV_MANAGERS.add("trajectory", EnvManagerKind(AgenticPlayer))
-ENV_MANAGERS.add("step", EnvManagerKind(StepPlayer, provides=STEP_INPUTS, check=check_step))
+ENV_MANAGERS.add("trajectory", EnvManagerKind(AgenticPlayer, check_trajectory))
+ENV_MANAGERS.add("step", EnvManagerKind(StepPlayer, check_step, provides=STEP_INPUTS))

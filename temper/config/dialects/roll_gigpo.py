@@ -106,10 +106,8 @@ def env_manager(ctx: Ctx) -> None:
     seq, response = ctx.get("sequence_length"), ctx.native_get("rollout.response_length")
     if kind == "step" and seq is not None and response is not None:
         # a step sample is one prompt and one answer inside sequence_length, as ROLL pads
-        # it; ROLL's agentic pipeline reads no prompt_length (its default is mapped here)
-        data: dict[str, Any] = ctx.native.setdefault("data", {})
-        bound = seq - response
-        data["max_prompt_length"] = min(data.get("max_prompt_length", bound), bound)
+        # it; ROLL's agentic pipeline reads no prompt_length (its RLVR bound)
+        ctx.native.setdefault("data", {})["max_prompt_length"] = seq - response
         ctx.src["data.max_prompt_length"] = "sequence_length"
     for tag, spec in envs.items():
         if not isinstance(spec, dict) or spec.get("history_length") is None:

@@ -37,7 +37,7 @@ ANSWERS = [
 ]
 
 
-def config(tiny_dir, **agentic):
+def config(tiny_dir, estimator="gigpo", **agentic):
     tag = {
         "env_type": "frozen_lake",
         "max_turns": 6,
@@ -52,7 +52,7 @@ def config(tiny_dir, **agentic):
             "experiment": {"max_steps": 1},
             "model": {"path": str(tiny_dir)},
             "rollout": {"response_length": 64},
-            "algorithm": {"adv_estimator": "gigpo"},
+            "algorithm": {"adv_estimator": estimator},
             "agentic": {
                 "env_manager": "step",
                 "train_env_manager": {"num_env_groups": 1, "group_size": 2, "tags": ["T"]},
@@ -96,6 +96,10 @@ def test_every_env_step_is_a_sample(tiny_dir, tiny_tokenizer):
     assert m["invalid_actions"] == [0, 1]
     assert [log.stop_reason for log in played.logs] == ["done", "done"]
     assert played.metrics["env/step_samples"] == 7.0
+    # step groups: start (2), one right (3), two lone states
+    assert played.metrics["env/anchor_group_size_max"] == 3.0
+    assert played.metrics["env/anchor_group_size_mean"] == 7 / 4
+    assert played.metrics["env/anchor_grouped_frac"] == 5 / 7
 
     # GiGPO on these samples: step groups of sizes 2 (start), 3 (one right), 1, 1
     inp = AdvantageInputs(  # one token per sample is enough to read the scalars
@@ -118,4 +122,6 @@ def test_step_manager_refuses_turn_rewards_and_needs_gigpo_inputs(tiny_dir):
     with pytest.raises(ConfigError, match="agentic.use_turn_rewards"):
         config(tiny_dir, use_turn_rewards=True)
     with pytest.raises(ConfigError, match="agentic.env_manager: step"):
-        config(tiny_dir, env_manager="trajectory")
+        config(tiny_dir, env_manager="trajectory")  # gigpo's inputs
+    with pytest.raises(ConfigError, match="history_length"):
+        config(tiny_dir, "grpo", env_manager="trajectory")  # the tag's window
