@@ -4,6 +4,11 @@ A step-wise episode does not grow one multi-turn conversation: every env step is
 single-turn prompt — the task instruction, a window of the last steps (observation,
 answer, reward) and the current observation — and every step becomes its own training
 sample. :func:`history_window` picks the window, :func:`render_step_prompt` the text.
+
+Every step of the window is shown. ROLL's ``StepEnvManager.format_messages`` appends a
+remembered step to its history text only when the answer was invalid (the append sits
+inside the branch that adds the invalid-answer tip), which leaves valid steps out of
+the window its ``history_length`` promises; here the window is what the key says.
 """
 
 from __future__ import annotations
