@@ -349,7 +349,7 @@ def test_roll_gigpo_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     out = tmp_path / "roll-gigpo"
     overrides = [
         *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
-        "max_actions_per_traj=3",  # length
+        "max_actions_per_traj=2",  # length
         "max_tokens_per_step=16",
         "actor_infer.generating_args.max_new_tokens=16",
         # the tiny tokenizer spends about 800 of sequence_length's 1024 tokens on the
