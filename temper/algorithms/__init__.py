@@ -8,6 +8,7 @@ dataclasses defined here (:class:`AdvantageParams`, :class:`PolicyLossParams`,
 from __future__ import annotations
 
 from temper.algorithms import (  # noqa: F401  (register the variants)
+    advantages_gigpo,
     advantages_variants,
     policy_losses_trust,
     policy_losses_variants,

@@ -47,6 +47,12 @@ class AdvantageInputs:
             position, needed by the optimal-token-baseline estimators.
         rollout_is_weights: ``(B, T)`` truncated rollout importance weights ``ρ̄``; the
             optimal-token-baseline estimators scale their path weights by ``ρ̄²``.
+        step_rewards: ``(B,)`` the environment's reward for the one env step a sample
+            holds (a step-wise agentic sample), needed by ``gigpo``.
+        episode_index: ``(B,)`` the episode each step sample belongs to, needed by ``gigpo``.
+        step_index: ``(B,)`` the step's position in its episode (0 first), needed by ``gigpo``.
+        anchor_index: ``(B,)`` the key of the environment state the step started from (its
+            anchor state; equal keys = identical states), needed by ``gigpo``.
     """
 
     token_level_rewards: Tensor
@@ -58,6 +64,10 @@ class AdvantageInputs:
     old_log_probs: Tensor | None = None
     sum_pi_squared: Tensor | None = None
     rollout_is_weights: Tensor | None = None
+    step_rewards: Tensor | None = None
+    episode_index: GroupIndex | None = None
+    step_index: Tensor | None = None
+    anchor_index: GroupIndex | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +83,12 @@ class AdvantageParams:
             does; ROLL does not and has a separate ``whiten_advantages`` key).
         gpg_f_norm: the ``F_norm`` divisor of GPG.
         reward_weights: GDPO's weight of each reward component (``None``: all 1).
+        step_gamma: GiGPO's discount of step rewards into step returns (ROLL
+            ``step_reward_gamma``).
+        episode_weight: GiGPO's weight of the episode-level advantage (ROLL
+            ``episode_reward_weight``).
+        step_weight: GiGPO's weight ω of the step-level advantage (ROLL
+            ``step_reward_weight``).
     """
 
     gamma: float = 1.0
@@ -82,6 +98,9 @@ class AdvantageParams:
     gae_whiten: bool = True
     gpg_f_norm: float = 1.0
     reward_weights: tuple[float, ...] | None = None
+    step_gamma: float = 0.95
+    episode_weight: float = 1.0
+    step_weight: float = 1.0
 
 
 AdvantageFn = Callable[[AdvantageInputs, AdvantageParams], tuple[Tensor, Tensor]]
@@ -92,7 +111,9 @@ class Estimator:
     """An advantage estimator and the optional inputs it needs, named as the fields of
     :class:`AdvantageInputs`: ``values`` (a critic's, so the run builds one),
     ``baseline_rewards`` (a greedy response's reward, which the RLVR producer generates),
-    ``reward_components``, ``old_log_probs``, ``sum_pi_squared``. The pipeline provides
+    ``reward_components``, ``old_log_probs``, ``sum_pi_squared``, and the step-sample
+    inputs ``step_rewards`` / ``episode_index`` / ``step_index`` / ``anchor_index`` (the
+    agentic step-wise env manager gives them). The pipeline provides
     them on demand, never by name; a run whose pipeline cannot provide one is refused."""
 
     fn: AdvantageFn

@@ -27,6 +27,7 @@ __all__ = ["CRITIC", "REFERENCE", "RL_PARTS", "ROLLOUT", "Catalog"]
 # Needs an entry may declare (``Catalog.needs``), read by the plan:
 VALUES = "values"  # an advantage estimator that bootstraps from a critic's values
 REWARD_COMPONENTS = "reward_components"  # an estimator of named reward components (gdpo)
+ANCHOR_STATES = "anchor_index"  # an estimator of step samples grouped by anchor state (gigpo)
 ONE_PROCESS = "one_process"  # a training engine that trains in this one process
 MEGATRON_PARALLEL = "megatron_parallel"  # ranks split by the role's megatron TP × PP × CP
 

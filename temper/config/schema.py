@@ -806,6 +806,15 @@ class AlgorithmConfig:
     gdpo_reward_weights: list[float] | None = doc(
         None, "GDPO: weight of each gdpo_reward_keys component (None: all 1)."
     )
+    gigpo_step_gamma: float = doc(
+        0.95, "GiGPO: discount of env step rewards into step returns (ROLL step_reward_gamma)."
+    )
+    gigpo_episode_weight: float = doc(
+        1.0, "GiGPO: weight of the episode-level advantage (ROLL episode_reward_weight)."
+    )
+    gigpo_step_weight: float = doc(
+        1.0, "GiGPO: weight ω of the step-level advantage (ROLL step_reward_weight)."
+    )
     gae_whiten: bool = doc(True, "GAE: whiten advantages in the estimator (verl; ROLL: false).")
     use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
     kl_penalty: str = doc(
@@ -901,7 +910,15 @@ class EnvTagConfig:
     turn_template: str = doc(
         "",
         "Each turn's user message (ROLL agent_template): {observation}, {turn_idx}, "
-        "{actions_left}, {max_response_length}, {suffix}; empty = observation + turn_prompt.",
+        "{actions_left}, {max_response_length}, {suffix}; with agentic.env_manager=step "
+        "{env_instruction}, {history}, {step_count}, {history_length}, {current_step}, "
+        "{current_observation}, {max_response_length}; empty = observation + turn_prompt.",
+    )
+    history_length: int | None = doc(
+        None,
+        "Step env manager: a step's prompt shows the window of the last history_length "
+        "steps ending at the current one, i.e. up to history_length - 1 earlier steps "
+        "(0: all; None: none) (ROLL history_length).",
     )
 
 
@@ -951,6 +968,13 @@ class AgenticConfig:
         False, "Ask for <think>…</think> before each <answer> (ROLL enable_think)."
     )
     action_sep: str = doc("||", "Separator of several actions in one answer (ROLL action_sep).")
+    env_manager: str = doc(
+        "trajectory",
+        "How episodes become samples: trajectory (one multi-turn sample per episode, ROLL "
+        "TrajEnvManager) or step (one sample per env step with its anchor state, ROLL "
+        "StepEnvManager, for gigpo).",
+        registry="env_manager",
+    )
 
 
 # --------------------------------------------------------------------------- sft

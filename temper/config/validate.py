@@ -16,7 +16,7 @@ import math
 import typing
 from typing import Any
 
-from temper.config.catalog import REWARD_COMPONENTS, VALUES, Catalog
+from temper.config.catalog import ANCHOR_STATES, REWARD_COMPONENTS, VALUES, Catalog
 from temper.config.derive import (
     Derived,
     derive,
@@ -36,6 +36,7 @@ def validate(cfg: TemperConfig, catalog: Catalog) -> Derived:
     _check_ranges(cfg)
     _check_roles(cfg, catalog)
     _check_reward_components(cfg, catalog)
+    _check_step_advantages(cfg, catalog)
     _check_reward_workers(cfg)
     _check_placement(cfg, catalog)
     return derive(cfg, catalog)  # batch arithmetic
@@ -336,6 +337,31 @@ def _check_reward_components(cfg: TemperConfig, catalog: Catalog) -> None:
             f"{len(weights)} weights for {len(keys)} reward components "
             "(algorithm.gdpo_reward_keys)",
             "give one weight per component, or remove it (all 1)",
+        )
+
+
+#: The GiGPO keys and their defaults: read only by an estimator of anchor states.
+GIGPO_KEYS = {"gigpo_step_gamma": 0.95, "gigpo_episode_weight": 1.0, "gigpo_step_weight": 1.0}
+
+
+def _check_step_advantages(cfg: TemperConfig, catalog: Catalog) -> None:
+    """The ``gigpo_*`` keys weigh and discount an estimator of step samples grouped by
+    anchor state; set for another estimator they would be read by nothing."""
+    algo = cfg.algorithm
+    reads = ANCHOR_STATES in catalog.needs("adv_estimator", algo.adv_estimator)
+    for key, default in GIGPO_KEYS.items():
+        if not reads and getattr(algo, key) != default:
+            raise ConfigError(
+                f"algorithm.{key}",
+                f"adv_estimator {algo.adv_estimator} has no step-level advantage to weigh "
+                "or discount",
+                "remove it, or set algorithm.adv_estimator: gigpo",
+            )
+    if not 0.0 <= algo.gigpo_step_gamma <= 1.0:
+        raise ConfigError(
+            "algorithm.gigpo_step_gamma",
+            f"{algo.gigpo_step_gamma} is not a discount in [0, 1]",
+            "set it in [0, 1] (ROLL's default is 0.95)",
         )
 
 

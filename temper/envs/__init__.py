@@ -14,6 +14,7 @@ from .base import EnvSlot, EnvTurnResult, TextEnv
 from .manager import EnvManager, split_groups
 from .registry import EnvSpec, env_types, make_env, register_env, resolve_tag
 from .render import save_episode_render, write_png
+from .steps import StepRecord, history_window, render_step_prompt
 from .tools import ToolResult, ToolSpec, execute_tool, get_tool, register_tool, tool_schemas
 
 __all__ = [
@@ -23,16 +24,19 @@ __all__ = [
     "EnvSpec",
     "EnvTurnResult",
     "ParsedAction",
+    "StepRecord",
     "TextEnv",
     "ToolResult",
     "ToolSpec",
     "env_types",
     "execute_tool",
     "get_tool",
+    "history_window",
     "make_env",
     "parse_action",
     "register_env",
     "register_tool",
+    "render_step_prompt",
     "resolve_tag",
     "save_episode_render",
     "split_groups",

@@ -61,6 +61,7 @@ from temper.config.schema import AgenticConfig, EnvManagerConfig, EnvTagConfig
 from .actions import parse_action
 from .base import EnvSlot, EnvTurnResult, TextEnv
 from .registry import EnvSpec, resolve_tag
+from .steps import StepRecord, render_step_prompt
 
 __all__ = ["EnvManager", "check_max_traj_per_env", "split_groups"]
 
@@ -232,6 +233,21 @@ class EnvManager:
         prompt = st.spec.turn_prompt
         return f"{observation}\n\n{prompt}" if prompt else observation
 
+    def step_text(self, env_id: int, records: Sequence[StepRecord]) -> str:
+        """A step-wise episode's next prompt (:func:`temper.envs.steps.render_step_prompt`):
+        the env's instruction, the tag's window over ``records`` (the episode's steps so
+        far) and its current observation, in the tag's ``turn_template`` when it has one."""
+        st = self._states[env_id]
+        return render_step_prompt(
+            instruction=st.instruction,
+            observation=st.observation,
+            records=records,
+            history_length=st.spec.history_length,
+            template=st.spec.turn_template,
+            turn_prompt=st.spec.turn_prompt,
+            max_response_length=st.spec.max_tokens_per_turn,
+        )
+
     def system_message(self, tag: str) -> str:
         """The tag's system message (ROLL's ``agent_system_template``), or ''."""
         return self.specs[tag].system_template
@@ -382,6 +398,10 @@ class EnvManager:
             "turns": st.turns,
             "actions": st.actions,
         }
+
+    def observation(self, env_id: int) -> str:
+        """The env's current observation: the state its next step starts from."""
+        return self._states[env_id].observation
 
     def env(self, env_id: int) -> TextEnv:
         """The env instance (e.g. to render it)."""

@@ -126,6 +126,7 @@ class EnvSpec:
     turn_prompt: str = ""
     system_template: str = ""
     turn_template: str = ""
+    history_length: int | None = None  # the step env manager's window (EnvTagConfig)
 
     def make(self) -> TextEnv:
         """A fresh environment instance."""
@@ -160,6 +161,12 @@ def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs"
         cls(**params)  # fail at load, not mid-run
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{key}.env_config", str(e), "fix the environment parameters") from e
+    if cfg.history_length is not None and cfg.history_length < 0:
+        raise ConfigError(
+            f"{key}.history_length",
+            f"{cfg.history_length} steps: a window cannot be negative",
+            "set 0 (all earlier steps), n ≥ 1 (the last n - 1), or remove it (none)",
+        )
     if tag_values["max_turns"] < 1:
         raise ConfigError(f"{key}.max_turns", "must be at least 1", "set a positive turn count")
     return EnvSpec(
@@ -176,6 +183,7 @@ def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs"
         turn_prompt=tag_values["turn_prompt"] or "",
         system_template=cfg.system_template or "",
         turn_template=cfg.turn_template or "",
+        history_length=cfg.history_length,
     )
 
 

@@ -4,7 +4,9 @@ One round resets every environment of the train env manager for the step (seeds 
 ``(run seed, step, group, round)``) and plays the episodes with the policy — one
 ``generate`` per turn for all live episodes, tools when the env or
 ``rollout.multi_turn.tool_config_path`` offers them — into a :class:`Batch` whose scores
-are the episodes' returns (:func:`temper.pipelines.trajectories.trajectory_batch`). With
+are the episodes' returns (:func:`temper.pipelines.trajectories.trajectory_batch`): one
+sample per episode, or with ``agentic.env_manager: step`` one per env step
+(:mod:`temper.pipelines.env_managers`). With
 ``algorithm.filter_groups`` further rounds (new seeds) are played until the batch holds
 ``num_env_groups`` groups with signal (:mod:`temper.pipelines.dynamic_sampling`).
 Everything after the scored batch is the driver's (:mod:`temper.pipelines.driver`).
@@ -28,14 +30,15 @@ from temper.config.schema import AgenticConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.envs import EnvManager
 from temper.envs.registry import resolve_tag
-from temper.pipelines.agentic_rollout import AgenticPlayer, save_renders
+from temper.pipelines.agentic_rollout import save_logs
 from temper.pipelines.dumps import dump_generations
 from temper.pipelines.dynamic_sampling import fill_groups
+from temper.pipelines.env_managers import ENV_MANAGERS
 from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Pipeline, episode_length
 from temper.pipelines.shaping import ShapingSettings
 from temper.pipelines.timing import Timer
-from temper.pipelines.trajectories import episode_metrics, trajectory_batch, trajectory_rows
+from temper.pipelines.trajectories import episode_metrics, trajectory_rows
 from temper.rollout import sampling_params_from_config as sampling_params
 
 RENDERED_EPISODES = 4
@@ -56,7 +59,8 @@ class AgenticProducer:
         self.val_envs = EnvManager.from_agentic(
             cfg.agentic, "val", seed, record_frames=bool(cfg.experiment.render_save_dir)
         )
-        self.player = AgenticPlayer(cfg, ctx.engine, ctx.tokenizer)
+        kind = ENV_MANAGERS.get(cfg.agentic.env_manager)
+        self.player = kind.player(cfg, ctx.engine, ctx.tokenizer)
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
         self.val_sampling = sampling_params(cfg.rollout, validation=True)
         self.shaping = ctx.shaping
@@ -64,35 +68,32 @@ class AgenticProducer:
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         def play(round_: int) -> tuple[Batch, dict[str, float]]:
             with timer("rollout"):
-                trajs, _, metrics = self.player.play(
-                    self.train_envs, step, self.train_sampling, round_
-                )
-            batch = trajectory_batch(trajs, self.player.runner.pad_token_id)
+                played = self.player.play_round(self.train_envs, step, self.train_sampling, round_)
+            batch = played.batch
             batch.meta["temperature"] = self.cfg.rollout.temperature
-            return batch, {**metrics, **episode_metrics(batch, "train")}
+            return batch, {**played.metrics, **episode_metrics(played.episodes, "train")}
 
         return fill_groups(
             play,
             self.cfg.agentic.train_env_manager.num_env_groups,
             self.cfg.algorithm.filter_groups,
             self.shaping,
-            self.player.runner.pad_token_id,
+            self.player.pad_token_id,
         )
 
     def validate(self, step: int) -> Validation:
         """Play the val envs on their fixed held-out seeds (step 0 every time); render a few."""
         exp = self.cfg.experiment
-        trajs, slots, _ = self.player.play(self.val_envs, 0, self.val_sampling)
-        batch = trajectory_batch(trajs, self.player.runner.pad_token_id)
-        metrics = episode_metrics(batch, "val")
+        played = self.player.play_round(self.val_envs, 0, self.val_sampling)
+        metrics = episode_metrics(played.episodes, "val")
         if exp.validation_data_dir:
-            dump_generations(exp.validation_data_dir, step, self.dump_rows(batch, step))
+            dump_generations(exp.validation_data_dir, step, self.dump_rows(played.batch, step))
         if exp.render_save_dir:
-            save_renders(exp.render_save_dir, step, self.val_envs, trajs, slots, RENDERED_EPISODES)
+            save_logs(exp.render_save_dir, step, self.val_envs, played.logs, RENDERED_EPISODES)
         samples = []
-        for tr in trajs[: exp.log_val_generations]:
-            dialog = " | ".join(m["content"].replace("\n", " ")[:80] for m in tr.messages[1:])
-            samples.append(f"{tr.meta['tag']} return={tr.episode_return:.2f} {dialog}")
+        for log in played.logs[: exp.log_val_generations]:
+            dialog = " | ".join(m["content"].replace("\n", " ")[:80] for m in log.messages[1:])
+            samples.append(f"{log.slot.tag} return={log.episode_return:.2f} {dialog}")
         return Validation(metrics, samples)
 
     def dump_rows(self, batch: Batch, step: int) -> list[dict[str, Any]]:
@@ -120,6 +121,7 @@ def check(cfg: TemperConfig) -> None:
     """What the agentic pipeline cannot honour (``ConfigError``; the driver's own checks
     are in :mod:`temper.pipelines.checks`)."""
     _check_env_managers(cfg.agentic)
+    ENV_MANAGERS.get(cfg.agentic.env_manager).check(cfg)
     if cfg.experiment.max_steps is None:
         raise ConfigError(
             "experiment.max_steps",
@@ -225,6 +227,11 @@ def preflight(cfg: TemperConfig, notes: list[str]) -> None:
         resolve_tag(tag, cfg.agentic.custom_envs[tag])
 
 
+def env_manager_inputs(cfg: TemperConfig) -> frozenset[str]:
+    """What the run's env manager's samples give the advantage estimators."""
+    return ENV_MANAGERS.get(cfg.agentic.env_manager).provides
+
+
 def shaping(cfg: TemperConfig) -> ShapingSettings:
     """Shaping with the agentic section's return normalization and turn rewards."""
     return ShapingSettings.from_config(cfg, agentic=cfg.agentic)
@@ -237,5 +244,6 @@ PIPELINE = Pipeline(
     step_shape=episode_groups,
     shaping=shaping,
     sections=frozenset({"agentic", "distill", "async_training"}),
+    provides_for=env_manager_inputs,
     context=episode_length,
 )

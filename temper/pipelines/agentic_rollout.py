@@ -13,13 +13,16 @@ env's action.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
+from temper.data.batch import Batch
 from temper.envs import EnvManager, EnvSlot, save_episode_render, tool_schemas
 from temper.envs import tools as tool_registry
+from temper.pipelines.trajectories import trajectory_batch
 from temper.rollout import RolloutEngine, SamplingParams
 from temper.rollout.multiturn import (
     EpisodeSpec,
@@ -39,6 +42,44 @@ from temper.rollout.tools import (
     schema_names,
     tool_chat,
 )
+
+
+@dataclasses.dataclass
+class EpisodeLog:
+    """One played episode as the model saw it: for renders and validation samples."""
+
+    slot: EnvSlot
+    messages: list[dict[str, Any]]
+    episode_return: float
+    num_turns: int
+    stop_reason: str
+
+
+@dataclasses.dataclass
+class Played:
+    """One round of an env manager's episodes.
+
+    ``batch``: the training rows (one per episode, or one per env step), ``scores`` the
+    episode returns; ``episodes``: one row per episode with what
+    :func:`temper.pipelines.trajectories.episode_metrics` reads; ``logs``: the
+    dialogues; ``metrics``: the rollout's own (generate calls, cut turns, …)."""
+
+    batch: Batch
+    episodes: Batch
+    logs: list[EpisodeLog]
+    metrics: dict[str, float]
+
+
+class Player(Protocol):
+    """What plays an env manager's episodes with the policy (an ``ENV_MANAGERS`` entry
+    builds one per run)."""
+
+    @property
+    def pad_token_id(self) -> int: ...
+
+    def play_round(
+        self, manager: EnvManager, step: int, params: SamplingParams, round_: int = 0
+    ) -> Played: ...
 
 
 class EnvResponder:
@@ -113,6 +154,22 @@ class AgenticPlayer:
             metrics.update(self.tool_loop.metrics())
         return trajs, slots, metrics
 
+    @property
+    def pad_token_id(self) -> int:
+        return self.runner.pad_token_id
+
+    def play_round(
+        self, manager: EnvManager, step: int, params: SamplingParams, round_: int = 0
+    ) -> Played:
+        """:meth:`play` as a :class:`Played` round: one training row per episode."""
+        trajs, slots, metrics = self.play(manager, step, params, round_)
+        batch = trajectory_batch(trajs, self.pad_token_id)
+        logs = [
+            EpisodeLog(s, t.messages, t.episode_return, t.num_turns, t.stop_reason)
+            for t, s in zip(trajs, slots)
+        ]
+        return Played(batch, batch, logs, metrics)
+
     def episodes(
         self, manager: EnvManager, step: int, round_: int = 0
     ) -> tuple[list[EnvSlot], list[EpisodeSpec]]:
@@ -178,15 +235,28 @@ def save_renders(
     limit: int = 4,
 ) -> list[Path]:
     """Frames (text, and PNG for grid games) and the dialogue of the first ``limit`` episodes."""
+    logs = [
+        EpisodeLog(s, t.messages, t.episode_return, t.num_turns, t.stop_reason)
+        for t, s in zip(trajs, slots)
+    ]
+    return save_logs(out_dir, step, manager, logs, limit)
+
+
+def save_logs(
+    out_dir: str | Path, step: int, manager: EnvManager, logs: list[EpisodeLog], limit: int = 4
+) -> list[Path]:
+    """:func:`save_renders` of played episodes' logs (either env manager's)."""
     root = Path(out_dir) / f"step_{step:05d}"
     written: list[Path] = []
-    for t, s in list(zip(trajs, slots))[:limit]:
+    for log in logs[:limit]:
+        s = log.slot
         name = f"{s.tag}_g{s.group_id}_e{s.env_id}"
         written += save_episode_render(manager.frames(s.env_id), root, name)
         dialog = root / f"{name}_dialog.txt"
         dialog.write_text(
-            "".join(f"=== {m['role']} ===\n{m['content']}\n" for m in t.messages)
-            + f"=== return {t.episode_return:.3f}, turns {t.num_turns}, stop {t.stop_reason} ===\n",
+            "".join(f"=== {m['role']} ===\n{m['content']}\n" for m in log.messages)
+            + f"=== return {log.episode_return:.3f}, turns {log.num_turns}, "
+            f"stop {log.stop_reason} ===\n",
             encoding="utf-8",
         )
         written.append(dialog)

@@ -78,6 +78,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
     "rollout_engine": _rollout_engines,
     "reward_function": _reward_functions,
     "env_type": _env_types,
+    "env_manager": lambda: _registry("temper.pipelines.env_managers", "ENV_MANAGERS").names(),
     "tracker": lambda: _registry("temper.tracking", "TRACKERS").names(),
     "lr_scheduler": lambda: _registry("temper.training.schedule", "SCHEDULES").names(),
 }

@@ -129,6 +129,15 @@ ESTIMATOR_INPUTS = {
     "reward_components": "the reward function's named components of each sample",
     "sum_pi_squared": "Σπ² over the vocabulary at every response token, which temper's "
     "training engines do not compute",
+    "step_rewards": "the env reward of each env step, one sample per step",
+    "episode_index": "the episode of each step sample",
+    "step_index": "the position of each step sample in its episode",
+    "anchor_index": "the state each step sample started from",
+}
+#: How a run gets an estimator input its pipeline gives only in some configurations.
+FIXES = {
+    k: "set agentic.env_manager: step (the agentic pipeline, one sample per env step)"
+    for k in ("step_rewards", "episode_index", "step_index", "anchor_index")
 }
 
 
@@ -136,13 +145,19 @@ def _check_estimator_inputs(cfg: TemperConfig) -> None:
     """An estimator needs inputs (``Estimator.needs``) the driver or the pipeline's
     producer must put in the batch (``Pipeline.provides``)."""
     name = cfg.algorithm.adv_estimator
-    missing = estimator_inputs(name) - DRIVER_INPUTS - resolve_pipeline(cfg.pipeline).provides
+    pipeline = resolve_pipeline(cfg.pipeline)
+    missing = (
+        estimator_inputs(name) - DRIVER_INPUTS - pipeline.provides - pipeline.provides_for(cfg)
+    )
     if missing:
         what = "; ".join(f"{m} ({ESTIMATOR_INPUTS.get(m, 'an input')})" for m in sorted(missing))
+        fixes = sorted({FIXES[m] for m in missing if m in FIXES})
         raise ConfigError(
             "algorithm.adv_estimator",
             f"{name} needs {what}; a run of pipeline {cfg.pipeline} does not provide it",
-            "choose an estimator this pipeline provides for (grpo, rloo, gae, …)",
+            "; ".join(fixes)
+            if fixes
+            else "choose an estimator this pipeline provides for (grpo, rloo, gae, …)",
         )
 
 

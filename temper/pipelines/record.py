@@ -44,6 +44,11 @@ def no_producer(ctx: ProducerContext) -> Producer:
     )
 
 
+def provides_nothing_more(cfg: TemperConfig) -> frozenset[str]:
+    """A pipeline whose producer's inputs do not depend on its config."""
+    return frozenset()
+
+
 def no_preflight(cfg: TemperConfig, notes: list[str]) -> None:
     """A pipeline that reads no files of its own before the run."""
 
@@ -99,6 +104,8 @@ class Pipeline:
       producer puts in the batch beyond what the driver computes (a critic's ``values``,
       ``old_log_probs``): RLVR adds ``baseline_rewards`` and ``reward_components``. An
       estimator that needs an input nothing provides is refused at ``temper check``;
+      ``provides_for(cfg)``: the inputs that depend on the config (the agentic pipeline's
+      env manager: step samples give ``gigpo``'s anchor states);
     - ``context(cfg, notes)``: the tokens one sample may reach (:data:`Context`): a prompt
       and its response by default, an episode's ``rollout.max_model_len`` for multi-turn
       episodes; the pre-flight compares it with the model's context;
@@ -119,6 +126,7 @@ class Pipeline:
     shaping: Callable[[TemperConfig], ShapingSettings] = ShapingSettings.from_config
     sections: frozenset[str] = frozenset()
     provides: frozenset[str] = frozenset()
+    provides_for: Callable[[TemperConfig], frozenset[str]] = provides_nothing_more
     context: Callable[[TemperConfig, list[str]], Context] = prompt_and_response
     command: str = "train"
     main: Callable[[TemperConfig], dict[str, Any]] | None = None

@@ -191,7 +191,8 @@ def compute_experience(
 
     Needs ``scores`` (B,), ``response_mask``, object ``uid``; ``old_log_probs`` and
     ``ref_log_probs`` (or ``full_kl``) for KL in reward; ``values`` for value-based
-    estimators; ``reward_components`` (B, K) for GDPO. ``step`` seeds PF-PPO's resampling.
+    estimators; ``reward_components`` (B, K) for GDPO; the step samples' keys
+    (``step_rewards``, ``episode_index``, ``step_index``, ``anchor_index``) for GiGPO. ``step`` seeds PF-PPO's resampling.
     """
     algo = s.algo
     mask = batch["response_mask"].float()
@@ -236,6 +237,10 @@ def compute_experience(
         reward_components=batch.get("reward_components"),
         old_log_probs=batch.get("old_log_probs"),
         sum_pi_squared=batch.get("sum_pi_squared"),
+        step_rewards=batch.get("step_rewards"),
+        episode_index=batch.get("episode_index"),
+        step_index=batch.get("step_index"),
+        anchor_index=batch.get("anchor_index"),
     )
     weights = algo.gdpo_reward_weights
     params = A.AdvantageParams(
@@ -244,6 +249,9 @@ def compute_experience(
         norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         gae_whiten=algo.gae_whiten,
         reward_weights=tuple(weights) if weights is not None else None,
+        step_gamma=algo.gigpo_step_gamma,
+        episode_weight=algo.gigpo_episode_weight,
+        step_weight=algo.gigpo_step_weight,
     )
     penalty = None
     if s.distill.teachers:  # on-policy distillation: −Σ c_i·KL_i per token

@@ -3,8 +3,9 @@
 One verl GRPO command line, one verl PPO command line with a critic, two verl 0.9 command
 lines (GRPO on `model_engine: dp` and on `model_engine: megatron`), two asynchronous verl
 runs (the GRPO line as ``trainer_mode=separate_async``, and a one-step-off recipe
-script), one ROLL RLVR file (PPO with a critic), one ROLL agentic file, and ROLL's
-asynchronous RLVR and agentic files (one-step-off), each with only these overrides:
+script), one ROLL RLVR file (PPO with a critic), one ROLL agentic file, ROLL's GiGPO
+Sokoban file (step-wise env manager), and ROLL's asynchronous RLVR and agentic files
+(one-step-off), each with only these overrides:
 
 - model: the tiny test model in place of the author's;
 - data: ``task:`` data (and, for ROLL, the column that holds its prompts); for the two
@@ -327,3 +328,53 @@ def test_verl_one_step_off_script_trains(tmp_path, tiny_model_dir, monkeypatch):
     assert resolved.async_training.staleness == 1 and not resolved.actor.recompute_old_log_prob
     train = _train(config, line, out)
     _rollout_pool(train)
+
+
+@pytest.mark.slow
+def test_roll_gigpo_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's GiGPO Sokoban example (2026-08): StepEnvManager, one sample per env step,
+    gigpo's step groups formed on identical states, and the policy updated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    before = {
+        n: p.detach().clone()
+        for n, p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters()
+    }
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM
+        / "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_gigpo.yaml"
+    )
+    out = tmp_path / "roll-gigpo"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        "max_actions_per_traj=2",  # length
+        "max_tokens_per_step=16",
+        "actor_infer.generating_args.max_new_tokens=16",
+        # the tiny tokenizer spends about 800 of sequence_length's 1024 tokens on the
+        # file's first prompt: no room for a window of past steps (the file's 5)
+        "default_history_length=1",
+        # data: one mini-batch (16 per device × 8 accumulation) of episodes a step, 16
+        # groups of 8 (the file's 1024 are 128 groups), one validation episode per tag
+        "rollout_batch_size=128",
+        "train_env_manager.num_env_groups=16",
+        "train_env_manager.num_groups_partition=[16]",
+        "val_batch_size=4",
+        "val_env_manager.num_env_groups=4",
+        "val_env_manager.num_groups_partition=[1,1,1,1]",
+        "actor_infer.infer_batch_size=128",  # device: generate the episodes at once
+    ]
+    loaded = load_config(config, overrides)
+    assert loaded.config.agentic.env_manager == "step"
+    assert loaded.config.algorithm.adv_estimator == "gigpo"
+    train = _train(config, overrides, out)
+    for r in train:
+        assert r["env/step_samples"] >= 128  # at least one step per episode
+        assert r["env/anchor_group_size_max"] > 1  # some step group has peers
+        # the step level gives signal even where every episode of a group scores alike
+        assert r["train/advantage_abs_max"] > 0
+        assert "actor/pg_loss" in r
+    after = AutoModelForCausalLM.from_pretrained(out / "final" / "actor")
+    moved = [n for n, p in after.named_parameters() if not torch.equal(p, before[n])]
+    assert moved, "no parameter changed"

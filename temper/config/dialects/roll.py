@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from temper.config.catalog import Catalog
-from temper.config.dialects import Translation
+from temper.config.dialects import Translation, roll_gigpo
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_devices import parse_device_mapping
@@ -93,6 +93,8 @@ def _translate(
     derive.model(ctx)
     derive.lengths(ctx, agentic)
     derive.algorithm(ctx)
+    roll_gigpo.env_manager(ctx)
+    roll_gigpo.gigpo(ctx)
     derive.data(ctx)
     derive.strategies(ctx)
     derive.placement(ctx)

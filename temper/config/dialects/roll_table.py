@@ -166,12 +166,9 @@ TOP: dict[str, Rule] = {
     "custom_envs.*.env_instruction": Map("agentic.custom_envs.{0}.env_instruction"),
     "custom_envs.*.max_tokens": Map("agentic.custom_envs.{0}.max_words"),
     "custom_envs.*.env_config": Map("agentic.custom_envs.{0}.env_config", lambda v: v or {}),
-    "custom_envs.*.env_manager_cls": Reject(
-        "a custom ROLL env manager class cannot run here",
-        "remove env_manager_cls (temper's env manager plays trajectories turn by turn)",
-        ok=lambda v: (
-            v in (None, "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager")
-        ),
+    "custom_envs.*.env_manager_cls": Use(
+        "agentic.env_manager (TrajEnvManager: trajectory, StepEnvManager: step; other "
+        "classes are refused)"
     ),
 }
 

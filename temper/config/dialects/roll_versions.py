@@ -211,8 +211,9 @@ def _env_tag() -> dict[str, Rule]:
             "ROLL serializes env steps in a thread pool; temper steps envs in order"
         ),
         f"{e}.max_env_step_concurrent": Note("concurrent env steps: " + PERF),
-        f"{e}.history_length": Note(
-            "read by ROLL's step-wise env manager only; the trajectory env manager keeps the whole episode"
+        f"{e}.history_length": Use(
+            "agentic.custom_envs.<tag>.history_length with StepEnvManager (the trajectory "
+            "env manager keeps the whole episode)"
         ),
         f"{e}.agent_runner_cls": Reject(
             "a custom ROLL agent runner cannot run here",
@@ -334,9 +335,9 @@ ADDITIONS: dict[str, Rule] = {
         ok=lambda v: v in (None, 0, 0.0, 1, 1.0),
     ),
     "pg_variant": Note("a definition the workers' pg_variant reads"),
-    "step_reward_weight": Note("read by the gigpo estimator only"),
-    "episode_reward_weight": Note("read by the gigpo estimator only"),
-    "step_reward_gamma": Note("read by the gigpo / step_reinforce estimators only"),
+    "step_reward_weight": Use("algorithm.gigpo_step_weight (adv_estimator gigpo)"),
+    "episode_reward_weight": Use("algorithm.gigpo_episode_weight (adv_estimator gigpo)"),
+    "step_reward_gamma": Use("algorithm.gigpo_step_gamma (adv_estimator gigpo)"),
     "default_history_length": Note("read by ROLL's step-wise env manager only"),
     "env_monitor": Note("ROLL's hung-env watchdog; temper's env steps run in its own process"),
     "dirty_data_mask": _off("masking 'dirty' trajectories is not supported", "set it to false"),

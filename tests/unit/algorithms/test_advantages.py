@@ -255,6 +255,10 @@ def test_every_estimator_masks_and_handles_empty_rows(name: str) -> None:
         ),
         old_log_probs=torch.full((5, 3), -0.5),
         sum_pi_squared=torch.full((5, 3), 0.4),
+        step_rewards=torch.tensor([0.0, 1.0, 1.0, 0.0, -0.1]),
+        episode_index=["a", "a", "b", "c", "c"],
+        step_index=torch.tensor([0, 1, 0, 0, 1]),
+        anchor_index=["s0", "s1", "s0", "s0", "s1"],
     )
     adv, ret = compute_advantages(name, inp, AdvantageParams(gamma=0.95, lam=0.9))
     assert adv.shape == ret.shape == (5, 3)

@@ -61,7 +61,7 @@ def test_registry_names_for_config_validator() -> None:
     assert set(names["adv_estimator"]) == {
         "gae", "grpo", "rloo", "reinforce", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
         "remax", "opo", "gpg", "grpo_passk", "gdpo", "optimal_token_baseline",
-        "tir_optimal_token_baseline",
+        "tir_optimal_token_baseline", "gigpo",
     }  # fmt: skip
     assert set(names["policy_loss"]) == {
         "vanilla", "gspo", "cispo", "gpg", "clip_cov", "kl_cov", "geo_mean", "sapo", "topr",

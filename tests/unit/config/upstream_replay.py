@@ -170,6 +170,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("engine: trtllm", r"TensorRT-LLM"),
     ("engine: veomni/torchtitan", r"(VeOmni|TorchTitan|NeMo AutoModel) training engine"),
     ("env manager", r"custom ROLL env manager class"),
+    ("agent runner", r"custom ROLL agent runner"),
     ("env type", r"\.env_type\b.*: unknown value '\w+'"),
     ("env tool wrapper", r"GEM tool wrappers"),
     ("async generation", r"asynchronous \(off-policy\) generation|fully-async trainer"),

@@ -1,0 +1,54 @@
+"""The agentic pipeline's env managers: how played episodes become training samples.
+
+``agentic.env_manager`` names one entry of :data:`ENV_MANAGERS`:
+
+- ``trajectory`` (ROLL's ``TrajEnvManager``): one multi-turn conversation per episode,
+  one sample per episode (:class:`temper.pipelines.agentic_rollout.AgenticPlayer`);
+- ``step`` (ROLL's ``StepEnvManager``): a fresh prompt per env step, one sample per step
+  with its episode, step index, step reward and anchor state
+  (:class:`temper.pipelines.agentic_steps.StepPlayer`) — what ``gigpo`` needs.
+
+An entry declares what its samples give the advantage estimators beyond the driver's
+inputs (``provides``, ``AdvantageInputs`` field names: an estimator that needs more is
+refused at ``temper check``) and the combinations it refuses (``check``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from temper.config.errors import ConfigError
+from temper.config.schema import TemperConfig
+from temper.pipelines.agentic_rollout import AgenticPlayer, Player
+from temper.pipelines.agentic_steps import STEP_INPUTS, StepPlayer, check_step
+from temper.registry import Registry
+from temper.rollout import RolloutEngine
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvManagerKind:
+    """An env manager: the player a run builds, what its samples provide, its checks."""
+
+    player: Callable[[TemperConfig, RolloutEngine, Any], Player]
+    check: Callable[[TemperConfig], None]
+    provides: frozenset[str] = frozenset()
+
+
+def check_trajectory(cfg: TemperConfig) -> None:
+    """The trajectory env manager keeps the whole episode in one conversation: a tag's
+    window of past steps (``history_length``) would be read by nothing."""
+    for tag, spec in cfg.agentic.custom_envs.items():
+        if spec.history_length is not None:
+            raise ConfigError(
+                f"agentic.custom_envs.{tag}.history_length",
+                "the trajectory env manager shows the whole episode; a window of past steps "
+                "is the step env manager's",
+                "remove it, or set agentic.env_manager: step",
+            )
+
+
+ENV_MANAGERS: Registry[EnvManagerKind] = Registry("env_manager")
+ENV_MANAGERS.add("trajectory", EnvManagerKind(AgenticPlayer, check_trajectory))
+ENV_MANAGERS.add("step", EnvManagerKind(StepPlayer, check_step, provides=STEP_INPUTS))
