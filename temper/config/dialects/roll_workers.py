@@ -183,7 +183,19 @@ VIDEO_KEYS = (
     "video_folder",
     "audio_folder",
 )
-NO_VIDEO = "video (and audio) inputs are not supported; rows with videos are reported"
+#: The video keys that set how videos are read (the rest are memory or audio).
+VIDEO_SAMPLING_KEYS = (
+    "video_max_pixels",
+    "video_min_pixels",
+    "video_total_pixels",
+    "video_fps",
+    "video_max_frames",
+    "video_folder",
+)
+NO_AUDIO = (
+    "audio inputs are not supported (the Qwen-Omni audio encoder is not in temper's "
+    "vision-language family; images and videos are)"
+)
 
 
 def split_names(value: object) -> list[str]:
@@ -194,20 +206,32 @@ def split_names(value: object) -> list[str]:
 
 def _vision_data_args() -> dict[str, Rule]:
     """actor_train.data_args of ROLL's vision-language pipeline (images: column
-    ``images``, ``<image>`` in the prompt; temper.data.vision)."""
-    rules: dict[str, Rule] = {
+    ``images``, ``<image>`` in the prompt; videos: column ``videos``, ``<video>``;
+    temper.data.vision and temper.data.video)."""
+    return {
         "data_args.image_max_pixels": Map("data.image_max_pixels"),
         "data_args.image_min_pixels": Map("data.image_min_pixels"),
         "data_args.image_folder": Map("data.image_folder"),
+        "data_args.video_max_pixels": Map("data.video_max_pixels"),
+        "data_args.video_min_pixels": Map("data.video_min_pixels"),
+        "data_args.video_total_pixels": Map("data.video_total_pixels"),
+        "data_args.video_fps": Map("data.video_fps"),
+        "data_args.video_max_frames": Map("data.video_max_frames"),
+        "data_args.video_folder": Map("data.video_folder"),
+        "data_args.video_resize_chunk_frames": Note(
+            "memory only: temper resizes a video's frames one at a time"
+        ),
+        "data_args.audio_folder": Reject(
+            NO_AUDIO, "remove audio_folder and the rows' audio", ok=lambda v: v is None
+        ),
         "data_args.custom_data_kwargs_func": Reject(
-            "a custom ROLL data function cannot run here (ROLL's video_r1 one builds video "
-            f"prompts; {NO_VIDEO})",
-            "remove custom_data_kwargs_func and give rows an 'images' column and <image> marks",
+            "a custom ROLL data function (Python that builds the prompts from its own "
+            "columns, as ROLL's video_r1 and audio_test ones do) cannot run here",
+            "remove custom_data_kwargs_func and give rows a prompt with <video> (or <image>) "
+            "marks and a 'videos' (or 'images') column",
             ok=lambda v: v is None,
         ),
     }
-    rules.update({f"data_args.{k}": Note(NO_VIDEO) for k in VIDEO_KEYS})
-    return rules
 
 
 def _generating_args(role: str) -> dict[str, Rule]:
