@@ -434,8 +434,28 @@ def check_prompt_data(cfg: TemperConfig, notes: list[str]) -> None:
                 f"set {ckey} to the column holding the prompts",
             )
         _check_rewards(cfg, samples, key)
+        _check_video_engine(cfg, columns, key)
         if key == "data.train_files" and cfg.data.source_weights:
             _check_weights(cfg, {tag for _source, tag in samples})
+
+
+def _check_video_engine(cfg: TemperConfig, columns: set[str] | None, key: str) -> None:
+    """Prompts with videos generate on the ``hf`` engine: temper hands vLLM a prompt's
+    images only (vLLM's CPU build cannot run the Qwen2-VL family here, so a video path
+    into it could not be tested)."""
+    from temper.rollout.registry import resolve_engine_name
+
+    column = cfg.data.video_key
+    if columns is None or (column.split(".")[0] not in columns and column not in columns):
+        return
+    if resolve_engine_name(cfg.rollout.engine, cfg.model) != "vllm":
+        return
+    raise ConfigError(
+        "rollout.engine",
+        f"{key} has a video column '{column}', and vLLM rollout of video prompts is not "
+        "supported (temper passes vLLM images only)",
+        "set rollout.engine=hf, which generates from videos",
+    )
 
 
 def check_columns(
