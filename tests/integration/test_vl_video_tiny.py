@@ -3,8 +3,8 @@
 GRPO steps — rollout on the HF engine, old and reference log-probs and the update all
 with ``pixel_values_videos`` / ``video_grid_thw`` and M-RoPE positions over video
 tokens — for Qwen2-VL from a ROLL file with its ``video_*`` data arguments, and for
-Qwen2.5-VL and Qwen3-VL from a native config. A row whose video is missing or broken is
-reported and skipped."""
+Qwen2.5-VL and Qwen3-VL from a native config, and verl's video GRPO script. A row whose
+video is missing or broken is reported and skipped."""
 
 from __future__ import annotations
 
@@ -168,3 +168,97 @@ def test_native_video_config_trains_two_steps(family, tmp_path, monkeypatch):
     moved = moved_parameters(model, tmp_path / "run" / "final" / "actor")
     tower = [k for k in moved if "visual" in k]
     assert tower and len(moved) > len(tower), moved  # the tower and the language model
+
+
+# 64×64 frames (2×2 tokens a temporal patch of Qwen3-VL), per video as verl rows give them
+PIXELS = {"min_pixels": 4096, "max_pixels": 4096}
+VERL_VIDEO_SCRIPT = "verl-2026-08-1dda039/examples/grpo_trainer/run_qwen3_5_2b_video_fsdp.sh"
+# The script scores with verl/utils/reward_score/tinyllava_video_r1.py, a path relative
+# to where it runs, which the verl snapshot does not hold: the test writes one there
+# (the option letter in <answer> tags, as the data's solutions give it).
+TINYLLAVA_REWARD = """import re
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    said = re.search(r"<answer>\\s*(.*?)\\s*</answer>", solution_str, re.DOTALL)
+    truth = re.search(r"<answer>\\s*(.*?)\\s*</answer>", ground_truth, re.DOTALL)
+    return float(bool(said and truth and said.group(1)[:1] == truth.group(1)[:1]))
+"""
+
+
+def test_verl_video_script_trains_two_steps(tmp_path, monkeypatch):
+    """verl's Qwen3.5 video GRPO script (Qwen3-VL family: timestamped video prompts),
+    with rows in the shape of verl's tinyllava_video_r1 preprocessing (a ``videos`` list
+    of ``{"video": path, "fps": 1, "max_frames": 32, ...}``), passes ``temper check`` and
+    trains 2 steps. What changes: model (a tiny Qwen3-VL), data (the synthetic rows, one
+    mini-batch of prompts a step) and outputs through the script's user-adjustable
+    variables; length, device (one device, the hf rollout engine) and outputs as
+    overrides. Everything else — GRPO, KL loss, entropy, batch arithmetic — is the
+    script's."""
+    import sys
+
+    import pandas as pd
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
+    from upstream_scripts import script_commands
+
+    from temper.cli.main import main
+
+    upstream = Path(__file__).resolve().parents[1] / "data" / "upstream"
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    reward = tmp_path / "verl" / "utils" / "reward_score" / "tinyllava_video_r1.py"
+    reward.parent.mkdir(parents=True)
+    reward.write_text(TINYLLAVA_REWARD)
+    model = make_tiny_vlm(tmp_path / "qwen3-vl", family="qwen3_vl")
+    rows = []
+    for i, rgb in enumerate(list(COLORS.values()) * 6):
+        clip = write_video(tmp_path / "videos" / f"{i}.mp4", [rgb] * 6, fps=4)
+        problem = f"Which colour is shown?\nOptions:\nA. red.\nB. green.\nC. blue.\n#{i}"
+        rows.append(
+            {
+                "data_source": "Zhang199/TinyLLaVA-Video-R1-training-data",
+                "prompt": [{"role": "user", "content": f"<video>\n{problem}\n\nAnswer."}],
+                # per-video pixel bounds are verl's row keys (qwen-vl-utils reads them)
+                "videos": [{"video": str(clip), "fps": 1.0, "max_frames": 32, **PIXELS}],
+                "ability": "video_qa",
+                "reward_model": {
+                    "style": "rule",
+                    "ground_truth": f"<answer>{'ABC'[i % 3]}</answer>",
+                },
+                "extra_info": {"split": "train", "index": i},
+            }
+        )
+    data = tmp_path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(data)
+    out = tmp_path / "out"
+    env = {
+        "MODEL_PATH": str(model),  # model
+        "TRAIN_FILE": str(data),  # data
+        "TEST_FILE": str(data),
+        "CKPTS_DIR": str(out),  # outputs
+    }
+    snap, _, path = VERL_VIDEO_SCRIPT.partition("/")
+    (cmd,) = script_commands(upstream / snap / path, upstream / snap, env=env)
+    overrides = [
+        "data.train_batch_size=16",  # data: one mini-batch of prompts a step
+        "data.max_prompt_length=256",  # length
+        "data.max_response_length=4",
+        "actor_rollout_ref.rollout.prompt_length=256",
+        "actor_rollout_ref.rollout.response_length=4",
+        "trainer.total_training_steps=2",
+        # device: the script's NPU branch sets 8 devices (its case is not followed here)
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.logger=[console]",  # outputs
+    ]
+    args = [str(cmd.config), *cmd.overrides, *overrides]
+    assert main(["check", *args]) == 0
+    assert main(["train", *args]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    train = [r for r in map(json.loads, lines) if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all("actor/kl" in r for r in train)
