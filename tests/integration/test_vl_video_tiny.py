@@ -262,3 +262,47 @@ def test_verl_video_script_trains_two_steps(tmp_path, monkeypatch):
     train = [r for r in map(json.loads, lines) if "train/reward_mean" in r]
     assert [r["step"] for r in train] == [1, 2]
     assert all("actor/kl" in r for r in train)
+
+
+def test_fsdp2_two_ranks_match_one_process_on_videos(tmp_path):
+    """FSDP2 over two gloo ranks computes the single-process update of a batch of video
+    prompts (pixel_values_videos split with their rows, M-RoPE over video tokens)."""
+    from test_vl_tiny import _fsdp2_rank, _vl_actor  # same folder
+    from transformers import AutoTokenizer
+
+    from temper.cluster.process_group import spawn_ranks
+    from temper.config.schema import DataConfig
+    from temper.data import build_dataset
+    from temper.data.vision import load_vision_processor
+    from temper.rollout.base import SamplingParams
+    from temper.rollout.hf import HFRolloutEngine
+
+    path = str(make_tiny_vlm(tmp_path / "qwen2-vl"))
+    tok = AutoTokenizer.from_pretrained(path)
+    rows = [
+        _row(name, [write_video(tmp_path / f"{name}.mp4", [rgb] * 4, fps=2).name])
+        for name, rgb in list(COLORS.items())[:2]
+    ]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DataConfig(max_prompt_length=96, video_min_pixels=3136, video_max_pixels=3136)
+    ds = build_dataset([str(data)], cfg, tok, vision=load_vision_processor(path, tok, cfg))
+    single = _vl_actor(path, "torch", False)
+    torch.manual_seed(0)
+    batch = HFRolloutEngine(single.engine.model, tok).generate(
+        ds.make_batch([0, 1]), SamplingParams(n=2, max_new_tokens=5)
+    )
+    batch = single.compute_log_probs(batch)
+    sign = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None]
+    batch["advantages"] = sign * batch["response_mask"].float()
+    before = {k: v.clone() for k, v in single.engine.named_weights()}
+    single.update(batch)
+    ref = {k: v.clone() for k, v in single.engine.named_weights()}
+    got = spawn_ranks(_fsdp2_rank, 2, path, batch, False)[0]
+    assert got.keys() == ref.keys()
+    for k in ref:
+        torch.testing.assert_close(
+            got[k], ref[k], atol=2e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}"
+        )
+    visual = [k for k in before if k.startswith("model.visual.")]
+    assert visual and all(not torch.equal(before[k], got[k]) for k in visual)
