@@ -108,3 +108,33 @@ def test_validation_images_must_be_sized_like_training_images():
             UPSTREAM / rel,
             [*overrides(rel), "validation.data_args.image_max_pixels=5000"],
         )
+
+
+@needs(UPSTREAM / NEW)
+def test_video_data_args_are_honoured_and_audio_is_refused():
+    """Video-R1's video settings (ROLL's data_args) set temper's video sampling; the
+    validation prompts' must agree; an audio folder is refused naming audio."""
+    rel = f"{NEW}/qwen2.5-vl-7B-rlvr/rlvr_megatron.yaml"
+    video = [
+        "+actor_train.data_args.video_total_pixels=9633792",
+        "+actor_train.data_args.video_min_pixels=100352",
+        "+actor_train.data_args.video_max_pixels=100352",
+        "+actor_train.data_args.video_fps=2.0",
+        "+actor_train.data_args.video_max_frames=192",
+        "+actor_train.data_args.video_folder=/data/videos",
+        "+actor_train.data_args.video_resize_chunk_frames=32",
+    ]
+    data = load_config(UPSTREAM / rel, [*overrides(rel), *video]).config.data
+    assert (data.video_total_pixels, data.video_min_pixels, data.video_max_pixels) == (
+        9633792,
+        100352,
+        100352,
+    )
+    assert (data.video_fps, data.video_max_frames, data.video_folder) == (2.0, 192, "/data/videos")
+    with pytest.raises(ConfigError, match=r"validation\.data_args\.video_fps: 1\.0 differs"):
+        load_config(
+            UPSTREAM / rel, [*overrides(rel), *video, "+validation.data_args.video_fps=1.0"]
+        )
+    with pytest.raises(ConfigError, match="audio inputs are not supported") as err:
+        load_config(UPSTREAM / rel, [*overrides(rel), "+actor_train.data_args.audio_folder=/a"])
+    assert "Qwen-Omni" in str(err.value)
