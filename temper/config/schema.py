@@ -241,6 +241,12 @@ class DataConfig:
         "placed where the prompt says <video>; vision-language models only.",
     )
     audio_key: str = doc("audios", "Column with audio: rows that have it are reported.")
+    row_format: str = doc(
+        "none",
+        "Rewrite each row from a named upstream layout first (video_r1: ROLL's Video-R1 "
+        "rows); none: rows are read as they are.",
+        registry="row_format",
+    )
     video_folder: str | None = doc(
         None, "Base of relative video paths; None = the directory of the data file."
     )

@@ -27,6 +27,7 @@ from temper.data.prompts import (
     truncate_ids,
     with_system,
 )
+from temper.data.row_formats import ROW_FORMATS
 from temper.data.sources import read_rows
 from temper.data.video import VideoInput
 from temper.data.vision import ImageInput, VisionProcessor, load_vision_processor, row_media
@@ -233,8 +234,9 @@ def build_dataset(
             if item.problem is not None:
                 raise RowProblem(item.problem)
             assert item.row is not None
-            fields = parse_row(item.row, cfg)
-            images, videos = row_media(item.row, cfg, vision, item.file, item.where)
+            row = ROW_FORMATS.get(cfg.row_format)(item.row, cfg)
+            fields = parse_row(row, cfg)
+            images, videos = row_media(row, cfg, vision, item.file, item.where)
             if images or videos:
                 assert vision is not None  # row_media raises without one
                 messages = with_system(fields.messages, cfg.system_prompt)

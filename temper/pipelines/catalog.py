@@ -80,6 +80,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
     "env_type": _env_types,
     "tracker": lambda: _registry("temper.tracking", "TRACKERS").names(),
     "lr_scheduler": lambda: _registry("temper.training.schedule", "SCHEDULES").names(),
+    "row_format": lambda: _registry("temper.data.row_formats", "ROW_FORMATS").names(),
 }
 
 #: Registries whose entries declare needs: name -> the registry (module, attribute).

@@ -6,6 +6,8 @@ role; ``roll_table`` adds them to the table.
 
 from __future__ import annotations
 
+from typing import Any
+
 from temper.config.dialects.roll_rules import (
     ATTN,
     DTYPES,
@@ -19,6 +21,7 @@ from temper.config.dialects.roll_rules import (
     choice,
     uniform,
 )
+from temper.config.errors import ConfigError
 
 TRAIN_NOTE = "this role does not train"
 GEN_NOTE = "this role does not generate"
@@ -198,6 +201,26 @@ NO_AUDIO = (
 )
 
 
+#: ROLL's custom data functions whose rows temper reads -> data.row_format.
+DATA_FUNCTIONS = {"roll.datasets.vlm_dataset_utils.video_r1_get_data_kwargs": "video_r1"}
+
+
+def _data_function(value: Any) -> str:
+    """``data.row_format`` of a ROLL custom data function (None: rows as they are)."""
+    if value is None:
+        return "none"
+    if value in DATA_FUNCTIONS:
+        return DATA_FUNCTIONS[value]
+    raise ConfigError(
+        "actor_train.data_args.custom_data_kwargs_func",
+        f"'{value}' is not supported: a custom ROLL data function (Python that builds the "
+        "prompts from its own columns, as ROLL's audio_test one does) cannot run here; "
+        f"of them temper reads the rows of {', '.join(DATA_FUNCTIONS)}",
+        "remove custom_data_kwargs_func and give rows a prompt with <video> (or <image>) "
+        "marks and a 'videos' (or 'images') column",
+    )
+
+
 def split_names(value: object) -> list[str]:
     """ROLL's comma-separated list argument (``"a,b"`` or a list) as a list."""
     items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
@@ -224,13 +247,7 @@ def _vision_data_args() -> dict[str, Rule]:
         "data_args.audio_folder": Reject(
             NO_AUDIO, "remove audio_folder and the rows' audio", ok=lambda v: v is None
         ),
-        "data_args.custom_data_kwargs_func": Reject(
-            "a custom ROLL data function (Python that builds the prompts from its own "
-            "columns, as ROLL's video_r1 and audio_test ones do) cannot run here",
-            "remove custom_data_kwargs_func and give rows a prompt with <video> (or <image>) "
-            "marks and a 'videos' (or 'images') column",
-            ok=lambda v: v is None,
-        ),
+        "data_args.custom_data_kwargs_func": Map("data.row_format", _data_function),
     }
 
 

@@ -23,7 +23,6 @@ from temper.pipelines.catalog import load_config
 
 NEW = "roll-2026-08-8eb27cc/examples"
 OLD = "roll-2025-06-70e9c6c/examples/qwen2.5-vl-7B-math"
-VIDEO = "actor_train.data_args.custom_data_kwargs_func: 'roll.datasets.vlm_dataset_utils"
 # file -> (engine of actor_train, rejection substring or None when it passes)
 FILES: dict[str, tuple[str, str | None]] = {
     f"{NEW}/qwen2_5-vl-3B-rlvr_fsdp2/rlvr_fsdp2_offload.yaml": ("fsdp2", None),
@@ -38,8 +37,9 @@ FILES: dict[str, tuple[str, str | None]] = {
         None,  # the config; its engine (sglang) is the pre-flight's to refuse
     ),
     f"{NEW}/qwen3-vl-30BA3B-rlvr_megatron/rlvr_megatron_ppu.yaml": ("megatron", None),
-    f"{NEW}/qwen3-vl-30BA3B-video-rlvr/video_r1.yaml": ("megatron", VIDEO),
-    f"{NEW}/qwen3-vl-30BA3B-video-rlvr/video_r1_sglang.yaml": ("megatron", VIDEO),
+    # Video-R1: ROLL's data function's rows (data.row_format video_r1), its reward worker
+    f"{NEW}/qwen3-vl-30BA3B-video-rlvr/video_r1.yaml": ("megatron", None),
+    f"{NEW}/qwen3-vl-30BA3B-video-rlvr/video_r1_sglang.yaml": ("megatron", None),
     f"{OLD}/rlvr_math_megatron.yaml": ("megatron", None),
     f"{OLD}/rlvr_math_zero3.yaml": ("deepspeed", None),
 }
@@ -89,6 +89,12 @@ def test_roll_vl_file_passes_check_or_names_what_stops_it(rel):
     assert cfg.data.image_max_pixels == pixels
     prefix = _get(data, "actor_train.model_args.freeze_module_prefix")
     assert cfg.actor.freeze_module_prefix == ([prefix] if prefix else [])
+    if _get(data, "rewards.videor1") is not None:
+        assert cfg.data.row_format == "video_r1"
+        assert (cfg.data.video_fps, cfg.data.video_max_frames) == (2.0, 192)
+        assert cfg.data.video_folder == _get(data, "actor_train.data_args.video_folder")
+        route = cfg.reward.routes["videor1"]
+        assert (route.function, route.tags) == ("video_r1", ["video"])
     if _get(data, "rewards.cv_detection") is not None:
         route = cfg.reward.routes["cv_detection"]
         assert route.function == "detection"
