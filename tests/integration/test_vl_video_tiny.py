@@ -306,3 +306,74 @@ def test_fsdp2_two_ranks_match_one_process_on_videos(tmp_path):
         )
     visual = [k for k in before if k.startswith("model.visual.")]
     assert visual and all(not torch.equal(before[k], got[k]) for k in visual)
+
+
+ROLL_VIDEO_R1 = "roll-2026-08-8eb27cc/examples/qwen3-vl-30BA3B-video-rlvr/video_r1.yaml"
+
+
+def test_roll_video_r1_file_passes_check_and_trains_two_steps(tmp_path, monkeypatch, capsys):
+    """ROLL's Video-R1 example (its data function's rows: problem, problem_type,
+    modality_type, video, solution; its VideoR1RewardWorker) passes ``temper check`` with
+    model/data/length/device/output changes, and trains 2 steps when its Megatron
+    strategy also becomes fsdp2: temper's Megatron engine converts no Qwen3-VL model, so
+    ``train`` refuses the file's own strategy with that reason."""
+    from temper.cli.main import main
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    model = make_tiny_vlm(tmp_path / "qwen3-vl", family="qwen3_vl")
+    rows = []
+    for i, rgb in enumerate(list(COLORS.values()) * 2):
+        write_video(tmp_path / "videos" / f"{i}.mp4", [rgb] * 6, fps=4)
+        rows.append(
+            {
+                "modality_type": "video",
+                "problem": f"Which colour?\nOptions:\nA. red\nB. green\nC. blue\n#{i}",
+                "solution": f"<answer>{'ABC'[i % 3]}</answer>",
+                "video": f"videos/{i}.mp4",
+                "problem_type": "multiple choice",
+            }
+        )
+    data = tmp_path / "video_r1.json"
+    data.write_text(json.dumps(rows))
+    out = tmp_path / "out"
+    roles = ["actor_train", "actor_infer", "reference"]
+    args = [
+        str(Path(__file__).resolve().parents[1] / "data" / "upstream" / ROLL_VIDEO_R1),
+        f"pretrain={model}",  # model
+        f"actor_train.data_args.file_name=[{data}]",  # data
+        f"actor_train.data_args.video_folder={tmp_path}",
+        "actor_train.data_args.video_min_pixels=4096",  # 64×64 frames
+        "actor_train.data_args.video_max_pixels=4096",
+        "max_steps=2",  # length (Video-R1's prompt template is long: byte tokens)
+        "prompt_length=768",
+        "response_length=4",
+        "rollout_batch_size=4",
+        "num_return_sequences_in_group=2",
+        "num_gpus_per_node=1",  # device
+        *[f"{role}.device_mapping=list(range(0,1))" for role in roles],
+        *[  # the file's pipeline and expert parallel sizes: 2 and 8 devices
+            f"{role}.strategy_args.strategy_config.{size}_model_parallel_size=1"
+            for role in ("actor_train", "reference")
+            for size in ("pipeline", "expert")
+        ],
+        "actor_infer.strategy_args.strategy_name=hf_infer",
+        "~actor_infer.strategy_args.strategy_config",
+        "track_with=stdout",  # outputs
+        f"output_dir={out}",
+        f"checkpoint_config.output_dir={out / 'ckpt'}",
+    ]
+    assert main(["check", *args]) == 0
+    assert main(["train", *args]) == 2
+    said = capsys.readouterr()
+    assert "model_type 'qwen3_vl' has no Megatron conversion" in said.out + said.err
+    fsdp2 = [
+        "actor_train.strategy_args.strategy_name=fsdp2_train",
+        "reference.strategy_args.strategy_name=fsdp2_infer",
+        "~actor_train.strategy_args.strategy_config",
+        "~reference.strategy_args.strategy_config",
+    ]
+    assert main(["train", *args, *fsdp2]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    train = [r for r in map(json.loads, lines) if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all("actor/kl" in r for r in train)
