@@ -235,8 +235,34 @@ class DataConfig:
         "Column with each row's images (bytes, paths or {bytes|path|image: ...} dicts), "
         "placed where the prompt says <image>; vision-language models only.",
     )
-    video_key: str = doc("videos", "Column with videos: rows that have them are reported.")
+    video_key: str = doc(
+        "videos",
+        "Column with each row's videos (paths, frame lists or {video: ..., fps: ...} dicts), "
+        "placed where the prompt says <video>; vision-language models only.",
+    )
     audio_key: str = doc("audios", "Column with audio: rows that have it are reported.")
+    row_format: str = doc(
+        "none",
+        "Rewrite each row from a named upstream layout first (video_r1: ROLL's Video-R1 "
+        "rows); none: rows are read as they are.",
+        registry="row_format",
+    )
+    video_folder: str | None = doc(
+        None, "Base of relative video paths; None = the directory of the data file."
+    )
+    video_fps: float = doc(2.0, "Frames taken per second of video (qwen-vl-utils' fps).")
+    video_max_frames: int = doc(768, "At most this many frames of a video (rounded to even).")
+    video_min_pixels: int | None = doc(
+        None, "Each video frame at least this many pixels; None = 128 tokens' worth."
+    )
+    video_max_pixels: int | None = doc(
+        None, "Each video frame at most this many pixels; None = 768 tokens' worth."
+    )
+    video_total_pixels: int | None = doc(
+        None,
+        "All frames of a video together at most this many pixels (shrinks the frames); "
+        "None = 115200 tokens' worth, as qwen-vl-utils.",
+    )
     image_folder: str | None = doc(
         None, "Base of relative image paths; None = the directory of the data file."
     )

@@ -212,19 +212,33 @@ def _check_ranges(cfg: TemperConfig) -> None:
             f"= {seq}",
             f"raise rollout.max_model_len to ≥ {seq} or shorten prompts/responses",
         )
-    _check_pixels(cfg.data.image_min_pixels, cfg.data.image_max_pixels)
+    _check_pixels("image", cfg.data.image_min_pixels, cfg.data.image_max_pixels)
+    _check_pixels("video", cfg.data.video_min_pixels, cfg.data.video_max_pixels)
+    for key, value in (
+        ("data.video_total_pixels", cfg.data.video_total_pixels),
+        ("data.video_fps", cfg.data.video_fps),
+    ):
+        if value is not None:
+            _positive(key, value)
+    if cfg.data.video_max_frames < 2:
+        raise ConfigError(
+            "data.video_max_frames",
+            f"{cfg.data.video_max_frames} is below 2, the frames of one temporal patch",
+            "set data.video_max_frames ≥ 2",
+        )
 
 
-def _check_pixels(low: int | None, high: int | None) -> None:
-    """Image resize limits (vision-language data): positive, and min ≤ max."""
-    for key, value in (("data.image_min_pixels", low), ("data.image_max_pixels", high)):
+def _check_pixels(kind: str, low: int | None, high: int | None) -> None:
+    """Image or video-frame resize limits (vision-language data): positive, min ≤ max."""
+    lkey, hkey = f"data.{kind}_min_pixels", f"data.{kind}_max_pixels"
+    for key, value in ((lkey, low), (hkey, high)):
         if value is not None:
             _positive(key, value)
     if low is not None and high is not None and low > high:
         raise ConfigError(
-            "data.image_min_pixels",
-            f"{low} is larger than data.image_max_pixels ({high})",
-            "set image_min_pixels ≤ image_max_pixels",
+            lkey,
+            f"{low} is larger than {hkey} ({high})",
+            f"set {kind}_min_pixels ≤ {kind}_max_pixels",
         )
 
 

@@ -17,6 +17,7 @@ import torch
 from temper.data.batch import Batch
 
 if TYPE_CHECKING:
+    from temper.data.video import VideoInput
     from temper.data.vision import ImageInput, VisionProcessor
 
 
@@ -33,6 +34,7 @@ class PromptExample:
     extra_info: dict[str, Any]
     source: str  # "file:line N" — where the row came from, for reports
     images: tuple[ImageInput, ...] = ()  # vision-language prompts: their images, sized
+    videos: tuple[VideoInput, ...] = ()  # and their videos, frames chosen and sized
 
 
 def left_pad(
@@ -68,7 +70,7 @@ def collate_prompts(
     ``extra_info`` (a copy, so reward code cannot alter the dataset), ``prompt_text``,
     ``raw_prompt`` (the chat messages). With ``vision`` (a vision-language model's
     processor) also ``multi_modal_data`` and ``multi_modal_inputs`` (empty dicts for
-    prompts without images; see :mod:`temper.data.vision`).
+    prompts without images or videos; see :mod:`temper.data.vision`).
     """
     if len(uids) != len(examples):
         raise ValueError(f"{len(uids)} uids for {len(examples)} prompts")
@@ -86,7 +88,7 @@ def collate_prompts(
     if vision is not None:
         from temper.data.vision import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
 
-        pairs = [vision.model_inputs(e.images) for e in examples]
+        pairs = [vision.model_inputs(e.images, e.videos) for e in examples]
         objects[MULTI_MODAL_DATA] = [data for data, _ in pairs]
         objects[MULTI_MODAL_INPUTS] = [inputs for _, inputs in pairs]
     return Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}, objects)

@@ -27,13 +27,19 @@ from temper.data.prompts import (
     truncate_ids,
     with_system,
 )
+from temper.data.row_formats import ROW_FORMATS
 from temper.data.sources import read_rows
-from temper.data.vision import ImageInput, VisionProcessor, load_vision_processor, row_images
+from temper.data.video import VideoInput
+from temper.data.vision import ImageInput, VisionProcessor, load_vision_processor, row_media
 
 log = logging.getLogger("temper.data")
 
 _TOKENIZE_CHUNK = 1024
 _LOGGED_ISSUES = 10
+
+
+#: A prompt's images and videos, read and sized.
+Media = tuple[tuple[ImageInput, ...], tuple[VideoInput, ...]]
 
 
 class PromptDataset:
@@ -151,7 +157,8 @@ def build_dataset(
     for an overlong prompt when ``truncation=error`` (unless filtered), and when no
     usable prompt is left. ``max_samples > 0`` keeps the first that many usable prompts
     and stops reading there (quick runs on big files). ``vision`` (the model's, for a
-    vision-language model) reads rows' images (``data.image_key``; see ``data.vision``).
+    vision-language model) reads rows' images and videos (``data.image_key``,
+    ``data.video_key``; see ``data.vision``).
     """
     check_template(cfg, tokenizer)
     raw = cfg.chat_template == "raw"
@@ -168,12 +175,12 @@ def build_dataset(
     skipped: list[RowIssue] = []
     examples: list[PromptExample] = []
     filtered = truncated = rows_read = 0
-    pending: list[tuple[str, str, str, list[dict[str, str]], Any, tuple[ImageInput, ...]]] = []
+    pending: list[tuple[str, str, str, list[dict[str, str]], Any, Media]] = []
 
     def flush() -> None:
         nonlocal filtered, truncated
         all_ids = tokenize(tokenizer, [p[2] for p in pending], raw)
-        for (file, where, text, messages, fields, images), ids in zip(pending, all_ids):
+        for (file, where, text, messages, fields, (images, videos)), ids in zip(pending, all_ids):
             if not ids:
                 issue = RowIssue(file, where, "prompt is empty after templating")
                 _report(issue, cfg, key, len(skipped))
@@ -186,13 +193,14 @@ def build_dataset(
                     continue
                 if cfg.truncation == "error":
                     raise _overlong(location, len(ids), cfg)
-                if images:  # cutting would drop image tokens the images still need
+                if images or videos:  # cutting would drop tokens the pixels still need
+                    what = "images" if images else "videos"
                     issue = RowIssue(
                         file,
                         where,
-                        f"prompt with images has {len(ids)} tokens, more than "
+                        f"prompt with {what} has {len(ids)} tokens, more than "
                         f"max_prompt_length={cfg.max_prompt_length}, and truncating it would "
-                        "cut image tokens",
+                        f"cut {what[:-1]} tokens",
                     )
                     _report(issue, cfg, key, len(skipped))
                     skipped.append(issue)
@@ -211,6 +219,7 @@ def build_dataset(
                     extra_info=fields.extra_info,
                     source=location,
                     images=images,
+                    videos=videos,
                 )
             )
         pending.clear()
@@ -225,12 +234,13 @@ def build_dataset(
             if item.problem is not None:
                 raise RowProblem(item.problem)
             assert item.row is not None
-            fields = parse_row(item.row, cfg)
-            images = row_images(item.row, cfg, vision, item.file, item.where)
-            if images:
-                assert vision is not None  # row_images raises without one
+            row = ROW_FORMATS.get(cfg.row_format)(item.row, cfg)
+            fields = parse_row(row, cfg)
+            images, videos = row_media(row, cfg, vision, item.file, item.where)
+            if images or videos:
+                assert vision is not None  # row_media raises without one
                 messages = with_system(fields.messages, cfg.system_prompt)
-                text = vision.render(messages, images, cfg)
+                text = vision.render(messages, images, cfg, videos)
             else:
                 text, messages = render(fields, cfg, tokenizer)
         except RowProblem as err:
@@ -238,7 +248,7 @@ def build_dataset(
             _report(issue, cfg, key, len(skipped))
             skipped.append(issue)
             continue
-        pending.append((item.file, item.where, text, messages, fields, images))
+        pending.append((item.file, item.where, text, messages, fields, (images, videos)))
         if len(pending) >= _TOKENIZE_CHUNK:
             flush()
     flush()

@@ -1,4 +1,4 @@
-"""Images in prompt data, and the inputs a vision-language model takes for them.
+"""Images and videos in prompt data, and the inputs a vision-language model takes for them.
 
 The data convention is verl's (geometry3k's preprocessing writes it; ROLL's VL pipeline
 reads the same columns):
@@ -18,10 +18,14 @@ reads the same columns):
   (:func:`smart_resize`); then each image placeholder is expanded to that image's number
   of tokens, ``(h / factor) · (w / factor)``, so prompt lengths (and the length limit)
   count the tokens the model really sees.
-- A row whose image is missing or undecodable, whose placeholders do not match its
-  images, or that has videos or audio (``data.video_key``, ``data.audio_key``; not
-  supported) is reported like any malformed row (``file:row N: reason``) and skipped, or fails the load with
-  ``data.bad_rows=error``.
+- Videos (``data.video_key``, ``videos``) go where the prompt says ``<video>``, the same
+  way: the content part ``{"type": "video"}`` renders as the video placeholder
+  (``<|vision_start|><|video_pad|><|vision_end|>``), expanded to the video's tokens.
+  Which frames, and at what size, is :mod:`temper.data.video`'s.
+- A row whose image or video is missing or undecodable, whose placeholders do not match
+  its images and videos, or that has audio (``data.audio_key``; not supported) is
+  reported like any malformed row (``file:row N: reason``) and skipped, or fails the
+  load with ``data.bad_rows=error``.
 
 Model inputs are built from the processor's parts — the image processor, the tokenizer
 and the chat template — exactly as the model's ``AutoProcessor`` builds them (it replaces
@@ -34,9 +38,13 @@ test (``tests/unit/data/test_vision_processor.py``) that runs where torchvision 
 Per prompt, collation adds two object columns (verl's names), shared by reference by the
 ``n`` responses of the prompt:
 
-- ``multi_modal_data``: ``{"image": [PIL images, resized]}`` — what vLLM takes;
+- ``multi_modal_data``: ``{"image": [PIL images, resized]}`` (and ``"video"``: per video
+  its list of frames, resized) — what vLLM takes;
 - ``multi_modal_inputs``: ``{"pixel_values": (patches, C·T·P·P), "image_grid_thw": (k, 3)}``
-  — what the model's forward takes (HF generate, the trainer's forwards).
+  and, for videos, ``pixel_values_videos`` / ``video_grid_thw`` (plus
+  ``second_per_grid_ts``, the seconds per temporal patch, for models whose M-RoPE
+  advances with time: Qwen2.5-VL) — what the model's forward takes (HF generate, the
+  trainer's forwards).
 """
 
 from __future__ import annotations
@@ -57,6 +65,18 @@ import torch
 from temper.config.schema import DataConfig
 from temper.data.errors import DataError, RowProblem
 from temper.data.prompts import MISSING, get_path
+from temper.data.video import (
+    VIDEO_DICT_KEYS,
+    Sampling,
+    VideoInput,
+    decode_frames,
+    frame_indices,
+    frame_list_indices,
+    frame_pixel_bounds,
+    num_frames,
+    probe,
+    video_patches,
+)
 
 log = logging.getLogger("temper.data")
 
@@ -66,7 +86,9 @@ MULTI_MODAL_DATA = "multi_modal_data"
 MULTI_MODAL_INPUTS = "multi_modal_inputs"
 MAX_ASPECT_RATIO = 200
 
-_PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
+_PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
+#: The content part each placeholder becomes.
+_PART = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
 
 
 def smart_resize(
@@ -194,7 +216,8 @@ def _template_from_files(path: str) -> str | None:
 
 
 class VisionProcessor:
-    """Turns prompts with images into a vision-language model's inputs (module doc)."""
+    """Turns prompts with images and videos into a vision-language model's inputs
+    (module doc)."""
 
     def __init__(
         self,
@@ -204,6 +227,8 @@ class VisionProcessor:
         min_pixels: int | None = None,
         max_pixels: int | None = None,
         image_folder: str | None = None,
+        timed_video: bool = False,
+        timestamped_video: bool = False,
     ) -> None:
         for attr in ("patch_size", "merge_size", "temporal_patch_size"):
             if getattr(image_processor, attr, None) is None:
@@ -218,7 +243,12 @@ class VisionProcessor:
         self.image_processor = image_processor
         self.patch_size = int(image_processor.patch_size)
         self.merge_size = int(image_processor.merge_size)
+        self.temporal_patch_size = int(image_processor.temporal_patch_size)
         self.factor = self.patch_size * self.merge_size
+        # Qwen2.5-VL's M-RoPE advances video tokens by seconds (second_per_grid_ts)
+        self.timed_video = timed_video
+        # Qwen3-VL writes a timestamp before each frame pair of a video (its processor)
+        self.timestamped_video = timestamped_video
         size = dict(image_processor.size or {})
         self.min_pixels = int(min_pixels or size.get("shortest_edge") or 4 * self.factor**2)
         self.max_pixels = int(max_pixels or size.get("longest_edge") or 16384 * self.factor**2)
@@ -234,6 +264,7 @@ class VisionProcessor:
         self.image_folder = image_folder
         self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
         self.image_token_id = int(tokenizer.convert_tokens_to_ids(self.image_token))
+        self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
         vocab = tokenizer.get_vocab()
         self.vision_start = "<|vision_start|>" if "<|vision_start|>" in vocab else ""
         self.vision_end = "<|vision_end|>" if "<|vision_end|>" in vocab else ""
@@ -243,6 +274,7 @@ class VisionProcessor:
                 f"the tokenizer has no image token {self.image_token!r}",
                 "use the vision-language model's own tokenizer",
             )
+        self.has_video_token = self.video_token in vocab
 
     # ----------------------------------------------------------------- images of a row
 
@@ -255,19 +287,12 @@ class VisionProcessor:
             return ()
         if not isinstance(value, (list, tuple)):
             value = [value]
-        base = Path(os.path.expanduser(self.image_folder)) if self.image_folder else None
-        base_dir = base if base is not None else Path(data_file).parent
+        base_dir = _base_dir(self.image_folder, data_file)
         images = []
         for i, item in enumerate(value):
             where = f"image {i} of column '{cfg.image_key}'"
             data = _image_bytes(item, base_dir, where)
-            try:
-                img = decode(data)
-            except Exception as err:  # PIL raises many types for broken files
-                reason = re.sub(r" <[^>]* at 0x[0-9a-f]+>", "", str(err))  # no addresses
-                raise RowProblem(
-                    f"{where} cannot be decoded ({type(err).__name__}: {reason})"
-                ) from err
+            img = _decoded(data, where)
             low = _pixel_limit(item, "min_pixels", self.min_pixels, where)
             high = _pixel_limit(item, "max_pixels", self.max_pixels, where)
             try:
@@ -278,32 +303,109 @@ class VisionProcessor:
             images.append(ImageInput(data, h, w, tokens))
         return tuple(images)
 
+    # ----------------------------------------------------------------- videos of a row
+
+    def read_videos(
+        self, row: dict[str, Any], cfg: DataConfig, data_file: str
+    ) -> tuple[VideoInput, ...]:
+        """The videos of ``row`` (column ``data.video_key``): frames chosen and sized
+        (:mod:`temper.data.video`); a file's first frame is decoded here, so a missing
+        or undecodable video is this row's problem, not a later step's."""
+        value = get_path(row, cfg.video_key)
+        if value is None or value is MISSING:
+            return ()
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        if value and not self.has_video_token:
+            raise RowProblem(
+                f"column '{cfg.video_key}' holds videos, but the tokenizer has no video token "
+                f"{self.video_token!r}"
+            )
+        base_dir = _base_dir(cfg.video_folder, data_file)
+        return tuple(
+            self._read_video(item, _sampling(item, cfg, f"video {i}"), base_dir, f"video {i}")
+            for i, item in enumerate(value)
+        )
+
+    def _read_video(self, item: Any, sampling: Sampling, base_dir: Path, where: str) -> VideoInput:
+        inner = item.get("video") if isinstance(item, dict) else item
+        if isinstance(inner, (list, tuple)):  # a list of frames
+            if not inner:
+                raise RowProblem(f"{where} is an empty list of frames")
+            indices = frame_list_indices(len(inner), sampling.max_frames)
+            used = sorted(set(indices))
+            data = {j: _image_bytes(inner[j], base_dir, f"frame {j} of {where}") for j in used}
+            first = _decoded(data[used[0]], f"frame {used[0]} of {where}")
+            for j in used[1:]:
+                _decoded(data[j], f"frame {j} of {where}")
+            # the list's own positions become 0..k-1 of the kept frames
+            position = {j: k for k, j in enumerate(used)}
+            source: str | tuple[bytes, ...] = tuple(data[j] for j in used)
+            taken = tuple(position[j] for j in indices)
+            fps = sampling.sample_fps or sampling.fps
+            times = tuple(j / fps for j in indices)
+            height, width = first.height, first.width
+        elif isinstance(inner, str):
+            path = _local_path(inner, base_dir, where)
+            if not path.is_file():
+                raise RowProblem(f"{where}: no video file at {path}")
+            try:
+                info = probe(path)
+            except RowProblem as err:
+                raise RowProblem(f"{where}: {err}") from err
+            try:
+                n = num_frames(info.frames, info.fps, sampling)
+            except ValueError as err:
+                raise RowProblem(f"{where} ({path.name}): {err}") from err
+            taken = tuple(frame_indices(info.frames, n))
+            fps = n / info.frames * info.fps if info.fps > 0 else sampling.fps
+            rate = info.fps if info.fps > 0 else fps
+            times = tuple(i / rate for i in taken)
+            source, height, width = str(path), info.height, info.width
+        else:
+            raise RowProblem(
+                f"{where} must be a path, a list of frames or a dict with 'video', "
+                f"got {type(inner).__name__}"
+            )
+        low, high = frame_pixel_bounds(len(taken), self.factor, sampling)
+        try:
+            h, w = smart_resize(height, width, self.factor, low, int(high))
+        except ValueError as err:
+            raise RowProblem(f"{where}: {err}") from err
+        tokens = len(taken) // self.temporal_patch_size * (h // self.factor) * (w // self.factor)
+        return VideoInput(source, taken, h, w, fps, tokens, times)
+
     # ----------------------------------------------------------------- prompt text
 
     def split_messages(
-        self, messages: list[dict[str, Any]], num_images: int
+        self, messages: list[dict[str, Any]], num_images: int, num_videos: int = 0
     ) -> list[dict[str, Any]]:
-        """``<image>`` marks → content parts; their count must equal ``num_images``."""
+        """``<image>`` / ``<video>`` marks → content parts; their counts must equal
+        ``num_images`` and ``num_videos``."""
         out: list[dict[str, Any]] = []
-        seen = 0
+        seen = {IMAGE_PLACEHOLDER: 0, VIDEO_PLACEHOLDER: 0}
         for msg in messages:
             content = msg["content"]
-            if IMAGE_PLACEHOLDER not in content:
+            if not _PLACEHOLDERS.search(content):
                 out.append(dict(msg))
                 continue
             parts: list[dict[str, Any]] = []
             for piece in _PLACEHOLDERS.split(content):
-                if piece == IMAGE_PLACEHOLDER:
-                    parts.append({"type": "image"})
-                    seen += 1
+                if piece in _PART:
+                    parts.append({"type": _PART[piece]})
+                    seen[piece] += 1
                 elif piece:
                     parts.append({"type": "text", "text": piece})
             out.append({**msg, "content": parts})
-        if seen != num_images:
-            raise RowProblem(
-                f"the prompt has {seen} {IMAGE_PLACEHOLDER} mark(s) for {num_images} image(s); "
-                f"put one {IMAGE_PLACEHOLDER} where each image goes"
-            )
+        for mark, count, what in (
+            (IMAGE_PLACEHOLDER, num_images, "image"),
+            (VIDEO_PLACEHOLDER, num_videos, "video"),
+        ):
+            if seen[mark] != count:
+                raise RowProblem(
+                    f"the prompt has {seen[mark]} {mark} mark(s) for {count} {what}(s); "
+                    f"put one {mark} where each {what} goes"
+                )
         return out
 
     def render(
@@ -311,65 +413,108 @@ class VisionProcessor:
         messages: list[dict[str, Any]],
         images: Sequence[ImageInput],
         cfg: DataConfig,
+        videos: Sequence[VideoInput] = (),
     ) -> str:
-        """The prompt text with every image placeholder expanded to its image's tokens.
+        """The prompt text with every image and video placeholder expanded to its tokens.
 
-        ``messages`` hold ``<image>`` marks (system prompt already added). Chat templates
-        (native or a Jinja string) render content parts; ``raw`` puts the placeholder
-        sequence where the mark is.
+        ``messages`` hold ``<image>`` / ``<video>`` marks (system prompt already added).
+        Chat templates (native or a Jinja string) render content parts; ``raw`` puts the
+        placeholder sequence where the mark is.
         """
         if cfg.chat_template == "raw":
-            mark = f"{self.vision_start}{self.image_token}{self.vision_end}"
-            text = "\n\n".join(m["content"] for m in messages).replace(IMAGE_PLACEHOLDER, mark)
-            if text.count(self.image_token) != len(images):
-                raise RowProblem(
-                    f"the prompt has {text.count(self.image_token)} image marks for "
-                    f"{len(images)} image(s)"
-                )
+            text = "\n\n".join(m["content"] for m in messages)
+            for mark, token, count in (
+                (IMAGE_PLACEHOLDER, self.image_token, len(images)),
+                (VIDEO_PLACEHOLDER, self.video_token, len(videos)),
+            ):
+                text = text.replace(mark, f"{self.vision_start}{token}{self.vision_end}")
+                if text.count(token) != count:
+                    raise RowProblem(
+                        f"the prompt has {text.count(token)} {mark} marks for {count} "
+                        f"{mark.strip('<>')}(s)"
+                    )
         else:
             kwargs: dict[str, Any] = dict(cfg.apply_chat_template_kwargs or {})
             kwargs.update(tokenize=False, add_generation_prompt=True)
             if cfg.chat_template != "native":
                 kwargs["chat_template"] = cfg.chat_template
-            parts = self.split_messages(messages, len(images))
+            parts = self.split_messages(messages, len(images), len(videos))
             text = self.tokenizer.apply_chat_template(parts, **kwargs)
-        return self.expand(text, [img.tokens for img in images])
+        text = self.expand(text, [img.tokens for img in images])
+        videos_text = [self.video_text(v) for v in videos]
+        return _replace_each(text, self.video_token, videos_text, "video")
 
     def expand(self, text: str, counts: Sequence[int]) -> str:
         """Each image token of ``text`` repeated as many times as its image has tokens."""
-        pieces = text.split(self.image_token)
-        if len(pieces) - 1 != len(counts):
-            raise RowProblem(
-                f"the chat template wrote {len(pieces) - 1} image placeholders for "
-                f"{len(counts)} image(s); does it render image content parts?"
-            )
-        out = [pieces[0]]
-        for count, piece in zip(counts, pieces[1:]):
-            out.append(self.image_token * count)
-            out.append(piece)
-        return "".join(out)
+        return _replace_each(
+            text, self.image_token, [self.image_token * n for n in counts], "image"
+        )
+
+    def video_text(self, video: VideoInput) -> str:
+        """What a video's placeholder token becomes: its tokens; for a timestamped model
+        (Qwen3-VL), per temporal patch ``<t seconds>`` and that patch's tokens between
+        vision start and end marks (its processor's ``replace_video_token``)."""
+        if not self.timestamped_video:
+            return self.video_token * video.tokens
+        groups = len(video.indices) // self.temporal_patch_size
+        per_group = video.tokens // groups
+        return "".join(
+            f"<{t:.1f} seconds>{self.vision_start}{self.video_token * per_group}{self.vision_end}"
+            for t in video.patch_times(self.temporal_patch_size)
+        )
 
     # ----------------------------------------------------------------- model inputs
 
     def model_inputs(
-        self, images: Sequence[ImageInput]
+        self, images: Sequence[ImageInput], videos: Sequence[VideoInput] = ()
     ) -> tuple[dict[str, list[Any]], dict[str, torch.Tensor]]:
-        """``(multi_modal_data, multi_modal_inputs)`` of one prompt's images (module doc)."""
-        if not images:
-            return {}, {}
-        pil = [decode(img.data).resize((img.width, img.height), resample=3) for img in images]
-        out = self.image_processor(images=pil, return_tensors="pt")
-        inputs = {
-            "pixel_values": out["pixel_values"],
-            "image_grid_thw": out["image_grid_thw"].to(torch.long),
-        }
-        tokens = (inputs["image_grid_thw"].prod(dim=1) // self.merge_size**2).tolist()
-        if tokens != [img.tokens for img in images]:  # the processor resized again
-            raise RuntimeError(
-                f"image processor made {tokens} tokens of images sized for "
-                f"{[img.tokens for img in images]}; its resize rule differs from temper's"
-            )
-        return {"image": pil}, inputs
+        """``(multi_modal_data, multi_modal_inputs)`` of one prompt's images and videos
+        (module doc)."""
+        data: dict[str, list[Any]] = {}
+        inputs: dict[str, torch.Tensor] = {}
+        if images:
+            pil = [decode(img.data).resize((img.width, img.height), resample=3) for img in images]
+            out = self.image_processor(images=pil, return_tensors="pt")
+            inputs["pixel_values"] = out["pixel_values"]
+            inputs["image_grid_thw"] = out["image_grid_thw"].to(torch.long)
+            tokens = (inputs["image_grid_thw"].prod(dim=1) // self.merge_size**2).tolist()
+            if tokens != [img.tokens for img in images]:  # the processor resized again
+                raise RuntimeError(
+                    f"image processor made {tokens} tokens of images sized for "
+                    f"{[img.tokens for img in images]}; its resize rule differs from temper's"
+                )
+            data["image"] = pil
+        if videos:
+            frames = [self.video_frames(v) for v in videos]
+            patches, grids = [], []
+            for video in frames:
+                values, grid = video_patches(
+                    video,
+                    patch_size=self.patch_size,
+                    merge_size=self.merge_size,
+                    temporal_patch_size=self.temporal_patch_size,
+                    rescale_factor=float(self.image_processor.rescale_factor),
+                    mean=self.image_processor.image_mean,
+                    std=self.image_processor.image_std,
+                )
+                patches.append(values)
+                grids.append(grid)
+            inputs["pixel_values_videos"] = torch.cat(patches)
+            inputs["video_grid_thw"] = torch.tensor(grids, dtype=torch.long)
+            if self.timed_video:
+                inputs["second_per_grid_ts"] = torch.tensor(
+                    [self.temporal_patch_size / v.fps for v in videos], dtype=torch.float32
+                )
+            data["video"] = frames
+        return data, inputs
+
+    def video_frames(self, video: VideoInput) -> list[Any]:
+        """The taken frames of ``video`` as RGB PIL images of its size."""
+        if isinstance(video.source, str):
+            frames = decode_frames(video.source, video.indices)
+        else:
+            frames = [decode(video.source[i]) for i in video.indices]
+        return [f.resize((video.width, video.height), resample=3) for f in frames]
 
 
 def load_vision_processor(
@@ -427,18 +572,103 @@ def load_vision_processor(
         min_pixels=cfg.image_min_pixels,
         max_pixels=cfg.image_max_pixels,
         image_folder=cfg.image_folder,
+        timed_video=getattr(config.vision_config, "tokens_per_second", None) is not None,
+        timestamped_video=_processor_name(config) in TIMESTAMPED_VIDEO_PROCESSORS,
     )
 
 
-def check_no_videos(row: dict[str, Any], cfg: DataConfig) -> None:
-    """Rows with videos or audio are reported: those inputs are not supported (images are)."""
-    for key, held, kind in ((cfg.video_key, "videos", "video"), (cfg.audio_key, "audio", "audio")):
-        value = get_path(row, key)
-        if isinstance(value, (list, tuple, str, bytes, dict)) and value:
-            raise RowProblem(
-                f"column '{key}' holds {held}: {kind} inputs are not supported "
-                f"(images are); drop the row's {held} or the row"
-            )
+#: Processors that put a timestamp (``<1.5 seconds>``) before each temporal patch of a
+#: video (:meth:`VisionProcessor.video_text` writes them the same way).
+TIMESTAMPED_VIDEO_PROCESSORS = frozenset({"Qwen3VLProcessor"})
+
+
+def _processor_name(config: Any) -> str | None:
+    """The class name of the processor transformers pairs with this model type."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    return PROCESSOR_MAPPING_NAMES.get(getattr(config, "model_type", ""))
+
+
+def _replace_each(text: str, token: str, replacements: Sequence[str], what: str) -> str:
+    """``text`` with its i-th ``token`` replaced by ``replacements[i]``; their counts
+    must agree (the chat template wrote one placeholder per image or video)."""
+    pieces = text.split(token)
+    if len(pieces) - 1 != len(replacements):
+        raise RowProblem(
+            f"the chat template wrote {len(pieces) - 1} {what} placeholders for "
+            f"{len(replacements)} {what}(s); does it render {what} content parts?"
+        )
+    out = [pieces[0]]
+    for replacement, piece in zip(replacements, pieces[1:]):
+        out.append(replacement)
+        out.append(piece)
+    return "".join(out)
+
+
+def _base_dir(folder: str | None, data_file: str) -> Path:
+    """Where relative paths start: the configured folder, else the data file's directory."""
+    return Path(os.path.expanduser(folder)) if folder else Path(data_file).parent
+
+
+def _local_path(text: str, base_dir: Path, where: str) -> Path:
+    text = text.removeprefix("file://")
+    if text.startswith(("http://", "https://")):
+        raise RowProblem(f"{where} is a URL ({text[:60]}); videos must be local files")
+    path = Path(os.path.expanduser(text))
+    return path if path.is_absolute() else base_dir / path
+
+
+def _decoded(data: bytes, where: str) -> Any:
+    try:
+        return decode(data)
+    except Exception as err:  # PIL raises many types for broken files
+        reason = re.sub(r" <[^>]* at 0x[0-9a-f]+>", "", str(err))  # no addresses
+        raise RowProblem(f"{where} cannot be decoded ({type(err).__name__}: {reason})") from err
+
+
+def _sampling(item: Any, cfg: DataConfig, where: str) -> Sampling:
+    """The config's video sampling, with a video dict's own keys over it (module doc of
+    :mod:`temper.data.video`)."""
+    base = Sampling(
+        fps=cfg.video_fps,
+        max_frames=cfg.video_max_frames,
+        min_pixels=cfg.video_min_pixels,
+        max_pixels=cfg.video_max_pixels,
+        total_pixels=cfg.video_total_pixels,
+    )
+    if not isinstance(item, dict):
+        return base
+    unknown = sorted(set(item) - set(VIDEO_DICT_KEYS))
+    if unknown:
+        raise RowProblem(
+            f"{where} has keys temper does not read ({', '.join(unknown)}); it reads "
+            f"{', '.join(VIDEO_DICT_KEYS)} (clip ranges such as video_start are not supported)"
+        )
+    if "fps" in item and "nframes" in item:
+        raise RowProblem(f"{where} sets both fps and nframes; give one")
+    changes: dict[str, Any] = {}
+    for field in dataclasses.fields(Sampling):
+        if item.get(field.name) is not None:
+            try:
+                changes[field.name] = float(item[field.name])
+            except (TypeError, ValueError) as err:
+                raise RowProblem(
+                    f"{where}: {field.name} must be a number, got {item[field.name]!r}"
+                ) from err
+            if field.name in ("min_frames", "max_frames", "nframes", "min_pixels", "max_pixels"):
+                changes[field.name] = int(changes[field.name])
+    return dataclasses.replace(base, **changes)
+
+
+def check_no_audio(row: dict[str, Any], cfg: DataConfig) -> None:
+    """Rows with audio are reported: audio inputs are not supported (images and videos are)."""
+    value = get_path(row, cfg.audio_key)
+    if isinstance(value, (list, tuple, str, bytes, dict)) and value:
+        raise RowProblem(
+            f"column '{cfg.audio_key}' holds audio: audio inputs are not supported (the "
+            "Qwen-Omni audio encoder is not in temper's vision-language family; images and "
+            "videos are); drop the row's audio or the row"
+        )
 
 
 # --------------------------------------------------------------------------- model kwargs
@@ -466,35 +696,48 @@ def stack_inputs(rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     return {k: torch.cat([row[k] for row in rows if k in row], dim=0) for k in keys}
 
 
-def has_images(rows: Sequence[dict[str, Any]] | None) -> bool:
-    """Whether any of these ``multi_modal_inputs`` carries pixel values."""
-    return bool(rows) and any("pixel_values" in r for r in rows or ())
+def has_pixels(rows: Sequence[dict[str, Any]] | None) -> bool:
+    """Whether any of these ``multi_modal_inputs`` carries pixel values (of images or
+    videos)."""
+    return bool(rows) and any("pixel_values" in r or "pixel_values_videos" in r for r in rows or ())
 
 
-def row_images(
+def _present(value: Any) -> bool:
+    return not (
+        value is None or value is MISSING or (isinstance(value, (list, tuple)) and not value)
+    )
+
+
+def row_media(
     row: dict[str, Any],
     cfg: DataConfig,
     vision: VisionProcessor | None,
     data_file: str,
     where: str,
-) -> tuple[ImageInput, ...]:
-    """The images of one dataset row (empty for a text row); see the module doc.
+) -> tuple[tuple[ImageInput, ...], tuple[VideoInput, ...]]:
+    """The images and videos of one dataset row (empty for a text row); see the module doc.
 
-    Raises :class:`RowProblem` for a bad image or a row with videos, and
-    :class:`DataError` when the row has images but the model has no vision tower.
+    Raises :class:`RowProblem` for a bad image or video or a row with audio, and
+    :class:`DataError` when the row has images or videos but the model has no vision tower.
     """
-    check_no_videos(row, cfg)
-    value = get_path(row, cfg.image_key)
-    if value is None or value is MISSING or (isinstance(value, (list, tuple)) and not value):
-        return ()
+    check_no_audio(row, cfg)
+    wanted = [
+        (key, what)
+        for key, what in ((cfg.image_key, "images"), (cfg.video_key, "videos"))
+        if _present(get_path(row, key))
+    ]
+    if not wanted:
+        return (), ()
     if vision is None:
+        key, what = wanted[0]
+        ckey = "data.image_key" if what == "images" else "data.video_key"
         raise DataError(
-            "data.image_key",
-            f"{data_file}:{where} has images in column '{cfg.image_key}', but model.path is "
+            ckey,
+            f"{data_file}:{where} has {what} in column '{key}', but model.path is "
             "not a vision-language model (its config has no vision_config)",
-            "use a vision-language model (e.g. Qwen2.5-VL), or drop the image column",
+            f"use a vision-language model (e.g. Qwen2.5-VL), or drop the {what} column",
         )
-    return vision.read_images(row, cfg, data_file)
+    return vision.read_images(row, cfg, data_file), vision.read_videos(row, cfg, data_file)
 
 
 def collapse_image_tokens(ids: Sequence[int], image_id: int, counts: Sequence[int]) -> list[int]:

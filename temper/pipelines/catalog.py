@@ -81,6 +81,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
     "env_manager": lambda: _registry("temper.pipelines.env_managers", "ENV_MANAGERS").names(),
     "tracker": lambda: _registry("temper.tracking", "TRACKERS").names(),
     "lr_scheduler": lambda: _registry("temper.training.schedule", "SCHEDULES").names(),
+    "row_format": lambda: _registry("temper.data.row_formats", "ROW_FORMATS").names(),
 }
 
 #: Registries whose entries declare needs: name -> the registry (module, attribute).

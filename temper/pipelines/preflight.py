@@ -434,8 +434,28 @@ def check_prompt_data(cfg: TemperConfig, notes: list[str]) -> None:
                 f"set {ckey} to the column holding the prompts",
             )
         _check_rewards(cfg, samples, key)
+        _check_video_engine(cfg, columns, key)
         if key == "data.train_files" and cfg.data.source_weights:
             _check_weights(cfg, {tag for _source, tag in samples})
+
+
+def _check_video_engine(cfg: TemperConfig, columns: set[str] | None, key: str) -> None:
+    """Prompts with videos generate on the ``hf`` engine: temper hands vLLM a prompt's
+    images only (vLLM's CPU build cannot run the Qwen2-VL family here, so a video path
+    into it could not be tested)."""
+    from temper.rollout.registry import resolve_engine_name
+
+    column = cfg.data.video_key
+    if columns is None or (column.split(".")[0] not in columns and column not in columns):
+        return
+    if resolve_engine_name(cfg.rollout.engine, cfg.model) != "vllm":
+        return
+    raise ConfigError(
+        "rollout.engine",
+        f"{key} has a video column '{column}', and vLLM rollout of video prompts is not "
+        "supported (temper passes vLLM images only)",
+        "set rollout.engine=hf, which generates from videos",
+    )
 
 
 def check_columns(
@@ -553,7 +573,10 @@ def _scan(
     schema and those two columns, other files from their rows (up to ``MAX_SCAN_ROWS``)."""
     from temper.data.errors import empty_files_error
     from temper.data.prompts import data_source_of, get_path
+    from temper.data.row_formats import ROW_FORMATS
     from temper.data.sources import expand_files, read_file
+
+    row_format = ROW_FORMATS.get(cfg.data.row_format)
 
     columns: set[str] = set()
     samples: set[tuple[str, str]] = set()
@@ -572,11 +595,13 @@ def _scan(
                 raise ConfigError(key, f"cannot read {path}: {err}", "check the file") from err
             columns |= names
             heads = {ds_key.split(".")[0], tag_key.split(".")[0], "data_source"}
-            wanted = [c for c in heads if c in names]
+            wanted = [c for c in (*heads, *row_format.reads) if c in names]
             rows = pq.read_table(path, columns=wanted).to_pylist() if wanted else [{}]
         else:
             rows = _rows(read_file(path, key), columns, read)
-        for row in rows:
+        for raw in rows:
+            row = _formatted(row_format, raw, cfg)
+            columns |= set(row)
             source = data_source_of(row, ds_key)
             tag = get_path(row, tag_key)
             samples.add(
@@ -585,6 +610,18 @@ def _scan(
     if not read[0]:
         raise empty_files_error(key, paths)
     return columns, samples
+
+
+def _formatted(row_format: Any, row: dict[str, Any], cfg: TemperConfig) -> dict[str, Any]:
+    """``row`` rewritten by ``data.row_format``; as it is where it does not fit (the
+    loader reports that row)."""
+    from temper.data.errors import RowProblem
+
+    try:
+        out: dict[str, Any] = row_format(row, cfg.data)
+    except RowProblem:
+        return row
+    return out
 
 
 def _rows(

@@ -33,6 +33,7 @@ from temper.rewards.functions import (
     gsm8k,
     ifeval,
     math_boxed,
+    video_r1,
     visual,
 )
 
@@ -75,6 +76,8 @@ REWARD_FUNCTIONS.add("code", RewardEntry(code.compute_score))
 REWARD_FUNCTIONS.add("ifeval", RewardEntry(ifeval.compute_score))
 REWARD_FUNCTIONS.add("visual_color", RewardEntry(visual.visual_color_score))
 REWARD_FUNCTIONS.add("geo3k", RewardEntry(visual.geo3k_score))
+# ROLL's VideoR1RewardWorker: accuracy by problem type + the think/answer format
+REWARD_FUNCTIONS.add("video_r1", RewardEntry(video_r1.compute_score))
 # ROLL's DetectionRewardWorker: Qwen2.5 models answer in pixels of the shown image
 REWARD_FUNCTIONS.add(
     "detection",

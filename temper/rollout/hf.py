@@ -48,7 +48,7 @@ from temper.config.schema import DTYPES, Dtype
 from temper.data.batch import Batch
 from temper.data.vision import (
     MULTI_MODAL_INPUTS,
-    has_images,
+    has_pixels,
     stack_inputs,
     token_type_ids,
     vision_token_ids,
@@ -318,7 +318,7 @@ class HFRolloutEngine(RolloutEngine):
         input_ids = prompt_ids[:, first:].to(device)
         attention_mask = prompt_mask[:, first:].to(device)
         vision: dict[str, torch.Tensor] = {}
-        if mm_inputs is not None and has_images(mm_inputs):
+        if mm_inputs is not None and has_pixels(mm_inputs):
             # every row's own pixel inputs (the n rows of a prompt share one dict), and
             # token types from which the model computes its M-RoPE positions
             vision = {k: v.to(device) for k, v in stack_inputs(mm_inputs).items()}

@@ -36,7 +36,7 @@ from torch import nn
 from temper.data.batch import Batch
 from temper.data.vision import (
     MULTI_MODAL_INPUTS,
-    has_images,
+    has_pixels,
     stack_inputs,
     token_type_ids,
     vision_token_ids,
@@ -50,7 +50,7 @@ def vision_forward_inputs(
     """Keyword arguments that replace/extend the text forward's, and a context to run
     the forward in; ``({}, nullcontext())`` when no row of ``mb`` has images."""
     rows = mb.objects.get(MULTI_MODAL_INPUTS)
-    if rows is None or not has_images(rows):
+    if rows is None or not has_pixels(rows):
         return {}, contextlib.nullcontext()
     device = inp.input_ids.device
     image_id, video_id = vision_token_ids(model.config)

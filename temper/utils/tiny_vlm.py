@@ -1,4 +1,4 @@
-"""A tiny random Qwen2-VL (vision-language) model with a real tokenizer, built offline.
+"""A tiny random Qwen2-VL-family (vision-language) model with a real tokenizer, built offline.
 
 The vision-language counterpart of :mod:`temper.utils.tiny`: two text layers, a two-block
 vision tower, and the byte-level tokenizer of the tiny text model plus the special tokens
@@ -102,8 +102,9 @@ def make_tiny_vlm(
     family: str = "qwen2_vl",
 ) -> Path:
     """Write a tiny ``Qwen2VLForConditionalGeneration`` (``family="qwen2_5_vl"``:
-    ``Qwen2_5_VLForConditionalGeneration``, windowed vision attention) + tokenizer +
-    image processor.
+    ``Qwen2_5_VLForConditionalGeneration``, windowed vision attention; ``"qwen3_vl"``:
+    ``Qwen3VLForConditionalGeneration``, 16-pixel patches and deepstack features) +
+    tokenizer + image processor.
 
     Idempotent (a stamp file records the arguments). The text head size is
     ``hidden_size / num_heads`` (32 by default, which vLLM's CPU attention supports);
@@ -118,8 +119,8 @@ def make_tiny_vlm(
         Qwen2VLImageProcessorPil,
     )
 
-    if family not in ("qwen2_vl", "qwen2_5_vl"):
-        raise ValueError(f"family must be qwen2_vl or qwen2_5_vl, got {family!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
     out = Path(out_dir)
     stamp = out / "temper_tiny_vlm.json"
@@ -141,19 +142,32 @@ def make_tiny_vlm(
         return out
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_vl_tokenizer(out)
-    Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(str(out))
+    patch = 16 if family == "qwen3_vl" else 14
+    # pixel limits are given for 14-pixel patches: scale them to this family's patch area
+    scale = (patch / 14) ** 2
+    Qwen2VLImageProcessorPil(
+        min_pixels=int(min_pixels * scale), max_pixels=int(max_pixels * scale), patch_size=patch
+    ).save_pretrained(str(out))
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     head = hidden_size // num_heads
     unit = head // 16  # M-RoPE sections (t, h, w) sum to head / 2, as 16/24/24 of 128
     vision: dict[str, Any] = dict(
         depth=vision_depth,
         num_heads=vision_heads,
-        patch_size=14,
+        patch_size=patch,
         spatial_merge_size=2,
         temporal_patch_size=2,
     )
     if family == "qwen2_vl":
         vision.update(embed_dim=vision_embed_dim, hidden_size=hidden_size, mlp_ratio=2)
+    elif family == "qwen3_vl":  # learned position grid (a square count) and deepstack
+        vision.update(
+            hidden_size=vision_embed_dim,
+            intermediate_size=2 * vision_embed_dim,
+            out_hidden_size=hidden_size,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        )
     else:  # 2.5: the tower's width is hidden_size, its output out_hidden_size
         vision.update(
             hidden_size=vision_embed_dim,
@@ -162,13 +176,15 @@ def make_tiny_vlm(
             window_size=56,
             fullatt_block_indexes=[vision_depth - 1],
         )
-    config_cls, model_cls = (
-        (Qwen2VLConfig, Qwen2VLForConditionalGeneration)
-        if family == "qwen2_vl"
-        else (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)
-    )
+    config_cls, model_cls = {
+        "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
+        "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
+        "qwen3_vl": _qwen3_vl_classes(),
+    }[family]
+    text_extra: dict[str, Any] = {"head_dim": head} if family == "qwen3_vl" else {}
     config = config_cls(
         text_config=dict(
+            **text_extra,
             vocab_size=len(tokenizer),
             hidden_size=hidden_size,
             intermediate_size=intermediate_size,
@@ -200,6 +216,17 @@ def make_tiny_vlm(
     model.save_pretrained(str(out))
     stamp.write_text(json.dumps(spec))
     return out
+
+
+#: Model families :func:`make_tiny_vlm` builds.
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+def _qwen3_vl_classes() -> tuple[Any, Any]:
+    """Qwen3-VL's config and model classes (transformers ≥ 5 has them)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    return Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 
 def main() -> None:

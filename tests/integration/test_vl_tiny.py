@@ -271,3 +271,53 @@ def test_fsdp2_two_ranks_match_one_process_on_images(tmp_path, tiny_vlm_dir, fre
     visual = [k for k in before if k.startswith("model.visual.")]
     unchanged = [k for k in visual if torch.equal(before[k], got[k])]
     assert unchanged == (visual if freeze else [])
+
+
+def test_qwen3_vl_trains_on_image_rows(tmp_path, monkeypatch):
+    """A tiny Qwen3-VL (16-pixel patches, deepstack features, its own M-RoPE layout)
+    trains 2 GRPO steps on image rows; a reward with spread (letters in the response)
+    gives the update a gradient, which reaches the vision tower through the images."""
+    from temper.utils.tiny_vlm import make_tiny_vlm
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    model = make_tiny_vlm(tmp_path / "qwen3-vl", family="qwen3_vl")
+    reward = tmp_path / "letters.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return sum(c.isalpha() for c in solution_str) / max(len(solution_str), 1)\n"
+    )
+    cfg = build_config(
+        {
+            "experiment": {
+                "output_dir": str(tmp_path / "run"),
+                "max_steps": 2,
+                "seed": 1,
+                "trackers": ["jsonl"],
+                "save_freq": -1,
+            },
+            "model": {"path": str(model)},
+            "data": {"train_files": [TASK], "train_batch_size": 2, "max_prompt_length": 64},
+            "rollout": {"n": 4, "response_length": 3, "engine": "hf"},
+            "actor": {
+                "mini_batch_size": 8,
+                "micro_batch_size_per_device": 4,
+                "use_kl_loss": True,
+                "optim": {"lr": 1e-2, "weight_decay": 0.0},
+            },
+            "algorithm": {"adv_estimator": "grpo"},
+            "reward": {
+                "function": "custom",
+                "custom_function": {"path": str(reward)},
+                "num_workers": 0,
+                "timeout_s": None,  # in process: no deadline (a test's own function)
+            },
+        }
+    )
+    run_pipeline(cfg)
+    train = [r for r in rows(tmp_path / "run") if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    a = load_file(str(model / "model.safetensors"))
+    b = load_file(str(tmp_path / "run" / "final" / "actor" / "model.safetensors"))
+    moved = [k for k in a if not torch.equal(a[k], b[k])]
+    tower = [k for k in moved if "visual" in k]
+    assert tower and len(moved) > len(tower), moved

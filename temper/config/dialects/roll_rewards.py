@@ -20,6 +20,9 @@ ROLL worker                          temper function   what else it sets
                                                        ``judge_prompt``; its
                                                        ``device_mapping`` places the
                                                        judge (``resources.reward``)
+``VideoR1RewardWorker``              ``video_r1``      the row's ``reward_model``
+                                                       (its problem type) reaches it
+                                                       (``data.extra_info_columns``)
 ``DetectionRewardWorker``            ``detection``     the row's ``reward_model``
                                                        reaches it
                                                        (``data.extra_info_columns``);
@@ -56,6 +59,7 @@ JUDGE_ENGINES = {"vllm": "vllm", "hf_infer": "hf"}
 CODE_COLUMNS = ["case_type", "test_cases", "test_case_function"]
 # ROLL's detection worker reads the whole reward_model of a row (ratios, verifier_parm)
 DETECTION_COLUMNS = ["reward_model"]
+VIDEO_R1_COLUMNS = ["reward_model"]
 DET_ENV = "DET_IOU_THRESHOLD"
 MODEL_PATH = "model_args.model_name_or_path"
 RULE_NOTE = "ROLL's rule reward workers load only a tokenizer"
@@ -128,6 +132,8 @@ def rewards(ctx: Any) -> None:
             _code(ctx, key, spec)
         if function == "detection":
             _detection(ctx, name, spec)
+        if function == "video_r1":  # ROLL's Video-R1 rows hold the problem type there
+            _add_columns(ctx, VIDEO_R1_COLUMNS, f"{key}.worker_cls")
         if function == "llm_judge":
             if judge_domain is not None:
                 raise ConfigError(

@@ -102,6 +102,7 @@ REWARD_WORKERS = {
     "GeneralRuleRewardWorker": "ifeval",
     "LLMJudgeRewardWorker": "llm_judge",
     "DetectionRewardWorker": "detection",
+    "VideoR1RewardWorker": "video_r1",
 }
 # ROLL's per-domain reward keys (``rewards.<name>.<key>``) that a reward function may
 # read as a keyword argument, and which of them each function reads; the others are

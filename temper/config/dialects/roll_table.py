@@ -38,7 +38,13 @@ from temper.config.dialects.roll_rules import (
     zero_none,
 )
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
-from temper.config.dialects.roll_workers import DATA_NOTE, JUDGE_USE, VISION_KEYS, worker_rules
+from temper.config.dialects.roll_workers import (
+    DATA_NOTE,
+    JUDGE_USE,
+    VIDEO_SAMPLING_KEYS,
+    VISION_KEYS,
+    worker_rules,
+)
 
 # --------------------------------------------------------------------------- top level
 
@@ -268,6 +274,10 @@ TOP["validation.data_args.file_name"] = Use("data.val_files (joined with dataset
 for _k in VISION_KEYS:  # one image policy for training and validation prompts
     TOP[f"validation.data_args.{_k}"] = Same(
         f"actor_train.data_args.{_k}", "validation images are sized like training images"
+    )
+for _k in VIDEO_SAMPLING_KEYS:  # and one video policy
+    TOP[f"validation.data_args.{_k}"] = Same(
+        f"actor_train.data_args.{_k}", "validation videos are sampled like training videos"
     )
 TOP["validation.data_args.template"] = Same("actor_train.data_args.template", DATA_NOTE)
 TOP["validation.eval_steps"] = Map("experiment.test_freq")

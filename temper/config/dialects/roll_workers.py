@@ -6,6 +6,8 @@ role; ``roll_table`` adds them to the table.
 
 from __future__ import annotations
 
+from typing import Any
+
 from temper.config.dialects.roll_rules import (
     ATTN,
     DTYPES,
@@ -19,6 +21,7 @@ from temper.config.dialects.roll_rules import (
     choice,
     uniform,
 )
+from temper.config.errors import ConfigError
 
 TRAIN_NOTE = "this role does not train"
 GEN_NOTE = "this role does not generate"
@@ -183,7 +186,39 @@ VIDEO_KEYS = (
     "video_folder",
     "audio_folder",
 )
-NO_VIDEO = "video (and audio) inputs are not supported; rows with videos are reported"
+#: The video keys that set how videos are read (the rest are memory or audio).
+VIDEO_SAMPLING_KEYS = (
+    "video_max_pixels",
+    "video_min_pixels",
+    "video_total_pixels",
+    "video_fps",
+    "video_max_frames",
+    "video_folder",
+)
+NO_AUDIO = (
+    "audio inputs are not supported (the Qwen-Omni audio encoder is not in temper's "
+    "vision-language family; images and videos are)"
+)
+
+
+#: ROLL's custom data functions whose rows temper reads -> data.row_format.
+DATA_FUNCTIONS = {"roll.datasets.vlm_dataset_utils.video_r1_get_data_kwargs": "video_r1"}
+
+
+def _data_function(value: Any) -> str:
+    """``data.row_format`` of a ROLL custom data function (None: rows as they are)."""
+    if value is None:
+        return "none"
+    if value in DATA_FUNCTIONS:
+        return DATA_FUNCTIONS[value]
+    raise ConfigError(
+        "actor_train.data_args.custom_data_kwargs_func",
+        f"'{value}' is not supported: a custom ROLL data function (Python that builds the "
+        "prompts from its own columns, as ROLL's audio_test one does) cannot run here; "
+        f"of them temper reads the rows of {', '.join(DATA_FUNCTIONS)}",
+        "remove custom_data_kwargs_func and give rows a prompt with <video> (or <image>) "
+        "marks and a 'videos' (or 'images') column",
+    )
 
 
 def split_names(value: object) -> list[str]:
@@ -194,20 +229,26 @@ def split_names(value: object) -> list[str]:
 
 def _vision_data_args() -> dict[str, Rule]:
     """actor_train.data_args of ROLL's vision-language pipeline (images: column
-    ``images``, ``<image>`` in the prompt; temper.data.vision)."""
-    rules: dict[str, Rule] = {
+    ``images``, ``<image>`` in the prompt; videos: column ``videos``, ``<video>``;
+    temper.data.vision and temper.data.video)."""
+    return {
         "data_args.image_max_pixels": Map("data.image_max_pixels"),
         "data_args.image_min_pixels": Map("data.image_min_pixels"),
         "data_args.image_folder": Map("data.image_folder"),
-        "data_args.custom_data_kwargs_func": Reject(
-            "a custom ROLL data function cannot run here (ROLL's video_r1 one builds video "
-            f"prompts; {NO_VIDEO})",
-            "remove custom_data_kwargs_func and give rows an 'images' column and <image> marks",
-            ok=lambda v: v is None,
+        "data_args.video_max_pixels": Map("data.video_max_pixels"),
+        "data_args.video_min_pixels": Map("data.video_min_pixels"),
+        "data_args.video_total_pixels": Map("data.video_total_pixels"),
+        "data_args.video_fps": Map("data.video_fps"),
+        "data_args.video_max_frames": Map("data.video_max_frames"),
+        "data_args.video_folder": Map("data.video_folder"),
+        "data_args.video_resize_chunk_frames": Note(
+            "memory only: temper resizes a video's frames one at a time"
         ),
+        "data_args.audio_folder": Reject(
+            NO_AUDIO, "remove audio_folder and the rows' audio", ok=lambda v: v is None
+        ),
+        "data_args.custom_data_kwargs_func": Map("data.row_format", _data_function),
     }
-    rules.update({f"data_args.{k}": Note(NO_VIDEO) for k in VIDEO_KEYS})
-    return rules
 
 
 def _generating_args(role: str) -> dict[str, Rule]:

@@ -23,7 +23,6 @@ from temper.pipelines.catalog import load_config
 
 NEW = "roll-2026-08-8eb27cc/examples"
 OLD = "roll-2025-06-70e9c6c/examples/qwen2.5-vl-7B-math"
-VIDEO = "actor_train.data_args.custom_data_kwargs_func: 'roll.datasets.vlm_dataset_utils"
 # file -> (engine of actor_train, rejection substring or None when it passes)
 FILES: dict[str, tuple[str, str | None]] = {
     f"{NEW}/qwen2_5-vl-3B-rlvr_fsdp2/rlvr_fsdp2_offload.yaml": ("fsdp2", None),
@@ -38,8 +37,9 @@ FILES: dict[str, tuple[str, str | None]] = {
         None,  # the config; its engine (sglang) is the pre-flight's to refuse
     ),
     f"{NEW}/qwen3-vl-30BA3B-rlvr_megatron/rlvr_megatron_ppu.yaml": ("megatron", None),
-    f"{NEW}/qwen3-vl-30BA3B-video-rlvr/video_r1.yaml": ("megatron", VIDEO),
-    f"{NEW}/qwen3-vl-30BA3B-video-rlvr/video_r1_sglang.yaml": ("megatron", VIDEO),
+    # Video-R1: ROLL's data function's rows (data.row_format video_r1), its reward worker
+    f"{NEW}/qwen3-vl-30BA3B-video-rlvr/video_r1.yaml": ("megatron", None),
+    f"{NEW}/qwen3-vl-30BA3B-video-rlvr/video_r1_sglang.yaml": ("megatron", None),
     f"{OLD}/rlvr_math_megatron.yaml": ("megatron", None),
     f"{OLD}/rlvr_math_zero3.yaml": ("deepspeed", None),
 }
@@ -89,6 +89,12 @@ def test_roll_vl_file_passes_check_or_names_what_stops_it(rel):
     assert cfg.data.image_max_pixels == pixels
     prefix = _get(data, "actor_train.model_args.freeze_module_prefix")
     assert cfg.actor.freeze_module_prefix == ([prefix] if prefix else [])
+    if _get(data, "rewards.videor1") is not None:
+        assert cfg.data.row_format == "video_r1"
+        assert (cfg.data.video_fps, cfg.data.video_max_frames) == (2.0, 192)
+        assert cfg.data.video_folder == _get(data, "actor_train.data_args.video_folder")
+        route = cfg.reward.routes["videor1"]
+        assert (route.function, route.tags) == ("video_r1", ["video"])
     if _get(data, "rewards.cv_detection") is not None:
         route = cfg.reward.routes["cv_detection"]
         assert route.function == "detection"
@@ -108,3 +114,33 @@ def test_validation_images_must_be_sized_like_training_images():
             UPSTREAM / rel,
             [*overrides(rel), "validation.data_args.image_max_pixels=5000"],
         )
+
+
+@needs(UPSTREAM / NEW)
+def test_video_data_args_are_honoured_and_audio_is_refused():
+    """Video-R1's video settings (ROLL's data_args) set temper's video sampling; the
+    validation prompts' must agree; an audio folder is refused naming audio."""
+    rel = f"{NEW}/qwen2.5-vl-7B-rlvr/rlvr_megatron.yaml"
+    video = [
+        "+actor_train.data_args.video_total_pixels=9633792",
+        "+actor_train.data_args.video_min_pixels=100352",
+        "+actor_train.data_args.video_max_pixels=100352",
+        "+actor_train.data_args.video_fps=2.0",
+        "+actor_train.data_args.video_max_frames=192",
+        "+actor_train.data_args.video_folder=/data/videos",
+        "+actor_train.data_args.video_resize_chunk_frames=32",
+    ]
+    data = load_config(UPSTREAM / rel, [*overrides(rel), *video]).config.data
+    assert (data.video_total_pixels, data.video_min_pixels, data.video_max_pixels) == (
+        9633792,
+        100352,
+        100352,
+    )
+    assert (data.video_fps, data.video_max_frames, data.video_folder) == (2.0, 192, "/data/videos")
+    with pytest.raises(ConfigError, match=r"validation\.data_args\.video_fps: 1\.0 differs"):
+        load_config(
+            UPSTREAM / rel, [*overrides(rel), *video, "+validation.data_args.video_fps=1.0"]
+        )
+    with pytest.raises(ConfigError, match="audio inputs are not supported") as err:
+        load_config(UPSTREAM / rel, [*overrides(rel), "+actor_train.data_args.audio_folder=/a"])
+    assert "Qwen-Omni" in str(err.value)

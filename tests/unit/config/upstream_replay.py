@@ -138,7 +138,8 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("rewards: ifeval/code/llm_judge", r"(GeneralRule|CodeSandbox|LLMJudge)RewardWorker"),
     ("rewards: sandbox_fusion", r"sandbox_fusion"),
     ("rewards: served reward model", r"served reward model|generative reward model"),
-    ("video/audio input", r"video \(and audio\) inputs"),
+    ("audio input", r"audio inputs are not supported"),
+    ("custom data function", r"custom ROLL data function"),
     ("vision-language", r"vision-language|multimodal|vision tower"),
     (
         "megatron: virtual pipeline",

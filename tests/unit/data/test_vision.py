@@ -153,7 +153,7 @@ def test_bad_images_are_reported_per_row_and_skipped(vl, tmp_path, caplog):
     assert "2 <image> mark(s) for 1 image(s)" in reasons["a.parquet:row 2"]
     assert "aspect ratio" in reasons["a.parquet:row 3"]
     assert "cannot read" in reasons["b.jsonl:line 1"] and "missing.png" in reasons["b.jsonl:line 1"]
-    assert "video inputs are not supported" in reasons["b.jsonl:line 2"]
+    assert "no video file at" in reasons["b.jsonl:line 2"]  # videos are read like images
     assert "URL" in reasons["b.jsonl:line 3"]
     assert "neither bytes, path nor image" in reasons["b.jsonl:line 4"]
     assert "audio inputs are not supported" in reasons["b.jsonl:line 5"]

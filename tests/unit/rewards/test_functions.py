@@ -169,6 +169,7 @@ def test_registry_names_and_did_you_mean() -> None:
         "ifeval",
         "llm_judge",
         "math",
+        "video_r1",
         "visual_color",
     ]
     with pytest.raises(
