@@ -8,10 +8,15 @@ attention kept inside each sequence:
 * ``flash_attention_2``/``_3``: no mask; transformers derives ``cu_seqlens`` from the
   restarting position ids and runs flash-attn's varlen kernel (transformers 5:
   ``modeling_flash_attention_utils._is_packed_sequence``), so attention costs ``Σ lᵢ²``;
-* ``sdpa``: a block-diagonal causal 4-D bool mask ``(1, 1, T, T)``. Position ids alone do
-  not separate the sequences when a 2-D mask is passed (transformers then builds a plain
-  causal mask over the whole row), so the mask is built here, explicitly. The fused
-  kernel still visits all ``T²`` pairs;
+* ``temper_segments`` (what an ``sdpa`` model is loaded with on CPU when packing is on;
+  :mod:`temper.training.segment_attention`): no mask; the row's
+  :class:`~temper.training.segment_attention.SegmentLayout` rides along with the forward
+  and the kernel attends prompt by prompt and response by response, visiting no more pairs
+  than the padded layout;
+* ``sdpa`` (on CUDA): a block-diagonal causal 4-D bool mask ``(1, 1, T, T)``. Position ids
+  alone do not separate the sequences when a 2-D mask is passed (transformers then builds
+  a plain causal mask over the whole row), so the mask is built here, explicitly. The
+  fused kernel still visits all ``T²`` pairs;
 * ``eager``: the same mask, additive;
 * any other kernel (``flex_attention``, …): no mask, the position ids alone, from which
   transformers builds its own block mask (``masking_utils.find_packed_sequence_indices``).
@@ -23,8 +28,9 @@ itself, never to a sibling. Under causal attention a prompt's hidden states do n
 on what follows it, so every log-prob, value and gradient is the one of the unshared
 layout (the gradient a shared prompt token receives is the sum of what its copies would
 receive). With short responses this removes most of a group's tokens (8 prompts × 4
-responses of 16 tokens after ~36-token prompts: 416 tokens → 200). Masked kernels only: a
-varlen kernel cannot express a prefix tree, so there each row keeps its own prompt.
+responses of 16 tokens after ~36-token prompts: 416 tokens → 200). Segment and masked
+kernels only: a varlen kernel cannot express a prefix tree, so there each row keeps its own
+prompt.
 
 Because a dense ``T²`` masked attention can cost more than padding (long, similar
 lengths), each micro-batch takes the cheaper layout by a cost model (:func:`model_cost`):
@@ -33,7 +39,8 @@ from the model's config, with ``w`` (:data:`CPU_ATTENTION_WEIGHT`) the measured 
 a masked dense attention FLOP relative to a matmul FLOP. The choice is a pure function of
 the lengths and the config — never of timings taken during the run — so a resumed run
 makes the same choices as an uninterrupted one and every data-parallel rank decides alike.
-With a varlen kernel packing never costs more (``T ≤ B·L`` and ``Σ lᵢ² ≤ B·L²``).
+With a varlen or the segment kernel packing never costs more (``T ≤ B·L`` and
+``Σ lᵢ² ≤ B·L²``), so the cost model packs whenever packing removes a token.
 
 Packing also cuts the LM head to the positions that score a real response token (the
 padded layout computes it on every row's last ``r + 1`` positions); the cost model leaves
