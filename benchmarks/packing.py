@@ -206,7 +206,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     path = model_path(args.model)
     if args.calibrate:
-        calibrate(make_engine(path, "auto", args.rows), fits=3)
+        # the constant prices a dense masked row: transformers' sdpa, not the segment kernel
+        calibrate(make_engine(path, "dense", args.rows, args.device), fits=3)
         return
     engines = {
         m: make_engine(path, m, args.rows, args.device)
