@@ -135,15 +135,18 @@ def timed_forward(engine: TorchEngine, rows: int, length: int) -> None:
     mask (the calibration's unit of work)."""
     vocab = int(engine.model.config.vocab_size)
     gen = torch.Generator().manual_seed(rows * 1000 + length)
-    ids = torch.randint(0, vocab, (rows, length), generator=gen)
+    dev = engine.device
+    ids = torch.randint(0, vocab, (rows, length), generator=gen).to(dev)
     impl = engine._attn_impl()
     mask = None
     if impl in MASKED_KERNELS:
         additive = engine.compute_dtype if impl == "eager" else None
-        one = block_causal_mask(torch.tensor([length]), additive_dtype=additive)
+        one = block_causal_mask(torch.tensor([length]), additive_dtype=additive).to(dev)
         mask = one.expand(rows, 1, length, length)
-    positions = torch.arange(length).expand(rows, -1)
-    engine._logits({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, 1)
+    positions = torch.arange(length, device=dev).expand(rows, -1)
+    with engine._autocast():
+        engine._logits({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, 1)
+    sync()  # the caller's clock reads finished GPU work
 
 
 def calibrate(engine: TorchEngine, fits: int) -> None:
