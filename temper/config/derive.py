@@ -239,6 +239,29 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
 RANDOM_LOSSES = ("clip_cov",)
 
 
+def _streaming_row(cfg: TemperConfig) -> tuple[str, str, str]:
+    """The "schedule" row of ``async_training.mode: streaming``."""
+    at = cfg.async_training
+    b = cfg.data.train_batch_size
+    chunk = at.stream_chunk if at.stream_chunk > 0 else max(1, b // 4)
+    bound = (
+        "a chunk starts only when each of its groups will train at most "
+        f"{at.staleness} versions after its weights (max_off_policy_strategy wait: none dropped)"
+        if at.max_off_policy_strategy == "wait"
+        else f"up to {(at.staleness + 1) * b} groups queued; a group more than "
+        f"{at.staleness} versions old at its turn is dropped (max_off_policy_strategy drop)"
+    )
+    return (
+        "schedule",
+        f"streaming, at most {at.staleness} version{'s' if at.staleness > 1 else ''} behind",
+        f"groups of rollout.n responses generated {chunk} prompt{'s' if chunk > 1 else ''} "
+        "at a time with the newest "
+        f"pushed weights and handed to training as they finish; {bound}; timing decides "
+        "what is generated with which version, so a resume regenerates the groups not yet "
+        "trained (none lost or repeated) rather than repeating the run bit for bit",
+    )
+
+
 def _shared_rng_caveat(cfg: TemperConfig) -> str:
     """Where the rollout runs ahead on a thread of this process with the Hugging Face
     engine (which samples from torch's global generator), a trainer that draws random
@@ -354,7 +377,9 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
             )
         )
     k = cfg.async_training.staleness
-    if k > 0:
+    if k > 0 and cfg.async_training.mode == "streaming":
+        rows.append(_streaming_row(cfg))
+    elif k > 0:
         rows.append(
             (
                 "schedule",

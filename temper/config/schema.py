@@ -1186,9 +1186,11 @@ class DistillConfig:
 class AsyncTrainingConfig:
     """Asynchronous RL (pipelines rlvr and agentic): the producer generates and scores the
     next batches while the trainer updates on the current one, at most ``staleness``
-    policy versions behind. The schedule is fixed: batch s is generated with the weights
-    after max(0, s − 1 − staleness) updates, whatever the timing, so a resumed run equals
-    an uninterrupted one."""
+    policy versions behind. ``mode: fixed`` (default): batch s is generated with the
+    weights after max(0, s − 1 − staleness) updates, whatever the timing, so a resumed run
+    equals an uninterrupted one. ``mode: streaming`` (rlvr): the rollout generates prompt
+    groups in chunks and hands each finished group to training, the newest weights pushed
+    before every chunk; a resumed run regenerates the groups not yet trained."""
 
     staleness: int = doc(
         0,
@@ -1201,6 +1203,26 @@ class AsyncTrainingConfig:
         1800.0,
         "Seconds the trainer waits for a batch (or a checkpoint for the batches ahead) "
         "before the run stops with one line naming the rollout and the batch.",
+    )
+    mode: Literal["fixed", "streaming"] = doc(
+        "fixed",
+        "fixed: whole batches on the schedule above (bit-exact resume). streaming: groups "
+        "are handed to training as they finish, generated in chunks of stream_chunk "
+        "prompts with the newest pushed weights; a group more than staleness versions old "
+        "at training is dropped or never started (max_off_policy_strategy). Pipeline rlvr.",
+    )
+    max_off_policy_strategy: Literal["wait", "drop"] = doc(
+        "wait",
+        "Streaming: wait — a chunk starts only when every group in it will be trained at "
+        "most staleness versions after its weights (none is dropped); drop — the rollout "
+        "runs until (staleness + 1) batches of groups are buffered and groups past the "
+        "bound are dropped at training (async/dropped_groups; verl's V1 sampler option).",
+    )
+    stream_chunk: int = doc(
+        0,
+        "Streaming: prompts per generation call (each gives a group of rollout.n "
+        "responses); smaller hands groups over sooner, larger batches the engine better. "
+        "0: a quarter of data.train_batch_size (at least 1).",
     )
 
 

@@ -80,6 +80,45 @@ def seed_globals(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class BusyLog:
+    """The (start, end) spans a worker thread spent in calls, read by the trainer's thread."""
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+
+    def add(self, start: float, end: float) -> None:
+        with self._lock:
+            self._spans.append((start, end))
+
+    def spans(self) -> list[tuple[float, float]]:
+        with self._lock:
+            return list(self._spans)
+
+    def within(self, start: float, end: float) -> float:
+        """Seconds spent in calls within ``[start, end]`` (a call still running counts from
+        its start, which the reader cannot see: it is not counted)."""
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.spans())
+
+
+def overlap_metrics(
+    busy: BusyLog, handed_over: float, asked: float, got: float
+) -> dict[str, float]:
+    """How the rollout worker and the trainer overlapped between two hand-overs: the
+    trainer busy from ``handed_over`` (the previous batch given) to ``asked`` (it asked for
+    the next), which it got at ``got`` (the module docstring's timings)."""
+    train = max(0.0, asked - handed_over)
+    overlap = busy.within(handed_over, asked)
+    rollout = busy.within(handed_over, got)
+    shorter = min(train, rollout)
+    return {
+        "timing/trainer_busy_s": train,
+        "timing/rollout_busy_s": overlap,
+        "timing/rollout_idle_s": max(0.0, (got - handed_over) - rollout),
+        "perf/rollout_overlap": overlap / shorter if shorter > 0 else 0.0,
+    }
+
+
 class SerialWorker:
     """One daemon thread running submitted calls in order; each call's result or error
     lands in its ``Future``. A daemon, so a call stuck in an engine never keeps the
@@ -87,8 +126,7 @@ class SerialWorker:
 
     def __init__(self, name: str) -> None:
         self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
-        self.busy: list[tuple[float, float]] = []  # (start, end) of every finished call
-        self._lock = threading.Lock()
+        self.busy = BusyLog()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -108,15 +146,7 @@ class SerialWorker:
             except BaseException as err:  # handed to the thread that waits for it
                 future.set_exception(err)
             finally:
-                with self._lock:
-                    self.busy.append((start, time.monotonic()))
-
-    def busy_within(self, start: float, end: float) -> float:
-        """Seconds the worker spent in calls within ``[start, end]`` (a call still
-        running counts from its start, which the caller cannot see: it is not counted)."""
-        with self._lock:
-            spans = list(self.busy)
-        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+                self.busy.add(start, time.monotonic())
 
     def close(self) -> None:
         self._calls.put(None)
@@ -270,39 +300,36 @@ class RolloutAhead:
             ) from None
 
     def _overlap(self, asked: float, got: float) -> dict[str, float]:
-        """How the rollout and the trainer overlapped since the last hand-over (the module
-        docstring's timings); nothing before the first hand-over."""
+        """Nothing before the first hand-over (see :func:`overlap_metrics`)."""
         if self.handed_over is None:
             return {}
-        train = max(0.0, asked - self.handed_over)
-        overlap = self.worker.busy_within(self.handed_over, asked)
-        busy = self.worker.busy_within(self.handed_over, got)
-        shorter = min(train, busy)
-        return {
-            "timing/trainer_busy_s": train,
-            "timing/rollout_busy_s": overlap,
-            "timing/rollout_idle_s": max(0.0, (got - self.handed_over) - busy),
-            "perf/rollout_overlap": overlap / shorter if shorter > 0 else 0.0,
-        }
+        return overlap_metrics(self.worker.busy, self.handed_over, asked, got)
 
 
-def pack(p: Produced) -> dict[str, Any]:
-    """A produced batch as a checkpoint holds it (``torch.load(weights_only=True)``
-    reads tensors, numbers and strings): its tensors as they are, its per-sample objects
-    and meta pickled into a byte tensor — the run's own file, written by this process."""
-    b = p.batch
+def pack_batch(b: Batch) -> dict[str, Any]:
+    """A batch as a checkpoint holds it (``torch.load(weights_only=True)`` reads tensors,
+    numbers and strings): its tensors as they are, its per-sample objects and meta pickled
+    into a byte tensor — the run's own file, written by this process."""
     blob = pickle.dumps((b.objects, b.meta), protocol=pickle.HIGHEST_PROTOCOL)
     return {
-        "step": p.step,
-        "version": p.version,
-        "metrics": dict(p.metrics),
         "tensors": b.tensors.to_dict(),
         "objects": torch.frombuffer(bytearray(blob), dtype=torch.uint8),
     }
 
 
+def unpack_batch(packed: dict[str, Any]) -> Batch:
+    """Inverse of :func:`pack_batch`."""
+    objects, meta = pickle.loads(packed["objects"].numpy().tobytes())
+    return Batch.from_dict(dict(packed["tensors"]), objects, meta)
+
+
+def pack(p: Produced) -> dict[str, Any]:
+    """A produced batch as a checkpoint holds it (:func:`pack_batch`), with its step,
+    version and metrics."""
+    return {"step": p.step, "version": p.version, "metrics": dict(p.metrics), **pack_batch(p.batch)}
+
+
 def unpack(packed: dict[str, Any]) -> Produced:
     """Inverse of :func:`pack`."""
-    objects, meta = pickle.loads(packed["objects"].numpy().tobytes())
-    batch = Batch.from_dict(dict(packed["tensors"]), objects, meta)
+    batch = unpack_batch(packed)
     return Produced(int(packed["step"]), int(packed["version"]), batch, dict(packed["metrics"]))

@@ -9,7 +9,7 @@ import functools
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from temper.cluster.judge import build_judge
 from temper.cluster.roles import ClusterRoles, build_cluster_roles, build_cluster_rollout
@@ -26,11 +26,12 @@ from temper.pipelines.checkpointing import (
     checkpoint_step,
     restore,
 )
-from temper.pipelines.producer import Producer, ProducerContext
+from temper.pipelines.producer import GroupProducer, Producer, ProducerContext
 from temper.pipelines.record import Pipeline
 from temper.pipelines.run import Run, WeightSync, load_tokenizer, output_dir, seed_everything
 from temper.pipelines.run_dir import claim_run_dir
 from temper.pipelines.shaping import ShapingState
+from temper.pipelines.streaming import StreamingRollout, chunk_size
 from temper.roles import Roles
 from temper.roles.base import TrainedRole
 from temper.rollout import RolloutEngine
@@ -89,14 +90,7 @@ def _build_run(
             weights = WeightSync(rollout, roles.actor.engine, every)
             if cfg.async_training.staleness > 0:  # the rollout runs ahead of training
                 weights.ahead = True
-                producer = RolloutAhead(
-                    producer,
-                    weights.snapshot,
-                    weights.load,
-                    staleness=cfg.async_training.staleness,
-                    wait_timeout=cfg.async_training.wait_timeout,
-                    seed=cfg.experiment.seed,
-                )
+                producer = _ahead(cfg, producer, weights, tokenizer)
         progress = Progress()
         checkpointer = _checkpointer(
             cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
@@ -180,4 +174,32 @@ def _checkpointer(
         meta={"pipeline": cfg.pipeline},
         tokenizer=tokenizer,
         keep=max(keep) if keep else None,
+    )
+
+
+def _ahead(cfg: TemperConfig, producer: Producer, weights: WeightSync, tokenizer: Any) -> Producer:
+    """The producer wrapped to run ahead of training (``async_training``): whole batches
+    on the fixed schedule, or groups streamed (the pipeline's record declares ``streams``,
+    which ``temper check`` requires)."""
+    at = cfg.async_training
+    if at.mode == "fixed":
+        return RolloutAhead(
+            producer,
+            weights.snapshot,
+            weights.load,
+            staleness=at.staleness,
+            wait_timeout=at.wait_timeout,
+            seed=cfg.experiment.seed,
+        )
+    return StreamingRollout(
+        cast(GroupProducer, producer),  # streaming is refused for pipelines that do not stream
+        weights.snapshot,
+        weights.load,
+        staleness=at.staleness,
+        batch_groups=cfg.data.train_batch_size,
+        chunk=chunk_size(at.stream_chunk, cfg.data.train_batch_size),
+        strategy=at.max_off_policy_strategy,
+        wait_timeout=at.wait_timeout,
+        seed=cfg.experiment.seed,
+        pad_token_id=tokenizer.pad_token_id or 0,
     )

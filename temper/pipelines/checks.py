@@ -63,7 +63,9 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
 def _check_async(cfg: TemperConfig) -> None:
     """The rollout ahead of training (``async_training``) pushes the trainer's weights
     before every batch that needs a newer version; a checkpoint holds the actor's latest
-    weights only, so a sync every N > 1 updates could not resume exactly."""
+    weights only, so a sync every N > 1 updates could not resume exactly. Streaming needs
+    a pipeline that generates groups a chunk at a time, and one group per prompt."""
+    _check_streaming(cfg)
     if cfg.async_training.staleness > 0 and cfg.rollout.model_update_frequency != 1:
         raise ConfigError(
             "rollout.model_update_frequency",
@@ -74,6 +76,41 @@ def _check_async(cfg: TemperConfig) -> None:
             "checkpoint holds to resume exactly",
             "set rollout.model_update_frequency: 1 (raise async_training.staleness to let "
             "the rollout lag further)",
+        )
+
+
+def _check_streaming(cfg: TemperConfig) -> None:
+    at = cfg.async_training
+    if at.mode != "streaming":
+        return
+    if at.staleness < 1:
+        raise ConfigError(
+            "async_training.mode",
+            "streaming hands groups to training while the rollout runs ahead of it; with "
+            "async_training.staleness 0 nothing runs ahead",
+            "set async_training.staleness >= 1 (1: at most one version behind), or mode: fixed",
+        )
+    if not resolve_pipeline(cfg.pipeline).streams:
+        raise ConfigError(
+            "async_training.mode",
+            f"the {cfg.pipeline} pipeline produces whole batches only; streaming groups is "
+            "built for the rlvr pipeline",
+            "set async_training.mode: fixed (whole batches, the same staleness bound)",
+        )
+    if at.stream_chunk > cfg.data.train_batch_size:
+        raise ConfigError(
+            "async_training.stream_chunk",
+            f"{at.stream_chunk} prompts per generation call is more than a step's "
+            f"{cfg.data.train_batch_size} (data.train_batch_size): the rollout could not start "
+            "a chunk while the trainer waits",
+            f"set async_training.stream_chunk <= {cfg.data.train_batch_size} (0: a quarter)",
+        )
+    if cfg.algorithm.filter_groups.enable:
+        raise ConfigError(
+            "algorithm.filter_groups.enable",
+            "dynamic sampling fills a batch over generation rounds of whole prompt batches; "
+            "streaming hands each group to training as it finishes (not built together)",
+            "set async_training.mode: fixed, or disable algorithm.filter_groups",
         )
 
 

@@ -100,3 +100,18 @@ class Producer(Protocol):
     def close(self) -> None:
         """Release what the producer holds (reward workers, environments)."""
         ...
+
+
+class GroupProducer(Producer, Protocol):
+    """A producer whose groups can be generated a few prompts at a time
+    (``async_training.mode: streaming``; its pipeline record declares ``streams``)."""
+
+    def draw_prompts(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """The next batch of prompts from the resumable sampler (its position is in
+        :meth:`state_dict`), drawn while the trainer is at ``step``; and the data metrics."""
+        ...
+
+    def generate_groups(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """Some of a drawn batch's prompts → their groups of scored responses (one ``uid``
+        per prompt, the prompt's), and the producer's metrics."""
+        ...

@@ -112,6 +112,9 @@ class Pipeline:
     - ``command`` and ``main(cfg)``: a pipeline that is no training loop (``generate``,
       ``eval``) runs whole in ``main`` under its own CLI command (``temper generate``),
       which is the only one that runs it; ``train`` runs the driver's loop (``main`` None);
+    - ``streams``: its producer is a :class:`~temper.pipelines.producer.GroupProducer`
+      (prompt groups generated a chunk at a time): ``async_training.mode: streaming``
+      applies;
     - ``checks``: the driver's pre-flight groups (:data:`temper.pipelines.preflight.CHECKS`)
       that apply (None: all); a pipeline that writes one file has no run directory.
     """
@@ -131,3 +134,4 @@ class Pipeline:
     command: str = "train"
     main: Callable[[TemperConfig], dict[str, Any]] | None = None
     checks: frozenset[str] | None = None
+    streams: bool = False

@@ -88,9 +88,25 @@ class RLVRProducer:
 
     def _round(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """One generation round: the next prompts, their responses and rewards."""
+        return self.generate_groups(self._draw(), timer)
+
+    def _draw(self) -> Batch:
         assert self.train_data is not None and self.sampler is not None
         prompts = next_prompt_batch(self.train_data, self.sampler)
         prompts.meta["temperature"] = self.cfg.rollout.temperature
+        return prompts
+
+    # -- the group producer protocol (async_training.mode: streaming) -------------------
+
+    def draw_prompts(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """The next batch of prompts, for the step the trainer is at; and the data metrics."""
+        if self.train_data is None:
+            raise ConfigError("data.train_files", "no training data given", "set it")
+        self._at(step - 1)
+        return self._draw(), self.train_data.metrics()
+
+    def generate_groups(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """``prompts``' groups of ``rollout.n`` scored responses, and the round's metrics."""
         with timer("rollout"):
             batch = self.engine.generate(prompts, self.train_sampling)
         with timer("reward"):
@@ -215,4 +231,5 @@ PIPELINE = Pipeline(
     preflight=check_prompt_data,
     provides=frozenset({"baseline_rewards", "reward_components"}),
     sections=frozenset({"distill", "async_training"}),  # distill: teachers score the samples
+    streams=True,
 )

@@ -224,8 +224,9 @@ def test_serial_worker_runs_calls_in_order_and_counts_busy_time():
     for f in futures:
         f.result(timeout=5)
     assert order == [0, 1, 2]
-    start, end = worker.busy[0][0], worker.busy[-1][1]
-    assert worker.busy_within(start, end) == pytest.approx(sum(b - a for a, b in worker.busy))
+    spans = worker.busy.spans()
+    start, end = spans[0][0], spans[-1][1]
+    assert worker.busy.within(start, end) == pytest.approx(sum(b - a for a, b in spans))
     worker.close()
 
 

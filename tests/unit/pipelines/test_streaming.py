@@ -1,0 +1,299 @@
+"""Streaming asynchronous RL (pipelines.streaming): groups handed to training as they
+finish, the staleness bound under wait and drop, the checkpointed prompts of groups not yet
+trained, deadlines, failures and validation on the worker."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from temper.data.batch import Batch
+from temper.pipelines.ahead import VERSION, RolloutAheadError
+from temper.pipelines.producer import Validation
+from temper.pipelines.streaming import StreamingRollout, chunk_size, may_start, unique_uids
+from temper.pipelines.timing import Timer
+
+N = 2  # responses per prompt
+
+
+def test_chunk_size_defaults_to_a_quarter_of_the_batch():
+    assert chunk_size(0, 8) == 2 and chunk_size(0, 3) == 1 and chunk_size(5, 8) == 5
+
+
+def test_may_start_wait_bound_by_hand():
+    # B = 4, k = 1: the trainer's next batch is step 3 (it is at version 2 once it asks).
+    ask = dict(strategy="wait", next_step=3, batch_groups=4, staleness=1)
+    # 2 queued + 2: the chunk's last group is the 4th -> step 3 -> needs v >= 3 - 1 - 1 = 1
+    assert may_start(version=1, queued=2, chunk=2, **ask)
+    assert not may_start(version=0, queued=2, chunk=2, **ask)
+    # 3 queued + 2: the last group is the 5th -> trained at step 4 -> needs v >= 2
+    assert not may_start(version=1, queued=3, chunk=2, **ask)
+    assert may_start(version=2, queued=3, chunk=2, **ask)
+    # k = 2 lets it start one version older
+    assert may_start(version=1, queued=3, chunk=2, **{**ask, "staleness": 2})
+
+
+def test_may_start_drop_bound_is_the_queue():
+    ask = dict(strategy="drop", next_step=9, batch_groups=4, staleness=1, version=0)
+    assert may_start(queued=6, chunk=2, **ask)  # 8 = (k + 1)·B
+    assert not may_start(queued=7, chunk=2, **ask)
+
+
+def test_unique_uids_renames_a_prompt_drawn_again():
+    g = [_group("a"), _group("b"), _group("a")]
+    assert [x["uid"][0] for x in unique_uids(g)] == ["a", "b", "a#2"]
+
+
+def _group(uid: str) -> Batch:
+    return Batch.from_dict({"x": torch.zeros(N)}, {"uid": [uid] * N})
+
+
+class Trainer:
+    """Weights are the number of updates so far; the engine holds the last pushed."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.engine = 0
+
+    def snapshot(self) -> int:
+        return self.version
+
+    def push(self, weights: int) -> None:
+        self.engine = weights
+
+
+class Prompts:
+    """A group producer: prompt ``p<i>`` drawn in order, ``n`` responses each recording
+    the engine's version; ``delay(i)`` seconds per chunk whose first prompt is ``i``."""
+
+    headline = "val/reward_mean"
+
+    def __init__(self, trainer: Trainer, batch: int, total: int, delay: Any = None) -> None:
+        self.trainer, self.batch, self.total_steps = trainer, batch, total
+        self.delay = delay or (lambda i: 0.0)
+        self.drawn = 0
+        self.closed = False
+
+    def _prompts(self, ids: list[int]) -> Batch:
+        prompt_ids = torch.tensor([[i, i] for i in ids])
+        return Batch.from_dict(
+            {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids)},
+            {"uid": [f"p{i}" for i in ids]},
+        )
+
+    def draw_prompts(self, step: int) -> tuple[Batch, dict[str, float]]:
+        ids = list(range(self.drawn, self.drawn + self.batch))
+        self.drawn += self.batch
+        return self._prompts(ids), {"data/num_prompts": 99.0}
+
+    def generate_groups(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        first = int(prompts["prompt_ids"][0, 0])
+        with timer("rollout"):
+            time.sleep(self.delay(first))
+        out = prompts.repeat(N)
+        width = 1 + first % 3  # groups end at different lengths
+        out["response_ids"] = torch.full((len(out), width), self.trainer.engine)
+        out["response_mask"] = torch.ones(len(out), width)
+        return out, {"train/score_mean": float(first)}
+
+    def validate(self, step: int) -> Validation:
+        return Validation({"val/reward_mean": float(self.trainer.engine)})
+
+    def dump_rows(self, batch: Batch, step: int) -> list[dict[str, Any]]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"drawn": self.drawn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.drawn = int(state["drawn"])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _stream(trainer: Trainer, inner: Prompts, **kw: Any) -> StreamingRollout:
+    opts = dict(staleness=1, batch_groups=4, chunk=2, strategy="wait", wait_timeout=20.0, seed=1)
+    return StreamingRollout(inner, trainer.snapshot, trainer.push, **{**opts, **kw})
+
+
+def _train(stream: StreamingRollout, trainer: Trainer, steps: range, pause: Any = None):
+    """The loop's calls: produce step s at version s - 1, train (``pause``), update."""
+    batches, metrics = [], []
+    for s in steps:
+        trainer.version = s - 1
+        batch, m = stream.produce(s, Timer())
+        batches.append(batch)
+        metrics.append(m)
+        time.sleep(pause(s) if pause else 0.0)
+        trainer.version = s
+    return batches, metrics
+
+
+def _uids(batch: Batch) -> list[str]:
+    return list(dict.fromkeys(batch["uid"]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_wait_trains_every_prompt_once_in_order_and_never_past_k(seed):
+    rng = random.Random(seed)
+    delays = {i: rng.uniform(0, 0.02) for i in range(200)}
+    trainer = Trainer()
+    inner = Prompts(trainer, 4, 8, delay=delays.get)
+    stream = _stream(trainer, inner, staleness=1)
+    try:
+        batches, metrics = _train(
+            stream, trainer, range(1, 9), pause=lambda s: rng.uniform(0, 0.03)
+        )
+    finally:
+        stream.close()
+    assert inner.closed
+    flat = [u for b in batches for u in _uids(b)]
+    assert flat == [f"p{i}" for i in range(32)]  # FIFO: none lost, none repeated
+    for s, (batch, m) in enumerate(zip(batches, metrics), start=1):
+        stale = (s - 1) - torch.tensor(batch[VERSION])
+        assert int(stale.max()) <= 1 and m["async/staleness_max"] <= 1
+        assert m["async/dropped_groups"] == 0
+        # the version recorded is the engine's when the group was generated
+        assert torch.equal(
+            batch["response_ids"][:, 0].float(), torch.tensor(batch[VERSION]).float()
+        )
+        firsts = [int(u[1:]) for u in _uids(batch)[::2]]  # chunks of 2: their first prompts
+        assert len(batch) == 4 * N
+        assert batch["response_ids"].shape[1] == max(1 + f % 3 for f in firsts)  # the widest
+    assert metrics[0]["data/num_prompts"] == 99.0
+
+
+def test_groups_stream_past_a_slow_one_within_the_batch():
+    """A chunk that takes long does not hold back the groups finished before it."""
+    trainer = Trainer()
+    inner = Prompts(trainer, 4, 2, delay=lambda i: 1.0 if i == 6 else 0.0)
+    stream = _stream(trainer, inner, chunk=1, staleness=2)
+    try:
+        _train(stream, trainer, range(1, 2))
+        t0 = time.monotonic()
+        with stream.cond:  # wait until the fast chunks of batch 2 are ready
+            while len(stream.ready) < 2 and time.monotonic() - t0 < 5:
+                stream.cond.wait(0.05)
+            ready = [g.prompt["uid"][0] for g in stream.ready]
+        assert ready[:2] == ["p4", "p5"] and time.monotonic() - t0 < 0.9
+    finally:
+        stream.close()
+
+
+def test_drop_keeps_the_bound_and_counts_the_dropped():
+    """A fast rollout and a slow trainer: the queue fills with old groups, which are
+    dropped when their turn comes more than k versions late."""
+    trainer = Trainer()
+    inner = Prompts(trainer, 4, 6)
+    stream = _stream(trainer, inner, strategy="drop", staleness=1)
+    try:
+        batches, metrics = _train(stream, trainer, range(1, 7), pause=lambda s: 0.1)
+    finally:
+        stream.close()
+    for s, batch in enumerate(batches, start=1):
+        assert int(((s - 1) - torch.tensor(batch[VERSION])).max()) <= 1
+    assert sum(m["async/dropped_groups"] for m in metrics) > 0
+    flat = [u for b in batches for u in _uids(b)]
+    assert len(flat) == len(set(flat)) == 24  # none trained twice
+
+
+def test_checkpoint_regenerates_the_groups_not_yet_trained():
+    trainer = Trainer()
+    inner = Prompts(trainer, 4, 6, delay=lambda i: 0.005)
+    stream = _stream(trainer, inner, staleness=2, chunk=1)
+    try:
+        first, _ = _train(stream, trainer, range(1, 4))
+        time.sleep(0.05)  # let the worker run ahead: ready and in-flight groups
+        state = stream.state_dict()
+    finally:
+        stream.close()
+    assert inner.drawn > 12  # it drew past the trained prompts
+    trainer2 = Trainer()
+    trainer2.version = trainer2.engine = 3
+    inner2 = Prompts(trainer2, 4, 6)
+    resumed = _stream(trainer2, inner2, staleness=2, chunk=1)
+    resumed.load_state_dict(state)
+    try:
+        rest, metrics = _train(resumed, trainer2, range(4, 7))
+    finally:
+        resumed.close()
+    flat = [u for b in first + rest for u in _uids(b)]
+    assert flat == [f"p{i}" for i in range(24)]
+    assert metrics[0]["async/staleness_max"] == 0  # the resumed weights pushed first
+
+
+def test_a_stuck_rollout_ends_in_one_line():
+    trainer = Trainer()
+    gate = threading.Event()
+    inner = Prompts(trainer, 4, 2, delay=lambda i: float(gate.wait(3)) * 0)
+    stream = _stream(trainer, inner, wait_timeout=0.3)
+    try:
+        with pytest.raises(RolloutAheadError, match="batch of step 1 was not ready") as err:
+            stream.produce(1, Timer())
+        assert "\n" not in str(err.value) and "0 of 4 groups" in str(err.value)
+    finally:
+        gate.set()
+        stream.close()
+
+
+def test_a_failing_rollout_fails_the_step_with_its_error():
+    trainer = Trainer()
+    inner = Prompts(trainer, 4, 2)
+
+    def broken(prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        raise RuntimeError("rollout rank 0: worker process died")
+
+    inner.generate_groups = broken  # type: ignore[method-assign]
+    stream = _stream(trainer, inner)
+    try:
+        with pytest.raises(RuntimeError, match="worker process died"):
+            stream.produce(1, Timer())
+    finally:
+        stream.close()
+
+
+def test_validation_runs_on_the_worker_with_the_trainers_weights():
+    trainer = Trainer()
+    inner = Prompts(trainer, 4, 4)
+    stream = _stream(trainer, inner)
+    try:
+        assert stream.validate(0).metrics == {"val/reward_mean": 0.0}  # before any step
+        _train(stream, trainer, range(1, 3))
+        assert stream.validate(2).metrics == {"val/reward_mean": 2.0}
+    finally:
+        stream.close()
+
+
+def _cfg(**async_training: Any) -> dict:
+    return {
+        "model": {"path": "m"},
+        "data": {"train_files": ["task:arithmetic?n=8"], "train_batch_size": 4},
+        "rollout": {"n": 2},
+        "actor": {"mini_batch_size": 8},
+        "async_training": {"staleness": 1, "mode": "streaming", **async_training},
+    }
+
+
+def test_check_explains_streaming_and_refuses_what_it_cannot_stream():
+    from temper.config.derive import explain
+    from temper.config.errors import ConfigError
+    from temper.pipelines.catalog import build_config, plan
+
+    cfg = build_config(_cfg(max_off_policy_strategy="drop"))
+    rows = {name: (value, how) for name, value, how in explain(cfg, plan(cfg))}
+    assert rows["schedule"][0] == "streaming, at most 1 version behind"
+    assert "1 prompt at a time" in rows["schedule"][1] and "up to 8 groups" in rows["schedule"][1]
+    with pytest.raises(ConfigError, match="async_training.mode.*staleness 0"):
+        build_config(_cfg(staleness=0))
+    with pytest.raises(ConfigError, match="async_training.stream_chunk.*more than a step"):
+        build_config(_cfg(stream_chunk=5))
+    with pytest.raises(ConfigError, match="algorithm.filter_groups.enable"):
+        build_config({**_cfg(), "algorithm": {"filter_groups": {"enable": True}}})
+    with pytest.raises(ConfigError, match="async_training.max_off_policy_strategy"):
+        build_config(_cfg(max_off_policy_strategy="keep"))
