@@ -1218,6 +1218,13 @@ class AsyncTrainingConfig:
         "runs until (staleness + 1) batches of groups are buffered and groups past the "
         "bound are dropped at training (async/dropped_groups; verl's V1 sampler option).",
     )
+    partial_rollout_segment: int = doc(
+        0,
+        "Streaming: partial rollout — generations run this many tokens at a time, and "
+        "between segments the newest published weights are pushed, so a response in "
+        "flight continues under them (each token records its version: "
+        "response_versions). 0: off (a chunk finishes with the weights it started with).",
+    )
     stream_chunk: int = doc(
         0,
         "Streaming: prompts per generation call (each gives a group of rollout.n "

@@ -145,6 +145,11 @@ def _check_ranges(cfg: TemperConfig) -> None:
     _positive("async_training.staleness", cfg.async_training.staleness, allow_zero=True)
     _positive("async_training.wait_timeout", cfg.async_training.wait_timeout)
     _positive("async_training.stream_chunk", cfg.async_training.stream_chunk, allow_zero=True)
+    _positive(
+        "async_training.partial_rollout_segment",
+        cfg.async_training.partial_rollout_segment,
+        allow_zero=True,
+    )
     _positive("data.max_prompt_length", cfg.data.max_prompt_length)
     _positive("rollout.n", cfg.rollout.n)
     _positive("rollout.response_length", cfg.rollout.response_length)

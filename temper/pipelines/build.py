@@ -202,4 +202,5 @@ def _ahead(cfg: TemperConfig, producer: Producer, weights: WeightSync, tokenizer
         wait_timeout=at.wait_timeout,
         seed=cfg.experiment.seed,
         pad_token_id=tokenizer.pad_token_id or 0,
+        segment=at.partial_rollout_segment,
     )

@@ -82,6 +82,18 @@ def _check_async(cfg: TemperConfig) -> None:
 def _check_streaming(cfg: TemperConfig) -> None:
     at = cfg.async_training
     if at.mode != "streaming":
+        streaming_only = {
+            "max_off_policy_strategy": (at.max_off_policy_strategy, "wait"),
+            "stream_chunk": (at.stream_chunk, 0),
+            "partial_rollout_segment": (at.partial_rollout_segment, 0),
+        }
+        for name, (value, default) in streaming_only.items():
+            if value != default:
+                raise ConfigError(
+                    f"async_training.{name}",
+                    f"is read by async_training.mode: streaming only (mode is {at.mode})",
+                    f"set async_training.mode: streaming, or remove async_training.{name}",
+                )
         return
     if at.staleness < 1:
         raise ConfigError(
@@ -105,12 +117,35 @@ def _check_streaming(cfg: TemperConfig) -> None:
             "a chunk while the trainer waits",
             f"set async_training.stream_chunk <= {cfg.data.train_batch_size} (0: a quarter)",
         )
+    _check_partial_rollout(cfg)
     if cfg.algorithm.filter_groups.enable:
         raise ConfigError(
             "algorithm.filter_groups.enable",
             "dynamic sampling fills a batch over generation rounds of whole prompt batches; "
             "streaming hands each group to training as it finishes (not built together)",
             "set async_training.mode: fixed, or disable algorithm.filter_groups",
+        )
+
+
+def _check_partial_rollout(cfg: TemperConfig) -> None:
+    """A partial rollout continues single-turn text responses through ``generate``; tool
+    calls between turns, images and stop strings straddling a segment are not built."""
+    if cfg.async_training.partial_rollout_segment == 0:
+        return
+    key = "async_training.partial_rollout_segment"
+    if cfg.rollout.multi_turn.enable:
+        raise ConfigError(
+            key,
+            "a partial rollout continues single-turn responses; multi-turn tool calls "
+            "resume between turns (not built)",
+            "set it to 0, or disable rollout.multi_turn",
+        )
+    if cfg.rollout.stop:
+        raise ConfigError(
+            key,
+            "the engine matches stop strings within one call's text, and a string could "
+            "straddle two segments",
+            "set it to 0, or stop on token ids (rollout.stop_token_ids) instead of rollout.stop",
         )
 
 

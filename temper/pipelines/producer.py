@@ -29,6 +29,7 @@ from temper.pipelines.timing import Timer
 from temper.rewards.judge import JudgeEngine
 from temper.roles.base import Roles
 from temper.rollout import RolloutEngine
+from temper.rollout.partial import Segments
 
 
 @dataclasses.dataclass
@@ -111,7 +112,10 @@ class GroupProducer(Producer, Protocol):
         :meth:`state_dict`), drawn while the trainer is at ``step``; and the data metrics."""
         ...
 
-    def generate_groups(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+    def generate_groups(
+        self, prompts: Batch, timer: Timer, segments: Segments | None = None
+    ) -> tuple[Batch, dict[str, float]]:
         """Some of a drawn batch's prompts → their groups of scored responses (one ``uid``
-        per prompt, the prompt's), and the producer's metrics."""
+        per prompt, the prompt's), and the producer's metrics; ``segments``: generate them
+        as a partial rollout (:func:`temper.rollout.partial.generate_in_segments`)."""
         ...

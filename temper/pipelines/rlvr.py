@@ -37,6 +37,7 @@ from temper.pipelines.timing import Timer
 from temper.rewards.manager import RewardScorer
 from temper.rollout import RolloutEngine
 from temper.rollout import sampling_params_from_config as sampling_params
+from temper.rollout.partial import Segments, generate_in_segments
 
 
 class RLVRProducer:
@@ -105,10 +106,19 @@ class RLVRProducer:
         self._at(step - 1)
         return self._draw(), self.train_data.metrics()
 
-    def generate_groups(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
-        """``prompts``' groups of ``rollout.n`` scored responses, and the round's metrics."""
+    def generate_groups(
+        self, prompts: Batch, timer: Timer, segments: Segments | None = None
+    ) -> tuple[Batch, dict[str, float]]:
+        """``prompts``' groups of ``rollout.n`` scored responses, and the round's metrics;
+        with ``segments``, a partial rollout (:mod:`temper.rollout.partial`)."""
         with timer("rollout"):
-            batch = self.engine.generate(prompts, self.train_sampling)
+            if segments is None:
+                batch = self.engine.generate(prompts, self.train_sampling)
+            else:
+                pad = self.tokenizer.pad_token_id or 0
+                batch = generate_in_segments(
+                    self.engine, prompts, self.train_sampling, segments, pad
+                )
         with timer("reward"):
             batch, metrics = self._score(batch)
             if self.component_keys:

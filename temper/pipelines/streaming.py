@@ -58,6 +58,7 @@ from temper.pipelines.ahead import (
 from temper.pipelines.dynamic_sampling import concat_padded, merge_round_metrics
 from temper.pipelines.producer import GroupProducer, Validation
 from temper.pipelines.timing import Timer
+from temper.rollout.partial import RESPONSE_VERSIONS, Segments
 
 Strategy = Literal["wait", "drop"]
 
@@ -110,6 +111,21 @@ def unique_uids(groups: list[Batch]) -> list[Batch]:
     return out
 
 
+def token_versions(batch: Batch, trainer_version: int) -> dict[str, float]:
+    """Partial rollout's token metrics: ``async/token_staleness_mean`` (trainer version −
+    the version that sampled each response token) and ``async/continued_token_fraction``
+    (the tokens sampled by newer weights than their response's first)."""
+    mask = batch["response_mask"].bool()
+    versions = batch[RESPONSE_VERSIONS]
+    if not bool(mask.any()):
+        return {}
+    newer = versions > versions[:, :1]
+    return {
+        "async/token_staleness_mean": float((trainer_version - versions[mask]).float().mean()),
+        "async/continued_token_fraction": float(newer[mask].float().mean()),
+    }
+
+
 class StreamingRollout:
     """A producer (:class:`~temper.pipelines.producer.Producer`) that streams ``inner``'s
     groups to training (module docstring). ``snapshot()``/``push(weights)`` as for
@@ -128,6 +144,7 @@ class StreamingRollout:
         wait_timeout: float,
         seed: int,
         pad_token_id: int = 0,
+        segment: int = 0,
     ) -> None:
         if staleness < 1 or not 1 <= chunk <= batch_groups:
             raise ValueError(f"streaming needs staleness >= 1 and 1 <= chunk <= batch ({chunk})")
@@ -135,7 +152,7 @@ class StreamingRollout:
         self.headline, self.total_steps = inner.headline, inner.total_steps
         self.staleness, self.batch_groups, self.chunk = staleness, batch_groups, chunk
         self.strategy, self.wait_timeout, self.seed = strategy, wait_timeout, seed
-        self.pad_token_id = pad_token_id
+        self.pad_token_id, self.segment = pad_token_id, segment  # segment 0: no partial rollout
         self.cond = threading.Condition()
         # -- shared with the worker, under ``cond`` --
         self.todo: collections.deque[Batch] = collections.deque()  # chunks not started
@@ -210,6 +227,8 @@ class StreamingRollout:
                 "async/ready_groups": float(left_ready),
             }
         )
+        if RESPONSE_VERSIONS in batch:
+            metrics.update(token_versions(batch, trainer_version))
         if self.handed_over is not None:
             metrics.update(overlap_metrics(self.busy, self.handed_over, asked, got))
         self.handed_over = got
@@ -349,7 +368,8 @@ class StreamingRollout:
         prompts, version = self.inflight, self.engine_version
         assert prompts is not None and version is not None
         timer = Timer()
-        batch, metrics = self.inner.generate_groups(prompts, timer)
+        segments = Segments(self.segment, self._boundary, version) if self.segment else None
+        batch, metrics = self.inner.generate_groups(prompts, timer, segments)
         batch[VERSION] = [version] * len(batch)
         rows: dict[Any, list[int]] = {}
         for i, uid in enumerate(batch["uid"]):
@@ -364,3 +384,14 @@ class StreamingRollout:
             self.chunk_metrics.append({**metrics, **timer.times})
             self.cond.notify_all()
         self.busy.add(start, time.monotonic())
+
+    def _boundary(self) -> int:
+        """Between two segments of a partial rollout: push the newest published weights,
+        if any; the version the engine then holds."""
+        with self.cond:
+            weights, self.published = self.published, None
+        if weights is not None:
+            self.push(weights[1])
+            self.engine_version = weights[0]
+        assert self.engine_version is not None
+        return self.engine_version

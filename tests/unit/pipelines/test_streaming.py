@@ -15,7 +15,13 @@ import torch
 from temper.data.batch import Batch
 from temper.pipelines.ahead import VERSION, RolloutAheadError
 from temper.pipelines.producer import Validation
-from temper.pipelines.streaming import StreamingRollout, chunk_size, may_start, unique_uids
+from temper.pipelines.streaming import (
+    StreamingRollout,
+    chunk_size,
+    may_start,
+    token_versions,
+    unique_uids,
+)
 from temper.pipelines.timing import Timer
 
 N = 2  # responses per prompt
@@ -91,7 +97,9 @@ class Prompts:
         self.drawn += self.batch
         return self._prompts(ids), {"data/num_prompts": 99.0}
 
-    def generate_groups(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+    def generate_groups(
+        self, prompts: Batch, timer: Timer, segments: Any = None
+    ) -> tuple[Batch, dict[str, float]]:
         first = int(prompts["prompt_ids"][0, 0])
         with timer("rollout"):
             time.sleep(self.delay(first))
@@ -99,6 +107,11 @@ class Prompts:
         width = 1 + first % 3  # groups end at different lengths
         out["response_ids"] = torch.full((len(out), width), self.trainer.engine)
         out["response_mask"] = torch.ones(len(out), width)
+        if segments is not None:  # a partial rollout: one boundary after the first token
+            later = segments.boundary()
+            versions = torch.full((len(out), width), later)
+            versions[:, 0] = segments.version
+            out["response_versions"] = versions
         return out, {"train/score_mean": float(first)}
 
     def validate(self, step: int) -> Validation:
@@ -246,7 +259,7 @@ def test_a_failing_rollout_fails_the_step_with_its_error():
     trainer = Trainer()
     inner = Prompts(trainer, 4, 2)
 
-    def broken(prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+    def broken(prompts: Batch, timer: Timer, segments: Any) -> tuple[Batch, dict[str, float]]:
         raise RuntimeError("rollout rank 0: worker process died")
 
     inner.generate_groups = broken  # type: ignore[method-assign]
@@ -297,3 +310,38 @@ def test_check_explains_streaming_and_refuses_what_it_cannot_stream():
         build_config({**_cfg(), "algorithm": {"filter_groups": {"enable": True}}})
     with pytest.raises(ConfigError, match="async_training.max_off_policy_strategy"):
         build_config(_cfg(max_off_policy_strategy="keep"))
+
+
+def test_token_versions_by_hand():
+    batch = Batch.from_dict(
+        {
+            "response_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+            "response_versions": torch.tensor([[2, 2, 3, 0], [3, 3, 0, 0]]),
+        }
+    )
+    m = token_versions(batch, trainer_version=4)
+    # staleness of the 5 tokens: 2, 2, 1 | 1, 1 -> 7 / 5; one token newer than its first
+    assert m["async/token_staleness_mean"] == pytest.approx(7 / 5)
+    assert m["async/continued_token_fraction"] == pytest.approx(1 / 5)
+
+
+def test_partial_rollout_pushes_new_weights_into_a_chunk_in_flight():
+    """A slow rollout (0.3 s a chunk) and a fast trainer: the trainer publishes while a
+    chunk is generating, and the chunk's later tokens come from the newer weights."""
+    trainer = Trainer()
+    inner = Prompts(trainer, 4, 4, delay=lambda i: 0.3)
+    original = inner.generate_groups
+
+    def first_token_then_boundary(prompts: Batch, timer: Timer, segments: Any):
+        time.sleep(0.3)  # the first segment
+        return original(prompts, timer, segments)
+
+    inner.delay = lambda i: 0.0
+    inner.generate_groups = first_token_then_boundary  # type: ignore[method-assign]
+    stream = _stream(trainer, inner, chunk=4, segment=1)
+    try:
+        _, metrics = _train(stream, trainer, range(1, 5), pause=lambda s: 0.05)
+    finally:
+        stream.close()
+    assert any(m.get("async/continued_token_fraction", 0) > 0 for m in metrics)
+    assert all(m["async/token_staleness_mean"] <= m["async/staleness_max"] <= 1 for m in metrics)

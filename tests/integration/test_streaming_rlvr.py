@@ -110,3 +110,25 @@ def test_streaming_check_explains_the_schedule(tmp_path, tiny_model_dir):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert main(["check", str(path)]) == 0
+
+
+def test_partial_rollout_continues_generations_under_new_weights(tmp_path, tiny_model_dir):
+    """Responses generated 2 tokens at a time: the newest weights are pushed between
+    segments, so some responses mix versions; the run trains with them."""
+    out = tmp_path / "partial"
+    cfg = _config(
+        tmp_path,
+        tiny_model_dir,
+        out,
+        staleness=1,
+        mode="streaming",
+        stream_chunk=4,
+        partial_rollout_segment=2,
+    )
+    cfg["experiment"]["max_steps"] = 4
+    summary = _train(cfg)
+    assert summary["steps"] == 4
+    rows = _rows(out)
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    assert all(0 <= r["async/continued_token_fraction"] <= 1 for r in rows)
+    assert all(r["async/token_staleness_mean"] <= r["async/staleness_max"] for r in rows)
