@@ -12,6 +12,7 @@ from temper.algorithms import (  # noqa: F401  (register the variants)
     advantages_variants,
     policy_losses_trust,
     policy_losses_variants,
+    sppo,
 )
 from temper.algorithms.advantages import (
     ADV_ESTIMATORS,

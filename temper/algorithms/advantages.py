@@ -89,6 +89,8 @@ class AdvantageParams:
             ``episode_reward_weight``).
         step_weight: GiGPO's weight ω of the step-level advantage (ROLL
             ``step_reward_weight``).
+        sppo_beta: SPPO's soft-mean temperature ``β`` of the baseline (verl
+            ``algorithm.sppo_eta``; 0 is the plain mean).
     """
 
     gamma: float = 1.0
@@ -101,6 +103,7 @@ class AdvantageParams:
     step_gamma: float = 0.95
     episode_weight: float = 1.0
     step_weight: float = 1.0
+    sppo_beta: float = 1.0
 
 
 AdvantageFn = Callable[[AdvantageInputs, AdvantageParams], tuple[Tensor, Tensor]]

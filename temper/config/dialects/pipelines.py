@@ -91,11 +91,6 @@ VERL_SHAPES = (
         _any_key("actor_rollout_ref.actor.dpo_beta", "trainer.ref_update_freq"),
     ),
     Shape(
-        "verl SPPO recipe",
-        "self-play preference optimization",
-        _any_key("actor_rollout_ref.actor.sppo_eta", "algorithm.sppo_eta"),
-    ),
-    Shape(
         "verl PRIME recipe",
         "a policy with an implicit process reward model trained alongside",
         _any_key("reward_model.prime_granularity", "data.filter_accuracy"),
