@@ -40,7 +40,7 @@ def softmean(x: Tensor, beta: float) -> Tensor:
     return (torch.logsumexp(beta * x, dim=0) - math.log(x.numel())) / beta
 
 
-@estimator("sppo")
+@estimator("sppo", reads=frozenset({"sppo_beta"}))
 def sppo_advantages(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor]:
     """SPPO's centred score (verl recipe ``sppo``): ``A_i = s_i - SoftMean_β(s)``.
 
