@@ -129,3 +129,49 @@ def test_first_update_is_reinforce_with_weight_two_eta_advantage() -> None:
     assert logp.grad is not None
     # row 0: -2·0.5·1/2 = -0.5; row 1: -2·0.5·(-0.5)/2 = 0.25
     assert torch.allclose(logp.grad, T([[-0.5, -0.5], [0.25, 0.25]]))
+
+
+# ------------------------------------------------------------------ verl's numbers
+
+# Outputs of verl's SPPO recipe at 38d9a88 (2025-06) on the inputs below, rounded to 6
+# decimals: ``softmean`` and ``compute_advantage`` (recipe/sppo/sppo_ray_trainer.py) give
+# the advantages, ``compute_sppo_loss`` (recipe/sppo/dp_actor.py, token-mean) the loss and
+# autograd its gradient. Row 2 is an empty response: its score counts in the soft mean,
+# its loss does not.
+V_MASK = T([[1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 0, 0]]).float()
+V_SCORES = T([0.8, 0.1, 0.0, 1.0])
+V_LOGP = T([[-0.3, -1.2, -0.7], [-2.0, -0.1, 0.0], [0.0, 0.0, 0.0], [-0.9, 0.0, 0.0]])
+V_OLD = T([[-0.5, -1.0, -0.6], [-1.5, -0.2, 0.0], [0.0, 0.0, 0.0], [-1.4, 0.0, 0.0]])
+V_GOLDEN = {
+    (1.0, 1.0): (
+        [0.233409, -0.466591, -0.566591, 0.433409],
+        0.04001,
+        [[-0.222273] * 3, [0.044394, 0.044394, 0.0], [0.0] * 3, [0.044394, 0.0, 0.0]],
+    ),
+    (2.0, 0.5): (
+        [0.153888, -0.546112, -0.646112, 0.353888],
+        0.050596,
+        [[-0.117963] * 3, [-0.084629, -0.084629, 0.0], [0.0] * 3, [0.215371, 0.0, 0.0]],
+    ),
+}
+
+
+@pytest.mark.parametrize(("beta", "eta"), list(V_GOLDEN))
+def test_matches_verls_sppo_recipe(beta: float, eta: float) -> None:
+    want_adv, want_loss, want_grad = V_GOLDEN[(beta, eta)]
+    rewards = torch.zeros(4, 3)
+    rewards[:, 0] = V_SCORES  # the score on a valid token (row 2 has none: its score is 0)
+    adv, _ = compute_advantages(
+        "sppo", AdvantageInputs(rewards, V_MASK), AdvantageParams(sppo_beta=beta)
+    )
+    valid = V_MASK.any(-1)  # the empty row's advantage sits on no token here
+    assert torch.allclose(adv[valid, 0], T(want_adv)[valid], atol=1e-6)
+    logp = V_LOGP.clone().requires_grad_(True)
+    agg = LossAggregator.from_mask("token-mean", V_MASK)
+    loss, _ = compute_policy_loss(
+        "sppo", logp, V_OLD, adv, V_MASK, PolicyLossParams(sppo_eta=eta), agg
+    )
+    assert loss.item() == pytest.approx(want_loss, abs=1e-6)
+    loss.backward()
+    assert logp.grad is not None
+    assert torch.allclose(logp.grad, T(want_grad), atol=1e-6)
