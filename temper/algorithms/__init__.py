@@ -12,6 +12,7 @@ from temper.algorithms import (  # noqa: F401  (register the variants)
     advantages_variants,
     policy_losses_trust,
     policy_losses_variants,
+    sppo,
 )
 from temper.algorithms.advantages import (
     ADV_ESTIMATORS,
@@ -20,6 +21,8 @@ from temper.algorithms.advantages import (
     compute_advantages,
     discounted_returns,
     estimator_inputs,
+    estimator_params,
+    own_params,
 )
 from temper.algorithms.aggregation import (
     LOSS_AGG_MODES,
@@ -190,6 +193,7 @@ __all__ = [
     "entropy_from_logits",
     "entropy_loss",
     "estimator_inputs",
+    "estimator_params",
     "filter_groups_by_mean",
     "filter_groups_nonzero_std",
     "format_penalty",
@@ -210,6 +214,7 @@ __all__ = [
     "nll_loss",
     "normalize_rewards",
     "overlong_penalty",
+    "own_params",
     "pf_ppo_resample_indices",
     "pf_ppo_weights",
     "policy_loss_inputs",

@@ -89,6 +89,8 @@ class AdvantageParams:
             ``episode_reward_weight``).
         step_weight: GiGPO's weight ω of the step-level advantage (ROLL
             ``step_reward_weight``).
+        sppo_beta: SPPO's soft-mean temperature ``β`` of the baseline (verl
+            ``algorithm.sppo_eta``; 0 is the plain mean).
     """
 
     gamma: float = 1.0
@@ -101,6 +103,7 @@ class AdvantageParams:
     step_gamma: float = 0.95
     episode_weight: float = 1.0
     step_weight: float = 1.0
+    sppo_beta: float = 1.0
 
 
 AdvantageFn = Callable[[AdvantageInputs, AdvantageParams], tuple[Tensor, Tensor]]
@@ -114,22 +117,30 @@ class Estimator:
     ``reward_components``, ``old_log_probs``, ``sum_pi_squared``, and the step-sample
     inputs ``step_rewards`` / ``episode_index`` / ``step_index`` / ``anchor_index`` (the
     agentic step-wise env manager gives them). The pipeline provides
-    them on demand, never by name; a run whose pipeline cannot provide one is refused."""
+    them on demand, never by name; a run whose pipeline cannot provide one is refused.
+    ``reads`` names the :class:`AdvantageParams` fields that this estimator alone reads
+    (``algorithm.<field>`` in the config), so a run that sets one for another estimator
+    is refused rather than ignored."""
 
     fn: AdvantageFn
     needs: frozenset[str] = frozenset()
+    reads: frozenset[str] = frozenset()
 
 
 ADV_ESTIMATORS: Registry[Estimator] = Registry("adv_estimator")
 
 
 def estimator(
-    name: str, *aliases: str, needs: frozenset[str] = frozenset()
+    name: str,
+    *aliases: str,
+    needs: frozenset[str] = frozenset(),
+    reads: frozenset[str] = frozenset(),
 ) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an advantage function as estimator ``name`` (with its needs)."""
+    """Decorator registering an advantage function as estimator ``name`` (with its needs
+    and the parameters only it reads)."""
 
     def register(fn: AdvantageFn) -> AdvantageFn:
-        ADV_ESTIMATORS.add(name, Estimator(fn, needs), *aliases)
+        ADV_ESTIMATORS.add(name, Estimator(fn, needs, reads), *aliases)
         return fn
 
     return register
@@ -362,6 +373,16 @@ def estimator_inputs(name: str) -> frozenset[str]:
     """The optional inputs estimator ``name`` needs (names of :class:`AdvantageInputs`
     fields: ``values``, ``baseline_rewards``, ``reward_components``, …)."""
     return ADV_ESTIMATORS.get(name).needs
+
+
+def estimator_params(name: str) -> frozenset[str]:
+    """The :class:`AdvantageParams` fields estimator ``name`` alone reads."""
+    return ADV_ESTIMATORS.get(name).reads
+
+
+def own_params() -> dict[str, str]:
+    """Every estimator-own parameter -> the estimator that reads it."""
+    return {f: n for n in ADV_ESTIMATORS.primary_names() for f in estimator_params(n)}
 
 
 def compute_advantages(

@@ -20,8 +20,9 @@ negative log-probs never give inf/NaN.
 
 This module holds the parameters, the PPO family (``vanilla``, ``gspo``, ``cispo``,
 ``gpg``) and the dispatcher; :mod:`temper.algorithms.policy_losses_variants` registers
-``clip_cov``, ``kl_cov``, ``geo_mean``, ``sapo`` and ``topr`` in the same registry, and
-:mod:`temper.algorithms.policy_losses_trust` ``dppo_tv``, ``dppo_kl`` and ``dro``.
+``clip_cov``, ``kl_cov``, ``geo_mean``, ``sapo`` and ``topr`` in the same registry,
+:mod:`temper.algorithms.policy_losses_trust` ``dppo_tv``, ``dppo_kl`` and ``dro``, and
+:mod:`temper.algorithms.sppo` ``sppo``.
 
 A loss that cannot run with its parameters (``dro`` without ``dro_beta``) raises
 :class:`PolicyLossParamError`; :func:`check_policy_loss` finds that before a run.
@@ -61,6 +62,8 @@ class PolicyLossParams:
         tau_pos / tau_neg: SAPO gate temperatures for positive/negative advantages.
         topr_positive_weight / topr_negative_weight: TOPR weights of the two sets.
         dro_beta: DRO's quadratic penalty coefficient ``β`` (must be set, > 0, for ``dro``).
+        sppo_eta: SPPO's ``η``, the scale of the advantage the sequence log-ratio is
+            regressed onto (verl ``actor.sppo_eta``).
         cispo_unified_mask: CISPO's token mask (MiniMax-M1 eq. 7; ROLL
             ``cispo_use_unified_mask``): drop tokens whose ratio left the clip range in the
             direction the advantage pushes it.
@@ -88,6 +91,7 @@ class PolicyLossParams:
     topr_positive_weight: float = 1.0
     topr_negative_weight: float = 1.0
     dro_beta: float | None = None
+    sppo_eta: float = 1.0
     cispo_unified_mask: bool = False
     log_ratio_clamp: float = 20.0
     reinforce_is_level: str = "none"

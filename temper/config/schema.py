@@ -842,6 +842,11 @@ class AlgorithmConfig:
         1.0, "GiGPO: weight ω of the step-level advantage (ROLL step_reward_weight)."
     )
     gae_whiten: bool = doc(True, "GAE: whiten advantages in the estimator (verl; ROLL: false).")
+    sppo_beta: float = doc(
+        1.0,
+        "SPPO: temperature β of the soft-mean baseline over the batch (verl algorithm.sppo_eta;"
+        " 0: the plain mean).",
+    )
     use_kl_in_reward: bool = doc(False, "Subtract kl_coef × KL(actor||ref) from token rewards.")
     kl_penalty: str = doc(
         "kl",

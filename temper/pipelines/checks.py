@@ -13,7 +13,9 @@ from temper.algorithms import (
     PolicyLossParamError,
     check_policy_loss,
     estimator_inputs,
+    estimator_params,
     kl_estimator_needs_logits,
+    own_params,
 )
 from temper.algorithms.gkd import direct_gradient_estimator_ok
 from temper.config.catalog import REWARD_COMPONENTS
@@ -39,6 +41,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_pipeline_sections(cfg)
     _check_token_budgets(cfg, plan)
     _check_estimator_inputs(cfg)
+    _check_estimator_params(cfg)
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
     _check_rollout_correction(cfg)
@@ -211,6 +214,21 @@ FIXES = {
     k: "set agentic.env_manager: step (the agentic pipeline, one sample per env step)"
     for k in ("step_rewards", "episode_index", "step_index", "anchor_index")
 }
+
+
+def _check_estimator_params(cfg: TemperConfig) -> None:
+    """A parameter only one estimator reads (``Estimator.reads``: SPPO's ``sppo_beta``),
+    set away from its default while another estimator runs, would be read by nothing."""
+    algo = cfg.algorithm
+    chosen = estimator_params(algo.adv_estimator)
+    defaults = type(algo)()
+    for param, owner in sorted(own_params().items()):
+        if param not in chosen and getattr(algo, param) != getattr(defaults, param):
+            raise ConfigError(
+                f"algorithm.{param}",
+                f"only adv_estimator {owner} reads it; adv_estimator {algo.adv_estimator} does not",
+                f"remove it, or set algorithm.adv_estimator: {owner}",
+            )
 
 
 def _check_estimator_inputs(cfg: TemperConfig) -> None:

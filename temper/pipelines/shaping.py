@@ -252,6 +252,7 @@ def compute_experience(
         step_gamma=algo.gigpo_step_gamma,
         episode_weight=algo.gigpo_episode_weight,
         step_weight=algo.gigpo_step_weight,
+        sppo_beta=algo.sppo_beta,
     )
     penalty = None
     if s.distill.teachers:  # on-policy distillation: −Σ c_i·KL_i per token

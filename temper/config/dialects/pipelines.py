@@ -6,8 +6,9 @@ supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline), D
 (``dpo``: ROLL's DPO pipeline), offline distillation (``distill``: ROLL's distill
 pipeline), on-policy distillation (RL with teachers: ROLL's OPD files) and verl's
 generation and evaluation entry points (``generate``, ``eval``), which the dialects
-translate. verl and ROLL ship other trainers too — ROLL's rollout-only runs, self-play
-recipes. Their configs reuse many RL keys, so a
+translate, and verl's SPPO recipe (an RLVR run with the ``sppo`` estimator and loss:
+:mod:`verl_sppo`). verl and ROLL ship other trainers too — ROLL's rollout-only runs,
+verl's SPIN and PRIME recipes. Their configs reuse many RL keys, so a
 key-by-key translation would fail on some key deep inside with "unknown key, did you mean
 …", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
@@ -35,6 +36,7 @@ class Shape:
     name: str  # what the user would call it
     what: str  # what it trains
     matches: Callable[[dict[str, Any]], str | None]  # -> the key that identifies it
+    lacks: str = ""  # what temper lacks of it, where a near pipeline could mislead
 
 
 def _get(data: dict[str, Any], path: str) -> Any:
@@ -87,18 +89,18 @@ ROLL_SHAPES = (
 VERL_SHAPES = (
     Shape(
         "verl SPIN recipe",
-        "self-play fine-tuning with a DPO-style loss",
+        "online DPO: each prompt's generations ranked by the reward into chosen and "
+        "rejected, the reference replaced by the policy every trainer.ref_update_freq steps",
         _any_key("actor_rollout_ref.actor.dpo_beta", "trainer.ref_update_freq"),
-    ),
-    Shape(
-        "verl SPPO recipe",
-        "self-play preference optimization",
-        _any_key("actor_rollout_ref.actor.sppo_eta", "algorithm.sppo_eta"),
+        "temper's dpo pipeline learns from given pairs against a frozen reference: no "
+        "step generates the pairs or reloads the reference",
     ),
     Shape(
         "verl PRIME recipe",
-        "a policy with an implicit process reward model trained alongside",
+        "a policy whose token rewards β·log(π_rm/π_ref) come from an implicit process "
+        "reward model trained alongside it on the outcome labels",
         _any_key("reward_model.prime_granularity", "data.filter_accuracy"),
+        "temper's RL loop trains no reward model during RL",
     ),
 )
 SHAPES = {"roll": ROLL_SHAPES, "verl": VERL_SHAPES}
@@ -112,7 +114,7 @@ def refuse_other_pipelines(data: dict[str, Any], dialect: str) -> None:
             raise ConfigError(
                 key,
                 f"this is a {shape.name} config ({shape.what}), a pipeline temper has no "
-                f"loop for; {RUNS}",
+                f"loop for{'; ' + shape.lacks if shape.lacks else ''}; {RUNS}",
                 f"run it with {dialect if dialect == 'verl' else 'ROLL'}'s own trainer, or "
                 "write an RL, SFT or DPO config (verl main_ppo or an SFT trainer's, ROLL "
                 "RLVR, agentic, SFT or DPO)",

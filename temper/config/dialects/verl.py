@@ -37,6 +37,7 @@ from temper.config.dialects import (
     verl_distill,
     verl_generation,
     verl_sft,
+    verl_sppo,
 )
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
@@ -197,6 +198,13 @@ class _Translator:
         key = key or self.key
         if key not in keys:
             keys.append(key)
+
+    def unnote(self, key: str) -> None:
+        """Take ``key`` out of the notes (a final pass that gives it a meaning after all)."""
+        for why in list(self.notes):
+            self.notes[why] = [k for k in self.notes[why] if k != key]
+            if not self.notes[why]:
+                del self.notes[why]
 
     def write(self, native: str, value: Any, key: str | None = None) -> None:
         """Set native field ``native`` (converted to its type) as verl key ``key`` (default:
@@ -432,8 +440,9 @@ class _Translator:
     # ------------------------------------------------------------------ final pass
 
     def _finish_ppo(self) -> None:
-        """The PPO trainer's part of the final pass: sequence-level losses, the chosen
-        engine's kwargs, a custom reward function."""
+        """The PPO trainer's part of the final pass: the SPPO recipe's estimator and loss,
+        sequence-level losses, the chosen engine's kwargs, a custom reward function."""
+        verl_sppo.finish(self)  # first: it chooses the policy loss the next pass reads
         self._sequence_level_losses()
         self._sequence_parallel_budgets()
         verl_async.finish(self)

@@ -15,6 +15,7 @@ from temper.config.dialects.verl_distill import RULES as DISTILL_RULES
 from temper.config.dialects.verl_megatron import MEGATRON_INHERIT, megatron_rules
 from temper.config.dialects.verl_rewards import RULES
 from temper.config.dialects.verl_rules import Call, Map, Note, Rule
+from temper.config.dialects.verl_sppo import RULES as SPPO_RULES
 from temper.config.dialects.verl_table import (
     ACT,
     INTERNAL,
@@ -352,6 +353,7 @@ TABLE: dict[str, Rule] = _gather(
     megatron_rules(),
     V09_RULES,
     DISTILL_RULES,
+    SPPO_RULES,
     _gate(
         "global_profiler",
         "tool",

@@ -475,6 +475,8 @@ def test_on_policy_gradient_is_reinforce(name: str) -> None:
         torch.testing.assert_close(logp.grad, torch.full((1, 3), -(adv.mean().item()) / 3))
     elif name == "gspo":  # sequence ratio: -A_t * s / (n * S), s = 1
         torch.testing.assert_close(logp.grad, -adv / 3)
+    elif name == "sppo":  # squared sequence loss: -2η·mean(A) per token, η = 1, S = 1
+        torch.testing.assert_close(logp.grad, torch.full((1, 3), -2 * adv.mean().item()))
     else:
         torch.testing.assert_close(logp.grad, -adv / 3)
 

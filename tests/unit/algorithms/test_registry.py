@@ -61,11 +61,11 @@ def test_registry_names_for_config_validator() -> None:
     assert set(names["adv_estimator"]) == {
         "gae", "grpo", "rloo", "reinforce", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
         "remax", "opo", "gpg", "grpo_passk", "gdpo", "optimal_token_baseline",
-        "tir_optimal_token_baseline", "gigpo",
+        "tir_optimal_token_baseline", "gigpo", "sppo",
     }  # fmt: skip
     assert set(names["policy_loss"]) == {
         "vanilla", "gspo", "cispo", "gpg", "clip_cov", "kl_cov", "geo_mean", "sapo", "topr",
-        "topr_score", "dppo_tv", "dppo_kl", "dro", "reinforce_is",
+        "topr_score", "dppo_tv", "dppo_kl", "dro", "reinforce_is", "sppo",
     }  # fmt: skip
     assert {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "k3+", "k1+"} <= set(
         names["kl_penalty"]

@@ -102,6 +102,8 @@ REFUSED = [
         "reward_components",
     ),
     (RLVR, {"algorithm": {"adv_estimator": "gdpo"}}, "algorithm.gdpo_reward_keys"),
+    # an estimator's own parameter set while another estimator runs: read by nothing
+    (RLVR, {"algorithm": {"sppo_beta": 0.5}}, "algorithm.sppo_beta"),
     (RLVR, {"algorithm": {"gdpo_reward_keys": ["acc"]}}, "algorithm.gdpo_reward_keys"),
     (
         RLVR,
@@ -182,6 +184,14 @@ ACCEPTED = [
     (RLVR, {"actor": {"policy_loss": "dro", "policy_loss_kwargs": {"dro_beta": 0.1}}}),
     (RLVR, {"actor": {"policy_loss": "dppo_tv", "clip_ratio": 0.15, "clip_ratio_c": 10000.0}}),
     (RLVR, {"actor": {"policy_loss": "dppo_kl", "clip_ratio": 0.05}}),
+    (
+        RLVR,
+        {
+            "algorithm": {"adv_estimator": "sppo", "sppo_beta": 0.5},
+            "actor": {"policy_loss": "sppo", "policy_loss_kwargs": {"sppo_eta": 2.0}},
+        },
+    ),
+    (AGENTIC, {"algorithm": {"adv_estimator": "sppo", "sppo_beta": 0.0}}),
     (AGENTIC, {"algorithm": {"add_len_reward": True, "filter_groups": {"enable": True}}}),
     (AGENTIC, {"algorithm": {"use_reward_scaling": True, "length_loss_weight": True}}),
 ]
