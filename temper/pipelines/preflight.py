@@ -813,6 +813,13 @@ def check_pipeline_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> 
     resolve_pipeline(cfg.pipeline).preflight(cfg, notes)
 
 
+def check_tracker_setup(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
+    """Each tracker's package is installed and its ``tracker_kwargs`` are ones it reads."""
+    from temper.tracking import check_trackers
+
+    check_trackers(cfg.experiment.trackers, cfg.experiment.tracker_kwargs)
+
+
 CHECKS: dict[str, Check] = {
     "engines": check_engines,  # first: it settles experiment.device, which placement reads
     "placement": check_placement,
@@ -822,6 +829,7 @@ CHECKS: dict[str, Check] = {
     "outputs": check_outputs,
     "pipeline": check_pipeline_files,
     "tools": check_tools,
+    "trackers": check_tracker_setup,
 }
 
 
