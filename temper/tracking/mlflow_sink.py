@@ -29,6 +29,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from temper.tracking.scalars import scalars
+
 #: characters MLflow accepts in a metric key (``mlflow.utils.validation``, POSIX)
 _INVALID = re.compile(r"[^/\w.\- :]")
 #: MLflow's longest key
@@ -128,11 +130,7 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [
-            Metric(self.key(k), float(v), now, step)
-            for k, v in metrics.items()
-            if isinstance(v, (int, float)) or hasattr(v, "item")
-        ]
+        batch = [Metric(self.key(k), v, now, step) for k, v in scalars(metrics).items()]
         for i in range(0, len(batch), MAX_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i : i + MAX_BATCH])
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from temper.tracking.scalars import scalars
+
 #: SwanLab's modes (``swanlab.init``); verl's ``cloud`` is ``online``
 MODES = ("online", "offline", "local", "disabled")
 
@@ -87,7 +89,7 @@ class SwanlabTracker:
         id_file.write_text(str(self.run.id), encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self.run.log(dict(metrics), step=step)
+        self.run.log(scalars(metrics), step=step)
 
     def log_text(self, tag: str, text: str, step: int) -> None:
         self.run.log({tag: self.text(text)}, step=step)

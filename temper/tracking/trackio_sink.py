@@ -25,6 +25,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from temper.tracking.scalars import scalars
+
 
 @dataclasses.dataclass
 class TrackioArgs:
@@ -69,7 +71,7 @@ class TrackioTracker:
         )
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self.run.log(dict(metrics), step=step)
+        self.run.log(scalars(metrics), step=step)
 
     def log_text(self, tag: str, text: str, step: int) -> None:
         fence = "````" if "```" in text else "```"

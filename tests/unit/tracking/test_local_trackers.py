@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from temper.config.errors import ConfigError
@@ -49,7 +50,8 @@ def test_mlflow_logs_metrics_and_text_to_a_sqlite_store_and_resume_continues(
 
     trackers = build_trackers(["mlflow"], tmp_path, project="proj", name="exp")
     for step, row in enumerate(ROWS, 1):
-        trackers.log({**row, "pass@k/x": float(step)}, step)
+        # a numpy scalar is logged as its number, a string left out (jsonl keeps it)
+        trackers.log({**row, "pass@k/x": float(step), "n": np.int64(step), "tag": "t"}, step)
     trackers.log_text("val/generations/0", "prompt: 1+1=\nresponse: 2", 4)
     trackers.close()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
@@ -62,6 +64,8 @@ def test_mlflow_logs_metrics_and_text_to_a_sqlite_store_and_resume_continues(
         (s, pytest.approx(0.1 * s)) for s in range(1, 5)
     ]
     assert [m.value for m in client.get_metric_history(run_id, "pass_at_k/x")] == [1, 2, 3, 4]
+    assert [m.value for m in client.get_metric_history(run_id, "n")] == [1, 2, 3, 4]
+    assert "tag" not in run.data.metrics
     (text,) = client.list_artifacts(run_id, "val/generations/0")
     local = client.download_artifacts(run_id, text.path, str(tmp_path / "dl"))
     assert Path(local).read_text() == "prompt: 1+1=\nresponse: 2"
@@ -164,7 +168,9 @@ def _swanlab_records(log_dir):
 
 @pytest.mark.slow  # the library's store: seconds to create
 def test_swanlab_offline_run_under_the_output_dir(tmp_path, no_tracking_env):
-    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install swanlab)")
+    pytest.importorskip(
+        "swanlab", reason="swanlab is not installed (pip install 'temper-rl[swanlab]')"
+    )
     kwargs = {"tags": ["rl"], "description": "tiny"}
     trackers = build_trackers(["swanlab"], tmp_path, kwargs=kwargs, project="proj", name="exp")
     for step, row in enumerate(ROWS, 1):
