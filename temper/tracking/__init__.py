@@ -6,7 +6,7 @@ gets the same ``log(metrics, step)`` calls; the jsonl file is the run's record. 
 sinks' names are the :data:`TRACKERS` registry's, which the config checks at load.
 
 ``experiment.logging_steps`` (ROLL ``logging_steps``; verl logs every step) thins what
-the *viewing* sinks get — console, tensorboard, wandb see every N-th step, plus any row
+the *viewing* sinks get — every sink but jsonl sees every N-th step, plus any row
 with validation metrics and the run's last step (see :func:`should_log`). jsonl always
 gets every step: resume, ``temper report`` and the run summary read it.
 """
@@ -450,11 +450,13 @@ def build_trackers(
 ) -> MultiTracker:
     """Trackers for ``names`` (jsonl is always included: it is the run's record).
 
-    ``every`` is ``experiment.logging_steps``: tensorboard and wandb get every N-th step
-    (and validation rows and the last step, :func:`should_log`), the console likewise;
-    jsonl gets every step. ``start_step`` > 0 marks a resumed run: the first step it
-    will log. Sinks drop or purge what the interrupted run logged from that step on, so
-    each step appears once.
+    ``every`` is ``experiment.logging_steps``: every sink but jsonl gets every N-th step
+    (and validation rows and the last step, :func:`should_log`); jsonl gets every step.
+    ``start_step`` > 0 marks a resumed run: the first step it will log. jsonl drops and
+    tensorboard purges what the interrupted run logged from that step on, so each step
+    appears once there; wandb, mlflow, swanlab and trackio continue the interrupted run,
+    and the last three append: a step logged again after the checkpoint is in their
+    history twice.
     """
     wanted = list(dict.fromkeys([*names, "jsonl"]))
     check_trackers(wanted, kwargs)
