@@ -109,6 +109,10 @@ for step, row in enumerate(rows, 1):
     trackers.log(row, step)
 trackers.log_text("val/generations/0", "prompt: 1+1=\\nresponse: 2", 4)
 trackers.close()
+# resumed after step 4's checkpoint: the same run goes on
+resumed = build_trackers(["trackio"], out, project="proj", name="exp", start_step=5)
+resumed.log({"train/reward_mean": 0.5}, 5)
+resumed.close()
 from trackio.sqlite_storage import SQLiteStorage
 logs = SQLiteStorage.get_logs("proj", "exp")
 print("LOGS" + json.dumps(logs, default=str))
@@ -134,9 +138,9 @@ def test_trackio_logs_every_step_to_a_local_database_in_the_output_dir(tmp_path)
     assert json.loads(lines["RUNS"]) == ["exp"]
     logs = json.loads(lines["LOGS"])
     scalars = [row for row in logs if "train/reward_mean" in row]
-    assert [row["step"] for row in scalars] == [1, 2, 3, 4]
-    assert [row["train/reward_mean"] for row in scalars] == pytest.approx([0.1, 0.2, 0.3, 0.4])
-    assert scalars[-1]["actor/kl"] == pytest.approx(0.04)
+    assert [row["step"] for row in scalars] == [1, 2, 3, 4, 5]
+    assert [row["train/reward_mean"] for row in scalars] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert scalars[3]["actor/kl"] == pytest.approx(0.04)
     (text,) = [row["val/generations/0"] for row in logs if "val/generations/0" in row]
     assert "response: 2" in text["_value"]
 
