@@ -3,8 +3,8 @@
 A config that validates can still fail once a run starts: a model directory that does
 not exist, a data file without the prompt column, an output directory that cannot be
 written, an engine that is not installed or cannot run on this machine, a data source no
-reward function scores. :func:`preflight` finds those before Ray starts or a model
-loads — reading ``config.json`` / ``tokenizer_config.json``, data schemas and columns,
+reward function scores, a tracker whose package is missing. :func:`preflight` finds those
+before Ray starts or a model loads — reading ``config.json`` / ``tokenizer_config.json``, data schemas and columns,
 never weights — and raises a ``ConfigError`` naming the key, the reason and the fix.
 
 Two things are settled instead of refused, so a GPU config can be debugged on a laptop:

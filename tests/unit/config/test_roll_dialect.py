@@ -597,6 +597,7 @@ MAPPED += [
 
 # (ROLL key, value, extra context): accepted, a note names the key.
 NOTED = [
+    ("track_with", "swanlab", {}),  # offline unless tracker_kwargs.mode says online
     ("enable_old_logprobs_recompute", False, IS_ON),
     ("enable_old_logprobs_recompute", True, {}),
     (
