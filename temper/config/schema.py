@@ -124,10 +124,14 @@ class ExperimentConfig:
     logging_steps: int = doc(1, "Log metrics every N steps.")
     trackers: list[str] = doc(
         ["console", "jsonl"],
-        "Metric sinks: console, jsonl, tensorboard, wandb.",
+        "Metric sinks: console, jsonl, tensorboard, wandb, mlflow, swanlab, trackio.",
         registry="tracker",
     )
-    tracker_kwargs: dict[str, Any] = doc({}, "Extra arguments for the trackers (e.g. log_dir).")
+    tracker_kwargs: dict[str, Any] = doc(
+        {},
+        "Extra arguments for the trackers (e.g. log_dir), flat or per tracker "
+        "(tracker_kwargs.<name>); mlflow, swanlab and trackio refuse keys they do not read.",
+    )
     rollout_data_dir: str | None = doc(None, "Dump rollouts (prompt, response, score) here.")
     validation_data_dir: str | None = doc(None, "Dump validation generations here.")
     render_save_dir: str | None = doc(None, "Agentic: write rendered episodes here.")

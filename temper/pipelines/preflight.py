@@ -3,8 +3,8 @@
 A config that validates can still fail once a run starts: a model directory that does
 not exist, a data file without the prompt column, an output directory that cannot be
 written, an engine that is not installed or cannot run on this machine, a data source no
-reward function scores. :func:`preflight` finds those before Ray starts or a model
-loads — reading ``config.json`` / ``tokenizer_config.json``, data schemas and columns,
+reward function scores, a tracker whose package is missing. :func:`preflight` finds those
+before Ray starts or a model loads — reading ``config.json`` / ``tokenizer_config.json``, data schemas and columns,
 never weights — and raises a ``ConfigError`` naming the key, the reason and the fix.
 
 Two things are settled instead of refused, so a GPU config can be debugged on a laptop:
@@ -813,6 +813,13 @@ def check_pipeline_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> 
     resolve_pipeline(cfg.pipeline).preflight(cfg, notes)
 
 
+def check_tracker_setup(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
+    """Each tracker's package is installed and its ``tracker_kwargs`` are ones it reads."""
+    from temper.tracking import check_trackers
+
+    check_trackers(cfg.experiment.trackers, cfg.experiment.tracker_kwargs)
+
+
 CHECKS: dict[str, Check] = {
     "engines": check_engines,  # first: it settles experiment.device, which placement reads
     "placement": check_placement,
@@ -822,6 +829,7 @@ CHECKS: dict[str, Check] = {
     "outputs": check_outputs,
     "pipeline": check_pipeline_files,
     "tools": check_tools,
+    "trackers": check_tracker_setup,
 }
 
 

@@ -1,17 +1,20 @@
-"""Metric sinks: console (progress + compact table), jsonl (always), tensorboard, wandb.
+"""Metric sinks: console (progress + compact table), jsonl (always), tensorboard, wandb,
+mlflow, swanlab, trackio.
 
 ``build_trackers`` turns ``experiment.trackers`` into one ``MultiTracker``. Every sink
 gets the same ``log(metrics, step)`` calls; the jsonl file is the run's record. The
 sinks' names are the :data:`TRACKERS` registry's, which the config checks at load.
 
 ``experiment.logging_steps`` (ROLL ``logging_steps``; verl logs every step) thins what
-the *viewing* sinks get — console, tensorboard, wandb see every N-th step, plus any row
+the *viewing* sinks get — every sink but jsonl sees every N-th step, plus any row
 with validation metrics and the run's last step (see :func:`should_log`). jsonl always
 gets every step: resume, ``temper report`` and the run summary read it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -21,8 +24,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from temper.config.errors import unknown_name
+from temper.config.errors import ConfigError, unknown_name
 from temper.registry import Registry
+
+# the sink modules import their library only when a sink is built: their args
+# dataclasses, which the checks read, come without it
+from temper.tracking.mlflow_sink import MlflowArgs
+from temper.tracking.swanlab_sink import SwanlabArgs
+from temper.tracking.trackio_sink import TrackioArgs
 
 
 class Tracker(Protocol):
@@ -292,23 +301,78 @@ class MultiTracker:
             t.close()
 
 
-#: Metric sinks by ``experiment.trackers`` name: each builds its sink from the run's
-#: output dir and ``build_trackers``' keyword arguments.
-TRACKERS: Registry[Callable[..., Tracker]] = Registry("tracker")
-TRACKERS.add("console", lambda output_dir, total_steps=None, **_: ConsoleTracker(total_steps))
-TRACKERS.add("jsonl", lambda output_dir, start_step=0, **_: JsonlTracker(output_dir, start_step))
+@dataclasses.dataclass(frozen=True)
+class TrackerSpec:
+    """A registered tracker: how it is built, and what it needs — declared here, checked
+    by ``temper check`` (:func:`check_trackers`) before a run starts.
+
+    ``build(output_dir, *, args, kwargs, project, name, total_steps, every, start_step)``
+    makes the sink. ``package`` is the module it imports and ``install`` what to install
+    when that module is missing. ``args`` is the dataclass of the ``tracker_kwargs`` it
+    reads (checked: an unknown key is refused); None where it reads none, or where it
+    takes them unchecked (``unchecked_kwargs``: wandb hands them to ``wandb.init``,
+    tensorboard reads ``log_dir`` and ignores the rest).
+    """
+
+    build: Callable[..., Tracker]
+    package: str | None = None
+    install: str = ""
+    args: type | None = None
+    unchecked_kwargs: bool = False
+
+
+def _tensorboard(output_dir, kwargs=None, start_step=0, **_: Any) -> Tracker:
+    return TensorboardTracker(output_dir, start_step=start_step, **_section(kwargs, "tensorboard"))
+
+
+def _wandb(output_dir, kwargs=None, project="temper", name="run", start_step=0, **_) -> Tracker:
+    return WandbTracker(output_dir, project, name, start_step, **_section(kwargs, "wandb"))
+
+
+def _mlflow(output_dir, args, project="temper", name="run", start_step=0, **_: Any) -> Tracker:
+    from temper.tracking.mlflow_sink import MlflowTracker
+
+    return MlflowTracker(output_dir, project, name, args, start_step)
+
+
+def _swanlab(output_dir, args, project="temper", name="run", start_step=0, **_: Any) -> Tracker:
+    from temper.tracking.swanlab_sink import SwanlabTracker
+
+    return SwanlabTracker(output_dir, project, name, args, start_step)
+
+
+def _trackio(output_dir, args, project="temper", name="run", start_step=0, **_: Any) -> Tracker:
+    from temper.tracking.trackio_sink import TrackioTracker
+
+    return TrackioTracker(output_dir, project, name, args, start_step)
+
+
+#: what the tracking extra installs (pyproject.toml)
+_TRACKING = "pip install 'temper-rl[tracking]'"
+
+#: Metric sinks by ``experiment.trackers`` name.
+TRACKERS: Registry[TrackerSpec] = Registry("tracker")
+TRACKERS.add(
+    "console",
+    TrackerSpec(lambda output_dir, total_steps=None, **_: ConsoleTracker(total_steps)),
+)
+TRACKERS.add(
+    "jsonl",
+    TrackerSpec(lambda output_dir, start_step=0, **_: JsonlTracker(output_dir, start_step)),
+)
 TRACKERS.add(
     "tensorboard",
-    lambda output_dir, kwargs=None, start_step=0, **_: TensorboardTracker(
-        output_dir, start_step=start_step, **_section(kwargs, "tensorboard")
-    ),
+    TrackerSpec(_tensorboard, "tensorboard", _TRACKING, unchecked_kwargs=True),
 )
+TRACKERS.add("wandb", TrackerSpec(_wandb, "wandb", _TRACKING, unchecked_kwargs=True))
+TRACKERS.add("mlflow", TrackerSpec(_mlflow, "mlflow", _TRACKING, MlflowArgs))
+# not in the tracking extra: swanlab pins protobuf<7, and protobuf 6 cannot load modules
+# generated for protobuf 7 (sentencepiece's, which transformers imports)
 TRACKERS.add(
-    "wandb",
-    lambda output_dir, kwargs=None, project="temper", name="run", start_step=0, **_: WandbTracker(
-        output_dir, project, name, start_step, **_section(kwargs, "wandb")
-    ),
+    "swanlab",
+    TrackerSpec(_swanlab, "swanlab", "pip install 'temper-rl[swanlab]'", SwanlabArgs),
 )
+TRACKERS.add("trackio", TrackerSpec(_trackio, "trackio", _TRACKING, TrackioArgs))
 
 
 def _section(kwargs: dict[str, Any] | None, name: str) -> dict[str, Any]:
@@ -318,6 +382,59 @@ def _section(kwargs: dict[str, Any] | None, name: str) -> dict[str, Any]:
     if isinstance(kwargs.get(name), dict):
         return dict(kwargs[name])
     return {k: v for k, v in kwargs.items() if k not in TRACKERS}
+
+
+def tracker_args(name: str, names: list[str], kwargs: dict[str, Any] | None) -> Any:
+    """The ``args`` dataclass of tracker ``name`` (one of ``names``, the run's trackers)
+    from ``tracker_kwargs``, or None where it declares none.
+
+    ``tracker_kwargs.<name>`` is its own: a key it does not read is refused. Flat
+    ``tracker_kwargs`` are shared by the run's trackers: each takes the keys it reads; a
+    key that none of them reads is refused, unless one of them takes keys unchecked
+    (wandb, tensorboard).
+    """
+    spec = TRACKERS.get(name)
+    if spec.args is None:
+        return None
+    fields = {f.name for f in dataclasses.fields(spec.args)}
+    kwargs = dict(kwargs or {})
+    if isinstance(kwargs.get(name), dict):
+        own, where = dict(kwargs[name]), f"experiment.tracker_kwargs.{name}"
+        unread = sorted(set(own) - fields)
+    else:
+        flat = {k: v for k, v in kwargs.items() if k not in TRACKERS}
+        own, where = {k: v for k, v in flat.items() if k in fields}, "experiment.tracker_kwargs"
+        specs = [TRACKERS.get(n) for n in names if n in TRACKERS]
+        read: set[str] = set()
+        for other in specs:
+            if other.args is not None:
+                read |= {f.name for f in dataclasses.fields(other.args)}
+        open_ = any(other.unchecked_kwargs for other in specs)
+        unread = [] if open_ else sorted(set(flat) - read)
+    if unread:
+        raise ConfigError(
+            f"{where}.{unread[0]}",
+            f"the {name} tracker does not read it (it reads: {', '.join(sorted(fields))})",
+            "remove it",
+        )
+    return spec.args(**own)
+
+
+def check_trackers(names: list[str], kwargs: dict[str, Any] | None) -> None:
+    """Each tracker of ``names`` can be built here: its package is installed and its
+    ``tracker_kwargs`` are ones it reads (what ``temper check`` and ``train`` refuse
+    before a model loads)."""
+    for n in names:
+        if n not in TRACKERS:
+            raise unknown_name("experiment.trackers", n, TRACKERS.names())
+        spec = TRACKERS.get(n)
+        if spec.package is not None and importlib.util.find_spec(spec.package) is None:
+            raise ConfigError(
+                "experiment.trackers",
+                f"'{n}' needs the {spec.package} package, which is not installed",
+                spec.install,
+            )
+        tracker_args(n, names, kwargs)
 
 
 def build_trackers(
@@ -333,20 +450,21 @@ def build_trackers(
 ) -> MultiTracker:
     """Trackers for ``names`` (jsonl is always included: it is the run's record).
 
-    ``every`` is ``experiment.logging_steps``: tensorboard and wandb get every N-th step
-    (and validation rows and the last step, :func:`should_log`), the console likewise;
-    jsonl gets every step. ``start_step`` > 0 marks a resumed run: the first step it
-    will log. Sinks drop or purge what the interrupted run logged from that step on, so
-    each step appears once.
+    ``every`` is ``experiment.logging_steps``: every sink but jsonl gets every N-th step
+    (and validation rows and the last step, :func:`should_log`); jsonl gets every step.
+    ``start_step`` > 0 marks a resumed run: the first step it will log. jsonl drops and
+    tensorboard purges what the interrupted run logged from that step on, so each step
+    appears once there; wandb, mlflow, swanlab and trackio continue the interrupted run,
+    and the last three append: a step logged again after the checkpoint is in their
+    history twice.
     """
     wanted = list(dict.fromkeys([*names, "jsonl"]))
-    for n in wanted:
-        if n not in TRACKERS:
-            raise unknown_name("experiment.trackers", n, TRACKERS.names())
+    check_trackers(wanted, kwargs)
     sinks: list[Tracker] = []
     for n in wanted:
-        sink = TRACKERS.get(n)(
+        sink = TRACKERS.get(n).build(
             output_dir,
+            args=tracker_args(n, wanted, kwargs),
             total_steps=total_steps,
             every=every,
             kwargs=kwargs,

@@ -116,9 +116,9 @@ def test_verl_mini_batch_fix_counts_prompts(overrides, start, fix, capsys, no_ru
     ("overrides", "start"),
     [
         (
-            ["experiment.trackers=[console,mlflow]"],
-            "experiment.trackers: unknown value 'mlflow'. Fix: use one of: console, jsonl, "
-            "tensorboard, wandb",
+            ["experiment.trackers=[console,neptune]"],
+            "experiment.trackers: unknown value 'neptune'. Fix: use one of: console, jsonl, "
+            "mlflow, swanlab, tensorboard, trackio, wandb",
         ),
         (["actor.optim.lr=nan"], "actor.optim.lr: must be a finite number, got nan. Fix: "),
         (["actor.optim.lr=inf"], "actor.optim.lr: must be a finite number, got inf"),
@@ -145,8 +145,8 @@ def test_values_that_would_crash_train_are_refused_at_load(
 def test_unknown_tracker_in_verl_terms(capsys, no_run):
     """A verl file cannot name temper's trackers; its logger list is checked by its own
     table, in its own key."""
-    msg = refused([VERL, "trainer.logger=[console,mlflow]"], capsys)
-    assert msg.startswith("trainer.logger: logger 'mlflow' is not supported")
+    msg = refused([VERL, "trainer.logger=[console,clearml]"], capsys)
+    assert msg.startswith("trainer.logger: logger 'clearml' is not supported")
 
 
 def test_nan_lr_in_verl_terms(capsys, no_run):

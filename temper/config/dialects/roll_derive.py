@@ -272,6 +272,15 @@ def experiment(ctx: Ctx) -> None:
     if ctx.has("track_with"):
         name = choice(TRACKERS, "track_with")(track)
         ctx.set("experiment.trackers", list(dict.fromkeys([name, "jsonl"])), "track_with")
+        kwargs = ctx.get("tracker_kwargs") or {}
+        if name == "swanlab" and not (isinstance(kwargs, dict) and kwargs.get("mode")):
+            # ROLL leaves the mode to SwanLab, whose default is its cloud: temper's run
+            # needs no account or network unless asked
+            ctx.notes.append(
+                "track_with: swanlab logs offline (under <output_dir>/swanlog unless "
+                "tracker_kwargs.logdir) unless tracker_kwargs.mode or SWANLAB_MODE is "
+                "online; `swanlab sync <run dir>` uploads an offline run"
+            )
     resume = ctx.get("resume_from_checkpoint", MISSING)
     if resume is not MISSING:
         if isinstance(resume, str) and resume:

@@ -60,7 +60,15 @@ INFER_STRATEGIES = {  # reference / reward model: a training engine run forward-
     "fsdp2_train": "fsdp2",
 }
 ROLLOUT_ENGINES = {"vllm": "vllm", "sglang": "sglang", "hf_infer": "hf"}
-TRACKERS = {"wandb": "wandb", "tensorboard": "tensorboard", "stdout": "console"}
+#: ROLL's tracker names (``roll/utils/tracking.py``); its in-house ``ml_tracker`` is not
+#: public, and ROLL has no mlflow tracker
+TRACKERS = {
+    "wandb": "wandb",
+    "tensorboard": "tensorboard",
+    "stdout": "console",
+    "swanlab": "swanlab",
+    "trackio": "trackio",
+}
 DTYPES = {
     "fp32": "fp32",
     "float32": "fp32",

@@ -266,6 +266,9 @@ _LOGGERS = {
     "wandb": "wandb",
     "tracking": "wandb",
     "tensorboard": "tensorboard",
+    "mlflow": "mlflow",
+    "swanlab": "swanlab",
+    "trackio": "trackio",
 }
 
 
@@ -275,7 +278,8 @@ def trackers(v: Any, ctx: Any) -> Any:
     for name in names:
         if name not in _LOGGERS:
             raise ctx.error(
-                f"logger '{name}' is not supported", "use console, wandb (tracking) or tensorboard"
+                f"logger '{name}' is not supported",
+                "use console, wandb (tracking), tensorboard, mlflow, swanlab or trackio",
             )
         if _LOGGERS[name] not in out:
             out.append(_LOGGERS[name])

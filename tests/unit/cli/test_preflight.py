@@ -310,3 +310,80 @@ def test_a_weighted_domain_without_prompts(tmp_path, tiny_model_dir, capsys, no_
     assert msg.startswith(
         "data.source_weights: domain(s) code_sandbox have a weight but no prompts"
     )
+
+
+# --------------------------------------------------------------------------- trackers
+
+ROLL_SOKOBAN = Path(__file__).resolve().parents[3] / "examples" / "roll_agentic_sokoban.yaml"
+VERL_PPO = Path(__file__).resolve().parents[3] / "examples" / "verl_gsm8k_ppo.yaml"
+
+
+def _installed(package: str):
+    import importlib.util
+
+    return pytest.mark.skipif(
+        importlib.util.find_spec(package) is None, reason=f"{package} is not installed"
+    )
+
+
+@pytest.mark.parametrize(
+    "tracker",
+    ["mlflow", "trackio", pytest.param("swanlab", marks=_installed("swanlab"))],
+)
+def test_check_passes_with_each_local_tracker(tmp_path, tiny_model_dir, capsys, tracker):
+    path = native(tmp_path, tiny_model_dir, experiment={"trackers": ["console", tracker]})
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_check_passes_with_verl_loggers(tmp_path, tiny_model_dir, capsys):
+    args = [
+        str(VERL_PPO),
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"critic.model.path={tiny_model_dir}",
+        f"trainer.default_local_dir={tmp_path / 'out'}",
+        f"data.train_files=[{TASK}]",
+        f"data.val_files=[{TASK}]",
+        "trainer.logger=[console,mlflow,trackio]",
+    ]
+    assert main(["check", *args]) == 0, capsys.readouterr().err
+
+
+def test_check_passes_with_roll_track_with_trackio(tmp_path, tiny_model_dir, capsys):
+    args = [
+        str(ROLL_SOKOBAN),
+        f"pretrain={tiny_model_dir}",
+        f"output_dir={tmp_path / 'out'}",
+        "track_with=trackio",
+        "+tracker_kwargs.project=roll-runs",
+        "+tracker_kwargs.group=grpo",
+    ]
+    assert main(["check", *args]) == 0, capsys.readouterr().err
+
+
+def test_roll_trackio_tags_are_refused_in_roll_terms(tmp_path, tiny_model_dir, capsys, no_run):
+    """ROLL hands its trackio tracker's ``tags`` to ``trackio.init``, which takes none."""
+    args = [
+        str(ROLL_SOKOBAN),
+        f"pretrain={tiny_model_dir}",
+        f"output_dir={tmp_path / 'out'}",
+        "track_with=trackio",
+        "+tracker_kwargs.tags=[rl]",
+    ]
+    msg = refused(args, capsys)
+    assert "tracker_kwargs.tags" in msg and "the trackio tracker does not read it" in msg
+
+
+def test_a_tracker_whose_package_is_missing_is_refused(
+    tmp_path, tiny_model_dir, capsys, no_run, monkeypatch
+):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "swanlab" else real(n, *a)
+    )
+    path = native(tmp_path, tiny_model_dir, experiment={"trackers": ["console", "swanlab"]})
+    assert refused([str(path)], capsys) == (
+        "experiment.trackers: 'swanlab' needs the swanlab package, which is not installed. "
+        "Fix: pip install 'temper-rl[swanlab]'"
+    )

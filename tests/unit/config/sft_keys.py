@@ -141,6 +141,7 @@ response_key a -> sft.response_key
 system_key sys -> sft.system_key
 rollout_batch_size 64 noted
 track_with wandb -> experiment.trackers = [wandb,jsonl]
+track_with trackio -> experiment.trackers = [trackio,jsonl]
 track_with ml_tracker !! ml_tracker
 sft_train.model_args.dtype fp16 -sft_train.strategy_args.strategy_config.param_dtype -> model.dtype
 sft_train.model_args.ulysses_size 1 -> actor.ulysses_sequence_parallel_size

@@ -98,6 +98,8 @@ MAPPED = [
     ("track_with", "wandb", "experiment.trackers", ["wandb", "jsonl"], {}),
     ("track_with", "tensorboard", "experiment.trackers", ["tensorboard", "jsonl"], {}),
     ("track_with", "stdout", "experiment.trackers", ["console", "jsonl"], {}),
+    ("track_with", "swanlab", "experiment.trackers", ["swanlab", "jsonl"], {}),
+    ("track_with", "trackio", "experiment.trackers", ["trackio", "jsonl"], {}),
     ("tracker_kwargs", {"log_dir": "/t"}, "experiment.tracker_kwargs", {"log_dir": "/t"}, {}),
     ("num_gpus_per_node", 4, "resources.devices_per_node", 4, {}),
     ("num_nodes", 2, "resources.nnodes", 2, {}),
@@ -595,6 +597,7 @@ MAPPED += [
 
 # (ROLL key, value, extra context): accepted, a note names the key.
 NOTED = [
+    ("track_with", "swanlab", {}),  # offline unless tracker_kwargs.mode says online
     ("enable_old_logprobs_recompute", False, IS_ON),
     ("enable_old_logprobs_recompute", True, {}),
     (
@@ -687,7 +690,8 @@ REJECTED = [
     ("checkpoint_config.type", "s3", "file_system", {}),
     ("error_max_len_clip", True, "not implemented", {}),
     ("enable_response_mask", False, "environment observation tokens", {}),
-    ("track_with", "swanlab", "not supported", {}),
+    ("track_with", "mlflow", "not supported", {}),  # ROLL has no mlflow tracker
+    ("track_with", "ml_tracker", "not supported", {}),  # ROLL's in-house tracker
     ("actor_infer.generating_args.num_beams", 4, "beam search", {}),
     ("validation.generating_args.num_beams", 2, "beam search", {}),
     ("actor_infer.generating_args.num_return_sequences", 3, "differs", {}),

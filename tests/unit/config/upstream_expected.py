@@ -361,7 +361,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-01-b178a3c/examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_4xgpu_server.sh": "verl interaction",
     "verl-2026-01-b178a3c/examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_server.sh": "engine: sglang",
     "verl-2026-01-b178a3c/examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh": "script: broken",
-    "verl-2026-01-b178a3c/examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh": "logger",
+    "verl-2026-01-b178a3c/examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh": "engine: sglang",
     "verl-2026-01-b178a3c/examples/sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": "engine: sglang",
     "verl-2026-01-b178a3c/examples/sglang_multiturn/run_qwen3-4b_gsm8k_multiturn.sh": "over-sampling",
     "verl-2026-01-b178a3c/examples/sglang_multiturn/run_qwen3_4b_dapo_multiturn.sh": "custom code",

@@ -482,7 +482,10 @@ trainer.experiment_name exp1 -> experiment.experiment_name
 trainer.logger [console,tracking] -> experiment.trackers = [console,wandb,jsonl]
 trainer.logger [console,tensorboard] -> experiment.trackers = [console,tensorboard,jsonl]
 trainer.logger console -> experiment.trackers = [console,jsonl]
-trainer.logger [console,mlflow] !! mlflow
+trainer.logger [console,mlflow] -> experiment.trackers = [console,mlflow,jsonl]
+trainer.logger [swanlab,trackio] -> experiment.trackers = [swanlab,trackio,jsonl]
+trainer.logger [console,clearml] !! clearml
+trainer.logger [console,vemlp_wandb] !! vemlp_wandb
 trainer.log_val_generations 10 -> experiment.log_val_generations
 trainer.rollout_data_dir /tmp/r -> experiment.rollout_data_dir
 trainer.validation_data_dir /tmp/v -> experiment.validation_data_dir

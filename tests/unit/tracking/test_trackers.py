@@ -201,7 +201,7 @@ def test_tracker_names_come_from_the_registry(monkeypatch):
     from temper.pipelines.catalog import build_config
 
     mine = tracking.TRACKERS.copy()
-    mine.add("mine", lambda output_dir, **_: tracking.ConsoleTracker())
+    mine.add("mine", tracking.TrackerSpec(lambda output_dir, **_: tracking.ConsoleTracker()))
     monkeypatch.setattr(tracking, "TRACKERS", mine)
     base = {"model": {"path": "m"}, "data": {"train_files": ["task:arithmetic"]}}
     build_config({**base, "experiment": {"trackers": ["console", "mine"]}})
