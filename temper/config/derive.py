@@ -194,6 +194,7 @@ def prompt_groups(cfg: TemperConfig) -> StepShape:
     responses each."""
     prompts = cfg.data.train_batch_size
     return StepShape(
+        groups=prompts,
         samples=prompts * cfg.rollout.n,
         rows=(
             ("prompts per step", str(prompts), "data.train_batch_size"),
@@ -239,10 +240,9 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
 RANDOM_LOSSES = ("clip_cov",)
 
 
-def _streaming_row(cfg: TemperConfig) -> tuple[str, str, str]:
-    """The "schedule" row of ``async_training.mode: streaming``."""
+def _streaming_row(cfg: TemperConfig, b: int) -> tuple[str, str, str]:
+    """The "schedule" row of ``async_training.mode: streaming`` (``b`` groups a step)."""
     at = cfg.async_training
-    b = cfg.data.train_batch_size
     chunk = at.stream_chunk if at.stream_chunk > 0 else max(1, b // 4)
     bound = (
         "a chunk starts only when each of its groups will train at most "
@@ -254,9 +254,9 @@ def _streaming_row(cfg: TemperConfig) -> tuple[str, str, str]:
     return (
         "schedule",
         f"streaming, at most {at.staleness} version{'s' if at.staleness > 1 else ''} behind",
-        f"groups of rollout.n responses generated {chunk} prompt{'s' if chunk > 1 else ''} "
-        "at a time with the newest "
-        f"pushed weights and handed to training as they finish; {bound}; timing decides "
+        f"{b} groups a step (a prompt's responses, an env group's episodes), generated "
+        f"{chunk} at a time with the newest pushed weights and handed to training as they "
+        f"finish; {bound}; timing decides "
         "what is generated with which version, so a resume regenerates the groups not yet "
         "trained (none lost or repeated) rather than repeating the run bit for bit",
     )
@@ -378,7 +378,7 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
         )
     k = cfg.async_training.staleness
     if k > 0 and cfg.async_training.mode == "streaming":
-        rows.append(_streaming_row(cfg))
+        rows.append(_streaming_row(cfg, d.shape.groups))
     elif k > 0:
         rows.append(
             (

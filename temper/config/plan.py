@@ -32,11 +32,14 @@ class StepShape:
     """What one step of a pipeline trains on, as its pipeline declares it.
 
     ``samples``: samples (responses, episodes) per step — the batch arithmetic's unit;
-    ``rows``: how ``temper check`` explains it, ``(name, value, how)`` each.
+    ``rows``: how ``temper check`` explains it, ``(name, value, how)`` each;
+    ``groups``: the groups those samples come in (a prompt's responses, an env group's
+    episodes) — what a streaming rollout hands over; 0 where a step has none.
     """
 
     samples: int
     rows: tuple[tuple[str, str, str], ...]
+    groups: int = 0
 
 
 @dataclasses.dataclass

@@ -1197,7 +1197,7 @@ class AsyncTrainingConfig:
     next batches while the trainer updates on the current one, at most ``staleness``
     policy versions behind. ``mode: fixed`` (default): batch s is generated with the
     weights after max(0, s − 1 − staleness) updates, whatever the timing, so a resumed run
-    equals an uninterrupted one. ``mode: streaming`` (rlvr): the rollout generates prompt
+    equals an uninterrupted one. ``mode: streaming`` (rlvr, agentic): the rollout generates
     groups in chunks and hands each finished group to training, the newest weights pushed
     before every chunk; a resumed run regenerates the groups not yet trained."""
 
@@ -1216,9 +1216,9 @@ class AsyncTrainingConfig:
     mode: Literal["fixed", "streaming"] = doc(
         "fixed",
         "fixed: whole batches on the schedule above (bit-exact resume). streaming: groups "
-        "are handed to training as they finish, generated in chunks of stream_chunk "
-        "prompts with the newest pushed weights; a group more than staleness versions old "
-        "at training is dropped or never started (max_off_policy_strategy). Pipeline rlvr.",
+        "are handed to training as they finish, generated stream_chunk at a time with the "
+        "newest pushed weights; a group more than staleness versions old at training is "
+        "dropped or never started (max_off_policy_strategy). Pipelines rlvr and agentic.",
     )
     max_off_policy_strategy: Literal["wait", "drop"] = doc(
         "wait",
@@ -1236,9 +1236,9 @@ class AsyncTrainingConfig:
     )
     stream_chunk: int = doc(
         0,
-        "Streaming: prompts per generation call (each gives a group of rollout.n "
-        "responses); smaller hands groups over sooner, larger batches the engine better. "
-        "0: a quarter of data.train_batch_size (at least 1).",
+        "Streaming: groups per generation call (a prompt's rollout.n responses, an env "
+        "group's episodes); smaller hands groups over sooner, larger batches the engine "
+        "better. 0: a quarter of the groups a step trains on (at least 1).",
     )
 
 

@@ -252,10 +252,16 @@ class EnvManager:
         """The tag's system message (ROLL's ``agent_system_template``), or ''."""
         return self.specs[tag].system_template
 
-    def reset(self, step: int, round_: int = 0) -> list[EnvSlot]:
-        """Start one episode in every env; seeds from (run seed, step, group, round)."""
+    def reset(
+        self, step: int, round_: int = 0, groups: Sequence[int] | None = None
+    ) -> list[EnvSlot]:
+        """Start one episode in every env (of ``groups`` only, when given: the others keep
+        their state); seeds from (run seed, step, group, round)."""
         slots = []
+        wanted = None if groups is None else set(groups)
         for env_id, st in enumerate(self._states):
+            if wanted is not None and st.group_id not in wanted:
+                continue
             st.seed = self.seed(step, st.group_id, round_)
             st.observation, info = st.env.reset(st.seed)
             st.instruction = self._instruction(st)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from temper.config.errors import ConfigError
 from temper.config.plan import StepShape
 from temper.config.schema import AgenticConfig, TemperConfig
@@ -40,6 +42,7 @@ from temper.pipelines.shaping import ShapingSettings
 from temper.pipelines.timing import Timer
 from temper.pipelines.trajectories import episode_metrics, trajectory_rows
 from temper.rollout import sampling_params_from_config as sampling_params
+from temper.rollout.partial import Segments
 
 RENDERED_EPISODES = 4
 
@@ -64,6 +67,7 @@ class AgenticProducer:
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
         self.val_sampling = sampling_params(cfg.rollout, validation=True)
         self.shaping = ctx.shaping
+        self.draws = 0  # groups drawn for streaming (async_training.mode: streaming)
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         def play(round_: int) -> tuple[Batch, dict[str, float]]:
@@ -80,6 +84,35 @@ class AgenticProducer:
             self.shaping,
             self.player.pad_token_id,
         )
+
+    # -- the group producer protocol (async_training.mode: streaming) -------------------
+
+    def draw_prompts(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """The next draw of every env group: one row per group, naming the draw d and the
+        group g (its episodes' seeds come from (run seed, d, g), as step d's do in a
+        synchronous run, so a resumed stream replays the groups it had not trained)."""
+        self.draws += 1
+        groups = self.cfg.agentic.train_env_manager.num_env_groups
+        rows = {
+            "draw": torch.full((groups,), self.draws, dtype=torch.long),
+            "group_id": torch.arange(groups),
+        }
+        return Batch.from_dict(rows, {"uid": [f"{self.draws}:{g}" for g in range(groups)]}), {}
+
+    def generate_groups(
+        self, prompts: Batch, timer: Timer, segments: Segments | None = None
+    ) -> tuple[Batch, dict[str, float]]:
+        """Play the episodes of ``prompts``' groups (one draw), scored."""
+        if segments is not None:  # refused by check(): a turn is one generate call
+            raise ValueError("partial rollout is not built for agentic episodes")
+        draw = int(prompts["draw"][0])
+        with timer("rollout"):
+            played = self.player.play_round(
+                self.train_envs, draw, self.train_sampling, groups=prompts["group_id"].tolist()
+            )
+        batch = played.batch
+        batch.meta["temperature"] = self.cfg.rollout.temperature
+        return batch, {**played.metrics, **episode_metrics(played.episodes, "train")}
 
     def validate(self, step: int) -> Validation:
         """Play the val envs on their fixed held-out seeds (step 0 every time); render a few."""
@@ -107,10 +140,11 @@ class AgenticProducer:
         return text
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_envs": self.train_envs.state_dict()}
+        return {"train_envs": self.train_envs.state_dict(), "draws": self.draws}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train_envs.load_state_dict(state["train_envs"])
+        self.draws = int(state.get("draws", 0))  # checkpoints before streaming: none
 
     def close(self) -> None:
         self.train_envs.close()
@@ -122,6 +156,13 @@ def check(cfg: TemperConfig) -> None:
     are in :mod:`temper.pipelines.checks`)."""
     _check_env_managers(cfg.agentic)
     ENV_MANAGERS.get(cfg.agentic.env_manager).check(cfg)
+    if cfg.async_training.partial_rollout_segment:
+        raise ConfigError(
+            "async_training.partial_rollout_segment",
+            "an episode's turns are one generate call each, continued by the environment; "
+            "a partial rollout (continuing a turn under new weights) is built for rlvr",
+            "set it to 0 (streaming still hands each env group over as it finishes)",
+        )
     if cfg.experiment.max_steps is None:
         raise ConfigError(
             "experiment.max_steps",
@@ -217,7 +258,11 @@ def episode_groups(cfg: TemperConfig) -> StepShape:
     mgr = cfg.agentic.train_env_manager
     episodes = mgr.num_env_groups * mgr.group_size
     how = "agentic.train_env_manager.num_env_groups × group_size"
-    return StepShape(samples=episodes, rows=(("episodes per step", str(episodes), how),))
+    return StepShape(
+        samples=episodes,
+        rows=(("episodes per step", str(episodes), how),),
+        groups=mgr.num_env_groups,
+    )
 
 
 def preflight(cfg: TemperConfig, notes: list[str]) -> None:
@@ -244,6 +289,7 @@ PIPELINE = Pipeline(
     step_shape=episode_groups,
     shaping=shaping,
     sections=frozenset({"agentic", "distill", "async_training"}),
+    streams=True,
     provides_for=env_manager_inputs,
     context=episode_length,
 )

@@ -14,6 +14,7 @@ env's action.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -78,8 +79,15 @@ class Player(Protocol):
     def pad_token_id(self) -> int: ...
 
     def play_round(
-        self, manager: EnvManager, step: int, params: SamplingParams, round_: int = 0
-    ) -> Played: ...
+        self,
+        manager: EnvManager,
+        step: int,
+        params: SamplingParams,
+        round_: int = 0,
+        groups: Sequence[int] | None = None,
+    ) -> Played:
+        """The episodes of every env group (of ``groups``, when given) for ``step``."""
+        ...
 
 
 class EnvResponder:
@@ -139,11 +147,17 @@ class AgenticPlayer:
         self.tool_loop = ToolLoop(registry_executor(tool_registry.execute_tool), tool_settings(cfg))
 
     def play(
-        self, manager: EnvManager, step: int, params: SamplingParams, round_: int = 0
+        self,
+        manager: EnvManager,
+        step: int,
+        params: SamplingParams,
+        round_: int = 0,
+        groups: Sequence[int] | None = None,
     ) -> tuple[list[Trajectory], list[EnvSlot], dict[str, float]]:
-        """Reset every env of ``manager`` for ``step`` (generation round ``round_`` of
-        dynamic sampling: other seeds) and play the episodes to the end."""
-        slots, specs = self.episodes(manager, step, round_)
+        """Reset every env of ``manager`` (of ``groups``, when given) for ``step``
+        (generation round ``round_`` of dynamic sampling: other seeds) and play the
+        episodes to the end."""
+        slots, specs = self.episodes(manager, step, round_, groups)
         respond: Responder = EnvResponder(manager, slots)
         if self.tools_on:
             self.tool_loop.reset_counters()  # per-step tool metrics
@@ -159,10 +173,15 @@ class AgenticPlayer:
         return self.runner.pad_token_id
 
     def play_round(
-        self, manager: EnvManager, step: int, params: SamplingParams, round_: int = 0
+        self,
+        manager: EnvManager,
+        step: int,
+        params: SamplingParams,
+        round_: int = 0,
+        groups: Sequence[int] | None = None,
     ) -> Played:
         """:meth:`play` as a :class:`Played` round: one training row per episode."""
-        trajs, slots, metrics = self.play(manager, step, params, round_)
+        trajs, slots, metrics = self.play(manager, step, params, round_, groups)
         batch = trajectory_batch(trajs, self.pad_token_id)
         logs = [
             EpisodeLog(s, t.messages, t.episode_return, t.num_turns, t.stop_reason)
@@ -171,13 +190,17 @@ class AgenticPlayer:
         return Played(batch, batch, logs, metrics)
 
     def episodes(
-        self, manager: EnvManager, step: int, round_: int = 0
+        self,
+        manager: EnvManager,
+        step: int,
+        round_: int = 0,
+        groups: Sequence[int] | None = None,
     ) -> tuple[list[EnvSlot], list[EpisodeSpec]]:
         """Reset ``manager`` for ``step``: its slots and each episode's first message
         (tool instructions when the template does not describe tools itself, the tag's
         instruction, the first observation). Groups are ``uid``s ``"<step>:<group>"``
         (``"<step>:<group>#r<round>"`` in later rounds)."""
-        slots = manager.reset(step, round_)
+        slots = manager.reset(step, round_, groups)
         suffix = f"#r{round_}" if round_ else ""
         specs = []
         for s in slots:

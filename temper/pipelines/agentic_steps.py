@@ -24,6 +24,7 @@ in ``rollout.max_model_len``, ends there (``stop_reason`` ``context``).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -67,11 +68,17 @@ class StepPlayer:
         return self.runner.pad_token_id
 
     def play_round(
-        self, manager: EnvManager, step: int, params: SamplingParams, round_: int = 0
+        self,
+        manager: EnvManager,
+        step: int,
+        params: SamplingParams,
+        round_: int = 0,
+        groups: Sequence[int] | None = None,
     ) -> Played:
-        """Reset every env of ``manager`` for ``step`` (round ``round_`` of dynamic
-        sampling: other seeds) and play the episodes step by step to their ends."""
-        slots = manager.reset(step, round_)
+        """Reset every env of ``manager`` (of ``groups``, when given) for ``step`` (round
+        ``round_`` of dynamic sampling: other seeds) and play the episodes step by step
+        to their ends."""
+        slots = manager.reset(step, round_, groups)
         suffix = f"#r{round_}" if round_ else ""
         records: dict[int, list[StepRecord]] = {s.env_id: [] for s in slots}
         dialogs: dict[int, list[dict[str, Any]]] = defaultdict(list)

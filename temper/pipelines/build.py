@@ -90,7 +90,7 @@ def _build_run(
             weights = WeightSync(rollout, roles.actor.engine, every)
             if cfg.async_training.staleness > 0:  # the rollout runs ahead of training
                 weights.ahead = True
-                producer = _ahead(cfg, producer, weights, tokenizer)
+                producer = _ahead(cfg, plan.shape.groups, producer, weights, tokenizer)
         progress = Progress()
         checkpointer = _checkpointer(
             cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
@@ -177,10 +177,12 @@ def _checkpointer(
     )
 
 
-def _ahead(cfg: TemperConfig, producer: Producer, weights: WeightSync, tokenizer: Any) -> Producer:
+def _ahead(
+    cfg: TemperConfig, groups: int, producer: Producer, weights: WeightSync, tokenizer: Any
+) -> Producer:
     """The producer wrapped to run ahead of training (``async_training``): whole batches
-    on the fixed schedule, or groups streamed (the pipeline's record declares ``streams``,
-    which ``temper check`` requires)."""
+    on the fixed schedule, or the step's ``groups`` streamed (the pipeline's record
+    declares ``streams``, which ``temper check`` requires)."""
     at = cfg.async_training
     if at.mode == "fixed":
         return RolloutAhead(
@@ -192,12 +194,12 @@ def _ahead(cfg: TemperConfig, producer: Producer, weights: WeightSync, tokenizer
             seed=cfg.experiment.seed,
         )
     return StreamingRollout(
-        cast(GroupProducer, producer),  # streaming is refused for pipelines that do not stream
+        cast(GroupProducer, producer),  # the record's stream_groups: it is one
         weights.snapshot,
         weights.load,
         staleness=at.staleness,
-        batch_groups=cfg.data.train_batch_size,
-        chunk=chunk_size(at.stream_chunk, cfg.data.train_batch_size),
+        batch_groups=groups,
+        chunk=chunk_size(at.stream_chunk, groups),
         strategy=at.max_off_policy_strategy,
         wait_timeout=at.wait_timeout,
         seed=cfg.experiment.seed,

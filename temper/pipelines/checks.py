@@ -46,7 +46,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_policy_loss(cfg)
     _check_rollout_correction(cfg)
     _check_distill(cfg, plan)
-    _check_async(cfg)
+    _check_async(cfg, plan)
     if cfg.reward.launch_async:
         raise ConfigError(
             "reward.launch_async",
@@ -63,12 +63,12 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
         )
 
 
-def _check_async(cfg: TemperConfig) -> None:
+def _check_async(cfg: TemperConfig, plan: Derived) -> None:
     """The rollout ahead of training (``async_training``) pushes the trainer's weights
     before every batch that needs a newer version; a checkpoint holds the actor's latest
     weights only, so a sync every N > 1 updates could not resume exactly. Streaming needs
     a pipeline that generates groups a chunk at a time, and one group per prompt."""
-    _check_streaming(cfg)
+    _check_streaming(cfg, plan.shape.groups)
     if cfg.async_training.staleness > 0 and cfg.rollout.model_update_frequency != 1:
         raise ConfigError(
             "rollout.model_update_frequency",
@@ -82,7 +82,7 @@ def _check_async(cfg: TemperConfig) -> None:
         )
 
 
-def _check_streaming(cfg: TemperConfig) -> None:
+def _check_streaming(cfg: TemperConfig, per_step: int) -> None:
     at = cfg.async_training
     if at.mode != "streaming":
         streaming_only = {
@@ -109,16 +109,15 @@ def _check_streaming(cfg: TemperConfig) -> None:
         raise ConfigError(
             "async_training.mode",
             f"the {cfg.pipeline} pipeline produces whole batches only; streaming groups is "
-            "built for the rlvr pipeline",
+            "built for the rlvr and agentic pipelines",
             "set async_training.mode: fixed (whole batches, the same staleness bound)",
         )
-    if at.stream_chunk > cfg.data.train_batch_size:
+    if at.stream_chunk > per_step:
         raise ConfigError(
             "async_training.stream_chunk",
-            f"{at.stream_chunk} prompts per generation call is more than a step's "
-            f"{cfg.data.train_batch_size} (data.train_batch_size): the rollout could not start "
-            "a chunk while the trainer waits",
-            f"set async_training.stream_chunk <= {cfg.data.train_batch_size} (0: a quarter)",
+            f"{at.stream_chunk} groups per generation call is more than the {per_step} a "
+            "step trains on: the rollout could not start a chunk while the trainer waits",
+            f"set async_training.stream_chunk <= {per_step} (0: a quarter)",
         )
     _check_partial_rollout(cfg)
     if cfg.algorithm.filter_groups.enable:

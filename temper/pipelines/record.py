@@ -113,8 +113,8 @@ class Pipeline:
       ``eval``) runs whole in ``main`` under its own CLI command (``temper generate``),
       which is the only one that runs it; ``train`` runs the driver's loop (``main`` None);
     - ``streams``: its producer is a :class:`~temper.pipelines.producer.GroupProducer`
-      (prompt groups generated a chunk at a time): ``async_training.mode: streaming``
-      applies;
+      (its step shape's groups generated a chunk at a time):
+      ``async_training.mode: streaming`` applies;
     - ``checks``: the driver's pre-flight groups (:data:`temper.pipelines.preflight.CHECKS`)
       that apply (None: all); a pipeline that writes one file has no run directory.
     """

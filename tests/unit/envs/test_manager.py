@@ -48,6 +48,18 @@ def test_seeds_equal_within_group_and_differ_across():
     assert {s.seed for s in m.reset(step=0, round_=1)}.isdisjoint({s.seed for s in slots})
 
 
+def test_reset_of_some_groups_leaves_the_others_alone():
+    """Streaming plays a few env groups at a time: their episodes get the seeds a full
+    reset of that step gives them, the other envs keep theirs."""
+    m = manager()
+    before = {s.env_id: s.seed for s in m.reset(step=1)}
+    some = m.reset(step=5, groups=[2, 0])
+    assert [s.env_id for s in some] == [0, 1, 2, 6, 7, 8]
+    full = {s.env_id: s.seed for s in manager().reset(step=5)}
+    assert all(s.seed == full[s.env_id] for s in some)
+    assert m.state_dict()["seeds"][3:6] == [before[i] for i in range(3, 6)]
+
+
 def test_validation_seeds_disjoint_from_training():
     train, val = manager("train"), manager("val")
     train_seeds = {train.seed(step, g) for step in range(50) for g in range(8)}

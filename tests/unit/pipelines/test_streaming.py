@@ -301,10 +301,11 @@ def test_check_explains_streaming_and_refuses_what_it_cannot_stream():
     cfg = build_config(_cfg(max_off_policy_strategy="drop"))
     rows = {name: (value, how) for name, value, how in explain(cfg, plan(cfg))}
     assert rows["schedule"][0] == "streaming, at most 1 version behind"
-    assert "1 prompt at a time" in rows["schedule"][1] and "up to 8 groups" in rows["schedule"][1]
+    assert "4 groups a step" in rows["schedule"][1] and "1 at a time" in rows["schedule"][1]
+    assert "up to 8 groups" in rows["schedule"][1]
     with pytest.raises(ConfigError, match="async_training.mode.*staleness 0"):
         build_config(_cfg(staleness=0))
-    with pytest.raises(ConfigError, match="async_training.stream_chunk.*more than a step"):
+    with pytest.raises(ConfigError, match="async_training.stream_chunk.*more than the 4 a step"):
         build_config(_cfg(stream_chunk=5))
     with pytest.raises(ConfigError, match="algorithm.filter_groups.enable"):
         build_config({**_cfg(), "algorithm": {"filter_groups": {"enable": True}}})
@@ -345,3 +346,45 @@ def test_partial_rollout_pushes_new_weights_into_a_chunk_in_flight():
         stream.close()
     assert any(m.get("async/continued_token_fraction", 0) > 0 for m in metrics)
     assert all(m["async/token_staleness_mean"] <= m["async/staleness_max"] <= 1 for m in metrics)
+
+
+def test_agentic_streams_env_groups_but_refuses_a_partial_rollout():
+    from temper.config.derive import explain
+    from temper.config.errors import ConfigError
+    from temper.pipelines.catalog import build_config, plan
+
+    agentic = {
+        "pipeline": "agentic",
+        "model": {"path": "m"},
+        "experiment": {"max_steps": 2},
+        "actor": {"mini_batch_size": 6},
+        "agentic": {
+            "train_env_manager": {"num_env_groups": 3, "group_size": 2, "tags": ["T"]},
+            "val_env_manager": {"num_env_groups": 1, "group_size": 1, "tags": ["T"]},
+            "custom_envs": {"T": {"env_type": "frozen_lake"}},
+        },
+        "async_training": {"staleness": 1, "mode": "streaming"},
+    }
+    cfg = build_config(agentic)
+    rows = {name: how for name, _, how in explain(cfg, plan(cfg))}
+    assert "3 groups a step" in rows["schedule"]
+    with pytest.raises(ConfigError, match="async_training.stream_chunk.*more than the 3"):
+        build_config(
+            {**agentic, "async_training": {**agentic["async_training"], "stream_chunk": 4}}
+        )
+    with pytest.raises(ConfigError, match="partial_rollout_segment.*built for rlvr"):
+        build_config(
+            {
+                **agentic,
+                "async_training": {**agentic["async_training"], "partial_rollout_segment": 8},
+            }
+        )
+
+
+def test_fixed_mode_refuses_the_streaming_keys():
+    from temper.config.errors import ConfigError
+    from temper.pipelines.catalog import build_config
+
+    for key, value in (("stream_chunk", 2), ("max_off_policy_strategy", "drop")):
+        with pytest.raises(ConfigError, match=f"async_training.{key}.*streaming only"):
+            build_config(_cfg(mode="fixed", **{key: value}))

@@ -1,7 +1,8 @@
-"""Streaming asynchronous RLVR end to end (``async_training.mode: streaming``): a tiny run
-trains on groups handed over as they finish, never more than k versions old, and a run
-killed (SIGKILL) after step 3's checkpoint resumes losing and repeating no prompt — it
-trains the very prompts, step by step, that a synchronous run of the same data does."""
+"""Streaming asynchronous RL end to end (``async_training.mode: streaming``): a tiny RLVR
+run trains on groups handed over as they finish, never more than k versions old, and a
+run killed (SIGKILL) after step 3's checkpoint resumes losing and repeating no prompt — it
+trains the very prompts, step by step, that a synchronous run of the same data does; the
+same for agentic env groups (FrozenLake); a partial rollout trains."""
 
 from __future__ import annotations
 
@@ -56,10 +57,10 @@ def _train(cfg: dict) -> dict:
     return run_pipeline(build_config(cfg))
 
 
-def _trained_prompts(out: Path) -> list[list[str]]:
-    """The prompt uids each step trained on (``rollout_data_dir``), step by step."""
+def _trained_prompts(out: Path, steps_: int = STEPS) -> list[list[str]]:
+    """The group uids each step trained on (``rollout_data_dir``), step by step."""
     steps = []
-    for s in range(1, STEPS + 1):
+    for s in range(1, steps_ + 1):
         rows = [json.loads(x) for x in (out / "dumps" / f"{s}.jsonl").read_text().splitlines()]
         steps.append(sorted({r["uid"] for r in rows}))
     return steps
@@ -132,3 +133,52 @@ def test_partial_rollout_continues_generations_under_new_weights(tmp_path, tiny_
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert all(0 <= r["async/continued_token_fraction"] <= 1 for r in rows)
     assert all(r["async/token_staleness_mean"] <= r["async/staleness_max"] for r in rows)
+
+
+LAKE = {
+    "env_type": "frozen_lake",
+    "max_turns": 2,
+    "max_tokens_per_turn": 8,
+    "env_config": {"size": 3, "is_slippery": True},
+}
+
+
+def _agentic(model_dir: Path, out: Path, **async_training: object) -> dict:
+    cfg = {
+        "pipeline": "agentic",
+        "experiment": {
+            "max_steps": 4,
+            "seed": 2,
+            "trackers": ["jsonl"],
+            "output_dir": str(out),
+            "rollout_data_dir": str(out / "dumps"),
+        },
+        "model": {"path": str(model_dir)},
+        "data": {"max_prompt_length": 300},
+        "rollout": {"response_length": 8, "max_model_len": 360},
+        "actor": {"mini_batch_size": 8, "micro_batch_size_per_device": 8, "optim": {"lr": 3e-3}},
+        "algorithm": {"adv_estimator": "reinforce"},
+        "agentic": {
+            "train_env_manager": {"num_env_groups": 4, "group_size": 2, "tags": ["T"]},
+            "val_env_manager": {"num_env_groups": 2, "group_size": 1, "tags": ["T"]},
+            "custom_envs": {"T": LAKE},
+            "reward_normalization": {"grouping": "batch", "method": "identity"},
+        },
+    }
+    if async_training:
+        cfg["async_training"] = dict(async_training)
+    build_config(cfg)
+    return cfg
+
+
+def test_agentic_streaming_trains_the_env_groups_a_synchronous_run_does(tmp_path, tiny_model_dir):
+    """Env groups streamed one at a time, at most 2 versions old: step s trains draw s's
+    groups (episode seeds from (seed, s, group)), as the synchronous step s does."""
+    sync = tmp_path / "sync"
+    _train(_agentic(tiny_model_dir, sync))
+    out = tmp_path / "streaming"
+    _train(_agentic(tiny_model_dir, out, staleness=2, mode="streaming", stream_chunk=1))
+    assert _trained_prompts(out, 4) == _trained_prompts(sync, 4)
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["async/staleness_max"] <= 2 for r in rows)
