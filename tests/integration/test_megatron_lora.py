@@ -2,7 +2,8 @@
 the same adapters (random A and B, loaded from the peft model) both give the same
 log-probs with adapters on and off (the reference policy), one actor update gives the
 same metrics, adapters and merged weights at TP = 1, TP = 2 and PP = 2; only adapter
-parameters move; the merged export is base + scale·B·A; a checkpoint resumes exactly;
+parameters move; the merged export is base + scale·B·A; a checkpoint resumes exactly
+(and a TP = 2 one at TP = 1);
 the HF directory holds the merged model and peft's adapter directory.
 """
 
@@ -171,7 +172,10 @@ def test_lora_matches_the_torch_engines(
     assert saved.keys() == ref_peft.keys()
     assert (tmp_path / "hf" / "lora_adapter" / "adapter_config.json").is_file()
     assert (tmp_path / "hf" / "config.json").is_file()
-    # a checkpoint resumes exactly (at the layout that wrote it)
-    resumed = spawn_ranks(_resume_rank, tp * pp, path, batch, tp, pp, out)[0]
+    # a checkpoint resumes exactly at the layout that wrote it, and a TP = 2 one at TP = 1
+    # (the adapters' shards gathered; equal to rounding)
+    again = 1 if tp == 2 else tp
+    resumed = spawn_ranks(_resume_rank, again * pp, path, batch, again, pp, out)[0]
+    exact = 0.0 if again == tp else 1e-6
     for k, v in got["peft2"].items():
-        torch.testing.assert_close(resumed[k], v, atol=0, rtol=0, msg=k)
+        torch.testing.assert_close(resumed[k], v, atol=exact, rtol=exact, msg=k)
