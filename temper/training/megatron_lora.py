@@ -178,6 +178,7 @@ class ParallelLora(nn.Module):
         self.split, self.tp, self.tp_rank, self.groups = split, tp, tp_rank, groups
         self.scale = alpha / rank
         self.local_rows = local_rows  # every part of the module, adapted or not
+        self.fused_qkv = tuple(local_rows) == PARTS["self_attention.linear_qkv"]
         self.enabled = True
         self.A = nn.ParameterDict()
         self.B = nn.ParameterDict()
@@ -202,11 +203,14 @@ class ParallelLora(nn.Module):
             pieces[n] if n in pieces else like.new_zeros(*like.shape[:-1], rows)
             for n, rows in self.local_rows.items()
         ]
-        if len(full) == 3:  # q, k, v of linear_qkv
+        if self.fused_qkv:
             return interleave_qkv(full[0], full[1], full[2], self.groups // self.tp)
         return torch.cat(full, dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``Σ_parts scale · B_p (A_p x)`` in the local output layout; ``x`` is the
+        linear's input (whole for a column-parallel one, this rank's columns for a
+        row-parallel one)."""
         from megatron.core.tensor_parallel import (
             copy_to_tensor_model_parallel_region,
             reduce_from_tensor_model_parallel_region,
@@ -223,6 +227,14 @@ class ParallelLora(nn.Module):
             pieces[name] = (h @ self.B[name].to(x.dtype).t()) * self.scale
         return self._assemble(pieces, pieces[next(iter(pieces))])
 
+    def hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        """Forward hook of the adapted linear: Megatron's parallel linears return
+        ``(output, bias)``; the adapters' output is added to the first."""
+        if not self.enabled:
+            return output
+        out, bias = output
+        return out + self(args[0]), bias
+
     def delta(self, like: torch.Tensor) -> torch.Tensor:
         """This rank's ``ΔW`` shard, laid out as the base weight's local shard ``like``."""
         if self.split == "row":
@@ -231,16 +243,6 @@ class ParallelLora(nn.Module):
         # column: rows assembled as the outputs are (ΔWᵀ = Aᵀ Bᵀ, parts on the last dim)
         pieces = {n: lora_delta(self.A[n], self.B[n], self.scale).t() for n in self.A}
         return self._assemble(pieces, next(iter(pieces.values()))).t().to(like.dtype)
-
-
-def _hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-    """Megatron's parallel linears return ``(output, bias)``; the adapters' output is
-    added to the first."""
-    lora: ParallelLora = module.lora  # type: ignore[assignment]
-    if not lora.enabled:
-        return output
-    out, bias = output
-    return out + lora(args[0]), bias
 
 
 @dataclass
@@ -358,7 +360,7 @@ def attach_lora(
         )
         adapter.to(device=next(linear.parameters()).device)
         linear.lora = adapter
-        linear.register_forward_hook(_hook)
+        linear.register_forward_hook(adapter.hook)
         modules[pm.megatron] = adapter
         for p in parts:
             peft = f"{PEFT_PREFIX}{pm.layer}.{PROJECTIONS[p.hf][1]}"
