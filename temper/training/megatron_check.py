@@ -41,7 +41,7 @@ from temper.config.errors import ConfigError
 from temper.config.schema import LoraConfig, MegatronConfig, ModelConfig, TemperConfig
 from temper.training.megatron_chunks import split_of
 from temper.training.megatron_convert import HFLayout
-from temper.training.megatron_lora import check_lora
+from temper.training.megatron_lora_targets import check_lora
 from temper.training.megatron_moe import (
     CPU_DISPATCHER,
     refused_moe_option,

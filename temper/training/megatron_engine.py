@@ -59,7 +59,8 @@ from temper.training.megatron_check import (
     unapplied_options,
 )
 from temper.training.megatron_io import MegatronCheckpointer
-from temper.training.megatron_lora import LoraAdapters, attach_lora, check_lora
+from temper.training.megatron_lora import LoraAdapters, attach_lora
+from temper.training.megatron_lora_targets import check_lora
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_moe import (
     RouterStats,

@@ -253,7 +253,7 @@ def test_every_degree_is_a_megatron_core_keyword() -> None:
     ],
 )
 def test_what_megatron_lora_cannot_run_names_its_key(lora, role, moe, key, words) -> None:
-    from temper.training.megatron_lora import check_lora
+    from temper.training.megatron_lora_targets import check_lora
 
     with pytest.raises(ConfigError) as err:
         check_lora(lora, role, moe=moe)
@@ -261,7 +261,7 @@ def test_what_megatron_lora_cannot_run_names_its_key(lora, role, moe, key, words
 
 
 def test_lora_targets_map_onto_the_fused_modules() -> None:
-    from temper.training.megatron_lora import lora_projections
+    from temper.training.megatron_lora_targets import lora_projections
 
     every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     assert lora_projections("all-linear") == every
