@@ -172,6 +172,15 @@ def test_lora_matches_the_torch_engines(
     assert saved.keys() == ref_peft.keys()
     assert (tmp_path / "hf" / "lora_adapter" / "adapter_config.json").is_file()
     assert (tmp_path / "hf" / "config.json").is_file()
+    if tp == pp == 1:  # peft loads the adapter directory onto the base model
+        from peft import PeftModel, get_peft_model_state_dict
+        from transformers import AutoModelForCausalLM
+
+        base_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        peft_model = PeftModel.from_pretrained(base_model, str(tmp_path / "hf" / "lora_adapter"))
+        loaded = get_peft_model_state_dict(peft_model)
+        for k, v in got["peft"].items():
+            torch.testing.assert_close(loaded[k], v, atol=0, rtol=0, msg=k)
     # a checkpoint resumes exactly at the layout that wrote it, and a TP = 2 one at TP = 1
     # (the adapters' shards gathered; equal to rounding)
     again = 1 if tp == 2 else tp
