@@ -21,6 +21,7 @@ ALONE=(
   tests/integration/test_megatron_pipeline.py
   tests/integration/test_megatron_vpp.py
   tests/integration/test_megatron_dist_init.py
+  tests/integration/test_megatron_lora.py
   tests/integration/test_megatron_moe.py
   tests/integration/test_megatron_moe_runs.py
   tests/integration/test_fsdp2.py

@@ -24,8 +24,9 @@ What runs where:
   parallelism (:mod:`megatron_moe`), Megatron's all-gather token dispatcher on CPU;
   EP on a dense model, or an MoE model at TP > 1, is refused when the model's config
   is read;
-* not in this build: context parallelism, expert tensor parallelism, LoRA — errors
-  naming the key.
+* LoRA (``model.lora``) on a dense actor (:mod:`megatron_lora`);
+* not in this build: context parallelism, expert tensor parallelism, LoRA on a critic
+  or on an MoE model, LoRA dropout — errors naming the key.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from typing import TYPE_CHECKING
 
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
-from temper.config.schema import MegatronConfig, ModelConfig, TemperConfig
+from temper.config.schema import LoraConfig, MegatronConfig, ModelConfig, TemperConfig
 from temper.training.megatron_chunks import split_of
 from temper.training.megatron_convert import HFLayout
+from temper.training.megatron_lora_targets import check_lora
 from temper.training.megatron_moe import (
     CPU_DISPATCHER,
     refused_moe_option,
@@ -79,7 +81,7 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
     for role, m in _roles(cfg, plan):
         ckpt = cfg.model.enable_gradient_checkpointing and role != "reference"
         notes += check_section(
-            role, m, device_type=device_type, lora=cfg.model.lora.rank, gradient_checkpointing=ckpt
+            role, m, device_type=device_type, lora=cfg.model.lora, gradient_checkpointing=ckpt
         )
         if m.dist_checkpoint_path:
             _check_dist_init(cfg, role, m)
@@ -87,6 +89,8 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         layout = local_layout(cfg.model, path or cfg.model.path)
         if layout is not None:  # how TP, PP × VPP and EP split this model
             check_divisible(layout, m, role)
+            if role != "reference":
+                check_lora(cfg.model.lora, role, moe=layout.moe is not None)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
         if sp > 1:
             raise ConfigError(
@@ -235,7 +239,10 @@ def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
 def check_engine_spec(spec: EngineSpec) -> None:
     """The engine-side check of one role (raises; notes are logged by the engine)."""
     check_section(
-        spec.role, spec.megatron_config, device_type=spec.device.type, lora=spec.model.lora.rank
+        spec.role,
+        spec.megatron_config,
+        device_type=spec.device.type,
+        lora=spec.model.lora if spec.train is not None else None,
     )
     if spec.train is not None and spec.train.ulysses_sequence_parallel_size > 1:
         raise ConfigError(
@@ -251,7 +258,7 @@ def check_section(
     m: MegatronConfig,
     *,
     device_type: str,
-    lora: int,
+    lora: LoraConfig | None = None,
     gradient_checkpointing: bool = False,
 ) -> list[str]:
     """Raise for what this role's section cannot run; notes on options not applied."""
@@ -262,12 +269,11 @@ def check_section(
             "strategy megatron needs the megatron-core package, which is not installed",
             INSTALL,
         )
-    if lora > 0:
-        raise ConfigError(
-            "model.lora.rank",
-            f"LoRA is not supported by the megatron engine ({role}.strategy: megatron)",
-            f"set model.lora.rank: 0, or {role}.strategy: fsdp2",
-        )
+    if lora is not None and role != "reference":  # a reference is the frozen base
+        # expert parallelism or Megatron's MoE options mean an MoE model before its
+        # config is read (a hub id at check)
+        moe = m.expert_model_parallel_size > 1 or any(k.startswith("moe_") for k in m.extra)
+        check_lora(lora, role, moe=moe)
     for name, value in m.degrees().items():
         if value is not None and value < 1:
             raise ConfigError(f"{key}.{name}", "must be ≥ 1", "set it to 1 or more")

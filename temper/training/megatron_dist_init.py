@@ -11,7 +11,9 @@ CPU) maps its norms to TransformerEngine's names (``input_layernorm.`` ↔
 loads into both.
 
 A critic's value head is not in a policy's checkpoint: it is left out of the load and
-initialised as the Hugging Face path does.
+initialised as the Hugging Face path does. ``GPTModel.sharded_state_dict`` cannot be asked
+for a critic (Megatron's language model looks up ``output_layer.weight``, which the value
+head replaces), so a critic's sharded state is gathered from the model's other children.
 """
 
 from __future__ import annotations
@@ -62,10 +64,10 @@ def load_dist_checkpoint(
 
     sharded: dict[str, dict[str, Any]] = {}
     for c, module in enumerate(chunks):
-        state: dict[str, Any] = module.sharded_state_dict(prefix=prefix)  # type: ignore[operator]
-        if value_head is not None:
-            for k in [k for k in state if k.startswith(f"{prefix}output_layer.")]:
-                state.pop(k)
+        if value_head is None:
+            state: dict[str, Any] = module.sharded_state_dict(prefix=prefix)  # type: ignore[operator]
+        else:
+            state = body_sharded_state_dict(module, prefix)
         sharded[f"chunk{c}"] = state
     try:
         loaded = dist_checkpointing.load(
@@ -80,6 +82,28 @@ def load_dist_checkpoint(
         ) from err
     for c, module in enumerate(chunks):
         _fill(module, loaded[f"chunk{c}"], prefix, value_head)
+
+
+def body_sharded_state_dict(module: torch.nn.Module, prefix: str) -> dict[str, Any]:
+    """The sharded state of ``module`` (a ``GPTModel``) without its output layer: what
+    Megatron's ``MegatronModule.sharded_state_dict`` builds from each child, less the
+    language model's output-layer handling (tying and vocabulary padding, which a value
+    model has neither of: its head is not tied and has one output)."""
+    from megatron.core.transformer.utils import (
+        ensure_metadata_has_dp_cp_group,
+        sharded_state_dict_default,
+    )
+
+    metadata = ensure_metadata_has_dp_cp_group(None)
+    tp_group: Any = module.tp_group  # a LanguageModule's (set at construction)
+    state: dict[str, Any] = {}
+    for name, child in module.named_children():
+        if name == "output_layer":
+            continue
+        state.update(
+            sharded_state_dict_default(child, f"{prefix}{name}.", (), metadata, tp_group=tp_group)
+        )
+    return state
 
 
 def _fill(

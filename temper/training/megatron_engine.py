@@ -41,6 +41,7 @@ builds from its model, parallel groups, optimizer, schedule and spec.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
@@ -58,6 +59,8 @@ from temper.training.megatron_check import (
     unapplied_options,
 )
 from temper.training.megatron_io import MegatronCheckpointer
+from temper.training.megatron_lora import LoraAdapters, attach_lora
+from temper.training.megatron_lora_targets import check_lora
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_moe import (
     RouterStats,
@@ -117,6 +120,7 @@ class MegatronEngine(TorchEngine):
 
     built: MegatronModel  # the GPTModel and its conversion maps (set by _load_model)
     _aux_scales: list[float]  # router-loss weight of the micro-batches still to backward
+    lora: LoraAdapters | None  # the adapters under model.lora (set by _load_model)
     supports_full_kl = False  # its own _run: no exact KL (refused at check)
 
     def __init__(self, spec: EngineSpec) -> None:
@@ -161,6 +165,7 @@ class MegatronEngine(TorchEngine):
             spec=self.spec,
             device=self.device,
             trainable=self.trainable,
+            adapters=self.lora,
         )
 
     # ------------------------------------------------------------------ model
@@ -168,6 +173,19 @@ class MegatronEngine(TorchEngine):
     def _load_model(self) -> nn.Module:
         self.built = build_model(self.spec, self.source, self.parallel, self.device)
         module: nn.Module = self.built.module
+        self.lora = None
+        lora = self.spec.model.lora
+        if lora.rank > 0 and self.trainable:  # base frozen, adapters train (an actor)
+            check_lora(lora, self.spec.role, moe=self.built.layout.moe is not None)
+            self.lora = attach_lora(
+                module,
+                self.built.maps,
+                self.built.layout,
+                lora,
+                tp=self.parallel.tp,
+                tp_rank=self.parallel.tp_rank,
+                seed=self.spec.seed,
+            )
         if not self.trainable:
             module.requires_grad_(False)
         return module
@@ -178,6 +196,8 @@ class MegatronEngine(TorchEngine):
         stage (the embedding there, the output layer's copy here); else None."""
         p = self.parallel
         if p.pp == 1 or not self.built.layout.tied_embeddings or self.spec.value_head:
+            return None
+        if self.lora is not None:  # frozen under LoRA: its copies stay equal untouched
             return None
         params = dict(self.model.named_parameters())
         if p.first_stage:
@@ -192,7 +212,15 @@ class MegatronEngine(TorchEngine):
 
     @property
     def has_adapters(self) -> bool:
-        return False
+        return self.lora is not None
+
+    @contextlib.contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """The base model without its LoRA adapters (the reference policy)."""
+        if self.lora is None:
+            raise RuntimeError("adapters_disabled() needs a LoRA model (model.lora.rank > 0)")
+        with self.lora.disabled():
+            yield
 
     # ------------------------------------------------------------------ forward
 
@@ -497,5 +525,7 @@ class MegatronEngine(TorchEngine):
         self.checkpointer.load(path)
 
     def save_hf(self, path: str, *, merge_lora: bool = True) -> None:
-        """HF directory written by rank 0 from the gathered weights (a collective)."""
-        self.checkpointer.save_hf(path)
+        """HF directory written by rank 0 from the gathered weights (a collective); LoRA:
+        the merged model + ``lora_adapter/`` (peft's layout), or without ``merge_lora``
+        the adapter directory alone, as the torch engine writes them."""
+        self.checkpointer.save_hf(path, merge_lora=merge_lora)

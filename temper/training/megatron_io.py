@@ -46,6 +46,7 @@ from torch import nn
 
 from temper.training.hf_export import load_tokenizer
 from temper.training.megatron_convert import Kind, ParamMap, hf_tensors
+from temper.training.megatron_lora import LoraAdapters, to_peft
 from temper.training.megatron_model import MegatronModel, model_dir
 from temper.training.megatron_parallel import Parallel
 from temper.training.megatron_pipeline import StageLink, sync_tied_state
@@ -112,6 +113,8 @@ class MegatronCheckpointer:
         spec: what the engine was built from (role, model section, kind).
         device: this rank's device (the checkpoint mesh's device type).
         trainable: a trained model; its checkpoints leave frozen parameters out.
+        adapters: the LoRA adapters (``model.lora``): exported merged into their base
+            weights and as peft's adapter files; checkpoints hold them (the base frozen).
     """
 
     model: nn.Module
@@ -122,6 +125,7 @@ class MegatronCheckpointer:
     spec: EngineSpec
     device: torch.device
     trainable: bool
+    adapters: LoraAdapters | None = None
 
     # ----------------------------------------------------------------------- export
 
@@ -155,10 +159,20 @@ class MegatronCheckpointer:
         all-gather the first time (stages and EP ranks build only their own maps). A
         parameter held by several of them (dense weights under EP) is taken from the
         first."""
+        return self._owners_of(self.built.maps)
+
+    @cached_property
+    def _adapter_owners(self) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
+        """:attr:`_owners` of the LoRA adapter tensors."""
+        return self._owners_of(self.adapters.maps() if self.adapters is not None else [])
+
+    def _owners_of(
+        self, maps: list[ParamMap]
+    ) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
         params = dict(self.model.named_parameters())
         mine = [
             (pm, tuple(params[pm.megatron].shape), params[pm.megatron].dtype)
-            for pm in self.built.maps
+            for pm in maps
             if not pm.tied_copy
         ]
         group, size = self._holders
@@ -176,22 +190,36 @@ class MegatronCheckpointer:
         # interleaved stages hold layers out of order, ranks in rank order would mix them
         return sorted(out, key=lambda row: _model_order(row[1]))
 
-    def _fetch(self) -> Callable[[ParamMap], torch.Tensor]:
+    def _fetch(
+        self,
+        owners: list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]],
+        *,
+        merge: bool = True,
+    ) -> Callable[[ParamMap], torch.Tensor]:
         """This TP rank's shard of a parameter, broadcast from the rank of
-        :attr:`_holders` that holds it (the rank's own tensor when it holds them all)."""
+        :attr:`_holders` that holds it (the rank's own tensor when it holds them all);
+        with ``merge``, a LoRA base weight with its adapters' ``ΔW`` added."""
         params = dict(self.model.named_parameters())
-        where = {pm.global_name: (s, shape, dtype) for s, pm, shape, dtype in self._owners}
+        where = {pm.global_name: (s, shape, dtype) for s, pm, shape, dtype in owners}
         comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         group, size = self._holders
         me = dist.get_rank(group) if size > 1 else 0
-        mine = {pm.global_name: pm.megatron for pm in self.built.maps}
+        mine = {pm.global_name: pm.megatron for _, pm, _, _ in owners}
+        mine.update({pm.global_name: pm.megatron for pm in self.built.maps})
+        if self.adapters is not None:
+            mine.update({pm.global_name: pm.megatron for pm in self.adapters.maps()})
+        adapters = self.adapters if merge else None
+
+        def local(name: str) -> torch.Tensor:
+            t = params[name].detach()
+            return adapters.merged(name, t) if adapters is not None else t
 
         def fetch(pm: ParamMap) -> torch.Tensor:
             owner, shape, dtype = where[pm.global_name]
             if size == 1:
-                return params[pm.megatron].detach()
+                return local(pm.megatron)
             if owner == me:
-                t = params[mine[pm.global_name]].detach().to(comm).contiguous()
+                t = local(mine[pm.global_name]).to(comm).contiguous()
             else:
                 t = torch.empty(shape, dtype=dtype, device=comm)
             dist.broadcast(t, group=group, group_src=owner)
@@ -209,18 +237,52 @@ class MegatronCheckpointer:
             [pm for _, pm, _, _ in self._owners],
             built.layout,
             self._gather_tp(),
-            self._fetch(),
+            self._fetch(self._owners),
             prefix="" if value else "model.",
             tied_head=built.layout.tied_embeddings and not value,
         )
 
-    def save_hf(self, path: str | Path) -> None:
-        """A Hugging Face directory at ``path``, written by rank 0 (every rank gathers)."""
+    def peft_named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(peft name, full tensor)`` of each LoRA adapter tensor, on every rank (the
+        keys of peft's ``adapter_model.safetensors``); copies, not views of the live
+        parameters (they are small)."""
+        gather = self._gather_tp()
+        fetch = self._fetch(self._adapter_owners, merge=False)
+        for _, pm, _, _ in self._adapter_owners:
+            shard = fetch(pm)
+            shards = gather(shard) if pm.kind != "rep" else [shard]
+            yield pm.hf[0], to_peft(pm.kind, shards).clone()
+
+    def save_adapter(self, out: Path) -> None:
+        """peft's adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``)
+        at ``out``, written by rank 0 (every rank gathers)."""
+        from safetensors.torch import save_file
+
+        from temper.training.models import lora_config
+
+        tensors = {k: v.detach().to("cpu").clone() for k, v in self.peft_named_weights()}
+        if dist.get_rank() != 0:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        config = lora_config(self.spec.model.lora)
+        config.base_model_name_or_path = self.spec.model_path
+        config.save_pretrained(str(out))
+        save_file(tensors, str(out / "adapter_model.safetensors"))
+
+    def save_hf(self, path: str | Path, *, merge_lora: bool = True) -> None:
+        """A Hugging Face directory at ``path``, written by rank 0 (every rank gathers);
+        under LoRA the merged model + ``lora_adapter/``, or the adapter alone without
+        ``merge_lora`` (the torch engine's layout, :func:`hf_export.save_hf_model`)."""
         from huggingface_hub import save_torch_state_dict
 
         spec = self.spec
         out = Path(path)
         rank0 = dist.get_rank() == 0
+        if self.adapters is not None:
+            self.save_adapter(out / "lora_adapter" if merge_lora else out)
+            if not merge_lora:
+                dist.barrier()
+                return
         state: dict[str, torch.Tensor] = {}
         head: dict[str, torch.Tensor] = {}
         tied = self.built.layout.tied_embeddings
@@ -275,13 +337,18 @@ class MegatronCheckpointer:
     @cached_property
     def _kinds(self) -> dict[str, Kind]:
         """How each Megatron parameter is split over TP (by parameter name)."""
-        return {pm.megatron: pm.kind for pm in self.built.maps}
+        return {pm.megatron: pm.kind for pm in self._all_maps}
+
+    @property
+    def _all_maps(self) -> list[ParamMap]:
+        """The model's parameter maps and its LoRA adapters'."""
+        return self.built.maps + (self.adapters.maps() if self.adapters is not None else [])
 
     @cached_property
     def _saved(self) -> dict[str, str]:
         """The parameters a checkpoint holds, by module name, with their names in the
         whole model (a stage's layers under their global index; a tied copy left out)."""
-        return {pm.megatron: pm.global_name for pm in self.built.maps if not pm.tied_copy}
+        return {pm.megatron: pm.global_name for pm in self._all_maps if not pm.tied_copy}
 
     def _pieces(self, name: str, local: torch.Tensor, key: str) -> dict[str, Any]:
         """``local`` (a parameter-shaped tensor of this rank) as DTensors whose global shape
@@ -360,7 +427,8 @@ class MegatronCheckpointer:
             name = self.built.name_of("lm_head.weight", tied_copy=True)
         assert name is not None  # the first and last stage hold the embedding or its copy
         tensors = [params[name].data]
-        if self.optimizer is not None and self.schedule is not None:
+        # AdamW moments of a trained embedding (under LoRA it is frozen and has none)
+        if self.optimizer is not None and self.schedule is not None and params[name].requires_grad:
             st = self._adam_state()[name]
             tensors += [st["exp_avg"], st["exp_avg_sq"]]
         comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -237,7 +237,9 @@ def build_model(
     from temper.training.megatron_layers import has_transformer_engine
 
     layout, hf_config = source.layout, source.hf_config
-    use_te = device.type == "cuda" and has_transformer_engine()
+    # LoRA adapts the linears' own input: TransformerEngine fuses the norm into them
+    # (megatron_lora), so a LoRA model takes Megatron's local layer spec
+    use_te = device.type == "cuda" and has_transformer_engine() and spec.model.lora.rank == 0
     config = transformer_config(
         layout,
         hf_config,

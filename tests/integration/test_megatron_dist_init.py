@@ -37,6 +37,40 @@ def _save_rank(rank: int, world: int, path: str, out: str) -> None:
     dist_checkpointing.save(module.sharded_state_dict(), out)
 
 
+def _critic(path: str, strategy: str, *, tp: int = 1, pp: int = 1, dist: str | None = None):
+    from temper.config.schema import CriticConfig, MegatronConfig, ModelConfig, OptimConfig
+    from temper.roles.critic import Critic
+    from temper.training.micro_batching import MicroBatching
+    from temper.training.registry import build_engine
+    from temper.training.spec import EngineSpec
+
+    cfg = CriticConfig(
+        strategy=strategy,
+        micro_batch_size_per_device=1,
+        megatron=MegatronConfig(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            dist_checkpoint_path=dist,
+        ),
+        optim=OptimConfig(lr=1e-3),
+    )
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        kind="value",
+        train=cfg,
+        infer_micro=MicroBatching(size=2),
+        seed=5,
+        role="critic",
+    )
+    return Critic(cfg, build_engine(strategy, spec))
+
+
+def _critic_rank(rank: int, world: int, path: str, dist: str, tp: int, batch) -> torch.Tensor:
+    critic = _critic(path, "megatron", tp=tp, pp=world // tp, dist=dist)
+    return critic.compute_values(batch)["values"]
+
+
 def _load_rank(rank: int, world: int, path: str, dist: str, batch) -> torch.Tensor:
     return make_actor(path, "megatron", tp=world, dist=dist).compute_log_probs(batch)[
         "old_log_probs"
@@ -62,6 +96,26 @@ def test_a_dist_checkpoint_loads_at_another_tensor_parallel_size(two_models, tmp
     unwanted = make_actor(other, "torch").compute_log_probs(batch)["old_log_probs"]
     assert not torch.allclose(want, unwanted, atol=1e-3)
     for got in spawn_ranks(_load_rank, 2, other, dist, batch):  # model.path: architecture only
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def actor_checkpoint(two_models, tmp_path_factory) -> str:
+    """The first model's weights, written by its TP = 1 actor."""
+    dist = tmp_path_factory.mktemp("dist-init-actor") / "mcore"
+    dist.mkdir()
+    spawn_ranks(_save_rank, 1, two_models[0], str(dist))
+    return str(dist)
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_a_critic_starts_from_an_actors_dist_checkpoint(two_models, actor_checkpoint, tp, pp):
+    source, other = two_models
+    batch = make_batch()
+    want = _critic(source, "torch").compute_values(batch)["values"]
+    unwanted = _critic(other, "torch").compute_values(batch)["values"]
+    assert not torch.allclose(want, unwanted, atol=1e-3)
+    for got in spawn_ranks(_critic_rank, tp * pp, other, actor_checkpoint, tp, batch):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

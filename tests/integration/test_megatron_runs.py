@@ -4,7 +4,8 @@
   tensor parallelism 2) trains 3 GRPO steps on the Ray backend with an HF rollout whose
   log-probs match the trainer's (weights synced from the TP shards every step);
 * an upstream verl Megatron command line (2026-01 snapshot) trains 2 steps (one device,
-  local backend);
+  local backend), and with Megatron-Bridge's LoRA section on (the reference is the actor
+  with its adapters off; the rollout gets merged weights);
 * PPO with a Megatron actor and critic on the local backend (one-rank world, in process)
   is killed with SIGKILL after a checkpoint and resumes to the uninterrupted run's
   weights, optimizer state and metrics.
@@ -221,6 +222,62 @@ def test_upstream_verl_megatron_command_line_trains_two_steps(
     rows = _train_rows(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all("actor/kl_loss" in r and r["actor/grad_norm"] > 0 for r in rows[:1])
+
+
+def test_verl_megatron_lora_trains_with_the_base_model_as_reference(
+    tmp_path, tiny_model_dir, monkeypatch, megatron_in_process
+):
+    """The same verl command line with Megatron-Bridge's LoRA section on (verl 2026-01's
+    ``model.lora``): 2 steps on one CPU device; the reference is the actor with its
+    adapters off (no engine of its own), the HF rollout gets the merged weights (its
+    log-probs are the trainer's), and the final HF directory holds the merged model
+    (frozen weights unchanged, adapted ones moved) and peft's adapter directory."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from safetensors.torch import load_file
+
+    name, args = verl_command_line(VERL_LINE)
+    out = tmp_path / "verl-lora"
+    overrides = [
+        *args,
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.model.lora.rank=4",
+        "actor_rollout_ref.model.lora.alpha=8",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        f"data.train_files=[{TASK}]",
+        f"data.val_files=[{TASK}]",
+        "data.max_prompt_length=96",
+        "data.max_response_length=12",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+        f"trainer.default_local_dir={out}",
+    ]
+    placement = {
+        "actor": ("0", "1", "1", "megatron (in process)"),
+        "rollout": ("0", "1", "1", "hf (in process)"),
+    }
+    _run(VERL / "verl" / "trainer" / "config" / name, overrides, placement)
+    rows = _train_rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["rollout/logprob_diff"] < 1e-4 for r in rows)
+    assert all("actor/kl_loss" in r for r in rows)
+    # step 1 starts at the base model (B = 0): no KL; step 2's adapters moved away from it
+    assert rows[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert rows[1]["actor/kl_loss"] > 0
+    final = out / "final" / "actor"
+    assert (final / "lora_adapter" / "adapter_model.safetensors").is_file()
+    before = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    after = load_file(str(final / "model.safetensors"))
+    assert torch.equal(before["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
+    adapted = [k for k in after if "_proj.weight" in k]
+    assert adapted and any(not torch.equal(before[k], after[k]) for k in adapted)
 
 
 @pytest.mark.vllm

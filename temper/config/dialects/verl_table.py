@@ -267,9 +267,10 @@ def _section_model() -> dict[str, Rule]:
             f"{MOD}.enable_gradient_checkpointing": Map("model.enable_gradient_checkpointing"),
             f"{MOD}.enable_activation_offload": Map("model.enable_activation_offload"),
             f"{MOD}.use_remove_padding": Map("model.use_remove_padding"),
-            f"{MOD}.lora_rank": Map("model.lora.rank"),
-            f"{MOD}.lora_alpha": Map("model.lora.alpha"),
-            f"{MOD}.target_modules": Map("model.lora.target_modules"),
+            # weak: a megatron actor's model.lora section (verl_lora) takes their place
+            f"{MOD}.lora_rank": Map("model.lora.rank", weak=True),
+            f"{MOD}.lora_alpha": Map("model.lora.alpha", weak=True),
+            f"{MOD}.target_modules": Map("model.lora.target_modules", weak=True),
             f"{MOD}.exclude_modules": _off(
                 "no LoRA modules excluded",
                 "excluding LoRA modules is not supported",

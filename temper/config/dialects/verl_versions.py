@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
+from temper.config.dialects.verl_lora import megatron_lora
 from temper.config.dialects.verl_rules import Call, Gated, Map, Note, Rule
 from temper.config.dialects.verl_table import ACT, MOD, REF, RO, A, _inert, _off
 
@@ -373,13 +374,7 @@ RULES: dict[str, Rule] = {
     **_engine_specific(),
     f"{MOD}.gradient_checkpointing_kwargs": Note(RECOMPUTE),
     f"{CR}.model.gradient_checkpointing_kwargs": Note(RECOMPUTE),
-    f"{MOD}.lora": Gated(
-        "rank",
-        (0, None),
-        "LoRA through Megatron-Bridge is off (rank 0)",
-        "Megatron-Bridge LoRA (model.lora) is not supported",
-        f"set rank: 0; use {MOD}.lora_rank with the fsdp strategy",
-    ),
+    f"{MOD}.lora": Call(megatron_lora),
     f"{CR}.model.lora": Gated(
         "rank",
         (0, None),

@@ -41,7 +41,6 @@ OUTSIDE = [
             "use_checkpoint_opt_param_scheduler",
         )
     ),
-    "actor_rollout_ref.model.lora",
     "critic.model.lora",
     "critic.model.override_config",
     "critic.nccl_timeout",
@@ -239,3 +238,51 @@ def test_a_megatron_reward_model_is_refused_only_when_enabled() -> None:
     translate()  # reward_model.enable: false — its megatron section is inert
     with pytest.raises(ConfigError, match="reward_model.megatron.*reward model on the megatron"):
         translate(reward_model__enable=True, reward_model__model__path="/m/rm")
+
+
+# ----------------------------------------------------------------------- megatron LoRA
+
+LORA = "actor_rollout_ref__model__lora"
+
+
+@needs_generated
+def test_megatron_lora_section_maps_onto_model_lora() -> None:
+    section = {
+        "type": "lora",
+        "rank": 32,
+        "alpha": 64,
+        "dropout": 0.0,
+        "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+        "lora_A_init_method": "kaiming",
+        "merge": False,
+    }
+    tree, notes = translate(**{LORA: section})
+    assert native(tree, "model.lora.rank") == 32
+    assert native(tree, "model.lora.alpha") == 64
+    assert native(tree, "model.lora.target_modules") == section["target_modules"]
+    joined = "\n".join(notes)
+    assert "canonical_lora" in joined and "merged weights" in joined
+    tree, _ = translate()  # verl's default section: rank 0, LoRA off
+    assert native(tree, "model.lora.rank") == 0
+
+
+@needs_generated
+@pytest.mark.parametrize(
+    ("changes", "key", "words"),
+    [
+        ({f"{ACT}__strategy": "fsdp"}, "actor_rollout_ref.model.lora.rank", "megatron actor only"),
+        (
+            {"actor_rollout_ref__model__lora_rank": 8},
+            "actor_rollout_ref.model.lora_rank",
+            "set twice",
+        ),
+        ({f"{LORA}__type": "dora"}, "actor_rollout_ref.model.lora.type", "DoRA"),
+        ({f"{LORA}__exclude_modules": ["linear_fc2"]}, "", "excluding LoRA"),
+        ({f"{LORA}__adapter_path": "/a"}, "", "existing LoRA adapter"),
+    ],
+)
+def test_megatron_lora_section_refusals_name_their_key(changes, key, words) -> None:
+    with pytest.raises(ConfigError) as err:
+        translate(**{f"{LORA}__rank": 8, **changes})
+    assert words in err.value.reason and err.value.fix
+    assert not key or err.value.key == key

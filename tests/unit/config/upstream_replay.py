@@ -152,7 +152,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("megatron: MoE option needs CUDA", r"Megatron keeps its (buffers|token counts) on CUDA"),
     ("megatron: dist-checkpoint unset", r"distributed checkpoint to start from is not given"),
     ("distill: pipeline-parallel teacher", r"teacher's top-k logits come from one forward"),
-    ("megatron: lora", r"LoRA is not supported by the megatron engine|Megatron-Bridge LoRA"),
+    ("megatron: MoE lora", r"LoRA on a mixture-of-experts model's experts"),
     ("megatron: fsdp", r"Megatron-FSDP"),
     ("engine: fsdp_turbo", r"fsdp_turbo engine"),
     ("device: npu", r"'npu' is not supported"),

@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from temper.config.errors import ConfigError
-from temper.config.schema import MegatronConfig
+from temper.config.schema import LoraConfig, MegatronConfig
 from temper.training.megatron_check import check_divisible, check_section, unapplied_options
 from temper.training.megatron_convert import hf_layout, param_maps
 from temper.training.megatron_moe import (
@@ -149,8 +149,12 @@ def test_expert_parallelism_passes_the_section_check_and_gpu_moe_options_are_not
         "moe_permute_fusion": True,
     }
     m = MegatronConfig(expert_model_parallel_size=2, extra=extra)
-    notes = check_section("actor", m, device_type="cpu", lora=0)
+    notes = check_section("actor", m, device_type="cpu")
     assert any("moe_grouped_gemm" in n and "allgather" in n for n in notes)
+    # expert parallelism means an MoE model, whose LoRA is refused before its config is read
+    with pytest.raises(ConfigError, match="mixture-of-experts") as err:
+        check_section("actor", m, device_type="cpu", lora=LoraConfig(rank=8))
+    assert err.value.key == "model.lora.rank"
     assert unavailable_moe_options(extra, "cpu") == [
         "moe_grouped_gemm",
         "moe_permute_fusion",
@@ -165,7 +169,6 @@ def test_expert_parallelism_passes_the_section_check_and_gpu_moe_options_are_not
             "actor",
             MegatronConfig(extra={"moe_router_load_balancing_type": "global_aux_loss"}),
             device_type="cpu",
-            lora=0,
         )
     assert err.value.key == "actor.megatron.extra.moe_router_load_balancing_type"
 
@@ -206,7 +209,7 @@ def test_expert_parallelism_with_tensor_parallelism_is_refused_at_check() -> Non
     an MoE model trains here at TP = 1: refused from the section alone."""
     m = MegatronConfig(tensor_model_parallel_size=2, expert_model_parallel_size=2)
     with pytest.raises(ConfigError) as err:
-        check_section("actor", m, device_type="cuda", lora=0)
+        check_section("actor", m, device_type="cuda")
     assert err.value.key == "actor.megatron.tensor_model_parallel_size"
     assert "sequence parallelism" in err.value.reason and err.value.fix
 

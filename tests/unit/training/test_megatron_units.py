@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from temper.config.errors import ConfigError
-from temper.config.schema import MegatronConfig
+from temper.config.schema import LoraConfig, MegatronConfig
 from temper.training.megatron_check import check_section, unapplied_options
 from temper.training.megatron_convert import (
     HFLayout,
@@ -187,7 +187,7 @@ def test_unsupported_architectures_are_named() -> None:
 # ----------------------------------------------------------------------- check
 
 
-def _check(device: str = "cpu", lora: int = 0, **m: Any) -> list[str]:
+def _check(device: str = "cpu", lora: LoraConfig | None = None, **m: Any) -> list[str]:
     return check_section("actor", MegatronConfig(**m), device_type=device, lora=lora)
 
 
@@ -237,10 +237,54 @@ def test_every_degree_is_a_megatron_core_keyword() -> None:
     assert set(MEGATRON_DEGREES) <= {f.name for f in fields(TransformerConfig)}
 
 
-def test_lora_and_a_missing_package_name_their_keys(monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("lora", "role", "moe", "key", "words"),
+    [
+        (LoraConfig(rank=8), "critic", False, "model.lora.rank", "critic"),
+        (LoraConfig(rank=8), "actor", True, "model.lora.rank", "mixture-of-experts"),
+        (LoraConfig(rank=8, dropout=0.1), "actor", False, "model.lora.dropout", "dropout"),
+        (
+            LoraConfig(rank=8, target_modules=["q_proj", "lm_head"]),
+            "actor",
+            False,
+            "model.lora.target_modules",
+            "'lm_head'",
+        ),
+    ],
+)
+def test_what_megatron_lora_cannot_run_names_its_key(lora, role, moe, key, words) -> None:
+    from temper.training.megatron_lora_targets import check_lora
+
     with pytest.raises(ConfigError) as err:
-        _check(lora=8)
-    assert err.value.key == "model.lora.rank"
+        check_lora(lora, role, moe=moe)
+    assert err.value.key == key and words in err.value.reason and err.value.fix
+
+
+def test_lora_targets_map_onto_the_fused_modules() -> None:
+    from temper.training.megatron_lora_targets import lora_projections
+
+    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    assert lora_projections("all-linear") == every
+    assert lora_projections(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]) == every
+    assert lora_projections(["v_proj", "linear_q"]) == ("q_proj", "v_proj")
+    assert lora_projections(["linear_fc1_up"]) == ("up_proj",)
+    _check(lora=LoraConfig(rank=8))  # a dense actor's LoRA passes the check
+
+
+def test_interleave_qkv_is_megatrons_fused_layout() -> None:
+    """Per query group: its query heads, then its key and value head (fuse_qkv's rows)."""
+    from transformers import Qwen2Config
+
+    from temper.training.megatron_lora import interleave_qkv
+
+    layout = hf_layout(Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2))
+    q, k, v = torch.randn(64, 3), torch.randn(32, 3), torch.randn(32, 3)
+    want = fuse_qkv(q, k, v, layout)
+    got = interleave_qkv(q.t(), k.t(), v.t(), layout.num_kv_heads).t()
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_a_missing_package_names_its_key(monkeypatch) -> None:
     monkeypatch.setattr("temper.training.megatron_check.megatron_installed", lambda: False)
     with pytest.raises(ConfigError) as err:
         _check()

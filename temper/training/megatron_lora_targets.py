@@ -1,0 +1,95 @@
+"""Which linears ``model.lora`` adapts on the megatron engine, and what of it the engine
+cannot run — read at ``temper check`` without torch or Megatron-Core.
+
+``target_modules`` may name Hugging Face projections (peft's names, ``all-linear``) or
+Megatron's modules (verl's megatron ``lora.target_modules``: ``linear_qkv`` … and
+Megatron-Bridge's canonical-LoRA names ``linear_q`` …); both come down to the HF
+projections, each of which gets its own adapter pair (:mod:`megatron_lora`).
+"""
+
+from __future__ import annotations
+
+from temper.config.errors import ConfigError
+from temper.config.schema import LoraConfig
+
+#: HF projection -> (its Megatron module under a decoder layer, HF module path)
+PROJECTIONS: dict[str, tuple[str, str]] = {
+    "q_proj": ("self_attention.linear_qkv", "self_attn.q_proj"),
+    "k_proj": ("self_attention.linear_qkv", "self_attn.k_proj"),
+    "v_proj": ("self_attention.linear_qkv", "self_attn.v_proj"),
+    "o_proj": ("self_attention.linear_proj", "self_attn.o_proj"),
+    "gate_proj": ("mlp.linear_fc1", "mlp.gate_proj"),
+    "up_proj": ("mlp.linear_fc1", "mlp.up_proj"),
+    "down_proj": ("mlp.linear_fc2", "mlp.down_proj"),
+}
+#: Megatron(-Bridge) target names -> the HF projections they cover (verl's megatron
+#: ``lora.target_modules``; ``linear_q`` … are Megatron-Bridge's canonical-LoRA names)
+MEGATRON_NAMES: dict[str, tuple[str, ...]] = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_q": ("q_proj",),
+    "linear_k": ("k_proj",),
+    "linear_v": ("v_proj",),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc1_gate": ("gate_proj",),
+    "linear_fc1_up": ("up_proj",),
+    "linear_fc2": ("down_proj",),
+}
+#: The parts of each fused module, in the order of its rows.
+PARTS: dict[str, tuple[str, ...]] = {
+    "self_attention.linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "self_attention.linear_proj": ("o_proj",),
+    "mlp.linear_fc1": ("gate_proj", "up_proj"),
+    "mlp.linear_fc2": ("down_proj",),
+}
+
+
+def lora_projections(target_modules: list[str] | str) -> tuple[str, ...]:
+    """The HF projections ``model.lora.target_modules`` adapts: ``all-linear`` (peft's:
+    every linear of the decoder layers), HF names (``q_proj`` …) or Megatron names
+    (``linear_qkv`` …); ``ConfigError`` for any other."""
+    names = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+    out: list[str] = []
+    for name in names:
+        if name in ("all-linear", "all_linear"):
+            found: tuple[str, ...] = tuple(PROJECTIONS)
+        elif name in PROJECTIONS:
+            found = (name,)
+        elif name in MEGATRON_NAMES:
+            found = MEGATRON_NAMES[name]
+        else:
+            raise ConfigError(
+                "model.lora.target_modules",
+                f"'{name}' is no linear layer the megatron engine can adapt",
+                f"use all-linear, or names among {', '.join([*PROJECTIONS, *MEGATRON_NAMES])}",
+            )
+        out += [p for p in found if p not in out]
+    return tuple(p for p in PROJECTIONS if p in out)
+
+
+def check_lora(lora: LoraConfig, role: str, *, moe: bool = False) -> None:
+    """Raise ``ConfigError`` for a ``model.lora`` section this engine cannot run for
+    ``role`` (``moe``: the model is a mixture of experts)."""
+    if lora.rank == 0:
+        return
+    if role == "critic":
+        raise ConfigError(
+            "model.lora.rank",
+            "LoRA on a megatron critic (value model) is not in this build",
+            "set critic.strategy: fsdp2 for a LoRA critic, or model.lora.rank: 0",
+        )
+    if moe:
+        raise ConfigError(
+            "model.lora.rank",
+            "LoRA on a mixture-of-experts model's experts is not in this build of the "
+            f"megatron engine ({role}.strategy: megatron)",
+            f"set {role}.strategy: fsdp2, or model.lora.rank: 0",
+        )
+    if lora.dropout > 0:
+        # a dropout mask must match over the TP ranks that share an input; not done here
+        raise ConfigError(
+            "model.lora.dropout",
+            "dropout on the LoRA branch is not in the megatron engine",
+            "set it to 0",
+        )
+    lora_projections(lora.target_modules)
