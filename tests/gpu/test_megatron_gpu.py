@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from temper.cluster.process_group import free_port
-from temper.config.schema import ActorConfig, MegatronConfig, ModelConfig, OptimConfig
+from temper.config.schema import (
+    ActorConfig,
+    LoraConfig,
+    MegatronConfig,
+    ModelConfig,
+    OptimConfig,
+)
 from temper.data.batch import Batch
 from temper.roles.actor import Actor
 from temper.training.micro_batching import MicroBatching
@@ -53,6 +59,7 @@ def _actor(
     dtype: str = "auto",
     pp: int = 1,
     extra: dict | None = None,
+    lora: LoraConfig | None = None,
 ) -> Actor:
     cfg = ActorConfig(
         strategy=strategy,
@@ -64,7 +71,7 @@ def _actor(
         optim=OptimConfig(lr=1e-3, weight_decay=0.0),
     )
     spec = EngineSpec(
-        model=ModelConfig(path=path, dtype=dtype),  # type: ignore[arg-type]
+        model=ModelConfig(path=path, dtype=dtype, lora=lora or LoraConfig()),  # type: ignore[arg-type]
         device=torch.device(device),
         train=cfg,
         infer_micro=MicroBatching(size=2),
@@ -87,6 +94,52 @@ def test_one_gpu_bf16_matches_cpu_and_uses_transformer_engine(tmp_path: Path) ->
     assert metrics["actor/grad_norm"] > 0
     engine.save_checkpoint(str(tmp_path / "ckpt"))
     engine.load_checkpoint(str(tmp_path / "ckpt"))
+
+
+def test_one_gpu_lora_bf16_matches_cpu_and_trains_adapters_only(tmp_path: Path) -> None:
+    """Megatron LoRA on CUDA (the local layer spec: TE fuses the norm into linear_qkv)
+    with the torch engine's peft adapters (random A and B) gives its fp32 CPU log-probs,
+    with adapters and without (the reference); an update moves the adapters and nothing
+    else (frozen base weights under gradient-accumulation fusion, where it is on)."""
+    path = str(make_tiny_model(tmp_path / "tiny"))
+    batch = _batch()
+    lora = LoraConfig(rank=4, alpha=8)
+    cpu = _actor(path, "torch", "cpu", lora=lora)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in cpu.engine.model.named_parameters():  # type: ignore[attr-defined]
+            if ".lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    from peft import get_peft_model_state_dict
+
+    adapters = {
+        k: v.detach().clone()
+        for k, v in get_peft_model_state_dict(cpu.engine.model).items()  # type: ignore[attr-defined]
+    }
+    want = cpu.compute_log_probs(batch)["old_log_probs"]
+    with cpu.engine.adapters_disabled():  # type: ignore[attr-defined]
+        want_base = cpu.compute_log_probs(batch)["old_log_probs"]
+    actor = _actor(path, "megatron", "cuda", lora=lora)
+    engine: Any = actor.engine
+    engine.lora.load_peft(adapters)
+    got = actor.compute_log_probs(batch)["old_log_probs"]
+    with engine.adapters_disabled():
+        base = actor.compute_log_probs(batch)["old_log_probs"]
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=0)
+    torch.testing.assert_close(base, want_base, atol=3e-2, rtol=0)
+    before = {n: p.detach().float().cpu().clone() for n, p in engine.model.named_parameters()}
+    trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+    metrics = actor.update(batch.union(Batch.from_dict({"old_log_probs": got})))
+    assert metrics["actor/grad_norm"] > 0
+    moved = {
+        n
+        for n, p in engine.model.named_parameters()
+        if not torch.equal(p.detach().float().cpu(), before[n])
+    }
+    assert trainable and all(".lora." in n for n in trainable)
+    assert moved == trainable
+    engine.save_hf(str(tmp_path / "hf"))
+    assert (tmp_path / "hf" / "lora_adapter" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
