@@ -33,9 +33,18 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("grad norm", ("actor/grad_norm", "critic/grad_norm")),
     ("throughput (tokens/s)", ("perf/tokens_per_s",)),
     ("loss", ("actor/pg_loss", "critic/value_loss", "train/loss", "val/loss")),
-    # asynchronous runs: how old the samples were, and how much of the trainer's work
-    # the rollout overlapped (a fraction of the shorter of the two)
-    ("rollout ahead", ("async/staleness_mean", "perf/rollout_overlap")),
+    # asynchronous runs: how old the samples were (a partial rollout's tokens too), how
+    # much of the trainer's work the rollout overlapped (a fraction of the shorter of the
+    # two), and what a streaming rollout dropped as too stale
+    (
+        "rollout ahead",
+        (
+            "async/staleness_mean",
+            "async/token_staleness_mean",
+            "perf/rollout_overlap",
+            "async/dropped_groups",
+        ),
+    ),
 )
 
 
