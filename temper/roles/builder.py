@@ -128,6 +128,12 @@ def build_reference(cfg: TemperConfig, dev: torch.device, actor: Actor | None = 
     return _frozen(cfg, dev, None, "reference")
 
 
+def reference_from(cfg: TemperConfig, dev: torch.device, model_path: str) -> Reference:
+    """A frozen reference on ``reference.strategy`` holding the weights of the Hugging Face
+    directory ``model_path`` (online DPO's reference, refreshed from the policy)."""
+    return _frozen(cfg, dev, model_path, "reference")
+
+
 def _frozen(cfg: TemperConfig, dev: torch.device, model_path: str | None, role: str) -> Reference:
     """A forward-only policy on its own engine ``reference.strategy``, with the reference's
     micro-batching: the reference (``model_path`` None: the policy's weights) or a teacher."""

@@ -35,6 +35,15 @@ class Reference:
         self.micro_batching = micro_batching
         self.temperature = temperature if temperature > 0 else 1.0
 
+    def replace_engine(self, engine: TrainEngine) -> None:
+        """Score with ``engine`` from now on (online DPO refreshes the reference with the
+        policy's weights); a LoRA reference is the actor's own base and cannot be replaced."""
+        if self.disable_adapters:
+            raise ValueError(
+                "a LoRA reference is the actor's adapter-free base: nothing to replace"
+            )
+        self.engine = engine
+
     def _context(self) -> contextlib.AbstractContextManager[None]:
         return (
             self.engine.adapters_disabled() if self.disable_adapters else contextlib.nullcontext()
