@@ -48,7 +48,6 @@ from temper.pipelines.spin_reference import ReferenceRefresh
 from temper.pipelines.timing import Timer, throughput
 from temper.pipelines.unread import refuse_unread
 from temper.registry import UnknownNameError
-from temper.roles.reference import Reference
 
 
 def preference_params(cfg: TemperConfig) -> PreferenceParams:
@@ -74,12 +73,9 @@ class SpinProducer(RLVRProducer):
     def __init__(self, ctx: ProducerContext) -> None:
         super().__init__(ctx)
         roles = ctx.roles
-        if roles is None or not isinstance(roles.reference, Reference):
-            # check() refuses Ray (whose reference is a worker group's proxy) before this
-            raise RuntimeError("the spin pipeline refreshes an in-process reference role")
-        self.refresh = ReferenceRefresh(
-            ctx.cfg, roles.actor, roles.reference, ctx.device, ctx.out_dir
-        )
+        if roles is None or roles.reference is None:
+            raise RuntimeError("a spin run builds its reference: the plan turned it off")
+        self.refresh = ReferenceRefresh(ctx.cfg, roles.actor, roles.reference, ctx.out_dir)
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         with timer("ref_refresh"):
@@ -186,18 +182,9 @@ def check(cfg: TemperConfig) -> None:
 
 
 def _check_refresh(cfg: TemperConfig) -> None:
-    """A refreshed reference is an in-process engine rebuilt from the actor's export."""
+    """A refreshed reference is an engine of its own, rebuilt from the actor's export."""
     if cfg.spin.ref_update_freq == 0:
         return
-    if cfg.resources.backend == "ray":
-        raise ConfigError(
-            "resources.backend",
-            "spin.ref_update_freq refreshes the reference from the actor's weights, which "
-            "temper does in the driver's process; on Ray the reference is a worker group "
-            "that cannot be reloaded yet",
-            "run on one device (resources.backend local, any engine), or set "
-            "spin.ref_update_freq 0 for a fixed reference",
-        )
     if cfg.model.lora.rank > 0:
         raise ConfigError(
             "model.lora.rank",

@@ -3,11 +3,13 @@ steps (verl's SPIN recipe: ``trainer.ref_update_freq``).
 
 At the start of step ``g`` with ``g % ref_update_freq == 0`` the actor's weights are
 exported as a Hugging Face directory (``<output_dir>/spin_reference``, the engine's own
-``save_hf``: gathered from shards, in the actor's dtype) and a frozen engine is built
-from it on ``reference.strategy`` — the same builder as the run's first reference, so
-every in-process engine (torch, fsdp2, deepspeed, megatron) refreshes the same way, and
-the new reference computes exactly the log-probs the actor computes at those weights
-(in the compute dtype a frozen engine stores).
+``save_hf``: gathered from shards, in the actor's dtype) and the reference rebuilds its
+engine from it (:meth:`temper.roles.reference.Reference.reload`: the builder of the
+run's first reference, on ``reference.strategy``) — so every engine (torch, fsdp2,
+deepspeed, megatron) refreshes the same way, in this process or on each rank of a Ray
+worker group (which read the directory as they write checkpoints), and the new reference
+computes exactly the log-probs the actor computes at those weights (in the compute
+dtype a frozen engine stores).
 
 A checkpoint holds the export's files (the reference is a function of no other saved
 state once it has been refreshed), so a resumed run scores with the reference the
@@ -21,12 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from temper.config.schema import TemperConfig
-from temper.roles.base import ActorRole
-from temper.roles.builder import reference_from
-from temper.roles.reference import Reference
+from temper.roles.base import ActorRole, ReferenceRole
 
 EXPORT_DIR = "spin_reference"
 
@@ -44,14 +42,12 @@ class ReferenceRefresh:
         self,
         cfg: TemperConfig,
         actor: ActorRole,
-        reference: Reference,
-        device: torch.device,
+        reference: ReferenceRole,
         out_dir: Path,
     ) -> None:
         self.cfg = cfg
         self.actor = actor
         self.reference = reference
-        self.device = device
         self.export = out_dir / EXPORT_DIR
         self.refreshed_at = 0  # the step that last refreshed it (0: the initial policy)
 
@@ -65,15 +61,9 @@ class ReferenceRefresh:
         self.actor.engine.save_hf(str(partial))
         shutil.rmtree(self.export, ignore_errors=True)
         partial.rename(self.export)
-        self._load()
+        self.reference.reload(str(self.export))
         self.refreshed_at = step
         return True
-
-    def _load(self) -> None:
-        # the old engine is freed once replaced: a refresh holds two references briefly
-        self.reference.replace_engine(
-            reference_from(self.cfg, self.device, str(self.export)).engine
-        )
 
     def state_dict(self) -> dict[str, Any]:
         """The step of the last refresh and, after one, the export's files (bytes)."""
@@ -96,4 +86,4 @@ class ReferenceRefresh:
             path = self.export / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        self._load()
+        self.reference.reload(str(self.export))

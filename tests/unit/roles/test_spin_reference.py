@@ -67,7 +67,7 @@ def test_refreshed_reference_scores_as_the_actor_and_restores_from_its_state(
     actor = roles.actor.compute_log_probs(batch)["old_log_probs"]
     assert not torch.equal(actor, initial)  # the update moved the policy
 
-    refresh = ReferenceRefresh(cfg, roles.actor, roles.reference, torch.device("cpu"), tmp_path)
+    refresh = ReferenceRefresh(cfg, roles.actor, roles.reference, tmp_path)
     assert not refresh.maybe_refresh(1)  # 1 % 2: not due; the reference is the initial one
     assert torch.equal(roles.reference.compute_ref_log_probs(batch)["ref_log_probs"], initial)
     assert refresh.maybe_refresh(2)
@@ -79,15 +79,15 @@ def test_refreshed_reference_scores_as_the_actor_and_restores_from_its_state(
     assert state["refreshed_at"] == 2 and "model.safetensors" in state["files"]
     fresh = build_roles(cfg, validate(cfg, CATALOG), "cpu")
     assert isinstance(fresh.reference, Reference)
-    again = ReferenceRefresh(cfg, fresh.actor, fresh.reference, torch.device("cpu"), tmp_path / "b")
+    again = ReferenceRefresh(cfg, fresh.actor, fresh.reference, tmp_path / "b")
     again.load_state_dict(state)
     assert torch.equal(fresh.reference.compute_ref_log_probs(batch)["ref_log_probs"], refreshed)
     # and a state from before any refresh leaves the initial reference
     fresh_too = build_roles(cfg, validate(cfg, CATALOG), "cpu")
     assert isinstance(fresh_too.reference, Reference)
-    ReferenceRefresh(
-        cfg, fresh_too.actor, fresh_too.reference, torch.device("cpu"), tmp_path / "c"
-    ).load_state_dict({"refreshed_at": 0})
+    ReferenceRefresh(cfg, fresh_too.actor, fresh_too.reference, tmp_path / "c").load_state_dict(
+        {"refreshed_at": 0}
+    )
     assert torch.equal(fresh_too.reference.compute_ref_log_probs(batch)["ref_log_probs"], initial)
 
 
@@ -96,7 +96,6 @@ def test_refreshed_reference_scores_as_the_actor_and_restores_from_its_state(
     [
         ({"rollout.n": 1, "data.train_batch_size": 3}, "rollout.n"),
         ({"actor.mini_batch_size": 3}, "actor.mini_batch_size"),
-        ({"resources.backend": "ray"}, "resources.backend"),
         ({"model.lora.rank": 4}, "model.lora.rank"),
         ({"actor.use_kl_loss": True}, "actor.use_kl_loss"),
         ({"dpo.beta": 0.3}, "dpo.beta"),
@@ -119,10 +118,10 @@ def test_check_refuses_what_online_dpo_cannot_honour(tiny_path: str, change, key
     assert err.value.key == key
 
 
-def test_check_passes_a_fixed_reference_on_ray_and_rollout_n_1(tiny_path: str) -> None:
+def test_check_passes_lora_with_a_fixed_reference_and_rollout_n_1(tiny_path: str) -> None:
     cfg = _spin_config(tiny_path, freq=0)
-    cfg.resources.backend = "ray"
-    check(cfg)  # a fixed reference needs no reload
+    cfg.model.lora.rank = 4
+    check(cfg)  # a fixed reference needs no reload: the LoRA base serves
     cfg = _spin_config(tiny_path)
     cfg.rollout.n = 1  # verl's run_spin.sh: pairs across two prompts (preflight notes it)
     check(cfg)
