@@ -133,13 +133,13 @@ def spin_step(run: Run) -> dict[str, float]:
 UNREAD_SECTIONS = {
     "critic": "online DPO has no critic: its loss is spin.loss_type",
     "dpo": "the dpo section configures offline pairs; online DPO's loss is the spin section",
+    "algorithm": "online DPO ranks responses by their reward and takes the spin.loss_type "
+    "loss: no advantages, KL penalty or reward shaping",
 }
 NO_RL_LOSS = "online DPO holds the policy near the reference through spin.beta"
 #: Keys of read sections a spin step reads nothing of, and why.
 UNREAD_KEYS = {
     "actor.use_kl_loss": NO_RL_LOSS,
-    "algorithm.use_kl_in_reward": NO_RL_LOSS,
-    "algorithm.filter_groups": "online DPO pairs every sample; no group is filtered out",
     "async_training": "online DPO generates and trains in turn (synchronous)",
 }
 

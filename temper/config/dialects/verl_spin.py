@@ -59,8 +59,8 @@ ONE_STEP = (
     "no effect here (verl's SPIN actor takes one optimizer step over all of a step's "
     "pairs, in one pass)"
 )
-#: Keys the spin pipeline refuses when set (verl reads them nowhere in fit_dpo either):
-#: kept, so ``temper check`` says so rather than dropping a setting that asks for more.
+#: Keys that ask for more than verl's fit_dpo does (it reads them nowhere): kept, so the
+#: spin pipeline's check refuses them rather than the translation dropping them.
 REFUSED = ("algorithm.use_kl_in_reward", "algorithm.filter_groups")
 
 

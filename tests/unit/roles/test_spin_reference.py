@@ -99,6 +99,7 @@ def test_refreshed_reference_scores_as_the_actor_and_restores_from_its_state(
         ({"model.lora.rank": 4}, "model.lora.rank"),
         ({"actor.use_kl_loss": True}, "actor.use_kl_loss"),
         ({"dpo.beta": 0.3}, "dpo.beta"),
+        ({"algorithm.adv_estimator": "gae"}, "algorithm.adv_estimator"),
         ({"spin.loss_type": "hinge"}, "spin.loss_type"),
         ({"spin.loss_type": "ipo", "spin.label_smoothing": 0.1}, "spin.label_smoothing"),
         ({"spin.ref_update_freq": -1}, "spin.ref_update_freq"),
