@@ -1345,7 +1345,8 @@ class TemperConfig:
     pipeline: str = doc(
         "rlvr",
         "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; dpo: "
-        "preference pairs; spin: online DPO on the policy's own ranked responses; generate: responses to a file (temper generate); eval: scores "
+        "preference pairs; spin: online DPO on the policy's own ranked responses; generate: "
+        "responses to a file (temper generate); eval: scores "
         "of a file of responses (temper eval); reward_model: a Bradley–Terry reward "
         "model; distill: a student on a teacher's logits (offline distillation); or your own, "
         "as a dotted path "
