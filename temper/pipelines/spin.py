@@ -137,10 +137,25 @@ UNREAD_SECTIONS = {
     "loss: no advantages, KL penalty or reward shaping",
 }
 NO_RL_LOSS = "online DPO holds the policy near the reference through spin.beta"
+NO_RATIO = "online DPO's loss is spin.loss_type: there is no policy ratio to clip"
+NO_RL = "online DPO's loss is spin.loss_type alone"
 #: Keys of read sections a spin step reads nothing of, and why.
 UNREAD_KEYS = {
+    "actor.policy_loss": NO_RL,
+    "actor.policy_loss_kwargs": NO_RL,
+    "actor.clip_ratio": NO_RATIO,
+    "actor.clip_ratio_low": NO_RATIO,
+    "actor.clip_ratio_high": NO_RATIO,
+    "actor.clip_ratio_c": NO_RATIO,
+    "actor.entropy_coeff": NO_RL,
+    "actor.sft_loss_coef": NO_RL,
+    "actor.rl_loss_coef": NO_RL,
+    "actor.l2_coef": NO_RL,
+    "actor.loss_agg_mode": "a DPO loss is a mean over pairs of sequence log-prob sums",
     "actor.use_kl_loss": NO_RL_LOSS,
-    "async_training": "online DPO generates and trains in turn (synchronous)",
+    "actor.kl_loss_coef": NO_RL_LOSS,
+    "actor.kl_loss_type": NO_RL_LOSS,
+    "experiment.critic_warmup": "online DPO has no critic to warm up: every step updates",
 }
 
 

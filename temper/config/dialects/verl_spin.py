@@ -15,7 +15,9 @@ lack (Hydra refuses them there), so any one identifies a SPIN file:
 
 verl's ``fit_dpo`` computes no advantages, KL penalty or critic values, whatever the
 ``algorithm`` section says (the recipe sets the estimator to null), so the translation
-notes its keys as not read. Its actor takes one optimizer step over all of a step's
+notes its keys as not read, and its actor's RL loss keys (clipping, entropy, KL loss)
+likewise (``actor_rollout_ref.actor.use_kl_loss``, which asks for a term verl's SPIN
+actor never adds, is kept: temper refuses it). Its actor takes one optimizer step over all of a step's
 pairs, one pass (``update_policy_dpo_with_ref``: ``ppo_mini_batch_size``, ``ppo_epochs``
 and ``shuffle`` are not read), so ``actor.mini_batch_size`` is the whole step and
 ``actor.ppo_epochs`` 1 here.
@@ -59,6 +61,21 @@ ONE_STEP = (
     "no effect here (verl's SPIN actor takes one optimizer step over all of a step's "
     "pairs, in one pass)"
 )
+#: Native keys of the actor's RL loss, which verl's SPIN actor (``update_policy_dpo_with_ref``)
+#: never reads: the translation notes them rather than writing them.
+RL_LOSS = (
+    "actor.policy_loss",
+    "actor.policy_loss_kwargs",
+    "actor.clip_ratio",
+    "actor.clip_ratio_low",
+    "actor.clip_ratio_high",
+    "actor.clip_ratio_c",
+    "actor.entropy_coeff",
+    "actor.loss_agg_mode",
+    "actor.kl_loss_coef",
+    "actor.kl_loss_type",
+)
+DPO_LOSS = "no effect here (verl's SPIN actor's loss is the DPO loss alone)"
 #: Keys that ask for more than verl's fit_dpo does (it reads them nowhere): kept, so the
 #: spin pipeline's check refuses them rather than the translation dropping them.
 REFUSED = ("algorithm.use_kl_in_reward", "algorithm.filter_groups")
@@ -81,6 +98,12 @@ def finish(ctx: Any) -> None:
             ctx.unnote(source)
             if value is not None:
                 ctx.note(NOT_READ, source)
+    for native, (value, source, _weak) in list(ctx.writes.items()):
+        if native in RL_LOSS or native.startswith(tuple(k + "." for k in RL_LOSS)):
+            del ctx.writes[native]
+            ctx.unnote(source)
+            if value is not None:
+                ctx.note(DPO_LOSS, source)
     for native, value in (("actor.mini_batch_size", None), ("actor.ppo_epochs", 1)):
         _, source, _ = ctx.writes.get(native, (None, "", False))
         if source:

@@ -98,6 +98,8 @@ def test_refreshed_reference_scores_as_the_actor_and_restores_from_its_state(
         ({"actor.mini_batch_size": 3}, "actor.mini_batch_size"),
         ({"model.lora.rank": 4}, "model.lora.rank"),
         ({"actor.use_kl_loss": True}, "actor.use_kl_loss"),
+        ({"actor.clip_ratio": 0.3}, "actor.clip_ratio"),
+        ({"experiment.critic_warmup": 2}, "experiment.critic_warmup"),
         ({"dpo.beta": 0.3}, "dpo.beta"),
         ({"algorithm.adv_estimator": "gae"}, "algorithm.adv_estimator"),
         ({"spin.loss_type": "hinge"}, "spin.loss_type"),
