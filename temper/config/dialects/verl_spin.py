@@ -49,9 +49,7 @@ RULES: dict[str, Rule] = {
         "remove it (or set 1)",
     ),
     # the trainer puts it in the update's meta_info, which the actor does not read
-    "algorithm.dpo_beta": Note(
-        f"no effect here (verl's SPIN actor reads its β from {ACT}.dpo_beta: spin.beta)"
-    ),
+    "algorithm.dpo_beta": Note(f"verl's SPIN actor reads its β from {ACT}.dpo_beta (spin.beta)"),
 }
 NOT_READ = (
     "no effect here (verl's SPIN trainer ranks responses by their reward and takes a DPO "
