@@ -117,3 +117,19 @@ def preference_loss(
     per_pair = PREFERENCE_LOSSES.get(name)(chosen, rejected, ref_chosen, ref_rejected, params)
     metrics = pair_metrics(chosen, rejected, ref_chosen, ref_rejected, params)
     return per_pair.mean(), {k: v.mean() for k, v in metrics.items()}
+
+
+def online_pairs(scores: Tensor) -> Tensor:
+    """Online DPO's pairs from sampled responses (verl's SPIN recipe): rows ``2i`` and
+    ``2i + 1`` of a step's samples form pair ``i``; the one with the higher score is
+    chosen, the other rejected (a tie: row ``2i`` is chosen, as ``argmax`` picks the first).
+
+    ``scores (2P,)`` -> ``order (2P,)`` long: the row indices ``[c_0, r_0, c_1, r_1, …]``,
+    so ``rows[order]`` alternates each pair's chosen and rejected row.
+    """
+    if scores.dim() != 1 or scores.numel() % 2:
+        raise ValueError(f"online pairs need an even number of scores, got {tuple(scores.shape)}")
+    pairs = scores.view(-1, 2)
+    second = (pairs[:, 1] > pairs[:, 0]).long()  # 1 where row 2i + 1 wins
+    first = torch.arange(pairs.shape[0], device=scores.device) * 2
+    return torch.stack([first + second, first + 1 - second], dim=1).reshape(-1)

@@ -177,6 +177,11 @@ class RemoteReference:
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         return self.group.dispatch(f"{self.prefix}compute_ref_log_probs", batch)
 
+    def reload(self, model_path: str) -> None:
+        """Every rank rebuilds its shard from ``model_path`` (a directory all ranks read:
+        the run's output directory, as for checkpoints)."""
+        self.group.call_all(f"{self.prefix}reload", model_path)
+
     def compute_top_logits(
         self, batch: Batch, k: int, scale: float, vocab: int | None = None, log_probs: bool = False
     ) -> Batch:

@@ -1081,6 +1081,31 @@ class DPOConfig:
 
 
 @dataclass
+class SpinConfig:
+    """Online DPO (pipeline=spin, verl's SPIN recipe): each step generates ``rollout.n``
+    responses per prompt, pairs consecutive responses by their reward (the higher chosen)
+    and takes a DPO update against the reference, which is replaced by the policy's weights
+    every ``ref_update_freq`` steps."""
+
+    loss_type: str = doc(
+        "sigmoid",
+        "Preference loss (registry name): sigmoid (DPO) or ipo (verl algorithm.dpo_loss_type).",
+        registry="dpo_loss",
+    )
+    beta: float = doc(0.1, "Strength of the pull towards the reference, β (verl actor.dpo_beta).")
+    label_smoothing: float = doc(
+        0.0,
+        "Probability that a pair's label is flipped, in [0, 0.5) (sigmoid loss; verl "
+        "algorithm.dpo_label_smoothing).",
+    )
+    ref_update_freq: int = doc(
+        1,
+        "At the start of step g with g % ref_update_freq == 0 the reference becomes the "
+        "policy's current weights; 0: a fixed reference (verl trainer.ref_update_freq).",
+    )
+
+
+@dataclass
 class KDConfig:
     """Offline knowledge distillation (pipeline=distill): the student learns given
     responses (the SFT data, ``sft`` section) from their NLL and from the teacher's
@@ -1324,7 +1349,8 @@ class TemperConfig:
     pipeline: str = doc(
         "rlvr",
         "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; dpo: "
-        "preference pairs; generate: responses to a file (temper generate); eval: scores "
+        "preference pairs; spin: online DPO on the policy's own ranked responses; generate: "
+        "responses to a file (temper generate); eval: scores "
         "of a file of responses (temper eval); reward_model: a Bradley–Terry reward "
         "model; distill: a student on a teacher's logits (offline distillation); or your own, "
         "as a dotted path "
@@ -1343,6 +1369,7 @@ class TemperConfig:
     agentic: AgenticConfig = sub(AgenticConfig, "Agentic pipeline (pipeline=agentic).")
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
     dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")
+    spin: SpinConfig = sub(SpinConfig, "Online DPO with a refreshed reference (pipeline=spin).")
     distill: DistillConfig = sub(DistillConfig, "On-policy distillation from teachers.")
     kd: KDConfig = sub(KDConfig, "Offline knowledge distillation (pipeline=distill).")
     async_training: AsyncTrainingConfig = sub(

@@ -127,6 +127,12 @@ class ReferenceRole(Protocol):
         """A copy of ``batch`` with ``ref_log_probs`` (B, R)."""
         ...
 
+    def reload(self, model_path: str) -> None:
+        """Score with the weights of Hugging Face directory ``model_path`` from now on
+        (online DPO's refresh from the policy); ``ValueError`` where the reference is not
+        an engine of its own (LoRA: the actor's base)."""
+        ...
+
     def compute_top_logits(
         self, batch: Batch, k: int, scale: float, vocab: int | None = None, log_probs: bool = False
     ) -> Batch:

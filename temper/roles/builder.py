@@ -33,6 +33,7 @@ from temper.roles.critic import Critic
 from temper.roles.gkd_term import DirectDistill
 from temper.roles.reference import Reference
 from temper.roles.teacher import Teachers
+from temper.training.base import TrainEngine
 from temper.training.micro_batching import MicroBatching
 from temper.training.models import resolve_device
 from temper.training.registry import build_engine, local_engine
@@ -132,23 +133,29 @@ def _frozen(cfg: TemperConfig, dev: torch.device, model_path: str | None, role: 
     """A forward-only policy on its own engine ``reference.strategy``, with the reference's
     micro-batching: the reference (``model_path`` None: the policy's weights) or a teacher."""
     ref_micro = reference_micro_batching(cfg, infer_micro_batching(cfg, cfg.actor))
-    engine = build_engine(
-        local_strategy(cfg, cfg.reference.strategy, "reference.strategy"),
-        EngineSpec(
-            model=cfg.model,
-            device=dev,
-            model_path=model_path,
-            train=None,
-            infer_micro=ref_micro,
-            param_offload=cfg.reference.param_offload,
-            seed=cfg.experiment.seed,
-            role=role,
-            fsdp=cfg.reference.fsdp,
-            megatron=cfg.reference.megatron,
-            deepspeed=cfg.reference.deepspeed,
-        ),
+
+    def engine_from(path: str | None) -> TrainEngine:
+        return build_engine(
+            local_strategy(cfg, cfg.reference.strategy, "reference.strategy"),
+            EngineSpec(
+                model=cfg.model,
+                device=dev,
+                model_path=path,
+                train=None,
+                infer_micro=ref_micro,
+                param_offload=cfg.reference.param_offload,
+                seed=cfg.experiment.seed,
+                role=role,
+                fsdp=cfg.reference.fsdp,
+                megatron=cfg.reference.megatron,
+                deepspeed=cfg.reference.deepspeed,
+            ),
+        )
+
+    # reloadable (online DPO's refresh): the same engine, from another weights directory
+    return Reference(
+        engine_from(model_path), temperature=_temperature(cfg), engine_from=engine_from
     )
-    return Reference(engine, temperature=_temperature(cfg))
 
 
 def build_teachers(cfg: TemperConfig, dev: torch.device) -> Teachers | None:

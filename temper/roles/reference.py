@@ -8,6 +8,7 @@ switched off: the base weights *are* the reference, so no second copy is loaded.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
@@ -27,13 +28,27 @@ class Reference:
         disable_adapters: bool = False,
         micro_batching: MicroBatching | None = None,
         temperature: float = 1.0,
+        engine_from: Callable[[str], TrainEngine] | None = None,
     ) -> None:
+        """``engine_from(path)``: a frozen engine like ``engine`` holding the weights of
+        Hugging Face directory ``path`` (what :meth:`reload` builds); None: not reloadable."""
         if disable_adapters and not engine.has_adapters:
             raise ValueError("disable_adapters needs an engine with LoRA adapters")
         self.engine = engine
         self.disable_adapters = disable_adapters
         self.micro_batching = micro_batching
         self.temperature = temperature if temperature > 0 else 1.0
+        self.engine_from = engine_from
+
+    def reload(self, model_path: str) -> None:
+        """Score with the weights of Hugging Face directory ``model_path`` from now on (online
+        DPO makes the policy its reference); the engine is rebuilt as the first one was."""
+        if self.engine_from is None:
+            raise ValueError(
+                "this reference cannot be reloaded: a LoRA reference is the actor's "
+                "adapter-free base, a shared engine is not the reference's own"
+            )
+        self.engine = self.engine_from(model_path)
 
     def _context(self) -> contextlib.AbstractContextManager[None]:
         return (

@@ -260,6 +260,30 @@ def test_dpo_on_two_fsdp2_ranks(tmp_path, tiny_model_dir, monkeypatch, ray_sessi
     assert len(moved) == len(before)
 
 
+def test_spin_refreshes_the_reference_worker_group(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session
+) -> None:
+    """Online DPO on the Ray backend: the actor on 2 FSDP2 ranks, the reference its own
+    FSDP2 worker group that every step reloads from the actor's export (ref_update_freq
+    1): each step's pairs score against the policy itself (margin 0, loss log 2)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from temper.pipelines import run_pipeline as train
+
+    cfg = ray_config_dict(tmp_path, tiny_model_dir)
+    cfg.pop("algorithm")
+    cfg["pipeline"] = "spin"
+    cfg["spin"] = {"beta": 0.5, "ref_update_freq": 1}
+    cfg["reference"] = {"strategy": "fsdp2"}
+    cfg["experiment"]["max_steps"] = 3
+    train(build_config(cfg))
+    steps = [r for r in metrics_rows(tmp_path / "run") if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["spin/ref_refreshed"] == 1.0 and r["train/pairs"] == 2 for r in steps)
+    for r in steps:
+        assert r["train/loss"] == pytest.approx(0.6931, abs=1e-4), r
+        assert r["train/rewards/margin"] == pytest.approx(0.0, abs=1e-4), r
+
+
 def test_distillation_teacher_on_its_own_ray_workers(
     tmp_path, tiny_model_dir, monkeypatch, ray_session
 ) -> None:

@@ -3,8 +3,9 @@ stopped by SIGTERM mid-step, and resumed, ends bit-identical to an uninterrupted
 weights, optimizer state and metrics rows (timings aside) — for RLVR with GRPO, RLVR PPO
 with a critic, the agentic pipeline (FrozenLake episodes: the env manager's seeds are
 in the checkpoint), SFT (the shuffled sampler's position is in the checkpoint), DPO and
-reward-model training, and asynchronous RLVR and agentic runs (rollout 1 and 2 policy
-versions ahead of training).
+reward-model training, asynchronous RLVR and agentic runs (rollout 1 and 2 policy
+versions ahead of training), and online DPO (spin: the reference refreshed from the
+policy at step 3 is in the checkpoint, and scores steps 4 and 5 of the resumed run).
 Damaged checkpoints are skipped — truncated ones by size, same-size corruption by
 checksum, and the run resumed from the previous one equals a run that saved only that
 one; a checkpoint's actor loads in transformers.
@@ -53,6 +54,7 @@ ALGOS = (
     "reward_model",
     "grpo_k1",
     "agentic_k2",
+    "spin",
 )
 #: Asynchronous runs (the rollout ahead of training by k versions): the batches ahead are
 #: in the checkpoint, so the resumed run trains on the very batches the uninterrupted one did.
@@ -207,6 +209,13 @@ def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
         teacher = make_tiny_model(tmp / "teacher", hidden_size=32, seed=7)
         cfg["distill"] = {"teachers": {"teacher": {"model_path": str(teacher)}}}
     cfg["reward"]["num_workers"] = 1
+    if algo == "spin":  # online DPO: 2 prompts × 2 responses, 2 pairs, refreshed at 3 and 6
+        del cfg["algorithm"]
+        cfg["pipeline"] = "spin"
+        cfg["rollout"]["n"] = 2
+        cfg["spin"] = {"beta": 0.5, "ref_update_freq": 3}
+        build_config(cfg)
+        return cfg
     if algo == "gae":
         cfg["algorithm"].update({"lam": 0.95, "use_kl_in_reward": True})
         cfg["algorithm"]["kl_ctrl"] = {"type": "adaptive", "kl_coef": 0.01}

@@ -6,9 +6,9 @@ supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline), D
 (``dpo``: ROLL's DPO pipeline), offline distillation (``distill``: ROLL's distill
 pipeline), on-policy distillation (RL with teachers: ROLL's OPD files) and verl's
 generation and evaluation entry points (``generate``, ``eval``), which the dialects
-translate, and verl's SPPO recipe (an RLVR run with the ``sppo`` estimator and loss:
-:mod:`verl_sppo`). verl and ROLL ship other trainers too — ROLL's rollout-only runs,
-verl's SPIN and PRIME recipes. Their configs reuse many RL keys, so a
+translate, verl's SPPO recipe (an RLVR run with the ``sppo`` estimator and loss:
+:mod:`verl_sppo`) and its SPIN recipe (``spin``: online DPO, :mod:`verl_spin`). verl and
+ROLL ship other trainers too — ROLL's rollout-only runs, verl's PRIME recipe. Their configs reuse many RL keys, so a
 key-by-key translation would fail on some key deep inside with "unknown key, did you mean
 …", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
@@ -24,8 +24,8 @@ from typing import Any
 from temper.config.errors import ConfigError
 
 RUNS = (
-    "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, distill and reward_model "
-    "pipelines, and generate and eval"
+    "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, spin (online DPO), distill and "
+    "reward_model pipelines, and generate and eval"
 )
 
 
@@ -87,14 +87,6 @@ ROLL_SHAPES = (
     Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
 )
 VERL_SHAPES = (
-    Shape(
-        "verl SPIN recipe",
-        "online DPO: each prompt's generations ranked by the reward into chosen and "
-        "rejected, the reference replaced by the policy every trainer.ref_update_freq steps",
-        _any_key("actor_rollout_ref.actor.dpo_beta", "trainer.ref_update_freq"),
-        "temper's dpo pipeline learns from given pairs against a frozen reference: no "
-        "step generates the pairs or reloads the reference",
-    ),
     Shape(
         "verl PRIME recipe",
         "a policy whose token rewards β·log(π_rm/π_ref) come from an implicit process "

@@ -37,6 +37,7 @@ from temper.config.dialects import (
     verl_distill,
     verl_generation,
     verl_sft,
+    verl_spin,
     verl_sppo,
 )
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
@@ -440,9 +441,11 @@ class _Translator:
     # ------------------------------------------------------------------ final pass
 
     def _finish_ppo(self) -> None:
-        """The PPO trainer's part of the final pass: the SPPO recipe's estimator and loss,
+        """The PPO trainer's part of the final pass: the SPIN recipe's pipeline, the SPPO
+        recipe's estimator and loss,
         sequence-level losses, the chosen engine's kwargs, a custom reward function."""
-        verl_sppo.finish(self)  # first: it chooses the policy loss the next pass reads
+        verl_spin.finish(self)  # a SPIN file's algorithm keys are read by nothing
+        verl_sppo.finish(self)  # first of the rest: it chooses the policy loss they read
         self._sequence_level_losses()
         self._sequence_parallel_budgets()
         verl_async.finish(self)

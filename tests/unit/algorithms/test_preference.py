@@ -76,3 +76,21 @@ def test_unknown_loss_names_the_valid_ones() -> None:
 def test_params_refuse_out_of_range(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         PreferenceParams(**kwargs)
+
+
+# --------------------------------------------------------------- online pairs (spin)
+
+
+def test_online_pairs_by_hand():
+    """Rows 2i, 2i+1 form pair i; the higher score first; a tie keeps the first row."""
+    from temper.algorithms.preference import online_pairs
+
+    scores = torch.tensor([0.0, 1.0, 0.7, 0.2, 0.5, 0.5, -1.0, 3.0])
+    assert online_pairs(scores).tolist() == [1, 0, 2, 3, 4, 5, 7, 6]
+
+
+def test_online_pairs_refuse_an_odd_count():
+    from temper.algorithms.preference import online_pairs
+
+    with pytest.raises(ValueError, match="even number"):
+        online_pairs(torch.tensor([1.0, 2.0, 3.0]))

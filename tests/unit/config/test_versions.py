@@ -217,14 +217,39 @@ def test_fix_hints_are_in_the_files_dialect():
             "actor_infer: this is a ROLL rollout pipeline",
         ),
         (
-            V0625 / "recipe/spin/config/spin_trainer.yaml",
-            "actor_rollout_ref.actor.dpo_beta: this is a verl SPIN recipe",
+            V0625 / "recipe/prime/config/prime_trainer.yaml",
+            "reward_model.prime_granularity: this is a verl PRIME recipe",
         ),
     ],
 )
 def test_pipelines_without_a_loop_are_named(path, start):
     msg = refusal(path)
     assert msg.startswith(start) and "a pipeline temper has no loop for" in msg
+
+
+def test_spin_recipe_is_the_spin_pipeline():
+    """verl's SPIN file: online DPO with its β, loss and refresh cadence; the algorithm
+    section its trainer never reads is noted, not translated; one optimizer step a step."""
+    loaded = load(
+        V0625 / "recipe/spin/config/spin_trainer.yaml",
+        "+algorithm.dpo_loss_type=ipo",
+        "trainer.ref_update_freq=3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    )
+    cfg = loaded.config
+    assert cfg.pipeline == "spin"
+    assert (cfg.spin.beta, cfg.spin.loss_type, cfg.spin.ref_update_freq) == (0.1, "ipo", 3)
+    assert cfg.actor.mini_batch_size is None and cfg.actor.ppo_epochs == 1
+    assert noted(loaded, "verl's SPIN trainer ranks responses by their reward")
+    assert noted(loaded, "one optimizer step over all of a step's pairs")
+    assert cfg.algorithm.adv_estimator == "grpo"  # the temper default: nothing read it
+    # a reference that verl never refreshes (freq <= 0) is a fixed one here
+    assert (
+        load(
+            V0625 / "recipe/spin/config/spin_trainer.yaml", "trainer.ref_update_freq=-1"
+        ).config.spin.ref_update_freq
+        == 0
+    )
 
 
 def test_rollout_mock_dump_files_train_and_write_their_generations():

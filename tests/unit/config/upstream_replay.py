@@ -166,7 +166,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("pipeline: rollout only", r"ROLL rollout pipeline"),
     ("pipeline: generation/eval", r"verl (generation|evaluation) entry point"),
     ("generation: multi-node", r"multi-node generation"),
-    ("pipeline: spin/prime", r"verl (SPIN|PRIME) recipe"),
+    ("pipeline: prime", r"verl PRIME recipe"),
     ("engine: sglang", r"'sglang'"),
     ("engine: trtllm", r"TensorRT-LLM"),
     ("engine: veomni/torchtitan", r"(VeOmni|TorchTitan|NeMo AutoModel) training engine"),

@@ -11,6 +11,7 @@ from temper.pipelines.agentic import episode_groups
 from temper.pipelines.dpo import dpo_step
 from temper.pipelines.rl_step import rl_step
 from temper.pipelines.sft import sft_step
+from temper.pipelines.spin import spin_step
 
 PRODUCER = """
 class Echo:
@@ -38,6 +39,7 @@ def test_builtin_records_declare_their_needs():
         "agentic",
         "sft",
         "dpo",
+        "spin",
         "generate",
         "eval",
         "reward_model",
@@ -59,10 +61,14 @@ def test_builtin_records_declare_their_needs():
     dpo = resolve_pipeline("dpo")
     assert dpo.step is dpo_step and dpo.uses == frozenset({"reference", "reference_always"})
     assert dpo.sections == frozenset({"dpo"}) and dpo.curve == "train/rewards/margin"
+    spin = resolve_pipeline("spin")  # online DPO: generates, scores against a reference
+    assert spin.step is spin_step and spin.sections == frozenset({"spin"})
+    assert spin.uses == frozenset({"rollout", "reference", "reference_always"})
+    assert spin.curve == "train/score_mean"
     distill = resolve_pipeline("distill")  # offline: SFT rows and the teacher's logits
     assert distill.uses == frozenset() and distill.curve == "train/distill_loss"
     assert distill.sections == frozenset({"sft", "kd", "distill"})
-    for name in ("rlvr", "agentic", "sft", "dpo", "distill"):
+    for name in ("rlvr", "agentic", "sft", "dpo", "spin", "distill"):
         assert resolve_pipeline(name).command == "train" and resolve_pipeline(name).main is None
     generate, evaluate = resolve_pipeline("generate"), resolve_pipeline("eval")
     assert generate.command == "generate" and generate.uses == {"rollout", "no_training"}
