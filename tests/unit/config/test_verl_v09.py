@@ -303,16 +303,6 @@ def test_bypass_mode_reinforce_is_the_reinforce_is_loss_with_rollout_is_settings
     assert "computed in the loss from the current policy" in text
 
 
-def test_the_fully_async_trainer_is_refused_saying_what_is_not_built():
-    path = V2608 / "verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml"
-    with pytest.raises(ConfigError) as err:
-        translate_verl(load_yaml(path), CATALOG)
-    text = str(err.value)
-    assert text.startswith("async_training: verl's fully-async trainer")
-    assert "partial rollout" in text and "fractional staleness_threshold" in text
-    assert "trainer_mode: separate_async" in text and "one-step-off" in text
-
-
 def test_the_legacy_trainer_never_reads_trainer_v1():
     data = composed(
         "ppo_trainer.yaml", "trainer.use_v1=false", "trainer.v1.trainer_mode=separate_async"
