@@ -357,9 +357,9 @@ def separate_pool(
 
 
 def rollout_pool_key(v: Any, ctx: Any) -> None:
-    """verl's one-step-off recipe: the rollout's own pool (``rollout.nnodes ×
-    rollout.n_gpus_per_node``), placed as ``resources.actor_infer`` after the trainer's
-    devices; the recipe runs as ``async_training.staleness`` 1."""
+    """verl's one-step-off and fully-async trainers: the rollout's own pool
+    (``rollout.nnodes × rollout.n_gpus_per_node``), placed as ``resources.actor_infer``
+    after the trainer's devices."""
     if not _int(v) or v <= 0:
         raise ctx.error(f"must be a positive integer (got {v!r})", "give the rollout pool's size")
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from temper.config.dialects.verl_rules import Call, Inert, Note, Rule
+from temper.config.dialects.verl_rules import Call, Inert, Map, Note, Rule
 
 AT = "async_training"
 ACT = "actor_rollout_ref.actor"
@@ -82,24 +82,40 @@ def staleness_threshold(v: Any, ctx: Any) -> None:
         )
 
 
-def positive_int(v: Any, ctx: Any) -> None:
-    """A count verl asserts is at least 1 (read by the final pass)."""
+def _positive_int(v: Any, ctx: Any) -> None:
     if not _int(v) or v < 1:
         raise ctx.error(
             f"must be an integer >= 1 (verl asserts it; got {v!r})", "set it to 1 or more"
         )
 
 
-def flag(v: Any, ctx: Any) -> None:
-    """A switch read by the final pass."""
+def _flag(v: Any, ctx: Any) -> None:
     if not isinstance(v, bool):
         raise ctx.error(f"must be true or false (got {v!r})", "set it to true or false")
+
+
+def trigger_parameter_sync_step(v: Any, ctx: Any) -> None:
+    """Local trainer steps between two weight pushes: temper's step (one push) trains
+    this × ``require_batches`` mini-batches (``data.train_batch_size``)."""
+    _positive_int(v, ctx)  # the final pass derives the step from it
+
+
+def require_batches(v: Any, ctx: Any) -> None:
+    """Mini-batches (of ``ppo_mini_batch_size`` prompts) one local trainer step takes:
+    a factor of temper's ``data.train_batch_size``."""
+    _positive_int(v, ctx)  # the final pass derives the step from it
+
+
+def partial_rollout(v: Any, ctx: Any) -> None:
+    """Generations in flight at a weight push continue under the new weights:
+    ``async_training.partial_rollout_segment``, a quarter of the response length."""
+    _flag(v, ctx)  # the final pass sets the segment from it and the response length
 
 
 def trainer_validates(v: Any, ctx: Any) -> None:
     """Validation on the trainer's devices (a rollout replica there) instead of the
     rollouter's: where it runs only."""
-    flag(v, ctx)
+    _flag(v, ctx)
     ctx.note(
         "no effect here (where validation runs: temper validates on the rollout worker "
         "between generation calls, after pushing the trainer's weights — the same weights "
@@ -114,12 +130,11 @@ def total_rollout_steps(v: Any, ctx: Any) -> None:
         raise ctx.error(f"must be a positive integer or null (got {v!r})", "set it to 1 or more")
 
 
-def gen_batch_size(v: Any, ctx: Any) -> None:
-    """Prompts per generation round: dynamic sampling's (``data.gen_batch_size``); the
-    fully-async rollouter asserts 1 (it draws one prompt at a time)."""
+def gen_batch_size(v: Any, ctx: Any) -> Any:
+    """Prompts per generation round of dynamic sampling; the fully-async rollouter asserts
+    1 (it draws one prompt at a time), which sets nothing here."""
     if not fully_async(ctx):
-        ctx.write("data.gen_batch_size", v)
-        return
+        return v
     if v != 1:
         raise ctx.error(
             f"verl's fully-async rollouter asserts gen_batch_size is 1 (got {v!r})",
@@ -130,6 +145,7 @@ def gen_batch_size(v: Any, ctx: Any) -> None:
         "step's prompts and generates async_training.stream_chunk of them per call, each "
         "group handed to training as its call finishes"
     )
+    return None
 
 
 def standalone_memory(v: Any, ctx: Any) -> None:
@@ -146,9 +162,9 @@ DYNAMIC = "dynamic resource scheduling (the trainer's devices lent to the rollou
 
 RULES: dict[str, Rule] = {
     f"{AT}.staleness_threshold": Call(staleness_threshold),
-    f"{AT}.trigger_parameter_sync_step": Call(positive_int),
-    f"{AT}.require_batches": Call(positive_int),
-    f"{AT}.partial_rollout": Call(flag),
+    f"{AT}.trigger_parameter_sync_step": Call(trigger_parameter_sync_step),
+    f"{AT}.require_batches": Call(require_batches),
+    f"{AT}.partial_rollout": Call(partial_rollout),
     f"{AT}.use_trainer_do_validate": Call(trainer_validates),
     f"{AT}.use_dynamic_resource_scheduling": Inert(
         (False, None),
@@ -172,7 +188,7 @@ RULES: dict[str, Rule] = {
         "no code of verl reads the top-level rollout.n (the fully-async config declares "
         "it); actor_rollout_ref.rollout.n sets the responses per prompt"
     ),
-    "data.gen_batch_size": Call(gen_batch_size),
+    "data.gen_batch_size": Map("data.gen_batch_size", gen_batch_size),
     f"{ACT}.use_rollout_log_probs": Note(
         "verl's actor config declares it but no code of verl reads it; "
         "algorithm.rollout_correction.bypass_mode decides whether the old log-probs are "
