@@ -278,15 +278,30 @@ def off_policy_threshold(v: Any, ctx: Any) -> None:
         ctx.note(f"no effect here ({_sampling(ctx)})")
 
 
+#: what verl's V1 replay buffer does at the bound T (``replay_buffer.py``), and why
+#: temper's fixed schedule never reaches it
+STRATEGY_AT_BOUND = {
+    "drop": "verl evicts a finished group that spans more than T versions and samples a "
+    "fresh prompt in its place",
+    "wait": "verl stops sampling while a group in flight spans T versions, until it finishes",
+}
+
+
 def off_policy_strategy(v: Any, ctx: Any) -> None:
-    """What verl does with a sample past the bound (drop or wait): no effect here, where
-    the fixed schedule never exceeds it."""
-    if v not in ("drop", "wait"):
+    """What verl's V1 replay buffer does with a group at the bound T: ``drop`` evicts and
+    replaces it, ``wait`` blocks sampling until it finishes. No effect here: the fixed
+    schedule never produces such a group."""
+    if v not in STRATEGY_AT_BOUND:
         raise ctx.error(f"must be drop or wait (got {v!r})", "set it to drop or wait")
     if v1_mode(ctx) in ASYNC_MODES:
+        # Streaming (whose wait/drop this key could name) ties the look-ahead and the bound
+        # to one k, where verl's are num_warmup_batches and this threshold: the fixed
+        # schedule keeps both as verl's file gives them, and an exact resume.
         ctx.note(
-            f"no effect here ({v}: what verl does with a sample past the bound; under "
-            "temper's fixed schedule no sample exceeds it, so none is dropped or waited for)"
+            f"no effect here ({v}: {STRATEGY_AT_BOUND[v]}; temper's fixed schedule trains "
+            "each batch at most async_training.staleness = min(num_warmup_batches, T - 1) "
+            "versions after its weights, a span of at most T, so no group reaches that "
+            "point; async_training.mode: streaming is temper's rollout that drops or waits)"
         )
     else:
         ctx.note(f"no effect here ({_sampling(ctx)})")

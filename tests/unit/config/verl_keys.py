@@ -555,6 +555,7 @@ trainer.v1.separate_async.parameter_sync_step 2 +trainer.v1.trainer_mode=separat
 trainer.v1.separate_async.parameter_sync_step 4 +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl noted
 trainer.v1.separate_async.hybrid_rollout.enable_switch true +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl !! hybrid rollout
 trainer.v1.sampler.max_off_policy_strategy wait +trainer.v1.trainer_mode=colocate_async noted
+trainer.v1.sampler.max_off_policy_strategy drop +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl noted
 # verl's fully-async trainer (verl.experimental.fully_async_policy): its async_training
 # section, its rollout pool, and what its launching scripts set (verl asserts them)
 async_training.staleness_threshold 0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.staleness = 1
