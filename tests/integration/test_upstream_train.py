@@ -331,6 +331,35 @@ def test_verl_one_step_off_script_trains(tmp_path, tiny_model_dir, monkeypatch):
 
 
 @pytest.mark.slow
+def test_verl_fully_async_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl's fully-async config (PPO with a critic, its defaults), streaming: a step is
+    one push cycle of 4 mini-batch updates (trigger_parameter_sync_step 4 × require_batches
+    1), staleness_threshold 0.1 at most one version behind, partial rollout continuing
+    generations in 2-token segments (a quarter of the 8-token responses) with the newest
+    weights. Its scripts' settings that verl asserts (hybrid_engine false, train_batch_size
+    0); data: 16-prompt mini-batches (the file's 256), so a step is 64 prompts; length: 2
+    steps of prompts (rollout.total_rollout_steps, which verl counts in prompts)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = UPSTREAM / V0_9 / "verl/experimental/fully_async_policy/config"
+    config = config / "fully_async_ppo_trainer.yaml"
+    out = tmp_path / "verl-fully-async"
+    verl = [o for o in _verl(tiny_model_dir, out) if "total_training_steps" not in o]
+    mode = ["actor_rollout_ref.hybrid_engine=false", "data.train_batch_size=0"]
+    data = ["actor_rollout_ref.actor.ppo_mini_batch_size=16"]
+    length = ["rollout.total_rollout_steps=128"]  # 2 steps of 4 × 1 × 16 prompts
+    device = ["rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+    line = verl + mode + data + length + device
+    resolved = load_config(config, line).config
+    at = resolved.async_training
+    assert (at.mode, at.staleness, at.partial_rollout_segment) == ("streaming", 1, 2)
+    assert (resolved.data.train_batch_size, resolved.experiment.max_steps) == (64, 2)
+    assert (resolved.resources.actor_train, resolved.resources.actor_infer) == ([0], [1])
+    train = _train(config, line, out)
+    assert all(r["async/staleness_max"] <= at.staleness for r in train)
+    assert all("async/token_staleness_mean" in r for r in train)  # partial rollout ran
+
+
+@pytest.mark.slow
 def test_roll_gigpo_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     """ROLL's GiGPO Sokoban example (2026-08): StepEnvManager, one sample per env step,
     gigpo's step groups formed on identical states, and the policy updated."""

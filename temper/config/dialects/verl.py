@@ -236,7 +236,8 @@ class _Translator:
         # keys that decide which trainer the file is for come first (Hydra puts them after
         # the sections they compose): a trainer temper lacks is named before any key of
         # its files. model_engine chose every role's files; async_training is verl's
-        # fully-async trainer's own section
+        # fully-async trainer's own section (what of it is refused, dynamic resource
+        # scheduling, is named before the keys it composes)
         for first in ("async_training", "model_engine"):
             if first in self.tree:
                 self.tree = {first: self.tree.pop(first), **self.tree}

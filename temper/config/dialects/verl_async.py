@@ -26,13 +26,16 @@ the steps before it train. verl's asynchronous trainers map onto it as follows.
   weights (``compute_policy_loss_bypass_mode`` computes them for metrics only); with
   ``loss_type: reinforce`` REINFORCE with those weights, truncated, computed from the
   current policy (``actor.policy_loss: reinforce_is``).
-- verl's fully-async trainer (``async_training.*``) streams single samples with partial
-  rollout under a fractional ``staleness_threshold``: refused.
+- verl's fully-async trainer (``verl.experimental.fully_async_policy``, its
+  ``async_training`` section) runs as ``async_training.mode: streaming``:
+  :mod:`verl_fully_async`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from temper.config.dialects import verl_fully_async as fa
 
 V1 = "trainer.v1"
 ASYNC_MODES = ("colocate_async", "separate_async")
@@ -63,28 +66,41 @@ def _int(v: Any) -> bool:
 def one_step_off(ctx: Any) -> bool:
     """verl's one-step-off recipe: its config adds a top-level ``rollout`` section (the
     rollout's own pool), which no other trainer config of verl has but the fully-async
-    one (refused before any other key)."""
-    return isinstance(ctx.get("rollout"), dict)
+    one (told apart by its ``async_training`` section)."""
+    return isinstance(ctx.get("rollout"), dict) and not fa.fully_async(ctx)
+
+
+def own_pool_trainer(ctx: Any) -> str | None:
+    """The trainer whose rollout runs on a pool of its own, set by the top-level
+    ``rollout`` section (one-step-off, fully-async), or None."""
+    if fa.fully_async(ctx):
+        return "fully-async"
+    return "one-step-off" if one_step_off(ctx) else None
 
 
 def v1_mode(ctx: Any) -> str | None:
     """The V1 trainer mode verl runs, or None where ``trainer.v1`` is not read (the legacy
-    trainer, ``trainer.use_v1: false``; the one-step-off recipe's own trainer)."""
-    if ctx.get("trainer.use_v1", True) is False or one_step_off(ctx):
+    trainer, ``trainer.use_v1: false``; the one-step-off and fully-async trainers)."""
+    if ctx.get("trainer.use_v1", True) is False or own_pool_trainer(ctx):
         return None
     return str(ctx.get(f"{V1}.trainer_mode", "sync"))
 
 
+#: the class each trainer with a pool of its own runs, which never reads ``trainer.v1``
+OWN_POOL_CLASS = {"one-step-off": "OneStepOffRayTrainer", "fully-async": "FullyAsyncTrainer"}
+
+
 def _not_read(ctx: Any) -> str:
-    if one_step_off(ctx):
-        return "verl's one-step-off trainer (OneStepOffRayTrainer) never reads trainer.v1"
+    trainer = own_pool_trainer(ctx)
+    if trainer:
+        return f"verl's {trainer} trainer ({OWN_POOL_CLASS[trainer]}) never reads trainer.v1"
     return "trainer.use_v1 is false: the legacy trainer never reads it"
 
 
 def use_v1(_v: Any, ctx: Any) -> None:
     """``trainer.use_v1``: which of verl's trainers runs (V1 or legacy); both run the
     same synchronous step unless a V1 async mode is chosen."""
-    if one_step_off(ctx):
+    if own_pool_trainer(ctx):
         ctx.note(f"no effect here ({_not_read(ctx)})")
         return
     ctx.note(
@@ -262,32 +278,33 @@ def off_policy_threshold(v: Any, ctx: Any) -> None:
         ctx.note(f"no effect here ({_sampling(ctx)})")
 
 
+#: what verl's V1 replay buffer does at the bound T (``replay_buffer.py``), and why
+#: temper's fixed schedule never reaches it
+STRATEGY_AT_BOUND = {
+    "drop": "verl evicts a finished group that spans more than T versions and samples a "
+    "fresh prompt in its place",
+    "wait": "verl stops sampling while a group in flight spans T versions, until it finishes",
+}
+
+
 def off_policy_strategy(v: Any, ctx: Any) -> None:
-    """What verl does with a sample past the bound (drop or wait): no effect here, where
-    the fixed schedule never exceeds it."""
-    if v not in ("drop", "wait"):
+    """What verl's V1 replay buffer does with a group at the bound T: ``drop`` evicts and
+    replaces it, ``wait`` blocks sampling until it finishes. No effect here: the fixed
+    schedule never produces such a group."""
+    if v not in STRATEGY_AT_BOUND:
         raise ctx.error(f"must be drop or wait (got {v!r})", "set it to drop or wait")
     if v1_mode(ctx) in ASYNC_MODES:
+        # Streaming (whose wait/drop this key could name) ties the look-ahead and the bound
+        # to one k, where verl's are num_warmup_batches and this threshold: the fixed
+        # schedule keeps both as verl's file gives them, and an exact resume.
         ctx.note(
-            f"no effect here ({v}: what verl does with a sample past the bound; under "
-            "temper's fixed schedule no sample exceeds it, so none is dropped or waited for)"
+            f"no effect here ({v}: {STRATEGY_AT_BOUND[v]}; temper's fixed schedule trains "
+            "each batch at most async_training.staleness = min(num_warmup_batches, T - 1) "
+            "versions after its weights, a span of at most T, so no group reaches that "
+            "point; async_training.mode: streaming is temper's rollout that drops or waits)"
         )
     else:
         ctx.note(f"no effect here ({_sampling(ctx)})")
-
-
-def fully_async(_v: Any, ctx: Any) -> None:
-    """verl's fully-async trainer (``verl.experimental.fully_async_policy``): a separate
-    rollouter streaming single samples to the trainer, bounded by a fractional
-    ``staleness_threshold``, with partial rollout."""
-    raise ctx.error(
-        "verl's fully-async trainer streams single samples to the trainer with partial "
-        "rollout (in-flight generations continue with the new weights) under a fractional "
-        "staleness_threshold: not built (temper's asynchronous training runs whole batches "
-        "on a fixed schedule, async_training.staleness k versions behind)",
-        "use verl's V1 trainer with trainer.v1.trainer_mode: separate_async (num_warmup_"
-        "batches: k) or the one-step-off recipe (k = 1), without async_training",
-    )
 
 
 # --------------------------------------------------------------------------- pools
@@ -355,9 +372,9 @@ def separate_pool(
 
 
 def rollout_pool_key(v: Any, ctx: Any) -> None:
-    """verl's one-step-off recipe: the rollout's own pool (``rollout.nnodes ×
-    rollout.n_gpus_per_node``), placed as ``resources.actor_infer`` after the trainer's
-    devices; the recipe runs as ``async_training.staleness`` 1."""
+    """verl's one-step-off and fully-async trainers: the rollout's own pool
+    (``rollout.nnodes × rollout.n_gpus_per_node``), placed as ``resources.actor_infer``
+    after the trainer's devices."""
     if not _int(v) or v <= 0:
         raise ctx.error(f"must be a positive integer (got {v!r})", "give the rollout pool's size")
 
@@ -366,9 +383,10 @@ def standalone_rollout(v: Any, ctx: Any) -> None:
     """The standalone rollout pool of verl's separate_async trainer (``nnodes ×
     n_gpus_per_node``), placed as ``resources.actor_infer`` after the trainer's devices;
     with the other trainers nnodes is 0 (the rollout shares the trainer's devices)."""
-    if one_step_off(ctx):
+    trainer = own_pool_trainer(ctx)
+    if trainer:
         ctx.note(
-            "no effect here (verl's one-step-off main sets it from the top-level rollout "
+            f"no effect here (verl's {trainer} main sets it from the top-level rollout "
             "section: the rollout's own pool)"
         )
         return
@@ -391,15 +409,17 @@ def standalone_rollout(v: Any, ctx: Any) -> None:
 
 def hybrid_engine(v: Any, ctx: Any) -> None:
     """True: the actor, rollout and reference share all devices (colocated placement);
-    verl's one-step-off recipe asserts false (its rollout runs on a pool of its own)."""
-    if one_step_off(ctx):
+    verl's one-step-off and fully-async trainers assert false (their rollout runs on a pool
+    of its own)."""
+    trainer = own_pool_trainer(ctx)
+    if trainer:
         if v is not False:
             raise ctx.error(
-                f"verl's one-step-off trainer asserts hybrid_engine is false: its rollout "
+                f"verl's {trainer} trainer asserts hybrid_engine is false: its rollout "
                 f"runs on its own pool, rollout.nnodes × rollout.n_gpus_per_node (got {v!r})",
                 "set actor_rollout_ref.hybrid_engine: false",
             )
-        ctx.note("accepted (the one-step-off recipe's rollout runs on its own pool)")
+        ctx.note(f"accepted (the {trainer} trainer's rollout runs on its own pool)")
         return
     if v is not True:
         raise ctx.error(
@@ -414,12 +434,16 @@ def hybrid_engine(v: Any, ctx: Any) -> None:
 
 
 def finish(ctx: Any) -> None:
-    """The final pass: the staleness and placement of an asynchronous trainer; bypass
-    mode's REINFORCE loss."""
+    """The final pass: the staleness and placement of an asynchronous trainer (the
+    fully-async trainer's: :func:`verl_fully_async.finish`); bypass mode's REINFORCE
+    loss."""
     if bypass_on(ctx) and ctx.get(f"{RC}.loss_type", "ppo_clip") == "reinforce":
         _reinforce(ctx)
     mode = v1_mode(ctx)
-    if one_step_off(ctx):
+    if fa.fully_async(ctx):
+        fa.finish(ctx)
+        separate_pool(ctx, "rollout.nnodes", "rollout.n_gpus_per_node", "fully-async")
+    elif one_step_off(ctx):
         ctx.write("async_training.staleness", 1, "rollout.nnodes")
         ctx.note(
             "verl's one-step-off recipe: async_training.staleness 1 (batch s is generated "

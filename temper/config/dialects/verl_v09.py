@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_async as va
+from temper.config.dialects import verl_fully_async as fa
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_table import _fsdp
@@ -58,7 +59,7 @@ SEP = f"{V1}.separate_async"
 
 RULES: dict[str, Rule] = {
     "model_engine": Map("actor.strategy", _model_engine),
-    "async_training": Call(va.fully_async),
+    **fa.RULES,  # verl's fully-async trainer (its async_training section, rollout pool)
     "trainer.use_v1": Call(va.use_v1),
     f"{V1}.trainer_mode": Call(va.trainer_mode),
     f"{V1}.sync": Inert(
@@ -77,7 +78,7 @@ RULES: dict[str, Rule] = {
     },
     f"{V1}.sampler.max_off_policy_threshold": Call(va.off_policy_threshold),
     f"{V1}.sampler.max_off_policy_strategy": Call(va.off_policy_strategy),
-    # verl's one-step-off recipe: the rollout's own pool (verl_async.finish)
+    # verl's one-step-off and fully-async trainers: the rollout's own pool (verl_async.finish)
     "rollout.nnodes": Call(va.rollout_pool_key),
     "rollout.n_gpus_per_node": Call(va.rollout_pool_key),
     f"{V1}.sampler.sync_refill_failed_groups": Inert(

@@ -168,7 +168,33 @@ def test_separate_async_places_the_rollout_on_its_own_pool():
     assert (res["nnodes"], res["devices_per_node"], res["backend"]) == (1, 8, "ray")
     assert res["actor_train"] == list(range(6)) and res["actor_infer"] == [6, 7]
     assert "pushes the weights once per step: so does temper's step" in text
-    assert "none is dropped or waited for" in text  # max_off_policy_strategy
+    assert "so no group reaches that point" in text  # max_off_policy_strategy
+
+
+@pytest.mark.parametrize(
+    ("strategy", "words"),
+    [
+        ("drop", "verl evicts a finished group that spans more than T versions"),
+        ("wait", "verl stops sampling while a group in flight spans T versions"),
+    ],
+)
+def test_the_v1_off_policy_strategy_is_noted_with_why_the_fixed_schedule_never_needs_it(
+    strategy, words
+):
+    """verl's V1 replay buffer drops or waits for a group at its bound T; temper's fixed
+    schedule (staleness min(W, T - 1)) never produces one, so either runs the same."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "trainer.v1.trainer_mode=colocate_async",
+        "trainer.v1.colocate_async.num_warmup_batches=5",
+        "trainer.v1.sampler.max_off_policy_threshold=3",
+        f"trainer.v1.sampler.max_off_policy_strategy={strategy}",
+    )
+    out, text = translated(data)
+    assert out["async_training"] == {"staleness": 2}  # fixed: min(5, 3 - 1)
+    line = next(n for n in text.splitlines() if "trainer.v1.sampler.max_off_policy_strategy" in n)
+    assert line.startswith(f"no effect here ({strategy}: {words}")
+    assert "a span of at most T" in line
 
 
 @pytest.mark.parametrize(
@@ -301,16 +327,6 @@ def test_bypass_mode_reinforce_is_the_reinforce_is_loss_with_rollout_is_settings
     assert kwargs["reinforce_is_level"] == "token"
     assert (kwargs["reinforce_is_threshold_low"], kwargs["reinforce_is_threshold"]) == (0.5, 4.0)
     assert "computed in the loss from the current policy" in text
-
-
-def test_the_fully_async_trainer_is_refused_saying_what_is_not_built():
-    path = V2608 / "verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml"
-    with pytest.raises(ConfigError) as err:
-        translate_verl(load_yaml(path), CATALOG)
-    text = str(err.value)
-    assert text.startswith("async_training: verl's fully-async trainer")
-    assert "partial rollout" in text and "fractional staleness_threshold" in text
-    assert "trainer_mode: separate_async" in text and "one-step-off" in text
 
 
 def test_the_legacy_trainer_never_reads_trainer_v1():

@@ -37,6 +37,8 @@ ENTRY_POINTS = {
     "main_ppo_split.py": "ppo",  # examples/split_placement: main_ppo with split placement
     # verl 0.9's one-step-off recipe: its own trainer, with the rollout on a pool of its own
     "verl.experimental.one_step_off_policy.main_ppo": "ppo",
+    # verl 0.9's fully-async trainer: a rollouter streaming to the trainer, its own pool
+    "verl.experimental.fully_async_policy.fully_async_main": "ppo",
 }
 #: The temper command of an entry point's kind (the others: ``train``).
 COMMANDS = {"generation": "generate", "eval": "eval"}
@@ -58,6 +60,9 @@ DEFAULT_CONFIG = {
     "verl.experimental.one_step_off_policy.main_ppo": (
         "verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml"
     ),
+    "verl.experimental.fully_async_policy.fully_async_main": (
+        "verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml"
+    ),
 }
 #: Where an entry point's ``@hydra.main(config_path=...)`` points, for relative
 #: ``--config-path`` values (Hydra resolves them against the module's directory).
@@ -76,6 +81,9 @@ MODULE_DIR = {
     "verl.trainer.sft_trainer": "verl/trainer",
     "main_ppo_split.py": "examples/split_placement",
     "verl.experimental.one_step_off_policy.main_ppo": "verl/experimental/one_step_off_policy",
+    "verl.experimental.fully_async_policy.fully_async_main": (
+        "verl/experimental/fully_async_policy"
+    ),
 }
 #: The environment the scripts see (``$HOME``); the working directory is the snapshot
 #: root, as verl's scripts ask ("run from the root of the project").

@@ -28,8 +28,8 @@ ROWS = """
 # ---------------------------------------------------------------- actor_rollout_ref
 actor_rollout_ref.hybrid_engine true noted
 actor_rollout_ref.hybrid_engine false !! hybrid engine
-actor_rollout_ref.hybrid_engine false +rollout.nnodes=1 +rollout.n_gpus_per_node=2 noted
-actor_rollout_ref.hybrid_engine true +rollout.nnodes=1 +rollout.n_gpus_per_node=2 !! asserts hybrid_engine is false
+actor_rollout_ref.hybrid_engine false +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+actor_rollout_ref.hybrid_engine true +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! asserts hybrid_engine is false
 actor_rollout_ref.nccl_timeout 1200 noted
 actor_rollout_ref.model.path /m/policy +critic.model.tokenizer_path=/m/policy -> model.path
 actor_rollout_ref.model.tokenizer_path /m/tok -> model.tokenizer_path
@@ -558,8 +558,47 @@ trainer.v1.separate_async.parameter_sync_step 2 +trainer.v1.trainer_mode=separat
 trainer.v1.separate_async.parameter_sync_step 4 +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl noted
 trainer.v1.separate_async.hybrid_rollout.enable_switch true +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl !! hybrid rollout
 trainer.v1.sampler.max_off_policy_strategy wait +trainer.v1.trainer_mode=colocate_async noted
-async_training {staleness_threshold:0.1} !! separate_async
-async_training {staleness_threshold:0.1} !! partial rollout
+trainer.v1.sampler.max_off_policy_strategy drop +trainer.v1.trainer_mode=separate_async +actor_rollout_ref.rollout.nnodes=1 +actor_rollout_ref.rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.checkpoint_engine.backend=nccl noted
+# verl's fully-async trainer (verl.experimental.fully_async_policy): its async_training
+# section, its rollout pool, and what its launching scripts set (verl asserts them)
+async_training.staleness_threshold 0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.staleness = 1
+async_training.staleness_threshold 0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.mode = streaming
+async_training.staleness_threshold 0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.max_off_policy_strategy = wait
+async_training.staleness_threshold 1.5 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.staleness = 2
+async_training.staleness_threshold 0 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.staleness = 0
+async_training.staleness_threshold 0 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.mode = fixed
+async_training.staleness_threshold -0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! >= 0
+async_training.trigger_parameter_sync_step 2 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> data.train_batch_size = 512
+async_training.trigger_parameter_sync_step 0 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! >= 1
+async_training.require_batches 2 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> data.train_batch_size = 2048
+async_training.require_batches 0 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! >= 1
+async_training.partial_rollout true +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.partial_rollout_segment = 128
+async_training.partial_rollout false +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> async_training.partial_rollout_segment = 0
+async_training.partial_rollout 1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! true or false
+async_training.use_trainer_do_validate true +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+async_training.use_trainer_do_validate false +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+async_training.use_dynamic_resource_scheduling false +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+async_training.use_dynamic_resource_scheduling true +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! dynamic resource scheduling
+async_training.dynamic_schedule_policy default +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+async_training.dynamic_schedule_deactivate_ratio 0.3 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+async_training.dynamic_schedule_enable_rebalance true +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+async_training.concurrent_samples_per_replica 16 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+rollout.total_rollout_steps 5120 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> experiment.max_steps = 5
+rollout.total_rollout_steps 100 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! fewer than one step's
+rollout.total_rollout_steps null +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+rollout.n 4 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+rollout.n_gpus_per_node 2 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> resources.actor_infer = [8,9]
+rollout.nnodes 0 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! positive integer
+data.gen_batch_size 1 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+data.gen_batch_size 2 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! asserts gen_batch_size is 1
+data.train_batch_size 64 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! asserts it is 0
+actor_rollout_ref.hybrid_engine true +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! asserts hybrid_engine is false
+actor_rollout_ref.rollout.calculate_log_probs false +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 !! computes its log-probs
+actor_rollout_ref.actor.use_rollout_log_probs true +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
+actor_rollout_ref.rollout.standalone_gpu_memory_utilization 0.5 +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true -> rollout.gpu_memory_utilization = 0.5
+actor_rollout_ref.rollout.standalone_gpu_memory_utilization null noted
+reward_model.enable true +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true !! reward model
+trainer.v1.trainer_mode separate_async +async_training.staleness_threshold=0.1 +actor_rollout_ref.hybrid_engine=false +data.train_batch_size=0 +rollout.nnodes=1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.rollout.calculate_log_probs=true noted
 rollout.nnodes 1 +rollout.n_gpus_per_node=2 +actor_rollout_ref.hybrid_engine=false -> async_training.staleness = 1
 rollout.n_gpus_per_node 2 +rollout.nnodes=1 +actor_rollout_ref.hybrid_engine=false -> resources.actor_infer = [8,9]
 rollout.n_gpus_per_node 8 +rollout.nnodes=2 +actor_rollout_ref.hybrid_engine=false -> resources.nnodes = 3
