@@ -77,6 +77,7 @@ from temper.training.megatron_pipeline import (
     sync_tied_grads,
     train_forward_backward,
 )
+from temper.training.megatron_sp import pad_sequence, tp_summed_grads
 from temper.training.megatron_vocab import (
     gather_vocab,
     log_probs_and_entropy,
@@ -232,7 +233,7 @@ class MegatronEngine(TorchEngine):
         hidden states ``(L, b, H)`` to send on; ``received``: the previous virtual stage's,
         None on the first."""
         inp = model_inputs(mb, self.device)
-        ids, _ = right_align(inp)
+        ids = self._model_ids(inp)
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         module = self.built.chunks[chunk]
         if self.parallel.pp > 1:
@@ -248,6 +249,15 @@ class MegatronEngine(TorchEngine):
         with self._autocast():
             out = module(ids, positions, None, padding_mask=padding)
         return out
+
+    def _model_ids(self, inp: ModelInputs) -> torch.Tensor:
+        """The right-aligned ids the model runs on; under sequence parallelism padded at
+        the end to a multiple of TP (:mod:`megatron_sp`: outputs are read at real
+        positions only, and an MoE router's padding mask covers the added ones)."""
+        ids, _ = right_align(inp)
+        if self.built.sequence_parallel:
+            ids = pad_sequence(ids, self.parallel.tp)
+        return ids
 
     def _chunk_output(
         self, chunk: int, index: int, mb: Batch, received: torch.Tensor | None
@@ -295,7 +305,8 @@ class MegatronEngine(TorchEngine):
     ) -> dict[str, torch.Tensor]:
         """A teacher's top-``k`` logits / ``scale`` over the vocabulary-parallel logits."""
         inp = model_inputs(mb, self.device)
-        ids, index = right_align(inp)
+        _, index = right_align(inp)
+        ids = self._model_ids(inp)
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         with self._autocast():
             hidden = self.model(ids, positions, None)
@@ -455,8 +466,17 @@ class MegatronEngine(TorchEngine):
         return ok > 0
 
     def _reduce_grads(self) -> None:
-        """Sum gradients over the DP group, then a tied embedding's over its two copies
+        """Sum the partial gradients of TP-replicated weights over the TP group (as
+        Megatron's ``finalize_model_grads``: see :func:`megatron_sp.tp_summed_grads`),
+        then every gradient over the DP group, then a tied embedding's over its two copies
         (pipeline parallel)."""
+        if self.parallel.tp > 1:
+            grads = tp_summed_grads(
+                self.model.named_parameters(),
+                sequence_parallel=self.built.sequence_parallel,
+                qk_layernorm=self.built.layout.qk_norm,
+            )
+            all_reduce_flat(grads, self.parallel.tp_group, self.parallel.tp)
         self._reduce_dp_grads()
         sync_tied_grads(self.link, self._tied_param)
 

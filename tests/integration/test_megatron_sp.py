@@ -1,0 +1,157 @@
+"""Megatron sequence parallelism (``megatron.sequence_parallel``) against the torch engine:
+at TP=2 with sequences split over the TP ranks, a tiny Llama (tied) and Qwen3 (q/k-norm)
+actor gives the torch engine's log-probs, one update's metrics and weights; a critic
+its values and update; over two pipeline stages × TP=2 too. The test batch's rows are
+13 tokens long, so the engine pads them to 14 for the split.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before the forks)
+from test_megatron import (  # same folder: pytest puts it on sys.path
+    _tiny,
+    actor_config,
+    assert_close_weights,
+    make_batch,
+    weights,
+    with_log_probs,
+)
+
+import temper.training.megatron_engine  # noqa: F401
+from temper.cluster.process_group import spawn_ranks
+from temper.config.schema import CriticConfig, MegatronConfig, ModelConfig, OptimConfig
+from temper.data.batch import Batch
+from temper.roles.actor import Actor
+from temper.roles.critic import Critic
+from temper.training.micro_batching import MicroBatching
+from temper.training.registry import build_engine
+from temper.training.spec import EngineSpec
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def qwen3_path(tmp_path_factory) -> str:
+    return _tiny(tmp_path_factory.mktemp("megatron-sp") / "qwen3", "qwen3")
+
+
+def _megatron(tp: int, pp: int = 1) -> MegatronConfig:
+    return MegatronConfig(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=True
+    )
+
+
+def make_actor(path: str, strategy: str, tp: int = 1, pp: int = 1) -> Actor:
+    cfg = actor_config(strategy)
+    cfg.megatron = _megatron(tp, pp)
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        train=cfg,
+        infer_micro=MicroBatching(size=1),
+        total_steps=4,
+    )
+    return Actor(cfg, build_engine(strategy, spec))
+
+
+def make_critic(path: str, strategy: str, tp: int = 1) -> Critic:
+    cfg = CriticConfig(
+        strategy=strategy,
+        micro_batch_size_per_device=1,
+        grad_clip=0.5,
+        megatron=_megatron(tp),
+        optim=OptimConfig(lr=1e-3, weight_decay=0.01),
+    )
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        kind="value",
+        train=cfg,
+        infer_micro=MicroBatching(size=2),
+        seed=5,
+        role="critic",
+    )
+    return Critic(cfg, build_engine(strategy, spec))
+
+
+def _step_rank(rank: int, world: int, path: str, batch: Batch, pp: int) -> dict:
+    actor = make_actor(path, "megatron", tp=2, pp=pp)
+    engine = actor.engine
+    assert engine.built.sequence_parallel
+    # every norm on this rank is tagged for the TP sum of its gradient
+    norms = [n for n, p in engine.model.named_parameters() if "layernorm" in n]
+    assert norms and all(
+        getattr(p, "sequence_parallel", False)
+        for n, p in engine.model.named_parameters()
+        if "layernorm" in n
+    )
+    result: dict[str, Any] = {"old": actor.compute_log_probs(batch)["old_log_probs"]}
+    result["metrics"] = actor.update(batch)
+    result["weights"] = weights(engine)  # a collective: every rank gathers
+    return result if rank == 0 else {}
+
+
+def _check_step(got: dict, batch: Batch, ref_metrics: dict, ref_weights: dict) -> None:
+    torch.testing.assert_close(got["old"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+    assert got["metrics"].keys() == ref_metrics.keys()
+    for k, v in ref_metrics.items():
+        if k == "actor/packed_fraction":  # a layout choice (megatron never packs)
+            continue
+        assert got["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    assert ref_metrics["actor/grad_norm"] > 0.05  # clipping was active
+    assert_close_weights(got["weights"], ref_weights)
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen3"])
+def test_tp2_sequence_parallel_update_matches_torch_engine(
+    model: str, tiny_path: str, qwen3_path: str
+) -> None:
+    """Norm (and q/k-norm) gradients summed over TP, padding to an even split."""
+    path = tiny_path if model == "llama" else qwen3_path
+    single = make_actor(path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    (got, _) = spawn_ranks(_step_rank, 2, path, batch, 1)
+    _check_step(got, batch, ref_metrics, weights(single.engine))
+
+
+def test_pipeline_and_sequence_parallel_update_matches_torch_engine(tiny_path: str) -> None:
+    """PP=2 × TP=2: the stages send sequence-split activations."""
+    single = make_actor(tiny_path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    ranks = spawn_ranks(_step_rank, 4, tiny_path, batch, 2)
+    _check_step(ranks[0], batch, ref_metrics, weights(single.engine))
+
+
+def _critic_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    critic = make_critic(path, "megatron", tp=2)
+    values = critic.compute_values(batch)["values"]
+    metrics = critic.update(batch.union(Batch.from_dict({"values": values})))
+    named = weights(critic.engine)
+    return {"values": values, "metrics": metrics, "weights": named} if rank == 0 else {}
+
+
+def test_tp2_sequence_parallel_critic_matches_torch_engine(tiny_path: str) -> None:
+    """The value head gathers the split sequence itself."""
+    single = make_critic(tiny_path, "torch")
+    batch = make_batch()
+    values = single.compute_values(batch)["values"]
+    ref_metrics = single.update(batch.union(Batch.from_dict({"values": values})))
+    ref = {k: v.detach().clone() for k, v in single.engine.model.state_dict().items()}
+    (got, _) = spawn_ranks(_critic_rank, 2, tiny_path, batch)
+    torch.testing.assert_close(got["values"], values, atol=1e-5, rtol=1e-5)
+    for k, v in ref_metrics.items():
+        assert got["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    for name, tensor in got["weights"].items():
+        key = name if name.startswith("value_head.") else f"backbone.{name}"
+        torch.testing.assert_close(tensor, ref[key], atol=1e-5, rtol=1e-4, msg=name)
