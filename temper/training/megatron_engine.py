@@ -24,8 +24,13 @@ and the collectives:
   stages each rank holds several model chunks (:mod:`megatron_chunks`), each a
   ``GPTModel`` of its own; the optimizer, gradient reductions, checkpoints and export
   run over all of them.
+* **Sequence parallelism** (``megatron.sequence_parallel``; always for an MoE model
+  at TP > 1): the TP ranks hold shares of each sequence between the TP layers, the ids
+  padded at their end to a multiple of TP (:mod:`megatron_sp`).
 * **Gradients.** TP-sharded weights get their gradient from Megatron's TP layers;
-  after the micro-batches, gradients are summed over the DP group (each rank's loss is
+  after the micro-batches, the partial gradients of TP-replicated weights (norms under
+  sequence parallelism, q/k norms, an MoE router) are summed over the TP group as
+  Megatron's ``finalize_model_grads`` sums them, then gradients over the DP group (each rank's loss is
   a partial sum of the mini-batch loss) — and a tied embedding's over its first- and
   last-stage copies — then clipped by the global norm over TP × PP, counting each
   TP-replicated weight (norms) and the tied copy once. AdamW on the fp32 local shards,
@@ -143,7 +148,10 @@ class MegatronEngine(TorchEngine):
         self.link = StageLink(self.parallel, device, self._comm_device)
         ckpt = spec.model.enable_gradient_checkpointing and spec.train is not None
         for note in unapplied_options(
-            spec.megatron_config, device.type, gradient_checkpointing=ckpt
+            spec.megatron_config,
+            device.type,
+            gradient_checkpointing=ckpt,
+            lora=spec.model.lora.rank > 0,
         ):
             log.warning("%s.megatron.%s", spec.role, note)
         for flag in ("use_liger", "use_fused_kernels"):

@@ -122,8 +122,10 @@ def transformer_config(
     role: str,
     device: torch.device,
     gradient_checkpointing: bool = False,
+    lora: bool = False,
 ) -> Any:
-    """Megatron's ``TransformerConfig`` for this model and section (see module doc)."""
+    """Megatron's ``TransformerConfig`` for this model and section (see module doc);
+    ``lora``: the model carries LoRA adapters."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     key = f"{role}.megatron"
@@ -161,7 +163,7 @@ def transformer_config(
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
         **megatron_degrees(m),
-        sequence_parallel=uses_sequence_parallel(m, moe=layout.moe is not None),
+        sequence_parallel=uses_sequence_parallel(m, moe=layout.moe is not None, lora=lora),
         params_dtype=torch.float32,
         # weights come from the checkpoint: no random init (on CPU, Megatron would
         # initialize each full matrix and split it)
@@ -254,6 +256,7 @@ def build_model(
         role=spec.role,
         device=device,
         gradient_checkpointing=spec.model.enable_gradient_checkpointing and spec.train is not None,
+        lora=spec.model.lora.rank > 0,
     )
     value = spec.value_head
     padded = layout.padded_vocab(parallel.tp)

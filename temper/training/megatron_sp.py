@@ -37,11 +37,14 @@ import torch
 from temper.config.schema import MegatronConfig
 
 
-def uses_sequence_parallel(m: MegatronConfig, *, moe: bool) -> bool:
+def uses_sequence_parallel(m: MegatronConfig, *, moe: bool, lora: bool) -> bool:
     """Sequence parallelism runs at TP > 1 when the section asks for it, and always for
     an MoE model (Megatron's MoE layer trains under TP only with it); at TP = 1 there is
-    nothing to split (Megatron refuses it there)."""
-    return m.tensor_model_parallel_size > 1 and (m.sequence_parallel or moe)
+    nothing to split (Megatron refuses it there). Not under LoRA (a dense model: LoRA on
+    an MoE model is refused): the adapters read their linear's whole input and add to
+    its whole output (megatron_lora), which sequence parallelism splits; memory only,
+    so the option is noted as not applied (megatron_check)."""
+    return m.tensor_model_parallel_size > 1 and (moe or (m.sequence_parallel and not lora))
 
 
 def padded_length(length: int, tp: int) -> int:

@@ -44,15 +44,15 @@ def qwen3_path(tmp_path_factory) -> str:
     return _tiny(tmp_path_factory.mktemp("megatron-sp") / "qwen3", "qwen3")
 
 
-def _megatron(tp: int, pp: int = 1) -> MegatronConfig:
+def _megatron(tp: int, pp: int = 1, sp: bool = True) -> MegatronConfig:
     return MegatronConfig(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=True
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sp
     )
 
 
-def make_actor(path: str, strategy: str, tp: int = 1, pp: int = 1) -> Actor:
+def make_actor(path: str, strategy: str, tp: int = 1, pp: int = 1, sp: bool = True) -> Actor:
     cfg = actor_config(strategy)
-    cfg.megatron = _megatron(tp, pp)
+    cfg.megatron = _megatron(tp, pp, sp)
     spec = EngineSpec(
         model=ModelConfig(path=path),
         device=torch.device("cpu"),
@@ -83,17 +83,13 @@ def make_critic(path: str, strategy: str, tp: int = 1) -> Critic:
     return Critic(cfg, build_engine(strategy, spec))
 
 
-def _step_rank(rank: int, world: int, path: str, batch: Batch, pp: int) -> dict:
-    actor = make_actor(path, "megatron", tp=2, pp=pp)
+def _step_rank(rank: int, world: int, path: str, batch: Batch, pp: int, sp: bool) -> dict:
+    actor = make_actor(path, "megatron", tp=2, pp=pp, sp=sp)
     engine = actor.engine
-    assert engine.built.sequence_parallel
-    # every norm on this rank is tagged for the TP sum of its gradient
-    norms = [n for n, p in engine.model.named_parameters() if "layernorm" in n]
-    assert norms and all(
-        getattr(p, "sequence_parallel", False)
-        for n, p in engine.model.named_parameters()
-        if "layernorm" in n
-    )
+    assert engine.built.sequence_parallel == sp
+    # with it, every norm on this rank is tagged for the TP sum of its gradient
+    norms = [p for n, p in engine.model.named_parameters() if "layernorm" in n]
+    assert norms and all(getattr(p, "sequence_parallel", False) == sp for p in norms)
     result: dict[str, Any] = {"old": actor.compute_log_probs(batch)["old_log_probs"]}
     result["metrics"] = actor.update(batch)
     result["weights"] = weights(engine)  # a collective: every rank gathers
@@ -111,16 +107,20 @@ def _check_step(got: dict, batch: Batch, ref_metrics: dict, ref_weights: dict) -
     assert_close_weights(got["weights"], ref_weights)
 
 
-@pytest.mark.parametrize("model", ["llama", "qwen3"])
+@pytest.mark.parametrize(
+    ("model", "sp"), [("llama", True), ("qwen3", True), ("qwen3", False)], ids=str
+)
 def test_tp2_sequence_parallel_update_matches_torch_engine(
-    model: str, tiny_path: str, qwen3_path: str
+    model: str, sp: bool, tiny_path: str, qwen3_path: str
 ) -> None:
-    """Norm (and q/k-norm) gradients summed over TP, padding to an even split."""
+    """Norm gradients summed over TP, padding to an even split. q/k-norm gradients are
+    summed over TP with or without sequence parallelism (each rank normalizes its own
+    heads with the shared weight)."""
     path = tiny_path if model == "llama" else qwen3_path
     single = make_actor(path, "torch")
     batch = with_log_probs(single, make_batch())
     ref_metrics = single.update(batch)
-    (got, _) = spawn_ranks(_step_rank, 2, path, batch, 1)
+    (got, _) = spawn_ranks(_step_rank, 2, path, batch, 1, sp)
     _check_step(got, batch, ref_metrics, weights(single.engine))
 
 
@@ -129,7 +129,7 @@ def test_pipeline_and_sequence_parallel_update_matches_torch_engine(tiny_path: s
     single = make_actor(tiny_path, "torch")
     batch = with_log_probs(single, make_batch())
     ref_metrics = single.update(batch)
-    ranks = spawn_ranks(_step_rank, 4, tiny_path, batch, 2)
+    ranks = spawn_ranks(_step_rank, 4, tiny_path, batch, 2, True)
     _check_step(ranks[0], batch, ref_metrics, weights(single.engine))
 
 
@@ -155,3 +155,85 @@ def test_tp2_sequence_parallel_critic_matches_torch_engine(tiny_path: str) -> No
     for name, tensor in got["weights"].items():
         key = name if name.startswith("value_head.") else f"backbone.{name}"
         torch.testing.assert_close(tensor, ref[key], atol=1e-5, rtol=1e-4, msg=name)
+
+
+# ----------------------------------------------------------------------- MoE at TP = 2
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory) -> dict[str, str]:
+    from temper.utils.tiny import make_tiny_moe_model
+
+    root = tmp_path_factory.mktemp("megatron-sp-moe")
+    return {t: make_tiny_moe_model(root / t, t) for t in ("qwen2_moe", "qwen3_moe", "mixtral")}
+
+
+def make_moe_actor(
+    path: str, strategy: str, tp: int = 1, ep: int = 1, extra: dict | None = None
+) -> Actor:
+    cfg = actor_config(strategy)
+    cfg.megatron = MegatronConfig(
+        tensor_model_parallel_size=tp, expert_model_parallel_size=ep, extra=dict(extra or {})
+    )
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        train=cfg,
+        infer_micro=MicroBatching(size=1),
+        total_steps=4,
+    )
+    return Actor(cfg, build_engine(strategy, spec))
+
+
+def _moe_rank(
+    rank: int, world: int, path: str, batch: Batch, tp: int, ep: int, extra: dict
+) -> dict:
+    actor = make_moe_actor(path, "megatron", tp=tp, ep=ep, extra=extra)
+    engine = actor.engine
+    assert engine.built.sequence_parallel == (tp > 1)  # required by an MoE model at TP > 1
+    n = len(batch) // engine.dp_size
+    mine = batch.slice(engine.dp_rank * n, (engine.dp_rank + 1) * n)
+    old = actor.compute_log_probs(mine)["old_log_probs"]
+    metrics = actor.update(mine)
+    full = weights(engine)
+    return {"old": old, "dp": engine.dp_rank, "metrics": metrics, "weights": full}
+
+
+@pytest.mark.parametrize("model", ["qwen2_moe", "qwen3_moe", "mixtral"])
+def test_moe_at_tp2_matches_torch_engine(moe_models, model: str, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    path = moe_models[model]
+    single = make_moe_actor(path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    single.engine.save_hf(str(tmp_path / "torch"))
+    ref = load_file(str(tmp_path / "torch" / "model.safetensors"))
+    ranks = spawn_ranks(_moe_rank, 2, path, batch, 2, 1, {})
+    for r in ranks:
+        torch.testing.assert_close(r["old"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+        for k in ("actor/pg_loss", "actor/grad_norm"):
+            assert r["metrics"][k] == pytest.approx(ref_metrics[k], rel=1e-4, abs=1e-6), k
+        assert set(r["weights"]) == set(ref)
+        for k, v in r["weights"].items():
+            torch.testing.assert_close(v, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_moe_at_tp2_ep2_equals_tp1_with_aux_loss(moe_models) -> None:
+    """TP = 2 × EP = 2 (4 ranks, 2 data-parallel) with the auxiliary load-balancing loss
+    gives TP = 1's log-probs, metrics (load imbalance too) and weights over 2
+    data-parallel ranks: the router sees each TP rank's share of the tokens, Megatron
+    counts tokens per expert over the TP group. (Not the z-loss: Megatron averages it
+    over each TP rank's share, see megatron_check.)"""
+    path = moe_models["qwen3_moe"]
+    batch = with_log_probs(make_moe_actor(path, "torch"), make_batch())
+    losses = {"moe_aux_loss_coeff": 0.01}
+    split = spawn_ranks(_moe_rank, 4, path, batch, 2, 2, losses)
+    one = spawn_ranks(_moe_rank, 2, path, batch, 1, 1, losses)
+    for a in split:
+        b = next(r for r in one if r["dp"] == a["dp"])
+        torch.testing.assert_close(a["old"], b["old"], atol=1e-6, rtol=1e-6)
+        for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe_load_imbalance"):
+            assert a["metrics"][k] == pytest.approx(b["metrics"][k], rel=1e-5, abs=1e-7), k
+        for k, v in a["weights"].items():
+            torch.testing.assert_close(v, b["weights"][k], atol=1e-5, rtol=1e-4, msg=k)
