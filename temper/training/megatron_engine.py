@@ -445,7 +445,9 @@ class MegatronEngine(TorchEngine):
         if stats is not None and moe is not None:
             counts = stats.take(self._groups).to(self._comm_device)
             if self.parallel.world > 1:
-                dist.all_reduce(counts)  # TP = 1: stages hold other layers, ranks other tokens
+                # stages hold other layers; DP ranks other samples; TP ranks (sequence
+                # parallel) other positions: every count is summed once
+                dist.all_reduce(counts)
             out["moe_load_imbalance"] = load_imbalance(counts.cpu(), moe)
         return out
 

@@ -237,3 +237,39 @@ def test_moe_at_tp2_ep2_equals_tp1_with_aux_loss(moe_models) -> None:
             assert a["metrics"][k] == pytest.approx(b["metrics"][k], rel=1e-5, abs=1e-7), k
         for k, v in a["weights"].items():
             torch.testing.assert_close(v, b["weights"][k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def _moe_checkpoint_rank(
+    rank: int, world: int, path: str, b1: Batch, b2: Batch, ckpt: str, tp: int, mode: str
+) -> dict:
+    """``train``: step on b1, save, step on b2; ``load``: load (and step on b2 at TP=2)."""
+    actor = make_moe_actor(path, "megatron", tp=tp)
+    engine = actor.engine
+    if mode == "train":
+        actor.update(b1)
+        engine.save_checkpoint(ckpt)
+    else:
+        engine.load_checkpoint(ckpt)
+    out = {"w1": weights(engine)}
+    if tp == 2:
+        actor.update(b2)
+        out["w2"] = weights(engine)
+    return out
+
+
+def test_moe_checkpoint_saved_at_tp2_loads_at_tp1_and_resumes_at_tp2(moe_models, tmp_path) -> None:
+    """Each expert's TP shards reshard like the dense weights': saved at TP = 2 after one
+    step, the checkpoint loads on one rank to the same weights and resumes at TP = 2 to
+    the uninterrupted run's next step."""
+    path = moe_models["qwen2_moe"]
+    torch_actor = make_moe_actor(path, "torch")
+    b1, b2 = with_log_probs(torch_actor, make_batch(0)), with_log_probs(torch_actor, make_batch(1))
+    ckpt = str(tmp_path / "ckpt")
+    (trained, _) = spawn_ranks(_moe_checkpoint_rank, 2, path, b1, b2, ckpt, 2, "train")
+    (loaded,) = spawn_ranks(_moe_checkpoint_rank, 1, path, b1, b2, ckpt, 1, "load")
+    assert set(loaded["w1"]) == set(trained["w1"])
+    for k, v in loaded["w1"].items():
+        assert torch.equal(v, trained["w1"][k]), k
+    (resumed, _) = spawn_ranks(_moe_checkpoint_rank, 2, path, b1, b2, ckpt, 2, "load")
+    for k, v in resumed["w2"].items():
+        torch.testing.assert_close(v, trained["w2"][k], atol=1e-5, rtol=1e-4, msg=k)
