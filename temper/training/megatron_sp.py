@@ -24,6 +24,14 @@ gathers the sequence back); temper supplies what lies outside them:
   the same gradients for the engine's own reduction.
 * **Value head.** The critic's head replaces Megatron's output layer, so it gathers the
   sequence itself (:func:`gather_sequence`).
+* **CPU.** Megatron's sequence-parallel collectives allocate on CUDA; off CUDA the TP
+  layers keep their plain tensor-parallel communication (gloo) and the sequence is
+  split and gathered around them (:func:`use_host_sequence_parallel`), which computes
+  what Megatron's gather / reduce-scatter pairs compute.
+
+An MoE layer under TP needs sequence parallelism (Megatron's MoE layer refuses to train
+under TP without it): its router sees this rank's positions, and the token dispatcher
+gathers the positions of the TP × EP group for the experts, each split over TP.
 """
 
 from __future__ import annotations
