@@ -24,6 +24,7 @@ ALONE=(
   tests/integration/test_megatron_lora.py
   tests/integration/test_megatron_moe.py
   tests/integration/test_megatron_moe_runs.py
+  tests/integration/test_megatron_sp.py
   tests/integration/test_fsdp2.py
   tests/integration/test_vllm.py
   tests/integration/test_agentic_tiny.py

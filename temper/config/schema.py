@@ -424,7 +424,11 @@ class MegatronConfig:
     expert_tensor_parallel_size: int | None = degree(
         None, "Tensor parallel degree of MoE experts (None: tensor_model_parallel_size)."
     )
-    sequence_parallel: bool = doc(False, "Sequence parallelism with TP (CUDA).")
+    sequence_parallel: bool = doc(
+        False,
+        "Sequence parallelism at TP > 1: each TP rank holds a share of every sequence "
+        "between the TP layers (always on for an MoE model at TP > 1; not with LoRA).",
+    )
     use_distributed_optimizer: bool = doc(True, "Shard optimizer state over DP (CUDA).")
     overlap_grad_reduce: bool = doc(False, "Overlap grad reduce-scatter with backward (CUDA).")
     overlap_param_gather: bool = doc(False, "Overlap param all-gather with forward (CUDA).")

@@ -15,17 +15,21 @@ What runs where:
   critic and reference, checkpoints;
 * CUDA only: activation recompute (``recompute_*``, ``model.enable_gradient_checkpointing``),
   whose checkpointing saves CUDA RNG states;
+* sequence parallelism at TP > 1 (:mod:`megatron_sp`; on CPU with collectives of its
+  own around Megatron's layers), except with LoRA adapters, where it is noted as not
+  applied;
 * memory/speed options that do not change the update and that this build does not
-  apply — sequence parallel, the distributed optimizer, overlapped gradient reduce /
+  apply — the distributed optimizer, overlapped gradient reduce /
   parameter gather, parameter/gradient/optimizer offload (optimizer state is kept
   whole on every DP rank; gradients are all-reduced after the backward). They are
   reported as notes, not errors, so a GPU config checks and runs unchanged;
-* mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral) at TP = 1 with expert
-  parallelism (:mod:`megatron_moe`), Megatron's all-gather token dispatcher on CPU;
-  EP on a dense model, or an MoE model at TP > 1, is refused when the model's config
-  is read;
+* mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral) with expert parallelism
+  (:mod:`megatron_moe`), Megatron's all-gather token dispatcher on CPU; at TP > 1 with
+  sequence parallelism and each expert split over the TP ranks (expert tensor
+  parallelism = TP); EP on a dense model is refused when the model's config is read;
 * LoRA (``model.lora``) on a dense actor (:mod:`megatron_lora`);
-* not in this build: context parallelism, expert tensor parallelism, LoRA on a critic
+* not in this build: context parallelism, an expert tensor-parallel size other than
+  TP, LoRA on a critic
   or on an MoE model, LoRA dropout — errors naming the key.
 """
 
@@ -202,19 +206,11 @@ def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
             )
 
 
-MOE_TP_REASON = (
-    "Megatron's MoE layer trains under tensor parallelism only with sequence "
-    "parallelism, which this build does not apply"
-)
-MOE_TP_FIX = (
-    "set it to 1 and split the model with expert_model_parallel_size / pipeline_model_parallel_size"
-)
-
-
 def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
-    """Expert parallelism needs an MoE model whose experts it splits evenly; an MoE
-    model trains at TP = 1 (Megatron's MoE layer trains under TP only with sequence
-    parallelism, which this build does not apply)."""
+    """Expert parallelism needs an MoE model whose experts it splits evenly; under TP
+    each expert's (and the shared expert's) FFN splits evenly over the TP ranks too
+    (expert tensor parallelism = TP; the layer then runs with sequence parallelism,
+    :mod:`megatron_sp`)."""
     key = f"{role}.megatron"
     ep = m.expert_model_parallel_size
     if layout.moe is None:
@@ -232,8 +228,17 @@ def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
             f"{ep} does not divide the model's {layout.moe.num_experts} experts",
             f"use an expert-parallel size that divides {layout.moe.num_experts}",
         )
-    if m.tensor_model_parallel_size > 1:
-        raise ConfigError(f"{key}.tensor_model_parallel_size", MOE_TP_REASON, MOE_TP_FIX)
+    tp = m.tensor_model_parallel_size
+    for what, n in (
+        ("expert FFN columns", layout.moe.ffn_hidden_size),
+        ("shared-expert FFN columns", layout.moe.shared_ffn_hidden_size),
+    ):
+        if n % tp:
+            raise ConfigError(
+                f"{key}.tensor_model_parallel_size",
+                f"{tp} does not divide the model's {n} {what}",
+                f"use a tensor-parallel size that divides {n}",
+            )
 
 
 def check_engine_spec(spec: EngineSpec) -> None:
@@ -293,16 +298,15 @@ def check_section(
             else "context parallelism is not in this build of the megatron engine"
         )
         raise ConfigError(f"{key}.context_parallel_size", why, "set it to 1")
-    if (m.expert_tensor_parallel_size or 1) > 1:
+    etp, tp = m.expert_tensor_parallel_size, m.tensor_model_parallel_size
+    if etp is not None and etp != tp:
         raise ConfigError(
             f"{key}.expert_tensor_parallel_size",
-            "expert tensor parallelism is not in this build (experts are split over "
-            "expert_model_parallel_size ranks, each expert whole)",
-            "set it to null or 1, and split experts with expert_model_parallel_size",
+            f"an expert tensor-parallel size ({etp}) other than tensor_model_parallel_size "
+            f"({tp}) is not in this build: each expert is split over the TP ranks as the "
+            "rest of its layer is",
+            f"set it to null (Megatron's default: {tp}), or to {tp}",
         )
-    if m.expert_model_parallel_size > 1 and m.tensor_model_parallel_size > 1:
-        # EP means an MoE model (a dense one is refused when its config is read)
-        raise ConfigError(f"{key}.tensor_model_parallel_size", MOE_TP_REASON, MOE_TP_FIX)
     refused = refused_moe_option(m.extra, device_type)
     if refused:
         raise ConfigError(f"{key}.extra.{refused[0]}", refused[1], "remove it, or run on CUDA")
@@ -318,7 +322,10 @@ def check_section(
             f"unknown value '{m.recompute_method}'",
             "use uniform, block or null",
         )
-    notes = unapplied_options(m, device_type, gradient_checkpointing=gradient_checkpointing)
+    lora_on = lora is not None and lora.rank > 0
+    notes = unapplied_options(
+        m, device_type, gradient_checkpointing=gradient_checkpointing, lora=lora_on
+    )
     return [f"{key}.{note}" for note in notes]
 
 
@@ -350,7 +357,11 @@ def unavailable_fusions(extra: dict[str, object], device_type: str) -> list[str]
 
 
 def unapplied_options(
-    m: MegatronConfig, device_type: str, *, gradient_checkpointing: bool = False
+    m: MegatronConfig,
+    device_type: str,
+    *,
+    gradient_checkpointing: bool = False,
+    lora: bool = False,
 ) -> list[str]:
     """Notes on the section's set options that are not applied here (see module doc);
     each changes memory or speed only."""
@@ -362,8 +373,20 @@ def unapplied_options(
             f"extra.{', '.join(fusions)}: kernel fusions that need {needs}; the layers run "
             "unfused here, which computes the same (speed only)"
         )
+    if m.sequence_parallel and lora and m.tensor_model_parallel_size > 1:
+        out.append(
+            "sequence_parallel: not applied with LoRA adapters (they read their linear's "
+            "whole input, which sequence parallelism splits over the TP ranks); memory only, "
+            "the update is the same"
+        )
+    if m.tensor_model_parallel_size > 1 and m.extra.get("moe_z_loss_coeff"):
+        out.append(
+            "extra.moe_z_loss_coeff: under tensor parallelism an MoE layer runs with sequence "
+            "parallelism, and Megatron averages the z-loss over each TP rank's share of the "
+            "tokens (each share weighted 1/TP): the micro-batch's mean only when the shares "
+            "hold equal numbers of real tokens (temper pads each sequence at its end)"
+        )
     names = [
-        "sequence_parallel",
         "use_distributed_optimizer",
         "overlap_grad_reduce",
         "overlap_param_gather",

@@ -24,8 +24,13 @@ and the collectives:
   stages each rank holds several model chunks (:mod:`megatron_chunks`), each a
   ``GPTModel`` of its own; the optimizer, gradient reductions, checkpoints and export
   run over all of them.
+* **Sequence parallelism** (``megatron.sequence_parallel``; always for an MoE model
+  at TP > 1): the TP ranks hold shares of each sequence between the TP layers, the ids
+  padded at their end to a multiple of TP (:mod:`megatron_sp`).
 * **Gradients.** TP-sharded weights get their gradient from Megatron's TP layers;
-  after the micro-batches, gradients are summed over the DP group (each rank's loss is
+  after the micro-batches, the partial gradients of TP-replicated weights (norms under
+  sequence parallelism, q/k norms, an MoE router) are summed over the TP group as
+  Megatron's ``finalize_model_grads`` sums them, then gradients over the DP group (each rank's loss is
   a partial sum of the mini-batch loss) — and a tied embedding's over its first- and
   last-stage copies — then clipped by the global norm over TP × PP, counting each
   TP-replicated weight (norms) and the tied copy once. AdamW on the fp32 local shards,
@@ -77,6 +82,7 @@ from temper.training.megatron_pipeline import (
     sync_tied_grads,
     train_forward_backward,
 )
+from temper.training.megatron_sp import pad_sequence, tp_summed_grads
 from temper.training.megatron_vocab import (
     gather_vocab,
     log_probs_and_entropy,
@@ -142,7 +148,10 @@ class MegatronEngine(TorchEngine):
         self.link = StageLink(self.parallel, device, self._comm_device)
         ckpt = spec.model.enable_gradient_checkpointing and spec.train is not None
         for note in unapplied_options(
-            spec.megatron_config, device.type, gradient_checkpointing=ckpt
+            spec.megatron_config,
+            device.type,
+            gradient_checkpointing=ckpt,
+            lora=spec.model.lora.rank > 0,
         ):
             log.warning("%s.megatron.%s", spec.role, note)
         for flag in ("use_liger", "use_fused_kernels"):
@@ -232,7 +241,7 @@ class MegatronEngine(TorchEngine):
         hidden states ``(L, b, H)`` to send on; ``received``: the previous virtual stage's,
         None on the first."""
         inp = model_inputs(mb, self.device)
-        ids, _ = right_align(inp)
+        ids = self._model_ids(inp)
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         module = self.built.chunks[chunk]
         if self.parallel.pp > 1:
@@ -248,6 +257,15 @@ class MegatronEngine(TorchEngine):
         with self._autocast():
             out = module(ids, positions, None, padding_mask=padding)
         return out
+
+    def _model_ids(self, inp: ModelInputs) -> torch.Tensor:
+        """The right-aligned ids the model runs on; under sequence parallelism padded at
+        the end to a multiple of TP (:mod:`megatron_sp`: outputs are read at real
+        positions only, and an MoE router's padding mask covers the added ones)."""
+        ids, _ = right_align(inp)
+        if self.built.sequence_parallel:
+            ids = pad_sequence(ids, self.parallel.tp)
+        return ids
 
     def _chunk_output(
         self, chunk: int, index: int, mb: Batch, received: torch.Tensor | None
@@ -295,7 +313,8 @@ class MegatronEngine(TorchEngine):
     ) -> dict[str, torch.Tensor]:
         """A teacher's top-``k`` logits / ``scale`` over the vocabulary-parallel logits."""
         inp = model_inputs(mb, self.device)
-        ids, index = right_align(inp)
+        _, index = right_align(inp)
+        ids = self._model_ids(inp)
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         with self._autocast():
             hidden = self.model(ids, positions, None)
@@ -426,7 +445,9 @@ class MegatronEngine(TorchEngine):
         if stats is not None and moe is not None:
             counts = stats.take(self._groups).to(self._comm_device)
             if self.parallel.world > 1:
-                dist.all_reduce(counts)  # TP = 1: stages hold other layers, ranks other tokens
+                # stages hold other layers; DP ranks other samples; TP ranks (sequence
+                # parallel) other positions: every count is summed once
+                dist.all_reduce(counts)
             out["moe_load_imbalance"] = load_imbalance(counts.cpu(), moe)
         return out
 
@@ -455,8 +476,17 @@ class MegatronEngine(TorchEngine):
         return ok > 0
 
     def _reduce_grads(self) -> None:
-        """Sum gradients over the DP group, then a tied embedding's over its two copies
+        """Sum the partial gradients of TP-replicated weights over the TP group (as
+        Megatron's ``finalize_model_grads``: see :func:`megatron_sp.tp_summed_grads`),
+        then every gradient over the DP group, then a tied embedding's over its two copies
         (pipeline parallel)."""
+        if self.parallel.tp > 1:
+            grads = tp_summed_grads(
+                self.model.named_parameters(),
+                sequence_parallel=self.built.sequence_parallel,
+                qk_layernorm=self.built.layout.qk_norm,
+            )
+            all_reduce_flat(grads, self.parallel.tp_group, self.parallel.tp)
         self._reduce_dp_grads()
         sync_tied_grads(self.link, self._tied_param)
 

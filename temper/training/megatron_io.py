@@ -149,7 +149,7 @@ class MegatronCheckpointer:
         (each holds other experts); None when this rank holds them all."""
         p = self.parallel
         if p.ep > 1:
-            return p.expert_model_group, p.ep * p.pp
+            return p.expert_holders_group, p.ep * p.pp
         return (p.pp_group, p.pp) if p.pp > 1 else (None, 1)
 
     @cached_property

@@ -140,11 +140,20 @@ class ValueHead(nn.Module):
 
     Its input (the final-norm hidden states) is the same on every TP rank, so its
     gradient is too; no collective is needed. Called like ``GPTModel.output_layer``.
+    Under sequence parallelism (``sequence_group``: the TP group) each rank holds its
+    share of the positions, gathered first as Megatron's output layer gathers them.
     """
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        sequence_group: Any = None,
+    ) -> None:
         super().__init__()
         self.linear = nn.Linear(hidden_size, 1, dtype=dtype, device=device)
+        self.sequence_group = sequence_group
 
     def forward(
         self,
@@ -152,6 +161,10 @@ class ValueHead(nn.Module):
         weight: torch.Tensor | None = None,
         runtime_gather_output: bool | None = None,
     ) -> tuple[torch.Tensor, None]:
+        if self.sequence_group is not None:
+            from temper.training.megatron_sp import gather_sequence
+
+            hidden = gather_sequence(hidden, self.sequence_group)
         return self.linear(hidden.to(self.linear.weight.dtype)), None
 
 

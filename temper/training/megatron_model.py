@@ -44,6 +44,11 @@ from temper.training.megatron_moe import (
     unavailable_moe_options,
 )
 from temper.training.megatron_parallel import Parallel, megatron_degrees
+from temper.training.megatron_sp import (
+    use_host_sequence_parallel,
+    uses_sequence_parallel,
+    with_sequence_parallel_norms,
+)
 from temper.training.megatron_vocab import VocabShard
 from temper.training.models import load_hf_config
 from temper.training.spec import EngineSpec
@@ -98,6 +103,7 @@ class MegatronModel:
     vocab: VocabShard
     use_te: bool
     chunks: list[Any] = dataclasses.field(default_factory=list)
+    sequence_parallel: bool = False  # Megatron's, on: sequences split over TP (megatron_sp)
 
     def name_of(self, hf: str, *, tied_copy: bool = False) -> str | None:
         """The module name of the parameter made of HF tensor ``hf`` on this rank (the
@@ -116,8 +122,10 @@ def transformer_config(
     role: str,
     device: torch.device,
     gradient_checkpointing: bool = False,
+    lora: bool = False,
 ) -> Any:
-    """Megatron's ``TransformerConfig`` for this model and section (see module doc)."""
+    """Megatron's ``TransformerConfig`` for this model and section (see module doc);
+    ``lora``: the model carries LoRA adapters."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     key = f"{role}.megatron"
@@ -155,6 +163,7 @@ def transformer_config(
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
         **megatron_degrees(m),
+        sequence_parallel=uses_sequence_parallel(m, moe=layout.moe is not None, lora=lora),
         params_dtype=torch.float32,
         # weights come from the checkpoint: no random init (on CPU, Megatron would
         # initialize each full matrix and split it)
@@ -247,6 +256,7 @@ def build_model(
         role=spec.role,
         device=device,
         gradient_checkpointing=spec.model.enable_gradient_checkpointing and spec.train is not None,
+        lora=spec.model.lora.rank > 0,
     )
     value = spec.value_head
     padded = layout.padded_vocab(parallel.tp)
@@ -275,7 +285,9 @@ def build_model(
         _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
     tp_group = parallel.tp_group if parallel.tp > 1 else None
     vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
-    return MegatronModel(module, layout, hf_config, maps, vocab, use_te, chunks)
+    return MegatronModel(
+        module, layout, hf_config, maps, vocab, use_te, chunks, config.sequence_parallel
+    )
 
 
 def _build_chunk(
@@ -307,6 +319,8 @@ def _build_chunk(
         spec_: Any = moe_block_spec(config, use_te=use_te, vp_stage=vp_stage)
     else:
         spec_ = layer_spec(qk_layernorm=layout.qk_norm, use_te=use_te)
+    if config.sequence_parallel and not use_te:  # TransformerEngine's norms do it themselves
+        spec_ = with_sequence_parallel_norms(spec_, config, vp_stage)
     module = GPTModel(
         config,
         spec_,
@@ -334,8 +348,11 @@ def _build_chunk(
         # Megatron's all-gather dispatcher needs CUDA and equal token counts on every
         # rank; temper's ranks run micro-batches of their own lengths (megatron_layers)
         use_host_dispatchers(module)
+    if config.sequence_parallel and device.type != "cuda":
+        use_host_sequence_parallel(module, parallel.tp_group)
     if value and last:
-        module.output_layer = ValueHead(layout.hidden_size, torch.float32, device)
+        group = parallel.tp_group if config.sequence_parallel else None
+        module.output_layer = ValueHead(layout.hidden_size, torch.float32, device, group)
     module.to(device)
     names = {n for n, _ in module.named_parameters()}
     # Megatron numbers a chunk's layers from 0 in names, and from its offset in

@@ -66,6 +66,9 @@ class Parallel:
     expert_dp_group: Any = None
     # EP × PP ranks of one model copy (every expert and stage once): export gathers there
     expert_model_group: Any = None
+    # the EP × PP ranks of one TP rank (every stage and expert once, this TP shard):
+    # where the export fetches a parameter from its holder; expert_model_group at TP = 1
+    expert_holders_group: Any = None
     vp: int = 1  # model chunks per rank (virtual pipeline stages, megatron_chunks)
     # the pipeline's ranks again, for the transfers from the last rank back to the first
     # between chunks (megatron_pipeline: a channel of their own, apart from the others)
@@ -186,10 +189,13 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
     pp = ps.get_pipeline_model_parallel_world_size()
     ep = ps.get_expert_model_parallel_world_size()
     vp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
+    tp = ps.get_tensor_model_parallel_world_size()
+    expert_model = ps.get_expert_tensor_model_pipeline_parallel_group() if ep > 1 else None
+    holders = expert_model if tp == 1 or ep == 1 else _same_tp_rank_group(expert_model, ps)
     return Parallel(
         rank=dist.get_rank(),
         world=world,
-        tp=ps.get_tensor_model_parallel_world_size(),
+        tp=tp,
         tp_rank=ps.get_tensor_model_parallel_rank(),
         dp=ps.get_data_parallel_world_size(),
         dp_rank=ps.get_data_parallel_rank(),
@@ -206,13 +212,32 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         ep_rank=ps.get_expert_model_parallel_rank(),
         expert_dp=ps.get_expert_data_parallel_world_size(),
         expert_dp_group=ps.get_expert_data_parallel_group(),
-        expert_model_group=ps.get_expert_tensor_model_pipeline_parallel_group() if ep > 1 else None,
+        expert_model_group=expert_model,
+        expert_holders_group=holders,
         vp=vp,
         wrap_group=_wrap_group(ps.get_pipeline_model_parallel_group()) if vp > 1 else None,
     )
 
 
 _WRAP_GROUPS: dict[tuple[int, ...], Any] = {}
+_HOLDER_GROUPS: dict[tuple[int, ...], Any] = {}
+
+
+def _same_tp_rank_group(expert_model: Any, ps: Any) -> Any:
+    """The ranks of ``expert_model`` (the ETP × EP × PP group; experts split over TP as
+    the rest of the layer, so ETP = TP) with this rank's TP rank, as a group of its own,
+    made once per process (``new_group`` is a collective over the world)."""
+    world = dist.get_world_size()
+    members = tuple(dist.get_process_group_ranks(expert_model))
+    mine = (dist.get_rank(), ps.get_tensor_model_parallel_rank(), members)
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, mine)
+    tp_rank = {r: t for r, t, _ in every}
+    sets = sorted({tuple(m for m in ms if tp_rank[m] == t) for _, t, ms in every})
+    for ranks in sets:
+        if ranks not in _HOLDER_GROUPS:
+            _HOLDER_GROUPS[ranks] = dist.new_group(list(ranks))
+    return _HOLDER_GROUPS[tuple(m for m in members if tp_rank[m] == mine[1])]
 
 
 def _wrap_group(pp_group: Any) -> Any:

@@ -1,6 +1,7 @@
 """The megatron engine's mixture-of-experts parts without a process group: the MoE
 layout of Qwen2-MoE / Qwen3-MoE / Mixtral configs, the parameter maps under expert
-parallelism, what is refused (EP on a dense model, MoE at TP > 1, DeepSeek-V3) or noted,
+parallelism, what is refused (EP on a dense model, a TP that does not split the experts'
+FFN, an expert TP other than TP, DeepSeek-V3) or noted,
 and the router losses' micro-batch weights."""
 
 from __future__ import annotations
@@ -128,14 +129,16 @@ def test_expert_parallel_maps_hold_this_ranks_experts_under_global_names() -> No
             "4 experts",
         ),
         (
-            Qwen3MoeConfig(**COMMON, num_experts=4, moe_intermediate_size=8),
-            MegatronConfig(tensor_model_parallel_size=2),
+            Qwen3MoeConfig(**COMMON, num_experts=4, moe_intermediate_size=6),
+            MegatronConfig(tensor_model_parallel_size=4),
             "actor.megatron.tensor_model_parallel_size",
-            "sequence parallelism",
+            "6 expert FFN columns",
         ),
     ],
 )
-def test_expert_parallel_needs_an_moe_model_at_tp1(config, m, key: str, words: str) -> None:
+def test_expert_parallel_needs_an_moe_model_whose_experts_split(
+    config, m, key: str, words: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         check_divisible(hf_layout(config), m, "actor")
     assert err.value.key == key and words in err.value.reason and err.value.fix
@@ -204,14 +207,23 @@ def test_check_reads_a_local_models_config_to_refuse_ep_on_a_dense_model(tmp_pat
     assert local_layout(model, "Qwen/Qwen3-30B-A3B") is None
 
 
-def test_expert_parallelism_with_tensor_parallelism_is_refused_at_check() -> None:
-    """EP > 1 means an MoE model (a dense one is refused when its config is read), and
-    an MoE model trains here at TP = 1: refused from the section alone."""
+def test_expert_parallelism_with_tensor_parallelism_passes_and_expert_tp_follows_tp() -> None:
+    """An MoE model at TP > 1 splits each expert over the TP ranks (expert TP = TP, with
+    sequence parallelism); another expert TP is refused, and the z-loss noted."""
+    layout = hf_layout(Qwen3MoeConfig(**COMMON, num_experts=4, moe_intermediate_size=8))
     m = MegatronConfig(tensor_model_parallel_size=2, expert_model_parallel_size=2)
+    check_section("actor", m, device_type="cpu")  # no error
+    check_divisible(layout, m, "actor")
+    same = MegatronConfig(tensor_model_parallel_size=2, expert_tensor_parallel_size=2)
+    check_section("actor", same, device_type="cpu")
+    other = MegatronConfig(tensor_model_parallel_size=2, expert_tensor_parallel_size=1)
     with pytest.raises(ConfigError) as err:
-        check_section("actor", m, device_type="cuda")
-    assert err.value.key == "actor.megatron.tensor_model_parallel_size"
-    assert "sequence parallelism" in err.value.reason and err.value.fix
+        check_section("actor", other, device_type="cuda")
+    assert err.value.key == "actor.megatron.expert_tensor_parallel_size"
+    assert "other than tensor_model_parallel_size" in err.value.reason and "null" in err.value.fix
+    z = MegatronConfig(tensor_model_parallel_size=2, extra={"moe_z_loss_coeff": 0.001})
+    (note,) = [n for n in check_section("actor", z, device_type="cpu") if "z_loss" in n]
+    assert "moe_z_loss_coeff" in note and "each TP rank's share" in note
 
 
 def test_load_imbalance_is_max_over_mean_tokens_per_expert_averaged_over_moe_layers() -> None:

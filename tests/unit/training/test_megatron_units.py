@@ -203,7 +203,7 @@ def _check(device: str = "cpu", lora: LoraConfig | None = None, **m: Any) -> lis
         (
             {"expert_tensor_parallel_size": 2},
             "actor.megatron.expert_tensor_parallel_size",
-            "expert tensor parallelism",
+            "other than tensor_model_parallel_size",
         ),
         (
             {"extra": {"moe_router_enable_expert_bias": True}},
@@ -294,8 +294,16 @@ def test_a_missing_package_names_its_key(monkeypatch) -> None:
 
 def test_memory_options_are_notes_not_errors() -> None:
     assert _check(use_distributed_optimizer=False) == []
-    notes = _check(sequence_parallel=True, recompute_granularity="full")
-    assert any("sequence_parallel, use_distributed_optimizer" in n for n in notes)
+    notes = _check(
+        sequence_parallel=True, use_distributed_optimizer=True, recompute_granularity="full"
+    )
+    assert any(n.startswith("actor.megatron.use_distributed_optimizer:") for n in notes)
+    assert not any("sequence_parallel" in n for n in notes)  # applied (megatron_sp)
+    lora = LoraConfig(rank=4)
+    with_lora = _check(lora=lora, sequence_parallel=True, tensor_model_parallel_size=2)
+    assert any(
+        n.startswith("actor.megatron.sequence_parallel: not applied with LoRA") for n in with_lora
+    )
     assert any("recompute_granularity" in n and "CUDA" in n for n in notes)
     on_gpu = unapplied_options(MegatronConfig(recompute_granularity="full"), "cuda")
     assert not any("recompute" in n for n in on_gpu)  # applied on CUDA
@@ -490,3 +498,46 @@ def test_virtual_stages_split_the_layers_into_equal_chunks() -> None:
     with pytest.raises(ConfigError) as err:
         check_divisible(eight, both, "actor")
     assert "middle stage" in err.value.reason and "set only one" in err.value.fix
+
+
+# ----------------------------------------------------------------------- sequence parallel
+
+
+def test_sequence_parallel_pads_to_a_multiple_of_tp_and_picks_the_tp_summed_grads() -> None:
+    from temper.training.megatron_sp import (
+        pad_sequence,
+        padded_length,
+        tp_summed_grads,
+        uses_sequence_parallel,
+    )
+
+    assert [padded_length(n, 2) for n in (1, 2, 13, 14)] == [2, 2, 14, 14]
+    ids = torch.tensor([[5, 6, 7]])
+    assert pad_sequence(ids, 2).tolist() == [[5, 6, 7, 0]] and pad_sequence(ids, 3) is ids
+
+    def param(tagged: bool | None) -> torch.nn.Parameter:
+        p = torch.nn.Parameter(torch.ones(2))
+        p.grad = torch.zeros(2)
+        if tagged is not None:
+            p.sequence_parallel = tagged  # type: ignore[attr-defined]
+        return p
+
+    named = [
+        ("decoder.layers.0.input_layernorm.weight", param(True)),
+        ("decoder.layers.0.self_attention.q_layernorm.weight", param(None)),
+        ("decoder.layers.0.mlp.linear_fc1.weight", param(None)),
+        ("decoder.final_layernorm.weight", param(False)),
+    ]
+    both = tp_summed_grads(named, sequence_parallel=True, qk_layernorm=True)
+    assert [g is named[i][1].grad for i, g in zip((0, 1), both)] == [True, True]
+    assert len(both) == 2
+    assert len(tp_summed_grads(named, sequence_parallel=False, qk_layernorm=True)) == 1
+    assert tp_summed_grads(named, sequence_parallel=False, qk_layernorm=False) == []
+
+    sp = MegatronConfig(tensor_model_parallel_size=2, sequence_parallel=True)
+    assert uses_sequence_parallel(sp, moe=False, lora=False)
+    assert not uses_sequence_parallel(sp, moe=False, lora=True)
+    assert not uses_sequence_parallel(
+        replace(sp, tensor_model_parallel_size=1), moe=True, lora=False
+    )
+    assert uses_sequence_parallel(replace(sp, sequence_parallel=False), moe=True, lora=False)
