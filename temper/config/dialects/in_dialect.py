@@ -148,6 +148,12 @@ VALUES: dict[str, dict[str, dict[str, str]]] = {
     },
 }
 
+#: Dialect keys that set a native boolean inverted: ``key=value`` in a fix names the
+#: dialect key with the opposite value (verl's ``bypass_mode: true`` is
+#: ``actor.recompute_old_log_prob: false``).
+INVERTED: frozenset[str] = frozenset({"algorithm.rollout_correction.bypass_mode"})
+_OPPOSITE = {"true": "false", "false": "true", "True": "False", "False": "True"}
+
 _TOKEN = re.compile(r"(?<![\w.])([a-z_]+(?:\.[a-z_]+)+)(?![\w.])(=[^\s,;)]+)?")
 
 
@@ -182,6 +188,8 @@ def in_dialect(
         found = None if native in PHRASES else dialect_key(native)
         if found is not None:
             spelled = VALUES.get(native, {}).get(dialect, {})
+            if found in INVERTED:
+                spelled = _OPPOSITE
             if value:
                 value = "=" + spelled.get(value[1:], value[1:])
             return found + value + UNITS.get(native, {}).get(dialect, "")

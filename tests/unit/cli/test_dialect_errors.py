@@ -230,3 +230,17 @@ def test_values_in_a_fix_are_spelled_as_the_dialect_spells_them():
     assert str(load_config(VERL).in_dialect(err)).endswith(
         "Fix: set actor_rollout_ref.rollout.name=hf"
     )
+
+
+def test_a_fix_for_a_key_the_dialect_sets_inverted_names_the_opposite_value(tmp_path):
+    """verl's bypass_mode: true sets actor.recompute_old_log_prob: false; a fix that asks
+    for the recompute asks the verl user for bypass_mode=false."""
+    from temper.pipelines.catalog import load_config
+
+    loaded = load_config(VERL, ["algorithm.rollout_correction.bypass_mode=true"])
+    err = ConfigError(
+        "actor.rollout_rs",
+        "no token would ever be rejected",
+        "set actor.recompute_old_log_prob=true, or remove actor.rollout_rs",
+    )
+    assert "bypass_mode=false" in str(loaded.in_dialect(err))
