@@ -212,23 +212,31 @@ def check(cfg: TemperConfig) -> None:
             "the DPO loss compares the policy with the frozen reference",
             "remove reference.enable (a DPO run always builds its reference)",
         )
+    check_preference_loss("dpo", dpo.loss_type, dpo.beta, dpo.label_smoothing)
+    check_pairs(cfg, "dpo", dpo.max_length, "a DPO sequence is cut at one end, as an SFT one")
+
+
+def check_preference_loss(section: str, loss_type: str, beta: float, smoothing: float) -> None:
+    """A preference pipeline's loss settings (``<section>.loss_type``, ``beta``,
+    ``label_smoothing``): a registered loss, ``beta > 0``, smoothing only for sigmoid."""
     try:
-        PREFERENCE_LOSSES.get(dpo.loss_type)
+        PREFERENCE_LOSSES.get(loss_type)
     except UnknownNameError as err:
-        raise ConfigError("dpo.loss_type", err.message, "use one of the names above") from err
+        raise ConfigError(
+            f"{section}.loss_type", err.message, "use one of the names above"
+        ) from err
     try:
-        preference_params(cfg)
+        PreferenceParams(beta=beta, label_smoothing=smoothing)
     except ValueError as err:
         raise ConfigError(
-            "dpo.beta", str(err), "use beta > 0, label_smoothing in [0, 0.5)"
+            f"{section}.beta", str(err), "use beta > 0, label_smoothing in [0, 0.5)"
         ) from err
-    if dpo.label_smoothing and dpo.loss_type != "sigmoid":
+    if smoothing and loss_type != "sigmoid":
         raise ConfigError(
-            "dpo.label_smoothing",
-            f"label smoothing is a form of the sigmoid loss; dpo.loss_type is {dpo.loss_type}",
-            "remove dpo.label_smoothing, or use loss_type sigmoid",
+            f"{section}.label_smoothing",
+            f"label smoothing is a form of the sigmoid loss; {section}.loss_type is {loss_type}",
+            f"remove {section}.label_smoothing, or use loss_type sigmoid",
         )
-    check_pairs(cfg, "dpo", dpo.max_length, "a DPO sequence is cut at one end, as an SFT one")
 
 
 def check_pairs(cfg: TemperConfig, section: str, max_length: int, cut: str) -> None:

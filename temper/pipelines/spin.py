@@ -31,11 +31,12 @@ from typing import Any
 
 import torch
 
-from temper.algorithms.preference import PREFERENCE_LOSSES, PreferenceParams, online_pairs
+from temper.algorithms.preference import PreferenceParams, online_pairs
 from temper.config.errors import ConfigError
 from temper.config.plan import REFERENCE, REFERENCE_ALWAYS, ROLLOUT
 from temper.config.schema import TemperConfig
 from temper.data import Batch
+from temper.pipelines.dpo import check_preference_loss
 from temper.pipelines.dumps import dump_generations
 from temper.pipelines.preflight import check_prompt_data
 from temper.pipelines.producer import ProducerContext
@@ -47,7 +48,6 @@ from temper.pipelines.run import Run
 from temper.pipelines.spin_reference import ReferenceRefresh
 from temper.pipelines.timing import Timer, throughput
 from temper.pipelines.unread import refuse_unread
-from temper.registry import UnknownNameError
 
 
 def preference_params(cfg: TemperConfig) -> PreferenceParams:
@@ -169,22 +169,7 @@ def check(cfg: TemperConfig) -> None:
             "online DPO compares the policy with the reference",
             "remove reference.enable (a spin run always builds its reference)",
         )
-    try:
-        PREFERENCE_LOSSES.get(spin.loss_type)
-    except UnknownNameError as err:
-        raise ConfigError("spin.loss_type", err.message, "use one of the names above") from err
-    try:
-        preference_params(cfg)
-    except ValueError as err:
-        raise ConfigError(
-            "spin.beta", str(err), "use beta > 0, label_smoothing in [0, 0.5)"
-        ) from err
-    if spin.label_smoothing and spin.loss_type != "sigmoid":
-        raise ConfigError(
-            "spin.label_smoothing",
-            f"label smoothing is a form of the sigmoid loss; spin.loss_type is {spin.loss_type}",
-            "remove spin.label_smoothing, or use loss_type sigmoid",
-        )
+    check_preference_loss("spin", spin.loss_type, spin.beta, spin.label_smoothing)
     if spin.ref_update_freq < 0:
         raise ConfigError(
             "spin.ref_update_freq",
