@@ -276,6 +276,14 @@ def trackers(v: Any, ctx: Any) -> Any:
     names = [v] if isinstance(v, str) else list(v or [])
     out = []
     for name in names:
+        if isinstance(name, str) and name.startswith("[") and name.endswith("]"):
+            # '["console","wandb"]' inside a double-quoted shell variable loses its inner
+            # quotes and reaches Hydra as the quoted string '[console,wandb]'
+            raise ctx.error(
+                f"got the string '{name}', not a list: quotes around the brackets make it one "
+                "logger name, which verl's tracking refuses too",
+                f"write the list unquoted: trainer.logger={name}",
+            )
         if name not in _LOGGERS:
             raise ctx.error(
                 f"logger '{name}' is not supported",

@@ -58,7 +58,8 @@ def _section_rollout() -> dict[str, Rule]:
             f"{RO}.ignore_eos": Map("rollout.ignore_eos"),
             f"{RO}.enforce_eager": Map("rollout.enforce_eager"),
             f"{RO}.cudagraph_capture_sizes": Note(PERF),
-            f"{RO}.free_cache_engine": Map("rollout.free_cache_engine"),
+            # weak: verl 0.9's enable_sleep_mode=false (an engine that cannot sleep) overrides it
+            f"{RO}.free_cache_engine": Map("rollout.free_cache_engine", weak=True),
             f"{RO}.tensor_model_parallel_size": Map("rollout.tensor_parallel_size"),
             f"{RO}.data_parallel_size": _inert(
                 (1,), no_engine_par, "engine data parallelism is not supported", "set it to 1"

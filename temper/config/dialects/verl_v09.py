@@ -422,9 +422,17 @@ def _misplaced(where: str) -> Any:
     return refuse
 
 
+def _sleep_mode(v: Any, _ctx: Any) -> Any:
+    """verl 0.9 builds vLLM with ``enable_sleep_mode``; ``free_cache_engine`` then says
+    whether it sleeps between rollouts. An engine built without sleep mode never sleeps
+    (temper ``rollout.free_cache_engine: false``); true leaves it to free_cache_engine."""
+    return False if v is False else None
+
+
 def _rollout_v09() -> dict[str, Rule]:
     return {
         f"{RO}.seed": Map("experiment.seed", weak=True),  # vLLM's engine seed
+        f"{RO}.enable_sleep_mode": Map("rollout.free_cache_engine", _sleep_mode),
         f"{RO}.full_determinism": Inert(
             (False, None),
             "requests are sampled by the seeded engine",

@@ -630,3 +630,26 @@ def test_the_gdpo_reward_manager_scores_as_naive_and_icepop_thresholds_arrive():
         4.0,
     )
     assert any("gdpo scores as naive" in n for n in notes(data))
+
+
+# ------------------------------------------------------------------ rollout.enable_sleep_mode
+
+
+@pytest.mark.parametrize(
+    ("sleep", "free", "expected"), [(False, True, False), (True, True, True), (True, False, False)]
+)
+def test_an_engine_built_without_sleep_mode_never_frees_its_cache(sleep, free, expected):
+    """verl 0.9 builds vLLM with ``enable_sleep_mode`` and sleeps it when
+    ``free_cache_engine``: an engine without sleep mode keeps its memory."""
+    data = composed("ppo_trainer.yaml")
+    data["actor_rollout_ref"]["rollout"]["enable_sleep_mode"] = sleep
+    data["actor_rollout_ref"]["rollout"]["free_cache_engine"] = free
+    assert native(data)["rollout"]["free_cache_engine"] is expected
+
+
+def test_a_logger_list_quoted_into_one_string_is_refused_as_a_string():
+    data = composed("ppo_trainer.yaml")
+    data["trainer"]["logger"] = "[console,wandb]"
+    with pytest.raises(ConfigError, match="not a list") as err:
+        native(data)
+    assert "trainer.logger=[console,wandb]" in str(err.value)

@@ -211,7 +211,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     (
         "script: broken",
         r"not an override|adds a key, but|expected (bool|int|float)|unknown verl key.*Hydra would refuse"
-        r"|its config conversion stops on it",
+        r"|its config conversion stops on it|quotes around the brackets make it one",
     ),
     ("verl 0.9 vocabulary", r": unknown verl key"),  # keys of verl >= 2026-04: issue 27
 )
