@@ -811,7 +811,9 @@ class FilterGroupsConfig:
     mean_low: float | None = doc(None, "Drop groups whose mean is <= this.")
     mean_high: float | None = doc(None, "Drop groups whose mean is >= this.")
     max_num_gen_batches: int = doc(
-        0, "Generation rounds per step at most (<= 0: no limit, as verl); then masked filler."
+        0,
+        "Generation rounds per step at most (<= 0: no limit, as verl); then masked filler. "
+        "Streaming: prompt batches drawn per step's batch.",
     )
 
 

@@ -30,8 +30,10 @@ from temper.pipelines.producer import GroupProducer, Producer, ProducerContext
 from temper.pipelines.record import Pipeline
 from temper.pipelines.run import Run, WeightSync, load_tokenizer, output_dir, seed_everything
 from temper.pipelines.run_dir import claim_run_dir
-from temper.pipelines.shaping import ShapingState
-from temper.pipelines.streaming import StreamingRollout, chunk_size
+from temper.pipelines.shaping import ShapingSettings, ShapingState
+from temper.pipelines.stream_filter import StreamFilter
+from temper.pipelines.stream_schedule import chunk_size
+from temper.pipelines.streaming import StreamingRollout
 from temper.roles import Roles
 from temper.roles.base import TrainedRole
 from temper.rollout import RolloutEngine
@@ -90,7 +92,7 @@ def _build_run(
             weights = WeightSync(rollout, roles.actor.engine, every)
             if cfg.async_training.staleness > 0:  # the rollout runs ahead of training
                 weights.ahead = True
-                producer = _ahead(cfg, plan.shape.groups, producer, weights, tokenizer)
+                producer = _ahead(cfg, plan.shape.groups, producer, weights, tokenizer, shaping)
         progress = Progress()
         checkpointer = _checkpointer(
             cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
@@ -178,7 +180,12 @@ def _checkpointer(
 
 
 def _ahead(
-    cfg: TemperConfig, groups: int, producer: Producer, weights: WeightSync, tokenizer: Any
+    cfg: TemperConfig,
+    groups: int,
+    producer: Producer,
+    weights: WeightSync,
+    tokenizer: Any,
+    shaping: ShapingSettings,
 ) -> Producer:
     """The producer wrapped to run ahead of training (``async_training``): whole batches
     on the fixed schedule, or the step's ``groups`` streamed (the pipeline's record
@@ -193,6 +200,7 @@ def _ahead(
             wait_timeout=at.wait_timeout,
             seed=cfg.experiment.seed,
         )
+    fg = cfg.algorithm.filter_groups
     return StreamingRollout(
         cast(GroupProducer, producer),  # the record's stream_groups: it is one
         weights.snapshot,
@@ -205,4 +213,5 @@ def _ahead(
         seed=cfg.experiment.seed,
         pad_token_id=tokenizer.pad_token_id or 0,
         segment=at.partial_rollout_segment,
+        group_filter=StreamFilter(fg, shaping, groups) if fg.enable else None,
     )

@@ -120,13 +120,6 @@ def _check_streaming(cfg: TemperConfig, per_step: int) -> None:
             f"set async_training.stream_chunk <= {per_step} (0: a quarter)",
         )
     _check_partial_rollout(cfg)
-    if cfg.algorithm.filter_groups.enable:
-        raise ConfigError(
-            "algorithm.filter_groups.enable",
-            "dynamic sampling fills a batch over generation rounds of whole prompt batches; "
-            "streaming hands each group to training as it finishes (not built together)",
-            "set async_training.mode: fixed, or disable algorithm.filter_groups",
-        )
 
 
 def _check_partial_rollout(cfg: TemperConfig) -> None:

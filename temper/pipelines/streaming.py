@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -57,10 +57,10 @@ from temper.pipelines.ahead import (
 )
 from temper.pipelines.dynamic_sampling import concat_padded, merge_round_metrics
 from temper.pipelines.producer import GroupProducer, Validation
+from temper.pipelines.stream_filter import StreamFilter
+from temper.pipelines.stream_schedule import Strategy, may_start
 from temper.pipelines.timing import Timer
 from temper.rollout.partial import RESPONSE_VERSIONS, Segments
-
-Strategy = Literal["wait", "drop"]
 
 
 @dataclasses.dataclass
@@ -71,30 +71,6 @@ class Group:
     prompt: Batch
     batch: Batch
     version: int
-
-
-def chunk_size(setting: int, batch_groups: int) -> int:
-    """``async_training.stream_chunk``; 0 is a quarter of the batch (at least 1)."""
-    return setting if setting > 0 else max(1, batch_groups // 4)
-
-
-def may_start(
-    *,
-    strategy: Strategy,
-    version: int,
-    next_step: int,
-    queued: int,
-    chunk: int,
-    batch_groups: int,
-    staleness: int,
-) -> bool:
-    """Whether a chunk of ``chunk`` groups generated with weights ``version`` may start
-    behind ``queued`` groups not yet trained, the trainer's next batch being step
-    ``next_step`` (the module docstring's bounds)."""
-    if strategy == "drop":
-        return queued + chunk <= (staleness + 1) * batch_groups
-    trained_at = next_step + (queued + chunk - 1) // batch_groups
-    return version >= trained_at - staleness - 1
 
 
 def unique_uids(groups: list[Batch]) -> list[Batch]:
@@ -145,6 +121,7 @@ class StreamingRollout:
         seed: int,
         pad_token_id: int = 0,
         segment: int = 0,
+        group_filter: StreamFilter | None = None,
     ) -> None:
         if staleness < 1 or not 1 <= chunk <= batch_groups:
             raise ValueError(f"streaming needs staleness >= 1 and 1 <= chunk <= batch ({chunk})")
@@ -153,6 +130,7 @@ class StreamingRollout:
         self.staleness, self.batch_groups, self.chunk = staleness, batch_groups, chunk
         self.strategy, self.wait_timeout, self.seed = strategy, wait_timeout, seed
         self.pad_token_id, self.segment = pad_token_id, segment  # segment 0: no partial rollout
+        self.filter = group_filter  # algorithm.filter_groups (stream_filter), under ``cond``
         self.cond = threading.Condition()
         # -- shared with the worker, under ``cond`` --
         self.todo: collections.deque[Batch] = collections.deque()  # chunks not started
@@ -184,6 +162,7 @@ class StreamingRollout:
         weights = self.snapshot() if self._needs(trainer_version) else None
         asked = time.monotonic()
         taken: list[Group] = []
+        fillers: list[Group] = []
         dropped = 0
         with timer("rollout_wait"), self.cond:
             self.next_step = step
@@ -201,6 +180,9 @@ class StreamingRollout:
                         taken.append(group)
                     self.cond.notify_all()  # a queued slot freed
                     continue
+                if self.filter is not None and self._exhausted():
+                    fillers = self.filter.fill(self.batch_groups - len(taken))
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RolloutAheadError(
@@ -211,11 +193,18 @@ class StreamingRollout:
                     )
                 self.cond.wait(min(left, 1.0))
             self.next_step = step + 1
+            filtered = (
+                self.filter.take([g.batch for g in taken], [g.batch for g in fillers])
+                if self.filter is not None
+                else {}
+            )
             rounds, self.chunk_metrics = self.chunk_metrics, []
             metrics = {**self.data_metrics, **(merge_round_metrics(rounds) if rounds else {})}
+            metrics.update(filtered)
             left_ready = len(self.ready)
             self.cond.notify_all()
         got = time.monotonic()
+        taken += fillers  # masked: trained on nothing (stream_filter)
         batch = concat_padded(unique_uids([g.batch for g in taken]), self.pad_token_id)
         stale = trainer_version - np.asarray(batch[VERSION], dtype=np.float64)
         metrics.update(
@@ -301,8 +290,15 @@ class StreamingRollout:
         if self.error is not None:
             raise self.error
 
+    def _exhausted(self) -> bool:
+        """Nothing left to generate for the batch: the filter's draws are spent."""
+        assert self.filter is not None
+        return not self.todo and self.inflight is None and not self.filter.may_draw()
+
     def _may_start(self) -> bool:
         if self.next_step is None:
+            return False
+        if not self.todo and self.filter is not None and not self.filter.may_draw():
             return False
         version = self.published[0] if self.published is not None else self.engine_version
         if version is None:
@@ -335,6 +331,8 @@ class StreamingRollout:
                         if not self.todo:  # _may_start: the trainer has asked (next_step)
                             step = self.next_step or 1
                             prompts, self.data_metrics = self.inner.draw_prompts(step)
+                            if self.filter is not None:
+                                self.filter.draws += 1
                             self.inner_state = self.inner.state_dict()
                             self.todo.extend(prompts.split(self.chunk))
                         self.inflight = self.todo.popleft()
@@ -379,7 +377,7 @@ class StreamingRollout:
             for i, uid in enumerate(prompts["uid"])
         ]
         with self.cond:
-            self.ready.extend(groups)
+            self.ready.extend(groups if self.filter is None else self.filter.split(groups))
             self.inflight = None
             self.chunk_metrics.append({**metrics, **timer.times})
             self.cond.notify_all()

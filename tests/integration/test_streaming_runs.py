@@ -135,6 +135,30 @@ def test_partial_rollout_continues_generations_under_new_weights(tmp_path, tiny_
     assert all(r["async/token_staleness_mean"] <= r["async/staleness_max"] for r in rows)
 
 
+def test_dynamic_sampling_streams_only_groups_with_signal(tmp_path, tiny_model_dir):
+    """DAPO's filter on a stream: every trained group has responses that score apart (or
+    is a masked filler after max_num_gen_batches draws), and the counts are logged."""
+    out = tmp_path / "dapo"
+    cfg = _config(tmp_path, tiny_model_dir, out, staleness=1, mode="streaming", stream_chunk=2)
+    cfg["algorithm"]["filter_groups"] = {
+        "enable": True,
+        "metric": "score",
+        "max_num_gen_batches": 3,
+    }
+    cfg["experiment"]["max_steps"] = 3
+    assert _train(cfg)["steps"] == 3
+    logged = _rows(out)
+    for s, r in enumerate(logged, start=1):
+        rows = [json.loads(x) for x in (out / "dumps" / f"{s}.jsonl").read_text().splitlines()]
+        scores: dict[str, set[float]] = {}
+        for row in rows:
+            scores.setdefault(row["uid"], set()).add(row["score"])
+        with_signal = sum(len(v) > 1 for v in scores.values())
+        assert len(scores) == 4 and with_signal >= 4 - r["dynamic_sampling/groups_masked"]
+        assert r["dynamic_sampling/batch_full"] == float(r["dynamic_sampling/groups_masked"] == 0)
+    assert any(r["dynamic_sampling/groups_dropped"] > 0 for r in logged)
+
+
 LAKE = {
     "env_type": "frozen_lake",
     "max_turns": 2,

@@ -15,13 +15,8 @@ import torch
 from temper.data.batch import Batch
 from temper.pipelines.ahead import VERSION, RolloutAheadError
 from temper.pipelines.producer import Validation
-from temper.pipelines.streaming import (
-    StreamingRollout,
-    chunk_size,
-    may_start,
-    token_versions,
-    unique_uids,
-)
+from temper.pipelines.stream_schedule import chunk_size, may_start
+from temper.pipelines.streaming import StreamingRollout, token_versions, unique_uids
 from temper.pipelines.timing import Timer
 
 N = 2  # responses per prompt
@@ -307,8 +302,8 @@ def test_check_explains_streaming_and_refuses_what_it_cannot_stream():
         build_config(_cfg(staleness=0))
     with pytest.raises(ConfigError, match="async_training.stream_chunk.*more than the 4 a step"):
         build_config(_cfg(stream_chunk=5))
-    with pytest.raises(ConfigError, match="algorithm.filter_groups.enable"):
-        build_config({**_cfg(), "algorithm": {"filter_groups": {"enable": True}}})
+    filtered = build_config({**_cfg(), "algorithm": {"filter_groups": {"enable": True}}})
+    assert filtered.algorithm.filter_groups.enable  # dynamic sampling streams (stream_filter)
     with pytest.raises(ConfigError, match="async_training.max_off_policy_strategy"):
         build_config(_cfg(max_off_policy_strategy="keep"))
 
@@ -388,3 +383,72 @@ def test_fixed_mode_refuses_the_streaming_keys():
     for key, value in (("stream_chunk", 2), ("max_off_policy_strategy", "drop")):
         with pytest.raises(ConfigError, match=f"async_training.{key}.*streaming only"):
             build_config(_cfg(mode="fixed", **{key: value}))
+
+
+# ------------------------------------------------------------ dynamic sampling on a stream
+
+
+class Scored(Prompts):
+    """Prompts whose groups score alike (no signal) when ``flat(i)``, else 0 and 1."""
+
+    def __init__(self, *args: Any, flat: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.flat = flat
+
+    def generate_groups(
+        self, prompts: Batch, timer: Timer, segments: Any = None
+    ) -> tuple[Batch, dict[str, float]]:
+        out, metrics = super().generate_groups(prompts, timer, segments)
+        ids = [int(u[1:]) for u in out["uid"]]
+        out["scores"] = torch.tensor(
+            [0.0 if self.flat(i) else float(k % 2) for k, i in enumerate(ids)]
+        )
+        return out, metrics
+
+
+def _filtered(trainer: Trainer, inner: Prompts, max_rounds: int) -> StreamingRollout:
+    from temper.config.schema import AlgorithmConfig, FilterGroupsConfig
+    from temper.pipelines.shaping import ShapingSettings
+    from temper.pipelines.stream_filter import StreamFilter
+
+    fg = FilterGroupsConfig(enable=True, metric="score", max_num_gen_batches=max_rounds)
+    settings = ShapingSettings(algo=AlgorithmConfig(), response_length=8)
+    return _stream(trainer, inner, group_filter=StreamFilter(fg, settings, 4))
+
+
+def test_filtered_groups_never_reach_training_and_the_stream_draws_on():
+    """Even prompts score alike: every batch holds 4 odd prompts' groups, in order, with
+    sample_mask 1, and the counts of kept and dropped groups."""
+    trainer = Trainer()
+    inner = Scored(trainer, 4, 4, flat=lambda i: i % 2 == 0)
+    stream = _filtered(trainer, inner, max_rounds=0)
+    try:
+        batches, metrics = _train(stream, trainer, range(1, 4))
+    finally:
+        stream.close()
+    flat = [u for b in batches for u in _uids(b)]
+    assert flat == [f"p{i}" for i in range(1, 24, 2)]
+    for batch in batches:
+        assert torch.equal(batch["sample_mask"], torch.ones(len(batch)))
+    assert sum(m["dynamic_sampling/groups_masked"] for m in metrics) == 0
+    assert all(m["dynamic_sampling/batch_full"] == 1 for m in metrics)
+    assert metrics[0]["dynamic_sampling/groups_dropped"] >= 4  # p0, p2, p4, p6 at least
+
+
+def test_max_num_gen_batches_fills_the_batch_with_masked_groups():
+    """No group has signal: after max_num_gen_batches draws the batch is the latest
+    filtered-out groups, masked, and the worker stops drawing for it."""
+    trainer = Trainer()
+    inner = Scored(trainer, 4, 2, flat=lambda i: True)
+    stream = _filtered(trainer, inner, max_rounds=2)
+    try:
+        batches, metrics = _train(stream, trainer, range(1, 3))
+    finally:
+        stream.close()
+    for batch, m in zip(batches, metrics, strict=True):
+        assert torch.equal(batch["sample_mask"], torch.zeros(len(batch)))
+        assert len(batch) == 4 * N
+        assert m["dynamic_sampling/groups_masked"] == 4 and m["dynamic_sampling/batch_full"] == 0
+        assert m["dynamic_sampling/groups_kept"] == 0
+        assert m["dynamic_sampling/rounds"] == 2  # the worker stopped drawing for it
+    assert _uids(batches[0]) == [f"p{i}" for i in range(4, 8)]  # the second draw's
