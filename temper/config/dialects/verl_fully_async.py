@@ -148,6 +148,20 @@ def gen_batch_size(v: Any, ctx: Any) -> Any:
     return None
 
 
+def filter_groups(v: Any, ctx: Any) -> Any:
+    """``algorithm.filter_groups.enable``: verl's fully-async trainer reads no
+    ``filter_groups`` (its rollouter hands every group to the trainer), so a file that turns
+    it on never filtered there; temper's streaming would, and run another algorithm."""
+    if v and fully_async(ctx):
+        raise ctx.error(
+            "verl's fully-async trainer does not read algorithm.filter_groups: it trains "
+            "every group, so this file's dynamic sampling never ran",
+            "set algorithm.filter_groups.enable: false (what verl runs); temper's own "
+            "async_training.mode: streaming filters groups as they finish",
+        )
+    return v
+
+
 def standalone_memory(v: Any, ctx: Any) -> None:
     """The memory share of the rollout's own replicas (null: ``gpu_memory_utilization``);
     without dynamic resource scheduling every replica of the fully-async rollouter is one."""

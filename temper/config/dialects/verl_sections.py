@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_async as va
+from temper.config.dialects import verl_fully_async as fa
 from temper.config.dialects import verl_rs
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_distill import RULES as DISTILL_RULES
@@ -273,7 +274,7 @@ def _section_algorithm() -> dict[str, Rule]:
         f"{al}.use_pf_ppo": Map("algorithm.use_pf_ppo"),
         f"{al}.pf_ppo.reweight_method": Map("algorithm.pf_ppo.reweight_method"),
         f"{al}.pf_ppo.weight_pow": Map("algorithm.pf_ppo.weight_pow"),
-        f"{al}.filter_groups.enable": Map("algorithm.filter_groups.enable"),
+        f"{al}.filter_groups.enable": Map("algorithm.filter_groups.enable", fa.filter_groups),
         f"{al}.filter_groups.metric": Map("algorithm.filter_groups.metric", r.filter_metric),
         f"{al}.filter_groups.max_num_gen_batches": Map(
             "algorithm.filter_groups.max_num_gen_batches"

@@ -192,6 +192,11 @@ def test_keys_noted_with_the_reason_they_change_nothing(key, words):
         ),
         ("rollout.total_rollout_steps=16", "rollout.total_rollout_steps", "fewer than one step's"),
         ("rollout.n_gpus_per_node=0", "rollout.n_gpus_per_node", "positive integer"),
+        (
+            "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.enable",
+            "does not read algorithm.filter_groups",
+        ),
     ],
 )
 def test_what_verl_asserts_or_temper_lacks_is_refused(override, key, words):
