@@ -42,6 +42,7 @@ def _builtin(module: str) -> Callable[[], Pipeline]:
 
 PIPELINES.add_lazy("rlvr", _builtin("temper.pipelines.rlvr"))
 PIPELINES.add_lazy("agentic", _builtin("temper.pipelines.agentic"))
+PIPELINES.add_lazy("agentic_rollout", _builtin("temper.pipelines.episodes"))
 PIPELINES.add_lazy("sft", _builtin("temper.pipelines.sft"))
 PIPELINES.add_lazy("dpo", _builtin("temper.pipelines.dpo"))
 PIPELINES.add_lazy("spin", _builtin("temper.pipelines.spin"))

@@ -407,3 +407,40 @@ def test_roll_gigpo_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     after = AutoModelForCausalLM.from_pretrained(out / "final" / "actor")
     moved = [n for n, p in after.named_parameters() if not torch.equal(p, before[n])]
     assert moved, "no parameter changed"
+
+
+@pytest.mark.slow
+def test_roll_agentic_rollout_file_plays_episodes(tmp_path, tiny_model_dir, capsys):
+    """ROLL's agentic rollout pipeline (no actor_train): ``temper generate`` plays the
+    file's Sokoban env groups for max_steps, logs ROLL's val/score metrics and dumps every
+    episode; ``temper train`` names the command that runs it."""
+    config = (
+        UPSTREAM / "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_rollout_sokoban.yaml"
+    )
+    out = tmp_path / "roll-rollout"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_infer"]),
+        "max_actions_per_traj=2",  # length
+        "max_tokens_per_step=8",
+        "actor_infer.generating_args.max_new_tokens=8",
+        "sequence_length=1024",  # the tiny model's context
+        "rollout_batch_size=4",  # 2 groups of 2 episodes (the file's: 64 episodes)
+        "train_env_manager.num_env_groups=2",
+        "train_env_manager.group_size=2",
+        "train_env_manager.num_groups_partition=[2]",
+        f"rollout_dump_dir={out / 'dumps'}",
+    ]
+    loaded = load_config(config, overrides)
+    assert loaded.config.pipeline == "agentic_rollout"
+    assert any("trains, validates and checkpoints nothing" in n for n in loaded.notes)
+    assert main(["train", str(config), *overrides]) != 0
+    assert "runs with temper generate" in capsys.readouterr().err
+    assert main(["generate", str(config), *overrides]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["val/score/min"] - 1e-9 <= r["val/score/mean"] <= r["val/score/max"] + 1e-9
+        assert "val/SimpleSokoban/score/mean" in r and 0 <= r["val/success_rate"] <= 1
+    for step in (1, 2):
+        dumped = (out / "dumps" / f"{step}.jsonl").read_text().splitlines()
+        assert len(dumped) == 4

@@ -8,7 +8,8 @@ pipeline), on-policy distillation (RL with teachers: ROLL's OPD files) and verl'
 generation and evaluation entry points (``generate``, ``eval``), which the dialects
 translate, verl's SPPO recipe (an RLVR run with the ``sppo`` estimator and loss:
 :mod:`verl_sppo`) and its SPIN recipe (``spin``: online DPO, :mod:`verl_spin`). verl and
-ROLL ship other trainers too — ROLL's rollout-only runs, verl's PRIME recipe. Their configs reuse many RL keys, so a
+ROLL ship other trainers too — ROLL's RLVR rollout-only runs (its agentic ones are temper's
+``agentic_rollout`` pipeline, :mod:`temper.pipelines.episodes`), verl's PRIME recipe. Their configs reuse many RL keys, so a
 key-by-key translation would fail on some key deep inside with "unknown key, did you mean
 …", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
@@ -25,7 +26,7 @@ from temper.config.errors import ConfigError
 
 RUNS = (
     "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, spin (online DPO), distill and "
-    "reward_model pipelines, and generate and eval"
+    "reward_model pipelines, and generate, agentic_rollout (episodes, no training) and eval"
 )
 
 
@@ -70,8 +71,9 @@ def _has(data: dict[str, Any], path: str) -> bool:
 
 def _rollout_only(data: dict[str, Any]) -> str | None:
     """ROLL's rollout pipelines generate (and dump) without training: no actor_train (a
-    ``rollout_mock`` dump file trains, and is an RL file: :mod:`roll_mock`)."""
-    if "actor_infer" in data and "actor_train" not in data:
+    ``rollout_mock`` dump file trains, and is an RL file: :mod:`roll_mock`). The agentic one
+    (env managers) is temper's ``agentic_rollout`` pipeline; the RLVR one is not."""
+    if "actor_infer" in data and "actor_train" not in data and "train_env_manager" not in data:
         return "actor_infer"
     return None
 
@@ -84,7 +86,13 @@ def _diffusion(data: dict[str, Any]) -> str | None:
 
 ROLL_SHAPES = (
     Shape("ROLL Reward-FL pipeline", "a diffusion model by reward feedback learning", _diffusion),
-    Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
+    Shape(
+        "ROLL RLVR rollout pipeline",
+        "generation (and dumps of it) without training",
+        _rollout_only,
+        "temper generate writes the responses of prompt files (a verl main_generation "
+        "config), and temper's agentic_rollout pipeline plays ROLL's agentic rollout files",
+    ),
 )
 VERL_SHAPES = (
     Shape(

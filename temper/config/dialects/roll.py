@@ -76,7 +76,10 @@ def _translate(
 ) -> Translation:
     """An RLVR or agentic file ``given`` (with ``distill``'s teachers: an OPD file
     rewritten by :func:`rewrite_opd`)."""
-    applied = {k: v for k, v in ROLL_DEFAULTS.items() if k not in given}
+    # ROLL's agentic rollout pipeline: the env managers and actor_infer, no actor_train
+    rollout_only = {"train_env_manager", "actor_infer"} <= set(given) and "actor_train" not in given
+    defaults = {"max_steps": ROLL_DEFAULTS["max_steps"]} if rollout_only else ROLL_DEFAULTS
+    applied = {k: v for k, v in defaults.items() if k not in given}
     if isinstance(given.get("validation"), dict) and "eval_steps" in given["validation"]:
         applied.pop("eval_steps", None)
     data = {**applied, **given}
@@ -89,7 +92,8 @@ def _translate(
             continue
         RL_TABLE.walk(ctx, value, (str(key),))
     agentic = "train_env_manager" in data
-    ctx.set("pipeline", "agentic" if agentic else "rlvr", "train_env_manager")
+    pipeline = "agentic_rollout" if rollout_only else "agentic" if agentic else "rlvr"
+    ctx.set("pipeline", pipeline, "actor_infer" if rollout_only else "train_env_manager")
     derive.model(ctx)
     derive.lengths(ctx, agentic)
     derive.algorithm(ctx)
@@ -106,6 +110,8 @@ def _translate(
     if agentic:
         derive.episodes(ctx)
     derive.definitions(ctx, raw, defs)
+    if rollout_only:
+        drop_training_keys(ctx)
     if distill is not None:
         ctx.set("distill.teachers", distill["teachers"], "teacher")
         kl = ctx.native_get("algorithm.kl_penalty")
@@ -120,6 +126,50 @@ def _translate(
             + ", ".join(f"{k}={v!r}" for k, v in applied.items())
         )
     return Translation(native=ctx.native, notes=ctx.notes, sources=dict(ctx.src), table=REVERSE)
+
+
+#: What ROLL's agentic rollout pipeline reads, as temper keys (prefixes).
+ROLLOUT_READS = (
+    "pipeline",
+    "model.",
+    "rollout.",
+    "agentic.",
+    *(f"experiment.{k}" for k in ("seed", "device", "max_steps", "output_dir", "trackers")),
+    *(f"experiment.{k}" for k in ("tracker_kwargs", "project_name", "experiment_name")),
+    *(f"experiment.{k}" for k in ("logging_steps", "rollout_data_dir")),
+)
+
+
+def drop_training_keys(ctx: Ctx) -> None:
+    """ROLL's agentic rollout pipeline (``AgenticRolloutPipeline``) builds actor_infer and
+    the train env manager only: what the file's other keys set (training, validation,
+    checkpoints, the devices of the roles) is read by nothing there; it is dropped here,
+    with a note."""
+    unread = {
+        dst: src
+        for dst, src in ctx.src.items()
+        if not dst.startswith(ROLLOUT_READS) or dst.startswith("agentic.val_env_manager")
+    }
+    for dst in unread:
+        *parents, leaf = dst.split(".")
+        node = ctx.native
+        for part in parents:
+            node = node.get(part, {})
+        node.pop(leaf, None)
+        del ctx.src[dst]
+    placed = sorted({src for dst, src in unread.items() if dst.startswith("resources.")})
+    dropped = sorted(set(unread.values()) - set(placed))
+    if placed:
+        ctx.notes.append(
+            f"{', '.join(placed)}: ROLL spreads actor_infer over these devices; temper's "
+            "agentic rollout plays every episode with one engine in this process (the same "
+            "episodes, at one engine's speed)"
+        )
+    if dropped:
+        ctx.notes.append(
+            f"{', '.join(dropped)}: accepted, no effect here: ROLL's agentic rollout "
+            "pipeline trains, validates and checkpoints nothing"
+        )
 
 
 def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:

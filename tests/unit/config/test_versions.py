@@ -213,10 +213,6 @@ def test_fix_hints_are_in_the_files_dialect():
     "path, start",
     [
         (
-            R2508 / "qwen2.5-0.5B-agentic/agentic_rollout_sokoban.yaml",
-            "actor_infer: this is a ROLL rollout pipeline",
-        ),
-        (
             V0625 / "recipe/prime/config/prime_trainer.yaml",
             "reward_model.prime_granularity: this is a verl PRIME recipe",
         ),
@@ -225,6 +221,17 @@ def test_fix_hints_are_in_the_files_dialect():
 def test_pipelines_without_a_loop_are_named(path, start):
     msg = refusal(path)
     assert msg.startswith(start) and "a pipeline temper has no loop for" in msg
+
+
+def test_roll_rollout_files_are_the_agentic_rollout_pipeline_or_named(tmp_path):
+    """ROLL's agentic rollout file plays episodes (pipeline agentic_rollout); an RLVR file
+    without actor_train is a rollout-only run temper has no loop for."""
+    loaded = load(R2508 / "qwen2.5-0.5B-agentic/agentic_rollout_sokoban.yaml")
+    assert loaded.config.pipeline == "agentic_rollout"
+    rlvr = tmp_path / "rlvr_rollout.yaml"
+    rlvr.write_text("pretrain: /m\nactor_infer:\n  generating_args: {max_new_tokens: 8}\n")
+    msg = refusal(rlvr)
+    assert msg.startswith("actor_infer: this is a ROLL RLVR rollout pipeline")
 
 
 def test_spin_recipe_is_the_spin_pipeline():

@@ -43,7 +43,7 @@ EXPECTED: dict[str, str] = {
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agent_val_frozen_lake_async.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agent_val_frozen_lake_async_amd.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agent_val_frozen_lake_gigpo.yaml": "passes",
-    "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_rollout_sokoban.yaml": "pipeline: rollout only",
+    "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_rollout_sokoban.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_sokoban_rollout_mock_dump.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_agent_runner.yaml": "agent runner",

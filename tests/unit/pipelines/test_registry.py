@@ -37,6 +37,7 @@ def test_builtin_records_declare_their_needs():
     assert PIPELINES.primary_names() == [
         "rlvr",
         "agentic",
+        "agentic_rollout",
         "sft",
         "dpo",
         "spin",
