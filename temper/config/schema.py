@@ -313,7 +313,9 @@ class MultiTurnConfig:
     tool_timeout_s: float = doc(10.0, "Seconds a tool may run.")
     use_inference_chat_template: bool = doc(False, "Use the inference-time chat template.")
     enable_tokenization_sanity_check: bool = doc(True, "Compare incremental vs full tokenization.")
-    format: str = doc("hermes", "Tool-call syntax (hermes: <tool_call>{json}</tool_call>).")
+    format: str = doc(
+        "hermes", "Tool-call syntax and result feedback: a temper.rollout.tool_formats name."
+    )
 
 
 @dataclass

@@ -6,7 +6,7 @@ module connects them: each env slot becomes an episode whose first user message 
 the tag's instruction + the first observation; each model answer is stepped in its
 env (``EnvManager.step`` parses the action and adds the format penalty) and the new
 observation becomes the next user message. Envs that offer tools (``tool_names()``)
-and ``rollout.multi_turn.tool_config_path`` tools run through the hermes tool loop
+and ``rollout.multi_turn.tool_config_path`` tools run through the tool loop (``multi_turn.format``)
 first: a turn with ``<tool_call>`` is answered by the tools, a turn without one is the
 env's action.
 """
@@ -140,11 +140,15 @@ class AgenticPlayer:
         self.tools_on = bool(schemas) and (mt.enable or bool(env_tools))
         check_multi_turn(mt, tools=self.tools_on)
         kwargs = dict(cfg.data.apply_chat_template_kwargs)
-        chat, self.tool_text = tool_chat(tokenizer, schemas if self.tools_on else [], kwargs)
+        chat, self.tool_text = tool_chat(
+            tokenizer, schemas if self.tools_on else [], kwargs, mt.format
+        )
         self.chat = chat
         self.settings = multi_turn_settings(cfg)
         self.runner = MultiTurnRunner(engine, chat, self.settings)
-        self.tool_loop = ToolLoop(registry_executor(tool_registry.execute_tool), tool_settings(cfg))
+        self.tool_loop = ToolLoop(
+            registry_executor(tool_registry.execute_tool), tool_settings(cfg), schemas
+        )
 
     def play(
         self,
@@ -347,5 +351,5 @@ def multi_turn_settings(cfg: TemperConfig) -> MultiTurnSettings:
 def tool_settings(cfg: TemperConfig) -> ToolSettings:
     mt = cfg.rollout.multi_turn
     return ToolSettings(
-        mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s
+        mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s, mt.format
     )

@@ -3,7 +3,7 @@ call tools.
 
 ``ToolCallingEngine`` wraps any engine. Each prompt's chat messages (``raw_prompt``,
 with ``data.system_prompt`` first when set) start a conversation: the model may call
-tools (hermes ``<tool_call>``, see :mod:`temper.rollout.tools`) and see their results
+tools (in ``multi_turn.format``'s syntax, see :mod:`temper.rollout.tool_formats`) and see their results
 until it answers without a call, or hits ``max_assistant_turns`` / ``max_user_turns`` /
 the response budget (``rollout.response_length`` tokens after the prompt, verl's rule).
 The response is the whole exchange after the prompt — model turns (mask 1) and tool
@@ -56,9 +56,9 @@ class ToolCallingEngine(RolloutEngine):
         self.shared = base.shared  # weight sync follows the wrapped engine
         self.eos_token_ids, self.pad_token_id = base.eos_token_ids, base.pad_token_id
         self.names = schema_names(schemas)
-        chat, self.tool_text = tool_chat(tokenizer, schemas, template_kwargs)
+        chat, self.tool_text = tool_chat(tokenizer, schemas, template_kwargs, tools.format)
         self.runner = MultiTurnRunner(base, chat, settings)
-        self.loop = ToolLoop(execute, tools)
+        self.loop = ToolLoop(execute, tools, schemas)
         self.metrics: dict[str, float] = {}
 
     def _messages(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
