@@ -208,7 +208,11 @@ class DataConfig:
     extra_info_columns: list[str] = doc(
         [], "Row columns added to extra_info (ROLL code rows: case_type, test_cases, …)."
     )
-    chat_template: str = doc("native", "native: tokenizer.apply_chat_template; raw: plain text.")
+    chat_template: str = doc(
+        "native",
+        "native: tokenizer.apply_chat_template; raw: plain text; a Jinja string: the "
+        "tokenizer's template for the whole run (prompts, multi-turn turns, SFT, validation).",
+    )
     apply_chat_template_kwargs: dict[str, Any] = doc(
         {}, "Extra arguments of apply_chat_template (e.g. enable_thinking: false)."
     )

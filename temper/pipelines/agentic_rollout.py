@@ -295,11 +295,11 @@ def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> 
     :class:`ToolCallingEngine` offering the ``tool_config_path`` tools (run by
     :func:`temper.envs.tools.execute_tool`). Lives here because it joins two layers."""
     check_multi_turn(cfg.rollout.multi_turn, tools=True)
-    if cfg.data.chat_template != "native":
+    if cfg.data.chat_template == "raw":  # a Jinja template is the tokenizer's (load_tokenizer)
         raise ConfigError(
             "data.chat_template",
-            "multi-turn tool calling renders each turn with the tokenizer's chat template",
-            "set data.chat_template=native",
+            "multi-turn tool calling renders each turn with a chat template, and raw has none",
+            "set data.chat_template=native (or a Jinja template)",
         )
     return ToolCallingEngine(
         base,

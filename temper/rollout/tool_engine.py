@@ -11,7 +11,8 @@ messages with their template scaffolding (mask 0) — so the reward function rea
 exchange and its final answer, and the loss trains only the model's tokens.
 
 The prompt is re-rendered from ``raw_prompt`` with the chat template (the runner needs
-the messages to render each turn's delta), so ``data.chat_template`` must be ``native``.
+the messages to render each turn's delta), so ``data.chat_template`` must be a template:
+``native``, or a Jinja one, which the run's tokenizer carries.
 Outputs follow :meth:`RolloutEngine.generate` (rows ``aabb`` by ``n``) plus
 ``attention_mask`` and the object column ``num_turns``.
 """

@@ -48,7 +48,7 @@ actor_rollout_ref.model.use_fused_kernels true -actor_rollout_ref.actor.use_fuse
 actor_rollout_ref.model.fused_kernel_options.impl_backend triton noted
 actor_rollout_ref.model.use_shm true noted
 actor_rollout_ref.model.hf_config_path /cfg !! config path
-actor_rollout_ref.model.custom_chat_template my_jinja_template !! chat template
+actor_rollout_ref.model.custom_chat_template '{{messages}}' -> data.chat_template
 actor_rollout_ref.model.exclude_modules [lm_head] !! excluding
 actor_rollout_ref.model.lora_adapter_path /a !! adapter
 actor_rollout_ref.model.tiled_mlp.enabled true !! tiled MLP
