@@ -310,6 +310,11 @@ class MultiTurnConfig:
     max_assistant_turns: int | None = doc(None, "Max model turns per episode.")
     max_user_turns: int | None = doc(None, "Max tool/user turns per episode.")
     tool_config_path: str | None = doc(None, "YAML with OpenAI function schemas of the tools.")
+    interaction_config_path: str | None = doc(
+        None,
+        "YAML of verl interactions (simulated users that answer each final answer, with a "
+        "score): a temper.rewards.interactions name or verl class path per entry.",
+    )
     max_tool_response_length: int = doc(256, "Tool outputs are cut to this many characters.")
     tool_response_truncate_side: Literal["left", "right", "middle"] = doc(
         "middle", "Long tool outputs: left keeps the start, right the end, middle both ends."

@@ -24,7 +24,9 @@ from temper.data.batch import Batch
 from temper.envs import EnvManager, EnvSlot, save_episode_render, tool_schemas
 from temper.envs import tools as tool_registry
 from temper.pipelines.trajectories import trajectory_batch
+from temper.rewards.interactions import load_interactions
 from temper.rollout import RolloutEngine, SamplingParams
+from temper.rollout.interaction_turns import InteractionTurns
 from temper.rollout.multiturn import (
     EpisodeSpec,
     Feedback,
@@ -310,7 +312,23 @@ def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> 
         tools=tool_settings(cfg),
         system_prompt=cfg.data.system_prompt,
         template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+        interactions=config_interactions(cfg),
     )
+
+
+def config_interactions(cfg: TemperConfig) -> InteractionTurns | None:
+    """The interactions of ``rollout.multi_turn.interaction_config_path`` (None without
+    it); a file that does not load is a ``ConfigError`` naming the key."""
+    path = cfg.rollout.multi_turn.interaction_config_path
+    if not path:
+        return None
+    try:
+        interactions = load_interactions(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            "rollout.multi_turn.interaction_config_path", str(e), "fix the file"
+        ) from e
+    return InteractionTurns(interactions, multi_turn_settings(cfg))
 
 
 def config_tool_schemas(cfg: TemperConfig) -> list[dict[str, Any]]:

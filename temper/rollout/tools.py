@@ -47,6 +47,12 @@ def check_multi_turn(mt: MultiTurnConfig, *, tools: bool | None = None) -> None:
     by the runner (each turn generated from the template's rendering of the
     conversation): nothing to check.
     """
+    if mt.interaction_config_path and not mt.enable:
+        raise ConfigError(
+            "rollout.multi_turn.interaction_config_path",
+            "interactions answer the model's turns inside the multi-turn rollout, which is off",
+            "set rollout.multi_turn.enable=true, or remove interaction_config_path",
+        )
     if tools is None:
         tools = mt.enable or bool(mt.tool_config_path)
     if tools and mt.format not in TOOL_CALL_FORMATS:

@@ -239,7 +239,7 @@ actor_rollout_ref.rollout.multi_turn.max_user_turns 3 -> rollout.multi_turn.max_
 actor_rollout_ref.rollout.multi_turn.max_parallel_calls 2 !! parallel tool calls
 actor_rollout_ref.rollout.multi_turn.max_tool_response_length 512 -> rollout.multi_turn.max_tool_response_length
 actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side left -> rollout.multi_turn.tool_response_truncate_side
-actor_rollout_ref.rollout.multi_turn.interaction_config_path x.yaml !! interaction
+actor_rollout_ref.rollout.multi_turn.interaction_config_path x.yaml +actor_rollout_ref.rollout.multi_turn.enable=true -> rollout.multi_turn.interaction_config_path
 actor_rollout_ref.rollout.multi_turn.use_inference_chat_template true -> rollout.multi_turn.use_inference_chat_template
 actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode disable -> rollout.multi_turn.enable_tokenization_sanity_check = false
 actor_rollout_ref.rollout.multi_turn.enable_tokenization_sanity_check false -actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode -> rollout.multi_turn.enable_tokenization_sanity_check

@@ -197,3 +197,6 @@ def test_multi_turn_format_must_be_one_the_parser_reads():
     assert "'gpt-oss'" in err.value.reason and "hermes" in err.value.fix
     with pytest.raises(ConfigError, match="did you mean 'hermes'"):
         check_multi_turn(MultiTurnConfig(format="hermess"), tools=True)
+    with pytest.raises(ConfigError, match="multi-turn rollout, which is off") as err:
+        check_multi_turn(MultiTurnConfig(interaction_config_path="i.yaml"))
+    assert err.value.key == "rollout.multi_turn.interaction_config_path"
