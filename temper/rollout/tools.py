@@ -145,7 +145,6 @@ class ToolLoop:
         """``schemas``: the offered tools' function schemas (formats whose values are
         untyped text, such as qwen3_coder, convert arguments by them)."""
         self.execute, self.settings, self.schemas = execute, settings, list(schemas)
-        self.format = TOOL_CALL_FORMATS.get(settings.format)
         self.calls = self.errors = self.timeouts = 0
 
     def reset_counters(self) -> None:
@@ -154,7 +153,10 @@ class ToolLoop:
 
     def feedback(self, text: str, allowed: Sequence[str]) -> Feedback | None:
         """Tool messages for ``text``'s calls; None when it has no call (final answer)."""
-        calls = self.format.parse(text, self.schemas)
+        # looked up here, not at construction: a loop built while tools are off never
+        # reads its format (check_multi_turn refuses unknown ones where tools are on)
+        fmt = TOOL_CALL_FORMATS.get(self.settings.format)
+        calls = fmt.parse(text, self.schemas)
         if not calls:
             return None
         results, errors = [], 0
@@ -167,7 +169,7 @@ class ToolLoop:
                 self.settings.tool_response_truncate_side,
             )
             results.append((call.name, content))
-        messages = self.format.results(results)
+        messages = fmt.results(results)
         self.calls += len(calls)
         self.errors += errors
         return Feedback(messages, info={"tool_calls": len(calls), "tool_errors": errors})
