@@ -208,7 +208,11 @@ class DataConfig:
     extra_info_columns: list[str] = doc(
         [], "Row columns added to extra_info (ROLL code rows: case_type, test_cases, …)."
     )
-    chat_template: str = doc("native", "native: tokenizer.apply_chat_template; raw: plain text.")
+    chat_template: str = doc(
+        "native",
+        "native: tokenizer.apply_chat_template; raw: plain text; a Jinja string: the "
+        "tokenizer's template for the whole run (prompts, multi-turn turns, SFT, validation).",
+    )
     apply_chat_template_kwargs: dict[str, Any] = doc(
         {}, "Extra arguments of apply_chat_template (e.g. enable_thinking: false)."
     )
@@ -306,6 +310,11 @@ class MultiTurnConfig:
     max_assistant_turns: int | None = doc(None, "Max model turns per episode.")
     max_user_turns: int | None = doc(None, "Max tool/user turns per episode.")
     tool_config_path: str | None = doc(None, "YAML with OpenAI function schemas of the tools.")
+    interaction_config_path: str | None = doc(
+        None,
+        "YAML of verl interactions (simulated users that answer each final answer, with a "
+        "score): a temper.rewards.interactions name or verl class path per entry.",
+    )
     max_tool_response_length: int = doc(256, "Tool outputs are cut to this many characters.")
     tool_response_truncate_side: Literal["left", "right", "middle"] = doc(
         "middle", "Long tool outputs: left keeps the start, right the end, middle both ends."
@@ -313,7 +322,9 @@ class MultiTurnConfig:
     tool_timeout_s: float = doc(10.0, "Seconds a tool may run.")
     use_inference_chat_template: bool = doc(False, "Use the inference-time chat template.")
     enable_tokenization_sanity_check: bool = doc(True, "Compare incremental vs full tokenization.")
-    format: str = doc("hermes", "Tool-call syntax (hermes: <tool_call>{json}</tool_call>).")
+    format: str = doc(
+        "hermes", "Tool-call syntax and result feedback: a temper.rollout.tool_formats name."
+    )
 
 
 @dataclass

@@ -156,6 +156,13 @@ def check(cfg: TemperConfig) -> None:
     are in :mod:`temper.pipelines.checks`)."""
     _check_env_managers(cfg.agentic)
     ENV_MANAGERS.get(cfg.agentic.env_manager).check(cfg)
+    if cfg.rollout.multi_turn.interaction_config_path:
+        raise ConfigError(
+            "rollout.multi_turn.interaction_config_path",
+            "in the agentic pipeline the environments answer the model's turns; verl "
+            "interactions answer dataset prompts (the rlvr pipeline)",
+            "remove it, or run the dataset with pipeline: rlvr and rollout.multi_turn.enable",
+        )
     if cfg.async_training.partial_rollout_segment:
         raise ConfigError(
             "async_training.partial_rollout_segment",

@@ -6,7 +6,7 @@ module connects them: each env slot becomes an episode whose first user message 
 the tag's instruction + the first observation; each model answer is stepped in its
 env (``EnvManager.step`` parses the action and adds the format penalty) and the new
 observation becomes the next user message. Envs that offer tools (``tool_names()``)
-and ``rollout.multi_turn.tool_config_path`` tools run through the hermes tool loop
+and ``rollout.multi_turn.tool_config_path`` tools run through the tool loop (``multi_turn.format``)
 first: a turn with ``<tool_call>`` is answered by the tools, a turn without one is the
 env's action.
 """
@@ -24,7 +24,9 @@ from temper.data.batch import Batch
 from temper.envs import EnvManager, EnvSlot, save_episode_render, tool_schemas
 from temper.envs import tools as tool_registry
 from temper.pipelines.trajectories import trajectory_batch
+from temper.rewards.interactions import load_interactions
 from temper.rollout import RolloutEngine, SamplingParams
+from temper.rollout.interaction_turns import InteractionTurns
 from temper.rollout.multiturn import (
     EpisodeSpec,
     Feedback,
@@ -140,11 +142,15 @@ class AgenticPlayer:
         self.tools_on = bool(schemas) and (mt.enable or bool(env_tools))
         check_multi_turn(mt, tools=self.tools_on)
         kwargs = dict(cfg.data.apply_chat_template_kwargs)
-        chat, self.tool_text = tool_chat(tokenizer, schemas if self.tools_on else [], kwargs)
+        chat, self.tool_text = tool_chat(
+            tokenizer, schemas if self.tools_on else [], kwargs, mt.format
+        )
         self.chat = chat
         self.settings = multi_turn_settings(cfg)
         self.runner = MultiTurnRunner(engine, chat, self.settings)
-        self.tool_loop = ToolLoop(registry_executor(tool_registry.execute_tool), tool_settings(cfg))
+        self.tool_loop = ToolLoop(
+            registry_executor(tool_registry.execute_tool), tool_settings(cfg), schemas
+        )
 
     def play(
         self,
@@ -291,11 +297,11 @@ def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> 
     :class:`ToolCallingEngine` offering the ``tool_config_path`` tools (run by
     :func:`temper.envs.tools.execute_tool`). Lives here because it joins two layers."""
     check_multi_turn(cfg.rollout.multi_turn, tools=True)
-    if cfg.data.chat_template != "native":
+    if cfg.data.chat_template == "raw":  # a Jinja template is the tokenizer's (load_tokenizer)
         raise ConfigError(
             "data.chat_template",
-            "multi-turn tool calling renders each turn with the tokenizer's chat template",
-            "set data.chat_template=native",
+            "multi-turn tool calling renders each turn with a chat template, and raw has none",
+            "set data.chat_template=native (or a Jinja template)",
         )
     return ToolCallingEngine(
         base,
@@ -306,7 +312,23 @@ def rlvr_tool_engine(base: RolloutEngine, cfg: TemperConfig, tokenizer: Any) -> 
         tools=tool_settings(cfg),
         system_prompt=cfg.data.system_prompt,
         template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+        interactions=config_interactions(cfg),
     )
+
+
+def config_interactions(cfg: TemperConfig) -> InteractionTurns | None:
+    """The interactions of ``rollout.multi_turn.interaction_config_path`` (None without
+    it); a file that does not load is a ``ConfigError`` naming the key."""
+    path = cfg.rollout.multi_turn.interaction_config_path
+    if not path:
+        return None
+    try:
+        interactions = load_interactions(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            "rollout.multi_turn.interaction_config_path", str(e), "fix the file"
+        ) from e
+    return InteractionTurns(interactions, multi_turn_settings(cfg))
 
 
 def config_tool_schemas(cfg: TemperConfig) -> list[dict[str, Any]]:
@@ -347,5 +369,5 @@ def multi_turn_settings(cfg: TemperConfig) -> MultiTurnSettings:
 def tool_settings(cfg: TemperConfig) -> ToolSettings:
     mt = cfg.rollout.multi_turn
     return ToolSettings(
-        mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s
+        mt.max_tool_response_length, mt.tool_response_truncate_side, mt.tool_timeout_s, mt.format
     )

@@ -768,8 +768,21 @@ def writable(path: Path, key: str) -> None:
 
 
 def check_tools(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
-    """The multi-turn tool config loads and names registered tools."""
+    """The multi-turn tool config loads and names registered tools; the interaction
+    config loads and names interactions temper has."""
     mt = cfg.rollout.multi_turn
+    if mt.interaction_config_path:
+        from temper.rewards.interactions import load_interactions
+
+        try:
+            load_interactions(mt.interaction_config_path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(
+                "rollout.multi_turn.interaction_config_path",
+                str(e),
+                "point it at an interaction YAML whose classes temper has (see "
+                "temper.rewards.interactions.INTERACTIONS)",
+            ) from e
     if mt.tool_config_path:
         from temper.envs import tools as tool_registry
         from temper.rollout.tools import load_tool_schemas, schema_names

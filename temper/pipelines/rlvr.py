@@ -38,6 +38,7 @@ from temper.rewards.manager import RewardScorer
 from temper.rollout import RolloutEngine
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.rollout.partial import Segments, generate_in_segments
+from temper.rollout.tool_engine import ToolCallingEngine
 
 
 class RLVRProducer:
@@ -121,6 +122,8 @@ class RLVRProducer:
                 )
         with timer("reward"):
             batch, metrics = self._score(batch)
+            if isinstance(self.engine, ToolCallingEngine):  # tool and interaction metrics
+                metrics.update(self.engine.metrics)
             if self.component_keys:
                 batch["reward_components"] = reward_components(batch, self.component_keys)
             if self.greedy_baseline:

@@ -18,6 +18,7 @@ import torch
 
 from temper.cluster.rollout import StoredWeights
 from temper.config.schema import TemperConfig
+from temper.data.prompts import is_jinja
 from temper.pipelines.checkpointing import Checkpointer, Progress, final_problem, write_final
 from temper.pipelines.producer import Producer
 from temper.pipelines.run_lock import RunLock
@@ -43,10 +44,15 @@ def seed_everything(seed: int) -> None:
 
 
 def load_tokenizer(cfg: TemperConfig) -> Any:
+    """The run's tokenizer; a Jinja ``data.chat_template`` replaces its chat template."""
     from transformers import AutoTokenizer
 
     path = resolve_model_path(cfg.model.tokenizer_path or cfg.model.path)
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    if is_jinja(cfg.data.chat_template):
+        # the run's one template: prompts, multi-turn continuations, SFT and validation
+        # all render through this tokenizer (verl's custom_chat_template)
+        tok.chat_template = cfg.data.chat_template
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

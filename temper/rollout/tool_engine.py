@@ -3,7 +3,7 @@ call tools.
 
 ``ToolCallingEngine`` wraps any engine. Each prompt's chat messages (``raw_prompt``,
 with ``data.system_prompt`` first when set) start a conversation: the model may call
-tools (hermes ``<tool_call>``, see :mod:`temper.rollout.tools`) and see their results
+tools (in ``multi_turn.format``'s syntax, see :mod:`temper.rollout.tool_formats`) and see their results
 until it answers without a call, or hits ``max_assistant_turns`` / ``max_user_turns`` /
 the response budget (``rollout.response_length`` tokens after the prompt, verl's rule).
 The response is the whole exchange after the prompt — model turns (mask 1) and tool
@@ -11,9 +11,14 @@ messages with their template scaffolding (mask 0) — so the reward function rea
 exchange and its final answer, and the loss trains only the model's tokens.
 
 The prompt is re-rendered from ``raw_prompt`` with the chat template (the runner needs
-the messages to render each turn's delta), so ``data.chat_template`` must be ``native``.
+the messages to render each turn's delta), so ``data.chat_template`` must be a template:
+``native``, or a Jinja one, which the run's tokenizer carries.
+With verl interactions (:mod:`temper.rollout.interaction_turns`), a final answer is
+answered by the episode's simulated user instead of ending the episode.
+
 Outputs follow :meth:`RolloutEngine.generate` (rows ``aabb`` by ``n``) plus
-``attention_mask`` and the object column ``num_turns``.
+``attention_mask`` and the object column ``num_turns`` (with interactions also
+``turn_scores``, copied into each row's ``extra_info``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from temper.data.batch import Batch
 from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.interaction_turns import InteractionTurns, interaction_kwargs
 from temper.rollout.multiturn import (
     EpisodeSpec,
     MultiTurnRunner,
@@ -49,16 +55,19 @@ class ToolCallingEngine(RolloutEngine):
         tools: ToolSettings,
         system_prompt: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        interactions: InteractionTurns | None = None,
     ) -> None:
         """``settings.max_tokens_per_turn`` doubles as the response budget (verl's
-        ``response_length`` counts the whole exchange); ``schemas`` are the offered tools."""
+        ``response_length`` counts the whole exchange); ``schemas`` are the offered tools;
+        ``interactions`` (verl's ``interaction_config_path``) answer final answers."""
         self.base, self.system_prompt = base, system_prompt
         self.shared = base.shared  # weight sync follows the wrapped engine
         self.eos_token_ids, self.pad_token_id = base.eos_token_ids, base.pad_token_id
         self.names = schema_names(schemas)
-        chat, self.tool_text = tool_chat(tokenizer, schemas, template_kwargs)
+        chat, self.tool_text = tool_chat(tokenizer, schemas, template_kwargs, tools.format)
         self.runner = MultiTurnRunner(base, chat, settings)
-        self.loop = ToolLoop(execute, tools)
+        self.loop = ToolLoop(execute, tools, schemas)
+        self.interactions = interactions
         self.metrics: dict[str, float] = {}
 
     def _messages(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -81,7 +90,14 @@ class ToolCallingEngine(RolloutEngine):
             prompt_len = len(self.runner.chat.prompt(messages)[0])
             specs.append(EpisodeSpec(messages, max_len=prompt_len + budget))
         self.loop.reset_counters()  # metrics of this call only
-        respond = self.loop.responder(None, lambda i: self.names)
+        turns = self.interactions
+        respond = self.loop.responder(turns.answer if turns else None, lambda i: self.names)
+        if turns is not None:
+            extra = rows["extra_info"] if "extra_info" in rows else [None] * len(specs)
+            truth = rows["ground_truth"] if "ground_truth" in rows else [None] * len(specs)
+            kwargs = [interaction_kwargs(e, g, turns.names) for e, g in zip(extra, truth)]
+            turns.begin([spec.messages for spec in specs], kwargs)
+            respond = turns.wrap(respond)
         trajs = self.runner.run(specs, respond, dataclasses.replace(params, n=1))
         tensors = trajectory_tensors(trajs, self.runner.pad_token_id)
         if not params.logprobs:
@@ -90,6 +106,14 @@ class ToolCallingEngine(RolloutEngine):
         out["truncated"] = [t.stop_reason == "context" for t in trajs]  # out of budget
         out["num_turns"] = [t.num_turns for t in trajs]
         self.metrics = {**self.runner.metrics, **self.loop.metrics()}
+        if turns is not None:
+            self.metrics.update(turns.end())
+            # verl's turn_scores: the interaction's score of each of its turns, which
+            # reward functions read in extra_info
+            out["turn_scores"] = [list(s) for s in turns.scores]
+            out["extra_info"] = [
+                {**(e or {}), "turn_scores": list(s)} for e, s in zip(extra, turns.scores)
+            ]
         return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -1,8 +1,10 @@
-"""Tool calling inside a multi-turn rollout (verl ``rollout.multi_turn``), hermes syntax.
+"""Tool calling inside a multi-turn rollout (verl ``rollout.multi_turn``).
 
-The model calls tools by writing ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``
-(one or more per turn). Each call is executed and its result goes back as a ``tool``
-message; the model then continues. A turn without any ``<tool_call>`` is the model's
+The model calls tools in the syntax of ``rollout.multi_turn.format`` (hermes by default:
+``<tool_call>{"name": …, "arguments": {…}}</tool_call>``, one or more per turn; the
+formats are :data:`temper.rollout.tool_formats.TOOL_CALL_FORMATS`). Each call is executed
+and the results go back as the format says (``tool`` messages, or one ``user`` message);
+the model then continues. A turn without any ``<tool_call>`` is the model's
 final answer, handed to the inner responder (an environment, or nothing).
 
 Nothing a model writes may crash the loop: malformed JSON, a missing name, an unclosed
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -30,85 +31,49 @@ from temper.config.errors import ConfigError, did_you_mean
 from temper.config.schema import MultiTurnConfig
 from temper.rollout.chat import ChatTokenizer
 from temper.rollout.multiturn import Feedback, Responder
+from temper.rollout.tool_formats import TOOL_CALL_FORMATS, ToolCall
 
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 Executor = Callable[[str, dict[str, Any], float], tuple[bool, str]]
-# verl ``multi_turn.format`` values this module parses. Hermes is also the syntax of the
-# Qwen2.5/Qwen3, SmolLM3 and Hermes chat templates; verl's other parser (gpt-oss's
-# harmony channels) is not implemented.
-TOOL_CALL_FORMATS = ("hermes",)
 
 
 def check_multi_turn(mt: MultiTurnConfig, *, tools: bool | None = None) -> None:
     """Config-time check of ``rollout.multi_turn`` (no model needed): every value is one
     the rollout honours, or a ConfigError names the key, the reason and the fix.
 
-    ``format`` must be a tool-call syntax :func:`parse_tool_calls` reads (running
-    another format's model through the hermes parser would silently find no calls);
-    checked when tools are in use — ``tools``, by default ``enable`` or a
-    ``tool_config_path`` (the agentic pipeline also passes True for envs that offer
-    tools). ``use_inference_chat_template`` is honoured by the runner (each turn
-    generated from the template's rendering of the conversation): nothing to check.
+    ``format`` must name a registered tool-call format (running a model through another
+    syntax's parser would silently find no calls); checked when tools are in use —
+    ``tools``, by default ``enable`` or a ``tool_config_path`` (the agentic pipeline also
+    passes True for envs that offer tools). ``use_inference_chat_template`` is honoured
+    by the runner (each turn generated from the template's rendering of the
+    conversation): nothing to check.
     """
+    if mt.interaction_config_path and not mt.enable:
+        raise ConfigError(
+            "rollout.multi_turn.interaction_config_path",
+            "interactions answer the model's turns inside the multi-turn rollout, which is off",
+            "set rollout.multi_turn.enable=true, or remove interaction_config_path",
+        )
     if tools is None:
         tools = mt.enable or bool(mt.tool_config_path)
     if tools and mt.format not in TOOL_CALL_FORMATS:
+        names = TOOL_CALL_FORMATS.primary_names()
         raise ConfigError(
             "rollout.multi_turn.format",
-            f"tool-call format '{mt.format}'{did_you_mean(str(mt.format), TOOL_CALL_FORMATS)} "
-            "is not supported: temper parses hermes calls "
-            '(<tool_call>{"name": …, "arguments": {…}}</tool_call>, as Qwen2.5/Qwen3 and '
-            "Hermes chat templates write them), so a model writing another syntax would "
-            "never have a call executed",
-            "set rollout.multi_turn.format=hermes, with a model whose chat template "
-            "writes hermes calls",
+            f"tool-call format '{mt.format}'{did_you_mean(str(mt.format), names)} "
+            f"is not supported: temper parses {', '.join(names)} calls (verl's gpt-oss, "
+            "glm, seed, minimax, kimi, deepseek_v4 and gemma4 parsers are not built), so a "
+            "model writing another syntax would never have a call executed",
+            f"set rollout.multi_turn.format to one of {', '.join(names)}, with a model whose "
+            "chat template writes that syntax",
         )
 
 
-@dataclasses.dataclass
-class ToolCall:
-    """One parsed call; ``error`` set when it could not be parsed (then never executed)."""
-
-    name: str | None
-    arguments: dict[str, Any]
-    error: str | None = None
-
-
-def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Hermes tool calls in ``text``, in order; [] when there is none (a final answer).
-
-    ``arguments`` may be an object or a JSON string holding one (both appear in the
-    wild). An opening ``<tool_call>`` without its closing tag counts as one malformed
-    call, so a half-written call is answered with an error instead of being taken for
-    a final answer.
-    """
-    matches = list(TOOL_CALL.finditer(text))
-    calls = [_parse_one(m.group(1)) for m in matches]
-    tail = text[matches[-1].end() :] if matches else text
-    if "<tool_call>" in tail:
-        calls.append(ToolCall(None, {}, "unclosed <tool_call> (expected </tool_call>)"))
-    return calls
-
-
-def _parse_one(body: str) -> ToolCall:
-    try:
-        obj = json.loads(body.strip())
-    except json.JSONDecodeError as e:
-        return ToolCall(None, {}, f"tool call is not valid JSON: {e.msg} at char {e.pos}")
-    if not isinstance(obj, dict):
-        return ToolCall(None, {}, "tool call must be a JSON object with 'name' and 'arguments'")
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return ToolCall(None, {}, "tool call has no 'name'")
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            return ToolCall(name, {}, f"'arguments' of {name} is not valid JSON: {e.msg}")
-    if not isinstance(args, dict):
-        return ToolCall(name, {}, f"'arguments' of {name} must be a JSON object")
-    return ToolCall(name, args)
+def parse_tool_calls(
+    text: str, fmt: str = "hermes", schemas: Sequence[dict[str, Any]] = ()
+) -> list[ToolCall]:
+    """The calls in ``text`` in format ``fmt`` (see :mod:`temper.rollout.tool_formats`);
+    [] when there is none (a final answer)."""
+    return TOOL_CALL_FORMATS.get(fmt).parse(text, schemas)
 
 
 def truncate_text(text: str, limit: int, side: Literal["left", "right", "middle"]) -> str:
@@ -160,6 +125,7 @@ class ToolSettings:
     max_tool_response_length: int = 256
     tool_response_truncate_side: Literal["left", "right", "middle"] = "middle"
     tool_timeout_s: float = 10.0
+    format: str = "hermes"  # a TOOL_CALL_FORMATS name
 
 
 class ToolLoop:
@@ -170,8 +136,15 @@ class ToolLoop:
     :meth:`metrics` are per-step values, not running totals.
     """
 
-    def __init__(self, execute: Executor, settings: ToolSettings) -> None:
-        self.execute, self.settings = execute, settings
+    def __init__(
+        self,
+        execute: Executor,
+        settings: ToolSettings,
+        schemas: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        """``schemas``: the offered tools' function schemas (formats whose values are
+        untyped text, such as qwen3_coder, convert arguments by them)."""
+        self.execute, self.settings, self.schemas = execute, settings, list(schemas)
         self.calls = self.errors = self.timeouts = 0
 
     def reset_counters(self) -> None:
@@ -180,10 +153,13 @@ class ToolLoop:
 
     def feedback(self, text: str, allowed: Sequence[str]) -> Feedback | None:
         """Tool messages for ``text``'s calls; None when it has no call (final answer)."""
-        calls = parse_tool_calls(text)
+        # looked up here, not at construction: a loop built while tools are off never
+        # reads its format (check_multi_turn refuses unknown ones where tools are on)
+        fmt = TOOL_CALL_FORMATS.get(self.settings.format)
+        calls = fmt.parse(text, self.schemas)
         if not calls:
             return None
-        messages, errors = [], 0
+        results, errors = [], 0
         for call in calls:
             ok, content = self._run(call, allowed)
             errors += int(not ok)
@@ -192,10 +168,8 @@ class ToolLoop:
                 self.settings.max_tool_response_length,
                 self.settings.tool_response_truncate_side,
             )
-            message = {"role": "tool", "content": content}
-            if call.name:
-                message["name"] = call.name
-            messages.append(message)
+            results.append((call.name, content))
+        messages = fmt.results(results)
         self.calls += len(calls)
         self.errors += errors
         return Feedback(messages, info={"tool_calls": len(calls), "tool_errors": errors})
@@ -260,19 +234,22 @@ def registry_executor(execute_tool: Callable[..., Any]) -> Executor:
     return execute
 
 
-def tool_prompt(schemas: Sequence[dict[str, Any]]) -> str:
-    """Hermes tool instructions, for chat templates that ignore ``tools=``."""
+def tool_prompt(schemas: Sequence[dict[str, Any]], fmt: str = "hermes") -> str:
+    """Tool instructions in format ``fmt``, for chat templates that ignore ``tools=``."""
     lines = "\n".join(json.dumps(s, separators=(",", ":")) for s in schemas)
     return (
         "You may call tools. Available tools:\n<tools>\n"
         f"{lines}\n</tools>\n"
-        'To call one, write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> '
+        f"To call one, write {TOOL_CALL_FORMATS.get(fmt).call_example} "
         "and wait for its result; when you are done, give your answer without a tool call."
     )
 
 
 def tool_chat(
-    tokenizer: Any, schemas: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None
+    tokenizer: Any,
+    schemas: Sequence[dict[str, Any]],
+    template_kwargs: dict[str, Any] | None,
+    fmt: str = "hermes",
 ) -> tuple[ChatTokenizer, str]:
     """The chat tokenizer for a tool conversation, and the text to prepend to the first
     user message: templates that render ``tools=`` describe the tools themselves (text
@@ -284,4 +261,4 @@ def tool_chat(
     with_tools = ChatTokenizer(tokenizer, tools=schemas, template_kwargs=template_kwargs)
     if with_tools.render(probe, True) != plain.render(probe, True):
         return with_tools, ""
-    return plain, tool_prompt(schemas)
+    return plain, tool_prompt(schemas, fmt)

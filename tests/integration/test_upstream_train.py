@@ -3,7 +3,8 @@
 One verl GRPO command line, one verl PPO command line with a critic, two verl 0.9 command
 lines (GRPO on `model_engine: dp` and on `model_engine: megatron`), two asynchronous verl
 runs (the GRPO line as ``trainer_mode=separate_async``, and a one-step-off recipe
-script), one ROLL RLVR file (PPO with a critic), one ROLL agentic file, ROLL's GiGPO
+script), two verl multi-turn configs (Search-R1's ``format: qwen``, geo3k's
+``custom_chat_template``), one ROLL RLVR file (PPO with a critic), one ROLL agentic file, ROLL's GiGPO
 Sokoban file (step-wise env manager), and ROLL's asynchronous RLVR and agentic files
 (one-step-off), each with only these overrides:
 
@@ -444,3 +445,40 @@ def test_roll_agentic_rollout_file_plays_episodes(tmp_path, tiny_model_dir, caps
     for step in (1, 2):
         dumped = (out / "dumps" / f"{step}.jsonl").read_text().splitlines()
         assert len(dumped) == 4
+
+
+def _verl_multi_turn(rel: str, tiny: Path, out: Path, *extra: str) -> list[dict]:
+    """A verl sglang_multiturn example config (256 prompts a step, one mini-batch) with
+    the common overrides; its rollout names SGLang, which is not installed here:
+    ``_verl``'s ``rollout.name=hf`` runs it."""
+    return _train(UPSTREAM / rel, [*_verl(tiny, out), *extra], out)
+
+
+@pytest.mark.slow
+def test_verl_search_multiturn_config_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl's Search-R1-like multi-turn config (2026-01): ``multi_turn.format: qwen`` (tool
+    results merged into one user turn), at most 2 assistant turns; no tools are named."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "verl-search"
+    rel = "verl-2026-01-b178a3c/examples/sglang_multiturn/config/search_multiturn_grpo.yaml"
+    train = _verl_multi_turn(rel, tiny_model_dir, out)
+    assert all("tools/calls" in r for r in train)
+
+
+@pytest.mark.slow
+def test_verl_geo3k_multiturn_config_trains_with_its_chat_template(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """verl's geo3k multi-turn config (2026-01) with its ``custom_chat_template`` (Qwen2.5-VL's
+    tool template, which renders text turns as ChatML with a default system message)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "verl-geo3k"
+    rel = "verl-2026-01-b178a3c/examples/sglang_multiturn/config/geo3k_multiturn_grpo.yaml"
+    length = "data.max_prompt_length=160"  # the template adds a default system message
+    dump = f"trainer.rollout_data_dir={out / 'rollouts'}"
+    cfg = load_config(UPSTREAM / rel, [*_verl(tiny_model_dir, out), length]).config
+    assert cfg.data.chat_template.startswith("{% set image_count")
+    _verl_multi_turn(rel, tiny_model_dir, out, length, dump)
+    row = json.loads((out / "rollouts" / "1.jsonl").read_text().splitlines()[0])
+    # the tiny model's own template writes no system message; the file's template does
+    assert row["prompt"].startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")

@@ -256,10 +256,10 @@ def _section_model() -> dict[str, Rule]:
                 "set use_shm: false",
             ),
             f"{MOD}.trust_remote_code": Map("model.trust_remote_code"),
-            f"{MOD}.custom_chat_template": _off(
-                "the tokenizer's chat template is used",
-                "a custom Jinja chat template is not supported",
-                "save the template in the tokenizer's tokenizer_config.json",
+            # verl sets it as the tokenizer's template: temper's Jinja data.chat_template
+            # is the run tokenizer's template too (prompts, turns, training, validation)
+            f"{MOD}.custom_chat_template": Map(
+                "data.chat_template", lambda v, _c: "native" if v is None else v
             ),
             f"{MOD}.external_lib": Map("model.external_lib"),
             f"{MOD}.external_libs": Map("model.external_lib"),  # spelling in verl's docs

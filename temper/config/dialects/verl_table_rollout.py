@@ -194,11 +194,7 @@ def _section_multi_turn() -> dict[str, Rule]:
         ),
         f"{mt}.max_tool_response_length": Map("rollout.multi_turn.max_tool_response_length"),
         f"{mt}.tool_response_truncate_side": Map("rollout.multi_turn.tool_response_truncate_side"),
-        f"{mt}.interaction_config_path": _off(
-            "no interaction agent",
-            "verl interaction agents are not supported",
-            "use pipeline: agentic natively",
-        ),
+        f"{mt}.interaction_config_path": Map("rollout.multi_turn.interaction_config_path"),
         f"{mt}.use_inference_chat_template": Map("rollout.multi_turn.use_inference_chat_template"),
         f"{mt}.tokenization_sanity_check_mode": Map(
             "rollout.multi_turn.enable_tokenization_sanity_check", r.sanity_mode

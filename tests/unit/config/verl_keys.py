@@ -48,7 +48,7 @@ actor_rollout_ref.model.use_fused_kernels true -actor_rollout_ref.actor.use_fuse
 actor_rollout_ref.model.fused_kernel_options.impl_backend triton noted
 actor_rollout_ref.model.use_shm true noted
 actor_rollout_ref.model.hf_config_path /cfg !! config path
-actor_rollout_ref.model.custom_chat_template my_jinja_template !! chat template
+actor_rollout_ref.model.custom_chat_template '{{messages}}' -> data.chat_template
 actor_rollout_ref.model.exclude_modules [lm_head] !! excluding
 actor_rollout_ref.model.lora_adapter_path /a !! adapter
 actor_rollout_ref.model.tiled_mlp.enabled true !! tiled MLP
@@ -239,7 +239,7 @@ actor_rollout_ref.rollout.multi_turn.max_user_turns 3 -> rollout.multi_turn.max_
 actor_rollout_ref.rollout.multi_turn.max_parallel_calls 2 !! parallel tool calls
 actor_rollout_ref.rollout.multi_turn.max_tool_response_length 512 -> rollout.multi_turn.max_tool_response_length
 actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side left -> rollout.multi_turn.tool_response_truncate_side
-actor_rollout_ref.rollout.multi_turn.interaction_config_path x.yaml !! interaction
+actor_rollout_ref.rollout.multi_turn.interaction_config_path x.yaml +actor_rollout_ref.rollout.multi_turn.enable=true -> rollout.multi_turn.interaction_config_path
 actor_rollout_ref.rollout.multi_turn.use_inference_chat_template true -> rollout.multi_turn.use_inference_chat_template
 actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode disable -> rollout.multi_turn.enable_tokenization_sanity_check = false
 actor_rollout_ref.rollout.multi_turn.enable_tokenization_sanity_check false -actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode -> rollout.multi_turn.enable_tokenization_sanity_check

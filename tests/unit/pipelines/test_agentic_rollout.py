@@ -120,16 +120,16 @@ def test_countdown_with_the_calculator_tool(tiny_dir, tiny_tokenizer):
 
 
 def test_tool_env_refuses_a_tool_call_format_it_cannot_parse(tiny_dir, tiny_tokenizer):
-    """A tool env turns the tool loop on by itself; a format other than hermes would
-    then find no calls in the model's text, so the player refuses it."""
+    """A tool env turns the tool loop on by itself; a format temper has no parser for
+    would then find no calls in the model's text, so the player refuses it."""
     from temper.config.errors import ConfigError
 
     tag = {"env_type": "countdown_tool", "max_turns": 2}
-    cfg = config(tiny_dir, tag, multi_turn={"format": "qwen"})
+    cfg = config(tiny_dir, tag, multi_turn={"format": "gpt-oss"})
     engine = ScriptedEngine(tiny_tokenizer, lambda text: "")
-    with pytest.raises(ConfigError, match=r"rollout.multi_turn.format: tool-call format 'qwen'"):
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.format: tool-call format 'gpt-oss'"):
         AgenticPlayer(cfg, engine, tiny_tokenizer)
     lake = {"env_type": "frozen_lake", "max_turns": 2}  # no tools: the format is unused
     assert not AgenticPlayer(
-        config(tiny_dir, lake, multi_turn={"format": "qwen"}), engine, tiny_tokenizer
+        config(tiny_dir, lake, multi_turn={"format": "gpt-oss"}), engine, tiny_tokenizer
     ).tools_on

@@ -189,10 +189,14 @@ def test_multi_turn_format_must_be_one_the_parser_reads():
     from temper.rollout.tools import check_multi_turn
 
     check_multi_turn(MultiTurnConfig(enable=True, format="hermes"))
-    check_multi_turn(MultiTurnConfig(enable=False, format="qwen"))  # no tools: unused
+    check_multi_turn(MultiTurnConfig(enable=True, format="qwen"))
+    check_multi_turn(MultiTurnConfig(enable=False, format="gpt-oss"))  # no tools: unused
     with pytest.raises(ConfigError) as err:
-        check_multi_turn(MultiTurnConfig(enable=True, format="qwen"))
+        check_multi_turn(MultiTurnConfig(enable=True, format="gpt-oss"))
     assert err.value.key == "rollout.multi_turn.format"
-    assert "'qwen'" in err.value.reason and "hermes" in err.value.fix
+    assert "'gpt-oss'" in err.value.reason and "hermes" in err.value.fix
     with pytest.raises(ConfigError, match="did you mean 'hermes'"):
         check_multi_turn(MultiTurnConfig(format="hermess"), tools=True)
+    with pytest.raises(ConfigError, match="multi-turn rollout, which is off") as err:
+        check_multi_turn(MultiTurnConfig(interaction_config_path="i.yaml"))
+    assert err.value.key == "rollout.multi_turn.interaction_config_path"
