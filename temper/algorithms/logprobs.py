@@ -1,4 +1,4 @@
-"""Log-probabilities, entropy and exact KL from logits, chunked for large vocabularies.
+"""Log-probabilities, entropy, exact KL and Σπ² from logits, chunked for large vocabularies.
 
 Logits are ``(..., V)``; every function flattens the leading dims to ``N`` rows and works
 on ``chunk_size`` rows at a time, upcasting each chunk to fp32, so a 150k vocabulary
@@ -107,6 +107,30 @@ def entropy_from_logits(
         p = torch.softmax(c, dim=-1)
         out.append(torch.logsumexp(c, dim=-1) - (p * c).sum(dim=-1))
     res = torch.cat(out) if out else _empty(flat)
+    return res.reshape(logits.shape[:-1])
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(
+    logits: Tensor, *, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK
+) -> Tensor:
+    """Collision probability ``Σ_v π_v²`` of the categorical distribution of each row,
+    the input of the optimal-token-baseline estimators (their path weight
+    ``w = 1 − 2π(y) + Σ_v π_v²``).
+
+    Shapes: ``logits (..., V) -> (...)`` fp32 (fp64 stays fp64).
+    Formula: ``Σ_v π_v² = exp(logsumexp(2l) − 2·logsumexp(l))`` with ``l`` the logits
+    divided by ``τ`` (the same temperature as the log-probs), chunked over rows: each
+    chunk's two log-sum-exps need one fp32 ``(chunk, V)`` copy, nothing ``(N, V)``.
+    No gradient: the estimators read it as data.
+    """
+    _check_temperature(temperature)
+    flat = _rows(logits)
+    out = []
+    for i in range(0, flat.shape[0], chunk_size):
+        c = _scaled(flat[i : i + chunk_size], temperature)
+        out.append(torch.exp(torch.logsumexp(2.0 * c, dim=-1) - 2.0 * torch.logsumexp(c, dim=-1)))
+    res = torch.cat(out) if out else flat.new_zeros(0, dtype=_work_dtype(flat))
     return res.reshape(logits.shape[:-1])
 
 

@@ -128,14 +128,22 @@ class Actor:
 
     # ------------------------------------------------------------------ inference
 
-    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        """A copy of ``batch`` with ``old_log_probs`` (B, R) (and ``entropy`` if asked)."""
+    def compute_log_probs(
+        self, batch: Batch, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> Batch:
+        """A copy of ``batch`` with ``old_log_probs`` (B, R) (and ``entropy``, and
+        ``sum_pi_squared`` — Σ_v π_v² at each token — if asked)."""
         out = self.engine.forward(
-            batch, with_entropy=with_entropy, temperature=self._temperature(batch)
+            batch,
+            with_entropy=with_entropy,
+            temperature=self._temperature(batch),
+            with_sum_pi_squared=with_sum_pi_squared,
         )
         new = {"old_log_probs": out["log_probs"]}
         if with_entropy:
             new["entropy"] = out["entropy"]
+        if with_sum_pi_squared:
+            new["sum_pi_squared"] = out["sum_pi_squared"]
         if "full_kl" in out:  # the engine compares with the reference (exact KL runs)
             new["full_kl"] = out["full_kl"]
         return batch.union(Batch.from_dict(new))
