@@ -52,6 +52,7 @@ from temper.algorithms.logprobs import (
     logprobs_and_entropy,
     logprobs_from_logits,
     response_logprobs_from_sequence_logits,
+    sum_pi_squared_from_logits,
 )
 from temper.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from temper.algorithms.objectives import actor_loss, entropy_loss, nll_loss, sft_loss
@@ -213,6 +214,7 @@ __all__ = [
     "masked_whiten",
     "nll_loss",
     "normalize_rewards",
+    "sum_pi_squared_from_logits",
     "overlong_penalty",
     "own_params",
     "pf_ppo_resample_indices",
