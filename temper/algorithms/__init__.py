@@ -214,7 +214,6 @@ __all__ = [
     "masked_whiten",
     "nll_loss",
     "normalize_rewards",
-    "sum_pi_squared_from_logits",
     "overlong_penalty",
     "own_params",
     "pf_ppo_resample_indices",
@@ -231,5 +230,6 @@ __all__ = [
     "sample_loss_weights",
     "sequence_log_probs",
     "sft_loss",
+    "sum_pi_squared_from_logits",
     "value_loss",
 ]

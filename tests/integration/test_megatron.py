@@ -249,9 +249,7 @@ def test_converted_models_give_hf_logits_at_tp1_and_tp2(tiny_models) -> None:
 
 def _forward_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
     actor = make_actor(path, "megatron", tp=2)
-    out = actor.engine.forward(
-        batch, with_entropy=True, temperature=0.7, with_sum_pi_squared=True
-    )
+    out = actor.engine.forward(batch, with_entropy=True, temperature=0.7, with_sum_pi_squared=True)
     named = weights(actor.engine)
     return {"out": out, "weights": named} if rank == 0 else {}
 
