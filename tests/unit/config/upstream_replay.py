@@ -198,7 +198,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("tool-call format", r"tool-call format '\w+' is not supported"),
     ("checkpoint contents", r"checkpoints without (model|optimizer|extra)"),
     ("file: no model", r"no policy model given"),
-    ("sum_pi_squared", r"sum-of-pi-squared"),
     ("multi-token prediction", r"multi-token prediction is not supported"),
     ("engine: automodel", r"automodel training engine"),
     (
