@@ -187,7 +187,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("tp rollout on cpu", r"is not supported with vLLM's CPU build"),
     ("custom code", r"custom (dataset classes|samplers|ROLL worker class)"),
     ("verl interaction", r"interaction agents"),
-    ("over-sampling", r"over-sampling"),
     ("chat template", r"custom Jinja chat template"),
     ("rollout correction", r"rejection sampling|bypass mode|probability ratio"),
     ("router replay", r"router replay"),

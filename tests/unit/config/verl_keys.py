@@ -220,7 +220,7 @@ actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu 4096 -> rollout.log_pro
 actor_rollout_ref.rollout.disable_log_stats false -> rollout.disable_log_stats
 actor_rollout_ref.rollout.do_sample false -> rollout.do_sample
 actor_rollout_ref.rollout.n 4 +actor_rollout_ref.actor.rollout_n=4 +actor_rollout_ref.ref.rollout_n=4 +critic.rollout_n=4 -> rollout.n
-actor_rollout_ref.rollout.over_sample_rate 0.1 !! over-sampling
+actor_rollout_ref.rollout.over_sample_rate 0.1 noted
 actor_rollout_ref.rollout.multi_stage_wake_up true noted
 actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space 4 +actor_rollout_ref.rollout.name=vllm -> rollout.engine_kwargs.swap_space
 actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space 4 noted
