@@ -267,6 +267,13 @@ def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
             f"adv_estimator {estimator} needs Σπ² per token from the actor but it is off",
             "set actor.calculate_sum_pi_squared=true (or leave it unset)",
         )
+    if reads_spq and not cfg.actor.recompute_old_log_prob:
+        raise ConfigError(
+            "actor.recompute_old_log_prob",
+            f"adv_estimator {estimator} needs Σπ² from the actor's old-log-prob pass, which "
+            "false skips (the old log-probs are then the rollout engine's)",
+            "set actor.recompute_old_log_prob=true, or choose another estimator (grpo, rloo)",
+        )
     if cfg.actor.calculate_sum_pi_squared and not reads_spq:
         raise ConfigError(
             "actor.calculate_sum_pi_squared",

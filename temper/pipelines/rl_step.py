@@ -65,14 +65,10 @@ def rl_step(run: Run) -> dict[str, float]:
 def needs_actor_forward(cfg: TemperConfig, batch: Batch) -> bool:
     """Recompute old log-probs with the trainer? Yes unless ``recompute_old_log_prob`` is
     off and the engine returned sampling log-probs — and always for the exact KL in the
-    reward and for Σπ², which need the actor's distribution over the vocabulary."""
+    reward, which needs the actor's distribution over the vocabulary."""
     full_kl = cfg.algorithm.use_kl_in_reward and kl_estimator_needs_logits(cfg.algorithm.kl_penalty)
-    return (
-        cfg.actor.recompute_old_log_prob
-        or "rollout_log_probs" not in batch
-        or full_kl
-        or wants_sum_pi_squared(cfg)
-    )
+    # Σπ² needs the forward too: validation refuses it with recompute_old_log_prob off
+    return cfg.actor.recompute_old_log_prob or "rollout_log_probs" not in batch or full_kl
 
 
 def wants_sum_pi_squared(cfg: TemperConfig) -> bool:

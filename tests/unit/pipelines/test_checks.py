@@ -103,6 +103,15 @@ REFUSED = [
         "actor.calculate_sum_pi_squared",
     ),
     (RLVR, {"actor": {"calculate_sum_pi_squared": True}}, "actor.calculate_sum_pi_squared"),
+    (
+        RLVR,
+        {
+            "algorithm": {"adv_estimator": "optimal_token_baseline"},
+            "actor": {"recompute_old_log_prob": False},
+            "rollout": {"calculate_log_probs": True},
+        },
+        "actor.recompute_old_log_prob",
+    ),
     (AGENTIC, {"algorithm": {"adv_estimator": "remax"}}, "baseline_rewards"),
     (
         AGENTIC,
