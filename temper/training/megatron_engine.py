@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from temper.algorithms.logprobs import DEFAULT_CHUNK
+from temper.algorithms.logprobs import fused_chunk_rows
 from temper.data.batch import Batch
 from temper.training.base import LossFn
 from temper.training.megatron_check import (
@@ -308,7 +308,8 @@ class MegatronEngine(TorchEngine):
                     logits,
                     self.built.vocab,
                     temperature=temperature,
-                    chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
+                    chunk_size=self.spec.entropy_chunk_size
+                    or fused_chunk_rows(logits.shape[-1], logits.device),
                 )
             if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
                 ids = mb[KD_INDICES][:, : inp.response_len].to(self.device)

@@ -404,7 +404,8 @@ class TorchEngine(TrainEngine):
                     out["sum_pi_squared"] = sum_pi_squared_from_logits(
                         logits,
                         temperature=temperature,
-                        chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
+                        chunk_size=self.spec.entropy_chunk_size
+                        or fused_chunk_rows(logits.shape[-1], logits.device),
                     )
                 if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
                     ids = mb[KD_INDICES][:, :r].to(self.device)[valid]
