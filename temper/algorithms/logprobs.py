@@ -119,17 +119,21 @@ def sum_pi_squared_from_logits(
     ``w = 1 − 2π(y) + Σ_v π_v²``).
 
     Shapes: ``logits (..., V) -> (...)`` fp32 (fp64 stays fp64).
-    Formula: ``Σ_v π_v² = exp(logsumexp(2l) − 2·logsumexp(l))`` with ``l`` the logits
-    divided by ``τ`` (the same temperature as the log-probs), chunked over rows: each
-    chunk's two log-sum-exps need one fp32 ``(chunk, V)`` copy, nothing ``(N, V)``.
-    No gradient: the estimators read it as data.
+    Formula: with ``l`` the logits divided by ``τ`` (the same temperature as the
+    log-probs) and ``e_v = exp(l_v − max l)``, ``Σ_v π_v² = Σ_v e_v² / (Σ_v e_v)²`` —
+    verl's ``exp(logsumexp(2l) − 2·logsumexp(l))`` with one exponential instead of two
+    (``e ≤ 1`` and ``Σ e ≥ 1``: no overflow). Chunked over rows: one fp32
+    ``(chunk, V)`` temporary at a time, nothing ``(N, V)``. No gradient: the estimators
+    read it as data.
     """
     _check_temperature(temperature)
     flat = _rows(logits)
     out = []
     for i in range(0, flat.shape[0], chunk_size):
         c = _scaled(flat[i : i + chunk_size], temperature)
-        out.append(torch.exp(torch.logsumexp(2.0 * c, dim=-1) - 2.0 * torch.logsumexp(c, dim=-1)))
+        e = (c - c.max(dim=-1, keepdim=True).values).exp_()
+        total = e.sum(dim=-1)
+        out.append(torch.linalg.vecdot(e, e) / (total * total))
     res = torch.cat(out) if out else flat.new_zeros(0, dtype=_work_dtype(flat))
     return res.reshape(logits.shape[:-1])
 
