@@ -52,6 +52,7 @@ from temper.algorithms.logprobs import (
     logprobs_and_entropy,
     logprobs_from_logits,
     response_logprobs_from_sequence_logits,
+    sum_pi_squared_from_logits,
 )
 from temper.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from temper.algorithms.objectives import actor_loss, entropy_loss, nll_loss, sft_loss
@@ -229,5 +230,6 @@ __all__ = [
     "sample_loss_weights",
     "sequence_log_probs",
     "sft_loss",
+    "sum_pi_squared_from_logits",
     "value_loss",
 ]

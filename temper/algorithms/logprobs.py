@@ -1,4 +1,4 @@
-"""Log-probabilities, entropy and exact KL from logits, chunked for large vocabularies.
+"""Log-probabilities, entropy, exact KL and Σπ² from logits, chunked for large vocabularies.
 
 Logits are ``(..., V)``; every function flattens the leading dims to ``N`` rows and works
 on ``chunk_size`` rows at a time, upcasting each chunk to fp32, so a 150k vocabulary
@@ -107,6 +107,34 @@ def entropy_from_logits(
         p = torch.softmax(c, dim=-1)
         out.append(torch.logsumexp(c, dim=-1) - (p * c).sum(dim=-1))
     res = torch.cat(out) if out else _empty(flat)
+    return res.reshape(logits.shape[:-1])
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(
+    logits: Tensor, *, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK
+) -> Tensor:
+    """Collision probability ``Σ_v π_v²`` of the categorical distribution of each row,
+    the input of the optimal-token-baseline estimators (their path weight
+    ``w = 1 − 2π(y) + Σ_v π_v²``).
+
+    Shapes: ``logits (..., V) -> (...)`` fp32 (fp64 stays fp64).
+    Formula: with ``l`` the logits divided by ``τ`` (the same temperature as the
+    log-probs) and ``e_v = exp(l_v − max l)``, ``Σ_v π_v² = Σ_v e_v² / (Σ_v e_v)²`` —
+    verl's ``exp(logsumexp(2l) − 2·logsumexp(l))`` with one exponential instead of two
+    (``e ≤ 1`` and ``Σ e ≥ 1``: no overflow). Chunked over rows: one fp32
+    ``(chunk, V)`` temporary at a time, nothing ``(N, V)``. No gradient: the estimators
+    read it as data.
+    """
+    _check_temperature(temperature)
+    flat = _rows(logits)
+    out = []
+    for i in range(0, flat.shape[0], chunk_size):
+        c = _scaled(flat[i : i + chunk_size], temperature)
+        e = (c - c.max(dim=-1, keepdim=True).values).exp_()
+        total = e.sum(dim=-1)
+        out.append(torch.linalg.vecdot(e, e) / (total * total))
+    res = torch.cat(out) if out else flat.new_zeros(0, dtype=_work_dtype(flat))
     return res.reshape(logits.shape[:-1])
 
 

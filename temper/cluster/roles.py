@@ -108,8 +108,15 @@ class _RemoteTrained:
 
 
 class RemoteActor(_RemoteTrained):
-    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        return self.group.dispatch("compute_log_probs", batch, with_entropy=with_entropy)
+    def compute_log_probs(
+        self, batch: Batch, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> Batch:
+        return self.group.dispatch(
+            "compute_log_probs",
+            batch,
+            with_entropy=with_entropy,
+            with_sum_pi_squared=with_sum_pi_squared,
+        )
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
         """Each rank a supervised update on its equal share; the ranks' (global) metrics."""

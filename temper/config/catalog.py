@@ -28,6 +28,7 @@ __all__ = ["CRITIC", "REFERENCE", "RL_PARTS", "ROLLOUT", "Catalog"]
 VALUES = "values"  # an advantage estimator that bootstraps from a critic's values
 REWARD_COMPONENTS = "reward_components"  # an estimator of named reward components (gdpo)
 ANCHOR_STATES = "anchor_index"  # an estimator of step samples grouped by anchor state (gigpo)
+SUM_PI_SQUARED = "sum_pi_squared"  # an estimator of the policy's Σπ² per token (otb)
 ONE_PROCESS = "one_process"  # a training engine that trains in this one process
 MEGATRON_PARALLEL = "megatron_parallel"  # ranks split by the role's megatron TP × PP × CP
 

@@ -601,6 +601,11 @@ class ActorConfig(TrainEngineConfig):
     entropy_chunk_size: int = doc(
         0, "Rows per chunk of the log-prob + entropy pass (0: sized to the vocabulary)."
     )
+    calculate_sum_pi_squared: bool | None = doc(
+        None,
+        "The old-log-prob pass also computes Σπ² over the vocabulary per token (None: iff "
+        "the advantage estimator reads it, the optimal-token-baseline ones).",
+    )
     rollout_rs: list[RolloutFilter] = doc(
         [],
         "Rejection sampling: tokens (or sequences, turns) failing any filter leave the loss (after advantages).",

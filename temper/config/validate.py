@@ -16,7 +16,7 @@ import math
 import typing
 from typing import Any
 
-from temper.config.catalog import ANCHOR_STATES, REWARD_COMPONENTS, VALUES, Catalog
+from temper.config.catalog import ANCHOR_STATES, REWARD_COMPONENTS, SUM_PI_SQUARED, VALUES, Catalog
 from temper.config.derive import (
     Derived,
     derive,
@@ -259,6 +259,27 @@ def _check_roles(cfg: TemperConfig, catalog: Catalog) -> None:
             "critic.enable",
             f"adv_estimator {estimator} needs a critic (value model) but the critic is disabled",
             "set critic.enable=true, or choose a critic-free estimator such as grpo",
+        )
+    reads_spq = SUM_PI_SQUARED in catalog.needs("adv_estimator", estimator)
+    if cfg.actor.calculate_sum_pi_squared is False and reads_spq:
+        raise ConfigError(
+            "actor.calculate_sum_pi_squared",
+            f"adv_estimator {estimator} needs Σπ² per token from the actor but it is off",
+            "set actor.calculate_sum_pi_squared=true (or leave it unset)",
+        )
+    if reads_spq and not cfg.actor.recompute_old_log_prob:
+        raise ConfigError(
+            "actor.recompute_old_log_prob",
+            f"adv_estimator {estimator} needs Σπ² from the actor's old-log-prob pass, which "
+            "false skips (the old log-probs are then the rollout engine's)",
+            "set actor.recompute_old_log_prob=true, or choose another estimator (grpo, rloo)",
+        )
+    if cfg.actor.calculate_sum_pi_squared and not reads_spq:
+        raise ConfigError(
+            "actor.calculate_sum_pi_squared",
+            f"only the optimal-token-baseline estimators read Σπ²; adv_estimator {estimator} "
+            "does not",
+            "set it to false, or algorithm.adv_estimator=optimal_token_baseline",
         )
     kl_used = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     if kl_used and cfg.reference.enable is False:

@@ -187,15 +187,14 @@ def _check_pipeline_sections(cfg: TemperConfig) -> None:
 
 
 #: Estimator inputs the driver computes itself: a critic's values (validation refuses a
-#: disabled critic for an estimator that needs one) and the old log-probs.
-DRIVER_INPUTS = frozenset({"values", "old_log_probs"})
+#: disabled critic for an estimator that needs one), the old log-probs and the actor's
+#: Σπ² per token (from the same forward; validation refuses it turned off).
+DRIVER_INPUTS = frozenset({"values", "old_log_probs", "sum_pi_squared"})
 
 #: What an estimator input is, for the refusal of one the run's pipeline does not provide.
 ESTIMATOR_INPUTS = {
     "baseline_rewards": "the reward of a greedy response to each prompt",
     "reward_components": "the reward function's named components of each sample",
-    "sum_pi_squared": "Σπ² over the vocabulary at every response token, which temper's "
-    "training engines do not compute",
     "step_rewards": "the env reward of each env step, one sample per step",
     "episode_index": "the episode of each step sample",
     "step_index": "the position of each step sample in its episode",

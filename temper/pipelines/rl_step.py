@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from temper.algorithms import kl_estimator_needs_logits
+from temper.algorithms import estimator_inputs, kl_estimator_needs_logits
 from temper.algorithms.rollout_correction import logprob_diff
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
@@ -30,7 +30,10 @@ def rl_step(run: Run) -> dict[str, float]:
         tokens = batch["prompt_mask"].sum().item() + batch["response_mask"].sum().item()
         if needs_actor_forward(cfg, batch):
             with t("old_log_probs"):
-                batch = roles.actor.compute_log_probs(batch)  # entropy: from the update
+                # entropy: from the update; Σπ²: for the optimal-token-baseline estimators
+                batch = roles.actor.compute_log_probs(
+                    batch, with_sum_pi_squared=wants_sum_pi_squared(cfg)
+                )
             metrics.update(rollout_mismatch(batch))
         else:  # on-policy single update: the sampling log-probs are the old ones
             batch["old_log_probs"] = batch["rollout_log_probs"]
@@ -64,7 +67,15 @@ def needs_actor_forward(cfg: TemperConfig, batch: Batch) -> bool:
     off and the engine returned sampling log-probs — and always for the exact KL in the
     reward, which needs the actor's distribution over the vocabulary."""
     full_kl = cfg.algorithm.use_kl_in_reward and kl_estimator_needs_logits(cfg.algorithm.kl_penalty)
+    # Σπ² needs the forward too: validation refuses it with recompute_old_log_prob off
     return cfg.actor.recompute_old_log_prob or "rollout_log_probs" not in batch or full_kl
+
+
+def wants_sum_pi_squared(cfg: TemperConfig) -> bool:
+    """Does the actor's old-log-prob pass also compute Σπ² per token? Iff the advantage
+    estimator reads it (``actor.calculate_sum_pi_squared`` can only confirm that:
+    validation refuses it set against the estimator)."""
+    return "sum_pi_squared" in estimator_inputs(cfg.algorithm.adv_estimator)
 
 
 def rollout_mismatch(batch: Batch) -> dict[str, float]:

@@ -36,9 +36,16 @@ import torch
 from torch import Tensor
 
 from temper import algorithms as A
-from temper.config.schema import AgenticConfig, AlgorithmConfig, DistillConfig, TemperConfig
+from temper.config.schema import (
+    ActorConfig,
+    AgenticConfig,
+    AlgorithmConfig,
+    DistillConfig,
+    TemperConfig,
+)
 from temper.data.batch import Batch
 from temper.rewards.placement import place_at_last_token
+from temper.roles.actor import rollout_correction_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +57,8 @@ class ShapingSettings:
     agentic: AgenticConfig | None = None  # pipeline agentic: its reward normalization
     seed: int = 0  # PF-PPO's resampling stream
     distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)  # teachers
+    # rollout correction: the optimal-token-baseline estimators weight paths by ρ̄²
+    actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
 
     @classmethod
     def from_config(
@@ -63,6 +72,7 @@ class ShapingSettings:
             agentic=agentic,
             seed=cfg.experiment.seed,
             distill=cfg.distill,
+            actor=cfg.actor,
         )
 
     @property
@@ -237,6 +247,7 @@ def compute_experience(
         reward_components=batch.get("reward_components"),
         old_log_probs=batch.get("old_log_probs"),
         sum_pi_squared=batch.get("sum_pi_squared"),
+        rollout_is_weights=_path_is_weights(batch, s),
         step_rewards=batch.get("step_rewards"),
         episode_index=batch.get("episode_index"),
         step_index=batch.get("step_index"),
@@ -284,6 +295,16 @@ def compute_experience(
         batch, pf = _pf_ppo(batch, algo, s.seed, step)
         metrics.update(pf)
     return batch, metrics
+
+
+def _path_is_weights(batch: Batch, s: ShapingSettings) -> Tensor | None:
+    """The rollout IS weights ρ̄ an estimator of Σπ² scales its path weights by (as verl
+    computes them before the advantages): the update's own weights of ``actor.rollout_is``
+    (:func:`rollout_correction_weights`), None when that is off or the estimator reads no
+    Σπ²."""
+    if s.actor.rollout_is == "none" or "sum_pi_squared" not in batch:
+        return None
+    return rollout_correction_weights(s.actor, batch)[0]
 
 
 def distillation_signal(

@@ -99,6 +99,27 @@ def policy_loss_params(cfg: ActorConfig) -> PolicyLossParams:
         raise ConfigError("actor.clip_ratio_c", str(err), "use a value > 1 or null") from err
 
 
+def rollout_correction_weights(
+    cfg: ActorConfig, batch: Batch
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The truncated (or IcePop) rollout IS weights ``(B, T)`` of ``actor.rollout_is`` and
+    their metrics, from the batch's old and rollout log-probs (the update's token
+    weights; the optimal-token-baseline estimators read them too)."""
+    if "rollout_log_probs" not in batch:
+        raise KeyError(f"actor.rollout_is={cfg.rollout_is} needs rollout_log_probs")
+    weights, _, metrics = rollout_is_weights(
+        batch["old_log_probs"],
+        batch["rollout_log_probs"],
+        batch["response_mask"],
+        level=cfg.rollout_is,
+        threshold=cfg.rollout_is_threshold,
+        threshold_low=cfg.rollout_is_threshold_low,
+        mode="truncate" if cfg.rollout_is_threshold_low is None else "icepop",
+        batch_normalize=cfg.rollout_is_batch_normalize,
+    )
+    return weights, metrics
+
+
 class Actor:
     """Policy role over a trainable causal-LM engine."""
 
@@ -128,14 +149,22 @@ class Actor:
 
     # ------------------------------------------------------------------ inference
 
-    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        """A copy of ``batch`` with ``old_log_probs`` (B, R) (and ``entropy`` if asked)."""
+    def compute_log_probs(
+        self, batch: Batch, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> Batch:
+        """A copy of ``batch`` with ``old_log_probs`` (B, R) (and ``entropy``, and
+        ``sum_pi_squared`` — Σ_v π_v² at each token — if asked)."""
         out = self.engine.forward(
-            batch, with_entropy=with_entropy, temperature=self._temperature(batch)
+            batch,
+            with_entropy=with_entropy,
+            temperature=self._temperature(batch),
+            with_sum_pi_squared=with_sum_pi_squared,
         )
         new = {"old_log_probs": out["log_probs"]}
         if with_entropy:
             new["entropy"] = out["entropy"]
+        if with_sum_pi_squared:
+            new["sum_pi_squared"] = out["sum_pi_squared"]
         if "full_kl" in out:  # the engine compares with the reference (exact KL runs)
             new["full_kl"] = out["full_kl"]
         return batch.union(Batch.from_dict(new))
@@ -158,18 +187,7 @@ class Actor:
         if cfg.use_kl_loss and "ref_log_probs" not in work:
             raise KeyError("actor.use_kl_loss needs ref_log_probs from the reference")
         if cfg.rollout_is != "none":
-            if "rollout_log_probs" not in work:
-                raise KeyError(f"actor.rollout_is={cfg.rollout_is} needs rollout_log_probs")
-            weights, _, m = rollout_is_weights(
-                work["old_log_probs"],
-                work["rollout_log_probs"],
-                work["response_mask"],
-                level=cfg.rollout_is,
-                threshold=cfg.rollout_is_threshold,
-                threshold_low=cfg.rollout_is_threshold_low,
-                mode="truncate" if cfg.rollout_is_threshold_low is None else "icepop",
-                batch_normalize=cfg.rollout_is_batch_normalize,
-            )
+            weights, m = rollout_correction_weights(cfg, work)
             work[_TOKEN_WEIGHTS] = weights
             metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
         if cfg.rollout_rs:  # rejection sampling: the rejected tokens leave every loss term

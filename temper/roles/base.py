@@ -73,9 +73,12 @@ class TrainedRole(Protocol):
 class ActorRole(TrainedRole, Protocol):
     """The policy: old log-probs before the update, then the update."""
 
-    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+    def compute_log_probs(
+        self, batch: Batch, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> Batch:
         """A copy of ``batch`` with ``old_log_probs`` (and ``full_kl`` where the run
-        uses the exact KL against the reference)."""
+        uses the exact KL against the reference; ``sum_pi_squared``, Σ_v π_v² per token,
+        if asked)."""
         ...
 
     def sft_update(self, batch: Batch) -> dict[str, float]:

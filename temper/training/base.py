@@ -77,9 +77,11 @@ class TrainEngine(abc.ABC):
         temperature: float = 1.0,
         with_values: bool = False,
         micro_batching: MicroBatching | None = None,
+        with_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
         """No-grad forward in micro-batches; returns per-response-token tensors
-        ``log_probs`` (B, R), optionally ``entropy`` (B, R) or ``values`` (B, R), in
+        ``log_probs`` (B, R), optionally ``entropy`` (B, R), ``sum_pi_squared`` (B, R)
+        (``Σ_v π_v²`` of the tempered distribution at each token) or ``values`` (B, R), in
         batch order, 0 on masked tokens. ``micro_batching`` overrides the engine's
         inference micro-batching (the reference may share the actor's engine)."""
 

@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from temper.algorithms.logprobs import fused_chunk_rows
 from temper.data.batch import Batch
 from temper.training.base import LossFn
 from temper.training.megatron_check import (
@@ -88,6 +89,7 @@ from temper.training.megatron_vocab import (
     log_probs_and_entropy,
     top_vocab,
     vocab_logsumexp,
+    vocab_sum_pi_squared,
 )
 from temper.training.micro_batching import (
     KD_INDICES,
@@ -281,9 +283,10 @@ class MegatronEngine(TorchEngine):
         temperature: float,
         with_entropy: bool,
         entropy_grad: bool = True,
+        with_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """Log-probs (+ entropy) or values of the response tokens from the last stage's
-        output."""
+        """Log-probs (+ entropy, + Σπ²) or values of the response tokens from the last
+        stage's output."""
         inp = model_inputs(mb, self.device)
         _, index = right_align(inp)
         out: dict[str, torch.Tensor] = {}
@@ -300,6 +303,14 @@ class MegatronEngine(TorchEngine):
                 with_entropy=with_entropy,
             )
             out["log_probs"] = log_p
+            if with_sum_pi_squared:  # vocabulary-parallel: reduced over the TP group
+                out["sum_pi_squared"] = vocab_sum_pi_squared(
+                    logits,
+                    self.built.vocab,
+                    temperature=temperature,
+                    chunk_size=self.spec.entropy_chunk_size
+                    or fused_chunk_rows(logits.shape[-1], logits.device),
+                )
             if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
                 ids = mb[KD_INDICES][:, : inp.response_len].to(self.device)
                 out[KD_LOGITS] = gather_vocab(logits, ids, self.built.vocab)
@@ -326,7 +337,13 @@ class MegatronEngine(TorchEngine):
         return masked_outputs({"values": values, "ids": top}, mb, inp)
 
     def _run(
-        self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
+        self,
+        mb: Batch,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = True,
+        with_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
         hidden = self._stage_output(mb, None)
         return self._head(
@@ -335,24 +352,38 @@ class MegatronEngine(TorchEngine):
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            with_sum_pi_squared=with_sum_pi_squared,
         )
 
     def _forward_micro_batches(
-        self, micro: list[Batch], *, temperature: float, with_entropy: bool
+        self,
+        micro: list[Batch],
+        *,
+        temperature: float,
+        with_entropy: bool,
+        with_sum_pi_squared: bool = False,
     ) -> Iterator[dict[str, torch.Tensor]]:
         if self.parallel.pp == 1:
             yield from super()._forward_micro_batches(
-                micro, temperature=temperature, with_entropy=with_entropy
+                micro,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                with_sum_pi_squared=with_sum_pi_squared,
             )
             return
+        keys = ["log_probs", *["entropy"] * with_entropy, *["sum_pi_squared"] * with_sum_pi_squared]
         yield from forward_only(
             self.link,
             micro,
             self._chunk_output,
             lambda mb, hidden: self._head(
-                mb, hidden, temperature=temperature, with_entropy=with_entropy
+                mb,
+                hidden,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                with_sum_pi_squared=with_sum_pi_squared,
             ),
-            ["values"] if self.spec.value_head else ["log_probs", *["entropy"] * with_entropy],
+            ["values"] if self.spec.value_head else keys,
         )
 
     def _accumulate(

@@ -163,3 +163,34 @@ def vocab_logsumexp(
     if shard.group is not None:
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=shard.group)
     return m + total.log()
+
+
+@torch.no_grad()
+def vocab_sum_pi_squared(
+    logits: torch.Tensor, shard: VocabShard, *, temperature: float = 1.0, chunk_size: int = 2048
+) -> torch.Tensor:
+    """``Σ_v π_v²`` over the whole vocabulary, ``(..., width) -> (...)``, from this rank's
+    slice (the optimal-token-baseline estimators' input). With ``z = logits / τ``,
+    ``m = max_v z_v`` (all-reduce MAX), ``S = Σ_v e^{z_v − m}`` and
+    ``Q = Σ_v e^{2(z_v − m)}`` (one all-reduce SUM of both): ``Σ_v π_v² = Q / S²``.
+    Chunked over rows (every TP rank holds the same rows, so the collectives pair up):
+    one fp32 ``(chunk, width)`` temporary at a time. No gradient."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = []
+    for i in range(0, flat.shape[0], chunk_size):
+        z = flat[i : i + chunk_size, : shard.valid].float()
+        if temperature != 1.0:
+            z = z / temperature
+        if shard.valid:
+            m = z.max(dim=-1).values
+        else:
+            m = torch.full(z.shape[:1], float("-inf"), device=z.device)
+        if shard.group is not None:
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=shard.group)
+        e = (z - m.unsqueeze(-1)).exp()
+        sums = torch.stack([e.sum(dim=-1), (e * e).sum(dim=-1)])
+        if shard.group is not None:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=shard.group)
+        out.append(sums[1] / sums[0].square())
+    res = torch.cat(out) if out else torch.zeros(0, device=logits.device)
+    return res.reshape(logits.shape[:-1])

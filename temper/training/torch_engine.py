@@ -35,6 +35,7 @@ from temper.algorithms.logprobs import (
     fused_chunk_rows,
     logprobs_and_entropy,
     logprobs_from_logits,
+    sum_pi_squared_from_logits,
 )
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
@@ -339,11 +340,18 @@ class TorchEngine(TrainEngine):
     # ------------------------------------------------------------------ forward
 
     def _run(
-        self, mb: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool = True
+        self,
+        mb: Batch,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = True,
+        with_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Per-response-token outputs ``(b, R)`` of one micro-batch, 0 where masked.
 
-        ``entropy_grad=False`` computes the entropy as a detached metric (no autograd
+        ``with_sum_pi_squared`` adds ``sum_pi_squared`` (Σ_v π_v² of the tempered
+        distribution, no gradient) from the same logits. ``entropy_grad=False`` computes the entropy as a detached metric (no autograd
         graph, chunked even when ``entropy_chunk_size`` is 0). Log-probs, entropy and the
         exact KL are computed on the ``K`` scored response positions only (packed: the
         positions of the packed row, :mod:`temper.training.packing`; padded: the real
@@ -392,6 +400,13 @@ class TorchEngine(TrainEngine):
                     out["entropy"] = entropy if entropy_grad else entropy.detach()
                 else:
                     out["log_probs"] = logprobs_from_logits(logits, labels, temperature=temperature)
+                if with_sum_pi_squared:  # the optimal-token-baseline estimators' input
+                    out["sum_pi_squared"] = sum_pi_squared_from_logits(
+                        logits,
+                        temperature=temperature,
+                        chunk_size=self.spec.entropy_chunk_size
+                        or fused_chunk_rows(logits.shape[-1], logits.device),
+                    )
                 if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
                     ids = mb[KD_INDICES][:, :r].to(self.device)[valid]
                     out[KD_LOGITS] = logits.gather(-1, ids)
@@ -485,8 +500,10 @@ class TorchEngine(TrainEngine):
         temperature: float = 1.0,
         with_values: bool = False,
         micro_batching: MicroBatching | None = None,
+        with_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """No-grad ``log_probs`` (+``entropy``) or ``values``, ``(B, R)`` in batch order.
+        """No-grad ``log_probs`` (+``entropy``, +``sum_pi_squared``) or ``values``,
+        ``(B, R)`` in batch order.
 
         ``micro_batching`` overrides the engine's inference micro-batching (the reference
         shares the actor's engine under LoRA but has its own batch settings).
@@ -501,7 +518,10 @@ class TorchEngine(TrainEngine):
         with self._on_device():
             micro, groups = self._split(batch, spec)
             outs = self._forward_micro_batches(
-                micro, temperature=temperature, with_entropy=with_entropy
+                micro,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                with_sum_pi_squared=with_sum_pi_squared and not self.spec.value_head,
             )
             for out, rows in zip(outs, groups):
                 if not rows:  # a padding micro-batch (collectives only)
@@ -554,12 +574,22 @@ class TorchEngine(TrainEngine):
         return {**sums, "loss": total, "grad_norm": grad_norm, "lr": lr}
 
     def _forward_micro_batches(
-        self, micro: list[Batch], *, temperature: float, with_entropy: bool
+        self,
+        micro: list[Batch],
+        *,
+        temperature: float,
+        with_entropy: bool,
+        with_sum_pi_squared: bool = False,
     ) -> Iterator[dict[str, torch.Tensor]]:
         """The no-grad outputs of each micro-batch, in order (an engine that pipelines
         its micro-batches over stages runs them its own way)."""
         for mb in micro:
-            yield self._run(mb, temperature=temperature, with_entropy=with_entropy)
+            yield self._run(
+                mb,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                with_sum_pi_squared=with_sum_pi_squared,
+            )
 
     def _accumulate(
         self,

@@ -103,10 +103,15 @@ def _step_rank(rank: int, world: int, path: str, batch: Batch, fsdp: dict) -> di
     model = fsdp.pop("_model", None)
     actor = make_actor(path, "fsdp2", model=model, **fsdp)
     mine = shard(batch, rank, world)
-    old = actor.compute_log_probs(mine)
+    old = actor.compute_log_probs(mine, with_sum_pi_squared=True)
     metrics = actor.update(mine)
     full = weights(actor)  # a collective: every rank gathers
-    return {"old": old["old_log_probs"], "metrics": metrics, "weights": full if rank == 0 else None}
+    return {
+        "old": old["old_log_probs"],
+        "spq": old["sum_pi_squared"],
+        "metrics": metrics,
+        "weights": full if rank == 0 else None,
+    }
 
 
 def _checkpoint_rank(rank: int, world: int, path: str, b1: Batch, b2: Batch, ckpt: str, mode: str):
@@ -145,6 +150,7 @@ def test_two_ranks_match_single_process(tiny_path: str, fsdp: dict, checkpointin
         fsdp = {**fsdp, "_model": ModelConfig(path=tiny_path, enable_gradient_checkpointing=True)}
     single = make_actor(tiny_path, "torch")
     batch = with_log_probs(single, make_batch())
+    spq = single.compute_log_probs(batch, with_sum_pi_squared=True)["sum_pi_squared"]
     before = weights(single)
     ref_metrics = single.update(batch)
     ref_weights = weights(single)
@@ -153,6 +159,7 @@ def test_two_ranks_match_single_process(tiny_path: str, fsdp: dict, checkpointin
 
     old = torch.cat([r["old"] for r in ranks])
     torch.testing.assert_close(old, batch["old_log_probs"], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(torch.cat([r["spq"] for r in ranks]), spq, atol=1e-6, rtol=1e-6)
     got = ranks[0]["metrics"]
     assert got.keys() == ref_metrics.keys()
     for k, v in ref_metrics.items():

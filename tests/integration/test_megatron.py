@@ -249,21 +249,23 @@ def test_converted_models_give_hf_logits_at_tp1_and_tp2(tiny_models) -> None:
 
 def _forward_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
     actor = make_actor(path, "megatron", tp=2)
-    out = actor.engine.forward(batch, with_entropy=True, temperature=0.7)
+    out = actor.engine.forward(batch, with_entropy=True, temperature=0.7, with_sum_pi_squared=True)
     named = weights(actor.engine)
     return {"out": out, "weights": named} if rank == 0 else {}
 
 
 def test_padded_log_probs_entropy_and_export_match_hf(tiny_models, tiny_path) -> None:
-    """Left/right-padded rows: log-probs and entropy equal the torch engine's (HF); the
-    TP=2 export gives back exactly the HF tensors."""
+    """Left/right-padded rows: log-probs, entropy and Σπ² (vocabulary-parallel) equal
+    the torch engine's (HF); the TP=2 export gives back exactly the HF tensors."""
     from safetensors.torch import load_file
 
     batch = make_batch()
     for path in (tiny_path, tiny_models["qwen3"]):
-        ref = make_actor(path, "torch").engine.forward(batch, with_entropy=True, temperature=0.7)
+        ref = make_actor(path, "torch").engine.forward(
+            batch, with_entropy=True, temperature=0.7, with_sum_pi_squared=True
+        )
         (got, _) = spawn_ranks(_forward_rank, 2, path, batch)
-        for k in ("log_probs", "entropy"):
+        for k in ("log_probs", "entropy", "sum_pi_squared"):
             torch.testing.assert_close(got["out"][k], ref[k], atol=1e-5, rtol=1e-5, msg=k)
         saved = load_file(str(Path(path) / "model.safetensors"))
         if "lm_head.weight" not in saved:  # tied: the export names it too, as HF's state_dict

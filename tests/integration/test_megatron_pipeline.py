@@ -166,10 +166,17 @@ def _grid_rank(rank: int, world: int, path: str, batch: Batch, tp: int, ckpt: st
     p = engine.parallel
     assert (p.pp, p.tp, p.dp, p.pp_rank) == (2, tp, 2 // tp, rank // 2)
     mine = shard(batch, engine.dp_rank, engine.dp_size)
-    old = actor.compute_log_probs(mine)["old_log_probs"]
+    scored = actor.compute_log_probs(mine, with_sum_pi_squared=True)
+    old, spq = scored["old_log_probs"], scored["sum_pi_squared"]
     metrics = actor.update(mine)
     engine.save_checkpoint(ckpt)
-    return {"old": old, "dp": engine.dp_rank, "metrics": metrics, "weights": weights(engine)}
+    return {
+        "old": old,
+        "spq": spq,
+        "dp": engine.dp_rank,
+        "metrics": metrics,
+        "weights": weights(engine),
+    }
 
 
 def _load_rank(rank: int, world: int, path: str, ckpt: str) -> dict:
@@ -183,9 +190,11 @@ def test_pipeline_with_tensor_or_data_parallel_equals_one_rank(
     tiny_path: str, tp: int, tmp_path: Path
 ) -> None:
     """4 ranks: PP=2 × TP=2, and PP=2 × DP=2 (each pipeline on half the batch), give the
-    one-rank update of the whole batch; their checkpoint loads on one rank."""
+    one-rank update of the whole batch (and its Σπ², through the stages' forward-only
+    outputs); their checkpoint loads on one rank."""
     single = make_actor(tiny_path, "torch")
     batch = with_log_probs(single, make_batch())
+    ref_spq = single.compute_log_probs(batch, with_sum_pi_squared=True)["sum_pi_squared"]
     ref_metrics = single.update(batch)
     ref_weights = weights(single.engine)
 
@@ -195,6 +204,8 @@ def test_pipeline_with_tensor_or_data_parallel_equals_one_rank(
     dp = 2 // tp
     olds = [next(r["old"] for r in ranks if r["dp"] == d) for d in range(dp)]
     torch.testing.assert_close(torch.cat(olds), batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+    spqs = [next(r["spq"] for r in ranks if r["dp"] == d) for d in range(dp)]
+    torch.testing.assert_close(torch.cat(spqs), ref_spq, atol=1e-6, rtol=1e-5)
     for r in ranks:
         for k, v in ref_metrics.items():
             if k != "actor/packed_fraction":

@@ -101,6 +101,29 @@ def test_verl_ppo_with_critic_command_line_trains(tmp_path, tiny_model_dir, monk
     assert all("critic/value_loss" in r for r in train)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "script",
+    [
+        "verl-2026-01-b178a3c/examples/otb_trainer/run_qwen2_5-7b.sh",
+        "verl-2026-08-1dda039/examples/otb_trainer/run_qwen3_8b_fsdp.sh",
+    ],
+    ids=["2026-01", "2026-08"],
+)
+def test_verl_optimal_token_baseline_scripts_train(script, tmp_path, tiny_model_dir, monkeypatch):
+    """verl's two OTB examples (optimal_token_baseline with calculate_sum_pi_squared:
+    128 prompts × 8 a step, one mini-batch): the actor's log-prob pass returns Σπ², the
+    estimator reads it, the policy trains."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = _script(script)
+    out = tmp_path / "verl-otb"
+    cfg = load_config(config, overrides + _verl(tiny_model_dir, out)).config
+    assert cfg.algorithm.adv_estimator == "optimal_token_baseline"
+    assert cfg.actor.calculate_sum_pi_squared is True
+    train = _train(config, overrides + _verl(tiny_model_dir, out), out)
+    assert all("actor/pg_loss" in r and "train/advantage_mean" in r for r in train)
+
+
 def _roll(tiny: Path, out: Path, roles: list[str]) -> list[str]:
     return [
         f"pretrain={tiny}",  # model

@@ -1,9 +1,9 @@
 """verl 0.9's new algorithm names end to end: two RLVR steps of a tiny random model with
 each new policy loss (``dppo_tv``, ``dppo_kl``, ``dro``) and with the ``gdpo`` estimator
-on a reward function that returns named components. Each run trains without error, logs
-finite losses, and moves every parameter tensor. (The optimal-token-baseline estimators
-are refused at ``temper check``: temper's engines do not compute Σπ² —
-``tests/unit/pipelines/test_checks.py``.)"""
+on a reward function that returns named components, and the optimal-token-baseline
+estimators (``optimal_token_baseline``, ``tir_optimal_token_baseline``: the actor's
+log-prob pass computes Σπ² for them). Each run trains without error, logs finite losses,
+and moves every parameter tensor."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ CASES = {
     "dppo_tv": {"actor": {"policy_loss": "dppo_tv", "clip_ratio": 0.15, "clip_ratio_c": 10.0}},
     "dppo_kl": {"actor": {"policy_loss": "dppo_kl", "clip_ratio": 0.05, "clip_ratio_c": 10.0}},
     "dro": {"actor": {"policy_loss": "dro", "policy_loss_kwargs": {"dro_beta": 0.1}}},
+    "optimal_token_baseline": {"algorithm": {"adv_estimator": "optimal_token_baseline"}},
+    "tir_optimal_token_baseline": {
+        "algorithm": {"adv_estimator": "tir_optimal_token_baseline"},
+        "actor": {"calculate_sum_pi_squared": True},
+    },
     "gdpo": {
         "algorithm": {
             "adv_estimator": "gdpo",

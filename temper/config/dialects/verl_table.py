@@ -371,13 +371,7 @@ def _section_actor() -> dict[str, Rule]:
             ),
             f"{ACT}.entropy_checkpointing": Note(PERF),
             f"{ACT}.use_remove_padding": Map("model.use_remove_padding"),
-            f"{ACT}.calculate_sum_pi_squared": _off(
-                "not computed",
-                "sum-of-pi-squared statistics (Σπ² per token, the input of the "
-                "optimal-token-baseline estimators) are not computed by temper's training "
-                "engines",
-                "set it to false, and algorithm.adv_estimator to another estimator (grpo, rloo)",
-            ),
+            f"{ACT}.calculate_sum_pi_squared": Map("actor.calculate_sum_pi_squared"),
             f"{ACT}.sum_pi_squared_checkpointing": Note(PERF),
         },
     )

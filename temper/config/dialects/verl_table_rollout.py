@@ -97,11 +97,14 @@ def _section_rollout() -> dict[str, Rule]:
             f"{RO}.disable_log_stats": Map("rollout.disable_log_stats"),
             f"{RO}.do_sample": Map("rollout.do_sample"),
             f"{RO}.n": Map("rollout.n"),
-            f"{RO}.over_sample_rate": _inert(
-                (0, 0.0, None),
-                "no over-sampling",
-                "rollout over-sampling is not supported",
-                "set it to 0",
+            # verl (0.7 on, 2026-01 and 2026-08 included) declares the key and reads it
+            # nowhere: the early abort (cancel the rest once (1 - rate)·n requests finish,
+            # keep them as empty fully-masked rows) lived in the SGLang SPMD rollout, which
+            # verl #4422 removed in Dec 2025; its async agent loop never read it
+            f"{RO}.over_sample_rate": Note(
+                "verl since 0.7 reads it nowhere (its early abort of the slowest requests "
+                "left with the SGLang SPMD rollout): every request runs to completion, here "
+                "as there"
             ),
             f"{RO}.multi_stage_wake_up": Note(PERF),
             f"{RO}.engine_kwargs": Call(engine_kwargs),

@@ -13,6 +13,7 @@ from temper.algorithms import (
     logprobs_and_entropy,
     logprobs_from_logits,
     response_logprobs_from_sequence_logits,
+    sum_pi_squared_from_logits,
 )
 
 T = torch.tensor
@@ -205,3 +206,30 @@ def test_fused_detached_entropy_and_zero_rows() -> None:
     assert lp0.shape == h0.shape == (0,)
     (lp0.sum() + h0.sum()).backward()
     assert empty.grad is not None and empty.grad.shape == (0, 9)
+
+
+def test_sum_pi_squared_hand_values() -> None:
+    """Σ_v π_v²: logits (0, ln 3) give π = (1/4, 3/4), 1/16 + 9/16 = 5/8; at τ = 2,
+    π ∝ (1, √3), (1 + 3)/(1 + √3)² = 2/(2 + √3); uniform over 4 tokens, 1/4; one token
+    far ahead (logit 1e4, no overflow), 1."""
+    logits = T([[0.0, math.log(3.0)], [0.0, 0.0], [1e4, 0.0]])
+    got = sum_pi_squared_from_logits(logits)
+    torch.testing.assert_close(got, T([0.625, 0.5, 1.0]))
+    tempered = sum_pi_squared_from_logits(logits[:1], temperature=2.0)
+    torch.testing.assert_close(tempered, T([2.0 / (2.0 + math.sqrt(3.0))]))
+    torch.testing.assert_close(sum_pi_squared_from_logits(torch.zeros(1, 4)), T([0.25]))
+
+
+def test_sum_pi_squared_matches_softmax_chunked_and_in_bf16() -> None:
+    """Chunking is invisible; bf16 logits are upcast; leading dims are kept; no graph."""
+    logits = torch.randn(3, 7, 50, generator=torch.Generator().manual_seed(3)) * 3
+    want = (torch.softmax(logits / 0.6, dim=-1) ** 2).sum(-1)
+    for chunk in (1, 5, 4096):
+        got = sum_pi_squared_from_logits(logits, temperature=0.6, chunk_size=chunk)
+        torch.testing.assert_close(got, want)
+    half = sum_pi_squared_from_logits(logits.bfloat16(), temperature=0.6)
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, want, atol=2e-2, rtol=2e-2)
+    grad = sum_pi_squared_from_logits(logits.requires_grad_(), temperature=0.6)
+    assert not grad.requires_grad
+    assert sum_pi_squared_from_logits(torch.zeros(0, 5)).shape == (0,)

@@ -109,12 +109,15 @@ CASES = [
         "set it to [model, optimizer, extra]",
     ),
     (
-        "driver",
+        "validation",
         VERL,
-        ["algorithm.adv_estimator=optimal_token_baseline"],
-        "algorithm.adv_estimator (temper: algorithm.adv_estimator): optimal_token_baseline "
-        "needs sum_pi_squared",
-        "choose an estimator",
+        [
+            "algorithm.adv_estimator=optimal_token_baseline",
+            "actor_rollout_ref.actor.calculate_sum_pi_squared=false",
+        ],
+        "actor_rollout_ref.actor.calculate_sum_pi_squared (temper: actor.calculate_sum_pi_squared)"
+        ": adv_estimator optimal_token_baseline needs Σπ² per token",
+        "set actor_rollout_ref.actor.calculate_sum_pi_squared=true",
     ),
     (
         "policy loss",

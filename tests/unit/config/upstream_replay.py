@@ -187,7 +187,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("tp rollout on cpu", r"is not supported with vLLM's CPU build"),
     ("custom code", r"custom (dataset classes|samplers|ROLL worker class)"),
     ("verl interaction", r"interaction agents"),
-    ("over-sampling", r"over-sampling"),
     ("chat template", r"custom Jinja chat template"),
     ("rollout correction", r"rejection sampling|bypass mode|probability ratio"),
     ("router replay", r"router replay"),
@@ -198,7 +197,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("tool-call format", r"tool-call format '\w+' is not supported"),
     ("checkpoint contents", r"checkpoints without (model|optimizer|extra)"),
     ("file: no model", r"no policy model given"),
-    ("sum_pi_squared", r"sum-of-pi-squared"),
     ("multi-token prediction", r"multi-token prediction is not supported"),
     ("engine: automodel", r"automodel training engine"),
     (

@@ -106,7 +106,7 @@ actor_rollout_ref.actor.ulysses_sequence_parallel_size 2 +actor_rollout_ref.ref.
 actor_rollout_ref.actor.entropy_from_logits_with_chunking true -> actor.entropy_chunk_size = 2048
 actor_rollout_ref.actor.entropy_checkpointing true noted
 actor_rollout_ref.actor.use_remove_padding false -actor_rollout_ref.model.use_remove_padding -> model.use_remove_padding
-actor_rollout_ref.actor.calculate_sum_pi_squared true !! sum-of-pi-squared
+actor_rollout_ref.actor.calculate_sum_pi_squared true -> actor.calculate_sum_pi_squared
 actor_rollout_ref.actor.sum_pi_squared_checkpointing true noted
 actor_rollout_ref.actor.rollout_n 3 !! must equal
 actor_rollout_ref.actor.optim.optimizer AdamW -> actor.optim.optimizer = adamw
@@ -220,7 +220,7 @@ actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu 4096 -> rollout.log_pro
 actor_rollout_ref.rollout.disable_log_stats false -> rollout.disable_log_stats
 actor_rollout_ref.rollout.do_sample false -> rollout.do_sample
 actor_rollout_ref.rollout.n 4 +actor_rollout_ref.actor.rollout_n=4 +actor_rollout_ref.ref.rollout_n=4 +critic.rollout_n=4 -> rollout.n
-actor_rollout_ref.rollout.over_sample_rate 0.1 !! over-sampling
+actor_rollout_ref.rollout.over_sample_rate 0.1 noted
 actor_rollout_ref.rollout.multi_stage_wake_up true noted
 actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space 4 +actor_rollout_ref.rollout.name=vllm -> rollout.engine_kwargs.swap_space
 actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space 4 noted
@@ -455,8 +455,8 @@ algorithm.lam 0.95 -> algorithm.lam
 algorithm.adv_estimator grpo -> algorithm.adv_estimator
 algorithm.norm_adv_by_std_in_grpo false -> algorithm.norm_adv_by_std_in_grpo
 algorithm.adv_estimator gdpo +algorithm.gdpo_reward_keys=[acc] -> algorithm.adv_estimator
-algorithm.adv_estimator optimal_token_baseline -> algorithm.adv_estimator
-algorithm.adv_estimator tir_optimal_token_baseline -> algorithm.adv_estimator
+algorithm.adv_estimator optimal_token_baseline +actor_rollout_ref.actor.calculate_sum_pi_squared=true -> algorithm.adv_estimator
+algorithm.adv_estimator tir_optimal_token_baseline +actor_rollout_ref.actor.calculate_sum_pi_squared=true -> algorithm.adv_estimator
 algorithm.gdpo_reward_keys [accuracy_reward,format_reward] +algorithm.adv_estimator=gdpo -> algorithm.gdpo_reward_keys
 algorithm.gdpo_reward_weights [1.0,0.25] +algorithm.adv_estimator=gdpo +algorithm.gdpo_reward_keys=[a,b] -> algorithm.gdpo_reward_weights
 algorithm.use_kl_in_reward true -> algorithm.use_kl_in_reward

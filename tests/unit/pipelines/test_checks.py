@@ -91,10 +91,27 @@ REFUSED = [
         {"algorithm": {"add_len_reward": True}, "agentic": {"use_turn_rewards": True}},
         "algorithm.add_len_reward",
     ),
-    # estimators whose inputs the run cannot provide; GDPO's components and what would
-    # shape a reward it does not read; a policy loss without its parameter
-    (RLVR, {"algorithm": {"adv_estimator": "optimal_token_baseline"}}, "sum_pi_squared"),
-    (RLVR, {"algorithm": {"adv_estimator": "tir_optimal_token_baseline"}}, "sum_pi_squared"),
+    # estimators whose inputs the run cannot provide (Σπ² turned off, or asked for an
+    # estimator that does not read it); GDPO's components and what would shape a reward it
+    # does not read; a policy loss without its parameter
+    (
+        RLVR,
+        {
+            "algorithm": {"adv_estimator": "optimal_token_baseline"},
+            "actor": {"calculate_sum_pi_squared": False},
+        },
+        "actor.calculate_sum_pi_squared",
+    ),
+    (RLVR, {"actor": {"calculate_sum_pi_squared": True}}, "actor.calculate_sum_pi_squared"),
+    (
+        RLVR,
+        {
+            "algorithm": {"adv_estimator": "optimal_token_baseline"},
+            "actor": {"recompute_old_log_prob": False},
+            "rollout": {"calculate_log_probs": True},
+        },
+        "actor.recompute_old_log_prob",
+    ),
     (AGENTIC, {"algorithm": {"adv_estimator": "remax"}}, "baseline_rewards"),
     (
         AGENTIC,
@@ -168,6 +185,14 @@ ACCEPTED = [
     (RLVR, {"algorithm": {"use_kl_in_reward": True, "kl_penalty": "full"}}),
     (RLVR, {"algorithm": {"use_pf_ppo": True, "difficulty_mask": True, "max_len_mask": True}}),
     (RLVR, {"algorithm": {"adv_estimator": "remax"}}),
+    (RLVR, {"algorithm": {"adv_estimator": "optimal_token_baseline"}}),
+    (
+        AGENTIC,
+        {
+            "algorithm": {"adv_estimator": "tir_optimal_token_baseline"},
+            "actor": {"calculate_sum_pi_squared": True},
+        },
+    ),
     (
         RLVR,
         {

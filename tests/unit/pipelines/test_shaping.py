@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from temper.algorithms import AdvantageInputs, compute_advantages
 from temper.config.schema import (
+    ActorConfig,
     AgenticConfig,
     AlgorithmConfig,
     DistillConfig,
@@ -161,6 +163,41 @@ def test_gdpo_reads_the_reward_components_and_their_weights():
     # weight 2: s = [2k, -2k]; whitened (mean 0, unbiased var 10k²/3) -> [1, -1, 2, -2]·√(3/10)
     a = out["advantages"][:, 0]
     torch.testing.assert_close(a, torch.tensor([1.0, -1.0, 2.0, -2.0]) * (3 / 10) ** 0.5)
+
+
+def test_optimal_token_baseline_reads_the_actors_sum_pi_squared_and_rollout_is():
+    """The OTB estimators get the batch's Σπ² and old log-probs; with ``actor.rollout_is``
+    on they also get the update's rollout IS weights ρ̄ (verl computes them before the
+    advantages), which change the path weights; off, none."""
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 4, generator=g)
+    spq = 0.2 + 0.5 * torch.rand(4, 4, generator=g)
+    rollout = old + 0.3 * torch.randn(4, 4, generator=g)
+    b = batch([1.0, 0.0, 0.3, 1.0], ["a", "a", "a", "b"], [2, 4, 3, 4], old_log_probs=old)
+    b["sum_pi_squared"], b["rollout_log_probs"] = spq, rollout
+    algo = AlgorithmConfig(adv_estimator="optimal_token_baseline")
+    state = ShapingState.from_config(algo)
+    plain, _ = compute_experience(b, ShapingSettings(algo, response_length=4), state, 0)
+    plain_adv = plain["advantages"].clone()  # the phase fills in the batch it is given
+    actor = ActorConfig(rollout_is="token", rollout_is_threshold=1.2)
+    settings = ShapingSettings(algo, response_length=4, actor=actor)
+    corrected, _ = compute_experience(b, settings, state, 0)
+    mask, rewards = plain["response_mask"], plain["token_level_rewards"]
+    inputs = dict(response_mask=mask, group_index=["a", "a", "a", "b"], old_log_probs=old)
+    want, _ = compute_advantages(
+        "optimal_token_baseline",
+        AdvantageInputs(token_level_rewards=rewards, sum_pi_squared=spq, **inputs),
+    )
+    torch.testing.assert_close(plain_adv, want)
+    rho = torch.clamp((old - rollout).exp(), max=1.2) * mask
+    want_is, _ = compute_advantages(
+        "optimal_token_baseline",
+        AdvantageInputs(
+            token_level_rewards=rewards, sum_pi_squared=spq, rollout_is_weights=rho, **inputs
+        ),
+    )
+    torch.testing.assert_close(corrected["advantages"], want_is)
+    assert not torch.allclose(want_is, want)
 
 
 def test_reward_clip_and_shaping_state_roundtrip():

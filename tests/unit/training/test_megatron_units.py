@@ -24,7 +24,12 @@ from temper.training.megatron_convert import (
     to_hf,
     to_megatron_shard,
 )
-from temper.training.megatron_vocab import VocabShard, log_probs_and_entropy, vocab_logsumexp
+from temper.training.megatron_vocab import (
+    VocabShard,
+    log_probs_and_entropy,
+    vocab_logsumexp,
+    vocab_sum_pi_squared,
+)
 from temper.training.micro_batching import ModelInputs
 
 LAYOUT = HFLayout(
@@ -120,6 +125,36 @@ def test_vocab_log_probs_and_entropy_equal_softmax_ones(temperature: float) -> N
     (g2,) = torch.autograd.grad((ref_lp + ref_ent).sum(), logits)
     torch.testing.assert_close(g1, g2)
     assert torch.count_nonzero(g1[..., vocab:]) == 0
+
+
+def test_vocab_sum_pi_squared_equals_the_softmax_one() -> None:
+    """One rank: Σ_v π_v² over the real columns (padded ones ignored), chunk by chunk."""
+    logits = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(2)) * 2
+    want = (torch.softmax(logits[..., :10] / 0.7, dim=-1) ** 2).sum(-1)
+    shard = VocabShard.of(0, 1, 16, 10)
+    for chunk in (1, 4, 2048):
+        got = vocab_sum_pi_squared(logits, shard, temperature=0.7, chunk_size=chunk)
+        torch.testing.assert_close(got, want)
+
+
+def _sum_pi_squared_rank(rank: int, world: int, logits: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    shard = VocabShard.of(rank, world, 16, 10, group=dist.group.WORLD)
+    mine = logits[..., shard.start : shard.start + shard.width]
+    return vocab_sum_pi_squared(mine, shard, temperature=0.7, chunk_size=4)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_vocab_sum_pi_squared_at_tp_equals_tp1(tp: int) -> None:
+    """Vocabulary-parallel (gloo ranks, each its slice; at TP 4 one rank holds padding
+    only): the max and both sums reduced over the group give TP 1's Σπ² on every rank."""
+    from temper.cluster.process_group import spawn_ranks
+
+    logits = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(4)) * 2
+    want = vocab_sum_pi_squared(logits, VocabShard.of(0, 1, 16, 10), temperature=0.7)
+    for got in spawn_ranks(_sum_pi_squared_rank, tp, logits):
+        torch.testing.assert_close(got, want)
 
 
 def test_vocab_logsumexp_normalizes_over_the_real_ids_below_the_limit() -> None:

@@ -369,3 +369,38 @@ def test_optimizer_is_torch_fused_adamw(tiny_path: str) -> None:
     engine = make_engine(tiny_path)
     assert isinstance(engine.optimizer, torch.optim.AdamW)
     assert engine.optimizer.defaults["fused"] is True
+
+
+def manual_sum_pi_squared(model: torch.nn.Module, batch: Batch, tau: float) -> torch.Tensor:
+    """Ground truth: each sample alone, full forward, ``Σ_v softmax(l/τ)_v²`` per token."""
+    out = torch.zeros(batch["response_ids"].shape)
+    for i in range(len(batch)):
+        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i] > 0]
+        n = int(batch["response_mask"][i].sum())
+        ids = torch.cat([prompt, batch["response_ids"][i, :n]])[None]
+        with torch.no_grad():
+            p = torch.softmax(model(input_ids=ids).logits[0].float() / tau, dim=-1)
+        out[i, :n] = (p * p).sum(-1)[prompt.numel() - 1 : prompt.numel() - 1 + n]
+    return out
+
+
+def test_sum_pi_squared_matches_a_full_softmax_and_every_layout(tiny_path: str) -> None:
+    """The log-prob pass's Σπ² (the optimal-token-baseline input) is Σ_v π_v² of the
+    tempered distribution at every response token, 0 on padding, the same whatever the
+    micro-batching or layout (packed, padded), and leaves the log-probs as they were."""
+    engine = make_engine(tiny_path, micro=4, train=False)
+    padded = make_engine(
+        tiny_path, train=False, model=ModelConfig(path=tiny_path, use_remove_padding=False)
+    )
+    batch = make_batch(PROMPTS, RESPONSES, seed=2)
+    want = manual_sum_pi_squared(engine.model, batch, 0.7)
+    plain = engine.forward(batch, temperature=0.7)
+    assert "sum_pi_squared" not in plain
+    for e, spec in ((engine, MicroBatching(size=1)), (engine, MicroBatching(max_tokens=12)),
+                    (padded, MicroBatching(size=3))):  # fmt: skip
+        out = e.forward(batch, temperature=0.7, with_sum_pi_squared=True, micro_batching=spec)
+        torch.testing.assert_close(out["sum_pi_squared"], want, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(out["log_probs"], plain["log_probs"], atol=1e-5, rtol=1e-5)
+    spq = out["sum_pi_squared"]
+    valid = batch["response_mask"] > 0
+    assert (spq[~valid] == 0).all() and (spq[valid] > 0).all() and (spq[valid] <= 1).all()
