@@ -1010,9 +1010,19 @@ class AgenticConfig:
     env_manager: str = doc(
         "trajectory",
         "How episodes become samples: trajectory (one multi-turn sample per episode, ROLL "
-        "TrajEnvManager) or step (one sample per env step with its anchor state, ROLL "
-        "StepEnvManager, for gigpo).",
+        "TrajEnvManager), step (one sample per env step with its anchor state, ROLL "
+        "StepEnvManager, for gigpo) or step_concat (step samples whose prompt concatenates "
+        "the episode's observations, ROLL StepConcatEnvManager, GEM's games).",
         registry="env_manager",
+    )
+    step_score: Literal["episode", "return_to_go"] = doc(
+        "episode",
+        "Step env managers: a step sample's score (what reward_normalization normalizes): "
+        "episode (its episode's return) or return_to_go (the discounted sum of its "
+        "episode's step rewards from this step on, ROLL adv_estimator step_reinforce).",
+    )
+    step_score_gamma: float = doc(
+        1.0, "Discount of step_score=return_to_go per env step (ROLL step_reward_gamma)."
     )
 
 

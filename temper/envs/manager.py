@@ -58,10 +58,10 @@ import numpy as np
 from temper.config.errors import ConfigError
 from temper.config.schema import AgenticConfig, EnvManagerConfig, EnvTagConfig
 
-from .actions import parse_action
+from .actions import ParsedAction, parse_action
 from .base import EnvSlot, EnvTurnResult, TextEnv
 from .registry import EnvSpec, resolve_tag
-from .steps import StepRecord, render_step_prompt
+from .steps import StepRecord, render_concat_prompt, render_step_prompt
 
 __all__ = ["EnvManager", "check_max_traj_per_env", "split_groups"]
 
@@ -215,7 +215,8 @@ class EnvManager:
         ``turn_prompt`` (a question asked last is what small models answer) — or, with a
         ``turn_template`` (ROLL's ``agent_template``), that template rendered with
         ``observation``, ``turn_idx`` (1 on the first turn), ``actions_left``,
-        ``max_response_length`` (the tag's per-turn token budget) and ``suffix`` (empty);
+        ``max_response_length`` (the tag's per-turn token budget) and ``suffix`` (the env's
+        :meth:`TextEnv.suffix`);
         other ``{fields}`` stay as written, as ROLL renders only the fields it knows."""
         st = self._states[env_id]
         if st.spec.turn_template:
@@ -224,7 +225,7 @@ class EnvManager:
                 "turn_idx": st.turns + 1,
                 "actions_left": max(0, st.spec.max_turns - st.turns),
                 "max_response_length": st.spec.max_tokens_per_turn,
-                "suffix": "",
+                "suffix": st.env.suffix(),
             }
             return _TEMPLATE_FIELD.sub(
                 lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0),
@@ -246,6 +247,19 @@ class EnvManager:
             template=st.spec.turn_template,
             turn_prompt=st.spec.turn_prompt,
             max_response_length=st.spec.max_tokens_per_turn,
+        )
+
+    def concat_text(self, env_id: int, records: Sequence[StepRecord]) -> str:
+        """A step-concat episode's next prompt
+        (:func:`temper.envs.steps.render_concat_prompt`): the window's observations and the
+        current one with the env's suffix, in the tag's ``turn_template`` when it has one."""
+        st = self._states[env_id]
+        return render_concat_prompt(
+            observation=st.observation,
+            suffix=st.env.suffix(),
+            records=records,
+            history_length=st.spec.history_length,
+            template=st.spec.turn_template,
         )
 
     def system_message(self, tag: str) -> str:
@@ -299,13 +313,16 @@ class EnvManager:
         if st.done:
             raise ValueError(f"env {env_id} is done; reset the manager first")
         valid = st.env.valid_actions()
-        parsed = parse_action(
-            response,
-            st.spec.action_pattern,
-            valid_actions=valid,
-            require_think=self.enable_think,
-            action_sep=self.action_sep if valid is not None else None,
-        )
+        if st.env.whole_response:  # the env parses the answer itself (TextEnv.whole_response)
+            parsed = ParsedAction(response, True, "", actions=[response], content=response)
+        else:
+            parsed = parse_action(
+                response,
+                st.spec.action_pattern,
+                valid_actions=valid,
+                require_think=self.enable_think,
+                action_sep=self.action_sep if valid is not None else None,
+            )
         budget = None
         if self.max_actions_per_traj is not None:
             budget = max(0, self.max_actions_per_traj - st.actions)
@@ -326,7 +343,7 @@ class EnvManager:
         format_ok = parsed.valid and all_valid
         penalty = (
             0.0
-            if format_ok
+            if format_ok or st.env.whole_response
             else float(
                 self.cfg.format_penalty
                 if self.cfg.format_penalty is not None

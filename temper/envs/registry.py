@@ -44,7 +44,7 @@ ENV_TYPES: Registry[type[TextEnv]] = Registry("environment type")
 
 
 def _builtin(path: str) -> Callable[[], type[TextEnv]]:
-    module, name = path.split(":")
+    module, name = path.rsplit(":", 1)
 
     def load() -> type[TextEnv]:
         cls: type[TextEnv] = getattr(importlib.import_module(module), name)  # registers itself
@@ -59,6 +59,10 @@ for _name, _path in {
     "countdown": "temper.envs.countdown_tool:CountdownEnv",
     "countdown_tool": "temper.envs.countdown_tool:CountdownToolEnv",
     "bandit": "temper.envs.bandit:BanditEnv",
+    "game:GuessTheNumber-v0": "temper.envs.gem_games:GuessTheNumberEnv",
+    "rg:letter_counting": "temper.envs.gem_reasoning:LetterCountingEnv",
+    "roll_math": "temper.envs.gem_datasets:MathEnv",
+    "roll_qa": "temper.envs.gem_datasets:QaEnv",
 }.items():
     ENV_TYPES.add_lazy(_name, _builtin(_path))
 

@@ -17,9 +17,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["StepRecord", "history_window", "render_step_prompt"]
+__all__ = ["StepRecord", "history_window", "render_concat_prompt", "render_step_prompt"]
 
 _FIELD = re.compile(r"\{(\w+)\}")
+#: a ``str.format`` field or an escaped brace (``{{`` / ``}}``)
+_FORMAT = re.compile(r"\{\{|\}\}|\{(\w+)\}")
 
 #: appended to a remembered answer the env refused, so the model sees why it went nowhere
 INVALID_TIP = (
@@ -101,3 +103,35 @@ def render_step_prompt(
     if turn_prompt:
         parts.append(turn_prompt)
     return "\n\n".join(p for p in parts if p)
+
+
+def render_concat_prompt(
+    *,
+    observation: str,
+    suffix: str,
+    records: Sequence[StepRecord],
+    history_length: int | None,
+    template: str = "",
+) -> str:
+    """The user message of a step-concat step (ROLL's ``StepConcatEnvManager``, GEM's
+    observation concatenation): ``history`` is the window's observations (only the
+    observations: no answers, no rewards, no instruction) joined by newlines, and
+    ``current_observation`` is ``f"{observation}\\n{suffix}"``.
+
+    A ``template`` (ROLL's ``agent_template``) is filled as ``str.format`` fills it:
+    ``{{`` and ``}}`` are literal braces; other ``{fields}`` stay as written. Without
+    one: the history (when any) and the current observation, one per line.
+    """
+    window = history_window(records, history_length)
+    history = "\n".join(r.observation for r in window)
+    current = f"{observation}\n{suffix}"
+    if template:
+        fields = {"history": history, "current_observation": current}
+
+        def fill(m: re.Match[str]) -> str:
+            if m.group(1) is None:
+                return m.group(0)[0]  # an escaped brace
+            return str(fields[m.group(1)]) if m.group(1) in fields else m.group(0)
+
+        return _FORMAT.sub(fill, template)
+    return f"{history}\n{current}" if history else current
