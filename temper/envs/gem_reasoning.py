@@ -29,8 +29,7 @@ from .registry import register_env
 
 __all__ = ["LetterCountingEnv", "letter_counting_item", "score_answer"]
 
-#: the text spans are drawn from (a fixed sequence of everyday words)
-WORDS = (
+_TEXT = (
     "the morning train left the station under a grey sky while children waved from "
     "the bridge and a baker carried warm bread across the market square where farmers "
     "sold apples pears and honey to travellers who had walked since dawn along the "
@@ -44,7 +43,9 @@ WORDS = (
     "of silver fish and gulls circled above the masts calling loudly into the wind "
     "later that afternoon clouds gathered over the hills and rain began to fall on the "
     "rooftops so people hurried home with umbrellas and lanterns glowing in windows"
-).split()
+)
+#: the text spans are drawn from (a fixed sequence of everyday words)
+WORDS = tuple(_TEXT.split())
 
 
 def letter_counting_item(

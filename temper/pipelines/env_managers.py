@@ -64,6 +64,4 @@ def check_trajectory(cfg: TemperConfig) -> None:
 ENV_MANAGERS: Registry[EnvManagerKind] = Registry("env_manager")
 ENV_MANAGERS.add("trajectory", EnvManagerKind(AgenticPlayer, check_trajectory))
 ENV_MANAGERS.add("step", EnvManagerKind(StepPlayer, check_step, provides=STEP_INPUTS))
-ENV_MANAGERS.add(
-    "step_concat", EnvManagerKind(StepConcatPlayer, check_step, provides=STEP_INPUTS)
-)
+ENV_MANAGERS.add("step_concat", EnvManagerKind(StepConcatPlayer, check_step, provides=STEP_INPUTS))
