@@ -927,6 +927,26 @@ class ResourcesConfig:
 
 
 @dataclass
+class EnvToolWrapperConfig:
+    """Tools in front of a tag's envs (ROLL ``custom_envs.<tag>.tool_wrapper``, GEM's
+    ``ToolEnvWrapper``): each answer is offered to the tools before the env."""
+
+    tools: dict[str, dict[str, Any]] = doc(
+        {},
+        "Env tools by id (python_code, search), tried in this order, each with its "
+        "arguments (python_code: timeout, sandbox, keep_error_last_line, tool_instruction, "
+        "patterns, memory_mb; search: search_url, topk, timeout); empty = no wrapper.",
+    )
+    tool_reward: float = doc(0.0, "Reward of a turn whose answer made a tool call.")
+    tool_success_reward: float = doc(
+        0.0, "Added to tool_reward when the call ran without error."
+    )
+    max_tool_uses: int | None = doc(
+        10, "Tool calls per episode; later calls go to the env (null: no limit)."
+    )
+
+
+@dataclass
 class EnvTagConfig:
     """One environment kind (ROLL ``custom_envs.<tag>``)."""
 
@@ -958,6 +978,9 @@ class EnvTagConfig:
         "Step env manager: a step's prompt shows the window of the last history_length "
         "steps ending at the current one, i.e. up to history_length - 1 earlier steps "
         "(0: all; None: none) (ROLL history_length).",
+    )
+    tool_wrapper: EnvToolWrapperConfig = sub(
+        EnvToolWrapperConfig, "Tools offered before the env sees an answer (GEM envs)."
     )
 
 

@@ -240,10 +240,9 @@ def _env_tag() -> dict[str, Rule]:
             "an env reward template is not supported", "remove it", ok=lambda v: not v
         ),
         f"{e}.grid_vocab": Note("a vision-language env setting (the grid is text here)"),
-        f"{e}.tool_wrapper": Reject(
-            "ROLL's GEM tool wrappers (python code, search, MCP) are not supported",
-            "remove tool_wrapper (temper's envs declare their tools themselves)",
-            ok=lambda v: not v,
+        f"{e}.tool_wrapper": Use(
+            "agentic.custom_envs.<tag>.tool_wrapper (GEM's tool wrapper: wrapper_args and "
+            "the tool_configs by tool_id)"
         ),
     }
 
