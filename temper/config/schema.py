@@ -938,9 +938,7 @@ class EnvToolWrapperConfig:
         "patterns, memory_mb; search: search_url, topk, timeout); empty = no wrapper.",
     )
     tool_reward: float = doc(0.0, "Reward of a turn whose answer made a tool call.")
-    tool_success_reward: float = doc(
-        0.0, "Added to tool_reward when the call ran without error."
-    )
+    tool_success_reward: float = doc(0.0, "Added to tool_reward when the call ran without error.")
     max_tool_uses: int | None = doc(
         10, "Tool calls per episode; later calls go to the env (null: no limit)."
     )

@@ -176,7 +176,9 @@ class SearchTool(EnvTool):
     ) -> None:
         # num_workers: GEM's pool size for batched calls; calls here are one at a time
         if not search_url:
-            raise ValueError("search_url is required: the retriever's URL (http://host:port/retrieve)")
+            raise ValueError(
+                "search_url is required: the retriever's URL (http://host:port/retrieve)"
+            )
         if topk < 1:
             raise ValueError("topk must be at least 1")
         self.search_url, self.topk, self.timeout = str(search_url), int(topk), float(timeout)

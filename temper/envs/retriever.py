@@ -121,7 +121,7 @@ def _msgpack() -> Any:
 
 def _handler(index: BM25Index) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             as_json = "json" in (self.headers.get("Content-Type") or "")
             try:
@@ -132,18 +132,22 @@ def _handler(index: BM25Index) -> type[BaseHTTPRequestHandler]:
                 return
             data = json.dumps(payload).encode() if as_json else _msgpack().packb(payload)
             self.send_response(200)
-            self.send_header("Content-Type", "application/json" if as_json else "application/msgpack")
+            self.send_header(
+                "Content-Type", "application/json" if as_json else "application/msgpack"
+            )
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # one line per query would flood a training log
 
     return Handler
 
 
-def serve(index: BM25Index, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+def serve(
+    index: BM25Index, host: str = "127.0.0.1", port: int = 0
+) -> tuple[ThreadingHTTPServer, str]:
     """Serve ``index`` on a daemon thread; returns the server (``shutdown()`` stops it) and
     its ``http://host:port/retrieve`` URL (``port=0``: a free port)."""
     server = ThreadingHTTPServer((host, port), _handler(index))

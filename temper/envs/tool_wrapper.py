@@ -44,7 +44,11 @@ def check_tools(wrapper: EnvToolWrapperConfig, key: str) -> None:
     for tool_id, args in wrapper.tools.items():
         where = f"{key}.tools.{tool_id}"
         if tool_id in REFUSED_TOOLS:
-            raise ConfigError(where, f"the {tool_id} tool cannot run here: {REFUSED_TOOLS[tool_id]}", f"remove {tool_id}; use one of: {', '.join(ENV_TOOLS.names())}")
+            raise ConfigError(
+                where,
+                f"the {tool_id} tool cannot run here: {REFUSED_TOOLS[tool_id]}",
+                f"remove {tool_id}; use one of: {', '.join(ENV_TOOLS.names())}",
+            )
         if tool_id not in ENV_TOOLS:
             raise ConfigError(
                 where,

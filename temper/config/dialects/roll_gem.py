@@ -44,7 +44,9 @@ def _native(ctx: Ctx, wrapper: Any, key: str) -> dict[str, Any]:
     extra = sorted(set(wrapper) - {"wrapper_args", "tool_configs"})
     if extra:
         raise ConfigError(
-            f"{key}.{extra[0]}", "is not a tool wrapper setting", "use wrapper_args and tool_configs"
+            f"{key}.{extra[0]}",
+            "is not a tool wrapper setting",
+            "use wrapper_args and tool_configs",
         )
     args = dict(wrapper.get("wrapper_args") or {})
     for name in args:
