@@ -44,6 +44,13 @@ class EnvManagerKind:
 def check_trajectory(cfg: TemperConfig) -> None:
     """The trajectory env manager keeps the whole episode in one conversation: a tag's
     window of past steps (``history_length``) would be read by nothing."""
+    if cfg.agentic.step_score != "episode":
+        raise ConfigError(
+            "agentic.step_score",
+            f"{cfg.agentic.step_score}: the trajectory env manager makes one sample per "
+            "episode, which has no step of its own to score from",
+            "set agentic.env_manager: step or step_concat, or step_score: episode",
+        )
     for tag, spec in cfg.agentic.custom_envs.items():
         if spec.history_length is not None:
             raise ConfigError(
@@ -52,13 +59,6 @@ def check_trajectory(cfg: TemperConfig) -> None:
                 "is the step env manager's",
                 "remove it, or set agentic.env_manager: step",
             )
-    if cfg.agentic.step_score != "episode":
-        raise ConfigError(
-            "agentic.step_score",
-            f"{cfg.agentic.step_score}: the trajectory env manager makes one sample per "
-            "episode, which has no step of its own to score from",
-            "set agentic.env_manager: step or step_concat, or step_score: episode",
-        )
 
 
 ENV_MANAGERS: Registry[EnvManagerKind] = Registry("env_manager")
