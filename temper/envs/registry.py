@@ -110,7 +110,7 @@ def env_class(env_type: str, key: str = "env_type") -> type[TextEnv]:
 
 def params_of(cls: type) -> set[str]:
     """The keyword-only parameters of ``cls``'s constructor (what a config may set)."""
-    sig = inspect.signature(cls.__init__)
+    sig = inspect.signature(cls)
     return {n for n, p in sig.parameters.items() if n != "self" and p.kind == p.KEYWORD_ONLY}
 
 
