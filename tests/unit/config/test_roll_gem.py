@@ -52,7 +52,7 @@ def run(data: dict[str, Any]) -> tuple[TemperConfig, list[str]]:
 
 def test_step_concat_and_step_reinforce() -> None:
     tag = {"env_type": "game:GuessTheNumber-v0", "env_manager_cls": CONCAT, "history_length": 5}
-    cfg, notes = run(gem(tag, adv_estimator="step_reinforce", step_reward_gamma=0.9))
+    cfg, _ = run(gem(tag, adv_estimator="step_reinforce", step_reward_gamma=0.9))
     assert cfg.agentic.env_manager == "step_concat"
     assert cfg.agentic.custom_envs["A"].history_length == 5
     assert cfg.algorithm.adv_estimator == "reinforce"
