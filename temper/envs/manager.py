@@ -48,7 +48,6 @@ after ``max_turns`` turns of its tag.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -61,7 +60,7 @@ from temper.config.schema import AgenticConfig, EnvManagerConfig, EnvTagConfig
 from .actions import ParsedAction, parse_action
 from .base import EnvSlot, EnvTurnResult, TextEnv
 from .registry import EnvSpec, resolve_tag
-from .steps import StepRecord, render_concat_prompt, render_step_prompt
+from .steps import StepRecord, fill_template, render_concat_prompt, render_step_prompt
 
 __all__ = ["EnvManager", "check_max_traj_per_env", "split_groups"]
 
@@ -113,7 +112,6 @@ class _EnvState:
     frames: list[Any] = field(default_factory=list)
 
 
-_TEMPLATE_FIELD = re.compile(r"\{(\w+)\}")
 
 
 class EnvManager:
@@ -216,8 +214,8 @@ class EnvManager:
         ``turn_template`` (ROLL's ``agent_template``), that template rendered with
         ``observation``, ``turn_idx`` (1 on the first turn), ``actions_left``,
         ``max_response_length`` (the tag's per-turn token budget) and ``suffix`` (the env's
-        :meth:`TextEnv.suffix`);
-        other ``{fields}`` stay as written, as ROLL renders only the fields it knows."""
+        :meth:`TextEnv.suffix`), filled as ``str.format`` fills ROLL's (``{{``/``}}`` are
+        braces; :func:`temper.envs.steps.fill_template`)."""
         st = self._states[env_id]
         if st.spec.turn_template:
             fields = {
@@ -227,10 +225,7 @@ class EnvManager:
                 "max_response_length": st.spec.max_tokens_per_turn,
                 "suffix": st.env.suffix(),
             }
-            return _TEMPLATE_FIELD.sub(
-                lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0),
-                st.spec.turn_template,
-            )
+            return fill_template(st.spec.turn_template, fields)
         prompt = st.spec.turn_prompt
         return f"{observation}\n\n{prompt}" if prompt else observation
 

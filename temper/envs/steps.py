@@ -14,14 +14,32 @@ the window its ``history_length`` promises; here the window is what the key says
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["StepRecord", "history_window", "render_concat_prompt", "render_step_prompt"]
+__all__ = [
+    "StepRecord",
+    "fill_template",
+    "history_window",
+    "render_concat_prompt",
+    "render_step_prompt",
+]
 
-_FIELD = re.compile(r"\{(\w+)\}")
 #: a ``str.format`` field or an escaped brace (``{{`` / ``}}``)
 _FORMAT = re.compile(r"\{\{|\}\}|\{(\w+)\}")
+
+
+def fill_template(template: str, fields: Mapping[str, object]) -> str:
+    """``template`` filled as ROLL fills its templates (``str.format``): ``{name}`` is the
+    field's value, ``{{`` and ``}}`` are literal braces; a ``{name}`` not in ``fields``
+    stays as written (where ``str.format`` would raise)."""
+
+    def fill(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return m.group(0)[0]  # an escaped brace
+        return str(fields[m.group(1)]) if m.group(1) in fields else m.group(0)
+
+    return _FORMAT.sub(fill, template)
 
 #: appended to a remembered answer the env refused, so the model sees why it went nowhere
 INVALID_TIP = (
@@ -77,8 +95,8 @@ def render_step_prompt(
     With a ``template`` (ROLL's ``agent_template``) its fields are filled:
     ``env_instruction``, ``history`` (the window, 1-based step numbers), ``step_count``
     (steps taken), ``history_length`` (steps in the window), ``current_step``
-    (``step_count + 1``), ``current_observation`` and ``max_response_length``; other
-    ``{fields}`` stay as written. Without one: the instruction, the window, the
+    (``step_count + 1``), ``current_observation`` and ``max_response_length``
+    (:func:`fill_template`). Without one: the instruction, the window, the
     observation and ``turn_prompt``.
     """
     window = history_window(records, history_length)
@@ -93,9 +111,7 @@ def render_step_prompt(
             "current_observation": observation,
             "max_response_length": max_response_length,
         }
-        return _FIELD.sub(
-            lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), template
-        )
+        return fill_template(template, fields)
     parts = [instruction]
     if history:
         parts.append(f"Recent steps: {history}")
@@ -118,20 +134,12 @@ def render_concat_prompt(
     observations: no answers, no rewards, no instruction) joined by newlines, and
     ``current_observation`` is ``f"{observation}\\n{suffix}"``.
 
-    A ``template`` (ROLL's ``agent_template``) is filled as ``str.format`` fills it:
-    ``{{`` and ``}}`` are literal braces; other ``{fields}`` stay as written. Without
+    A ``template`` (ROLL's ``agent_template``) is filled by :func:`fill_template`. Without
     one: the history (when any) and the current observation, one per line.
     """
     window = history_window(records, history_length)
     history = "\n".join(r.observation for r in window)
     current = f"{observation}\n{suffix}"
     if template:
-        fields = {"history": history, "current_observation": current}
-
-        def fill(m: re.Match[str]) -> str:
-            if m.group(1) is None:
-                return m.group(0)[0]  # an escaped brace
-            return str(fields[m.group(1)]) if m.group(1) in fields else m.group(0)
-
-        return _FORMAT.sub(fill, template)
+        return fill_template(template, {"history": history, "current_observation": current})
     return f"{history}\n{current}" if history else current

@@ -156,3 +156,25 @@ def test_concat_prompt_joins_observations_only() -> None:
         render_concat_prompt(observation="now", suffix="s", records=records, history_length=0)
         == "o0\no1\no2\nnow\ns"
     )
+
+
+def test_turn_template_braces_follow_str_format(math_rows) -> None:
+    """ROLL fills agent_template with str.format: the GEM math files' ``\\boxed{{answer}}``
+    reaches the model as ``\\boxed{answer}``."""
+    from temper.config.schema import EnvManagerConfig, EnvTagConfig
+    from temper.envs import EnvManager
+
+    tag = EnvTagConfig(
+        env_type="roll_math",
+        env_config={
+            "dataset_name": str(math_rows),
+            "question_key": "prompt",
+            "answer_key": "solution",
+        },
+        turn_template="{observation}\nEnsure that your response includes '\\boxed{{answer}}'. {x}",
+    )
+    manager = EnvManager(EnvManagerConfig(num_env_groups=1, group_size=1, tags=["M"]), {"M": tag})
+    (slot,) = manager.reset(0)
+    text = manager.turn_text(slot.env_id, slot.observation)
+    assert text.endswith("\nEnsure that your response includes '\\boxed{answer}'. {x}")
+    assert slot.instruction == ""  # the question is the whole first message
