@@ -1,7 +1,7 @@
 """GEM's Guess-the-Number game (``env_type: game:GuessTheNumber-v0``, ROLL's
 ``qwen3_agentic_gem`` games).
 
-The target is drawn uniformly from ``[min_number, max_number]`` by the reset seed; the
+The rules and messages are temper's wording of GEM's. The target is drawn uniformly from ``[min_number, max_number]`` by the reset seed; the
 player has ``max_turns`` guesses, each read from the answer's last ``\\boxed{n}`` (the
 env reads the whole answer: :attr:`TextEnv.whole_response`). Per guess (GEM's rules and
 its :class:`~temper.envs.gem_text.GameReward`):
@@ -69,21 +69,19 @@ class GuessTheNumberEnv(TextEnv):
         return ""  # the first observation states the rules (GEM's)
 
     def suffix(self) -> str:
-        return "Enter your next guess."
+        return "Make your next guess."
 
     def _rules(self) -> str:
+        example = (self.min_number + self.max_number) // 2
         return (
             "You are playing Guess The Number.\n"
-            f"You have to guess the number between {self.min_number} and {self.max_number} "
-            f"(inclusive) within {self.max_turns} turns.\n"
-            "As you enter your guess, the game will provide you with hints such as the "
-            "target number is 'higher' or 'lower'.\n"
-            "You may provide your response in any manner. Only the number that is wrapped "
-            "inside \\boxed{} will be considered as your guess, for example, \\boxed{"
-            f"{(self.min_number + self.max_number) // 2}}}.\n"
-            "As you play, the history of your guesses will be appended below. Use the "
-            "information to complete the game before you run out of guesses.\n"
-            "Enter your first guess to start the game.\n"
+            f"A secret whole number lies between {self.min_number} and {self.max_number}, "
+            f"both included, and you have {self.max_turns} turns to find it.\n"
+            "After each guess you are told whether the secret number is higher or lower.\n"
+            "Write whatever you like, but put your guess inside \\boxed{}, e.g. "
+            f"\\boxed{{{example}}}: only the last boxed number counts.\n"
+            "Your earlier guesses and their hints are listed below as the game goes on.\n"
+            "Make your first guess.\n"
         )
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
@@ -104,35 +102,27 @@ class GuessTheNumberEnv(TextEnv):
         info: dict[str, Any] = {"suffix": self.suffix(), "success": False}
         last_turn = self.turn >= self.max_turns
         if not guess:  # GEM treats 0 as no guess, too
-            self.last = f"At turn {self.turn}, you did not provide a valid guess."
+            self.last = f"Turn {self.turn}: no guess could be read (put it in \\boxed{{}})."
             info["action_is_valid"] = False
             return self.last, GAME_REWARD.format_error, True, last_turn, info
         in_range = self.min_number <= guess <= self.max_number
         if not in_range:
-            obs = f"At turn {self.turn}, you guessed {guess}, which is outside the range specified."
+            obs = f"Turn {self.turn}: you guessed {guess}, which is outside the range."
             reward = GAME_REWARD.invalid_action
         elif guess in self.guesses:
-            obs = (
-                f"At turn {self.turn}, you guessed {guess}, which has been already guessed before."
-            )
+            obs = f"Turn {self.turn}: you guessed {guess}, which you had guessed before."
             reward = GAME_REWARD.invalid_action
         elif guess == self.target:
-            self.last = (
-                f"Congratulations! You guessed the correct number {self.target} in "
-                f"{self.turn} turns."
-            )
+            self.last = f"Correct! The number was {self.target}; you found it in {self.turn} turns."
             info["success"] = True
             return self.last, GAME_REWARD.success, True, False, info
         else:
             self.guesses.add(guess)
-            hint = "lower" if guess > self.target else "higher"
-            obs = (
-                f"At turn {self.turn}, you guessed {guess}, and the target number is {hint} "
-                f"than {guess}."
-            )
+            hint = f"lower than {guess}" if guess > self.target else f"higher than {guess}"
+            obs = f"Turn {self.turn}: you guessed {guess}; the secret number is {hint}."
             reward = GAME_REWARD.internal_step
         if last_turn:
-            self.last = "You have reached the maximum number of turns."
+            self.last = "No turns are left."
             if in_range:
                 span = self.max_number - self.min_number
                 reward = 1.0 - abs(guess - self.target) / span

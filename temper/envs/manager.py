@@ -112,8 +112,6 @@ class _EnvState:
     frames: list[Any] = field(default_factory=list)
 
 
-
-
 class EnvManager:
     """A pool of text environments played batch-wise (see the module docstring)."""
 

@@ -41,6 +41,7 @@ def fill_template(template: str, fields: Mapping[str, object]) -> str:
 
     return _FORMAT.sub(fill, template)
 
+
 #: appended to a remembered answer the env refused, so the model sees why it went nowhere
 INVALID_TIP = (
     " (this answer was not a valid action: the next one must follow the format the "

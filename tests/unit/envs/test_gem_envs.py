@@ -22,8 +22,8 @@ def _game(seed: int = 3, **kw: int):
 
 def test_guess_the_number_rewards_by_hand() -> None:
     env, obs, info = _game(max_turns=4)
-    assert "between 1 and 20" in obs and "within 4 turns" in obs
-    assert info["suffix"] == env.suffix() == "Enter your next guess."
+    assert "between 1 and 20" in obs and "you have 4 turns" in obs
+    assert info["suffix"] == env.suffix() == "Make your next guess."
     t = env.target
     low = 1 if t != 1 else 2
     # a hint: internal step reward 0, the game goes on
@@ -38,14 +38,14 @@ def test_guess_the_number_rewards_by_hand() -> None:
     o, r, term, trunc, info = env.step(f"\\boxed{{{wrong}}}")
     assert (term, trunc, info["success"]) == (True, True, False)
     assert r == pytest.approx(1 - abs(wrong - t) / 19)
-    assert o == "You have reached the maximum number of turns."
+    assert o == "No turns are left."
 
 
 def test_guess_the_number_success_and_format_error() -> None:
     env, _, _ = _game()
     o, r, term, trunc, info = env.step(f"the last box counts: \\boxed{{3}} \\boxed{{{env.target}}}")
     assert (r, term, trunc, info["success"]) == (1.0, True, False, True)
-    assert o.startswith("Congratulations!")
+    assert o.startswith("Correct!")
     env.reset(3)
     o, r, term, _, info = env.step("no box at all")
     assert (r, term, info["action_is_valid"]) == (-0.1, True, False)

@@ -73,12 +73,12 @@ def test_step_concat_sample_layout(tiny_dir, tiny_model_dir):
     # step 1: the rules and the suffix; step 3: the two earlier observations (window 3)
     # joined by newlines, then the current one and the suffix — no answers, no rewards
     assert "Observation:\n\nYou are playing Guess The Number." in prompts[0]
-    assert "Enter your next guess.\nAnswer in \\boxed{}." in prompts[0]
+    assert "Make your next guess.\nAnswer in \\boxed{}." in prompts[0]
     third = prompts[2].split("Observation:\n", 1)[1]
-    first_hint = f"At turn 1, you guessed {low}, and the target number is higher than {low}."
-    second_hint = f"At turn 2, you guessed {high}, and the target number is lower than {high}."
+    first_hint = f"Turn 1: you guessed {low}; the secret number is higher than {low}."
+    second_hint = f"Turn 2: you guessed {high}; the secret number is lower than {high}."
     assert third.startswith("You are playing Guess The Number.")
-    assert f"\n{first_hint}\n{second_hint}\nEnter your next guess.\nAnswer in" in third
+    assert f"\n{first_hint}\n{second_hint}\nMake your next guess.\nAnswer in" in third
     assert "boxed{1}" not in third.replace("boxed{}", "")  # the model's answers are not shown
     # each sample trains its answer only
     assert (
