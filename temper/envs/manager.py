@@ -109,6 +109,8 @@ class _EnvState:
     episode_return: float = 0.0
     done: bool = True
     success: bool = False
+    tool_calls: int = 0  # answers a tool wrapper ran as tool calls (temper.envs.tool_wrapper)
+    tool_successes: int = 0  # of which ran without error
     frames: list[Any] = field(default_factory=list)
 
 
@@ -274,6 +276,7 @@ class EnvManager:
             st.instruction = self._instruction(st)
             st.turns = st.actions = 0
             st.episode_return, st.done, st.success = 0.0, False, False
+            st.tool_calls = st.tool_successes = 0
             st.frames = self._frame(st) if self.record_frames else []
             slots.append(
                 EnvSlot(
@@ -333,6 +336,9 @@ class EnvManager:
                 break
         st.actions += executed
         st.turns += 1
+        if info.get("tool_call"):
+            st.tool_calls += 1
+            st.tool_successes += int(not info.get("tool_error"))
         format_ok = parsed.valid and all_valid
         penalty = (
             0.0
@@ -403,7 +409,8 @@ class EnvManager:
         return [i for i, st in enumerate(self._states) if not st.done]
 
     def episode_stats(self, env_id: int) -> dict[str, Any]:
-        """Return, success, turns and actions of the env's current/last episode."""
+        """Return, success, turns, actions and tool calls (successful ones) of the env's
+        current/last episode."""
         st = self._states[env_id]
         return {
             "tag": st.spec.tag,
@@ -413,6 +420,8 @@ class EnvManager:
             "success": st.success,
             "turns": st.turns,
             "actions": st.actions,
+            "tool_calls": st.tool_calls,
+            "tool_successes": st.tool_successes,
         }
 
     def observation(self, env_id: int) -> str:

@@ -111,6 +111,8 @@ class EnvResponder:
                 "executed": r.executed,
                 "terminated": r.terminated,
                 "truncated": r.truncated,
+                "tool_call": bool(r.info.get("tool_call", False)),
+                "tool_error": bool(r.info.get("tool_error", False)),
             }
             text = note + self.manager.turn_text(r.env_id, r.observation)
             messages = [] if r.done else [{"role": "user", "content": text}]

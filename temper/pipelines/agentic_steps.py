@@ -238,6 +238,8 @@ class StepPlayer:
             "num_turns": [len(rs) for rs in rows],
             "invalid_actions": [sum(not r.valid for r in rs) for rs in rows],
             "truncated": [stops.get(s.env_id) == "context" for s in slots],
+            "tool_calls": [manager.episode_stats(s.env_id)["tool_calls"] for s in slots],
+            "tool_successes": [manager.episode_stats(s.env_id)["tool_successes"] for s in slots],
         }
         episodes = Batch.from_dict({"scores": torch.tensor(returns)}, objects)
         logs = [

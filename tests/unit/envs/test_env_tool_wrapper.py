@@ -148,3 +148,25 @@ def test_resolve_tag_builds_and_checks_the_wrapper(math_file) -> None:
     sokoban = EnvTagConfig(env_type="sokoban", tool_wrapper=wrapper)
     with pytest.raises(ConfigError, match="reads the actions the manager extracts"):
         resolve_tag("S", sokoban)
+
+
+def test_the_manager_counts_tool_calls(math_file) -> None:
+    from temper.config.schema import EnvManagerConfig
+    from temper.envs import EnvManager
+
+    wrapper = EnvToolWrapperConfig(tools={"python_code": {}}, tool_success_reward=0.5)
+    tag = EnvTagConfig(
+        env_type="roll_math",
+        max_turns=4,
+        env_config={"dataset_name": str(math_file)},
+        tool_wrapper=wrapper,
+    )
+    manager = EnvManager(EnvManagerConfig(num_env_groups=1, group_size=1, tags=["M"]), {"M": tag})
+    manager.reset(0)
+    answers = ["<code>print(6*7)</code>", "<code>1/0</code>", "\\boxed{42}"]
+    results = [manager.step([0], [a])[0] for a in answers]
+    assert [r.reward for r in results] == [0.5, 0.0, 1.0]  # no format penalty on tool turns
+    assert [r.done for r in results] == [False, False, True]
+    stats = manager.episode_stats(0)
+    assert (stats["tool_calls"], stats["tool_successes"], stats["success"]) == (2, 1, True)
+    assert stats["return"] == 1.5
