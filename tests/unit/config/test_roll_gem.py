@@ -111,3 +111,28 @@ def test_upstream_gem_files_load(name: str) -> None:
         assert manager == "step_concat" and cfg.agentic.step_score == "return_to_go"
     else:
         assert manager == "trajectory" and cfg.algorithm.adv_estimator == "reinforce"
+
+
+def test_check_says_when_a_dataset_or_retriever_is_not_here(tmp_path) -> None:
+    from temper.pipelines.preflight import preflight
+
+    path = GEM / "gem_math_dapo_python_code.yaml"
+    loaded = load_config(path)
+    with pytest.raises(ConfigError) as err:
+        try:
+            preflight(loaded.config, loaded.plan, checks=("pipeline",))
+        except ConfigError as e:
+            raise loaded.in_dialect(e) from e
+    assert "dapo_17k_with_python_code.env_config" in str(err.value)
+    assert "open-r1/DAPO-Math-17k-Processed is not a local file" in str(err.value)
+    data = tmp_path / "dapo.jsonl"
+    data.write_text('{"prompt": "1+1?", "solution": "2"}\n')
+    key = "gem_math.dapo_17k_with_python_code.env_config.dataset_name"
+    loaded = load_config(path, [f"{key}={data}"])
+    preflight(loaded.config, loaded.plan, checks=("pipeline",))  # data here, bwrap runs
+    search = load_config(GEM / "gem_math_hotpotqa_search.yaml")
+    tag = search.config.agentic.custom_envs["HotpotQA_with_search"]
+    tag.env_config["dataset_name"] = str(data)
+    tag.tool_wrapper.tools["search"]["search_url"] = "http://127.0.0.1:9/retrieve"  # closed
+    with pytest.raises(ConfigError, match=r"tools\.search: the retriever at http://127\.0\.0\.1:9"):
+        preflight(search.config, search.plan, checks=("pipeline",))
