@@ -336,7 +336,10 @@ ADDITIONS: dict[str, Rule] = {
     "pg_variant": Note("a definition the workers' pg_variant reads"),
     "step_reward_weight": Use("algorithm.gigpo_step_weight (adv_estimator gigpo)"),
     "episode_reward_weight": Use("algorithm.gigpo_episode_weight (adv_estimator gigpo)"),
-    "step_reward_gamma": Use("algorithm.gigpo_step_gamma (adv_estimator gigpo)"),
+    "step_reward_gamma": Use(
+        "algorithm.gigpo_step_gamma (adv_estimator gigpo), agentic.step_score_gamma "
+        "(adv_estimator step_reinforce)"
+    ),
     "default_history_length": Note("read by ROLL's step-wise env manager only"),
     "env_monitor": Note("ROLL's hung-env watchdog; temper's env steps run in its own process"),
     "dirty_data_mask": _off("masking 'dirty' trajectories is not supported", "set it to false"),
