@@ -16,6 +16,11 @@ ROLL ``env_config`` keys accepted (see ``examples`` and ROLL's ``envs.yaml``):
   dataset; temper draws them from the seed);
 - bandit: ``lo_arm_name``, ``hi_arm_name``, ``lo_arm_score``, ``hi_arm_loscore``,
   ``hi_arm_hiscore``, ``hi_arm_hiscore_prob``;
+- GEM (ROLL's ``qwen3_agentic_gem``): ``game:GuessTheNumber-v0``: ``min_number``,
+  ``max_number``, ``max_turns``; ``rg:letter_counting``: ``size``, ``seed``,
+  ``min_words``, ``max_words``; ``roll_math`` / ``roll_qa``: ``dataset_name`` (a local
+  file or directory), ``split``, ``question_key``, ``answer_key``, ``seed``,
+  ``max_steps`` (and ``roll_qa``'s ``extract_boxed``, ``load_from_cache_file``);
 - every type: ``render_mode`` (ignored: frames are rendered as asked),
   ``action_lookup`` (ignored: the env's own action names are used; ids 1..n work),
   and ``env_instruction`` / ``action_pattern`` / ``format_penalty`` /
