@@ -945,6 +945,24 @@ class ResourcesConfig:
 
 
 @dataclass
+class EnvToolWrapperConfig:
+    """Tools in front of a tag's envs (ROLL ``custom_envs.<tag>.tool_wrapper``, GEM's
+    ``ToolEnvWrapper``): each answer is offered to the tools before the env."""
+
+    tools: dict[str, dict[str, Any]] = doc(
+        {},
+        "Env tools by id (python_code, search), tried in this order, each with its "
+        "arguments (python_code: timeout, sandbox, keep_error_last_line, tool_instruction, "
+        "patterns, memory_mb; search: search_url, topk, timeout); empty = no wrapper.",
+    )
+    tool_reward: float = doc(0.0, "Reward of a turn whose answer made a tool call.")
+    tool_success_reward: float = doc(0.0, "Added to tool_reward when the call ran without error.")
+    max_tool_uses: int | None = doc(
+        10, "Tool calls per episode; later calls go to the env (null: no limit)."
+    )
+
+
+@dataclass
 class EnvTagConfig:
     """One environment kind (ROLL ``custom_envs.<tag>``)."""
 
@@ -976,6 +994,9 @@ class EnvTagConfig:
         "Step env manager: a step's prompt shows the window of the last history_length "
         "steps ending at the current one, i.e. up to history_length - 1 earlier steps "
         "(0: all; None: none) (ROLL history_length).",
+    )
+    tool_wrapper: EnvToolWrapperConfig = sub(
+        EnvToolWrapperConfig, "Tools offered before the env sees an answer (GEM envs)."
     )
 
 
@@ -1028,9 +1049,19 @@ class AgenticConfig:
     env_manager: str = doc(
         "trajectory",
         "How episodes become samples: trajectory (one multi-turn sample per episode, ROLL "
-        "TrajEnvManager) or step (one sample per env step with its anchor state, ROLL "
-        "StepEnvManager, for gigpo).",
+        "TrajEnvManager), step (one sample per env step with its anchor state, ROLL "
+        "StepEnvManager, for gigpo) or step_concat (step samples whose prompt concatenates "
+        "the episode's observations, ROLL StepConcatEnvManager, GEM's games).",
         registry="env_manager",
+    )
+    step_score: Literal["episode", "return_to_go"] = doc(
+        "episode",
+        "Step env managers: a step sample's score (what reward_normalization normalizes): "
+        "episode (its episode's return) or return_to_go (the discounted sum of its "
+        "episode's step rewards from this step on, ROLL adv_estimator step_reinforce).",
+    )
+    step_score_gamma: float = doc(
+        1.0, "Discount of step_score=return_to_go per env step (ROLL step_reward_gamma)."
     )
 
 

@@ -4,9 +4,12 @@ Public API: ``TextEnv`` (interface), ``EnvManager`` (pool, groups, seeds,
 batch-wise ``step``), ``parse_action``, the env registry (``register_env``,
 ``resolve_tag``, ``make_env``), the tool registry (``execute_tool``,
 ``tool_schemas``) and ``save_episode_render``. Built-in env types: ``sokoban``,
-``frozen_lake``, ``countdown``, ``countdown_tool``, ``bandit`` (imported on first use).
+``frozen_lake``, ``countdown``, ``countdown_tool``, ``bandit``, and GEM's
+``game:GuessTheNumber-v0``, ``rg:letter_counting``, ``roll_math``, ``roll_qa``
+(imported on first use); ROLL's env tool wrappers in :mod:`temper.envs.tool_wrapper`.
 
-Layer rule: imports nothing of temper except ``temper.config``.
+Layer rule: imports of temper only ``temper.config``, and in the GEM envs
+``temper.data`` (dataset rows) and ``temper.rewards`` (math answer check, code sandbox).
 """
 
 from .actions import DEFAULT_ACTION_PATTERN, ParsedAction, parse_action

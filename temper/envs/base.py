@@ -52,6 +52,10 @@ class TextEnv(abc.ABC):
     """
 
     env_type: ClassVar[str] = ""
+    #: the env reads the model's whole answer and scores its own format (GEM's envs:
+    #: ``\\boxed{}`` answers, tool calls): the manager neither extracts actions with the
+    #: tag's ``action_pattern`` nor adds its ``format_penalty``
+    whole_response: ClassVar[bool] = False
 
     @abc.abstractmethod
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
@@ -84,6 +88,17 @@ class TextEnv(abc.ABC):
     def tool_names(self) -> list[str]:
         """Tools (names in ``temper.envs.tools``) the agent loop may offer in this env."""
         return []
+
+    def problem(self) -> str | None:
+        """Why this env cannot run on this machine (a dataset file that is not here, a
+        sandbox that cannot start, a retriever that does not answer), or None; asked by
+        ``temper check``."""
+        return None
+
+    def suffix(self) -> str:
+        """Text shown after the observation each turn (GEM's task suffix, e.g. "Enter your
+        next guess."; ROLL's ``{suffix}`` template field); '' by default."""
+        return ""
 
     @property
     def instructions(self) -> str:

@@ -48,7 +48,6 @@ after ``max_turns`` turns of its tag.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -58,10 +57,10 @@ import numpy as np
 from temper.config.errors import ConfigError
 from temper.config.schema import AgenticConfig, EnvManagerConfig, EnvTagConfig
 
-from .actions import parse_action
+from .actions import ParsedAction, parse_action
 from .base import EnvSlot, EnvTurnResult, TextEnv
 from .registry import EnvSpec, resolve_tag
-from .steps import StepRecord, render_step_prompt
+from .steps import StepRecord, fill_template, render_concat_prompt, render_step_prompt
 
 __all__ = ["EnvManager", "check_max_traj_per_env", "split_groups"]
 
@@ -110,10 +109,9 @@ class _EnvState:
     episode_return: float = 0.0
     done: bool = True
     success: bool = False
+    tool_calls: int = 0  # answers a tool wrapper ran as tool calls (temper.envs.tool_wrapper)
+    tool_successes: int = 0  # of which ran without error
     frames: list[Any] = field(default_factory=list)
-
-
-_TEMPLATE_FIELD = re.compile(r"\{(\w+)\}")
 
 
 class EnvManager:
@@ -215,8 +213,9 @@ class EnvManager:
         ``turn_prompt`` (a question asked last is what small models answer) — or, with a
         ``turn_template`` (ROLL's ``agent_template``), that template rendered with
         ``observation``, ``turn_idx`` (1 on the first turn), ``actions_left``,
-        ``max_response_length`` (the tag's per-turn token budget) and ``suffix`` (empty);
-        other ``{fields}`` stay as written, as ROLL renders only the fields it knows."""
+        ``max_response_length`` (the tag's per-turn token budget) and ``suffix`` (the env's
+        :meth:`TextEnv.suffix`), filled as ``str.format`` fills ROLL's (``{{``/``}}`` are
+        braces; :func:`temper.envs.steps.fill_template`)."""
         st = self._states[env_id]
         if st.spec.turn_template:
             fields = {
@@ -224,12 +223,9 @@ class EnvManager:
                 "turn_idx": st.turns + 1,
                 "actions_left": max(0, st.spec.max_turns - st.turns),
                 "max_response_length": st.spec.max_tokens_per_turn,
-                "suffix": "",
+                "suffix": st.env.suffix(),
             }
-            return _TEMPLATE_FIELD.sub(
-                lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0),
-                st.spec.turn_template,
-            )
+            return fill_template(st.spec.turn_template, fields)
         prompt = st.spec.turn_prompt
         return f"{observation}\n\n{prompt}" if prompt else observation
 
@@ -246,6 +242,19 @@ class EnvManager:
             template=st.spec.turn_template,
             turn_prompt=st.spec.turn_prompt,
             max_response_length=st.spec.max_tokens_per_turn,
+        )
+
+    def concat_text(self, env_id: int, records: Sequence[StepRecord]) -> str:
+        """A step-concat episode's next prompt
+        (:func:`temper.envs.steps.render_concat_prompt`): the window's observations and the
+        current one with the env's suffix, in the tag's ``turn_template`` when it has one."""
+        st = self._states[env_id]
+        return render_concat_prompt(
+            observation=st.observation,
+            suffix=st.env.suffix(),
+            records=records,
+            history_length=st.spec.history_length,
+            template=st.spec.turn_template,
         )
 
     def system_message(self, tag: str) -> str:
@@ -267,6 +276,7 @@ class EnvManager:
             st.instruction = self._instruction(st)
             st.turns = st.actions = 0
             st.episode_return, st.done, st.success = 0.0, False, False
+            st.tool_calls = st.tool_successes = 0
             st.frames = self._frame(st) if self.record_frames else []
             slots.append(
                 EnvSlot(
@@ -299,13 +309,16 @@ class EnvManager:
         if st.done:
             raise ValueError(f"env {env_id} is done; reset the manager first")
         valid = st.env.valid_actions()
-        parsed = parse_action(
-            response,
-            st.spec.action_pattern,
-            valid_actions=valid,
-            require_think=self.enable_think,
-            action_sep=self.action_sep if valid is not None else None,
-        )
+        if st.env.whole_response:  # the env parses the answer itself (TextEnv.whole_response)
+            parsed = ParsedAction(response, True, "", actions=[response], content=response)
+        else:
+            parsed = parse_action(
+                response,
+                st.spec.action_pattern,
+                valid_actions=valid,
+                require_think=self.enable_think,
+                action_sep=self.action_sep if valid is not None else None,
+            )
         budget = None
         if self.max_actions_per_traj is not None:
             budget = max(0, self.max_actions_per_traj - st.actions)
@@ -323,10 +336,13 @@ class EnvManager:
                 break
         st.actions += executed
         st.turns += 1
+        if info.get("tool_call"):
+            st.tool_calls += 1
+            st.tool_successes += int(not info.get("tool_error"))
         format_ok = parsed.valid and all_valid
         penalty = (
             0.0
-            if format_ok
+            if format_ok or st.env.whole_response
             else float(
                 self.cfg.format_penalty
                 if self.cfg.format_penalty is not None
@@ -393,7 +409,8 @@ class EnvManager:
         return [i for i, st in enumerate(self._states) if not st.done]
 
     def episode_stats(self, env_id: int) -> dict[str, Any]:
-        """Return, success, turns and actions of the env's current/last episode."""
+        """Return, success, turns, actions and tool calls (successful ones) of the env's
+        current/last episode."""
         st = self._states[env_id]
         return {
             "tag": st.spec.tag,
@@ -403,6 +420,8 @@ class EnvManager:
             "success": st.success,
             "turns": st.turns,
             "actions": st.actions,
+            "tool_calls": st.tool_calls,
+            "tool_successes": st.tool_successes,
         }
 
     def observation(self, env_id: int) -> str:

@@ -16,6 +16,11 @@ ROLL ``env_config`` keys accepted (see ``examples`` and ROLL's ``envs.yaml``):
   dataset; temper draws them from the seed);
 - bandit: ``lo_arm_name``, ``hi_arm_name``, ``lo_arm_score``, ``hi_arm_loscore``,
   ``hi_arm_hiscore``, ``hi_arm_hiscore_prob``;
+- GEM (ROLL's ``qwen3_agentic_gem``): ``game:GuessTheNumber-v0``: ``min_number``,
+  ``max_number``, ``max_turns``; ``rg:letter_counting``: ``size``, ``seed``,
+  ``min_words``, ``max_words``; ``roll_math`` / ``roll_qa``: ``dataset_name`` (a local
+  file or directory), ``split``, ``question_key``, ``answer_key``, ``seed``,
+  ``max_steps`` (and ``roll_qa``'s ``extract_boxed``, ``load_from_cache_file``);
 - every type: ``render_mode`` (ignored: frames are rendered as asked),
   ``action_lookup`` (ignored: the env's own action names are used; ids 1..n work),
   and ``env_instruction`` / ``action_pattern`` / ``format_penalty`` /
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from temper.config.errors import ConfigError, did_you_mean
-from temper.config.schema import EnvTagConfig
+from temper.config.schema import EnvTagConfig, EnvToolWrapperConfig
 from temper.registry import Registry
 
 from .base import TextEnv
@@ -44,7 +49,7 @@ ENV_TYPES: Registry[type[TextEnv]] = Registry("environment type")
 
 
 def _builtin(path: str) -> Callable[[], type[TextEnv]]:
-    module, name = path.split(":")
+    module, name = path.rsplit(":", 1)
 
     def load() -> type[TextEnv]:
         cls: type[TextEnv] = getattr(importlib.import_module(module), name)  # registers itself
@@ -59,6 +64,10 @@ for _name, _path in {
     "countdown": "temper.envs.countdown_tool:CountdownEnv",
     "countdown_tool": "temper.envs.countdown_tool:CountdownToolEnv",
     "bandit": "temper.envs.bandit:BanditEnv",
+    "game:GuessTheNumber-v0": "temper.envs.gem_games:GuessTheNumberEnv",
+    "rg:letter_counting": "temper.envs.gem_reasoning:LetterCountingEnv",
+    "roll_math": "temper.envs.gem_datasets:MathEnv",
+    "roll_qa": "temper.envs.gem_datasets:QaEnv",
 }.items():
     ENV_TYPES.add_lazy(_name, _builtin(_path))
 
@@ -104,8 +113,9 @@ def env_class(env_type: str, key: str = "env_type") -> type[TextEnv]:
     )
 
 
-def _params_of(cls: type[TextEnv]) -> set[str]:
-    sig = inspect.signature(cls.__init__)
+def params_of(cls: type) -> set[str]:
+    """The keyword-only parameters of ``cls``'s constructor (what a config may set)."""
+    sig = inspect.signature(cls)
     return {n for n, p in sig.parameters.items() if n != "self" and p.kind == p.KEYWORD_ONLY}
 
 
@@ -127,17 +137,30 @@ class EnvSpec:
     system_template: str = ""
     turn_template: str = ""
     history_length: int | None = None  # the step env manager's window (EnvTagConfig)
+    tool_wrapper: EnvToolWrapperConfig | None = None  # tools in front of the env
 
     def make(self) -> TextEnv:
-        """A fresh environment instance."""
-        return self.cls(**self.params)
+        """A fresh environment instance (inside its tool wrapper, when the tag has one)."""
+        env = self.cls(**self.params)
+        if self.tool_wrapper is None:
+            return env
+        from .tool_wrapper import ToolEnvWrapper, build_tools
+
+        w = self.tool_wrapper
+        return ToolEnvWrapper(
+            env,
+            build_tools(w),
+            tool_reward=w.tool_reward,
+            tool_success_reward=w.tool_success_reward,
+            max_tool_uses=w.max_tool_uses,
+        )
 
 
 def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs") -> EnvSpec:
     """Check a tag's ``env_type`` and ``env_config`` and return its ``EnvSpec``."""
     key = f"{prefix}.{tag}"
     cls = env_class(cfg.env_type, f"{key}.env_type")
-    accepted = _params_of(cls)
+    accepted = params_of(cls)
     defaults = {f.name: f.default for f in fields(EnvTagConfig)}
     tag_values = {f.name: getattr(cfg, f.name) for f in fields(EnvTagConfig)}
     params: dict[str, Any] = {}
@@ -158,9 +181,22 @@ def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs"
             )
         params[name] = value
     try:
-        cls(**params)  # fail at load, not mid-run
+        probe = cls(**params)  # fail at load, not mid-run
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{key}.env_config", str(e), "fix the environment parameters") from e
+    wrapper = cfg.tool_wrapper if cfg.tool_wrapper.tools else None
+    if wrapper is not None:
+        from .tool_wrapper import check_tools
+
+        check_tools(wrapper, f"{key}.tool_wrapper")
+        if not probe.whole_response:
+            raise ConfigError(
+                f"{key}.tool_wrapper",
+                f"env type '{cfg.env_type}' reads the actions the manager extracts from an "
+                "answer; a tool wrapper hands the env the whole answer",
+                "remove tool_wrapper, or use an env type that reads whole answers "
+                "(roll_math, roll_qa, rg:letter_counting, game:GuessTheNumber-v0)",
+            )
     if cfg.history_length is not None and cfg.history_length < 0:
         raise ConfigError(
             f"{key}.history_length",
@@ -184,6 +220,7 @@ def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs"
         system_template=cfg.system_template or "",
         turn_template=cfg.turn_template or "",
         history_length=cfg.history_length,
+        tool_wrapper=wrapper,
     )
 
 

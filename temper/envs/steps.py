@@ -14,12 +14,33 @@ the window its ``history_length`` promises; here the window is what the key says
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["StepRecord", "history_window", "render_step_prompt"]
+__all__ = [
+    "StepRecord",
+    "fill_template",
+    "history_window",
+    "render_concat_prompt",
+    "render_step_prompt",
+]
 
-_FIELD = re.compile(r"\{(\w+)\}")
+#: a ``str.format`` field or an escaped brace (``{{`` / ``}}``)
+_FORMAT = re.compile(r"\{\{|\}\}|\{(\w+)\}")
+
+
+def fill_template(template: str, fields: Mapping[str, object]) -> str:
+    """``template`` filled as ROLL fills its templates (``str.format``): ``{name}`` is the
+    field's value, ``{{`` and ``}}`` are literal braces; a ``{name}`` not in ``fields``
+    stays as written (where ``str.format`` would raise)."""
+
+    def fill(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return m.group(0)[0]  # an escaped brace
+        return str(fields[m.group(1)]) if m.group(1) in fields else m.group(0)
+
+    return _FORMAT.sub(fill, template)
+
 
 #: appended to a remembered answer the env refused, so the model sees why it went nowhere
 INVALID_TIP = (
@@ -75,8 +96,8 @@ def render_step_prompt(
     With a ``template`` (ROLL's ``agent_template``) its fields are filled:
     ``env_instruction``, ``history`` (the window, 1-based step numbers), ``step_count``
     (steps taken), ``history_length`` (steps in the window), ``current_step``
-    (``step_count + 1``), ``current_observation`` and ``max_response_length``; other
-    ``{fields}`` stay as written. Without one: the instruction, the window, the
+    (``step_count + 1``), ``current_observation`` and ``max_response_length``
+    (:func:`fill_template`). Without one: the instruction, the window, the
     observation and ``turn_prompt``.
     """
     window = history_window(records, history_length)
@@ -91,9 +112,7 @@ def render_step_prompt(
             "current_observation": observation,
             "max_response_length": max_response_length,
         }
-        return _FIELD.sub(
-            lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), template
-        )
+        return fill_template(template, fields)
     parts = [instruction]
     if history:
         parts.append(f"Recent steps: {history}")
@@ -101,3 +120,27 @@ def render_step_prompt(
     if turn_prompt:
         parts.append(turn_prompt)
     return "\n\n".join(p for p in parts if p)
+
+
+def render_concat_prompt(
+    *,
+    observation: str,
+    suffix: str,
+    records: Sequence[StepRecord],
+    history_length: int | None,
+    template: str = "",
+) -> str:
+    """The user message of a step-concat step (ROLL's ``StepConcatEnvManager``, GEM's
+    observation concatenation): ``history`` is the window's observations (only the
+    observations: no answers, no rewards, no instruction) joined by newlines, and
+    ``current_observation`` is ``f"{observation}\\n{suffix}"``.
+
+    A ``template`` (ROLL's ``agent_template``) is filled by :func:`fill_template`. Without
+    one: the history (when any) and the current observation, one per line.
+    """
+    window = history_window(records, history_length)
+    history = "\n".join(r.observation for r in window)
+    current = f"{observation}\n{suffix}"
+    if template:
+        return fill_template(template, {"history": history, "current_observation": current})
+    return f"{history}\n{current}" if history else current

@@ -237,6 +237,11 @@ def _check_env_managers(agentic: AgenticConfig) -> None:
                     f"environment tag '{tag}' is not defined in agentic.custom_envs ({known})",
                     "define it under agentic.custom_envs or fix the tag",
                 )
+            wrapper = agentic.custom_envs[tag].tool_wrapper
+            if wrapper.tools:
+                from temper.envs.tool_wrapper import check_tools
+
+                check_tools(wrapper, f"agentic.custom_envs.{tag}.tool_wrapper")
         if mgr.n_groups is not None:
             if len(mgr.n_groups) != len(mgr.tags):
                 raise ConfigError(
@@ -273,10 +278,29 @@ def episode_groups(cfg: TemperConfig) -> StepShape:
 
 
 def preflight(cfg: TemperConfig, notes: list[str]) -> None:
-    """Every environment tag the env managers use resolves: its type and parameters."""
+    """Every environment tag the env managers use resolves (its type, parameters and
+    tools) and can run here (:meth:`TextEnv.problem`: its data files; each tool's
+    :meth:`~temper.envs.env_tools.EnvTool.problem`: the sandbox, the retriever)."""
     tags = {*cfg.agentic.train_env_manager.tags, *cfg.agentic.val_env_manager.tags}
     for tag in sorted(tags):
-        resolve_tag(tag, cfg.agentic.custom_envs[tag])
+        spec = resolve_tag(tag, cfg.agentic.custom_envs[tag])
+        key = f"agentic.custom_envs.{tag}"
+        problem = spec.cls(**spec.params).problem()
+        if problem:
+            raise ConfigError(
+                f"{key}.env_config", problem, "point the env at files on this machine"
+            )
+        if spec.tool_wrapper is not None:
+            from temper.envs.tool_wrapper import build_tools
+
+            for tool_id, tool in zip(spec.tool_wrapper.tools, build_tools(spec.tool_wrapper)):
+                problem = tool.problem()
+                if problem:
+                    raise ConfigError(
+                        f"{key}.tool_wrapper.tools.{tool_id}",
+                        problem,
+                        "start the service the tool needs, or remove the tool",
+                    )
 
 
 def env_manager_inputs(cfg: TemperConfig) -> frozenset[str]:

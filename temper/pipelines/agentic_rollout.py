@@ -113,6 +113,8 @@ class EnvResponder:
                 "executed": r.executed,
                 "terminated": r.terminated,
                 "truncated": r.truncated,
+                "tool_call": bool(r.info.get("tool_call", False)),
+                "tool_error": bool(r.info.get("tool_error", False)),
             }
             text = note + self.manager.turn_text(r.env_id, r.observation)
             messages = [] if r.done else [{"role": "user", "content": text}]
@@ -211,7 +213,8 @@ class AgenticPlayer:
         specs = []
         for s in slots:
             spec = manager.specs[s.tag]
-            text = f"{s.instruction}\n\n{manager.turn_text(s.env_id, s.observation)}"
+            turn = manager.turn_text(s.env_id, s.observation)
+            text = f"{s.instruction}\n\n{turn}" if s.instruction else turn
             if self.tool_text and self._allowed(manager, s):
                 text = f"{self.tool_text}\n\n{text}"
             system = manager.system_message(s.tag)  # ROLL agent_system_template

@@ -12,8 +12,9 @@ that one answer. Every sample carries
 - ``anchor_index``: the observation the step started from, verbatim — samples of one
   group with equal keys started from identical states (GiGPO's anchor states);
 - ``step_rewards``: the env's reward for the step (format penalty included), and
-  ``scores``: its episode's return, which the shaping phase normalizes as it does a
-  trajectory's.
+  ``scores``: its episode's return (``agentic.step_score=episode``) or the step's
+  discounted return-to-go (``return_to_go``: :func:`returns_to_go`, ROLL's
+  ``step_reinforce``), which the shaping phase normalizes as it does a trajectory's.
 
 Each round plays every env of the manager to its end, one ``generate`` per env step for
 all live episodes. A step's prompt is bounded like a dataset prompt: an episode whose
@@ -144,7 +145,7 @@ class StepPlayer:
         spec = manager.specs[slot.tag]
         system = manager.system_message(slot.tag)
         first = [{"role": "system", "content": system}] if system else []
-        text = manager.step_text(slot.env_id, records)
+        text = self._text(manager, slot.env_id, records)
         meta = {
             "uid": f"{step}:{slot.group_id}{suffix}",
             "tag": slot.tag,
@@ -161,6 +162,10 @@ class StepPlayer:
             max_turns=1,
             max_tokens_per_turn=spec.max_tokens_per_turn,
         )
+
+    def _text(self, manager: EnvManager, env_id: int, records: list[StepRecord]) -> str:
+        """The user message of the step after ``records``."""
+        return manager.step_text(env_id, records)
 
     def _batch(
         self,
@@ -197,7 +202,16 @@ class StepPlayer:
             "start_key": [(t.meta["tag"], tuple(t.prompt_ids)) for t in samples],
         }
         tensors = trajectory_tensors(samples, self.pad_token_id)
-        tensors["scores"] = torch.tensor([returns[e] for e in env_ids], dtype=torch.float32)
+        agentic = self.cfg.agentic
+        if agentic.step_score == "return_to_go":  # ROLL's step_reinforce
+            to_go = {
+                e: returns_to_go([r.reward for r in rs], agentic.step_score_gamma)
+                for e, rs in records.items()
+            }
+            step_scores = [to_go[e][int(t.meta["step_index"])] for e, t in zip(env_ids, samples)]
+        else:
+            step_scores = [returns[e] for e in env_ids]
+        tensors["scores"] = torch.tensor(step_scores, dtype=torch.float32)
         tensors["step_rewards"] = torch.tensor(
             [t.turn_rewards[-1] for t in samples], dtype=torch.float32
         )
@@ -224,6 +238,8 @@ class StepPlayer:
             "num_turns": [len(rs) for rs in rows],
             "invalid_actions": [sum(not r.valid for r in rs) for rs in rows],
             "truncated": [stops.get(s.env_id) == "context" for s in slots],
+            "tool_calls": [manager.episode_stats(s.env_id)["tool_calls"] for s in slots],
+            "tool_successes": [manager.episode_stats(s.env_id)["tool_successes"] for s in slots],
         }
         episodes = Batch.from_dict({"scores": torch.tensor(returns)}, objects)
         logs = [
@@ -231,6 +247,26 @@ class StepPlayer:
             for s, ret, rs in zip(slots, returns, rows)
         ]
         return episodes, logs
+
+
+class StepConcatPlayer(StepPlayer):
+    """ROLL's ``StepConcatEnvManager``: the step samples of :class:`StepPlayer`, each
+    prompt the tag's window of earlier observations and the current one
+    (:meth:`temper.envs.EnvManager.concat_text`) — GEM's observation concatenation."""
+
+    def _text(self, manager: EnvManager, env_id: int, records: list[StepRecord]) -> str:
+        return manager.concat_text(env_id, records)
+
+
+def returns_to_go(rewards: Sequence[float], gamma: float) -> list[float]:
+    """The discounted return from each step of an episode on:
+    ``G_t = r_t + γ·G_{t+1}``, ``G_T = r_T`` (ROLL's step returns of ``step_reinforce``)."""
+    out = [0.0] * len(rewards)
+    following = 0.0
+    for t in reversed(range(len(rewards))):
+        following = float(rewards[t]) + gamma * following
+        out[t] = following
+    return out
 
 
 def anchor_group_metrics(groups: list[str], anchors: list[str]) -> dict[str, float]:

@@ -6,7 +6,12 @@
   one sample per episode (:class:`temper.pipelines.agentic_rollout.AgenticPlayer`);
 - ``step`` (ROLL's ``StepEnvManager``): a fresh prompt per env step, one sample per step
   with its episode, step index, step reward and anchor state
-  (:class:`temper.pipelines.agentic_steps.StepPlayer`) — what ``gigpo`` needs.
+  (:class:`temper.pipelines.agentic_steps.StepPlayer`) — what ``gigpo`` needs;
+- ``step_concat`` (ROLL's ``StepConcatEnvManager``, GEM's observation concatenation):
+  the step samples of ``step``, each prompt the tag's window of earlier *observations*
+  joined by newlines (``{history}``) and the current one with the env's suffix
+  (``{current_observation}``) — no answers, rewards or instruction
+  (:class:`temper.pipelines.agentic_steps.StepConcatPlayer`).
 
 An entry declares what its samples give the advantage estimators beyond the driver's
 inputs (``provides``, ``AdvantageInputs`` field names: an estimator that needs more is
@@ -22,7 +27,7 @@ from typing import Any
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.pipelines.agentic_rollout import AgenticPlayer, Player
-from temper.pipelines.agentic_steps import STEP_INPUTS, StepPlayer, check_step
+from temper.pipelines.agentic_steps import STEP_INPUTS, StepConcatPlayer, StepPlayer, check_step
 from temper.registry import Registry
 from temper.rollout import RolloutEngine
 
@@ -39,6 +44,13 @@ class EnvManagerKind:
 def check_trajectory(cfg: TemperConfig) -> None:
     """The trajectory env manager keeps the whole episode in one conversation: a tag's
     window of past steps (``history_length``) would be read by nothing."""
+    if cfg.agentic.step_score != "episode":
+        raise ConfigError(
+            "agentic.step_score",
+            f"{cfg.agentic.step_score}: the trajectory env manager makes one sample per "
+            "episode, which has no step of its own to score from",
+            "set agentic.env_manager: step or step_concat, or step_score: episode",
+        )
     for tag, spec in cfg.agentic.custom_envs.items():
         if spec.history_length is not None:
             raise ConfigError(
@@ -52,3 +64,4 @@ def check_trajectory(cfg: TemperConfig) -> None:
 ENV_MANAGERS: Registry[EnvManagerKind] = Registry("env_manager")
 ENV_MANAGERS.add("trajectory", EnvManagerKind(AgenticPlayer, check_trajectory))
 ENV_MANAGERS.add("step", EnvManagerKind(StepPlayer, check_step, provides=STEP_INPUTS))
+ENV_MANAGERS.add("step_concat", EnvManagerKind(StepConcatPlayer, check_step, provides=STEP_INPUTS))

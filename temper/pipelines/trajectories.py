@@ -30,6 +30,11 @@ def trajectory_batch(trajs: Sequence[Trajectory], pad_token_id: int) -> Batch:
         "num_turns": [t.num_turns for t in trajs],
         "invalid_actions": [sum(not i.get("format_ok", True) for i in t.infos) for t in trajs],
         "truncated": [t.stop_reason == "context" for t in trajs],
+        "tool_calls": [sum(bool(i.get("tool_call")) for i in t.infos) for t in trajs],
+        "tool_successes": [
+            sum(bool(i.get("tool_call")) and not i.get("tool_error") for i in t.infos)
+            for t in trajs
+        ],
         "stop_reason": [t.stop_reason for t in trajs],
         "turn_rewards": [list(t.turn_rewards) for t in trajs],
         "turn_ends": [list(t.turn_ends) for t in trajs],
@@ -43,7 +48,8 @@ def episode_metrics(batch: Batch, prefix: str) -> dict[str, float]:
     """Return, success (overall and per tag), turns and invalid-action rate of episodes.
 
     ``prefix`` ``train``: ``train/reward_mean`` (the mean return), ``train/success_rate``,
-    ``env/<tag>/success_rate``, ``env/num_turns_mean``, ``env/invalid_action_rate``;
+    ``env/<tag>/success_rate``, ``env/num_turns_mean``, ``env/invalid_action_rate``,
+    ``env/tool_calls_mean`` and ``env/tool_success_rate`` (the share of calls that ran);
     ``val``: the same under ``val/`` (``val/env/<tag>/…``). In a training step the
     shaping phase's ``train/score_mean`` (the same mean return) and ``train/reward_mean``
     (after normalization and KL) take the place of the first.
@@ -59,6 +65,10 @@ def episode_metrics(batch: Batch, prefix: str) -> dict[str, float]:
         f"{env}/invalid_action_rate": sum(batch["invalid_actions"]) / max(turns, 1),
         f"{env}/context_stop_frac": sum(batch["truncated"]) / n,
     }
+    if "tool_calls" in batch:  # env tool wrappers (temper.envs.tool_wrapper)
+        calls = sum(batch["tool_calls"])
+        out[f"{env}/tool_calls_mean"] = calls / n
+        out[f"{env}/tool_success_rate"] = sum(batch["tool_successes"]) / max(calls, 1)
     for tag in sorted(set(batch["tag"])):
         rows = [k for k, t in enumerate(batch["tag"]) if t == tag]
         out[f"{env}/{tag}/success_rate"] = sum(batch["success"][k] for k in rows) / len(rows)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from temper.config.catalog import Catalog
-from temper.config.dialects import Translation, roll_gigpo
+from temper.config.dialects import Translation, roll_gem, roll_gigpo
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_devices import parse_device_mapping
@@ -98,6 +98,7 @@ def _translate(
     derive.lengths(ctx, agentic)
     derive.algorithm(ctx)
     roll_gigpo.env_manager(ctx)
+    roll_gem.tool_wrappers(ctx)
     roll_gigpo.gigpo(ctx)
     derive.data(ctx)
     derive.strategies(ctx)

@@ -202,6 +202,8 @@ def _estimator(ctx: Ctx) -> None:
     """
     estimator = ctx.get("adv_estimator")
     norm = ctx.get("reward_norm", MISSING)
+    if estimator == "step_reinforce":
+        return  # a step env manager's scores: roll_gigpo.step_reinforce
     if estimator == "grpo":
         ctx.set("algorithm.adv_estimator", "reinforce", "adv_estimator")
         if "train_env_manager" in ctx.data:

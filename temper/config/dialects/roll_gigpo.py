@@ -3,9 +3,9 @@
 - ``custom_envs.<tag>.env_manager_cls``: ROLL builds each tag's envs with the class it
   names (``TrajEnvManager`` when absent). temper runs one env manager for the agentic
   section, ``agentic.env_manager``: ``TrajEnvManager`` is ``trajectory``,
-  ``StepEnvManager`` is ``step``; other classes, and tags of one run that disagree, are
+  ``StepEnvManager`` is ``step``, ``StepConcatEnvManager`` is ``step_concat``; other classes, and tags of one run that disagree, are
   refused.
-- with ``StepEnvManager`` a sample is one step's prompt and answer within
+- with ``StepEnvManager`` or ``StepConcatEnvManager`` a sample is one step's prompt and answer within
   ``sequence_length``: ``data.max_prompt_length`` = ``sequence_length`` − the per-turn
   ``max_new_tokens`` bounds each step's prompt;
 - ROLL env types that cannot run here are refused by name with the reason:
@@ -13,6 +13,8 @@
 - ``custom_envs.<tag>.history_length``: the step-wise manager's window →
   ``agentic.custom_envs.<tag>.history_length``; the trajectory manager keeps the whole
   episode and reads no window (noted).
+- ``adv_estimator: step_reinforce`` (:func:`step_reinforce`) → ``reinforce`` over step
+  samples scored by their return-to-go (``agentic.step_score``).
 - ``adv_estimator: gigpo`` with ``step_reward_gamma``, ``episode_reward_weight``,
   ``step_reward_weight`` → ``algorithm.gigpo_*``. ROLL normalizes the episode scores with
   ``reward_normalization`` and the step returns with the same ``method`` in their anchor
@@ -33,8 +35,9 @@ from temper.config.errors import ConfigError
 _PKG = "roll.pipeline.agentic.env_manager"
 TRAJ = f"{_PKG}.traj_env_manager.TrajEnvManager"
 STEP = f"{_PKG}.step_env_manager.StepEnvManager"
+CONCAT = f"{_PKG}.step_concat_env_manager.StepConcatEnvManager"
 #: ROLL env manager classes temper runs -> ``agentic.env_manager``
-ENV_MANAGER_CLASSES = {TRAJ: "trajectory", STEP: "step"}
+ENV_MANAGER_CLASSES = {TRAJ: "trajectory", STEP: "step", CONCAT: "step_concat"}
 #: ROLL's GiGPO keys -> temper's
 GIGPO_KEYS = {
     "step_reward_gamma": "algorithm.gigpo_step_gamma",
@@ -69,8 +72,8 @@ def env_manager(ctx: Ctx) -> None:
             raise ConfigError(
                 key,
                 f"{cls!r} is not supported: a custom ROLL env manager class cannot run here "
-                "(temper runs ROLL's TrajEnvManager and StepEnvManager)",
-                f"use {TRAJ} or {STEP}, or remove env_manager_cls",
+                "(temper runs ROLL's TrajEnvManager, StepEnvManager and StepConcatEnvManager)",
+                f"use {TRAJ}, {STEP} or {CONCAT}, or remove env_manager_cls",
             )
         kinds[tag] = ENV_MANAGER_CLASSES[cls] if cls is not None else "trajectory"
     used = [
@@ -104,7 +107,7 @@ def env_manager(ctx: Ctx) -> None:
     if named:
         ctx.set("agentic.env_manager", kind, f"custom_envs.{named[0]}.env_manager_cls")
     seq, response = ctx.get("sequence_length"), ctx.native_get("rollout.response_length")
-    if kind == "step" and seq is not None and response is not None:
+    if kind in ("step", "step_concat") and seq is not None and response is not None:
         # a step sample is one prompt and one answer inside sequence_length, as ROLL pads
         # it; ROLL's agentic pipeline reads no prompt_length (its RLVR bound)
         ctx.native.setdefault("data", {})["max_prompt_length"] = seq - response
@@ -113,7 +116,7 @@ def env_manager(ctx: Ctx) -> None:
         if not isinstance(spec, dict) or spec.get("history_length") is None:
             continue
         key = f"custom_envs.{tag}.history_length"
-        if kind == "step":
+        if kind in ("step", "step_concat"):
             ctx.set(f"agentic.custom_envs.{tag}.history_length", spec["history_length"], key)
         else:
             ctx.note(key, "a window of past steps is read by ROLL's StepEnvManager only")
@@ -121,6 +124,9 @@ def env_manager(ctx: Ctx) -> None:
 
 def gigpo(ctx: Ctx) -> None:
     """``adv_estimator: gigpo``'s keys and normalization (module docstring)."""
+    if ctx.get("adv_estimator") == "step_reinforce":
+        step_reinforce(ctx)
+        return
     if ctx.get("adv_estimator") != "gigpo":
         for key in GIGPO_KEYS:
             if ctx.has(key):
@@ -164,3 +170,17 @@ def gigpo(ctx: Ctx) -> None:
         "by the gigpo estimator at both levels: algorithm.norm_adv_by_std_in_grpo="
         f"{str(by_std).lower()}, agentic.reward_normalization.method=identity"
     )
+
+
+def step_reinforce(ctx: Ctx) -> None:
+    """``adv_estimator: step_reinforce``: every step sample's score is its episode's
+    discounted return from that step on (``step_reward_gamma``), normalized by
+    ``reward_normalization`` as ROLL normalizes it, then the reinforce return →
+    ``algorithm.adv_estimator: reinforce``, ``agentic.step_score: return_to_go``."""
+    ctx.set("algorithm.adv_estimator", "reinforce", "adv_estimator")
+    ctx.set("agentic.step_score", "return_to_go", "adv_estimator")
+    if ctx.has("step_reward_gamma"):
+        ctx.set("agentic.step_score_gamma", ctx.get("step_reward_gamma"), "step_reward_gamma")
+    for key in ("episode_reward_weight", "step_reward_weight"):
+        if ctx.has(key):
+            ctx.note(key, "read by the gigpo estimator only")

@@ -240,10 +240,9 @@ def _env_tag() -> dict[str, Rule]:
             "an env reward template is not supported", "remove it", ok=lambda v: not v
         ),
         f"{e}.grid_vocab": Note("a vision-language env setting (the grid is text here)"),
-        f"{e}.tool_wrapper": Reject(
-            "ROLL's GEM tool wrappers (python code, search, MCP) are not supported",
-            "remove tool_wrapper (temper's envs declare their tools themselves)",
-            ok=lambda v: not v,
+        f"{e}.tool_wrapper": Use(
+            "agentic.custom_envs.<tag>.tool_wrapper (GEM's tool wrapper: wrapper_args and "
+            "the tool_configs by tool_id)"
         ),
     }
 
@@ -337,7 +336,10 @@ ADDITIONS: dict[str, Rule] = {
     "pg_variant": Note("a definition the workers' pg_variant reads"),
     "step_reward_weight": Use("algorithm.gigpo_step_weight (adv_estimator gigpo)"),
     "episode_reward_weight": Use("algorithm.gigpo_episode_weight (adv_estimator gigpo)"),
-    "step_reward_gamma": Use("algorithm.gigpo_step_gamma (adv_estimator gigpo)"),
+    "step_reward_gamma": Use(
+        "algorithm.gigpo_step_gamma (adv_estimator gigpo), agentic.step_score_gamma "
+        "(adv_estimator step_reinforce)"
+    ),
     "default_history_length": Note("read by ROLL's step-wise env manager only"),
     "env_monitor": Note("ROLL's hung-env watchdog; temper's env steps run in its own process"),
     "dirty_data_mask": _off("masking 'dirty' trajectories is not supported", "set it to false"),

@@ -1,7 +1,9 @@
-"""Containment: hostile "solutions" scored by the code reward in the bubblewrap sandbox.
+"""Containment: hostile "solutions" scored by the code reward in the bubblewrap sandbox,
+and the same programs run by the GEM python tool (:class:`temper.envs.env_tools.
+PythonCodeTool`, what a ``tool_wrapper``'s ``python_code`` runs).
 
 Every program attacks first and only then prints the right answer (2 + 3), so it scores
-1 only if its attack got through. Each case asserts that it scored 0 *and* what the
+1 only if its attack got through (for the tool: the call succeeded and printed 5). Each case asserts that it scored 0 *and* what the
 host must still look like (files untouched, no connection, no process left, this
 process alive and unsignalled). Limits are small so the suite runs on every CI run.
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from temper.envs.env_tools import PythonCodeTool
 from temper.rewards.functions.code import compute_score
 from temper.rewards.sandbox import (
     UID_BASE,
@@ -119,6 +122,19 @@ def sandbox_processes() -> list[int]:
 def score(program: str) -> dict[str, Any]:
     response = f"Here is my solution:\n```python\n{textwrap.dedent(program)}\n{ANSWER}```"
     return compute_score("codecontests", response, TESTS, sandbox=SANDBOX)
+
+
+def tool_score(program: str) -> dict[str, Any]:
+    """The python tool's call of the same program (stdin is empty there: the answer is
+    printed directly): 1 when the call succeeded and printed 5."""
+    tool = PythonCodeTool(timeout=LIMITS.wall_time_s)
+    tool.limits = LIMITS  # the suite's small limits (the tool's config sets only the time)
+    out = tool.execute(f"<code>\n{textwrap.dedent(program)}\nprint(2 + 3)\n</code>")
+    ok = out.parsed and not out.error and out.observation.strip() == "Code execution result: 5"
+    return {"score": 1.0 if ok else 0.0, "format_ok": out.parsed}
+
+
+SCORERS = {"code_reward": score, "python_tool": tool_score}
 
 
 # (name, attack, host check after the run)
@@ -291,12 +307,13 @@ CASES: list[Case] = [
 ]
 
 
+@pytest.mark.parametrize("scorer", list(SCORERS))
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_hostile_program_is_contained(case: Case, host: Host, monkeypatch) -> None:
+def test_hostile_program_is_contained(case: Case, scorer: str, host: Host, monkeypatch) -> None:
     name, attack, check = case
     monkeypatch.setenv("TEMPER_TEST_SECRET", "hunter2")
     start = time.monotonic()
-    result = score(attack(host))
+    result = SCORERS[scorer](attack(host))
     took = time.monotonic() - start
     assert result["score"] == 0.0, f"{name}: the attack got through"
     assert result["format_ok"] is True
@@ -316,8 +333,9 @@ def test_the_sandbox_has_no_network_interface_but_loopback() -> None:
     assert res.stdout.decode().strip() == "[(1, 'lo')]"
 
 
-def test_correct_solution_still_scores_after_the_attacks(host: Host) -> None:
-    assert score("")["score"] == 1.0
+@pytest.mark.parametrize("scorer", list(SCORERS))
+def test_correct_solution_still_scores_after_the_attacks(scorer: str, host: Host) -> None:
+    assert SCORERS[scorer]("")["score"] == 1.0
     assert sandbox_processes() == []
 
 
