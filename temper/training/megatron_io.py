@@ -48,6 +48,7 @@ from temper.training.hf_export import load_tokenizer
 from temper.training.megatron_convert import Kind, ParamMap, hf_tensors
 from temper.training.megatron_lora import LoraAdapters, to_peft
 from temper.training.megatron_model import MegatronModel, model_dir
+from temper.training.megatron_moe import is_expert_param
 from temper.training.megatron_parallel import Parallel
 from temper.training.megatron_pipeline import StageLink, sync_tied_state
 from temper.training.models import VALUE_HEAD_FILE, VALUE_MODEL_STAMP
@@ -57,6 +58,9 @@ from temper.training.spec import EngineSpec
 log = logging.getLogger(__name__)
 
 RNG_DIR = "rng"
+
+#: a parameter's holder (rank in its holders group), map, local shape and dtype
+Owner = tuple[int, ParamMap, tuple[int, ...], torch.dtype]
 
 
 def _causal_architecture(config: Any) -> str:
@@ -129,81 +133,69 @@ class MegatronCheckpointer:
 
     # ----------------------------------------------------------------------- export
 
-    def _gather_tp(self) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    def _gather_tp(self) -> Callable[[ParamMap, torch.Tensor], list[torch.Tensor]]:
         p = self.parallel
 
-        def gather(local: torch.Tensor) -> list[torch.Tensor]:
-            if p.tp == 1:
+        def gather(pm: ParamMap, local: torch.Tensor) -> list[torch.Tensor]:
+            group, size = p.shard_group(is_expert_param(pm.megatron))
+            if size == 1:
                 return [local.detach()]
             t = local.detach().contiguous()
-            shards = [torch.empty_like(t) for _ in range(p.tp)]
-            dist.all_gather(shards, t, group=p.tp_group)
+            shards = [torch.empty_like(t) for _ in range(size)]
+            dist.all_gather(shards, t, group=group)
             return shards
 
         return gather
 
-    @property
-    def _holders(self) -> tuple[Any, int]:
-        """The group whose ranks together hold one copy of every parameter, and its size:
-        the pipeline's stages, and under expert parallelism the EP ranks of each stage
-        (each holds other experts); None when this rank holds them all."""
-        p = self.parallel
-        if p.ep > 1:
-            return p.expert_holders_group, p.ep * p.pp
-        return (p.pp_group, p.pp) if p.pp > 1 else (None, 1)
-
     @cached_property
-    def _owners(self) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
-        """Every exported parameter of the whole model in order, with the rank of
-        :attr:`_holders` holding it and its local (TP shard) shape and dtype; one object
-        all-gather the first time (stages and EP ranks build only their own maps). A
-        parameter held by several of them (dense weights under EP) is taken from the
-        first."""
+    def _owners(self) -> list[Owner]:
+        """Every exported parameter of the whole model in order, with the rank of its
+        holders group (:meth:`Parallel.holders`: the pipeline's stages, and for an
+        expert's weight under EP the EP ranks of each stage) holding it and its local (TP
+        or ETP shard) shape and dtype; one object all-gather per group the first time
+        (stages and EP ranks build only their own maps). A parameter held by several of
+        them is taken from the first."""
         return self._owners_of(self.built.maps)
 
     @cached_property
-    def _adapter_owners(self) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
+    def _adapter_owners(self) -> list[Owner]:
         """:attr:`_owners` of the LoRA adapter tensors."""
         return self._owners_of(self.adapters.maps() if self.adapters is not None else [])
 
-    def _owners_of(
-        self, maps: list[ParamMap]
-    ) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
+    def _owners_of(self, maps: list[ParamMap]) -> list[Owner]:
         params = dict(self.model.named_parameters())
-        mine = [
-            (pm, tuple(params[pm.megatron].shape), params[pm.megatron].dtype)
-            for pm in maps
-            if not pm.tied_copy
-        ]
-        group, size = self._holders
-        if size == 1:
-            return [(0, pm, shape, dtype) for pm, shape, dtype in mine]
-        held: list[Any] = [None] * size
-        dist.all_gather_object(held, mine, group=group)
-        out, seen = [], set()
-        for s, rows in enumerate(held):
-            for pm, shape, dtype in rows:
-                if pm.global_name not in seen:
-                    seen.add(pm.global_name)
-                    out.append((s, pm, shape, dtype))
+        out: list[Owner] = []
+        for expert in (False, True):
+            mine = [
+                (pm, tuple(params[pm.megatron].shape), params[pm.megatron].dtype)
+                for pm in maps
+                if not pm.tied_copy and is_expert_param(pm.megatron) == expert
+            ]
+            group, size = self.parallel.holders(expert)
+            if size == 1:
+                out += [(0, pm, shape, dtype) for pm, shape, dtype in mine]
+                continue
+            held: list[Any] = [None] * size
+            dist.all_gather_object(held, mine, group=group)
+            seen = set()
+            for s, rows in enumerate(held):
+                for pm, shape, dtype in rows:
+                    if pm.global_name not in seen:
+                        seen.add(pm.global_name)
+                        out.append((s, pm, shape, dtype))
         # the model's order (embedding, layers by global index, final norm and head):
         # interleaved stages hold layers out of order, ranks in rank order would mix them
         return sorted(out, key=lambda row: _model_order(row[1]))
 
     def _fetch(
-        self,
-        owners: list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]],
-        *,
-        merge: bool = True,
+        self, owners: list[Owner], *, merge: bool = True
     ) -> Callable[[ParamMap], torch.Tensor]:
-        """This TP rank's shard of a parameter, broadcast from the rank of
-        :attr:`_holders` that holds it (the rank's own tensor when it holds them all);
+        """This TP (ETP) rank's shard of a parameter, broadcast from the rank of its
+        holders group that holds it (the rank's own tensor when it holds them all);
         with ``merge``, a LoRA base weight with its adapters' ``ΔW`` added."""
         params = dict(self.model.named_parameters())
         where = {pm.global_name: (s, shape, dtype) for s, pm, shape, dtype in owners}
         comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        group, size = self._holders
-        me = dist.get_rank(group) if size > 1 else 0
         mine = {pm.global_name: pm.megatron for _, pm, _, _ in owners}
         mine.update({pm.global_name: pm.megatron for pm in self.built.maps})
         if self.adapters is not None:
@@ -216,9 +208,10 @@ class MegatronCheckpointer:
 
         def fetch(pm: ParamMap) -> torch.Tensor:
             owner, shape, dtype = where[pm.global_name]
+            group, size = self.parallel.holders(is_expert_param(pm.megatron))
             if size == 1:
                 return local(pm.megatron)
-            if owner == me:
+            if owner == dist.get_rank(group):
                 t = local(mine[pm.global_name]).to(comm).contiguous()
             else:
                 t = torch.empty(shape, dtype=dtype, device=comm)
@@ -250,7 +243,7 @@ class MegatronCheckpointer:
         fetch = self._fetch(self._adapter_owners, merge=False)
         for _, pm, _, _ in self._adapter_owners:
             shard = fetch(pm)
-            shards = gather(shard) if pm.kind != "rep" else [shard]
+            shards = gather(pm, shard) if pm.kind != "rep" else [shard]
             yield pm.hf[0], to_peft(pm.kind, shards).clone()
 
     def save_adapter(self, out: Path) -> None:
@@ -335,6 +328,22 @@ class MegatronCheckpointer:
         return mesh["dp", "tp"]
 
     @cached_property
+    def _expert_mesh(self) -> Any:
+        """The mesh an expert's weight is laid out on: :attr:`_mesh` when ETP = TP, else an
+        ``(edp × ep, etp)`` mesh over this stage's ranks (Megatron's expert groups: rank =
+        pp_index × stage + (edp_index × EP + ep_index) × ETP + etp_index), so that an
+        expert's shards are a ``Shard`` over its ETP group whatever the TP size."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        p = self.parallel
+        if p.etp == p.tp:
+            return self._mesh
+        device = "cuda" if self.device.type == "cuda" else "cpu"
+        rest = p.world // (p.pp * p.etp)
+        names = ("pp", "edp", "etp")
+        return init_device_mesh(device, (p.pp, rest, p.etp), mesh_dim_names=names)["edp", "etp"]
+
+    @cached_property
     def _kinds(self) -> dict[str, Kind]:
         """How each Megatron parameter is split over TP (by parameter name)."""
         return {pm.megatron: pm.kind for pm in self._all_maps}
@@ -352,12 +361,12 @@ class MegatronCheckpointer:
 
     def _pieces(self, name: str, local: torch.Tensor, key: str) -> dict[str, Any]:
         """``local`` (a parameter-shaped tensor of this rank) as DTensors whose global shape
-        does not depend on the TP size: the fused GLU weight is kept as its gate and up
+        does not depend on the TP (ETP) size: the fused GLU weight is kept as its gate and up
         halves (Megatron's ``[gate_r; up_r]`` per rank is no slice of one global tensor)."""
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
         kind = self._kinds[name]
-        mesh = self._mesh
+        mesh = self._expert_mesh if is_expert_param(name) else self._mesh
         if kind == "rep":
             return {
                 key: DTensor.from_local(local, mesh, [Replicate(), Replicate()], run_check=False)

@@ -1,0 +1,132 @@
+"""Megatron MoE with an expert tensor-parallel size other than TP
+(``expert_tensor_parallel_size``), chiefly ETP = 1 under TP = 2: every TP rank holds
+whole experts and runs its own share of the positions (sequence parallelism) through
+them; the experts' gradients are summed over the expert-data-parallel group, which
+holds the TP ranks. Against the torch engine (log-probs, losses, grad norm, updated
+weights), with EP = 2 on the same two ranks (the TP pair is then the EP group and the
+dispatcher exchanges tokens over it), and a checkpoint saved at TP2 × ETP1 that loads
+at TP = 1 and at TP2 × ETP2 and resumes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before the forks)
+from test_megatron import actor_config, make_batch, weights, with_log_probs  # same folder
+
+import temper.training.megatron_engine  # noqa: F401
+from temper.cluster.process_group import spawn_ranks
+from temper.config.schema import MegatronConfig, ModelConfig
+from temper.data.batch import Batch
+from temper.roles.actor import Actor
+from temper.training.micro_batching import MicroBatching
+from temper.training.registry import build_engine
+from temper.training.spec import EngineSpec
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory) -> dict[str, str]:
+    from temper.utils.tiny import make_tiny_moe_model
+
+    root = tmp_path_factory.mktemp("megatron-etp")
+    return {t: make_tiny_moe_model(root / t, t) for t in ("qwen2_moe", "qwen3_moe", "mixtral")}
+
+
+def make_actor(path: str, strategy: str, tp: int = 1, etp: int | None = None, ep: int = 1) -> Actor:
+    cfg = actor_config(strategy)
+    cfg.megatron = MegatronConfig(
+        tensor_model_parallel_size=tp,
+        expert_tensor_parallel_size=etp,
+        expert_model_parallel_size=ep,
+    )
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        train=cfg,
+        infer_micro=MicroBatching(size=1),
+        total_steps=4,
+    )
+    return Actor(cfg, build_engine(strategy, spec))
+
+
+def _step_rank(rank: int, world: int, path: str, batch: Batch, tp: int, etp: int, ep: int) -> dict:
+    actor = make_actor(path, "megatron", tp=tp, etp=etp, ep=ep)
+    p = actor.engine.parallel
+    assert (p.tp, p.etp, p.ep, p.expert_split) == (tp, etp, ep, etp != tp or ep > 1)
+    old = actor.compute_log_probs(batch)["old_log_probs"]
+    metrics = actor.update(batch)
+    return {"old": old, "metrics": metrics, "weights": weights(actor.engine)}
+
+
+def _check(ranks: list[dict], batch: Batch, ref_metrics: dict, ref: dict) -> None:
+    for r in ranks:
+        torch.testing.assert_close(r["old"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+        for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe_load_imbalance"):
+            if k in ref_metrics:
+                assert r["metrics"][k] == pytest.approx(ref_metrics[k], rel=1e-5, abs=1e-6), k
+        assert set(r["weights"]) == set(ref)
+        for k, v in r["weights"].items():
+            torch.testing.assert_close(v, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+@pytest.mark.parametrize("ep", [1, 2], ids=lambda ep: f"ep{ep}")
+@pytest.mark.parametrize("model", ["qwen2_moe", "qwen3_moe", "mixtral"])
+def test_tp2_etp1_update_matches_torch_engine(moe_models, model: str, ep: int, tmp_path) -> None:
+    """TP = 2 × ETP = 1 (× EP = 2): the torch engine's log-probs, loss, grad norm (clipping
+    active) and weights after one update (the torch engine's as its HF export writes
+    them: one tensor per expert)."""
+    from safetensors.torch import load_file
+
+    path = moe_models[model]
+    single = make_actor(path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    assert ref_metrics["actor/grad_norm"] > 0.05  # clipping was active
+    single.engine.save_hf(str(tmp_path / "torch"))
+    ref = load_file(str(tmp_path / "torch" / "model.safetensors"))
+    ranks = spawn_ranks(_step_rank, 2, path, batch, 2, 1, ep)
+    _check(ranks, batch, ref_metrics, ref)
+
+
+def _ckpt_rank(
+    rank: int, world: int, path: str, b1: Batch, b2: Batch, ckpt: str, tp: int, etp: int, mode: str
+) -> dict:
+    """``train``: step on b1, save, step on b2; ``load``: load, then step on b2."""
+    actor = make_actor(path, "megatron", tp=tp, etp=etp)
+    if mode == "train":
+        actor.update(b1)
+        actor.engine.save_checkpoint(ckpt)
+    else:
+        actor.engine.load_checkpoint(ckpt)
+    out = {"w1": weights(actor.engine)}
+    actor.update(b2)
+    out["w2"] = weights(actor.engine)
+    return out
+
+
+def test_checkpoint_at_tp2_etp1_resumes_at_other_layouts(moe_models, tmp_path) -> None:
+    """Saved at TP2 × ETP1 after one step (whole experts, replicated over the TP pair),
+    the checkpoint loads at TP = 1 and at TP2 × ETP2 (experts split) to the same weights
+    and resumes to the uninterrupted run's next step (AdamW moments reshard too)."""
+    path = moe_models["qwen2_moe"]
+    torch_actor = make_actor(path, "torch")
+    b1, b2 = with_log_probs(torch_actor, make_batch(0)), with_log_probs(torch_actor, make_batch(1))
+    ckpt = str(tmp_path / "ckpt")
+    (trained, _) = spawn_ranks(_ckpt_rank, 2, path, b1, b2, ckpt, 2, 1, "train")
+    (one,) = spawn_ranks(_ckpt_rank, 1, path, b1, b2, ckpt, 1, 1, "load")
+    (split, _) = spawn_ranks(_ckpt_rank, 2, path, b1, b2, ckpt, 2, 2, "load")
+    for resumed in (one, split):
+        assert set(resumed["w1"]) == set(trained["w1"])
+        for k, v in resumed["w1"].items():
+            assert torch.equal(v, trained["w1"][k]), k
+        for k, v in resumed["w2"].items():
+            torch.testing.assert_close(v, trained["w2"][k], atol=1e-5, rtol=1e-4, msg=k)
