@@ -97,6 +97,42 @@ def test_tp2_etp1_update_matches_torch_engine(moe_models, model: str, ep: int, t
     _check(ranks, batch, ref_metrics, ref)
 
 
+def _dp_rank(rank: int, world: int, path: str, batch: Batch, tp: int, etp: int) -> dict:
+    """One update on this data-parallel rank's share of ``batch``."""
+    actor = make_actor(path, "megatron", tp=tp, etp=etp)
+    engine = actor.engine
+    n = len(batch) // engine.dp_size
+    mine = batch.slice(engine.dp_rank * n, (engine.dp_rank + 1) * n)
+    old = actor.compute_log_probs(mine)["old_log_probs"]
+    metrics = actor.update(mine)
+    return {"old": old, "dp": engine.dp_rank, "metrics": metrics, "weights": weights(engine)}
+
+
+@pytest.mark.parametrize(
+    ("tp", "etp", "world"),
+    [(2, 1, 4), (1, 2, 2)],
+    ids=["tp2-etp1-dp2", "tp1-etp2-dp2"],
+)
+def test_expert_tp_other_than_tp_over_data_parallel_ranks_equals_tp1(
+    moe_models, tp: int, etp: int, world: int
+) -> None:
+    """Two data-parallel ranks: TP2 × ETP1 (4 ranks; the expert-data-parallel group is all
+    four: two TP ranks × two DP ranks) and TP1 × ETP2 (2 ranks; each expert split over
+    the two DP ranks, the dispatcher gathering both ranks' tokens) give TP = 1's
+    log-probs, metrics and weights."""
+    path = moe_models["qwen3_moe"]
+    batch = with_log_probs(make_actor(path, "torch"), make_batch())
+    split = spawn_ranks(_dp_rank, world, path, batch, tp, etp)
+    one = spawn_ranks(_dp_rank, 2, path, batch, 1, 1)
+    for a in split:
+        b = next(r for r in one if r["dp"] == a["dp"])
+        torch.testing.assert_close(a["old"], b["old"], atol=1e-6, rtol=1e-6)
+        for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe_load_imbalance"):
+            assert a["metrics"][k] == pytest.approx(b["metrics"][k], rel=1e-5, abs=1e-7), k
+        for k, v in a["weights"].items():
+            torch.testing.assert_close(v, b["weights"][k], atol=1e-5, rtol=1e-4, msg=k)
+
+
 def _ckpt_rank(
     rank: int, world: int, path: str, b1: Batch, b2: Batch, ckpt: str, tp: int, etp: int, mode: str
 ) -> dict:

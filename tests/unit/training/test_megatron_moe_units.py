@@ -207,7 +207,9 @@ def test_check_reads_a_local_models_config_to_refuse_ep_on_a_dense_model(tmp_pat
     assert local_layout(model, "Qwen/Qwen3-30B-A3B") is None
 
 
-def test_expert_tensor_parallel_size_splits_the_expert_ffn_and_the_shared_expert_follows_tp() -> None:
+def test_expert_tensor_parallel_size_splits_the_expert_ffn_and_the_shared_expert_follows_tp() -> (
+    None
+):
     """An MoE model at TP > 1 splits each expert over ``expert_tensor_parallel_size`` ranks
     (TP when unset; 1: whole experts) and the shared expert over TP; each must divide its
     FFN, the error naming the key that set the size; the z-loss is noted."""
