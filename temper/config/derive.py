@@ -116,10 +116,10 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog
         experts = engine.megatron.expert_model_parallel_span
         if devices % experts:  # Megatron-Core's expert groups cut the devices again
             raise ConfigError(
-                f"{key}.megatron",
+                f"{key}.megatron.expert_model_parallel_size",
                 f"{devices} devices are not divisible by ETP×EP×PP = {experts} (expert "
                 "tensor × expert × pipeline parallel sizes)",
-                "choose expert_tensor_parallel_size and expert_model_parallel_size whose "
+                "choose an expert-parallel size (and expert_tensor_parallel_size) whose "
                 "product with the pipeline size divides the role's device count",
             )
         return devices // model_parallel

@@ -213,7 +213,7 @@ def test_megatron_expert_groups_must_divide_the_devices():
     tp_ep = {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 4}
     with pytest.raises(ConfigError) as err:
         build(tp_ep)
-    assert err.value.key == "actor.megatron"
+    assert err.value.key == "actor.megatron.expert_model_parallel_size"
     assert "4 devices are not divisible by ETP×EP×PP = 8" in err.value.reason
     d = plan(build({**tp_ep, "expert_tensor_parallel_size": 1}))
     assert d.actor.dp == 2
