@@ -82,7 +82,7 @@ from temper.training.megatron_pipeline import (
     sync_tied_grads,
     train_forward_backward,
 )
-from temper.training.megatron_sp import pad_sequence, tp_summed_grads
+from temper.training.megatron_sp import pad_sequence, stage_padding_mask, tp_summed_grads
 from temper.training.megatron_vocab import (
     gather_vocab,
     log_probs_and_entropy,
@@ -250,10 +250,10 @@ class MegatronEngine(TorchEngine):
             with self._autocast():
                 out: torch.Tensor = module(ids, positions, None)
             return out
-        # an MoE router leaves the trailing padding out of its losses and counts
-        self._router_stats.begin(index)
+        self._router_stats.begin(index)  # router losses, counts: trailing padding out
         real = inp.attention_mask.sum(dim=1, keepdim=True)
-        padding = torch.arange(ids.shape[1], device=self.device).unsqueeze(0) >= real
+        at = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
+        padding = stage_padding_mask(at >= real, module, self.parallel.tp_group)
         with self._autocast():
             out = module(ids, positions, None, padding_mask=padding)
         return out

@@ -193,6 +193,16 @@ def gather_sequence(hidden: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
+def stage_padding_mask(padding: torch.Tensor, module: Any, group: Any) -> torch.Tensor:
+    """An MoE router's padding mask ``(b, L)`` for the model chunk ``module``: Megatron's
+    ``GPTModel`` splits it to this TP rank's positions ``(b, L/TP)`` under sequence
+    parallelism only where it embeds the tokens (the first pipeline stage); a later
+    stage's chunk gets the same split here."""
+    if module.pre_process or not module.config.sequence_parallel:
+        return padding
+    return _rows_of_rank(padding.transpose(0, 1), group).transpose(0, 1).contiguous()
+
+
 def use_host_sequence_parallel(module: torch.nn.Module, group: Any) -> None:
     """Run ``module``'s sequence parallelism with collectives on the tensors' device.
 

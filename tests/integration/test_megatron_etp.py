@@ -41,12 +41,15 @@ def moe_models(tmp_path_factory) -> dict[str, str]:
     return {t: make_tiny_moe_model(root / t, t) for t in ("qwen2_moe", "qwen3_moe", "mixtral")}
 
 
-def make_actor(path: str, strategy: str, tp: int = 1, etp: int | None = None, ep: int = 1) -> Actor:
+def make_actor(
+    path: str, strategy: str, tp: int = 1, etp: int | None = None, ep: int = 1, pp: int = 1
+) -> Actor:
     cfg = actor_config(strategy)
     cfg.megatron = MegatronConfig(
         tensor_model_parallel_size=tp,
         expert_tensor_parallel_size=etp,
         expert_model_parallel_size=ep,
+        pipeline_model_parallel_size=pp,
     )
     spec = EngineSpec(
         model=ModelConfig(path=path),
@@ -58,8 +61,10 @@ def make_actor(path: str, strategy: str, tp: int = 1, etp: int | None = None, ep
     return Actor(cfg, build_engine(strategy, spec))
 
 
-def _step_rank(rank: int, world: int, path: str, batch: Batch, tp: int, etp: int, ep: int) -> dict:
-    actor = make_actor(path, "megatron", tp=tp, etp=etp, ep=ep)
+def _step_rank(
+    rank: int, world: int, path: str, batch: Batch, tp: int, etp: int, ep: int, pp: int = 1
+) -> dict:
+    actor = make_actor(path, "megatron", tp=tp, etp=etp, ep=ep, pp=pp)
     p = actor.engine.parallel
     assert (p.tp, p.etp, p.ep, p.expert_split) == (tp, etp, ep, etp != tp or ep > 1)
     old = actor.compute_log_probs(batch)["old_log_probs"]
@@ -95,6 +100,34 @@ def test_tp2_etp1_update_matches_torch_engine(moe_models, model: str, ep: int, t
     ref = load_file(str(tmp_path / "torch" / "model.safetensors"))
     ranks = spawn_ranks(_step_rank, 2, path, batch, 2, 1, ep)
     _check(ranks, batch, ref_metrics, ref)
+
+
+@pytest.mark.parametrize(("etp", "ep"), [(1, 2), (2, 1)], ids=["etp1-ep2", "etp2"])
+def test_tp2_moe_over_two_pipeline_stages_matches_torch_engine(
+    moe_models, tmp_path, etp: int, ep: int
+) -> None:
+    """TP2 × PP2 (4 ranks) with ETP1 × EP2 — the export fetches the dense weights from
+    their stage and each expert from the EP rank of its stage holding it (two holders
+    groups) — or with experts split over TP: the update equals the torch engine's. The
+    second stage's router gets this TP rank's share of the padding mask
+    (megatron_sp.stage_padding_mask)."""
+    from safetensors.torch import load_file
+
+    path = moe_models["qwen3_moe"]
+    single = make_actor(path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    single.engine.save_hf(str(tmp_path / "torch"))
+    ref = load_file(str(tmp_path / "torch" / "model.safetensors"))
+    ranks = spawn_ranks(_step_rank, 4, path, batch, 2, etp, ep, 2)
+    # log-probs are the last stage's; every rank exports the whole model
+    for r in ranks:
+        assert set(r["weights"]) == set(ref)
+        for k, v in r["weights"].items():
+            torch.testing.assert_close(v, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+    for k in ("actor/pg_loss", "actor/grad_norm"):
+        assert ranks[-1]["metrics"][k] == pytest.approx(ref_metrics[k], rel=1e-5, abs=1e-6), k
+    torch.testing.assert_close(ranks[-1]["old"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
 
 
 def _dp_rank(rank: int, world: int, path: str, batch: Batch, tp: int, etp: int) -> dict:
