@@ -167,10 +167,19 @@ def test_expert_tp_other_than_tp_over_data_parallel_ranks_equals_tp1(
 
 
 def _ckpt_rank(
-    rank: int, world: int, path: str, b1: Batch, b2: Batch, ckpt: str, tp: int, etp: int, mode: str
+    rank: int,
+    world: int,
+    path: str,
+    b1: Batch,
+    b2: Batch,
+    ckpt: str,
+    layout: tuple[int, int, int],
+    mode: str,
 ) -> dict:
-    """``train``: step on b1, save, step on b2; ``load``: load, then step on b2."""
-    actor = make_actor(path, "megatron", tp=tp, etp=etp)
+    """``train``: step on b1, save, step on b2; ``load``: load, then step on b2; at
+    ``layout`` = (TP, ETP, EP)."""
+    tp, etp, ep = layout
+    actor = make_actor(path, "megatron", tp=tp, etp=etp, ep=ep)
     if mode == "train":
         actor.update(b1)
         actor.engine.save_checkpoint(ckpt)
@@ -184,16 +193,18 @@ def _ckpt_rank(
 
 def test_checkpoint_at_tp2_etp1_resumes_at_other_layouts(moe_models, tmp_path) -> None:
     """Saved at TP2 × ETP1 after one step (whole experts, replicated over the TP pair),
-    the checkpoint loads at TP = 1 and at TP2 × ETP2 (experts split) to the same weights
-    and resumes to the uninterrupted run's next step (AdamW moments reshard too)."""
+    the checkpoint loads at TP = 1, at TP2 × ETP2 (experts split) and at TP2 × ETP1 × EP2
+    (half the experts on each rank) to the same weights and resumes to the uninterrupted
+    run's next step (AdamW moments reshard too)."""
     path = moe_models["qwen2_moe"]
     torch_actor = make_actor(path, "torch")
     b1, b2 = with_log_probs(torch_actor, make_batch(0)), with_log_probs(torch_actor, make_batch(1))
     ckpt = str(tmp_path / "ckpt")
-    (trained, _) = spawn_ranks(_ckpt_rank, 2, path, b1, b2, ckpt, 2, 1, "train")
-    (one,) = spawn_ranks(_ckpt_rank, 1, path, b1, b2, ckpt, 1, 1, "load")
-    (split, _) = spawn_ranks(_ckpt_rank, 2, path, b1, b2, ckpt, 2, 2, "load")
-    for resumed in (one, split):
+    (trained, _) = spawn_ranks(_ckpt_rank, 2, path, b1, b2, ckpt, (2, 1, 1), "train")
+    (one,) = spawn_ranks(_ckpt_rank, 1, path, b1, b2, ckpt, (1, 1, 1), "load")
+    (split, _) = spawn_ranks(_ckpt_rank, 2, path, b1, b2, ckpt, (2, 2, 1), "load")
+    (ep2, _) = spawn_ranks(_ckpt_rank, 2, path, b1, b2, ckpt, (2, 1, 2), "load")
+    for resumed in (one, split, ep2):
         assert set(resumed["w1"]) == set(trained["w1"])
         for k, v in resumed["w1"].items():
             assert torch.equal(v, trained["w1"][k]), k
