@@ -18,10 +18,10 @@ TP by default). Megatron cuts each stage's ranks a second time for them, in the 
 ``tp-ep-dp``: consecutive ranks form an ETP group, consecutive ETP groups an EP group,
 and the ranks holding the same expert shard the expert-data-parallel (EDP) group, of
 ``stage ranks / (ETP × EP)`` ranks. At ETP = 1 under TP = 2 (the common layout) each
-rank holds whole experts, the two TP ranks of a pipeline are an EP group (or, at EP = 1,
-two copies of every expert), and the token dispatcher exchanges tokens over the
-ETP × EP group — nothing at ETP = EP = 1: each rank runs its own share of the
-positions (sequence parallelism) through its whole experts.
+rank holds whole experts: at EP = 2 each TP pair is an EP group (half the experts on
+each rank), at EP = 1 it holds two copies of every expert. The token dispatcher
+exchanges tokens over the ETP × EP group — nothing at ETP = EP = 1: each rank runs its
+own share of the positions (sequence parallelism) through its whole experts.
 
 On the local backend a role runs in the driver process, which has no process group: a
 one-rank world (gloo on CPU, nccl on GPU) is created for it, so the same Megatron code
@@ -76,8 +76,8 @@ class Parallel:
     expert_dp_group: Any = None
     # EP × PP ranks of one model copy (every expert and stage once): export gathers there
     expert_model_group: Any = None
-    # the EP × PP ranks of one TP rank (every stage and expert once, this TP shard):
-    # where the export fetches a parameter from its holder; expert_model_group at TP = 1
+    # the EP × PP ranks of one ETP rank (every stage and expert once, this ETP shard):
+    # where the export fetches an expert's weight; expert_model_group at ETP = 1
     expert_holders_group: Any = None
     etp: int = 1  # expert tensor parallelism: each expert split over ETP ranks
     etp_rank: int = 0
