@@ -42,7 +42,13 @@ def moe_models(tmp_path_factory) -> dict[str, str]:
 
 
 def make_actor(
-    path: str, strategy: str, tp: int = 1, etp: int | None = None, ep: int = 1, pp: int = 1
+    path: str,
+    strategy: str,
+    tp: int = 1,
+    etp: int | None = None,
+    ep: int = 1,
+    pp: int = 1,
+    extra: dict | None = None,
 ) -> Actor:
     cfg = actor_config(strategy)
     cfg.megatron = MegatronConfig(
@@ -50,6 +56,7 @@ def make_actor(
         expert_tensor_parallel_size=etp,
         expert_model_parallel_size=ep,
         pipeline_model_parallel_size=pp,
+        extra=dict(extra or {}),
     )
     spec = EngineSpec(
         model=ModelConfig(path=path),
@@ -131,8 +138,9 @@ def test_tp2_moe_over_two_pipeline_stages_matches_torch_engine(
 
 
 def _dp_rank(rank: int, world: int, path: str, batch: Batch, tp: int, etp: int) -> dict:
-    """One update on this data-parallel rank's share of ``batch``."""
-    actor = make_actor(path, "megatron", tp=tp, etp=etp)
+    """One update on this data-parallel rank's share of ``batch``, with the auxiliary
+    load-balancing loss."""
+    actor = make_actor(path, "megatron", tp=tp, etp=etp, extra={"moe_aux_loss_coeff": 0.01})
     engine = actor.engine
     n = len(batch) // engine.dp_size
     mine = batch.slice(engine.dp_rank * n, (engine.dp_rank + 1) * n)
@@ -152,7 +160,8 @@ def test_expert_tp_other_than_tp_over_data_parallel_ranks_equals_tp1(
     """Two data-parallel ranks: TP2 × ETP1 (4 ranks; the expert-data-parallel group is all
     four: two TP ranks × two DP ranks) and TP1 × ETP2 (2 ranks; each expert split over
     the two DP ranks, the dispatcher gathering both ranks' tokens) give TP = 1's
-    log-probs, metrics and weights."""
+    log-probs, metrics and weights, with the auxiliary loss (Megatron counts each
+    router's tokens per expert over the TP group, whatever the experts' split)."""
     path = moe_models["qwen3_moe"]
     batch = with_log_probs(make_actor(path, "torch"), make_batch())
     split = spawn_ranks(_dp_rank, world, path, batch, tp, etp)
@@ -162,8 +171,11 @@ def test_expert_tp_other_than_tp_over_data_parallel_ranks_equals_tp1(
         torch.testing.assert_close(a["old"], b["old"], atol=1e-6, rtol=1e-6)
         for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe_load_imbalance"):
             assert a["metrics"][k] == pytest.approx(b["metrics"][k], rel=1e-5, abs=1e-7), k
+        # atol 5e-5: an embedding entry whose gradient is of AdamW's eps (1e-8) moves by
+        # lr·g/(|g|+eps), which turns fp32 summation-order noise in g (~1e-10 here, the
+        # another summation order at ETP = 1) into ~1e-5 (measured 1.8e-5 at ETP 1, 4e-6 at 2)
         for k, v in a["weights"].items():
-            torch.testing.assert_close(v, b["weights"][k], atol=1e-5, rtol=1e-4, msg=k)
+            torch.testing.assert_close(v, b["weights"][k], atol=5e-5, rtol=1e-4, msg=k)
 
 
 def _ckpt_rank(
