@@ -113,6 +113,15 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog
                 f"{devices} devices are not divisible by TP×PP×CP = {model_parallel}",
                 "choose parallel sizes whose product divides the role's device count",
             )
+        experts = engine.megatron.expert_model_parallel_span
+        if devices % experts:  # Megatron-Core's expert groups cut the devices again
+            raise ConfigError(
+                f"{key}.megatron.expert_model_parallel_size",
+                f"{devices} devices are not divisible by ETP×EP×PP = {experts} (expert "
+                "tensor × expert × pipeline parallel sizes)",
+                "choose an expert-parallel size (and expert_tensor_parallel_size) whose "
+                "product with the pipeline size divides the role's device count",
+            )
         return devices // model_parallel
     sp = engine.ulysses_sequence_parallel_size
     if devices % sp:  # verl's and ROLL's own rule, kept so their files mean the same here

@@ -467,6 +467,18 @@ class MegatronConfig:
         (TP × PP × CP); a role's data-parallel size is its device count / this."""
         return math.prod(getattr(self, name) or 1 for name in MODEL_PARALLEL_DEGREES)
 
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel size: ``expert_tensor_parallel_size``, TP when unset
+        (Megatron-Core's default)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+
+    @property
+    def expert_model_parallel_span(self) -> int:
+        """Devices one copy of every expert spans (ETP × EP × PP, Megatron-Core's expert
+        groups); a role's device count must be a multiple of it."""
+        return self.expert_tp * self.expert_model_parallel_size * self.pipeline_model_parallel_size
+
     def degrees(self) -> dict[str, int | None]:
         """Every parallel degree by its Megatron-Core name (``TransformerConfig`` and
         ``parallel_state.initialize_model_parallel`` take them as keywords)."""

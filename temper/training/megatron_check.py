@@ -25,12 +25,12 @@ What runs where:
   reported as notes, not errors, so a GPU config checks and runs unchanged;
 * mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral) with expert parallelism
   (:mod:`megatron_moe`), Megatron's all-gather token dispatcher on CPU; at TP > 1 with
-  sequence parallelism and each expert split over the TP ranks (expert tensor
-  parallelism = TP); EP on a dense model is refused when the model's config is read;
+  sequence parallelism, each expert split over ``expert_tensor_parallel_size`` ranks
+  (ETP; TP by default, 1 the common layout: whole experts on every TP rank); EP on a
+  dense model is refused when the model's config is read;
 * LoRA (``model.lora``) on a dense actor (:mod:`megatron_lora`);
-* not in this build: context parallelism, an expert tensor-parallel size other than
-  TP, LoRA on a critic
-  or on an MoE model, LoRA dropout — errors naming the key.
+* not in this build: context parallelism, LoRA on a critic or on an MoE model, LoRA
+  dropout — errors naming the key.
 """
 
 from __future__ import annotations
@@ -207,10 +207,10 @@ def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
 
 
 def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
-    """Expert parallelism needs an MoE model whose experts it splits evenly; under TP
-    each expert's (and the shared expert's) FFN splits evenly over the TP ranks too
-    (expert tensor parallelism = TP; the layer then runs with sequence parallelism,
-    :mod:`megatron_sp`)."""
+    """Expert parallelism needs an MoE model whose experts it splits evenly; each
+    expert's FFN splits evenly over the expert TP ranks (ETP, TP by default) and the
+    shared expert's over the TP ranks (Megatron splits it as the dense layers; under TP
+    the layer runs with sequence parallelism, :mod:`megatron_sp`)."""
     key = f"{role}.megatron"
     ep = m.expert_model_parallel_size
     if layout.moe is None:
@@ -229,15 +229,17 @@ def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
             f"use an expert-parallel size that divides {layout.moe.num_experts}",
         )
     tp = m.tensor_model_parallel_size
-    for what, n in (
-        ("expert FFN columns", layout.moe.ffn_hidden_size),
-        ("shared-expert FFN columns", layout.moe.shared_ffn_hidden_size),
+    # the experts' split is named by the key that sets it: ETP when given, else TP
+    etp_key = "expert_tensor" if m.expert_tensor_parallel_size is not None else "tensor_model"
+    for what, n, name, size in (
+        ("expert FFN columns", layout.moe.ffn_hidden_size, etp_key, m.expert_tp),
+        ("shared-expert FFN columns", layout.moe.shared_ffn_hidden_size, "tensor_model", tp),
     ):
-        if n % tp:
+        if n % size:
             raise ConfigError(
-                f"{key}.tensor_model_parallel_size",
-                f"{tp} does not divide the model's {n} {what}",
-                f"use a tensor-parallel size that divides {n}",
+                f"{key}.{name}_parallel_size",
+                f"{size} does not divide the model's {n} {what}",
+                f"use a {name.replace('_', ' ')}-parallel size that divides {n}",
             )
 
 
@@ -298,15 +300,6 @@ def check_section(
             else "context parallelism is not in this build of the megatron engine"
         )
         raise ConfigError(f"{key}.context_parallel_size", why, "set it to 1")
-    etp, tp = m.expert_tensor_parallel_size, m.tensor_model_parallel_size
-    if etp is not None and etp != tp:
-        raise ConfigError(
-            f"{key}.expert_tensor_parallel_size",
-            f"an expert tensor-parallel size ({etp}) other than tensor_model_parallel_size "
-            f"({tp}) is not in this build: each expert is split over the TP ranks as the "
-            "rest of its layer is",
-            f"set it to null (Megatron's default: {tp}), or to {tp}",
-        )
     refused = refused_moe_option(m.extra, device_type)
     if refused:
         raise ConfigError(f"{key}.extra.{refused[0]}", refused[1], "remove it, or run on CUDA")

@@ -349,7 +349,7 @@ def to_hf(
 def hf_tensors(
     maps: list[ParamMap],
     layout: HFLayout,
-    gather: Callable[[torch.Tensor], list[torch.Tensor]],
+    gather: Callable[[ParamMap, torch.Tensor], list[torch.Tensor]],
     local: Callable[[ParamMap], torch.Tensor],
     *,
     prefix: str = "model.",
@@ -358,7 +358,7 @@ def hf_tensors(
     """``(hf_name, tensor)`` of the whole model from this rank's Megatron parameters:
     ``local(pm)`` is this TP rank's shard of ``pm`` (fetched from the stage holding it
     under pipeline parallelism), whose TP shards are gathered (``gather``: a collective
-    over the TP group) and merged as it is reached, so at most one layer's full tensors
+    over the group ``pm`` is split over, TP or an expert's ETP) and merged as it is reached, so at most one layer's full tensors
     exist at a time. ``lm_head.weight`` and the value head keep their names; the rest get
     ``prefix``. ``maps`` hold no tied copy (see :class:`ParamMap`).
 
@@ -367,7 +367,7 @@ def hf_tensors(
     received no tensor, and its LM head shares storage with the embedding."""
     for pm in maps:
         shard = local(pm)
-        shards = gather(shard) if pm.kind != "rep" else [shard]
+        shards = gather(pm, shard) if pm.kind != "rep" else [shard]
         for name, tensor in to_hf(pm, shards, layout):
             top = name.startswith(("lm_head.", "value_head."))
             yield (name if top else prefix + name), tensor

@@ -83,7 +83,7 @@ from temper.training.megatron_pipeline import (
     sync_tied_grads,
     train_forward_backward,
 )
-from temper.training.megatron_sp import pad_sequence, tp_summed_grads
+from temper.training.megatron_sp import pad_sequence, stage_padding_mask, tp_summed_grads
 from temper.training.megatron_vocab import (
     gather_vocab,
     log_probs_and_entropy,
@@ -252,10 +252,10 @@ class MegatronEngine(TorchEngine):
             with self._autocast():
                 out: torch.Tensor = module(ids, positions, None)
             return out
-        # an MoE router leaves the trailing padding out of its losses and counts
-        self._router_stats.begin(index)
+        self._router_stats.begin(index)  # router losses, counts: trailing padding out
         real = inp.attention_mask.sum(dim=1, keepdim=True)
-        padding = torch.arange(ids.shape[1], device=self.device).unsqueeze(0) >= real
+        at = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
+        padding = stage_padding_mask(at >= real, module, self.parallel.tp_group)
         with self._autocast():
             out = module(ids, positions, None, padding_mask=padding)
         return out
@@ -523,15 +523,15 @@ class MegatronEngine(TorchEngine):
 
     def _reduce_dp_grads(self) -> None:
         """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype); an
-        MoE model's expert weights over the expert-data-parallel group instead (the ranks
-        holding the same experts: DP / EP of them)."""
+        MoE model's expert weights, if laid out otherwise, over the expert-data-parallel
+        group (the ranks holding the same expert shard; at ETP = 1 the TP ranks too)."""
         p = self.parallel
         dense: list[torch.Tensor] = []
         experts: list[torch.Tensor] = []
         for name, param in self.model.named_parameters():
             if param.grad is None or not param.requires_grad:
                 continue
-            (experts if p.ep > 1 and is_expert_param(name) else dense).append(param.grad)
+            (experts if p.expert_split and is_expert_param(name) else dense).append(param.grad)
         all_reduce_flat(dense, p.dp_group, p.dp)
         all_reduce_flat(experts, p.expert_dp_group, p.expert_dp)
 
@@ -548,7 +548,7 @@ class MegatronEngine(TorchEngine):
             if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not copy
         ]
         experts = {id(p.grad) for n, p in self.model.named_parameters() if is_expert_param(n)}
-        split = self.parallel.ep > 1
+        split = self.parallel.expert_split
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         sq_experts = torch.zeros((), dtype=torch.float64, device=self.device)
         for g in counted:
@@ -559,7 +559,7 @@ class MegatronEngine(TorchEngine):
         if self.parallel.tp > 1 or self.parallel.pp > 1:
             sq = sq.to(self._comm_device)
             dist.all_reduce(sq, group=self.parallel.model_parallel_group)
-        if split:  # each EP rank holds other experts: their squares summed over EP × PP
+        if split:  # each shard of each expert once: squares summed over ETP × EP × PP
             sq_experts = sq_experts.to(self._comm_device)
             dist.all_reduce(sq_experts, group=self.parallel.expert_model_group)
             sq = sq.to(self._comm_device) + sq_experts

@@ -14,11 +14,11 @@
   (global tensors, per-rank shards) through torch's API, on CPU and GPU alike. The LR
   schedule and AdamW's step count ride along; each rank's RNG state is a file of its
   own under ``rng/`` (restored when the world size matches).
-* **Export** (:meth:`MegatronCheckpointer.hf_named_weights`): for weight sync and HF
-  directories, each parameter is broadcast from its pipeline stage, its TP shards are
-  all-gathered, and it is turned back into HF tensors one at a time, in the model's
-  layer order
-  (:func:`megatron_convert.hf_tensors`), so no rank holds the whole model twice.
+* **Export** (:meth:`MegatronCheckpointer.hf_named_weights`, :mod:`megatron_export`):
+  for weight sync and HF directories, each parameter fetched from a rank holding it and
+  its TP shards gathered, one at a time.
+* **Experts** with their own TP size (ETP ≠ TP) are DTensors over an ``(edp × ep, etp)``
+  mesh of Megatron's expert groups instead, so their checkpoints reshard over ETP too.
 * **HF directories** (:meth:`MegatronCheckpointer.save_hf`): rank 0 writes safetensors
   (sharded at 5 GB), ``config.json``, the generation config and the tokenizer; a critic
   writes the layout of :class:`temper.training.models.ValueModel` (backbone +
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -45,9 +45,11 @@ import torch.distributed as dist
 from torch import nn
 
 from temper.training.hf_export import load_tokenizer
-from temper.training.megatron_convert import Kind, ParamMap, hf_tensors
-from temper.training.megatron_lora import LoraAdapters, to_peft
+from temper.training.megatron_convert import Kind, ParamMap
+from temper.training.megatron_export import MegatronExport
+from temper.training.megatron_lora import LoraAdapters
 from temper.training.megatron_model import MegatronModel, model_dir
+from temper.training.megatron_moe import is_expert_param
 from temper.training.megatron_parallel import Parallel
 from temper.training.megatron_pipeline import StageLink, sync_tied_state
 from temper.training.models import VALUE_HEAD_FILE, VALUE_MODEL_STAMP
@@ -129,129 +131,20 @@ class MegatronCheckpointer:
 
     # ----------------------------------------------------------------------- export
 
-    def _gather_tp(self) -> Callable[[torch.Tensor], list[torch.Tensor]]:
-        p = self.parallel
-
-        def gather(local: torch.Tensor) -> list[torch.Tensor]:
-            if p.tp == 1:
-                return [local.detach()]
-            t = local.detach().contiguous()
-            shards = [torch.empty_like(t) for _ in range(p.tp)]
-            dist.all_gather(shards, t, group=p.tp_group)
-            return shards
-
-        return gather
-
-    @property
-    def _holders(self) -> tuple[Any, int]:
-        """The group whose ranks together hold one copy of every parameter, and its size:
-        the pipeline's stages, and under expert parallelism the EP ranks of each stage
-        (each holds other experts); None when this rank holds them all."""
-        p = self.parallel
-        if p.ep > 1:
-            return p.expert_holders_group, p.ep * p.pp
-        return (p.pp_group, p.pp) if p.pp > 1 else (None, 1)
-
     @cached_property
-    def _owners(self) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
-        """Every exported parameter of the whole model in order, with the rank of
-        :attr:`_holders` holding it and its local (TP shard) shape and dtype; one object
-        all-gather the first time (stages and EP ranks build only their own maps). A
-        parameter held by several of them (dense weights under EP) is taken from the
-        first."""
-        return self._owners_of(self.built.maps)
-
-    @cached_property
-    def _adapter_owners(self) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
-        """:attr:`_owners` of the LoRA adapter tensors."""
-        return self._owners_of(self.adapters.maps() if self.adapters is not None else [])
-
-    def _owners_of(
-        self, maps: list[ParamMap]
-    ) -> list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]]:
-        params = dict(self.model.named_parameters())
-        mine = [
-            (pm, tuple(params[pm.megatron].shape), params[pm.megatron].dtype)
-            for pm in maps
-            if not pm.tied_copy
-        ]
-        group, size = self._holders
-        if size == 1:
-            return [(0, pm, shape, dtype) for pm, shape, dtype in mine]
-        held: list[Any] = [None] * size
-        dist.all_gather_object(held, mine, group=group)
-        out, seen = [], set()
-        for s, rows in enumerate(held):
-            for pm, shape, dtype in rows:
-                if pm.global_name not in seen:
-                    seen.add(pm.global_name)
-                    out.append((s, pm, shape, dtype))
-        # the model's order (embedding, layers by global index, final norm and head):
-        # interleaved stages hold layers out of order, ranks in rank order would mix them
-        return sorted(out, key=lambda row: _model_order(row[1]))
-
-    def _fetch(
-        self,
-        owners: list[tuple[int, ParamMap, tuple[int, ...], torch.dtype]],
-        *,
-        merge: bool = True,
-    ) -> Callable[[ParamMap], torch.Tensor]:
-        """This TP rank's shard of a parameter, broadcast from the rank of
-        :attr:`_holders` that holds it (the rank's own tensor when it holds them all);
-        with ``merge``, a LoRA base weight with its adapters' ``ΔW`` added."""
-        params = dict(self.model.named_parameters())
-        where = {pm.global_name: (s, shape, dtype) for s, pm, shape, dtype in owners}
-        comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        group, size = self._holders
-        me = dist.get_rank(group) if size > 1 else 0
-        mine = {pm.global_name: pm.megatron for _, pm, _, _ in owners}
-        mine.update({pm.global_name: pm.megatron for pm in self.built.maps})
-        if self.adapters is not None:
-            mine.update({pm.global_name: pm.megatron for pm in self.adapters.maps()})
-        adapters = self.adapters if merge else None
-
-        def local(name: str) -> torch.Tensor:
-            t = params[name].detach()
-            return adapters.merged(name, t) if adapters is not None else t
-
-        def fetch(pm: ParamMap) -> torch.Tensor:
-            owner, shape, dtype = where[pm.global_name]
-            if size == 1:
-                return local(pm.megatron)
-            if owner == me:
-                t = local(mine[pm.global_name]).to(comm).contiguous()
-            else:
-                t = torch.empty(shape, dtype=dtype, device=comm)
-            dist.broadcast(t, group=group, group_src=owner)
-            return t.to(self.device)
-
-        return fetch
-
-    def hf_named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(hf_name, full tensor)`` of the causal LM (or value model backbone + head),
-        on every rank: each parameter is broadcast from its pipeline stage, then its TP
-        shards are gathered."""
-        built = self.built
-        value = self.spec.value_head
-        yield from hf_tensors(
-            [pm for _, pm, _, _ in self._owners],
-            built.layout,
-            self._gather_tp(),
-            self._fetch(self._owners),
-            prefix="" if value else "model.",
-            tied_head=built.layout.tied_embeddings and not value,
+    def export(self) -> MegatronExport:
+        """The HF-name export of this engine's parameters (:mod:`megatron_export`)."""
+        return MegatronExport(
+            self.model, self.built, self.parallel, self.device, self.adapters, self.spec.value_head
         )
 
+    def hf_named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`MegatronExport.hf_named_weights` (a collective)."""
+        return self.export.hf_named_weights()
+
     def peft_named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(peft name, full tensor)`` of each LoRA adapter tensor, on every rank (the
-        keys of peft's ``adapter_model.safetensors``); copies, not views of the live
-        parameters (they are small)."""
-        gather = self._gather_tp()
-        fetch = self._fetch(self._adapter_owners, merge=False)
-        for _, pm, _, _ in self._adapter_owners:
-            shard = fetch(pm)
-            shards = gather(shard) if pm.kind != "rep" else [shard]
-            yield pm.hf[0], to_peft(pm.kind, shards).clone()
+        """:meth:`MegatronExport.peft_named_weights` (a collective)."""
+        return self.export.peft_named_weights()
 
     def save_adapter(self, out: Path) -> None:
         """peft's adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``)
@@ -335,6 +228,22 @@ class MegatronCheckpointer:
         return mesh["dp", "tp"]
 
     @cached_property
+    def _expert_mesh(self) -> Any:
+        """The mesh an expert's weight is laid out on: :attr:`_mesh` when ETP = TP, else an
+        ``(edp × ep, etp)`` mesh over this stage's ranks (Megatron's expert groups: rank =
+        pp_index × stage + (edp_index × EP + ep_index) × ETP + etp_index), so that an
+        expert's shards are a ``Shard`` over its ETP group whatever the TP size."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        p = self.parallel
+        if p.etp == p.tp:
+            return self._mesh
+        device = "cuda" if self.device.type == "cuda" else "cpu"
+        rest = p.world // (p.pp * p.etp)
+        names = ("pp", "edp", "etp")
+        return init_device_mesh(device, (p.pp, rest, p.etp), mesh_dim_names=names)["edp", "etp"]
+
+    @cached_property
     def _kinds(self) -> dict[str, Kind]:
         """How each Megatron parameter is split over TP (by parameter name)."""
         return {pm.megatron: pm.kind for pm in self._all_maps}
@@ -352,12 +261,12 @@ class MegatronCheckpointer:
 
     def _pieces(self, name: str, local: torch.Tensor, key: str) -> dict[str, Any]:
         """``local`` (a parameter-shaped tensor of this rank) as DTensors whose global shape
-        does not depend on the TP size: the fused GLU weight is kept as its gate and up
+        does not depend on the TP (ETP) size: the fused GLU weight is kept as its gate and up
         halves (Megatron's ``[gate_r; up_r]`` per rank is no slice of one global tensor)."""
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
         kind = self._kinds[name]
-        mesh = self._mesh
+        mesh = self._expert_mesh if is_expert_param(name) else self._mesh
         if kind == "rep":
             return {
                 key: DTensor.from_local(local, mesh, [Replicate(), Replicate()], run_check=False)

@@ -40,6 +40,7 @@ from temper.training.megatron_convert import (
 )
 from temper.training.megatron_moe import (
     OWNED_MOE_FIELDS,
+    is_expert_param,
     moe_config_kwargs,
     unavailable_moe_options,
 )
@@ -416,7 +417,12 @@ def _load_weights(
                     hf = [ckpt.get("embed_tokens.weight")]  # a tied checkpoint, untied config
                 else:
                     hf = [ckpt.get(name) for name in pm.hf]
-                shard = to_megatron_shard(pm, hf, layout, parallel.tp_rank, parallel.tp)
+                # an expert's weight is split over the expert TP group, not the TP group
+                if is_expert_param(pm.megatron):
+                    rank, size = parallel.etp_rank, parallel.etp
+                else:
+                    rank, size = parallel.tp_rank, parallel.tp
+                shard = to_megatron_shard(pm, hf, layout, rank, size)
                 if tuple(shard.shape) != tuple(target.shape):
                     raise ValueError(
                         f"{pm.megatron}: shard {tuple(shard.shape)} does not fit the "

@@ -13,6 +13,16 @@ inside data parallelism: consecutive DP ranks form an EP group, which splits eac
 layer's experts and exchanges tokens (every rank keeps its own samples); ranks holding
 the same experts form the expert-data-parallel group.
 
+The experts have a tensor-parallel size of their own (ETP, ``expert_tensor_parallel_size``;
+TP by default). Megatron cuts each stage's ranks a second time for them, in the order
+``tp-ep-dp``: consecutive ranks form an ETP group, consecutive ETP groups an EP group,
+and the ranks holding the same expert shard the expert-data-parallel (EDP) group, of
+``stage ranks / (ETP × EP)`` ranks. At ETP = 1 under TP = 2 (the common layout) each
+rank holds whole experts: at EP = 2 each TP pair is an EP group (half the experts on
+each rank), at EP = 1 it holds two copies of every expert. The token dispatcher
+exchanges tokens over the ETP × EP group — nothing at ETP = EP = 1: each rank runs its
+own share of the positions (sequence parallelism) through its whole experts.
+
 On the local backend a role runs in the driver process, which has no process group: a
 one-rank world (gloo on CPU, nccl on GPU) is created for it, so the same Megatron code
 runs with TP = DP = 1. Several roles in one process (actor, reference, critic) share the
@@ -66,9 +76,12 @@ class Parallel:
     expert_dp_group: Any = None
     # EP × PP ranks of one model copy (every expert and stage once): export gathers there
     expert_model_group: Any = None
-    # the EP × PP ranks of one TP rank (every stage and expert once, this TP shard):
-    # where the export fetches a parameter from its holder; expert_model_group at TP = 1
+    # the EP × PP ranks of one ETP rank (every stage and expert once, this ETP shard):
+    # where the export fetches an expert's weight; expert_model_group at ETP = 1
     expert_holders_group: Any = None
+    etp: int = 1  # expert tensor parallelism: each expert split over ETP ranks
+    etp_rank: int = 0
+    etp_group: Any = None
     vp: int = 1  # model chunks per rank (virtual pipeline stages, megatron_chunks)
     # the pipeline's ranks again, for the transfers from the last rank back to the first
     # between chunks (megatron_pipeline: a channel of their own, apart from the others)
@@ -81,6 +94,28 @@ class Parallel:
     @property
     def last_stage(self) -> bool:
         return self.pp_rank == self.pp - 1
+
+    @property
+    def expert_split(self) -> bool:
+        """The experts are laid out otherwise than the dense weights: split over EP ranks
+        or over an ETP other than TP. Their gradients are then summed over the EDP group and
+        their norm over the ETP × EP × PP group (Megatron's ``finalize_model_grads`` and
+        ``get_grad_norm``), not over DP and TP × PP."""
+        return self.ep > 1 or self.etp != self.tp
+
+    def shard_group(self, expert: bool) -> tuple[Any, int]:
+        """The group over which a parameter is split, and its size: the ETP group for an
+        expert's weight, the TP group otherwise."""
+        return (self.etp_group, self.etp) if expert else (self.tp_group, self.tp)
+
+    def holders(self, expert: bool) -> tuple[Any, int]:
+        """The group whose ranks together hold one copy of this rank's TP (ETP) shard of
+        every dense (expert) parameter, and its size: the pipeline's stages, and for an
+        expert's weight under EP the EP ranks of each stage; ``(None, 1)`` when this rank
+        holds them all."""
+        if expert and self.ep > 1:
+            return self.expert_holders_group, self.ep * self.pp
+        return (self.pp_group, self.pp) if self.pp > 1 else (None, 1)
 
     def first_chunk(self, chunk: int) -> bool:
         """``chunk`` of this rank is the pipeline's first (it embeds the tokens)."""
@@ -158,6 +193,7 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         m.context_parallel_size,
         m.expert_model_parallel_size,
         degrees["virtual_pipeline_model_parallel_size"],
+        m.expert_tensor_parallel_size or m.tensor_model_parallel_size,
     )
     if ps.model_parallel_is_initialized():
         have = (
@@ -166,11 +202,12 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
             ps.get_context_parallel_world_size(),
             ps.get_expert_model_parallel_world_size(),
             ps.get_virtual_pipeline_model_parallel_world_size(),
+            ps.get_expert_tensor_parallel_world_size(),
         )
         if have != wanted:
             raise ConfigError(
                 f"{role}.megatron",
-                f"this process already runs Megatron roles with (TP, PP, CP, EP, VPP) = {have}, "
+                f"this process already runs Megatron roles with (TP, PP, CP, EP, VPP, ETP) = {have}, "
                 f"not {wanted}",
                 "give colocated megatron roles in one process the same parallel sizes",
             )
@@ -190,8 +227,10 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
     ep = ps.get_expert_model_parallel_world_size()
     vp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
     tp = ps.get_tensor_model_parallel_world_size()
-    expert_model = ps.get_expert_tensor_model_pipeline_parallel_group() if ep > 1 else None
-    holders = expert_model if tp == 1 or ep == 1 else _same_tp_rank_group(expert_model, ps)
+    etp = ps.get_expert_tensor_parallel_world_size()
+    split = ep > 1 or etp != tp
+    expert_model = ps.get_expert_tensor_model_pipeline_parallel_group() if split else None
+    holders = expert_model if etp == 1 or ep == 1 else _same_etp_rank_group(expert_model, ps)
     return Parallel(
         rank=dist.get_rank(),
         world=world,
@@ -214,6 +253,9 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         expert_dp_group=ps.get_expert_data_parallel_group(),
         expert_model_group=expert_model,
         expert_holders_group=holders,
+        etp=etp,
+        etp_rank=ps.get_expert_tensor_parallel_rank(),
+        etp_group=ps.get_expert_tensor_parallel_group(),
         vp=vp,
         wrap_group=_wrap_group(ps.get_pipeline_model_parallel_group()) if vp > 1 else None,
     )
@@ -223,21 +265,21 @@ _WRAP_GROUPS: dict[tuple[int, ...], Any] = {}
 _HOLDER_GROUPS: dict[tuple[int, ...], Any] = {}
 
 
-def _same_tp_rank_group(expert_model: Any, ps: Any) -> Any:
-    """The ranks of ``expert_model`` (the ETP × EP × PP group; experts split over TP as
-    the rest of the layer, so ETP = TP) with this rank's TP rank, as a group of its own,
+def _same_etp_rank_group(expert_model: Any, ps: Any) -> Any:
+    """The ranks of ``expert_model`` (the ETP × EP × PP group) with this rank's ETP rank
+    (the EP × PP ranks holding this ETP shard of every expert), as a group of its own,
     made once per process (``new_group`` is a collective over the world)."""
     world = dist.get_world_size()
     members = tuple(dist.get_process_group_ranks(expert_model))
-    mine = (dist.get_rank(), ps.get_tensor_model_parallel_rank(), members)
+    mine = (dist.get_rank(), ps.get_expert_tensor_parallel_rank(), members)
     every: list[Any] = [None] * world
     dist.all_gather_object(every, mine)
-    tp_rank = {r: t for r, t, _ in every}
-    sets = sorted({tuple(m for m in ms if tp_rank[m] == t) for _, t, ms in every})
+    etp_rank = {r: t for r, t, _ in every}
+    sets = sorted({tuple(m for m in ms if etp_rank[m] == t) for _, t, ms in every})
     for ranks in sets:
         if ranks not in _HOLDER_GROUPS:
             _HOLDER_GROUPS[ranks] = dist.new_group(list(ranks))
-    return _HOLDER_GROUPS[tuple(m for m in members if tp_rank[m] == mine[1])]
+    return _HOLDER_GROUPS[tuple(m for m in members if etp_rank[m] == mine[1])]
 
 
 def _wrap_group(pp_group: Any) -> Any:

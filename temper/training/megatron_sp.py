@@ -31,7 +31,9 @@ gathers the sequence back); temper supplies what lies outside them:
 
 An MoE layer under TP needs sequence parallelism (Megatron's MoE layer refuses to train
 under TP without it): its router sees this rank's positions, and the token dispatcher
-gathers the positions of the TP × EP group for the experts, each split over TP.
+gathers the positions of the ETP × EP group for the experts, each split over ETP (at
+ETP = EP = 1 it gathers nothing: each TP rank runs its own positions through whole
+experts).
 """
 
 from __future__ import annotations
@@ -191,6 +193,16 @@ def gather_sequence(hidden: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
+def stage_padding_mask(padding: torch.Tensor, module: Any, group: Any) -> torch.Tensor:
+    """An MoE router's padding mask ``(b, L)`` for the model chunk ``module``: Megatron's
+    ``GPTModel`` splits it to this TP rank's positions ``(b, L/TP)`` under sequence
+    parallelism only where it embeds the tokens (the first pipeline stage); a later
+    stage's chunk gets the same split here."""
+    if module.pre_process or not module.config.sequence_parallel:
+        return padding
+    return _rows_of_rank(padding.transpose(0, 1), group).transpose(0, 1).contiguous()
+
+
 def use_host_sequence_parallel(module: torch.nn.Module, group: Any) -> None:
     """Run ``module``'s sequence parallelism with collectives on the tensors' device.
 
@@ -207,7 +219,9 @@ def use_host_sequence_parallel(module: torch.nn.Module, group: Any) -> None:
     * embedding (it all-reduces the vocabulary shards' lookups): output split after.
 
     Expert linears (``explicit_expert_comm``: their dispatcher communicates) are left
-    as they are."""
+    as they are; an expert linear on an expert TP group of one rank without EP (ETP = 1
+    under TP > 1) is not ``explicit_expert_comm`` for Megatron, and its sequence-parallel
+    gather / reduce-scatter over that one rank are identities: it is switched off."""
     from megatron.core.models.common.embeddings.language_model_embedding import (
         LanguageModelEmbedding,
     )
@@ -224,6 +238,9 @@ def use_host_sequence_parallel(module: torch.nn.Module, group: Any) -> None:
     for sub in module.modules():
         if isinstance(sub, ColumnParallelLinear | RowParallelLinear):
             if sub.explicit_expert_comm or not sub.sequence_parallel:
+                continue
+            if sub.is_expert:  # a group of one rank: the dispatcher has placed the tokens
+                sub.sequence_parallel = False
                 continue
             sub.sequence_parallel = False
             if isinstance(sub, ColumnParallelLinear):

@@ -1,6 +1,7 @@
 """The megatron engine on CUDA (nccl): TransformerEngine's layer spec when TE is
 installed, bf16 autocast over fp32 master weights, and TP=2 or PP=2 over two GPUs
-matching the torch engine. Written for a GPU machine; skipped without CUDA (not run on the CPU CI)."""
+matching the torch engine (and an MoE model at TP=2 × expert TP=1). Written for a GPU
+machine; skipped without CUDA (not run on the CPU CI)."""
 
 from __future__ import annotations
 
@@ -60,13 +61,17 @@ def _actor(
     pp: int = 1,
     extra: dict | None = None,
     lora: LoraConfig | None = None,
+    etp: int | None = None,
 ) -> Actor:
     cfg = ActorConfig(
         strategy=strategy,
         micro_batch_size_per_device=2,
         grad_clip=1.0,
         megatron=MegatronConfig(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, extra=dict(extra or {})
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            expert_tensor_parallel_size=etp,
+            extra=dict(extra or {}),
         ),
         optim=OptimConfig(lr=1e-3, weight_decay=0.0),
     )
@@ -166,7 +171,9 @@ def test_one_gpu_moe_bf16_matches_cpu_and_trains_with_router_losses(
         assert not torch.equal(after[k].detach().float().cpu(), before[k]), k
 
 
-def _two_rank(rank: int, path: str, batch: Batch, port: int, out: str, tp: int) -> None:
+def _two_rank(
+    rank: int, path: str, batch: Batch, port: int, out: str, tp: int, etp: int | None = None
+) -> None:
     import torch.distributed as dist
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")
@@ -179,7 +186,7 @@ def _two_rank(rank: int, path: str, batch: Batch, port: int, out: str, tp: int) 
         timeout=datetime.timedelta(minutes=5),
     )
     try:
-        actor = _actor(path, "megatron", "cuda", tp=tp, dtype="fp32", pp=2 // tp)
+        actor = _actor(path, "megatron", "cuda", tp=tp, dtype="fp32", pp=2 // tp, etp=etp)
         metrics = actor.update(batch)
         weights = {k: v.detach().cpu() for k, v in actor.engine.named_weights()}
         if rank == 0:
@@ -211,5 +218,34 @@ def test_two_gpus_tensor_or_pipeline_parallel_update_matches_the_torch_engine(
     )
     got = torch.load(out, weights_only=False)
     assert got["metrics"]["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=1e-3)
+    for k, v in got["weights"].items():
+        torch.testing.assert_close(v, ref_w[k], atol=1e-4, rtol=1e-3, msg=k)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_moe_tp2_expert_tp1_update_matches_the_torch_engine(tmp_path: Path) -> None:
+    """An MoE model at TP = 2 with whole experts on each GPU (expert_tensor_parallel_size
+    1): Megatron's own sequence-parallel collectives over nccl, the experts' gradients
+    summed over the expert-data-parallel group (the TP pair)."""
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    path = make_tiny_moe_model(tmp_path / "qwen3_moe", "qwen3_moe")
+    single = _actor(path, "torch", "cpu", dtype="fp32")
+    batch = single.compute_log_probs(_batch())
+    ref = single.update(batch)
+    single.engine.save_hf(str(tmp_path / "torch"))  # one tensor per expert, as megatron's
+    ref_w = load_file(str(tmp_path / "torch" / "model.safetensors"))
+    out = str(tmp_path / "rank0.pt")
+    mp.start_processes(
+        _two_rank,
+        args=(path, batch, free_port(), out, 2, 1),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    got = torch.load(out, weights_only=False)
+    assert got["metrics"]["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=1e-3)
+    assert set(got["weights"]) == set(ref_w)
     for k, v in got["weights"].items():
         torch.testing.assert_close(v, ref_w[k], atol=1e-4, rtol=1e-3, msg=k)

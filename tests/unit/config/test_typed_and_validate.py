@@ -193,6 +193,32 @@ def test_derived_arithmetic_fsdp_and_megatron():
     assert d.actor.dp == 4 and d.actor.grad_accum == 64 // 4
 
 
+def test_megatron_expert_groups_must_divide_the_devices():
+    """Megatron-Core cuts a role's devices a second time for the experts, into ETP × EP ×
+    PP groups (ETP: TP when unset): 4 devices at TP 2 × EP 4 do not divide; at ETP 1 they
+    do (each TP pair is then part of an EP group of 4). Data parallelism stays devices /
+    (TP × PP × CP)."""
+
+    def build(megatron: dict) -> object:
+        actor = {"strategy": "megatron", "micro_batch_size_per_device": 1, "megatron": megatron}
+        return build_config(
+            cfg(
+                data={"train_batch_size": 8},
+                rollout={"n": 1},
+                actor=actor,
+                resources={"backend": "ray", "devices_per_node": 4},
+            )
+        )
+
+    tp_ep = {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 4}
+    with pytest.raises(ConfigError) as err:
+        build(tp_ep)
+    assert err.value.key == "actor.megatron.expert_model_parallel_size"
+    assert "4 devices are not divisible by ETP×EP×PP = 8" in err.value.reason
+    d = plan(build({**tp_ep, "expert_tensor_parallel_size": 1}))
+    assert d.actor.dp == 2
+
+
 def test_a_sequence_parallel_groups_micro_batch_is_split_over_its_ranks():
     """verl's run_deepseek7b_llm_sp2: 8 devices, Ulysses SP 2, a mini-batch of 256, micro
     64 per SP group — verl runs 4 groups × 64 samples, one micro-step each; trained as 8

@@ -147,7 +147,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ),
     ("megatron: context parallel", r"context-parallel attention cannot run"),
     ("megatron: expert parallel on a dense model", r"is dense: expert parallelism splits"),
-    ("megatron: expert tensor parallel", r"expert tensor-parallel size \(\d+\) other than"),
     ("megatron: expert FFN over TP", r"does not divide the model's \d+ (shared-)?expert FFN"),
     ("megatron: MoE option needs CUDA", r"Megatron keeps its (buffers|token counts) on CUDA"),
     ("megatron: dist-checkpoint unset", r"distributed checkpoint to start from is not given"),

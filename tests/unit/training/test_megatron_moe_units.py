@@ -207,20 +207,33 @@ def test_check_reads_a_local_models_config_to_refuse_ep_on_a_dense_model(tmp_pat
     assert local_layout(model, "Qwen/Qwen3-30B-A3B") is None
 
 
-def test_expert_parallelism_with_tensor_parallelism_passes_and_expert_tp_follows_tp() -> None:
-    """An MoE model at TP > 1 splits each expert over the TP ranks (expert TP = TP, with
-    sequence parallelism); another expert TP is refused, and the z-loss noted."""
+def test_expert_tensor_parallel_size_splits_the_expert_ffn_and_the_shared_expert_follows_tp() -> (
+    None
+):
+    """An MoE model at TP > 1 splits each expert over ``expert_tensor_parallel_size`` ranks
+    (TP when unset; 1: whole experts) and the shared expert over TP; each must divide its
+    FFN, the error naming the key that set the size; the z-loss is noted."""
     layout = hf_layout(Qwen3MoeConfig(**COMMON, num_experts=4, moe_intermediate_size=8))
     m = MegatronConfig(tensor_model_parallel_size=2, expert_model_parallel_size=2)
     check_section("actor", m, device_type="cpu")  # no error
     check_divisible(layout, m, "actor")
-    same = MegatronConfig(tensor_model_parallel_size=2, expert_tensor_parallel_size=2)
-    check_section("actor", same, device_type="cpu")
-    other = MegatronConfig(tensor_model_parallel_size=2, expert_tensor_parallel_size=1)
-    with pytest.raises(ConfigError) as err:
-        check_section("actor", other, device_type="cuda")
+    for etp in (1, 2, None):
+        same = MegatronConfig(tensor_model_parallel_size=2, expert_tensor_parallel_size=etp)
+        check_section("actor", same, device_type="cpu")
+        check_divisible(layout, same, "actor")
+        assert same.expert_tp == (etp or 2)
+    odd = hf_layout(Qwen3MoeConfig(**COMMON, num_experts=4, moe_intermediate_size=6))
+    with pytest.raises(ConfigError) as err:  # 4 does not divide the experts' 6 columns
+        check_divisible(odd, MegatronConfig(expert_tensor_parallel_size=4), "actor")
     assert err.value.key == "actor.megatron.expert_tensor_parallel_size"
-    assert "other than tensor_model_parallel_size" in err.value.reason and "null" in err.value.fix
+    assert "6 expert FFN columns" in err.value.reason
+    # unset, the experts follow TP and the error names TP
+    with pytest.raises(ConfigError) as err:
+        check_divisible(odd, MegatronConfig(tensor_model_parallel_size=4), "actor")
+    assert err.value.key == "actor.megatron.tensor_model_parallel_size"
+    check_divisible(
+        odd, MegatronConfig(tensor_model_parallel_size=2, expert_tensor_parallel_size=1), "actor"
+    )
     z = MegatronConfig(tensor_model_parallel_size=2, extra={"moe_z_loss_coeff": 0.001})
     (note,) = [n for n in check_section("actor", z, device_type="cpu") if "z_loss" in n]
     assert "moe_z_loss_coeff" in note and "each TP rank's share" in note

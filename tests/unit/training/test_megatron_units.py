@@ -236,11 +236,6 @@ def _check(device: str = "cpu", lora: LoraConfig | None = None, **m: Any) -> lis
         ),
         ({"context_parallel_size": 2}, "actor.megatron.context_parallel_size", "TransformerEngine"),
         (
-            {"expert_tensor_parallel_size": 2},
-            "actor.megatron.expert_tensor_parallel_size",
-            "other than tensor_model_parallel_size",
-        ),
-        (
             {"extra": {"moe_router_enable_expert_bias": True}},
             "actor.megatron.extra.moe_router_enable_expert_bias",
             "CUDA",
