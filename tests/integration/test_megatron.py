@@ -149,8 +149,12 @@ def actor_config(strategy: str, tp: int = 1) -> ActorConfig:
     )
 
 
-def make_actor(path: str, strategy: str, tp: int = 1) -> Actor:
-    cfg = actor_config(strategy, tp)
+def megatron_actor(path: str, strategy: str, megatron: MegatronConfig | None = None) -> Actor:
+    """An actor of :func:`actor_config` on ``strategy``, laid out by ``megatron`` (the
+    Megatron test files' shared builder)."""
+    cfg = actor_config(strategy)
+    if megatron is not None:
+        cfg.megatron = megatron
     spec = EngineSpec(
         model=ModelConfig(path=path),
         device=torch.device("cpu"),
@@ -161,12 +165,13 @@ def make_actor(path: str, strategy: str, tp: int = 1) -> Actor:
     return Actor(cfg, build_engine(strategy, spec))
 
 
-def make_critic(path: str, strategy: str, tp: int = 1) -> Critic:
+def megatron_critic(path: str, strategy: str, megatron: MegatronConfig | None = None) -> Critic:
+    """A critic (clipping at 0.5, seed 5) on ``strategy``, laid out by ``megatron``."""
     cfg = CriticConfig(
         strategy=strategy,
         micro_batch_size_per_device=1,
         grad_clip=0.5,
-        megatron=MegatronConfig(tensor_model_parallel_size=tp),
+        megatron=megatron or MegatronConfig(),
         optim=OptimConfig(lr=1e-3, weight_decay=0.01),
     )
     spec = EngineSpec(
@@ -179,6 +184,14 @@ def make_critic(path: str, strategy: str, tp: int = 1) -> Critic:
         role="critic",
     )
     return Critic(cfg, build_engine(strategy, spec))
+
+
+def make_actor(path: str, strategy: str, tp: int = 1) -> Actor:
+    return megatron_actor(path, strategy, MegatronConfig(tensor_model_parallel_size=tp))
+
+
+def make_critic(path: str, strategy: str, tp: int = 1) -> Critic:
+    return megatron_critic(path, strategy, MegatronConfig(tensor_model_parallel_size=tp))
 
 
 def with_log_probs(actor: Actor, batch: Batch) -> Batch:

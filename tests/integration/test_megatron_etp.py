@@ -18,16 +18,18 @@ import torch
 pytest.importorskip("megatron.core")
 
 import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before the forks)
-from test_megatron import actor_config, make_batch, weights, with_log_probs  # same folder
+from test_megatron import (  # same folder
+    make_batch,
+    megatron_actor,
+    weights,
+    with_log_probs,
+)
 
 import temper.training.megatron_engine  # noqa: F401
 from temper.cluster.process_group import spawn_ranks
-from temper.config.schema import MegatronConfig, ModelConfig
+from temper.config.schema import MegatronConfig
 from temper.data.batch import Batch
 from temper.roles.actor import Actor
-from temper.training.micro_batching import MicroBatching
-from temper.training.registry import build_engine
-from temper.training.spec import EngineSpec
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
@@ -50,22 +52,14 @@ def make_actor(
     pp: int = 1,
     extra: dict | None = None,
 ) -> Actor:
-    cfg = actor_config(strategy)
-    cfg.megatron = MegatronConfig(
+    megatron = MegatronConfig(
         tensor_model_parallel_size=tp,
         expert_tensor_parallel_size=etp,
         expert_model_parallel_size=ep,
         pipeline_model_parallel_size=pp,
         extra=dict(extra or {}),
     )
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        train=cfg,
-        infer_micro=MicroBatching(size=1),
-        total_steps=4,
-    )
-    return Actor(cfg, build_engine(strategy, spec))
+    return megatron_actor(path, strategy, megatron)
 
 
 def _step_rank(

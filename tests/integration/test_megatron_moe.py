@@ -25,7 +25,14 @@ pytest.importorskip("megatron.core")
 
 import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before the forks)
 import torch.distributed.checkpoint
-from test_megatron import actor_config, make_batch, shard, weights, with_log_probs
+from test_megatron import (
+    actor_config,
+    make_batch,
+    megatron_actor,
+    shard,
+    weights,
+    with_log_probs,
+)
 
 import temper.training.megatron_engine  # noqa: F401
 from temper.cluster.process_group import spawn_ranks
@@ -49,16 +56,8 @@ def moe_models(tmp_path_factory) -> dict[str, str]:
 
 
 def make_actor(path: str, strategy: str, ep: int = 1, extra: dict | None = None) -> Actor:
-    cfg = actor_config(strategy)
-    cfg.megatron = MegatronConfig(expert_model_parallel_size=ep, extra=dict(extra or {}))
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        train=cfg,
-        infer_micro=MicroBatching(size=1),
-        total_steps=4,
-    )
-    return Actor(cfg, build_engine(strategy, spec))
+    megatron = MegatronConfig(expert_model_parallel_size=ep, extra=dict(extra or {}))
+    return megatron_actor(path, strategy, megatron)
 
 
 # ----------------------------------------------------------------------- conversion

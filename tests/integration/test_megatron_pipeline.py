@@ -21,8 +21,10 @@ import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before 
 import torch.distributed.checkpoint
 from test_megatron import (  # same folder: pytest puts it on sys.path
     _tiny,
-    actor_config,
+    assert_close_weights,
     make_batch,
+    megatron_actor,
+    megatron_critic,
     shard,
     weights,
     with_log_probs,
@@ -30,13 +32,10 @@ from test_megatron import (  # same folder: pytest puts it on sys.path
 
 import temper.training.megatron_engine  # noqa: F401
 from temper.cluster.process_group import spawn_ranks
-from temper.config.schema import CriticConfig, MegatronConfig, ModelConfig, OptimConfig
+from temper.config.schema import MegatronConfig
 from temper.data.batch import Batch
 from temper.roles.actor import Actor
 from temper.roles.critic import Critic
-from temper.training.micro_batching import MicroBatching
-from temper.training.registry import build_engine
-from temper.training.spec import EngineSpec
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
@@ -57,44 +56,14 @@ def four_layers(tmp_path_factory) -> str:
 def make_actor(
     path: str, strategy: str, pp: int = 1, tp: int = 1, dist: str | None = None
 ) -> Actor:
-    cfg = actor_config(strategy)
-    cfg.megatron = MegatronConfig(
+    megatron = MegatronConfig(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, dist_checkpoint_path=dist
     )
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        train=cfg,
-        infer_micro=MicroBatching(size=1),
-        total_steps=4,
-    )
-    return Actor(cfg, build_engine(strategy, spec))
+    return megatron_actor(path, strategy, megatron)
 
 
 def make_critic(path: str, strategy: str, pp: int = 1) -> Critic:
-    cfg = CriticConfig(
-        strategy=strategy,
-        micro_batch_size_per_device=1,
-        grad_clip=0.5,
-        megatron=MegatronConfig(pipeline_model_parallel_size=pp),
-        optim=OptimConfig(lr=1e-3, weight_decay=0.01),
-    )
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        kind="value",
-        train=cfg,
-        infer_micro=MicroBatching(size=2),
-        seed=5,
-        role="critic",
-    )
-    return Critic(cfg, build_engine(strategy, spec))
-
-
-def assert_close_weights(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
-    assert set(got) == set(ref)
-    for k in got:
-        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-4, msg=k)
+    return megatron_critic(path, strategy, MegatronConfig(pipeline_model_parallel_size=pp))
 
 
 # ----------------------------------------------------------------------- one step

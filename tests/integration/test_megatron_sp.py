@@ -21,13 +21,15 @@ from test_megatron import (  # same folder: pytest puts it on sys.path
     actor_config,
     assert_close_weights,
     make_batch,
+    megatron_actor,
+    megatron_critic,
     weights,
     with_log_probs,
 )
 
 import temper.training.megatron_engine  # noqa: F401
 from temper.cluster.process_group import spawn_ranks
-from temper.config.schema import CriticConfig, MegatronConfig, ModelConfig, OptimConfig
+from temper.config.schema import MegatronConfig, ModelConfig
 from temper.data.batch import Batch
 from temper.roles.actor import Actor
 from temper.roles.critic import Critic
@@ -51,36 +53,11 @@ def _megatron(tp: int, pp: int = 1, sp: bool = True) -> MegatronConfig:
 
 
 def make_actor(path: str, strategy: str, tp: int = 1, pp: int = 1, sp: bool = True) -> Actor:
-    cfg = actor_config(strategy)
-    cfg.megatron = _megatron(tp, pp, sp)
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        train=cfg,
-        infer_micro=MicroBatching(size=1),
-        total_steps=4,
-    )
-    return Actor(cfg, build_engine(strategy, spec))
+    return megatron_actor(path, strategy, _megatron(tp, pp, sp))
 
 
 def make_critic(path: str, strategy: str, tp: int = 1) -> Critic:
-    cfg = CriticConfig(
-        strategy=strategy,
-        micro_batch_size_per_device=1,
-        grad_clip=0.5,
-        megatron=_megatron(tp),
-        optim=OptimConfig(lr=1e-3, weight_decay=0.01),
-    )
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        kind="value",
-        train=cfg,
-        infer_micro=MicroBatching(size=2),
-        seed=5,
-        role="critic",
-    )
-    return Critic(cfg, build_engine(strategy, spec))
+    return megatron_critic(path, strategy, _megatron(tp))
 
 
 def _step_rank(rank: int, world: int, path: str, batch: Batch, pp: int, sp: bool) -> dict:

@@ -21,17 +21,22 @@ pytest.importorskip("megatron.core")
 
 import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before the forks)
 import torch.distributed.checkpoint
-from test_megatron import actor_config, make_batch, shard, weights, with_log_probs
+from test_megatron import (
+    assert_close_weights,
+    make_batch,
+    megatron_actor,
+    megatron_critic,
+    shard,
+    weights,
+    with_log_probs,
+)
 
 import temper.training.megatron_engine  # noqa: F401
 from temper.cluster.process_group import spawn_ranks
-from temper.config.schema import CriticConfig, MegatronConfig, ModelConfig, OptimConfig
+from temper.config.schema import MegatronConfig
 from temper.data.batch import Batch
 from temper.roles.actor import Actor
 from temper.roles.critic import Critic
-from temper.training.micro_batching import MicroBatching
-from temper.training.registry import build_engine
-from temper.training.spec import EngineSpec
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
@@ -100,44 +105,13 @@ def make_actor(
     dist: str | None = None,
     extra: dict | None = None,
 ) -> Actor:
-    cfg = actor_config(strategy)
-    cfg.megatron = _megatron(pp, vp, dist, extra)
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        train=cfg,
-        infer_micro=MicroBatching(size=1),
-        total_steps=4,
-    )
-    return Actor(cfg, build_engine(strategy, spec))
+    return megatron_actor(path, strategy, _megatron(pp, vp, dist, extra))
 
 
 def make_critic(
     path: str, strategy: str, pp: int = 1, vp: int | None = None, dist: str | None = None
 ) -> Critic:
-    cfg = CriticConfig(
-        strategy=strategy,
-        micro_batch_size_per_device=1,
-        grad_clip=0.5,
-        megatron=_megatron(pp, vp, dist),
-        optim=OptimConfig(lr=1e-3, weight_decay=0.01),
-    )
-    spec = EngineSpec(
-        model=ModelConfig(path=path),
-        device=torch.device("cpu"),
-        kind="value",
-        train=cfg,
-        infer_micro=MicroBatching(size=2),
-        seed=5,
-        role="critic",
-    )
-    return Critic(cfg, build_engine(strategy, spec))
-
-
-def assert_close_weights(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
-    assert set(got) == set(ref)
-    for k in got:
-        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-4, msg=k)
+    return megatron_critic(path, strategy, _megatron(pp, vp, dist))
 
 
 def _layers_of(engine: Any) -> list[list[int]]:
