@@ -95,6 +95,7 @@ def _build_run(
         checkpointer = _checkpointer(
             cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
         )
+        checkpointer.roles.update(pipeline.trained(producer))
         if resume_from is not None:  # a checkpoint that does not load: an older one
             start = time.perf_counter()
             warn = functools.partial(print, file=sys.stderr, flush=True)
