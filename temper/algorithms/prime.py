@@ -163,7 +163,9 @@ def pairwise_accuracy(seq_scores: Tensor, acc: Tensor, n: int) -> Tensor:
     agree = ((ds > 0) == (da > 0)).float()
     total = weight.sum((1, 2))
     per_group = torch.where(
-        total > 0, (agree * weight).sum((1, 2)) / total.clamp(min=1e-12), torch.full_like(total, 0.5)
+        total > 0,
+        (agree * weight).sum((1, 2)) / total.clamp(min=1e-12),
+        torch.full_like(total, 0.5),
     )
     return per_group.mean()
 

@@ -34,6 +34,7 @@ from temper.pipelines.shaping import ShapingState
 from temper.pipelines.streaming import StreamingRollout, chunk_size
 from temper.roles import Roles
 from temper.roles.base import TrainedRole
+from temper.roles.prm import prm_steps_per_rl_step
 from temper.rollout import RolloutEngine
 from temper.tracking import MultiTracker, build_trackers
 from temper.utils.determinism import use_deterministic_kernels
@@ -83,6 +84,10 @@ def _build_run(
         roles.actor.set_total_steps(total * plan.actor.optimizer_steps_per_rl_step)
         if roles.critic is not None and plan.critic is not None:
             roles.critic.set_total_steps(total * plan.critic.optimizer_steps_per_rl_step)
+        if roles.prm is not None:  # PRIME: the PRM's optimizer steps per RL step
+            roles.prm.set_total_steps(
+                max(1, total * prm_steps_per_rl_step(cfg, plan.samples_per_step))
+            )
         shaping_state = ShapingState.from_config(cfg.algorithm)
         weights = None
         if rollout is not None:
@@ -95,7 +100,6 @@ def _build_run(
         checkpointer = _checkpointer(
             cfg, out, roles, tokenizer, producer, shaping_state, weights, progress
         )
-        checkpointer.roles.update(pipeline.trained(producer))
         if resume_from is not None:  # a checkpoint that does not load: an older one
             start = time.perf_counter()
             warn = functools.partial(print, file=sys.stderr, flush=True)
@@ -160,6 +164,8 @@ def _checkpointer(
     if roles.critic is not None:
         trained["critic"] = roles.critic
         limits.append(cfg.experiment.max_critic_ckpt_to_keep)
+    if roles.prm is not None:  # PRIME's implicit PRM (verl: global_step_N/reward)
+        trained["reward_model"] = roles.prm
     keep = [n for n in limits if n is not None and n > 0]
     return Checkpointer(
         root=checkpoint_root(cfg, out),

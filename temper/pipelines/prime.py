@@ -11,8 +11,8 @@ A step (:func:`prime_step`):
    ``response_length − 1``) first, each part in draw order
    (:func:`~temper.algorithms.prime.accuracy_filter_order`);
 3. the actor's old log-probs (and the reference's, for ``actor.use_kl_loss``);
-4. the implicit PRM (:class:`~temper.roles.prm.ImplicitPRM`) trains on the outcome and
-   scores every response token, in the order ``prime.prm.update`` names;
+4. the implicit PRM (the run's ``prm`` role, :mod:`temper.roles.prm`) trains on the
+   outcome and scores every response token, in the order ``prime.prm.update`` names;
 5. advantages: RLOO per reward source, weighted by ``prime.reward_dpo_coef`` (implicit)
    and ``prime.reward_gt_coef`` (outcome), returns-to-go whitened over the batch
    (:func:`~temper.algorithms.prime.prime_advantages`);
@@ -26,18 +26,18 @@ run continues bit for bit.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+from typing import cast
 
 import torch
 
 from temper.algorithms.prime import accuracy_filter_order, prime_advantages
 from temper.config.errors import ConfigError
-from temper.config.plan import REFERENCE, ROLLOUT
+from temper.config.plan import PRM, REFERENCE, ROLLOUT
 from temper.config.schema import TemperConfig
 from temper.data import Batch, build_sampler
 from temper.pipelines.dumps import dump_generations
 from temper.pipelines.preflight import check_prompt_data
-from temper.pipelines.producer import Producer, ProducerContext
+from temper.pipelines.producer import ProducerContext
 from temper.pipelines.record import Pipeline
 from temper.pipelines.rl_step import needs_actor_forward, response_metrics, rollout_mismatch
 from temper.pipelines.rlvr import RLVRProducer
@@ -45,11 +45,7 @@ from temper.pipelines.rlvr import check as check_rlvr
 from temper.pipelines.run import Run
 from temper.pipelines.timing import Timer, throughput
 from temper.pipelines.unread import refuse_unread
-from temper.roles.base import TrainedRole
-from temper.roles.builder import infer_micro_batching, local_strategy
-from temper.roles.prm import ImplicitPRM
-from temper.training.registry import build_engine
-from temper.training.spec import EngineSpec
+from temper.roles.prm import score_and_update
 
 
 def prompts_per_draw(cfg: TemperConfig) -> int:
@@ -57,49 +53,9 @@ def prompts_per_draw(cfg: TemperConfig) -> int:
     return round(cfg.data.train_batch_size * cfg.prime.oversample_factor)
 
 
-def build_prm(cfg: TemperConfig, device: torch.device) -> ImplicitPRM:
-    """The implicit PRM: its trained engine on ``prime.prm.strategy`` from
-    ``prime.prm.model_path`` (the policy's by default) and its frozen reference from
-    ``prime.prm.ref_path`` (the PRM's first weights by default)."""
-    prm = cfg.prime.prm
-    strategy = local_strategy(cfg, prm.strategy, "prime.prm.strategy")
-    micro = infer_micro_batching(cfg, prm)
-    engine = build_engine(
-        strategy,
-        EngineSpec(
-            model=cfg.model,
-            device=device,
-            model_path=prm.model_path,
-            train=prm,
-            infer_micro=micro,
-            seed=cfg.experiment.seed,
-            role="prime.prm",
-        ),
-        key="prime.prm.strategy",
-    )
-    ref_engine = build_engine(
-        strategy,
-        EngineSpec(
-            model=cfg.model,
-            device=device,
-            model_path=prm.ref_path or prm.model_path,
-            train=None,
-            infer_micro=micro,
-            seed=cfg.experiment.seed,
-            role="prime.prm",
-        ),
-        key="prime.prm.strategy",
-    )
-    mini = prm.mini_batch_size or cfg.actor.mini_batch_size
-    return ImplicitPRM(
-        cfg.prime, engine, ref_engine, cfg.rollout.n, mini_batch_size=mini,
-        seed=cfg.experiment.seed,
-    )
-
-
 class PrimeProducer(RLVRProducer):
     """RLVR's prompts, responses and rewards, oversampled and filtered (module doc, steps
-    1–2); owns the implicit PRM, which the step trains."""
+    1–2)."""
 
     def __init__(self, ctx: ProducerContext) -> None:
         super().__init__(ctx)
@@ -110,11 +66,6 @@ class PrimeProducer(RLVRProducer):
             self.sampler = build_sampler(drawn, len(self.train_data), self.train_data.tags)
             epochs = cfg.experiment.total_epochs * self.sampler.batches_per_epoch
             self.total_steps = cfg.experiment.max_steps or epochs
-        self.prm = build_prm(cfg, ctx.device)
-        mini = self.prm.mini_batch_size
-        samples = cfg.data.train_batch_size * cfg.rollout.n
-        per_step = -(-samples // mini) if mini else 1
-        self.prm.set_total_steps(self.total_steps * per_step if cfg.prime.prm.update != "none" else 1)
 
     def produce(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         if self.train_data is None:
@@ -146,14 +97,13 @@ class PrimeProducer(RLVRProducer):
             "prime/kept_score_mean": float(kept["scores"].float().mean()),
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        return super().state_dict()  # the PRM is a trained role: PIPELINE.trained
-
 
 def prime_step(run: Run) -> dict[str, float]:
     """One PRIME step (module doc); returns its metrics."""
     cfg, roles, t = run.cfg, run.roles, Timer()
-    producer = cast(PrimeProducer, run.producer)
+    producer = cast(PrimeProducer, run.producer)  # the record's producer
+    if roles.prm is None:
+        raise RuntimeError("a prime run builds its PRM: the plan turned it off")
     with t("step"):
         batch, metrics = producer.produce(run.step, t)
         tokens = batch["prompt_mask"].sum().item() + batch["response_mask"].sum().item()
@@ -167,12 +117,16 @@ def prime_step(run: Run) -> dict[str, float]:
             with t("ref"):
                 batch = roles.reference.compute_ref_log_probs(batch)
         with t("prm"):
-            batch, prm_metrics = producer.prm.score_and_update(batch)
+            batch, prm_metrics = score_and_update(roles.prm, cfg.prime, batch, cfg.rollout.n)
         with t("adv"):
             p = cfg.prime
             advantages, returns = prime_advantages(
-                batch["rm_scores"], batch["scores"], batch["response_mask"], cfg.rollout.n,
-                p.reward_dpo_coef, p.reward_gt_coef,
+                batch["rm_scores"],
+                batch["scores"],
+                batch["response_mask"],
+                cfg.rollout.n,
+                p.reward_dpo_coef,
+                p.reward_gt_coef,
             )
             batch["advantages"], batch["returns"] = advantages, returns
         if cfg.experiment.rollout_data_dir:
@@ -190,11 +144,6 @@ def prime_step(run: Run) -> dict[str, float]:
     }
     seconds = t.times["timing/step_s"]
     return {**metrics, **prm_metrics, **adv, **actor, **t.times, **throughput(tokens, seconds)}
-
-
-def trained(producer: Producer) -> dict[str, TrainedRole]:
-    """The PRM, checkpointed as ``reward_model``."""
-    return {"reward_model": cast(PrimeProducer, producer).prm}
 
 
 # ------------------------------------------------------------------------ the config
@@ -224,9 +173,10 @@ def check(cfg: TemperConfig) -> None:
             f"PRIME's leave-one-out baselines need 2 or more responses per prompt, got {cfg.rollout.n}",
             "set rollout.n to 2 or more (verl's recipe uses 4)",
         )
-    if p.oversample_factor < 1 or abs(
-        cfg.data.train_batch_size * p.oversample_factor - prompts_per_draw(cfg)
-    ) > 1e-6:
+    if (
+        p.oversample_factor < 1
+        or abs(cfg.data.train_batch_size * p.oversample_factor - prompts_per_draw(cfg)) > 1e-6
+    ):
         raise ConfigError(
             "prime.oversample_factor",
             f"draws train_batch_size × factor prompts ({cfg.data.train_batch_size} × "
@@ -244,13 +194,6 @@ def check(cfg: TemperConfig) -> None:
         raise ConfigError(
             "prime.prm.beta_train", f"must be > 0, got {p.prm.beta_train}", "use e.g. 0.05"
         )
-    if cfg.resources.backend != "local":
-        raise ConfigError(
-            "resources.backend",
-            "the PRIME pipeline's implicit PRM runs in the driver's process: the ray backend "
-            "has no worker group for it yet",
-            "use resources.backend local",
-        )
     if cfg.model.lora.rank > 0:
         raise ConfigError(
             "model.lora.rank",
@@ -263,9 +206,8 @@ def check(cfg: TemperConfig) -> None:
 PIPELINE = Pipeline(
     build=PrimeProducer,
     step=prime_step,
-    uses=frozenset({ROLLOUT, REFERENCE}),
+    uses=frozenset({ROLLOUT, REFERENCE, PRM}),
     check=check,
     preflight=check_prompt_data,
     sections=frozenset({"prime"}),
-    trained=trained,
 )

@@ -22,7 +22,6 @@ from temper.pipelines.producer import Producer, ProducerContext
 from temper.pipelines.rl_step import rl_step
 from temper.pipelines.run import Run
 from temper.pipelines.shaping import ShapingSettings
-from temper.roles.base import TrainedRole
 
 #: The tokens one sample may reach, the keys that set that bound, and what a sample is
 #: (None: nothing bounds a sample here); the pre-flight compares it with the model's context.
@@ -48,11 +47,6 @@ def no_producer(ctx: ProducerContext) -> Producer:
 def provides_nothing_more(cfg: TemperConfig) -> frozenset[str]:
     """A pipeline whose producer's inputs do not depend on its config."""
     return frozenset()
-
-
-def no_trained_roles(producer: Producer) -> dict[str, TrainedRole]:
-    """A pipeline whose trained roles are the run's (actor, critic) only."""
-    return {}
 
 
 def no_preflight(cfg: TemperConfig, notes: list[str]) -> None:
@@ -121,9 +115,6 @@ class Pipeline:
     - ``streams``: its producer is a :class:`~temper.pipelines.producer.GroupProducer`
       (its step shape's groups generated a chunk at a time):
       ``async_training.mode: streaming`` applies;
-    - ``trained(producer)``: trained roles its producer owns beyond the run's (PRIME's
-      implicit PRM), by name: checkpointed and resumed as the actor is (``<name>/``,
-      ``<name>_train/``);
     - ``checks``: the driver's pre-flight groups (:data:`temper.pipelines.preflight.CHECKS`)
       that apply (None: all); a pipeline that writes one file has no run directory.
     """
@@ -144,4 +135,3 @@ class Pipeline:
     main: Callable[[TemperConfig], dict[str, Any]] | None = None
     checks: frozenset[str] | None = None
     streams: bool = False
-    trained: Callable[[Producer], dict[str, TrainedRole]] = no_trained_roles

@@ -8,7 +8,7 @@ pipeline), on-policy distillation (RL with teachers: ROLL's OPD files) and verl'
 generation and evaluation entry points (``generate``, ``eval``), which the dialects
 translate, verl's SPPO recipe (an RLVR run with the ``sppo`` estimator and loss:
 :mod:`verl_sppo`) and its SPIN recipe (``spin``: online DPO, :mod:`verl_spin`). verl and
-ROLL ship other trainers too — ROLL's rollout-only runs, verl's PRIME recipe. Their configs reuse many RL keys, so a
+ROLL ship other trainers too — ROLL's rollout-only runs. Their configs reuse many RL keys, so a
 key-by-key translation would fail on some key deep inside with "unknown key, did you mean
 …", which
 sends the user after a typo that is not there. Instead such a file is recognised by the
@@ -24,8 +24,8 @@ from typing import Any
 from temper.config.errors import ConfigError
 
 RUNS = (
-    "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, spin (online DPO), distill and "
-    "reward_model pipelines, and generate and eval"
+    "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, spin (online DPO), prime, distill "
+    "and reward_model pipelines, and generate and eval"
 )
 
 
@@ -86,15 +86,7 @@ ROLL_SHAPES = (
     Shape("ROLL Reward-FL pipeline", "a diffusion model by reward feedback learning", _diffusion),
     Shape("ROLL rollout pipeline", "generation (and dumps of it) without training", _rollout_only),
 )
-VERL_SHAPES = (
-    Shape(
-        "verl PRIME recipe",
-        "a policy whose token rewards β·log(π_rm/π_ref) come from an implicit process "
-        "reward model trained alongside it on the outcome labels",
-        _any_key("reward_model.prime_granularity", "data.filter_accuracy"),
-        "temper's RL loop trains no reward model during RL",
-    ),
-)
+VERL_SHAPES: tuple[Shape, ...] = ()
 SHAPES = {"roll": ROLL_SHAPES, "verl": VERL_SHAPES}
 
 
