@@ -158,8 +158,9 @@ def build_prm(cfg: TemperConfig, device: torch.device) -> ImplicitPRM:
         size=prm.rank_micro_batch_size(
             prm.log_prob_micro_batch_size_per_device or prm.micro_batch_size_per_device
         ),
-        max_tokens=prm.log_prob_max_token_len_per_device
-        or (prm.max_token_len_per_device if prm.use_dynamic_bsz else None),
+        max_tokens=(prm.log_prob_max_token_len_per_device or prm.max_token_len_per_device)
+        if prm.use_dynamic_bsz
+        else None,
     )
 
     def engine(path: str | None, trained: bool) -> TrainEngine:
