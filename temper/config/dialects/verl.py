@@ -36,8 +36,8 @@ from temper.config.dialects import (
     verl_async,
     verl_distill,
     verl_generation,
-    verl_sft,
     verl_prime,
+    verl_sft,
     verl_spin,
     verl_sppo,
 )

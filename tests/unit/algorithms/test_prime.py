@@ -35,7 +35,9 @@ def close(t: torch.Tensor, expected: list[list[float]], atol: float = 1e-6) -> N
 
 
 # 2 prompts × n=3; responses of 4, 3, 2, 4, 1 and 3 tokens
-MASK = T([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]).float()
+MASK = T(
+    [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]
+).float()
 RM = T([[0.1, -0.2, 0.3, 0.0], [0.2, 0.1, 0.0, 0.0], [-0.1, 0.4, 0.0, 0.0],
         [0.05, 0.05, -0.3, 0.2], [0.5, 0.0, 0.0, 0.0], [-0.2, 0.1, 0.1, 0.0]])  # fmt: skip
 ACC = T([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
@@ -129,9 +131,7 @@ def test_batch_norm_bounds_every_return_to_go_by_one() -> None:
 
 def test_ce_loss_by_hand() -> None:
     mask = torch.ones(1, 2)
-    assert prm_ce_loss(torch.zeros(1, 2), T([1.0]), mask, 0.05).item() == pytest.approx(
-        math.log(2)
-    )
+    assert prm_ce_loss(torch.zeros(1, 2), T([1.0]), mask, 0.05).item() == pytest.approx(math.log(2))
     q = T([[math.log(3) / 2, math.log(3) / 2]])  # β·Σq = ln 3 → σ = 3/4
     assert prm_ce_loss(q, T([1.0]), mask, 1.0).item() == pytest.approx(-math.log(0.75))
     assert prm_ce_loss(q, T([0.0]), mask, 1.0).item() == pytest.approx(-math.log(0.25))
