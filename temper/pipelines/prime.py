@@ -72,10 +72,9 @@ class PrimeProducer(RLVRProducer):
             raise ConfigError("data.train_files", "no training data given", "set it")
         self._at(step - 1)
         batch, metrics = self.generate_groups(self._draw(), timer)
-        metrics.update(self.train_data.metrics())
-        metrics.update(response_metrics(batch))  # of every drawn sample, as verl's acc
+        metrics.update(self.train_data.metrics())  # train/score_*: every drawn sample (acc)
         kept, filter_metrics = self.downsample(batch)
-        return kept, {**metrics, **filter_metrics}
+        return kept, {**metrics, **filter_metrics, **response_metrics(kept)}
 
     def downsample(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The step's ``train_batch_size`` groups of ``batch`` (module doc, step 2)."""
