@@ -44,7 +44,7 @@ from temper.pipelines.rlvr import RLVRProducer
 from temper.pipelines.rlvr import check as check_rlvr
 from temper.pipelines.run import Run
 from temper.pipelines.timing import Timer, throughput
-from temper.pipelines.unread import refuse_unread
+from temper.pipelines.unread import is_set, refuse_unread
 from temper.roles.prm import score_and_update
 
 
@@ -189,6 +189,13 @@ def check(cfg: TemperConfig) -> None:
             "interval within [0, 1]",
             "set 0 ≤ accuracy_lower_bound ≤ accuracy_upper_bound ≤ 1",
         )
+    for bound in ("accuracy_lower_bound", "accuracy_upper_bound"):
+        if not p.filter_accuracy and is_set(cfg, f"prime.{bound}"):
+            raise ConfigError(
+                f"prime.{bound}",
+                "bounds the accuracy filter, which prime.filter_accuracy leaves off",
+                f"set prime.filter_accuracy: true, or remove prime.{bound}",
+            )
     if p.prm.beta_train <= 0:
         raise ConfigError(
             "prime.prm.beta_train", f"must be > 0, got {p.prm.beta_train}", "use e.g. 0.05"

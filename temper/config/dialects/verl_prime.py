@@ -128,6 +128,11 @@ def finish(ctx: Any) -> None:
             ctx.unnote(source)
             if value is not None:
                 ctx.note(NOT_READ, source)
+    if not ctx.get("data.filter_accuracy", False):  # verl reads the bounds under it only
+        for bound in ("accuracy_lower_bound", "accuracy_upper_bound"):
+            _, source, _ = ctx.writes.pop(f"prime.{bound}", (None, "", False))
+            if source:
+                ctx.note("no effect here (bounds of data.filter_accuracy, which is off)", source)
     manager, source, _ = ctx.writes.get("reward.reward_manager", (None, "", False))
     if manager == "prime":
         ctx.note(
