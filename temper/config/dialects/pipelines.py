@@ -7,11 +7,11 @@ supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline), D
 pipeline), on-policy distillation (RL with teachers: ROLL's OPD files) and verl's
 generation and evaluation entry points (``generate``, ``eval``), which the dialects
 translate, verl's SPPO recipe (an RLVR run with the ``sppo`` estimator and loss:
-:mod:`verl_sppo`) and its SPIN recipe (``spin``: online DPO, :mod:`verl_spin`). verl and
-ROLL ship other trainers too — ROLL's rollout-only runs. Their configs reuse many RL keys, so a
+:mod:`verl_sppo`), its SPIN recipe (``spin``: online DPO, :mod:`verl_spin`) and its PRIME
+recipe (``prime``: RL on an implicit PRM, :mod:`verl_prime`). ROLL ships other trainers
+too — its rollout-only runs and Reward-FL. Their configs reuse many RL keys, so a
 key-by-key translation would fail on some key deep inside with "unknown key, did you mean
-…", which
-sends the user after a typo that is not there. Instead such a file is recognised by the
+…", which sends the user after a typo that is not there. Instead such a file is recognised by the
 keys only that pipeline has, and refused in one line that names the pipeline.
 """
 
