@@ -156,8 +156,13 @@ UNREAD_SECTIONS = {
     "critic": "PRIME has no critic: its baselines are leave-one-out",
     "algorithm": NO_ALGORITHM,
 }
+ONE_PASS = "the PRM takes one pass over a step's samples, in order (verl's update_rm)"
 UNREAD_KEYS = {
     "experiment.critic_warmup": "PRIME has no critic to warm up",
+    "prime.prm.ppo_epochs": ONE_PASS,
+    "prime.prm.shuffle": ONE_PASS,
+    "prime.prm.checkpoint_contents": "a checkpoint always holds the whole PRM (weights, "
+    "optimizer, schedule) and its Hugging Face export",
     "data.gen_batch_size": "PRIME draws train_batch_size × prime.oversample_factor prompts",
 }
 
@@ -196,6 +201,7 @@ def check(cfg: TemperConfig) -> None:
                 "bounds the accuracy filter, which prime.filter_accuracy leaves off",
                 f"set prime.filter_accuracy: true, or remove prime.{bound}",
             )
+    _check_prm_batches(cfg)
     if p.prm.beta_train <= 0:
         raise ConfigError(
             "prime.prm.beta_train", f"must be > 0, got {p.prm.beta_train}", "use e.g. 0.05"
@@ -207,6 +213,29 @@ def check(cfg: TemperConfig) -> None:
             "train all weights (model.lora.rank 0)",
         )
     check_rlvr(cfg)
+
+
+def _check_prm_batches(cfg: TemperConfig) -> None:
+    """The PRM's mini-batches: within the step's samples, whole micro-batches (as verl
+    asserts); a rank's share is checked when the Ray workers start."""
+    prm = cfg.prime.prm
+    samples = cfg.data.train_batch_size * cfg.rollout.n
+    mini = prm.mini_batch_size or cfg.actor.mini_batch_size or samples
+    key = "prime.prm.mini_batch_size" if prm.mini_batch_size else "actor.mini_batch_size"
+    if mini > samples:
+        raise ConfigError(
+            key,
+            f"the PRM's mini-batch of {mini} samples exceeds a step's {samples}",
+            f"set prime.prm.mini_batch_size to at most {samples}",
+        )
+    micro = prm.micro_batch_size_per_device
+    if not prm.use_dynamic_bsz and mini % micro:
+        raise ConfigError(
+            key,
+            f"the PRM's mini-batch of {mini} samples is not a whole number of micro-batches "
+            f"of {micro} (prime.prm.micro_batch_size_per_device)",
+            "make the mini-batch a multiple of the micro-batch",
+        )
 
 
 PIPELINE = Pipeline(

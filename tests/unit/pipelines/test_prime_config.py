@@ -49,6 +49,13 @@ REFUSED = [
     ({"prime": {"granularity": "step"}}, "prime.granularity"),
     ({"model": {"lora": {"rank": 8}}}, "model.lora.rank"),
     ({"data": {"gen_batch_size": 8}}, "data.gen_batch_size"),
+    ({"prime": {"prm": {"ppo_epochs": 2}}}, "prime.prm.ppo_epochs"),
+    ({"prime": {"prm": {"shuffle": True}}}, "prime.prm.shuffle"),
+    ({"prime": {"prm": {"mini_batch_size": 32}}}, "prime.prm.mini_batch_size"),
+    (
+        {"prime": {"prm": {"mini_batch_size": 6, "micro_batch_size_per_device": 4}}},
+        "prime.prm.mini_batch_size",
+    ),
     ({"async_training": {"staleness": 1}}, "async_training"),
 ]
 
