@@ -92,6 +92,7 @@ MOVE = {
     "forward_max_token_len_per_device": "prime.prm.log_prob_max_token_len_per_device",
 }
 PRM = "the PRIME recipe's reward model is its implicit PRM (prime.prm), trained during the run"
+PRM_UNREAD = "no effect here (the PRM loads as the policy does, under model.*)"
 NOT_READ = (
     "no effect here (verl's PRIME trainer computes RLOO advantages per reward source, "
     "applies no KL penalty in the reward and builds no critic, whatever algorithm and "
@@ -122,7 +123,7 @@ def finish(ctx: Any) -> None:
                 ctx.writes[f"prime.prm.{leaf}"] = (value, source, weak)
             else:
                 ctx.unnote(source)
-                ctx.note(PRM, source)
+                ctx.note(PRM if leaf == "enable" else PRM_UNREAD, source)
         elif native.startswith(("algorithm.", "critic.")):
             del ctx.writes[native]
             ctx.unnote(source)
