@@ -20,6 +20,7 @@ PLACEMENT_KEYS = {
     "rollout": "actor_infer",
     "reference": "reference",
     "critic": "critic",
+    "prm": "actor_train",  # PRIME's implicit PRM: colocated with the actor, as in verl
     "judge": "reward",
 }
 
@@ -117,6 +118,8 @@ def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
             strategy = resolve_engine_name(cfg.rollout.engine, cfg.model)
         elif role == "judge":  # one whole engine per rank too
             strategy = cfg.reward.judge.engine
+        elif role == "prm":
+            strategy = cfg.prime.prm.strategy
         else:
             strategy = getattr(cfg, engine_of).strategy
         dp = {"actor": d.actor.dp, "critic": d.critic.dp if d.critic else len(ids)}.get(

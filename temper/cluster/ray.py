@@ -162,7 +162,13 @@ class RankWorker:
 
         from temper.cluster.placement import TEACHER
         from temper.cluster.process_group import default_backend, init_process_group
-        from temper.roles.builder import build_actor, build_critic, build_reference, build_teacher
+        from temper.roles.builder import (
+            build_actor,
+            build_critic,
+            build_prm,
+            build_reference,
+            build_teacher,
+        )
         from temper.training.models import resolve_device
 
         dev = resolve_device(device)
@@ -189,6 +195,7 @@ class RankWorker:
             "actor": build_actor,
             "reference": build_reference,
             "critic": build_critic,
+            "prm": build_prm,
         }
         if self.role_name.startswith(TEACHER):
             self.role = build_teacher(self.cfg, dev, self.role_name.removeprefix(TEACHER))

@@ -173,6 +173,17 @@ class RemoteCritic(_RemoteTrained):
         return self.group.dispatch("compute_values", batch)
 
 
+class RemotePRM(_RemoteTrained):
+    """PRIME's implicit PRM on its worker group (the driver composes its phase:
+    :func:`temper.roles.prm.score_and_update`)."""
+
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        return self.group.dispatch("compute_ref_log_probs", batch)
+
+    def compute_log_probs(self, batch: Batch) -> Batch:
+        return self.group.dispatch("compute_log_probs", batch)
+
+
 class RemoteReference:
     """A reference (or teacher) worker group; or (``method`` prefix ``base_reference.``)
     the actor's group serving its LoRA base as the reference."""
@@ -377,6 +388,7 @@ def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
             else None
         ),
         critic=RemoteCritic(groups["critic"], cfg.critic, balance) if "critic" in groups else None,
+        prm=RemotePRM(groups["prm"], cfg.prime.prm, balance) if "prm" in groups else None,
         rollout=RemoteRollout(groups["rollout"]) if "rollout" in groups else None,
         judge=RemoteJudge(groups["judge"]) if "judge" in groups else None,
         teachers=_remote_teachers(cfg, groups),

@@ -23,6 +23,9 @@ NO_TRAINING = "no_training"
 #: The trained model is a scorer, not a policy: the backbone with a scalar head and no LM
 #: head, saved as a sequence-classification model (reward-model training).
 SCORE_HEAD = "score_head"
+#: An implicit process reward model trained alongside the policy (PRIME): its own trained
+#: engine (and frozen reference) on the actor's devices.
+PRM = "prm"
 #: What an RL step can use: all of them (RLVR and agentic).
 RL_PARTS = frozenset({ROLLOUT, REFERENCE, CRITIC})
 
@@ -81,11 +84,20 @@ class Derived:
         return ROLLOUT in self.uses
 
     @property
+    def use_prm(self) -> bool:
+        """The step trains PRIME's implicit PRM: the run builds it."""
+        return PRM in self.uses
+
+    @property
     def samples_per_step(self) -> int:
         return self.shape.samples
 
     @property
     def roles(self) -> tuple[str, ...]:
-        """The model roles that run: actor, then reference and critic when used."""
-        used = (("reference", self.use_reference), ("critic", self.use_critic))
+        """The model roles that run: actor, then reference, critic and PRM when used."""
+        used = (
+            ("reference", self.use_reference),
+            ("critic", self.use_critic),
+            ("prm", self.use_prm),
+        )
         return ("actor", *(role for role, on in used if on))

@@ -1404,6 +1404,74 @@ class RewardModelTrainingConfig:
     )
 
 
+@dataclass
+class PRMConfig(TrainEngineConfig):
+    """PRIME's implicit process reward model: a causal LM trained during RL (its own
+    engine, batching and optimizer), scored against a frozen copy of its first weights."""
+
+    model_path: str | None = doc(
+        None, "Weights the PRM starts from; None = the policy model (verl reward_model.model.path)."
+    )
+    ref_path: str | None = doc(
+        None,
+        "Weights of the PRM's frozen reference π_ref; None = model_path (verl "
+        "reward_model.model.ref_path).",
+    )
+    beta_train: float = doc(
+        0.05, "β of the implicit reward r_t = β·log(π_rm/π_ref) and of its loss (verl beta_train)."
+    )
+    loss_type: Literal["ce"] = doc(
+        "ce", "PRM loss: ce, the cross-entropy of σ(β·Σ_t q_t) with the outcome label."
+    )
+    update: Literal["before", "after", "none"] = doc(
+        "before",
+        "before: train the PRM, then score with it; after: score with the forward of its "
+        "update (before the step); none: score only, never train.",
+    )
+    mini_batch_size: int | None = doc(
+        None, "Samples per PRM optimizer step; None = the actor's mini-batch."
+    )
+    grad_clip: float | None = doc(10.0, "Clip the PRM's global grad norm.")
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-6, weight_decay=0.0),
+        metadata={"doc": "PRM optimizer (verl reward_model.model.optim)."},
+    )
+
+
+@dataclass
+class PrimeConfig:
+    """PRIME (pipeline=prime, verl's recipe/prime): the policy is trained on the implicit
+    PRM's token rewards and the outcome reward, each with its own RLOO baseline; prompts are
+    oversampled and groups of mid accuracy kept."""
+
+    prm: PRMConfig = sub(PRMConfig, "The implicit process reward model.")
+    granularity: Literal["token", "whole"] = doc(
+        "token",
+        "token: β·q_t at each response token (but the last); whole: their sum at the last "
+        "token (verl reward_model.prime_granularity).",
+    )
+    norm: Literal["batch_norm", "none"] = doc(
+        "batch_norm",
+        "batch_norm: implicit rewards divided by the batch's largest |return-to-go| (verl "
+        "reward_model.prime_norm).",
+    )
+    reward_dpo_coef: float = doc(5.0, "Weight of the implicit rewards' RLOO advantage.")
+    reward_gt_coef: float = doc(5.0, "Weight of the outcome reward's RLOO advantage.")
+    oversample_factor: float = doc(
+        1.0,
+        "Prompts drawn per step: train_batch_size × factor; train_batch_size groups are "
+        "kept, those passing the filters first (verl data.oversample_factor).",
+    )
+    filter_accuracy: bool = doc(
+        False, "Prefer groups whose mean outcome lies in [accuracy_lower_bound, upper]."
+    )
+    accuracy_lower_bound: float = doc(0.0, "Lowest mean outcome of a preferred group.")
+    accuracy_upper_bound: float = doc(1.0, "Highest mean outcome of a preferred group.")
+    filter_truncate: bool = doc(
+        False, "Prefer groups none of whose responses reaches response_length − 1 tokens."
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -1414,7 +1482,8 @@ class TemperConfig:
     pipeline: str = doc(
         "rlvr",
         "rlvr: single-turn; agentic: multi-turn; sft: supervised fine-tuning; dpo: "
-        "preference pairs; spin: online DPO on the policy's own ranked responses; generate: "
+        "preference pairs; spin: online DPO on the policy's own ranked responses; prime: RL on "
+        "an implicit process reward model trained alongside; generate: "
         "responses to a file (temper generate); eval: scores "
         "of a file of responses (temper eval); reward_model: a Bradley–Terry reward "
         "model; distill: a student on a teacher's logits (offline distillation); or your own, "
@@ -1435,6 +1504,7 @@ class TemperConfig:
     sft: SFTConfig = sub(SFTConfig, "Supervised fine-tuning data (pipeline=sft).")
     dpo: DPOConfig = sub(DPOConfig, "Direct preference optimization (pipeline=dpo).")
     spin: SpinConfig = sub(SpinConfig, "Online DPO with a refreshed reference (pipeline=spin).")
+    prime: PrimeConfig = sub(PrimeConfig, "Implicit process rewards (pipeline=prime).")
     distill: DistillConfig = sub(DistillConfig, "On-policy distillation from teachers.")
     kd: KDConfig = sub(KDConfig, "Offline knowledge distillation (pipeline=distill).")
     async_training: AsyncTrainingConfig = sub(

@@ -36,6 +36,7 @@ from temper.pipelines.stream_schedule import chunk_size
 from temper.pipelines.streaming import StreamingRollout
 from temper.roles import Roles
 from temper.roles.base import TrainedRole
+from temper.roles.prm import prm_steps_per_rl_step
 from temper.rollout import RolloutEngine
 from temper.tracking import MultiTracker, build_trackers
 from temper.utils.determinism import use_deterministic_kernels
@@ -85,6 +86,10 @@ def _build_run(
         roles.actor.set_total_steps(total * plan.actor.optimizer_steps_per_rl_step)
         if roles.critic is not None and plan.critic is not None:
             roles.critic.set_total_steps(total * plan.critic.optimizer_steps_per_rl_step)
+        if roles.prm is not None:  # PRIME: the PRM's optimizer steps per RL step
+            roles.prm.set_total_steps(
+                max(1, total * prm_steps_per_rl_step(cfg, plan.samples_per_step))
+            )
         shaping_state = ShapingState.from_config(cfg.algorithm)
         weights = None
         if rollout is not None:
@@ -161,6 +166,8 @@ def _checkpointer(
     if roles.critic is not None:
         trained["critic"] = roles.critic
         limits.append(cfg.experiment.max_critic_ckpt_to_keep)
+    if roles.prm is not None:  # PRIME's implicit PRM (verl: global_step_N/reward)
+        trained["reward_model"] = roles.prm
     keep = [n for n in limits if n is not None and n > 0]
     return Checkpointer(
         root=checkpoint_root(cfg, out),

@@ -120,6 +120,19 @@ class CriticRole(TrainedRole, Protocol):
         ...
 
 
+class PRMRole(TrainedRole, Protocol):
+    """PRIME's implicit process reward model (``temper.roles.prm``): a causal LM trained
+    during RL against a frozen copy of its first weights."""
+
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        """A copy of ``batch`` with ``prm_ref_log_probs`` (B, R): the frozen copy's."""
+        ...
+
+    def compute_log_probs(self, batch: Batch) -> Batch:
+        """A copy of ``batch`` with ``prm_log_probs`` (B, R): the trained PRM's."""
+        ...
+
+
 class ReferenceRole(Protocol):
     """The frozen reference policy."""
 
@@ -168,6 +181,7 @@ class Roles:
     reference: ReferenceRole | None
     critic: CriticRole | None
     teachers: TeacherRole | None = None  # on-policy distillation (distill.teachers)
+    prm: PRMRole | None = None  # PRIME's implicit process reward model (pipeline prime)
 
     def shutdown(self) -> None:
         """Release what the roles hold outside this process (Ray worker groups)."""

@@ -31,6 +31,7 @@ from temper.roles.actor import Actor
 from temper.roles.base import ReferenceRole, Roles
 from temper.roles.critic import Critic
 from temper.roles.gkd_term import DirectDistill
+from temper.roles.prm import ImplicitPRM
 from temper.roles.reference import Reference
 from temper.roles.teacher import Teachers
 from temper.training.base import TrainEngine
@@ -226,7 +227,21 @@ def build_roles(
                 "estimator (low_var_kl)",
             )
         actor.engine.kl_reference = reference
-    return Roles(actor=actor, reference=reference, critic=critic, teachers=build_teachers(cfg, dev))
+    prm = build_prm(cfg, dev) if plan.use_prm else None
+    return Roles(
+        actor=actor,
+        reference=reference,
+        critic=critic,
+        teachers=build_teachers(cfg, dev),
+        prm=prm,
+    )
+
+
+def build_prm(cfg: TemperConfig, dev: torch.device) -> ImplicitPRM:
+    """PRIME's implicit PRM (:func:`temper.roles.prm.build_prm`)."""
+    from temper.roles.prm import build_prm as build
+
+    return build(cfg, dev)
 
 
 def full_kl_key(cfg: TemperConfig) -> str | None:

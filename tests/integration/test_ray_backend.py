@@ -284,6 +284,37 @@ def test_spin_refreshes_the_reference_worker_group(
         assert r["train/rewards/margin"] == pytest.approx(0.0, abs=1e-4), r
 
 
+def test_prime_trains_its_prm_on_its_own_worker_group(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session
+) -> None:
+    """PRIME on Ray: the actor on 2 FSDP2 ranks and the implicit PRM on its own worker
+    group of 2 FSDP2 ranks, colocated with it; the driver composes the PRM's phase (its
+    log-probs and updates on the ranks, the batch norm and advantages here). Every PRM
+    parameter moves, and the checkpoint holds it as a trained role."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from transformers import AutoModelForCausalLM
+
+    from temper.pipelines import run_pipeline as train
+
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    cfg = ray_config_dict(tmp_path, tiny_model_dir)
+    cfg.pop("algorithm")
+    cfg["pipeline"] = "prime"
+    cfg["prime"] = {
+        "oversample_factor": 2,
+        "prm": {"strategy": "fsdp2", "micro_batch_size_per_device": 2, "optim": {"lr": 1e-3}},
+    }
+    train(build_config(cfg))
+    rows = metrics_rows(tmp_path / "run")
+    steps = [r for r in rows if "reward_model/dpo_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["perf/samples"] == 4 and r["reward_model/grad_norm"] > 0 for r in steps)
+    ckpt = tmp_path / "run" / "checkpoints" / "global_step_2"
+    prm = AutoModelForCausalLM.from_pretrained(ckpt / "reward_model").state_dict()
+    moved = [k for k in before if not torch.equal(before[k], prm[k])]
+    assert len(moved) == len(before)
+
+
 def test_distillation_teacher_on_its_own_ray_workers(
     tmp_path, tiny_model_dir, monkeypatch, ray_session
 ) -> None:

@@ -4,8 +4,9 @@ weights, optimizer state and metrics rows (timings aside) — for RLVR with GRPO
 with a critic, the agentic pipeline (FrozenLake episodes: the env manager's seeds are
 in the checkpoint), SFT (the shuffled sampler's position is in the checkpoint), DPO and
 reward-model training, asynchronous RLVR and agentic runs (rollout 1 and 2 policy
-versions ahead of training), and online DPO (spin: the reference refreshed from the
-policy at step 3 is in the checkpoint, and scores steps 4 and 5 of the resumed run).
+versions ahead of training), online DPO (spin: the reference refreshed from the
+policy at step 3 is in the checkpoint, and scores steps 4 and 5 of the resumed run) and
+PRIME (its implicit PRM, weights and optimizer, is a trained role of the checkpoint).
 Damaged checkpoints are skipped — truncated ones by size, same-size corruption by
 checksum, and the run resumed from the previous one equals a run that saved only that
 one; a checkpoint's actor loads in transformers.
@@ -55,6 +56,7 @@ ALGOS = (
     "grpo_k1",
     "agentic_k2",
     "spin",
+    "prime",
 )
 #: Asynchronous runs (the rollout ahead of training by k versions): the batches ahead are
 #: in the checkpoint, so the resumed run trains on the very batches the uninterrupted one did.
@@ -216,6 +218,18 @@ def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
         cfg["spin"] = {"beta": 0.5, "ref_update_freq": 3}
         build_config(cfg)
         return cfg
+    if algo == "prime":  # PRIME: 4 prompts drawn, 2 kept by accuracy; the PRM trains
+        del cfg["algorithm"]
+        cfg["pipeline"] = "prime"
+        cfg["prime"] = {
+            "oversample_factor": 2,
+            "filter_accuracy": True,
+            "accuracy_lower_bound": 0.05,
+            "accuracy_upper_bound": 0.9,
+            "prm": {"micro_batch_size_per_device": 4, "optim": {"lr": 1e-3}},
+        }
+        build_config(cfg)
+        return cfg
     if algo == "gae":
         cfg["algorithm"].update({"lam": 0.95, "use_kl_in_reward": True})
         cfg["algorithm"]["kl_ctrl"] = {"type": "adaptive", "kl_coef": 0.01}
@@ -288,7 +302,7 @@ def _assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
         a / "checkpoints" / f"global_step_{steps}",
         b / "checkpoints" / f"global_step_{steps}",
     )
-    for part in ("actor_train", "critic_train"):
+    for part in ("actor_train", "critic_train", "reward_model_train"):
         if not (ck_a / part).is_dir():
             continue
         ta, tb = (

@@ -7,12 +7,12 @@ supervised fine-tuning (``sft``: verl's SFT trainers and ROLL's SFT pipeline), D
 pipeline), on-policy distillation (RL with teachers: ROLL's OPD files) and verl's
 generation and evaluation entry points (``generate``, ``eval``), which the dialects
 translate, verl's SPPO recipe (an RLVR run with the ``sppo`` estimator and loss:
-:mod:`verl_sppo`) and its SPIN recipe (``spin``: online DPO, :mod:`verl_spin`). verl and
-ROLL ship other trainers too — ROLL's RLVR rollout-only runs (its agentic ones are temper's
-``agentic_rollout`` pipeline, :mod:`temper.pipelines.episodes`), verl's PRIME recipe. Their configs reuse many RL keys, so a
+:mod:`verl_sppo`), its SPIN recipe (``spin``: online DPO, :mod:`verl_spin`) and its PRIME
+recipe (``prime``: RL on an implicit PRM, :mod:`verl_prime`); ROLL's agentic rollout runs
+are temper's ``agentic_rollout`` pipeline (:mod:`temper.pipelines.episodes`). ROLL ships
+other trainers too — its RLVR rollout-only runs and Reward-FL. Their configs reuse many RL keys, so a
 key-by-key translation would fail on some key deep inside with "unknown key, did you mean
-…", which
-sends the user after a typo that is not there. Instead such a file is recognised by the
+…", which sends the user after a typo that is not there. Instead such a file is recognised by the
 keys only that pipeline has, and refused in one line that names the pipeline.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 from temper.config.errors import ConfigError
 
 RUNS = (
-    "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, spin (online DPO), distill and "
-    "reward_model pipelines, and generate, agentic_rollout (episodes, no training) and eval"
+    "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, spin (online DPO), prime, distill "
+    "and reward_model pipelines, and generate, agentic_rollout (episodes, no training) and eval"
 )
 
 
@@ -94,15 +94,7 @@ ROLL_SHAPES = (
         "config), and temper's agentic_rollout pipeline plays ROLL's agentic rollout files",
     ),
 )
-VERL_SHAPES = (
-    Shape(
-        "verl PRIME recipe",
-        "a policy whose token rewards β·log(π_rm/π_ref) come from an implicit process "
-        "reward model trained alongside it on the outcome labels",
-        _any_key("reward_model.prime_granularity", "data.filter_accuracy"),
-        "temper's RL loop trains no reward model during RL",
-    ),
-)
+VERL_SHAPES: tuple[Shape, ...] = ()
 SHAPES = {"roll": ROLL_SHAPES, "verl": VERL_SHAPES}
 
 

@@ -36,6 +36,7 @@ from temper.config.dialects import (
     verl_async,
     verl_distill,
     verl_generation,
+    verl_prime,
     verl_sft,
     verl_spin,
     verl_sppo,
@@ -446,6 +447,7 @@ class _Translator:
         recipe's estimator and loss,
         sequence-level losses, the chosen engine's kwargs, a custom reward function."""
         verl_spin.finish(self)  # a SPIN file's algorithm keys are read by nothing
+        verl_prime.finish(self)  # a PRIME file's reward model is its PRM
         verl_sppo.finish(self)  # first of the rest: it chooses the policy loss they read
         self._sequence_level_losses()
         self._sequence_parallel_budgets()

@@ -14,6 +14,7 @@ from temper.config.dialects import verl_rs
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_distill import RULES as DISTILL_RULES
 from temper.config.dialects.verl_megatron import MEGATRON_INHERIT, megatron_rules
+from temper.config.dialects.verl_prime import RULES as PRIME_RULES
 from temper.config.dialects.verl_rewards import RULES
 from temper.config.dialects.verl_rules import Call, Map, Note, Rule
 from temper.config.dialects.verl_spin import RULES as SPIN_RULES
@@ -357,6 +358,7 @@ TABLE: dict[str, Rule] = _gather(
     DISTILL_RULES,
     SPPO_RULES,
     SPIN_RULES,
+    PRIME_RULES,
     _gate(
         "global_profiler",
         "tool",

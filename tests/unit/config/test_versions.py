@@ -209,20 +209,6 @@ def test_fix_hints_are_in_the_files_dialect():
     assert "resources.backend" not in fix and "trainer.n_gpus_per_node=1" in fix
 
 
-@pytest.mark.parametrize(
-    "path, start",
-    [
-        (
-            V0625 / "recipe/prime/config/prime_trainer.yaml",
-            "reward_model.prime_granularity: this is a verl PRIME recipe",
-        ),
-    ],
-)
-def test_pipelines_without_a_loop_are_named(path, start):
-    msg = refusal(path)
-    assert msg.startswith(start) and "a pipeline temper has no loop for" in msg
-
-
 def test_roll_rollout_files_are_the_agentic_rollout_pipeline_or_named(tmp_path):
     """ROLL's agentic rollout file plays episodes (pipeline agentic_rollout); an RLVR file
     without actor_train is a rollout-only run temper has no loop for."""
@@ -257,6 +243,45 @@ def test_spin_recipe_is_the_spin_pipeline():
         ).config.spin.ref_update_freq
         == 0
     )
+
+
+def test_prime_recipe_is_the_prime_pipeline():
+    """verl's PRIME file: its reward_model section is the implicit PRM (prime.prm), its
+    data filters and estimator weights the prime section; the algorithm and critic
+    sections its trainer never reads are noted, not translated."""
+    loaded = load(
+        V0625 / "recipe/prime/config/prime_trainer.yaml",
+        "reward_model.model.path=/models/prm",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "reward_model.prime_granularity=whole",
+        "reward_model.model.update=after",
+    )
+    cfg, p = loaded.config, loaded.config.prime
+    assert cfg.pipeline == "prime" and not cfg.reward.model.enable
+    assert (p.filter_accuracy, p.accuracy_lower_bound, p.accuracy_upper_bound) == (True, 0.2, 0.8)
+    assert (p.oversample_factor, p.filter_truncate) == (4.0, True)
+    assert (p.granularity, p.norm, p.reward_dpo_coef, p.reward_gt_coef) == (
+        "whole",
+        "batch_norm",
+        5.0,
+        5.0,
+    )
+    prm = p.prm
+    assert (prm.model_path, prm.ref_path) == ("/models/prm", "/models/prm")  # ${…path}
+    assert (prm.beta_train, prm.loss_type, prm.update) == (0.05, "ce", "after")
+    assert (prm.optim.lr, prm.optim.weight_decay, prm.grad_clip) == (1e-6, 0.0, 10.0)
+    assert prm.mini_batch_size == 16  # ${actor ppo_mini_batch_size}, samples to the PRM
+    assert cfg.reward.reward_manager == "naive"
+    assert noted(loaded, "verl's PRIME trainer computes RLOO advantages per reward source")
+    assert noted(loaded, "the PRIME recipe's reward model is its implicit PRM")
+    assert cfg.algorithm.adv_estimator == "grpo"  # the temper default: nothing read it
+    assert loaded.plan.use_prm and not loaded.plan.use_critic
+    msg = refusal(
+        V0625 / "recipe/prime/config/prime_trainer.yaml", "reward_model.model.ref_type=ema"
+    )
+    assert msg.startswith("reward_model.model.ref_type: only a frozen PRM reference")
+    msg = refusal(V0625 / "recipe/prime/config/prime_trainer.yaml", "actor_rollout_ref.rollout.n=1")
+    assert "leave-one-out baselines need 2 or more responses" in msg
 
 
 def test_rollout_mock_dump_files_train_and_write_their_generations():

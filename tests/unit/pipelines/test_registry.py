@@ -9,6 +9,7 @@ from temper.config.errors import ConfigError
 from temper.pipelines import PIPELINES, Pipeline, resolve_pipeline
 from temper.pipelines.agentic import episode_groups
 from temper.pipelines.dpo import dpo_step
+from temper.pipelines.prime import prime_step
 from temper.pipelines.rl_step import rl_step
 from temper.pipelines.sft import sft_step
 from temper.pipelines.spin import spin_step
@@ -41,6 +42,7 @@ def test_builtin_records_declare_their_needs():
         "sft",
         "dpo",
         "spin",
+        "prime",
         "generate",
         "eval",
         "reward_model",
@@ -66,10 +68,14 @@ def test_builtin_records_declare_their_needs():
     assert spin.step is spin_step and spin.sections == frozenset({"spin"})
     assert spin.uses == frozenset({"rollout", "reference", "reference_always"})
     assert spin.curve == "train/score_mean"
+    prime = resolve_pipeline("prime")  # RL with an implicit PRM trained alongside
+    assert prime.step is prime_step and prime.sections == frozenset({"prime"})
+    assert prime.uses == frozenset({"rollout", "reference", "prm"})
+    assert prime.curve == "train/score_mean"
     distill = resolve_pipeline("distill")  # offline: SFT rows and the teacher's logits
     assert distill.uses == frozenset() and distill.curve == "train/distill_loss"
     assert distill.sections == frozenset({"sft", "kd", "distill"})
-    for name in ("rlvr", "agentic", "sft", "dpo", "spin", "distill"):
+    for name in ("rlvr", "agentic", "sft", "dpo", "spin", "prime", "distill"):
         assert resolve_pipeline(name).command == "train" and resolve_pipeline(name).main is None
     generate, evaluate = resolve_pipeline("generate"), resolve_pipeline("eval")
     assert generate.command == "generate" and generate.uses == {"rollout", "no_training"}
