@@ -152,9 +152,9 @@ def test_check_refuses_an_unsupported_tool_call_format(capsys):
             "check",
             str(EXAMPLES / "grpo_native.yaml"),
             "rollout.multi_turn.enable=true",
-            "rollout.multi_turn.format=qwen",
+            "rollout.multi_turn.format=gpt-oss",
         ]
     )
     assert code == 2
     err = capsys.readouterr().err
-    assert err.startswith("config error: rollout.multi_turn.format: tool-call format 'qwen'")
+    assert err.startswith("config error: rollout.multi_turn.format: tool-call format 'gpt-oss'")
