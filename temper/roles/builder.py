@@ -241,7 +241,7 @@ def build_prm(cfg: TemperConfig, dev: torch.device) -> ImplicitPRM:
     """PRIME's implicit PRM (:func:`temper.roles.prm.build_prm`)."""
     from temper.roles.prm import build_prm as build
 
-    return build(cfg, dev)
+    return build(cfg, dev, local_strategy(cfg, cfg.prime.prm.strategy, "prime.prm.strategy"))
 
 
 def full_kl_key(cfg: TemperConfig) -> str | None:

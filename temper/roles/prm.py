@@ -146,14 +146,12 @@ def score_and_update(
     return batch.union(Batch.from_dict({"rm_scores": rm_scores})), metrics
 
 
-def build_prm(cfg: TemperConfig, device: torch.device) -> ImplicitPRM:
-    """The implicit PRM: its trained engine on ``prime.prm.strategy`` from
+def build_prm(cfg: TemperConfig, device: torch.device, strategy: str) -> ImplicitPRM:
+    """The implicit PRM: its trained engine on ``strategy`` (``prime.prm.strategy``, as
+    the backend runs it: :func:`temper.roles.builder.build_prm`) from
     ``prime.prm.model_path`` (the policy's by default) and its frozen reference from
     ``prime.prm.ref_path`` (the PRM's first weights by default)."""
-    from temper.roles.builder import local_strategy  # the builder builds this role too
-
     prm = cfg.prime.prm
-    strategy = local_strategy(cfg, prm.strategy, "prime.prm.strategy")
     micro = MicroBatching(
         size=prm.rank_micro_batch_size(
             prm.log_prob_micro_batch_size_per_device or prm.micro_batch_size_per_device

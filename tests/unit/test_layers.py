@@ -27,12 +27,12 @@ RANK = {
     "utils": 0,
     "algorithms": 1,
     "data": 2,
-    "envs": 2,
     "tracking": 2,
     "checkpoint": 2,
     "rewards": 3,
     "training": 3,
     "rollout": 4,
+    "envs": 4,  # episodes: environments with tools run code in the rewards' sandbox
     "roles": 4,
     "cluster": 5,
     "pipelines": 6,

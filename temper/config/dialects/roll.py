@@ -112,6 +112,11 @@ def _translate(
         derive.episodes(ctx)
     derive.definitions(ctx, raw, defs)
     if rollout_only:
+        ctx.notes.append(
+            "actor_infer without actor_train: ROLL's agentic rollout pipeline (episodes, no "
+            "training), temper's agentic_rollout, run by temper generate; a file that trains "
+            "names actor_train"
+        )
         drop_training_keys(ctx)
     if distill is not None:
         ctx.set("distill.teachers", distill["teachers"], "teacher")

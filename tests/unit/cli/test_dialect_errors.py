@@ -99,7 +99,7 @@ CASES = [
             "actor_rollout_ref.rollout.multi_turn.format=xml",
         ],
         "actor_rollout_ref.rollout.multi_turn.format (temper: rollout.multi_turn.format)",
-        "set actor_rollout_ref.rollout.multi_turn.format=hermes",
+        "set actor_rollout_ref.rollout.multi_turn.format to one of hermes",
     ),
     (
         "pipeline",

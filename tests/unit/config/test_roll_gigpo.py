@@ -22,6 +22,7 @@ def agentic(**top: Any) -> dict[str, Any]:
         "rollout_batch_size": 4,
         "sequence_length": 1024,
         "actor_infer": {"generating_args": {"max_new_tokens": 128}},
+        "actor_train": {"training_args": {"learning_rate": 1e-6}},  # a training file
         "reward_normalization": {"grouping": "traj_group_id", "method": "mean"},
         "train_env_manager": {"num_env_groups": 2, "group_size": 2, "tags": ["A"]},
         "val_env_manager": {"num_env_groups": 1, "group_size": 1, "tags": ["B"]},

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from temper.roles.prm import ACC, LOGP, REF, build_prm, score_and_update
+from temper.roles.builder import build_prm
+from temper.roles.prm import ACC, LOGP, REF, score_and_update
 
 from .conftest import PROMPTS, RESPONSES, make_batch, make_config
 
