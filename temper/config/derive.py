@@ -108,9 +108,10 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog
     if MEGATRON_PARALLEL in needs:
         model_parallel = engine.megatron.model_parallel_size
         if devices % model_parallel:
-            raise ConfigError(
-                f"{key}.megatron",
-                f"{devices} devices are not divisible by TP×PP×CP = {model_parallel}",
+            raise ConfigError(  # the leaf key, so a dialect names the user's own
+                f"{key}.megatron.tensor_model_parallel_size",
+                f"{devices} devices are not divisible by TP×PP×CP = {model_parallel} (tensor "
+                "× pipeline × context parallel sizes)",
                 "choose parallel sizes whose product divides the role's device count",
             )
         experts = engine.megatron.expert_model_parallel_span
