@@ -49,6 +49,9 @@ UNAVAILABLE_ENVS = {
     "webshop": "WebShop's environment is a web shop server searching an index of about a "
     "million products (built with pyserini, which needs Java); neither the index nor the "
     "server ships with temper",
+    "sokoban_sandbox": "ROLL's SokobanSandbox plays a Sokoban game server inside a container "
+    "that a ROCK sandbox service (env_config.base_url) starts from ROLL's registry image; "
+    "neither the service nor the image is reachable from temper",
 }
 _NORMALIZES = {
     "mean": ("group", None),
@@ -88,8 +91,9 @@ def env_manager(ctx: Ctx) -> None:
             raise ConfigError(
                 f"custom_envs.{tag}.env_type",
                 f"unknown value '{env_type}': {UNAVAILABLE_ENVS[env_type]}",
-                "use a tag of a built-in env type (sokoban, frozen_lake, countdown, bandit), "
-                "or register your own with temper.envs.register_env",
+                "use a tag of a built-in env type (sokoban plays the game in process; "
+                "frozen_lake, countdown, bandit, the GEM ones), or register your own with "
+                "temper.envs.register_env",
             )
     chosen = {kinds[t] for t in used}
     if len(chosen) > 1:
