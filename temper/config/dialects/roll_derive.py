@@ -573,8 +573,18 @@ def placement(ctx: Ctx) -> None:
         ctx.notes.append(
             f"num_gpus_per_node: ROLL's default {per_node} applies (the file omits it)"
         )
-    if used and per_node and not ctx.has("num_nodes"):  # ROLL derives it from the ids
-        ctx.set("resources.nnodes", -(-(max(used) + 1) // per_node), "num_gpus_per_node")
+    if used and per_node:  # ROLL derives num_nodes from the ids, over the file's own
+        nodes = -(-(max(used) + 1) // per_node)
+        given = ctx.get("num_nodes")
+        if given is not None and given != nodes:
+            ctx.native.setdefault("resources", {})["nnodes"] = nodes
+            ctx.src["resources.nnodes"] = "num_nodes"
+            ctx.notes.append(
+                f"num_nodes: {nodes}, not the file's {given}: ROLL sets it from the highest "
+                f"device id ({max(used)}) and num_gpus_per_node ({per_node})"
+            )
+        elif given is None:
+            ctx.set("resources.nnodes", nodes, "num_gpus_per_node")
     envs = dict(ctx.native_get("resources.ray.system_envs") or {})
     for role in roles:
         for k, v in (ctx.get(f"{role}.system_envs") or {}).items():

@@ -1142,3 +1142,12 @@ def test_agentic_batch_must_fill_the_environments():
     with pytest.raises(ConfigError) as err:
         run(data)
     assert err.value.key == "rollout_batch_size" and "multiple of 8" in err.value.fix
+
+
+def test_num_nodes_follows_the_device_ids_over_the_files_own():
+    """ROLL's config sets num_nodes from the highest device id, whatever the file says."""
+    data = _trainer("megatron_train", "list(range(0,16))", 1, 32, {})
+    data.update(num_nodes=1, num_gpus_per_node=8)
+    cfg, notes = run(data)
+    assert cfg.resources.nnodes == 2
+    assert any(n.startswith("num_nodes: 2, not the file's 1") for n in notes)
