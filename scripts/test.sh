@@ -16,15 +16,7 @@ bash scripts/install.sh
 ALONE=(
   tests/integration/test_deepspeed.py
   tests/integration/test_deepspeed_runs.py
-  tests/integration/test_megatron.py
-  tests/integration/test_megatron_runs.py
-  tests/integration/test_megatron_pipeline.py
-  tests/integration/test_megatron_vpp.py
-  tests/integration/test_megatron_dist_init.py
-  tests/integration/test_megatron_lora.py
-  tests/integration/test_megatron_moe.py
-  tests/integration/test_megatron_moe_runs.py
-  tests/integration/test_megatron_sp.py
+  tests/integration/test_megatron*.py  # every Megatron module: its parallel state is per process
   tests/integration/test_fsdp2.py
   tests/integration/test_vllm.py
   tests/integration/test_agentic_tiny.py
