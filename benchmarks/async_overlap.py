@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -111,13 +112,20 @@ def main() -> None:
     parser.add_argument(
         "--engine", default="", help="rollout.engine override (default: the config's)"
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the runs' directories (checkpoints: GBs)"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="temper-async-"))
     table = {}
     for k in args.ks.split(","):
-        rows = run(
-            args.config, k, args.chunk, args.backend, args.steps, args.engine, root / f"k{k}"
-        )
+        try:
+            rows = run(
+                args.config, k, args.chunk, args.backend, args.steps, args.engine, root / f"k{k}"
+            )
+        finally:  # each run writes checkpoints; a few schedules fill a disk
+            if not args.keep:
+                shutil.rmtree(root / f"k{k}", ignore_errors=True)
         kept = [r for r in rows if r["step"] > args.warmup]
         table[k] = {
             "step_s": median(kept, "timing/step_s"),
