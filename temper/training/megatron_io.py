@@ -93,14 +93,6 @@ def _copy_generation_config(spec: EngineSpec, out: Path) -> None:
     gen.save_pretrained(str(out))
 
 
-def _model_order(pm: ParamMap) -> tuple[int, int]:
-    """Where ``pm`` sits in the whole model: embedding, layers, then the rest (a
-    stable sort keeps each layer's parameters in their order)."""
-    if pm.layer is not None:
-        return (1, pm.layer)
-    return (0, 0) if pm.hf == ("embed_tokens.weight",) else (2, 0)
-
-
 @dataclass(frozen=True)
 class MegatronCheckpointer:
     """Checkpoints, HF-name export and HF directories of one megatron engine (see module
