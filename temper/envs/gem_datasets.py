@@ -23,6 +23,7 @@ samples by seed in training, too). Rows load on the first reset, once per proces
 
 from __future__ import annotations
 
+import abc
 import functools
 import random
 from pathlib import Path
@@ -127,11 +128,13 @@ class _DatasetEnv(TextEnv):
         self.last = self._show(self.question)
         return self.last, {"index": index}
 
+    @abc.abstractmethod
     def _extract(self, text: str) -> str | None:
-        raise NotImplementedError
+        """The answer the reply gives, or None when it gives none in the env's format."""
 
+    @abc.abstractmethod
     def _correct(self, answer: str) -> bool:
-        raise NotImplementedError
+        """Whether ``answer`` is the row's."""
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         answer = self._extract(action_text)
