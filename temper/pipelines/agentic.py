@@ -154,7 +154,7 @@ class AgenticProducer:
 def check(cfg: TemperConfig) -> None:
     """What the agentic pipeline cannot honour (``ConfigError``; the driver's own checks
     are in :mod:`temper.pipelines.checks`)."""
-    _check_env_managers(cfg.agentic)
+    check_env_managers(cfg.agentic)
     ENV_MANAGERS.get(cfg.agentic.env_manager).check(cfg)
     if cfg.rollout.multi_turn.interaction_config_path:
         raise ConfigError(
@@ -223,10 +223,13 @@ def check(cfg: TemperConfig) -> None:
             )
 
 
-def _check_env_managers(agentic: AgenticConfig) -> None:
+MANAGERS = ("train_env_manager", "val_env_manager")
+
+
+def check_env_managers(agentic: AgenticConfig, managers: tuple[str, ...] = MANAGERS) -> None:
     """Each env manager's tags are defined in ``custom_envs`` and, when given, its per-tag group counts add up (an env type's name is checked against
     the env registry with the rest of the config's names)."""
-    for which in ("train_env_manager", "val_env_manager"):
+    for which in managers:
         mgr = getattr(agentic, which)
         key = f"agentic.{which}"
         for tag in mgr.tags:
@@ -281,7 +284,12 @@ def preflight(cfg: TemperConfig, notes: list[str]) -> None:
     """Every environment tag the env managers use resolves (its type, parameters and
     tools) and can run here (:meth:`TextEnv.problem`: its data files; each tool's
     :meth:`~temper.envs.env_tools.EnvTool.problem`: the sandbox, the retriever)."""
-    tags = {*cfg.agentic.train_env_manager.tags, *cfg.agentic.val_env_manager.tags}
+    check_env_tags(cfg, MANAGERS)
+
+
+def check_env_tags(cfg: TemperConfig, managers: tuple[str, ...]) -> None:
+    """:func:`preflight` for the tags of ``managers``."""
+    tags = {t for which in managers for t in getattr(cfg.agentic, which).tags}
     for tag in sorted(tags):
         spec = resolve_tag(tag, cfg.agentic.custom_envs[tag])
         key = f"agentic.custom_envs.{tag}"

@@ -26,8 +26,7 @@ from typing import Any
 from temper.config.errors import ConfigError
 from temper.config.plan import NO_TRAINING, ROLLOUT
 from temper.config.schema import TemperConfig
-from temper.pipelines.agentic import episode_groups
-from temper.pipelines.agentic import preflight as agentic_preflight
+from temper.pipelines.agentic import check_env_managers, check_env_tags, episode_groups
 from temper.pipelines.record import Pipeline, episode_length, no_producer
 from temper.pipelines.unread import refuse_run_keys, refuse_unread
 
@@ -50,6 +49,8 @@ UNREAD_KEYS = {
     "agentic.val_env_manager": "there is no validation: every step plays the train env manager",
     "rollout.val": "there is no validation: every step samples with rollout.*",
 }
+#: The env managers an agentic rollout plays (validation's is refused)
+TRAIN_ONLY = ("train_env_manager",)
 #: The experiment and resources keys it reads (the rest: refused).
 READS = {
     "experiment": (
@@ -152,6 +153,11 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     return {"steps": exp.max_steps, "success_rate": success, "seconds": time.perf_counter() - start}
 
 
+def preflight(cfg: TemperConfig, notes: list[str]) -> None:
+    """The train env manager's environments resolve and can run here."""
+    check_env_tags(cfg, TRAIN_ONLY)
+
+
 def check(cfg: TemperConfig) -> None:
     """Keys an agentic rollout reads nothing of are refused with why; it needs steps."""
     refuse_unread(cfg, "agentic_rollout", UNREAD_SECTIONS, UNREAD_KEYS)
@@ -162,6 +168,7 @@ def check(cfg: TemperConfig) -> None:
         "(no checkpoints, validation or placement)",
         READS,
     )
+    check_env_managers(cfg.agentic, TRAIN_ONLY)
     if cfg.experiment.max_steps is None:
         raise ConfigError(
             "experiment.max_steps",
@@ -174,7 +181,7 @@ PIPELINE = Pipeline(
     build=no_producer,
     uses=frozenset({ROLLOUT, NO_TRAINING}),
     check=check,
-    preflight=agentic_preflight,
+    preflight=preflight,
     step_shape=episode_groups,
     sections=frozenset({"agentic"}),
     context=episode_length,

@@ -58,3 +58,15 @@ def test_what_a_rollout_reads_nothing_of_is_refused(extra, key, words):
     with pytest.raises(ConfigError) as err:
         build_config(_cfg(**extra))
     assert str(err.value).startswith(f"{key}") and words in str(err.value)
+
+
+def test_only_the_train_env_managers_tags_are_checked_and_resolved():
+    """The validation manager's default tag (not in custom_envs) is never read; a train tag
+    that is not defined is refused by name, before any env or model loads."""
+    from temper.pipelines.episodes import preflight
+
+    preflight(build_config(_cfg()), [])
+    bad = _cfg()
+    bad["agentic"]["train_env_manager"]["tags"] = ["Nope"]
+    with pytest.raises(ConfigError, match="agentic.train_env_manager.tags"):
+        build_config(bad)
