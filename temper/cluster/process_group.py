@@ -29,6 +29,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def group_store(host: str, world_size: int, timeout_s: float = 1800.0) -> dist.TCPStore:
+    """The rendezvous store of a new group, served by the calling process (rank 0's) on a
+    port the OS picks and the store holds from now on (``store.port``).
+
+    Asking for a free port and binding it later races: another group set up at the same
+    time on the host, or any outgoing connection, can be handed the same port in between
+    (EADDRINUSE when rank 0 binds). A store bound to port 0 cannot lose its port."""
+    return dist.TCPStore(
+        host,
+        0,
+        world_size,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,  # the other ranks join later, in init_process_group
+    )
+
+
 def default_backend(device_type: str) -> str:
     """nccl for GPU ranks, gloo for CPU ranks."""
     return "nccl" if device_type == "cuda" else "gloo"
@@ -43,8 +60,10 @@ def init_process_group(
     backend: str = "gloo",
     timeout_s: float = 1800.0,
     local_rank: int | None = None,
+    store: dist.TCPStore | None = None,
 ) -> None:
-    """Join the group of ``world_size`` ranks meeting at ``addr:port``.
+    """Join the group of ``world_size`` ranks meeting at ``addr:port``: rank 0 serves the
+    rendezvous store there (``store``, from :func:`group_store`, when it already does).
 
     Also sets the ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_*`` variables that
     torch and transformers read, as torchrun would.
@@ -59,13 +78,13 @@ def init_process_group(
     os.environ.update(env)
     if backend == "nccl" and not torch.cuda.is_available():
         raise RuntimeError("the nccl backend needs CUDA GPUs; on CPU use gloo")
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{addr}:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        # every rank passes a store of its own making: torch prefixes the keys of a store
+        # it made from an init_method and not those of one it is given, so a mix would
+        # never meet
+        store = dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _rank_entry(

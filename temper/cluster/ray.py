@@ -142,18 +142,26 @@ class RankWorker:
     def __init__(self, role: str, rank: int, world: int, cfg: TemperConfig) -> None:
         self.role_name, self.rank, self.world, self.cfg = role, rank, world, cfg
         self.role: Any = None
+        self.store: Any = None  # rank 0's rendezvous store (see rendezvous)
         torch.set_num_threads(max(1, int(os.environ.get("TEMPER_WORKER_THREADS", "1"))))
         # before the role's model: cuBLAS reads its workspace setting at its first call
         use_deterministic_kernels(cfg.experiment.deterministic)
 
     def rendezvous(self) -> tuple[str, int]:
-        """This node's address and a free port on it (asked of rank 0)."""
+        """This node's address and a port on it where the group meets (asked of each
+        group's first rank). A role's rank 0 serves its group's store from here on, so the
+        port stays its own while the other groups on the host set up; a rollout engine's
+        first rank hands the port to the engine, which binds it itself."""
         import ray
 
-        from temper.cluster.process_group import free_port
+        from temper.cluster.process_group import free_port, group_store
 
         host = ray.util.get_node_ip_address()
-        return host, free_port(host)
+        if self.role_name in ("rollout", "judge"):
+            return host, free_port(host)
+        timeout = float(self.cfg.resources.ray.rpc_timeout)
+        self.store = group_store(host, self.world, timeout)
+        return host, int(self.store.port)
 
     def setup(self, addr: str, port: int, device: str, timeout_s: float) -> tuple[int, str, int]:
         """Join the role's process group and build the role (loads the model shard);
@@ -190,6 +198,7 @@ class RankWorker:
             backend=default_backend(dev.type),
             timeout_s=timeout_s,
             local_rank=0 if dev.type == "cuda" else self.rank,  # Ray sets CUDA_VISIBLE_DEVICES
+            store=self.store,
         )
         build: dict[str, Callable[[TemperConfig, torch.device], Any]] = {
             "actor": build_actor,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import torch.distributed as dist
 
 from temper.cluster import process_group
@@ -36,3 +37,34 @@ def test_a_taken_rendezvous_port_is_retried_with_another(monkeypatch):
     finally:
         held.close()
     assert handed[0] == taken and len(handed) == 2
+
+
+def _join_served_group(rank: int, world: int, port: int) -> int:
+    """Rank ``rank`` of a group whose store the parent test process serves."""
+    process_group.init_process_group(rank, world, addr="127.0.0.1", port=port)
+    try:
+        dist.barrier()
+        return dist.get_world_size()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_group_store_holds_its_port_until_the_ranks_join():
+    """The Ray path's rendezvous: the store binds its port when it is made, so nothing
+    can take the port before the ranks meet on it (they join through their own
+    client stores, as the non-zero Ray ranks do)."""
+    store = process_group.group_store("127.0.0.1", 2, timeout_s=60)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", store.port))
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:  # rank 1 in another process, rank 0 here with the store
+        rank1 = pool.apply_async(_join_served_group, (1, 2, store.port))
+        process_group.init_process_group(0, 2, addr="127.0.0.1", port=store.port, store=store)
+        try:
+            assert dist.get_world_size() == 2
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        assert rank1.get(timeout=60) == 2
