@@ -11,6 +11,7 @@ from temper.config.derive import Derived
 from temper.config.dialects import translate
 from temper.config.errors import ConfigError
 from temper.config.loader import load_yaml
+from temper.config.lora_adapter import take_adapter_config
 from temper.config.plan import StepShape
 from temper.config.schema import TemperConfig
 from temper.config.typed import from_dict, to_dict
@@ -80,6 +81,7 @@ def load_config(
     cfg: TemperConfig | None = None
     try:
         cfg = from_dict(TemperConfig, translation.native)
+        translation.notes.extend(take_adapter_config(cfg))  # before the plan: it is LoRA
         plan = validate(cfg, catalog)
         catalog.check(cfg, plan)
     except ConfigError as err:  # told in the file's own keys
@@ -101,5 +103,6 @@ def build_config(data: dict, catalog: Catalog) -> TemperConfig:
     from temper.config.validate import validate
 
     cfg = from_dict(TemperConfig, data)
+    take_adapter_config(cfg)
     catalog.check(cfg, validate(cfg, catalog))
     return cfg

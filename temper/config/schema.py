@@ -156,6 +156,16 @@ class LoraConfig:
     alpha: int = doc(16, "LoRA alpha (scaling = alpha / rank).")
     dropout: float = doc(0.0, "Dropout on the LoRA branch.")
     target_modules: list[str] | str = doc("all-linear", "Modules to adapt (peft names).")
+    exclude_modules: list[str] | str | None = doc(
+        None,
+        "Modules never adapted: a regex full-matched against module names, or a list of "
+        "names (a name matches itself and any module ending in '.name'); peft's meaning.",
+    )
+    adapter_path: str | None = doc(
+        None,
+        "A saved peft adapter directory (adapter_config.json + weights) to train on from; "
+        "its saved rank, alpha, dropout and modules become this section's.",
+    )
 
 
 @dataclass

@@ -173,6 +173,12 @@ def _check_ranges(cfg: TemperConfig) -> None:
             "set experiment.seed to a number in that range, e.g. 42",
         )
     _positive("model.lora.rank", cfg.model.lora.rank, allow_zero=True)
+    if cfg.model.lora.adapter_path is not None and not cfg.model.lora.adapter_path.strip():
+        raise ConfigError(  # verl hands "" to peft, which fails; an unset variable's value
+            "model.lora.adapter_path",
+            "it is empty (no adapter directory given)",
+            "set it to a saved peft adapter's directory, or remove it to start fresh adapters",
+        )
     _positive("actor.rollout_is_threshold", cfg.actor.rollout_is_threshold)
     low, high = cfg.actor.rollout_is_threshold_low, cfg.actor.rollout_is_threshold
     if low is not None and not 0 < low <= high:

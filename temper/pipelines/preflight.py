@@ -35,6 +35,7 @@ from typing import Any
 
 from temper.config.derive import Derived, placement
 from temper.config.errors import ConfigError
+from temper.config.lora_adapter import check_adapter_dir
 from temper.config.schema import TemperConfig
 
 # --------------------------------------------------------------------------- hardware
@@ -139,6 +140,7 @@ def check_models(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     """Policy, tokenizer, critic and reward model: each a model directory with a
     ``config.json`` (or a hub id in the local cache or reachable), read, not loaded."""
     check_model_path(cfg.model.path, "model.path", notes)
+    check_adapter_dir(cfg.model.lora)
     tok = cfg.model.tokenizer_path or cfg.model.path
     key = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
     check_tokenizer_path(tok, key, notes)

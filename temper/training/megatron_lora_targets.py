@@ -72,6 +72,17 @@ def check_lora(lora: LoraConfig, role: str, *, moe: bool = False) -> None:
     ``role`` (``moe``: the model is a mixture of experts)."""
     if lora.rank == 0:
         return
+    for field, what in (
+        ("adapter_path", "loading a saved peft adapter"),
+        ("exclude_modules", "excluding modules from LoRA"),
+    ):
+        if getattr(lora, field):
+            raise ConfigError(
+                f"model.lora.{field}",
+                f"{what} is not in the megatron engine (its adapters are its own, on "
+                "Megatron's fused projections)",
+                f"set {role}.strategy: fsdp2 (peft's LoRA), or remove model.lora.{field}",
+            )
     if role == "critic":
         raise ConfigError(
             "model.lora.rank",

@@ -149,6 +149,7 @@ def lora_config(lora: LoraConfig, *, task_type: str | None = "CAUSAL_LM") -> Any
         r=lora.rank,
         lora_alpha=lora.alpha,
         target_modules=lora.target_modules,
+        exclude_modules=lora.exclude_modules,
         lora_dropout=lora.dropout,
         bias="none",
         task_type=task_type,
@@ -156,9 +157,17 @@ def lora_config(lora: LoraConfig, *, task_type: str | None = "CAUSAL_LM") -> Any
 
 
 def apply_lora(model: nn.Module, lora: LoraConfig, *, task_type: str | None = "CAUSAL_LM"):
-    """Wrap ``model`` with peft LoRA adapters; only the adapters stay trainable."""
+    """Wrap ``model`` with peft LoRA adapters; only the adapters stay trainable.
+
+    A causal LM with ``lora.adapter_path`` gets the saved adapter (trainable), whose
+    settings the config loader already made ``lora``'s (:mod:`temper.config.lora_adapter`);
+    a value model's backbone (no LM head, other module names) gets fresh adapters."""
     import peft
 
+    if lora.adapter_path and task_type == "CAUSAL_LM":
+        return peft.PeftModel.from_pretrained(
+            model, str(Path(lora.adapter_path).expanduser()), is_trainable=True
+        )
     return peft.get_peft_model(model, lora_config(lora, task_type=task_type))
 
 

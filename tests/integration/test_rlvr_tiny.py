@@ -189,6 +189,54 @@ def test_lora_run_trains_adapters_only(tmp_path, tiny_model_dir, monkeypatch):
         run.close()
 
 
+@pytest.mark.slow
+def test_lora_run_starts_from_a_saved_adapter(tmp_path, tiny_model_dir, monkeypatch):
+    """model.lora.adapter_path: the policy is the base under the saved adapter from the
+    first step (the reference, the base alone, differs from it), its settings are the
+    adapter's (no rank given), and the adapter trains on."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    saved = peft.get_peft_model(
+        base, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj"])
+    )
+    with torch.no_grad():  # a trained adapter: B away from its zero start
+        for name, param in saved.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(7))
+    saved.save_pretrained(str(tmp_path / "adapter"))
+    cfg = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        experiment={"output_dir": str(tmp_path / "run"), "max_steps": 1, "trackers": ["jsonl"]},
+        model={"path": str(tiny_model_dir), "lora": {"adapter_path": str(tmp_path / "adapter")}},
+        actor={"mini_batch_size": 16, "micro_batch_size_per_device": 8, "use_kl_loss": True},
+    )
+    assert (cfg.model.lora.rank, cfg.model.lora.alpha) == (2, 4)
+    from temper.pipelines import resolve_pipeline
+    from temper.pipelines.build import build_run
+    from temper.pipelines.catalog import plan
+    from temper.pipelines.rl_step import rl_step
+
+    run = build_run(cfg, resolve_pipeline(cfg.pipeline), plan(cfg))
+    try:
+        engine = run.roles.actor.engine
+        assert run.roles.reference is not None and run.roles.reference.engine is engine
+        trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+        assert trainable and all("lora_" in n for n in trainable)
+        assert not any("v_proj.lora" in n for n in trainable)  # the adapter's targets
+        before = {n: p.detach().clone() for n in trainable for p in [engine.model.get_parameter(n)]}
+        run.step += 1
+        metrics = rl_step(run)
+        assert metrics["actor/kl"] > 1e-4  # the policy is not the base at step 1
+        moved = {n for n in trainable if not torch.equal(before[n], engine.model.get_parameter(n))}
+        assert moved
+    finally:
+        run.close()
+
+
 TOOLS_YAML = """
 tools:
   - class_name: temper.envs.tools.Calculator

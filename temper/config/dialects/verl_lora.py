@@ -83,13 +83,15 @@ def megatron_lora(v: Any, ctx: Any) -> None:
     if section.get("exclude_modules"):
         raise ctx.error_at(
             f"{key}.exclude_modules",
-            "excluding LoRA modules is not supported",
+            "excluding modules from LoRA is not in temper's megatron engine (peft's LoRA "
+            "on fsdp2 has it: actor_rollout_ref.model.exclude_modules)",
             "list the wanted modules in target_modules",
         )
     if section.get("adapter_path"):
         raise ctx.error_at(
             f"{key}.adapter_path",
-            "loading an existing LoRA adapter is not supported",
+            "loading a saved LoRA adapter is not in temper's megatron engine (peft's LoRA "
+            "on fsdp2 has it: actor_rollout_ref.model.lora_adapter_path)",
             "merge the adapter into the model first",
         )
     b_init = section.get("lora_B_init_method") or "zero"

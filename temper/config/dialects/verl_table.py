@@ -271,16 +271,8 @@ def _section_model() -> dict[str, Rule]:
             f"{MOD}.lora_rank": Map("model.lora.rank", weak=True),
             f"{MOD}.lora_alpha": Map("model.lora.alpha", weak=True),
             f"{MOD}.target_modules": Map("model.lora.target_modules", weak=True),
-            f"{MOD}.exclude_modules": _off(
-                "no LoRA modules excluded",
-                "excluding LoRA modules is not supported",
-                "list the wanted modules in target_modules",
-            ),
-            f"{MOD}.lora_adapter_path": _off(
-                "LoRA adapters start fresh",
-                "loading an existing LoRA adapter is not supported",
-                "merge the adapter into the model first",
-            ),
+            f"{MOD}.exclude_modules": Map("model.lora.exclude_modules"),
+            f"{MOD}.lora_adapter_path": Map("model.lora.adapter_path"),
             f"{MOD}.use_liger": Map("model.use_liger"),
             f"{MOD}.use_fused_kernels": Map("model.use_fused_kernels"),
             f"{MOD}.fused_kernel_options.impl_backend": Note(PERF),

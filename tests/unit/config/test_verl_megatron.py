@@ -277,8 +277,8 @@ def test_megatron_lora_section_maps_onto_model_lora() -> None:
             "set twice",
         ),
         ({f"{LORA}__type": "dora"}, "actor_rollout_ref.model.lora.type", "DoRA"),
-        ({f"{LORA}__exclude_modules": ["linear_fc2"]}, "", "excluding LoRA"),
-        ({f"{LORA}__adapter_path": "/a"}, "", "existing LoRA adapter"),
+        ({f"{LORA}__exclude_modules": ["linear_fc2"]}, "", "excluding modules from LoRA"),
+        ({f"{LORA}__adapter_path": "/a"}, "", "saved LoRA adapter"),
     ],
 )
 def test_megatron_lora_section_refusals_name_their_key(changes, key, words) -> None:

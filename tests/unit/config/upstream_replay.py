@@ -190,7 +190,8 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("rollout correction", r"rejection sampling|bypass mode|probability ratio"),
     ("router replay", r"router replay"),
     ("pg variant", r"pg_variant|TOPR's negative"),
-    ("lora adapters", r"LoRA adapter|excluding LoRA modules"),
+    ("lora adapters", r"LoRA adapter|excluding LoRA modules|excluding modules from LoRA"),
+    ("file: no adapter", r"no adapter directory given"),  # the script's unset variable
     ("precision", r"master weights|reduced in fp32"),
     ("logger", r"logger '\w+' is not supported|track_with: '\w+' is not supported"),
     ("tool-call format", r"tool-call format '\w+' is not supported"),

@@ -49,8 +49,8 @@ actor_rollout_ref.model.fused_kernel_options.impl_backend triton noted
 actor_rollout_ref.model.use_shm true noted
 actor_rollout_ref.model.hf_config_path /cfg !! config path
 actor_rollout_ref.model.custom_chat_template '{{messages}}' -> data.chat_template
-actor_rollout_ref.model.exclude_modules [lm_head] !! excluding
-actor_rollout_ref.model.lora_adapter_path /a !! adapter
+actor_rollout_ref.model.exclude_modules [lm_head] -> model.lora.exclude_modules
+actor_rollout_ref.model.lora_adapter_path /a -> model.lora.adapter_path
 actor_rollout_ref.model.tiled_mlp.enabled true !! tiled MLP
 actor_rollout_ref.model.mtp.enable true !! multi-token prediction
 actor_rollout_ref.actor.strategy megatron -> actor.strategy
