@@ -39,6 +39,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from temper.config.errors import ConfigError
 from temper.registry import Registry
 from temper.training.micro_batching import ModelInputs
 
@@ -46,6 +47,9 @@ from temper.training.micro_batching import ModelInputs
 ROUTED_EXPERTS = "routed_experts"
 #: The schema's value that turns replay off.
 OFF = "none"
+#: ``model_type`` values whose routers replay knows, on every engine (HF:
+#: ``router_replay_hf.router_gates``; Megatron converts exactly these MoE models).
+REPLAY_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 #: What a no-grad forward does with the routing (``TrainEngine.forward(routing=...)``).
 RoutingUse = Literal["record", "replay"]
 
@@ -110,6 +114,19 @@ class Recording(contextlib.AbstractContextManager[Any]):
         return self._to_columns(self._tokens[0].to(routing_dtype(self.hooks.num_experts)))
 
 
+def check_replay_model(model_type: object, mode: str, key: str) -> None:
+    """Refuse router replay (``actor.router_replay``, ``mode``) for a model whose
+    config.json names a ``model_type`` with no router replay knows (pre-flight)."""
+    if model_type in REPLAY_MODEL_TYPES:
+        return
+    raise ConfigError(
+        "actor.router_replay",
+        f"router replay {mode} records and replays the experts of MoE routers; {key}'s "
+        f"model_type {model_type!r} has none replay knows ({', '.join(REPLAY_MODEL_TYPES)})",
+        "set actor.router_replay=none, or train one of those MoE models",
+    )
+
+
 def micro_routing(routed: torch.Tensor, inp: ModelInputs) -> torch.Tensor:
     """The routing ``(b, W, L, k)`` of a micro-batch's trimmed input ``inp`` (``W``
     columns) out of its rows of the batch's ``routed`` ``(b, P + R, L, k)``.
@@ -158,12 +175,14 @@ def routing_dtype(num_experts: int) -> torch.dtype:
 __all__ = [
     "OFF",
     "ROUTED_EXPERTS",
+    "REPLAY_MODEL_TYPES",
     "ROUTER_REPLAY",
     "Recording",
     "ReplayMode",
     "RoutingHooks",
     "RoutingUse",
     "batch_routing",
+    "check_replay_model",
     "from_packed",
     "micro_routing",
     "routing_dtype",

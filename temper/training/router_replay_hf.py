@@ -54,10 +54,6 @@ def router_gates() -> dict[type[nn.Module], GateFn]:
     }
 
 
-#: ``model_type`` values whose routers :func:`router_gates` knows (checked before loading).
-REPLAY_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
-
-
 class HFRouterReplay:
     """Record / replay the routing of every MoE router of one HF model.
 
@@ -144,4 +140,4 @@ class HFRouterReplay:
             self.stop()
 
 
-__all__ = ["REPLAY_MODEL_TYPES", "GateFn", "HFRouterReplay", "mixtral_gates", "qwen_gates"]
+__all__ = ["GateFn", "HFRouterReplay", "mixtral_gates", "qwen_gates"]
