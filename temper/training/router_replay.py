@@ -174,8 +174,8 @@ def routing_dtype(num_experts: int) -> torch.dtype:
 
 __all__ = [
     "OFF",
-    "ROUTED_EXPERTS",
     "REPLAY_MODEL_TYPES",
+    "ROUTED_EXPERTS",
     "ROUTER_REPLAY",
     "Recording",
     "ReplayMode",
