@@ -359,8 +359,7 @@ def router_replay_mode(v: Any, ctx: Any) -> Any:
         raise ctx.error(
             "R3 router replay needs the rollout engine to return each token's experts, "
             "which temper's rollout engines (hf, vllm) do not",
-            "use R2 (the trainer records its own routing in the old-log-prob forward), or "
-            "disabled",
+            "use R2 (the trainer records its own routing in the old-log-prob forward), or disabled",
         )
     if v != "R2":
         raise ctx.error(f"'{v}' is not a router replay mode", "use disabled, R2 or R3")
