@@ -278,3 +278,24 @@ def test_r2_step_zero_log_probs_equal_the_old_ones_bitwise(moe_path: str) -> Non
 
     eng.train_mini_batch(batch, capture)
     assert torch.equal(got[0], out["log_probs"])
+
+
+@pytest.mark.slow
+def test_rlvr_run_with_r2_on_an_moe_model(tmp_path: Any, moe_path: str, monkeypatch: Any) -> None:
+    """Two GRPO steps of the tiny Qwen3-MoE with ``actor.router_replay: R2`` and two
+    mini-batches a step (the second after an optimizer step), packed micro-batches."""
+    from test_rlvr_tiny import read_metrics, tiny_config
+
+    from temper.pipelines import run_pipeline
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config(
+        tmp_path,
+        moe_path,
+        experiment={"output_dir": str(tmp_path / "run"), "max_steps": 2, "seed": 1},
+        actor={"mini_batch_size": 8, "router_replay": "R2", "use_dynamic_bsz": True},
+    )
+    run_pipeline(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["actor/packed_fraction"] > 0 for r in rows)
