@@ -53,23 +53,34 @@ def moe_path(tmp_path_factory: Any) -> str:
     return make_tiny_moe_model(tmp_path_factory.mktemp("rr") / "qwen3_moe", "qwen3_moe")
 
 
-def engine(path: str, *, packing: bool = False, micro: MicroBatching | None = None) -> Any:
+def engine(
+    path: str,
+    *,
+    packing: bool = False,
+    micro: MicroBatching | None = None,
+    strategy: str = "torch",
+    checkpointing: bool = False,
+) -> Any:
     cfg = ActorConfig(
-        strategy="torch",
+        strategy=strategy,
+        grad_clip=None,
         use_dynamic_bsz=micro is not None and micro.max_tokens is not None,
         max_token_len_per_device=(micro.max_tokens or 1) if micro is not None else 1,
         micro_batch_size_per_device=micro.size if micro is not None else 4,
         optim=OptimConfig(lr=1e-2, weight_decay=0.0),
         router_replay="R2",
     )
+    model = ModelConfig(
+        path=path, use_remove_padding=packing, enable_gradient_checkpointing=checkpointing
+    )
     spec = EngineSpec(
-        model=ModelConfig(path=path, use_remove_padding=packing),
+        model=model,
         device=torch.device("cpu"),
         train=cfg,
         infer_micro=micro or MicroBatching(size=4),
         router_replay=True,
     )
-    return build_engine("torch", spec)
+    return build_engine(strategy, spec)
 
 
 def chosen_experts(eng: Any) -> list[torch.Tensor]:
@@ -299,3 +310,59 @@ def test_rlvr_run_with_r2_on_an_moe_model(tmp_path: Any, moe_path: str, monkeypa
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["actor/packed_fraction"] > 0 for r in rows)
+
+
+def designed_routing(batch: Batch, seed: int = 0) -> torch.Tensor:
+    """Random distinct top-2 experts of 4 for every token ``(B, P + R, 1, 2)``."""
+    B, C = len(batch), batch["prompt_ids"].shape[1] + batch["response_ids"].shape[1]
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randperm(4, generator=g)[:2] for _ in range(B * C)]
+    return torch.stack(rows).reshape(B, C, 1, 2).to(torch.int8)
+
+
+def _sum_loss(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    return (out["log_probs"] * mb["response_mask"]).sum(), {}
+
+
+def test_recomputed_layers_replay_too(moe_path: str) -> None:
+    """Activation checkpointing recomputes the MoE layer in the backward: the replay
+    stays set, so the gradient is the one without checkpointing (the routers' own
+    choice in the recomputation would give another)."""
+    batch = make_batch()
+    batch[ROUTED_EXPERTS] = designed_routing(batch)
+    norms = [
+        engine(moe_path, checkpointing=c).train_mini_batch(batch, _sum_loss)["grad_norm"]
+        for c in (False, True)
+    ]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)
+    own = engine(moe_path).train_mini_batch(make_batch(), _sum_loss)["grad_norm"]
+    assert own != pytest.approx(norms[0], rel=1e-3)  # the designed routing changes it
+
+
+def _fsdp2_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    eng = engine(path, strategy="fsdp2", packing=True, checkpointing=True)
+    mine = batch.slice(rank * 2, rank * 2 + 2)
+    forced = eng.forward(mine, routing="replay")["log_probs"]
+    rec = eng.forward(mine.select([0, 1]), routing="record")
+    metrics = eng.train_mini_batch(mine, _sum_loss)
+    return {"forced": forced, "record": rec[ROUTED_EXPERTS], "grad_norm": metrics["grad_norm"]}
+
+
+@pytest.mark.slow
+def test_fsdp2_replays_like_the_torch_engine(moe_path: str) -> None:
+    """Two FSDP2 ranks (packed, activation checkpointing) replay a designed routing to
+    the torch engine's log-probs and gradient, and record the torch engine's routing."""
+    from temper.cluster.process_group import spawn_ranks
+
+    batch = make_batch()
+    ref = engine(moe_path)
+    own = ref.forward(batch, routing="record")[ROUTED_EXPERTS]
+    batch[ROUTED_EXPERTS] = designed_routing(batch)
+    forced = ref.forward(batch, routing="replay")["log_probs"]
+    norm = engine(moe_path).train_mini_batch(batch, _sum_loss)["grad_norm"]
+    ranks = spawn_ranks(_fsdp2_rank, 2, moe_path, batch)
+    got = torch.cat([r["forced"] for r in ranks])
+    torch.testing.assert_close(got, forced, atol=2e-5, rtol=0)
+    assert torch.equal(torch.cat([r["record"] for r in ranks]), own)
+    for r in ranks:  # the gradient of the whole batch, summed over ranks
+        assert r["grad_norm"] == pytest.approx(norm, rel=1e-4)
