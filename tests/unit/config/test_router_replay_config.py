@@ -38,11 +38,16 @@ def test_native_modes_load(mode: str) -> None:
             "one pipeline stage",
         ),
         ({"router_replay": "R5"}, "R2"),
+        ({"router_replay": "R2", "pipeline": "sft"}, "pipeline sft generates none"),
     ],
 )
 def test_native_refusals_name_the_key(actor: dict, words: str) -> None:
+    pipeline = actor.pop("pipeline", None)
+    data = config(actor)
+    if pipeline is not None:
+        data = {**data, "pipeline": pipeline}
     with pytest.raises(ConfigError) as err:
-        build_config(config(actor))
+        build_config(data)
     assert err.value.key == "actor.router_replay" and words in str(err.value)
 
 
