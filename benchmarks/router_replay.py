@@ -14,7 +14,7 @@ Printed per case: max and mean ``|Δ|`` over response tokens, and the share of t
 (any MoE layer) whose expert set differs between the two forwards without replay.
 
     python benchmarks/router_replay.py                  # Qwen3-MoE, 8 experts top-2, 4 layers
-    python benchmarks/router_replay.py --lr 3e-3 --batch 32
+    python benchmarks/router_replay.py --lr 1e-6 --batch 32
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--response", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
