@@ -26,15 +26,15 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-from temper.config.schema import ActorConfig, ModelConfig, OptimConfig  # noqa: E402
-from temper.data.batch import Batch  # noqa: E402
-from temper.roles.actor import Actor  # noqa: E402
-from temper.training.micro_batching import MicroBatching  # noqa: E402
-from temper.training.registry import build_engine  # noqa: E402
-from temper.training.router_replay import ROUTED_EXPERTS  # noqa: E402
-from temper.training.spec import EngineSpec  # noqa: E402
+from temper.config.schema import ActorConfig, ModelConfig, OptimConfig
+from temper.data.batch import Batch
+from temper.roles.actor import Actor
+from temper.training.micro_batching import MicroBatching
+from temper.training.registry import build_engine
+from temper.training.router_replay import ROUTED_EXPERTS
+from temper.training.spec import EngineSpec
 
 
 def tiny_moe(out: str, experts: int, layers: int) -> str:
