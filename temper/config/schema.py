@@ -632,6 +632,14 @@ class ActorConfig(TrainEngineConfig):
         [],
         "Rejection sampling: tokens (or sequences, turns) failing any filter leave the loss (after advantages).",
     )
+    router_replay: str = doc(
+        "none",
+        "MoE router replay: R2 records each token's experts in the old-log-prob forward and "
+        "the update's forwards route by them; R3 routes every trainer forward by the "
+        "rollout's experts (none: each forward routes by its own top-k).",
+        registry="router_replay",
+        off="none",
+    )
 
 
 @dataclass

@@ -82,6 +82,7 @@ NAMES: dict[str, Callable[[], Sequence[str]]] = {
     "tracker": lambda: _registry("temper.tracking", "TRACKERS").names(),
     "lr_scheduler": lambda: _registry("temper.training.schedule", "SCHEDULES").names(),
     "row_format": lambda: _registry("temper.data.row_formats", "ROW_FORMATS").names(),
+    "router_replay": lambda: _registry("temper.training.router_replay", "ROUTER_REPLAY").names(),
 }
 
 #: Registries whose entries declare needs: name -> the registry (module, attribute).

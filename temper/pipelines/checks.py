@@ -24,6 +24,7 @@ from temper.config.errors import BOUND, Bound, ConfigError
 from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
 from temper.pipelines.registry import PIPELINES, resolve_pipeline
+from temper.pipelines.router_replay_check import check_router_replay
 from temper.roles.actor import policy_loss_params
 from temper.rollout.tools import check_multi_turn
 
@@ -45,6 +46,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_reward_components(cfg)
     _check_policy_loss(cfg)
     _check_rollout_correction(cfg)
+    check_router_replay(cfg)
     _check_distill(cfg, plan)
     _check_async(cfg, plan)
     if cfg.reward.launch_async:

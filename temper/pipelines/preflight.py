@@ -372,6 +372,8 @@ def check_model_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> Non
     has (:mod:`temper.pipelines.model_files`). Local directories are read in full; of a
     hub id, what its cached or downloaded config.json says is checked."""
     from temper.pipelines import model_files as files
+    from temper.training.router_replay import OFF as REPLAY_OFF
+    from temper.training.router_replay import check_replay_model
 
     files.check_attention(cfg.model.attn_implementation)
     if cfg.model.external_lib:  # it may register the architecture
@@ -389,6 +391,8 @@ def check_model_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> Non
         if directory is not None:
             files.check_weights(directory, use.key)
         files.check_architecture(config, directory, use.key, use.trust_key, use.trust)
+        if use.key == "model.path" and cfg.actor.router_replay != REPLAY_OFF:
+            check_replay_model(config.get("model_type"), cfg.actor.router_replay, use.key)
         if use.tokenizer is not None:
             tok_path, tok_key = use.tokenizer
             tok_dir = _local_model_dir(tok_path)

@@ -71,6 +71,8 @@ from temper.roles.minibatch import (
 from temper.roles.pairs import PairObjective, pair_coefficients, pair_loss_fn, row_scalars
 from temper.roles.reference import Reference
 from temper.training.base import LossFn, TrainEngine
+from temper.training.router_replay import OFF as REPLAY_OFF
+from temper.training.router_replay import ROUTED_EXPERTS, ROUTER_REPLAY, RoutingUse
 
 _POSITIVE = "_sft_positive"
 _SCORE_POSITIVE = "_score_positive"  # (B,) task score > 0 (topr_score's positive set)
@@ -159,8 +161,11 @@ class Actor:
             with_entropy=with_entropy,
             temperature=self._temperature(batch),
             with_sum_pi_squared=with_sum_pi_squared,
+            routing=self._routing(batch),
         )
         new = {"old_log_probs": out["log_probs"]}
+        if ROUTED_EXPERTS in out:  # R2: the update's forwards replay this routing
+            new[ROUTED_EXPERTS] = out[ROUTED_EXPERTS]
         if with_entropy:
             new["entropy"] = out["entropy"]
         if with_sum_pi_squared:
@@ -168,6 +173,20 @@ class Actor:
         if "full_kl" in out:  # the engine compares with the reference (exact KL runs)
             new["full_kl"] = out["full_kl"]
         return batch.union(Batch.from_dict(new))
+
+    def _routing(self, batch: Batch) -> RoutingUse | None:
+        """What the old-log-prob forward does with MoE routing under
+        ``actor.router_replay`` (:mod:`temper.training.router_replay`): R2 records it, R3
+        replays the rollout's."""
+        if self.cfg.router_replay == REPLAY_OFF:
+            return None
+        if ROUTER_REPLAY.get(self.cfg.router_replay).recorded_at == "old_log_prob":
+            return "record"
+        if ROUTED_EXPERTS not in batch:
+            raise KeyError(
+                f"actor.router_replay {self.cfg.router_replay} needs the rollout's routed_experts"
+            )
+        return "replay"
 
     # ------------------------------------------------------------------ update
 

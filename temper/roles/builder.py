@@ -38,6 +38,7 @@ from temper.training.base import TrainEngine
 from temper.training.micro_batching import MicroBatching
 from temper.training.models import resolve_device
 from temper.training.registry import build_engine, local_engine
+from temper.training.router_replay import OFF as REPLAY_OFF
 from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ def build_actor(cfg: TemperConfig, dev: torch.device, *, scorer: bool = False) -
             seed=cfg.experiment.seed,
             total_steps=cfg.actor.optim.total_training_steps,
             role="actor",
+            router_replay=cfg.actor.router_replay != REPLAY_OFF,
         ),
     )
     return Actor(

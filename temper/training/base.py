@@ -18,6 +18,7 @@ from torch import nn
 from temper.algorithms.aggregation import GlobalNormalizers, compute_global_normalizers
 from temper.data.batch import Batch
 from temper.training.micro_batching import MicroBatching
+from temper.training.router_replay import RoutingUse
 
 # loss_fn(micro_batch, model_outputs) -> (loss already scaled by the *global*
 # normalizer of the mini-batch, metrics). Summing micro-batch losses gives the
@@ -78,12 +79,17 @@ class TrainEngine(abc.ABC):
         with_values: bool = False,
         micro_batching: MicroBatching | None = None,
         with_sum_pi_squared: bool = False,
+        routing: RoutingUse | None = None,
     ) -> dict[str, torch.Tensor]:
         """No-grad forward in micro-batches; returns per-response-token tensors
         ``log_probs`` (B, R), optionally ``entropy`` (B, R), ``sum_pi_squared`` (B, R)
         (``Σ_v π_v²`` of the tempered distribution at each token) or ``values`` (B, R), in
         batch order, 0 on masked tokens. ``micro_batching`` overrides the engine's
-        inference micro-batching (the reference may share the actor's engine)."""
+        inference micro-batching (the reference may share the actor's engine).
+        ``routing`` (engines built with ``router_replay``): ``record`` also returns the MoE
+        routing ``routed_experts`` (B, P + R, L, k); ``replay`` routes by the batch's
+        (:mod:`temper.training.router_replay`). A training forward of a batch holding
+        ``routed_experts`` replays them."""
 
     @abc.abstractmethod
     def top_logits(

@@ -83,6 +83,11 @@ from temper.training.megatron_pipeline import (
     sync_tied_grads,
     train_forward_backward,
 )
+from temper.training.megatron_router_replay import (
+    MegatronRouterReplay,
+    model_tokens,
+    token_columns,
+)
 from temper.training.megatron_sp import pad_sequence, stage_padding_mask, tp_summed_grads
 from temper.training.megatron_vocab import (
     gather_vocab,
@@ -100,6 +105,8 @@ from temper.training.micro_batching import (
     model_inputs,
     split_micro_batches,
 )
+from temper.training.packing import PackedInputs
+from temper.training.router_replay import ROUTED_EXPERTS, Recording, RoutingHooks
 from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 
@@ -345,8 +352,10 @@ class MegatronEngine(TorchEngine):
         entropy_grad: bool = True,
         with_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
-        hidden = self._stage_output(mb, None)
-        return self._head(
+        record = self._route(mb, model_inputs(mb, self.device), None)
+        with record:
+            hidden = self._stage_output(mb, None)
+        out = self._head(
             mb,
             hidden,
             temperature=temperature,
@@ -354,6 +363,26 @@ class MegatronEngine(TorchEngine):
             entropy_grad=entropy_grad,
             with_sum_pi_squared=with_sum_pi_squared,
         )
+        if isinstance(record, Recording):
+            out[ROUTED_EXPERTS] = record.columns()
+        return out
+
+    # router replay (one pipeline stage: check_router_replay): Megatron-Core's RouterReplay
+
+    def _router_replay(self) -> RoutingHooks:
+        return MegatronRouterReplay(
+            self.built.chunks, self.parallel.tp_group, self.built.sequence_parallel
+        )
+
+    def _model_tokens(
+        self, routed: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
+    ) -> torch.Tensor:
+        return model_tokens(routed, inp, self._model_ids(inp).shape[1])
+
+    def _token_columns(
+        self, tokens: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
+    ) -> torch.Tensor:
+        return token_columns(tokens, inp)
 
     def _forward_micro_batches(
         self,

@@ -299,6 +299,7 @@ class PackedInputs:
     lengths: torch.Tensor  # (S,) tokens per segment
     keep: torch.Tensor  # (K,)
     valid: torch.Tensor  # (B, r) bool
+    token_index: torch.Tensor  # (B, L) packed position of each padded token, -1 at padding
     segments: SegmentLayout | None = None  # the segment kernel's layout
 
     def model_inputs(self) -> dict[str, Any]:
@@ -366,6 +367,7 @@ def pack(
         lengths=plan.lengths,
         keep=plan.where[:, L - r - 1 : L - 1][valid],
         valid=valid,
+        token_index=plan.where,
         segments=segments,
     )
 

@@ -49,6 +49,8 @@ class EngineSpec:
         fsdp: FSDP2 settings of a frozen role (trained roles use ``train.fsdp``).
         megatron: Megatron settings of a frozen role (trained roles use ``train.megatron``).
         deepspeed: DeepSpeed config of a frozen role (trained roles use ``train.deepspeed``).
+        router_replay: the model's MoE routing can be recorded and replayed
+            (:mod:`temper.training.router_replay`; the actor under ``actor.router_replay``).
     """
 
     model: ModelConfig
@@ -65,6 +67,7 @@ class EngineSpec:
     fsdp: FSDPConfig | None = None
     megatron: MegatronConfig | None = None
     deepspeed: dict[str, Any] | None = None
+    router_replay: bool = False
 
     @property
     def value_head(self) -> bool:

@@ -69,6 +69,17 @@ from temper.training.packing import (
     scored_positions,
     unpack,
 )
+from temper.training.router_replay import (
+    ROUTED_EXPERTS,
+    Recording,
+    RoutingHooks,
+    RoutingUse,
+    batch_routing,
+    from_packed,
+    micro_routing,
+    to_packed,
+)
+from temper.training.router_replay_hf import HFRouterReplay
 from temper.training.schedule import LRSchedule
 from temper.training.spec import EngineSpec
 from temper.training.vision import vision_forward_inputs
@@ -111,6 +122,9 @@ class TorchEngine(TrainEngine):
         self.compute_dtype = resolve_dtype(spec.model.dtype, spec.device)
         self.trainable = spec.train is not None
         self.model: nn.Module = self._wrap_model(self._load_model())
+        self.router_replay = self._router_replay() if spec.router_replay else None
+        #: what the running no-grad forward does with routing (:meth:`forward`)
+        self._routing_use: RoutingUse | None = None
         self.infer_micro = spec.infer_micro
         self.train_micro = spec.train_micro
         self.grad_clip = spec.train.grad_clip if spec.train is not None else None
@@ -197,6 +211,11 @@ class TorchEngine(TrainEngine):
             and emb.weight.requires_grad
         ):
             emb.sparse = True
+
+    def _router_replay(self) -> RoutingHooks:
+        """The record/replay hooks of this engine's MoE routers (engines on another
+        model implementation override it)."""
+        return HFRouterReplay(self.model)
 
     def _wrap_model(self, model: nn.Module) -> nn.Module:
         """Hook for distributed engines (sharding) before the optimizer sees the params."""
@@ -376,7 +395,8 @@ class TorchEngine(TrainEngine):
             valid = packed.valid
         labels = inp.response_ids[valid]  # (K,): log-probs and entropy only where scored
         out: dict[str, torch.Tensor] = {}
-        with self._autocast(), vision_context:
+        record = self._route(mb, inp, packed)
+        with record, self._autocast(), vision_context:
             if self.spec.value_head:
                 if packed is None:
                     out["values"] = self._module()(**{**model_in, **extra}, keep_last=r + 1)[:, :r]
@@ -420,7 +440,53 @@ class TorchEngine(TrainEngine):
                     )
         if packed is not None or not self.spec.value_head:  # (K, …) -> (b, r, …)
             out = {k: unpack(v, valid) for k, v in out.items()}
-        return masked_outputs(out, mb, inp)
+        result = masked_outputs(out, mb, inp)
+        if isinstance(record, Recording):
+            result[ROUTED_EXPERTS] = record.columns()
+        return result
+
+    def _route(
+        self, mb: Batch, inp: ModelInputs, packed: PackedInputs | None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Routing of micro-batch ``mb``'s forward: recorded (a :class:`Recording`) in a
+        forward asked to record; replayed from ``mb``'s ``routed_experts`` in a training
+        forward, or a forward asked to replay, of a batch that holds them (the replay
+        stays set through the backward, for recomputed layers); else the routers' own."""
+        hooks = self.router_replay
+        if hooks is None:
+            return contextlib.nullcontext()
+        if self._routing_use == "record":
+            return Recording(
+                hooks,
+                lambda tokens: batch_routing(
+                    self._token_columns(tokens, inp, packed), inp, mb["prompt_ids"].shape[1]
+                ),
+            )
+        replaying = torch.is_grad_enabled() or self._routing_use == "replay"
+        if replaying and ROUTED_EXPERTS in mb:
+            routed = micro_routing(mb[ROUTED_EXPERTS], inp).to(self.device)
+            hooks.replay(self._model_tokens(routed, inp, packed))
+        else:
+            hooks.stop()
+        return contextlib.nullcontext()
+
+    def _model_tokens(
+        self, routed: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
+    ) -> torch.Tensor:
+        """A micro-batch's routing ``(b, W, L, k)`` in the order the model's routers see
+        its tokens ``(N, L, k)``: row-major over ``(b, W)``, or the packed row's."""
+        if packed is not None:
+            return to_packed(routed, packed.token_index, packed.input_ids.shape[1])
+        return routed.reshape(-1, *routed.shape[2:])
+
+    def _token_columns(
+        self, tokens: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
+    ) -> torch.Tensor:
+        """Inverse of :meth:`_model_tokens`, ``-1`` at padding."""
+        if packed is not None:
+            return from_packed(tokens, packed.token_index)
+        per_token = tokens.reshape(*inp.input_ids.shape, *tokens.shape[1:])
+        return per_token.masked_fill(~(inp.attention_mask > 0)[..., None, None], -1)
 
     @torch.no_grad()
     def response_logits(self, batch: Batch) -> torch.Tensor:
@@ -501,21 +567,28 @@ class TorchEngine(TrainEngine):
         with_values: bool = False,
         micro_batching: MicroBatching | None = None,
         with_sum_pi_squared: bool = False,
+        routing: RoutingUse | None = None,
     ) -> dict[str, torch.Tensor]:
         """No-grad ``log_probs`` (+``entropy``, +``sum_pi_squared``) or ``values``,
         ``(B, R)`` in batch order.
 
         ``micro_batching`` overrides the engine's inference micro-batching (the reference
         shares the actor's engine under LoRA but has its own batch settings).
+        ``routing`` (an engine built with ``router_replay``): ``record`` also returns the
+        MoE routing ``routed_experts`` ``(B, P + R, L, k)``; ``replay`` routes by the
+        batch's ``routed_experts`` (:mod:`temper.training.router_replay`).
         """
+        if routing is not None and self.router_replay is None:
+            raise RuntimeError(f"the {self.spec.role} engine was built without router replay")
         if with_values and not self.spec.value_head:
             raise ValueError("values need a value-model engine (kind='value')")
         spec = micro_batching or self.infer_micro
         self.model.eval()
-        B, R = batch["response_ids"].shape
+        B = len(batch)
         home = batch["response_ids"].device
         results: dict[str, torch.Tensor] = {}
-        with self._on_device():
+        self._routing_use = routing
+        with self._on_device(), self._routing_done():
             micro, groups = self._split(batch, spec)
             outs = self._forward_micro_batches(
                 micro,
@@ -529,9 +602,21 @@ class TorchEngine(TrainEngine):
                 index = torch.as_tensor(rows, device=home)
                 for key, value in out.items():
                     if key not in results:
-                        results[key] = torch.zeros(B, R, dtype=torch.float32, device=home)
+                        dtype = torch.float32 if value.is_floating_point() else value.dtype
+                        shape = (B, *value.shape[1:])
+                        results[key] = torch.zeros(shape, dtype=dtype, device=home)
                     results[key][index] = value.to(home)
         return results
+
+    @contextlib.contextmanager
+    def _routing_done(self) -> Iterator[None]:
+        """Leave the routers routing by their own top-k after a forward or an update."""
+        try:
+            yield
+        finally:
+            self._routing_use = None
+            if self.router_replay is not None:
+                self.router_replay.stop()
 
     # ------------------------------------------------------------------ training
 
@@ -556,9 +641,10 @@ class TorchEngine(TrainEngine):
         self._zero_grad()
         micro, groups = self._split(batch, self.train_micro)
         packed_before = self.layouts["packed"]
-        total, sums = self._accumulate(
-            micro, groups, loss_fn, temperature=temperature, with_entropy=with_entropy
-        )
+        with self._routing_done():
+            total, sums = self._accumulate(
+                micro, groups, loss_fn, temperature=temperature, with_entropy=with_entropy
+            )
         packing = self.spec.model.use_remove_padding
         if packing:  # packed micro-batches over all ranks
             sums["packed_fraction/num"] = float(self.layouts["packed"] - packed_before)

@@ -51,6 +51,26 @@ def _off(why: str, fix: str) -> Reject:
     return Reject(why, fix, ok=lambda v: not v, note="off, as temper runs")
 
 
+def _router_replay(role: str) -> dict[str, Rule]:
+    """``<worker>.router_replay.mode``: actor_train's is ``actor.router_replay``; another
+    worker's must stay ``disable`` (the reference routes by its own top-k; R3's rollout
+    side is refused with R3 itself: temper's rollout engines return no routing)."""
+    key = f"{role}.router_replay.mode"
+    if role == "actor_train":
+        # R3 stays in the table: the native check refuses it, in these keys
+        modes = {None: "none", "disable": "none", "R2": "R2", "R3": "R3"}
+        return {"router_replay.mode": Map("actor.router_replay", choice(modes, key))}
+    return {
+        "router_replay.mode": Reject(
+            "only actor_train replays MoE routing here (R3's rollout side needs the rollout "
+            "engine to return each token's experts, which temper's engines do not)",
+            "set router_replay.mode: disable",
+            ok=lambda v: v in (None, "disable"),
+            note="off",
+        )
+    }
+
+
 def _worker(role: str) -> dict[str, Rule]:
     """Rows every worker section gained (``actor_train``, ``reference``, …)."""
     trained = role in ("actor_train", "critic")
@@ -64,12 +84,7 @@ def _worker(role: str) -> dict[str, Rule]:
         ),
         "opd_kl_coef": Note("read by ROLL's on-policy distillation teachers only (roll_opd)"),
         "tag_included": Note("read by ROLL's on-policy distillation teachers only (roll_opd)"),
-        "router_replay": Reject(
-            "MoE router replay is not supported",
-            "remove router_replay",
-            ok=lambda v: not v or not (v or {}).get("enable"),
-            note="off",
-        ),
+        **_router_replay(role),
         "model_args.adapter_name_or_path": Reject(
             "loading an existing LoRA adapter is not supported",
             "merge the adapter into the model first",

@@ -51,15 +51,29 @@ def _profiler(prefix: str) -> dict[str, Rule]:
     }
 
 
-def _router_replay(prefix: str) -> dict[str, Rule]:
+def _router_replay(prefix: str, *, actor: bool = False) -> dict[str, Rule]:
+    """``<role>.router_replay`` (and, verl 0.9, ``<role>.megatron.router_replay``): the
+    actor's mode is ``actor.router_replay``; another role's replay must stay off (temper's
+    reference routes by its own top-k, as verl's does with replay disabled)."""
+    if not actor:
+        return {
+            f"{prefix}.router_replay": Gated(
+                "mode",
+                ("disabled", None),
+                "MoE router replay is disabled",
+                "only the actor replays MoE routing",
+                "set mode: disabled",
+            )
+        }
+    files = "routing is carried in the batch, never written to files"
     return {
-        f"{prefix}.router_replay": Gated(
-            "mode",
-            ("disabled", None),
-            "MoE router replay is disabled",
-            "MoE router replay is not supported",
-            "set mode: disabled",
-        )
+        f"{prefix}.router_replay.mode": Map("actor.router_replay", r.router_replay_mode),
+        f"{prefix}.router_replay.record_file": Inert(
+            (None,), files, "writing routing to files is not supported", "set it to null"
+        ),
+        f"{prefix}.router_replay.replay_file": Inert(
+            (None,), files, "replaying routing from files is not supported", "set it to null"
+        ),
     }
 
 
@@ -311,7 +325,7 @@ def _section_actor() -> dict[str, Rule]:
         _fsdp(f"{ACT}.fsdp_config", "actor", trained=True),
         _checkpoint(ACT, "actor"),
         _profiler(ACT),
-        _router_replay(ACT),
+        _router_replay(ACT, actor=True),
         _rollout_n(ACT),
         {
             f"{ACT}.strategy": Map("actor.strategy", r.strategy),

@@ -136,7 +136,10 @@ def _section_rollout() -> dict[str, Rule]:
                 "set skip_rollout: false",
             ),
             f"{RO}.enable_rollout_routing_replay": _off(
-                "no MoE routing replay", "MoE routing replay is not supported", "set it to false"
+                "the rollout records no MoE routing",
+                "R3 router replay is not supported: temper's rollout engines do not return "
+                "each token's experts",
+                "set it to false; router_replay.mode R2 replays the trainer's own routing",
             ),
             f"{RO}.checkpoint_engine.backend": Note(
                 "weights sync in buckets over temper's own transport"

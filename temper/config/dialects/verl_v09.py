@@ -26,7 +26,7 @@ from temper.config.dialects import verl_async as va
 from temper.config.dialects import verl_fully_async as fa
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule
-from temper.config.dialects.verl_table import _fsdp
+from temper.config.dialects.verl_table import _fsdp, _router_replay
 from temper.config.dialects.verl_versions import reward_kwargs, reward_model_server
 
 #: verl's ``model_engine`` options temper runs -> the actor ``strategy`` their files set
@@ -240,13 +240,7 @@ def megatron_v09(m: str, role: str) -> dict[str, Rule]:
         f"{m}.pad_to_length": Note(PERF),
         f"{m}.pad_to_length_bucket": Note(PERF),
         f"{m}.qat": _qat(),
-        f"{m}.router_replay": Gated(
-            "mode",
-            ("disabled", None),
-            "MoE router replay is disabled",
-            "MoE router replay is not supported",
-            "set mode: disabled",
-        ),
+        **_router_replay(m, actor=role == "actor"),
         f"{m}.use_megatron_fsdp": Inert(
             (False, None),
             "Megatron's own data parallelism",

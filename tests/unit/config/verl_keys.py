@@ -101,6 +101,9 @@ actor_rollout_ref.actor.use_fused_kernels true -actor_rollout_ref.model.use_fuse
 actor_rollout_ref.actor.profiler.enable true noted
 actor_rollout_ref.actor.profiler.discrete true noted
 actor_rollout_ref.actor.router_replay.mode R3 !! router replay
+actor_rollout_ref.actor.router_replay.mode R2 -> actor.router_replay
+actor_rollout_ref.actor.router_replay.record_file /tmp/r.pt !! files
+actor_rollout_ref.ref.router_replay.mode R2 !! only the actor
 actor_rollout_ref.actor.grad_clip 0.5 -> actor.grad_clip
 actor_rollout_ref.actor.ulysses_sequence_parallel_size 2 +actor_rollout_ref.ref.ulysses_sequence_parallel_size=2 -> actor.ulysses_sequence_parallel_size
 actor_rollout_ref.actor.entropy_from_logits_with_chunking true -> actor.entropy_chunk_size = 2048
@@ -256,7 +259,7 @@ actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes 512 
 actor_rollout_ref.rollout.trace.backend mlflow noted
 actor_rollout_ref.rollout.skip_rollout true !! replaying
 actor_rollout_ref.rollout.skip_tokenizer_init false noted
-actor_rollout_ref.rollout.enable_rollout_routing_replay true !! routing replay
+actor_rollout_ref.rollout.enable_rollout_routing_replay true !! R3 router replay
 actor_rollout_ref.rollout.profiler.enable true noted
 actor_rollout_ref.rollout.prometheus.enable true noted
 actor_rollout_ref.rollout.quantization fp8 !! quantization
