@@ -514,7 +514,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-08-1dda039/verl/experimental/fully_async_policy/shell/geo3k_qwen3vl_8b_fsdp2_16_16_npu.sh": "script: broken",
     "verl-2026-08-1dda039/verl/experimental/fully_async_policy/shell/grpo_30b_a3b_base_math_megatron_8_8_mis_trtllm.sh": "engine: trtllm",
     "verl-2026-08-1dda039/verl/experimental/fully_async_policy/shell/grpo_30b_a3b_base_math_megatron_96_32.sh": "megatron: context parallel",
-    "verl-2026-08-1dda039/verl/experimental/fully_async_policy/shell/grpo_30b_a3b_base_math_megatron_96_32_mis.sh": "unclassified: algorithm.rollout_correction.rollout_rs (temper: actor.rollout_rs): with actor.recompute_old_log_prob false the old log-probs are the rollout engine's, so no token would ever be rejected. Fix: set algorithm.rollout_correction.bypass_mode=false, or remove algorithm.rollout_correction.rollout_rs",
+    "verl-2026-08-1dda039/verl/experimental/fully_async_policy/shell/grpo_30b_a3b_base_math_megatron_96_32_mis.sh": "rollout correction",
     "verl-2026-08-1dda039/verl/experimental/fully_async_policy/shell/grpo_8b_base_math_megatron_4_4_trtllm.sh": "engine: trtllm",
     "verl-2026-08-1dda039/verl/experimental/fully_async_policy/shell/grpo_qwen35_35b_megatron_async.sh": "script: broken",
     "verl-2026-08-1dda039/verl/experimental/fully_async_policy/shell/grpo_qwen3_235b_megatron_npu.sh": "device: npu",
