@@ -136,6 +136,8 @@ class EnvSpec:
     turn_prompt: str = ""
     system_template: str = ""
     turn_template: str = ""
+    pre_step_template: str = ""  # the VL trajectory manager's text around the image
+    next_step_template: str = ""
     history_length: int | None = None  # the step env manager's window (EnvTagConfig)
     tool_wrapper: EnvToolWrapperConfig | None = None  # tools in front of the env
 
@@ -219,6 +221,8 @@ def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs"
         turn_prompt=tag_values["turn_prompt"] or "",
         system_template=cfg.system_template or "",
         turn_template=cfg.turn_template or "",
+        pre_step_template=cfg.pre_step_template or "",
+        next_step_template=cfg.next_step_template or "",
         history_length=cfg.history_length,
         tool_wrapper=wrapper,
     )

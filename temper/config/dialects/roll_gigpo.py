@@ -3,8 +3,10 @@
 - ``custom_envs.<tag>.env_manager_cls``: ROLL builds each tag's envs with the class it
   names (``TrajEnvManager`` when absent). temper runs one env manager for the agentic
   section, ``agentic.env_manager``: ``TrajEnvManager`` is ``trajectory``,
-  ``StepEnvManager`` is ``step``, ``StepConcatEnvManager`` is ``step_concat``; other classes, and tags of one run that disagree, are
-  refused.
+  ``StepEnvManager`` is ``step``, ``StepConcatEnvManager`` is ``step_concat``,
+  ``VLTrajEnvManager`` is ``vl_trajectory``, ``ProxyEnvManager`` with
+  ``agent_runner_cls: GEMRunner`` is ``gem_runner``; other classes and runners, and tags
+  of one run that disagree, are refused.
 - with ``StepEnvManager`` or ``StepConcatEnvManager`` a sample is one step's prompt and answer within
   ``sequence_length``: ``data.max_prompt_length`` = ``sequence_length`` − the per-turn
   ``max_new_tokens`` bounds each step's prompt;
@@ -36,8 +38,18 @@ _PKG = "roll.pipeline.agentic.env_manager"
 TRAJ = f"{_PKG}.traj_env_manager.TrajEnvManager"
 STEP = f"{_PKG}.step_env_manager.StepEnvManager"
 CONCAT = f"{_PKG}.step_concat_env_manager.StepConcatEnvManager"
+VL = f"{_PKG}.vl_traj_env_manager.VLTrajEnvManager"
+PROXY = f"{_PKG}.proxy_env_manager.ProxyEnvManager"
+GEM_RUNNER = "roll.pipeline.agentic.agent_runner.gem_runner.GEMRunner"
+#: ROLL agent runners a ProxyEnvManager may drive that temper runs -> ``agentic.env_manager``
+AGENT_RUNNERS = {GEM_RUNNER: "gem_runner"}
 #: ROLL env manager classes temper runs -> ``agentic.env_manager``
-ENV_MANAGER_CLASSES = {TRAJ: "trajectory", STEP: "step", CONCAT: "step_concat"}
+ENV_MANAGER_CLASSES = {
+    TRAJ: "trajectory",
+    STEP: "step",
+    CONCAT: "step_concat",
+    VL: "vl_trajectory",
+}
 #: ROLL's GiGPO keys -> temper's
 GIGPO_KEYS = {
     "step_reward_gamma": "algorithm.gigpo_step_gamma",
@@ -71,11 +83,15 @@ def env_manager(ctx: Ctx) -> None:
     for tag, spec in envs.items():
         cls = spec.get("env_manager_cls") if isinstance(spec, dict) else None
         key = f"custom_envs.{tag}.env_manager_cls"
+        if cls == PROXY:
+            kinds[tag] = _agent_runner(tag, spec)
+            continue
         if cls is not None and cls not in ENV_MANAGER_CLASSES:
             raise ConfigError(
                 key,
                 f"{cls!r} is not supported: a custom ROLL env manager class cannot run here "
-                "(temper runs ROLL's TrajEnvManager, StepEnvManager and StepConcatEnvManager)",
+                "(temper runs ROLL's TrajEnvManager, StepEnvManager, StepConcatEnvManager and "
+                "VLTrajEnvManager)",
                 f"use {TRAJ}, {STEP} or {CONCAT}, or remove env_manager_cls",
             )
         kinds[tag] = ENV_MANAGER_CLASSES[cls] if cls is not None else "trajectory"
@@ -124,6 +140,22 @@ def env_manager(ctx: Ctx) -> None:
             ctx.set(f"agentic.custom_envs.{tag}.history_length", spec["history_length"], key)
         else:
             ctx.note(key, "a window of past steps is read by ROLL's StepEnvManager only")
+
+
+def _agent_runner(tag: str, spec: dict[str, Any]) -> str:
+    """A ``ProxyEnvManager`` tag's ``agent_runner_cls`` → ``agentic.env_manager``: its
+    ``GEMRunner`` plays a local env (``gem_runner``); the ROCK runners drive agents in
+    sandboxes that cannot start here."""
+    runner = spec.get("agent_runner_cls")
+    if runner in AGENT_RUNNERS:
+        return AGENT_RUNNERS[runner]
+    raise ConfigError(
+        f"custom_envs.{tag}.agent_runner_cls",
+        f"{runner!r} is not supported: ProxyEnvManager runs here with ROLL's GEMRunner "
+        "only (its ROCK agent runners drive agents inside sandboxes a ROCK service starts, "
+        "which temper cannot reach)",
+        f"use agent_runner_cls: {GEM_RUNNER}, or env_manager_cls {TRAJ}",
+    )
 
 
 def gigpo(ctx: Ctx) -> None:
