@@ -313,7 +313,7 @@ class VLPlayer:
             ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
             mask[k, width - len(r) :] = 1
         pairs = [self.vision.model_inputs(e.images) for e in eps]
-        objects = {
+        objects: dict[str, list[Any]] = {
             MULTI_MODAL_DATA: [data for data, _ in pairs],
             MULTI_MODAL_INPUTS: [inputs for _, inputs in pairs],
         }

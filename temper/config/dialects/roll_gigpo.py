@@ -151,9 +151,9 @@ def _agent_runner(tag: str, spec: dict[str, Any]) -> str:
         return AGENT_RUNNERS[runner]
     raise ConfigError(
         f"custom_envs.{tag}.agent_runner_cls",
-        f"{runner!r} is not supported: ProxyEnvManager runs here with ROLL's GEMRunner "
-        "only (its ROCK agent runners drive agents inside sandboxes a ROCK service starts, "
-        "which temper cannot reach)",
+        f"{runner!r} is not supported: a custom ROLL agent runner cannot run here; "
+        "ProxyEnvManager runs with ROLL's GEMRunner only (its ROCK agent runners drive "
+        "agents inside sandboxes a ROCK service starts, which temper cannot reach)",
         f"use agent_runner_cls: {GEM_RUNNER}, or env_manager_cls {TRAJ}",
     )
 

@@ -15,7 +15,9 @@ from temper.pipelines.catalog import build_config
 from temper.rollout.base import SamplingParams
 
 LAKE = ["SFF", "FHF", "FFG"]
-TEMPLATE = "Turn {turn_idx}:\n{observation}\n{actions_left} left, {max_response_length} tokens.{suffix}"
+TEMPLATE = (
+    "Turn {turn_idx}:\n{observation}\n{actions_left} left, {max_response_length} tokens.{suffix}"
+)
 
 
 @pytest.fixture(scope="module")

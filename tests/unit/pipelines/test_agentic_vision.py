@@ -114,7 +114,10 @@ def test_scripted_episode_messages_and_tokens(tiny_vlm_dir, vl_tokenizer):
     assert log.messages[0]["content"] == "You play games."
     first, second = log.messages[1]["content"], log.messages[3]["content"]
     instruction = log.slot.instruction
-    assert first == f"{instruction}\nTurn 1:\nState:\n<image>You have 2 actions left. Max response length: 32."
+    assert (
+        first
+        == f"{instruction}\nTurn 1:\nState:\n<image>You have 2 actions left. Max response length: 32."
+    )
     assert second == "\nTurn 2:\nState:\n<image>You have 1 actions left. Max response length: 32."
     assert log.messages[2]["content"] == "<answer>Up</answer>"
     image_id = player.vision.image_token_id
