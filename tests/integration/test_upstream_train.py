@@ -441,13 +441,13 @@ def _moved(before: dict, after_dir: Path, loader) -> list[str]:
     return [n for n, p in after.named_parameters() if not torch.equal(p, before[n])]
 
 
-def _agentic_sokoban(out: Path) -> list[str]:
+def _agentic_sokoban(out: Path, context: int) -> list[str]:
     """Length and data overrides of ROLL's Sokoban agentic files (1024 episodes a step)."""
     return [
         "max_actions_per_traj=2",  # length
         "max_tokens_per_step=16",
         "actor_infer.generating_args.max_new_tokens=16",
-        "sequence_length=2048",  # the tiny models' context (the files' 8192 is Qwen's)
+        f"sequence_length={context}",  # the tiny model's context (the files' 8192 is Qwen's)
         # data: one mini-batch (2 per device × 64 accumulation) of episodes a step, 16
         # groups of 8 (the files' 128), one validation episode per tag
         "rollout_batch_size=128",
@@ -481,7 +481,7 @@ def test_roll_vl_sokoban_file_trains(tmp_path, tiny_vlm_dir, monkeypatch):
         *_roll(tiny_vlm_dir, out, ["actor_train", "actor_infer", "reference"]),
         "actor_train.strategy_args.strategy_name=hf_train",  # device (docstring)
         "~actor_train.strategy_args.strategy_config",
-        *_agentic_sokoban(out),
+        *_agentic_sokoban(out, 2048),
     ]
     assert load_config(config, overrides).config.agentic.env_manager == "vl_trajectory"
     train = _train(config, overrides, out)
@@ -510,7 +510,7 @@ def test_roll_agent_runner_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     out = tmp_path / "roll-agent-runner"
     overrides = [
         *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
-        *_agentic_sokoban(out),
+        *_agentic_sokoban(out, 1024),
     ]
     assert load_config(config, overrides).config.agentic.env_manager == "gem_runner"
     train = _train(config, overrides, out)
