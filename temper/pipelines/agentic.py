@@ -283,8 +283,12 @@ def episode_groups(cfg: TemperConfig) -> StepShape:
 def preflight(cfg: TemperConfig, notes: list[str]) -> None:
     """Every environment tag the env managers use resolves (its type, parameters and
     tools) and can run here (:meth:`TextEnv.problem`: its data files; each tool's
-    :meth:`~temper.envs.env_tools.EnvTool.problem`: the sandbox, the retriever)."""
+    :meth:`~temper.envs.env_tools.EnvTool.problem`: the sandbox, the retriever); what the
+    env manager needs of the model (``EnvManagerKind.preflight``)."""
     check_env_tags(cfg, MANAGERS)
+    needs = ENV_MANAGERS.get(cfg.agentic.env_manager).preflight
+    if needs is not None:
+        needs(cfg)
 
 
 def check_env_tags(cfg: TemperConfig, managers: tuple[str, ...]) -> None:

@@ -138,13 +138,7 @@ class VLPlayer:
             cfg.model.path, tokenizer, cfg.data, trust_remote_code=cfg.model.trust_remote_code
         )
         if vision is None:
-            raise ConfigError(
-                "model.path",
-                f"{cfg.model.path} is not a vision-language model (its config has no "
-                "vision_config); agentic.env_manager vl_trajectory shows each state as an image",
-                "use a vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), or "
-                "agentic.env_manager: trajectory for text observations",
-            )
+            raise _not_vision(cfg.model.path)
         self.vision = vision
         self.placeholders = {vision.image_token_id}
         if vision.has_video_token:
@@ -357,6 +351,31 @@ def _text_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             )
         out.append({**m, "content": content})
     return out
+
+
+def check_vision_model(cfg: TemperConfig) -> None:
+    """``temper check``: the model is a vision-language model (its config has a vision
+    tower); a model that cannot be read here is reported by the model's own checks."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except (OSError, ValueError):
+        return
+    if getattr(config, "vision_config", None) is None:
+        raise _not_vision(cfg.model.path)
+
+
+def _not_vision(path: str) -> ConfigError:
+    return ConfigError(
+        "model.path",
+        f"{path} is not a vision-language model (its config has no vision_config); "
+        "agentic.env_manager vl_trajectory shows each state as an image",
+        "use a vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), or "
+        "agentic.env_manager: trajectory for text observations",
+    )
 
 
 def check_vl_trajectory(cfg: TemperConfig) -> None:

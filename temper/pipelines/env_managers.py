@@ -19,7 +19,10 @@
 - ``gem_runner`` (ROLL's ``ProxyEnvManager`` with its ``GEMRunner``): the trajectory
   manager's samples, with the env instruction in the system message and every user
   message the tag's template alone
-  (:class:`temper.pipelines.agentic_gem_runner.GEMRunnerPlayer`).
+  (:class:`temper.pipelines.agentic_gem_runner.GEMRunnerPlayer`);
+- ``agent_native`` (ROLL's ``AgentNativeStepEnvManager``): the step samples of ``step``,
+  each prompt the conversation the env writes itself (its system message, its state
+  messages, the answers so far) (:class:`temper.pipelines.agentic_native.NativeStepPlayer`).
 
 An entry declares what its samples give the advantage estimators beyond the driver's
 inputs (``provides``, ``AdvantageInputs`` field names: an estimator that needs more is
@@ -35,9 +38,10 @@ from typing import Any
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.pipelines.agentic_gem_runner import GEMRunnerPlayer, check_gem_runner
+from temper.pipelines.agentic_native import NativeStepPlayer, check_agent_native
 from temper.pipelines.agentic_rollout import AgenticPlayer, Player
 from temper.pipelines.agentic_steps import STEP_INPUTS, StepConcatPlayer, StepPlayer, check_step
-from temper.pipelines.agentic_vision import VLPlayer, check_vl_trajectory
+from temper.pipelines.agentic_vision import VLPlayer, check_vision_model, check_vl_trajectory
 from temper.registry import Registry
 from temper.rollout import RolloutEngine
 
@@ -49,6 +53,9 @@ class EnvManagerKind:
     player: Callable[[TemperConfig, RolloutEngine, Any], Player]
     check: Callable[[TemperConfig], None]
     provides: frozenset[str] = frozenset()
+    #: what the manager needs of this machine and its files, for ``temper check`` (the
+    #: model's kind, …); None: nothing beyond the env tags
+    preflight: Callable[[TemperConfig], None] | None = None
 
 
 def check_trajectory(cfg: TemperConfig) -> None:
@@ -100,5 +107,12 @@ ENV_MANAGERS.add(
     "step_concat",
     EnvManagerKind(StepConcatPlayer, text_observations(check_step), provides=STEP_INPUTS),
 )
-ENV_MANAGERS.add("vl_trajectory", EnvManagerKind(VLPlayer, check_vl_trajectory))
+ENV_MANAGERS.add(
+    "vl_trajectory",
+    EnvManagerKind(VLPlayer, check_vl_trajectory, preflight=check_vision_model),
+)
 ENV_MANAGERS.add("gem_runner", EnvManagerKind(GEMRunnerPlayer, text_observations(check_gem_runner)))
+ENV_MANAGERS.add(
+    "agent_native",
+    EnvManagerKind(NativeStepPlayer, text_observations(check_agent_native), provides=STEP_INPUTS),
+)

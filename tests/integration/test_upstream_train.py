@@ -6,7 +6,8 @@ runs (the GRPO line as ``trainer_mode=separate_async``, and a one-step-off recip
 script), two verl multi-turn configs (Search-R1's ``format: qwen``, geo3k's
 ``custom_chat_template``), one ROLL RLVR file (PPO with a critic), one ROLL agentic file, ROLL's GiGPO
 Sokoban file (step-wise env manager), its VL Sokoban file (a tiny Qwen2-VL; states as
-images) and agent-runner Sokoban file, and ROLL's asynchronous RLVR and agentic files
+images), agent-runner and agent-native Sokoban files, and ROLL's asynchronous RLVR and
+agentic files
 (one-step-off), each with only these overrides:
 
 - model: the tiny test model in place of the author's;
@@ -518,6 +519,40 @@ def test_roll_agent_runner_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     (dialog,) = (out / "render" / "step_00002").glob("SimpleSokoban_*_dialog.txt")
     system = dialog.read_text().split("=== user ===")[0]
     assert "You are solving the Sokoban puzzle" in system  # the instruction
+    assert _moved(before, out / "final" / "actor", AutoModelForCausalLM)
+
+
+@pytest.mark.slow
+def test_roll_native_sokoban_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's agent-native Sokoban example (2026-08, AgentNativeStepEnvManager with
+    SokobanNativeEnv): the env writes the conversation, each env step is a sample scored
+    by its return-to-go (step_reinforce), the policy updated."""
+    from transformers import AutoModelForCausalLM
+
+    before = {
+        n: p.detach().clone()
+        for n, p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters()
+    }
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM
+        / "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml"
+    )
+    out = tmp_path / "roll-native"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        *_agentic_sokoban(out, 1024),
+        "val_env_manager.num_groups_partition=[4]",  # data: its one validation tag
+    ]
+    loaded = load_config(config, overrides).config
+    assert loaded.agentic.env_manager == "agent_native"
+    assert loaded.agentic.step_score == "return_to_go"
+    train = _train(config, overrides, out)
+    for r in train:
+        assert r["env/step_samples"] >= 128  # at least one step per episode
+        assert "actor/pg_loss" in r
+    dialogs = sorted((out / "render" / "step_00002").glob("SokobanNativeEnv_*_dialog.txt"))
+    assert dialogs and "Here is the current state:" in dialogs[0].read_text()
     assert _moved(before, out / "final" / "actor", AutoModelForCausalLM)
 
 

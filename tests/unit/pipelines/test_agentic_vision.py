@@ -190,4 +190,6 @@ def test_text_model_is_refused(tiny_dir):
 
     cfg = config(tiny_dir)
     with pytest.raises(ConfigError, match="not a vision-language model"):
+        agentic.preflight(cfg, [])  # temper check
+    with pytest.raises(ConfigError, match="not a vision-language model"):
         VLPlayer(cfg, None, AutoTokenizer.from_pretrained(tiny_dir))  # type: ignore[arg-type]
