@@ -56,6 +56,8 @@ class EnvManagerKind:
     #: what the manager needs of this machine and its files, for ``temper check`` (the
     #: model's kind, …); None: nothing beyond the env tags
     preflight: Callable[[TemperConfig], None] | None = None
+    #: one sample per env step (not per episode): a step's sample count varies
+    step_samples: bool = False
 
 
 def check_trajectory(cfg: TemperConfig) -> None:
@@ -101,11 +103,16 @@ def text_observations(check: Callable[[TemperConfig], None]) -> Callable[[Temper
 ENV_MANAGERS: Registry[EnvManagerKind] = Registry("env_manager")
 ENV_MANAGERS.add("trajectory", EnvManagerKind(AgenticPlayer, text_observations(check_trajectory)))
 ENV_MANAGERS.add(
-    "step", EnvManagerKind(StepPlayer, text_observations(check_step), provides=STEP_INPUTS)
+    "step",
+    EnvManagerKind(
+        StepPlayer, text_observations(check_step), provides=STEP_INPUTS, step_samples=True
+    ),
 )
 ENV_MANAGERS.add(
     "step_concat",
-    EnvManagerKind(StepConcatPlayer, text_observations(check_step), provides=STEP_INPUTS),
+    EnvManagerKind(
+        StepConcatPlayer, text_observations(check_step), provides=STEP_INPUTS, step_samples=True
+    ),
 )
 ENV_MANAGERS.add(
     "vl_trajectory",
@@ -114,5 +121,10 @@ ENV_MANAGERS.add(
 ENV_MANAGERS.add("gem_runner", EnvManagerKind(GEMRunnerPlayer, text_observations(check_gem_runner)))
 ENV_MANAGERS.add(
     "agent_native",
-    EnvManagerKind(NativeStepPlayer, text_observations(check_agent_native), provides=STEP_INPUTS),
+    EnvManagerKind(
+        NativeStepPlayer,
+        text_observations(check_agent_native),
+        provides=STEP_INPUTS,
+        step_samples=True,
+    ),
 )

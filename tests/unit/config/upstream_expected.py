@@ -50,7 +50,7 @@ EXPECTED: dict[str, str] = {
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_dynamic_batching.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_gigpo.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml": "passes",
-    "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml": "batch arithmetic",
+    "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_sandbox.yaml": "env type",
     "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_webshop.yaml": "file: empty",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-agentic_megatron/agentic_val_webshop.yaml": "env type",

@@ -102,3 +102,30 @@ def test_checks(tiny_dir):
         agentic.check(config(tiny_dir, env_type="sokoban", env_config={}))
     with pytest.raises(ConfigError, match="system_template"):
         agentic.check(config(tiny_dir, system_template="Hi."))
+
+
+def test_step_samples_allow_a_mini_batch_above_the_episodes(tiny_dir):
+    """A step of step samples has at least one per episode (here 1 episode, up to 3
+    steps): a mini-batch of 2 is allowed, as ROLL's native file's 2048 over 1024
+    episodes is; a trajectory manager's step has exactly its episodes."""
+    from temper.pipelines.catalog import plan
+
+    cfg = config(tiny_dir)
+    cfg.actor.mini_batch_size = 2
+    derived = plan(cfg)
+    assert derived.shape.at_least and derived.shape.samples == 1
+    assert derived.actor.optimizer_steps_per_rl_step == 1
+    with pytest.raises(ConfigError, match="exceed the 1 samples"):
+        build_config(
+            {
+                "pipeline": "agentic",
+                "experiment": {"max_steps": 1},
+                "model": {"path": str(tiny_dir)},
+                "actor": {"mini_batch_size": 2},
+                "agentic": {
+                    "train_env_manager": {"num_env_groups": 1, "group_size": 1, "tags": ["N"]},
+                    "val_env_manager": {"num_env_groups": 1, "group_size": 1, "tags": ["N"]},
+                    "custom_envs": {"N": {"env_type": "sokoban"}},
+                },
+            }
+        )
