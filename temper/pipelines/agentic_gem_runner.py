@@ -28,7 +28,7 @@ from typing import Any
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.envs import EnvManager, EnvSlot
-from temper.pipelines.agentic_rollout import AgenticPlayer, EnvResponder
+from temper.pipelines.agentic_rollout import AgenticPlayer, EnvResponder, _tag_tools
 from temper.rollout.multiturn import Responder
 
 __all__ = ["GEMRunnerPlayer", "check_gem_runner", "gem_system_message"]
@@ -68,6 +68,15 @@ def check_gem_runner(cfg: TemperConfig) -> None:
             "ROLL's GEMRunner sends the model no tools (its env's tool_wrapper runs them)",
             "remove it, or use agentic.env_manager: trajectory",
         )
+    for which in (cfg.agentic.train_env_manager, cfg.agentic.val_env_manager):
+        for tag in which.tags:
+            if tag in cfg.agentic.custom_envs and _tag_tools(cfg, tag):
+                raise ConfigError(
+                    f"agentic.custom_envs.{tag}.env_type",
+                    f"env type {cfg.agentic.custom_envs[tag].env_type} offers tools through "
+                    "the chat template; ROLL's GEMRunner sends the model none",
+                    "use agentic.env_manager: trajectory for tool environments",
+                )
     for tag, spec in cfg.agentic.custom_envs.items():
         if spec.history_length is not None:
             raise ConfigError(

@@ -204,6 +204,10 @@ class VLPlayer:
         kept = [_kept_images(e) for e in episodes]
         data_inputs = [self.vision.model_inputs(images) for images in kept]
         batch.objects[MULTI_MODAL_INPUTS] = [inputs for _, inputs in data_inputs]
+        # the prompt's ids show every board alike (image tokens): its state is the board
+        batch.objects["start_key"] = [
+            (e.slot.tag, tuple(e.traj.prompt_ids), e.slot.observation) for e in episodes
+        ]
         logs = [
             EpisodeLog(
                 e.slot,

@@ -86,3 +86,8 @@ def test_episode_messages(tiny_dir, tiny_tokenizer):
 def test_checks(tiny_dir):
     with pytest.raises(ConfigError, match="step_score"):
         agentic.check(config(tiny_dir, step_score="return_to_go"))
+    tools = config(tiny_dir)
+    tools.agentic.custom_envs["T"].env_type = "countdown_tool"
+    tools.agentic.custom_envs["T"].env_config = {}
+    with pytest.raises(ConfigError, match="offers tools"):
+        agentic.check(tools)

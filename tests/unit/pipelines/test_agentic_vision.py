@@ -129,6 +129,9 @@ def test_scripted_episode_messages_and_tokens(tiny_vlm_dir, vl_tokenizer):
         # only the answers are learnt: 2 turns of "<answer>Up</answer>" + end of turn
         answer = len(vl_tokenizer("<answer>Up</answer>")["input_ids"]) + 1
         assert int(batch["response_mask"][k].sum()) == 2 * answer
+    # episodes of one group start alike (inductive grouping); the key holds the board
+    assert batch["start_key"][0] == batch["start_key"][1]
+    assert batch["start_key"][0][2] == log.slot.observation
     # the second image lies in the response, among its context tokens
     resp = batch["response_ids"][0]
     assert bool(((resp == image_id) & (batch["response_mask"][0] == 0)).any())
