@@ -41,7 +41,8 @@ from temper.pipelines.agentic_gem_runner import GEMRunnerPlayer, check_gem_runne
 from temper.pipelines.agentic_native import NativeStepPlayer, check_agent_native
 from temper.pipelines.agentic_rollout import AgenticPlayer, Player
 from temper.pipelines.agentic_steps import STEP_INPUTS, StepConcatPlayer, StepPlayer, check_step
-from temper.pipelines.agentic_vision import VLPlayer, check_vision_model, check_vl_trajectory
+from temper.pipelines.agentic_vision import VLPlayer
+from temper.pipelines.agentic_vision_checks import check_vision_model, check_vl_trajectory
 from temper.registry import Registry
 from temper.rollout import RolloutEngine
 
