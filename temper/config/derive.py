@@ -135,7 +135,13 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog
 
 
 def train_arithmetic(
-    engine: TrainEngineConfig, key: str, role: str, devices: int, samples: int, catalog: Catalog
+    engine: TrainEngineConfig,
+    key: str,
+    role: str,
+    devices: int,
+    samples: int,
+    catalog: Catalog,
+    at_least: bool = False,
 ) -> TrainArithmetic:
     """Mini/micro-batch arithmetic of one trained role; errors name the key and fix.
 
@@ -145,7 +151,7 @@ def train_arithmetic(
     mini = engine.mini_batch_size if engine.mini_batch_size is not None else samples
     if mini <= 0:
         raise ConfigError(f"{key}.mini_batch_size", "must be positive", "set a positive size")
-    if mini > samples:
+    if mini > samples and not at_least:
         raise ConfigError(
             f"{key}.mini_batch_size",
             f"{mini} samples per mini-batch exceed the {samples} samples of a step "
@@ -153,7 +159,7 @@ def train_arithmetic(
             f"set {key}.mini_batch_size {BOUND} or raise data.train_batch_size",
             bound=Bound("at_most", samples, mini),
         )
-    if samples % mini:
+    if samples % mini and not at_least:
         raise ConfigError(
             f"{key}.mini_batch_size",
             f"{samples} samples per step (train_batch_size × n) are not divisible by {mini}",
@@ -195,7 +201,7 @@ def train_arithmetic(
                 f"use a divisor of {per_rank}, e.g. {nearest_divisor(per_rank, micro)}",
             )
         accum = per_rank // micro
-    steps = engine.ppo_epochs * (samples // mini)
+    steps = engine.ppo_epochs * max(samples // mini, 1 if at_least else 0)
     return TrainArithmetic(role, devices, dp, mini, per_rank, micro, accum, steps)
 
 
@@ -227,11 +233,13 @@ def derive(cfg: TemperConfig, catalog: Catalog) -> Derived:
     # generate, eval: no actor is placed (their checks refuse resources.*), so none splits
     trains = NO_TRAINING not in catalog.pipeline_uses(cfg)
     devices = len(place["actor_train"]) if trains else 1
-    actor = train_arithmetic(cfg.actor, "actor", "actor_train", devices, samples, catalog)
+    actor = train_arithmetic(
+        cfg.actor, "actor", "actor_train", devices, samples, catalog, shape.at_least
+    )
     critic = None
     if critic_on:
         critic = train_arithmetic(
-            cfg.critic, "critic", "critic", len(place["critic"]), samples, catalog
+            cfg.critic, "critic", "critic", len(place["critic"]), samples, catalog, shape.at_least
         )
     return Derived(
         shape=shape,

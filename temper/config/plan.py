@@ -37,12 +37,16 @@ class StepShape:
     ``samples``: samples (responses, episodes) per step — the batch arithmetic's unit;
     ``rows``: how ``temper check`` explains it, ``(name, value, how)`` each;
     ``groups``: the groups those samples come in (a prompt's responses, an env group's
-    episodes) — what a streaming rollout hands over; 0 where a step has none.
+    episodes) — what a streaming rollout hands over; 0 where a step has none;
+    ``at_least``: ``samples`` is a lower bound (one sample per env step: the count varies
+    with the episodes' lengths), so a mini-batch may be larger and need not divide it
+    (the last mini-batch of a step takes the rest).
     """
 
     samples: int
     rows: tuple[tuple[str, str, str], ...]
     groups: int = 0
+    at_least: bool = False
 
 
 @dataclasses.dataclass

@@ -1019,6 +1019,17 @@ class EnvTagConfig:
         "{env_instruction}, {history}, {step_count}, {history_length}, {current_step}, "
         "{current_observation}, {max_response_length}; empty = observation + turn_prompt.",
     )
+    pre_step_template: str = doc(
+        "",
+        "agentic.env_manager=vl_trajectory: each turn's text before the observation image "
+        "(ROLL VLTrajEnvManager pre_step_template): {turn_idx}; the first turn's is "
+        "prefixed with the env instruction.",
+    )
+    next_step_template: str = doc(
+        "",
+        "agentic.env_manager=vl_trajectory: each turn's text after the observation image "
+        "(ROLL next_step_template): {actions_left}, {max_response_length}.",
+    )
     history_length: int | None = doc(
         None,
         "Step env manager: a step's prompt shows the window of the last history_length "

@@ -195,7 +195,8 @@ class EnvManager:
         parts = [spec.env_instruction or env.instructions]
         if spec.env_instruction:
             parts.append(env.action_space_text)
-        if spec.turn_template:  # ROLL's agent_template states the reply format itself
+        if spec.turn_template or spec.next_step_template:  # ROLL's templates state the
+            # reply format themselves
             return "\n".join(p for p in parts if p)
         line = ""
         if "<answer>" in spec.action_pattern:  # a free-form pattern states its own format
@@ -208,13 +209,13 @@ class EnvManager:
         parts.append(line.strip())
         return "\n".join(p for p in parts if p)
 
-    def turn_text(self, env_id: int, observation: str) -> str:
+    def turn_text(self, env_id: int, observation: str, suffix: str | None = None) -> str:
         """What the model reads after a turn: the observation, then the tag's
         ``turn_prompt`` (a question asked last is what small models answer) — or, with a
         ``turn_template`` (ROLL's ``agent_template``), that template rendered with
         ``observation``, ``turn_idx`` (1 on the first turn), ``actions_left``,
         ``max_response_length`` (the tag's per-turn token budget) and ``suffix`` (the env's
-        :meth:`TextEnv.suffix`), filled as ``str.format`` fills ROLL's (``{{``/``}}`` are
+        :meth:`TextEnv.suffix`, or ``suffix`` when given), filled as ``str.format`` fills ROLL's (``{{``/``}}`` are
         braces; :func:`temper.envs.steps.fill_template`)."""
         st = self._states[env_id]
         if st.spec.turn_template:
@@ -223,7 +224,7 @@ class EnvManager:
                 "turn_idx": st.turns + 1,
                 "actions_left": max(0, st.spec.max_turns - st.turns),
                 "max_response_length": st.spec.max_tokens_per_turn,
-                "suffix": st.env.suffix(),
+                "suffix": st.env.suffix() if suffix is None else suffix,
             }
             return fill_template(st.spec.turn_template, fields)
         prompt = st.spec.turn_prompt

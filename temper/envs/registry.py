@@ -10,6 +10,8 @@ ROLL ``env_config`` keys accepted (see ``examples`` and ROLL's ``envs.yaml``):
 
 - sokoban: ``dim_x``, ``dim_y``, ``dim_room`` ([rows, cols]), ``num_boxes``,
   ``max_steps``, ``search_depth``, ``grid_lookup``, ``grid_vocab``;
+- sokoban_native_env (ROLL's agent-native Sokoban): sokoban's, ``system_template``,
+  ``observation_suffix``;
 - frozen_lake: ``size``, ``p``, ``is_slippery``, ``map_seed``, ``desc``, ``max_steps``;
 - countdown / countdown_tool: ``num_numbers``, ``max_number``, ``max_target``,
   ``score``, ``format_score``, ``max_attempts``, ``tools`` (ROLL reads puzzles from a
@@ -60,6 +62,7 @@ def _builtin(path: str) -> Callable[[], type[TextEnv]]:
 
 for _name, _path in {
     "sokoban": "temper.envs.sokoban:SokobanEnv",
+    "sokoban_native_env": "temper.envs.native:SokobanNativeEnv",
     "frozen_lake": "temper.envs.frozen_lake:FrozenLakeEnv",
     "countdown": "temper.envs.countdown_tool:CountdownEnv",
     "countdown_tool": "temper.envs.countdown_tool:CountdownToolEnv",
@@ -136,6 +139,8 @@ class EnvSpec:
     turn_prompt: str = ""
     system_template: str = ""
     turn_template: str = ""
+    pre_step_template: str = ""  # the VL trajectory manager's text around the image
+    next_step_template: str = ""
     history_length: int | None = None  # the step env manager's window (EnvTagConfig)
     tool_wrapper: EnvToolWrapperConfig | None = None  # tools in front of the env
 
@@ -219,6 +224,8 @@ def resolve_tag(tag: str, cfg: EnvTagConfig, prefix: str = "agentic.custom_envs"
         turn_prompt=tag_values["turn_prompt"] or "",
         system_template=cfg.system_template or "",
         turn_template=cfg.turn_template or "",
+        pre_step_template=cfg.pre_step_template or "",
+        next_step_template=cfg.next_step_template or "",
         history_length=cfg.history_length,
         tool_wrapper=wrapper,
     )

@@ -262,7 +262,8 @@ def check_env_managers(agentic: AgenticConfig, managers: tuple[str, ...] = MANAG
 
 
 def episode_groups(cfg: TemperConfig) -> StepShape:
-    """A step plays ``num_env_groups`` groups of ``group_size`` episodes: one sample each."""
+    """A step plays ``num_env_groups`` groups of ``group_size`` episodes: one sample each,
+    or (step-sample env managers) one per env step, at least one each."""
     for which in ("train_env_manager", "val_env_manager"):
         mgr = getattr(cfg.agentic, which)
         for field in ("group_size", "num_env_groups"):
@@ -273,18 +274,24 @@ def episode_groups(cfg: TemperConfig) -> StepShape:
     mgr = cfg.agentic.train_env_manager
     episodes = mgr.num_env_groups * mgr.group_size
     how = "agentic.train_env_manager.num_env_groups × group_size"
-    return StepShape(
-        samples=episodes,
-        rows=(("episodes per step", str(episodes), how),),
-        groups=mgr.num_env_groups,
+    rows: tuple[tuple[str, str, str], ...] = (("episodes per step", str(episodes), how),)
+    by_step = cfg.agentic.env_manager in ENV_MANAGERS and (
+        ENV_MANAGERS.get(cfg.agentic.env_manager).step_samples
     )
+    if by_step:
+        rows += (("samples per step", f"≥ {episodes}", "one per env step of each episode"),)
+    return StepShape(samples=episodes, rows=rows, groups=mgr.num_env_groups, at_least=by_step)
 
 
 def preflight(cfg: TemperConfig, notes: list[str]) -> None:
     """Every environment tag the env managers use resolves (its type, parameters and
     tools) and can run here (:meth:`TextEnv.problem`: its data files; each tool's
-    :meth:`~temper.envs.env_tools.EnvTool.problem`: the sandbox, the retriever)."""
+    :meth:`~temper.envs.env_tools.EnvTool.problem`: the sandbox, the retriever); what the
+    env manager needs of the model (``EnvManagerKind.preflight``)."""
     check_env_tags(cfg, MANAGERS)
+    needs = ENV_MANAGERS.get(cfg.agentic.env_manager).preflight
+    if needs is not None:
+        needs(cfg)
 
 
 def check_env_tags(cfg: TemperConfig, managers: tuple[str, ...]) -> None:

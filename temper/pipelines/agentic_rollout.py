@@ -95,8 +95,10 @@ class Player(Protocol):
 class EnvResponder:
     """Steps the envs of ``slots`` with the model's answers (a runner ``Responder``)."""
 
-    def __init__(self, manager: EnvManager, slots: list[EnvSlot]) -> None:
-        self.manager, self.slots = manager, slots
+    def __init__(self, manager: EnvManager, slots: list[EnvSlot], *, plain: bool = False) -> None:
+        """``plain``: the next turn is the observation in the tag's template with an empty
+        ``{suffix}`` and no note on an invalid answer (ROLL's ``GEMRunner``)."""
+        self.manager, self.slots, self.plain = manager, slots, plain
 
     def __call__(self, indices: list[int], texts: list[str]) -> list[Feedback]:
         results = self.manager.step([self.slots[i].env_id for i in indices], texts)
@@ -104,7 +106,7 @@ class EnvResponder:
         for r in results:
             note = (
                 ""
-                if r.format_ok
+                if r.format_ok or self.plain
                 else f"Invalid answer ({r.info.get('parse_reason') or 'invalid action'}).\n"
             )
             info = {
@@ -116,7 +118,8 @@ class EnvResponder:
                 "tool_call": bool(r.info.get("tool_call", False)),
                 "tool_error": bool(r.info.get("tool_error", False)),
             }
-            text = note + self.manager.turn_text(r.env_id, r.observation)
+            suffix = "" if self.plain else None
+            text = note + self.manager.turn_text(r.env_id, r.observation, suffix)
             messages = [] if r.done else [{"role": "user", "content": text}]
             out.append(Feedback(messages, reward=r.reward, done=r.done, info=info))
         return out
@@ -166,7 +169,7 @@ class AgenticPlayer:
         (generation round ``round_`` of dynamic sampling: other seeds) and play the
         episodes to the end."""
         slots, specs = self.episodes(manager, step, round_, groups)
-        respond: Responder = EnvResponder(manager, slots)
+        respond: Responder = self.responder(manager, slots)
         if self.tools_on:
             self.tool_loop.reset_counters()  # per-step tool metrics
             respond = self.tool_loop.responder(respond, lambda i: self._allowed(manager, slots[i]))
@@ -213,15 +216,9 @@ class AgenticPlayer:
         specs = []
         for s in slots:
             spec = manager.specs[s.tag]
-            turn = manager.turn_text(s.env_id, s.observation)
-            text = f"{s.instruction}\n\n{turn}" if s.instruction else turn
-            if self.tool_text and self._allowed(manager, s):
-                text = f"{self.tool_text}\n\n{text}"
-            system = manager.system_message(s.tag)  # ROLL agent_system_template
-            first = [{"role": "system", "content": system}] if system else []
             specs.append(
                 EpisodeSpec(
-                    [*first, {"role": "user", "content": text}],
+                    self.first_messages(manager, s),
                     {
                         "uid": f"{step}:{s.group_id}{suffix}",
                         "tag": s.tag,
@@ -234,6 +231,22 @@ class AgenticPlayer:
                 )
             )
         return slots, specs
+
+    def first_messages(self, manager: EnvManager, s: EnvSlot) -> list[dict[str, Any]]:
+        """An episode's first messages: the tag's system message (ROLL
+        ``agent_system_template``) when it has one, then tool instructions (when the
+        template does not describe tools itself), the instruction and the first turn."""
+        turn = manager.turn_text(s.env_id, s.observation)
+        text = f"{s.instruction}\n\n{turn}" if s.instruction else turn
+        if self.tool_text and self._allowed(manager, s):
+            text = f"{self.tool_text}\n\n{text}"
+        system = manager.system_message(s.tag)
+        first = [{"role": "system", "content": system}] if system else []
+        return [*first, {"role": "user", "content": text}]
+
+    def responder(self, manager: EnvManager, slots: list[EnvSlot]) -> Responder:
+        """What answers the model's turns: the envs of ``slots``."""
+        return EnvResponder(manager, slots)
 
     def _turn_cap(self, env_turns: int) -> int | None:
         """Model turns an episode may take. The manager ends it after the tag's

@@ -8,7 +8,9 @@ them). A forward over rows with images passes, besides the trimmed ``input_ids``
 
 * the rows' pixel inputs, concatenated in row order (the model scatters the vision
   tower's features into the image placeholder tokens, row by row);
-* ``mm_token_type_ids``: 1 on the prompt's image tokens, 2 on video tokens, 0 elsewhere;
+* ``mm_token_type_ids``: 1 on image tokens, 2 on video tokens of the context — the
+  prompt and, in a multi-turn episode, the response's tokens that were not generated
+  (observation images, :mod:`temper.pipelines.agentic_vision`) — 0 elsewhere;
 * no ``position_ids``: Qwen2-VL's positions are 3-D (M-RoPE: time, height, width for
   image tokens; the same index thrice for text), and the model computes them from the
   token types, the image grids and the attention mask (``get_rope_index``), exactly as
@@ -37,6 +39,7 @@ from temper.data.batch import Batch
 from temper.data.vision import (
     MULTI_MODAL_INPUTS,
     has_pixels,
+    image_token_counts,
     stack_inputs,
     token_type_ids,
     vision_token_ids,
@@ -56,13 +59,25 @@ def vision_forward_inputs(
     image_id, video_id = vision_token_ids(model.config)
     prompt_len = inp.input_ids.shape[1] - inp.response_len
     kwargs: dict[str, Any] = {k: v.to(device) for k, v in stack_inputs(rows).items()}
-    kwargs["mm_token_type_ids"] = token_type_ids(inp.input_ids, prompt_len, image_id, video_id)
+    # sampled: the response's generated tokens; its other tokens (a multi-turn episode's
+    # observations, with their images) are context like the prompt
+    sampled = torch.zeros_like(inp.input_ids, dtype=torch.bool)
+    sampled[:, prompt_len:] = True
+    if "response_mask" in mb and image_id is not None:
+        # only rows whose images are not all in the prompt have images in the response
+        vision_cfg = getattr(model.config, "vision_config", None)
+        merge = int(getattr(vision_cfg, "spatial_merge_size", 2))
+        expected = torch.tensor([sum(image_token_counts(r, merge)) for r in rows], device=device)
+        in_prompt = (inp.input_ids[:, :prompt_len] == image_id).sum(dim=1)
+        later = (expected > in_prompt).unsqueeze(1)
+        generated = mb["response_mask"][:, : inp.response_len].to(device) > 0
+        sampled[:, prompt_len:] = generated | ~later
+    types = token_type_ids(inp.input_ids, inp.input_ids.shape[1], image_id, video_id)
+    types[sampled] = 0
+    kwargs["mm_token_type_ids"] = types
     kwargs["position_ids"] = None  # the model's M-RoPE positions (module doc)
     special = [i for i in (image_id, video_id) if i is not None]
-    in_response = torch.zeros_like(inp.input_ids, dtype=torch.bool)
-    in_response[:, prompt_len:] = torch.isin(
-        inp.input_ids[:, prompt_len:], torch.tensor(special, device=device)
-    )
+    in_response = sampled & torch.isin(inp.input_ids, torch.tensor(special, device=device))
     if not bool(in_response.any()):
         return kwargs, contextlib.nullcontext()
     neutral = _neutral_id(model, special)

@@ -5,7 +5,9 @@ lines (GRPO on `model_engine: dp` and on `model_engine: megatron`), two asynchro
 runs (the GRPO line as ``trainer_mode=separate_async``, and a one-step-off recipe
 script), two verl multi-turn configs (Search-R1's ``format: qwen``, geo3k's
 ``custom_chat_template``), one ROLL RLVR file (PPO with a critic), one ROLL agentic file, ROLL's GiGPO
-Sokoban file (step-wise env manager), and ROLL's asynchronous RLVR and agentic files
+Sokoban file (step-wise env manager), its VL Sokoban file (a tiny Qwen2-VL; states as
+images), agent-runner and agent-native Sokoban files, and ROLL's asynchronous RLVR and
+agentic files
 (one-step-off), each with only these overrides:
 
 - model: the tiny test model in place of the author's;
@@ -431,6 +433,127 @@ def test_roll_gigpo_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     after = AutoModelForCausalLM.from_pretrained(out / "final" / "actor")
     moved = [n for n, p in after.named_parameters() if not torch.equal(p, before[n])]
     assert moved, "no parameter changed"
+
+
+def _moved(before: dict, after_dir: Path, loader) -> list[str]:
+    import torch
+
+    after = loader.from_pretrained(after_dir)
+    return [n for n, p in after.named_parameters() if not torch.equal(p, before[n])]
+
+
+def _agentic_sokoban(out: Path, context: int) -> list[str]:
+    """Length and data overrides of ROLL's Sokoban agentic files (1024 episodes a step)."""
+    return [
+        "max_actions_per_traj=2",  # length
+        "max_tokens_per_step=16",
+        "actor_infer.generating_args.max_new_tokens=16",
+        f"sequence_length={context}",  # the tiny model's context (the files' 8192 is Qwen's)
+        # data: one mini-batch (2 per device × 64 accumulation) of episodes a step, 16
+        # groups of 8 (the files' 128), one validation episode per tag
+        "rollout_batch_size=128",
+        "train_env_manager.num_env_groups=16",
+        "train_env_manager.num_groups_partition=[16]",
+        "val_batch_size=4",
+        "val_env_manager.num_env_groups=4",
+        "val_env_manager.num_groups_partition=[1,1,1,1]",
+        "actor_infer.infer_batch_size=128",  # device: generate the episodes at once
+        f"render_save_dir={out / 'render'}",  # outputs
+    ]
+
+
+@pytest.mark.slow
+def test_roll_vl_sokoban_file_trains(tmp_path, tiny_vlm_dir, monkeypatch):
+    """ROLL's VL Sokoban example (2026-08, VLTrajEnvManager): each state shown as an
+    image, one sample per episode, and the policy updated. Device: the file trains on
+    megatron, which has no Qwen2-VL conversion here, so actor_train runs on hf_train."""
+    from transformers import AutoModelForImageTextToText
+
+    before = {
+        n: p.detach().clone()
+        for n, p in AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).named_parameters()
+    }
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM / "roll-2026-08-8eb27cc/examples/qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml"
+    )
+    out = tmp_path / "roll-vl-sokoban"
+    overrides = [
+        *_roll(tiny_vlm_dir, out, ["actor_train", "actor_infer", "reference"]),
+        "actor_train.strategy_args.strategy_name=hf_train",  # device (docstring)
+        "~actor_train.strategy_args.strategy_config",
+        *_agentic_sokoban(out, 2048),
+    ]
+    assert load_config(config, overrides).config.agentic.env_manager == "vl_trajectory"
+    train = _train(config, overrides, out)
+    for r in train:
+        assert r["rollout/images_per_episode"] > 1  # later turns show new states
+        assert "actor/pg_loss" in r
+    assert list((out / "render" / "step_00002").glob("SimpleSokoban_*_dialog.txt"))
+    assert _moved(before, out / "final" / "actor", AutoModelForImageTextToText)
+
+
+@pytest.mark.slow
+def test_roll_agent_runner_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's Sokoban agent-runner example (2026-08, ProxyEnvManager + GEMRunner): the
+    env instruction in the system message, one sample per episode, the policy updated."""
+    from transformers import AutoModelForCausalLM
+
+    before = {
+        n: p.detach().clone()
+        for n, p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters()
+    }
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM
+        / "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_agent_runner.yaml"
+    )
+    out = tmp_path / "roll-agent-runner"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        *_agentic_sokoban(out, 1024),
+    ]
+    assert load_config(config, overrides).config.agentic.env_manager == "gem_runner"
+    train = _train(config, overrides, out)
+    assert all("actor/pg_loss" in r for r in train)
+    (dialog,) = (out / "render" / "step_00002").glob("SimpleSokoban_*_dialog.txt")
+    system = dialog.read_text().split("=== user ===")[0]
+    assert "You are solving the Sokoban puzzle" in system  # the instruction
+    assert _moved(before, out / "final" / "actor", AutoModelForCausalLM)
+
+
+@pytest.mark.slow
+def test_roll_native_sokoban_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's agent-native Sokoban example (2026-08, AgentNativeStepEnvManager with
+    SokobanNativeEnv): the env writes the conversation, each env step is a sample scored
+    by its return-to-go (step_reinforce), the policy updated."""
+    from transformers import AutoModelForCausalLM
+
+    before = {
+        n: p.detach().clone()
+        for n, p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters()
+    }
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = (
+        UPSTREAM
+        / "roll-2026-08-8eb27cc/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml"
+    )
+    out = tmp_path / "roll-native"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        *_agentic_sokoban(out, 1024),
+        "val_env_manager.num_groups_partition=[4]",  # data: its one validation tag
+    ]
+    loaded = load_config(config, overrides).config
+    assert loaded.agentic.env_manager == "agent_native"
+    assert loaded.agentic.step_score == "return_to_go"
+    train = _train(config, overrides, out)
+    for r in train:
+        assert r["env/step_samples"] >= 128  # at least one step per episode
+        assert "actor/pg_loss" in r
+    dialogs = sorted((out / "render" / "step_00002").glob("SokobanNativeEnv_*_dialog.txt"))
+    assert dialogs and "Here is the current state:" in dialogs[0].read_text()
+    assert _moved(before, out / "final" / "actor", AutoModelForCausalLM)
 
 
 @pytest.mark.slow

@@ -704,7 +704,9 @@ def definitions(ctx: Ctx, raw: RawConfig, defs: list[str]) -> None:
         )
 
 
-ROLL_ENV_MANAGER = {"num_env_groups": 128, "group_size": 1, "format_penalty": 0.0}
+#: ROLL's env-manager defaults for keys a file omits; not ``format_penalty``: ROLL's
+#: default (0) adds no penalty of the manager's, the env's own (the tag's) still applies
+ROLL_ENV_MANAGER = {"num_env_groups": 128, "group_size": 1}
 
 
 def episodes(ctx: Ctx) -> None:

@@ -3,13 +3,18 @@
 - ``custom_envs.<tag>.env_manager_cls``: ROLL builds each tag's envs with the class it
   names (``TrajEnvManager`` when absent). temper runs one env manager for the agentic
   section, ``agentic.env_manager``: ``TrajEnvManager`` is ``trajectory``,
-  ``StepEnvManager`` is ``step``, ``StepConcatEnvManager`` is ``step_concat``; other classes, and tags of one run that disagree, are
-  refused.
-- with ``StepEnvManager`` or ``StepConcatEnvManager`` a sample is one step's prompt and answer within
+  ``StepEnvManager`` is ``step``, ``StepConcatEnvManager`` is ``step_concat``,
+  ``VLTrajEnvManager`` is ``vl_trajectory``, ``AgentNativeStepEnvManager`` is
+  ``agent_native`` (its env words the messages: the tags' ``agent_system_template`` /
+  ``agent_template`` are read by nothing, noted), ``ProxyEnvManager`` with
+  ``agent_runner_cls: GEMRunner`` is ``gem_runner``; other classes and runners, and tags
+  of one run that disagree, are refused.
+- with ``StepEnvManager``, ``StepConcatEnvManager`` or ``AgentNativeStepEnvManager`` a sample is one step's prompt and answer within
   ``sequence_length``: ``data.max_prompt_length`` = ``sequence_length`` − the per-turn
   ``max_new_tokens`` bounds each step's prompt;
 - ROLL env types that cannot run here are refused by name with the reason:
-  ``webshop`` (:data:`UNAVAILABLE_ENVS`);
+  ``webshop``, ``sokoban_sandbox``, ``rock_tb_native_env``, ``openreward_env``
+  (:data:`UNAVAILABLE_ENVS`);
 - ``custom_envs.<tag>.history_length``: the step-wise manager's window →
   ``agentic.custom_envs.<tag>.history_length``; the trajectory manager keeps the whole
   episode and reads no window (noted).
@@ -36,8 +41,22 @@ _PKG = "roll.pipeline.agentic.env_manager"
 TRAJ = f"{_PKG}.traj_env_manager.TrajEnvManager"
 STEP = f"{_PKG}.step_env_manager.StepEnvManager"
 CONCAT = f"{_PKG}.step_concat_env_manager.StepConcatEnvManager"
+VL = f"{_PKG}.vl_traj_env_manager.VLTrajEnvManager"
+NATIVE = f"{_PKG}.agent_native_env_manager.AgentNativeStepEnvManager"
+PROXY = f"{_PKG}.proxy_env_manager.ProxyEnvManager"
+GEM_RUNNER = "roll.pipeline.agentic.agent_runner.gem_runner.GEMRunner"
+#: ROLL agent runners a ProxyEnvManager may drive that temper runs -> ``agentic.env_manager``
+AGENT_RUNNERS = {GEM_RUNNER: "gem_runner"}
 #: ROLL env manager classes temper runs -> ``agentic.env_manager``
-ENV_MANAGER_CLASSES = {TRAJ: "trajectory", STEP: "step", CONCAT: "step_concat"}
+ENV_MANAGER_CLASSES = {
+    TRAJ: "trajectory",
+    STEP: "step",
+    CONCAT: "step_concat",
+    VL: "vl_trajectory",
+    NATIVE: "agent_native",
+}
+#: env managers whose samples are single env steps
+STEP_KINDS = ("step", "step_concat", "agent_native")
 #: ROLL's GiGPO keys -> temper's
 GIGPO_KEYS = {
     "step_reward_gamma": "algorithm.gigpo_step_gamma",
@@ -49,6 +68,12 @@ UNAVAILABLE_ENVS = {
     "webshop": "WebShop's environment is a web shop server searching an index of about a "
     "million products (built with pyserini, which needs Java); neither the index nor the "
     "server ships with temper",
+    "rock_tb_native_env": "ROLL's RockTBNativeEnv plays terminal-bench tasks inside "
+    "containers that a ROCK sandbox service starts (docker images of the tasks); neither "
+    "the service nor the images are reachable from temper",
+    "openreward_env": "ROLL's OpenRewardEnv plays the tasks of the OpenReward service "
+    "through its SDK and API (remote sessions and tools); the service is not reachable "
+    "from temper",
     "sokoban_sandbox": "ROLL's SokobanSandbox plays a Sokoban game server inside a container "
     "that a ROCK sandbox service (env_config.base_url) starts from ROLL's registry image; "
     "neither the service nor the image is reachable from temper",
@@ -71,11 +96,15 @@ def env_manager(ctx: Ctx) -> None:
     for tag, spec in envs.items():
         cls = spec.get("env_manager_cls") if isinstance(spec, dict) else None
         key = f"custom_envs.{tag}.env_manager_cls"
+        if cls == PROXY:
+            kinds[tag] = _agent_runner(tag, spec)
+            continue
         if cls is not None and cls not in ENV_MANAGER_CLASSES:
             raise ConfigError(
                 key,
                 f"{cls!r} is not supported: a custom ROLL env manager class cannot run here "
-                "(temper runs ROLL's TrajEnvManager, StepEnvManager and StepConcatEnvManager)",
+                "(temper runs ROLL's TrajEnvManager, StepEnvManager, StepConcatEnvManager and "
+                "VLTrajEnvManager)",
                 f"use {TRAJ}, {STEP} or {CONCAT}, or remove env_manager_cls",
             )
         kinds[tag] = ENV_MANAGER_CLASSES[cls] if cls is not None else "trajectory"
@@ -111,19 +140,56 @@ def env_manager(ctx: Ctx) -> None:
     if named:
         ctx.set("agentic.env_manager", kind, f"custom_envs.{named[0]}.env_manager_cls")
     seq, response = ctx.get("sequence_length"), ctx.native_get("rollout.response_length")
-    if kind in ("step", "step_concat") and seq is not None and response is not None:
+    if kind in STEP_KINDS and seq is not None and response is not None:
         # a step sample is one prompt and one answer inside sequence_length, as ROLL pads
         # it; ROLL's agentic pipeline reads no prompt_length (its RLVR bound)
         ctx.native.setdefault("data", {})["max_prompt_length"] = seq - response
         ctx.src["data.max_prompt_length"] = "sequence_length"
+    if kind == "agent_native":
+        _native_templates(ctx, envs)
     for tag, spec in envs.items():
         if not isinstance(spec, dict) or spec.get("history_length") is None:
             continue
         key = f"custom_envs.{tag}.history_length"
-        if kind in ("step", "step_concat"):
+        if kind in STEP_KINDS:
             ctx.set(f"agentic.custom_envs.{tag}.history_length", spec["history_length"], key)
         else:
             ctx.note(key, "a window of past steps is read by ROLL's StepEnvManager only")
+
+
+def _native_templates(ctx: Ctx, envs: dict[str, Any]) -> None:
+    """``AgentNativeStepEnvManager``'s envs word their own messages: the tags' templates
+    are read by nothing (ROLL's native example fills them with placeholders)."""
+    tags: dict[str, Any] = ctx.native_get("agentic.custom_envs") or {}
+    for tag, spec in tags.items():
+        if not isinstance(envs.get(tag), dict) or envs[tag].get("env_manager_cls") != NATIVE:
+            continue
+        for src, dst in (
+            ("agent_system_template", "system_template"),
+            ("agent_template", "turn_template"),
+        ):
+            if isinstance(spec, dict) and spec.pop(dst, None) is not None:
+                ctx.note(
+                    f"custom_envs.{tag}.{src}",
+                    "AgentNativeStepEnvManager's env writes the messages (env_config "
+                    "system_template / observation_suffix)",
+                )
+
+
+def _agent_runner(tag: str, spec: dict[str, Any]) -> str:
+    """A ``ProxyEnvManager`` tag's ``agent_runner_cls`` → ``agentic.env_manager``: its
+    ``GEMRunner`` plays a local env (``gem_runner``); the ROCK runners drive agents in
+    sandboxes that cannot start here."""
+    runner = spec.get("agent_runner_cls")
+    if runner in AGENT_RUNNERS:
+        return AGENT_RUNNERS[runner]
+    raise ConfigError(
+        f"custom_envs.{tag}.agent_runner_cls",
+        f"{runner!r} is not supported: a custom ROLL agent runner cannot run here; "
+        "ProxyEnvManager runs with ROLL's GEMRunner only (its ROCK agent runners drive "
+        "agents inside sandboxes a ROCK service starts, which temper cannot reach)",
+        f"use agent_runner_cls: {GEM_RUNNER}, or env_manager_cls {TRAJ}",
+    )
 
 
 def gigpo(ctx: Ctx) -> None:

@@ -173,8 +173,9 @@ TOP: dict[str, Rule] = {
     "custom_envs.*.max_tokens": Map("agentic.custom_envs.{0}.max_words"),
     "custom_envs.*.env_config": Map("agentic.custom_envs.{0}.env_config", lambda v: v or {}),
     "custom_envs.*.env_manager_cls": Use(
-        "agentic.env_manager (TrajEnvManager: trajectory, StepEnvManager: step; other "
-        "classes are refused)"
+        "agentic.env_manager (TrajEnvManager: trajectory, StepEnvManager: step, "
+        "StepConcatEnvManager: step_concat, VLTrajEnvManager: vl_trajectory, "
+        "ProxyEnvManager with GEMRunner: gem_runner; other classes are refused)"
     ),
 }
 

@@ -230,14 +230,12 @@ def _env_tag() -> dict[str, Rule]:
             "agentic.custom_envs.<tag>.history_length with StepEnvManager (the trajectory "
             "env manager keeps the whole episode)"
         ),
-        f"{e}.agent_runner_cls": Reject(
-            "a custom ROLL agent runner cannot run here",
-            "remove agent_runner_cls (temper plays episodes turn by turn)",
-            ok=lambda v: v is None,
-            note="no custom agent runner",
+        f"{e}.agent_runner_cls": Use(
+            "agentic.env_manager with env_manager_cls ProxyEnvManager (GEMRunner: gem_runner; "
+            "other runners are refused)"
         ),
-        f"{e}.pre_step_template": Reject(MM, "remove it", ok=lambda v: not v, note="empty"),
-        f"{e}.next_step_template": Reject(MM, "remove it", ok=lambda v: not v, note="empty"),
+        f"{e}.pre_step_template": Map("agentic.custom_envs.{0}.pre_step_template", _text),
+        f"{e}.next_step_template": Map("agentic.custom_envs.{0}.next_step_template", _text),
         f"{e}.user_prompt_format": Reject(
             "ROLL 2025-07's prompt scheme (user_prompt_format, added_text) is not supported; "
             "its successor agent_template is",

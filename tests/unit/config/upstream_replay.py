@@ -171,6 +171,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("engine: veomni/torchtitan", r"(VeOmni|TorchTitan|NeMo AutoModel) training engine"),
     ("env manager", r"custom ROLL env manager class"),
     ("agent runner", r"custom ROLL agent runner"),
+    ("engine: reward cluster", r"reward\.strategy_args\.strategy_name: '\w+' is not supported"),
     ("env type", r"\.env_type\b.*: unknown value '\w+'"),
     ("env tool wrapper", r"GEM tool wrappers"),
     ("async generation", r"asynchronous \(off-policy\) generation"),

@@ -1,0 +1,356 @@
+"""The vision-language trajectory env manager (ROLL's ``VLTrajEnvManager``): the board as
+an image.
+
+One multi-turn conversation per episode, one sample per episode, as the ``trajectory``
+manager makes, but the model *sees* each state: the env renders it as an RGB array
+(``TextEnv.render("rgb_array")``, one 16×16 tile per cell for the grid games), and each
+turn's user message is a content list
+
+``[text: pre_step_template(turn_idx), image, text: next_step_template(actions_left,
+max_response_length)]``
+
+with the env instruction put before the first turn's ``pre_step`` text, and the tag's
+``system_template`` (ROLL ``agent_system_template``) as the system message when it is not
+empty. The model's answers are assistant messages in between; rewards are summed into the
+episode's score, as ROLL's ``formulate_rollouts`` scores the last response token.
+
+Tokens: the conversation is rendered with the chat template (an image part renders as the
+model's placeholder, Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``), and each
+placeholder is expanded to its image's token count (the frame resized to the model's grid,
+:func:`temper.data.vision.smart_resize`). Each turn is generated from the episode's
+sequence so far with the pixel inputs of every image in it (ROLL re-renders the
+conversation each turn; for a prefix-stable template the two are the same ids), and the
+trained sample is that sequence: the generated ids learnt (``response_mask`` 1), the
+rest context. Its ``multi_modal_inputs`` hold the pixel values of the images that remain
+in it (observation images after the last answer are cut with the rest of that tail), so
+the trainer's forward scatters each image into its placeholders wherever in the sequence
+they are (:mod:`temper.training.vision`). An answer that holds an image or video
+placeholder token ends its episode: in a later turn's context neither engine (nor ROLL's
+processor) could tell it from an image slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from temper.config.schema import TemperConfig
+from temper.data.batch import Batch
+from temper.data.vision import (
+    MULTI_MODAL_DATA,
+    MULTI_MODAL_INPUTS,
+    ImageInput,
+    VisionProcessor,
+    load_vision_processor,
+    smart_resize,
+)
+from temper.envs import EnvManager, EnvSlot
+from temper.envs.registry import EnvSpec
+from temper.envs.steps import fill_template
+from temper.pipelines.agentic_rollout import EnvResponder, EpisodeLog, Played, multi_turn_settings
+from temper.pipelines.agentic_vision_checks import not_vision
+from temper.pipelines.trajectories import trajectory_batch
+from temper.rollout import RolloutEngine, SamplingParams
+from temper.rollout.chat import ChatTokenizer, Message
+from temper.rollout.multiturn import Trajectory
+
+__all__ = [
+    "VLPlayer",
+    "expand_image_ids",
+    "frame_image",
+    "vl_turn_content",
+]
+
+
+def vl_turn_content(
+    spec: EnvSpec, turn_idx: int, actions_left: int, instruction: str = ""
+) -> list[dict[str, Any]]:
+    """One turn's user message content (ROLL ``VLTrajEnvManager.format_messages``):
+    ``[{"type": "text", "text": instruction + pre_step_template.format(turn_idx)},
+    {"type": "image"}, {"type": "text", "text": next_step_template.format(actions_left,
+    max_response_length)}]``; ``instruction`` is given on the first turn only and
+    ``max_response_length`` is the tag's per-turn token budget."""
+    pre = instruction + fill_template(spec.pre_step_template, {"turn_idx": turn_idx})
+    after = fill_template(
+        spec.next_step_template,
+        {"actions_left": actions_left, "max_response_length": spec.max_tokens_per_turn},
+    )
+    return [{"type": "text", "text": pre}, {"type": "image"}, {"type": "text", "text": after}]
+
+
+def expand_image_ids(ids: Sequence[int], image_id: int, counts: Sequence[int]) -> list[int]:
+    """``ids`` with the k-th ``image_id`` repeated ``counts[k]`` times (one placeholder
+    token per image, as the chat template writes it, → one token per image patch group).
+    Raises ``ValueError`` when the placeholders and ``counts`` differ in number."""
+    out: list[int] = []
+    pending = list(counts)
+    for i in ids:
+        if i == image_id:
+            if not pending:
+                raise ValueError(f"more image placeholders than the {len(counts)} image(s)")
+            out.extend([image_id] * pending.pop(0))
+        else:
+            out.append(int(i))
+    if pending:
+        raise ValueError(f"{len(pending)} image(s) without a placeholder")
+    return out
+
+
+def frame_image(frame: np.ndarray, vision: VisionProcessor) -> ImageInput:
+    """An env's ``rgb_array`` frame as a prompt image: PNG-encoded, sized to the model's
+    grid within its pixel limits (``smart_resize``), tokens = ``(h / f) · (w / f)``."""
+    from PIL import Image
+
+    arr = np.ascontiguousarray(np.asarray(frame, dtype=np.uint8))
+    if arr.ndim != 3 or arr.shape[2] != 3:
+        raise ValueError(f"an rgb_array frame is H×W×3, got shape {arr.shape}")
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode="RGB").save(buf, format="PNG")
+    h, w = smart_resize(
+        arr.shape[0], arr.shape[1], vision.factor, vision.min_pixels, vision.max_pixels
+    )
+    return ImageInput(buf.getvalue(), h, w, (h // vision.factor) * (w // vision.factor))
+
+
+@dataclasses.dataclass
+class _Episode:
+    """One VL episode in play: its trajectory, images (and where their tokens start)."""
+
+    slot: EnvSlot
+    spec: EnvSpec
+    traj: Trajectory
+    rendered: str  # the text the next turn is generated from (placeholders unexpanded)
+    images: list[ImageInput]
+    starts: list[int]  # sequence position of each image's first token
+
+
+class VLPlayer:
+    """Plays the VL trajectory manager's episodes (module doc); built once per run."""
+
+    def __init__(self, cfg: TemperConfig, engine: RolloutEngine, tokenizer: Any) -> None:
+        vision = load_vision_processor(
+            cfg.model.path, tokenizer, cfg.data, trust_remote_code=cfg.model.trust_remote_code
+        )
+        if vision is None:
+            raise not_vision(cfg.model.path)
+        self.vision = vision
+        self.placeholders = {vision.image_token_id}
+        if vision.has_video_token:
+            self.placeholders.add(int(tokenizer.convert_tokens_to_ids(vision.video_token)))
+        self.engine = engine
+        self.chat = ChatTokenizer(
+            tokenizer, template_kwargs=dict(cfg.data.apply_chat_template_kwargs)
+        )
+        self.settings = multi_turn_settings(cfg)
+        self.stop_ids = [int(i) for i in (engine.eos_token_ids or [tokenizer.eos_token_id])]
+        pad = engine.pad_token_id
+        self._pad = int(pad if pad is not None else (tokenizer.pad_token_id or 0))
+
+    @property
+    def pad_token_id(self) -> int:
+        return self._pad
+
+    def play_round(
+        self,
+        manager: EnvManager,
+        step: int,
+        params: SamplingParams,
+        round_: int = 0,
+        groups: Sequence[int] | None = None,
+    ) -> Played:
+        """Every episode of ``manager`` (of ``groups``) for ``step``, one row each."""
+        episodes = [
+            self._start(manager, s, step, round_) for s in manager.reset(step, round_, groups)
+        ]
+        respond = EnvResponder(manager, [e.slot for e in episodes])
+        live = list(range(len(episodes)))
+        calls = 0
+        while live:
+            budgets = {i: self._budget(episodes[i]) for i in live}
+            for i in live:
+                if budgets[i] < 1:
+                    episodes[i].traj.stop_reason = "context"
+            live = [i for i in live if budgets[i] >= 1]
+            if not live:
+                break
+            outs = self._generate([episodes[i] for i in live], [budgets[i] for i in live], params)
+            calls += 1
+            texts = []
+            for i, (ids, lps, cut) in zip(live, outs):
+                t = episodes[i].traj
+                t.append(ids, 1, lps)
+                t.has_log_probs &= lps is not None
+                t.turn_ends.append(len(t.response_ids) - 1)
+                t.cut_turns += int(cut)
+                content = self.chat.assistant_content(ids, self.stop_ids)
+                t.messages.append({"role": "assistant", "content": content})
+                texts.append(content)
+            feedback = respond(list(live), texts)
+            live = [
+                i
+                for i, (ids, _, _), fb in zip(live, outs, feedback)
+                if self._after_turn(manager, episodes[i], ids, fb)
+            ]
+        for e in episodes:
+            _finish(e)
+        trajs = [e.traj for e in episodes]
+        batch = trajectory_batch(trajs, self._pad)
+        kept = [_kept_images(e) for e in episodes]
+        data_inputs = [self.vision.model_inputs(images) for images in kept]
+        batch.objects[MULTI_MODAL_INPUTS] = [inputs for _, inputs in data_inputs]
+        # the prompt's ids show every board alike (image tokens): its state is the board
+        batch.objects["start_key"] = [
+            (e.slot.tag, tuple(e.traj.prompt_ids), e.slot.observation) for e in episodes
+        ]
+        logs = [
+            EpisodeLog(
+                e.slot,
+                _text_messages(e.traj.messages),
+                t.episode_return,
+                t.num_turns,
+                t.stop_reason,
+            )
+            for e, t in zip(episodes, trajs)
+        ]
+        n = max(len(trajs), 1)
+        metrics = {
+            "rollout/generate_calls": float(calls),
+            "rollout/turn_cut_frac": sum(t.cut_turns for t in trajs)
+            / max(sum(t.num_turns for t in trajs), 1),
+            "rollout/context_stop_frac": sum(t.stop_reason == "context" for t in trajs) / n,
+            "rollout/vision_token_stop_frac": sum(t.stop_reason == "vision_token" for t in trajs)
+            / n,
+            "rollout/sequence_length_mean": sum(len(t) for t in trajs) / n,
+            "rollout/images_per_episode": sum(len(k) for k in kept) / n,
+        }
+        return Played(batch, batch, logs, metrics)
+
+    # ------------------------------------------------------------------ an episode
+
+    def _frame(self, manager: EnvManager, env_id: int) -> ImageInput:
+        frame = manager.env(env_id).render("rgb_array")
+        if isinstance(frame, str):
+            raise TypeError(f"env {env_id} rendered text for rgb_array")
+        return frame_image(frame, self.vision)
+
+    def _start(self, manager: EnvManager, slot: EnvSlot, step: int, round_: int) -> _Episode:
+        spec = manager.specs[slot.tag]
+        image = self._frame(manager, slot.env_id)
+        system = spec.system_template
+        messages: list[Message] = [{"role": "system", "content": system}] if system else []
+        content = vl_turn_content(spec, 1, spec.max_turns, slot.instruction)
+        messages.append({"role": "user", "content": content})
+        ids, text = self.chat.prompt(messages)
+        ids = expand_image_ids(ids, self.vision.image_token_id, [image.tokens])
+        start = ids.index(self.vision.image_token_id)
+        suffix = f"#r{round_}" if round_ else ""
+        meta = {
+            "uid": f"{step}:{slot.group_id}{suffix}",
+            "tag": slot.tag,
+            "group_id": slot.group_id,
+            "seed": slot.seed,
+            "env_id": slot.env_id,
+        }
+        traj = Trajectory(meta, messages, ids)
+        return _Episode(slot, spec, traj, text, [image], [start])
+
+    def _budget(self, e: _Episode) -> int:
+        per_turn = e.spec.max_tokens_per_turn
+        limit = self.settings.max_model_len
+        return per_turn if limit is None else min(per_turn, limit - len(e.traj))
+
+    def _after_turn(self, manager: EnvManager, e: _Episode, ids: list[int], fb: Any) -> bool:
+        """Record the env's answer; show the next state; False when the episode ends."""
+        t = e.traj
+        t.turn_rewards.append(float(fb.reward))
+        t.infos.append(dict(fb.info))
+        if fb.done:
+            t.stop_reason = "done"
+            return False
+        if self.placeholders.intersection(ids):
+            # a generated image/video placeholder token: the model would count it as one
+            # more image slot in the next turn's context (ROLL's processor as well), so
+            # the episode ends with this answer (the trainer's forward handles it)
+            t.stop_reason = "vision_token"
+            return False
+        image = self._frame(manager, e.slot.env_id)
+        turn = t.num_turns + 1
+        content = vl_turn_content(e.spec, turn, e.spec.max_turns - t.num_turns)
+        new = [{"role": "user", "content": content}]
+        delta, text = self.chat.continuation(
+            e.rendered, t.messages, ids, t.messages[-1]["content"], new
+        )
+        delta = expand_image_ids(delta, self.vision.image_token_id, [image.tokens])
+        limit = self.settings.max_model_len
+        if limit is not None and len(t) + len(delta) >= limit:
+            t.stop_reason = "context"
+            return False
+        e.starts.append(len(t) + delta.index(self.vision.image_token_id))
+        e.images.append(image)
+        t.append(delta, 0)
+        t.messages.extend(new)
+        t.user_turns += 1
+        e.rendered = text
+        return True
+
+    def _generate(
+        self, eps: list[_Episode], budgets: list[int], params: SamplingParams
+    ) -> list[tuple[list[int], list[float] | None, bool]]:
+        """One engine call for the live episodes, each with the pixels of its images."""
+        rows = [e.traj.prompt_ids + e.traj.response_ids for e in eps]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for k, r in enumerate(rows):
+            ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[k, width - len(r) :] = 1
+        pairs = [self.vision.model_inputs(e.images) for e in eps]
+        objects: dict[str, list[Any]] = {
+            MULTI_MODAL_DATA: [data for data, _ in pairs],
+            MULTI_MODAL_INPUTS: [inputs for _, inputs in pairs],
+        }
+        call = dataclasses.replace(params, n=1, max_new_tokens=max(budgets))
+        out = self.engine.generate(
+            Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}, objects), call
+        )
+        lps_all = out.get("rollout_log_probs")
+        result = []
+        for k, budget in enumerate(budgets):
+            keep = out["response_mask"][k].bool()
+            gen = out["response_ids"][k][keep].tolist()
+            lps = lps_all[k][keep].tolist() if lps_all is not None else None
+            cut = bool(out["truncated"][k]) or len(gen) > budget
+            result.append((gen[:budget], lps[:budget] if lps is not None else None, cut))
+        return result
+
+
+def _finish(e: _Episode) -> None:
+    """Drop the context after the last answer (nobody answered it)."""
+    t = e.traj
+    last = max((k for k, m in enumerate(t.response_mask) if m), default=-1)
+    del t.response_ids[last + 1 :], t.response_mask[last + 1 :], t.log_probs[last + 1 :]
+
+
+def _kept_images(e: _Episode) -> list[ImageInput]:
+    """The images whose tokens are still in the finished sequence."""
+    return [img for img, s in zip(e.images, e.starts) if s < len(e.traj)]
+
+
+def _text_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Messages with content lists flattened to text (``<image>`` for an image), for
+    dialogue files and validation samples."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if not isinstance(content, str):
+            content = "".join(
+                p.get("text", "") if p.get("type") == "text" else f"<{p.get('type')}>"
+                for p in content
+            )
+        out.append({**m, "content": content})
+    return out
