@@ -40,8 +40,10 @@ from typing import Any, Literal, Protocol
 import torch
 
 from temper.config.errors import ConfigError
+from temper.data.batch import Batch
 from temper.registry import Registry
 from temper.training.micro_batching import ModelInputs
+from temper.training.packing import PackedInputs
 
 #: Batch key of the recorded routing ``(B, P + R, L, k)``, ``-1`` where none.
 ROUTED_EXPERTS = "routed_experts"
@@ -172,6 +174,53 @@ def routing_dtype(num_experts: int) -> torch.dtype:
     return torch.int8 if num_experts <= 127 else torch.int16
 
 
+def model_tokens(
+    routed: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
+) -> torch.Tensor:
+    """A micro-batch's routing ``(b, W, L, k)`` in the order the model's routers see its
+    tokens ``(N, L, k)``: row-major over ``(b, W)``, or the packed row's."""
+    if packed is not None:
+        return to_packed(routed, packed.token_index, packed.input_ids.shape[1])
+    return routed.reshape(-1, *routed.shape[2:])
+
+
+def token_columns(
+    tokens: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
+) -> torch.Tensor:
+    """Inverse of :func:`model_tokens`, ``-1`` at padding."""
+    if packed is not None:
+        return from_packed(tokens, packed.token_index)
+    per_token = tokens.reshape(*inp.input_ids.shape, *tokens.shape[1:])
+    return per_token.masked_fill(~(inp.attention_mask > 0)[..., None, None], -1)
+
+
+def route(
+    hooks: RoutingHooks,
+    use: RoutingUse | None,
+    mb: Batch,
+    inp: ModelInputs,
+    packed: PackedInputs | None,
+    device: torch.device,
+) -> contextlib.AbstractContextManager[Any]:
+    """Routing of micro-batch ``mb``'s forward: recorded (a :class:`Recording`) in a
+    forward asked to record; replayed from ``mb``'s ``routed_experts`` in a training
+    forward, or a forward asked to replay, of a batch that holds them (the replay stays
+    set through the backward, for recomputed layers); else the routers' own."""
+    if use == "record":
+        return Recording(
+            hooks,
+            lambda tokens: batch_routing(
+                token_columns(tokens, inp, packed), inp, mb["prompt_ids"].shape[1]
+            ),
+        )
+    if (torch.is_grad_enabled() or use == "replay") and ROUTED_EXPERTS in mb:
+        routed = micro_routing(mb[ROUTED_EXPERTS], inp).to(device)
+        hooks.replay(model_tokens(routed, inp, packed))
+    else:
+        hooks.stop()
+    return contextlib.nullcontext()
+
+
 __all__ = [
     "OFF",
     "REPLAY_MODEL_TYPES",
@@ -185,6 +234,9 @@ __all__ = [
     "check_replay_model",
     "from_packed",
     "micro_routing",
+    "model_tokens",
+    "route",
     "routing_dtype",
     "to_packed",
+    "token_columns",
 ]

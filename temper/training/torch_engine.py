@@ -74,10 +74,7 @@ from temper.training.router_replay import (
     Recording,
     RoutingHooks,
     RoutingUse,
-    batch_routing,
-    from_packed,
-    micro_routing,
-    to_packed,
+    route,
 )
 from temper.training.router_replay_hf import HFRouterReplay
 from temper.training.schedule import LRSchedule
@@ -448,45 +445,10 @@ class TorchEngine(TrainEngine):
     def _route(
         self, mb: Batch, inp: ModelInputs, packed: PackedInputs | None
     ) -> contextlib.AbstractContextManager[Any]:
-        """Routing of micro-batch ``mb``'s forward: recorded (a :class:`Recording`) in a
-        forward asked to record; replayed from ``mb``'s ``routed_experts`` in a training
-        forward, or a forward asked to replay, of a batch that holds them (the replay
-        stays set through the backward, for recomputed layers); else the routers' own."""
-        hooks = self.router_replay
-        if hooks is None:
+        """Routing of micro-batch ``mb``'s forward (:func:`route`); none without hooks."""
+        if self.router_replay is None:
             return contextlib.nullcontext()
-        if self._routing_use == "record":
-            return Recording(
-                hooks,
-                lambda tokens: batch_routing(
-                    self._token_columns(tokens, inp, packed), inp, mb["prompt_ids"].shape[1]
-                ),
-            )
-        replaying = torch.is_grad_enabled() or self._routing_use == "replay"
-        if replaying and ROUTED_EXPERTS in mb:
-            routed = micro_routing(mb[ROUTED_EXPERTS], inp).to(self.device)
-            hooks.replay(self._model_tokens(routed, inp, packed))
-        else:
-            hooks.stop()
-        return contextlib.nullcontext()
-
-    def _model_tokens(
-        self, routed: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
-    ) -> torch.Tensor:
-        """A micro-batch's routing ``(b, W, L, k)`` in the order the model's routers see
-        its tokens ``(N, L, k)``: row-major over ``(b, W)``, or the packed row's."""
-        if packed is not None:
-            return to_packed(routed, packed.token_index, packed.input_ids.shape[1])
-        return routed.reshape(-1, *routed.shape[2:])
-
-    def _token_columns(
-        self, tokens: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
-    ) -> torch.Tensor:
-        """Inverse of :meth:`_model_tokens`, ``-1`` at padding."""
-        if packed is not None:
-            return from_packed(tokens, packed.token_index)
-        per_token = tokens.reshape(*inp.input_ids.shape, *tokens.shape[1:])
-        return per_token.masked_fill(~(inp.attention_mask > 0)[..., None, None], -1)
+        return route(self.router_replay, self._routing_use, mb, inp, packed, self.device)
 
     @torch.no_grad()
     def response_logits(self, batch: Batch) -> torch.Tensor:
