@@ -89,6 +89,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -519,6 +520,9 @@ def run_system(
     if proc.returncode != 0:
         tail = "\n".join((out / "log.txt").read_text().splitlines()[-30:])
         raise SystemExit(f"[{system}] failed (exit {proc.returncode}):\n{tail}")
+    if not args.keep:  # the run's checkpoints and final model (GBs); logs and metrics stay
+        for heavy in ("checkpoints", "final"):
+            shutil.rmtree(out / "run" / heavy, ignore_errors=True)
     records = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
     timed = records[1:] or records  # step 1 is warm-up
     step_s = statistics.median(r["step_s"] for r in timed)
@@ -691,6 +695,9 @@ def main() -> None:
     parser.add_argument("--trl-python", default=str(repo / ".venv-trl" / "bin" / "python"))
     parser.add_argument("--model", help="HF model dir (default: temper's SmolLM2-135M)")
     parser.add_argument("--out", help="folder for the runs (default: a new temp folder)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep temper's checkpoints and final model (GBs)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a system's subprocess
     args = parser.parse_args()
 
