@@ -11,7 +11,8 @@ backward runs as in a step, and backpropagate ``Σ log p``.
 Reported: the median forward+backward time of each over ``--steps`` repeats after one
 warm-up (the two alternate), as a ratio fused/split from the same run (``--no-head``: the
 vocabulary pass alone, without the LM head's matmuls), and on CUDA the peak memory above the
-inputs (``max_memory_allocated``). On CPU the peak is not measured (no allocator counter).
+inputs (``max_memory_allocated``), on CPU the peak resident set above the RSS at the start
+of the pass (the kernel's high-water mark, reset before each pass; ``benchmarks/rss.py``).
 
     python benchmarks/logprob_entropy.py                       # 4096 tokens × 49152 (SmolLM2)
     python benchmarks/logprob_entropy.py --device cuda --dtype bf16 --tokens 16384 --vocab 151936
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from rss import current_rss, peak_rss, reset_peak_rss  # benchmarks/rss.py, beside this script
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -59,17 +61,19 @@ def once(
     """(seconds, peak bytes above the inputs) of one forward + backward."""
     cuda = hidden.device.type == "cuda"
     h = hidden.detach().requires_grad_()
-    base = 0
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+    else:
+        reset_peak_rss()
+        base = current_rss()
     t0 = time.perf_counter()
     fn(h if head is None else h @ head, labels, chunk).sum().backward()
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    return seconds, (torch.cuda.max_memory_allocated() - base) if cuda else 0.0
+    return seconds, (torch.cuda.max_memory_allocated() if cuda else peak_rss()) - base
 
 
 def main() -> None:
@@ -102,11 +106,10 @@ def main() -> None:
                 if i:  # the first of each is the warm-up
                     runs[name].append(result)
         base, new = (statistics.median(t for t, _ in runs[k]) for k in ("split", "fused"))
-        mem = ""
-        if args.device.startswith("cuda"):
-            base_mem, new_mem = (max(m for _, m in runs[k]) for k in ("split", "fused"))
-            mem = f"; peak {new_mem / 2**30:.2f} vs {base_mem / 2**30:.2f} GiB"
-            mem += f" ({new_mem / base_mem:.2f}×)"
+        base_mem, new_mem = (max(m for _, m in runs[k]) for k in ("split", "fused"))
+        what = "peak" if args.device.startswith("cuda") else "peak RSS"
+        mem = f"; {what} {new_mem / 2**30:.2f} vs {base_mem / 2**30:.2f} GiB"
+        mem += f" ({new_mem / base_mem:.2f}×)"
         print(
             f"chunk {chunk or 'all'}: fused {new * 1e3:.0f} ms, split {base * 1e3:.0f} ms "
             f"({new / base:.2f}×){mem}",

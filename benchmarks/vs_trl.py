@@ -11,7 +11,8 @@ separate virtual environment so that TRL's pins cannot disturb temper's. What is
   templated by the tokenizer's own chat template;
 * 8 prompts x 4 completions per step, temperature ``--temperature`` (1.0), top-p 1, no
   top-k; AdamW lr 2e-5, betas (0.9, 0.999), eps 1e-8, no weight decay, constant lr, grad
-  norm clipped at 1, fp32, no gradient checkpointing;
+  norm clipped at 1, fp32, no gradient checkpointing (``--grad-ckpt``: on in every system;
+  temper: ``model.enable_gradient_checkpointing``, TRL: ``gradient_checkpointing``);
 * one optimizer step per RL step over all 32 completions, in micro-batches of 8 (TRL:
   ``per_device_train_batch_size=8``, ``gradient_accumulation_steps=4``,
   ``steps_per_generation=4``, ``num_iterations=1``; temper: ``actor.mini_batch_size=32``,
@@ -38,6 +39,20 @@ and a ``TrainerCallback`` around each optimizer step: "batch prep/adv" is TRL's
 ``_prepare_inputs`` less generation and reward (tokenizing, padding, advantages), and
 "train" is the rest of the step (the loss forwards, backward, clipping, optimizer step).
 
+Memory (host RSS; ``benchmarks/rss.py``): the peak of the whole run's process tree (the
+worker and all it starts, sampled every 50 ms by the parent), the worker's own peak (the
+kernel's high-water mark, exact), and the peak of each step's phases — the step, generation
+and the training update (fwd+bwd+optimizer) — from the high-water mark reset at every
+phase boundary: temper's ``timing/*`` phases, TRL's profiled ones and, for its training,
+the rest of its step. Each phase's row is the largest over all steps (step 1 allocates the
+optimizer state). Everything runs in the worker process in both systems (vLLM's CPU engine
+in-process), so the main-process and tree peaks differ only by helpers such as reward
+workers. The tree is sampled, so a peak shorter than a sample can hide from it: the
+``run`` row is the larger of the tree's and the worker's own peak.
+
+``--temper-set KEY=VALUE`` (repeatable) sets one more temper key in both temper systems
+(an A/B of a temper setting; TRL is unaffected).
+
 ``--to-accuracy`` measures what users care about: validation accuracy against training
 wall-clock on the harder task (``task:arithmetic_hard``, two-digit ``+``/``-``; SmolLM2
 starts near 6%), with ``examples/arithmetic_hard.yaml``'s settings for both systems
@@ -63,6 +78,8 @@ Run (temper's environment; ``--trl-python`` defaults to ``.venv-trl/bin/python``
     python benchmarks/vs_trl.py --length 16                 # fixed length 16, 6 steps each
     python benchmarks/vs_trl.py --length 128 --steps 6
     python benchmarks/vs_trl.py --length 16 --mode free --systems temper-vllm,trl
+    python benchmarks/vs_trl.py --length 128 --grad-ckpt      # memory with checkpointing
+    python benchmarks/vs_trl.py --systems temper-vllm --temper-set rollout.block_size=128
     python benchmarks/vs_trl.py --to-accuracy --steps 40 --systems temper-vllm,trl
 """
 
@@ -72,13 +89,18 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from rss import PhasePeaks, TreeSampler  # benchmarks/rss.py, beside this script
 
 SYSTEMS = ("temper-hf", "temper-vllm", "trl")
 SYSTEM_PROMPT = "You are a concise assistant."
@@ -93,6 +115,8 @@ PHASES = (
     ("weight sync", "weight_sync"),
     ("other", "other"),
 )
+#: (row label, phase) of the peak-RSS rows; TRL's phases are mapped onto these names.
+MEMORY_PHASES = (("step", "step"), ("generate", "rollout"), ("train fwd+bwd+opt", "train"))
 TARGETS = {"temper-vllm": 2.0, "temper-hf": 1.2}  # fixed-length steps/s vs TRL (issue 18)
 
 
@@ -138,54 +162,79 @@ def temper_worker(spec: dict[str, Any]) -> None:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from temper.pipelines import run_pipeline
+    from temper.pipelines import run_pipeline, timing
     from temper.pipelines.catalog import build_config
+
+    peaks, step_peaks = PhasePeaks(), []
+    timed_phase = timing.Timer.__call__
+
+    @contextmanager
+    def with_peaks(self: Any, name: str) -> Iterator[None]:  # each timed phase's peak RSS
+        peaks.enter(name)
+        try:
+            with timed_phase(self, name):
+                yield
+        finally:
+            peaks.exit(name)
+            if name == "step":
+                step_peaks.append(peaks.take())
+
+    timing.Timer.__call__ = with_peaks  # type: ignore[method-assign]
 
     out = Path(spec["out"])
     fixed = spec["mode"] == "fixed"
-    cfg = build_config(
-        {
-            "experiment": {
-                "output_dir": str(out / "run"),
-                "max_steps": spec["steps"],
-                "seed": 0,
-                "device": "cpu",
-                "trackers": ["jsonl"],
-                "save_freq": -1,
-                "val_before_train": bool(spec["val_data"]),
-                "test_freq": spec["eval_every"] if spec["val_data"] else 0,
-            },
-            "model": {"path": spec["model"], "dtype": "fp32"},
-            "data": {
-                "train_files": [spec["data"]],
-                "val_files": [spec["val_data"]] if spec["val_data"] else [],
-                "max_prompt_length": 128,
-                "train_batch_size": spec["prompts_per_step"],
-                "shuffle": False,
-            },
-            "rollout": {
-                "engine": spec["engine"],
-                "n": spec["group"],
-                "val": {"do_sample": False, "temperature": 0.0},
-                "response_length": spec["length"],
-                "temperature": spec["temperature"],
-                "top_p": 1.0,
-                "top_k": -1,
-                "ignore_eos": fixed,
-            },
-            "actor": {
-                "mini_batch_size": spec["prompts_per_step"] * spec["group"],
-                "micro_batch_size_per_device": MICRO,
-                "recompute_old_log_prob": False,
-                "use_kl_loss": False,
-                "grad_clip": 1.0,
-                "optim": {"lr": 2e-5, "weight_decay": 0.0, "lr_scheduler": "constant"},
-            },
-            "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
-            "reward": {"function": "arithmetic", "num_workers": 1},
-        }
-    )
-    run_pipeline(cfg)
+    settings: dict[str, Any] = {
+        "experiment": {
+            "output_dir": str(out / "run"),
+            "max_steps": spec["steps"],
+            "seed": 0,
+            "device": "cpu",
+            "trackers": ["jsonl"],
+            "save_freq": -1,
+            "val_before_train": bool(spec["val_data"]),
+            "test_freq": spec["eval_every"] if spec["val_data"] else 0,
+        },
+        "model": {
+            "path": spec["model"],
+            "dtype": "fp32",
+            "enable_gradient_checkpointing": spec["grad_ckpt"],
+        },
+        "data": {
+            "train_files": [spec["data"]],
+            "val_files": [spec["val_data"]] if spec["val_data"] else [],
+            "max_prompt_length": 128,
+            "train_batch_size": spec["prompts_per_step"],
+            "shuffle": False,
+        },
+        "rollout": {
+            "engine": spec["engine"],
+            "n": spec["group"],
+            "val": {"do_sample": False, "temperature": 0.0},
+            "response_length": spec["length"],
+            "temperature": spec["temperature"],
+            "top_p": 1.0,
+            "top_k": -1,
+            "ignore_eos": fixed,
+        },
+        "actor": {
+            "mini_batch_size": spec["prompts_per_step"] * spec["group"],
+            "micro_batch_size_per_device": MICRO,
+            "recompute_old_log_prob": False,
+            "use_kl_loss": False,
+            "grad_clip": 1.0,
+            "optim": {"lr": 2e-5, "weight_decay": 0.0, "lr_scheduler": "constant"},
+        },
+        "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
+        "reward": {"function": "arithmetic", "num_workers": 1},
+    }
+    for key, value in spec["temper_set"]:  # --temper-set: one dotted key
+        *parents, leaf = key.split(".")
+        node = settings
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    run_pipeline(build_config(settings))
+    (out / "memory.json").write_text(json.dumps({"process_peak": peaks.process_peak()}))
     rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     with open(out / "evals.jsonl", "w") as f:  # validation: before training, every k steps
         f.writelines(
@@ -194,9 +243,7 @@ def temper_worker(spec: dict[str, Any]) -> None:
             if "val/reward_mean" in row
         )
     with open(out / "steps.jsonl", "w") as f:
-        for row in rows:
-            if "timing/step_s" not in row:
-                continue
+        for row in (r for r in rows if "timing/step_s" in r):
             phases = {
                 k[len("timing/") : -len("_s")]: v
                 for k, v in row.items()
@@ -215,6 +262,7 @@ def temper_worker(spec: dict[str, Any]) -> None:
                         "tokens": row["perf/tokens_per_s"] * step_s,
                         "samples": samples,
                         "score": row.get("train/score_mean"),
+                        "rss": step_peaks.pop(0) if step_peaks else {},
                     }
                 )
                 + "\n"
@@ -239,6 +287,24 @@ def trl_worker(spec: dict[str, Any]) -> None:
         phases[name] = phases.get(name, 0.0) + duration
 
     profiling.ProfilingContext._log_metrics = log_metrics
+    # peak RSS of TRL's profiled phases; its training is the step outside all of them
+    peaks = PhasePeaks(bare_inside="step", bare_as="train")
+    renamed = {"transformers.generate": "rollout"}
+    enter, leave = profiling.ProfilingContext.__enter__, profiling.ProfilingContext.__exit__
+
+    def enter_phase(self: Any) -> Any:
+        name = self.name.split(".", 1)[-1]
+        peaks.enter(renamed.get(name, name))
+        return enter(self)
+
+    def exit_phase(self: Any, *exc: Any) -> Any:
+        result = leave(self, *exc)
+        name = self.name.split(".", 1)[-1]
+        peaks.exit(renamed.get(name, name))
+        return result
+
+    profiling.ProfilingContext.__enter__ = enter_phase
+    profiling.ProfilingContext.__exit__ = exit_phase
 
     rows = [json.loads(x) for x in Path(spec["data"]).read_text().splitlines()]
     dataset = Dataset.from_list(
@@ -292,6 +358,7 @@ def trl_worker(spec: dict[str, Any]) -> None:
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             phases.clear()
+            peaks.enter("step")
             self.start = time.perf_counter()
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -300,6 +367,7 @@ def trl_worker(spec: dict[str, Any]) -> None:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             step_s = time.perf_counter() - self.start
+            peaks.exit("step")
             prepare = phases.get("_prepare_inputs", 0.0)
             generate = phases.get("transformers.generate", 0.0)
             reward = phases.get("_calculate_rewards", 0.0)
@@ -313,6 +381,7 @@ def trl_worker(spec: dict[str, Any]) -> None:
                     "train": step_s - prepare,
                 },
                 "trl_profiling": dict(phases),
+                "rss": peaks.take(),
             }
             every = spec["eval_every"]
             if val_rows and every > 0 and state.global_step % every == 0:
@@ -340,7 +409,7 @@ def trl_worker(spec: dict[str, Any]) -> None:
         use_cpu=True,
         bf16=False,
         fp16=False,
-        gradient_checkpointing=False,
+        gradient_checkpointing=spec["grad_ckpt"],
         per_device_train_batch_size=MICRO,
         gradient_accumulation_steps=prompts_per_step * group // MICRO,
         steps_per_generation=prompts_per_step * group // MICRO,
@@ -377,6 +446,7 @@ def trl_worker(spec: dict[str, Any]) -> None:
         callbacks=[StepTimer()],
     )
     trainer.train()
+    (out / "memory.json").write_text(json.dumps({"process_peak": peaks.process_peak()}))
     with open(out / "steps.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     with open(out / "evals.jsonl", "w") as f:
@@ -407,6 +477,8 @@ def run_system(
     data: Path,
     val_data: Path | None = None,
 ) -> dict[str, Any]:
+    import yaml
+
     out = root / system
     out.mkdir(parents=True, exist_ok=True)
     spec = {
@@ -423,6 +495,10 @@ def run_system(
         "group": args.group,
         "val_data": str(val_data) if val_data else "",
         "eval_every": args.eval_every,
+        "grad_ckpt": args.grad_ckpt,
+        "temper_set": [
+            (k, yaml.safe_load(v)) for k, v in (s.split("=", 1) for s in args.temper_set)
+        ],
     }
     (out / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE"}
@@ -437,11 +513,16 @@ def run_system(
     print(f"[{system}] {' '.join(cmd)}  (log: {out / 'log.txt'})", flush=True)
     start = time.perf_counter()
     with open(out / "log.txt", "w") as log:
-        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with TreeSampler(proc.pid) as tree:  # the worker and whatever it starts
+            proc.wait()
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         tail = "\n".join((out / "log.txt").read_text().splitlines()[-30:])
         raise SystemExit(f"[{system}] failed (exit {proc.returncode}):\n{tail}")
+    if not args.keep:  # the run's checkpoints and final model (GBs); logs and metrics stay
+        for heavy in ("checkpoints", "final"):
+            shutil.rmtree(out / "run" / heavy, ignore_errors=True)
     records = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
     timed = records[1:] or records  # step 1 is warm-up
     step_s = statistics.median(r["step_s"] for r in timed)
@@ -454,6 +535,14 @@ def run_system(
         "phases": _median_phases(timed),
         "score": statistics.mean(r["score"] or 0.0 for r in records),
         "wall_s": wall,
+        "rss_tree": tree.peak,
+        "rss_tree_at_peak": tree.at_peak,
+        "rss_process": json.loads((out / "memory.json").read_text())["process_peak"],
+        # a peak is a peak: the largest over all steps (step 1 allocates the optimizer state)
+        "rss_phases": {
+            k: max(r.get("rss", {}).get(k, 0) for r in records)
+            for k in {k for r in records for k in r.get("rss", {})}
+        },
         "clock": [sum(r["step_s"] for r in records[:k]) for k in range(len(records) + 1)],
         "evals": [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
         if (out / "evals.jsonl").exists()
@@ -472,7 +561,8 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]]) ->
     )
     print(
         f"\nSmolLM2-135M-Instruct fp32, {args.prompts_per_step} prompts x {args.group}, {mode}, "
-        f"temperature {args.temperature}, {args.threads} threads; medians over steps "
+        f"temperature {args.temperature}, {args.threads} threads"
+        f"{', gradient checkpointing' if args.grad_ckpt else ''}; medians over steps "
         f"2..{args.steps}"
     )
     width = max(13, *(len(n) + 2 for n in names))
@@ -498,6 +588,18 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]]) ->
         cells = [results[n]["phases"].get(key) for n in names]
         if any(c is not None for c in cells):
             row(f"  {label}", ["-" if c is None else f"{c:.2f}" for c in cells])
+    if all("rss_tree" in results[n] for n in names):
+        print("peak RSS GiB (the largest over all steps):")
+        gib = 2**30
+        run = {n: max(results[n]["rss_tree"], results[n]["rss_process"]) for n in names}
+        row("  run", [f"{run[n] / gib:.2f}" for n in names])
+        if trl:
+            row("  run vs trl", [f"{run[n] / run['trl']:.2f}x" for n in names])
+        row("  run, process tree", [f"{results[n]['rss_tree'] / gib:.2f}" for n in names])
+        row("  run, main process", [f"{results[n]['rss_process'] / gib:.2f}" for n in names])
+        for label, key in MEMORY_PHASES:
+            cells = [results[n]["rss_phases"].get(key) for n in names]
+            row(f"  {label}", ["-" if not c else f"{c / gib:.2f}" for c in cells])
     row("mean score", [f"{results[n]['score']:.3f}" for n in names])
     row("process wall s", [f"{results[n]['wall_s']:.0f}" for n in names])
     if trl and args.mode == "fixed":
@@ -577,12 +679,25 @@ def main() -> None:
     parser.add_argument(
         "--smooth", type=int, default=3, help="--to-accuracy: validations in a trailing mean"
     )
+    parser.add_argument(
+        "--temper-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a temper config key for both temper systems (dotted; the value read as YAML)",
+    )
     parser.add_argument("--results", help="print the tables of an earlier run's results.json")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--grad-ckpt", action="store_true", help="gradient checkpointing in every system"
+    )
     repo = Path(__file__).resolve().parents[1]
     parser.add_argument("--trl-python", default=str(repo / ".venv-trl" / "bin" / "python"))
     parser.add_argument("--model", help="HF model dir (default: temper's SmolLM2-135M)")
     parser.add_argument("--out", help="folder for the runs (default: a new temp folder)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep temper's checkpoints and final model (GBs)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a system's subprocess
     args = parser.parse_args()
 

@@ -1,7 +1,8 @@
 """``rollout.*`` → the arguments of ``vllm.LLM(**kwargs)`` (vLLM's ``EngineArgs``).
 
-Every engine key of ``rollout.*`` is passed on, left out with a note saying why (on
-vLLM's CPU build: GPU-memory, sleep and odd block-size settings), or rejected with a
+Every engine key of ``rollout.*`` is passed on (on vLLM's CPU build a block size rounded
+up to a multiple of 32, with a note), left out with a note saying why (on vLLM's CPU
+build: GPU-memory and sleep settings), or rejected with a
 ``ConfigError`` naming the key. ``rollout.engine_kwargs`` (``{vllm: {...}}`` or the verl
 dialect's flat dict) is passed through last, after its names are checked against
 ``EngineArgs``' fields and the ones that would break RL (another ``logprobs_mode``, a
@@ -51,6 +52,15 @@ OPTION_KEYS = {
 RENAMED_ARGS = {
     "disable_mm_preprocessor_cache": lambda v: {"mm_processor_cache_gb": 0} if v else {},
 }
+
+
+def cpu_block_size(block_size: int) -> int:
+    """The KV-cache block of vLLM's CPU build: ``block_size`` rounded up to a multiple of
+    32 (its attention's unit). Not vLLM's own CPU default (128): prefix caching shares
+    whole blocks only, so a small block lets a GRPO group's ``n`` samples (and prompts
+    with a common system message) share all but the last partial block of their prompt —
+    a prompt shorter than 128 tokens shares nothing with 128."""
+    return -(-block_size // 32) * 32
 
 
 def engine_args(
@@ -120,12 +130,11 @@ def engine_args(
         )
         if not env.get("VLLM_CPU_KVCACHE_SPACE"):
             kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
-        if rollout_cfg.block_size % 32 == 0:
-            kwargs["block_size"] = rollout_cfg.block_size
-        else:
+        kwargs["block_size"] = cpu_block_size(rollout_cfg.block_size)
+        if kwargs["block_size"] != rollout_cfg.block_size:
             notes.append(
-                f"rollout.block_size={rollout_cfg.block_size} is not used on CPU: vLLM's CPU "
-                "attention wants multiples of 32 and picks 128 itself"
+                f"rollout.block_size={rollout_cfg.block_size} is rounded up to "
+                f"{kwargs['block_size']} on CPU: vLLM's CPU attention wants multiples of 32"
             )
         if rollout_cfg.free_cache_engine:
             notes.append(

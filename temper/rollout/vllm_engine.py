@@ -24,11 +24,13 @@ Choices that keep the two engines interchangeable (and RL correct):
   (:mod:`temper.rollout.vllm_process`).
 
 Weight sync (:meth:`VLLMRolloutEngine.load_weights`): the trainer's Hugging Face named
-tensors are grouped into buckets of ``bucket_bytes`` (``rollout.update_weights_bucket_megabytes``) and streamed into one in-place
-update through :class:`temper.rollout.vllm_worker.TemperWorkerExtension`
-(begin → bucket × N → finish), then the prefix cache is dropped (its KV came from the
-old weights). LoRA actors arrive merged (``hf_named_weights``), so vLLM needs no LoRA
-support of its own.
+tensors are grouped into buckets of ``bucket_bytes``
+(``rollout.update_weights_bucket_megabytes``) and streamed into one in-place update
+through :class:`temper.rollout.vllm_worker.TemperWorkerExtension` (begin → bucket × N →
+finish), then the prefix cache is dropped (its KV came from the old weights). On vLLM's
+CPU build the token embedding's packed GEMM copy, which only an LM head would read, is
+freed at start and not rebuilt by a sync. LoRA actors arrive merged
+(``hf_named_weights``), so vLLM needs no LoRA support of its own.
 
 Memory (``free_cache_engine``): on GPU the engine is built with sleep mode and sleeps
 (level 1: weights to host, KV cache freed) after each rollout, waking before the next
@@ -341,6 +343,9 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         if kwargs["load_format"] == "dummy":
             log.info("vllm: load_format=dummy: random weights until the first weight sync")
+        if on_cpu:  # memory, and each weight sync's time (vllm_worker)
+            freed = engine._rpc("temper_drop_unread_packing")
+            log.info("vllm: freed %d MiB of unread embedding GEMM packing", (freed or 0) >> 20)
         return engine
 
     # ----------------------------------------------------------------- memory

@@ -17,7 +17,8 @@ soon as all of its tensors have arrived.
 Embedding layers (the token embedding and the LM head, one weight when tied) skip the
 layerwise machinery: their weight keeps its checkpoint layout in the engine (vLLM's CPU
 build packs a *copy* of it for the logits GEMM), so the loader writes straight into it and
-the layer is re-processed at ``finish``. Through the layerwise reload each of them would
+the LM head is re-processed at ``finish`` (the token embedding needs nothing: it reads its
+live weight; see :func:`_logit_heads`). Through the layerwise reload each of them would
 be loaded into a fresh tensor and copied back: two passes over the weight more per layer
 (SmolLM2's tied embedding, 113 MB, is both layers).
 
@@ -42,6 +43,22 @@ class TemperWorkerExtension:
 
     def _temper_model(self) -> Any:
         return self.model_runner.get_model()
+
+    def temper_drop_unread_packing(self) -> int:
+        """Free the GEMM copies vLLM's CPU build packs for token embeddings that are no LM
+        head (see :func:`_logit_heads`): never read, they cost memory and, re-packed, sync
+        time. Their ``cpu_linear`` becomes vLLM's own unpacked fallback, ``F.linear`` on
+        the live weight, so a call would still be right. Returns the layers' weight bytes
+        (the size of each copy freed)."""
+        model = self._temper_model()
+        layers = _direct_layers(model, reloading=False)
+        heads = {id(layer) for layer in _logit_heads(model, layers)}
+        freed = 0
+        for layer in layers:
+            if id(layer) not in heads and hasattr(layer, "cpu_linear"):
+                layer.cpu_linear = torch.nn.functional.linear
+                freed += layer.weight.numel() * layer.weight.element_size()
+        return freed
 
     def temper_begin_weight_update(self) -> None:
         """Open one in-place update: layers go back to checkpoint format (on meta), but
@@ -108,7 +125,7 @@ class TemperWorkerExtension:
         finally:
             quiet.setLevel(level)
         with set_current_vllm_config(self.vllm_config), torch.no_grad():
-            for layer in direct:  # loaded in place: redo what the engine built from them
+            for layer in _logit_heads(model, direct):  # loaded in place: redo their GEMM
                 layer.quant_method.process_weights_after_loading(layer)
         self._temper_direct, self._temper_tied = [], set()
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
@@ -137,10 +154,30 @@ def _tied_aliases(model: Any) -> set[str]:
     return aliases
 
 
-def _direct_layers(model: Any) -> list[Any]:
+def _logit_heads(model: Any, layers: list[Any]) -> list[Any]:
+    """Those of ``layers`` that compute logits: a ``ParallelLMHead``, or a layer registered
+    as ``lm_head``. Their re-processing is what the engine builds from the weight for the
+    logits GEMM (the CPU build's packed copy). A token embedding only looks rows up in its
+    live weight, so its packed copy (which vLLM's CPU build makes for every embedding) is
+    never read, and re-packing it would only cost time (SmolLM2: as long as the LM head's).
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    named_head = {
+        id(layer)
+        for name, layer in model.named_modules(remove_duplicate=False)
+        if name.rsplit(".", 1)[-1] == "lm_head"
+    }
+    return [
+        layer for layer in layers if isinstance(layer, ParallelLMHead) or id(layer) in named_head
+    ]
+
+
+def _direct_layers(model: Any, reloading: bool = True) -> list[Any]:
     """Layers whose checkpoint weights are loaded in place (see the module doc): vLLM
     embeddings (token embedding, LM head) without quantization, whose only tensor is a
-    live ``weight`` of its checkpoint shape and dtype."""
+    live ``weight``, of its checkpoint shape and dtype when ``reloading`` (between
+    updates vLLM keeps no checkpoint record to compare with)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         UnquantizedEmbeddingMethod,
         VocabParallelEmbedding,
@@ -156,8 +193,13 @@ def _direct_layers(model: Any) -> list[Any]:
         tensors = dict(layer.named_parameters(recurse=False)) | dict(
             layer.named_buffers(recurse=False)
         )
+        if set(tensors) != {"weight"} or tensors["weight"].is_meta:
+            continue
+        if not reloading:
+            out.append(layer)
+            continue
         info = get_layerwise_info(layer)
-        if info.can_load() or set(tensors) != {"weight"}:
+        if info.can_load():
             continue
         weight, recorded = tensors["weight"], info.restore_metadata[0].get("weight")
         if (

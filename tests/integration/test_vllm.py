@@ -153,6 +153,46 @@ def test_weight_sync_changes_then_restores_output_exactly(engine, hf_engine, tok
     assert torch.equal(after["rollout_log_probs"], before["rollout_log_probs"])
 
 
+def _embedding_gemms(worker) -> dict[str, bool]:
+    """Per vLLM embedding layer (by name): does its logits GEMM use a packed copy?"""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    model = worker.model_runner.get_model()
+    return {
+        name: layer.cpu_linear is not torch.nn.functional.linear
+        for name, layer in model.named_modules(remove_duplicate=False)
+        if isinstance(layer, VocabParallelEmbedding)
+    }
+
+
+def test_token_embedding_packing_is_freed_and_a_sync_still_matches_hf(engine, hf_engine, tokenizer):
+    """vLLM's CPU build packs a GEMM copy of every embedding; the token embedding's is
+    never read (lookups use the live weight), so temper frees it and a sync does not
+    rebuild it. The LM head (the same tied weight) keeps its packing, refreshed by the
+    sync: after new weights, vLLM's log-probs are the hf engine's with the same weights."""
+    assert engine.llm.collective_rpc(_embedding_gemms)[0] == {
+        "model.embed_tokens": False,
+        "lm_head": True,
+    }
+    batch = prompts_for(tokenizer)
+    # parameters, not the state dict: the tied weight once (both engines agree on its value)
+    original = {n: t.detach().clone() for n, t in hf_engine.module.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    perturbed = {n: t + 0.05 * torch.randn(t.shape, generator=gen) for n, t in original.items()}
+    try:
+        engine.load_weights(perturbed.items())
+        hf_engine.load_weights(perturbed.items())
+        ours, ref = engine.generate(batch, GREEDY), hf_engine.generate(batch, GREEDY)
+        assert torch.equal(ours["response_ids"], ref["response_ids"])
+        torch.testing.assert_close(
+            ours["rollout_log_probs"], ref["rollout_log_probs"], atol=1e-3, rtol=0
+        )
+        assert engine.llm.collective_rpc(_embedding_gemms)[0]["model.embed_tokens"] is False
+    finally:
+        engine.load_weights(original.items())
+        hf_engine.load_weights(original.items())
+
+
 def test_failed_weight_sync_is_loud_and_leaves_the_engine_usable(engine, tokenizer):
     batch = prompts_for(tokenizer)
     before = engine.generate(batch, GREEDY)

@@ -9,7 +9,7 @@ import pytest
 
 from temper.config.errors import ConfigError
 from temper.config.schema import ModelConfig, RolloutConfig
-from temper.rollout.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, engine_args
+from temper.rollout.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, cpu_block_size, engine_args
 
 FIELDS = {
     "model",
@@ -55,10 +55,14 @@ def test_cpu_mapping_honors_engine_keys_and_notes_gpu_ones():
     # GPU-only settings are left out on CPU, each with its reason
     for key in ("gpu_memory_utilization", "enable_sleep_mode", "tensor_parallel_size"):
         assert key not in kwargs
-    assert "block_size" not in kwargs  # 16 is not a multiple of 32: the CPU backend picks
+    assert kwargs["block_size"] == 32  # 16 rounded up to CPU attention's unit, with a note
     text = " ".join(notes)
     for key in ("gpu_memory_utilization", "block_size", "free_cache_engine"):
         assert f"rollout.{key}" in text
+
+
+def test_cpu_block_size_rounds_up_to_a_multiple_of_32():
+    assert [cpu_block_size(b) for b in (1, 16, 32, 33, 64, 128)] == [32, 32, 32, 64, 64, 128]
 
 
 def test_cpu_keeps_a_multiple_of_32_block_size_and_env_kv_cache():
