@@ -365,7 +365,11 @@ class RolloutConfig:
     enforce_eager: bool = doc(True, "vLLM: no CUDA graphs.")
     free_cache_engine: bool = doc(True, "Free the KV cache between rollout and training.")
     load_format: str = doc("auto", "Initial weights: auto, or dummy (random; first sync loads).")
-    max_model_len: int | None = doc(None, "Engine context length; None = prompt + response.")
+    max_model_len: int | None = doc(
+        None,
+        "Engine context length (vLLM's max_model_len) and a multi-turn episode's bound; "
+        "None = the model's own context.",
+    )
     max_num_seqs: int = doc(256, "Max sequences in flight in the engine.")
     max_num_batched_tokens: int = doc(8192, "Max tokens per engine step.")
     enable_chunked_prefill: bool = doc(True, "Chunk long prefills.")
