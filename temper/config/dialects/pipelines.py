@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from temper.config.dialects import paths
 from temper.config.errors import ConfigError
 
 RUNS = (
@@ -40,33 +41,18 @@ class Shape:
     lacks: str = ""  # what temper lacks of it, where a near pipeline could mislead
 
 
-def _get(data: dict[str, Any], path: str) -> Any:
-    node: Any = data
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _any_key(*paths: str, truthy: bool = False) -> Callable[[dict[str, Any]], str | None]:
-    """Identified by the first of ``paths`` present (with a true value when ``truthy``)."""
+def _any_key(*keys: str, truthy: bool = False) -> Callable[[dict[str, Any]], str | None]:
+    """Identified by the first of ``keys`` present (with a true value when ``truthy``)."""
 
     def match(data: dict[str, Any]) -> str | None:
-        for path in paths:
-            value = _get(data, path)
-            present = value is not None or _has(data, path)
+        for path in keys:
+            value = paths.get(data, path)
+            present = value is not None or paths.has(data, path)
             if present and (value or not truthy):
                 return path
         return None
 
     return match
-
-
-def _has(data: dict[str, Any], path: str) -> bool:
-    *parents, leaf = path.split(".")
-    node = _get(data, ".".join(parents)) if parents else data
-    return isinstance(node, dict) and leaf in node
 
 
 def _rollout_only(data: dict[str, Any]) -> str | None:
@@ -79,7 +65,7 @@ def _rollout_only(data: dict[str, Any]) -> str | None:
 
 
 def _diffusion(data: dict[str, Any]) -> str | None:
-    if _get(data, "actor_train.model_args.model_type") == "diffusion_module":
+    if paths.get(data, "actor_train.model_args.model_type") == "diffusion_module":
         return "actor_train.model_args.model_type"
     return None
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from temper.config.catalog import Catalog
-from temper.config.dialects import Translation, roll_gem, roll_gigpo
+from temper.config.dialects import Translation, paths, roll_gem, roll_gigpo
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_devices import parse_device_mapping
@@ -157,11 +157,7 @@ def drop_training_keys(ctx: Ctx) -> None:
         if not dst.startswith(ROLLOUT_READS) or dst.startswith("agentic.val_env_manager")
     }
     for dst in unread:
-        *parents, leaf = dst.split(".")
-        node = ctx.native
-        for part in parents:
-            node = node.get(part, {})
-        node.pop(leaf, None)
+        paths.delete(ctx.native, dst)
         del ctx.src[dst]
     placed = sorted({src for dst, src in unread.items() if dst.startswith("resources.")})
     dropped = sorted(set(unread.values()) - set(placed))

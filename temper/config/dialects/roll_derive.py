@@ -12,7 +12,8 @@ import math
 import os
 from typing import Any
 
-from temper.config.dialects import roll_correction, roll_pg
+from temper.config.dialects import paths, roll_correction, roll_pg
+from temper.config.dialects.paths import MISSING
 from temper.config.dialects.roll_devices import parse_device_mapping
 from temper.config.dialects.roll_rewards import rewards as rewards
 from temper.config.dialects.roll_rules import (
@@ -29,8 +30,6 @@ from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 from temper.config.schema import MEGATRON_DEGREES, MODEL_PARALLEL_DEGREES
 
-MISSING = object()
-
 
 class Ctx:
     def __init__(self, data: dict[str, Any]) -> None:
@@ -41,15 +40,10 @@ class Ctx:
         self.used: list[Any] = []  # values of keys read by rules (for definition refs)
 
     def get(self, path: str, default: Any = None) -> Any:
-        node: Any = self.data
-        for part in path.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        return paths.get(self.data, path, default)
 
     def has(self, path: str) -> bool:
-        return self.get(path, MISSING) is not MISSING
+        return paths.has(self.data, path)
 
     def set(self, dst: str, value: Any, src: str) -> None:
         if dst in self.src and self.native_get(dst) != value:
@@ -58,20 +52,11 @@ class Ctx:
                 f"sets {dst} to {value!r}, but {self.src[dst]} set it to {self.native_get(dst)!r}",
                 f"make {src} and {self.src[dst]} agree",
             )
-        node = self.native
-        *parents, leaf = dst.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        paths.put(self.native, dst, value)
         self.src[dst] = src
 
     def native_get(self, dst: str, default: Any = None) -> Any:
-        node: Any = self.native
-        for part in dst.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        return paths.get(self.native, dst, default)
 
     def note(self, key: str, why: str) -> None:
         self.notes.append(f"{key}: accepted, no effect here: {why}")

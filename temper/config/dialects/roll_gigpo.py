@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.roll_derive import MISSING, Ctx
+from temper.config.dialects.paths import MISSING
+from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_rules import listify
 from temper.config.errors import ConfigError
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects import paths
 from temper.config.dialects.roll_rules import (
     CROSSTHINKQA_REWARD_TYPES,
     DET_IOU_MODES,
@@ -84,12 +85,6 @@ JUDGE_GENERATION = {
 def _worker(spec: Any) -> tuple[Any, str | None]:
     cls = (spec or {}).get("worker_cls")
     return cls, (str(cls).rsplit(".", 1)[-1] if cls else None)
-
-
-def _leaves(value: Any, key: str) -> list[str]:
-    if isinstance(value, dict) and value:
-        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{key}.{k}")]
-    return [key]
 
 
 def rewards(ctx: Any) -> None:
@@ -148,7 +143,7 @@ def rewards(ctx: Any) -> None:
                 if function == "detection" and path == MODEL_PATH:
                     continue  # read by _detection
                 if ctx.has(f"{key}.{path}"):
-                    for leaf in _leaves(ctx.get(f"{key}.{path}"), f"{key}.{path}"):
+                    for leaf in paths.leaves(ctx.get(f"{key}.{path}"), f"{key}.{path}"):
                         ctx.note(leaf, RULE_NOTE)
         if function != "llm_judge":  # a judge's world_size counts its engine ranks
             workers = max(workers, int(spec.get("world_size") or 0))

@@ -9,15 +9,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from temper.config.dialects.roll_derive import MISSING, Ctx
+from temper.config.dialects import paths
+from temper.config.dialects.paths import MISSING
+from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_rules import Map, Note, Reject, Rule, Same, Use
 from temper.config.errors import ConfigError, did_you_mean
-
-
-def _leaves(value: Any, path: str) -> list[str]:
-    if isinstance(value, dict) and value:
-        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{path}.{k}")]
-    return [path]
 
 
 class KeyTable:
@@ -109,7 +105,9 @@ def _apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None
         for dst in dsts:
             ctx.set(dst.format(*stars), out, key)
     elif isinstance(rule, Note):
-        ctx.notes.append(f"{', '.join(_leaves(value, key))}: accepted, no effect here: {rule.why}")
+        ctx.notes.append(
+            f"{', '.join(paths.leaves(value, key))}: accepted, no effect here: {rule.why}"
+        )
     elif isinstance(rule, Reject):
         if not rule.ok(value):
             raise ConfigError(key, f"{value!r} is not supported: {rule.why}", rule.fix)

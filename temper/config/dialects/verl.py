@@ -33,6 +33,7 @@ from typing import Any, Union, get_args, get_origin
 from temper.config.catalog import VALUES, Catalog
 from temper.config.dialects import (
     Translation,
+    paths,
     verl_async,
     verl_distill,
     verl_generation,
@@ -41,6 +42,7 @@ from temper.config.dialects import (
     verl_spin,
     verl_sppo,
 )
+from temper.config.dialects.paths import MISSING
 from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.dialects.verl_v09 import MODEL_ENGINE_STRATEGY
@@ -49,7 +51,6 @@ from temper.config.loader import RawConfig
 from temper.config.schema import RolloutConfig, TemperConfig
 from temper.config.typed import _convert
 
-_MISSING = object()
 # verl policy losses that always aggregate with seq-mean-token-mean.
 SEQUENCE_MEAN_LOSSES = ("gspo", "sapo")
 
@@ -155,12 +156,6 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _leaves(value: Any, key: str) -> list[str]:
-    if isinstance(value, dict) and value:
-        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{key}.{k}")]
-    return [key]
-
-
 class _Translator:
     def __init__(
         self,
@@ -188,11 +183,7 @@ class _Translator:
         return self.key.rsplit(".", 1)[-1]
 
     def get(self, path: str, default: Any = None) -> Any:
-        node: Any = self.tree
-        for part in path.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
+        node = paths.get(self.tree, path)
         return default if node is None or node == UNSET else node
 
     def note(self, why: str, key: str | None = None) -> None:
@@ -279,32 +270,21 @@ class _Translator:
         engine = self._lookup("model_engine")
         strategy = "actor_rollout_ref.actor.strategy"
         ppo = "model_engine" in self.tables.table
-        if ppo and engine in MODEL_ENGINE_STRATEGY and self._lookup(strategy) is _MISSING:
+        if ppo and engine in MODEL_ENGINE_STRATEGY and self._lookup(strategy) is MISSING:
             self._set(strategy, MODEL_ENGINE_STRATEGY[engine])
         for key, value in self.tables.defaults.items():
-            if self._lookup(key) is _MISSING:
+            if self._lookup(key) is MISSING:
                 self._set(key, value)
                 self.note("verl default applied (the file does not set it)", f"{key}={value}")
         for target, source in self.tables.inherit:
-            if self._lookup(target) is _MISSING and self._lookup(source) is not _MISSING:
+            if self._lookup(target) is MISSING and self._lookup(source) is not MISSING:
                 self._set(target, copy.deepcopy(self._lookup(source)))
 
     def _lookup(self, path: str) -> Any:
-        node: Any = self.tree
-        for part in path.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return _MISSING
-            node = node[part]
-        return node
+        return paths.get(self.tree, path, MISSING)
 
     def _set(self, path: str, value: Any) -> None:
-        node = self.tree
-        *parents, last = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                return
-        node[last] = value
+        paths.put(self.tree, path, value)
 
     def _walk(
         self,
@@ -359,7 +339,7 @@ class _Translator:
         if isinstance(enable, bool):
             return not enable
         estimator = self._lookup("algorithm.adv_estimator")
-        if estimator is _MISSING or not isinstance(estimator, str):
+        if estimator is MISSING or not isinstance(estimator, str):
             return False
         return VALUES not in self.catalog.needs("adv_estimator", estimator)
 
@@ -367,19 +347,19 @@ class _Translator:
         # verl never reads the section of a critic it does not build
         critic_only = self.path.startswith("critic.") and isinstance(rule, Inert | Gated)
         if critic_only and self._critic_unused():
-            for leaf in _leaves(value, self.key):
+            for leaf in paths.leaves(value, self.key):
                 self.note("no effect here (no critic: the advantage estimator needs none)", leaf)
             return
         if isinstance(rule, Map):
             self._map(rule, value)
         elif isinstance(rule, Note):
-            for leaf in _leaves(value, self.key):
+            for leaf in paths.leaves(value, self.key):
                 self.note(f"no effect here ({rule.why})", leaf)
         elif isinstance(rule, Inert):
             ok = rule.ok(value, self) if callable(rule.ok) else value == UNSET or value in rule.ok
             if not ok:
                 raise ConfigError(self.key, f"{rule.reason} (got {_shown(value)})", rule.fix)
-            for leaf in _leaves(value, self.key):  # a section: each of its leaves
+            for leaf in paths.leaves(value, self.key):  # a section: each of its leaves
                 self.note(f"accepted at its inert value ({rule.why})", leaf)
         elif isinstance(rule, Gated):
             self._gated(rule, value)
@@ -395,7 +375,7 @@ class _Translator:
         gate = value.get(rule.gate, rule.off[0])
         if gate not in rule.off:
             raise ConfigError(f"{self.key}.{rule.gate}", f"{rule.reason} (got {gate!r})", rule.fix)
-        for leaf in _leaves(value, self.key):
+        for leaf in paths.leaves(value, self.key):
             self.note(f"accepted at its inert value ({rule.why})", leaf)
 
     def _map(self, rule: Map, value: Any) -> None:
@@ -554,14 +534,9 @@ class _Translator:
                 )
 
     def _native(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for native, (value, _key, _weak) in sorted(self.writes.items()):
-            node = out
-            *parents, last = native.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[last] = value
-        return out
+        return paths.nest(
+            (native, value) for native, (value, _k, _w) in sorted(self.writes.items())
+        )
 
     def _render_notes(self) -> list[str]:
         return [f"{why}: {', '.join(keys)}" for why, keys in self.notes.items()]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects import paths
 from temper.config.dialects.verl_rules import UNSET, Call, Rule
 
 RM = "reward_model"
@@ -22,12 +23,6 @@ RM = "reward_model"
 
 def _unset(value: Any) -> bool:
     return value in (None, "", UNSET)
-
-
-def _leaves(value: Any, key: str) -> list[tuple[str, Any]]:
-    if isinstance(value, dict) and value:
-        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{key}.{k}")]
-    return [(key, value)]
 
 
 def sandbox_fusion(value: Any, ctx: Any, weak: bool = False) -> None:
@@ -41,7 +36,7 @@ def sandbox_fusion(value: Any, ctx: Any, weak: bool = False) -> None:
         raise ctx.error(f"expected a mapping, got {value!r}", "")
     base = ctx.key
     if _unset(value.get("url")):
-        for leaf, _ in _leaves(value, base):
+        for leaf in paths.leaves(value, base):
             ctx.note("accepted at its inert value (no SandboxFusion url: the local sandbox)", leaf)
         return
     for name, v in value.items():

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from temper.config.dialects import paths
 from temper.config.dialects import verl_rules as r
 from temper.config.dialects.verl_lora import megatron_lora
 from temper.config.dialects.verl_rules import Call, Gated, Map, Note, Rule
@@ -89,17 +90,11 @@ def _megatron_optim(prefix: str, role: str) -> dict[str, Rule]:
     }
 
 
-def _leaves(value: Any, key: str) -> list[str]:
-    if isinstance(value, dict) and value:
-        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{key}.{k}")]
-    return [key]
-
-
 def _note_leaves(message: str) -> Callable[[Any, Any], None]:
     """A ``Call`` body noting ``message`` on every leaf under the key."""
 
     def note(value: Any, ctx: Any) -> None:
-        for leaf in _leaves(value, ctx.key):
+        for leaf in paths.leaves(value, ctx.key):
             ctx.note(message, leaf)
 
     return note
@@ -113,7 +108,7 @@ def _profiler_note(value: Any, ctx: Any) -> None:
         if on
         else "profiling is off"
     )
-    for leaf in _leaves(value, ctx.key):
+    for leaf in paths.leaves(value, ctx.key):
         ctx.note(f"no effect here ({why})", leaf)
 
 
@@ -237,7 +232,7 @@ def _optimizer_overrides(prefix: str) -> Call:
             ctx.note("accepted at its inert value (no optimizer overrides)")
             return
         if ctx.get(f"{prefix}.strategy") == "megatron":
-            for leaf in _leaves(v, ctx.key):
+            for leaf in paths.leaves(v, ctx.key):
                 ctx.note("Megatron-Core optimizer settings (strategy megatron)", leaf)
             return
         raise ctx.error(
@@ -260,7 +255,7 @@ def reward_model_server(v: Any, ctx: Any) -> None:
     a generative reward model that the user's function prompts — user code temper
     cannot run.
     """
-    leaves = _leaves(v, ctx.key)
+    leaves = paths.leaves(v, ctx.key)
     unset = (None, "", "???")
     own = v.get("name") if isinstance(v, dict) else None
     # verl 0.9 has both locations; the served engine is the merged one (legacy wins)
