@@ -35,11 +35,11 @@ from typing import Any
 from temper.config.dialects import Translation, roll_sft
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
-from temper.config.dialects.roll_rules import Map, Note, Reject, Rule, Use
 from temper.config.dialects.roll_table import TOP
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
 from temper.config.dialects.roll_walk import KeyTable
 from temper.config.dialects.roll_workers import worker_rules
+from temper.config.dialects.rules import Map, Note, Refuse, Rule, Use
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 
@@ -90,10 +90,10 @@ def _top() -> dict[str, Rule]:
         "teacher_temperature": Map("kd.teacher_temperature"),
         "adaptive_kl_alpha": Map("kd.adaptive_alpha"),
         "skew_lambda": Map("kd.skew_lambda"),
-        "distill_on_prompt": Reject(
+        "distill_on_prompt": Refuse(
             "temper learns and distills the response tokens only; the prompt's are context",
             "set distill_on_prompt: false",
-            ok=lambda v: not v,
+            ok=lambda v, _ctx: not v,
         ),
         "logits_transfer_backend": Note(f"how ROLL moves logits between workers; {TOPK}"),
     }

@@ -31,11 +31,12 @@ from typing import Any
 from temper.config.dialects import Translation, roll_sft
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
-from temper.config.dialects.roll_rules import Map, Note, Rule, Same, Use, nonpositive_none
+from temper.config.dialects.roll_rules import nonpositive_none
 from temper.config.dialects.roll_table import TOP
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
 from temper.config.dialects.roll_walk import KeyTable
 from temper.config.dialects.roll_workers import worker_rules
+from temper.config.dialects.rules import Map, Note, Rule, Same, Use
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 
@@ -71,7 +72,7 @@ def _top() -> dict[str, Rule]:
     rules |= {
         "max_steps": Map("experiment.max_steps", nonpositive_none),
         "sequence_length": Map("dpo.max_length"),
-        "ipo": Map("dpo.loss_type", lambda v: "ipo" if v else "sigmoid"),
+        "ipo": Map("dpo.loss_type", lambda v, _ctx: "ipo" if v else "sigmoid"),
         "beta": Map("dpo.beta"),
         "label_smoothing": Map("dpo.label_smoothing"),
         "chosen_key": Map("dpo.chosen_key"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from temper.config.dialects.roll_derive import Ctx
-from temper.config.dialects.roll_rules import Rule, Use
+from temper.config.dialects.rules import Rule, Use
 from temper.config.errors import ConfigError
 
 DERIVED = "experiment.rollout_data_dir and validation_data_dir (mode dump)"

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.roll_rules import Reject
+from temper.config.dialects.rules import Refuse
 from temper.config.errors import ConfigError
 
 KEY = "actor_train.pg_variant"
@@ -78,13 +78,13 @@ _LOSSES: dict[str, tuple[str, dict[str, float], dict[str, Any]]] = {
 _PPO_KEYS = ("pg_clip", "dual_clip_loss", "use_pg_clip_range", "pg_clip_low", "pg_clip_high")
 
 
-def _param_rule(name: str, default: Any) -> Reject:
-    return Reject(
+def _param_rule(name: str, default: Any) -> Refuse:
+    return Refuse(
         f"not a field of ROLL's WorkerConfig: ROLL's loader drops it and its "
         f"policy-gradient worker uses {default!r}",
         f"remove it (temper, like ROLL, uses {default!r})",
-        ok=lambda v: v is None or v == default,
-        note=f"ROLL's built-in value {default!r}",
+        ok=lambda v, _ctx: v is None or v == default,
+        why=f"ROLL's built-in value {default!r}",
     )
 
 

@@ -1,45 +1,13 @@
-"""Rule types of the ROLL key table and the value transforms its rows use."""
+"""The value transforms and name tables of the ROLL key table's rows (the rule kinds
+are :mod:`rules`'): transforms take ``(value, ctx)``, and derivations call them with
+the value alone."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from temper.config.errors import ConfigError
-
-
-@dataclasses.dataclass(frozen=True)
-class Map:
-    dst: str | tuple[str, ...]
-    fn: Callable[[Any], Any] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Use:
-    what: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Note:
-    why: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Reject:
-    why: str
-    fix: str
-    ok: Callable[[Any], bool] = lambda v: False
-    note: str = "the value given is the one temper always uses"
-
-
-@dataclasses.dataclass(frozen=True)
-class Same:
-    other: str
-    why: str
-
-
-Rule = Map | Use | Note | Reject | Same
 
 # --------------------------------------------------------------------------- value transforms
 
@@ -166,10 +134,10 @@ ROLE_WORKERS = {
 }
 
 
-def choice(table: Mapping[Any, str | None], key: str) -> Callable[[Any], Any]:
+def choice(table: Mapping[Any, str | None], key: str) -> Callable[..., Any]:
     """A transform through ``table`` that raises a ConfigError naming ``key``."""
 
-    def fn(value: Any) -> Any:
+    def fn(value: Any, _ctx: Any = None) -> Any:
         if value in table:
             return table[value]
         valid = ", ".join(sorted(str(k) for k in table if k is not None))
@@ -178,27 +146,27 @@ def choice(table: Mapping[Any, str | None], key: str) -> Callable[[Any], Any]:
     return fn
 
 
-def listify(value: Any) -> list[Any]:
+def listify(value: Any, _ctx: Any = None) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def nonpositive_none(value: Any) -> Any:
+def nonpositive_none(value: Any, _ctx: Any = None) -> Any:
     return None if value is not None and value <= 0 else value
 
 
-def negative_none(value: Any) -> Any:
+def negative_none(value: Any, _ctx: Any = None) -> Any:
     return None if value is not None and value < 0 else value
 
 
-def zero_none(value: Any) -> Any:
+def zero_none(value: Any, _ctx: Any = None) -> Any:
     return value or None
 
 
-def str_values(value: Any) -> dict[str, str]:
+def str_values(value: Any, _ctx: Any = None) -> dict[str, str]:
     return {str(k): str(v) for k, v in (value or {}).items()}
 
 
-def uniform(value: Any) -> bool:
+def uniform(value: Any, _ctx: Any = None) -> bool:
     if value is None:
         return True
     parts = [float(p) for p in str(value).split(",") if p.strip()]

@@ -35,11 +35,12 @@ from temper.config.dialects import Translation
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_devices import parse_device_mapping
-from temper.config.dialects.roll_rules import Map, Note, Rule, Same, Use, nonpositive_none
+from temper.config.dialects.roll_rules import nonpositive_none
 from temper.config.dialects.roll_table import TOP
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
 from temper.config.dialects.roll_walk import KeyTable
 from temper.config.dialects.roll_workers import worker_rules
+from temper.config.dialects.rules import Map, Note, Rule, Same, Use
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 from temper.config.schema import MODEL_PARALLEL_DEGREES
@@ -99,7 +100,7 @@ def _top() -> dict[str, Rule]:
         rules[key] = Note(NOT_READ)
     rules |= {
         "max_steps": Map("experiment.max_steps", nonpositive_none),
-        "max_ckpt_to_keep": Map("experiment.max_actor_ckpt_to_keep", lambda v: v or None),
+        "max_ckpt_to_keep": Map("experiment.max_actor_ckpt_to_keep", lambda v, _ctx: v or None),
         "max_grad_norm": Map("actor.grad_clip"),
         "sequence_length": Map("sft.max_length"),
         "prompt_key": Map("data.prompt_key"),

@@ -8,7 +8,7 @@ entry is one rule:
 - ``Use(what)``: read by a derivation in ``roll.py`` (the value does reach the native
   config, but through arithmetic or a cross-key rule); ``what`` says where.
 - ``Note(why)``: accepted; a note in ``Translation.notes`` says why it has no effect.
-- ``Reject(why, fix, ok)``: accepted with a note when ``ok(value)``, otherwise a
+- ``Refuse(why, fix, ok)``: accepted with a note when ``ok(value)``, otherwise a
   ``ConfigError(key, why, fix)``.
 - ``Same(other, why)``: must equal the value at ``other`` (if set), then noted.
 
@@ -24,12 +24,6 @@ from temper.config.dialects.roll_rules import (
     GROUPINGS,
     ROLE_WORKERS,
     ROUTE_KWARGS,
-    Map,
-    Note,
-    Reject,
-    Rule,
-    Same,
-    Use,
     choice,
     listify,
     negative_none,
@@ -45,6 +39,7 @@ from temper.config.dialects.roll_workers import (
     VISION_KEYS,
     worker_rules,
 )
+from temper.config.dialects.rules import Map, Note, Refuse, Rule, Same, Use
 
 # --------------------------------------------------------------------------- top level
 
@@ -66,14 +61,16 @@ TOP: dict[str, Rule] = {
     "logging_steps": Map("experiment.logging_steps"),
     "eval_steps": Map("experiment.test_freq"),
     "resume_from_checkpoint": Use("experiment.resume_mode / resume_from_path"),
-    "checkpoint_config.type": Reject(
+    "checkpoint_config.type": Refuse(
         "only the file_system checkpoint backend exists here",
         "set checkpoint_config.type: file_system (or remove it)",
-        ok=lambda v: v in (None, "file_system"),
+        ok=lambda v, _ctx: v in (None, "file_system"),
     ),
     "checkpoint_config.output_dir": Map("experiment.checkpoint_dir"),
     "max_ckpt_to_keep": Map(
-        ("experiment.max_actor_ckpt_to_keep", "experiment.max_critic_ckpt_to_keep"), zero_none
+        "experiment.max_actor_ckpt_to_keep",
+        zero_none,
+        also=("experiment.max_critic_ckpt_to_keep",),
     ),
     "rollout_batch_size": Map("data.train_batch_size"),
     "val_batch_size": Map("data.val_batch_size", negative_none),
@@ -93,8 +90,8 @@ TOP: dict[str, Rule] = {
     ),
     "max_additional_running_prompts": Use("data.gen_batch_size (with is_use_additional_prompts)"),
     "local_rank": Note("set by the launcher per process; temper's launcher assigns ranks"),
-    "ppo_epochs": Map(("actor.ppo_epochs", "critic.ppo_epochs")),
-    "max_grad_norm": Map(("actor.grad_clip", "critic.grad_clip")),
+    "ppo_epochs": Map("actor.ppo_epochs", also=("critic.ppo_epochs",)),
+    "max_grad_norm": Map("actor.grad_clip", also=("critic.grad_clip",)),
     "l2": Map("actor.l2_coef"),
     # ROLL's old log-probs are the trainer's own either way (roll/pipeline/base_worker.py)
     "enable_old_logprobs_recompute": Note(
@@ -142,10 +139,10 @@ TOP: dict[str, Rule] = {
     "difficulty_mask": Map("algorithm.difficulty_mask"),
     "difficulty_low_threshold": Map("algorithm.difficulty_low_threshold"),
     "difficulty_high_threshold": Map("algorithm.difficulty_high_threshold"),
-    "error_max_len_clip": Reject(
+    "error_max_len_clip": Refuse(
         "ROLL's error_max_len_clip (clipping wrong over-long answers) is not implemented",
         "set error_max_len_clip: false; max_len_mask masks truncated responses",
-        ok=lambda v: not v,
+        ok=lambda v, _ctx: not v,
     ),
     "error_max_len_threshold": Note("used only with error_max_len_clip"),
     "pretrain": Use("model.path (unless actor_train.model_args.model_name_or_path)"),
@@ -153,11 +150,11 @@ TOP: dict[str, Rule] = {
     # agentic
     "max_actions_per_traj": Map("agentic.max_actions_per_traj"),
     "use_turn_scores": Map("agentic.use_turn_rewards"),
-    "enable_response_mask": Reject(
+    "enable_response_mask": Refuse(
         "training on environment observation tokens is not supported",
         "set enable_response_mask: true (temper always masks env tokens out of the loss)",
-        ok=lambda v: bool(v),
-        note="temper always masks environment tokens out of the loss",
+        ok=lambda v, _ctx: bool(v),
+        why="temper always masks environment tokens out of the loss",
     ),
     "enable_think": Map("agentic.enable_think"),
     "action_sep": Map("agentic.action_sep"),
@@ -171,7 +168,7 @@ TOP: dict[str, Rule] = {
     "custom_envs.*.max_steps_per_traj": Map("agentic.custom_envs.{0}.max_turns"),
     "custom_envs.*.env_instruction": Map("agentic.custom_envs.{0}.env_instruction"),
     "custom_envs.*.max_tokens": Map("agentic.custom_envs.{0}.max_words"),
-    "custom_envs.*.env_config": Map("agentic.custom_envs.{0}.env_config", lambda v: v or {}),
+    "custom_envs.*.env_config": Map("agentic.custom_envs.{0}.env_config", lambda v, _ctx: v or {}),
     "custom_envs.*.env_manager_cls": Use(
         "agentic.env_manager (TrajEnvManager: trajectory, StepEnvManager: step; other "
         "classes are refused)"
@@ -190,23 +187,23 @@ for _mgr in ("train_env_manager", "val_env_manager"):
             f"{_mgr}.num_groups_partition": Map(f"{_dst}.n_groups"),
             f"{_mgr}.max_traj_per_env": Map(f"{_dst}.max_traj_per_env"),
             f"{_mgr}.format_penalty": Map(f"{_dst}.format_penalty"),
-            f"{_mgr}.worker_cls": Reject(
+            f"{_mgr}.worker_cls": Refuse(
                 "a custom ROLL environment worker class cannot run here",
                 "remove worker_cls (temper's env manager runs the environments)",
-                ok=lambda v: v is None or v in ROLE_WORKERS["env"],
+                ok=lambda v, _ctx: v is None or v in ROLE_WORKERS["env"],
             ),
             f"{_mgr}.max_env_num_per_worker": Note(
                 "ROLL packs env threads per Ray worker; temper sizes its env pool itself"
             ),
-            f"{_mgr}.group_size_redundancy": Reject(
+            f"{_mgr}.group_size_redundancy": Refuse(
                 "redundant episodes per group are not implemented",
                 "set group_size_redundancy: 0",
-                ok=lambda v: not v,
+                ok=lambda v, _ctx: not v,
             ),
-            f"{_mgr}.llm_proxy.proxy_type": Reject(
+            f"{_mgr}.llm_proxy.proxy_type": Refuse(
                 "only the policy itself can play the environments",
                 "set llm_proxy.proxy_type: policy",
-                ok=lambda v: v in (None, "policy"),
+                ok=lambda v, _ctx: v in (None, "policy"),
             ),
             f"{_mgr}.llm_proxy.proxy_config": Note("used only by non-policy LLM proxies"),
         }

@@ -29,17 +29,8 @@ from typing import Any
 
 from temper.config.dialects.roll_mock import RULES as ROLLOUT_MOCK
 from temper.config.dialects.roll_pg import PARAM_RULES
-from temper.config.dialects.roll_rules import (
-    ATTN,
-    Map,
-    Note,
-    Reject,
-    Rule,
-    Same,
-    Use,
-    choice,
-    listify,
-)
+from temper.config.dialects.roll_rules import ATTN, choice, listify
+from temper.config.dialects.rules import Map, Note, Refuse, Rule, Same, Use
 
 PERF = "speed or memory only"
 MM = "vision-language inputs (images, video, audio) are not supported yet; a text-only config runs"
@@ -47,8 +38,8 @@ TRAJ = "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager"
 NORM_TYPES = ("batch", "group", "running", None)
 
 
-def _off(why: str, fix: str) -> Reject:
-    return Reject(why, fix, ok=lambda v: not v, note="off, as temper runs")
+def _off(why: str, fix: str) -> Refuse:
+    return Refuse(why, fix, ok=lambda v, _ctx: not v, why="off, as temper runs")
 
 
 def _worker(role: str) -> dict[str, Rule]:
@@ -57,35 +48,35 @@ def _worker(role: str) -> dict[str, Rule]:
     rules: dict[str, Rule] = {
         "apply_loss_scale": Note("loss scaling over micro-batches: temper averages them itself"),
         "logits_in_fp32": Note("log-probs are computed from fp32 logits here"),
-        "mtp_training_mode": Reject(
+        "mtp_training_mode": Refuse(
             "multi-token prediction training is not supported",
             "set mtp_training_mode: disabled",
-            ok=lambda v: v in (None, "disabled"),
+            ok=lambda v, _ctx: v in (None, "disabled"),
         ),
         "opd_kl_coef": Note("read by ROLL's on-policy distillation teachers only (roll_opd)"),
         "tag_included": Note("read by ROLL's on-policy distillation teachers only (roll_opd)"),
-        "router_replay": Reject(
+        "router_replay": Refuse(
             "MoE router replay is not supported",
             "remove router_replay",
-            ok=lambda v: not v or not (v or {}).get("enable"),
-            note="off",
+            ok=lambda v, _ctx: not v or not (v or {}).get("enable"),
+            why="off",
         ),
-        "model_args.adapter_name_or_path": Reject(
+        "model_args.adapter_name_or_path": Refuse(
             "loading an existing LoRA adapter is not supported",
             "merge the adapter into the model first",
-            ok=lambda v: v is None,
+            ok=lambda v, _ctx: v is None,
         ),
         "model_args.gradient_checkpointing_use_reentrant": Note("activation recompute: " + PERF),
         "model_args.model_config_kwargs": Note("the policy's config overrides are actor_train's"),
-        "model_args.moe_aux_loss_coef": Reject(
+        "model_args.moe_aux_loss_coef": Refuse(
             "an MoE auxiliary loss is not supported",
             "remove moe_aux_loss_coef",
-            ok=lambda v: v in (None, 0, 0.0),
+            ok=lambda v, _ctx: v in (None, 0, 0.0),
         ),
-        "model_args.num_labels": Reject(
+        "model_args.num_labels": Refuse(
             "temper's value and reward heads give one number",
             "remove num_labels",
-            ok=lambda v: v in (None, 1),
+            ok=lambda v, _ctx: v in (None, 1),
         ),
         "training_args.bf16": Note("precision comes from model_args.dtype"),
         "training_args.fp16": Note("precision comes from model_args.dtype"),
@@ -131,7 +122,9 @@ def _worker(role: str) -> dict[str, Rule]:
     }
     if role == "actor_train":
         rules |= {
-            "model_args.model_config_kwargs": Map("model.override_config", lambda v: dict(v or {})),
+            "model_args.model_config_kwargs": Map(
+                "model.override_config", lambda v, _ctx: dict(v or {})
+            ),
             "model_args.attn_implementation": Map(
                 "model.attn_implementation",
                 choice(ATTN, "actor_train.model_args.attn_implementation"),
@@ -140,11 +133,11 @@ def _worker(role: str) -> dict[str, Rule]:
             "model_args.lora_alpha": Map("model.lora.alpha"),
             "model_args.lora_target": Map("model.lora.target_modules", _lora_target),
             "model_args.ulysses_size": Map("actor.ulysses_sequence_parallel_size"),
-            "model_args.freeze_module_prefix": Reject(
+            "model_args.freeze_module_prefix": Refuse(
                 "freezing parts of the model (model_args.freeze_module_prefix, used for "
                 "vision towers) is not supported",
                 "remove it (every parameter trains)",
-                ok=lambda v: not v,
+                ok=lambda v, _ctx: not v,
             ),
             "use_remove_padding": Map("model.use_remove_padding"),
             "use_sequence_packing": Map("model.use_remove_padding"),
@@ -174,7 +167,7 @@ def _worker(role: str) -> dict[str, Rule]:
     return {f"{role}.{k}": v for k, v in rules.items()}
 
 
-def _lora_target(value: Any) -> Any:
+def _lora_target(value: Any, _ctx: Any = None) -> Any:
     """``'q_proj,v_proj'`` -> a list; ``all-linear`` stays peft's shorthand."""
     if isinstance(value, str) and "," in value:
         return [t.strip() for t in value.split(",") if t.strip()]
@@ -185,11 +178,11 @@ def _generating(role: str) -> dict[str, Rule]:
     out: dict[str, Rule] = {}
     if role == "actor_infer":
         out["actor_infer.generating_args.stop_strings"] = Map("rollout.stop", listify)
-        out["actor_infer.generating_args.include_stop_str_in_output"] = Reject(
+        out["actor_infer.generating_args.include_stop_str_in_output"] = Refuse(
             "temper keeps the stop string in the response",
             "set include_stop_str_in_output: true",
-            ok=lambda v: v in (None, True),
-            note="the stop string is kept in the response",
+            ok=lambda v, _ctx: v in (None, True),
+            why="the stop string is kept in the response",
         )
     else:
         for k in ("stop_strings", "include_stop_str_in_output"):
@@ -215,29 +208,29 @@ def _env_tag() -> dict[str, Rule]:
             "agentic.custom_envs.<tag>.history_length with StepEnvManager (the trajectory "
             "env manager keeps the whole episode)"
         ),
-        f"{e}.agent_runner_cls": Reject(
+        f"{e}.agent_runner_cls": Refuse(
             "a custom ROLL agent runner cannot run here",
             "remove agent_runner_cls (temper plays episodes turn by turn)",
-            ok=lambda v: v is None,
-            note="no custom agent runner",
+            ok=lambda v, _ctx: v is None,
+            why="no custom agent runner",
         ),
-        f"{e}.pre_step_template": Reject(MM, "remove it", ok=lambda v: not v, note="empty"),
-        f"{e}.next_step_template": Reject(MM, "remove it", ok=lambda v: not v, note="empty"),
-        f"{e}.user_prompt_format": Reject(
+        f"{e}.pre_step_template": Refuse(MM, "remove it", ok=lambda v, _ctx: not v, why="empty"),
+        f"{e}.next_step_template": Refuse(MM, "remove it", ok=lambda v, _ctx: not v, why="empty"),
+        f"{e}.user_prompt_format": Refuse(
             "ROLL 2025-07's prompt scheme (user_prompt_format, added_text) is not supported; "
             "its successor agent_template is",
             "write the turn prompt as agent_template",
-            ok=lambda v: v in (None, "", "<answer> [your answer] </answer>"),
-            note="the default reply format, which temper's instruction states",
+            ok=lambda v, _ctx: v in (None, "", "<answer> [your answer] </answer>"),
+            why="the default reply format, which temper's instruction states",
         ),
-        f"{e}.added_text": Reject(
+        f"{e}.added_text": Refuse(
             "text forced at the start of every answer (added_text) is not supported",
             "remove added_text",
-            ok=lambda v: not v,
-            note="empty",
+            ok=lambda v, _ctx: not v,
+            why="empty",
         ),
-        f"{e}.reward_template": Reject(
-            "an env reward template is not supported", "remove it", ok=lambda v: not v
+        f"{e}.reward_template": Refuse(
+            "an env reward template is not supported", "remove it", ok=lambda v, _ctx: not v
         ),
         f"{e}.grid_vocab": Note("a vision-language env setting (the grid is text here)"),
         f"{e}.tool_wrapper": Use(
@@ -247,7 +240,7 @@ def _env_tag() -> dict[str, Rule]:
     }
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, _ctx: Any = None) -> str:
     return "" if value is None else str(value)
 
 
@@ -257,11 +250,11 @@ def _env_manager(mgr: str) -> dict[str, Rule]:
         f"{mgr}.generating_args": Use(
             "actor_infer.generating_args when the file gives none (ROLL copies one to the other)"
         ),
-        f"{mgr}.group_filter_cls": Reject(
+        f"{mgr}.group_filter_cls": Refuse(
             "a custom ROLL group filter cannot run here",
             "remove group_filter_cls",
-            ok=lambda v: v in (None, "roll.pipeline.agentic.agentic_pipeline.GroupFilter"),
-            note="ROLL's default group filter keeps every group",
+            ok=lambda v, _ctx: v in (None, "roll.pipeline.agentic.agentic_pipeline.GroupFilter"),
+            why="ROLL's default group filter keeps every group",
         ),
     }
 
@@ -281,15 +274,15 @@ ADDITIONS: dict[str, Rule] = {
             {"batch": "batch", "group": "group", None: None}, "reward_normalization.norm_std_type"
         ),
     ),
-    "reward_normalization.global_scale_factor": Reject(
+    "reward_normalization.global_scale_factor": Refuse(
         "a global reward scale after normalisation is not supported",
         "remove it",
-        ok=lambda v: v in (None, 1, 1.0),
+        ok=lambda v, _ctx: v in (None, 1, 1.0),
     ),
-    "reward_normalization.global_shift_value": Reject(
+    "reward_normalization.global_shift_value": Refuse(
         "a global reward shift after normalisation is not supported",
         "remove it",
-        ok=lambda v: v in (None, 0, 0.0),
+        ok=lambda v, _ctx: v in (None, 0, 0.0),
     ),
     "async_generation_ratio": Use("async_training.staleness (whole numbers of batches ahead)"),
     "offload_nccl": Note("frees NCCL buffers between phases: " + PERF),
@@ -316,11 +309,11 @@ ADDITIONS: dict[str, Rule] = {
     "skip_mock_system_prompt": Note(
         "temper renders the messages it builds with the tokenizer's template as they are"
     ),
-    "reward_system_config.skip_special_tokens": Reject(
+    "reward_system_config.skip_special_tokens": Refuse(
         "responses are decoded without special tokens for scoring",
         "set skip_special_tokens: true",
-        ok=lambda v: v in (None, True),
-        note="special tokens are skipped when responses are decoded for scoring",
+        ok=lambda v, _ctx: v in (None, True),
+        why="special tokens are skipped when responses are decoded for scoring",
     ),
     # seq: the ratio exp(mean_t log π/π_old) of the whole response, clipped — GSPO
     "importance_sampling": Map(
@@ -328,10 +321,10 @@ ADDITIONS: dict[str, Rule] = {
         choice({"token": "vanilla", "seq": "gspo", None: "vanilla"}, "importance_sampling"),
     ),
     "positive_loss_coef": Map("actor.sft_loss_coef"),  # later spelling of postive_loss_coef
-    "use_topr_neg_loss_coef": Reject(
+    "use_topr_neg_loss_coef": Refuse(
         "TOPR's negative-sample coefficient is not supported",
         "remove it",
-        ok=lambda v: v in (None, 0, 0.0, 1, 1.0),
+        ok=lambda v, _ctx: v in (None, 0, 0.0, 1, 1.0),
     ),
     "pg_variant": Note("a definition the workers' pg_variant reads"),
     "step_reward_weight": Use("algorithm.gigpo_step_weight (adv_estimator gigpo)"),
@@ -346,25 +339,25 @@ ADDITIONS: dict[str, Rule] = {
     "open_feedback_turn": _off("feedback turns are not supported", "set it to false"),
     "use_token_reward": _off("token-level env rewards are not supported", "set it to false"),
     "partial_gpu_mode": Note("placement comes from device_mapping"),
-    "exp_mode": Reject(
+    "exp_mode": Refuse(
         "only training runs here (exp_mode: train)",
         "set exp_mode: train",
-        ok=lambda v: v in (None, "train"),
+        ok=lambda v, _ctx: v in (None, "train"),
     ),
-    "ratio_type": Reject(
+    "ratio_type": Refuse(
         "segment-level importance ratios are not supported",
         "set ratio_type: token",
-        ok=lambda v: v in (None, "token"),
-        note="token-level ratios, as temper computes them",
+        ok=lambda v, _ctx: v in (None, "token"),
+        why="token-level ratios, as temper computes them",
     ),
     "val_greedy": Note("validation sampling follows validation.generating_args"),
     "val_n_sample": Note(
         "validation samples follow validation.generating_args.num_return_sequences"
     ),
-    "mask_type": Reject(
+    "mask_type": Refuse(
         "max_len_mask and difficulty_mask mask the loss here (mask_type: loss)",
         "set mask_type: loss",
-        ok=lambda v: v in (None, "loss"),
+        ok=lambda v, _ctx: v in (None, "loss"),
     ),
     "train_infer_correction.is_weight.enabled": Use("actor.rollout_is"),
     "train_infer_correction.is_weight.weight_type": Use("actor.rollout_is"),
@@ -379,46 +372,48 @@ ADDITIONS: dict[str, Rule] = {
     "save_logging_board_dir": Note("ROLL's logging board is not run here"),
     "router_args": Note("ROLL's request router for env affinity: " + PERF),
     "transfer_backend": Note("weights sync over temper's own transport: " + PERF),
-    "enable_reference": Map("reference.enable", lambda v: True if v else None),
-    "force_disable_old_logprobs_recompute": Reject(
+    "enable_reference": Map("reference.enable", lambda v, _ctx: True if v else None),
+    "force_disable_old_logprobs_recompute": Refuse(
         "ROLL then takes each mini-batch's first forward (after the step's earlier "
         "updates) as its old log-probs; temper's are the policy's before the step's first "
         "update, or the rollout engine's (actor.recompute_old_log_prob: false)",
         "remove force_disable_old_logprobs_recompute",
-        ok=lambda v: not v,
+        ok=lambda v, _ctx: not v,
     ),
-    "minibatch_data_iter_num": Reject(
+    "minibatch_data_iter_num": Refuse(
         "iterating a mini-batch's data several times is not supported (use ppo_epochs)",
         "set minibatch_data_iter_num: 1",
-        ok=lambda v: v in (None, 1),
+        ok=lambda v, _ctx: v in (None, 1),
     ),
-    "dataset_filter": Reject(
+    "dataset_filter": Refuse(
         "ROLL's dataset filter (by source and difficulty) is not supported",
         "filter the data file beforehand, and remove dataset_filter",
-        ok=lambda v: not v or not any(vv for vv in (v or {}).values()),
-        note="no filter",
+        ok=lambda v, _ctx: not v or not any(vv for vv in (v or {}).values()),
+        why="no filter",
     ),
     "tag_to_template": Use("one chat template for every tag: each must be the file's template"),
-    "use_policy_loss_type": Reject(
+    "use_policy_loss_type": Refuse(
         "only the PPO loss (with the importance ratio) is supported here; PG is "
         "the plain policy gradient",
         "set use_policy_loss_type: PPO",
-        ok=lambda v: v in (None, "PPO"),
+        ok=lambda v, _ctx: v in (None, "PPO"),
     ),
-    "user_defined_rollout_loop_cls": Reject(
+    "user_defined_rollout_loop_cls": Refuse(
         "a custom ROLL rollout loop cannot run here",
         "remove user_defined_rollout_loop_cls",
-        ok=lambda v: v is None,
+        ok=lambda v, _ctx: v is None,
     ),
-    "val_prompt_length": Reject(
-        "validation uses the training lengths here", "remove it", ok=lambda v: v is None
+    "val_prompt_length": Refuse(
+        "validation uses the training lengths here", "remove it", ok=lambda v, _ctx: v is None
     ),
-    "val_sequence_length": Reject(
-        "validation uses the training lengths here", "remove it", ok=lambda v: v is None
+    "val_sequence_length": Refuse(
+        "validation uses the training lengths here", "remove it", ok=lambda v, _ctx: v is None
     ),
     "world_size": Note("ROLL derives worker counts from device_mapping"),
-    "ipa_failure_reward": Reject(
-        "the IPA failure reward is not supported", "remove it", ok=lambda v: v in (None, 0, 0.0)
+    "ipa_failure_reward": Refuse(
+        "the IPA failure reward is not supported",
+        "remove it",
+        ok=lambda v, _ctx: v in (None, 0, 0.0),
     ),
     "pure_opd_pipeline_type": Note(
         "ROLL's OPD launcher picks the RLVR or agentic config class with it; here the "
@@ -436,17 +431,17 @@ for _role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
     ADDITIONS.update(_worker(_role))
 for _k in ("attn_implementation", "lora_rank", "lora_alpha", "lora_target"):
     ADDITIONS[f"rewards.*.model_args.{_k}"] = Note("the ROLL reward workers temper runs are rules")
-ADDITIONS["rewards.*.reward_manager_config"] = Reject(
-    "ROLL's reward-system plugins are not supported", "remove it", ok=lambda v: not v
+ADDITIONS["rewards.*.reward_manager_config"] = Refuse(
+    "ROLL's reward-system plugins are not supported", "remove it", ok=lambda v, _ctx: not v
 )
 for _k in ("is_pure_opd", "use_opd", "student_train", "student_infer"):
     ADDITIONS[_k] = Use("on-policy distillation (roll_opd): its mode and the student's workers")
-ADDITIONS["teacher"] = Reject(
+ADDITIONS["teacher"] = Refuse(
     "ROLL reads the teacher only in on-policy distillation (student_train and student_infer, "
     "or use_opd)",
     "remove teacher, or configure on-policy distillation",
-    ok=lambda v: not v,
-    note="off",
+    ok=lambda v, _ctx: not v,
+    why="off",
 )
 # Vision-language, video and audio inputs (ROLL's data_args of its VL pipelines).
 for _section in ("actor_train", "validation"):
@@ -464,23 +459,25 @@ for _section in ("actor_train", "validation"):
         "audio_folder",
         "custom_data_kwargs_func",
     ):
-        ADDITIONS[f"{_section}.data_args.{_k}"] = Reject(MM, "remove it", ok=lambda v: v is None)
+        ADDITIONS[f"{_section}.data_args.{_k}"] = Refuse(
+            MM, "remove it", ok=lambda v, _ctx: v is None
+        )
 
 # Rows that change how an older key is read.
 OVERRIDES: dict[str, Rule] = {
-    "reward_model": Reject(
+    "reward_model": Refuse(
         "ROLL's served reward model (an LLM judge behind a server, reward_model:) is not "
         "supported yet",
         "remove reward_model and score with rule rewards (rewards.<domain>)",
-        ok=lambda v: not v,
+        ok=lambda v, _ctx: not v,
     ),
     "rewards.*.data_args.template": Note("a reward worker's own prompt template"),
     # ``trl``: a causal LM plus a value head (trl's AutoModelForCausalLMWithValueHead),
     # which is how temper builds every critic.
-    "critic.model_args.model_type": Reject(
+    "critic.model_args.model_type": Refuse(
         "temper's critic is a causal LM with a scalar value head (trl's layout)",
         "remove critic.model_args.model_type, or set it to trl",
-        ok=lambda v: v in (None, "trl"),
-        note="a causal LM plus a value head, as temper builds the critic",
+        ok=lambda v, _ctx: v in (None, "trl"),
+        why="a causal LM plus a value head, as temper builds the critic",
     ),
 }

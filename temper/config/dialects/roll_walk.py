@@ -12,7 +12,7 @@ from typing import Any
 from temper.config.dialects import paths
 from temper.config.dialects.paths import MISSING
 from temper.config.dialects.roll_derive import Ctx
-from temper.config.dialects.roll_rules import Map, Note, Reject, Rule, Same, Use
+from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule, Same, describe
 from temper.config.errors import ConfigError, did_you_mean
 
 
@@ -29,7 +29,7 @@ class KeyTable:
         self.reverse: dict[str, str] = {}
         for key, rule in rules.items():
             if isinstance(rule, Map) and "*" not in key:
-                for dst in rule.dst if isinstance(rule.dst, tuple) else (rule.dst,):
+                for dst in rule.natives:
                     self.reverse.setdefault(dst, key)
 
     def _lookup(self, parts: tuple[str, ...]) -> tuple[Rule, list[str]] | None:
@@ -84,34 +84,33 @@ class KeyTable:
         found = self.lookup(tuple(key.split(".")))
         if found is None:
             return None
-        rule, _stars = found
-        if isinstance(rule, Map):
-            dst = rule.dst if isinstance(rule.dst, tuple) else (rule.dst,)
-            return dst, "sets " + ", ".join(dst) + (" (converted)" if rule.fn else "")
-        if isinstance(rule, Use):
-            return (), f"read by a derivation: {rule.what}"
-        if isinstance(rule, Note):
-            return (), f"accepted, no effect here: {rule.why}"
-        if isinstance(rule, Reject):
-            return (), f"refused ({rule.why}); fix: {rule.fix}"
-        return (), f"must equal {rule.other}: {rule.why}"
+        return rule_meaning(found[0])
+
+
+def rule_meaning(rule: Rule) -> tuple[tuple[str, ...], str]:
+    """What a ROLL table's rule does with its key: (native keys it sets, how)."""
+    if isinstance(rule, Map):
+        dst = rule.natives
+        return dst, "sets " + ", ".join(dst) + (" (converted)" if rule.fn else "")
+    if isinstance(rule, Refuse):
+        return (), f"refused ({rule.reason}); fix: {rule.fix}"
+    return (), describe(rule)
 
 
 def _apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None:
     ctx.used.append(value)
     if isinstance(rule, Map):
-        dsts = rule.dst if isinstance(rule.dst, tuple) else (rule.dst,)
-        out = rule.fn(value) if rule.fn else value
-        for dst in dsts:
+        out = rule.fn(value, ctx) if rule.fn else value
+        for dst in rule.natives:
             ctx.set(dst.format(*stars), out, key)
     elif isinstance(rule, Note):
         ctx.notes.append(
             f"{', '.join(paths.leaves(value, key))}: accepted, no effect here: {rule.why}"
         )
-    elif isinstance(rule, Reject):
-        if not rule.ok(value):
-            raise ConfigError(key, f"{value!r} is not supported: {rule.why}", rule.fix)
-        ctx.note(key, rule.note)
+    elif isinstance(rule, Refuse):
+        if not rule.accepts(value, ctx):
+            raise ConfigError(key, f"{value!r} is not supported: {rule.reason}", rule.fix)
+        ctx.note(key, rule.why or "the value given is the one temper always uses")
     elif isinstance(rule, Same):
         other = ctx.get(rule.other, MISSING)
         if other is not MISSING and other != value:
@@ -121,4 +120,8 @@ def _apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None
                 f"set {key} to {other!r} or remove it",
             )
         ctx.note(key, f"same as {rule.other}; {rule.why}")
+    elif isinstance(rule, Call):
+        rule.fn(value, ctx)
+    elif isinstance(rule, Gated):  # a table's mistake, found by the first test that reads it
+        raise TypeError(f"{key}: ROLL tables have no Gated rules (use Refuse)")
     # Use: read by a derivation in roll_derive.

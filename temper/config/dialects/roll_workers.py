@@ -8,19 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.roll_rules import (
-    ATTN,
-    DTYPES,
-    LR_SCHEDULERS,
-    Map,
-    Note,
-    Reject,
-    Rule,
-    Same,
-    Use,
-    choice,
-    uniform,
-)
+from temper.config.dialects.roll_rules import ATTN, DTYPES, LR_SCHEDULERS, choice, uniform
+from temper.config.dialects.rules import Map, Note, Refuse, Rule, Same, Use
 from temper.config.errors import ConfigError
 
 TRAIN_NOTE = "this role does not train"
@@ -37,7 +26,7 @@ def _model_args(role: str) -> dict[str, Rule]:
         return {
             "model_args.dtype": Map("model.dtype", choice(DTYPES, "actor_train.model_args.dtype")),
             "model_args.disable_gradient_checkpointing": Map(
-                "model.enable_gradient_checkpointing", lambda v: not v
+                "model.enable_gradient_checkpointing", lambda v, _ctx: not v
             ),
             "model_args.flash_attn": Map(
                 "model.attn_implementation", choice(ATTN, "actor_train.model_args.flash_attn")
@@ -78,11 +67,11 @@ def _model_args(role: str) -> dict[str, Rule]:
     return rules
 
 
-def _model_type(role: str) -> Reject:
-    return Reject(
+def _model_type(role: str) -> Refuse:
+    return Refuse(
         "temper loads the policy roles with AutoModelForCausalLM (critic: plus a value head)",
         f"remove {role}.model_args.model_type",
-        ok=lambda v: v is None,
+        ok=lambda v, _ctx: v is None,
     )
 
 
@@ -162,11 +151,11 @@ def _data_args(role: str) -> dict[str, Rule]:
         "data_args.tag": Map("data.tag_key"),
         "data_args.response": Map("data.ground_truth_key"),
         "data_args.domain_interleave_probs": Map("data.source_weights"),
-        "data_args.interleave_probs": Reject(
+        "data_args.interleave_probs": Refuse(
             "per-file interleave probabilities are not supported (files are concatenated)",
             "remove interleave_probs; weight domains with domain_interleave_probs",
             ok=uniform,
-            note="uniform over files, which is how temper concatenates them",
+            why="uniform over files, which is how temper concatenates them",
         ),
         "data_args.preprocessing_num_workers": Note("tokenization parallelism only"),
         "data_args.id": Note("temper numbers rows itself"),
@@ -205,7 +194,7 @@ NO_AUDIO = (
 DATA_FUNCTIONS = {"roll.datasets.vlm_dataset_utils.video_r1_get_data_kwargs": "video_r1"}
 
 
-def _data_function(value: Any) -> str:
+def _data_function(value: Any, _ctx: Any = None) -> str:
     """``data.row_format`` of a ROLL custom data function (None: rows as they are)."""
     if value is None:
         return "none"
@@ -221,7 +210,7 @@ def _data_function(value: Any) -> str:
     )
 
 
-def split_names(value: object) -> list[str]:
+def split_names(value: object, _ctx: Any = None) -> list[str]:
     """ROLL's comma-separated list argument (``"a,b"`` or a list) as a list."""
     items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
     return [str(v).strip() for v in items if str(v).strip()]
@@ -244,8 +233,8 @@ def _vision_data_args() -> dict[str, Rule]:
         "data_args.video_resize_chunk_frames": Note(
             "memory only: temper resizes a video's frames one at a time"
         ),
-        "data_args.audio_folder": Reject(
-            NO_AUDIO, "remove audio_folder and the rows' audio", ok=lambda v: v is None
+        "data_args.audio_folder": Refuse(
+            NO_AUDIO, "remove audio_folder and the rows' audio", ok=lambda v, _ctx: v is None
         ),
         "data_args.custom_data_kwargs_func": Map("data.row_format", _data_function),
     }
@@ -294,11 +283,11 @@ def _generating_args(role: str) -> dict[str, Rule]:
     return {f"generating_args.{k}": Note(GEN_NOTE) for k in keys}
 
 
-def _beams(role: str) -> Reject:
-    return Reject(
+def _beams(role: str) -> Refuse:
+    return Refuse(
         "beam search is not RL sampling",
         f"set {role}.generating_args.num_beams: 1",
-        ok=lambda v: v in (None, 1),
+        ok=lambda v, _ctx: v in (None, 1),
     )
 
 

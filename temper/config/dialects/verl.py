@@ -43,7 +43,8 @@ from temper.config.dialects import (
     verl_sppo,
 )
 from temper.config.dialects.paths import MISSING
-from temper.config.dialects.verl_rules import UNSET, Call, Gated, Inert, Map, Note, Rule
+from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule, describe
+from temper.config.dialects.verl_rules import UNSET
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.dialects.verl_v09 import MODEL_ENGINE_STRATEGY
 from temper.config.errors import ConfigError, did_you_mean
@@ -345,7 +346,7 @@ class _Translator:
 
     def _apply(self, rule: Rule, value: Any) -> None:
         # verl never reads the section of a critic it does not build
-        critic_only = self.path.startswith("critic.") and isinstance(rule, Inert | Gated)
+        critic_only = self.path.startswith("critic.") and isinstance(rule, Refuse | Gated)
         if critic_only and self._critic_unused():
             for leaf in paths.leaves(value, self.key):
                 self.note("no effect here (no critic: the advantage estimator needs none)", leaf)
@@ -355,8 +356,9 @@ class _Translator:
         elif isinstance(rule, Note):
             for leaf in paths.leaves(value, self.key):
                 self.note(f"no effect here ({rule.why})", leaf)
-        elif isinstance(rule, Inert):
-            ok = rule.ok(value, self) if callable(rule.ok) else value == UNSET or value in rule.ok
+        elif isinstance(rule, Refuse):
+            # verl's mandatory-value marker (unset) is inert wherever the values are listed
+            ok = rule.accepts(value, self) or (not callable(rule.ok) and value == UNSET)
             if not ok:
                 raise ConfigError(self.key, f"{rule.reason} (got {_shown(value)})", rule.fix)
             for leaf in paths.leaves(value, self.key):  # a section: each of its leaves
@@ -365,6 +367,8 @@ class _Translator:
             self._gated(rule, value)
         elif isinstance(rule, Call):
             rule.fn(value, self)
+        else:  # a table's mistake, found by the first test that reads it
+            raise TypeError(f"{self.key}: verl tables have no {type(rule).__name__} rules")
 
     def _gated(self, rule: Gated, value: Any) -> None:
         if value is None:
@@ -570,16 +574,13 @@ def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
         ),
         None,
     )
-    if rule is None:
-        return None
+    return None if rule is None else rule_meaning(rule)
+
+
+def rule_meaning(rule: Rule) -> tuple[tuple[str, ...], str]:
+    """What a verl table's rule does with its key: (native keys it sets, how)."""
     if isinstance(rule, Map):
         return (rule.native,), "sets " + rule.native + (" (converted)" if rule.fn else "")
-    if isinstance(rule, Note):
-        return (), f"accepted, no effect here: {rule.why}"
-    if isinstance(rule, Inert):
+    if isinstance(rule, Refuse):
         return (), f"accepted at its inert value(s) ({rule.why}); otherwise {rule.reason}"
-    if isinstance(rule, Gated):
-        return (), f"inert while {rule.gate} is off ({rule.why}); otherwise {rule.reason}"
-    # a Call's docstring says what it does with the key (its first paragraph)
-    doc = " ".join((getattr(rule.fn, "__doc__", None) or "").split("\n\n")[0].split())
-    return (), doc or "read by the translation's own rule together with related keys"
+    return (), describe(rule)

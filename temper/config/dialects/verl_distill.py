@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.verl_rules import Call, Rule
+from temper.config.dialects.rules import Call, Rule
 from temper.config.errors import ConfigError
 
 SECTION = "distillation"

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from temper.config.dialects.verl_rules import Call, Inert, Map, Note, Rule
+from temper.config.dialects.rules import Call, Map, Note, Refuse, Rule
 
 AT = "async_training"
 ACT = "actor_rollout_ref.actor"
@@ -180,11 +180,11 @@ RULES: dict[str, Rule] = {
     f"{AT}.require_batches": Call(require_batches),
     f"{AT}.partial_rollout": Call(partial_rollout),
     f"{AT}.use_trainer_do_validate": Call(trainer_validates),
-    f"{AT}.use_dynamic_resource_scheduling": Inert(
-        (False, None),
-        "the trainer's devices only train",
+    f"{AT}.use_dynamic_resource_scheduling": Refuse(
         f"{DYNAMIC} is not built",
         "set use_dynamic_resource_scheduling: false",
+        ok=(False, None),
+        why="the trainer's devices only train",
     ),
     **{
         f"{AT}.dynamic_schedule_{k}": Note(

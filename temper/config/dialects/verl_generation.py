@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.verl_rules import Call, Map, Note, Rule
+from temper.config.dialects.rules import Call, Map, Note, Rule
 from temper.config.dialects.verl_sections import TABLE as RL_TABLE
 from temper.config.dialects.verl_sft import is_sft
 from temper.config.dialects.verl_table import PERF, RO

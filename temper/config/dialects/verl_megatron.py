@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
-from temper.config.dialects.verl_rules import Call, Inert, Map, Note, Rule
+from temper.config.dialects.rules import Call, Map, Note, Refuse, Rule
 from temper.config.schema import MEGATRON_DEGREES
 
 A = "actor_rollout_ref"
@@ -129,11 +129,11 @@ def _engine(prefix: str, role: str, section: str | None = None) -> dict[str, Rul
             "and initialization, and weights come from the checkpoint"
         ),
         f"{p}.override_transformer_config": _transformer_overrides(native, trained),
-        f"{p}.override_mcore_model_config": Inert(
-            (None, {}),
-            "the model's architecture comes from its Hugging Face config",
+        f"{p}.override_mcore_model_config": Refuse(
             "Megatron model-config overrides are not supported",
             "use actor_rollout_ref.model.override_config (applied to the HF config)",
+            ok=(None, {}),
+            why="the model's architecture comes from its Hugging Face config",
         ),
         f"{p}.use_mbridge": Note(MBRIDGE),
         f"{p}.vanilla_mbridge": Note(MBRIDGE),
@@ -165,17 +165,17 @@ def _engine(prefix: str, role: str, section: str | None = None) -> dict[str, Rul
     if role == "actor":
         rules[f"{p}.dtype"] = Map("model.dtype", r.dtype, weak=True)
     else:
-        rules[f"{p}.dtype"] = Inert(
-            _same_dtype,
-            "the same compute dtype as the actor: model.dtype",
+        rules[f"{p}.dtype"] = Refuse(
             "temper uses one compute dtype (model.dtype) for every role",
             f"set it equal to {ACT}.megatron.dtype",
+            ok=_same_dtype,
+            why="the same compute dtype as the actor: model.dtype",
         )
-    rules[f"{prefix}.load_weight"] = Inert(
-        (True, None),
-        "weights load from the model path",
+    rules[f"{prefix}.load_weight"] = Refuse(
         "load_weight: false (randomly initialized weights) is not supported",
         "set load_weight: true",
+        ok=(True, None),
+        why="weights load from the model path",
     )
     return rules
 
@@ -202,11 +202,11 @@ def megatron_rules() -> dict[str, Rule]:
         **_engine(REF, "reference"),
         **_engine(CR, "critic"),
         f"{RM}.megatron": Call(_reward_model),
-        f"{RM}.load_weight": Inert(
-            (True, None),
-            "weights load from the model path",
+        f"{RM}.load_weight": Refuse(
             "load_weight: false is not supported",
             "set load_weight: true",
+            ok=(True, None),
+            why="weights load from the model path",
         ),
         f"{RO}.layer_name_map": Note(
             "weight sync maps Megatron names to Hugging Face names itself"

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
-from temper.config.dialects.verl_rules import Inert, Map, Note, Rule
+from temper.config.dialects.rules import Map, Note, Refuse, Rule
 from temper.config.dialects.verl_table import _optim
 
 RM, M = "reward_model", "reward_model.model"
@@ -59,24 +59,24 @@ RULES: dict[str, Rule] = {
     f"{M}.beta_train": Map("prime.prm.beta_train"),
     f"{M}.loss_type": Map("prime.prm.loss_type"),
     f"{M}.update": Map("prime.prm.update"),
-    f"{M}.ref_type": Inert(
-        ("freeze", None),
-        "the PRM's reference is frozen",
+    f"{M}.ref_type": Refuse(
         "only a frozen PRM reference is supported (verl's recipe builds no other)",
         "set ref_type: freeze",
+        ok=("freeze", None),
+        why="the PRM's reference is frozen",
     ),
-    f"{M}.tokenizer_path": Inert(
-        r.same_tokenizer,
-        "the PRM reads the policy's token ids, with the policy's tokenizer",
+    f"{M}.tokenizer_path": Refuse(
         "the PRM scores the policy's token ids: a tokenizer of its own is not supported",
         "set it to actor_rollout_ref.model.path (the recipe's default)",
+        ok=r.same_tokenizer,
+        why="the PRM reads the policy's token ids, with the policy's tokenizer",
     ),
-    f"{M}.enable_gradient_checkpointing": Inert(
-        r.equals("actor_rollout_ref.model.enable_gradient_checkpointing", False),
-        "the PRM follows the policy's model.enable_gradient_checkpointing",
+    f"{M}.enable_gradient_checkpointing": Refuse(
         "temper has one gradient-checkpointing setting for every model of the run",
         "set it equal to actor_rollout_ref.model.enable_gradient_checkpointing (the "
         "recipe's default)",
+        ok=r.equals("actor_rollout_ref.model.enable_gradient_checkpointing", False),
+        why="the PRM follows the policy's model.enable_gradient_checkpointing",
     ),
     f"{M}.fused_kernel_options.impl_backend": Note(PERF),
     f"{M}.fsdp_config.optimizer_offload": Map("prime.prm.fsdp.optimizer_offload"),

@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import paths
-from temper.config.dialects.verl_rules import UNSET, Call, Rule
+from temper.config.dialects.rules import Call, Rule
+from temper.config.dialects.verl_rules import UNSET
 
 RM = "reward_model"
 

@@ -1,81 +1,29 @@
-"""Rule kinds and value transforms of the verl dialect table (see ``verl_table``).
-
-A rule says what one verl key (a dotted path, section included) becomes:
-
-- :class:`Map` — the value arrives at a native field, optionally through a transform;
-- :class:`Note` — accepted whatever its value, listed in the notes with why it has no
-  effect here (only for keys that change speed or memory, never results);
-- :class:`Inert` — accepted with a note at its inert value(s), rejected otherwise;
-- :class:`Gated` — a whole section that is inert while its gate key is off (profilers,
-  sandboxes, …): every leaf is noted, and switching the gate on is rejected;
-- :class:`Call` — custom handling (collects state for the translator's final pass).
-
-Transforms have the signature ``fn(value, ctx) -> value``; ``ctx`` (the translator's
-context) gives ``ctx.get(verl_key, default)``, ``ctx.note(why)``, ``ctx.error(reason, fix)``
-and ``ctx.key`` (the verl key being translated, as the user wrote it).
+"""Predicates and value transforms of the verl dialect table (the rule kinds are
+:mod:`rules`'). Their signature is ``fn(value, ctx)``; ``ctx`` (the translator's context)
+gives ``ctx.get(verl_key, default)``, ``ctx.note(why)``, ``ctx.error(reason, fix)`` and
+``ctx.key`` (the verl key being translated, as the user wrote it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from temper.config.dialects.rules import Transform
+
 UNSET = "???"  # Hydra's mandatory-value marker, left unresolved by verl's default config
-
-Transform = Callable[[Any, Any], Any]
-
-
-@dataclass(frozen=True)
-class Map:
-    native: str
-    fn: Transform | None = None
-    weak: bool = False  # yields (with a note) to another key that sets the same field
-    # the value verl's mandatory-value marker (``???``, unset) means here; None: the
-    # temper default applies
-    unset: Any = None
-
-
-@dataclass(frozen=True)
-class Note:
-    why: str
-
-
-@dataclass(frozen=True)
-class Inert:
-    ok: tuple[Any, ...] | Callable[[Any, Any], bool]
-    why: str
-    reason: str
-    fix: str
-
-
-@dataclass(frozen=True)
-class Gated:
-    gate: str
-    off: tuple[Any, ...]
-    why: str
-    reason: str
-    fix: str
-
-
-@dataclass(frozen=True)
-class Call:
-    fn: Callable[[Any, Any], None]
-
-
-Rule = Map | Note | Inert | Gated | Call
 
 
 # --------------------------------------------------------------------------- predicates
 
 
 def when_off(gate: str, off: tuple[Any, ...] = (False, None)) -> Callable[[Any, Any], bool]:
-    """Inert predicate: any value is inert while verl key ``gate`` is off."""
+    """Refuse predicate: any value is inert while verl key ``gate`` is off."""
     return lambda _v, ctx: ctx.get(gate, off[0]) in off
 
 
 def equals(other: str, default: Any = None) -> Callable[[Any, Any], bool]:
-    """Inert predicate: the value repeats verl key ``other`` (or is null)."""
+    """Refuse predicate: the value repeats verl key ``other`` (or is null)."""
     return lambda v, ctx: v is None or v == ctx.get(other, default)
 
 

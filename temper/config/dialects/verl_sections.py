@@ -12,11 +12,11 @@ from temper.config.dialects import verl_async as va
 from temper.config.dialects import verl_fully_async as fa
 from temper.config.dialects import verl_rs
 from temper.config.dialects import verl_rules as r
+from temper.config.dialects.rules import Call, Map, Note, Rule
 from temper.config.dialects.verl_distill import RULES as DISTILL_RULES
 from temper.config.dialects.verl_megatron import MEGATRON_INHERIT, megatron_rules
 from temper.config.dialects.verl_prime import RULES as PRIME_RULES
 from temper.config.dialects.verl_rewards import RULES
-from temper.config.dialects.verl_rules import Call, Map, Note, Rule
 from temper.config.dialects.verl_spin import RULES as SPIN_RULES
 from temper.config.dialects.verl_sppo import RULES as SPPO_RULES
 from temper.config.dialects.verl_table import (

@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
+from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule
 from temper.config.dialects.verl_megatron import _engine as megatron_engine
-from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule
 from temper.config.dialects.verl_sections import TABLE as RL_TABLE
 from temper.config.dialects.verl_table import MOD, PERF, PROFILE_OFF, _fsdp, _inert, _optim
 from temper.config.dialects.verl_v09 import fsdp_v09, megatron_v09
@@ -346,7 +346,7 @@ def _per_epoch(v: Any, ctx: Any) -> Any:
     return v
 
 
-def _load_contents(prefix: str) -> Inert:
+def _load_contents(prefix: str) -> Refuse:
     return _inert(
         r.equals(f"{prefix}.save_contents", ["model", "optimizer", "extra"]),
         "a resume loads what was saved",

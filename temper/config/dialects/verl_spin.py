@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.verl_rules import Inert, Map, Note, Rule
+from temper.config.dialects.rules import Map, Note, Refuse, Rule
 
 ACT = "actor_rollout_ref.actor"
 KEYS = (
@@ -42,11 +42,11 @@ RULES: dict[str, Rule] = {
     "algorithm.dpo_label_smoothing": Map("spin.label_smoothing"),
     "trainer.ref_update_freq": Map("spin.ref_update_freq", fn=lambda v, ctx: max(int(v), 0)),
     # the SPIN trainer logs every log_freq-th step (a key only it reads: ``+trainer.…``)
-    "trainer.log_freq": Inert(
-        (1, None),
-        "every step is logged, as here",
+    "trainer.log_freq": Refuse(
         "temper logs every step's metrics",
         "remove it (or set 1)",
+        ok=(1, None),
+        why="every step is logged, as here",
     ),
     # the trainer puts it in the update's meta_info, which the actor does not read
     "algorithm.dpo_beta": Note(f"verl's SPIN actor reads its β from {ACT}.dpo_beta (spin.beta)"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.verl_rules import Map, Rule
+from temper.config.dialects.rules import Map, Rule
 
 ACT = "actor_rollout_ref.actor"
 KEYS = ("algorithm.sppo_eta", f"{ACT}.sppo_eta")

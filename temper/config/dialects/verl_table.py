@@ -13,7 +13,7 @@ from typing import Any
 
 from temper.config.dialects import verl_async
 from temper.config.dialects import verl_rules as r
-from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule, Transform
+from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule, Transform
 
 A, ACT, REF, RO, MOD = (
     "actor_rollout_ref",
@@ -30,13 +30,13 @@ INTERNAL = "verl-internal wiring with no counterpart here"
 MM = "vision-language inputs are built from the model's own processor"
 
 
-def _inert(ok: Any, why: str, reason: str, fix: str = "remove the key") -> Inert:
-    return Inert(ok if callable(ok) else tuple(ok), why, reason, fix)
+def _inert(ok: Any, why: str, reason: str, fix: str = "remove the key") -> Refuse:
+    return Refuse(reason, fix, ok=ok if callable(ok) else tuple(ok), why=why)
 
 
-def _off(why: str, reason: str, fix: str = "remove the key") -> Inert:
-    """Inert at false/null: a feature temper does not have."""
-    return Inert((False, None), why, reason, fix)
+def _off(why: str, reason: str, fix: str = "remove the key") -> Refuse:
+    """Refuse at false/null: a feature temper does not have."""
+    return Refuse(reason, fix, ok=(False, None), why=why)
 
 
 def _profiler(prefix: str) -> dict[str, Rule]:
@@ -189,7 +189,7 @@ def _fsdp(prefix: str, role: str, trained: bool) -> dict[str, Rule]:
     return rules
 
 
-def _sp_follows_actor() -> Inert:
+def _sp_follows_actor() -> Refuse:
     return _inert(
         r.equals(f"{ACT}.ulysses_sequence_parallel_size", 1),
         "the reference uses the actor's sequence parallelism",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects import verl_rules as r
-from temper.config.dialects.verl_rules import Call, Map, Note, Rule
+from temper.config.dialects.rules import Call, Map, Note, Rule
 from temper.config.dialects.verl_table import (
     ACT,
     INTERNAL,

