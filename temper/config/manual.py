@@ -154,8 +154,8 @@ def _roll_rows() -> list[str]:
         for key in table.rules:
             if isinstance(table.rules[key], rules.Map) or key in rows:
                 continue
-            meaning = table.meaning(key) if "*" not in key else None
-            how = meaning[1] if meaning is not None else roll_rule_meaning(table.rules[key])[1]
+            rule = table.rule(key) if "*" not in key else None
+            how = roll_rule_meaning(rule or table.rules[key])[1]
             rows[key] = f"| `{key}` | {_cell(how)} |"
     return [rows[k] for k in sorted(rows)]
 

@@ -32,7 +32,8 @@ from temper.config.dialects.roll_mock import rollout_mock
 from temper.config.dialects.roll_opd import is_opd, rewrite_opd, user_key
 from temper.config.dialects.roll_sft import SFT_TABLE, is_sft, translate_roll_sft
 from temper.config.dialects.roll_table import ROLL_DEFAULTS, TOP
-from temper.config.dialects.roll_walk import KeyTable
+from temper.config.dialects.roll_walk import rule_meaning
+from temper.config.dialects.walk import KeyTable
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 
@@ -178,9 +179,8 @@ def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
     """What ROLL key ``key`` becomes here: (native keys it sets, how), or None when the
     table has no such key (``temper check --explain``; the RL pipelines' table first,
     then the SFT pipeline's, then the DPO pipeline's)."""
-    return (
-        RL_TABLE.meaning(key)
-        or SFT_TABLE.meaning(key)
-        or DPO_TABLE.meaning(key)
-        or DISTILL_TABLE.meaning(key)
-    )
+    for table in (RL_TABLE, SFT_TABLE, DPO_TABLE, DISTILL_TABLE):
+        rule = table.rule(key)
+        if rule is not None:
+            return rule_meaning(rule)
+    return None

@@ -12,7 +12,7 @@ import math
 import os
 from typing import Any
 
-from temper.config.dialects import paths, roll_correction, roll_pg
+from temper.config.dialects import roll_correction, roll_pg
 from temper.config.dialects.paths import MISSING
 from temper.config.dialects.roll_devices import parse_device_mapping
 from temper.config.dialects.roll_rewards import rewards as rewards
@@ -26,40 +26,10 @@ from temper.config.dialects.roll_rules import (
     choice,
     listify,
 )
+from temper.config.dialects.roll_walk import Ctx as Ctx
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 from temper.config.schema import MEGATRON_DEGREES, MODEL_PARALLEL_DEGREES
-
-
-class Ctx:
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-        self.native: dict[str, Any] = {}
-        self.src: dict[str, str] = {}
-        self.notes: list[str] = []
-        self.used: list[Any] = []  # values of keys read by rules (for definition refs)
-
-    def get(self, path: str, default: Any = None) -> Any:
-        return paths.get(self.data, path, default)
-
-    def has(self, path: str) -> bool:
-        return paths.has(self.data, path)
-
-    def set(self, dst: str, value: Any, src: str) -> None:
-        if dst in self.src and self.native_get(dst) != value:
-            raise ConfigError(
-                src,
-                f"sets {dst} to {value!r}, but {self.src[dst]} set it to {self.native_get(dst)!r}",
-                f"make {src} and {self.src[dst]} agree",
-            )
-        paths.put(self.native, dst, value)
-        self.src[dst] = src
-
-    def native_get(self, dst: str, default: Any = None) -> Any:
-        return paths.get(self.native, dst, default)
-
-    def note(self, key: str, why: str) -> None:
-        self.notes.append(f"{key}: accepted, no effect here: {why}")
 
 
 def model(ctx: Ctx) -> None:

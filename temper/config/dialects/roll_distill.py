@@ -37,9 +37,9 @@ from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_table import TOP
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
-from temper.config.dialects.roll_walk import KeyTable
 from temper.config.dialects.roll_workers import worker_rules
 from temper.config.dialects.rules import Map, Note, Refuse, Rule, Use
+from temper.config.dialects.walk import KeyTable
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 

@@ -1,90 +1,81 @@
-"""Walking a ROLL config against a key table: every key is mapped, noted, rejected, or
-read by a derivation (``roll_derive``); a key the table lacks is a ``ConfigError`` with
-"did you mean". The RL pipelines' table is ``roll_table.TOP``, the SFT pipeline's
-``roll_sft``'s.
+"""The ROLL translation's context (:class:`Ctx`) and what the rules of a ROLL key table
+do, in ROLL's words: every key is mapped, noted, refused, or read by a derivation
+(``roll_derive``); a key the table lacks is a ``ConfigError`` with "did you mean". The
+walk is :mod:`walk`'s; the RL pipelines' table is ``roll_table.TOP``, the SFT
+pipeline's ``roll_sft``'s.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from temper.config.dialects import paths
 from temper.config.dialects.paths import MISSING
-from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule, Same, describe
 from temper.config.errors import ConfigError, did_you_mean
 
 
-class KeyTable:
-    """A ROLL key table (``path -> rule``, ``*`` matching one segment) and its walk."""
+class Ctx:
+    """The file's data (``get``), the native keys written (``set`` refuses two keys that
+    set one field to different values), the notes; the walk's :class:`walk.Walker`."""
 
-    def __init__(self, rules: dict[str, Rule]) -> None:
-        self.rules = rules
-        self.patterns = [(tuple(p.split(".")), rule) for p, rule in rules.items()]
-        # the table is fixed; paths recur across and within files
-        self.lookup = functools.cache(self._lookup)
-        self.children = functools.cache(self._children)
-        # native key -> the ROLL key that maps to it (keys without a `*` segment)
-        self.reverse: dict[str, str] = {}
-        for key, rule in rules.items():
-            if isinstance(rule, Map) and "*" not in key:
-                for dst in rule.natives:
-                    self.reverse.setdefault(dst, key)
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.native: dict[str, Any] = {}
+        self.src: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.used: list[Any] = []  # values of keys read by rules (for definition refs)
+        self.key = ""  # the ROLL key being translated
 
-    def _lookup(self, parts: tuple[str, ...]) -> tuple[Rule, list[str]] | None:
-        for pat, rule in self.patterns:
-            if len(pat) == len(parts):
-                stars = []
-                for p, s in zip(pat, parts):
-                    if p == "*":
-                        stars.append(s)
-                    elif p != s:
-                        break
-                else:
-                    return rule, stars
-        return None
+    def get(self, path: str, default: Any = None) -> Any:
+        return paths.get(self.data, path, default)
 
-    def _children(self, parts: tuple[str, ...]) -> frozenset[str]:
-        n = len(parts)
-        return frozenset(
-            pat[n]
-            for pat, _ in self.patterns
-            if len(pat) > n and all(p in ("*", s) for p, s in zip(pat, parts))
-        )
+    def has(self, path: str) -> bool:
+        return paths.has(self.data, path)
 
-    def walk(self, ctx: Ctx, value: Any, parts: tuple[str, ...]) -> None:
-        key = ".".join(parts)
-        found = self.lookup(parts)
-        if found is not None:
-            _apply(ctx, key, value, *found)
-            return
-        kids = self.children(parts)
-        if kids and isinstance(value, dict):
-            for k, v in value.items():
-                self.walk(ctx, v, (*parts, str(k)))
-            return
-        if kids and value is None:
-            ctx.note(key, "empty section")
-            return
-        siblings = self.children(parts[:-1])
-        raise ConfigError(
-            key,
-            f"unknown ROLL key{did_you_mean(parts[-1], siblings)}",
-            "remove it, or see temper/config/dialects/roll_table.py for the ROLL keys temper "
-            "understands",
-        )
+    def set(self, dst: str, value: Any, src: str) -> None:
+        if dst in self.src and self.native_get(dst) != value:
+            raise ConfigError(
+                src,
+                f"sets {dst} to {value!r}, but {self.src[dst]} set it to {self.native_get(dst)!r}",
+                f"make {src} and {self.src[dst]} agree",
+            )
+        paths.put(self.native, dst, value)
+        self.src[dst] = src
 
-    def is_rule(self, key: str) -> bool:
-        """Whether top-level ``key`` is a ROLL setting of this table (not a definition)."""
-        return self.lookup((key,)) is not None or bool(self.children((key,)))
+    def native_get(self, dst: str, default: Any = None) -> Any:
+        return paths.get(self.native, dst, default)
 
-    def meaning(self, key: str) -> tuple[tuple[str, ...], str] | None:
-        """What ROLL key ``key`` becomes here (``temper check --explain``)."""
-        found = self.lookup(tuple(key.split(".")))
-        if found is None:
-            return None
-        return rule_meaning(found[0])
+    def note(self, key: str, why: str) -> None:
+        self.notes.append(f"{key}: accepted, no effect here: {why}")
+
+    # ------------------------------------------------------------------ the walk's
+
+    def enter(self, path: str) -> bool:
+        self.key = path
+        return True
+
+    def apply(self, rule: Rule, value: Any, stars: list[str]) -> None:
+        apply(self, self.key, value, rule, stars)
+
+    def null_section(self) -> None:
+        self.note(self.key, "empty section")
+
+    def not_a_section(self, parts: tuple[str, ...], siblings: frozenset[str], value: Any) -> None:
+        raise unknown(parts, siblings)
+
+    def unknown(self, parts: tuple[str, ...], siblings: frozenset[str]) -> None:
+        raise unknown(parts, siblings)
+
+
+def unknown(parts: tuple[str, ...], siblings: frozenset[str]) -> ConfigError:
+    """A key no ROLL table has."""
+    return ConfigError(
+        ".".join(parts),
+        f"unknown ROLL key{did_you_mean(parts[-1], siblings)}",
+        "remove it, or see temper/config/dialects/roll_table.py for the ROLL keys temper "
+        "understands",
+    )
 
 
 def rule_meaning(rule: Rule) -> tuple[tuple[str, ...], str]:
@@ -97,7 +88,8 @@ def rule_meaning(rule: Rule) -> tuple[tuple[str, ...], str]:
     return (), describe(rule)
 
 
-def _apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None:
+def apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None:
+    """Apply ``rule`` to ROLL key ``key`` holding ``value``."""
     ctx.used.append(value)
     if isinstance(rule, Map):
         out = rule.fn(value, ctx) if rule.fn else value

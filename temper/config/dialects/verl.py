@@ -47,6 +47,7 @@ from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule, d
 from temper.config.dialects.verl_rules import UNSET
 from temper.config.dialects.verl_sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.dialects.verl_v09 import MODEL_ENGINE_STRATEGY
+from temper.config.dialects.walk import KeyTable
 from temper.config.errors import ConfigError, did_you_mean
 from temper.config.loader import RawConfig
 from temper.config.schema import RolloutConfig, TemperConfig
@@ -54,25 +55,6 @@ from temper.config.typed import _convert
 
 # verl policy losses that always aggregate with seq-mean-token-mean.
 SEQUENCE_MEAN_LOSSES = ("gspo", "sapo")
-
-
-def _children(table: dict[str, Rule]) -> dict[str, set[str]]:
-    """Known child names per parent path ('' is the root)."""
-    out: dict[str, set[str]] = {}
-    for key in table:
-        parts = key.split(".")
-        for i in range(len(parts)):
-            out.setdefault(".".join(parts[:i]), set()).add(parts[i])
-    return out
-
-
-def _reverse(table: dict[str, Rule]) -> dict[str, str]:
-    """Native key -> the verl key that maps to it (a direct mapping preferred over a weak one)."""
-    out: dict[str, str] = {}
-    for key, rule in sorted(table.items(), key=lambda kv: isinstance(kv[1], Map) and kv[1].weak):
-        if isinstance(rule, Map):
-            out.setdefault(rule.native, key)
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,16 +71,16 @@ class Tables:
     trains: bool = True
 
     @functools.cached_property
-    def children(self) -> dict[str, set[str]]:
-        return _children(self.table)
+    def keys(self) -> KeyTable:
+        return KeyTable(self.table)
 
-    @functools.cached_property
+    @property
     def reverse(self) -> dict[str, str]:
-        return _reverse(self.table)
+        return self.keys.reverse
 
 
-_WRAPPER_CHILDREN = _children({**WRAPPER, "backend_config": Note("")})
-REVERSE = _reverse(TABLE)  # the PPO trainer's
+_WRAPPER = KeyTable({**WRAPPER, "backend_config": Note("")})  # popped before the walk
+REVERSE = KeyTable(TABLE).reverse  # the PPO trainer's
 
 
 def translate_verl(raw: RawConfig, catalog: Catalog) -> Translation:
@@ -171,6 +153,7 @@ class _Translator:
         self.added = added or {}  # key -> the plain override that added it
         self.tree: dict[str, Any] = {}
         self.prefix = ""
+        self.shown = ""  # the prefix keys are shown with (the wrapper's own keys: none)
         self.key = ""  # the verl key being translated, as the user wrote it
         self.path = ""  # the same without the wrapper prefix
         self.notes: dict[str, list[str]] = {}
@@ -235,7 +218,8 @@ class _Translator:
             if first in self.tree:
                 self.tree = {first: self.tree.pop(first), **self.tree}
         self._apply_defaults()
-        self._walk(self.tree, "", self.tables.table, self.tables.children)
+        self.shown = self.prefix
+        self.tables.keys.walk_section(self, self.tree, ())
         self.tables.finish(self)
         self._finish()
         sources = {native: key for native, (_v, key, _weak) in self.writes.items()}
@@ -251,7 +235,7 @@ class _Translator:
         the table by the section's contents: verl 0.9's ``engine`` group)."""
         saved = self.path, self.key
         try:
-            self._walk(node, path, table, _children(table))
+            KeyTable(table).walk_section(self, node, tuple(path.split(".")))
         finally:
             self.path, self.key = saved
 
@@ -263,7 +247,7 @@ class _Translator:
         if not isinstance(tree, dict):
             raise ConfigError("backend_config", "must be a mapping holding a verl config", "")
         self.tree, self.prefix = tree, "backend_config."
-        self._walk(self.data, "", WRAPPER, _WRAPPER_CHILDREN, display_prefix="")
+        _WRAPPER.walk_section(self, self.data, ())
 
     def _apply_defaults(self) -> None:
         # verl 0.9's model_engine group picks the actor file, and with it the strategy a
@@ -287,49 +271,42 @@ class _Translator:
     def _set(self, path: str, value: Any) -> None:
         paths.put(self.tree, path, value)
 
-    def _walk(
-        self,
-        node: dict[str, Any],
-        parent: str,
-        table: dict[str, Rule],
-        children: dict[str, set[str]],
-        display_prefix: str | None = None,
-    ) -> None:
-        shown = self.prefix if display_prefix is None else display_prefix
-        for name, value in node.items():
-            path = f"{parent}.{name}" if parent else str(name)
-            self.path, self.key = path, shown + path
-            if name == "_target_":
-                self.note("Hydra _target_ (a verl class path): temper builds its own objects")
-                continue
-            rule = table.get(path)
-            if rule is not None:
-                self._apply(rule, value)
-                continue
-            if path in children:
-                if value is None:
-                    self.note("null section: the temper defaults apply")
-                elif not isinstance(value, dict):
-                    raise ConfigError(self.key, f"expected a mapping, got {value!r}", "")
-                else:
-                    self._walk(value, path, table, children, display_prefix)
-                continue
-            valid = sorted(children.get(parent, set()))
-            where = f"'{shown}{parent}'" if parent else "the top level"
-            added = self.added.get(self.key) or next(
-                (t for k, t in self.added.items() if k.startswith(self.key + ".")), None
-            )
-            also = (
-                f"; the override '{added}' adds it to the config (Hydra would refuse it too: "
-                "this verl version has no such key)"
-                if added
-                else ""
-            )
-            raise ConfigError(
-                self.key,
-                f"unknown verl key{did_you_mean(str(name), valid)}{also}",
-                f"remove it, or use one of the keys of {where}: {', '.join(valid)}",
-            )
+    # ------------------------------------------------------------------ the walk's
+
+    def enter(self, path: str) -> bool:
+        self.path, self.key = path, self.shown + path
+        if path.rsplit(".", 1)[-1] == "_target_":
+            self.note("Hydra _target_ (a verl class path): temper builds its own objects")
+            return False
+        return True
+
+    def apply(self, rule: Rule, value: Any, stars: list[str]) -> None:
+        self._apply(rule, value)
+
+    def null_section(self) -> None:
+        self.note("null section: the temper defaults apply")
+
+    def not_a_section(self, parts: tuple[str, ...], siblings: frozenset[str], value: Any) -> None:
+        raise ConfigError(self.key, f"expected a mapping, got {value!r}", "")
+
+    def unknown(self, parts: tuple[str, ...], siblings: frozenset[str]) -> None:
+        valid = sorted(siblings)
+        parent = ".".join(parts[:-1])
+        where = f"'{self.shown}{parent}'" if parent else "the top level"
+        added = self.added.get(self.key) or next(
+            (t for k, t in self.added.items() if k.startswith(self.key + ".")), None
+        )
+        also = (
+            f"; the override '{added}' adds it to the config (Hydra would refuse it too: "
+            "this verl version has no such key)"
+            if added
+            else ""
+        )
+        raise ConfigError(
+            self.key,
+            f"unknown verl key{did_you_mean(parts[-1], valid)}{also}",
+            f"remove it, or use one of the keys of {where}: {', '.join(valid)}",
+        )
 
     # ------------------------------------------------------------------ rules
 

@@ -31,7 +31,7 @@ def known(node: dict[str, Any], parent: str = "") -> dict[str, Any]:
         path = f"{parent}.{k}" if parent else str(k)
         if k == "_target_" or path in TABLE:
             out[k] = v
-        elif path in PPO.children and isinstance(v, dict):
+        elif PPO.keys.children(tuple(path.split("."))) and isinstance(v, dict):
             out[k] = known(v, path)
     return out
 
