@@ -32,7 +32,7 @@ from temper.config.dialects.roll_mock import rollout_mock
 from temper.config.dialects.roll_opd import is_opd, rewrite_opd, user_key
 from temper.config.dialects.roll_sft import SFT_TABLE, is_sft, translate_roll_sft
 from temper.config.dialects.roll_table import ROLL_DEFAULTS, TOP
-from temper.config.dialects.roll_walk import rule_meaning
+from temper.config.dialects.roll_walk import rule_meaning, translation, walk_file
 from temper.config.dialects.walk import KeyTable
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
@@ -86,12 +86,7 @@ def _translate(
     data = {**applied, **given}
     ctx = Ctx(data)
     derive.env_manager_sampling(ctx)
-    defs = []
-    for key, value in data.items():
-        if not RL_TABLE.is_rule(key) and (key in raw.from_defaults or key in raw.referenced):
-            defs.append(key)  # a definition other keys interpolate (or a defaults file's)
-            continue
-        RL_TABLE.walk(ctx, value, (str(key),))
+    defs = walk_file(RL_TABLE, ctx, raw)
     agentic = "train_env_manager" in data
     pipeline = "agentic_rollout" if rollout_only else "agentic" if agentic else "rlvr"
     ctx.set("pipeline", pipeline, "actor_infer" if rollout_only else "train_env_manager")
@@ -127,12 +122,7 @@ def _translate(
         mode = "is_pure_opd" if distill["pure"] else "use_opd"
         ctx.set("distill.pure", distill["pure"], "student_train" if distill["pure"] else mode)
         ctx.notes.extend(opd_notes)
-    if applied:
-        ctx.notes.append(
-            "ROLL defaults applied for keys the file omits: "
-            + ", ".join(f"{k}={v!r}" for k, v in applied.items())
-        )
-    return Translation(native=ctx.native, notes=ctx.notes, sources=dict(ctx.src), table=REVERSE)
+    return translation(ctx, applied, RL_TABLE)
 
 
 #: What ROLL's agentic rollout pipeline reads, as temper keys (prefixes).

@@ -37,6 +37,7 @@ from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_table import TOP
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
+from temper.config.dialects.roll_walk import translation, walk_file
 from temper.config.dialects.roll_workers import worker_rules
 from temper.config.dialects.rules import Map, Note, Refuse, Rule, Use
 from temper.config.dialects.walk import KeyTable
@@ -148,14 +149,7 @@ def translate_roll_distill(raw: RawConfig) -> Translation:
     ctx = Ctx({**applied, **given})
     try:
         _refuse_vision(ctx)
-        defs = []
-        for key, value in ctx.data.items():
-            if not DISTILL_TABLE.is_rule(key) and (
-                key in raw.from_defaults or key in raw.referenced
-            ):
-                defs.append(key)
-                continue
-            DISTILL_TABLE.walk(ctx, value, (str(key),))
+        defs = walk_file(DISTILL_TABLE, ctx, raw)
         ctx.set("pipeline", "distill", "student")
         _models(ctx)
         derive.data_files(ctx)
@@ -176,7 +170,7 @@ def translate_roll_distill(raw: RawConfig) -> Translation:
         "kd_objective: compared where the two models predict the response tokens, the NLL's "
         "positions (ROLL masks the divergence by the unshifted labels)",
     ]
-    return roll_sft.named_translation(ctx, applied, DISTILL_TABLE, _named)
+    return translation(ctx, applied, DISTILL_TABLE, _named)
 
 
 def _models(ctx: Ctx) -> None:

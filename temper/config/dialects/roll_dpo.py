@@ -34,6 +34,7 @@ from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_rules import nonpositive_none
 from temper.config.dialects.roll_table import TOP
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
+from temper.config.dialects.roll_walk import translation, walk_file
 from temper.config.dialects.roll_workers import worker_rules
 from temper.config.dialects.rules import Map, Note, Rule, Same, Use
 from temper.config.dialects.walk import KeyTable
@@ -139,12 +140,7 @@ def translate_roll_dpo(raw: RawConfig) -> Translation:
     given = copy.deepcopy(raw.data)
     applied = {k: v for k, v in DPO_DEFAULTS.items() if k not in given}
     ctx = Ctx({**applied, **given})
-    defs = []
-    for key, value in ctx.data.items():
-        if not DPO_TABLE.is_rule(key) and (key in raw.from_defaults or key in raw.referenced):
-            defs.append(key)
-            continue
-        DPO_TABLE.walk(ctx, value, (str(key),))
+    defs = walk_file(DPO_TABLE, ctx, raw)
     ctx.set("pipeline", "dpo", "chosen_key")
     ctx.set("data.prompt_key", PROMPT_COLUMN, "chosen_key")
     ctx.notes.append(f"the prompt is each row's '{PROMPT_COLUMN}' column, as ROLL's DPO reads it")
@@ -165,14 +161,7 @@ def translate_roll_dpo(raw: RawConfig) -> Translation:
         ctx.notes.append(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
     derive.experiment(ctx)
     derive.definitions(ctx, raw, defs)
-    if applied:
-        ctx.notes.append(
-            "ROLL defaults applied for keys the file omits: "
-            + ", ".join(f"{k}={v!r}" for k, v in applied.items())
-        )
-    return Translation(
-        native=ctx.native, notes=ctx.notes, sources=dict(ctx.src), table=DPO_TABLE.reverse
-    )
+    return translation(ctx, applied, DPO_TABLE)
 
 
 def _pair_micro_batches(ctx: Ctx) -> None:

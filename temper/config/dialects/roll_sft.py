@@ -38,6 +38,7 @@ from temper.config.dialects.roll_devices import parse_device_mapping
 from temper.config.dialects.roll_rules import nonpositive_none
 from temper.config.dialects.roll_table import TOP
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
+from temper.config.dialects.roll_walk import translation, walk_file
 from temper.config.dialects.roll_workers import worker_rules
 from temper.config.dialects.rules import Map, Note, Rule, Same, Use
 from temper.config.dialects.walk import KeyTable
@@ -170,12 +171,7 @@ def translate_roll_sft(raw: RawConfig) -> Translation:
     applied = {k: v for k, v in SFT_DEFAULTS.items() if k not in given}
     ctx = Ctx({**applied, **given})
     try:
-        defs = []
-        for key, value in ctx.data.items():
-            if not SFT_TABLE.is_rule(key) and (key in raw.from_defaults or key in raw.referenced):
-                defs.append(key)
-                continue
-            SFT_TABLE.walk(ctx, value, (str(key),))
+        defs = walk_file(SFT_TABLE, ctx, raw)
         ctx.set("pipeline", "sft", WORKER)
         derive.model(ctx)
         derive.data_files(ctx)
@@ -191,30 +187,12 @@ def translate_roll_sft(raw: RawConfig) -> Translation:
         derive.definitions(ctx, raw, defs)
     except ConfigError as err:
         raise renamed_error(err, _named) from err
-    return named_translation(ctx, applied, SFT_TABLE, _named)
+    return translation(ctx, applied, SFT_TABLE, _named)
 
 
 def renamed_error(err: ConfigError, named: Callable[[str], str]) -> ConfigError:
     """``err`` in the file's own worker names (``named`` rewrites the shared rows')."""
     return ConfigError(named(err.key), named(err.reason), named(err.template), bound=err.bound)
-
-
-def named_translation(
-    ctx: Ctx, applied: dict[str, Any], table: KeyTable, named: Callable[[str], str]
-) -> Translation:
-    """The translation of a pipeline file whose workers have their own names (``named``
-    rewrites the shared rows' ``actor_train`` …), the ROLL defaults it took noted."""
-    if applied:
-        ctx.notes.append(
-            "ROLL defaults applied for keys the file omits: "
-            + ", ".join(f"{k}={v!r}" for k, v in applied.items())
-        )
-    return Translation(
-        native=ctx.native,
-        notes=[named(n) for n in ctx.notes],
-        sources={k: named(v) for k, v in ctx.src.items()},
-        table={k: named(v) for k, v in table.reverse.items()},
-    )
 
 
 def global_batch(ctx: Ctx) -> None:

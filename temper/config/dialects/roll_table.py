@@ -1,15 +1,16 @@
 """The ROLL key table: every ROLL key path and what happens to it here.
 
 A path is dot-separated; ``*`` matches one segment (a reward name, an env tag). Each
-entry is one rule:
+entry is one rule (:mod:`rules`):
 
-- ``Map(dst, fn)``: the value (through ``fn``) is written to native ``dst`` (a tuple
-  writes several); ``{0}`` in ``dst`` is the segment the first ``*`` matched.
-- ``Use(what)``: read by a derivation in ``roll.py`` (the value does reach the native
-  config, but through arithmetic or a cross-key rule); ``what`` says where.
+- ``Map(native, fn, also=…)``: the value (through ``fn``) is written to ``native`` (and
+  the ``also`` fields); ``{0}`` in a native key is the segment the first ``*`` matched.
+- ``Use(what)``: read by a derivation in ``roll_derive`` (or the pipeline modules it
+  calls: ``roll_gigpo``, ``roll_rewards``, …): the value does reach the native config,
+  but through arithmetic or a cross-key rule; ``what`` says where.
 - ``Note(why)``: accepted; a note in ``Translation.notes`` says why it has no effect.
-- ``Refuse(why, fix, ok)``: accepted with a note when ``ok(value)``, otherwise a
-  ``ConfigError(key, why, fix)``.
+- ``Refuse(reason, fix, ok=…, why=…)``: accepted with a note (``why``) when
+  ``ok(value, ctx)``, otherwise a ``ConfigError(key, reason, fix)``.
 - ``Same(other, why)``: must equal the value at ``other`` (if set), then noted.
 
 A rule on a mapping claims its whole subtree. Worker sections (``actor_train``, …)

@@ -7,12 +7,15 @@ pipeline's ``roll_sft``'s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from temper.config.dialects import paths
+from temper.config.dialects import Translation, paths
 from temper.config.dialects.paths import MISSING
 from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule, Same, describe
+from temper.config.dialects.walk import KeyTable
 from temper.config.errors import ConfigError, did_you_mean
+from temper.config.loader import RawConfig
 
 
 class Ctx:
@@ -66,6 +69,38 @@ class Ctx:
 
     def unknown(self, parts: tuple[str, ...], siblings: frozenset[str]) -> None:
         raise unknown(parts, siblings)
+
+
+def walk_file(table: KeyTable, ctx: Ctx, raw: RawConfig) -> list[str]:
+    """Walk every top-level key of ``ctx.data`` against ``table``; the keys that are no
+    setting but a definition other keys interpolate (or a defaults file's) are returned,
+    for ``roll_derive.definitions``."""
+    defs = []
+    for key, value in ctx.data.items():
+        if not table.is_rule(key) and (key in raw.from_defaults or key in raw.referenced):
+            defs.append(key)
+            continue
+        table.walk(ctx, value, (str(key),))
+    return defs
+
+
+def translation(
+    ctx: Ctx, applied: dict[str, Any], table: KeyTable, named: Callable[[str], str] = str
+) -> Translation:
+    """The translation ``ctx`` holds, the ROLL defaults it took (``applied``) noted; a
+    pipeline file whose workers have their own names gives ``named``, which rewrites the
+    shared rows' ``actor_train`` …"""
+    if applied:
+        ctx.notes.append(
+            "ROLL defaults applied for keys the file omits: "
+            + ", ".join(f"{k}={v!r}" for k, v in applied.items())
+        )
+    return Translation(
+        native=ctx.native,
+        notes=[named(n) for n in ctx.notes],
+        sources={k: named(v) for k, v in ctx.src.items()},
+        table={k: named(v) for k, v in table.reverse.items()},
+    )
 
 
 def unknown(parts: tuple[str, ...], siblings: frozenset[str]) -> ConfigError:

@@ -1,7 +1,7 @@
 """The verl key table: every key of verl's PPO trainer config (0.8's fully expanded
 ``ppo_trainer.yaml``, plus older and documented keys) and what it becomes here.
 
-Keys are dotted verl paths; rule kinds are in :mod:`verl_rules`. ``_target_`` keys (Hydra
+Keys are dotted verl paths; rule kinds are in :mod:`rules`. ``_target_`` keys (Hydra
 class paths) are accepted anywhere. ``INHERIT`` mirrors verl's ``${oc.select:...}``
 defaults for keys a short file omits; ``DEFAULTS`` are verl defaults that differ from
 temper's and change what a run does.
