@@ -106,7 +106,7 @@ def train_infer_correction(ctx: Any) -> None:
     else:
         for name in ("weight_type", "upper_bound"):
             if ctx.has(f"{weight}.{name}"):
-                ctx.note(f"{weight}.{name}", "importance weights are off (enabled: false)")
+                ctx.note("importance weights are off (enabled: false)", f"{weight}.{name}")
     filters = _filters(ctx)
     if filters:
         ctx.set("actor.rollout_rs", filters, f"{KEY}.filters")

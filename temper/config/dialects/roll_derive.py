@@ -167,7 +167,7 @@ def _estimator(ctx: Ctx) -> None:
                 "scores normalized by reward_normalization: algorithm.adv_estimator=reinforce"
             )
             if norm is not MISSING:
-                ctx.note("reward_norm", "the agentic pipeline uses reward_normalization")
+                ctx.note("the agentic pipeline uses reward_normalization", "reward_norm")
             return
         ctx.set("algorithm.reward_norm", "group", "adv_estimator")
         ctx.notes.append(
@@ -175,10 +175,10 @@ def _estimator(ctx: Ctx) -> None:
             "reinforce return: algorithm.reward_norm=group, algorithm.adv_estimator=reinforce"
         )
         if norm not in (MISSING, None, "group"):
-            ctx.note("reward_norm", "ROLL normalizes per group whenever adv_estimator is grpo")
+            ctx.note("ROLL normalizes per group whenever adv_estimator is grpo", "reward_norm")
         for key in ("norm_mean_type", "norm_std_type"):
             if ctx.has(key):
-                ctx.note(key, "ROLL takes group mean and std whenever adv_estimator is grpo")
+                ctx.note("ROLL takes group mean and std whenever adv_estimator is grpo", key)
         return
     ctx.set("algorithm.adv_estimator", estimator, "adv_estimator")
     if norm is not MISSING:
@@ -187,11 +187,11 @@ def _estimator(ctx: Ctx) -> None:
     if has_types and "train_env_manager" in ctx.data:
         for key in ("norm_mean_type", "norm_std_type"):
             if ctx.has(key):
-                ctx.note(key, "the agentic pipeline normalizes with reward_normalization")
+                ctx.note("the agentic pipeline normalizes with reward_normalization", key)
     elif has_types and norm is not MISSING:
         for key in ("norm_mean_type", "norm_std_type"):
             if ctx.has(key):
-                ctx.note(key, "the file's reward_norm (ROLL's older key) decides")
+                ctx.note("the file's reward_norm (ROLL's older key) decides", key)
     elif has_types:
         _norm_types(ctx)
 
@@ -218,7 +218,7 @@ def algorithm(ctx: Ctx) -> None:
     else:
         for side in ("low", "high"):
             if ctx.has(f"pg_clip_{side}"):
-                ctx.note(f"pg_clip_{side}", "used only with use_pg_clip_range: true")
+                ctx.note("used only with use_pg_clip_range: true", f"pg_clip_{side}")
     roll_pg.pg_variant(ctx)
     experiment(ctx)
 
@@ -331,7 +331,7 @@ def strategies(ctx: Ctx) -> None:
     for role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
         ckey = f"{role}.strategy_args.strategy_config"
         if ctx.has(ckey) and not ctx.get(ckey):
-            ctx.note(ckey, "empty: the engine's defaults apply")
+            ctx.note("empty: the engine's defaults apply", ckey)
         elif ctx.get(ckey) and ctx.get(f"{role}.strategy_args.strategy_name") is None:
             raise ConfigError(
                 ckey,
@@ -360,7 +360,7 @@ def strategies(ctx: Ctx) -> None:
         elif engine == "fsdp2" and cfg:
             _fsdp2(ctx, cfg, f"{dst}.fsdp", ckey)
         elif cfg:
-            ctx.note(ckey, f"{name} takes no strategy_config here")
+            ctx.note(f"{name} takes no strategy_config here", ckey)
     key = "actor_infer.strategy_args.strategy_name"
     if ctx.get(key) is not None:
         engine = choice(ROLLOUT_ENGINES, key)(ctx.get(key))
@@ -376,8 +376,8 @@ def strategies(ctx: Ctx) -> None:
         ctx.src.pop("resources.devices_per_infer_worker", None)
         ctx.set("resources.devices_per_infer_worker", tp, "actor_infer.num_gpus_per_worker")
         ctx.note(
-            "actor_infer.num_gpus_per_worker",
             f"ROLL replaces {gpus} with the vLLM engine's tensor_parallel_size ({tp})",
+            "actor_infer.num_gpus_per_worker",
         )
 
 
@@ -442,15 +442,15 @@ def _fsdp2(ctx: Ctx, cfg: dict[str, Any], dst: str, key: str) -> None:
                     "role in model.dtype",
                     "set them equal",
                 )
-            ctx.note(f"{key}.{k}", "the compute dtype is model.dtype")
+            ctx.note("the compute dtype is model.dtype", f"{key}.{k}")
         elif k == "reduce_dtype":
             ctx.note(
-                f"{key}.{k}",
                 "gradients are reduced in fp32 here (a lower-precision reduction would only "
                 "be faster)",
+                f"{key}.{k}",
             )
         elif k in FSDP2_PERF:
-            ctx.note(f"{key}.{k}", FSDP2_PERF[k])
+            ctx.note(FSDP2_PERF[k], f"{key}.{k}")
         else:
             raise ConfigError(
                 f"{key}.{k}",
@@ -637,8 +637,8 @@ def dynamic_sampling(ctx: Ctx) -> None:
     if ctx.get("is_use_additional_prompts"):
         if not active:
             ctx.note(
-                "is_use_additional_prompts",
                 "extra prompts replace groups a query filter drops, and no domain sets one",
+                "is_use_additional_prompts",
             )
             return
         extra = int(ctx.get("max_additional_running_prompts", 16) or 0)

@@ -124,7 +124,7 @@ def env_manager(ctx: Ctx) -> None:
         if kind in ("step", "step_concat"):
             ctx.set(f"agentic.custom_envs.{tag}.history_length", spec["history_length"], key)
         else:
-            ctx.note(key, "a window of past steps is read by ROLL's StepEnvManager only")
+            ctx.note("a window of past steps is read by ROLL's StepEnvManager only", key)
 
 
 def gigpo(ctx: Ctx) -> None:
@@ -135,7 +135,7 @@ def gigpo(ctx: Ctx) -> None:
     if ctx.get("adv_estimator") != "gigpo":
         for key in GIGPO_KEYS:
             if ctx.has(key):
-                ctx.note(key, "read by the gigpo estimator only")
+                ctx.note("read by the gigpo estimator only", key)
         return
     for key, dst in GIGPO_KEYS.items():
         if ctx.has(key):
@@ -188,4 +188,4 @@ def step_reinforce(ctx: Ctx) -> None:
         ctx.set("agentic.step_score_gamma", ctx.get("step_reward_gamma"), "step_reward_gamma")
     for key in ("episode_reward_weight", "step_reward_weight"):
         if ctx.has(key):
-            ctx.note(key, "read by the gigpo estimator only")
+            ctx.note("read by the gigpo estimator only", key)

@@ -98,10 +98,10 @@ def pg_variant(ctx: Any) -> None:
     if cls not in PG_WORKERS:
         if variant is not None:
             ctx.note(
-                KEY,
                 "read by ROLL's policy-gradient workers only (actor_train.worker_cls "
                 "roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker); this file's actor "
                 "runs the PPO loss",
+                KEY,
             )
         return
     src = KEY if ctx.has(KEY) else "actor_train.worker_cls"
@@ -112,13 +112,13 @@ def pg_variant(ctx: Any) -> None:
     loss, actor, kwargs = _LOSSES[variant]
     if ctx.src.get("actor.policy_loss") == "importance_sampling":  # the PPO worker's key
         del ctx.src["actor.policy_loss"]
-        ctx.note("importance_sampling", "ROLL's policy-gradient workers do not read it")
+        ctx.note("ROLL's policy-gradient workers do not read it", "importance_sampling")
     ctx.set("actor.policy_loss", loss, src)
     if variant == "ppo":
         return
     for key in _PPO_KEYS:
         if ctx.has(key):
-            ctx.note(key, f"pg_variant {variant} has no PPO clip")
+            ctx.note(f"pg_variant {variant} has no PPO clip", key)
     for name, value in actor.items():  # the variant's bounds replace PPO's clip range
         ctx.src.pop(f"actor.{name}", None)
         ctx.set(f"actor.{name}", value, src)

@@ -115,7 +115,7 @@ def rewards(ctx: Any) -> None:
             elif function == "code" and k in ("use_local", "code_url"):
                 continue  # read by _code below
             else:
-                ctx.note(f"{key}.{k}", f"{short} does not read it")
+                ctx.note(f"{short} does not read it", f"{key}.{k}")
         reward_type = spec.get("reward_type")
         if function == "crossthinkqa" and reward_type not in (None, *CROSSTHINKQA_REWARD_TYPES):
             raise ConfigError(
@@ -144,7 +144,7 @@ def rewards(ctx: Any) -> None:
                     continue  # read by _detection
                 if ctx.has(f"{key}.{path}"):
                     for leaf in paths.leaves(ctx.get(f"{key}.{path}"), f"{key}.{path}"):
-                        ctx.note(leaf, RULE_NOTE)
+                        ctx.note(RULE_NOTE, leaf)
         if function != "llm_judge":  # a judge's world_size counts its engine ranks
             workers = max(workers, int(spec.get("world_size") or 0))
     if workers:
@@ -174,7 +174,7 @@ def _code(ctx: Any, key: str, spec: dict[str, Any]) -> None:
     url = spec.get("code_url")
     if use_local:
         if url:
-            ctx.note(f"{key}.code_url", "use_local is true: the local sandbox runs the code")
+            ctx.note("use_local is true: the local sandbox runs the code", f"{key}.code_url")
         return
     if not url:
         raise ConfigError(
@@ -202,7 +202,7 @@ def _detection(ctx: Any, name: str, spec: dict[str, Any]) -> None:
                 "reads the box coordinates' convention (pixels for Qwen2.5) of the policy",
                 f"remove it or set it to '{policy}'",
             )
-        ctx.note(f"{key}.{MODEL_PATH}", "the detection reward reads the policy model's type")
+        ctx.note("the detection reward reads the policy model's type", f"{key}.{MODEL_PATH}")
     found = [
         (src, value)
         for src, value in (
@@ -243,7 +243,7 @@ def _judge(ctx: Any, key: str, spec: dict[str, Any]) -> None:
         )
     for k in ("judge_model_name", "judge_api_url", "judge_api_key"):
         if k in spec:
-            ctx.note(f"{key}.{k}", "used only by API judges")
+            ctx.note("used only by API judges", f"{key}.{k}")
     prompt = spec.get("judge_prompt")
     if prompt is not None:
         if prompt not in JUDGE_PROMPTS:
@@ -269,7 +269,7 @@ def _judge(ctx: Any, key: str, spec: dict[str, Any]) -> None:
             f"{key}.model_args.trust_remote_code",
         )
     if model.get("model_type") is not None:
-        ctx.note(f"{key}.model_args.model_type", "the judge loads with AutoModelForCausalLM")
+        ctx.note("the judge loads with AutoModelForCausalLM", f"{key}.model_args.model_type")
     strategy = spec.get("strategy_args") or {}
     engine = strategy.get("strategy_name", "hf_infer")
     ctx.set(
@@ -281,7 +281,7 @@ def _judge(ctx: Any, key: str, spec: dict[str, Any]) -> None:
         if k == "gpu_memory_utilization":
             ctx.set("reward.judge.gpu_memory_utilization", v, f"{key}.strategy_args.{k}")
         else:
-            ctx.note(f"{key}.strategy_args.strategy_config.{k}", "judge engine speed/memory")
+            ctx.note("judge engine speed/memory", f"{key}.strategy_args.strategy_config.{k}")
     gen = spec.get("generating_args") or {}
     for k, v in gen.items():
         src = f"{key}.generating_args.{k}"
@@ -294,7 +294,7 @@ def _judge(ctx: Any, key: str, spec: dict[str, Any]) -> None:
             if v not in (None, 1):
                 raise ConfigError(src, "the judge gives one verdict per sample", f"set {k}: 1")
         else:
-            ctx.note(src, "not a judge sampling setting")
+            ctx.note("not a judge sampling setting", src)
     if spec.get("infer_batch_size"):
         ctx.set(
             "reward.judge.infer_batch_size",

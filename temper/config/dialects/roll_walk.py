@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from temper.config.dialects import Translation, paths
+from temper.config.dialects.context import Context
 from temper.config.dialects.paths import MISSING
 from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule, Same, describe
 from temper.config.dialects.walk import KeyTable
@@ -18,23 +19,16 @@ from temper.config.errors import ConfigError, did_you_mean
 from temper.config.loader import RawConfig
 
 
-class Ctx:
-    """The file's data (``get``), the native keys written (``set`` refuses two keys that
-    set one field to different values), the notes; the walk's :class:`walk.Walker`."""
+class Ctx(Context):
+    """ROLL's context: the native keys written (``set`` refuses two keys that set one
+    field to different values), the notes; the walk's :class:`walk.Walker`."""
 
     def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
+        super().__init__(data)
         self.native: dict[str, Any] = {}
         self.src: dict[str, str] = {}
         self.notes: list[str] = []
         self.used: list[Any] = []  # values of keys read by rules (for definition refs)
-        self.key = ""  # the ROLL key being translated
-
-    def get(self, path: str, default: Any = None) -> Any:
-        return paths.get(self.data, path, default)
-
-    def has(self, path: str) -> bool:
-        return paths.has(self.data, path)
 
     def set(self, dst: str, value: Any, src: str) -> None:
         if dst in self.src and self.native_get(dst) != value:
@@ -49,20 +43,16 @@ class Ctx:
     def native_get(self, dst: str, default: Any = None) -> Any:
         return paths.get(self.native, dst, default)
 
-    def note(self, key: str, why: str) -> None:
-        self.notes.append(f"{key}: accepted, no effect here: {why}")
+    def note(self, why: str, key: str | None = None) -> None:
+        self.notes.append(f"{key or self.key}: accepted, no effect here: {why}")
 
     # ------------------------------------------------------------------ the walk's
-
-    def enter(self, path: str) -> bool:
-        self.key = path
-        return True
 
     def apply(self, rule: Rule, value: Any, stars: list[str]) -> None:
         apply(self, self.key, value, rule, stars)
 
     def null_section(self) -> None:
-        self.note(self.key, "empty section")
+        self.note("empty section", self.key)
 
     def not_a_section(self, parts: tuple[str, ...], siblings: frozenset[str], value: Any) -> None:
         raise unknown(parts, siblings)
@@ -137,7 +127,7 @@ def apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None:
     elif isinstance(rule, Refuse):
         if not rule.accepts(value, ctx):
             raise ConfigError(key, f"{value!r} is not supported: {rule.reason}", rule.fix)
-        ctx.note(key, rule.why or "the value given is the one temper always uses")
+        ctx.note(rule.why or "the value given is the one temper always uses", key)
     elif isinstance(rule, Same):
         other = ctx.get(rule.other, MISSING)
         if other is not MISSING and other != value:
@@ -146,7 +136,7 @@ def apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None:
                 f"{value!r} differs from {rule.other} ({other!r}); {rule.why}",
                 f"set {key} to {other!r} or remove it",
             )
-        ctx.note(key, f"same as {rule.other}; {rule.why}")
+        ctx.note(f"same as {rule.other}; {rule.why}", key)
     elif isinstance(rule, Call):
         rule.fn(value, ctx)
     elif isinstance(rule, Gated):  # a table's mistake, found by the first test that reads it

@@ -42,6 +42,7 @@ from temper.config.dialects import (
     verl_spin,
     verl_sppo,
 )
+from temper.config.dialects.context import Context
 from temper.config.dialects.paths import MISSING
 from temper.config.dialects.rules import Call, Gated, Map, Note, Refuse, Rule, describe
 from temper.config.dialects.verl_rules import UNSET
@@ -139,7 +140,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-class _Translator:
+class _Translator(Context):
     def __init__(
         self,
         data: dict[str, Any],
@@ -147,14 +148,13 @@ class _Translator:
         added: dict[str, str] | None = None,
         tables: Tables | None = None,
     ) -> None:
+        super().__init__({})  # the verl config (the file less document 003's wrapper)
         self.tables = tables or PPO
-        self.data = copy.deepcopy(data)
+        self.file = copy.deepcopy(data)
         self.catalog = catalog
         self.added = added or {}  # key -> the plain override that added it
-        self.tree: dict[str, Any] = {}
         self.prefix = ""
         self.shown = ""  # the prefix keys are shown with (the wrapper's own keys: none)
-        self.key = ""  # the verl key being translated, as the user wrote it
         self.path = ""  # the same without the wrapper prefix
         self.notes: dict[str, list[str]] = {}
         self.writes: dict[str, tuple[Any, str, bool]] = {}
@@ -162,12 +162,8 @@ class _Translator:
 
     # ------------------------------------------------------------------ context API
 
-    @property
-    def leaf(self) -> str:
-        return self.key.rsplit(".", 1)[-1]
-
     def get(self, path: str, default: Any = None) -> Any:
-        node = paths.get(self.tree, path)
+        node = super().get(path)
         return default if node is None or node == UNSET else node
 
     def note(self, why: str, key: str | None = None) -> None:
@@ -193,9 +189,6 @@ class _Translator:
         finally:
             self.key = saved
 
-    def error(self, reason: str, fix: str) -> ConfigError:
-        return ConfigError(self.key, reason, fix)
-
     def error_at(self, key: str, reason: str, fix: str) -> ConfigError:
         """A refusal of verl key ``key`` (a final pass's, which reads several keys)."""
         return ConfigError(self.prefix + key, reason, fix)
@@ -215,11 +208,11 @@ class _Translator:
         # fully-async trainer's own section (what of it is refused, dynamic resource
         # scheduling, is named before the keys it composes)
         for first in ("async_training", "model_engine"):
-            if first in self.tree:
-                self.tree = {first: self.tree.pop(first), **self.tree}
+            if first in self.data:
+                self.data = {first: self.data.pop(first), **self.data}
         self._apply_defaults()
         self.shown = self.prefix
-        self.tables.keys.walk_section(self, self.tree, ())
+        self.tables.keys.walk_section(self, self.data, ())
         self.tables.finish(self)
         self._finish()
         sources = {native: key for native, (_v, key, _weak) in self.writes.items()}
@@ -240,14 +233,14 @@ class _Translator:
             self.path, self.key = saved
 
     def _unwrap(self) -> None:
-        if "backend_config" not in self.data:
-            self.tree = self.data
+        if "backend_config" not in self.file:
+            self.data = self.file
             return
-        tree = self.data.pop("backend_config")
+        tree = self.file.pop("backend_config")
         if not isinstance(tree, dict):
             raise ConfigError("backend_config", "must be a mapping holding a verl config", "")
-        self.tree, self.prefix = tree, "backend_config."
-        _WRAPPER.walk_section(self, self.data, ())
+        self.data, self.prefix = tree, "backend_config."
+        _WRAPPER.walk_section(self, self.file, ())
 
     def _apply_defaults(self) -> None:
         # verl 0.9's model_engine group picks the actor file, and with it the strategy a
@@ -266,10 +259,10 @@ class _Translator:
                 self._set(target, copy.deepcopy(self._lookup(source)))
 
     def _lookup(self, path: str) -> Any:
-        return paths.get(self.tree, path, MISSING)
+        return paths.get(self.data, path, MISSING)
 
     def _set(self, path: str, value: Any) -> None:
-        paths.put(self.tree, path, value)
+        paths.put(self.data, path, value)
 
     # ------------------------------------------------------------------ the walk's
 

@@ -102,7 +102,7 @@ def finish(ctx: Any) -> None:
     def source(name: str, fallback: str) -> str:
         return got[name][1] if name in got else fallback
 
-    engine_era = "engine" in ctx.tree
+    engine_era = "engine" in ctx.data
     ctx.write("pipeline", "sft", key="model.path" if engine_era else "model.partial_pretrain")
     # both trainers validate after the last step whatever trainer.test_freq says
     ctx.write("experiment.val_after_train", True, key="trainer.test_freq")
