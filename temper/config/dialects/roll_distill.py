@@ -35,10 +35,8 @@ from typing import Any
 from temper.config.dialects import Translation, roll_sft
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
-from temper.config.dialects.roll_table import TOP
-from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
 from temper.config.dialects.roll_walk import translation, walk_file
-from temper.config.dialects.roll_workers import worker_rules
+from temper.config.dialects.roll_workers import worker_rows
 from temper.config.dialects.rules import Map, Note, Refuse, Rule, Use
 from temper.config.dialects.walk import KeyTable
 from temper.config.errors import ConfigError
@@ -69,16 +67,10 @@ def is_distill(data: dict[str, Any]) -> bool:
 
 
 def _top() -> dict[str, Rule]:
-    rules = {
-        k: v
-        for k, v in roll_sft.SFT_TABLE.rules.items()
-        if "." not in k
-        or k.startswith(("hydra.", "system_envs.", "tracker_kwargs.", "checkpoint_config."))
-    }
-    for key in ("prompt_key", "query_key", "response_key", "system_key", "pretrain"):
-        rules.pop(key, None)  # ROLL's SFT keys; its DistillConfig has none of these
-    for key in ("is_offload_states", "is_offload_optimizer_states_in_train_step"):
-        rules[key] = {**TOP, **ADDITIONS, **OVERRIDES}[key]
+    # less ROLL's SFT keys: its DistillConfig has none of these
+    rules = roll_sft.offline_top(
+        "prompt_key", "query_key", "response_key", "system_key", "pretrain"
+    )
     rules |= {
         "student_pretrain": Use("model.path"),
         "teacher_pretrain": Use("distill.teachers.default.model_path"),
@@ -104,11 +96,7 @@ def _top() -> dict[str, Rule]:
 def _teacher() -> dict[str, Rule]:
     """``teacher`` (read as ``reference``): the RL reference's rows, with the forward's
     micro-batch ROLL's teacher reads."""
-    rules = {
-        k: v
-        for k, v in {**ADDITIONS, **worker_rules(REF), **OVERRIDES}.items()
-        if k.startswith(f"{REF}.")
-    }
+    rules = worker_rows(REF)
     rules |= {
         f"{REF}.training_args.per_device_train_batch_size": Map(
             "reference.log_prob_micro_batch_size_per_device"

@@ -32,8 +32,6 @@ from temper.config.dialects import Translation, roll_sft
 from temper.config.dialects import roll_derive as derive
 from temper.config.dialects.roll_derive import Ctx
 from temper.config.dialects.roll_rules import nonpositive_none
-from temper.config.dialects.roll_table import TOP
-from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
 from temper.config.dialects.roll_walk import translation, walk_file
 from temper.config.dialects.roll_workers import worker_rules
 from temper.config.dialects.rules import Map, Note, Rule, Same, Use
@@ -60,16 +58,8 @@ def is_dpo(data: dict[str, Any]) -> bool:
 
 
 def _top() -> dict[str, Rule]:
-    rules = {
-        k: v
-        for k, v in roll_sft.SFT_TABLE.rules.items()
-        if "." not in k
-        or k.startswith(("hydra.", "system_envs.", "tracker_kwargs.", "checkpoint_config."))
-    }
-    for key in ("prompt_key", "query_key", "response_key", "system_key"):
-        rules.pop(key, None)  # ROLL's SFT columns; DPO has none of these
-    for key in ("is_offload_states", "is_offload_optimizer_states_in_train_step"):
-        rules[key] = {**TOP, **ADDITIONS, **OVERRIDES}[key]
+    # less ROLL's SFT columns: DPO has none of these
+    rules = roll_sft.offline_top("prompt_key", "query_key", "response_key", "system_key")
     rules |= {
         "max_steps": Map("experiment.max_steps", nonpositive_none),
         "sequence_length": Map("dpo.max_length"),
@@ -85,21 +75,7 @@ def _top() -> dict[str, Rule]:
 def _worker(role: str) -> dict[str, Rule]:
     """A worker's RL rows, with what DPO reads (``actor_train`` trains, ``reference``
     scores)."""
-    rules = {
-        k: v
-        for k, v in {**ADDITIONS, **worker_rules(role), **OVERRIDES}.items()
-        if k.startswith(f"{role}.")
-    }
-    for k in list(rules):
-        if k.startswith(f"{role}.generating_args."):
-            rules[k] = Note(NO_GENERATION)
-        elif k.startswith(f"{role}.data_args.") and k.rsplit(".", 1)[-1] not in (
-            "file_name",
-            "dataset_dir",
-            "template",
-            "preprocessing_num_workers",
-        ):
-            rules[k] = Note(COLUMNS)
+    rules = roll_sft.offline_worker(role, NO_GENERATION, COLUMNS)
     rules[f"{role}.infer_batch_size"] = Use(f"the {role} forward's micro-batch: {PAIRS}")
     if role == AS:
         rules |= {

@@ -39,7 +39,7 @@ from temper.config.dialects.roll_rules import nonpositive_none
 from temper.config.dialects.roll_table import TOP
 from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
 from temper.config.dialects.roll_walk import translation, walk_file
-from temper.config.dialects.roll_workers import worker_rules
+from temper.config.dialects.roll_workers import worker_rows, worker_rules
 from temper.config.dialects.rules import Map, Note, Rule, Same, Use
 from temper.config.dialects.walk import KeyTable
 from temper.config.errors import ConfigError
@@ -113,23 +113,44 @@ def _top() -> dict[str, Rule]:
     return rules
 
 
-def _worker() -> dict[str, Rule]:
-    """``sft_train`` (read as ``actor_train``): the RL worker rows, with what SFT reads."""
-    rules = {
-        k: v
-        for k, v in {**ADDITIONS, **worker_rules(AS), **OVERRIDES}.items()
-        if k.startswith(f"{AS}.")
-    }
+def offline_worker(role: str, no_generation: str, columns: str) -> dict[str, Rule]:
+    """Worker ``role``'s RL rows as an offline pipeline (SFT, DPO) reads them: its
+    generation keys are noted (``no_generation``), and so are the data keys that name
+    columns, which the pipeline's own keys name instead (``columns``)."""
+    rules = worker_rows(role)
     for k in list(rules):
-        if k.startswith(f"{AS}.generating_args."):
-            rules[k] = Note(NO_GENERATION)
-        elif k.startswith(f"{AS}.data_args.") and k.rsplit(".", 1)[-1] not in (
+        if k.startswith(f"{role}.generating_args."):
+            rules[k] = Note(no_generation)
+        elif k.startswith(f"{role}.data_args.") and k.rsplit(".", 1)[-1] not in (
             "file_name",
             "dataset_dir",
             "template",
             "preprocessing_num_workers",
         ):
-            rules[k] = Note(COLUMNS)
+            rules[k] = Note(columns)
+    return rules
+
+
+def offline_top(*drop: str) -> dict[str, Rule]:
+    """The SFT table's top-level rows (its sections of settings included) less ``drop``,
+    with the RL table's offload switches: the top level of ROLL's DPO and distill
+    pipelines."""
+    rules = {
+        k: v
+        for k, v in SFT_TABLE.rules.items()
+        if "." not in k
+        or k.startswith(("hydra.", "system_envs.", "tracker_kwargs.", "checkpoint_config."))
+    }
+    for key in drop:
+        rules.pop(key, None)
+    for key in ("is_offload_states", "is_offload_optimizer_states_in_train_step"):
+        rules[key] = {**TOP, **ADDITIONS, **OVERRIDES}[key]
+    return rules
+
+
+def _worker() -> dict[str, Rule]:
+    """``sft_train`` (read as ``actor_train``): the RL worker rows, with what SFT reads."""
+    rules = offline_worker(AS, NO_GENERATION, COLUMNS)
     rules |= {
         EPOCHS: Map("experiment.total_epochs"),
         f"{AS}.training_args.max_steps": Note("ROLL sets it from the epochs (or max_steps)"),

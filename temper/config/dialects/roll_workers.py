@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects.roll_rules import ATTN, DTYPES, LR_SCHEDULERS, choice, uniform
+from temper.config.dialects.roll_versions import ADDITIONS, OVERRIDES
 from temper.config.dialects.rules import Map, Note, Refuse, Rule, Same, Use
 from temper.config.errors import ConfigError
 
@@ -372,3 +373,10 @@ def worker_rules(role: str) -> dict[str, Rule]:
         **_placement(role),
     }
     return {f"{role}.{k}": v for k, v in rules.items()}
+
+
+def worker_rows(role: str) -> dict[str, Rule]:
+    """Worker ``role``'s rows of the RL table (its version additions and overrides
+    included): what ROLL's other pipelines start their workers' rows from."""
+    rows = {**ADDITIONS, **worker_rules(role), **OVERRIDES}
+    return {k: v for k, v in rows.items() if k.startswith(f"{role}.")}
