@@ -21,14 +21,15 @@ from collections.abc import Iterator
 from typing import Any, Union, get_args, get_origin
 
 from temper.config.catalog import Catalog
-from temper.config.dialects import rules, verl_sft
-from temper.config.dialects.roll import RL_TABLE
-from temper.config.dialects.roll_dpo import DPO_TABLE
-from temper.config.dialects.roll_sft import SFT_TABLE
-from temper.config.dialects.roll_walk import rule_meaning as roll_rule_meaning
-from temper.config.dialects.verl import key_meaning as verl_meaning
-from temper.config.dialects.verl import rule_meaning as verl_rule_meaning
-from temper.config.dialects.verl_sections import TABLE as VERL_TABLE
+from temper.config.dialects.core import rules
+from temper.config.dialects.roll.context import rule_meaning as roll_rule_meaning
+from temper.config.dialects.roll.dpo import DPO_TABLE
+from temper.config.dialects.roll.sft import SFT_TABLE
+from temper.config.dialects.roll.translate import RL_TABLE
+from temper.config.dialects.verl import sft as verl_sft
+from temper.config.dialects.verl.sections import TABLE as VERL_TABLE
+from temper.config.dialects.verl.translate import key_meaning as verl_meaning
+from temper.config.dialects.verl.translate import rule_meaning as verl_rule_meaning
 from temper.config.schema import TemperConfig
 from temper.config.typed import FieldInfo, field_info
 

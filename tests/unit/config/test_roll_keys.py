@@ -12,7 +12,7 @@ from key_rows import apply_row, get_native, noted, parse_rows, parse_value  # ne
 from reference_paths import UPSTREAM, needs  # next to this file
 from roll_keys import ROWS  # the table next to this file
 
-from temper.config.dialects.roll import translate_roll
+from temper.config.dialects.roll.translate import translate_roll
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig

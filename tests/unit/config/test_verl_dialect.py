@@ -17,7 +17,7 @@ from reference_paths import UPSTREAM, needs, params  # next to this file
 from verl_keys import DOC_003, ROWS, SEED_KEYS  # the table next to this file
 
 from temper.config.dialects import detect, translate_native
-from temper.config.dialects.verl import translate_verl
+from temper.config.dialects.verl.translate import translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig
@@ -160,7 +160,7 @@ def test_flat_file_loads_and_validates_unchanged():
 
 @needs_flat
 def test_load_config_accepts_the_flat_file():
-    pytest.importorskip("temper.config.dialects.roll")
+    pytest.importorskip("temper.config.dialects.roll.translate")
     from temper.pipelines.catalog import load_config
 
     loaded = load_config(FLAT, ["trainer.n_gpus_per_node=1"], dialect="auto")
