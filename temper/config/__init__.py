@@ -48,7 +48,7 @@ class LoadedConfig:
     table: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def in_dialect(self, err: ConfigError) -> ConfigError:
-        from temper.config.dialects.in_dialect import in_dialect
+        from temper.config.dialects.core.in_dialect import in_dialect
 
         return in_dialect(err, self.dialect, self.sources, self.table, self.config)
 
@@ -71,7 +71,7 @@ def load_config(
     (``RawConfig.command``: a dialect whose file serves several entry points reads it as
     that command's).
     """
-    from temper.config.dialects.in_dialect import in_dialect
+    from temper.config.dialects.core.in_dialect import in_dialect
     from temper.config.validate import validate
 
     raw = dataclasses.replace(load_yaml(path, list(overrides or [])), command=command)

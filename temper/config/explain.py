@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from temper.config.catalog import Catalog
-from temper.config.dialects.roll import key_meaning as roll_meaning
-from temper.config.dialects.verl import key_meaning as verl_meaning
+from temper.config.dialects.roll.translate import key_meaning as roll_meaning
+from temper.config.dialects.verl.translate import key_meaning as verl_meaning
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.config.typed import FieldInfo, field_info

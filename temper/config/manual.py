@@ -21,12 +21,15 @@ from collections.abc import Iterator
 from typing import Any, Union, get_args, get_origin
 
 from temper.config.catalog import Catalog
-from temper.config.dialects import roll_rules, verl_rules, verl_sft
-from temper.config.dialects.roll import RL_TABLE
-from temper.config.dialects.roll_dpo import DPO_TABLE
-from temper.config.dialects.roll_sft import SFT_TABLE
-from temper.config.dialects.verl import key_meaning as verl_meaning
-from temper.config.dialects.verl_sections import TABLE as VERL_TABLE
+from temper.config.dialects.core import rules
+from temper.config.dialects.roll.context import rule_meaning as roll_rule_meaning
+from temper.config.dialects.roll.dpo import DPO_TABLE
+from temper.config.dialects.roll.sft import SFT_TABLE
+from temper.config.dialects.roll.translate import RL_TABLE
+from temper.config.dialects.verl import sft as verl_sft
+from temper.config.dialects.verl.sections import TABLE as VERL_TABLE
+from temper.config.dialects.verl.translate import key_meaning as verl_meaning
+from temper.config.dialects.verl.translate import rule_meaning as verl_rule_meaning
 from temper.config.schema import TemperConfig
 from temper.config.typed import FieldInfo, field_info
 
@@ -85,14 +88,13 @@ def _upstream_spellings() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     verl: dict[str, set[str]] = {}
     for table in VERL_TABLES:
         for key, rule in table.items():
-            if isinstance(rule, verl_rules.Map):
+            if isinstance(rule, rules.Map):
                 verl.setdefault(rule.native, set()).add(key)
     roll: dict[str, set[str]] = {}
     for roll_table in ROLL_TABLES:
         for key, roll_rule in roll_table.rules.items():
-            if isinstance(roll_rule, roll_rules.Map):
-                dsts = roll_rule.dst if isinstance(roll_rule.dst, tuple) else (roll_rule.dst,)
-                for dst in dsts:
+            if isinstance(roll_rule, rules.Map):
+                for dst in roll_rule.natives:
                     roll.setdefault(dst, set()).add(key)
     return _onto_native_keys(verl), _onto_native_keys(roll)
 
@@ -139,49 +141,24 @@ def _verl_rows() -> list[str]:
     rows: dict[str, str] = {}
     for table in VERL_TABLES:
         for key, rule in table.items():
-            if isinstance(rule, verl_rules.Map) or key in rows:
+            if isinstance(rule, rules.Map) or key in rows:
                 continue
             meaning = verl_meaning(key) if table is VERL_TABLE else None
-            how = meaning[1] if meaning is not None else _verl_how(rule)
+            how = meaning[1] if meaning is not None else verl_rule_meaning(rule)[1]
             rows[key] = f"| `{key}` | {_cell(how)} |"
     return [rows[k] for k in sorted(rows)]
-
-
-def _verl_how(rule: verl_rules.Rule) -> str:
-    if isinstance(rule, verl_rules.Note):
-        return f"accepted, no effect here: {rule.why}"
-    if isinstance(rule, verl_rules.Inert):
-        return f"accepted at its inert value(s) ({rule.why}); otherwise {rule.reason}"
-    if isinstance(rule, verl_rules.Gated):
-        return f"inert while {rule.gate} is off ({rule.why}); otherwise {rule.reason}"
-    if isinstance(rule, verl_rules.Call):
-        doc = (rule.fn.__doc__ or "").split("\n\n")[0]
-        return " ".join(doc.split()) or "read by the translation's own rule with related keys"
-    return ""
 
 
 def _roll_rows() -> list[str]:
     rows: dict[str, str] = {}
     for table in ROLL_TABLES:
         for key in table.rules:
-            if isinstance(table.rules[key], roll_rules.Map) or key in rows:
+            if isinstance(table.rules[key], rules.Map) or key in rows:
                 continue
-            meaning = table.meaning(key) if "*" not in key else None
-            how = meaning[1] if meaning is not None else _roll_how(table.rules[key])
+            rule = table.rule(key) if "*" not in key else None
+            how = roll_rule_meaning(rule or table.rules[key])[1]
             rows[key] = f"| `{key}` | {_cell(how)} |"
     return [rows[k] for k in sorted(rows)]
-
-
-def _roll_how(rule: roll_rules.Rule) -> str:
-    if isinstance(rule, roll_rules.Use):
-        return f"read by a derivation: {rule.what}"
-    if isinstance(rule, roll_rules.Note):
-        return f"accepted, no effect here: {rule.why}"
-    if isinstance(rule, roll_rules.Reject):
-        return f"refused ({rule.why}); fix: {rule.fix}"
-    if isinstance(rule, roll_rules.Same):
-        return f"must equal {rule.other}: {rule.why}"
-    return ""
 
 
 def render(catalog: Catalog) -> str:

@@ -27,7 +27,7 @@ class Translation:
 
     ``sources`` maps native keys to the key of the user's file that set them, and
     ``table`` native keys to the dialect key that sets them in general: errors found on
-    the native config are told in the file's dialect with them (``in_dialect``).
+    the native config are told in the file's dialect with them (``core.in_dialect``).
     """
 
     native: dict[str, Any]
@@ -97,8 +97,8 @@ def translate_native(raw: RawConfig, catalog: Catalog) -> Translation:
     return Translation(native=dict(raw.data))
 
 
-DIALECTS.add_lazy("verl", _builtin("temper.config.dialects.verl", "translate_verl"))
-DIALECTS.add_lazy("roll", _builtin("temper.config.dialects.roll", "translate_roll"))
+DIALECTS.add_lazy("verl", _builtin("temper.config.dialects.verl.translate", "translate_verl"))
+DIALECTS.add_lazy("roll", _builtin("temper.config.dialects.roll.translate", "translate_roll"))
 
 
 def translate(raw: RawConfig, dialect: str, catalog: Catalog) -> tuple[str, Translation]:
@@ -110,7 +110,7 @@ def translate(raw: RawConfig, dialect: str, catalog: Catalog) -> tuple[str, Tran
             f"unknown dialect '{name}'",
             f"use one of: auto, {', '.join(DIALECTS.names())}",
         )
-    from temper.config.dialects.pipelines import refuse_other_pipelines
+    from temper.config.dialects.core.pipelines import refuse_other_pipelines
 
     refuse_other_pipelines(raw.data, name)
     translation = DIALECTS.get(name)(raw, catalog)

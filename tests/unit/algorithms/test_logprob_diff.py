@@ -23,7 +23,7 @@ def test_no_valid_tokens_is_zero():
 
 def test_roll_enable_old_logprobs_recompute_false_still_means_the_trainers_log_probs():
     """ROLL caches its trainer's first forward as the old log-probs: never the engine's."""
-    from temper.config.dialects.roll import translate_roll
+    from temper.config.dialects.roll.translate import translate_roll
     from temper.config.loader import RawConfig
 
     t = translate_roll(RawConfig(data={"enable_old_logprobs_recompute": False}, source="<t>"))

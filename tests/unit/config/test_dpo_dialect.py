@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from reference_paths import UPSTREAM  # next to this file
 
-from temper.config.dialects.roll import translate_roll
-from temper.config.dialects.roll_dpo import DPO_TABLE
+from temper.config.dialects.roll.dpo import DPO_TABLE
+from temper.config.dialects.roll.translate import translate_roll
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig

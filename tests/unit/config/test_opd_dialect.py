@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from reference_paths import UPSTREAM  # next to this file
 
-from temper.config.dialects.roll import translate_roll
+from temper.config.dialects.roll.translate import translate_roll
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig

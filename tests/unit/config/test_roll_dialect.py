@@ -10,7 +10,7 @@ import pytest
 from reference_paths import UPSTREAM as REFERENCE_CONFIGS  # next to this file
 from reference_paths import needs
 
-from temper.config.dialects.roll import parse_device_mapping, translate_roll
+from temper.config.dialects.roll.translate import parse_device_mapping, translate_roll
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig

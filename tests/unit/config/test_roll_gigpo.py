@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from temper.config.dialects.roll import translate_roll
-from temper.config.dialects.roll_gigpo import STEP, TRAJ
+from temper.config.dialects.roll.gigpo import STEP, TRAJ
+from temper.config.dialects.roll.translate import translate_roll
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 from temper.config.schema import TemperConfig

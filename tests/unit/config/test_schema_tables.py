@@ -71,7 +71,7 @@ def test_megatron_degrees_are_the_sections_degree_fields():
 
 
 def test_the_dialects_map_every_degree():
-    from temper.config.dialects.roll_derive import MEGATRON_KEYS
-    from temper.config.dialects.verl_megatron import DEGREES
+    from temper.config.dialects.roll.derive import MEGATRON_KEYS
+    from temper.config.dialects.verl.megatron import DEGREES
 
     assert DEGREES == MEGATRON_DEGREES and set(MEGATRON_DEGREES) <= MEGATRON_KEYS

@@ -17,8 +17,8 @@ from reference_paths import UPSTREAM  # next to this file
 from sft_keys import ROLL, VERL_ENGINE, VERL_LEGACY  # the table next to this file
 
 from temper.config.derive import explain
-from temper.config.dialects.roll import translate_roll
-from temper.config.dialects.verl import key_meaning, translate_verl
+from temper.config.dialects.roll.translate import translate_roll
+from temper.config.dialects.verl.translate import key_meaning, translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig

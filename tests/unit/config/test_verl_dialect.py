@@ -7,18 +7,17 @@ is verl 0.8's fully expanded default PPO config with ``rollout.n=2``.
 from __future__ import annotations
 
 import copy
-import re
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from key_rows import apply_row, get_native, noted, parse_rows, parse_value, set_key
 from reference_paths import UPSTREAM, needs, params  # next to this file
 from verl_keys import DOC_003, ROWS, SEED_KEYS  # the table next to this file
 
 from temper.config.dialects import detect, translate_native
-from temper.config.dialects.verl import translate_verl
+from temper.config.dialects.verl.translate import translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig
@@ -45,28 +44,6 @@ def base() -> dict[str, Any]:
     return copy.deepcopy(_flat("actor_rollout_ref.rollout.n=2"))
 
 
-def set_key(data: dict[str, Any], path: str, value: Any) -> None:
-    node = data
-    *parents, leaf = path.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-
-
-def del_key(data: dict[str, Any], path: str) -> None:
-    node = data
-    *parents, leaf = path.split(".")
-    for part in parents:
-        node = node[part]
-    del node[leaf]
-
-
-def get_native(cfg: Any, path: str) -> Any:
-    for part in path.split("."):
-        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
-    return cfg
-
-
 def translate(data: dict[str, Any]):
     return translate_verl(RawConfig(data=data, source="<test>"), CATALOG)
 
@@ -80,43 +57,9 @@ def build(data: dict[str, Any]) -> tuple[TemperConfig, list[str]]:
     return cfg, tr.notes
 
 
-def noted(notes: list[str], key: str) -> bool:
-    return any(re.search(rf"(^|[ :,]){re.escape(key)}($|[,=])", n) for n in notes)
-
-
-def parse_value(text: str) -> Any:
-    return yaml.safe_load(text)
-
-
-def parse_rows() -> list[tuple[str, str, list[str], str]]:
-    rows = []
-    for line in ROWS.strip().splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        tokens = line.split()
-        key, value, rest = tokens[0], tokens[1], tokens[2:]
-        extras = []
-        while rest and rest[0][0] in "+-" and rest[0] not in ("->",):
-            extras.append(rest.pop(0))
-        rows.append((key, value, extras, " ".join(rest)))
-    return rows
-
-
-ROW_LIST = parse_rows()
+ROW_LIST = parse_rows(ROWS)
 MAPPED_KEYS = {key for key, _v, _e, exp in ROW_LIST if exp.startswith("->")}
 ROW_KEYS = {key for key, *_ in ROW_LIST}
-
-
-def apply_row(key: str, value: str, extras: list[str]) -> dict[str, Any]:
-    data = base()
-    for extra in extras:
-        if extra.startswith("+"):
-            k, _, v = extra[1:].partition("=")
-            set_key(data, k, parse_value(v))
-        else:
-            del_key(data, extra[1:])
-    set_key(data, key, parse_value(value))
-    return data
 
 
 # ------------------------------------------------------------------ the key table
@@ -127,7 +70,7 @@ def apply_row(key: str, value: str, extras: list[str]) -> dict[str, Any]:
     ("key", "value", "extras", "expect"), ROW_LIST, ids=[f"{r[0]}={r[1]}" for r in ROW_LIST]
 )
 def test_key(key, value, extras, expect):
-    data = apply_row(key, value, extras)
+    data = apply_row(base(), key, value, extras)
     if expect.startswith("!!"):
         words = expect[2:].strip()
         with pytest.raises(ConfigError) as err:
@@ -217,7 +160,7 @@ def test_flat_file_loads_and_validates_unchanged():
 
 @needs_flat
 def test_load_config_accepts_the_flat_file():
-    pytest.importorskip("temper.config.dialects.roll")
+    pytest.importorskip("temper.config.dialects.roll.translate")
     from temper.pipelines.catalog import load_config
 
     loaded = load_config(FLAT, ["trainer.n_gpus_per_node=1"], dialect="auto")

@@ -1,7 +1,7 @@
 """verl's fully-async trainer (``verl.experimental.fully_async_policy``, the 2026-08
 snapshot's two config files) as ``async_training.mode: streaming``: each key of its
 ``async_training`` section, its top-level ``rollout`` section and the keys it asserts —
-honoured, noted, or refused with key, reason and fix (``verl_fully_async``).
+honoured, noted, or refused with key, reason and fix (``verl.fully_async``).
 
 Every row starts from the config file with what each of verl's launching scripts sets
 (``SCRIPT``: verl asserts the first two) and changes one key.
@@ -15,7 +15,7 @@ import pytest
 from reference_paths import UPSTREAM  # next to this file
 
 from temper.cli.main import main
-from temper.config.dialects.verl import translate_verl
+from temper.config.dialects.verl.translate import translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import load_yaml
 from temper.pipelines.catalog import CATALOG, load_config

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from reference_paths import UPSTREAM, needs  # next to this file
 
-from temper.config.dialects.verl import translate_verl
+from temper.config.dialects.verl.translate import translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.pipelines.catalog import CATALOG

@@ -11,7 +11,7 @@ from reference_paths import UPSTREAM  # next to this file
 from upstream_replay import Row, check  # next to this file
 from upstream_scripts import script_commands  # next to this file
 
-from temper.config.dialects.verl import translate_verl
+from temper.config.dialects.verl.translate import translate_verl
 from temper.config.loader import RawConfig, load_yaml
 from temper.config.schema import TemperConfig
 from temper.config.typed import from_dict

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from reference_paths import UPSTREAM  # next to this file
 
-from temper.config.dialects.verl import PPO, TABLE, translate_verl
+from temper.config.dialects.verl.translate import PPO, TABLE, translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
 from temper.pipelines.catalog import CATALOG, load_config
@@ -31,7 +31,7 @@ def known(node: dict[str, Any], parent: str = "") -> dict[str, Any]:
         path = f"{parent}.{k}" if parent else str(k)
         if k == "_target_" or path in TABLE:
             out[k] = v
-        elif path in PPO.children and isinstance(v, dict):
+        elif PPO.keys.children(tuple(path.split("."))) and isinstance(v, dict):
             out[k] = known(v, path)
     return out
 

@@ -188,7 +188,10 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("custom code", r"custom (dataset classes|samplers|ROLL worker class)"),
     ("verl interaction", r"interaction agents"),
     ("chat template", r"custom Jinja chat template"),
-    ("rollout correction", r"rejection sampling|bypass mode|probability ratio|no token would ever be rejected"),
+    (
+        "rollout correction",
+        r"rejection sampling|bypass mode|probability ratio|no token would ever be rejected",
+    ),
     ("router replay", r"router replay"),
     ("pg variant", r"pg_variant|TOPR's negative"),
     ("lora adapters", r"LoRA adapter|excluding LoRA modules|excluding modules from LoRA"),

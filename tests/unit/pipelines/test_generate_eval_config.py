@@ -146,7 +146,7 @@ def _server_line() -> tuple[Any, list[str]]:
 
 
 def test_generation_server_line_reads_as_generate():
-    from temper.config.dialects.verl_generation import SERVER_NOT_READ
+    from temper.config.dialects.verl.generation import SERVER_NOT_READ
     from temper.pipelines.catalog import load_config
 
     config, overrides = _server_line()

@@ -74,7 +74,7 @@ def test_problem_type_from_rolls_reward_model_column_and_unknown_types():
 
 
 def test_rolls_video_r1_worker_routes_to_it():
-    from temper.config.dialects.roll_rules import REWARD_WORKERS
+    from temper.config.dialects.roll.transforms import REWARD_WORKERS
     from temper.rewards.registry import get_reward_function
 
     assert REWARD_WORKERS["VideoR1RewardWorker"] == "video_r1"

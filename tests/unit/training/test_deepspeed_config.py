@@ -184,7 +184,7 @@ def test_local_backend_runs_deepspeed_itself() -> None:
 
 
 def test_roll_reference_deepspeed_infer_keeps_its_strategy_config() -> None:
-    from temper.config.dialects.roll import translate_roll
+    from temper.config.dialects.roll.translate import translate_roll
     from temper.config.loader import RawConfig
 
     zero3 = {"zero_optimization": {"stage": 3}}

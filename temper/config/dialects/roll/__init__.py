@@ -1,0 +1,1 @@
+"""The ROLL dialect: its key tables, transforms, context and derivations; ``translate`` is the entry point."""
