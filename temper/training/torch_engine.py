@@ -26,13 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from temper.algorithms.logprobs import (
-    DEFAULT_CHUNK,
-    full_kl_from_logits,
-    fused_chunk_rows,
-    logprobs_from_logits,
-    sum_pi_squared_from_logits,
-)
+from temper.algorithms.logprobs import DEFAULT_CHUNK, full_kl_from_logits
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
 from temper.training.base import LossFn, NonFiniteError
@@ -50,7 +44,7 @@ from temper.training.packing import LayoutCost, PackedInputs, scored_positions, 
 from temper.training.router_replay import ROUTED_EXPERTS, Recording, RoutingUse, route
 from temper.training.schedule import LRSchedule
 from temper.training.spec import EngineSpec
-from temper.training.torch_logits import PackedLogits
+from temper.training.torch_logits import PackedLogits, token_outputs
 from temper.training.torch_model import accepts_logits_to_keep, fused_fn
 from temper.training.torch_state import load_trainable_state, trainable_state
 from temper.training.vision import vision_forward_inputs
@@ -180,25 +174,15 @@ class TorchEngine(PackedLogits):
                 logits = self._logits(model_in, keep, extra)
                 if packed is None:  # (b, r, V) -> (K, V): padding costs no softmax
                     logits = logits[:, :r][valid]
-                if with_entropy:  # one pass for both: _log_probs_and_entropy
-                    out["log_probs"], entropy = self._log_probs_and_entropy(
-                        logits,
-                        labels,
-                        temperature=temperature,
-                        chunk_size=self.spec.entropy_chunk_size
-                        or fused_chunk_rows(logits.shape[-1], logits.device),
-                    )
-                    # a metric-only entropy is detached: its gradient pass is skipped
-                    out["entropy"] = entropy if entropy_grad else entropy.detach()
-                else:
-                    out["log_probs"] = logprobs_from_logits(logits, labels, temperature=temperature)
-                if with_sum_pi_squared:  # the optimal-token-baseline estimators' input
-                    out["sum_pi_squared"] = sum_pi_squared_from_logits(
-                        logits,
-                        temperature=temperature,
-                        chunk_size=self.spec.entropy_chunk_size
-                        or fused_chunk_rows(logits.shape[-1], logits.device),
-                    )
+                out = token_outputs(
+                    logits,
+                    labels,
+                    self._log_probs_and_entropy if with_entropy else None,
+                    temperature=temperature,
+                    entropy_grad=entropy_grad,
+                    with_sum_pi_squared=with_sum_pi_squared,
+                    chunk_size=self.spec.entropy_chunk_size,
+                )
                 if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
                     ids = mb[KD_INDICES][:, :r].to(self.device)[valid]
                     out[KD_LOGITS] = logits.gather(-1, ids)

@@ -6,11 +6,17 @@ a teacher's side of distillation and of the exact KL (``response_logits``,
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from temper.algorithms.kd import teacher_top_logits
+from temper.algorithms.logprobs import (
+    fused_chunk_rows,
+    logprobs_from_logits,
+    sum_pi_squared_from_logits,
+)
 from temper.data.batch import Batch
 from temper.training.micro_batching import (
     MicroBatching,
@@ -32,6 +38,42 @@ from temper.training.packing import (
 )
 from temper.training.torch_hooks import OneProcessHooks
 from temper.training.vision import vision_forward_inputs
+
+
+def token_outputs(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    fused: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None,
+    *,
+    temperature: float,
+    entropy_grad: bool,
+    with_sum_pi_squared: bool,
+    chunk_size: int,
+) -> dict[str, torch.Tensor]:
+    """Outputs of the ``K`` scored positions from their logits ``(K, V)`` and labels
+    ``(K,)``: ``log_probs`` = log softmax(z / T)[label]; with ``fused`` (the engine's
+    ``logprobs_and_entropy``) also ``entropy`` = -Σ_v π_v log π_v from the same one pass,
+    detached unless ``entropy_grad`` (a metric-only entropy skips its gradient pass);
+    ``with_sum_pi_squared``: ``sum_pi_squared`` = Σ_v π_v² (the optimal-token-baseline
+    estimators' input). ``chunk_size``: rows per chunk (0: sized to the vocabulary)."""
+    out: dict[str, torch.Tensor] = {}
+    if fused is not None:  # one pass for both
+        out["log_probs"], entropy = fused(
+            logits,
+            labels,
+            temperature=temperature,
+            chunk_size=chunk_size or fused_chunk_rows(logits.shape[-1], logits.device),
+        )
+        out["entropy"] = entropy if entropy_grad else entropy.detach()
+    else:
+        out["log_probs"] = logprobs_from_logits(logits, labels, temperature=temperature)
+    if with_sum_pi_squared:
+        out["sum_pi_squared"] = sum_pi_squared_from_logits(
+            logits,
+            temperature=temperature,
+            chunk_size=chunk_size or fused_chunk_rows(logits.shape[-1], logits.device),
+        )
+    return out
 
 
 class PackedLogits(OneProcessHooks):
