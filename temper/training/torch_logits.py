@@ -1,7 +1,7 @@
 """Logits of the one-process engine: the forward that keeps only response positions,
-packing a micro-batch (``model.use_remove_padding``: :mod:`temper.training.packing`), and
-a teacher's side of distillation and of the exact KL (``response_logits``,
-``top_logits``)."""
+the per-token outputs computed from them (:func:`token_outputs`), packing a micro-batch
+(``model.use_remove_padding``: :mod:`temper.training.packing`), and a teacher's side of
+distillation and of the exact KL (``response_logits``, ``top_logits``)."""
 
 from __future__ import annotations
 
