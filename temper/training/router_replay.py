@@ -199,23 +199,23 @@ def route(
     use: RoutingUse | None,
     mb: Batch,
     inp: ModelInputs,
-    packed: PackedInputs | None,
     device: torch.device,
+    *,
+    to_model: Callable[[torch.Tensor], torch.Tensor],
+    to_columns: Callable[[torch.Tensor], torch.Tensor],
 ) -> contextlib.AbstractContextManager[Any]:
     """Routing of micro-batch ``mb``'s forward: recorded (a :class:`Recording`) in a
     forward asked to record; replayed from ``mb``'s ``routed_experts`` in a training
     forward, or a forward asked to replay, of a batch that holds them (the replay stays
-    set through the backward, for recomputed layers); else the routers' own."""
+    set through the backward, for recomputed layers); else the routers' own.
+    ``to_model`` / ``to_columns``: the engine's token orders (:func:`model_tokens` and
+    :func:`token_columns` for an HF model, sequence-first under Megatron)."""
     if use == "record":
         return Recording(
-            hooks,
-            lambda tokens: batch_routing(
-                token_columns(tokens, inp, packed), inp, mb["prompt_ids"].shape[1]
-            ),
+            hooks, lambda tokens: batch_routing(to_columns(tokens), inp, mb["prompt_ids"].shape[1])
         )
     if (torch.is_grad_enabled() or use == "replay") and ROUTED_EXPERTS in mb:
-        routed = micro_routing(mb[ROUTED_EXPERTS], inp).to(device)
-        hooks.replay(model_tokens(routed, inp, packed))
+        hooks.replay(to_model(micro_routing(mb[ROUTED_EXPERTS], inp).to(device)))
     else:
         hooks.stop()
     return contextlib.nullcontext()

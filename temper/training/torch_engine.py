@@ -41,7 +41,14 @@ from temper.training.micro_batching import (
 )
 from temper.training.models import resolve_dtype
 from temper.training.packing import LayoutCost, PackedInputs, scored_positions, unpack
-from temper.training.router_replay import ROUTED_EXPERTS, Recording, RoutingUse, route
+from temper.training.router_replay import (
+    ROUTED_EXPERTS,
+    Recording,
+    RoutingUse,
+    model_tokens,
+    route,
+    token_columns,
+)
 from temper.training.schedule import LRSchedule
 from temper.training.spec import EngineSpec
 from temper.training.torch_logits import PackedLogits, token_outputs
@@ -207,7 +214,28 @@ class TorchEngine(PackedLogits):
         """Routing of micro-batch ``mb``'s forward (:func:`route`); none without hooks."""
         if self.router_replay is None:
             return contextlib.nullcontext()
-        return route(self.router_replay, self._routing_use, mb, inp, packed, self.device)
+        return route(
+            self.router_replay,
+            self._routing_use,
+            mb,
+            inp,
+            self.device,
+            to_model=lambda routed: self._model_tokens(routed, inp, packed),
+            to_columns=lambda tokens: self._token_columns(tokens, inp, packed),
+        )
+
+    def _model_tokens(
+        self, routed: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
+    ) -> torch.Tensor:
+        """Routing ``(b, W, L, k)`` in the order this model's routers see the tokens (the
+        megatron engine's is sequence-first)."""
+        return model_tokens(routed, inp, packed)
+
+    def _token_columns(
+        self, tokens: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
+    ) -> torch.Tensor:
+        """Inverse of :meth:`_model_tokens`, ``-1`` at padding."""
+        return token_columns(tokens, inp, packed)
 
     @torch.no_grad()
     def forward(
