@@ -40,6 +40,7 @@ from temper.roles.base import ReferenceRole, Roles
 from temper.roles.builder import build_roles, teachers_of
 from temper.roles.teacher import Teachers
 from temper.rollout import RolloutEngine, build_rollout_engine
+from temper.rollout.vllm_kv import demand_of
 
 if TYPE_CHECKING:
     from temper.cluster.ray import RayWorkerGroup
@@ -418,7 +419,9 @@ def build_cluster_rollout(cfg: TemperConfig, roles: Roles, tokenizer: Any) -> Ro
         # trainer updates: it needs weights of its own, never the trainer's module
         ahead = cfg.async_training.staleness > 0
         module = None if ahead else roles.actor.engine.shareable_module
-        rollout = build_rollout_engine(cfg.rollout, cfg.model, module=module, tokenizer=tokenizer)
+        rollout = build_rollout_engine(
+            cfg.rollout, cfg.model, module=module, tokenizer=tokenizer, demand=demand_of(cfg)
+        )
     if not rollout.shared:
         # An engine with its own copy (vLLM, remote ranks) rolls out with the actor's
         # weights from the first step (LoRA merged); with rollout.load_format=dummy they

@@ -92,6 +92,7 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     from temper.pipelines.run import load_tokenizer, seed_everything
     from temper.pipelines.trajectories import episode_metrics, trajectory_rows
     from temper.rollout import build_rollout_engine, sampling_params_from_config
+    from temper.rollout.vllm_kv import demand_of
     from temper.tracking import build_trackers
     from temper.training.models import import_external_lib
 
@@ -102,7 +103,11 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     import_external_lib(cfg.model.external_lib)
     tokenizer = load_tokenizer(cfg)
     engine = build_rollout_engine(
-        cfg.rollout, cfg.model, tokenizer=tokenizer, device=worker_device(cfg)
+        cfg.rollout,
+        cfg.model,
+        tokenizer=tokenizer,
+        device=worker_device(cfg),
+        demand=demand_of(cfg),
     )
     envs = EnvManager.from_agentic(cfg.agentic, "train", exp.seed)
     player = ENV_MANAGERS.get(cfg.agentic.env_manager).player(cfg, engine, tokenizer)

@@ -45,6 +45,7 @@ def generate(cfg: TemperConfig) -> dict[str, Any]:
     from temper.cluster.placement import worker_device
     from temper.pipelines.run import load_tokenizer, seed_everything
     from temper.rollout import build_rollout_engine, sampling_params_from_config
+    from temper.rollout.vllm_kv import demand_of
     from temper.training.models import import_external_lib
 
     start = time.perf_counter()
@@ -56,7 +57,11 @@ def generate(cfg: TemperConfig) -> dict[str, Any]:
     rows = {f"{r.file}:{r.where}": r.row for r in read_rows(gen.files, "generate.files") if r.row}
     params = sampling_params_from_config(cfg.rollout, validation=False)
     engine = build_rollout_engine(
-        cfg.rollout, cfg.model, tokenizer=tokenizer, device=worker_device(cfg)
+        cfg.rollout,
+        cfg.model,
+        tokenizer=tokenizer,
+        device=worker_device(cfg),
+        demand=demand_of(cfg),
     )
     out: list[dict[str, Any]] = []
     tokens = truncated = 0
