@@ -56,7 +56,6 @@ class RolloutRank:
         self, cfg: TemperConfig, device: torch.device, rank: int, meet: tuple[str, int]
     ) -> None:
         from temper.rollout.registry import build_rollout_engine
-        from temper.rollout.vllm_kv import demand_of
 
         tp = cfg.rollout.tensor_parallel_size
         self.engine_index = rank // tp
@@ -72,9 +71,7 @@ class RolloutRank:
             )
         # an engine's ranks sample alike: one seed per engine (vLLM seeds at build)
         torch.manual_seed(cfg.experiment.seed + self.engine_index)
-        self.engine = build_rollout_engine(
-            cfg.rollout, cfg.model, device=device, shard=shard, demand=demand_of(cfg)
-        )
+        self.engine = build_rollout_engine(cfg.rollout, cfg.model, device=device, shard=shard)
 
     def generate(self, prompts: Batch, params: SamplingParams, seed: int) -> Batch:
         torch.manual_seed(seed + self.engine_index)

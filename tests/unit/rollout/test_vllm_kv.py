@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 
 from temper.config.schema import ModelConfig, RolloutConfig, TemperConfig
+from temper.pipelines.demand import demand_of
 from temper.rollout.vllm_args import engine_args
 from temper.rollout.vllm_kv import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     EngineDemand,
     cpu_kv_cache_bytes,
-    demand_of,
     kv_bytes_per_token,
     largest_call,
 )
