@@ -88,9 +88,10 @@ def engine_args(
     its names are checked against ``valid_args`` (vLLM's ``EngineArgs`` fields).
     ``spmd``: this process is one rank of a tensor-parallel engine whose ranks the caller
     started (vLLM's ``external_launcher``: one rank per process, CPU or GPU).
-    ``demand`` (the run's generation, :func:`~temper.rollout.vllm_kv.demand_of`) and
-    ``model_text`` (the model's text config) size the CPU KV cache and, with no
-    ``max_model_len``, give vLLM the run's context instead of the model's own.
+    On CPU, ``demand`` (the run's generation, :func:`temper.pipelines.demand.demand_of`)
+    and ``model_text`` (the model's text config) size the KV cache and, with no
+    ``max_model_len``, give vLLM the run's context instead of the model's own (which it
+    would plan every sequence for).
     """
     from temper.utils.model_path import resolve_model_path
 
@@ -120,7 +121,7 @@ def engine_args(
     }
     if rollout_cfg.max_model_len is not None:
         kwargs["max_model_len"] = rollout_cfg.max_model_len
-    elif demand is not None and demand.context is not None:
+    elif on_cpu and demand is not None and demand.context is not None:
         kwargs["max_model_len"] = demand.context
         notes.append(
             f"rollout.max_model_len is not set: vLLM plans for {demand.context} tokens "

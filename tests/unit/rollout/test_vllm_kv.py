@@ -115,3 +115,18 @@ def test_explicit_sizes_win_and_unknowns_keep_the_default():
         cpu_args(big, text={**TINY, "num_hidden_layers": 400})[0]["kv_cache_memory_bytes"]
         == DEFAULT_CPU_KV_CACHE_BYTES
     )
+
+
+def test_on_gpu_the_demand_changes_nothing():
+    cfg = run_cfg()
+    kwargs, _ = engine_args(
+        cfg.rollout,
+        ModelConfig(path="/models/x"),
+        on_cpu=False,
+        seed=0,
+        valid_args=FIELDS | {"gpu_memory_utilization", "block_size", "tensor_parallel_size"},
+        environ={},
+        demand=demand_of(cfg),
+        model_text=TINY,
+    )
+    assert "max_model_len" not in kwargs and "kv_cache_memory_bytes" not in kwargs
