@@ -40,6 +40,7 @@ from temper.roles.base import ReferenceRole, Roles
 from temper.roles.builder import build_roles, teachers_of
 from temper.roles.teacher import Teachers
 from temper.rollout import RolloutEngine, build_rollout_engine
+from temper.rollout.vllm_kv import EngineDemand
 
 if TYPE_CHECKING:
     from temper.cluster.ray import RayWorkerGroup
@@ -408,17 +409,22 @@ def _remote_teachers(cfg: TemperConfig, groups: dict[str, Any]) -> Teachers | No
     return teachers_of(cfg, proxies)
 
 
-def build_cluster_rollout(cfg: TemperConfig, roles: Roles, tokenizer: Any) -> RolloutEngine:
+def build_cluster_rollout(
+    cfg: TemperConfig, roles: Roles, tokenizer: Any, demand: EngineDemand | None = None
+) -> RolloutEngine:
     """The run's rollout engine, holding the actor's current weights: the ``actor_infer``
     worker group on Ray, else an engine in this process (``hf`` shares the actor's module,
-    or holds a copy when the rollout runs ahead; ``vllm`` holds its own copy)."""
+    or holds a copy when the rollout runs ahead; ``vllm`` holds its own copy, its CPU KV
+    cache sized by ``demand``)."""
     rollout = roles.rollout if isinstance(roles, ClusterRoles) else None
     if rollout is None:
         # a rollout that runs ahead of training (async_training) generates while the
         # trainer updates: it needs weights of its own, never the trainer's module
         ahead = cfg.async_training.staleness > 0
         module = None if ahead else roles.actor.engine.shareable_module
-        rollout = build_rollout_engine(cfg.rollout, cfg.model, module=module, tokenizer=tokenizer)
+        rollout = build_rollout_engine(
+            cfg.rollout, cfg.model, module=module, tokenizer=tokenizer, demand=demand
+        )
     if not rollout.shared:
         # An engine with its own copy (vLLM, remote ranks) rolls out with the actor's
         # weights from the first step (LoRA merged); with rollout.load_format=dummy they

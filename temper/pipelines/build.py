@@ -26,6 +26,7 @@ from temper.pipelines.checkpointing import (
     checkpoint_step,
     restore,
 )
+from temper.pipelines.demand import demand_of
 from temper.pipelines.producer import GroupProducer, Producer, ProducerContext
 from temper.pipelines.record import Pipeline
 from temper.pipelines.run import Run, WeightSync, load_tokenizer, output_dir, seed_everything
@@ -74,7 +75,7 @@ def _build_run(
     tracker: MultiTracker | None = None
     try:
         if plan.use_rollout:  # the step generates (RL); SFT builds no engine
-            rollout = build_cluster_rollout(cfg, roles, tokenizer)  # or actor_infer ranks
+            rollout = build_cluster_rollout(cfg, roles, tokenizer, demand_of(cfg))  # or actor_infer
         device = roles.actor.engine.device
         remote_judge = roles.judge if isinstance(roles, ClusterRoles) else None
         judge = build_judge(cfg, device, remote_judge)  # LLM judge (function llm_judge), if used

@@ -87,6 +87,7 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     """Play ``experiment.max_steps`` steps of episodes (module docstring); the summary."""
     from temper.cluster.placement import worker_device
     from temper.envs import EnvManager
+    from temper.pipelines.demand import demand_of
     from temper.pipelines.dumps import dump_generations
     from temper.pipelines.env_managers import ENV_MANAGERS
     from temper.pipelines.run import load_tokenizer, seed_everything
@@ -102,7 +103,11 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     import_external_lib(cfg.model.external_lib)
     tokenizer = load_tokenizer(cfg)
     engine = build_rollout_engine(
-        cfg.rollout, cfg.model, tokenizer=tokenizer, device=worker_device(cfg)
+        cfg.rollout,
+        cfg.model,
+        tokenizer=tokenizer,
+        device=worker_device(cfg),
+        demand=demand_of(cfg),
     )
     envs = EnvManager.from_agentic(cfg.agentic, "train", exp.seed)
     player = ENV_MANAGERS.get(cfg.agentic.env_manager).player(cfg, engine, tokenizer)

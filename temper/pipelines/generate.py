@@ -43,6 +43,7 @@ def generate(cfg: TemperConfig) -> dict[str, Any]:
     """Generate ``rollout.n`` responses to every prompt of ``generate.files`` and write
     them to ``generate.output_path`` (module docstring); returns the summary."""
     from temper.cluster.placement import worker_device
+    from temper.pipelines.demand import demand_of
     from temper.pipelines.run import load_tokenizer, seed_everything
     from temper.rollout import build_rollout_engine, sampling_params_from_config
     from temper.training.models import import_external_lib
@@ -56,7 +57,11 @@ def generate(cfg: TemperConfig) -> dict[str, Any]:
     rows = {f"{r.file}:{r.where}": r.row for r in read_rows(gen.files, "generate.files") if r.row}
     params = sampling_params_from_config(cfg.rollout, validation=False)
     engine = build_rollout_engine(
-        cfg.rollout, cfg.model, tokenizer=tokenizer, device=worker_device(cfg)
+        cfg.rollout,
+        cfg.model,
+        tokenizer=tokenizer,
+        device=worker_device(cfg),
+        demand=demand_of(cfg),
     )
     out: list[dict[str, Any]] = []
     tokens = truncated = 0

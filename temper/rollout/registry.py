@@ -20,6 +20,7 @@ from temper.config.errors import ConfigError, unknown_name
 from temper.config.schema import ModelConfig, RolloutConfig
 from temper.registry import Registry
 from temper.rollout.base import RolloutEngine, SamplingParams, TensorParallelShard
+from temper.rollout.vllm_kv import EngineDemand
 
 
 class EngineBuilder(Protocol):
@@ -94,6 +95,7 @@ def _build_vllm(
     tokenizer: Any = None,
     device: str | torch.device | None = None,
     shard: TensorParallelShard | None = None,
+    demand: EngineDemand | None = None,
 ) -> RolloutEngine:
     """An in-process vLLM engine with its own copy of the weights (synced each update);
     with ``shard``, one rank of a tensor-parallel engine.
@@ -107,7 +109,9 @@ def _build_vllm(
     from temper.rollout.vllm_engine import VLLMRolloutEngine
 
     check_rollout_engine(rollout_cfg, model_cfg)
-    return VLLMRolloutEngine.from_config(rollout_cfg, model_cfg, tokenizer=tokenizer, shard=shard)
+    return VLLMRolloutEngine.from_config(
+        rollout_cfg, model_cfg, tokenizer=tokenizer, shard=shard, demand=demand
+    )
 
 
 def vllm_available() -> bool:
@@ -163,6 +167,9 @@ class RolloutEntry:
     #: a function of ``(tp, backend)`` giving why it cannot (None: it can). On the ray
     #: backend each of the engine's ranks is an ``actor_infer`` process of its own.
     tensor_parallel: Callable[[int, str], str | None] | None = None
+    #: Whether the builder takes ``demand=`` (:class:`EngineDemand`, what the run's
+    #: generation needs; vLLM sizes its CPU KV cache and context by it).
+    takes_demand: bool = False
 
 
 def _vllm_problem() -> ConfigError | None:
@@ -220,7 +227,10 @@ def _vllm_tensor_parallel(tp: int, backend: str) -> str | None:
 
 
 ROLLOUT_ENGINES.add(
-    "vllm", RolloutEntry(_build_vllm, _vllm_problem, tensor_parallel=_vllm_tensor_parallel)
+    "vllm",
+    RolloutEntry(
+        _build_vllm, _vllm_problem, tensor_parallel=_vllm_tensor_parallel, takes_demand=True
+    ),
 )
 ROLLOUT_ENGINES.add(
     "sglang", _not_in_this_build("sglang", "sglang", "pip install 'temper-rl[sglang]' (GPU)")
@@ -301,20 +311,26 @@ def build_rollout_engine(
     tokenizer: Any = None,
     device: str | torch.device | None = None,
     shard: TensorParallelShard | None = None,
+    demand: EngineDemand | None = None,
 ) -> RolloutEngine:
     """The engine ``rollout_cfg.engine`` names; ``module`` shares the trainer's model;
-    ``shard``: this process is one rank of a tensor-parallel engine.
+    ``shard``: this process is one rank of a tensor-parallel engine; ``demand``: what the
+    run's generation needs (:func:`~temper.rollout.vllm_kv.demand_of`), for engines
+    that size themselves by it.
 
     ``auto`` picks ``vllm`` where it is installed and ``hf`` otherwise.
     """
     name = resolve_engine_name(rollout_cfg.engine, model_cfg)
     if name not in ROLLOUT_ENGINES:
         raise unknown_name("rollout.engine", rollout_cfg.engine, rollout_engine_names())
-    builder = ROLLOUT_ENGINES.get(name).build
-    if shard is None:  # a user's builder need not know the keyword
-        return builder(rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device)
-    return builder(
-        rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device, shard=shard
+    entry = ROLLOUT_ENGINES.get(name)
+    extra: dict[str, Any] = {}
+    if shard is not None:  # a user's builder need not know the keyword
+        extra["shard"] = shard
+    if demand is not None and entry.takes_demand:
+        extra["demand"] = demand
+    return entry.build(
+        rollout_cfg, model_cfg, module=module, tokenizer=tokenizer, device=device, **extra
     )
 
 

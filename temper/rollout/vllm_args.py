@@ -15,15 +15,20 @@ Pure config mapping: runs without vLLM installed (the caller passes vLLM's field
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from temper.config.errors import ConfigError, did_you_mean
 from temper.config.schema import DTYPES, ModelConfig, RolloutConfig
+from temper.rollout.vllm_kv import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    DTYPE_BYTES,
+    EngineDemand,
+    cpu_kv_cache_bytes,
+    kv_bytes_per_token,
+)
 
-#: KV cache of the CPU build when neither ``engine_kwargs.vllm.kv_cache_memory_bytes``
-#: nor ``VLLM_CPU_KVCACHE_SPACE`` sets one: the trainer shares host memory.
-DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+__all__ = ["DEFAULT_CPU_KV_CACHE_BYTES", "OPTION_KEYS", "cpu_block_size", "engine_args"]
 _EXTENSION = "temper.rollout.vllm_worker.TemperWorkerExtension"
 
 #: vLLM engine argument -> the temper key that sets it (for error messages).
@@ -72,6 +77,8 @@ def engine_args(
     valid_args: Iterable[str] | None = None,
     environ: dict[str, str] | None = None,
     spmd: bool = False,
+    demand: EngineDemand | None = None,
+    model_text: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """vLLM ``LLM(**kwargs)`` arguments for the config, and notes on what was not used.
 
@@ -81,6 +88,10 @@ def engine_args(
     its names are checked against ``valid_args`` (vLLM's ``EngineArgs`` fields).
     ``spmd``: this process is one rank of a tensor-parallel engine whose ranks the caller
     started (vLLM's ``external_launcher``: one rank per process, CPU or GPU).
+    On CPU, ``demand`` (the run's generation, :func:`temper.pipelines.demand.demand_of`)
+    and ``model_text`` (the model's text config) size the KV cache and, with no
+    ``max_model_len``, give vLLM the run's context instead of the model's own (which it
+    would plan every sequence for).
     """
     from temper.utils.model_path import resolve_model_path
 
@@ -110,6 +121,12 @@ def engine_args(
     }
     if rollout_cfg.max_model_len is not None:
         kwargs["max_model_len"] = rollout_cfg.max_model_len
+    elif on_cpu and demand is not None and demand.context is not None:
+        kwargs["max_model_len"] = demand.context
+        notes.append(
+            f"rollout.max_model_len is not set: vLLM plans for {demand.context} tokens "
+            f"({' + '.join(demand.context_keys)}), not the model's whole context"
+        )
     if spmd:
         kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size
         kwargs["distributed_executor_backend"] = "external_launcher"
@@ -126,11 +143,17 @@ def engine_args(
             "rollout.gpu_memory_utilization is not used on CPU (vLLM would reserve that "
             "fraction of host RAM, which the trainer shares): the KV cache is "
             "engine_kwargs.vllm.kv_cache_memory_bytes, VLLM_CPU_KVCACHE_SPACE (GiB) or "
-            f"{DEFAULT_CPU_KV_CACHE_BYTES >> 30} GiB"
+            f"what the run's generation needs, at most {DEFAULT_CPU_KV_CACHE_BYTES >> 30} GiB"
         )
-        if not env.get("VLLM_CPU_KVCACHE_SPACE"):
-            kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
         kwargs["block_size"] = cpu_block_size(rollout_cfg.block_size)
+        explicit = any(
+            n == "kv_cache_memory_bytes"
+            for _, n, _ in _vllm_kwargs(rollout_cfg.engine_kwargs or {})
+        )
+        if not env.get("VLLM_CPU_KVCACHE_SPACE") and not explicit:
+            kv, why = _cpu_kv_cache(kwargs, demand, model_text)
+            kwargs["kv_cache_memory_bytes"] = kv
+            notes.append(f"the KV cache is {kv / 2**20:.1f} MiB: {why}")
         if kwargs["block_size"] != rollout_cfg.block_size:
             notes.append(
                 f"rollout.block_size={rollout_cfg.block_size} is rounded up to "
@@ -172,6 +195,27 @@ def engine_args(
             raise ConfigError(key, "vLLM's CPU build has no sleep mode", "remove it on CPU")
         kwargs[name] = value
     return kwargs, notes
+
+
+def _cpu_kv_cache(
+    kwargs: dict[str, Any], demand: EngineDemand | None, text: Mapping[str, Any] | None
+) -> tuple[int, str]:
+    """The CPU KV cache's bytes for ``demand`` (``kwargs``' dtype and block size), and why."""
+    cap = f"{DEFAULT_CPU_KV_CACHE_BYTES >> 30} GiB"
+    if demand is None or text is None:
+        return DEFAULT_CPU_KV_CACHE_BYTES, f"{cap} (the run's generation is not known here)"
+    if demand.context is None:
+        return DEFAULT_CPU_KV_CACHE_BYTES, f"{cap} (nothing bounds a sequence's length)"
+    per_token = kv_bytes_per_token(text, DTYPE_BYTES.get(str(kwargs["dtype"]), 4))
+    if per_token is None:
+        return DEFAULT_CPU_KV_CACHE_BYTES, f"{cap} (the model's config gives no KV shape)"
+    block = int(kwargs["block_size"])
+    kv = cpu_kv_cache_bytes(per_token, block, demand)
+    why = (
+        f"{demand.sequences} sequences in flight x {demand.context} tokens "
+        f"({' + '.join(demand.context_keys)}) in blocks of {block}, {per_token} bytes a token"
+    )
+    return kv, why if kv < DEFAULT_CPU_KV_CACHE_BYTES else f"{cap}, the cap ({why} is more)"
 
 
 def _vllm_kwargs(engine_kwargs: dict[str, Any]) -> list[tuple[str, str, Any]]:

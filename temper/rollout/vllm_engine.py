@@ -68,6 +68,7 @@ from temper.data.vision import (
 from temper.rollout.base import RolloutEngine, SamplingParams, TensorParallelShard
 from temper.rollout.stops import finish_responses, right_pad
 from temper.rollout.vllm_args import engine_args
+from temper.rollout.vllm_kv import EngineDemand
 from temper.rollout.vllm_messages import generation_fix, option_hint
 from temper.rollout.vllm_process import (
     name_cpu_shm_segments,
@@ -127,6 +128,21 @@ def check_cpu_head_size(model_path: str, trust_remote_code: bool = False) -> Non
             f"build (supported: {supported})",
             "use rollout.engine=hf for this model on CPU",
         )
+
+
+def _text_config(model_cfg: ModelConfig) -> dict[str, Any] | None:
+    """The model's (text) config as a dict, or None where it cannot be read here."""
+    from transformers import AutoConfig
+
+    from temper.utils.model_path import resolve_model_path
+
+    try:
+        cfg = AutoConfig.from_pretrained(
+            resolve_model_path(model_cfg.path), trust_remote_code=model_cfg.trust_remote_code
+        )
+    except Exception:  # an unknown layout: keep the default cache
+        return None
+    return dict(cfg.get_text_config().to_dict())  # a vision-language model nests it
 
 
 def _as_list(value: Any) -> list[int]:
@@ -273,6 +289,7 @@ class VLLMRolloutEngine(RolloutEngine):
         tokenizer: Any = None,
         seed: int | None = None,
         shard: TensorParallelShard | None = None,
+        demand: EngineDemand | None = None,
     ) -> VLLMRolloutEngine:
         """Start an in-process vLLM engine for ``model_cfg`` with ``rollout_cfg``'s options.
 
@@ -281,6 +298,8 @@ class VLLMRolloutEngine(RolloutEngine):
         and a ``VLLMEngineError`` naming the options when vLLM refuses to start.
         ``shard``: this process is one rank of a tensor-parallel engine (every rank of it
         calls this with the same seed, then generates the same prompts).
+        ``demand``: what the run's generation needs (sizes the CPU KV cache and, with no
+        ``rollout.max_model_len``, the context vLLM plans for).
         """
         use_in_process_engine()
         from vllm import LLM, EngineArgs
@@ -295,6 +314,8 @@ class VLLMRolloutEngine(RolloutEngine):
             seed=seed,
             valid_args=[f.name for f in dataclasses.fields(EngineArgs)],
             spmd=shard is not None,
+            demand=demand,
+            model_text=_text_config(model_cfg) if on_cpu and demand is not None else None,
         )
         if shard is not None:  # vLLM's external launcher meets its ranks through these
             if on_cpu:

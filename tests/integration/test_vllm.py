@@ -222,6 +222,35 @@ def test_prompt_past_max_model_len_mid_run_names_the_option_and_the_fix(engine, 
     assert torch.equal(engine.generate(batch, GREEDY)["response_ids"], before["response_ids"])
 
 
+def test_cache_sized_to_one_sequence_starts_generates_and_refuses_longer(model_dir, tokenizer):
+    """With no kv_cache_memory_bytes and no max_model_len, the run's demand sizes both:
+    a cache of one sequence's whole blocks (+ vLLM's null block) is enough for vLLM to
+    start and to generate more prompts than fit at once (it queues them), and a prompt
+    past the context is the clear max_model_len error."""
+    from transformers import AutoConfig
+
+    from temper.rollout.vllm_kv import EngineDemand, kv_bytes_per_token
+
+    demand = EngineDemand(40, ("data.max_prompt_length", "rollout.response_length"), 1)
+    eng = VLLMRolloutEngine.from_config(
+        RolloutConfig(engine="vllm"), ModelConfig(path=str(model_dir)), seed=0, demand=demand
+    )
+    try:
+        config = AutoConfig.from_pretrained(model_dir).to_dict()
+        per_token = kv_bytes_per_token(config, 4)
+        assert per_token is not None
+        assert eng.options["kv_cache_memory_bytes"] == per_token * 32 * (2 + 1)
+        assert eng.options["max_model_len"] == 40
+        batch = prompts_for(tokenizer)
+        assert len(eng.generate(batch, GREEDY)) == len(batch)
+        ids = torch.randint(10, 200, (1, 60), generator=torch.Generator().manual_seed(0))
+        long = Batch.from_dict({"prompt_ids": ids, "prompt_mask": torch.ones_like(ids)})
+        with pytest.raises(VLLMEngineError, match=r"rollout\.max_model_len=40"):
+            eng.generate(long, GREEDY)
+    finally:
+        eng.close()
+
+
 def test_closed_engine_fails_at_once_with_what_happened(model_dir, tokenizer):
     """generate / load_weights after close(): a clear error, not vLLM's AttributeError."""
     eng = VLLMRolloutEngine.from_config(

@@ -1,0 +1,21 @@
+"""What a run's generation asks of its rollout engine (:class:`EngineDemand`), from its
+config and its pipeline's bound on a sample; vLLM's CPU build sizes its KV cache by it."""
+
+from __future__ import annotations
+
+from temper.config.schema import TemperConfig
+from temper.pipelines.registry import resolve_pipeline
+from temper.rollout.vllm_kv import EngineDemand, largest_call
+
+
+def demand_of(cfg: TemperConfig) -> EngineDemand:
+    """The run's :class:`EngineDemand`: the context is ``rollout.max_model_len`` when set,
+    else the pipeline's bound on a sample (its ``context`` hook; None: unbounded); the
+    sequences ``min(rollout.max_num_seqs, largest_call(cfg))``."""
+    sequences = min(cfg.rollout.max_num_seqs, largest_call(cfg))
+    if cfg.rollout.max_model_len is not None:
+        return EngineDemand(cfg.rollout.max_model_len, ("rollout.max_model_len",), sequences)
+    bound = resolve_pipeline(cfg.pipeline).context(cfg, [])
+    if bound is None:
+        return EngineDemand(None, (), sequences)
+    return EngineDemand(bound[0], bound[1], sequences)
