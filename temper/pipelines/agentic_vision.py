@@ -37,10 +37,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from temper.config.schema import TemperConfig
-from temper.data.batch import Batch
 from temper.data.vision import (
     MULTI_MODAL_DATA,
     MULTI_MODAL_INPUTS,
@@ -57,7 +55,7 @@ from temper.pipelines.agentic_vision_checks import not_vision
 from temper.pipelines.trajectories import trajectory_batch
 from temper.rollout import RolloutEngine, SamplingParams
 from temper.rollout.chat import ChatTokenizer, Message
-from temper.rollout.multiturn import Trajectory
+from temper.rollout.multiturn import Trajectory, generate_turns
 
 __all__ = [
     "VLPlayer",
@@ -303,30 +301,12 @@ class VLPlayer:
     ) -> list[tuple[list[int], list[float] | None, bool]]:
         """One engine call for the live episodes, each with the pixels of its images."""
         rows = [e.traj.prompt_ids + e.traj.response_ids for e in eps]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for k, r in enumerate(rows):
-            ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-            mask[k, width - len(r) :] = 1
         pairs = [self.vision.model_inputs(e.images) for e in eps]
         objects: dict[str, list[Any]] = {
             MULTI_MODAL_DATA: [data for data, _ in pairs],
             MULTI_MODAL_INPUTS: [inputs for _, inputs in pairs],
         }
-        call = dataclasses.replace(params, n=1, max_new_tokens=max(budgets))
-        out = self.engine.generate(
-            Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}, objects), call
-        )
-        lps_all = out.get("rollout_log_probs")
-        result = []
-        for k, budget in enumerate(budgets):
-            keep = out["response_mask"][k].bool()
-            gen = out["response_ids"][k][keep].tolist()
-            lps = lps_all[k][keep].tolist() if lps_all is not None else None
-            cut = bool(out["truncated"][k]) or len(gen) > budget
-            result.append((gen[:budget], lps[:budget] if lps is not None else None, cut))
-        return result
+        return generate_turns(self.engine, rows, self._pad, budgets, params, objects)
 
 
 def _finish(e: _Episode) -> None:

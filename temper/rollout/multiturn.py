@@ -240,23 +240,7 @@ class MultiTurnRunner:
     ) -> list[tuple[list[int], list[float] | None, bool]]:
         """One engine call for all live episodes; each row cut to its own budget."""
         rows = [self._context(t) for t in trajs]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for k, r in enumerate(rows):
-            ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-            mask[k, width - len(r) :] = 1
-        call = dataclasses.replace(params, n=1, max_new_tokens=max(budgets))
-        out = self.engine.generate(Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}), call)
-        lps_all = out.get("rollout_log_probs")
-        result = []
-        for k, budget in enumerate(budgets):
-            keep = out["response_mask"][k].bool()
-            gen = out["response_ids"][k][keep].tolist()
-            lps = lps_all[k][keep].tolist() if lps_all is not None else None
-            cut = bool(out["truncated"][k]) or len(gen) > budget
-            result.append((gen[:budget], lps[:budget] if lps is not None else None, cut))
-        return result
+        return generate_turns(self.engine, rows, self.pad_token_id, budgets, params)
 
     def _context(self, t: Trajectory) -> list[int]:
         """The ids a turn is generated from: the trained sequence, or with
@@ -353,3 +337,34 @@ def trajectory_tensors(trajs: Sequence[Trajectory], pad_token_id: int) -> dict[s
     if all(t.has_log_probs for t in trajs):
         out["rollout_log_probs"] = _pad([t.log_probs for t in trajs], 0.0, False, torch.float32)
     return out
+
+
+def generate_turns(
+    engine: RolloutEngine,
+    rows: list[list[int]],
+    pad_token_id: int,
+    budgets: list[int],
+    params: SamplingParams,
+    objects: dict[str, list[Any]] | None = None,
+) -> list[tuple[list[int], list[float] | None, bool]]:
+    """One engine call for the next turn of several episodes: ``rows`` (each episode's
+    ids so far) left-padded into one batch, ``objects`` riding along (a VL episode's
+    images); returns per row the generated ids and log-probs cut to its own budget, and
+    whether the turn was cut (the engine's truncation or the budget)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for k, r in enumerate(rows):
+        ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[k, width - len(r) :] = 1
+    call = dataclasses.replace(params, n=1, max_new_tokens=max(budgets))
+    out = engine.generate(Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}, objects), call)
+    lps_all = out.get("rollout_log_probs")
+    result = []
+    for k, budget in enumerate(budgets):
+        keep = out["response_mask"][k].bool()
+        gen = out["response_ids"][k][keep].tolist()
+        lps = lps_all[k][keep].tolist() if lps_all is not None else None
+        cut = bool(out["truncated"][k]) or len(gen) > budget
+        result.append((gen[:budget], lps[:budget] if lps is not None else None, cut))
+    return result
