@@ -368,7 +368,8 @@ class RolloutConfig:
     max_model_len: int | None = doc(
         None,
         "Engine context length (vLLM's max_model_len) and a multi-turn episode's bound; "
-        "None = the model's own context.",
+        "None = the model's own context (vLLM on CPU: a sample's bound where the pipeline "
+        "has one, e.g. prompt + response).",
     )
     max_num_seqs: int = doc(256, "Max sequences in flight in the engine.")
     max_num_batched_tokens: int = doc(8192, "Max tokens per engine step.")

@@ -315,7 +315,7 @@ def build_rollout_engine(
 ) -> RolloutEngine:
     """The engine ``rollout_cfg.engine`` names; ``module`` shares the trainer's model;
     ``shard``: this process is one rank of a tensor-parallel engine; ``demand``: what the
-    run's generation needs (:func:`~temper.rollout.vllm_kv.demand_of`), for engines
+    run's generation needs (:func:`~temper.pipelines.demand.demand_of`), for engines
     that size themselves by it.
 
     ``auto`` picks ``vllm`` where it is installed and ``hf`` otherwise.
