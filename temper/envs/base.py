@@ -56,6 +56,9 @@ class TextEnv(abc.ABC):
     #: ``\\boxed{}`` answers, tool calls): the manager neither extracts actions with the
     #: tag's ``action_pattern`` nor adds its ``format_penalty``
     whole_response: ClassVar[bool] = False
+    #: the modes ``render`` draws: every env renders ``text``; one that also draws its
+    #: state as an image (``rgb_array``) says so here (frames, the VL env manager)
+    render_modes: ClassVar[tuple[str, ...]] = ("text",)
 
     @abc.abstractmethod
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:

@@ -87,6 +87,8 @@ def random_map(rng: np.random.Generator, size: int, p: float) -> list[str]:
 class FrozenLakeEnv(TextEnv):
     """Reach the goal without falling into a hole (rules and legend in the module docstring)."""
 
+    render_modes = ("text", "rgb_array")
+
     def __init__(
         self,
         *,

@@ -145,7 +145,7 @@ class _DatasetEnv(TextEnv):
 
     def render(self, mode: str = "text") -> str:
         if mode != "text":
-            raise NotImplementedError(f"{self.env_type} renders text only")
+            raise ValueError(f"{self.env_type} renders text only")
         return self.last
 
 

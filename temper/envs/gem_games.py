@@ -132,5 +132,5 @@ class GuessTheNumberEnv(TextEnv):
 
     def render(self, mode: str = "text") -> str:
         if mode != "text":
-            raise NotImplementedError("GuessTheNumber renders text only")
+            raise ValueError("GuessTheNumber renders text only")
         return self.last

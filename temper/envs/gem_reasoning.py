@@ -115,5 +115,5 @@ class LetterCountingEnv(TextEnv):
 
     def render(self, mode: str = "text") -> str:
         if mode != "text":
-            raise NotImplementedError("letter counting renders text only")
+            raise ValueError("letter counting renders text only")
         return self.last

@@ -47,7 +47,6 @@ after ``max_turns`` turns of its tag.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -295,7 +294,7 @@ class EnvManager:
     def _frame(self, st: _EnvState) -> list[Any]:
         """The text frame, plus the image frame where the env renders ``rgb_array``."""
         out: list[Any] = [st.env.render("text")]
-        with contextlib.suppress(NotImplementedError, ValueError):
+        if "rgb_array" in st.spec.cls.render_modes:
             out.append(st.env.render("rgb_array"))
         return out
 

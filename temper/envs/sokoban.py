@@ -153,6 +153,8 @@ def parse_grid(text: str, grid_lookup: dict[int, str] | None = None) -> np.ndarr
 class SokobanEnv(TextEnv):
     """Push every box onto a target (rules and legend in the module docstring)."""
 
+    render_modes = ("text", "rgb_array")
+
     def __init__(
         self,
         *,
