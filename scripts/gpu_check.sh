@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine runs (see tests/gpu): the CUDA tests, then the tiny RLVR
-# end-to-end runs on CUDA. The machine has torch but not all of temper's dependencies;
-# the missing ones travel as wheels in .whl (see the device tool's README).
+# The checks a lent GPU machine runs (see tests/gpu): the CUDA tests, the one-GPU engine
+# benchmark, then the tiny RLVR end-to-end runs on CUDA. The machine has torch but not all
+# of temper's dependencies: the missing ones travel as wheels in .whl (see the device
+# tool's README; .whl is listed in .git/info/exclude).
 # Usage there: bash scripts/gpu_check.sh   (writes logs to $OUT when it is set)
 set -uo pipefail
 out=${OUT:-/tmp/gpu_check}
@@ -14,6 +15,8 @@ fi
 export OMP_WAIT_POLICY=PASSIVE PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-timeout 220 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
-timeout 270 python3 -m pytest tests/integration/test_rlvr_tiny.py -q -rA -x -p no:cacheprovider \
+timeout 230 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider --durations=10 2>&1 \
+  | tee "$out/gpu_tests.log"
+timeout 90 python3 benchmarks/gpu_engines.py 2>&1 | tee "$out/gpu_engines.log"
+timeout 200 python3 -m pytest tests/integration/test_rlvr_tiny.py -q -rA -x -p no:cacheprovider \
   --durations=10 2>&1 | tee "$out/rlvr_tiny_cuda.log"
