@@ -10,8 +10,18 @@ and updates (``torch.cuda.synchronize`` around each), tokens per second of the u
 and the peak GPU memory allocated; then megatron's times as ratios to torch's from the
 same run. Needs CUDA and megatron-core (a lent GPU machine; see scripts/gpu_check.sh).
 
+Model FLOP utilisation (MFU) is measured against the card's own bf16 matmul rate, timed in
+the same run (an 8192³ product): the update does ``6·N·T + 6·L·d·S·T`` FLOPs for ``N``
+parameters, ``T`` tokens, ``L`` layers of width ``d`` and sequence length ``S`` (causal
+attention: half of the ``12·L·d·S`` of full attention), the log-prob pass a third of it.
+The engine ``torch+liger`` is the torch engine with ``model.use_liger`` (needs
+liger-kernel). ``--profile`` prints the update's heaviest CUDA kernels (torch.profiler) for the first
+engine named.
+
     python benchmarks/gpu_engines.py                               # 8 layers × 1024
     python benchmarks/gpu_engines.py --layers 16 --hidden 2048 --samples 32 --seq 1024
+    python benchmarks/gpu_engines.py --engines torch torch+liger   # torch first: Liger
+                                                                   # patches Llama process-wide
 """
 
 from __future__ import annotations
@@ -40,6 +50,18 @@ def timed(fn: Callable[[], object], steps: int) -> float:
     return statistics.median(times)
 
 
+def matmul_tflops() -> float:
+    """The card's bf16 matmul rate in TFLOP/s: median of ten 8192³ products."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192**3 / timed(lambda: a @ b, 10) / 1e12
+
+
+def model_flops(params: int, tokens: int, layers: int, hidden: int, seq: int) -> float:
+    """FLOPs of one update: ``6·N·T + 6·L·d·S·T`` (forward and backward, causal attention)."""
+    return 6 * params * tokens + 6 * layers * hidden * seq * tokens
+
+
 def make_batch(samples: int, seq: int):
     from temper.data.batch import Batch
 
@@ -56,13 +78,15 @@ def make_batch(samples: int, seq: int):
     )
 
 
-def make_actor(path: str, strategy: str, micro: int):
+def make_actor(path: str, engine: str, micro: int):
+    """``engine``: a strategy, ``+liger`` for ``model.use_liger``."""
     from temper.config.schema import ActorConfig, ModelConfig, OptimConfig
     from temper.roles.actor import Actor
     from temper.training.micro_batching import MicroBatching
     from temper.training.registry import build_engine
     from temper.training.spec import EngineSpec
 
+    strategy, _, extra = engine.partition("+")
     cfg = ActorConfig(
         strategy=strategy,
         micro_batch_size_per_device=micro,
@@ -70,7 +94,7 @@ def make_actor(path: str, strategy: str, micro: int):
         optim=OptimConfig(lr=1e-5, weight_decay=0.0),
     )
     spec = EngineSpec(
-        model=ModelConfig(path=path),
+        model=ModelConfig(path=path, use_liger=extra == "liger"),
         device=torch.device("cuda"),
         train=cfg,
         infer_micro=MicroBatching(size=micro),
@@ -78,8 +102,11 @@ def make_actor(path: str, strategy: str, micro: int):
     return Actor(cfg, build_engine(strategy, spec))
 
 
-def bench(path: str, strategy: str, batch, micro: int, steps: int) -> tuple[float, float]:
-    """Print one engine's line; return its (log-prob, update) median seconds."""
+def bench(
+    path: str, strategy: str, batch, micro: int, steps: int, profile: bool = False
+) -> tuple[float, float, int]:
+    """Print one engine's line; return its (log-prob, update) median seconds and its
+    parameter count."""
     from temper.data.batch import Batch
 
     torch.cuda.reset_peak_memory_stats()
@@ -90,6 +117,14 @@ def bench(path: str, strategy: str, batch, micro: int, steps: int) -> tuple[floa
     fwd = timed(lambda: actor.compute_log_probs(batch), steps)
     upd = timed(lambda: actor.update(train), steps)
     peak = torch.cuda.max_memory_allocated() / 2**30
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            actor.update(train)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15))
     spec = ""
     if strategy == "megatron":
         engine: Any = actor.engine  # the megatron engine's build says which layer spec
@@ -100,7 +135,7 @@ def bench(path: str, strategy: str, batch, micro: int, steps: int) -> tuple[floa
         f"update {upd * 1e3:.1f} ms ({tokens / upd:,.0f} tokens/s), peak {peak:.2f} GiB",
         flush=True,
     )
-    return fwd, upd
+    return fwd, upd, n
 
 
 def main() -> None:
@@ -112,6 +147,7 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--engines", nargs="*", default=["torch", "megatron"])
+    p.add_argument("--profile", action="store_true", help="top CUDA kernels of one update")
     args = p.parse_args()
     from temper.utils.tiny import make_tiny_model
 
@@ -131,9 +167,17 @@ def main() -> None:
     print(
         f"{torch.cuda.get_device_name()}; {args.layers} layers × {args.hidden}, batch {tokens} tokens"
     )
+    peak = matmul_tflops()
+    print(f"bf16 matmul (8192³): {peak:.0f} TFLOP/s")
     results: dict[str, tuple[float, float]] = {}
-    for strategy in args.engines:
-        results[strategy] = bench(path, strategy, batch, args.micro, args.steps)
+    for i, strategy in enumerate(args.engines):
+        fwd, upd, n = bench(path, strategy, batch, args.micro, args.steps, args.profile and i == 0)
+        flops = model_flops(n, tokens, args.layers, args.hidden, args.seq)
+        print(
+            f"{strategy}: MFU update {flops / upd / 1e12 / peak:.1%}, "
+            f"log-probs {flops / 3 / fwd / 1e12 / peak:.1%} of the measured matmul rate"
+        )
+        results[strategy] = (fwd, upd)
         torch.cuda.empty_cache()
     if "torch" in results:
         base = results["torch"]
