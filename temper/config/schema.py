@@ -188,7 +188,12 @@ class ModelConfig:
         "Pack sequences (no padding) in training forwards; a prompt shared by a group's "
         "responses is packed once.",
     )
-    use_liger: bool = doc(False, "Use Liger fused kernels (GPU, needs liger-kernel).")
+    use_liger: bool = doc(
+        False,
+        "Liger's fused RMSNorm, SwiGLU and rotary kernels in the HF model (torch, fsdp2 and "
+        "deepspeed engines, on CUDA; needs liger-kernel). Speed only: on CPU the model "
+        "keeps its own modules (a warning says so); the megatron engine ignores it.",
+    )
     use_fused_kernels: bool = doc(False, "Fused log-prob/entropy kernels (GPU).")
     lora: LoraConfig = sub(LoraConfig, "LoRA settings.")
 

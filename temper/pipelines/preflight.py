@@ -126,6 +126,12 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
                 f"model.attn_implementation: {attn} -> sdpa ({why}; sdpa computes the same "
                 "attention)"
             )
+    if cfg.model.use_liger and not cpu and importlib.util.find_spec("liger_kernel") is None:
+        cfg.model.use_liger = False  # speed only, like flash-attn's fallback above
+        notes.append(
+            "model.use_liger: true -> false (liger-kernel is not installed; its kernels "
+            "change speed only)"
+        )
     if cpu:
         for key, default, what in GPU_TUNING:
             value = _get(cfg, key)

@@ -76,10 +76,8 @@ def _check_supported(spec: EngineSpec) -> None:
     t = spec.train
     if t is not None:
         check_one_process(spec.role, t.ulysses_sequence_parallel_size)
-    m = spec.model
-    for flag in ("use_liger", "use_fused_kernels"):
-        if getattr(m, flag):
-            log.warning("model.%s is a GPU speed option the torch engine ignores", flag)
+    if spec.model.use_fused_kernels:
+        log.warning("model.use_fused_kernels is a GPU speed option the torch engine ignores")
 
 
 class TorchEngine(PackedLogits):

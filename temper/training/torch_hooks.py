@@ -15,6 +15,7 @@ from torch import nn
 
 from temper.data.batch import Batch
 from temper.training.base import TrainEngine
+from temper.training.liger import apply_liger
 from temper.training.micro_batching import MicroBatching, split_micro_batches
 from temper.training.router_replay import RoutingHooks
 from temper.training.router_replay_hf import HFRouterReplay
@@ -40,9 +41,12 @@ class OneProcessHooks(TrainEngine):
 
     def _load_model(self) -> nn.Module:
         """The HF model (or value model) this engine trains, in its storage dtype."""
-        return load_model(
+        model = load_model(
             self.spec, self._load_device(), self.compute_dtype, trainable=self.trainable
         )
+        if self.spec.model.use_liger:
+            apply_liger(model, self.device, self.spec.role)
+        return model
 
     def _sparse_tied_embedding_grad(self) -> None:
         """Tied input/output embeddings get a sparse input-embedding gradient

@@ -183,6 +183,29 @@ def test_flash_attention_3_on_cpu_settles_to_sdpa_too(tmp_path, tiny_model_dir, 
     assert "model.attn_implementation: flash_attention_3 -> sdpa (the run is on CPU" in out
 
 
+def test_liger_without_its_package_on_a_gpu_settles_to_off(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    """model.use_liger on a GPU machine without liger-kernel: speed only, so check turns
+    it off with a note (as flash-attn settles to sdpa) and train starts; on CPU it is
+    GPU-only tuning, noted."""
+    import importlib.util
+
+    import temper.pipelines.preflight as preflight
+
+    path = native(tmp_path, tiny_model_dir, model={"use_liger": True})
+    assert main(["check", str(path)]) == 0
+    assert "model.use_liger=True: GPU-only tuning" in capsys.readouterr().out
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(preflight, "_cuda", lambda: True)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "liger_kernel" else find_spec(n, *a)
+    )
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "model.use_liger: true -> false (liger-kernel is not installed" in out
+
+
 def test_a_reward_file_no_function_reads_is_refused_at_check(tmp_path, tiny_model_dir, capsys):
     """A custom reward file with a built-in reward.function would be read by nothing:
     check refuses it, as train does (before, only train did, after the weights loaded)."""
