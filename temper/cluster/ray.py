@@ -32,6 +32,7 @@ from temper.cluster.placement import worker_device
 from temper.config.derive import total_devices
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
+from temper.rollout.vllm_kv import EngineDemand
 from temper.utils.determinism import use_deterministic_kernels
 
 log = logging.getLogger(__name__)
@@ -163,9 +164,13 @@ class RankWorker:
         self.store = group_store(host, self.world, timeout)
         return host, int(self.store.port)
 
-    def setup(self, addr: str, port: int, device: str, timeout_s: float) -> tuple[int, str, int]:
+    def setup(
+        self, addr: str, port: int, device: str, timeout_s: float, demand: Any = None
+    ) -> tuple[int, str, int]:
         """Join the role's process group and build the role (loads the model shard);
-        returns this process's pid, Ray node id and data-parallel index."""
+        returns this process's pid, Ray node id and data-parallel index. ``demand``: what
+        the run's generation asks of a rollout rank's engine
+        (:class:`~temper.rollout.vllm_kv.EngineDemand`, its engine's share)."""
         import ray
 
         from temper.cluster.placement import TEACHER
@@ -183,7 +188,7 @@ class RankWorker:
         if self.role_name == "rollout":  # engines: a tensor-parallel one meets at addr:port
             from temper.cluster.rollout import RolloutRank
 
-            self.role = RolloutRank(self.cfg, dev, self.rank, meet=(addr, port))
+            self.role = RolloutRank(self.cfg, dev, self.rank, meet=(addr, port), demand=demand)
             return os.getpid(), ray.get_runtime_context().get_node_id(), self.role.engine_index
         if self.role_name == "judge":  # the LLM judge: independent engines too
             from temper.cluster.judge import JudgeRank
@@ -262,8 +267,11 @@ class RayWorkerGroup(WorkerGroup):
         *,
         slots: Sequence[tuple[Any, int, float]],
         device: str = "cpu",
+        demand: EngineDemand | None = None,
     ) -> None:
-        """``slots[r]``: rank r's (placement group, bundle index, share of the bundle)."""
+        """``slots[r]``: rank r's (placement group, bundle index, share of the bundle);
+        ``demand``: the run's generation, for a ``rollout`` group (each engine gets its
+        share)."""
         ray = require_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -288,9 +296,10 @@ class RayWorkerGroup(WorkerGroup):
         span = group_span(role, cfg, world_size)
         firsts = list(range(0, world_size, span))  # the first rank of each process group
         meet = self._wait([self.workers[r].rendezvous.remote() for r in firsts], start, firsts)
+        share = demand.per_engine(world_size // span) if demand is not None else None
         up = self._wait(
             [
-                w.setup.remote(*meet[rank // span], device, self.timeout)
+                w.setup.remote(*meet[rank // span], device, self.timeout, share)
                 for rank, w in enumerate(self.workers)
             ],
             "start (join the role's process group, build the role and load its model)",

@@ -242,11 +242,14 @@ def _release(groups: list[WorkerGroup], pgs: list[Any], timeline: str | None) ->
         ray.util.remove_placement_group(pg)
 
 
-def build_cluster_roles(cfg: TemperConfig, plan: Derived) -> Roles:
-    """``Roles`` for ``cfg.resources.backend``: in process (local) or on Ray workers."""
+def build_cluster_roles(
+    cfg: TemperConfig, plan: Derived, demand: EngineDemand | None = None
+) -> Roles:
+    """``Roles`` for ``cfg.resources.backend``: in process (local) or on Ray workers
+    (``demand``: the run's generation, which sizes the rollout ranks' engines)."""
     if cfg.resources.backend == "local":
         return build_roles(cfg, plan)
-    return build_ray_roles(cfg, plan)
+    return build_ray_roles(cfg, plan, demand)
 
 
 def ray_node_ids(ray: Any, nnodes: int, timeout_s: float, *, wait: bool) -> list[str]:
@@ -342,7 +345,9 @@ def _placement_group(
     return pg
 
 
-def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
+def build_ray_roles(
+    cfg: TemperConfig, plan: Derived, demand: EngineDemand | None = None
+) -> ClusterRoles:
     """One placement group per device pool (:func:`device_pools`), one worker group per
     role (see cluster.ray), the rollout engines (``actor_infer``) included; each rank in
     its device's bundle (:func:`rank_slots`) — a LoRA run's reference is the actor's base,
@@ -374,6 +379,7 @@ def build_ray_roles(cfg: TemperConfig, plan: Derived) -> ClusterRoles:
                 cfg,
                 slots=[(pgs[p], b, share) for p, b, share in slots[role]],
                 device=device,
+                demand=demand if role == "rollout" else None,
             )
     except BaseException:
         _release(list(groups.values()), pgs, None)

@@ -39,6 +39,7 @@ from temper.cluster.base import WorkerGroup, WorkerGroupError
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.rollout.base import RolloutEngine, SamplingParams, TensorParallelShard
+from temper.rollout.vllm_kv import EngineDemand
 
 #: One stored weight: ``(array, torch dtype name)``, or ``(name, ALIAS)`` for a tensor
 #: that is the same memory as the earlier entry ``name`` (a tied ``lm_head``).
@@ -53,7 +54,12 @@ class RolloutRank:
     weights each."""
 
     def __init__(
-        self, cfg: TemperConfig, device: torch.device, rank: int, meet: tuple[str, int]
+        self,
+        cfg: TemperConfig,
+        device: torch.device,
+        rank: int,
+        meet: tuple[str, int],
+        demand: EngineDemand | None = None,
     ) -> None:
         from temper.rollout.registry import build_rollout_engine
 
@@ -71,7 +77,9 @@ class RolloutRank:
             )
         # an engine's ranks sample alike: one seed per engine (vLLM seeds at build)
         torch.manual_seed(cfg.experiment.seed + self.engine_index)
-        self.engine = build_rollout_engine(cfg.rollout, cfg.model, device=device, shard=shard)
+        self.engine = build_rollout_engine(
+            cfg.rollout, cfg.model, device=device, shard=shard, demand=demand
+        )
 
     def generate(self, prompts: Batch, params: SamplingParams, seed: int) -> Batch:
         torch.manual_seed(seed + self.engine_index)

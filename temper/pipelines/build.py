@@ -69,13 +69,15 @@ def _build_run(
         for line in check_resume_config(cfg, resume_from):
             print(line, flush=True)
     tokenizer = load_tokenizer(cfg)
-    roles = build_cluster_roles(cfg, plan)  # in process, or Ray worker groups
+    # what generation asks of a rollout engine (its CPU KV cache); SFT generates nothing
+    demand = demand_of(cfg) if plan.use_rollout else None
+    roles = build_cluster_roles(cfg, plan, demand)  # in process, or Ray worker groups
     producer: Producer | None = None
     rollout: RolloutEngine | None = None
     tracker: MultiTracker | None = None
     try:
         if plan.use_rollout:  # the step generates (RL); SFT builds no engine
-            rollout = build_cluster_rollout(cfg, roles, tokenizer, demand_of(cfg))  # or actor_infer
+            rollout = build_cluster_rollout(cfg, roles, tokenizer, demand)  # or actor_infer
         device = roles.actor.engine.device
         remote_judge = roles.judge if isinstance(roles, ClusterRoles) else None
         judge = build_judge(cfg, device, remote_judge)  # LLM judge (function llm_judge), if used

@@ -42,6 +42,12 @@ class EngineDemand:
     context_keys: tuple[str, ...]
     sequences: int
 
+    def per_engine(self, engines: int) -> EngineDemand:
+        """One of ``engines`` data-parallel engines' share: ``⌈sequences / engines⌉``
+        sequences (the driver gives each engine a contiguous slice of a call's rows,
+        sizes differing by at most one), the same context."""
+        return dataclasses.replace(self, sequences=-(-self.sequences // max(1, engines)))
+
 
 def largest_call(cfg: TemperConfig) -> int:
     """The most sequences one generate call submits:

@@ -45,8 +45,9 @@ def test_grpo_with_two_rank_tensor_parallel_vllm_engines(tmp_path, model_dir, mo
         "rollout": {
             "engine": "vllm",
             "tensor_parallel_size": 2,
+            # no kv_cache_memory_bytes: each engine's CPU KV cache is sized for its share
+            # of a call (EngineDemand.per_engine) and this context
             "max_model_len": 256,
-            "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 256 << 20}},
         },
         "actor": {"mini_batch_size": 8},
         "resources": {

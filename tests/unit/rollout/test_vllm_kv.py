@@ -70,6 +70,14 @@ def test_cache_is_whole_blocks_per_sequence_plus_the_null_block():
     assert cpu_kv_cache_bytes(10**6, 32, huge) == DEFAULT_CPU_KV_CACHE_BYTES  # capped
 
 
+def test_each_data_parallel_engine_sizes_for_its_slice_of_a_call():
+    demand = EngineDemand(50, ("rollout.max_model_len",), 7)
+    # the driver's prompt_slices give 3 engines 3, 2, 2 rows: each plans for the most
+    assert demand.per_engine(3) == EngineDemand(50, ("rollout.max_model_len",), 3)
+    assert demand.per_engine(1) == demand
+    assert demand.per_engine(8).sequences == 1
+
+
 def test_demand_is_the_pipeline_context_and_the_largest_call():
     cfg = run_cfg()
     assert largest_call(cfg) == 3 * 2
