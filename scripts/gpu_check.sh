@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks a lent GPU machine runs (see tests/gpu): the CUDA tests, the one-GPU engine
 # benchmark, then the tiny RLVR end-to-end runs on CUDA. The machine has torch but not all
-# of temper's dependencies: the missing ones travel as wheels in .whl (see the device
-# tool's README; .whl is listed in .git/info/exclude).
+# of temper's dependencies: the missing ones travel as wheels in .whl, which
+# scripts/gpu_wheels.sh downloads here (carry .whl in the device call).
 # Usage there: bash scripts/gpu_check.sh   (writes logs to $OUT when it is set)
 set -uo pipefail
 out=${OUT:-/tmp/gpu_check}
