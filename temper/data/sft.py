@@ -24,6 +24,18 @@ and tool turns between assistant turns are context). Longer than ``sft.max_lengt
 ``right`` the first. Bad rows — no response column, an empty response, a conversation
 whose turns do not alternate, nothing left to learn after truncation — are reported by
 file and row and skipped (``data.bad_rows=error``: the load fails), as prompt rows are.
+
+Rows are first rewritten by ``data.row_format``. For a vision-language model a prompt
+and response row may hold images (``data.image_key``, ``<image>`` marks in the prompt):
+the prompt is rendered and its image placeholders expanded as an RL prompt's are
+(:mod:`temper.data.vision`), and a batch carries each sample's ``multi_modal_inputs``
+(pixels and grids) for the trainer's forward (:mod:`temper.training.vision`). A missing
+or undecodable image is a bad row; cutting a sample with images anywhere but in its
+response would drop image tokens, so such a sample is reported too.
+
+``sft.learn_prompt`` (ROLL's ``distill_on_prompt``) learns every token after a sample's
+first — the prompt's too — except image and video placeholder tokens, which stand for
+the pixels and stay context.
 """
 
 from __future__ import annotations
@@ -43,7 +55,15 @@ from temper.data.batch import Batch
 from temper.data.collate import left_pad
 from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
 from temper.data.prompts import MISSING, check_template, get_path, is_jinja, with_system
+from temper.data.row_formats import ROW_FORMATS
 from temper.data.sources import read_rows
+from temper.data.vision import (
+    MULTI_MODAL_INPUTS,
+    ImageInput,
+    VisionProcessor,
+    load_vision_processor,
+    row_media,
+)
 
 log = logging.getLogger("temper.data")
 
@@ -60,6 +80,7 @@ class SFTExample:
     target_mask: tuple[int, ...]  # 1 on the response tokens to learn
     source: str  # "file:row N", for reports
     truncated: bool = False
+    images: tuple[ImageInput, ...] = ()  # of the prompt, in the order of its placeholders
 
     @property
     def targets(self) -> int:
@@ -154,9 +175,12 @@ def _turn_fault(previous: str | None, role: str, index: int) -> str | None:
 class Encoder:
     """Templates and tokenizes rows into :class:`SFTExample` s (see the module doc)."""
 
-    def __init__(self, cfg: TemperConfig, tokenizer: Any) -> None:
+    def __init__(
+        self, cfg: TemperConfig, tokenizer: Any, vision: VisionProcessor | None = None
+    ) -> None:
         self.data, self.sft = cfg.data, cfg.sft
         self.tokenizer = tokenizer
+        self.vision = vision
         self.raw = self.data.chat_template == "raw"
         eos = tokenizer.eos_token_id
         if eos is None:
@@ -167,23 +191,46 @@ class Encoder:
             )
         self.eos = int(eos)
 
+    def encode_row(
+        self, row: dict[str, Any], data_file: str, where: str
+    ) -> tuple[list[int], list[int], list[int], tuple[ImageInput, ...]]:
+        """:meth:`encode` of a file's row after ``data.row_format``, with its images
+        (``data_file``, ``where``: the row's place, for relative paths and reports)."""
+        row = ROW_FORMATS.get(self.data.row_format)(row, self.data)
+        images, videos = row_media(row, self.data, self.vision, data_file, where)
+        if videos:
+            raise RowProblem(
+                f"column '{self.data.video_key}' holds videos: supervised and distillation "
+                "samples take images only"
+            )
+        return (*self.encode(row, images=images), images)
+
     def encode(
-        self, row: dict[str, Any], response_key: str | None = None
+        self,
+        row: dict[str, Any],
+        response_key: str | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> tuple[list[int], list[int], list[int]]:
         """``(prompt_ids, response_ids, target_mask)`` of a row (RowProblem if bad);
         ``response_key``: the response column (default ``sft.response_key``; a preference
-        pair's chosen or rejected column)."""
+        pair's chosen or rejected column); ``images``: the prompt's, read by
+        :meth:`encode_row`."""
         tools = _optional(row, self.sft.tools_key)
         kwargs = dict(self.data.apply_chat_template_kwargs)
         thinking = _optional(row, self.sft.enable_thinking_key)
         if thinking is not None:
             kwargs["enable_thinking"] = bool(thinking)
         if self.data.messages_key:
+            if images:
+                raise RowProblem(
+                    f"images go with prompt and response rows; a conversation in "
+                    f"'{self.data.messages_key}' is read as text"
+                )
             column = self.data.messages_key
             messages = check_turns(get_path(row, column), column)
             messages = with_system(messages, self.data.system_prompt)
             return self._conversation(messages, tools, kwargs)
-        return self._pair(row, tools, kwargs, response_key or self.sft.response_key)
+        return self._pair(row, tools, kwargs, response_key or self.sft.response_key, images)
 
     def _template(
         self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], generation: bool
@@ -204,7 +251,12 @@ class Encoder:
         return list(ids)
 
     def _pair(
-        self, row: dict[str, Any], tools: Any, kwargs: dict[str, Any], response_key: str
+        self,
+        row: dict[str, Any],
+        tools: Any,
+        kwargs: dict[str, Any],
+        response_key: str,
+        images: tuple[ImageInput, ...] = (),
     ) -> tuple[list[int], list[int], list[int]]:
         column = self.data.prompt_key
         value = get_path(row, column)
@@ -227,7 +279,10 @@ class Encoder:
                     "data.messages_key)"
                 )
         messages = with_system(messages, system)
-        if self.raw:
+        if images:
+            assert self.vision is not None  # row_media reads images for a VL model only
+            prompt_ids = self._tokens(self.vision.render(messages, images, self.data), self.raw)
+        elif self.raw:
             text = "\n\n".join(str(m.get("content", "")) for m in messages)
             prompt_ids = self._tokens(text, special=True)
         else:
@@ -284,6 +339,16 @@ def truncate(
     return prompt, response, mask
 
 
+def learn_prompt(
+    prompt: list[int], response: list[int], context: frozenset[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """``sft.learn_prompt``: a sample whose every token after the first is learnt, but
+    the ``context`` ids (image and video placeholders, which stand for pixels):
+    ``(prompt[:1], prompt[1:] + response, mask)``, ``mask = [t ∉ context]``."""
+    tokens = prompt[1:] + response
+    return prompt[:1], tokens, [int(t not in context) for t in tokens]
+
+
 # --------------------------------------------------------------------------- dataset
 
 
@@ -297,8 +362,10 @@ class SFTDataset:
         name: str,
         skipped: Sequence[RowIssue],
         rows_read: int,
+        vision: VisionProcessor | None = None,
     ) -> None:
         self.examples = list(examples)
+        self.vision = vision
         self.pad_token_id = pad_token_id
         self.name = name
         self.skip_reasons = list(skipped)
@@ -325,7 +392,8 @@ class SFTDataset:
         left-padded, ``response_ids`` right-padded with ``response_mask`` (the tokens to
         learn) and ``attention_mask`` (every real token: context turns inside a response
         are attended to, not learnt); objects ``uid``, ``index``, ``source``,
-        ``truncated``; meta ``temperature`` 1 (log-probs of the model itself)."""
+        ``truncated`` (and, for a vision-language model, ``multi_modal_inputs``: empty for
+        samples without images); meta ``temperature`` 1 (log-probs of the model itself)."""
         chosen = [self.examples[i] for i in indices]
         uids = list(uids) if uids is not None else [f"{self.name}-{i}" for i in indices]
         prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in chosen], self.pad_token_id)
@@ -351,6 +419,9 @@ class SFTDataset:
             "source": [e.source for e in chosen],
             "truncated": [e.truncated for e in chosen],
         }
+        if self.vision is not None:
+            vision = self.vision
+            objects[MULTI_MODAL_INPUTS] = [vision.model_inputs(e.images)[1] for e in chosen]
         return Batch.from_dict(tensors, objects, {"temperature": 1.0})
 
     def eval_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
@@ -362,15 +433,23 @@ class SFTDataset:
 
 
 def build_sft_dataset(
-    files: Sequence[str], cfg: TemperConfig, tokenizer: Any, name: str, key: str, limit: int
+    files: Sequence[str],
+    cfg: TemperConfig,
+    tokenizer: Any,
+    name: str,
+    key: str,
+    limit: int,
+    vision: VisionProcessor | None = None,
 ) -> SFTDataset:
     """Load, template, tokenize and cut the samples of ``files`` (``key``: the config key
-    that named them). Raises :class:`DataError` for unreadable files, a bad row under
-    ``bad_rows=error``, an overlong sample under ``truncation=error``, and no usable
-    sample; ``limit > 0`` keeps the first that many usable samples."""
+    that named them; ``vision``: a vision-language model's processor). Raises
+    :class:`DataError` for unreadable files, a bad row under ``bad_rows=error``, an
+    overlong sample under ``truncation=error``, and no usable sample; ``limit > 0`` keeps
+    the first that many usable samples."""
     data = cfg.data
     check_template(data, tokenizer)
-    encoder = Encoder(cfg, tokenizer)
+    encoder = Encoder(cfg, tokenizer, vision)
+    context = frozenset(_placeholder_ids(vision))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     examples: list[SFTExample] = []
     skipped: list[RowIssue] = []
@@ -395,7 +474,7 @@ def build_sft_dataset(
             if item.problem is not None:
                 raise RowProblem(item.problem)
             assert item.row is not None
-            prompt, response, mask = encoder.encode(item.row)
+            prompt, response, mask, images = encoder.encode_row(item.row, item.file, item.where)
         except RowProblem as err:
             skip(RowIssue(item.file, item.where, str(err)))
             continue
@@ -408,7 +487,17 @@ def build_sft_dataset(
                 f"response), more than max_length={cfg.sft.max_length}",
                 "raise sft.max_length, or set data.truncation to left or right",
             )
+        # a right cut inside the response keeps every image token; any other cut does not
+        if cut and images and (data.truncation != "right" or len(prompt) >= cfg.sft.max_length):
+            reason = (
+                f"sample with images has {length} tokens, more than max_length="
+                f"{cfg.sft.max_length}, and {data.truncation} truncation would cut image tokens"
+            )
+            skip(RowIssue(item.file, item.where, reason))
+            continue
         kept = truncate(prompt, response, mask, cfg.sft.max_length, data.truncation)
+        if kept is not None and cfg.sft.learn_prompt:
+            kept = learn_prompt(kept[0], kept[1], context)
         if kept is None:
             reason = (
                 f"nothing left to learn after cutting its {length} tokens to "
@@ -417,7 +506,9 @@ def build_sft_dataset(
             skip(RowIssue(item.file, item.where, reason))
             continue
         where = f"{item.file}:{item.where}"
-        examples.append(SFTExample(tuple(kept[0]), tuple(kept[1]), tuple(kept[2]), where, cut))
+        examples.append(
+            SFTExample(tuple(kept[0]), tuple(kept[1]), tuple(kept[2]), where, cut, images)
+        )
     if skipped:
         log.warning(
             "%s data: skipped %d of %d rows as malformed (first: %s)",
@@ -435,22 +526,40 @@ def build_sft_dataset(
             f"no usable sample in {list(files)}: {rows} rows read, {len(skipped)} malformed{first}",
             "check the files and data.prompt_key / sft.response_key / data.messages_key",
         )
-    return SFTDataset(examples, int(pad), name, skipped, rows)
+    return SFTDataset(examples, int(pad), name, skipped, rows, vision)
+
+
+def _placeholder_ids(vision: VisionProcessor | None) -> list[int]:
+    """The image and video placeholder ids of a vision-language tokenizer (none for text)."""
+    if vision is None:
+        return []
+    ids = [vision.image_token_id]
+    if vision.has_video_token:
+        ids.append(int(vision.tokenizer.convert_tokens_to_ids(vision.video_token)))
+    return ids
 
 
 def build_sft_datasets(
     cfg: TemperConfig, tokenizer: Any
 ) -> tuple[SFTDataset | None, SFTDataset | None]:
     """The train and validation samples of an SFT run (None where no files are given);
-    ``data.train_max_samples`` / ``val_max_samples`` keep the first N usable samples."""
+    ``data.train_max_samples`` / ``val_max_samples`` keep the first N usable samples. For
+    a vision-language model its processor reads the rows' images."""
     data = cfg.data
     train = val = None
+    vision = None
+    if data.train_files or data.val_files:  # None for a text model
+        vision = load_vision_processor(
+            cfg.model.path, tokenizer, data, trust_remote_code=cfg.model.trust_remote_code
+        )
     if data.train_files:
+        limit = data.train_max_samples
         train = build_sft_dataset(
-            data.train_files, cfg, tokenizer, "train", "data.train_files", data.train_max_samples
+            data.train_files, cfg, tokenizer, "train", "data.train_files", limit, vision
         )
     if data.val_files:
+        limit = data.val_max_samples
         val = build_sft_dataset(
-            data.val_files, cfg, tokenizer, "val", "data.val_files", data.val_max_samples
+            data.val_files, cfg, tokenizer, "val", "data.val_files", limit, vision
         )
     return train, val
