@@ -53,9 +53,7 @@ def image_rows(root: Path, bad: bool = False) -> Path:
     for i, color in enumerate(COLORS):
         noise = torch.randint(0, 256, (56, 56, 3), generator=torch.Generator().manual_seed(i))
         Image.fromarray(noise.to(torch.uint8).numpy(), "RGB").save(root / "img" / f"{i}.png")
-        rows.append(
-            {"problem": f"Which colour? #{i}", "solution": color, "image": f"img/{i}.png"}
-        )
+        rows.append({"problem": f"Which colour? #{i}", "solution": color, "image": f"img/{i}.png"})
     if bad:
         rows.insert(2, {"problem": "Which colour?", "solution": "red", "image": "img/none.png"})
         rows.insert(4, {"problem": "Which colour?", "solution": "red", "image": 7})
@@ -215,3 +213,24 @@ def test_roll_vl_distill_file_passes_check_and_trains(tmp_path, models, monkeypa
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["perf/samples"] == 1 and r["train/distill_loss"] > 0 for r in rows)
+
+
+def test_check_refuses_a_teacher_that_reads_other_image_inputs(tmp_path, models, capsys):
+    """The student's processor makes the image inputs of both models: a teacher with
+    another image token is refused by ``temper check``, naming the teacher's key."""
+    import shutil
+
+    student, teacher = models
+    other = tmp_path / "other-teacher"
+    shutil.copytree(teacher, other)
+    config = json.loads((other / "config.json").read_text())
+    config["image_token_id"] = 5
+    (other / "config.json").write_text(json.dumps(config))
+    cfg = native(tmp_path, student, other, image_rows(tmp_path))
+    path = tmp_path / "distill.yaml"
+    path.write_text(json.dumps(cfg))
+    assert main(["check", str(path)]) != 0
+    said = capsys.readouterr()
+    assert "distill.teachers.default.model_path: the teacher's image_token_id is 5" in (
+        said.out + said.err
+    )

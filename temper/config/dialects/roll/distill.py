@@ -144,7 +144,9 @@ DISTILL_VL_TABLE = KeyTable(
     {
         **DISTILL_TABLE.rules,
         **{
-            key: Refuse(VL_COLUMNS, f"remove {key} and name the columns so", ok=(None,))
+            key: Refuse(
+                VL_COLUMNS, f"remove {key}; name the columns problem, solution, image", ok=(None,)
+            )
             for key in ("question_key", "answer_key")
         },
         "prompt_length": Map("sft.max_length"),
