@@ -161,7 +161,6 @@ def _frozen(before_dir: Path, out: Path) -> list[str]:
     return [k for k in before if torch.equal(before[k], final[k])]
 
 
-@pytest.mark.slow
 def test_short_run_lowers_the_divergence_and_moves_the_student(
     tmp_path, models, monkeypatch, caplog
 ):

@@ -247,6 +247,10 @@ def _vision_rows(ctx: Ctx) -> None:
         f"(data.row_format=roll_distill_vl), images of {VL_MIN_PIXELS} to {VL_MAX_PIXELS} "
         f"pixels, samples cut at prompt_length={ctx.native_get('sft.max_length')}"
     )
+    ctx.notes.append(
+        "distill_on_prompt: image placeholder tokens are context, never learnt (ROLL's VL "
+        "labels include them; their positions predict a placeholder the pixels fill)"
+    )
     if not ctx.get("distill_on_prompt"):
         ctx.notes.append(
             "distill_on_prompt: false learns the response only; ROLL's VL pipeline learns "
