@@ -3,7 +3,8 @@ pipeline): tiny random Qwen2-VL student and teacher, rows in ROLL's columns (``p
 ``solution``, ``image``). The step's divergence is the one computed by hand from the two
 models' logits with the images; a short run lowers it and moves the student; ROLL's
 fsdp2 example file passes ``temper check`` and trains with model, data, length, device
-and output overrides; bad rows are reported by file and row."""
+and output overrides; bad rows are reported by file and row; the SFT pipeline learns the
+same rows."""
 
 from __future__ import annotations
 
@@ -233,3 +234,23 @@ def test_check_refuses_a_teacher_that_reads_other_image_inputs(tmp_path, models,
     assert "distill.teachers.default.model_path: the teacher's image_token_id is 5" in (
         said.out + said.err
     )
+
+
+def test_sft_learns_the_same_image_rows(tmp_path, models, monkeypatch):
+    """The supervised pipeline shares the rows: two SFT steps on the image rows lower the
+    NLL, and validation scores them with their images."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    student, _ = models
+    data = image_rows(tmp_path)
+    cfg = native(tmp_path, student, student, data)
+    cfg["pipeline"] = "sft"
+    for key in ("kd", "distill"):
+        del cfg[key]
+    cfg["sft"]["learn_prompt"] = False
+    cfg["data"]["val_files"] = [str(data)]
+    cfg["actor"]["optim"] = {"lr": 3e-3}
+    cfg["experiment"].update(max_steps=2, test_freq=2)
+    summary = run_pipeline(build_config(cfg))
+    loss = summary["curve_values"]
+    assert len(loss) == 2 and loss[1] < loss[0], loss
+    assert summary["val_after"] < loss[0]
