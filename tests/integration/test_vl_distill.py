@@ -236,6 +236,21 @@ def test_check_refuses_a_teacher_that_reads_other_image_inputs(tmp_path, models,
     )
 
 
+def test_check_refuses_megatron_for_a_vision_language_student(tmp_path, models, capsys):
+    """temper's megatron engine converts no Qwen2-VL model: ``temper check`` says so
+    before any weight loads."""
+    student, teacher = models
+    cfg = native(tmp_path, student, teacher, image_rows(tmp_path))
+    cfg["reference"] = {"strategy": "megatron"}
+    path = tmp_path / "distill.yaml"
+    path.write_text(json.dumps(cfg))
+    assert main(["check", str(path)]) != 0
+    said = capsys.readouterr()
+    assert "reference.strategy: the megatron engine converts no vision-language model" in (
+        said.out + said.err
+    )
+
+
 def test_sft_learns_the_same_image_rows(tmp_path, models, monkeypatch):
     """The supervised pipeline shares the rows: two SFT steps on the image rows lower the
     NLL, and validation scores them with their images."""
