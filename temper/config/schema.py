@@ -267,7 +267,7 @@ class DataConfig:
     row_format: str = doc(
         "none",
         "Rewrite each row from a named upstream layout first (video_r1: ROLL's Video-R1 "
-        "rows); none: rows are read as they are.",
+        "rows; roll_distill_vl: ROLL's VL distillation rows); none: rows are read as they are.",
         registry="row_format",
     )
     video_folder: str | None = doc(
@@ -1150,6 +1150,11 @@ class SFTConfig:
         1024,
         "Longest sample in tokens, prompt and response together (verl data.max_length; "
         "ROLL sequence_length); longer ones follow data.truncation.",
+    )
+    learn_prompt: bool = doc(
+        False,
+        "Learn the prompt's tokens too: every token after a sample's first, image and "
+        "video placeholders excepted (ROLL distill_on_prompt; its VL distill pipeline).",
     )
 
 

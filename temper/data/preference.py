@@ -7,7 +7,7 @@ templated as an RL or SFT prompt is, ``data.system_prompt`` included) and two re
 ending with the assistant's turn (whose earlier turns are then the prompt: TRL's and
 UltraFeedback's conversational rows); each response's tokens follow
 the templated prompt, closed by the tokenizer's EOS — the SFT layout
-(:class:`temper.data.sft.Encoder`), so a pair is two SFT samples with one prompt. Longer
+(:class:`temper.data.sft_rows.Encoder`), so a pair is two SFT samples with one prompt. Longer
 than the section's ``max_length`` (the prompt with either response) follows ``data.truncation``
 (``error`` fails the load naming the row, ``left``/``right`` cut that side as SFT does).
 
@@ -35,7 +35,8 @@ from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
 from temper.data.prompts import check_template, get_path
-from temper.data.sft import Encoder, SFTDataset, SFTExample, truncate
+from temper.data.sft import SFTDataset, SFTExample
+from temper.data.sft_rows import Encoder, truncate
 from temper.data.sources import read_rows
 
 log = logging.getLogger("temper.data")

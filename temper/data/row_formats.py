@@ -10,6 +10,11 @@ before a row is read. ``data.row_format`` names one; ``none`` reads rows as they
   ``video_r1_format_prompt``); the tag is the modality (ROLL routes rewards by it), the
   ground truth the solution, and ``extra_info["problem_type"]`` tells the ``video_r1``
   reward how to compare answers.
+- ``roll_distill_vl``: the rows of ROLL's VL distillation pipeline
+  (``distill_vlm_pipeline``): ``problem`` (the question, or a chat list used as it is),
+  ``solution`` (the response to learn, left in its column: ``sft.response_key``) and
+  ``image`` (an image, a list of them, or null for a text row). The prompt is one user
+  turn, the images first, then the question in ROLL's answer-tag template.
 """
 
 from __future__ import annotations
@@ -90,6 +95,33 @@ def video_r1(row: dict[str, Any], cfg: DataConfig) -> dict[str, Any]:
     return out
 
 
+# ROLL's VL distillation prompt (roll/pipeline/distill/distill_vlm_pipeline.py).
+DISTILL_VL_QUESTION = "{Question}  Output final answer (number) in <answer> </answer> tags."
+
+
+def roll_distill_vl(row: dict[str, Any], cfg: DataConfig) -> dict[str, Any]:
+    """A row of ROLL's VL distillation in temper's conventions (module doc)."""
+    problem = row.get("problem")
+    if problem is None:
+        raise RowProblem("a VL distillation row needs 'problem' (the question)")
+    image = row.get("image")
+    images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
+    if any(item is None for item in images):
+        raise RowProblem("column 'image' holds a null entry in its list of images")
+    out = dict(row)
+    if isinstance(problem, str):
+        text = "<image>" * len(images) + DISTILL_VL_QUESTION.format(Question=problem)
+        out[cfg.prompt_key] = [{"role": "user", "content": text}]
+    elif isinstance(problem, list):  # a conversation: its <image> marks place the images
+        out[cfg.prompt_key] = problem
+    else:
+        raise RowProblem(
+            f"column 'problem' must be a string or a chat list, got {type(problem).__name__}"
+        )
+    out[cfg.image_key] = images
+    return out
+
+
 def _as_is(row: dict[str, Any], cfg: DataConfig) -> dict[str, Any]:
     return row
 
@@ -102,3 +134,4 @@ ROW_FORMATS.add(
         video_r1, ("problem", "problem_type", "modality_type", "video", "solution", "extra_info")
     ),
 )
+ROW_FORMATS.add("roll_distill_vl", RowFormat(roll_distill_vl, ("problem", "solution", "image")))

@@ -24,13 +24,23 @@ and tool turns between assistant turns are context). Longer than ``sft.max_lengt
 ``right`` the first. Bad rows — no response column, an empty response, a conversation
 whose turns do not alternate, nothing left to learn after truncation — are reported by
 file and row and skipped (``data.bad_rows=error``: the load fails), as prompt rows are.
+
+Rows are first rewritten by ``data.row_format``. For a vision-language model a prompt
+and response row may hold images (``data.image_key``, ``<image>`` marks in the prompt):
+the prompt is rendered and its image placeholders expanded as an RL prompt's are
+(:mod:`temper.data.vision`), and a batch carries each sample's ``multi_modal_inputs``
+(pixels and grids) for the trainer's forward (:mod:`temper.training.vision`). A missing
+or undecodable image is a bad row; cutting a sample with images anywhere but in its
+response would drop image tokens, so such a sample is reported too.
+
+``sft.learn_prompt`` (ROLL's ``distill_on_prompt``) learns every token after a sample's
+first — the prompt's too — except image and video placeholder tokens, which stand for
+the pixels and stay context.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -42,13 +52,19 @@ from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.data.collate import left_pad
 from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
-from temper.data.prompts import MISSING, check_template, get_path, is_jinja, with_system
+from temper.data.prompts import check_template
+from temper.data.sft_rows import Encoder, learn_prompt, truncate
 from temper.data.sources import read_rows
+from temper.data.vision import (
+    MULTI_MODAL_INPUTS,
+    ImageInput,
+    VisionProcessor,
+    load_vision_processor,
+)
 
 log = logging.getLogger("temper.data")
 
 _LOGGED_ISSUES = 10
-ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,228 +76,11 @@ class SFTExample:
     target_mask: tuple[int, ...]  # 1 on the response tokens to learn
     source: str  # "file:row N", for reports
     truncated: bool = False
+    images: tuple[ImageInput, ...] = ()  # of the prompt, in the order of its placeholders
 
     @property
     def targets(self) -> int:
         return sum(self.target_mask)
-
-
-# --------------------------------------------------------------------------- rows
-
-
-def _text(row: dict[str, Any], column: str, what: str) -> str:
-    """A non-empty string column; RowProblem naming it otherwise."""
-    value = get_path(row, column)
-    if value is MISSING:
-        raise RowProblem(f"missing column '{column}' (row has: {', '.join(map(str, row))})")
-    if value is None:
-        raise RowProblem(f"column '{column}' is null: the row has no {what}")
-    if not isinstance(value, str):
-        raise RowProblem(f"column '{column}' must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise RowProblem(f"{what} is empty (column '{column}')")
-    return value
-
-
-def _optional(row: dict[str, Any], column: str | None) -> Any:
-    """The value of an optional column (None where the row has no such column)."""
-    if not column:
-        return None
-    value = get_path(row, column)
-    return None if value is MISSING else value
-
-
-def check_turns(messages: Any, column: str, learn: bool = True) -> list[dict[str, Any]]:
-    """A conversation whose turns alternate: an optional system turn first, then a user
-    turn, assistant and user turns by turns (tool results after an assistant turn), and
-    (``learn``) at least one assistant turn to learn. Returns plain dicts (RowProblem on
-    the first fault)."""
-    if messages is MISSING:
-        raise RowProblem(f"missing column '{column}'")
-    if isinstance(messages, str) and messages.lstrip()[:1] == "[":
-        try:
-            messages = json.loads(messages)
-        except json.JSONDecodeError as err:
-            raise RowProblem(f"column '{column}' is a string but not a JSON message list") from err
-    if not isinstance(messages, list) or not messages:
-        raise RowProblem(f"column '{column}' must be a non-empty list of chat messages")
-    out: list[dict[str, Any]] = []
-    previous = None
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or msg.get("role") not in ROLES:
-            raise RowProblem(
-                f"column '{column}' message {i} is not a chat message with role {', '.join(ROLES)}"
-            )
-        role, content = msg["role"], msg.get("content")
-        calls = msg.get("tool_calls")
-        if content is None and not (role == "assistant" and calls):
-            raise RowProblem(f"column '{column}' message {i} ({role}) has no content")
-        if content is not None and not isinstance(content, str):
-            raise RowProblem(
-                f"column '{column}' message {i} content must be a string, got "
-                f"{type(content).__name__}"
-            )
-        if role in ("user", "assistant") and not (content or "").strip() and not calls:
-            raise RowProblem(f"column '{column}' message {i} ({role}) is empty")
-        fault = _turn_fault(previous, role, i)
-        if fault:
-            raise RowProblem(f"column '{column}' message {i}: {fault}")
-        out.append({k: v for k, v in msg.items() if v is not None})
-        previous = role
-    if learn and not any(m["role"] == "assistant" for m in out):
-        raise RowProblem(f"column '{column}' has no assistant turn to learn")
-    return out
-
-
-def _turn_fault(previous: str | None, role: str, index: int) -> str | None:
-    """Why ``role`` cannot follow ``previous`` in a conversation (None: it can)."""
-    if role == "system":
-        return None if index == 0 else "a system turn after the conversation started"
-    if previous in (None, "system"):
-        return None if role == "user" else f"the conversation starts with a {role} turn, not user"
-    if role == previous and role in ("user", "assistant"):
-        return f"a second {role} turn in a row (turns must alternate user/assistant)"
-    if role == "tool" and previous not in ("assistant", "tool"):
-        return "a tool result that follows no assistant turn"
-    if role == "user" and previous == "tool":
-        return "a user turn right after a tool result (the assistant has not answered it)"
-    return None
-
-
-# --------------------------------------------------------------------------- encoding
-
-
-class Encoder:
-    """Templates and tokenizes rows into :class:`SFTExample` s (see the module doc)."""
-
-    def __init__(self, cfg: TemperConfig, tokenizer: Any) -> None:
-        self.data, self.sft = cfg.data, cfg.sft
-        self.tokenizer = tokenizer
-        self.raw = self.data.chat_template == "raw"
-        eos = tokenizer.eos_token_id
-        if eos is None:
-            raise DataError(
-                "model.tokenizer_path",
-                "the tokenizer has no eos token to close a response with",
-                "use a tokenizer that defines eos_token",
-            )
-        self.eos = int(eos)
-
-    def encode(
-        self, row: dict[str, Any], response_key: str | None = None
-    ) -> tuple[list[int], list[int], list[int]]:
-        """``(prompt_ids, response_ids, target_mask)`` of a row (RowProblem if bad);
-        ``response_key``: the response column (default ``sft.response_key``; a preference
-        pair's chosen or rejected column)."""
-        tools = _optional(row, self.sft.tools_key)
-        kwargs = dict(self.data.apply_chat_template_kwargs)
-        thinking = _optional(row, self.sft.enable_thinking_key)
-        if thinking is not None:
-            kwargs["enable_thinking"] = bool(thinking)
-        if self.data.messages_key:
-            column = self.data.messages_key
-            messages = check_turns(get_path(row, column), column)
-            messages = with_system(messages, self.data.system_prompt)
-            return self._conversation(messages, tools, kwargs)
-        return self._pair(row, tools, kwargs, response_key or self.sft.response_key)
-
-    def _template(
-        self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], generation: bool
-    ) -> list[int]:
-        options = {**kwargs, "tokenize": False, "add_generation_prompt": generation}
-        if tools:
-            options["tools"] = copy.deepcopy(tools)
-        if is_jinja(self.data.chat_template):
-            options["chat_template"] = self.data.chat_template
-        try:
-            text = self.tokenizer.apply_chat_template(copy.deepcopy(messages), **options)
-        except Exception as err:  # a template that raises on this row (jinja exceptions)
-            raise RowProblem(f"the chat template fails on this row: {err}") from err
-        return self._tokens(text, special=False)
-
-    def _tokens(self, text: str, special: bool) -> list[int]:
-        ids: list[int] = self.tokenizer(text, add_special_tokens=special)["input_ids"]
-        return list(ids)
-
-    def _pair(
-        self, row: dict[str, Any], tools: Any, kwargs: dict[str, Any], response_key: str
-    ) -> tuple[list[int], list[int], list[int]]:
-        column = self.data.prompt_key
-        value = get_path(row, column)
-        if value is MISSING:
-            raise RowProblem(f"missing column '{column}' (row has: {', '.join(map(str, row))})")
-        response = _text(row, response_key, "response")
-        system = _optional(row, self.sft.system_key) or self.data.system_prompt
-        if isinstance(value, str) or value is None:
-            prompt = _text(row, column, "prompt")
-            query = _optional(row, self.sft.query_key)
-            if query:  # ROLL: instruction + "\n" + input, when the row has an input
-                prompt = f"{prompt}\n{query}"
-            messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
-        else:
-            messages = check_turns(value, column, learn=False)
-            if messages[-1]["role"] == "assistant":
-                raise RowProblem(
-                    f"column '{column}' ends with an assistant turn: the response to learn "
-                    f"is column '{response_key}' (a whole conversation goes in "
-                    "data.messages_key)"
-                )
-        messages = with_system(messages, system)
-        if self.raw:
-            text = "\n\n".join(str(m.get("content", "")) for m in messages)
-            prompt_ids = self._tokens(text, special=True)
-        else:
-            prompt_ids = self._template(messages, tools, kwargs, generation=True)
-        response_ids = [*self._tokens(response, special=False), self.eos]
-        return prompt_ids, response_ids, [1] * len(response_ids)
-
-    def _conversation(
-        self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]
-    ) -> tuple[list[int], list[int], list[int]]:
-        full = self._template(messages, tools, kwargs, generation=False)
-        mask = [0] * len(full)
-        for k, msg in enumerate(messages):
-            if msg["role"] != "assistant":
-                continue
-            start = self._template(messages[:k], tools, kwargs, generation=True)
-            end = self._template(messages[: k + 1], tools, kwargs, generation=False)
-            if full[: len(start)] != start or full[: len(end)] != end:
-                raise RowProblem(
-                    f"the chat template renders assistant turn {k} differently once later "
-                    "turns follow (it rewrites earlier turns), so its tokens cannot be found"
-                )
-            for i in range(len(start), len(end)):
-                mask[i] = 1
-        first = mask.index(1)
-        last = len(mask) - mask[::-1].index(1)  # nothing after the last learnt token matters
-        return full[:first], full[first:last], mask[first:last]
-
-
-def truncate(
-    prompt: list[int], response: list[int], mask: list[int], max_length: int, mode: str
-) -> tuple[list[int], list[int], list[int]] | None:
-    """Cut a sample to ``max_length`` tokens (verl's SFT datasets): ``left`` drops its
-    first tokens (the prompt's, then the response's), ``right`` its last. A sample keeps
-    at least one context token (the first learnt token is predicted from it). None when
-    nothing is left to learn."""
-    over = len(prompt) + len(response) - max_length
-    if over <= 0:
-        return prompt, response, mask
-    if mode == "left":
-        cut = max(0, over - len(prompt))
-        prompt, response, mask = prompt[over:], response[cut:], mask[cut:]
-        if not prompt and response:  # the first kept token becomes context
-            prompt, response, mask = response[:1], response[1:], mask[1:]
-    elif mode == "right":
-        keep = len(response) - over
-        if keep <= 0:
-            return None
-        response, mask = response[:keep], mask[:keep]
-    else:
-        raise ValueError(f"truncation mode '{mode}' does not cut a sample; use left or right")
-    if not prompt or not any(mask):
-        return None
-    return prompt, response, mask
 
 
 # --------------------------------------------------------------------------- dataset
@@ -297,8 +96,10 @@ class SFTDataset:
         name: str,
         skipped: Sequence[RowIssue],
         rows_read: int,
+        vision: VisionProcessor | None = None,
     ) -> None:
         self.examples = list(examples)
+        self.vision = vision
         self.pad_token_id = pad_token_id
         self.name = name
         self.skip_reasons = list(skipped)
@@ -325,7 +126,8 @@ class SFTDataset:
         left-padded, ``response_ids`` right-padded with ``response_mask`` (the tokens to
         learn) and ``attention_mask`` (every real token: context turns inside a response
         are attended to, not learnt); objects ``uid``, ``index``, ``source``,
-        ``truncated``; meta ``temperature`` 1 (log-probs of the model itself)."""
+        ``truncated`` (and, for a vision-language model, ``multi_modal_inputs``: empty for
+        samples without images); meta ``temperature`` 1 (log-probs of the model itself)."""
         chosen = [self.examples[i] for i in indices]
         uids = list(uids) if uids is not None else [f"{self.name}-{i}" for i in indices]
         prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in chosen], self.pad_token_id)
@@ -351,6 +153,9 @@ class SFTDataset:
             "source": [e.source for e in chosen],
             "truncated": [e.truncated for e in chosen],
         }
+        if self.vision is not None:
+            vision = self.vision
+            objects[MULTI_MODAL_INPUTS] = [vision.model_inputs(e.images)[1] for e in chosen]
         return Batch.from_dict(tensors, objects, {"temperature": 1.0})
 
     def eval_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
@@ -362,15 +167,23 @@ class SFTDataset:
 
 
 def build_sft_dataset(
-    files: Sequence[str], cfg: TemperConfig, tokenizer: Any, name: str, key: str, limit: int
+    files: Sequence[str],
+    cfg: TemperConfig,
+    tokenizer: Any,
+    name: str,
+    key: str,
+    limit: int,
+    vision: VisionProcessor | None = None,
 ) -> SFTDataset:
     """Load, template, tokenize and cut the samples of ``files`` (``key``: the config key
-    that named them). Raises :class:`DataError` for unreadable files, a bad row under
-    ``bad_rows=error``, an overlong sample under ``truncation=error``, and no usable
-    sample; ``limit > 0`` keeps the first that many usable samples."""
+    that named them; ``vision``: a vision-language model's processor). Raises
+    :class:`DataError` for unreadable files, a bad row under ``bad_rows=error``, an
+    overlong sample under ``truncation=error``, and no usable sample; ``limit > 0`` keeps
+    the first that many usable samples."""
     data = cfg.data
     check_template(data, tokenizer)
-    encoder = Encoder(cfg, tokenizer)
+    encoder = Encoder(cfg, tokenizer, vision)
+    context = frozenset(_placeholder_ids(vision))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     examples: list[SFTExample] = []
     skipped: list[RowIssue] = []
@@ -395,7 +208,7 @@ def build_sft_dataset(
             if item.problem is not None:
                 raise RowProblem(item.problem)
             assert item.row is not None
-            prompt, response, mask = encoder.encode(item.row)
+            prompt, response, mask, images = encoder.encode_row(item.row, item.file, item.where)
         except RowProblem as err:
             skip(RowIssue(item.file, item.where, str(err)))
             continue
@@ -408,7 +221,17 @@ def build_sft_dataset(
                 f"response), more than max_length={cfg.sft.max_length}",
                 "raise sft.max_length, or set data.truncation to left or right",
             )
+        # a right cut inside the response keeps every image token; any other cut does not
+        if cut and images and (data.truncation != "right" or len(prompt) >= cfg.sft.max_length):
+            reason = (
+                f"sample with images has {length} tokens, more than max_length="
+                f"{cfg.sft.max_length}, and {data.truncation} truncation would cut image tokens"
+            )
+            skip(RowIssue(item.file, item.where, reason))
+            continue
         kept = truncate(prompt, response, mask, cfg.sft.max_length, data.truncation)
+        if kept is not None and cfg.sft.learn_prompt:
+            kept = learn_prompt(kept[0], kept[1], context)
         if kept is None:
             reason = (
                 f"nothing left to learn after cutting its {length} tokens to "
@@ -417,7 +240,9 @@ def build_sft_dataset(
             skip(RowIssue(item.file, item.where, reason))
             continue
         where = f"{item.file}:{item.where}"
-        examples.append(SFTExample(tuple(kept[0]), tuple(kept[1]), tuple(kept[2]), where, cut))
+        examples.append(
+            SFTExample(tuple(kept[0]), tuple(kept[1]), tuple(kept[2]), where, cut, images)
+        )
     if skipped:
         log.warning(
             "%s data: skipped %d of %d rows as malformed (first: %s)",
@@ -435,22 +260,40 @@ def build_sft_dataset(
             f"no usable sample in {list(files)}: {rows} rows read, {len(skipped)} malformed{first}",
             "check the files and data.prompt_key / sft.response_key / data.messages_key",
         )
-    return SFTDataset(examples, int(pad), name, skipped, rows)
+    return SFTDataset(examples, int(pad), name, skipped, rows, vision)
+
+
+def _placeholder_ids(vision: VisionProcessor | None) -> list[int]:
+    """The image and video placeholder ids of a vision-language tokenizer (none for text)."""
+    if vision is None:
+        return []
+    ids = [vision.image_token_id]
+    if vision.has_video_token:
+        ids.append(int(vision.tokenizer.convert_tokens_to_ids(vision.video_token)))
+    return ids
 
 
 def build_sft_datasets(
     cfg: TemperConfig, tokenizer: Any
 ) -> tuple[SFTDataset | None, SFTDataset | None]:
     """The train and validation samples of an SFT run (None where no files are given);
-    ``data.train_max_samples`` / ``val_max_samples`` keep the first N usable samples."""
+    ``data.train_max_samples`` / ``val_max_samples`` keep the first N usable samples. For
+    a vision-language model its processor reads the rows' images."""
     data = cfg.data
     train = val = None
+    vision = None
+    if data.train_files or data.val_files:  # None for a text model
+        vision = load_vision_processor(
+            cfg.model.path, tokenizer, data, trust_remote_code=cfg.model.trust_remote_code
+        )
     if data.train_files:
+        limit = data.train_max_samples
         train = build_sft_dataset(
-            data.train_files, cfg, tokenizer, "train", "data.train_files", data.train_max_samples
+            data.train_files, cfg, tokenizer, "train", "data.train_files", limit, vision
         )
     if data.val_files:
+        limit = data.val_max_samples
         val = build_sft_dataset(
-            data.val_files, cfg, tokenizer, "val", "data.val_files", data.val_max_samples
+            data.val_files, cfg, tokenizer, "val", "data.val_files", limit, vision
         )
     return train, val

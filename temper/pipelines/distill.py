@@ -11,6 +11,11 @@ one update on ``(1 − w)·NLL + w·KD`` (:meth:`temper.roles.actor.Actor.distil
 :data:`~temper.algorithms.kd.KD_OBJECTIVES` at the learnt tokens, token-mean). No
 rollout engine or critic is built.
 
+Image rows (a vision-language student; ROLL's VL distill pipeline): the samples carry
+their images' pixel inputs (:mod:`temper.data.sft`), and the teacher's forward and the
+student's take them alike (:mod:`temper.training.vision`); the teacher must read the
+student processor's images (:func:`check_distill_data`).
+
 Metrics per step: ``train/loss`` (the mixed loss), ``train/distill_loss`` (the
 divergence to the teacher — the run's curve), ``train/sft_loss`` (the NLL), each the
 mini-batches' mean before their update. Validation is SFT's (``val/loss``: the student's
@@ -168,13 +173,67 @@ def check(cfg: TemperConfig) -> None:
         ) from err
 
 
+#: What a teacher must share with a vision-language student: the student's processor
+#: makes the pixels and placeholders both models read.
+VISION_FIELDS = ("patch_size", "spatial_merge_size", "temporal_patch_size")
+
+
+def check_distill_data(cfg: TemperConfig, notes: list[str]) -> None:
+    """``temper check``: the SFT data's files and columns; for a vision-language student,
+    engines that take images (not megatron) and a teacher that reads the images of its
+    rows (a vision tower with the student's image token and patch grid). Models that
+    cannot be read here are the model checks'."""
+    check_sft_data(cfg, notes)
+    from transformers import AutoConfig
+
+    (name, teacher) = next(iter(cfg.distill.teachers.items()))
+    trust = cfg.model.trust_remote_code
+    try:
+        student_cfg = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=trust)
+        teacher_cfg = AutoConfig.from_pretrained(teacher.model_path, trust_remote_code=trust)
+    except (OSError, ValueError):
+        return
+    vision = getattr(student_cfg, "vision_config", None)
+    if vision is None:
+        return
+    for role in ("actor", "reference"):  # the reference section is the teacher's engine
+        if getattr(cfg, role).strategy == "megatron":
+            raise ConfigError(
+                f"{role}.strategy",
+                f"the megatron engine converts no vision-language model ({cfg.model.path} "
+                f"is one: {student_cfg.model_type})",
+                "use fsdp2, deepspeed or torch",
+            )
+    key = f"distill.teachers.{name}.model_path"
+    fix = "distill a vision-language student from a teacher of its family (same processor)"
+    theirs = getattr(teacher_cfg, "vision_config", None)
+    if theirs is None:
+        raise ConfigError(
+            key,
+            f"{teacher.model_path} has no vision tower; the student {cfg.model.path} is a "
+            "vision-language model whose rows' images the teacher must see too",
+            fix,
+        )
+    pairs = [(f, getattr(vision, f, None), getattr(theirs, f, None)) for f in VISION_FIELDS]
+    image = "image_token_id"
+    pairs.append((image, getattr(student_cfg, image, None), getattr(teacher_cfg, image, None)))
+    for field, mine, other in pairs:
+        if mine != other:
+            raise ConfigError(
+                key,
+                f"the teacher's {field} is {other}, the student's {mine}: the student's "
+                "processor makes the image inputs of both",
+                fix,
+            )
+
+
 PIPELINE = Pipeline(
     build=sft.SFTProducer,
     step=distill_step,
     uses=frozenset(),
     curve="train/distill_loss",
     check=check,
-    preflight=check_sft_data,
+    preflight=check_distill_data,
     step_shape=sft.samples_per_step,
     sections=frozenset({"sft", "kd", "distill"}),
     context=sft.sequence,

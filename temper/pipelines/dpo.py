@@ -199,6 +199,11 @@ RL_ONLY = {
     "data.max_prompt_length": "a sequence is bounded as a whole, by dpo.max_length",
     "data.filter_overlong_prompts": "a sequence is bounded as a whole, by dpo.max_length",
     "data.messages_key": "a pair's prompt is data.prompt_key (a string or a chat list)",
+    "data.row_format": "a pair's columns are read as they are",
+    **{
+        f"data.{key}": "preference pairs here are text only"
+        for key in ("image_key", "image_folder", "image_min_pixels", "image_max_pixels")
+    },
 }
 
 

@@ -138,6 +138,7 @@ def sequence(cfg: TemperConfig, notes: list[str]) -> Context:
 # ------------------------------------------------------------------------ the config
 
 NO_GENERATION = "an SFT run learns given responses: it generates nothing"
+NO_VIDEO = "supervised samples take images (data.image_key), not videos or audio"
 #: Sections an SFT run reads nothing of, and why.
 UNREAD_SECTIONS = {
     "rollout": NO_GENERATION,
@@ -179,18 +180,14 @@ RL_ONLY = {
     "data.source_domains": "SFT samples are drawn uniformly",
     "data.source_default_domain": "SFT samples are drawn uniformly",
     "data.validation_shuffle": "the validation loss is over every sample; order changes nothing",
-    "data.image_key": "SFT here is text only",
-    "data.video_key": "SFT here is text only",
-    "data.audio_key": "SFT here is text only",
-    "data.image_folder": "SFT here is text only",
-    "data.image_min_pixels": "SFT here is text only",
-    "data.image_max_pixels": "SFT here is text only",
-    "data.video_folder": "SFT here is text only",
-    "data.video_fps": "SFT here is text only",
-    "data.video_max_frames": "SFT here is text only",
-    "data.video_min_pixels": "SFT here is text only",
-    "data.video_max_pixels": "SFT here is text only",
-    "data.video_total_pixels": "SFT here is text only",
+    "data.video_key": NO_VIDEO,
+    "data.audio_key": NO_VIDEO,
+    "data.video_folder": NO_VIDEO,
+    "data.video_fps": NO_VIDEO,
+    "data.video_max_frames": NO_VIDEO,
+    "data.video_min_pixels": NO_VIDEO,
+    "data.video_max_pixels": NO_VIDEO,
+    "data.video_total_pixels": NO_VIDEO,
     "experiment.critic_warmup": "an SFT run has no critic",
     "experiment.max_critic_ckpt_to_keep": "an SFT run has no critic",
     "experiment.rollout_data_dir": NO_GENERATION,

@@ -68,8 +68,6 @@ def test_kd_keys_and_roll_defaults():
 @pytest.mark.parametrize(
     "change, start",
     [
-        ({"distill_on_prompt": True}, "distill_on_prompt: True is not supported"),
-        ({"student": {"data_args": {"template": "qwen2-vl"}}}, "student.data_args.template:"),
         ({"teacher_pretrain": None}, "teacher_pretrain: offline distillation needs"),
         ({"teacher": {"model_args": {"torch_compile": True}}}, "teacher.model_args.torch_comp"),
     ],
@@ -87,11 +85,63 @@ def test_refusals_name_the_files_own_keys(change, start):
     assert str(err.value).startswith(start), str(err.value)
 
 
-def test_vision_language_files_are_refused_as_text_only():
+def test_distill_on_prompt_learns_the_prompt():
+    data = copy.deepcopy(_base(MEGATRON))
+    assert build(data)[0].sft.learn_prompt is False
+    data["distill_on_prompt"] = True
+    assert build(data)[0].sft.learn_prompt is True
+
+
+VL_MEGATRON = EXAMPLES / "qwen2.5-vl-7B-distill/distill_vl_megatron.yaml"
+
+
+def test_vision_language_file_reads_rolls_vl_rows():
+    """ROLL's VL distill pipeline: rows problem/solution/image whatever question_key says,
+    ROLL's image bounds, samples cut at prompt_length, every token learnt."""
+    cfg, notes = build(copy.deepcopy(_base(VL)))
+    assert cfg.pipeline == "distill" and cfg.model.path == "Qwen/Qwen2.5-VL-7B-Instruct"
+    assert cfg.distill.teachers["default"].model_path == "Qwen/Qwen2.5-VL-32B-Instruct"
+    data = cfg.data
+    assert (data.row_format, data.prompt_key, cfg.sft.response_key) == (
+        "roll_distill_vl",
+        "problem",
+        "solution",
+    )
+    assert (data.image_min_pixels, data.image_max_pixels) == (56 * 56, 1024 * 1024)
+    assert cfg.sft.learn_prompt is True and cfg.sft.max_length == 1024
+    assert cfg.actor.strategy == cfg.reference.strategy == "fsdp2"
+    kd = cfg.kd
+    assert (kd.objective, kd.topk, kd.loss_weight) == ("forward_kl", 64, 0.85)
+    assert any("rows problem/solution/image" in n for n in notes)
+    assert any(n.startswith("sequence_length:") for n in notes)
+    data = copy.deepcopy(_base(VL)) | {"prompt_length": 512, "distill_on_prompt": False}
+    cfg, notes = build(data)
+    assert cfg.sft.max_length == 512 and cfg.sft.learn_prompt is False
+    assert any("ROLL's VL pipeline learns every token" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    "change, start",
+    [
+        ({"question_key": "q"}, "question_key: 'q' is not supported: ROLL's VL distillation"),
+        ({"answer_key": "a"}, "answer_key: 'a' is not supported: ROLL's VL distillation"),
+    ],
+)
+def test_vision_language_file_refuses_other_columns(change, start):
     with pytest.raises(ConfigError) as err:
-        load_config(VL)
+        build(copy.deepcopy(_base(VL)) | change)
+    assert str(err.value).startswith(start), str(err.value)
+
+
+def test_vision_language_megatron_file_is_refused_in_one_line():
+    """temper's megatron engine converts no Qwen2-VL model: the file's student strategy
+    is named with the fix."""
+    with pytest.raises(ConfigError) as err:
+        load_config(VL_MEGATRON)
     msg = str(err.value)
-    assert "\n" not in msg and "temper's offline distillation is text-only" in msg
+    assert "\n" not in msg
+    assert msg.startswith("student.strategy_args.strategy_name: megatron_train: temper's megatron")
+    assert "use fsdp2_train" in msg
 
 
 def test_every_key_of_the_files_is_explained():

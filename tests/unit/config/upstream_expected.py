@@ -74,7 +74,7 @@ EXPECTED: dict[str, str] = {
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_rollout_mock_dump.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-sft_megatron/sft_config.yaml": "megatron: context parallel",
     "roll-2026-08-8eb27cc/examples/qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml": "passes",
-    "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-distill/distill_vl_fsdp2.yaml": "vision-language",
+    "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-distill/distill_vl_fsdp2.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-distill/distill_vl_megatron.yaml": "vision-language",
     "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-rlvr/rlvr_async.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-rlvr/rlvr_megatron.yaml": "megatron: context parallel",

@@ -11,7 +11,8 @@ import torch
 
 from temper.config.schema import TemperConfig
 from temper.data.errors import DataError
-from temper.data.sft import build_sft_dataset, truncate
+from temper.data.sft import build_sft_dataset
+from temper.data.sft_rows import learn_prompt, truncate
 
 IM_END = 258
 
@@ -190,3 +191,84 @@ def test_batches_pad_prompts_left_and_responses_right(tokenizer, tmp_path):
     assert pm[0, 0] == 0 and pm[:, -1].tolist() == [1, 1]
     assert rm.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert torch.equal(batch["attention_mask"], torch.cat([pm, rm], dim=1))
+
+
+def test_learn_prompt_learns_every_token_after_the_first(tokenizer, tmp_path):
+    """sft.learn_prompt (ROLL distill_on_prompt): the first token is the only context."""
+    files = [write(tmp_path / "d.jsonl", [{"prompt": "2+2?", "response": "4"}])]
+    cfg = config(sft__learn_prompt=True)
+    (e,) = build_sft_dataset(files, cfg, tokenizer, "train", "data.train_files", -1).examples
+    full = ids(tokenizer, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert list(e.prompt_ids) == full[:1]
+    assert list(e.response_ids) == [*full[1:], *ids(tokenizer, "4"), IM_END]
+    assert set(e.target_mask) == {1}
+
+
+def test_learn_prompt_keeps_placeholders_as_context():
+    """Image and video placeholder ids stand for pixels: never learnt."""
+    prompt, response, mask = learn_prompt([1, 9, 9, 2], [3, 4], frozenset({9}))
+    assert (prompt, response, mask) == ([1], [9, 9, 2, 3, 4], [0, 0, 1, 1, 1])
+
+
+def _image(path, color) -> str:
+    from PIL import Image
+
+    Image.new("RGB", (56, 56), color).save(path)
+    return path.name
+
+
+def test_image_rows_carry_pixels_and_bad_images_are_reported(tiny_vlm_dir, tmp_path, caplog):
+    """A VL model's SFT rows: the prompt's <image> expands to the image's tokens, the batch
+    carries its pixel inputs (a text row's are empty); a missing image file and an image
+    column of the wrong type are reported by file and row and skipped."""
+    from transformers import AutoTokenizer
+
+    from temper.data.sft import build_sft_datasets
+    from temper.data.vision import MULTI_MODAL_INPUTS
+
+    tok = AutoTokenizer.from_pretrained(tiny_vlm_dir)
+    rows = [
+        {
+            "prompt": "<image>Colour?",
+            "response": "red",
+            "images": [_image(tmp_path / "r.png", "red")],
+        },
+        {"prompt": "Colour?", "response": "none"},
+        {"prompt": "<image>Colour?", "response": "red", "images": ["missing.png"]},
+        {"prompt": "<image>Colour?", "response": "red", "images": [7]},
+    ]
+    cfg = config(
+        model__path=str(tiny_vlm_dir), data__train_files=[write(tmp_path / "d.jsonl", rows)]
+    )
+    train, _ = build_sft_datasets(cfg, tok)
+    assert train is not None and len(train) == 2 and len(train.skip_reasons) == 2
+    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert list(train.examples[0].prompt_ids).count(image_id) == 4  # 56×56: (56/28)²
+    batch = train.make_batch([0, 1])
+    pixels = batch.objects[MULTI_MODAL_INPUTS]
+    assert pixels[0]["image_grid_thw"].tolist() == [[1, 4, 4]] and pixels[1] == {}
+    assert "d.jsonl:line 3: image 0 of column 'images': cannot read" in caplog.text
+    assert "d.jsonl:line 4: image 0 of column 'images' must be bytes, a path or a dict" in (
+        caplog.text
+    )
+
+
+def test_overlong_image_samples_are_reported_unless_the_cut_is_in_the_response(
+    tiny_vlm_dir, tmp_path, caplog
+):
+    from transformers import AutoTokenizer
+
+    from temper.data.sft import build_sft_datasets
+
+    tok = AutoTokenizer.from_pretrained(tiny_vlm_dir)
+    row = {"prompt": "<image>Colour?", "response": "red " * 40}
+    row["images"] = [_image(tmp_path / "r.png", "red")]
+    files = [write(tmp_path / "d.jsonl", [row])]
+    cfg = config(model__path=str(tiny_vlm_dir), data__train_files=files, sft__max_length=48)
+    cfg.data.truncation = "right"
+    train, _ = build_sft_datasets(cfg, tok)
+    assert train is not None and train.truncated == 1  # the response is cut
+    cfg.data.truncation = "left"
+    with pytest.raises(DataError, match="no usable sample"):
+        build_sft_datasets(cfg, tok)
+    assert "left truncation would cut image tokens" in caplog.text

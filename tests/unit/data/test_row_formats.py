@@ -9,7 +9,12 @@ import pytest
 
 from temper.config.schema import DataConfig
 from temper.data.errors import RowProblem
-from temper.data.row_formats import ROW_FORMATS, VIDEO_R1_QUESTION, VIDEO_R1_TYPES
+from temper.data.row_formats import (
+    DISTILL_VL_QUESTION,
+    ROW_FORMATS,
+    VIDEO_R1_QUESTION,
+    VIDEO_R1_TYPES,
+)
 
 ROW = {
     "modality_type": "video",
@@ -50,3 +55,27 @@ def test_rows_as_they_are_and_bad_video_r1_rows():
         ROW_FORMATS.get("video_r1")({**ROW, "problem_type": "essay"}, cfg)
     with pytest.raises(RowProblem, match="needs 'video'"):
         ROW_FORMATS.get("video_r1")({**ROW, "video": ""}, cfg)
+
+
+def test_a_roll_vl_distill_row_becomes_a_prompt_with_its_images_first():
+    """ROLL's VL distillation rows: the images, then the question in its answer-tag
+    template; a null image is a text row; a bad column is the row's problem."""
+    cfg = DataConfig(prompt_key="problem")
+    fmt = ROW_FORMATS.get("roll_distill_vl")
+    row = {"problem": "What is x?", "solution": "3", "image": {"bytes": b"png", "path": None}}
+    out = fmt(dict(row), cfg)
+    text = "<image>" + DISTILL_VL_QUESTION.format(Question="What is x?")
+    assert out["problem"] == [{"role": "user", "content": text}]
+    assert out["images"] == [row["image"]] and out["solution"] == "3"
+    two = fmt({"problem": "x?", "solution": "3", "image": ["a.png", "b.png"]}, cfg)
+    assert two["problem"][0]["content"].startswith("<image><image>x?")
+    assert two["images"] == ["a.png", "b.png"]
+    text_row = fmt({"problem": "x?", "solution": "3", "image": None}, cfg)
+    assert text_row["images"] == [] and "<image>" not in text_row["problem"][0]["content"]
+    for bad, reason in [
+        ({"solution": "3"}, "needs 'problem'"),
+        ({"problem": 4, "solution": "3"}, "must be a string or a chat list"),
+        ({"problem": "x", "solution": "3", "image": ["a.png", None]}, "null entry"),
+    ]:
+        with pytest.raises(RowProblem, match=reason):
+            fmt(bad, cfg)

@@ -23,7 +23,21 @@ What ROLL's distill pipeline does and its translation:
   token-means over the response tokens;
 - a step is one batch of ``dp × gradient_accumulation_steps × per_device_train_batch_size``
   rows, shuffled, one optimizer step; ``num_train_epochs`` passes; the teacher's forward
-  takes ``teacher.training_args.per_device_train_batch_size`` rows at a time.
+  takes ``teacher.training_args.per_device_train_batch_size`` rows at a time;
+- ``distill_on_prompt`` learns the prompt's tokens too (``sft.learn_prompt``).
+
+A file whose student template is a vision-language one (``qwen2-vl``) is one of ROLL's VL
+distillation pipeline (``distill_vlm_pipeline``), which differs in its rows and lengths:
+
+- its rows are ``problem``, ``solution`` and ``image`` whatever ``question_key`` /
+  ``answer_key`` say (``data.row_format: roll_distill_vl``: the image first, then the
+  question in ROLL's answer-tag template; a file that names other columns is refused);
+- images are resized within ROLL's bounds of that pipeline, 56·56 to 1024·1024 pixels;
+- a sample is cut at ``prompt_length`` (default 1024), not ``sequence_length``.
+
+Student and teacher both see the images (the trainer's VL forward); temper's megatron
+engine converts no Qwen2-VL model, so a ``megatron_train``/``megatron_infer`` worker is
+refused (use fsdp2 or deepspeed strategies).
 """
 
 from __future__ import annotations
@@ -84,11 +98,7 @@ def _top() -> dict[str, Rule]:
         "teacher_temperature": Map("kd.teacher_temperature"),
         "adaptive_kl_alpha": Map("kd.adaptive_alpha"),
         "skew_lambda": Map("kd.skew_lambda"),
-        "distill_on_prompt": Refuse(
-            "temper learns and distills the response tokens only; the prompt's are context",
-            "set distill_on_prompt: false",
-            ok=lambda v, _ctx: not v,
-        ),
+        "distill_on_prompt": Map("sft.learn_prompt"),
         "logits_transfer_backend": Note(f"how ROLL moves logits between workers; {TOPK}"),
     }
     return rules
@@ -128,17 +138,40 @@ DISTILL_TABLE = KeyTable(
 )
 
 
+VL_COLUMNS = "ROLL's VL distillation reads a row's problem, solution and image columns"
+#: ROLL's VL distillation pipeline: its own rows and length (module docstring).
+DISTILL_VL_TABLE = KeyTable(
+    {
+        **DISTILL_TABLE.rules,
+        **{
+            key: Refuse(
+                VL_COLUMNS, f"remove {key}; name the columns problem, solution, image", ok=(None,)
+            )
+            for key in ("question_key", "answer_key")
+        },
+        "prompt_length": Map("sft.max_length"),
+        "sequence_length": Note("ROLL's VL distillation cuts a sample at prompt_length"),
+    }
+)
+#: ROLL's VL distillation's image bounds (its processor's min_pixels / max_pixels).
+VL_MIN_PIXELS, VL_MAX_PIXELS = 56 * 56, 1024 * 1024
+
+
 def translate_roll_distill(raw: RawConfig) -> Translation:
     """Translate a ROLL distill config (module docstring)."""
     given = copy.deepcopy(raw.data)
     for src, dst in ((STUDENT, AS), (TEACHER, REF)):
         if src in given:
             given[dst] = given.pop(src)
-    applied = {k: v for k, v in DISTILL_DEFAULTS.items() if k not in given}
+    vision = _is_vision(given)
+    table = DISTILL_VL_TABLE if vision else DISTILL_TABLE
+    defaults = {k: v for k, v in DISTILL_DEFAULTS.items() if not vision or not k.endswith("_key")}
+    applied = {k: v for k, v in defaults.items() if k not in given}
     ctx = Ctx({**applied, **given})
     try:
-        _refuse_vision(ctx)
-        defs = walk_file(DISTILL_TABLE, ctx, raw)
+        defs = walk_file(table, ctx, raw)
+        if vision:
+            _vision_rows(ctx)
         ctx.set("pipeline", "distill", "student")
         _models(ctx)
         derive.data_files(ctx)
@@ -154,12 +187,15 @@ def translate_roll_distill(raw: RawConfig) -> Translation:
         derive.definitions(ctx, raw, defs)
     except ConfigError as err:
         raise roll_sft.renamed_error(err, _named) from err
-    ctx.notes += [
-        "question_key: the user turn is the question alone (ROLL writes '\\n' + question)",
-        "kd_objective: compared where the two models predict the response tokens, the NLL's "
-        "positions (ROLL masks the divergence by the unshifted labels)",
-    ]
-    return translation(ctx, applied, DISTILL_TABLE, _named)
+    if not vision:
+        ctx.notes.append(
+            "question_key: the user turn is the question alone (ROLL writes '\\n' + question)"
+        )
+    ctx.notes.append(
+        "kd_objective: compared where the two models predict the learnt tokens, the NLL's "
+        "positions (ROLL masks the divergence by the unshifted labels)"
+    )
+    return translation(ctx, applied, table, _named)
 
 
 def _models(ctx: Ctx) -> None:
@@ -178,16 +214,47 @@ def _models(ctx: Ctx) -> None:
     ctx.set("distill.teachers", {"default": {"model_path": teacher}}, "teacher_pretrain")
 
 
-def _refuse_vision(ctx: Ctx) -> None:
-    """A vision-language file (ROLL's distill_vl pipeline: image rows, a VL template)."""
-    key = f"{AS}.data_args.template"
-    template = str(ctx.get(key) or "")
-    if "vl" in template.lower().replace("-", "_").split("_"):
-        raise ConfigError(
-            key,
-            f"'{template}' is a vision-language template: this is a file of ROLL's VL "
-            "distillation pipeline (image rows); temper's offline distillation is text-only",
-            "distill a text model on text rows, or run it with ROLL's start_distill_vl_pipeline",
+def _is_vision(given: dict[str, Any]) -> bool:
+    """A file of ROLL's VL distillation pipeline: its student's template is a
+    vision-language one (``qwen2-vl``)."""
+    args = (given.get(AS) or {}).get("data_args") or {}
+    template = str(args.get("template") or "") if isinstance(args, dict) else ""
+    return "vl" in template.lower().replace("-", "_").split("_")
+
+
+def _vision_rows(ctx: Ctx) -> None:
+    """ROLL's VL distillation rows, image bounds and length (module docstring)."""
+    src = f"{AS}.data_args.template"
+    for worker, fix in ((AS, "fsdp2_train"), (REF, "fsdp2_infer")):
+        key = f"{worker}.strategy_args.strategy_name"
+        name = str(ctx.get(key) or "")
+        if name.startswith("megatron"):
+            raise ConfigError(
+                key,
+                f"{name}: temper's megatron engine converts no vision-language (Qwen2-VL "
+                "family) model",
+                f"use {fix} (or a deepspeed strategy) and drop its megatron strategy_config",
+            )
+    ctx.set("data.row_format", "roll_distill_vl", src)
+    ctx.set("data.prompt_key", "problem", src)
+    ctx.set("sft.response_key", "solution", src)
+    ctx.set("data.image_min_pixels", VL_MIN_PIXELS, src)
+    ctx.set("data.image_max_pixels", VL_MAX_PIXELS, src)
+    if not ctx.has("prompt_length"):
+        ctx.set("sft.max_length", 1024, "prompt_length")
+    ctx.notes.append(
+        f"{_named(src)}: a file of ROLL's VL distillation: rows problem/solution/image "
+        f"(data.row_format=roll_distill_vl), images of {VL_MIN_PIXELS} to {VL_MAX_PIXELS} "
+        f"pixels, samples cut at prompt_length={ctx.native_get('sft.max_length')}"
+    )
+    ctx.notes.append(
+        "distill_on_prompt: image placeholder tokens are context, never learnt (ROLL's VL "
+        "labels include them; their positions predict a placeholder the pixels fill)"
+    )
+    if not ctx.get("distill_on_prompt"):
+        ctx.notes.append(
+            "distill_on_prompt: false learns the response only; ROLL's VL pipeline learns "
+            "every token whatever it says"
         )
 
 
