@@ -38,11 +38,15 @@ class Engine:
 
     ``hf_value_model``: its value model is the Hugging Face backbone and scalar head of
     :mod:`temper.training.models`, so a reward model it trains saves as
-    ``AutoModelForSequenceClassification`` (Megatron builds its own network instead)."""
+    ``AutoModelForSequenceClassification`` (Megatron builds its own network instead).
+    ``fp32_master_reason``: see the field."""
 
     build: EngineFactory
     needs: frozenset[str] = frozenset()
     hf_value_model: bool = True
+    #: why the engine keeps fp32 master weights whatever ``<role>.master_dtype`` says;
+    #: empty: it stores trained weights in ``master_dtype`` (:func:`load_model`'s way)
+    fp32_master_reason: str = ""
 
 
 def _megatron(spec: EngineSpec) -> TrainEngine:
@@ -64,8 +68,24 @@ def _deepspeed(spec: EngineSpec) -> TrainEngine:
 ENGINES: Registry[Engine] = Registry("training engine")
 ENGINES.add("torch", Engine(TorchEngine, frozenset({ONE_PROCESS})))
 ENGINES.add("fsdp2", Engine(FSDP2Engine, frozenset()))
-ENGINES.add("megatron", Engine(_megatron, frozenset({MEGATRON_PARALLEL}), hf_value_model=False))
-ENGINES.add("deepspeed", Engine(_deepspeed, frozenset()))
+ENGINES.add(
+    "megatron",
+    Engine(
+        _megatron,
+        frozenset({MEGATRON_PARALLEL}),
+        hf_value_model=False,
+        fp32_master_reason="Megatron-Core's optimizer keeps fp32 main parameters of its own",
+    ),
+)
+ENGINES.add(
+    "deepspeed",
+    Engine(
+        _deepspeed,
+        frozenset(),
+        fp32_master_reason="DeepSpeed's optimizer keeps an fp32 master copy of the weights "
+        "(its bf16_master_weights_and_grads mode is not wired here)",
+    ),
+)
 
 
 # Engines whose world-size-1 run computes exactly the torch engine's update: on the local
@@ -95,6 +115,17 @@ def build_engine(strategy: str, spec: EngineSpec, *, key: str | None = None) -> 
     if strategy in ENGINES:
         return ENGINES.get(strategy).build(spec)
     raise unknown_name(key, strategy, ENGINES.names())
+
+
+def check_master_dtype(role: str, train: TrainEngineConfig, engine: str) -> None:
+    """Half-precision master weights need an engine that stores them (torch, fsdp2)."""
+    reason = ENGINES.get(engine).fp32_master_reason
+    if train.master_dtype != "fp32" and reason:
+        raise ConfigError(
+            f"{role}.master_dtype",
+            f"{train.master_dtype} master weights: {reason}",
+            f"set {role}.master_dtype: fp32, or {role}.strategy: fsdp2 or torch",
+        )
 
 
 def check_engines(cfg: TemperConfig, plan: Derived) -> None:
@@ -128,6 +159,8 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
     precision = PRECISIONS[resolve_dtype(cfg.model.dtype, device)]
     for role, strategy, train, section, world in roles:
         engine = local_engine(cfg, strategy)
+        if train is not None and engine in ENGINES:
+            check_master_dtype(role, train, engine)
         if train is not None and engine == "torch":
             check_one_process(role, train.ulysses_sequence_parallel_size)
         if train is not None and engine == "fsdp2":
