@@ -544,7 +544,7 @@ class TrainEngineConfig:
         "gradients and AdamW state (verl model_dtype). bf16/fp16 halve that memory, but an "
         "update smaller than a weight's precision is lost. The model computes in "
         "model.dtype, or in this dtype when model.dtype resolves to fp32. torch and fsdp2 "
-        "engines; deepspeed and megatron keep fp32.",
+        "engines; deepspeed: bf16 with ZeRO 1-3 (its bf16 master mode); megatron: fp32.",
     )
     optim: OptimConfig = sub(OptimConfig, "Optimizer.")
     fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")

@@ -68,6 +68,15 @@ def trained_compute_dtype(master: torch.dtype, compute: torch.dtype) -> torch.dt
     return compute
 
 
+def role_compute_dtype(
+    model_dtype: str, master: Precision | None, device: torch.device
+) -> torch.dtype:
+    """The dtype a role computes in: ``model.dtype`` resolved for ``device``, and for a
+    trained role (``master``: its ``master_dtype``) :func:`trained_compute_dtype`."""
+    compute = resolve_dtype(model_dtype, device)
+    return compute if master is None else trained_compute_dtype(master_dtype(master), compute)
+
+
 def resolve_attn_implementation(name: str) -> str:
     """``auto`` → ``sdpa``: fused, exact, and available on CPU and GPU alike."""
     return "sdpa" if name in ("auto", "", None) else name

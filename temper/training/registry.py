@@ -77,15 +77,8 @@ ENGINES.add(
         fp32_master_reason="Megatron-Core's optimizer keeps fp32 main parameters of its own",
     ),
 )
-ENGINES.add(
-    "deepspeed",
-    Engine(
-        _deepspeed,
-        frozenset(),
-        fp32_master_reason="DeepSpeed's optimizer keeps an fp32 master copy of the weights "
-        "(its bf16_master_weights_and_grads mode is not wired here)",
-    ),
-)
+# DeepSpeed honours master_dtype bf16 through its own mode (deepspeed_config refuses the rest)
+ENGINES.add("deepspeed", Engine(_deepspeed, frozenset()))
 
 
 # Engines whose world-size-1 run computes exactly the torch engine's update: on the local
@@ -118,7 +111,8 @@ def build_engine(strategy: str, spec: EngineSpec, *, key: str | None = None) -> 
 
 
 def check_master_dtype(role: str, train: TrainEngineConfig, engine: str) -> None:
-    """Half-precision master weights need an engine that stores them (torch, fsdp2)."""
+    """Half-precision master weights need an engine that stores them (torch, fsdp2,
+    deepspeed in its ZeRO bf16 mode)."""
     reason = ENGINES.get(engine).fp32_master_reason
     if train.master_dtype != "fp32" and reason:
         raise ConfigError(
@@ -141,7 +135,7 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         resolve_deepspeed_config,
     )
     from temper.training.deepspeed_engine import check_partitioned
-    from temper.training.models import resolve_device, resolve_dtype
+    from temper.training.models import resolve_device, role_compute_dtype
 
     roles: list[tuple[str, str, TrainEngineConfig | None, dict[str, Any], int]] = [
         ("actor", cfg.actor.strategy, cfg.actor, cfg.actor.deepspeed, plan.actor.dp)
@@ -156,7 +150,6 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         ref = cfg.reference
         roles.append(("reference", ref.strategy, None, ref.deepspeed, ranks))
     device = resolve_device(cfg.experiment.device)
-    precision = PRECISIONS[resolve_dtype(cfg.model.dtype, device)]
     for role, strategy, train, section, world in roles:
         engine = local_engine(cfg, strategy)
         if train is not None and engine in ENGINES:
@@ -177,6 +170,7 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
                 "does this), or choose strategy fsdp2/torch",
             )
         micro, accum = batch_fill(train, 1, world)
+        master = train.master_dtype if train is not None else None
         clip = train.grad_clip if train is not None and train.grad_clip is not None else 0.0
         fill = DeepSpeedFill(
             role=role,
@@ -184,9 +178,10 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
             grad_accum=accum,
             world=world,
             grad_clip=max(0.0, float(clip)),
-            precision=precision,
+            precision=PRECISIONS[role_compute_dtype(cfg.model.dtype, master, device)],
             hidden_size=1,  # a stand-in: the model's config is not read here
             trainable=train is not None,
+            master=master or "fp32",
         )
         resolved = resolve_deepspeed_config(section, fill)
         l2 = train.l2_coef if isinstance(train, ActorConfig) else 0.0

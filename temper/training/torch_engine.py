@@ -40,7 +40,7 @@ from temper.training.micro_batching import (
     masked_outputs,
     model_inputs,
 )
-from temper.training.models import master_dtype, resolve_dtype, trained_compute_dtype
+from temper.training.models import role_compute_dtype
 from temper.training.packing import LayoutCost, PackedInputs, scored_positions, unpack
 from temper.training.router_replay import (
     ROUTED_EXPERTS,
@@ -90,10 +90,8 @@ class TorchEngine(PackedLogits):
         _check_supported(spec)
         self.spec = spec
         self.device = spec.device
-        self.compute_dtype = resolve_dtype(spec.model.dtype, spec.device)
-        if spec.train is not None:
-            master = master_dtype(spec.train.master_dtype)
-            self.compute_dtype = trained_compute_dtype(master, self.compute_dtype)
+        master = spec.train.master_dtype if spec.train is not None else None
+        self.compute_dtype = role_compute_dtype(spec.model.dtype, master, spec.device)
         self.trainable = spec.train is not None
         self.model: nn.Module = self._wrap_model(self._load_model())
         self.router_replay = self._router_replay() if spec.router_replay else None

@@ -4,6 +4,8 @@ bf16; what it costs (updates below bf16's precision are lost); which engines ref
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +15,11 @@ from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
 from temper.data.batch import Batch
 from temper.pipelines.catalog import build_config, plan
+from temper.training.deepspeed_config import (
+    BF16_MASTER,
+    DeepSpeedFill,
+    resolve_deepspeed_config,
+)
 from temper.training.models import trained_compute_dtype
 from temper.training.registry import check_engines, check_master_dtype
 
@@ -130,18 +137,62 @@ def test_save_hf_writes_bf16_that_transformers_loads(tiny_path: str, tmp_path) -
 BASE = {"model": {"path": "unused"}, "data": {"train_files": ["task:arithmetic?n=8"]}}
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed", "megatron"])
-def test_engines_with_their_own_fp32_master_copy_refuse_bf16_at_load(strategy: str) -> None:
-    def check(master: str) -> None:
-        actor = {"strategy": strategy, "master_dtype": master}
-        cfg = build_config({**BASE, "actor": actor})
-        check_engines(cfg, plan(cfg))
+def check(actor: dict[str, Any]) -> None:
+    cfg = build_config({**BASE, "actor": actor})
+    check_engines(cfg, plan(cfg))
 
+
+def test_megatron_refuses_half_master_weights_at_load() -> None:
     with pytest.raises(ConfigError) as err:
-        check("bf16")
-    assert err.value.key == "actor.master_dtype" and "fp32" in err.value.reason
+        check({"strategy": "megatron", "master_dtype": "bf16"})
+    assert err.value.key == "actor.master_dtype" and "fp32 main parameters" in err.value.reason
     assert "strategy: fsdp2 or torch" in err.value.fix
-    check("fp32")
+    check({"strategy": "megatron", "master_dtype": "fp32"})
+
+
+ZERO2 = {"zero_optimization": {"stage": 2}}
+DS_FILL = DeepSpeedFill(
+    role="actor", micro_batch=1, grad_accum=1, world=2, grad_clip=1.0, precision="bf16"
+)
+
+
+def test_deepspeed_bf16_master_weights_are_its_zero_bf16_mode() -> None:
+    """master_dtype bf16 turns on DeepSpeed's two switches (off otherwise); a CPU run
+    (model.dtype auto = fp32) computes in bf16 with them, so check passes."""
+    on = resolve_deepspeed_config(ZERO2, replace(DS_FILL, master="bf16")).config["bf16"]
+    off = resolve_deepspeed_config(ZERO2, DS_FILL).config["bf16"]
+    for name in BF16_MASTER:
+        assert on[name] is True and off.get(name, False) is False
+    check({"strategy": "deepspeed", "master_dtype": "bf16", "deepspeed": ZERO2})
+
+
+@pytest.mark.parametrize(
+    ("section", "fill", "key", "words"),
+    [
+        ({}, {"master": "bf16"}, "actor.master_dtype", "stage 0"),
+        (ZERO2, {"master": "fp16"}, "actor.master_dtype", "fp16 master weights"),
+        (ZERO2, {"master": "bf16", "precision": "fp16"}, "actor.master_dtype", "bf16 mode"),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+            {"master": "bf16"},
+            "actor.master_dtype",
+            "DeepSpeedCPUAdam",
+        ),
+        (
+            {**ZERO2, "bf16": {"bf16_master_weights_and_grads": True}},
+            {},
+            "actor.deepspeed.bf16.bf16_master_weights_and_grads",
+            "actor.master_dtype",
+        ),
+    ],
+    ids=["stage0", "fp16", "fp16-compute", "offload", "written-switch"],
+)
+def test_deepspeed_refuses_what_its_bf16_masters_cannot_do(
+    section: dict[str, Any], fill: dict[str, Any], key: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve_deepspeed_config(section, replace(DS_FILL, **fill))
+    assert err.value.key == key and words in str(err.value)
 
 
 def test_torch_and_fsdp2_take_bf16_master_weights() -> None:
