@@ -85,6 +85,24 @@ def test_bf16_master_weights_train_every_parameter_in_bf16(tiny_path: str) -> No
     assert {s["exp_avg_sq"].dtype for s in moments} == {BF16}
 
 
+def test_a_bf16_critic_trains_its_value_head_too(tiny_path: str) -> None:
+    """A value model (critic.master_dtype bf16): backbone and scalar head in bf16, and
+    a value-regression step moves every weight."""
+    engine = make_engine(tiny_path, micro=2, lr=1e-2, kind="value", master_dtype="bf16")
+    assert {p.dtype for p in engine.model.parameters()} == {BF16}
+    batch = make_batch(PROMPTS, RESPONSES)
+    before = _weights(engine)
+
+    def loss_fn(mb: Batch, out: dict[str, torch.Tensor]):
+        mask = mb["response_mask"]
+        loss = ((out["values"] - mb["advantages"]) ** 2 * mask).sum() / mask.sum()
+        return loss, {}
+
+    metrics = engine.train_mini_batch(batch, loss_fn)
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert all(not torch.equal(p.detach(), before[n]) for n, p in engine.model.named_parameters())
+
+
 def test_an_update_below_bf16_precision_is_lost(tiny_path: str) -> None:
     """The cost the field's doc names: Adam's first step moves a weight by lr (1e-3);
     norm weights sit at 1.0, where bf16's spacing is 2^-8 below, so in bf16 they stay
