@@ -213,7 +213,7 @@ def _legacy_model_rows() -> dict[str, Rule]:
     return {
         "model.partial_pretrain": Map("model.path"),
         "model.strategy": Map("actor.strategy", r.strategy),
-        f"{f}.model_dtype": Map("actor.master_dtype", r.precision),
+        f"{f}.model_dtype": Map("actor.master_dtype", r.precision("model.strategy")),
         f"{f}.wrap_policy.min_num_params": Map("actor.fsdp.wrap_min_num_params"),
         f"{f}.cpu_offload": Map("actor.fsdp.offload_policy"),
         f"{f}.offload_params": Note(

@@ -132,6 +132,10 @@ def _zero_indexed(prefix: str) -> Transform:
     return fn
 
 
+#: The verl key that picks a trained role's workers (FSDP or megatron)
+_STRATEGY_KEYS = {"actor": f"{ACT}.strategy", "critic": "critic.strategy"}
+
+
 def _fsdp(prefix: str, role: str, trained: bool) -> dict[str, Rule]:
     """``fsdp_config`` of actor (trained, role=actor), ref, critic, or reward model."""
     f = f"{role}.fsdp"
@@ -171,7 +175,7 @@ def _fsdp(prefix: str, role: str, trained: bool) -> dict[str, Rule]:
                 Map(f"{f}.optimizer_offload") if trained else Note("the reference has no optimizer")
             ),
             f"{prefix}.model_dtype": (
-                Map(f"{role}.master_dtype", r.precision)
+                Map(f"{role}.master_dtype", r.precision(_STRATEGY_KEYS.get(role, "")))
                 if trained
                 else _inert(
                     r.reference_storage,

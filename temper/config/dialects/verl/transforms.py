@@ -144,13 +144,21 @@ _PRECISIONS = {
 }
 
 
-def precision(v: Any, ctx: Any) -> Any:
-    """``model_dtype`` → ``<role>.master_dtype``: verl loads the trained module in it."""
-    if v is None:
-        return None
-    if str(v) not in _PRECISIONS:
-        raise ctx.error(f"unknown dtype '{v}'", "use fp32, bf16 or fp16")
-    return _PRECISIONS[str(v)]
+def precision(strategy_key: str) -> Transform:
+    """``model_dtype`` → ``<role>.master_dtype``: verl's FSDP workers load the trained
+    module in it; its megatron workers (``strategy_key`` = megatron) never read it."""
+
+    def fn(v: Any, ctx: Any) -> Any:
+        if v is None:
+            return None
+        if str(v) not in _PRECISIONS:
+            raise ctx.error(f"unknown dtype '{v}'", "use fp32, bf16 or fp16")
+        if ctx.get(strategy_key) == "megatron":
+            ctx.note(f"no effect: verl's megatron workers do not read it ({strategy_key})")
+            return None
+        return _PRECISIONS[str(v)]
+
+    return fn
 
 
 def reference_storage(v: Any, ctx: Any) -> bool:
