@@ -149,6 +149,8 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         ranks = len(plan.placement["reference"]) if cfg.resources.backend != "local" else 1
         ref = cfg.reference
         roles.append(("reference", ref.strategy, None, ref.deepspeed, ranks))
+    if plan.use_prm:  # PRIME's implicit PRM: a trained role of its own
+        check_master_dtype("prime.prm", cfg.prime.prm, local_engine(cfg, cfg.prime.prm.strategy))
     device = resolve_device(cfg.experiment.device)
     for role, strategy, train, section, world in roles:
         engine = local_engine(cfg, strategy)

@@ -166,6 +166,14 @@ def test_megatron_refuses_half_master_weights_at_load() -> None:
     assert err.value.key == "actor.master_dtype" and "fp32 main parameters" in err.value.reason
     assert "strategy: fsdp2 or torch" in err.value.fix
     check({"strategy": "megatron", "master_dtype": "fp32"})
+    prime = {
+        "pipeline": "prime",
+        "prime": {"prm": {"strategy": "megatron", "master_dtype": "bf16"}},
+    }
+    cfg = build_config({**BASE, **prime, "rollout": {"n": 2}})
+    with pytest.raises(ConfigError) as err:
+        check_engines(cfg, plan(cfg))
+    assert err.value.key == "prime.prm.master_dtype"
 
 
 ZERO2 = {"zero_optimization": {"stage": 2}}
