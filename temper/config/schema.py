@@ -538,6 +538,14 @@ class TrainEngineConfig:
     ppo_epochs: int = doc(1, "Passes over the step's batch.")
     shuffle: bool = doc(False, "Shuffle samples between mini-batches (seeded).")
     grad_clip: float | None = doc(1.0, "Clip the global grad norm (None: no clipping).")
+    master_dtype: Precision = doc(
+        "fp32",
+        "Dtype the trained weights (master weights) are stored in, and with them the "
+        "gradients and AdamW state (verl model_dtype). bf16/fp16 halve that memory, but an "
+        "update smaller than a weight's precision is lost. The model computes in "
+        "model.dtype, or in this dtype when model.dtype resolves to fp32. torch and fsdp2 "
+        "engines; deepspeed: bf16 with ZeRO 1-3 (its bf16 master mode); megatron: fp32.",
+    )
     optim: OptimConfig = sub(OptimConfig, "Optimizer.")
     fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")
     megatron: MegatronConfig = sub(MegatronConfig, "Megatron settings (strategy=megatron).")

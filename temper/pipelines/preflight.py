@@ -137,6 +137,14 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
             value = _get(cfg, key)
             if value != default:
                 notes.append(f"{key}={value!r}: GPU-only tuning ({what}); no effect on CPU")
+        trained = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if plan.use_critic else [])
+        for role, train in trained:
+            if train.master_dtype != "fp32":
+                notes.append(
+                    f"{role}.master_dtype={train.master_dtype}: the role then computes in "
+                    f"{train.master_dtype} on CPU, which is slow without AVX-512 half-precision "
+                    "instructions; fp32 is the CPU advice"
+                )
 
 
 # --------------------------------------------------------------------------- models

@@ -12,6 +12,8 @@ DeepSpeed key                     filled from
 ``train_batch_size``                micro × accumulation × data-parallel ranks
 ``gradient_clipping``               ``<role>.grad_clip`` (0: none)
 ``bf16.enabled``, ``fp16.enabled``  ``model.dtype`` (as resolved for the device)
+``bf16.bf16_master_weights_and_grads``, ``bf16.bf16_optimizer_states``
+                                    ``<role>.master_dtype`` (bf16: both true)
 ================================  =============================================
 
 A value of ``"auto"`` (Hugging Face's convention, used by ROLL's fragments) or the same
@@ -19,6 +21,12 @@ value is accepted; a different number for a batch or clipping key is a
 :class:`ConfigError` (it would change the run). The precision follows ``model.dtype``:
 ROLL's fragments all say ``bf16: {enabled: true}``, and a CPU run (fp32) keeps them as
 written, so a differing ``enabled`` becomes a note, not an error.
+
+bf16 master weights (``master_dtype: bf16``) are DeepSpeed's own mode: its ZeRO
+optimizer (stage 1-3) keeps the weight partitions, gradients and AdamW's moments in
+bf16 instead of an fp32 copy. It runs in bf16 (a trained role computes in its master
+dtype when ``model.dtype`` is fp32); fp16 master weights, and bf16 ones with
+``offload_optimizer`` (DeepSpeed asks for its compiled CPU Adam then), are refused.
 
 Other ``"auto"`` values get Hugging Face's rules: ``zero_optimization.reduce_bucket_size``
 = hidden², ``stage3_prefetch_bucket_size`` = 0.9·hidden², ``stage3_param_persistence_threshold``
@@ -62,7 +70,8 @@ class DeepSpeedFill:
     """What temper decides for a role's DeepSpeed config (see the module table).
 
     ``role`` names the config section in messages (``actor``, ``critic``, ``reference``);
-    ``hidden_size`` sizes the ``"auto"`` ZeRO buckets (None: unknown).
+    ``hidden_size`` sizes the ``"auto"`` ZeRO buckets (None: unknown); ``master``: the
+    trained role's ``master_dtype``; ``precision``: the dtype it computes in.
     """
 
     role: str
@@ -73,6 +82,7 @@ class DeepSpeedFill:
     precision: Precision
     hidden_size: int | None = None
     trainable: bool = True
+    master: Precision = "fp32"
 
     @property
     def key(self) -> str:
@@ -167,6 +177,7 @@ def resolve_deepspeed_config(section: Mapping[str, Any], fill: DeepSpeedFill) ->
         )
         stage = zero["stage"] = 0
     _zero_auto(zero, f"{key}.zero_optimization", fill.hidden_size)
+    _master(cfg, fill, stage)
     if _offload_device(cfg, "offload_optimizer") is not None:
         if cfg.get("zero_force_ds_cpu_optimizer", False) is True:
             raise ConfigError(
@@ -234,6 +245,55 @@ def _precision(cfg: dict[str, Any], key: str, precision: Precision) -> list[str]
             )
         bf16["check_grad_overflow"] = True
     return notes
+
+
+#: DeepSpeed's switches of bf16 master weights (its ZeRO optimizer's partitions, their
+#: gradients, and the client optimizer's moments held in bf16)
+BF16_MASTER = ("bf16_master_weights_and_grads", "bf16_optimizer_states")
+
+
+def _master(cfg: dict[str, Any], fill: DeepSpeedFill, stage: int) -> None:
+    """``bf16.bf16_master_weights_and_grads`` / ``bf16_optimizer_states`` from the
+    role's ``master_dtype``; what DeepSpeed cannot do with it is refused by that key."""
+    key, master_key = fill.key, f"{fill.role}.master_dtype"
+    bf16 = fill.trainable and fill.master == "bf16"
+    if fill.trainable and fill.master == "fp16":
+        raise ConfigError(
+            master_key,
+            "fp16 master weights: DeepSpeed keeps them only under fp16 loss scaling with its "
+            "compiled CPU Adam, which temper does not use",
+            f"set {master_key}: bf16 or fp32, or {fill.role}.strategy: fsdp2 or torch",
+        )
+    if bf16 and stage == 0:
+        raise ConfigError(
+            master_key,
+            "bf16 master weights live in DeepSpeed's ZeRO optimizer, which stage 0 does not use",
+            f"set {key}.zero_optimization.stage to 1, 2 or 3, or {master_key}: fp32",
+        )
+    if bf16 and fill.precision != "bf16":
+        raise ConfigError(
+            master_key,
+            f"bf16 master weights need DeepSpeed's bf16 mode, but model.dtype is {fill.precision}",
+            f"set model.dtype: bf16 (or auto), or {master_key}: fp32",
+        )
+    if bf16 and _offload_device(cfg, "offload_optimizer") is not None:
+        raise ConfigError(
+            master_key,
+            "DeepSpeed's bf16 master weights with offload_optimizer need its compiled CPU "
+            "Adam (DeepSpeedCPUAdam); temper steps torch AdamW",
+            f"remove {key}.zero_optimization.offload_optimizer, or set {master_key}: fp32",
+        )
+    section = cfg.setdefault("bf16", {})
+    for name in BF16_MASTER:
+        given = section.get(name, AUTO)
+        if given not in (AUTO, bf16):
+            raise ConfigError(
+                f"{key}.bf16.{name}",
+                f"{given!r} differs from {bf16!r}, which temper derives from {master_key}",
+                f"remove it and set {master_key} (bf16 turns both switches on)",
+            )
+        if bf16 or name in section:  # DeepSpeed's default is off: leave an unset one unset
+            section[name] = bf16
 
 
 def _zero_auto(zero: dict[str, Any], key: str, hidden: int | None) -> None:

@@ -60,7 +60,7 @@ from temper.training.deepspeed_config import (
 )
 from temper.training.deepspeed_io import DeepSpeedCheckpointer
 from temper.training.local_world import ensure_local_world, forget_stale_deepspeed_groups
-from temper.training.models import load_hf_config, resolve_dtype
+from temper.training.models import load_hf_config, role_compute_dtype
 from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,8 @@ class DeepSpeedEngine(DataParallelEngine):
         micro, accum = batch_fill(t, spec.infer_micro.size, self.world)
         hf = load_hf_config(spec.model, spec.model_path)
         hidden = getattr(getattr(hf, "text_config", hf), "hidden_size", None)
-        precision = PRECISIONS[resolve_dtype(spec.model.dtype, spec.device)]
+        master = t.master_dtype if t is not None else None
+        precision = PRECISIONS[role_compute_dtype(spec.model.dtype, master, spec.device)]
         grad_clip = t.grad_clip if t is not None and t.grad_clip is not None else 0.0
         fill = DeepSpeedFill(
             role=spec.role,
@@ -190,6 +191,7 @@ class DeepSpeedEngine(DataParallelEngine):
             precision=precision,
             hidden_size=int(hidden) if hidden is not None else None,
             trainable=t is not None,
+            master=t.master_dtype if t is not None else "fp32",
         )
         return resolve_deepspeed_config(section, fill)
 
@@ -228,7 +230,8 @@ class DeepSpeedEngine(DataParallelEngine):
         ``zero.Init`` made the Hugging Face model's in the run's precision (bf16/fp16), but
         a parameter added after loading — a value model's head, kept in fp32 storage —
         would still be fp32, and DeepSpeed asserts on the mix. Such parameters take the
-        partitioned ones' dtype (DeepSpeed keeps the fp32 master copy of all of them)."""
+        partitioned ones' dtype (DeepSpeed's master copy of all of them is in the role's
+        ``master_dtype``)."""
         params = list(self.model.parameters())
         partitioned = [p.dtype for p in params if hasattr(p, "ds_id")]
         if not partitioned:

@@ -9,7 +9,7 @@
 * ``save_hf`` writes the same Hugging Face directory as the other engines (loads in
   transformers and vLLM), from rank 0.
 * Checkpoints are DeepSpeed's own (``engine.save_checkpoint``: each rank writes its
-  optimizer partition; the model file under ZeRO-3 holds no weights, the fp32 master
+  optimizer partition; the model file under ZeRO-3 holds no weights, the master
   partitions are restored from the optimizer files), with temper's LR schedule as client
   state. Under LoRA only the trainable (adapter) parameters are written.
 
@@ -171,7 +171,7 @@ class DeepSpeedCheckpointer:
 
     def state_dict(self) -> dict[str, Any]:
         """``{"model": whole trainable weights, "optimizer": this rank's DeepSpeed optimizer
-        state (its ZeRO partition, fp32 masters included), "scheduler"}``; frozen: model
+        state (its ZeRO partition, master weights included), "scheduler"}``; frozen: model
         only."""
         state: dict[str, Any] = {"model": dict(self._module_state(trainable_only=True))}
         if self.optimizer is not None and self.schedule is not None:

@@ -11,9 +11,10 @@ FSDP *averages* gradients over ranks, so each rank's loss is multiplied by the
 data-parallel size before ``backward``, and ``clip_grad_norm_`` on DTensor gradients
 computes the global norm over all shards.
 
-Mixed precision: the torch engine's rule (fp32 master weights, compute in
-``model.dtype``) as an FSDP ``MixedPrecisionPolicy`` (fp32 gradient reduction). On CPU
-the compute dtype is fp32 and the policy is a no-op.
+Mixed precision: the torch engine's rule (master weights stored in the role's
+``master_dtype``, fp32 by default; compute in ``model.dtype``) as an FSDP
+``MixedPrecisionPolicy``: gradients are reduced in fp32 and kept in the master dtype,
+where AdamW's state follows them. On CPU with fp32 masters the policy is a no-op.
 Checkpoints and full-weight export are :class:`~temper.training.fsdp2_io.FSDP2Checkpointer`'s,
 which the engine builds from its model, optimizer, schedule and spec.
 """

@@ -3,8 +3,8 @@
 * :func:`transformer_config` — the HF architecture (layers, heads, GQA groups, head dim,
   FFN, RMSNorm epsilon, biases, qk-norm) plus the role's ``megatron`` section
   (parallel degrees, recompute, ``extra`` TransformerConfig arguments) as Megatron's
-  ``TransformerConfig``. Weights are fp32 masters (like the torch engine); compute runs
-  under autocast in ``model.dtype``.
+  ``TransformerConfig``. Weights are fp32 masters (the torch engine's default; another
+  ``master_dtype`` is refused at load); compute runs under autocast in ``model.dtype``.
 * :func:`build_model` — ``GPTModel`` with the layer spec of :mod:`megatron_layers`,
   Hugging Face's RoPE, and for a critic the scalar value head; then every parameter is
   filled with this TP rank's shard of the HF tensors (:mod:`megatron_convert`), read one

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from temper.config.errors import ConfigError
-from temper.config.schema import DTYPES, LoraConfig, ModelConfig
+from temper.config.schema import DTYPES, LoraConfig, ModelConfig, Precision
 from temper.training import segment_attention
 from temper.utils.hf_auto import causal_lm_class, text_hidden_size
 from temper.utils.model_path import resolve_model_path
@@ -51,6 +51,30 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
             "model.dtype", f"unknown dtype '{dtype}'", f"use auto or one of {', '.join(DTYPES)}"
         )
     return getattr(torch, DTYPES[dtype])
+
+
+def master_dtype(name: Precision) -> torch.dtype:
+    """The storage dtype of trained weights (``<role>.master_dtype``)."""
+    return cast(torch.dtype, getattr(torch, DTYPES[name]))
+
+
+def trained_compute_dtype(master: torch.dtype, compute: torch.dtype) -> torch.dtype:
+    """The dtype a trained model computes in: ``compute`` (``model.dtype``), except that
+    fp32 compute over half-precision master weights is ``master``. Such a weight only
+    holds ``master``'s values, and each engine runs a forward in one dtype (autocast
+    only ever lowers precision), so the whole forward then runs in ``master``."""
+    if compute == torch.float32 and master != torch.float32:
+        return master
+    return compute
+
+
+def role_compute_dtype(
+    model_dtype: str, master: Precision | None, device: torch.device
+) -> torch.dtype:
+    """The dtype a role computes in: ``model.dtype`` resolved for ``device``, and for a
+    trained role (``master``: its ``master_dtype``) :func:`trained_compute_dtype`."""
+    compute = resolve_dtype(model_dtype, device)
+    return compute if master is None else trained_compute_dtype(master_dtype(master), compute)
 
 
 def resolve_attn_implementation(name: str) -> str:
@@ -181,9 +205,9 @@ def load_causal_lm(
 ) -> nn.Module:
     """A causal LM from ``cfg.path`` (or ``path``), with LoRA and checkpointing if asked.
 
-    ``dtype`` is the *storage* dtype: trained models keep fp32 master weights (AdamW
-    updates of ~1e-6 vanish in bf16) and run bf16 under autocast; frozen ones can be
-    stored directly in the compute dtype.
+    ``dtype`` is the *storage* dtype: trained models keep their role's ``master_dtype``
+    (fp32 by default: AdamW updates of ~1e-6 vanish in bf16) and run bf16 under
+    autocast; frozen ones are stored directly in the compute dtype.
     """
     model = _from_pretrained(None, cfg, path or cfg.path, dtype, device)
     if cfg.lora.rank > 0:

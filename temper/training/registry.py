@@ -38,11 +38,15 @@ class Engine:
 
     ``hf_value_model``: its value model is the Hugging Face backbone and scalar head of
     :mod:`temper.training.models`, so a reward model it trains saves as
-    ``AutoModelForSequenceClassification`` (Megatron builds its own network instead)."""
+    ``AutoModelForSequenceClassification`` (Megatron builds its own network instead).
+    ``fp32_master_reason``: see the field."""
 
     build: EngineFactory
     needs: frozenset[str] = frozenset()
     hf_value_model: bool = True
+    #: why the engine keeps fp32 master weights whatever ``<role>.master_dtype`` says;
+    #: empty: it stores trained weights in ``master_dtype`` (:func:`load_model`'s way)
+    fp32_master_reason: str = ""
 
 
 def _megatron(spec: EngineSpec) -> TrainEngine:
@@ -64,7 +68,16 @@ def _deepspeed(spec: EngineSpec) -> TrainEngine:
 ENGINES: Registry[Engine] = Registry("training engine")
 ENGINES.add("torch", Engine(TorchEngine, frozenset({ONE_PROCESS})))
 ENGINES.add("fsdp2", Engine(FSDP2Engine, frozenset()))
-ENGINES.add("megatron", Engine(_megatron, frozenset({MEGATRON_PARALLEL}), hf_value_model=False))
+ENGINES.add(
+    "megatron",
+    Engine(
+        _megatron,
+        frozenset({MEGATRON_PARALLEL}),
+        hf_value_model=False,
+        fp32_master_reason="Megatron-Core's optimizer keeps fp32 main parameters of its own",
+    ),
+)
+# DeepSpeed honours master_dtype bf16 through its own mode (deepspeed_config refuses the rest)
 ENGINES.add("deepspeed", Engine(_deepspeed, frozenset()))
 
 
@@ -97,6 +110,18 @@ def build_engine(strategy: str, spec: EngineSpec, *, key: str | None = None) -> 
     raise unknown_name(key, strategy, ENGINES.names())
 
 
+def check_master_dtype(role: str, train: TrainEngineConfig, engine: str) -> None:
+    """Half-precision master weights need an engine that stores them (torch, fsdp2,
+    deepspeed in its ZeRO bf16 mode)."""
+    reason = ENGINES.get(engine).fp32_master_reason
+    if train.master_dtype != "fp32" and reason:
+        raise ConfigError(
+            f"{role}.master_dtype",
+            f"{train.master_dtype} master weights: {reason}",
+            f"set {role}.master_dtype: fp32, or {role}.strategy: fsdp2 or torch",
+        )
+
+
 def check_engines(cfg: TemperConfig, plan: Derived) -> None:
     """What building the roles' engines would refuse, found at load without importing an
     engine or loading a model: a ``deepspeed`` role needs the deepspeed package, and its
@@ -110,7 +135,7 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         resolve_deepspeed_config,
     )
     from temper.training.deepspeed_engine import check_partitioned
-    from temper.training.models import resolve_device, resolve_dtype
+    from temper.training.models import resolve_device, role_compute_dtype
 
     roles: list[tuple[str, str, TrainEngineConfig | None, dict[str, Any], int]] = [
         ("actor", cfg.actor.strategy, cfg.actor, cfg.actor.deepspeed, plan.actor.dp)
@@ -124,10 +149,13 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         ranks = len(plan.placement["reference"]) if cfg.resources.backend != "local" else 1
         ref = cfg.reference
         roles.append(("reference", ref.strategy, None, ref.deepspeed, ranks))
+    if plan.use_prm:  # PRIME's implicit PRM: a trained role of its own
+        check_master_dtype("prime.prm", cfg.prime.prm, local_engine(cfg, cfg.prime.prm.strategy))
     device = resolve_device(cfg.experiment.device)
-    precision = PRECISIONS[resolve_dtype(cfg.model.dtype, device)]
     for role, strategy, train, section, world in roles:
         engine = local_engine(cfg, strategy)
+        if train is not None and engine in ENGINES:
+            check_master_dtype(role, train, engine)
         if train is not None and engine == "torch":
             check_one_process(role, train.ulysses_sequence_parallel_size)
         if train is not None and engine == "fsdp2":
@@ -144,6 +172,7 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
                 "does this), or choose strategy fsdp2/torch",
             )
         micro, accum = batch_fill(train, 1, world)
+        master = train.master_dtype if train is not None else None
         clip = train.grad_clip if train is not None and train.grad_clip is not None else 0.0
         fill = DeepSpeedFill(
             role=role,
@@ -151,9 +180,10 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
             grad_accum=accum,
             world=world,
             grad_clip=max(0.0, float(clip)),
-            precision=precision,
+            precision=PRECISIONS[role_compute_dtype(cfg.model.dtype, master, device)],
             hidden_size=1,  # a stand-in: the model's config is not read here
             trainable=train is not None,
+            master=master or "fp32",
         )
         resolved = resolve_deepspeed_config(section, fill)
         l2 = train.l2_coef if isinstance(train, ActorConfig) else 0.0

@@ -3,9 +3,10 @@
 It is the reference implementation of :class:`TrainEngine` (the distributed engines must
 agree with it) and what CI and laptops run. Memory choices:
 
-* trained models keep fp32 master weights and run under ``torch.autocast`` in the
-  configured compute dtype (bf16 on GPU by default) — AdamW updates of ~1e-6 would be
-  lost in bf16 weights; frozen models are stored in the compute dtype directly;
+* trained models keep their master weights in the role's ``master_dtype`` (fp32 by
+  default — AdamW updates of ~1e-6 would be lost in bf16 weights; AdamW's state follows
+  the weights' dtype) and run under ``torch.autocast`` in the configured compute dtype
+  (bf16 on GPU by default); frozen models are stored in the compute dtype directly;
 * only the logits of response positions are computed (``logits_to_keep``), and
   log-probs/entropy are chunked over rows by the algorithms package;
 * the training forward always returns the per-token ``entropy`` (the ``actor/entropy``
@@ -39,7 +40,7 @@ from temper.training.micro_batching import (
     masked_outputs,
     model_inputs,
 )
-from temper.training.models import resolve_dtype
+from temper.training.models import role_compute_dtype
 from temper.training.packing import LayoutCost, PackedInputs, scored_positions, unpack
 from temper.training.router_replay import (
     ROUTED_EXPERTS,
@@ -89,7 +90,8 @@ class TorchEngine(PackedLogits):
         _check_supported(spec)
         self.spec = spec
         self.device = spec.device
-        self.compute_dtype = resolve_dtype(spec.model.dtype, spec.device)
+        master = spec.train.master_dtype if spec.train is not None else None
+        self.compute_dtype = role_compute_dtype(spec.model.dtype, master, spec.device)
         self.trainable = spec.train is not None
         self.model: nn.Module = self._wrap_model(self._load_model())
         self.router_replay = self._router_replay() if spec.router_replay else None

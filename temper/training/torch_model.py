@@ -13,7 +13,12 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from temper.algorithms.logprobs import logprobs_and_entropy
-from temper.training.models import freeze_modules, load_causal_lm, load_value_model
+from temper.training.models import (
+    freeze_modules,
+    load_causal_lm,
+    load_value_model,
+    master_dtype,
+)
 from temper.training.spec import EngineSpec
 from temper.training.weights import is_peft_model
 
@@ -37,8 +42,9 @@ def load_model(
     spec: EngineSpec, device: torch.device, compute_dtype: torch.dtype, *, trainable: bool
 ) -> nn.Module:
     """The HF model (or value model) an engine trains, on ``device``, in its storage
-    dtype: fp32 master weights when trained, else ``compute_dtype``."""
-    storage = torch.float32 if trainable else compute_dtype
+    dtype: the role's ``master_dtype`` when trained (AdamW then keeps its state in it
+    too), else ``compute_dtype``."""
+    storage = master_dtype(spec.train.master_dtype) if trainable and spec.train else compute_dtype
     loader = load_value_model if spec.value_head else load_causal_lm
     kwargs: dict[str, Any] = (
         {"seed": spec.seed, "score_head": spec.kind == "score"} if spec.value_head else {}

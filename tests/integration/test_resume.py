@@ -157,6 +157,11 @@ def _reward_model_config() -> dict:
 
 
 def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
+    if algo == "sft_bf16":  # bf16 master weights: AdamW's state is bf16 too
+        cfg = _config(tmp, model_dir, "sft")
+        cfg["actor"] = {**cfg["actor"], "master_dtype": "bf16"}
+        build_config(cfg)
+        return cfg
     if algo in AHEAD:
         base, k = AHEAD[algo]
         cfg = {**_config(tmp, model_dir, base), "async_training": {"staleness": k}}
@@ -362,6 +367,29 @@ def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo,
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
     assert summary["steps"] == STEPS and summary["stopped_by"] is None
     assert summary["curve_values"] == _train_curve(full, summary["curve"])
+    _assert_same_run(full, out)
+
+
+def test_bf16_master_weights_resume_bit_identically(runs, capsys):
+    """actor.master_dtype bf16: the checkpoint holds bf16 weights and bf16 AdamW moments,
+    a run killed after step 3 and resumed equals the uninterrupted one, and the final
+    Hugging Face directory is written in bf16."""
+    tmp, made = runs
+    cfg, full = made["sft_bf16"]
+    engine = full / "checkpoints" / "global_step_3" / "actor_train" / "engine"
+    weights = load_file(str(engine / "model.safetensors"))
+    assert {w.dtype for w in weights.values()} == {torch.bfloat16}
+    moments = torch.load(engine / "state.pt", weights_only=True)["optimizer"]["state"]
+    assert {m["exp_avg"].dtype for m in moments.values()} == {torch.bfloat16}
+    final = load_file(str(full / "final" / "actor" / "model.safetensors"))
+    assert {w.dtype for w in final.values()} == {torch.bfloat16}
+    out = tmp / "sft_bf16-killed"
+    proc = _start(cfg, out, tmp)
+    _wait_for((out / "checkpoints" / "global_step_3" / "manifest.json").is_file, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _train(cfg, out)
+    assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
     _assert_same_run(full, out)
 
 

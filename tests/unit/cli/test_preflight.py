@@ -272,6 +272,13 @@ def test_gpu_tuning_is_noted_on_cpu(tmp_path, tiny_model_dir, capsys):
     assert "rollout.enforce_eager=False: GPU-only tuning (CUDA graphs); no effect on CPU" in out
 
 
+def test_half_master_weights_on_cpu_are_noted(tmp_path, tiny_model_dir, capsys):
+    path = native(tmp_path, tiny_model_dir, actor={"master_dtype": "bf16"})
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "actor.master_dtype=bf16: the role then computes in bf16 on CPU" in out
+
+
 def test_cuda_device_runs_on_cpu_here(tmp_path, tiny_model_dir, capsys):
     path = native(tmp_path, tiny_model_dir, experiment={"device": "cuda"})
     assert main(["check", str(path)]) == 0

@@ -43,7 +43,7 @@ data.use_shm true noted
 data.apply_chat_template_kwargs {enable_thinking:false} -> data.apply_chat_template_kwargs
 model.partial_pretrain /m/base -> model.path
 model.use_shm true noted
-model.fsdp_config.model_dtype bf16 !! fp32
+model.fsdp_config.model_dtype bf16 -> actor.master_dtype = bf16
 model.fsdp_config.wrap_policy.min_num_params 1000 -> actor.fsdp.wrap_min_num_params
 model.fsdp_config.cpu_offload true -> actor.fsdp.offload_policy
 model.fsdp_config.offload_params true noted
@@ -107,6 +107,7 @@ engine.strategy fsdp2 -> actor.strategy
 engine.param_offload true -> actor.fsdp.param_offload
 engine.ulysses_sequence_parallel_size 1 -> actor.ulysses_sequence_parallel_size
 engine.dtype float32 -> model.dtype = fp32
+engine.model_dtype bfloat16 -> actor.master_dtype = bf16
 engine.full_determinism true -> experiment.deterministic = True
 engine.qat.enable true !! quantization-aware
 engine.pad_to_length true noted

@@ -141,7 +141,15 @@ actor_rollout_ref.actor.fsdp_config.reshard_after_forward false -> actor.fsdp.re
 actor_rollout_ref.actor.fsdp_config.fsdp_size 4 -> actor.fsdp.fsdp_size
 actor_rollout_ref.actor.fsdp_config.forward_prefetch true noted
 actor_rollout_ref.actor.fsdp_config.use_orig_params true noted
-actor_rollout_ref.actor.fsdp_config.model_dtype bf16 !! fp32
+actor_rollout_ref.actor.fsdp_config.model_dtype bf16 -> actor.master_dtype = bf16
+actor_rollout_ref.actor.fsdp_config.model_dtype bfloat16 -> actor.master_dtype = bf16
+actor_rollout_ref.actor.fsdp_config.model_dtype float16 -> actor.master_dtype = fp16
+actor_rollout_ref.actor.fsdp_config.model_dtype float32 -> actor.master_dtype = fp32
+actor_rollout_ref.actor.fsdp_config.model_dtype int8 !! unknown dtype
+actor_rollout_ref.actor.fsdp_config.model_dtype bf16 +actor_rollout_ref.actor.strategy=megatron noted
+actor_rollout_ref.ref.fsdp_config.model_dtype bf16 noted
+actor_rollout_ref.ref.fsdp_config.model_dtype fp32 noted
+actor_rollout_ref.ref.fsdp_config.model_dtype bf16 +actor_rollout_ref.actor.fsdp_config.dtype=float32 +actor_rollout_ref.ref.fsdp_config.dtype=float32 +critic.model.fsdp_config.dtype=float32 !! round the weights
 actor_rollout_ref.actor.fsdp_config.dtype float32 +actor_rollout_ref.ref.fsdp_config.dtype=float32 +critic.model.fsdp_config.dtype=float32 -> model.dtype = fp32
 actor_rollout_ref.actor.fsdp_config.dtype bfloat16 -> model.dtype = auto
 actor_rollout_ref.actor.fsdp_config.seed 7 +actor_rollout_ref.ref.fsdp_config.seed=7 +critic.model.fsdp_config.seed=7 +actor_rollout_ref.actor.data_loader_seed=7 +critic.data_loader_seed=7 -> experiment.seed
@@ -363,7 +371,8 @@ critic.model.fsdp_config.optimizer_offload true -> critic.fsdp.optimizer_offload
 critic.model.fsdp_config.offload_policy true -> critic.fsdp.offload_policy
 critic.model.fsdp_config.reshard_after_forward false -> critic.fsdp.reshard_after_forward
 critic.model.fsdp_config.fsdp_size 2 -> critic.fsdp.fsdp_size
-critic.model.fsdp_config.model_dtype bf16 !! fp32
+critic.model.fsdp_config.model_dtype bfloat16 -> critic.master_dtype = bf16
+critic.model.fsdp_config.model_dtype bf16 +critic.strategy=megatron noted
 critic.model.fsdp_config.dtype float16 !! one compute dtype
 critic.model.fsdp_config.full_determinism true -> experiment.deterministic = True
 critic.model.fsdp_config.ulysses_sequence_parallel_size 2 -critic.ulysses_sequence_parallel_size -> critic.ulysses_sequence_parallel_size

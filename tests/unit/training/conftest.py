@@ -50,9 +50,11 @@ def make_engine(
     train: bool = True,
     model: ModelConfig | None = None,
     kind: str = "causal_lm",
+    master_dtype: str = "fp32",
     **optim: object,
 ) -> TorchEngine:
     actor = ActorConfig(
+        master_dtype=master_dtype,  # type: ignore[arg-type]
         micro_batch_size_per_device=micro,
         use_dynamic_bsz=max_tokens is not None,
         max_token_len_per_device=max_tokens or 16384,

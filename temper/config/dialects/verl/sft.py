@@ -213,12 +213,7 @@ def _legacy_model_rows() -> dict[str, Rule]:
     return {
         "model.partial_pretrain": Map("model.path"),
         "model.strategy": Map("actor.strategy", r.strategy),
-        f"{f}.model_dtype": _inert(
-            ("fp32", "float32"),
-            "master weights are kept in fp32",
-            "only fp32 master weights are supported",
-            "remove it",
-        ),
+        f"{f}.model_dtype": Map("actor.master_dtype", r.precision("model.strategy")),
         f"{f}.wrap_policy.min_num_params": Map("actor.fsdp.wrap_min_num_params"),
         f"{f}.cpu_offload": Map("actor.fsdp.offload_policy"),
         f"{f}.offload_params": Note(

@@ -132,6 +132,10 @@ def _zero_indexed(prefix: str) -> Transform:
     return fn
 
 
+#: The verl key that picks a trained role's workers (FSDP or megatron)
+_STRATEGY_KEYS = {"actor": f"{ACT}.strategy", "critic": "critic.strategy"}
+
+
 def _fsdp(prefix: str, role: str, trained: bool) -> dict[str, Rule]:
     """``fsdp_config`` of actor (trained, role=actor), ref, critic, or reward model."""
     f = f"{role}.fsdp"
@@ -170,11 +174,16 @@ def _fsdp(prefix: str, role: str, trained: bool) -> dict[str, Rule]:
             f"{prefix}.optimizer_offload": (
                 Map(f"{f}.optimizer_offload") if trained else Note("the reference has no optimizer")
             ),
-            f"{prefix}.model_dtype": _inert(
-                ("fp32", "float32"),
-                "master weights are kept in fp32",
-                "only fp32 master weights are supported",
-                f"remove it; set the compute dtype with {ACT}.fsdp_config.dtype",
+            f"{prefix}.model_dtype": (
+                Map(f"{role}.master_dtype", r.precision(_STRATEGY_KEYS.get(role, "")))
+                if trained
+                else _inert(
+                    r.reference_storage,
+                    "the reference is stored in the compute dtype (model.dtype)",
+                    "the reference is stored in the compute dtype; a storage dtype below it "
+                    "would round the weights first",
+                    f"set it to fp32 or to {ACT}.fsdp_config.dtype",
+                )
             ),
             f"{prefix}.dtype": dtype_rule,
             f"{prefix}.seed": Map("experiment.seed", weak=True),

@@ -130,6 +130,46 @@ def dtype_name(v: Any) -> str | None:
     return _DTYPES.get(str(v))
 
 
+#: verl's ``PrecisionType`` spellings of a storage dtype (``model_dtype``): always a
+#: concrete dtype, so bf16 stays bf16 on every device (unlike a compute ``dtype``).
+_PRECISIONS = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "16": "fp16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "32": "fp32",
+}
+
+
+def precision(strategy_key: str) -> Transform:
+    """``model_dtype`` → ``<role>.master_dtype``: verl's FSDP workers load the trained
+    module in it; its megatron workers (``strategy_key`` = megatron) never read it."""
+
+    def fn(v: Any, ctx: Any) -> Any:
+        if v is None:
+            return None
+        if str(v) not in _PRECISIONS:
+            raise ctx.error(f"unknown dtype '{v}'", "use fp32, bf16 or fp16")
+        if ctx.get(strategy_key) == "megatron":
+            ctx.note(f"no effect: verl's megatron workers do not read it ({strategy_key})")
+            return None
+        return _PRECISIONS[str(v)]
+
+    return fn
+
+
+def reference_storage(v: Any, ctx: Any) -> bool:
+    """The reference's ``model_dtype`` changes nothing here when it is fp32 or the
+    actor's compute dtype: temper stores the frozen reference in the compute dtype, and
+    verl's FSDP casts fp32 weights to that dtype for every forward."""
+    actor = ctx.get("actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16")
+    got = _PRECISIONS.get(str(v))
+    return v is None or got == "fp32" or got == _PRECISIONS.get(str(actor))
+
+
 def dtype(v: Any, ctx: Any) -> Any:
     if v is None:
         return None
