@@ -16,6 +16,7 @@ bash scripts/install.sh
 ALONE=(
   tests/integration/test_deepspeed.py
   tests/integration/test_deepspeed_runs.py
+  tests/integration/test_deepspeed_master_dtype.py
   tests/integration/test_megatron*.py  # every Megatron module: its parallel state is per process
   tests/integration/test_fsdp2.py
   tests/integration/test_vllm.py
