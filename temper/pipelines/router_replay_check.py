@@ -52,6 +52,13 @@ def check_router_replay(cfg: TemperConfig) -> None:
             "MoE layer",
             "set actor.megatron.pipeline_model_parallel_size=1, or actor.router_replay=none",
         )
+    if cfg.actor.strategy == "megatron" and m.context_parallel_size > 1:
+        raise ConfigError(
+            key,
+            "router replay with context parallelism is not in this build of the megatron "
+            "engine (nor is context parallelism on an MoE model)",
+            "set actor.megatron.context_parallel_size=1, or actor.router_replay=none",
+        )
 
 
 __all__ = ["check_router_replay"]

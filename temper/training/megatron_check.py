@@ -29,8 +29,12 @@ What runs where:
   (ETP; TP by default, 1 the common layout: whole experts on every TP rank); EP on a
   dense model is refused when the model's config is read;
 * LoRA (``model.lora``) on a dense actor (:mod:`megatron_lora`);
-* not in this build: context parallelism, LoRA on a critic or on an MoE model, LoRA
-  dropout — errors naming the key.
+* context parallelism (``context_parallel_size``, :mod:`megatron_cp`) on a dense model
+  with TP, DP and sequence parallelism: on CPU temper's attention gathers keys and values
+  over the CP group; on CUDA with TransformerEngine, TE's attention does CP itself
+  (``extra.cp_comm_type``);
+* not in this build: context parallelism with pipeline stages, on an MoE model or with
+  LoRA; LoRA on a critic or on an MoE model, LoRA dropout — errors naming the key.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         layout = local_layout(cfg.model, path or cfg.model.path)
         if layout is not None:  # how TP, PP × VPP and EP split this model
             check_divisible(layout, m, role)
+            lora_on = cfg.model.lora.rank > 0 and role != "reference"
+            check_context_parallel(role, m, moe=layout.moe is not None, lora=lora_on)
             if role != "reference":
                 check_lora(cfg.model.lora, role, moe=layout.moe is not None)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
@@ -243,6 +249,36 @@ def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
             )
 
 
+def check_context_parallel(role: str, m: MegatronConfig, *, moe: bool, lora: bool) -> None:
+    """Context parallelism (:mod:`megatron_cp`) runs with tensor and data parallelism
+    and sequence parallelism, on a dense model; the combinations not built are refused
+    with the key that asks for them."""
+    cp = m.context_parallel_size
+    if cp <= 1:
+        return
+    key = f"{role}.megatron"
+    fix = f"set {key}.context_parallel_size: 1, or"
+    if m.pipeline_model_parallel_size > 1:
+        raise ConfigError(
+            f"{key}.pipeline_model_parallel_size",
+            "context parallelism with pipeline stages is not in this build of the megatron engine",
+            f"{fix} pipeline_model_parallel_size: 1",
+        )
+    if moe:
+        raise ConfigError(
+            f"{key}.context_parallel_size",
+            "context parallelism on a mixture-of-experts model (router losses and token "
+            "counts over CP shares) is not in this build of the megatron engine",
+            f"{fix} use a dense model",
+        )
+    if lora:
+        raise ConfigError(
+            f"{key}.context_parallel_size",
+            "context parallelism with LoRA adapters is not in this build of the megatron engine",
+            f"{fix} set model.lora.rank: 0",
+        )
+
+
 def check_engine_spec(spec: EngineSpec) -> None:
     """The engine-side check of one role (raises; notes are logged by the engine)."""
     check_section(
@@ -292,14 +328,9 @@ def check_section(
             "chunks; there is one stage (pipeline_model_parallel_size: 1)",
             "set it to null, or set pipeline_model_parallel_size above 1",
         )
-    if m.context_parallel_size > 1:
-        why = (
-            "on CPU Megatron's context-parallel attention cannot run (it is "
-            "TransformerEngine's, a CUDA library)"
-            if device_type != "cuda"
-            else "context parallelism is not in this build of the megatron engine"
-        )
-        raise ConfigError(f"{key}.context_parallel_size", why, "set it to 1")
+    moe_hint = m.expert_model_parallel_size > 1 or any(k.startswith("moe_") for k in m.extra)
+    lora_on = lora is not None and lora.rank > 0 and role != "reference"
+    check_context_parallel(role, m, moe=moe_hint, lora=lora_on)
     refused = refused_moe_option(m.extra, device_type)
     if refused:
         raise ConfigError(f"{key}.extra.{refused[0]}", refused[1], "remove it, or run on CUDA")
