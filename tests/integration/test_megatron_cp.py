@@ -90,3 +90,112 @@ def test_cp2_log_probs_and_update_match_torch_engine(tiny_path: str) -> None:
     batch = with_log_probs(single, batch)
     ranks = spawn_ranks(_step_rank, 2, tiny_path, batch, 1, False)
     _check_ranks(ranks, single, batch)
+
+
+@pytest.fixture(scope="module")
+def qwen3_path(tmp_path_factory) -> str:
+    from test_megatron import _tiny
+
+    return _tiny(tmp_path_factory.mktemp("megatron-cp") / "qwen3", "qwen3")
+
+
+def test_cp2_with_tp2_and_sequence_parallel_matches_torch_engine(qwen3_path: str) -> None:
+    """CP = 2 × TP = 2 on four ranks (Qwen3: q/k norms), sequence parallel: each CP
+    rank's share is split again over its TP pair (rows padded to a multiple of 8)."""
+    single = make_actor(qwen3_path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ranks = spawn_ranks(_step_rank, 4, qwen3_path, batch, 2, True)
+    _check_ranks(ranks, single, batch)
+
+
+def _dp_rank(rank: int, world: int, path: str, batch: Batch, ckpt: str) -> dict:
+    actor = make_actor(path, "megatron", cp=2)
+    engine = actor.engine
+    assert engine.dp_size == 2
+    n = len(batch) // 2
+    mine = batch.slice(engine.dp_rank * n, (engine.dp_rank + 1) * n)
+    old = actor.compute_log_probs(mine)["old_log_probs"]
+    metrics = actor.update(mine)
+    engine.save_checkpoint(ckpt)
+    return {"dp": engine.dp_rank, "old": old, "metrics": metrics, "weights": weights(engine)}
+
+
+def _resume_rank(rank: int, world: int, path: str, ckpt: str) -> dict:
+    actor = make_actor(path, "megatron", cp=1)
+    actor.engine.load_checkpoint(ckpt)
+    return weights(actor.engine)
+
+
+def test_cp2_with_dp2_sums_gradients_over_dp_and_cp(tiny_path: str, tmp_path) -> None:
+    """CP = 2 × DP = 2 (four ranks, CP ranks adjacent): each DP rank's CP pair runs half
+    the batch; gradients summed over the DP × CP group give the one-process update. The
+    checkpoint written at CP = 2 loads at CP = 1."""
+    single = make_actor(tiny_path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    ranks = spawn_ranks(_dp_rank, 4, tiny_path, batch, str(tmp_path / "ckpt"))
+    assert [r["dp"] for r in ranks] == [0, 0, 1, 1]  # Megatron's tp-cp-ep-dp-pp order
+    olds = [ranks[0]["old"], ranks[2]["old"]]
+    torch.testing.assert_close(torch.cat(olds), batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+    for r in ranks:
+        for k in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"):
+            assert r["metrics"][k] == pytest.approx(ref_metrics[k], rel=1e-5, abs=1e-6), k
+    ref_weights = weights(single.engine)
+    assert_close_weights(ranks[0]["weights"], ref_weights)
+    (resumed,) = spawn_ranks(_resume_rank, 1, tiny_path, str(tmp_path / "ckpt"))
+    for k, v in ranks[0]["weights"].items():
+        torch.testing.assert_close(resumed[k], v, atol=0, rtol=0, msg=k)
+
+
+def _critic_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    critic = megatron_critic(path, "megatron", _megatron(2))
+    values = critic.compute_values(batch)["values"]
+    metrics = critic.update(batch.union(Batch.from_dict({"values": values})))
+    return {"values": values, "metrics": metrics, "weights": weights(critic.engine)}
+
+
+def test_cp2_critic_matches_torch_engine(tiny_path: str) -> None:
+    single = megatron_critic(tiny_path, "torch")
+    batch = make_batch()
+    values = single.compute_values(batch)["values"]
+    ref_metrics = single.update(batch.union(Batch.from_dict({"values": values})))
+    ref = {k: v.detach().clone() for k, v in single.engine.model.state_dict().items()}
+    for got in spawn_ranks(_critic_rank, 2, tiny_path, batch):
+        torch.testing.assert_close(got["values"], values, atol=1e-5, rtol=1e-5)
+        for k, v in ref_metrics.items():
+            assert got["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    for name, tensor in got["weights"].items():
+        key = name if name.startswith("value_head.") else f"backbone.{name}"
+        torch.testing.assert_close(tensor, ref[key], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _kd_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    from temper.algorithms.kd import KDParams
+    from temper.roles.kd_loss import TEACHER_LOGITS
+    from temper.training.micro_batching import KD_INDICES
+
+    actor = make_actor(path, "megatron", cp=2)
+    values, ids = actor.engine.top_logits(batch, 5, 0.5)
+    work = batch.union(Batch.from_dict({KD_INDICES: ids, TEACHER_LOGITS: values}))
+    metrics = actor.distill_update(work, "forward_kl", KDParams(teacher_temperature=0.5), 0.5)
+    return {"values": values, "ids": ids, "metrics": metrics, "weights": weights(actor.engine)}
+
+
+def test_cp2_offline_distillation_matches_torch_engine(tiny_path: str) -> None:
+    """A teacher's top-k at CP = 2 (every held position, gathered) and a student's
+    logits at the teacher's ids (placed at their positions, split, gathered back)."""
+    from temper.algorithms.kd import KDParams
+    from temper.roles.kd_loss import TEACHER_LOGITS
+    from temper.training.micro_batching import KD_INDICES
+
+    batch = make_batch(seed=5)
+    single = make_actor(tiny_path, "torch")
+    values, ids = single.engine.top_logits(batch, 5, 0.5)
+    work = batch.union(Batch.from_dict({KD_INDICES: ids, TEACHER_LOGITS: values}))
+    ref = single.distill_update(work, "forward_kl", KDParams(teacher_temperature=0.5), 0.5)
+    for got in spawn_ranks(_kd_rank, 2, tiny_path, batch):
+        torch.testing.assert_close(got["values"], values, atol=1e-5, rtol=1e-5)
+        assert torch.equal(got["ids"], ids)
+        for k in ("actor/loss", "actor/distill_loss", "actor/grad_norm"):
+            assert got["metrics"][k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), k
+    assert_close_weights(got["weights"], weights(single.engine))
