@@ -29,12 +29,12 @@ What runs where:
   (ETP; TP by default, 1 the common layout: whole experts on every TP rank); EP on a
   dense model is refused when the model's config is read;
 * LoRA (``model.lora``) on a dense actor (:mod:`megatron_lora`);
-* context parallelism (``context_parallel_size``, :mod:`megatron_cp`) on a dense model
-  with TP, DP and sequence parallelism: on CPU temper's attention gathers keys and values
-  over the CP group; on CUDA with TransformerEngine, TE's attention does CP itself
-  (``extra.cp_comm_type``);
-* not in this build: context parallelism with pipeline stages, on an MoE model or with
-  LoRA; LoRA on a critic or on an MoE model, LoRA dropout — errors naming the key.
+* context parallelism (``context_parallel_size``, :mod:`megatron_cp`) on a dense model,
+  with TP, PP (and virtual stages), DP, sequence parallelism and LoRA: on CPU temper's
+  attention gathers keys and values over the CP group; on CUDA with TransformerEngine,
+  TE's attention does CP itself (``extra.cp_comm_type``);
+* not in this build: context parallelism on an MoE model; LoRA on a critic or on an MoE
+  model, LoRA dropout — errors naming the key.
 """
 
 from __future__ import annotations
@@ -97,8 +97,6 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         layout = local_layout(cfg.model, path or cfg.model.path)
         if layout is not None:  # how TP, PP × VPP and EP split this model
             check_divisible(layout, m, role)
-            lora_on = cfg.model.lora.rank > 0 and role != "reference"
-            check_context_parallel(role, m, moe=layout.moe is not None, lora=lora_on)
             if role != "reference":
                 check_lora(cfg.model.lora, role, moe=layout.moe is not None)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
@@ -175,8 +173,10 @@ def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
     """TP must split heads, KV groups and the FFN evenly (whole query groups per rank);
     PP the layers into equal stages, unless ``extra`` asks Megatron for an uneven split
     (which Megatron then checks); PP × VPP the layers into equal chunks, or the uneven
-    stages into VPP chunks each; EP an MoE model's experts (see :func:`check_experts`)."""
+    stages into VPP chunks each; EP an MoE model's experts (see :func:`check_experts`);
+    CP a dense model (:func:`check_context_parallel`)."""
     check_experts(layout, m, role)
+    check_context_parallel(role, m, moe=layout.moe is not None)
     pp = m.pipeline_model_parallel_size
     uneven = any(name in m.extra for name in UNEVEN_SPLIT_FIELDS)
     vp = m.virtual_pipeline_model_parallel_size or 1
@@ -249,33 +249,21 @@ def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
             )
 
 
-def check_context_parallel(role: str, m: MegatronConfig, *, moe: bool, lora: bool) -> None:
-    """Context parallelism (:mod:`megatron_cp`) runs with tensor and data parallelism
-    and sequence parallelism, on a dense model; the combinations not built are refused
-    with the key that asks for them."""
+def check_context_parallel(role: str, m: MegatronConfig, *, moe: bool) -> None:
+    """Context parallelism (:mod:`megatron_cp`) runs with tensor, pipeline (virtual
+    stages too) and data parallelism, sequence parallelism and LoRA, on a dense model;
+    an MoE model is refused with the key that asks for CP."""
     cp = m.context_parallel_size
     if cp <= 1:
         return
     key = f"{role}.megatron"
     fix = f"set {key}.context_parallel_size: 1, or"
-    if m.pipeline_model_parallel_size > 1:
-        raise ConfigError(
-            f"{key}.pipeline_model_parallel_size",
-            "context parallelism with pipeline stages is not in this build of the megatron engine",
-            f"{fix} pipeline_model_parallel_size: 1",
-        )
     if moe:
         raise ConfigError(
             f"{key}.context_parallel_size",
             "context parallelism on a mixture-of-experts model (router losses and token "
             "counts over CP shares) is not in this build of the megatron engine",
             f"{fix} use a dense model",
-        )
-    if lora:
-        raise ConfigError(
-            f"{key}.context_parallel_size",
-            "context parallelism with LoRA adapters is not in this build of the megatron engine",
-            f"{fix} set model.lora.rank: 0",
         )
 
 
@@ -329,8 +317,7 @@ def check_section(
             "set it to null, or set pipeline_model_parallel_size above 1",
         )
     moe_hint = m.expert_model_parallel_size > 1 or any(k.startswith("moe_") for k in m.extra)
-    lora_on = lora is not None and lora.rank > 0 and role != "reference"
-    check_context_parallel(role, m, moe=moe_hint, lora=lora_on)
+    check_context_parallel(role, m, moe=moe_hint)
     refused = refused_moe_option(m.extra, device_type)
     if refused:
         raise ConfigError(f"{key}.extra.{refused[0]}", refused[1], "remove it, or run on CUDA")

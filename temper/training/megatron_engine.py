@@ -66,7 +66,6 @@ from temper.algorithms.logprobs import fused_chunk_rows
 from temper.data.batch import Batch
 from temper.training.base import LossFn
 from temper.training.megatron_check import (
-    check_context_parallel,
     check_engine_spec,
     half_precision_note,
     unapplied_options,
@@ -203,12 +202,6 @@ class MegatronEngine(TorchEngine):
 
     def _load_model(self) -> nn.Module:
         self.built = build_model(self.spec, self.source, self.parallel, self.device)
-        check_context_parallel(  # an MoE model is known once its config is read
-            self.spec.role,
-            self.spec.megatron_config,
-            moe=self.built.layout.moe is not None,
-            lora=False,
-        )
         module: nn.Module = self.built.module
         self.lora = None
         lora = self.spec.model.lora

@@ -199,3 +199,41 @@ def test_cp2_offline_distillation_matches_torch_engine(tiny_path: str) -> None:
         for k in ("actor/loss", "actor/distill_loss", "actor/grad_norm"):
             assert got["metrics"][k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), k
     assert_close_weights(got["weights"], weights(single.engine))
+
+
+def _pp_rank(rank: int, world: int, path: str, batch: Batch, vp: int | None) -> dict:
+    m = MegatronConfig(
+        context_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        virtual_pipeline_model_parallel_size=vp,
+    )
+    actor = megatron_actor(path, "megatron", m)
+    engine = actor.engine
+    assert (engine.parallel.cp, engine.parallel.pp, engine.dp_size) == (2, 2, 1)
+    old = actor.compute_log_probs(batch)["old_log_probs"]
+    metrics = actor.update(batch)
+    return {"old": old, "metrics": metrics, "weights": weights(engine)}
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory) -> str:
+    from temper.utils.tiny import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("megatron-cp") / "llama4", num_layers=4))
+
+
+@pytest.mark.parametrize("vp", [None, 2], ids=["pp2", "pp2xvpp2"])
+def test_cp2_with_pipeline_stages_matches_torch_engine(four_layers: str, vp: int | None) -> None:
+    """CP = 2 × PP = 2 (four ranks; with two virtual stages each, a 4-layer Llama): the
+    stages send each CP rank's share of the activations; the last stage gathers the
+    outputs over CP and broadcasts them to the first; the tied embedding's copies stay
+    equal."""
+    single = make_actor(four_layers, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    ref_weights = weights(single.engine)
+    for r in spawn_ranks(_pp_rank, 4, four_layers, batch, vp):
+        torch.testing.assert_close(r["old"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+        for k in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"):
+            assert r["metrics"][k] == pytest.approx(ref_metrics[k], rel=1e-5, abs=1e-6), k
+    assert_close_weights(r["weights"], ref_weights)
