@@ -29,12 +29,13 @@ What runs where:
   (ETP; TP by default, 1 the common layout: whole experts on every TP rank); EP on a
   dense model is refused when the model's config is read;
 * LoRA (``model.lora``) on a dense actor (:mod:`megatron_lora`);
-* context parallelism (``context_parallel_size``, :mod:`megatron_cp`) on a dense model,
-  with TP, PP (and virtual stages), DP, sequence parallelism and LoRA: on CPU temper's
+* context parallelism (``context_parallel_size``, :mod:`megatron_cp`) with TP, PP (and
+  virtual stages), DP, sequence parallelism, LoRA and MoE models (EP): on CPU temper's
   attention gathers keys and values over the CP group; on CUDA with TransformerEngine,
-  TE's attention does CP itself (``extra.cp_comm_type``);
-* not in this build: context parallelism on an MoE model; LoRA on a critic or on an MoE
-  model, LoRA dropout — errors naming the key.
+  TE's attention does CP itself (``extra.cp_comm_type``); not with router replay
+  (refused by its check);
+* not in this build: LoRA on a critic or on an MoE model, LoRA dropout — errors naming
+  the key.
 """
 
 from __future__ import annotations
@@ -173,10 +174,8 @@ def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
     """TP must split heads, KV groups and the FFN evenly (whole query groups per rank);
     PP the layers into equal stages, unless ``extra`` asks Megatron for an uneven split
     (which Megatron then checks); PP × VPP the layers into equal chunks, or the uneven
-    stages into VPP chunks each; EP an MoE model's experts (see :func:`check_experts`);
-    CP a dense model (:func:`check_context_parallel`)."""
+    stages into VPP chunks each; EP an MoE model's experts (see :func:`check_experts`)."""
     check_experts(layout, m, role)
-    check_context_parallel(role, m, moe=layout.moe is not None)
     pp = m.pipeline_model_parallel_size
     uneven = any(name in m.extra for name in UNEVEN_SPLIT_FIELDS)
     vp = m.virtual_pipeline_model_parallel_size or 1
@@ -249,24 +248,6 @@ def check_experts(layout: HFLayout, m: MegatronConfig, role: str) -> None:
             )
 
 
-def check_context_parallel(role: str, m: MegatronConfig, *, moe: bool) -> None:
-    """Context parallelism (:mod:`megatron_cp`) runs with tensor, pipeline (virtual
-    stages too) and data parallelism, sequence parallelism and LoRA, on a dense model;
-    an MoE model is refused with the key that asks for CP."""
-    cp = m.context_parallel_size
-    if cp <= 1:
-        return
-    key = f"{role}.megatron"
-    fix = f"set {key}.context_parallel_size: 1, or"
-    if moe:
-        raise ConfigError(
-            f"{key}.context_parallel_size",
-            "context parallelism on a mixture-of-experts model (router losses and token "
-            "counts over CP shares) is not in this build of the megatron engine",
-            f"{fix} use a dense model",
-        )
-
-
 def check_engine_spec(spec: EngineSpec) -> None:
     """The engine-side check of one role (raises; notes are logged by the engine)."""
     check_section(
@@ -316,8 +297,6 @@ def check_section(
             "chunks; there is one stage (pipeline_model_parallel_size: 1)",
             "set it to null, or set pipeline_model_parallel_size above 1",
         )
-    moe_hint = m.expert_model_parallel_size > 1 or any(k.startswith("moe_") for k in m.extra)
-    check_context_parallel(role, m, moe=moe_hint)
     refused = refused_moe_option(m.extra, device_type)
     if refused:
         raise ConfigError(f"{key}.extra.{refused[0]}", refused[1], "remove it, or run on CUDA")
@@ -390,11 +369,13 @@ def unapplied_options(
             "whole input, which sequence parallelism splits over the TP ranks); memory only, "
             "the update is the same"
         )
-    if m.tensor_model_parallel_size > 1 and m.extra.get("moe_z_loss_coeff"):
+    split = m.tensor_model_parallel_size * m.context_parallel_size
+    if split > 1 and m.extra.get("moe_z_loss_coeff"):
         out.append(
             "extra.moe_z_loss_coeff: under tensor parallelism an MoE layer runs with sequence "
-            "parallelism, and Megatron averages the z-loss over each TP rank's share of the "
-            "tokens (each share weighted 1/TP): the micro-batch's mean only when the shares "
+            "parallelism (under context parallelism each rank holds a share of the sequence), "
+            "and Megatron averages the z-loss over each TP × CP rank's share of the tokens "
+            "(each share weighted 1/(TP·CP)): the micro-batch's mean only when the shares "
             "hold equal numbers of real tokens (temper pads each sequence at its end)"
         )
     names = [

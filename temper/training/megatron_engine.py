@@ -271,9 +271,8 @@ class MegatronEngine(TorchEngine):
                 out: torch.Tensor = module(ids, positions, None)
             return out
         self._router_stats.begin(index)  # router losses, counts: trailing padding out
-        real = inp.attention_mask.sum(dim=1, keepdim=True)
-        at = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
-        padding = stage_padding_mask(at >= real, module, self.parallel.tp_group)
+        real = inp.attention_mask.sum(dim=1, keepdim=True)  # positions: global under CP
+        padding = stage_padding_mask(positions >= real, module, self.parallel.tp_group)
         with self._autocast():
             out = module(ids, positions, None, padding_mask=padding)
         return out

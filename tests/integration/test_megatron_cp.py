@@ -18,6 +18,7 @@ pytest.importorskip("megatron.core")
 
 import megatron.core.models.gpt.gpt_model  # noqa: F401  (imported once, before the forks)
 from test_megatron import (  # same folder: pytest puts it on sys.path
+    actor_config,
     assert_close_weights,
     make_batch,
     megatron_actor,
@@ -28,9 +29,12 @@ from test_megatron import (  # same folder: pytest puts it on sys.path
 
 import temper.training.megatron_engine  # noqa: F401
 from temper.cluster.process_group import spawn_ranks
-from temper.config.schema import MegatronConfig
+from temper.config.schema import MegatronConfig, ModelConfig
 from temper.data.batch import Batch
 from temper.roles.actor import Actor
+from temper.training.micro_batching import MicroBatching
+from temper.training.registry import build_engine
+from temper.training.spec import EngineSpec
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
@@ -237,3 +241,80 @@ def test_cp2_with_pipeline_stages_matches_torch_engine(four_layers: str, vp: int
         for k in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"):
             assert r["metrics"][k] == pytest.approx(ref_metrics[k], rel=1e-5, abs=1e-6), k
     assert_close_weights(r["weights"], ref_weights)
+
+
+# ----------------------------------------------------------------------- MoE
+
+
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory) -> str:
+    from temper.utils.tiny import make_tiny_moe_model
+
+    return make_tiny_moe_model(tmp_path_factory.mktemp("megatron-cp-moe") / "m", "qwen3_moe")
+
+
+def moe_actor(path: str, strategy: str, m: MegatronConfig | None = None) -> Actor:
+    cfg = actor_config(strategy)
+    cfg.megatron = m or MegatronConfig()
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        train=cfg,
+        infer_micro=MicroBatching(size=1),
+        total_steps=4,
+    )
+    return Actor(cfg, build_engine(strategy, spec))
+
+
+def _moe_rank(
+    rank: int, world: int, path: str, batch: Batch, cp: int, tp: int, ep: int, extra: dict
+) -> dict:
+    m = MegatronConfig(
+        context_parallel_size=cp,
+        tensor_model_parallel_size=tp,
+        expert_model_parallel_size=ep,
+        extra=dict(extra),
+    )
+    actor = moe_actor(path, "megatron", m)
+    engine = actor.engine
+    n = len(batch) // engine.dp_size
+    mine = batch.slice(engine.dp_rank * n, (engine.dp_rank + 1) * n)
+    old = actor.compute_log_probs(mine)["old_log_probs"]
+    metrics = actor.update(mine)
+    return {"old": old, "dp": engine.dp_rank, "metrics": metrics, "weights": weights(engine)}
+
+
+def test_cp2_moe_matches_torch_engine(moe_path: str, tmp_path) -> None:
+    """An MoE model (Qwen3-MoE) at CP = 2: each CP rank routes its share of the tokens
+    (the padding mask split like the ids)."""
+    from safetensors.torch import load_file
+
+    single = moe_actor(moe_path, "torch")
+    batch = with_log_probs(single, make_batch())
+    ref_metrics = single.update(batch)
+    single.engine.save_hf(str(tmp_path / "torch"))  # HF names (the torch engine's are fused)
+    ref = load_file(str(tmp_path / "torch" / "model.safetensors"))
+    for r in spawn_ranks(_moe_rank, 2, moe_path, batch, 2, 1, 1, {}):
+        torch.testing.assert_close(r["old"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+        for k in ("actor/pg_loss", "actor/grad_norm"):
+            assert r["metrics"][k] == pytest.approx(ref_metrics[k], rel=1e-4, abs=1e-6), k
+    assert_close_weights(r["weights"], ref)
+
+
+def test_cp2_tp2_ep2_moe_with_aux_loss_equals_cp1(moe_path: str) -> None:
+    """CP = 2 × TP = 2 × EP = 2 (8 ranks would be needed for DP; here 4 ranks, one DP
+    rank) with the load-balancing loss equals one rank's run: Megatron's router counts
+    tokens per expert over the TP × CP group, temper sums the router's gradients over
+    CP with DP's, and the load imbalance counts every token once."""
+    batch = with_log_probs(moe_actor(moe_path, "torch"), make_batch())
+    losses = {"moe_aux_loss_coeff": 0.01}
+    (one,) = spawn_ranks(_moe_rank, 1, moe_path, batch, 1, 1, 1, losses)
+    for a in spawn_ranks(_moe_rank, 4, moe_path, batch, 2, 2, 2, losses):
+        torch.testing.assert_close(a["old"], one["old"], atol=1e-6, rtol=1e-6)
+        for k in ("actor/pg_loss", "actor/grad_norm", "actor/moe_load_imbalance"):
+            assert a["metrics"][k] == pytest.approx(one["metrics"][k], rel=1e-5, abs=1e-7), k
+        for k, v in a["weights"].items():
+            # Adam's step on an element with a near-zero gradient amplifies summation-order
+            # rounding (the embedding's): a looser atol than the dense tests, still a small
+            # fraction of one step (lr 1e-3)
+            torch.testing.assert_close(v, one["weights"][k], atol=3e-5, rtol=1e-4, msg=k)

@@ -235,11 +235,6 @@ def _check(device: str = "cpu", lora: LoraConfig | None = None, **m: Any) -> lis
             "there is one stage",
         ),
         (
-            {"context_parallel_size": 2, "expert_model_parallel_size": 2},
-            "actor.megatron.context_parallel_size",
-            "mixture-of-experts",
-        ),
-        (
             {"extra": {"moe_router_enable_expert_bias": True}},
             "actor.megatron.extra.moe_router_enable_expert_bias",
             "CUDA",
@@ -255,8 +250,9 @@ def test_what_cannot_run_is_a_config_error_naming_the_key(m: dict, key: str, wor
     assert err.value.key == key and words in err.value.reason and err.value.fix
 
 
-def test_context_parallel_checks_with_tp_pp_sequence_parallel_and_lora() -> None:
+def test_context_parallel_checks_with_tp_pp_sequence_parallel_lora_and_ep() -> None:
     for notes in (
+        _check(context_parallel_size=2, expert_model_parallel_size=2),
         _check(context_parallel_size=2),
         _check(context_parallel_size=4, tensor_model_parallel_size=2, sequence_parallel=True),
         _check(context_parallel_size=2, pipeline_model_parallel_size=2),
