@@ -378,6 +378,14 @@ def unapplied_options(
             "(each share weighted 1/(TP·CP)): the micro-batch's mean only when the shares "
             "hold equal numbers of real tokens (temper pads each sequence at its end)"
         )
+    comm = m.extra.get("cp_comm_type")
+    te = device_type == "cuda" and importlib.util.find_spec("transformer_engine") is not None
+    if comm and m.context_parallel_size > 1 and not te:
+        out.append(
+            f"extra.cp_comm_type={comm}: TransformerEngine's context-parallel exchange; "
+            "without it temper's attention all-gathers keys and values over the CP group, "
+            "which computes the same (speed and memory only)"
+        )
     names = [
         "use_distributed_optimizer",
         "overlap_grad_reduce",

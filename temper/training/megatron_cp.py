@@ -35,9 +35,9 @@ import torch.distributed as dist
 
 
 def cp_multiple(cp: int, tp: int = 1, *, sequence_parallel: bool = False) -> int:
-    """The multiple a sequence is padded to: ``2·CP`` chunks, each rank's share then cut
-    over the TP ranks under sequence parallelism (``2·CP·TP``)."""
-    return 2 * cp * (tp if sequence_parallel else 1)
+    """The multiple a sequence is padded to: ``2·CP`` chunks (none at CP = 1), each rank's
+    share then cut over the TP ranks under sequence parallelism (``2·CP·TP``)."""
+    return (2 * cp if cp > 1 else 1) * (tp if sequence_parallel else 1)
 
 
 def cp_positions(length: int, cp: int, rank: int) -> torch.Tensor:

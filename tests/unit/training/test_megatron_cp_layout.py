@@ -38,7 +38,8 @@ def test_multiple_covers_sequence_parallel() -> None:
     assert cp_multiple(2) == 4
     assert cp_multiple(2, 2) == 4  # TP without sequence parallelism does not split positions
     assert cp_multiple(2, 2, sequence_parallel=True) == 8
-    assert cp_multiple(1) == 2
+    assert cp_multiple(1) == 1  # no split: no padding
+    assert cp_multiple(1, 2, sequence_parallel=True) == 2
 
 
 def test_split_then_gathered_order_gives_the_sequence_back() -> None:

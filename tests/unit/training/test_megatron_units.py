@@ -261,6 +261,12 @@ def test_context_parallel_checks_with_tp_pp_sequence_parallel_lora_and_ep() -> N
         assert not [n for n in notes if "context" in n]
 
 
+def test_cp_comm_type_off_transformer_engine_is_a_note() -> None:
+    notes = _check(context_parallel_size=2, extra={"cp_comm_type": "a2a"})
+    assert [n for n in notes if n.startswith("actor.megatron.extra.cp_comm_type=a2a")]
+    assert not [n for n in _check(extra={"cp_comm_type": "a2a"}) if "cp_comm_type" in n]
+
+
 def test_every_degree_is_a_megatron_core_keyword() -> None:
     """The engine passes ``MegatronConfig.degrees()`` to Megatron by name."""
     pytest.importorskip("megatron.core")
