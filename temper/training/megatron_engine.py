@@ -70,12 +70,8 @@ from temper.training.megatron_check import (
     half_precision_note,
     unapplied_options,
 )
-from temper.training.megatron_cp import (
-    cp_multiple,
-    cp_positions,
-    gather_sequence_cp,
-    split_sequence,
-)
+from temper.training.megatron_cp import cp_multiple, cp_positions, gather_sequence_cp
+from temper.training.megatron_cp_head import at_response, cp_outputs
 from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_lora import LoraAdapters, attach_lora
 from temper.training.megatron_lora_targets import check_lora
@@ -366,52 +362,31 @@ class MegatronEngine(TorchEngine):
         entropy_grad: bool,
         with_sum_pi_squared: bool,
     ) -> dict[str, torch.Tensor]:
-        """:meth:`_head` under context parallelism: ``hidden`` holds this rank's share of
-        the positions, so each output is computed at all of them (position ``p`` predicts
-        the token at ``p + 1`` of the whole sequence), gathered over the CP group into
-        position order (:func:`megatron_cp.gather_sequence_cp`), and read at the response
-        positions. Every CP rank then holds the whole micro-batch's outputs and computes
-        the same loss; its backward reaches this rank's positions only."""
-        p = self.parallel
+        """:meth:`_head` under context parallelism (:mod:`megatron_cp_head`): ``hidden``
+        holds this rank's share of the positions; the outputs are whole on every CP rank."""
+        group = self.parallel.cp_group
         inp = model_inputs(mb, self.device)
         _, index = right_align(inp)
-        ids = self._model_ids(inp)
-
-        def at_response(local: torch.Tensor) -> torch.Tensor:
-            whole = gather_sequence_cp(local, p.cp_group, dim=1)
-            if whole.dim() == 2:
-                return whole.gather(1, index)
-            return whole.gather(1, index.unsqueeze(-1).expand(-1, -1, whole.shape[-1]))
-
-        out: dict[str, torch.Tensor] = {}
         if self.spec.value_head:
-            out["values"] = at_response(hidden.squeeze(-1).float())
-            return masked_outputs(out, mb, inp)
-        labels = split_sequence(torch.roll(ids, -1, dims=1), p.cp, p.cp_rank)
-        log_p, entropy = log_probs_and_entropy(
-            hidden, labels, self.built.vocab, temperature=temperature, with_entropy=with_entropy
+            values = at_response(hidden.squeeze(-1).float(), index, group)
+            return masked_outputs({"values": values}, mb, inp)
+        chunk = self.spec.entropy_chunk_size or fused_chunk_rows(hidden.shape[-1], hidden.device)
+        kd = mb[KD_INDICES][:, : inp.response_len].to(self.device) if KD_INDICES in mb else None
+        out = cp_outputs(
+            hidden,
+            self._model_ids(inp),
+            index,
+            vocab=self.built.vocab,
+            group=group,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            sum_pi_squared_chunk=chunk if with_sum_pi_squared else None,
+            kd_ids=kd,
         )
-        out["log_probs"] = at_response(log_p)
-        if with_sum_pi_squared:
-            out["sum_pi_squared"] = at_response(
-                vocab_sum_pi_squared(
-                    hidden,
-                    self.built.vocab,
-                    temperature=temperature,
-                    chunk_size=self.spec.entropy_chunk_size
-                    or fused_chunk_rows(hidden.shape[-1], hidden.device),
-                )
-            )
-        if KD_INDICES in mb:  # the teacher's top-k ids placed at their positions
-            top = mb[KD_INDICES][:, : inp.response_len].to(self.device)
-            k = top.shape[-1]
-            placed = top.new_zeros((*ids.shape, k))
-            placed.scatter_(1, index.unsqueeze(-1).expand(-1, -1, k), top)
-            mine = split_sequence(placed, p.cp, p.cp_rank)
-            out[KD_LOGITS] = at_response(gather_vocab(hidden, mine, self.built.vocab))
-        if entropy is not None:
-            entropy = at_response(entropy)
-            out["entropy"] = entropy if entropy_grad else entropy.detach()
+        if kd is not None:
+            out[KD_LOGITS] = out.pop("kd_logits")
+        if "entropy" in out and not entropy_grad:
+            out["entropy"] = out["entropy"].detach()
         return masked_outputs(out, mb, inp)
 
     @torch.no_grad()
