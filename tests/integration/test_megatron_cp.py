@@ -2,8 +2,8 @@
 engine (which the megatron engine equals at CP = 1, see test_megatron): each CP rank
 runs its two chunks of every sequence, attention gathers keys and values over the CP
 group, outputs are gathered back before the loss. The test batch's rows are 13 tokens
-long (odd), so the engine pads them to 16 (a multiple of 2·CP = 4; 8 with TP = 2 under
-sequence parallelism).
+long (odd), so the engine pads them to 16 (a multiple of 2·CP = 4, of 8 at CP = 4 or
+with TP = 2 under sequence parallelism).
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ def make_actor(path: str, strategy: str, cp: int = 1, tp: int = 1, sp: bool = Fa
     return megatron_actor(path, strategy, _megatron(cp, tp, sp) if strategy == "megatron" else None)
 
 
-def _step_rank(rank: int, world: int, path: str, batch: Batch, tp: int, sp: bool) -> dict:
-    actor = make_actor(path, "megatron", cp=2, tp=tp, sp=sp)
+def _step_rank(
+    rank: int, world: int, path: str, batch: Batch, tp: int, sp: bool, cp: int = 2
+) -> dict:
+    actor = make_actor(path, "megatron", cp=cp, tp=tp, sp=sp)
     engine = actor.engine
-    assert (engine.parallel.cp, engine.dp_size) == (2, world // (2 * tp))
+    assert (engine.parallel.cp, engine.dp_size) == (cp, world // (cp * tp))
     mine = batch.slice(0, len(batch))
     out = engine.forward(mine, with_entropy=True, temperature=0.7, with_sum_pi_squared=True)
     result: dict[str, Any] = {"forward": out, "old": actor.compute_log_probs(mine)}
@@ -69,7 +71,7 @@ def _check_ranks(ranks: list[dict], single: Actor, batch: Batch) -> None:
     )
     ref_metrics = single.update(batch)
     ref_weights = weights(single.engine)
-    assert {r["cp_rank"] for r in ranks} == {0, 1}
+    assert {r["cp_rank"] for r in ranks} == set(range(len(ranks)))
     for r in ranks:  # every CP rank returns whole sequences
         for k in ("log_probs", "entropy", "sum_pi_squared"):
             torch.testing.assert_close(r["forward"][k], ref_forward[k], atol=1e-5, rtol=1e-5)
@@ -84,15 +86,17 @@ def _check_ranks(ranks: list[dict], single: Actor, batch: Batch) -> None:
     assert_close_weights(ranks[0]["weights"], ref_weights)
 
 
-def test_cp2_log_probs_and_update_match_torch_engine(tiny_path: str) -> None:
-    """CP = 2 on two ranks (Llama: GQA, tied embeddings, llama3 RoPE): log-probs,
-    entropy, Σπ², one update's metrics and weights equal the one-process engine's."""
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_log_probs_and_update_match_torch_engine(tiny_path: str, cp: int) -> None:
+    """CP = 2 on two ranks, CP = 4 on four (Llama: GQA, tied embeddings, llama3 RoPE):
+    log-probs, entropy, Σπ², one update's metrics and weights equal the one-process
+    engine's, every CP rank returning them whole."""
     batch = make_batch()
     width = int((batch["prompt_mask"].sum(1) + batch["response_mask"].sum(1)).max())
-    assert width % 4  # the engine pads it
+    assert width % (2 * cp)  # the engine pads it
     single = make_actor(tiny_path, "torch")
     batch = with_log_probs(single, batch)
-    ranks = spawn_ranks(_step_rank, 2, tiny_path, batch, 1, False)
+    ranks = spawn_ranks(_step_rank, cp, tiny_path, batch, 1, False, cp)
     _check_ranks(ranks, single, batch)
 
 
