@@ -54,6 +54,11 @@ def placed_roles(cfg: TemperConfig, d: Derived) -> dict[str, list[int]]:
     return placed
 
 
+def placement_key(role: str) -> str:
+    """The ``resources`` key that places ``role``'s devices (a teacher: the reference's)."""
+    return PLACEMENT_KEYS["reference" if role.startswith(TEACHER) else role]
+
+
 def teacher_role(name: str) -> str:
     """The worker-group role of teacher ``name``."""
     return f"{TEACHER}{name}"

@@ -450,7 +450,12 @@ class MegatronConfig:
         "Interleaved (virtual) pipeline stages: model chunks per pipeline stage (PP × VPP "
         "must divide the layers; null: one).",
     )
-    context_parallel_size: int = degree(1, "Context (sequence) parallel degree.", splits_model=True)
+    context_parallel_size: int = degree(
+        1,
+        "Context parallel degree: each sequence split over CP ranks (Megatron's "
+        "load-balanced layout).",
+        splits_model=True,
+    )
     expert_model_parallel_size: int = degree(1, "Expert parallel degree (MoE).")
     expert_tensor_parallel_size: int | None = degree(
         None, "Tensor parallel degree of MoE experts (None: tensor_model_parallel_size)."

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from temper.cluster.placement import PLACEMENT_KEYS, format_ids, placed_roles, worker_device
+from temper.cluster.placement import format_ids, placed_roles, placement_key, worker_device
 from temper.cluster.ray import check_ray_address
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
@@ -62,10 +62,10 @@ def check_placement(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
         beyond = {
             role: ids
             for role, ids in place.items()
-            if max(ids) >= per_node and getattr(cfg.resources, PLACEMENT_KEYS[role]) is not None
+            if max(ids) >= per_node and getattr(cfg.resources, placement_key(role)) is not None
         }
         far_role = max(beyond, key=lambda r: max(beyond[r])) if beyond else None
-        key = f"resources.{PLACEMENT_KEYS[far_role]}" if far_role else "resources.nnodes"
+        key = f"resources.{placement_key(far_role)}" if far_role else "resources.nnodes"
         nodes = cfg.resources.nnodes  # validation holds every id within these nodes
         raise ConfigError(
             key,

@@ -29,8 +29,13 @@ What runs where:
   (ETP; TP by default, 1 the common layout: whole experts on every TP rank); EP on a
   dense model is refused when the model's config is read;
 * LoRA (``model.lora``) on a dense actor (:mod:`megatron_lora`);
-* not in this build: context parallelism, LoRA on a critic or on an MoE model, LoRA
-  dropout — errors naming the key.
+* context parallelism (``context_parallel_size``, :mod:`megatron_cp`) with TP, PP (and
+  virtual stages), DP, sequence parallelism, LoRA and MoE models (EP): on CPU temper's
+  attention gathers keys and values over the CP group; on CUDA with TransformerEngine,
+  TE's attention does CP itself (``extra.cp_comm_type``); not with router replay
+  (refused by its check);
+* not in this build: LoRA on a critic or on an MoE model, LoRA dropout — errors naming
+  the key.
 """
 
 from __future__ import annotations
@@ -292,14 +297,6 @@ def check_section(
             "chunks; there is one stage (pipeline_model_parallel_size: 1)",
             "set it to null, or set pipeline_model_parallel_size above 1",
         )
-    if m.context_parallel_size > 1:
-        why = (
-            "on CPU Megatron's context-parallel attention cannot run (it is "
-            "TransformerEngine's, a CUDA library)"
-            if device_type != "cuda"
-            else "context parallelism is not in this build of the megatron engine"
-        )
-        raise ConfigError(f"{key}.context_parallel_size", why, "set it to 1")
     refused = refused_moe_option(m.extra, device_type)
     if refused:
         raise ConfigError(f"{key}.extra.{refused[0]}", refused[1], "remove it, or run on CUDA")
@@ -372,12 +369,22 @@ def unapplied_options(
             "whole input, which sequence parallelism splits over the TP ranks); memory only, "
             "the update is the same"
         )
-    if m.tensor_model_parallel_size > 1 and m.extra.get("moe_z_loss_coeff"):
+    split = m.tensor_model_parallel_size * m.context_parallel_size
+    if split > 1 and m.extra.get("moe_z_loss_coeff"):
         out.append(
             "extra.moe_z_loss_coeff: under tensor parallelism an MoE layer runs with sequence "
-            "parallelism, and Megatron averages the z-loss over each TP rank's share of the "
-            "tokens (each share weighted 1/TP): the micro-batch's mean only when the shares "
+            "parallelism (under context parallelism each rank holds a share of the sequence), "
+            "and Megatron averages the z-loss over each TP × CP rank's share of the tokens "
+            "(each share weighted 1/(TP·CP)): the micro-batch's mean only when the shares "
             "hold equal numbers of real tokens (temper pads each sequence at its end)"
+        )
+    comm = m.extra.get("cp_comm_type")
+    te = device_type == "cuda" and importlib.util.find_spec("transformer_engine") is not None
+    if comm and m.context_parallel_size > 1 and not te:
+        out.append(
+            f"extra.cp_comm_type={comm}: TransformerEngine's context-parallel exchange; "
+            "without it temper's attention all-gathers keys and values over the CP group, "
+            "which computes the same (speed and memory only)"
         )
     names = [
         "use_distributed_optimizer",

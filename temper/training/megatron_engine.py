@@ -27,6 +27,12 @@ and the collectives:
 * **Sequence parallelism** (``megatron.sequence_parallel``; always for an MoE model
   at TP > 1): the TP ranks hold shares of each sequence between the TP layers, the ids
   padded at their end to a multiple of TP (:mod:`megatron_sp`).
+* **Context parallelism** (``megatron.context_parallel_size``): the CP ranks of a DP
+  rank get the same samples; each runs its share of every sequence (padded at its end to
+  a multiple of ``2·CP``) in Megatron's load-balanced layout (:mod:`megatron_cp`), the
+  attention gathering keys and values over the CP group. Per-position outputs are
+  gathered back to whole sequences before the loss, which each CP rank computes whole;
+  their gradients are summed with the DP ranks'.
 * **Gradients.** TP-sharded weights get their gradient from Megatron's TP layers;
   after the micro-batches, the partial gradients of TP-replicated weights (norms under
   sequence parallelism, q/k norms, an MoE router) are summed over the TP group as
@@ -64,6 +70,8 @@ from temper.training.megatron_check import (
     half_precision_note,
     unapplied_options,
 )
+from temper.training.megatron_cp import cp_multiple, cp_positions, gather_sequence_cp
+from temper.training.megatron_cp_head import at_response, cp_outputs
 from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_lora import LoraAdapters, attach_lora
 from temper.training.megatron_lora_targets import check_lora
@@ -250,8 +258,7 @@ class MegatronEngine(TorchEngine):
         hidden states ``(L, b, H)`` to send on; ``received``: the previous virtual stage's,
         None on the first."""
         inp = model_inputs(mb, self.device)
-        ids = self._model_ids(inp)
-        positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        ids, positions = self._local_ids(self._model_ids(inp))
         module = self.built.chunks[chunk]
         if self.parallel.pp > 1:
             set_stage_input(module, received)
@@ -260,21 +267,32 @@ class MegatronEngine(TorchEngine):
                 out: torch.Tensor = module(ids, positions, None)
             return out
         self._router_stats.begin(index)  # router losses, counts: trailing padding out
-        real = inp.attention_mask.sum(dim=1, keepdim=True)
-        at = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
-        padding = stage_padding_mask(at >= real, module, self.parallel.tp_group)
+        real = inp.attention_mask.sum(dim=1, keepdim=True)  # positions: global under CP
+        padding = stage_padding_mask(positions >= real, module, self.parallel.tp_group)
         with self._autocast():
             out = module(ids, positions, None, padding_mask=padding)
         return out
 
     def _model_ids(self, inp: ModelInputs) -> torch.Tensor:
-        """The right-aligned ids the model runs on; under sequence parallelism padded at
-        the end to a multiple of TP (:mod:`megatron_sp`: outputs are read at real
-        positions only, and an MoE router's padding mask covers the added ones)."""
+        """The right-aligned ids of the whole sequence; under sequence parallelism padded
+        at the end to a multiple of TP (:mod:`megatron_sp`: outputs are read at real
+        positions only, and an MoE router's padding mask covers the added ones), under
+        context parallelism to a multiple of ``2·CP`` (``2·CP·TP`` with both)."""
         ids, _ = right_align(inp)
-        if self.built.sequence_parallel:
-            ids = pad_sequence(ids, self.parallel.tp)
+        p = self.parallel
+        multiple = cp_multiple(p.cp, p.tp, sequence_parallel=self.built.sequence_parallel)
+        if multiple > 1:
+            ids = pad_sequence(ids, multiple)
         return ids
+
+    def _local_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids, positions)`` of this rank's share of the sequence: all of it, or under
+        context parallelism the two chunks :func:`megatron_cp.cp_positions` gives."""
+        p = self.parallel
+        if p.cp == 1:
+            return ids, torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        at = cp_positions(ids.shape[1], p.cp, p.cp_rank).to(ids.device)
+        return ids.index_select(1, at), at.expand(ids.shape[0], -1)
 
     def _chunk_output(
         self, chunk: int, index: int, mb: Batch, received: torch.Tensor | None
@@ -296,6 +314,15 @@ class MegatronEngine(TorchEngine):
         stage's output."""
         inp = model_inputs(mb, self.device)
         _, index = right_align(inp)
+        if self.parallel.cp > 1:
+            return self._head_cp(
+                mb,
+                hidden,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                with_sum_pi_squared=with_sum_pi_squared,
+            )
         out: dict[str, torch.Tensor] = {}
         if self.spec.value_head:
             out["values"] = hidden.squeeze(-1).float().gather(1, index)
@@ -325,6 +352,43 @@ class MegatronEngine(TorchEngine):
                 out["entropy"] = entropy if entropy_grad else entropy.detach()
         return masked_outputs(out, mb, inp)
 
+    def _head_cp(
+        self,
+        mb: Batch,
+        hidden: torch.Tensor,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+        with_sum_pi_squared: bool,
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`_head` under context parallelism (:mod:`megatron_cp_head`): ``hidden``
+        holds this rank's share of the positions; the outputs are whole on every CP rank."""
+        group = self.parallel.cp_group
+        inp = model_inputs(mb, self.device)
+        _, index = right_align(inp)
+        if self.spec.value_head:
+            values = at_response(hidden.squeeze(-1).float(), index, group)
+            return masked_outputs({"values": values}, mb, inp)
+        chunk = self.spec.entropy_chunk_size or fused_chunk_rows(hidden.shape[-1], hidden.device)
+        kd = mb[KD_INDICES][:, : inp.response_len].to(self.device) if KD_INDICES in mb else None
+        out = cp_outputs(
+            hidden,
+            self._model_ids(inp),
+            index,
+            vocab=self.built.vocab,
+            group=group,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            sum_pi_squared_chunk=chunk if with_sum_pi_squared else None,
+            kd_ids=kd,
+        )
+        if kd is not None:
+            out[KD_LOGITS] = out.pop("kd_logits")
+        if "entropy" in out and not entropy_grad:
+            out["entropy"] = out["entropy"].detach()
+        return masked_outputs(out, mb, inp)
+
     @torch.no_grad()
     def _micro_top_logits(
         self, mb: Batch, k: int, scale: float, vocab: int | None, log_probs: bool = False
@@ -332,15 +396,20 @@ class MegatronEngine(TorchEngine):
         """A teacher's top-``k`` logits / ``scale`` over the vocabulary-parallel logits."""
         inp = model_inputs(mb, self.device)
         _, index = right_align(inp)
-        ids = self._model_ids(inp)
-        positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        ids, positions = self._local_ids(self._model_ids(inp))
         with self._autocast():
             hidden = self.model(ids, positions, None)
-        logits = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        z = logits.float() / scale
+        p = self.parallel
+        if p.cp == 1:  # else the top-k of every held position, gathered over CP below
+            hidden = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        z = hidden.float() / scale
         values, top = top_vocab(z, k, self.built.vocab, vocab)
         if log_probs:  # normalized over the whole (vocabulary-parallel) vocabulary
             values = values - vocab_logsumexp(z, self.built.vocab, vocab).unsqueeze(-1)
+        if p.cp > 1:
+            at = index.unsqueeze(-1).expand(-1, -1, k)
+            values = gather_sequence_cp(values, p.cp_group).gather(1, at)
+            top = gather_sequence_cp(top, p.cp_group).gather(1, at)
         return masked_outputs({"values": values, "ids": top}, mb, inp)
 
     def _run(
@@ -551,7 +620,7 @@ class MegatronEngine(TorchEngine):
         sync_tied_grads(self.link, self._tied_param)
 
     def _reduce_dp_grads(self) -> None:
-        """Sum gradients over the DP group, in flat buckets (one all-reduce per dtype); an
+        """Sum gradients over the DP × CP group, in flat buckets (one all-reduce per dtype); an
         MoE model's expert weights, if laid out otherwise, over the expert-data-parallel
         group (the ranks holding the same expert shard; at ETP = 1 the TP ranks too)."""
         p = self.parallel
@@ -561,7 +630,9 @@ class MegatronEngine(TorchEngine):
             if param.grad is None or not param.requires_grad:
                 continue
             (experts if p.expert_split and is_expert_param(name) else dense).append(param.grad)
-        all_reduce_flat(dense, p.dp_group, p.dp)
+        # CP ranks hold the same weights and other positions of the same samples: their
+        # partial gradients are summed with DP's (Megatron's with_context_parallel group)
+        all_reduce_flat(dense, p.dp_cp_group, p.dp * p.cp)
         all_reduce_flat(experts, p.expert_dp_group, p.expert_dp)
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:

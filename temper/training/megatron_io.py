@@ -208,15 +208,17 @@ class MegatronCheckpointer:
     @cached_property
     def _mesh(self) -> Any:
         """A ``(dp, tp)`` device mesh over this pipeline stage's ranks, laid out like
-        Megatron's groups (rank = (pp_index × DP + dp_index) × TP + tp_index for CP = 1);
-        made at the first checkpoint."""
+        Megatron's groups (rank = ((pp_index × DP + dp_index) × CP + cp_index) × TP +
+        tp_index); its ``dp`` dimension spans DP × CP (CP ranks hold the same weights, like
+        DP ranks: both replicate); made at the first checkpoint."""
         from torch.distributed.device_mesh import init_device_mesh
 
         p = self.parallel
         device = "cuda" if self.device.type == "cuda" else "cpu"
+        dp = p.dp * p.cp
         if p.pp == 1:
-            return init_device_mesh(device, (p.dp, p.tp), mesh_dim_names=("dp", "tp"))
-        mesh = init_device_mesh(device, (p.pp, p.dp, p.tp), mesh_dim_names=("pp", "dp", "tp"))
+            return init_device_mesh(device, (dp, p.tp), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(device, (p.pp, dp, p.tp), mesh_dim_names=("pp", "dp", "tp"))
         return mesh["dp", "tp"]
 
     @cached_property

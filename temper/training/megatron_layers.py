@@ -9,7 +9,9 @@ interface, ``GPTModel.output_layer``'s call signature) and says why it exists:
   buffer with ``torch.cuda.current_device()``; this module computes the same attention
   with ``torch.nn.functional.scaled_dot_product_attention`` and is put into the spec at
   ``submodules.self_attention.submodules.core_attention``. Causal masking only: the
-  engine feeds rows whose real tokens start at position 0 (see megatron_engine).
+  engine feeds rows whose real tokens start at position 0 (see megatron_engine). Under
+  context parallelism it gathers the keys and values over the CP group and masks by
+  global position (:mod:`megatron_cp`).
 * :class:`HFRotaryEmbedding` — ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to CUDA
   unconditionally; this subclass keeps it where the model is, and takes ``inv_freq``
   from transformers' own RoPE initializer for the checkpoint's config
@@ -43,6 +45,14 @@ from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
 from torch import nn
 
+from temper.training.megatron_cp import (
+    causal_mask,
+    cp_positions,
+    gather_kv,
+    held_positions,
+    rotary_rows,
+)
+
 
 def has_transformer_engine() -> bool:
     """True when TransformerEngine imports (CUDA machines with ``transformer_engine``)."""
@@ -58,7 +68,11 @@ class SDPACoreAttention(MegatronModule):
 
     Same constructor and call signature as Megatron's ``DotProductAttention``; inputs
     ``query (sq, b, np, hn)``, ``key``/``value (sk, b, ng, hn)`` (grouped-query heads
-    are repeated), output ``(sq, b, np·hn)``.
+    are repeated), output ``(sq, b, np·hn)``. Under context parallelism (the CP group
+    from ``pg_collection``, as Megatron's attention gets it) the inputs are this rank's
+    share of the sequence (:mod:`megatron_cp`'s layout): the keys and values of every CP
+    rank are gathered and the causal mask is applied by global positions, so each query
+    sees what it sees at CP = 1.
     """
 
     def __init__(
@@ -73,8 +87,12 @@ class SDPACoreAttention(MegatronModule):
         pg_collection: Any = None,
     ) -> None:
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError("SDPACoreAttention has no context parallelism (use TE's attention)")
+        self.cp_group = None
+        if config.context_parallel_size > 1:
+            from megatron.core import parallel_state
+
+            cp = getattr(pg_collection, "cp", None) if pg_collection is not None else None
+            self.cp_group = cp if cp is not None else parallel_state.get_context_parallel_group()
         head_dim = config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(head_dim)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
@@ -92,6 +110,14 @@ class SDPACoreAttention(MegatronModule):
         if attention_mask is not None or attention_bias is not None or packed_seq_params:
             raise ValueError("SDPACoreAttention takes causal, unpacked inputs only")
         sq, b, heads, dim = query.shape
+        mask = None
+        if self.cp_group is not None:  # keys/values of the whole sequence, masked by position
+            cp = torch.distributed.get_world_size(self.cp_group)
+            rank = torch.distributed.get_rank(self.cp_group)
+            key, value = gather_kv(key, self.cp_group), gather_kv(value, self.cp_group)
+            length = sq * cp
+            q_pos = cp_positions(length, cp, rank).to(query.device)
+            mask = causal_mask(q_pos, held_positions(length, cp).to(query.device))
         groups = key.shape[2]
         if heads != groups:  # grouped-query attention: each K/V head serves heads/groups Qs
             key = key.repeat_interleave(heads // groups, dim=2)
@@ -102,7 +128,8 @@ class SDPACoreAttention(MegatronModule):
             q,
             k,
             v,
-            is_causal=True,
+            attn_mask=mask,
+            is_causal=mask is None,
             dropout_p=self.dropout if self.training else 0.0,
             scale=self.softmax_scale,
         )
@@ -112,9 +139,10 @@ class SDPACoreAttention(MegatronModule):
 class HFRotaryEmbedding(RotaryEmbedding):
     """Megatron's ``RotaryEmbedding`` with Hugging Face's ``inv_freq``, on any device.
 
-    Only :meth:`get_emb` is replaced (the parent moves ``inv_freq`` to CUDA there); the
+    :meth:`get_emb` is replaced (the parent moves ``inv_freq`` to CUDA there); the
     frequencies are ``outer(positions, inv_freq)`` duplicated over both halves, as in the
-    parent and in transformers.
+    parent and in transformers. :meth:`forward` too, for context parallelism: the parent
+    moves its CP row index to CUDA.
     """
 
     def __init__(self, inv_freq: torch.Tensor, *, cp_group: Any = None) -> None:
@@ -129,10 +157,25 @@ class HFRotaryEmbedding(RotaryEmbedding):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb[:, None, None, :]
 
+    def forward(
+        self,
+        max_seq_len: int,
+        offset: int = 0,
+        packed_seq: bool = False,
+        cp_group: Any = None,
+    ) -> torch.Tensor:
+        """The table for ``max_seq_len`` positions; under context parallelism (unpacked)
+        this CP rank's rows (:func:`megatron_cp.rotary_rows`), as the parent selects them."""
+        emb = self.get_emb(max_seq_len, offset)
+        group = cp_group if cp_group is not None else self.cp_group
+        if group is not None and group.size() > 1 and not packed_seq:
+            emb = rotary_rows(emb, group.size(), group.rank())
+        return emb
+
     def to_device(self, device: torch.device) -> None:
-        """``inv_freq`` is a plain attribute (not a buffer): moved explicitly."""
+        """``inv_freq`` is a plain attribute (not a buffer): moved explicitly (the table is
+        made at each call, :meth:`forward` keeps no cache)."""
         self.inv_freq = self.inv_freq.to(device)
-        self.forward.cache_clear()
 
 
 class ValueHead(nn.Module):

@@ -5,8 +5,11 @@ tests use ``spawn_ranks``). ``initialize_model_parallel`` cuts that world into t
 (TP), pipeline- (PP) and context-parallel (CP) groups, Megatron's default order
 ``tp-cp-ep-dp-pp``: consecutive ranks form a TP group, the ranks holding the same TP
 shard in different TP groups of one stage form a data-parallel (DP) group, and the
-stages of one pipeline are ``TP × DP`` ranks apart. The TP groups of one pipeline
-compute on the same samples; DP ranks on different ones. With virtual (interleaved)
+stages of one pipeline are ``TP × CP × DP`` ranks apart. The TP groups of one pipeline
+compute on the same samples; DP ranks on different ones. The CP ranks of one DP rank
+(``TP`` ranks apart) hold the same weights and the same samples, each a share of every
+sequence (:mod:`megatron_cp`); their gradients are summed with DP's, over the DP × CP
+group. With virtual (interleaved)
 pipeline stages each rank of a pipeline holds several model chunks; the groups are the
 same (Megatron records only the virtual size). Expert parallelism (EP) lies
 inside data parallelism: consecutive DP ranks form an EP group, which splits each MoE
@@ -86,6 +89,12 @@ class Parallel:
     # the pipeline's ranks again, for the transfers from the last rank back to the first
     # between chunks (megatron_pipeline: a channel of their own, apart from the others)
     wrap_group: Any = None
+    cp: int = 1  # context parallelism: each sequence split over CP ranks (megatron_cp)
+    cp_rank: int = 0
+    cp_group: Any = None
+    # DP × CP: the ranks holding the same weights, whose gradients are summed (CP ranks
+    # see other tokens of the same samples); the DP group when CP = 1
+    dp_cp_group: Any = None
 
     @property
     def first_stage(self) -> bool:
@@ -228,6 +237,7 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
     vp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
     tp = ps.get_tensor_model_parallel_world_size()
     etp = ps.get_expert_tensor_parallel_world_size()
+    cp = ps.get_context_parallel_world_size()
     split = ep > 1 or etp != tp
     expert_model = ps.get_expert_tensor_model_pipeline_parallel_group() if split else None
     holders = expert_model if etp == 1 or ep == 1 else _same_etp_rank_group(expert_model, ps)
@@ -258,6 +268,10 @@ def init_parallel(m: MegatronConfig, *, role: str, device: torch.device, seed: i
         etp_group=ps.get_expert_tensor_parallel_group(),
         vp=vp,
         wrap_group=_wrap_group(ps.get_pipeline_model_parallel_group()) if vp > 1 else None,
+        cp=cp,
+        cp_rank=ps.get_context_parallel_rank(),
+        cp_group=ps.get_context_parallel_group() if cp > 1 else None,
+        dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True),
     )
 
 

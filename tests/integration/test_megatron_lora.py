@@ -45,9 +45,11 @@ def models(tmp_path_factory) -> dict[str, str]:
     return {t: _tiny(root / t, t) for t in ("qwen2", "llama")}
 
 
-def lora_actor(path: str, strategy: str, tp: int = 1, pp: int = 1) -> Actor:
+def lora_actor(path: str, strategy: str, tp: int = 1, pp: int = 1, cp: int = 1) -> Actor:
     cfg = actor_config(strategy)
-    cfg.megatron = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    cfg.megatron = MegatronConfig(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+    )
     spec = EngineSpec(
         model=ModelConfig(path=path, lora=LORA),
         device=torch.device("cpu"),
@@ -78,9 +80,17 @@ def peft_state(actor: Actor) -> dict[str, torch.Tensor]:
 
 
 def _step_rank(
-    rank: int, world: int, path: str, batch: Batch, adapters: dict, tp: int, pp: int, out: str
+    rank: int,
+    world: int,
+    path: str,
+    batch: Batch,
+    adapters: dict,
+    tp: int,
+    pp: int,
+    cp: int,
+    out: str,
 ) -> dict[str, Any] | None:
-    actor = lora_actor(path, "megatron", tp=tp, pp=pp)
+    actor = lora_actor(path, "megatron", tp=tp, pp=pp, cp=cp)
     engine: Any = actor.engine
     engine.lora.load_peft(adapters)
     with engine.adapters_disabled():
@@ -119,12 +129,12 @@ def _resume_rank(rank: int, world: int, path: str, batch: Batch, tp: int, pp: in
 
 
 @pytest.mark.parametrize(
-    ("model", "tp", "pp"),
-    [("qwen2", 1, 1), ("qwen2", 2, 1), ("llama", 1, 2)],
-    ids=["tp1", "tp2", "pp2-tied"],
+    ("model", "tp", "pp", "cp"),
+    [("qwen2", 1, 1, 1), ("qwen2", 2, 1, 1), ("llama", 1, 2, 1), ("qwen2", 1, 1, 2)],
+    ids=["tp1", "tp2", "pp2-tied", "cp2"],
 )
 def test_lora_matches_the_torch_engines(
-    models: dict[str, str], tmp_path: Path, model: str, tp: int, pp: int
+    models: dict[str, str], tmp_path: Path, model: str, tp: int, pp: int, cp: int
 ) -> None:
     from safetensors.torch import load_file
 
@@ -142,7 +152,7 @@ def test_lora_matches_the_torch_engines(
     ref_peft = peft_state(single)
 
     out = str(tmp_path)
-    got = spawn_ranks(_step_rank, tp * pp, path, batch, adapters, tp, pp, out)[0]
+    got = spawn_ranks(_step_rank, tp * pp * cp, path, batch, adapters, tp, pp, cp, out)[0]
 
     torch.testing.assert_close(got["lora"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got["base"], base, atol=1e-5, rtol=1e-5)
@@ -172,7 +182,7 @@ def test_lora_matches_the_torch_engines(
     assert saved.keys() == ref_peft.keys()
     assert (tmp_path / "hf" / "lora_adapter" / "adapter_config.json").is_file()
     assert (tmp_path / "hf" / "config.json").is_file()
-    if tp == pp == 1:  # peft loads the adapter directory onto the base model
+    if tp == pp == cp == 1:  # peft loads the adapter directory onto the base model
         from peft import PeftModel, get_peft_model_state_dict
         from transformers import AutoModelForCausalLM
 
@@ -181,10 +191,10 @@ def test_lora_matches_the_torch_engines(
         loaded = get_peft_model_state_dict(peft_model)
         for k, v in got["peft"].items():
             torch.testing.assert_close(loaded[k], v, atol=0, rtol=0, msg=k)
-    # a checkpoint resumes exactly at the layout that wrote it, and a TP = 2 one at TP = 1
-    # (the adapters' shards gathered; equal to rounding)
+    # a checkpoint resumes exactly at the layout that wrote it, and a TP = 2 (CP = 2) one
+    # at TP = 1 (CP = 1: the adapters' shards gathered; equal to rounding)
     again = 1 if tp == 2 else tp
     resumed = spawn_ranks(_resume_rank, again * pp, path, batch, again, pp, out)[0]
-    exact = 0.0 if again == tp else 1e-6
+    exact = 0.0 if again == tp and cp == 1 else 1e-6
     for k, v in got["peft2"].items():
         torch.testing.assert_close(resumed[k], v, atol=exact, rtol=exact, msg=k)

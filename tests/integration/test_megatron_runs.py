@@ -124,18 +124,22 @@ def test_roll_megatron_example_grpo_with_tp2_actor_and_reference(
 
 
 @pytest.mark.ray
-def test_roll_megatron_example_trains_with_two_pipeline_stages(
-    tmp_path, tiny_model_dir, monkeypatch, ray_session
+@pytest.mark.parametrize(
+    "split", ["pipeline_model_parallel_size", "context_parallel_size"], ids=["pp2", "cp2"]
+)
+def test_roll_megatron_example_trains_with_two_pipeline_stages_or_cp_ranks(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session, split: str
 ):
     """The same example with the actor and reference as two pipeline stages (PP=2,
-    TP=1) of the tied tiny model: 2 steps through temper's pipeline schedule, rollout
-    log-probs = trainer log-probs (the stages' weights gathered into one HF model at each
-    sync), every parameter of the final HF directory moved."""
+    TP=1) of the tied tiny model — or two context-parallel ranks (CP=2), each running
+    its share of every sequence: 2 steps, rollout log-probs = trainer log-probs (the
+    weights gathered into one HF model at each sync), every parameter of the final HF
+    directory moved."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from safetensors.torch import load_file
 
-    out = tmp_path / "roll-pp"
-    pp = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2}
+    out = tmp_path / "roll-split"
+    pp = {"tensor_model_parallel_size": 1, split: 2}
     overrides = [
         f"pretrain={tiny_model_dir}",
         f"reward_pretrain={tiny_model_dir}",

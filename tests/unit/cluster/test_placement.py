@@ -144,3 +144,26 @@ def test_tied_weights_are_stored_once_and_come_back_under_both_names() -> None:
     assert [n for n, _ in back] == [n for n, _ in weights]
     for (_, got), (_, want) in zip(back, weights, strict=True):
         assert torch.equal(got, want)
+
+
+def test_a_teachers_devices_are_placed_by_the_references_key() -> None:
+    from temper.cluster.placement import placement_key, teacher_role
+
+    assert placement_key(teacher_role("default")) == "reference"
+    assert placement_key("actor") == "actor_train" and placement_key("judge") == "reward"
+
+
+def test_teachers_over_nodes_this_machine_lacks_are_one_config_error() -> None:
+    """A teacher's group (``teacher:<name>``) has no key of its own: the refusal names the
+    furthest-placed role's key without a KeyError for it."""
+    from temper.config.schema import TeacherConfig
+    from temper.pipelines.cluster_fit import check_placement
+
+    cfg = ray_cfg()
+    cfg.resources.actor_train = [0, 1, 2, 3]
+    cfg.resources.actor_infer = [0, 1, 2, 3]
+    cfg.resources.reference = [4, 5, 6, 7]
+    cfg.distill.teachers = {"big": TeacherConfig(model_path="unused")}
+    with pytest.raises(ConfigError) as err:
+        check_placement(cfg, validate(cfg, CATALOG), [])
+    assert err.value.key == "resources.reference" and "teacher:big 4..7" in err.value.reason

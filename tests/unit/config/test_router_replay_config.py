@@ -14,7 +14,7 @@ from temper.pipelines.catalog import build_config
 
 def config(actor: dict) -> dict:
     out = {"model": {"path": "m"}, "data": {"train_files": ["d.parquet"]}, "actor": actor}
-    if actor.get("strategy") == "megatron":  # two ranks for two pipeline stages
+    if actor.get("strategy") == "megatron":  # two ranks: two pipeline stages or CP ranks
         out["resources"] = {"backend": "ray", "devices_per_node": 2}
     return out
 
@@ -36,6 +36,14 @@ def test_native_modes_load(mode: str) -> None:
                 "megatron": {"pipeline_model_parallel_size": 2},
             },
             "one pipeline stage",
+        ),
+        (
+            {
+                "router_replay": "R2",
+                "strategy": "megatron",
+                "megatron": {"context_parallel_size": 2},
+            },
+            "context parallelism",
         ),
         ({"router_replay": "R5"}, "R2"),
         ({"router_replay": "R2", "pipeline": "sft"}, "pipeline sft generates none"),

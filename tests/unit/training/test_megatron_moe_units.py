@@ -236,7 +236,9 @@ def test_expert_tensor_parallel_size_splits_the_expert_ffn_and_the_shared_expert
     )
     z = MegatronConfig(tensor_model_parallel_size=2, extra={"moe_z_loss_coeff": 0.001})
     (note,) = [n for n in check_section("actor", z, device_type="cpu") if "z_loss" in n]
-    assert "moe_z_loss_coeff" in note and "each TP rank's share" in note
+    assert "moe_z_loss_coeff" in note and "each TP × CP rank's share" in note
+    cp = MegatronConfig(context_parallel_size=2, extra={"moe_z_loss_coeff": 0.001})
+    assert [n for n in check_section("actor", cp, device_type="cpu") if "z_loss" in n]
 
 
 def test_load_imbalance_is_max_over_mean_tokens_per_expert_averaged_over_moe_layers() -> None:

@@ -234,7 +234,6 @@ def _check(device: str = "cpu", lora: LoraConfig | None = None, **m: Any) -> lis
             "actor.megatron.virtual_pipeline_model_parallel_size",
             "there is one stage",
         ),
-        ({"context_parallel_size": 2}, "actor.megatron.context_parallel_size", "TransformerEngine"),
         (
             {"extra": {"moe_router_enable_expert_bias": True}},
             "actor.megatron.extra.moe_router_enable_expert_bias",
@@ -249,6 +248,23 @@ def test_what_cannot_run_is_a_config_error_naming_the_key(m: dict, key: str, wor
     with pytest.raises(ConfigError) as err:
         _check(**m)
     assert err.value.key == key and words in err.value.reason and err.value.fix
+
+
+def test_context_parallel_checks_with_tp_pp_sequence_parallel_lora_and_ep() -> None:
+    for notes in (
+        _check(context_parallel_size=2, expert_model_parallel_size=2),
+        _check(context_parallel_size=2),
+        _check(context_parallel_size=4, tensor_model_parallel_size=2, sequence_parallel=True),
+        _check(context_parallel_size=2, pipeline_model_parallel_size=2),
+        _check(lora=LoraConfig(rank=8), context_parallel_size=2),
+    ):
+        assert not [n for n in notes if "context" in n]
+
+
+def test_cp_comm_type_off_transformer_engine_is_a_note() -> None:
+    notes = _check(context_parallel_size=2, extra={"cp_comm_type": "a2a"})
+    assert [n for n in notes if n.startswith("actor.megatron.extra.cp_comm_type=a2a")]
+    assert not [n for n in _check(extra={"cp_comm_type": "a2a"}) if "cp_comm_type" in n]
 
 
 def test_every_degree_is_a_megatron_core_keyword() -> None:
