@@ -18,7 +18,13 @@ import numpy as np
 from temper.config.schema import DataConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.data.collate import PromptExample, collate_prompts
-from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
+from temper.data.errors import (
+    DataError,
+    RowIssue,
+    RowProblem,
+    SkippedRows,
+    empty_files_error,
+)
 from temper.data.prompts import (
     check_template,
     parse_row,
@@ -35,7 +41,6 @@ from temper.data.vision import ImageInput, VisionProcessor, load_vision_processo
 log = logging.getLogger("temper.data")
 
 _TOKENIZE_CHUNK = 1024
-_LOGGED_ISSUES = 10
 
 
 #: A prompt's images and videos, read and sized.
@@ -120,17 +125,6 @@ class PromptDataset:
             yield self.make_batch(order[start : start + size].tolist())
 
 
-def _report(issue: RowIssue, cfg: DataConfig, key: str, count: int) -> None:
-    if cfg.bad_rows == "error":
-        raise DataError(
-            key,
-            f"malformed row {issue}",
-            "fix or remove the row, or set data.bad_rows=skip to report and skip such rows",
-        )
-    if count < _LOGGED_ISSUES:
-        log.warning("skipping malformed row %s", issue)
-
-
 def _overlong(where: str, length: int, cfg: DataConfig) -> DataError:
     return DataError(
         "data.max_prompt_length",
@@ -172,7 +166,7 @@ def build_dataset(
             "use a tokenizer that defines pad_token or eos_token",
         )
 
-    skipped: list[RowIssue] = []
+    skipped = SkippedRows(key, cfg.bad_rows)
     examples: list[PromptExample] = []
     filtered = truncated = rows_read = 0
     pending: list[tuple[str, str, str, list[dict[str, str]], Any, Media]] = []
@@ -183,8 +177,7 @@ def build_dataset(
         for (file, where, text, messages, fields, (images, videos)), ids in zip(pending, all_ids):
             if not ids:
                 issue = RowIssue(file, where, "prompt is empty after templating")
-                _report(issue, cfg, key, len(skipped))
-                skipped.append(issue)
+                skipped.add(issue)
                 continue
             location = f"{file}:{where}"
             if len(ids) > cfg.max_prompt_length:
@@ -202,8 +195,7 @@ def build_dataset(
                         f"max_prompt_length={cfg.max_prompt_length}, and truncating it would "
                         f"cut {what[:-1]} tokens",
                     )
-                    _report(issue, cfg, key, len(skipped))
-                    skipped.append(issue)
+                    skipped.add(issue)
                     continue
                 ids = truncate_ids(ids, cfg.max_prompt_length, cfg.truncation)
                 text = tokenizer.decode(ids, skip_special_tokens=False)
@@ -245,8 +237,7 @@ def build_dataset(
                 text, messages = render(fields, cfg, tokenizer)
         except RowProblem as err:
             issue = RowIssue(item.file, item.where, str(err))
-            _report(issue, cfg, key, len(skipped))
-            skipped.append(issue)
+            skipped.add(issue)
             continue
         pending.append((item.file, item.where, text, messages, fields, (images, videos)))
         if len(pending) >= _TOKENIZE_CHUNK:
@@ -255,14 +246,7 @@ def build_dataset(
     if max_samples > 0:
         del examples[max_samples:]
 
-    if skipped:
-        log.warning(
-            "%s data: skipped %d of %d rows as malformed (first: %s)",
-            name,
-            len(skipped),
-            rows_read,
-            skipped[0],
-        )
+    skipped.summarize(f"{name} data", rows_read)
     if filtered:
         log.info(
             "%s data: dropped %d prompts longer than %d tokens",
@@ -273,15 +257,14 @@ def build_dataset(
     if rows_read == 0:
         raise empty_files_error(key, files)
     if not examples:
-        first = f" (first skipped: {skipped[0]})" if skipped else ""
         raise DataError(
             key,
             f"no usable prompt in {files}: {rows_read} rows read, {len(skipped)} malformed, "
-            f"{filtered} overlong{first}",
+            f"{filtered} overlong{skipped.first()}",
             "check the files and data.prompt_key/messages_key",
         )
     return PromptDataset(
-        examples, pad_id, name, skipped, filtered, truncated, rows_read, vision=vision
+        examples, pad_id, name, skipped.issues, filtered, truncated, rows_read, vision=vision
     )
 
 

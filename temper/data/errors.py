@@ -8,6 +8,7 @@ both the same way, as ``<key>: <reason>. Fix: <fix>``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +37,53 @@ class RowIssue:
 
 class RowProblem(ValueError):
     """Raised while parsing one row; turned into a :class:`RowIssue` by the loader."""
+
+
+log = logging.getLogger("temper.data")
+
+
+class SkippedRows:
+    """The malformed rows one load of ``key``'s files skips, as every loader reports them:
+    under ``data.bad_rows=error`` the first one fails the load; under ``skip`` each is
+    kept (the datasets' ``skipped_rows`` metric), the first :attr:`LOGGED` are logged as
+    they come, and :meth:`summarize` logs the count at the end."""
+
+    #: Skipped rows logged one by one; the rest are counted in the summary only.
+    LOGGED = 10
+
+    def __init__(self, key: str, bad_rows: str) -> None:
+        self.key, self.bad_rows = key, bad_rows
+        self.issues: list[RowIssue] = []
+
+    def __len__(self) -> int:
+        return len(self.issues)
+
+    def add(self, issue: RowIssue) -> None:
+        """Skip one row (or fail the load under ``data.bad_rows=error``)."""
+        if self.bad_rows == "error":
+            raise DataError(
+                self.key,
+                f"malformed row {issue}",
+                "fix or remove the row, or set data.bad_rows=skip to report and skip such rows",
+            )
+        if len(self.issues) < self.LOGGED:
+            log.warning("skipping malformed row %s", issue)
+        self.issues.append(issue)
+
+    def summarize(self, what: str, rows_read: int) -> None:
+        """One line at the end of a load that skipped rows (``what``: the data's name)."""
+        if self.issues:
+            log.warning(
+                "%s: skipped %d of %d rows as malformed (first: %s)",
+                what,
+                len(self.issues),
+                rows_read,
+                self.issues[0],
+            )
+
+    def first(self) -> str:
+        """`` (first skipped: <issue>)`` for a load that kept nothing, or ``""``."""
+        return f" (first skipped: {self.issues[0]})" if self.issues else ""
 
 
 def empty_files_error(key: str, files: str | Path | Sequence[str | Path]) -> DataError:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,15 +32,17 @@ import torch
 
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
-from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
+from temper.data.errors import (
+    DataError,
+    RowIssue,
+    RowProblem,
+    SkippedRows,
+    empty_files_error,
+)
 from temper.data.prompts import check_template, get_path
 from temper.data.sft import SFTDataset, SFTExample
 from temper.data.sft_rows import Encoder, truncate
 from temper.data.sources import read_rows
-
-log = logging.getLogger("temper.data")
-
-_LOGGED_ISSUES = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +224,7 @@ def build_pair_dataset(
     encoder = Encoder(cfg, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     pairs: list[PairExample] = []
-    skipped: list[RowIssue] = []
+    skipped = SkippedRows(key, data.bad_rows)
     rows = 0
     for item in read_rows(files, key):
         if 0 < limit <= len(pairs):
@@ -242,37 +243,21 @@ def build_pair_dataset(
                     "the pair prefers nothing"
                 )
         except RowProblem as err:
-            issue = RowIssue(item.file, item.where, str(err))
-            if data.bad_rows == "error":
-                raise DataError(
-                    key,
-                    f"malformed row {issue}",
-                    "fix or remove the row, or set data.bad_rows=skip to report and skip such rows",
-                ) from err
-            if len(skipped) < _LOGGED_ISSUES:
-                log.warning("skipping malformed row %s", issue)
-            skipped.append(issue)
+            skipped.add(RowIssue(item.file, item.where, str(err)))
             continue
         pairs.append(PairExample(chosen, rejected))
-    if skipped:
-        log.warning(
-            "%s data: skipped %d of %d rows as malformed (first: %s)",
-            name,
-            len(skipped),
-            rows,
-            skipped[0],
-        )
+    skipped.summarize(f"{name} data", rows)
     if rows == 0:
         raise empty_files_error(key, files)
     if not pairs:
-        first = f" (first skipped: {skipped[0]})" if skipped else ""
         raise DataError(
             key,
-            f"no usable pair in {list(files)}: {rows} rows read, {len(skipped)} malformed{first}",
+            f"no usable pair in {list(files)}: {rows} rows read, {len(skipped)} malformed"
+            f"{skipped.first()}",
             f"check the files and data.prompt_key / {cols.section}.chosen_key / "
             f"{cols.section}.rejected_key",
         )
-    return PairDataset(pairs, int(pad), name, skipped, rows)
+    return PairDataset(pairs, int(pad), name, skipped.issues, rows)
 
 
 def build_pair_datasets(

@@ -12,18 +12,20 @@ read with the prompt dataset's keys and fallbacks (:mod:`temper.data.prompts`).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from temper.config.schema import TemperConfig
-from temper.data.dataset import _report
-from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
+from temper.data.errors import (
+    DataError,
+    RowIssue,
+    RowProblem,
+    SkippedRows,
+    empty_files_error,
+)
 from temper.data.prompts import MISSING, data_source_of, get_path, ground_truth_of
 from temper.data.sources import read_rows
-
-log = logging.getLogger("temper.data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +87,7 @@ def load_response_rows(
     for unreadable or empty files, a bad row under ``data.bad_rows=error``, and files
     with no usable row."""
     rows: list[ResponseRow] = []
-    skipped: list[RowIssue] = []
+    skipped = SkippedRows(key, cfg.data.bad_rows)
     read = 0
     for item in read_rows(files, key):
         read += 1
@@ -95,24 +97,15 @@ def load_response_rows(
             assert item.row is not None
             rows.append(parse_response_row(item.row, cfg, f"{item.file}:{item.where}"))
         except RowProblem as err:
-            issue = RowIssue(item.file, item.where, str(err))
-            _report(issue, cfg.data, key, len(skipped))
-            skipped.append(issue)
+            skipped.add(RowIssue(item.file, item.where, str(err)))
     if read == 0:
         raise empty_files_error(key, files)
-    if skipped:
-        log.warning(
-            "%s: skipped %d of %d rows as malformed (first: %s)",
-            key,
-            len(skipped),
-            read,
-            skipped[0],
-        )
+    skipped.summarize(key, read)
     if not rows:
         raise DataError(
             key,
             f"no usable row in {files}: {read} rows read, {len(skipped)} malformed "
-            f"(first: {skipped[0]})",
+            f"(first: {skipped.issues[0]})",
             f"check the files and evaluate.response_key ({cfg.evaluate.response_key})",
         )
-    return rows, skipped
+    return rows, skipped.issues

@@ -41,7 +41,6 @@ the pixels and stay context.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -51,7 +50,13 @@ import torch
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
 from temper.data.collate import left_pad
-from temper.data.errors import DataError, RowIssue, RowProblem, empty_files_error
+from temper.data.errors import (
+    DataError,
+    RowIssue,
+    RowProblem,
+    SkippedRows,
+    empty_files_error,
+)
 from temper.data.prompts import check_template
 from temper.data.sft_rows import Encoder, learn_prompt, truncate
 from temper.data.sources import read_rows
@@ -61,10 +66,6 @@ from temper.data.vision import (
     VisionProcessor,
     load_vision_processor,
 )
-
-log = logging.getLogger("temper.data")
-
-_LOGGED_ISSUES = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,19 +187,9 @@ def build_sft_dataset(
     context = frozenset(_placeholder_ids(vision))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     examples: list[SFTExample] = []
-    skipped: list[RowIssue] = []
+    skipped = SkippedRows(key, data.bad_rows)
+    skip = skipped.add
     rows = 0
-
-    def skip(issue: RowIssue) -> None:
-        if data.bad_rows == "error":
-            raise DataError(
-                key,
-                f"malformed row {issue}",
-                "fix or remove the row, or set data.bad_rows=skip to report and skip such rows",
-            )
-        if len(skipped) < _LOGGED_ISSUES:
-            log.warning("skipping malformed row %s", issue)
-        skipped.append(issue)
 
     for item in read_rows(files, key):
         if 0 < limit <= len(examples):
@@ -243,24 +234,17 @@ def build_sft_dataset(
         examples.append(
             SFTExample(tuple(kept[0]), tuple(kept[1]), tuple(kept[2]), where, cut, images)
         )
-    if skipped:
-        log.warning(
-            "%s data: skipped %d of %d rows as malformed (first: %s)",
-            name,
-            len(skipped),
-            rows,
-            skipped[0],
-        )
+    skipped.summarize(f"{name} data", rows)
     if rows == 0:
         raise empty_files_error(key, files)
     if not examples:
-        first = f" (first skipped: {skipped[0]})" if skipped else ""
         raise DataError(
             key,
-            f"no usable sample in {list(files)}: {rows} rows read, {len(skipped)} malformed{first}",
+            f"no usable sample in {list(files)}: {rows} rows read, {len(skipped)} malformed"
+            f"{skipped.first()}",
             "check the files and data.prompt_key / sft.response_key / data.messages_key",
         )
-    return SFTDataset(examples, int(pad), name, skipped, rows, vision)
+    return SFTDataset(examples, int(pad), name, skipped.issues, rows, vision)
 
 
 def _placeholder_ids(vision: VisionProcessor | None) -> list[int]:
