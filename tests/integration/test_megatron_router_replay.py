@@ -1,8 +1,11 @@
 """Router replay on the megatron engine (Megatron-Core's ``RouterReplay`` in each
 ``TopKRouter``; gloo, fp32), held against the torch engine's (HF modeling code):
 
-* a recording forward gives the torch engine's routing of every real token, at TP = 1
-  and at TP = 2 with sequence parallelism × EP = 2 (records gathered over the TP group);
+* a recording forward gives the torch engine's routing of every real token, at TP = 1,
+  at TP = 2 with sequence parallelism × EP = 2 (records gathered over the TP group), at
+  PP = 2 (each stage records its layers, gathered over the pipeline; Qwen3-MoE's first
+  stage holds no MoE layer) and at CP = 2, alone and × TP = 2 with sequence parallelism
+  (each CP rank routes its two chunks of every sequence, gathered back in order);
 * replaying the record changes nothing bitwise, and the update's first training forward
   gives the old log-probs bitwise;
 * replaying a routing unlike the model's own (random experts per token) gives the torch
@@ -47,14 +50,21 @@ def moe_models(tmp_path_factory: Any) -> dict[str, str]:
     return {t: make_tiny_moe_model(root / t, t) for t in ("qwen2_moe", "qwen3_moe")}
 
 
-def megatron_engine(path: str, tp: int, ep: int, micro: MicroBatching) -> Any:
+def megatron_engine(
+    path: str, tp: int, ep: int, micro: MicroBatching, pp: int = 1, cp: int = 1
+) -> Any:
     cfg = ActorConfig(
         strategy="megatron",
         use_dynamic_bsz=micro.max_tokens is not None,
         max_token_len_per_device=micro.max_tokens or 1,
         micro_batch_size_per_device=micro.size,
         optim=OptimConfig(lr=1e-2, weight_decay=0.0),
-        megatron=MegatronConfig(tensor_model_parallel_size=tp, expert_model_parallel_size=ep),
+        megatron=MegatronConfig(
+            tensor_model_parallel_size=tp,
+            expert_model_parallel_size=ep,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+        ),
         router_replay="R2",
     )
     spec = EngineSpec(
@@ -79,9 +89,11 @@ def _with_routing(batch: Batch, routing: torch.Tensor) -> Batch:
     return batch.union(Batch.from_dict({ROUTED_EXPERTS: routing}))
 
 
-def _rank(rank: int, world: int, path: str, batch: Batch, tp: int, ep: int) -> dict:
+def _rank(
+    rank: int, world: int, path: str, batch: Batch, tp: int, ep: int, pp: int, cp: int
+) -> dict:
     micro = MicroBatching(size=2) if tp == 1 else MicroBatching(max_tokens=20)
-    eng = megatron_engine(path, tp, ep, micro)
+    eng = megatron_engine(path, tp, ep, micro, pp, cp)
     share = len(batch) // eng.dp_size
     mine = batch.slice(eng.dp_rank * share, (eng.dp_rank + 1) * share)
     designed = mine.pop("designed")
@@ -105,24 +117,43 @@ def _rank(rank: int, world: int, path: str, batch: Batch, tp: int, ep: int) -> d
         "record": rec,
         "replayed": replayed,
         "old": old["log_probs"],
-        "train": got[0],
+        "train": got[0] if got else None,  # the loss runs on the last pipeline stage
         "forced": forced,
     }
 
 
 def _joined(ranks: list[dict], key: str) -> torch.Tensor:
     seen: dict[int, torch.Tensor] = {}
-    for r in ranks:  # TP ranks of one DP rank agree; keep one
+    for r in ranks:  # the TP, PP and CP ranks of one DP rank agree: keep one
         seen.setdefault(r["dp"], r[key])
+        assert torch.equal(r[key], seen[r["dp"]])
     return torch.cat([seen[d] for d in sorted(seen)])
 
 
 @pytest.mark.parametrize(
-    ("model", "tp", "ep"),
-    [("qwen3_moe", 1, 1), ("qwen2_moe", 1, 1), ("qwen3_moe", 2, 2)],
-    ids=["qwen3-tp1", "qwen2-tp1", "qwen3-tp2sp-ep2"],
+    ("model", "tp", "ep", "pp", "cp"),
+    [
+        ("qwen3_moe", 1, 1, 1, 1),
+        ("qwen2_moe", 1, 1, 1, 1),
+        ("qwen3_moe", 2, 2, 1, 1),
+        ("qwen2_moe", 1, 1, 2, 1),
+        ("qwen3_moe", 1, 1, 2, 1),
+        ("qwen3_moe", 1, 1, 1, 2),
+        ("qwen2_moe", 2, 1, 1, 2),
+    ],
+    ids=[
+        "qwen3-tp1",
+        "qwen2-tp1",
+        "qwen3-tp2sp-ep2",
+        "qwen2-pp2",
+        "qwen3-pp2",
+        "qwen3-cp2",
+        "qwen2-cp2-tp2sp",
+    ],
 )
-def test_megatron_replay_matches_the_torch_engine(moe_models, model: str, tp: int, ep: int) -> None:
+def test_megatron_replay_matches_the_torch_engine(
+    moe_models, model: str, tp: int, ep: int, pp: int, cp: int
+) -> None:
     path = moe_models[model]
     batch = make_batch()
     ref = torch_engine(path)
@@ -131,15 +162,17 @@ def test_megatron_replay_matches_the_torch_engine(moe_models, model: str, tp: in
     ref_forced = ref.forward(_with_routing(batch, designed), routing="replay")["log_probs"]
     batch["designed"] = designed
 
-    world = 1 if tp == 1 else tp * 2  # TP = 2 × DP = 2 (EP = 2 inside DP)
-    ranks = spawn_ranks(_rank, world, path, batch, tp, ep)
+    # TP = 2 × DP = 2 (EP = 2 inside DP); with PP or CP, TP × PP × CP ranks of one DP rank
+    world = tp * 2 if tp > 1 and pp * cp == 1 else tp * pp * cp
+    ranks = spawn_ranks(_rank, world, path, batch, tp, ep, pp, cp)
     record = _joined(ranks, "record")
     real = ref_rec[ROUTED_EXPERTS] >= 0
     assert torch.equal(record >= 0, real)  # -1 exactly where the torch engine's is
     assert torch.equal(record[real], ref_rec[ROUTED_EXPERTS][real])
     for r in ranks:
         assert torch.equal(r["replayed"], r["plain"])  # the record replayed: bitwise
-        assert torch.equal(r["train"], r["old"])  # step 0 of the update: bitwise
+        if r["train"] is not None:
+            assert torch.equal(r["train"], r["old"])  # step 0 of the update: bitwise
     torch.testing.assert_close(_joined(ranks, "plain"), ref_rec["log_probs"], atol=2e-5, rtol=0)
     forced = _joined(ranks, "forced")
     assert (forced - _joined(ranks, "plain")).abs().max() > 1e-2  # the designed routing bites
