@@ -511,6 +511,7 @@ class MegatronEngine(TorchEngine):
             )
             return
         keys = ["log_probs", *["entropy"] * with_entropy, *["sum_pi_squared"] * with_sum_pi_squared]
+        self._recorded.clear()  # nothing left of a forward that failed
         outs = forward_only(
             self.link,
             micro,

@@ -4,8 +4,9 @@
 * a recording forward gives the torch engine's routing of every real token, at TP = 1,
   at TP = 2 with sequence parallelism × EP = 2 (records gathered over the TP group), at
   PP = 2 (each stage records its layers, gathered over the pipeline; Qwen3-MoE's first
-  stage holds no MoE layer) and at CP = 2, alone and × TP = 2 with sequence parallelism
-  (each CP rank routes its two chunks of every sequence, gathered back in order);
+  stage holds no MoE layer), with virtual stages (each rank's MoE layers not adjacent),
+  at CP = 2, alone, × TP = 2 with sequence parallelism and × PP = 2 (each CP rank routes
+  its two chunks of every sequence, gathered back in order);
 * replaying the record changes nothing bitwise, and the update's first training forward
   gives the old log-probs bitwise;
 * replaying a routing unlike the model's own (random experts per token) gives the torch
@@ -47,11 +48,14 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory: Any) -> dict[str, str]:
     root = tmp_path_factory.mktemp("megatron-rr")
-    return {t: make_tiny_moe_model(root / t, t) for t in ("qwen2_moe", "qwen3_moe")}
+    models = {t: make_tiny_moe_model(root / t, t) for t in ("qwen2_moe", "qwen3_moe")}
+    # four layers, the first dense: virtual stages 0, 2 on rank 0 hold MoE layer 1 of 0-2
+    models["qwen3_moe_4"] = make_tiny_moe_model(root / "q3-4", "qwen3_moe", num_layers=4)
+    return models
 
 
 def megatron_engine(
-    path: str, tp: int, ep: int, micro: MicroBatching, pp: int = 1, cp: int = 1
+    path: str, tp: int, ep: int, micro: MicroBatching, pp: int = 1, cp: int = 1, vp: int = 1
 ) -> Any:
     cfg = ActorConfig(
         strategy="megatron",
@@ -64,6 +68,7 @@ def megatron_engine(
             expert_model_parallel_size=ep,
             pipeline_model_parallel_size=pp,
             context_parallel_size=cp,
+            virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
         ),
         router_replay="R2",
     )
@@ -90,10 +95,10 @@ def _with_routing(batch: Batch, routing: torch.Tensor) -> Batch:
 
 
 def _rank(
-    rank: int, world: int, path: str, batch: Batch, tp: int, ep: int, pp: int, cp: int
+    rank: int, world: int, path: str, batch: Batch, tp: int, ep: int, pp: int, cp: int, vp: int
 ) -> dict:
     micro = MicroBatching(size=2) if tp == 1 else MicroBatching(max_tokens=20)
-    eng = megatron_engine(path, tp, ep, micro, pp, cp)
+    eng = megatron_engine(path, tp, ep, micro, pp, cp, vp)
     share = len(batch) // eng.dp_size
     mine = batch.slice(eng.dp_rank * share, (eng.dp_rank + 1) * share)
     designed = mine.pop("designed")
@@ -131,15 +136,17 @@ def _joined(ranks: list[dict], key: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("model", "tp", "ep", "pp", "cp"),
+    ("model", "tp", "ep", "pp", "cp", "vp"),
     [
-        ("qwen3_moe", 1, 1, 1, 1),
-        ("qwen2_moe", 1, 1, 1, 1),
-        ("qwen3_moe", 2, 2, 1, 1),
-        ("qwen2_moe", 1, 1, 2, 1),
-        ("qwen3_moe", 1, 1, 2, 1),
-        ("qwen3_moe", 1, 1, 1, 2),
-        ("qwen2_moe", 2, 1, 1, 2),
+        ("qwen3_moe", 1, 1, 1, 1, 1),
+        ("qwen2_moe", 1, 1, 1, 1, 1),
+        ("qwen3_moe", 2, 2, 1, 1, 1),
+        ("qwen2_moe", 1, 1, 2, 1, 1),
+        ("qwen3_moe", 1, 1, 2, 1, 1),
+        ("qwen3_moe_4", 1, 1, 2, 1, 2),
+        ("qwen3_moe", 1, 1, 1, 2, 1),
+        ("qwen2_moe", 2, 1, 1, 2, 1),
+        ("qwen2_moe", 1, 1, 2, 2, 1),
     ],
     ids=[
         "qwen3-tp1",
@@ -147,12 +154,14 @@ def _joined(ranks: list[dict], key: str) -> torch.Tensor:
         "qwen3-tp2sp-ep2",
         "qwen2-pp2",
         "qwen3-pp2",
+        "qwen3-4layers-pp2-vpp2",
         "qwen3-cp2",
         "qwen2-cp2-tp2sp",
+        "qwen2-pp2-cp2",
     ],
 )
 def test_megatron_replay_matches_the_torch_engine(
-    moe_models, model: str, tp: int, ep: int, pp: int, cp: int
+    moe_models, model: str, tp: int, ep: int, pp: int, cp: int, vp: int
 ) -> None:
     path = moe_models[model]
     batch = make_batch()
@@ -164,7 +173,7 @@ def test_megatron_replay_matches_the_torch_engine(
 
     # TP = 2 × DP = 2 (EP = 2 inside DP); with PP or CP, TP × PP × CP ranks of one DP rank
     world = tp * 2 if tp > 1 and pp * cp == 1 else tp * pp * cp
-    ranks = spawn_ranks(_rank, world, path, batch, tp, ep, pp, cp)
+    ranks = spawn_ranks(_rank, world, path, batch, tp, ep, pp, cp, vp)
     record = _joined(ranks, "record")
     real = ref_rec[ROUTED_EXPERTS] >= 0
     assert torch.equal(record >= 0, real)  # -1 exactly where the torch engine's is
