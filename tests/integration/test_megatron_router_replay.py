@@ -10,9 +10,9 @@
 * replaying the record changes nothing bitwise, and the update's first training forward
   gives the old log-probs bitwise;
 * replaying a routing unlike the model's own (random experts per token) gives the torch
-  engine's replayed log-probs, whatever the micro-batching: the layout maps each token
-  to its own row's experts, and the replayed gates are HF's (Qwen3-MoE: softmax of the
-  chosen logits; Qwen2-MoE: the full softmax at them).
+  engine's replayed log-probs and, trained on, its gradient, whatever the micro-batching:
+  the layout maps each token to its own row's experts, and the replayed gates are HF's
+  (Qwen3-MoE: softmax of the chosen logits; Qwen2-MoE: the full softmax at them).
 
 Run alone (a Megatron module: its own pytest process).
 """
@@ -116,6 +116,10 @@ def _rank(
         return out["log_probs"].sum() * 0.0, {}
 
     eng.train_mini_batch(_with_routing(mine, old[ROUTED_EXPERTS]), capture)
+    # the designed routing trained on (a zero step before left the weights as they were),
+    # several micro-batches a rank: each replays its own rows, forward and backward
+    eng.train_micro = micro
+    norm = eng.train_mini_batch(_with_routing(mine, designed), _sum_loss)["grad_norm"]
     return {
         "dp": eng.dp_rank,
         "plain": plain,
@@ -124,7 +128,12 @@ def _rank(
         "old": old["log_probs"],
         "train": got[0] if got else None,  # the loss runs on the last pipeline stage
         "forced": forced,
+        "grad_norm": norm,
     }
+
+
+def _sum_loss(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    return (out["log_probs"] * mb["response_mask"]).sum(), {}
 
 
 def _joined(ranks: list[dict], key: str) -> torch.Tensor:
@@ -169,6 +178,7 @@ def test_megatron_replay_matches_the_torch_engine(
     designed = designed_routing(batch, ref.router_replay.num_layers)
     ref_rec = ref.forward(batch, routing="record")
     ref_forced = ref.forward(_with_routing(batch, designed), routing="replay")["log_probs"]
+    ref_norm = ref.train_mini_batch(_with_routing(batch, designed), _sum_loss)["grad_norm"]
     batch["designed"] = designed
 
     # TP = 2 × DP = 2 (EP = 2 inside DP); with PP or CP, TP × PP × CP ranks of one DP rank
@@ -186,3 +196,5 @@ def test_megatron_replay_matches_the_torch_engine(
     forced = _joined(ranks, "forced")
     assert (forced - _joined(ranks, "plain")).abs().max() > 1e-2  # the designed routing bites
     torch.testing.assert_close(forced, ref_forced, atol=2e-5, rtol=0)
+    for r in ranks:  # the gradient of the replayed loss: the torch engine's
+        assert r["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
