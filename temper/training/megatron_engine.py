@@ -41,6 +41,10 @@ and the collectives:
   last-stage copies — then clipped by the global norm over TP × PP, counting each
   TP-replicated weight (norms) and the tied copy once. AdamW on the fp32 local shards,
   as the torch engine does — so one update equals the torch engine's at any TP × PP × DP.
+* **Router replay** (MoE, :mod:`megatron_router_replay`): every stage records and
+  replays its own MoE layers, every CP and TP rank its own tokens; a recording forward's
+  routing is gathered over TP and CP within each stage's forward and over the pipeline
+  after all of them, so every rank returns the whole ``routed_experts``.
 * **Collectives in step.** Every rank runs the same number of micro-batches (padding
   micro-batches with zero loss, as FSDP2 does) and a non-finite loss anywhere stops
   every rank before its backward.
