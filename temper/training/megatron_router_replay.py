@@ -185,6 +185,7 @@ class MegatronRouterReplay:
         if self._p.pp == 1:
             return torch.cat(held, dim=1)
         widest = max(len(s) for s in self._stage_layers)
+        # a stage holding no MoE layer routed nothing: it learns the token count here
         count = torch.tensor([n], dtype=torch.long, device=self._comm)
         sizes = [torch.empty_like(count) for _ in range(self._p.pp)]
         dist.all_gather(sizes, count, group=self._p.pp_group)
