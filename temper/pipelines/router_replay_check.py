@@ -12,8 +12,8 @@ from temper.training.router_replay import OFF, ROUTER_REPLAY
 
 def check_router_replay(cfg: TemperConfig) -> None:
     """R3 needs routing from the rollout engine, which none here returns; R2 records in
-    the old-log-prob forward, which must run; Megatron replays one pipeline stage, without
-    context parallelism.
+    the old-log-prob forward, which must run (on the megatron engine at any TP, PP, VPP,
+    CP, EP).
 
     A pipeline that generates nothing (SFT, DPO, …) has no old-log-prob forward to
     record in: replay is refused there too."""
@@ -44,21 +44,6 @@ def check_router_replay(cfg: TemperConfig) -> None:
             f"router replay {mode} records the routing in the actor's old-log-prob forward, "
             "which actor.recompute_old_log_prob=false skips",
             "set actor.recompute_old_log_prob=true",
-        )
-    m = cfg.actor.megatron
-    if cfg.actor.strategy == "megatron" and (m.pipeline_model_parallel_size or 1) > 1:
-        raise ConfigError(
-            key,
-            "on the megatron engine router replay covers one pipeline stage holding every "
-            "MoE layer",
-            "set actor.megatron.pipeline_model_parallel_size=1, or actor.router_replay=none",
-        )
-    if cfg.actor.strategy == "megatron" and m.context_parallel_size > 1:
-        raise ConfigError(
-            key,
-            "on the megatron engine router replay records and replays whole sequences; "
-            "context parallelism splits each over the CP ranks (not in this build)",
-            "set actor.megatron.context_parallel_size=1, or actor.router_replay=none",
         )
 
 

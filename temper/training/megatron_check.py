@@ -32,8 +32,7 @@ What runs where:
 * context parallelism (``context_parallel_size``, :mod:`megatron_cp`) with TP, PP (and
   virtual stages), DP, sequence parallelism, LoRA and MoE models (EP): on CPU temper's
   attention gathers keys and values over the CP group; on CUDA with TransformerEngine,
-  TE's attention does CP itself (``extra.cp_comm_type``); not with router replay
-  (refused by its check);
+  TE's attention does CP itself (``extra.cp_comm_type``); router replay at any PP and CP;
 * not in this build: LoRA on a critic or on an MoE model, LoRA dropout — errors naming
   the key.
 """

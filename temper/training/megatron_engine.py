@@ -41,6 +41,10 @@ and the collectives:
   last-stage copies — then clipped by the global norm over TP × PP, counting each
   TP-replicated weight (norms) and the tied copy once. AdamW on the fp32 local shards,
   as the torch engine does — so one update equals the torch engine's at any TP × PP × DP.
+* **Router replay** (MoE, :mod:`megatron_router_replay`): every stage records and
+  replays its own MoE layers, every CP and TP rank its own tokens; a recording forward's
+  routing is gathered over TP and CP within each stage's forward and over the pipeline
+  after all of them, so every rank returns the whole ``routed_experts``.
 * **Collectives in step.** Every rank runs the same number of micro-batches (padding
   micro-batches with zero loss, as FSDP2 does) and a non-finite loss anywhere stops
   every rank before its backward.
@@ -93,6 +97,7 @@ from temper.training.megatron_pipeline import (
 )
 from temper.training.megatron_router_replay import (
     MegatronRouterReplay,
+    held_order,
     model_tokens,
     token_columns,
 )
@@ -114,7 +119,13 @@ from temper.training.micro_batching import (
     split_micro_batches,
 )
 from temper.training.packing import PackedInputs
-from temper.training.router_replay import ROUTED_EXPERTS, Recording, RoutingHooks
+from temper.training.router_replay import (
+    ROUTED_EXPERTS,
+    Recording,
+    RoutingHooks,
+    batch_routing,
+    routing_dtype,
+)
 from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 
@@ -149,6 +160,8 @@ class MegatronEngine(TorchEngine):
     def __init__(self, spec: EngineSpec) -> None:
         check_engine_spec(spec)
         self._aux_scales = []
+        # a recording pipeline forward's routing, by micro-batch, chunk by chunk
+        self._recorded: dict[int, list[torch.Tensor]] = {}
         device = spec.device
         if device.type == "cuda":
             import os
@@ -297,8 +310,38 @@ class MegatronEngine(TorchEngine):
     def _chunk_output(
         self, chunk: int, index: int, mb: Batch, received: torch.Tensor | None
     ) -> torch.Tensor:
-        """:func:`megatron_pipeline.Stage` over :meth:`_stage_output`."""
-        return self._stage_output(mb, received, chunk=chunk, index=index)
+        """:func:`megatron_pipeline.Stage` over :meth:`_stage_output`, routed by
+        :meth:`_route` (a recording forward keeps each chunk's routing for
+        :meth:`_pipeline_routing`)."""
+        hooks = self.router_replay
+        if not isinstance(hooks, MegatronRouterReplay):
+            return self._stage_output(mb, received, chunk=chunk, index=index)
+        if self._routing_use != "record":
+            self._route(mb, model_inputs(mb, self.device), None)
+            return self._stage_output(mb, received, chunk=chunk, index=index)
+        with hooks.recording_chunk(chunk) as got:
+            out = self._stage_output(mb, received, chunk=chunk, index=index)
+        self._recorded.setdefault(index, []).append(got[0])
+        return out
+
+    def _pipeline_routing(self, micro: list[Batch]) -> list[torch.Tensor]:
+        """The ``routed_experts`` rows of each micro-batch of a recording pipeline
+        forward: every stage's layers gathered over the pipeline (on every rank)."""
+        hooks = self.router_replay
+        assert isinstance(hooks, MegatronRouterReplay)
+        out = []
+        for i, mb in enumerate(micro):
+            inp = model_inputs(mb, self.device)
+            tokens = hooks.whole(self._recorded.pop(i, []))
+            columns = self._token_columns(tokens.to(routing_dtype(hooks.num_experts)), inp, None)
+            out.append(batch_routing(columns, inp, mb["prompt_ids"].shape[1]))
+        return out
+
+    def _replay_for(self, micro: list[Batch], i: int) -> None:
+        """Set micro-batch ``i``'s replay again before its backward (a recomputed layer
+        routes as its forward did; the forwards of later micro-batches moved it on)."""
+        if self.router_replay is not None:
+            self._route(micro[i], model_inputs(micro[i], self.device), None)
 
     def _head(
         self,
@@ -436,22 +479,24 @@ class MegatronEngine(TorchEngine):
             out[ROUTED_EXPERTS] = record.columns()
         return out
 
-    # router replay (one pipeline stage: check_router_replay): Megatron-Core's RouterReplay
+    # router replay: Megatron-Core's RouterReplay (megatron_router_replay)
 
     def _router_replay(self) -> RoutingHooks:
         return MegatronRouterReplay(
-            self.built.chunks, self.parallel.tp_group, self.built.sequence_parallel
+            self.built.chunks, self.parallel, self.built.sequence_parallel, self._comm_device
         )
 
     def _model_tokens(
         self, routed: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
     ) -> torch.Tensor:
-        return model_tokens(routed, inp, self._model_ids(inp).shape[1])
+        width = self._model_ids(inp).shape[1]
+        return held_order(model_tokens(routed, inp, width), width, self.parallel.cp)
 
     def _token_columns(
         self, tokens: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
     ) -> torch.Tensor:
-        return token_columns(tokens, inp)
+        width = self._model_ids(inp).shape[1]
+        return token_columns(held_order(tokens, width, self.parallel.cp, inverse=True), inp)
 
     def _forward_micro_batches(
         self,
@@ -470,7 +515,8 @@ class MegatronEngine(TorchEngine):
             )
             return
         keys = ["log_probs", *["entropy"] * with_entropy, *["sum_pi_squared"] * with_sum_pi_squared]
-        yield from forward_only(
+        self._recorded.clear()  # nothing left of a forward that failed
+        outs = forward_only(
             self.link,
             micro,
             self._chunk_output,
@@ -483,6 +529,10 @@ class MegatronEngine(TorchEngine):
             ),
             ["values"] if self.spec.value_head else keys,
         )
+        if self._routing_use == "record":
+            for out, routed in zip(outs, self._pipeline_routing(micro)):
+                out[ROUTED_EXPERTS] = routed
+        yield from outs
 
     def _accumulate(
         self,
@@ -508,8 +558,12 @@ class MegatronEngine(TorchEngine):
             lambda mb, out: loss_fn(mb.to(self.device), out),
             all_min=lambda flags: self._all_reduce(flags, dist.ReduceOp.MIN),
             role=self.spec.role,
-            before_backward=self._set_aux_loss_scale_of,
+            before_backward=lambda i: self._before_backward(micro, i),
         )
+
+    def _before_backward(self, micro: list[Batch], i: int) -> None:
+        self._set_aux_loss_scale_of(i)
+        self._replay_for(micro, i)
 
     # ------------------------------------------------------------------ collectives
 

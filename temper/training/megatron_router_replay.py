@@ -11,10 +11,14 @@ scores at them — the logits when the top-k logits are softmaxed afterwards
 ``-1`` for a token the record does not cover (padding, a trimmed column), routed by the
 router's own top-k. :class:`MegatronRouterReplay` gives every router of a model one and
 is the engine's :class:`~temper.training.router_replay.RoutingHooks`. Tokens are in the
-routers' order — Megatron's sequence-first ``(S, b)`` flattened; under sequence
-parallelism each TP rank routes its ``S / TP`` positions, so a record is gathered over
-the TP group and a replay cut to the rank's share. The layout of ``(S, b)`` against the
-batch's columns is the engine's (:func:`model_tokens`, :func:`token_columns`).
+routers' order — Megatron's sequence-first ``(S, b)`` flattened; under context
+parallelism each CP rank routes its share of the positions (:func:`held_order`), under
+sequence parallelism each TP rank routes ``1 / TP`` of those, so a record is gathered
+over TP and CP and a replay cut to the rank's share. Under pipeline parallelism each
+stage routes its own layers: the stages' records are gathered over the pipeline into the
+whole ``(N, L, k)`` after a forward, and each stage replays its layers' columns. The
+layout of ``(S, b)`` against the batch's columns is the engine's (:func:`model_tokens`,
+:func:`token_columns`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 from torch import nn
 
+from temper.training.megatron_cp import gathered_order, held_positions
+from temper.training.megatron_parallel import Parallel
 from temper.training.micro_batching import ModelInputs
 
 TopK = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -76,29 +82,56 @@ class MaskedRouterReplay(RouterReplay):
 class MegatronRouterReplay:
     """Record / replay the routing of every ``TopKRouter`` of a model's chunks.
 
+    Each rank holds the routers of its pipeline stage (its virtual stages' chunks): the
+    model's MoE layers are numbered in model order over the whole pipeline (Megatron's
+    global ``layer_number``), and this rank's routers are columns :attr:`layers` of the
+    ``(N, L, k)`` routing. Tokens are in the routers' order over the ranks that split a
+    sequence: CP rank by CP rank (each its share of the positions, see the engine's
+    layout), within one TP rank by TP rank under sequence parallelism — so a record is
+    gathered over TP, then CP, and a replay cut to the CP, then the TP share.
+
     Attributes:
-        num_layers: routers this rank holds (every MoE layer at one pipeline stage), ``L``.
+        num_layers: the model's MoE layers, ``L`` (every pipeline stage's).
         top_k: experts per token, ``k``.
         num_experts: experts per layer, ``E``.
+        layers: the column in ``L`` of each router this rank holds, chunk by chunk.
     """
 
-    def __init__(self, chunks: list[nn.Module], tp_group: Any, sequence_parallel: bool) -> None:
-        self._routers: list[MaskedRouterReplay] = []
-        first: TopKRouter | None = None
+    def __init__(
+        self,
+        chunks: list[nn.Module],
+        parallel: Parallel,
+        sequence_parallel: bool,
+        comm: torch.device,
+    ) -> None:
+        self._by_chunk: list[list[MaskedRouterReplay]] = []
+        numbers: list[int] = []
+        shape: tuple[int, int] | None = None
         for chunk in chunks:
+            mine: list[MaskedRouterReplay] = []
             for module in chunk.modules():
                 if isinstance(module, TopKRouter):
                     module.router_replay = MaskedRouterReplay()
-                    self._routers.append(module.router_replay)
-                    if first is None:
-                        first = module
-        if first is None:
+                    mine.append(module.router_replay)
+                    numbers.append(int(module.layer_number))
+                    shape = (int(module.topk), int(module.config.num_moe_experts))
+            self._by_chunk.append(mine)
+        self._routers = [r for mine in self._by_chunk for r in mine]
+        stages: list[Any] = [(numbers, shape)]
+        if parallel.pp > 1:  # a stage may hold no MoE layer (a dense first layer)
+            stages = [None] * parallel.pp
+            dist.all_gather_object(stages, (numbers, shape), group=parallel.pp_group)
+        everywhere = sorted(n for nums, _ in stages for n in nums)
+        shapes = [s for _, s in stages if s is not None]
+        if not shapes:
             raise ValueError("the model has no MoE router (router replay needs an MoE model)")
-        self.num_layers = len(self._routers)
-        self.top_k = int(first.topk)
-        self.num_experts = int(first.config.num_moe_experts)
-        self._group = tp_group
-        self._tp = dist.get_world_size(tp_group) if sequence_parallel else 1
+        self.num_layers = len(everywhere)
+        self.top_k, self.num_experts = shapes[0]
+        self.layers = [everywhere.index(n) for n in numbers]
+        self._stage_layers = [[everywhere.index(n) for n in nums] for nums, _ in stages]
+        self._p = parallel
+        self._comm = comm
+        self._tp = parallel.tp if sequence_parallel else 1
 
     def _set(self, action: RouterReplayAction | None) -> None:
         for r in self._routers:
@@ -107,45 +140,93 @@ class MegatronRouterReplay:
             else:
                 r.set_router_replay_action(action)
 
+    def _gather(self, local: torch.Tensor, group: Any, size: int) -> torch.Tensor:
+        """Every rank of ``group``'s tokens in rank order."""
+        if size == 1:
+            return local
+        parts = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        return torch.cat(parts)
+
     @contextlib.contextmanager
-    def recording(self) -> Iterator[list[torch.Tensor]]:
-        """Record the forward inside: the list then holds its routing ``(S·b, L, k)``,
-        every TP rank's positions (sequence parallel) gathered in order."""
+    def recording_chunk(self, chunk: int) -> Iterator[list[torch.Tensor]]:
+        """Record model chunk ``chunk``'s forward inside: the list then holds its
+        routers' routing ``(N, L_chunk, k)``, gathered over TP (sequence parallel) and CP
+        (the chunk's forward runs on every rank of both groups at once)."""
+        routers = self._by_chunk[chunk]
         result: list[torch.Tensor] = []
-        for r in self._routers:
+        for r in routers:
             r.clear_indices()
-        self._set(RouterReplayAction.RECORD)
+            r.set_router_replay_action(RouterReplayAction.RECORD)
         try:
             yield result
         finally:
-            self._set(None)
-        recorded = [r.get_recorded_indices() for r in self._routers]
-        missing = [i for i, t in enumerate(recorded) if t is None]
+            for r in routers:
+                r.clear_router_replay_action()
+        recorded = [r.get_recorded_indices() for r in routers]
+        missing = [self.layers[i] for i, t in enumerate(recorded) if t is None]
         if missing:
             raise RuntimeError(f"router replay: MoE layers {missing} did not run")
-        local = torch.stack([t for t in recorded if t is not None], dim=1)
-        for r in self._routers:
+        for r in routers:
             r.clear_indices()
-        if self._tp > 1:  # each TP rank routed one contiguous share of the positions
-            parts = [torch.empty_like(local) for _ in range(self._tp)]
-            dist.all_gather(parts, local.contiguous(), group=self._group)
-            local = torch.cat(parts)
-        result.append(local)
+        if not routers:
+            result.append(torch.empty((0, 0, self.top_k), dtype=torch.long))
+            return
+        local = torch.stack([t for t in recorded if t is not None], dim=1)
+        local = self._gather(local, self._p.tp_group, self._tp)
+        result.append(self._gather(local, self._p.cp_group, self._p.cp))
+
+    def whole(self, chunks: list[torch.Tensor]) -> torch.Tensor:
+        """This rank's chunks' records of one forward (:meth:`recording_chunk`, in chunk
+        order) as the model's ``(N, L, k)``: the stages' layers gathered over the
+        pipeline (a collective of the pipeline group)."""
+        held = [c for c in chunks if c.shape[1] > 0]
+        n = held[0].shape[0] if held else 0
+        if self._p.pp == 1:
+            return torch.cat(held, dim=1)
+        widest = max(len(s) for s in self._stage_layers)
+        # a stage holding no MoE layer routed nothing: it learns the token count here
+        count = torch.tensor([n], dtype=torch.long, device=self._comm)
+        sizes = [torch.empty_like(count) for _ in range(self._p.pp)]
+        dist.all_gather(sizes, count, group=self._p.pp_group)
+        n = max(int(s) for s in sizes)
+        mine = torch.full((n, widest, self.top_k), -1, dtype=torch.long, device=self._comm)
+        if held:
+            local = torch.cat(held, dim=1)
+            mine[:, : local.shape[1]] = local.to(self._comm)
+        parts = [torch.empty_like(mine) for _ in range(self._p.pp)]
+        dist.all_gather(parts, mine, group=self._p.pp_group)
+        out = mine.new_full((n, self.num_layers, self.top_k), -1)
+        for part, columns in zip(parts, self._stage_layers):
+            out[:, columns] = part[:, : len(columns)]
+        device = held[0].device if held else self._comm
+        return out.to(device)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[torch.Tensor]]:
+        """Record the forward inside (every chunk of this rank): the list then holds its
+        routing ``(N, L, k)`` (see :meth:`recording_chunk`, :meth:`whole`)."""
+        result: list[torch.Tensor] = []
+        with contextlib.ExitStack() as stack:
+            got = [stack.enter_context(self.recording_chunk(c)) for c in range(len(self._by_chunk))]
+            yield result
+        result.append(self.whole([g[0] for g in got]))
 
     def replay(self, targets: torch.Tensor) -> None:
         """Route forwards (and backward recomputations) from now on by ``targets``
-        ``(S·b, L, k)`` (``-1``: the router's own), this rank's share under sequence
-        parallelism, until :meth:`stop`."""
+        ``(N, L, k)`` (``-1``: the router's own) — this rank's layers, its CP share and
+        under sequence parallelism its TP share of the tokens — until :meth:`stop`."""
         if targets.shape[1:] != (self.num_layers, self.top_k):
             raise ValueError(
                 f"router replay: routing of shape {tuple(targets.shape)} for a model of "
                 f"{self.num_layers} MoE layers × top-{self.top_k}"
             )
-        if self._tp > 1:
-            share = targets.shape[0] // self._tp
-            rank = dist.get_rank(self._group)
-            targets = targets[rank * share : (rank + 1) * share]
-        for layer, r in enumerate(self._routers):
+        for share, group in ((self._p.cp, self._p.cp_group), (self._tp, self._p.tp_group)):
+            if share > 1:
+                size = targets.shape[0] // share
+                rank = dist.get_rank(group)
+                targets = targets[rank * size : (rank + 1) * size]
+        for layer, r in zip(self.layers, self._routers):
             r.clear_indices()
             r.target_topk_idx = targets[:, layer]
         self._set(RouterReplayAction.REPLAY_FORWARD)
@@ -155,6 +236,19 @@ class MegatronRouterReplay:
         self._set(None)
         for r in self._routers:
             r.clear_indices()
+
+
+def held_order(
+    tokens: torch.Tensor, length: int, cp: int, *, inverse: bool = False
+) -> torch.Tensor:
+    """Sequence-first tokens ``(S·b, …)`` (``S = length``) in the CP ranks' order — rank
+    0's positions (:func:`~temper.training.megatron_cp.cp_positions`), then rank 1's, … —
+    or back (``inverse``); the identity at CP = 1."""
+    if cp == 1:
+        return tokens
+    order = gathered_order(length, cp) if inverse else held_positions(length, cp)
+    seq = tokens.reshape(length, -1, *tokens.shape[1:])
+    return seq.index_select(0, order.to(tokens.device)).reshape(tokens.shape)
 
 
 def _right_aligned(inp: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,4 +287,10 @@ def token_columns(tokens: torch.Tensor, inp: ModelInputs) -> torch.Tensor:
     return out
 
 
-__all__ = ["MaskedRouterReplay", "MegatronRouterReplay", "model_tokens", "token_columns"]
+__all__ = [
+    "MaskedRouterReplay",
+    "MegatronRouterReplay",
+    "held_order",
+    "model_tokens",
+    "token_columns",
+]

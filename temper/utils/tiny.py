@@ -105,9 +105,10 @@ def make_tiny_model(
     return out
 
 
-def make_tiny_moe_model(out_dir: str | Path, model_type: str) -> str:
-    """A tiny random MoE model with the shared byte tokenizer: 4 experts, top-2, router
-    weights scaled up so that tokens spread unevenly over the experts."""
+def make_tiny_moe_model(out_dir: str | Path, model_type: str, num_layers: int = 2) -> str:
+    """A tiny random MoE model with the shared byte tokenizer: ``num_layers`` layers, 4
+    experts, top-2, router weights scaled up so that tokens spread unevenly over the
+    experts."""
     import torch
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
@@ -120,7 +121,7 @@ def make_tiny_moe_model(out_dir: str | Path, model_type: str) -> str:
         vocab_size=len(tok),
         hidden_size=64,
         intermediate_size=96,
-        num_hidden_layers=2,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,

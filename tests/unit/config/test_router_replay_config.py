@@ -24,27 +24,17 @@ def test_native_modes_load(mode: str) -> None:
     assert build_config(config({"router_replay": mode})).actor.router_replay == mode
 
 
+def test_megatron_replay_loads_with_pipeline_and_context_parallelism() -> None:
+    for megatron in ({"pipeline_model_parallel_size": 2}, {"context_parallel_size": 2}):
+        actor = {"router_replay": "R2", "strategy": "megatron", "megatron": megatron}
+        assert build_config(config(actor)).actor.router_replay == "R2"
+
+
 @pytest.mark.parametrize(
     ("actor", "words"),
     [
         ({"router_replay": "R3"}, "rollout engines (hf, vllm) do not return them"),
         ({"router_replay": "R2", "recompute_old_log_prob": False}, "old-log-prob forward"),
-        (
-            {
-                "router_replay": "R2",
-                "strategy": "megatron",
-                "megatron": {"pipeline_model_parallel_size": 2},
-            },
-            "one pipeline stage",
-        ),
-        (
-            {
-                "router_replay": "R2",
-                "strategy": "megatron",
-                "megatron": {"context_parallel_size": 2},
-            },
-            "context parallelism",
-        ),
         ({"router_replay": "R5"}, "R2"),
         ({"router_replay": "R2", "pipeline": "sft"}, "pipeline sft generates none"),
     ],

@@ -145,7 +145,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
         "megatron: virtual pipeline",
         r"interleaved \(virtual\) pipeline stages split each|pipeline stages × \d+ virtual",
     ),
-    ("megatron: router replay with context parallel", r"context parallelism splits each over"),
     ("megatron: expert parallel on a dense model", r"is dense: expert parallelism splits"),
     ("megatron: expert FFN over TP", r"does not divide the model's \d+ (shared-)?expert FFN"),
     ("megatron: MoE option needs CUDA", r"Megatron keeps its (buffers|token counts) on CUDA"),
