@@ -204,20 +204,36 @@ def build_critic(cfg: TemperConfig, dev: torch.device) -> Critic:
     return Critic(cfg.critic, engine, seed=cfg.experiment.seed)
 
 
+#: reward-model strategies served by the Hugging Face classifier itself: the reward model
+#: scores in one process (the driver's), where a one-rank FSDP2 shards nothing
+ONE_PROCESS_SCORERS = ("torch", "fsdp2")
+
+
 def build_reward_model(cfg: TemperConfig, dev: torch.device) -> Any:
-    """The scorer of ``reward.model`` (None unless enabled): on ``torch`` the Hugging Face
-    classifier itself (:class:`temper.rewards.model.RewardModel`), on another engine
-    (``megatron``) its backbone and score head as a frozen ``kind='score'`` engine
-    (:class:`temper.roles.reward_model.EngineRewardModel`)."""
+    """The scorer of ``reward.model`` (None unless enabled): on ``torch`` / ``fsdp2`` the
+    Hugging Face classifier itself (:class:`temper.rewards.model.RewardModel`), on
+    ``megatron`` its backbone and score head as a frozen ``kind='score'`` engine
+    (:class:`temper.roles.reward_model.EngineRewardModel`) in a one-rank world."""
     from temper.rewards.model import RewardModel
     from temper.roles.reward_model import EngineRewardModel, check_one_label
 
     rm = cfg.reward.model
     if not rm.enable:
         return None
-    strategy = local_strategy(cfg, rm.strategy, "reward.model.strategy")
-    if strategy == "torch":
+    if rm.strategy in ONE_PROCESS_SCORERS:
+        if rm.strategy != "torch":
+            log.warning(
+                "reward.model.strategy=%s: the reward model scores in the driver process, "
+                "where one FSDP2 rank computes what the torch classifier computes",
+                rm.strategy,
+            )
         return RewardModel.from_config(replace(rm, strategy="torch"), device=dev)
+    if rm.strategy != "megatron":
+        raise ConfigError(
+            "reward.model.strategy",
+            f"'{rm.strategy}' does not serve a reward model",
+            "use torch, fsdp2 or megatron",
+        )
     if not rm.path:
         raise ConfigError(
             "reward.model.path", "is not set but reward.model.enable is true", "set it"
@@ -226,7 +242,7 @@ def build_reward_model(cfg: TemperConfig, dev: torch.device) -> Any:
 
     check_one_label(rm.path)
     engine = build_engine(
-        strategy,
+        "megatron",
         EngineSpec(
             model=replace(
                 cfg.model,  # the policy's compute settings; its own architecture and code

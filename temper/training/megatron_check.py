@@ -89,18 +89,12 @@ def _roles(cfg: TemperConfig, plan: Derived) -> list[tuple[str, MegatronConfig]]
 
 
 def check_reward_model(cfg: TemperConfig) -> None:
-    """A megatron reward model scores in the driver process (the producer's scorer), one
-    rank on the local backend: it has no worker group to split over."""
+    """A megatron reward model scores in the driver process (the producer's scorer, as
+    the torch reward model does on either backend), in a one-rank world of its own
+    there: it has no worker group to split over."""
     rm = cfg.reward.model
     if not (rm.enable and rm.strategy == "megatron"):
         return
-    if cfg.resources.backend != "local":
-        raise ConfigError(
-            "reward.model.strategy",
-            "a megatron reward model runs in the driver process, which on the "
-            f"{cfg.resources.backend} backend is in no process group of its own",
-            "use resources.backend: local, or reward.model.strategy: torch",
-        )
     if rm.megatron.dist_checkpoint_path:
         raise ConfigError(
             "reward.model.megatron.dist_checkpoint_path",

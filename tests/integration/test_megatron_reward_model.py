@@ -8,6 +8,7 @@ Ranks are forked by ``spawn_ranks`` after this module has imported Megatron-Core
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -122,3 +123,99 @@ def test_megatron_scores_equal_the_hf_classifier(classifiers, layout) -> None:
         for got in ranks:  # every rank returns the scores (the last stage's, broadcast)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert want.std() > 0  # distinct scores, not a constant head
+
+
+def _rl_run(tiny: Path, rm: str, out: Path, strategy: str, **over: dict) -> list[dict]:
+    """2 GRPO steps (the local backend unless ``over`` says otherwise) scored by the reward
+    model alone (no rule)."""
+    from temper.pipelines import run_pipeline
+    from temper.pipelines.catalog import build_config
+
+    cfg = {
+        "pipeline": "rlvr",
+        "model": {"path": str(tiny), "dtype": "fp32"},
+        "data": {
+            "train_files": ["task:arithmetic?n=16&seed=0&max_operand=3"],
+            "train_batch_size": 2,
+            "max_prompt_length": 96,
+        },
+        "rollout": {"engine": "hf", "n": 2, "response_length": 8},
+        "actor": {"mini_batch_size": 4, "micro_batch_size_per_device": 2},
+        "algorithm": {"adv_estimator": "grpo"},
+        "reward": {
+            "model": {
+                "enable": True,
+                "path": rm,
+                "strategy": strategy,
+                "micro_batch_size_per_device": 3,
+            }
+        },
+        "experiment": {
+            "max_steps": 2,
+            "seed": 0,
+            "val_before_train": False,
+            "output_dir": str(out),
+            "trackers": ["jsonl"],
+        },
+    }
+    for section, values in over.items():
+        cfg.setdefault(section, {}).update(values)
+    run_pipeline(build_config(cfg))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "train/score_mean" in r]
+
+
+def test_rlvr_run_scored_by_a_megatron_reward_model(
+    tmp_path, tiny_model_dir, classifiers, monkeypatch
+) -> None:
+    """reward.model.strategy: megatron on the local backend (a one-rank world in this
+    process): 2 steps whose rewards are the reward model's real-valued scores (that they
+    equal the Hugging Face classifier's on the same tokens is the test above)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    try:
+        got = _rl_run(tiny_model_dir, classifiers["qwen2"], tmp_path / "meg", "megatron")
+    finally:
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert [r["step"] for r in got] == [1, 2]
+    for r in got:
+        assert r["train/rm_score_mean"] == pytest.approx(r["train/score_mean"], abs=1e-6)
+        assert r["train/score_min"] < r["train/score_max"]
+        assert {r["train/score_min"], r["train/score_max"]} - {0.0, 1.0}
+
+
+@pytest.mark.ray
+def test_rlvr_run_on_ray_scored_by_a_megatron_reward_model_in_the_driver(
+    tmp_path, tiny_model_dir, classifiers, monkeypatch
+) -> None:
+    """On the Ray backend (the actor on two fsdp2 ranks in workers) the reward model
+    scores in the driver process, in a one-rank world of its own, as on the local one."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    try:
+        got = _rl_run(
+            tiny_model_dir,
+            classifiers["qwen2"],
+            tmp_path / "ray",
+            "megatron",
+            actor={"strategy": "fsdp2"},
+            experiment={"device": "cpu"},
+            resources={"backend": "ray", "devices_per_node": 2, "ray": {"num_cpus": 4}},
+        )
+    finally:
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if ray.is_initialized():
+            ray.shutdown()
+    assert [r["step"] for r in got] == [1, 2]
+    for r in got:
+        assert r["train/rm_score_mean"] == pytest.approx(r["train/score_mean"], abs=1e-6)
+        assert r["train/score_min"] < r["train/score_max"]
