@@ -723,6 +723,11 @@ class RewardModelConfig:
     forward_max_token_len_per_device: int = doc(16384, "Token budget per micro-batch.")
     max_length: int | None = doc(None, "Truncate RM inputs to this many tokens.")
     fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")
+    megatron: MegatronConfig = sub(
+        MegatronConfig,
+        "Megatron settings (strategy=megatron): the reward model scores in the driver "
+        "process, one rank, so its model-parallel degrees stay 1.",
+    )
 
 
 @dataclass

@@ -29,6 +29,8 @@ from temper.roles.actor import policy_loss_params
 from temper.rollout.tools import check_multi_turn
 
 FILTER_METRICS = ("score", "reward")
+#: the engines a reward model scores on (:func:`temper.roles.builder.build_reward_model`)
+REWARD_MODEL_STRATEGIES = ("torch", "fsdp2", "megatron")
 
 
 def check_run(cfg: TemperConfig, plan: Derived) -> None:
@@ -49,6 +51,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     check_router_replay(cfg)
     _check_distill(cfg, plan)
     _check_async(cfg, plan)
+    _check_reward_model_strategy(cfg)
     if cfg.reward.launch_async:
         raise ConfigError(
             "reward.launch_async",
@@ -241,6 +244,18 @@ def _check_estimator_inputs(cfg: TemperConfig) -> None:
             "; ".join(fixes)
             if fixes
             else "choose an estimator this pipeline provides for (grpo, rloo, gae, …)",
+        )
+
+
+def _check_reward_model_strategy(cfg: TemperConfig) -> None:
+    """The reward model scores in the driver process: as the Hugging Face classifier
+    (torch, or fsdp2, one rank of which is the same) or on a one-rank megatron engine."""
+    rm = cfg.reward.model
+    if rm.enable and rm.strategy not in REWARD_MODEL_STRATEGIES:
+        raise ConfigError(
+            "reward.model.strategy",
+            f"'{rm.strategy}' does not serve a reward model",
+            f"use one of {', '.join(REWARD_MODEL_STRATEGIES)}",
         )
 
 

@@ -35,6 +35,7 @@ from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Pipeline
 from temper.pipelines.timing import Timer
 from temper.rewards.manager import RewardScorer
+from temper.roles.builder import build_reward_model
 from temper.rollout import RolloutEngine
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.rollout.partial import Segments, generate_in_segments
@@ -62,7 +63,12 @@ class RLVRProducer:
             from temper.pipelines.agentic_rollout import rlvr_tool_engine
 
             self.engine = rlvr_tool_engine(ctx.engine, cfg, ctx.tokenizer)
-        self.scorer = RewardScorer.from_config(cfg, device=ctx.device, judge=ctx.judge)
+        self.scorer = RewardScorer.from_config(
+            cfg,
+            device=ctx.device,
+            judge=ctx.judge,
+            reward_model=build_reward_model(cfg, ctx.device),
+        )
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
         self.val_sampling = sampling_params(cfg.rollout, validation=True)
         self.shaping = ctx.shaping

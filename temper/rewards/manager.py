@@ -225,11 +225,14 @@ class RewardScorer:
         *,
         device: str | torch.device = "cpu",
         judge: JudgeEngine | None = None,
+        reward_model: Any | None = None,
     ) -> RewardScorer:
-        """The scorer of a run (loads the reward model when ``reward.model.enable``);
-        ``judge``: the engine of the LLM judge (``temper.cluster.judge.build_judge``)."""
-        rm = None
-        if config.reward.model.enable:
+        """The scorer of a run (loads the reward model when ``reward.model.enable``, unless
+        ``reward_model`` — one built on a training engine, ``temper.roles.builder.
+        build_reward_model`` — is given); ``judge``: the engine of the LLM judge
+        (``temper.cluster.judge.build_judge``)."""
+        rm = reward_model
+        if rm is None and config.reward.model.enable:
             from temper.rewards.model import RewardModel
 
             rm = RewardModel.from_config(config.reward.model, device=device)

@@ -18,7 +18,8 @@ class HFCheckpoint:
     """Tensors of a Hugging Face checkpoint directory, read one at a time by name.
 
     Names are given without the causal LM's ``model.`` prefix (a value-model backbone
-    has none); ``lm_head.weight`` and ``value_head.*`` are looked up as they are.
+    has none); ``lm_head.weight``, ``value_head.*`` and ``score.weight`` are looked up as
+    they are.
     """
 
     def __init__(self, path: str) -> None:
@@ -53,7 +54,8 @@ class HFCheckpoint:
         return name in self._value_head or self._key(name) in self._files
 
     def _key(self, name: str) -> str:
-        return name if name.startswith("lm_head.") else self.prefix + name
+        # a sequence classifier's ``score.weight`` sits beside its ``model.`` backbone
+        return name if name.startswith(("lm_head.", "score.")) else self.prefix + name
 
     def get(self, name: str) -> torch.Tensor:
         if name in self._value_head:

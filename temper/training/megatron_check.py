@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
+#: roles that only run forwards (no gradients, no optimizer, no LoRA of their own)
+FROZEN = ("reference", "reward.model")
 INSTALL = "pip install 'temper-rl[megatron]' (scripts/install.sh installs it)"
 
 
@@ -80,26 +82,54 @@ def _roles(cfg: TemperConfig, plan: Derived) -> list[tuple[str, MegatronConfig]]
     own_engine = plan.use_reference and cfg.model.lora.rank == 0
     if ref.strategy == "megatron" and (own_engine or cfg.distill.teachers):
         roles.append(("reference", ref.megatron))  # the teachers' engines are built so too
+    if cfg.reward.model.enable and cfg.reward.model.strategy == "megatron":
+        roles.append(("reward.model", cfg.reward.model.megatron))
     return roles
+
+
+def check_reward_model(cfg: TemperConfig) -> None:
+    """A megatron reward model scores in the driver process (the producer's scorer, as
+    the torch reward model does on either backend), in a one-rank world of its own
+    there: it has no worker group to split over."""
+    rm = cfg.reward.model
+    if not (rm.enable and rm.strategy == "megatron"):
+        return
+    if rm.megatron.dist_checkpoint_path:
+        raise ConfigError(
+            "reward.model.megatron.dist_checkpoint_path",
+            "a reward model starts from its sequence-classification directory (its score "
+            "head is not in a Megatron distributed checkpoint)",
+            "remove it; reward.model.path is converted",
+        )
+    split = {k: v for k, v in rm.megatron.degrees().items() if (v or 1) > 1}
+    if split:
+        key, value = next(iter(split.items()))
+        raise ConfigError(
+            f"reward.model.megatron.{key}",
+            f"{value}: the reward model scores in one process (one rank), so it is not "
+            "split over devices",
+            f"set reward.model.megatron.{key}: 1",
+        )
 
 
 def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[str]:
     """Raise ``ConfigError`` for what cannot run; return notes on options not applied."""
     notes: list[str] = []
+    check_reward_model(cfg)
     for role, m in _roles(cfg, plan):
-        ckpt = cfg.model.enable_gradient_checkpointing and role != "reference"
+        ckpt = cfg.model.enable_gradient_checkpointing and role not in FROZEN
         notes += check_section(
             role, m, device_type=device_type, lora=cfg.model.lora, gradient_checkpointing=ckpt
         )
         if m.dist_checkpoint_path:
             _check_dist_init(cfg, role, m)
-        path = cfg.critic.model_path if role == "critic" else None
+        path = {"critic": cfg.critic.model_path, "reward.model": cfg.reward.model.path}.get(role)
         layout = local_layout(cfg.model, path or cfg.model.path)
         if layout is not None:  # how TP, PP × VPP and EP split this model
             check_divisible(layout, m, role)
-            if role != "reference":
+            if role not in FROZEN:
                 check_lora(cfg.model.lora, role, moe=layout.moe is not None)
-        sp = getattr(cfg, role).ulysses_sequence_parallel_size if role != "reference" else 1
+        sp = getattr(cfg, role).ulysses_sequence_parallel_size if role not in FROZEN else 1
         if sp > 1:
             raise ConfigError(
                 f"{role}.ulysses_sequence_parallel_size",

@@ -283,7 +283,16 @@ def build_model(
         prefix = spec.megatron_config.dist_checkpoint_prefix
         load_dist_checkpoint(chunks, dist, prefix=prefix, value_head=head)
     else:
-        _load_weights(module, maps, source.path, layout, parallel, value=value, seed=spec.seed)
+        _load_weights(
+            module,
+            maps,
+            source.path,
+            layout,
+            parallel,
+            value=value,
+            seed=spec.seed,
+            score=spec.kind == "score",
+        )
     tp_group = parallel.tp_group if parallel.tp > 1 else None
     vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
     return MegatronModel(
@@ -400,16 +409,24 @@ def _load_weights(
     *,
     value: bool,
     seed: int,
+    score: bool = False,
 ) -> None:
     """Fill every parameter with this rank's shard; a value head missing from the
     checkpoint is initialised like the torch engine's (N(0, initializer_range²) from
-    ``seed``, bias 0), so both engines start from the same critic."""
+    ``seed``, bias 0), so both engines start from the same critic. ``score``: a
+    sequence classifier's bias-free ``score.weight`` (1, hidden) is the head, bias 0."""
     params = dict(module.named_parameters())
     ckpt = HFCheckpoint(src)
     try:
         with torch.no_grad():
             for pm in maps:
                 target = params[pm.megatron]
+                if score and pm.hf[0].startswith("value_head.") and ckpt.has("score.weight"):
+                    if pm.hf[0].endswith(".bias"):
+                        target.zero_()
+                    else:
+                        target.copy_(ckpt.get("score.weight").reshape(target.shape))
+                    continue
                 if value and pm.hf[0].startswith("value_head.") and not ckpt.has(pm.hf[0]):
                     target.copy_(_fresh_head(pm.hf[0], target, seed, src))
                     continue

@@ -234,10 +234,42 @@ def test_a_short_file_gets_the_reference_parallel_sizes_from_the_actor() -> None
 
 
 @needs_generated
-def test_a_megatron_reward_model_is_refused_only_when_enabled() -> None:
-    translate()  # reward_model.enable: false — its megatron section is inert
-    with pytest.raises(ConfigError, match="reward_model.megatron.*reward model on the megatron"):
-        translate(reward_model__enable=True, reward_model__model__path="/m/rm")
+def test_a_megatron_reward_model_maps_onto_reward_model_megatron() -> None:
+    """The trainer file's reward model runs on megatron (reward.model.strategy) with its
+    section under reward.model.megatron."""
+
+    tree, _ = translate(
+        reward_model__enable=True,
+        reward_model__model__path="/m/rm",
+        reward_model__megatron__tensor_model_parallel_size=1,
+        reward_model__megatron__param_offload=True,
+    )
+    assert native(tree, "reward.model.strategy") == "megatron"
+    assert native(tree, "reward.model.megatron.tensor_model_parallel_size") == 1
+    assert native(tree, "reward.model.megatron.param_offload") is True
+
+
+def test_check_refuses_a_megatron_reward_model_split_over_ranks() -> None:
+    """It scores in the driver process, one rank: degrees above 1 and a distributed
+    checkpoint are refused naming the key."""
+    from temper.config.schema import TemperConfig
+    from temper.training.megatron_check import check_reward_model
+
+    cfg = TemperConfig()
+    rm = cfg.reward.model
+    rm.enable, rm.path, rm.strategy = True, "/m/rm", "megatron"
+    check_reward_model(cfg)  # TP = PP = CP = 1 on the local backend
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        setattr(rm.megatron, key, 2)
+        with pytest.raises(ConfigError, match=f"reward.model.megatron.{key}"):
+            check_reward_model(cfg)
+        setattr(rm.megatron, key, 1)
+    rm.megatron.dist_checkpoint_path = "/m/dist"
+    with pytest.raises(ConfigError, match="reward.model.megatron.dist_checkpoint_path"):
+        check_reward_model(cfg)
+    rm.megatron.dist_checkpoint_path = None
+    cfg.resources.backend = "ray"
+    check_reward_model(cfg)  # it scores in the driver there too
 
 
 # ----------------------------------------------------------------------- megatron LoRA

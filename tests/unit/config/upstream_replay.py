@@ -156,7 +156,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("device: npu", r"'npu' is not supported"),
     ("model_engine vs strategy", r"but model_engine sets it"),
     ("reward manager", r"reward_manager(\.name)?: '\w+' is not supported"),
-    ("megatron: reward model", r"reward model on the megatron engine"),
+    ("megatron: reward model split", r"the reward model scores in one process"),
     ("dynamic sampling", r"dynamic-sampling|is_use_additional_prompts"),
     ("pipeline: sft", r"SFT (trainer|pipeline)"),
     ("pipeline: dpo", r"DPO pipeline"),

@@ -383,6 +383,18 @@ reward_model.enable true -> reward.model.enable
 reward_model.enable_resource_pool true !! reward-model pool
 reward_model.n_gpus_per_node 4 noted
 reward_model.strategy megatron -> reward.model.strategy
+reward_model.megatron.tensor_model_parallel_size 2 -> reward.model.megatron.tensor_model_parallel_size
+reward_model.megatron.pipeline_model_parallel_size 2 -> reward.model.megatron.pipeline_model_parallel_size
+reward_model.megatron.context_parallel_size 2 -> reward.model.megatron.context_parallel_size
+reward_model.megatron.sequence_parallel true -> reward.model.megatron.sequence_parallel
+reward_model.megatron.param_offload true -> reward.model.megatron.param_offload
+reward_model.megatron.grad_offload true noted
+reward_model.megatron.optimizer_offload true noted
+reward_model.megatron.use_distributed_optimizer true noted
+reward_model.megatron.override_mcore_model_config {a:1} !! model-config overrides
+reward_model.megatron.dtype float16 !! one compute dtype
+reward_model.megatron.use_mbridge true noted
+reward_model.load_weight false !! load_weight
 reward_model.model.input_tokenizer /m/tok -> reward.model.input_tokenizer
 reward_model.model.input_tokenizer null -> reward.model.input_tokenizer
 reward_model.model.path /m/rm -> reward.model.path

@@ -1,6 +1,8 @@
 """verl's Megatron keys (``ppo_megatron_trainer.yaml``): the ``megatron`` sections of the
 actor, reference, critic and reward model (verl's ``McoreEngineConfig``), the workers'
-``load_weight`` and the rollout's ``layer_name_map`` — what each becomes here.
+``load_weight`` and the rollout's ``layer_name_map`` — what each becomes here. The
+reward model's section becomes ``reward.model.megatron`` (a frozen role, as the
+reference).
 
 Parallel degrees and memory options map onto the role's native ``megatron`` section,
 whose engine says at ``check`` what this machine cannot run or apply
@@ -111,7 +113,8 @@ def _engine(prefix: str, role: str, section: str | None = None) -> dict[str, Rul
     """``{prefix}.megatron.*`` (or ``{section}.*``: verl 0.9's SFT ``engine`` group) of a
     role whose native section is ``{role}.megatron``."""
     p, native = section or f"{prefix}.megatron", f"{role}.megatron"
-    trained = role != "reference"
+    trained = role not in ("reference", "reward.model")
+    no_grads = f"the {role.replace('.', ' ')} has no gradients"
     rules: dict[str, Rule] = {
         f"{p}.{k}": Map(f"{native}.{k}", _none_string) for k in (*DEGREES, "sequence_parallel")
     }
@@ -119,7 +122,7 @@ def _engine(prefix: str, role: str, section: str | None = None) -> dict[str, Rul
         f"{p}.use_distributed_optimizer": (
             Map(f"{native}.use_distributed_optimizer")
             if trained
-            else Note("the reference has no optimizer")
+            else Note(f"the {role.replace('.', ' ')} has no optimizer")
         ),
         f"{p}.use_dist_checkpointing": Call(_dist_init(p, native)),
         f"{p}.dist_checkpointing_path": Call(_dist_key(p, f"{native}.dist_checkpoint_path")),
@@ -156,11 +159,12 @@ def _engine(prefix: str, role: str, section: str | None = None) -> dict[str, Rul
             ),
         }
     else:
+        offload = "reference.param_offload" if role == "reference" else f"{native}.param_offload"
         rules |= {
-            f"{p}.param_offload": Map("reference.param_offload"),
-            f"{p}.grad_offload": Note("the reference has no gradients"),
-            f"{p}.optimizer_offload": Note("the reference has no optimizer"),
-            f"{p}.override_ddp_config": Note("the reference has no gradients"),
+            f"{p}.param_offload": Map(offload),
+            f"{p}.grad_offload": Note(no_grads),
+            f"{p}.optimizer_offload": Note(f"the {role.replace('.', ' ')} has no optimizer"),
+            f"{p}.override_ddp_config": Note(no_grads),
         }
     if role == "actor":
         rules[f"{p}.dtype"] = Map("model.dtype", r.dtype, weak=True)
@@ -185,29 +189,13 @@ def _same_dtype(v: Any, ctx: Any) -> bool:
     return v is None or r.dtype_name(v) == r.dtype_name(actor)
 
 
-def _reward_model(value: Any, ctx: Any) -> None:
-    """A megatron reward model is not supported; the section is inert while it is off."""
-    if ctx.get(f"{RM}.enable", False) and ctx.get(f"{RM}.strategy") == "megatron":
-        raise ctx.error(
-            "a reward model on the megatron engine is not supported",
-            f"set {RM}.strategy: fsdp (the reward model scores without training)",
-        )
-    ctx.note("accepted at its inert value (no megatron reward model)")
-
-
 def megatron_rules() -> dict[str, Rule]:
     """Every verl Megatron key this dialect knows (see the module doc)."""
     return {
         **_engine(ACT, "actor"),
         **_engine(REF, "reference"),
         **_engine(CR, "critic"),
-        f"{RM}.megatron": Call(_reward_model),
-        f"{RM}.load_weight": Refuse(
-            "load_weight: false is not supported",
-            "set load_weight: true",
-            ok=(True, None),
-            why="weights load from the model path",
-        ),
+        **_engine(RM, "reward.model"),
         f"{RO}.layer_name_map": Note(
             "weight sync maps Megatron names to Hugging Face names itself"
         ),
