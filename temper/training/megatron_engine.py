@@ -66,7 +66,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from temper.algorithms.logprobs import fused_chunk_rows
 from temper.data.batch import Batch
 from temper.training.base import LossFn
 from temper.training.megatron_check import (
@@ -74,8 +73,8 @@ from temper.training.megatron_check import (
     half_precision_note,
     unapplied_options,
 )
-from temper.training.megatron_cp import cp_multiple, cp_positions, gather_sequence_cp
-from temper.training.megatron_cp_head import at_response, cp_outputs
+from temper.training.megatron_cp import cp_multiple, cp_positions
+from temper.training.megatron_head import ResponseHead, right_align
 from temper.training.megatron_io import MegatronCheckpointer
 from temper.training.megatron_lora import LoraAdapters, attach_lora
 from temper.training.megatron_lora_targets import check_lora
@@ -102,19 +101,9 @@ from temper.training.megatron_router_replay import (
     token_columns,
 )
 from temper.training.megatron_sp import pad_sequence, stage_padding_mask, tp_summed_grads
-from temper.training.megatron_vocab import (
-    gather_vocab,
-    log_probs_and_entropy,
-    top_vocab,
-    vocab_logsumexp,
-    vocab_sum_pi_squared,
-)
 from temper.training.micro_batching import (
-    KD_INDICES,
-    KD_LOGITS,
     MicroBatching,
     ModelInputs,
-    masked_outputs,
     model_inputs,
     split_micro_batches,
 )
@@ -130,23 +119,6 @@ from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 
 log = logging.getLogger(__name__)
-
-
-def right_align(inp: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, index)``: each row shifted left past its leading padding (real tokens from
-    position 0, padding at the end), trimmed to the longest row; ``index (b, R')`` holds
-    the shifted position whose output predicts each response token."""
-    mask = inp.attention_mask
-    width = mask.shape[1]
-    lead = (mask.cumsum(dim=1) == 0).sum(dim=1)
-    length = int(mask.sum(dim=1).max())
-    arange = torch.arange(length, device=mask.device)
-    gather = (arange.unsqueeze(0) + lead.unsqueeze(1)).clamp(max=width - 1)
-    ids = inp.input_ids.gather(1, gather)
-    prompt_width = width - inp.response_len
-    r = torch.arange(inp.response_len, device=mask.device)
-    index = (prompt_width - 1 - lead).unsqueeze(1) + r.unsqueeze(0)
-    return ids, index.clamp(max=length - 1)
 
 
 class MegatronEngine(TorchEngine):
@@ -188,6 +160,10 @@ class MegatronEngine(TorchEngine):
             if getattr(spec.model, flag):
                 log.warning("model.%s is a GPU kernel option the megatron engine ignores", flag)
         super().__init__(spec)  # builds the model: _load_model sets self.built
+        p = self.parallel
+        self.head = ResponseHead(
+            self.built.vocab, spec.value_head, spec.entropy_chunk_size, p.cp, p.cp_group
+        )
         moe = self.built.layout.moe
         self._router_stats = RouterStats(self.built.chunks, moe) if moe is not None else None
         self._groups: list[list[int]] = []
@@ -354,83 +330,18 @@ class MegatronEngine(TorchEngine):
         with_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Log-probs (+ entropy, + Σπ²) or values of the response tokens from the last
-        stage's output."""
+        stage's output (:class:`~temper.training.megatron_head.ResponseHead`)."""
         inp = model_inputs(mb, self.device)
-        _, index = right_align(inp)
-        if self.parallel.cp > 1:
-            return self._head_cp(
-                mb,
-                hidden,
-                temperature=temperature,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-                with_sum_pi_squared=with_sum_pi_squared,
-            )
-        out: dict[str, torch.Tensor] = {}
-        if self.spec.value_head:
-            out["values"] = hidden.squeeze(-1).float().gather(1, index)
-        else:
-            at = index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-            logits = hidden.gather(1, at)
-            log_p, entropy = log_probs_and_entropy(
-                logits,
-                inp.response_ids,
-                self.built.vocab,
-                temperature=temperature,
-                with_entropy=with_entropy,
-            )
-            out["log_probs"] = log_p
-            if with_sum_pi_squared:  # vocabulary-parallel: reduced over the TP group
-                out["sum_pi_squared"] = vocab_sum_pi_squared(
-                    logits,
-                    self.built.vocab,
-                    temperature=temperature,
-                    chunk_size=self.spec.entropy_chunk_size
-                    or fused_chunk_rows(logits.shape[-1], logits.device),
-                )
-            if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
-                ids = mb[KD_INDICES][:, : inp.response_len].to(self.device)
-                out[KD_LOGITS] = gather_vocab(logits, ids, self.built.vocab)
-            if entropy is not None:
-                out["entropy"] = entropy if entropy_grad else entropy.detach()
-        return masked_outputs(out, mb, inp)
-
-    def _head_cp(
-        self,
-        mb: Batch,
-        hidden: torch.Tensor,
-        *,
-        temperature: float,
-        with_entropy: bool,
-        entropy_grad: bool,
-        with_sum_pi_squared: bool,
-    ) -> dict[str, torch.Tensor]:
-        """:meth:`_head` under context parallelism (:mod:`megatron_cp_head`): ``hidden``
-        holds this rank's share of the positions; the outputs are whole on every CP rank."""
-        group = self.parallel.cp_group
-        inp = model_inputs(mb, self.device)
-        _, index = right_align(inp)
-        if self.spec.value_head:
-            values = at_response(hidden.squeeze(-1).float(), index, group)
-            return masked_outputs({"values": values}, mb, inp)
-        chunk = self.spec.entropy_chunk_size or fused_chunk_rows(hidden.shape[-1], hidden.device)
-        kd = mb[KD_INDICES][:, : inp.response_len].to(self.device) if KD_INDICES in mb else None
-        out = cp_outputs(
+        return self.head.outputs(
+            mb,
+            inp,
             hidden,
             self._model_ids(inp),
-            index,
-            vocab=self.built.vocab,
-            group=group,
             temperature=temperature,
             with_entropy=with_entropy,
-            sum_pi_squared_chunk=chunk if with_sum_pi_squared else None,
-            kd_ids=kd,
+            entropy_grad=entropy_grad,
+            with_sum_pi_squared=with_sum_pi_squared,
         )
-        if kd is not None:
-            out[KD_LOGITS] = out.pop("kd_logits")
-        if "entropy" in out and not entropy_grad:
-            out["entropy"] = out["entropy"].detach()
-        return masked_outputs(out, mb, inp)
 
     @torch.no_grad()
     def _micro_top_logits(
@@ -438,22 +349,10 @@ class MegatronEngine(TorchEngine):
     ) -> dict[str, torch.Tensor]:
         """A teacher's top-``k`` logits / ``scale`` over the vocabulary-parallel logits."""
         inp = model_inputs(mb, self.device)
-        _, index = right_align(inp)
         ids, positions = self._local_ids(self._model_ids(inp))
         with self._autocast():
             hidden = self.model(ids, positions, None)
-        p = self.parallel
-        if p.cp == 1:  # else the top-k of every held position, gathered over CP below
-            hidden = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        z = hidden.float() / scale
-        values, top = top_vocab(z, k, self.built.vocab, vocab)
-        if log_probs:  # normalized over the whole (vocabulary-parallel) vocabulary
-            values = values - vocab_logsumexp(z, self.built.vocab, vocab).unsqueeze(-1)
-        if p.cp > 1:
-            at = index.unsqueeze(-1).expand(-1, -1, k)
-            values = gather_sequence_cp(values, p.cp_group).gather(1, at)
-            top = gather_sequence_cp(top, p.cp_group).gather(1, at)
-        return masked_outputs({"values": values, "ids": top}, mb, inp)
+        return self.head.top_logits(mb, inp, hidden, k, scale, vocab, log_probs)
 
     def _run(
         self,

@@ -253,7 +253,7 @@ def held_order(
 
 def _right_aligned(inp: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(columns (b, n), real (b, n))``: the trimmed column each right-aligned model
-    position holds (``megatron_engine.right_align``), and whether it is a real token."""
+    position holds (``megatron_head.right_align``), and whether it is a real token."""
     mask = inp.attention_mask
     lead = (mask.cumsum(dim=1) == 0).sum(dim=1)
     lengths = mask.sum(dim=1)

@@ -171,7 +171,7 @@ def test_vocab_shards_of_a_rank_with_only_padding() -> None:
 
 
 def test_right_align_starts_every_row_at_position_zero() -> None:
-    from temper.training.megatron_engine import right_align
+    from temper.training.megatron_head import right_align
 
     pad = 0
     # prompt width 3, response width 2: [pad pad a | b c], [d e f | g pad]
