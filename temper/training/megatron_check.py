@@ -119,7 +119,12 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
     for role, m in _roles(cfg, plan):
         ckpt = cfg.model.enable_gradient_checkpointing and role not in FROZEN
         notes += check_section(
-            role, m, device_type=device_type, lora=cfg.model.lora, gradient_checkpointing=ckpt
+            role,
+            m,
+            device_type=device_type,
+            lora=cfg.model.lora,
+            gradient_checkpointing=ckpt,
+            trainable=role not in FROZEN,
         )
         if m.dist_checkpoint_path:
             _check_dist_init(cfg, role, m)
@@ -301,8 +306,10 @@ def check_section(
     device_type: str,
     lora: LoraConfig | None = None,
     gradient_checkpointing: bool = False,
+    trainable: bool = True,
 ) -> list[str]:
-    """Raise for what this role's section cannot run; notes on options not applied."""
+    """Raise for what this role's section cannot run; notes on options not applied
+    (``trainable``: False for a frozen role, which has no optimizer or gradients)."""
     key = f"{role}.megatron"
     if not megatron_installed():
         raise ConfigError(
@@ -343,7 +350,11 @@ def check_section(
         )
     lora_on = lora is not None and lora.rank > 0
     notes = unapplied_options(
-        m, device_type, gradient_checkpointing=gradient_checkpointing, lora=lora_on
+        m,
+        device_type,
+        gradient_checkpointing=gradient_checkpointing,
+        lora=lora_on,
+        trainable=trainable,
     )
     return [f"{key}.{note}" for note in notes]
 
@@ -381,9 +392,11 @@ def unapplied_options(
     *,
     gradient_checkpointing: bool = False,
     lora: bool = False,
+    trainable: bool = True,
 ) -> list[str]:
     """Notes on the section's set options that are not applied here (see module doc);
-    each changes memory or speed only."""
+    each changes memory or speed only. A frozen role (``trainable`` False) has no
+    optimizer or gradients: options on those are not its to apply."""
     out: list[str] = []
     fusions = unavailable_fusions(m.extra, device_type)
     if fusions:
@@ -423,6 +436,8 @@ def unapplied_options(
         "grad_offload",
         "optimizer_offload",
     ]
+    if not trainable:
+        names = ["param_offload"]
     on = [n for n in names if getattr(m, n)]
     if on:
         out.append(

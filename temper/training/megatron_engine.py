@@ -154,6 +154,7 @@ class MegatronEngine(TorchEngine):
             device.type,
             gradient_checkpointing=ckpt,
             lora=spec.model.lora.rank > 0,
+            trainable=spec.train is not None,
         ):
             log.warning("%s.megatron.%s", spec.role, note)
         for flag in ("use_liger", "use_fused_kernels"):

@@ -587,3 +587,16 @@ def test_sequence_parallel_pads_to_a_multiple_of_tp_and_picks_the_tp_summed_grad
         replace(sp, tensor_model_parallel_size=1), moe=True, lora=False
     )
     assert uses_sequence_parallel(replace(sp, sequence_parallel=False), moe=True, lora=False)
+
+
+def test_a_frozen_role_gets_no_notes_on_optimizer_or_gradient_options() -> None:
+    """use_distributed_optimizer is on by default: a reference or reward model has no
+    optimizer, so no note says it is not applied; param_offload is still noted."""
+    m = MegatronConfig(param_offload=True)
+    trained = unapplied_options(m, "cpu")
+    assert any("use_distributed_optimizer" in n and "param_offload" in n for n in trained)
+    (frozen,) = [n for n in unapplied_options(m, "cpu", trainable=False) if "offload" in n]
+    assert frozen.startswith("param_offload: not applied")
+    assert not any(
+        "use_distributed_optimizer" in n for n in unapplied_options(m, "cpu", trainable=False)
+    )
