@@ -149,8 +149,9 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         ranks = len(plan.placement["reference"]) if cfg.resources.backend != "local" else 1
         ref = cfg.reference
         roles.append(("reference", ref.strategy, None, ref.deepspeed, ranks))
-    if plan.use_prm:  # PRIME's implicit PRM: a trained role of its own
-        check_master_dtype("prime.prm", cfg.prime.prm, local_engine(cfg, cfg.prime.prm.strategy))
+    if plan.use_prm:  # PRIME's implicit PRM: a trained role of its own, on the actor's ranks
+        prm = cfg.prime.prm
+        roles.append(("prime.prm", prm.strategy, prm, prm.deepspeed, plan.actor.dp))
     device = resolve_device(cfg.experiment.device)
     for role, strategy, train, section, world in roles:
         engine = local_engine(cfg, strategy)

@@ -176,6 +176,19 @@ def test_megatron_refuses_half_master_weights_at_load() -> None:
     assert err.value.key == "prime.prm.master_dtype"
 
 
+def test_the_prm_deepspeed_section_is_checked_at_load_too() -> None:
+    """PRIME's PRM on DeepSpeed: bf16 master weights at ZeRO stage 0 are refused at check,
+    as for the actor (before, only its engine's build refused them)."""
+    prime = {"pipeline": "prime", "rollout": {"n": 2}}
+    prm = {"strategy": "deepspeed", "master_dtype": "bf16"}
+    cfg = build_config({**BASE, **prime, "prime": {"prm": {**prm, "deepspeed": {}}}})
+    with pytest.raises(ConfigError) as err:
+        check_engines(cfg, plan(cfg))
+    assert err.value.key == "prime.prm.master_dtype" and "stage 0" in str(err.value)
+    ok = build_config({**BASE, **prime, "prime": {"prm": {**prm, "deepspeed": ZERO2}}})
+    check_engines(ok, plan(ok))
+
+
 ZERO2 = {"zero_optimization": {"stage": 2}}
 DS_FILL = DeepSpeedFill(
     role="actor", micro_batch=1, grad_accum=1, world=2, grad_clip=1.0, precision="bf16"
