@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_common import tiny_batch  # same folder: pytest puts it on sys.path
 
 from temper.config.schema import ActorConfig, ModelConfig, OptimConfig
 from temper.data.batch import Batch
@@ -48,23 +49,8 @@ def _actor(path: str, liger: bool) -> Actor:
     return Actor(cfg, build_engine("torch", spec))
 
 
-def _batch() -> Batch:
-    g = torch.Generator().manual_seed(0)
-    pm = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
-    rm = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
-    return Batch.from_dict(
-        {
-            "prompt_ids": torch.where(pm > 0, torch.randint(0, 256, (4, 4), generator=g), 259),
-            "prompt_mask": pm,
-            "response_ids": torch.where(rm > 0, torch.randint(0, 256, (4, 3), generator=g), 259),
-            "response_mask": rm,
-            "advantages": torch.tensor([[1.0] * 3, [-1.0, 0, 0], [0.5, 0.5, 0], [-0.5] * 3]),
-        }
-    )
-
-
 def _child(path: str, out: str) -> None:
-    batch = _batch()
+    batch = tiny_batch()
     plain = _actor(path, liger=False).compute_log_probs(batch)["old_log_probs"].cpu()
     actor = _actor(path, liger=True)
     kinds = sorted({m._get_name() for m in actor.engine.model.modules()})  # Liger renames
@@ -87,7 +73,7 @@ def test_liger_kernels_go_in_and_keep_the_log_probs(tmp_path: Path) -> None:
     assert proc.exitcode == 0
     res = torch.load(out)
     assert "LigerRMSNorm" in res["kinds"], res["kinds"]
-    real = _batch()["response_mask"] > 0
+    real = tiny_batch()["response_mask"] > 0
     torch.testing.assert_close(res["liger"][real], res["plain"][real], atol=2e-2, rtol=0)
     assert res["m"]["actor/grad_norm"] > 0
     assert res["still"] == []

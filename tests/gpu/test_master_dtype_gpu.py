@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_common import tiny_batch  # same folder: pytest puts it on sys.path
 
 from temper.algorithms.aggregation import LossAggregator
 from temper.config.schema import ActorConfig, ModelConfig, OptimConfig
@@ -19,21 +20,6 @@ pytestmark = [
 ]
 
 
-def _batch() -> Batch:
-    g = torch.Generator().manual_seed(0)
-    pm = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    rm = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    return Batch.from_dict(
-        {
-            "prompt_ids": torch.where(pm > 0, torch.randint(0, 256, (2, 4), generator=g), 259),
-            "prompt_mask": pm,
-            "response_ids": torch.where(rm > 0, torch.randint(0, 256, (2, 3), generator=g), 259),
-            "response_mask": rm,
-            "advantages": torch.tensor([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]]),
-        }
-    )
-
-
 def test_gpu_bf16_master_weights_train_every_weight(tmp_path) -> None:
     from safetensors.torch import load_file
 
@@ -45,7 +31,7 @@ def test_gpu_bf16_master_weights_train_every_weight(tmp_path) -> None:
     params = dict(engine.model.named_parameters())
     assert {(p.dtype, p.device.type) for p in params.values()} == {(torch.bfloat16, "cuda")}
     before = {n: p.detach().clone() for n, p in params.items()}
-    batch = _batch()
+    batch = tiny_batch(2)
     agg = LossAggregator.from_mask("token-mean", batch["response_mask"])
 
     def loss_fn(mb: Batch, out: dict[str, torch.Tensor]):

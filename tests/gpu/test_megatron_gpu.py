@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from gpu_common import tiny_batch  # same folder: pytest puts it on sys.path
 
 from temper.cluster.process_group import free_port
 from temper.config.schema import (
@@ -35,21 +36,6 @@ pytestmark = [
         __import__("importlib").util.find_spec("megatron") is None, reason="needs megatron-core"
     ),
 ]
-
-
-def _batch() -> Batch:
-    g = torch.Generator().manual_seed(0)
-    pm = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
-    rm = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
-    return Batch.from_dict(
-        {
-            "prompt_ids": torch.where(pm > 0, torch.randint(0, 256, (4, 4), generator=g), 259),
-            "prompt_mask": pm,
-            "response_ids": torch.where(rm > 0, torch.randint(0, 256, (4, 3), generator=g), 259),
-            "response_mask": rm,
-            "advantages": torch.tensor([[1.0] * 3, [-1.0, 0, 0], [0.5, 0.5, 0], [-0.5] * 3]),
-        }
-    )
 
 
 def _actor(
@@ -86,7 +72,7 @@ def _actor(
 
 def test_one_gpu_bf16_matches_cpu_and_uses_transformer_engine(tmp_path: Path) -> None:
     path = str(make_tiny_model(tmp_path / "tiny"))
-    batch = _batch()
+    batch = tiny_batch()
     cpu = _actor(path, "torch", "cpu").compute_log_probs(batch)["old_log_probs"]
     actor = _actor(path, "megatron", "cuda")  # a one-rank nccl world in this process
     engine: Any = actor.engine
@@ -107,7 +93,7 @@ def test_one_gpu_lora_bf16_matches_cpu_and_trains_adapters_only(tmp_path: Path) 
     with adapters and without (the reference); an update moves the adapters and nothing
     else (frozen base weights under gradient-accumulation fusion, where it is on)."""
     path = str(make_tiny_model(tmp_path / "tiny"))
-    batch = _batch()
+    batch = tiny_batch()
     lora = LoraConfig(rank=4, alpha=8)
     cpu = _actor(path, "torch", "cpu", lora=lora)
     gen = torch.Generator().manual_seed(7)
@@ -155,7 +141,7 @@ def test_one_gpu_moe_bf16_matches_cpu_and_trains_with_router_losses(
     gives the torch engine's fp32 CPU log-probs, and an update with the auxiliary and
     z losses moves the router."""
     path = make_tiny_moe_model(tmp_path / model_type, model_type)
-    batch = _batch()
+    batch = tiny_batch()
     cpu = _actor(path, "torch", "cpu").compute_log_probs(batch)["old_log_probs"]
     losses = {"moe_aux_loss_coeff": 0.01, "moe_z_loss_coeff": 0.001}
     actor = _actor(path, "megatron", "cuda", extra=losses)
@@ -205,7 +191,7 @@ def test_two_gpus_tensor_or_pipeline_parallel_update_matches_the_torch_engine(
 
     path = str(make_tiny_model(tmp_path / "tiny"))
     single = _actor(path, "torch", "cpu", dtype="fp32")
-    batch = single.compute_log_probs(_batch())
+    batch = single.compute_log_probs(tiny_batch())
     ref = single.update(batch)
     ref_w = {k: v.detach() for k, v in single.engine.named_weights()}
     out = str(tmp_path / "rank0.pt")
@@ -232,7 +218,7 @@ def test_two_gpus_moe_tp2_expert_tp1_update_matches_the_torch_engine(tmp_path: P
 
     path = make_tiny_moe_model(tmp_path / "qwen3_moe", "qwen3_moe")
     single = _actor(path, "torch", "cpu", dtype="fp32")
-    batch = single.compute_log_probs(_batch())
+    batch = single.compute_log_probs(tiny_batch())
     ref = single.update(batch)
     single.engine.save_hf(str(tmp_path / "torch"))  # one tensor per expert, as megatron's
     ref_w = load_file(str(tmp_path / "torch" / "model.safetensors"))

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from gpu_common import tiny_batch  # same folder: pytest puts it on sys.path
 
 from temper.config.schema import ActorConfig, ModelConfig, OptimConfig
 from temper.data.batch import Batch
@@ -32,20 +33,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-
-def _batch() -> Batch:
-    g = torch.Generator().manual_seed(0)
-    pm = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
-    rm = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
-    return Batch.from_dict(
-        {
-            "prompt_ids": torch.where(pm > 0, torch.randint(0, 256, (4, 4), generator=g), 259),
-            "prompt_mask": pm,
-            "response_ids": torch.where(rm > 0, torch.randint(0, 256, (4, 3), generator=g), 259),
-            "response_mask": rm,
-        }
-    )
 
 
 def _engine(path: str, strategy: str, device: str, dtype: str) -> Any:
@@ -93,7 +80,7 @@ def test_gpu_replay_is_bitwise_and_follows_a_designed_routing(
     tmp_path: Path, strategy: str
 ) -> None:
     path = make_tiny_moe_model(tmp_path / "qwen3_moe", "qwen3_moe")
-    batch = _batch()
+    batch = tiny_batch(advantages=False)
     cpu = _engine(path, "torch", "cpu", "fp32")
     layers = cpu.router_replay.num_layers
     rec_cpu = cpu.forward(batch, routing="record")[ROUTED_EXPERTS]

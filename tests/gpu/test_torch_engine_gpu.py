@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_common import tiny_batch  # same folder: pytest puts it on sys.path
 
 from temper.algorithms.aggregation import LossAggregator
 from temper.config.schema import ActorConfig, ModelConfig
@@ -17,24 +18,9 @@ pytestmark = [
 ]
 
 
-def _batch() -> Batch:
-    g = torch.Generator().manual_seed(0)
-    pm = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    rm = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    return Batch.from_dict(
-        {
-            "prompt_ids": torch.where(pm > 0, torch.randint(0, 256, (2, 4), generator=g), 259),
-            "prompt_mask": pm,
-            "response_ids": torch.where(rm > 0, torch.randint(0, 256, (2, 3), generator=g), 259),
-            "response_mask": rm,
-            "advantages": torch.tensor([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]]),
-        }
-    )
-
-
 def test_gpu_bf16_matches_cpu_fp32_and_trains(tmp_path) -> None:
     path = str(make_tiny_model(tmp_path / "tiny"))
-    batch = _batch()
+    batch = tiny_batch(2)
     cpu = TorchEngine(EngineSpec(model=ModelConfig(path=path), device=torch.device("cpu")))
     gpu = TorchEngine(
         EngineSpec(model=ModelConfig(path=path), device=torch.device("cuda"), train=ActorConfig())
@@ -66,7 +52,7 @@ def test_gpu_reference_param_offload(tmp_path) -> None:
         )
     )
     assert next(ref.model.parameters()).device.type == "cpu"
-    out = ref.forward(_batch())["log_probs"]
+    out = ref.forward(tiny_batch(2))["log_probs"]
     assert torch.isfinite(out).all()
     assert next(ref.model.parameters()).device.type == "cpu"
 
@@ -75,7 +61,7 @@ def test_gpu_compiled_fused_log_probs_and_entropy_match_eager(tmp_path) -> None:
     """``use_torch_compile`` compiles the fused log-prob + entropy pass on CUDA: an update
     whose loss uses the entropy gives eager's gradient norm and weights."""
     path = str(make_tiny_model(tmp_path / "tiny"))
-    batch = _batch()
+    batch = tiny_batch(2)
     agg = LossAggregator.from_mask("token-mean", batch["response_mask"])
 
     def loss_fn(mb: Batch, out: dict[str, torch.Tensor]):
