@@ -36,6 +36,7 @@ from typing import Any
 from temper.config.derive import Derived, placement
 from temper.config.errors import ConfigError
 from temper.config.lora_adapter import check_adapter_dir
+from temper.config.plan import NO_TRAINING
 from temper.config.schema import TemperConfig
 
 # --------------------------------------------------------------------------- hardware
@@ -113,7 +114,13 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     notes.extend(check_megatron(cfg, plan, worker_device(cfg)))
     if plan.use_rollout:
         rollout_devices = len(placement(cfg)["actor_infer"])
-        check_tensor_parallel(cfg.rollout, cfg.resources.backend, rollout_devices, cfg.model)
+        check_tensor_parallel(
+            cfg.rollout,
+            cfg.resources.backend,
+            rollout_devices,
+            cfg.model,
+            standalone=NO_TRAINING in plan.uses,
+        )
     cpu = on_cpu(cfg)
     attn = cfg.model.attn_implementation
     if attn in FLASH_PACKAGES:

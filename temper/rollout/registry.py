@@ -164,9 +164,10 @@ class RolloutEntry:
     build: EngineBuilder
     problem: Callable[[], ConfigError | None] = _available
     #: Whether one engine can shard over ``tp`` devices here: None (it never does), or
-    #: a function of ``(tp, backend)`` giving why it cannot (None: it can). On the ray
-    #: backend each of the engine's ranks is an ``actor_infer`` process of its own.
-    tensor_parallel: Callable[[int, str], str | None] | None = None
+    #: a function of ``(tp, backend, standalone)`` giving why it cannot (None: it can).
+    #: On the ray backend each of the engine's ranks is an ``actor_infer`` process of
+    #: its own; a standalone engine (:class:`EngineDemand`) may start its ranks itself.
+    tensor_parallel: Callable[[int, str, bool], str | None] | None = None
     #: Whether the builder takes ``demand=`` (:class:`EngineDemand`, what the run's
     #: generation needs; vLLM sizes its CPU KV cache and context by it).
     takes_demand: bool = False
@@ -211,12 +212,15 @@ ROLLOUT_ENGINES: Registry[RolloutEntry] = Registry("rollout engine")
 ROLLOUT_ENGINES.add("hf", RolloutEntry(_build_hf))
 
 
-def _vllm_tensor_parallel(tp: int, backend: str) -> str | None:
+def _vllm_tensor_parallel(tp: int, backend: str, standalone: bool) -> str | None:
     """On Ray every rank of an engine is an ``actor_infer`` process (vLLM's external
     launcher); in this process vLLM starts the other ranks itself, which its CPU build
-    cannot do beside a trainer."""
+    cannot do beside a trainer (the weight sync reaches this process's rank only) — but
+    can for a standalone engine (``temper generate``, a rollout-only run)."""
     from temper.rollout.vllm_engine import is_cpu_platform
 
+    if standalone:
+        return None
     if backend == "local" and vllm_available() and is_cpu_platform():
         return (
             f"{tp} > 1 is not supported with vLLM's CPU build on the local backend: temper "
@@ -256,12 +260,15 @@ def check_tensor_parallel(
     backend: str,
     devices: int,
     model_cfg: ModelConfig | None = None,
+    standalone: bool = False,
 ) -> None:
     """Pre-flight: a tensor-parallel rollout (``rollout.tensor_parallel_size > 1``) needs
     an engine that shards, and (ray) rollout devices that split into whole engines —
     said at ``temper check``, not from inside a rollout worker once the run has started.
     ``devices``: the rollout's devices (``resources.actor_infer``); ``model_cfg``: the
-    model ``auto`` resolves for (a vision-language model vLLM cannot run gets hf)."""
+    model ``auto`` resolves for (a vision-language model vLLM cannot run gets hf);
+    ``standalone``: the pipeline trains nothing, its one engine runs in the command's own
+    process on any backend and starts its ranks itself."""
     tp = rollout_cfg.tensor_parallel_size
     if tp < 1:
         raise ConfigError("rollout.tensor_parallel_size", "must be ≥ 1", "set it to 1")
@@ -274,15 +281,17 @@ def check_tensor_parallel(
     why = (
         f"the '{name}' rollout engine generates on one device and cannot shard over {tp}"
         if shards is None
-        else shards(tp, backend)
+        else shards(tp, backend, standalone)
     )
     if why:
         raise ConfigError(
             "rollout.tensor_parallel_size",
             why,
-            "set it to 1, or use rollout.engine=vllm",
+            "set it to 1, or use rollout.engine=vllm"
+            if shards is None
+            else "set it to 1, or resources.backend=ray (one process per rank)",
         )
-    if backend == "ray" and devices % tp:
+    if backend == "ray" and devices % tp and not standalone:
         raise ConfigError(
             "rollout.tensor_parallel_size",
             f"the {devices} rollout devices (resources.actor_infer) do not split into "
@@ -295,7 +304,7 @@ def register_rollout_engine(
     name: str,
     builder: EngineBuilder,
     problem: Callable[[], ConfigError | None] = _available,
-    tensor_parallel: Callable[[int, str], str | None] | None = None,
+    tensor_parallel: Callable[[int, str, bool], str | None] | None = None,
 ) -> None:
     """Add (or replace) the builder for ``rollout.engine=name``; ``problem`` says why it
     cannot be built here (checked by ``temper check``); ``tensor_parallel`` as on

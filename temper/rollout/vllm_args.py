@@ -68,6 +68,32 @@ def cpu_block_size(block_size: int) -> int:
     return -(-block_size // 32) * 32
 
 
+def spawns_ranks(tensor_parallel_size: int, spmd: bool, demand: EngineDemand | None) -> bool:
+    """Whether vLLM starts the engine's tensor-parallel ranks as processes of its own
+    (its ``mp`` executor): only for an engine alone in its process, which nothing syncs
+    weights into — the trainer's in-process weight sync reaches the ranks of this
+    process only."""
+    return tensor_parallel_size > 1 and not spmd and demand is not None and demand.standalone
+
+
+def cpu_thread_binding(cpus: Iterable[int], ranks: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers over ``cpus`` (this
+    process's CPUs): contiguous, near-equal groups joined by ``|`` (``"0,1|2,3"``; with
+    fewer CPUs than ranks, ranks share them round-robin). vLLM's own ``auto`` binding puts
+    each rank on a NUMA node of its own, and refuses when there are fewer nodes than ranks
+    (one node on most single-socket machines)."""
+    ordered = sorted(cpus)
+    if len(ordered) < ranks:
+        return "|".join(str(ordered[r % len(ordered)]) for r in range(ranks))
+    size, extra = divmod(len(ordered), ranks)
+    groups, start = [], 0
+    for r in range(ranks):
+        stop = start + size + (r < extra)
+        groups.append(",".join(str(c) for c in ordered[start:stop]))
+        start = stop
+    return "|".join(groups)
+
+
 def engine_args(
     rollout_cfg: RolloutConfig,
     model_cfg: ModelConfig,
@@ -87,7 +113,9 @@ def engine_args(
     ``ConfigError``. ``engine_kwargs.vllm.*`` is passed through last (it wins), after
     its names are checked against ``valid_args`` (vLLM's ``EngineArgs`` fields).
     ``spmd``: this process is one rank of a tensor-parallel engine whose ranks the caller
-    started (vLLM's ``external_launcher``: one rank per process, CPU or GPU).
+    started (vLLM's ``external_launcher``: one rank per process, CPU or GPU); a
+    standalone engine (``demand.standalone``) starts its ranks itself (vLLM's ``mp``
+    executor, :func:`spawns_ranks`).
     On CPU, ``demand`` (the run's generation, :func:`temper.pipelines.demand.demand_of`)
     and ``model_text`` (the model's text config) size the KV cache and, with no
     ``max_model_len``, give vLLM the run's context instead of the model's own (which it
@@ -127,11 +155,15 @@ def engine_args(
             f"rollout.max_model_len is not set: vLLM plans for {demand.context} tokens "
             f"({' + '.join(demand.context_keys)}), not the model's whole context"
         )
+    spawned = spawns_ranks(rollout_cfg.tensor_parallel_size, spmd, demand)
     if spmd:
         kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size
         kwargs["distributed_executor_backend"] = "external_launcher"
+    elif spawned:
+        kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size
+        kwargs["distributed_executor_backend"] = "mp"
     if on_cpu:
-        if rollout_cfg.tensor_parallel_size > 1 and not spmd:
+        if rollout_cfg.tensor_parallel_size > 1 and not (spmd or spawned):
             raise ConfigError(
                 "rollout.tensor_parallel_size",
                 f"{rollout_cfg.tensor_parallel_size} > 1 is not supported with vLLM's CPU "

@@ -67,7 +67,7 @@ from temper.data.vision import (
 )
 from temper.rollout.base import RolloutEngine, SamplingParams, TensorParallelShard
 from temper.rollout.stops import finish_responses, right_pad
-from temper.rollout.vllm_args import engine_args
+from temper.rollout.vllm_args import cpu_thread_binding, engine_args, spawns_ranks
 from temper.rollout.vllm_kv import EngineDemand
 from temper.rollout.vllm_messages import generation_fix, option_hint
 from temper.rollout.vllm_process import (
@@ -317,6 +317,12 @@ class VLLMRolloutEngine(RolloutEngine):
             demand=demand,
             model_text=_text_config(model_cfg) if on_cpu and demand is not None else None,
         )
+        if on_cpu and spawns_ranks(rollout_cfg.tensor_parallel_size, shard is not None, demand):
+            # vLLM's "auto" wants a NUMA node per rank; a user's own binding wins
+            os.environ.setdefault(
+                "VLLM_CPU_OMP_THREADS_BIND",
+                cpu_thread_binding(os.sched_getaffinity(0), rollout_cfg.tensor_parallel_size),
+            )
         if shard is not None:  # vLLM's external launcher meets its ranks through these
             if on_cpu:
                 name_cpu_shm_segments(str(shard.port))

@@ -36,11 +36,15 @@ class EngineDemand:
     ``context``: the tokens one sequence may reach (prompt + response; None: nothing
     bounds it, e.g. a multi-turn episode without ``rollout.max_model_len``), and the keys
     that set it; ``sequences``: the most sequences in flight at once — ``min(max_num_seqs,
-    the largest generate call)``."""
+    the largest generate call)``; ``standalone``: the engine has its process to itself —
+    nothing trains beside it and no weights are synced into it (``temper generate``, a
+    rollout-only run) — so vLLM may start its tensor-parallel ranks as processes of its
+    own."""
 
     context: int | None
     context_keys: tuple[str, ...]
     sequences: int
+    standalone: bool = False
 
     def per_engine(self, engines: int) -> EngineDemand:
         """One of ``engines`` data-parallel engines' share: ``⌈sequences / engines⌉``

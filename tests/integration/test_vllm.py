@@ -472,3 +472,59 @@ def test_temper_generate_with_vllm_writes_what_hf_writes(model_dir, tmp_path):
         assert a["responses"] == b["responses"]
         (lp_a,), (lp_b,) = a["response_log_probs"], b["response_log_probs"]
         torch.testing.assert_close(torch.tensor(lp_a), torch.tensor(lp_b), atol=1e-3, rtol=0)
+
+
+def test_verl_generation_line_with_tensor_parallel_two_runs_two_cpu_ranks(
+    tmp_path, model_dir, monkeypatch
+):
+    """verl's generation script asks for ``tensor_model_parallel_size=2``: ``temper
+    generate`` has no trainer in its process, so vLLM starts the second rank itself (its
+    ``mp`` executor, threads split over this process's CPUs). The file's sampling, same
+    seed, at TP=2 and at TP=1: the same responses, log-probs equal to float noise."""
+    import sys
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from temper.cli.main import main
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
+    from upstream_scripts import script_commands
+
+    upstream = Path(__file__).resolve().parents[1] / "data" / "upstream" / "verl-2025-06-38d9a88"
+    cmd = script_commands(upstream / "examples/generation/run_deepseek_v2_lite_math.sh", upstream)[
+        0
+    ]
+    assert "rollout.tensor_model_parallel_size=2" in cmd.overrides
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    prompts = tmp_path / "prompts.parquet"
+    rows = [{"prompt": [{"role": "user", "content": t}], "data_source": "x"} for t in TEXTS]
+    pq.write_table(pa.Table.from_pylist(rows), prompts)
+    outputs = {}
+    for tp in (2, 1):
+        out = tmp_path / f"tp{tp}.parquet"
+        overrides = [
+            *cmd.overrides,
+            f"model.path={model_dir}",  # model
+            f"data.path={prompts}",  # data
+            "rollout.prompt_length=64",  # length
+            "rollout.response_length=8",
+            "trainer.n_gpus_per_node=1",  # device
+            "trainer.device=cpu",
+            "rollout.name=vllm",
+            f"data.output_path={out}",  # output
+        ]
+        if tp == 1:
+            overrides.append("rollout.tensor_model_parallel_size=1")
+        assert main(["generate", str(cmd.config), *overrides]) == 0
+        outputs[tp] = pq.read_table(out).to_pylist()
+    assert [r["responses"] for r in outputs[2]] == [r["responses"] for r in outputs[1]]
+    for two, one in zip(outputs[2], outputs[1], strict=True):
+        lp2, lp1 = (
+            torch.tensor(two["response_log_probs"][0]),
+            torch.tensor(one["response_log_probs"][0]),
+        )
+        assert lp2.shape == lp1.shape and len(lp2) >= 1
+        assert torch.allclose(lp2, lp1, atol=1e-4), (lp2, lp1)

@@ -110,11 +110,15 @@ def test_tensor_parallel_vllm_runs_on_ray_ranks_not_beside_a_cpu_trainer(monkeyp
     monkeypatch.setattr("temper.rollout.registry.vllm_available", lambda: True)
     monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: True)
     vllm = RolloutConfig(engine="vllm", tensor_parallel_size=2)
-    with pytest.raises(ConfigError, match="vLLM's CPU build on the local backend"):
+    with pytest.raises(ConfigError, match="vLLM's CPU build on the local backend") as err:
         check_tensor_parallel(vllm, "local", devices=1)
+    assert "resources.backend=ray" in str(err.value)
     check_tensor_parallel(vllm, "ray", devices=4)  # two engines of two ranks
     with pytest.raises(ConfigError, match="3 rollout devices .* do not split into engines of 2"):
         check_tensor_parallel(vllm, "ray", devices=3)
+    # temper generate: no trainer beside the engine, which starts its ranks itself
+    check_tensor_parallel(vllm, "local", devices=1, standalone=True)
+    check_tensor_parallel(vllm, "ray", devices=3, standalone=True)  # built in the command
     monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: False)  # a GPU build
     check_tensor_parallel(vllm, "local", devices=1)
 

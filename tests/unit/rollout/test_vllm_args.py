@@ -9,7 +9,13 @@ import pytest
 
 from temper.config.errors import ConfigError
 from temper.config.schema import ModelConfig, RolloutConfig
-from temper.rollout.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, cpu_block_size, engine_args
+from temper.rollout.vllm_args import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    cpu_block_size,
+    cpu_thread_binding,
+    engine_args,
+)
+from temper.rollout.vllm_kv import EngineDemand
 
 FIELDS = {
     "model",
@@ -83,6 +89,46 @@ def test_tensor_parallel_on_cpu_is_rejected_with_the_reason():
     with pytest.raises(ConfigError) as err:
         args(tensor_parallel_size=2)
     assert err.value.key == "rollout.tensor_parallel_size" and "one process" in str(err.value)
+
+
+def test_a_standalone_engine_starts_its_tensor_parallel_ranks_itself():
+    """Nothing trains beside ``temper generate``'s engine: vLLM's ``mp`` executor starts
+    the second rank; an engine a trainer syncs weights into still refuses on CPU."""
+    alone = EngineDemand(64, ("rollout.max_model_len",), 4, standalone=True)
+    kwargs, _ = engine_args(
+        RolloutConfig(engine="vllm", tensor_parallel_size=2),
+        ModelConfig(path="/models/x", dtype="auto"),
+        on_cpu=True,
+        seed=7,
+        valid_args=FIELDS,
+        environ={},
+        demand=alone,
+    )
+    assert kwargs["tensor_parallel_size"] == 2 and kwargs["distributed_executor_backend"] == "mp"
+    with pytest.raises(ConfigError, match="one process per rank"):
+        engine_args(
+            RolloutConfig(engine="vllm", tensor_parallel_size=2),
+            ModelConfig(path="/models/x", dtype="auto"),
+            on_cpu=True,
+            seed=7,
+            valid_args=FIELDS,
+            environ={},
+            demand=EngineDemand(64, ("rollout.max_model_len",), 4),
+        )
+
+
+@pytest.mark.parametrize(
+    ("cpus", "ranks", "bind"),
+    [
+        ([0, 1], 2, "0|1"),
+        ([3, 2, 1, 0], 2, "0,1|2,3"),
+        ([0, 1, 2, 3, 4], 2, "0,1,2|3,4"),
+        ([4, 5, 6], 3, "4|5|6"),
+        ([0, 1], 4, "0|1|0|1"),  # fewer CPUs than ranks: shared round-robin
+    ],
+)
+def test_cpu_thread_binding_splits_this_process_cpus_among_ranks(cpus, ranks, bind):
+    assert cpu_thread_binding(cpus, ranks) == bind
 
 
 def test_engine_kwargs_pass_through_both_shapes_and_typos_are_named():
