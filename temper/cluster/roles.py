@@ -222,11 +222,11 @@ class ClusterRoles(Roles):
     timeline_json_file: str | None = None
 
     def shutdown(self) -> None:
-        _release(self.groups, self.placement_groups, self.timeline_json_file)
+        release(self.groups, self.placement_groups, self.timeline_json_file)
         self.groups, self.placement_groups, self.timeline_json_file = [], [], None
 
 
-def _release(groups: list[WorkerGroup], pgs: list[Any], timeline: str | None) -> None:
+def release(groups: list[WorkerGroup], pgs: list[Any], timeline: str | None) -> None:
     from temper.cluster.ray import require_ray
 
     ray = require_ray()
@@ -294,7 +294,7 @@ def _roles_on(place: dict[str, list[int]], ids: Collection[int]) -> list[str]:
     return [role for role, own in place.items() if set(own) & set(ids)]
 
 
-def _check_capacity(ray: Any, place: dict[str, list[int]], unit: str) -> None:
+def check_capacity(ray: Any, place: dict[str, list[int]], unit: str) -> None:
     """Fail at once, not after rpc_timeout, when the cluster cannot hold the bundles."""
     devices = sorted({i for ids in place.values() for i in ids})
     have = ray.cluster_resources().get(unit, 0.0)
@@ -308,7 +308,7 @@ def _check_capacity(ray: Any, place: dict[str, list[int]], unit: str) -> None:
         )
 
 
-def _placement_group(
+def placement_group(
     ray: Any,
     cfg: TemperConfig,
     ids: tuple[int, ...],
@@ -366,13 +366,13 @@ def build_ray_roles(
     device = worker_device(cfg)
     nnodes, rc = cfg.resources.nnodes, cfg.resources.ray
     nodes = ray_node_ids(ray, nnodes, rc.rpc_timeout, wait=bool(rc.address)) if nnodes > 1 else None
-    _check_capacity(ray, place, "GPU" if device == "cuda" else "CPU")
+    check_capacity(ray, place, "GPU" if device == "cuda" else "CPU")
     pgs: list[Any] = []
     groups: dict[str, RayWorkerGroup] = {}
     try:
         for pool in pools:
             roles = _roles_on(place, pool)
-            pgs.append(_placement_group(ray, cfg, pool, nodes, device == "cuda", roles))
+            pgs.append(placement_group(ray, cfg, pool, nodes, device == "cuda", roles))
         for role in wanted:
             groups[role] = RayWorkerGroup(
                 role,
@@ -382,7 +382,7 @@ def build_ray_roles(
                 demand=demand if role == "rollout" else None,
             )
     except BaseException:
-        _release(list(groups.values()), pgs, None)
+        release(list(groups.values()), pgs, None)
         raise
     balance = cfg.experiment.balance_batch
     return ClusterRoles(

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from temper.cluster.generation import RESOURCE_KEYS
 from temper.config.errors import ConfigError
 from temper.config.plan import NO_TRAINING, ROLLOUT
 from temper.config.schema import TemperConfig
@@ -64,7 +65,8 @@ READS = {
         "experiment_name",
         "logging_steps",
         "rollout_data_dir",
-    )
+    ),
+    "resources": RESOURCE_KEYS,
 }
 
 
@@ -85,14 +87,14 @@ def score_metrics(returns: Sequence[float], tags: Sequence[str]) -> dict[str, fl
 
 def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     """Play ``experiment.max_steps`` steps of episodes (module docstring); the summary."""
-    from temper.cluster.placement import worker_device
+    from temper.cluster.generation import build_generation_engine
     from temper.envs import EnvManager
     from temper.pipelines.demand import demand_of
     from temper.pipelines.dumps import dump_generations
     from temper.pipelines.env_managers import ENV_MANAGERS
     from temper.pipelines.run import load_tokenizer, seed_everything
     from temper.pipelines.trajectories import episode_metrics, trajectory_rows
-    from temper.rollout import build_rollout_engine, sampling_params_from_config
+    from temper.rollout import sampling_params_from_config
     from temper.tracking import build_trackers
     from temper.training.models import import_external_lib
 
@@ -102,13 +104,7 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     seed_everything(exp.seed)
     import_external_lib(cfg.model.external_lib)
     tokenizer = load_tokenizer(cfg)
-    engine = build_rollout_engine(
-        cfg.rollout,
-        cfg.model,
-        tokenizer=tokenizer,
-        device=worker_device(cfg),
-        demand=demand_of(cfg),
-    )
+    engine = build_generation_engine(cfg, tokenizer, demand_of(cfg))
     envs = EnvManager.from_agentic(cfg.agentic, "train", exp.seed)
     player = ENV_MANAGERS.get(cfg.agentic.env_manager).player(cfg, engine, tokenizer)
     params = sampling_params_from_config(cfg.rollout, validation=False)
@@ -169,8 +165,8 @@ def check(cfg: TemperConfig) -> None:
     refuse_run_keys(
         cfg,
         "agentic_rollout",
-        "an agentic rollout logs metrics and dumps episodes from one engine in this process "
-        "(no checkpoints, validation or placement)",
+        "an agentic rollout logs metrics and dumps episodes from the rollout's engines (no "
+        "checkpoints or validation, and no roles to place but the rollout's)",
         READS,
     )
     check_env_managers(cfg.agentic, TRAIN_ONLY)

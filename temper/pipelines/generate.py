@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from temper.cluster.generation import RESOURCE_KEYS
 from temper.config.errors import ConfigError
 from temper.config.plan import NO_TRAINING, ROLLOUT, StepShape
 from temper.config.schema import TemperConfig
@@ -42,10 +43,10 @@ LOG_PROBS = "response_log_probs"
 def generate(cfg: TemperConfig) -> dict[str, Any]:
     """Generate ``rollout.n`` responses to every prompt of ``generate.files`` and write
     them to ``generate.output_path`` (module docstring); returns the summary."""
-    from temper.cluster.placement import worker_device
+    from temper.cluster.generation import build_generation_engine
     from temper.pipelines.demand import demand_of
     from temper.pipelines.run import load_tokenizer, seed_everything
-    from temper.rollout import build_rollout_engine, sampling_params_from_config
+    from temper.rollout import sampling_params_from_config
     from temper.training.models import import_external_lib
 
     start = time.perf_counter()
@@ -56,13 +57,7 @@ def generate(cfg: TemperConfig) -> dict[str, Any]:
     prompts = build_dataset(gen.files, cfg.data, tokenizer, "generate", "generate.files")
     rows = {f"{r.file}:{r.where}": r.row for r in read_rows(gen.files, "generate.files") if r.row}
     params = sampling_params_from_config(cfg.rollout, validation=False)
-    engine = build_rollout_engine(
-        cfg.rollout,
-        cfg.model,
-        tokenizer=tokenizer,
-        device=worker_device(cfg),
-        demand=demand_of(cfg),
-    )
+    engine = build_generation_engine(cfg, tokenizer, demand_of(cfg))
     out: list[dict[str, Any]] = []
     tokens = truncated = 0
     generating = 0.0  # seconds inside the engine (the rest: loading data and the model)
@@ -200,7 +195,7 @@ UNREAD_KEYS = {
     "model.override_config": "the rollout engines load the model's own config",
 }
 #: The experiment and resources keys a generation reads (the rest: refused).
-READS = {"experiment": ("seed", "device")}
+READS = {"experiment": ("seed", "device"), "resources": RESOURCE_KEYS}
 
 
 def check(cfg: TemperConfig) -> None:
@@ -209,9 +204,8 @@ def check(cfg: TemperConfig) -> None:
     refuse_run_keys(
         cfg,
         "generate",
-        "temper generate writes generate.output_path only, from one engine in this process "
-        "on rollout.tensor_parallel_size devices (no run directory, checkpoints, trackers "
-        "or placement)",
+        "temper generate writes generate.output_path only, from the rollout's engines (no "
+        "run directory, checkpoints or trackers, and no roles to place but the rollout's)",
         READS,
     )
     gen, rollout = cfg.generate, cfg.rollout

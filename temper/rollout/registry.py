@@ -267,8 +267,8 @@ def check_tensor_parallel(
     said at ``temper check``, not from inside a rollout worker once the run has started.
     ``devices``: the rollout's devices (``resources.actor_infer``); ``model_cfg``: the
     model ``auto`` resolves for (a vision-language model vLLM cannot run gets hf);
-    ``standalone``: the pipeline trains nothing, its one engine runs in the command's own
-    process on any backend and starts its ranks itself."""
+    ``standalone``: the pipeline trains nothing (no weight sync): on the local backend
+    its engine starts its ranks itself."""
     tp = rollout_cfg.tensor_parallel_size
     if tp < 1:
         raise ConfigError("rollout.tensor_parallel_size", "must be ≥ 1", "set it to 1")
@@ -291,7 +291,7 @@ def check_tensor_parallel(
             if shards is None
             else "set it to 1, or resources.backend=ray (one process per rank)",
         )
-    if backend == "ray" and devices % tp and not standalone:
+    if backend == "ray" and devices % tp:
         raise ConfigError(
             "rollout.tensor_parallel_size",
             f"the {devices} rollout devices (resources.actor_infer) do not split into "

@@ -345,3 +345,55 @@ def test_distillation_teacher_on_its_own_ray_workers(
         assert r["train/advantage_mean"] == pytest.approx(-r["distill/penalty_mean"], abs=1e-6)
         assert r["timing/teacher_s"] > 0
         assert abs(r["distill/tutor/reverse_kl"]) > 1e-3
+
+
+def test_verl_generation_over_two_devices_runs_one_engine_per_device(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session
+) -> None:
+    """verl's generation script on ``n_gpus_per_node=2``: the ``actor_infer`` worker group
+    of two ``hf`` engines on Ray, each generating half of every call's prompts; greedy, the
+    rows equal those of one engine in this process, in the input's order."""
+    import sys
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from temper.cli.main import main
+    from temper.pipelines.catalog import load_config
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
+    from upstream_scripts import script_commands
+
+    snap = Path(__file__).resolve().parents[1] / "data" / "upstream" / "verl-2025-06-38d9a88"
+    cmd = script_commands(snap / "examples/generation/run_deepseek_v2_lite_math.sh", snap)[0]
+    prompts = tmp_path / "prompts.parquet"
+    rows = [{"prompt": [{"role": "user", "content": f"{a} + {a} ="}]} for a in range(6)]
+    pq.write_table(pa.Table.from_pylist(rows), prompts)
+    outputs = {}
+    for devices in (2, 1):
+        out = tmp_path / f"on{devices}.parquet"
+        overrides = [
+            *cmd.overrides,
+            f"model.path={tiny_model_dir}",  # model
+            f"data.path={prompts}",  # data
+            "rollout.prompt_length=64",  # length
+            "rollout.response_length=6",
+            f"trainer.n_gpus_per_node={devices}",  # device
+            "trainer.device=cpu",
+            "rollout.tensor_model_parallel_size=1",
+            "rollout.name=hf",
+            "+ray_init.num_cpus=4",
+            f"data.output_path={out}",  # output
+            "rollout.temperature=0",  # greedy: the two placements must agree
+        ]
+        cfg = load_config(cmd.config, overrides, command="generate").config
+        assert cfg.resources.backend == ("ray" if devices == 2 else "local")
+        assert main(["generate", str(cmd.config), *overrides]) == 0
+        outputs[devices] = pq.read_table(out).to_pylist()
+    assert len(outputs[2]) == 6
+    assert [r["responses"] for r in outputs[2]] == [r["responses"] for r in outputs[1]]
+    assert [r["prompt"] for r in outputs[2]] == [r["prompt"] for r in rows]
+    for two, one in zip(outputs[2], outputs[1], strict=True):  # batch-shape float noise
+        assert two["response_log_probs"][0] == pytest.approx(one["response_log_probs"][0], abs=1e-5)

@@ -163,7 +163,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("pipeline: distillation", r"distillation pipeline|distillation trainer"),
     ("pipeline: rollout only", r"ROLL rollout pipeline"),
     ("pipeline: generation/eval", r"verl (generation|evaluation) entry point"),
-    ("generation: multi-node", r"multi-node generation"),
     ("pipeline: prime", r"verl PRIME recipe"),
     ("engine: sglang", r"'sglang'"),
     ("engine: trtllm", r"TensorRT-LLM"),

@@ -51,7 +51,7 @@ REFUSED_GENERATE = [
     ({"data": {"train_files": ["t.parquet"]}}, "data.train_files", "generate.files"),
     ({"rollout": {"val": {"n": 2}}}, "rollout.val.n", "no validation"),
     ({"experiment": {"max_steps": 3}}, "experiment.max_steps", "no run directory"),
-    ({"resources": {"nnodes": 2}}, "resources.nnodes", "one engine in this process"),
+    ({"resources": {"actor_train": [0]}}, "resources.actor_train", "no roles to place"),
     ({"rollout": {"temperature": 0.0}}, "rollout.n", "identical responses"),
     ({"generate": {"output_path": "out/g.txt"}}, "generate.output_path", ".parquet"),
     ({"generate": {"output_path": ""}}, "generate.output_path", "no output file"),
@@ -174,13 +174,32 @@ def test_generation_server_refuses_what_it_reads_and_cannot_honour():
     cases = [
         # verl's default: random weights, which no trainer syncs in a generation
         ("actor_rollout_ref.rollout.load_format=dummy", "load_format", "random weights"),
-        ("trainer.nnodes=2", "trainer.nnodes", "multi-node generation"),
         ("actor_rollout_ref.rollout.temprature=1", "temprature", "did you mean 'temperature'"),
     ]
     for extra, key, why in cases:
         with pytest.raises(ConfigError) as err:
             load_config(config, [*overrides, extra], command="generate")
         assert key in err.value.key and why in str(err.value), extra
+
+
+@pytest.mark.parametrize(
+    ("devices", "backend"),
+    [
+        (["trainer.nnodes=2", "trainer.n_gpus_per_node=8"], "ray"),
+        (["trainer.nnodes=1", "trainer.n_gpus_per_node=1"], "local"),
+    ],
+)
+def test_generation_engines_span_verls_devices(devices, backend):
+    """verl's generation worker group spans ``nnodes × n_gpus_per_node`` devices, one
+    engine per tensor-parallel group: more than one device runs on Ray, over the nodes."""
+    from temper.pipelines.catalog import load_config
+
+    config, overrides = _server_line()
+    cfg = load_config(config, [*overrides, *devices], command="generate").config
+    res = cfg.resources
+    assert res.backend == backend
+    assert f"trainer.nnodes={res.nnodes}" in devices
+    assert f"trainer.n_gpus_per_node={res.devices_per_node}" in devices
 
 
 def test_the_same_line_under_train_is_read_as_rl():

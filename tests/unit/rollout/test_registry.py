@@ -118,7 +118,8 @@ def test_tensor_parallel_vllm_runs_on_ray_ranks_not_beside_a_cpu_trainer(monkeyp
         check_tensor_parallel(vllm, "ray", devices=3)
     # temper generate: no trainer beside the engine, which starts its ranks itself
     check_tensor_parallel(vllm, "local", devices=1, standalone=True)
-    check_tensor_parallel(vllm, "ray", devices=3, standalone=True)  # built in the command
+    with pytest.raises(ConfigError, match="do not split"):  # on Ray: ranks of their own
+        check_tensor_parallel(vllm, "ray", devices=3, standalone=True)
     monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: False)  # a GPU build
     check_tensor_parallel(vllm, "local", devices=1)
 

@@ -19,9 +19,9 @@ What differs from verl, stated where it applies:
 
 - ``data.n_samples`` responses per prompt are one engine call with ``rollout.n`` (verl
   calls its engine ``n_samples`` times with ``rollout.n`` 1, and breaks with another n);
-- one engine generates, on ``rollout.tensor_model_parallel_size`` devices (verl: one
-  per worker group of that size over ``nnodes × n_gpus_per_node``): ``n_gpus_per_node``
-  is noted so, and more than one node is refused;
+- the engines are verl's: one per ``rollout.tensor_model_parallel_size`` of the
+  ``nnodes × n_gpus_per_node`` devices, on Ray when that is more than one device
+  (:mod:`temper.cluster.generation`), each call's prompts split among them;
 - prompts are templated and cut as temper's RL prompts (verl: ``apply_chat_template``
   with ``truncation=True``, the tokenizer's side, right by default): right here too;
 - the scores of ``main_eval`` are temper's reward functions (a ``custom_reward_function``
@@ -39,7 +39,6 @@ from temper.config.dialects.verl.table import PERF, RO
 
 MOD = "actor_rollout_ref.model"
 
-NO_RAY = "temper runs it in this process; verl starts Ray for its workers"
 NO_TRAINING = "the actor section of verl's worker, which trains nothing here"
 
 
@@ -70,8 +69,10 @@ def _rl(prefix: str, keys: list[str], into: str) -> dict[str, Rule]:
     return {f"{into}.{k}": RL_TABLE[f"{prefix}.{k}"] for k in keys}
 
 
-def _ray(section: str) -> dict[str, Rule]:
-    return {section: Note(NO_RAY)}
+def _ray() -> dict[str, Rule]:
+    """The PPO table's rows of Ray's sections: a generation over several devices starts
+    Ray as a trainer does (``resources.ray.*``)."""
+    return {k: rule for k, rule in RL_TABLE.items() if k.startswith(("ray_init", "ray_kwargs"))}
 
 
 # ----------------------------------------------------------------- main_generation
@@ -131,25 +132,17 @@ ROLLOUT_KEYS = [
 ]
 
 
-def _nnodes(value: Any, ctx: Any) -> None:
-    """One node: temper's generation runs one engine in this process."""
-    if value not in (1, None):
-        raise ctx.error(
-            f"temper generate runs one engine in this process, on one node; {value} nodes "
-            "(an engine or worker groups across nodes) is multi-node generation, which is "
-            "not supported",
-            "run it on one node (trainer.nnodes=1, rollout.tensor_model_parallel_size at "
-            "most its GPUs)",
-        )
-    ctx.note("accepted at its inert value (one node)")
+def finish_devices(ctx: Any) -> None:
+    """``resources.backend``: Ray for more than one device (``nnodes × n_gpus_per_node``,
+    one engine per tensor-parallel group of them), this process for one — as verl's
+    trainers are translated."""
+    devices = ctx.get("trainer.nnodes", 1) * ctx.get("trainer.n_gpus_per_node", 1)
+    ctx.write("resources.backend", "ray" if devices > 1 else "local", key="trainer.n_gpus_per_node")
 
 
 GENERATION: dict[str, Rule] = {
-    "trainer.nnodes": Call(_nnodes),
-    "trainer.n_gpus_per_node": Note(
-        "temper generate runs one engine on rollout.tensor_model_parallel_size devices, "
-        "with no data-parallel replicas over the node's other GPUs"
-    ),
+    "trainer.nnodes": Map("resources.nnodes"),
+    "trainer.n_gpus_per_node": Map("resources.devices_per_node"),
     "trainer.device": RL_TABLE["trainer.device"],
     "data.path": Map("generate.files", lambda v, _c: [v] if isinstance(v, str) else v),
     "data.prompt_key": Map("data.prompt_key"),
@@ -171,8 +164,7 @@ GENERATION: dict[str, Rule] = {
         "the log-probs written are the sampling ones: nothing is recomputed"
     ),
     "actor": Note(NO_TRAINING),
-    **_ray("ray_init"),
-    **_ray("ray_kwargs"),
+    **_ray(),
 }
 
 
@@ -258,7 +250,7 @@ def _server_log_probs(value: Any, ctx: Any) -> None:
 
 SERVER: dict[str, Rule] = {
     **{key: Note(SERVER_NOT_READ) for key in RL_TABLE},
-    "trainer.nnodes": Call(_nnodes),
+    "trainer.nnodes": GENERATION["trainer.nnodes"],
     "trainer.n_gpus_per_node": GENERATION["trainer.n_gpus_per_node"],
     # the server's engines run on the accelerator Ray gives them; trainer.device is how a
     # verl file names it (verl's trainers read it), so it places temper's engine
@@ -281,6 +273,7 @@ def finish_server(ctx: Any) -> None:
     ctx.write("pipeline", "generate", key="data.train_files")
     ctx.write("rollout.calculate_log_probs", False, key=f"{RO}.calculate_log_probs")
     ctx.finish_engine_kwargs()
+    finish_devices(ctx)
 
 
 def finish_generation(ctx: Any) -> None:
@@ -288,6 +281,7 @@ def finish_generation(ctx: Any) -> None:
     truncation=True)`` cuts them, keeping the start (the tokenizer's default side)."""
     ctx.write("pipeline", "generate", key="data.output_path")
     ctx.write("data.truncation", "right", key="rollout.prompt_length")
+    finish_devices(ctx)
     ctx.note(
         "verl cuts longer prompts to it (apply_chat_template truncation=True, the "
         "tokenizer's side: right by default); data.truncation=right here",
@@ -314,8 +308,8 @@ EVALUATION: dict[str, Rule] = {
     "custom_reward_function.path": RL_TABLE["custom_reward_function.path"],
     "custom_reward_function.name": RL_TABLE["custom_reward_function.name"],
     "custom_reward_function.reward_kwargs": RL_TABLE["custom_reward_function.reward_kwargs"],
-    **_ray("ray_init"),
-    **_ray("ray_kwargs"),
+    "ray_init": Note("temper scores the file in this process; verl starts Ray for its workers"),
+    "ray_kwargs": Note("temper scores the file in this process; verl starts Ray for its workers"),
 }
 
 
