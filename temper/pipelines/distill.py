@@ -144,14 +144,6 @@ def check(cfg: TemperConfig) -> None:
             "distillation's teacher scores every sample and kd.loss_weight weighs it",
             "remove tags and kl_coef",
         )
-    ref = cfg.reference
-    if ref.strategy == "megatron" and ref.megatron.pipeline_model_parallel_size > 1:
-        raise ConfigError(
-            "reference.megatron.pipeline_model_parallel_size",
-            "the teacher's top-k logits come from one forward of the whole model; over "
-            "pipeline stages temper's schedule passes log-probs and values only",
-            "set it to 1 (the teacher may still use tensor parallelism)",
-        )
     kd = cfg.kd
     try:
         KD_OBJECTIVES.get(kd.objective)

@@ -60,7 +60,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -343,6 +343,31 @@ class MegatronEngine(TorchEngine):
             entropy_grad=entropy_grad,
             with_sum_pi_squared=with_sum_pi_squared,
         )
+
+    @torch.no_grad()
+    def _top_logit_micro_batches(
+        self, micro: list[Batch], k: int, scale: float, vocab: int | None, log_probs: bool
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Over pipeline stages: every micro-batch through the forward schedule, the last
+        stage's top-``k`` (ids as exact fp32 integers) broadcast to every stage."""
+        if self.parallel.pp == 1:
+            yield from super()._top_logit_micro_batches(micro, k, scale, vocab, log_probs)
+            return
+        shard = self.head.vocab
+        tp = 1 if shard.group is None else dist.get_world_size(cast(Any, shard.group))
+        padded = shard.width * tp
+        width = k if 0 < k < padded else padded
+
+        def head(mb: Batch, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+            inp = model_inputs(mb, self.device)
+            out = self.head.top_logits(mb, inp, hidden, k, scale, vocab, log_probs)
+            return {"values": out["values"], "ids": out["ids"].float()}
+
+        outs = forward_only(
+            self.link, micro, self._chunk_output, head, ["values", "ids"], width=width
+        )
+        for out in outs:
+            yield {"values": out["values"], "ids": out["ids"].long()}
 
     @torch.no_grad()
     def _micro_top_logits(

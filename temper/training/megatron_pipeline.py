@@ -186,9 +186,15 @@ def run_backwards(
 
 
 def forward_only(
-    link: StageLink, micro: list[Batch], stage: Stage, head: Head, keys: list[str]
+    link: StageLink,
+    micro: list[Batch],
+    stage: Stage,
+    head: Head,
+    keys: list[str],
+    width: int | None = None,
 ) -> list[dict[str, torch.Tensor]]:
-    """No-grad outputs ``keys`` of every micro-batch, ``(b, R)`` each, on every stage."""
+    """No-grad outputs ``keys`` of every micro-batch, ``(b, R)`` each (``(b, R, width)``
+    with ``width``), on every stage, in fp32."""
 
     def step(c: int, i: int, received: torch.Tensor | None) -> torch.Tensor:
         hidden = stage(c, i, micro[i], received)
@@ -198,7 +204,8 @@ def forward_only(
         return torch.stack([out[k] for k in keys])
 
     saved = run_forwards(link, len(micro), step, grad=False)
-    shapes = [(len(keys), len(mb), mb["response_ids"].shape[1]) for mb in micro]
+    trailing = () if width is None else (width,)
+    shapes = [(len(keys), len(mb), mb["response_ids"].shape[1], *trailing) for mb in micro]
     stacked = broadcast_outputs(link, [out for _, out in saved[-1]], shapes)
     return [dict(zip(keys, t)) for t in stacked]
 

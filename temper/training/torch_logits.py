@@ -6,7 +6,7 @@ distillation and of the exact KL (``response_logits``, ``top_logits``)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -183,8 +183,8 @@ class PackedLogits(OneProcessHooks):
         home = batch["response_ids"].device
         values = ids = torch.empty(0)
         micro, groups = self._split(batch, micro_batching or self.infer_micro)
-        for mb, rows in zip(micro, groups):
-            out = self._micro_top_logits(mb, k, scale, vocab, log_probs)
+        outs = self._top_logit_micro_batches(micro, k, scale, vocab, log_probs)
+        for out, rows in zip(outs, groups, strict=True):
             if not rows:  # a padding micro-batch (collectives only)
                 continue
             if values.numel() == 0:
@@ -195,6 +195,14 @@ class PackedLogits(OneProcessHooks):
             values[index] = out["values"].to(home)
             ids[index] = out["ids"].to(home).long()
         return values, ids
+
+    def _top_logit_micro_batches(
+        self, micro: list[Batch], k: int, scale: float, vocab: int | None, log_probs: bool
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """:meth:`_micro_top_logits` of each micro-batch in turn (an engine whose forward
+        spans pipeline stages runs them through its schedule together)."""
+        for mb in micro:
+            yield self._micro_top_logits(mb, k, scale, vocab, log_probs)
 
     def _micro_top_logits(
         self, mb: Batch, k: int, scale: float, vocab: int | None, log_probs: bool = False

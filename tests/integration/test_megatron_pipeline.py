@@ -275,3 +275,40 @@ def test_pipeline_checkpoint_resumes_at_two_and_one_stage(tiny_path: str, tmp_pa
             torch.testing.assert_close(w2, ref, atol=1e-6, rtol=1e-5, msg=k)
     embed = "model.embed_tokens.weight"
     assert not torch.equal(trained["w1"][embed], trained["w2"][embed])
+
+
+# ------------------------------------------------------- a teacher over two stages
+
+
+def _top_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    engine = make_actor(path, "megatron", pp=2).engine
+    return {
+        f"{k}-{log_probs}": engine.top_logits(batch, k, 2.0, vocab=200, log_probs=log_probs)
+        for k in (3, 0)
+        for log_probs in (False, True)
+    }
+
+
+def test_a_teacher_over_two_stages_gives_the_top_logits_of_one(tiny_path: str) -> None:
+    """Offline / on-policy distillation's teacher at PP = 2 (ROLL's distill_megatron): the
+    last stage's top-k logits (and k = 0: every column; log-probs) reach every stage, equal
+    to the one-process engine's."""
+    single = make_actor(tiny_path, "torch").engine
+    batch = make_batch()
+    ranks = spawn_ranks(_top_rank, 2, tiny_path, batch)
+    for k in (3, 0):
+        for log_probs in (False, True):
+            values, ids = single.top_logits(batch, k, 2.0, vocab=200, log_probs=log_probs)
+            for r in ranks:
+                got_values, got_ids = r[f"{k}-{log_probs}"]
+                assert got_ids.dtype == torch.long
+                width = values.shape[-1]  # k; or the 200 real ids, megatron's padded past
+                assert width == (3 if k else 200)
+                mask = batch["response_mask"].bool()
+                assert torch.isneginf(got_values[mask][..., width:]).all()
+                got_values, got_ids = got_values[..., :width], got_ids[..., :width]
+                assert torch.equal(got_ids[mask], ids[mask])
+                finite = torch.isfinite(values[mask])
+                torch.testing.assert_close(
+                    got_values[mask][finite], values[mask][finite], atol=1e-5, rtol=1e-5
+                )

@@ -56,7 +56,7 @@ EXPECTED: dict[str, str] = {
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-agentic_megatron/agentic_val_webshop.yaml": "env type",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-agentic_megatron/agentic_val_webshop_amd.yaml": "env type",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-agentic_megatron/agentic_val_webshop_gigpo.yaml": "env type",
-    "roll-2026-08-8eb27cc/examples/qwen2.5-7B-distill_megatron/distill_megatron.yaml": "distill: pipeline-parallel teacher",
+    "roll-2026-08-8eb27cc/examples/qwen2.5-7B-distill_megatron/distill_megatron.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr-offpolicy/rlvr_config.yaml": "engine: sglang",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config_8gpus.yaml": "passes",

@@ -149,7 +149,6 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("megatron: expert FFN over TP", r"does not divide the model's \d+ (shared-)?expert FFN"),
     ("megatron: MoE option needs CUDA", r"Megatron keeps its (buffers|token counts) on CUDA"),
     ("megatron: dist-checkpoint unset", r"distributed checkpoint to start from is not given"),
-    ("distill: pipeline-parallel teacher", r"teacher's top-k logits come from one forward"),
     ("megatron: MoE lora", r"LoRA on a mixture-of-experts model's experts"),
     ("megatron: fsdp", r"Megatron-FSDP"),
     ("engine: fsdp_turbo", r"fsdp_turbo engine"),
