@@ -6,16 +6,20 @@ from __future__ import annotations
 from temper.config.schema import TemperConfig
 from temper.pipelines.registry import resolve_pipeline
 from temper.rollout.vllm_kv import EngineDemand, largest_call
+from temper.training.router_replay import from_rollout
 
 
 def demand_of(cfg: TemperConfig) -> EngineDemand:
     """The run's :class:`EngineDemand`: the context is ``rollout.max_model_len`` when set,
     else the pipeline's bound on a sample (its ``context`` hook; None: unbounded); the
-    sequences ``min(rollout.max_num_seqs, largest_call(cfg))``."""
+    sequences ``min(rollout.max_num_seqs, largest_call(cfg))``; the routing of the
+    rollout's tokens under router replay R3."""
     sequences = min(cfg.rollout.max_num_seqs, largest_call(cfg))
+    routed = from_rollout(cfg.actor.router_replay)
     if cfg.rollout.max_model_len is not None:
-        return EngineDemand(cfg.rollout.max_model_len, ("rollout.max_model_len",), sequences)
+        keys = ("rollout.max_model_len",)
+        return EngineDemand(cfg.rollout.max_model_len, keys, sequences, routed)
     bound = resolve_pipeline(cfg.pipeline).context(cfg, [])
     if bound is None:
-        return EngineDemand(None, (), sequences)
-    return EngineDemand(bound[0], bound[1], sequences)
+        return EngineDemand(None, (), sequences, routed)
+    return EngineDemand(bound[0], bound[1], sequences, routed)

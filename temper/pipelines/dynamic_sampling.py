@@ -34,6 +34,7 @@ from torch import Tensor
 from temper import algorithms as A
 from temper.config.schema import FilterGroupsConfig
 from temper.data.batch import Batch
+from temper.data.routing import ROUTED_EXPERTS, pad_routing
 from temper.pipelines.shaping import ShapingSettings, added_terms
 
 Round = Callable[[int], tuple[Batch, dict[str, float]]]
@@ -162,7 +163,8 @@ _PAD_ID_KEYS = ("prompt_ids", "response_ids")
 def concat_padded(batches: Sequence[Batch], pad_token_id: int = 0) -> Batch:
     """Rows of ``batches`` in order, their prompts and responses padded to one width
     (rounds of generation end at different lengths). ``attention_mask`` (prompt ‖
-    response) is split at the prompt width, padded part by part and joined again."""
+    response) is split at the prompt width, padded part by part and joined again;
+    ``routed_experts`` likewise, with -1."""
     if (
         len({b["prompt_ids"].shape[1] for b in batches}) == 1
         and len({b["response_ids"].shape[1] for b in batches}) == 1
@@ -183,6 +185,8 @@ def concat_padded(batches: Sequence[Batch], pad_token_id: int = 0) -> Batch:
                 out[key] = torch.cat(
                     [_pad(t[:, :p], width_p, 0, left=True), _pad(t[:, p:], width_r, 0)], dim=1
                 )
+            elif key == ROUTED_EXPERTS:  # prompt ‖ response columns, -1 where none
+                out[key] = pad_routing(t, p, width_p, width_r)
             elif t.shape[1] == p and key in _LEFT:
                 out[key] = _pad(t, width_p, fill, left=True)
             elif t.shape[1] == r:

@@ -36,11 +36,13 @@ class EngineDemand:
     ``context``: the tokens one sequence may reach (prompt + response; None: nothing
     bounds it, e.g. a multi-turn episode without ``rollout.max_model_len``), and the keys
     that set it; ``sequences``: the most sequences in flight at once — ``min(max_num_seqs,
-    the largest generate call)``."""
+    the largest generate call)``; ``routed_experts``: the run replays the routing of the
+    rollout's tokens (router replay R3), so the engine returns it."""
 
     context: int | None
     context_keys: tuple[str, ...]
     sequences: int
+    routed_experts: bool = False
 
     def per_engine(self, engines: int) -> EngineDemand:
         """One of ``engines`` data-parallel engines' share: ``⌈sequences / engines⌉``

@@ -41,12 +41,11 @@ import torch
 
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
+from temper.data.routing import ROUTED_EXPERTS, routing_dtype
 from temper.registry import Registry
 from temper.training.micro_batching import ModelInputs
 from temper.training.packing import PackedInputs
 
-#: Batch key of the recorded routing ``(B, P + R, L, k)``, ``-1`` where none.
-ROUTED_EXPERTS = "routed_experts"
 #: The schema's value that turns replay off.
 OFF = "none"
 #: ``model_type`` values whose routers replay knows, on every engine (HF:
@@ -69,8 +68,14 @@ ROUTER_REPLAY.add("R2", ReplayMode("old_log_prob"))
 ROUTER_REPLAY.add("R3", ReplayMode("rollout"))
 
 
+def from_rollout(mode: str) -> bool:
+    """Whether ``actor.router_replay`` = ``mode`` replays the rollout engine's routing
+    (R3): the rollout then returns ``routed_experts`` with its samples."""
+    return mode != OFF and ROUTER_REPLAY.get(mode).recorded_at == "rollout"
+
+
 class RoutingHooks(Protocol):
-    """One model's MoE routers, recordable and replayable (HF: ``router_replay_hf``,
+    """One model's MoE routers, recordable and replayable (HF: :mod:`temper.utils.router_replay_hf`,
     Megatron: ``megatron_router_replay``). Tokens ``N`` are in the order the routers see
     them (the engine's layout functions map them to batch columns)."""
 
@@ -169,11 +174,6 @@ def from_packed(packed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def routing_dtype(num_experts: int) -> torch.dtype:
-    """The smallest signed integer type holding expert indices and the ``-1`` marker."""
-    return torch.int8 if num_experts <= 127 else torch.int16
-
-
 def model_tokens(
     routed: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
 ) -> torch.Tensor:
@@ -233,6 +233,7 @@ __all__ = [
     "batch_routing",
     "check_replay_model",
     "from_packed",
+    "from_rollout",
     "micro_routing",
     "model_tokens",
     "route",
