@@ -60,12 +60,12 @@ def _router_replay(role: str) -> dict[str, Rule]:
                     v in (None, "disable")
                     or (v == "R3" and ctx.get("actor_train.router_replay.mode") == "R3")
                 ),
-                why="off, or R3 with actor_train's",
+                why="disable, or R3 with actor_train's R3",
             )
         }
     return {
         "router_replay.mode": Refuse(
-            "only actor_train replays MoE routing here (the reference routes by its own top-k)",
+            "only actor_train replays MoE routing here (the other workers route by their own top-k)",
             "set router_replay.mode: disable",
             ok=lambda v, _ctx: v in (None, "disable"),
             why="off",

@@ -146,7 +146,7 @@ def _section_rollout() -> dict[str, Rule]:
                 "router_replay.mode is R3",
                 "set it as the actor's router_replay.mode says (true with R3)",
                 ok=lambda v, ctx: bool(v) == _r3(ctx),
-                why="as the actor's router_replay.mode",
+                why="true with the actor's R3, false otherwise",
             ),
             f"{RO}.checkpoint_engine.backend": Note(
                 "weights sync in buckets over temper's own transport"
