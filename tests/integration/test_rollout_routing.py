@@ -189,3 +189,36 @@ def test_rlvr_run_with_r3_and_the_hf_rollout(
     diffs = {k: v for k, v in rows[0].items() if k.startswith("rollout/logprob_diff")}
     print("\nR3 run, step 1:", diffs)
     assert rows[0]["rollout/logprob_diff_max"] < 1e-4  # same weights, same routing
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_r3_on_ray_routing_travels_back_from_two_rollout_engines(
+    tmp_path: Any, models: dict[str, str], monkeypatch: Any
+) -> None:
+    """Two FSDP2 actor ranks and two ``hf`` rollout engines on their ranks (Ray): each
+    engine returns its slice's routing with its samples; stop tokens end responses at
+    different lengths, so the slices are padded together (routing with -1) before the
+    actor replays them."""
+    pytest.importorskip("ray")
+    import ray
+    from test_ray_backend import ray_config
+    from test_rlvr_tiny import read_metrics
+
+    from temper.pipelines import run_pipeline
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    cfg = ray_config(
+        tmp_path,
+        models["qwen3_moe"],
+        data={"train_batch_size": 4},
+        rollout={"engine": "hf", "n": 2, "response_length": 8, "stop_token_ids": [*range(3, 90)]},
+        actor={"mini_batch_size": 8, "router_replay": "R3"},
+    )
+    try:
+        run_pipeline(cfg)
+    finally:
+        ray.shutdown()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in rows)  # the same weights

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from temper.data.batch import Batch
+from temper.data.padded import concat_padded
 from temper.data.routing import ROUTED_EXPERTS, mask_columns, pad_routing, routing_columns
-from temper.pipelines.dynamic_sampling import concat_padded
 
 
 def _tokens(n: int, layers: int = 1) -> torch.Tensor:
