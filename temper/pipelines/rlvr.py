@@ -147,7 +147,9 @@ class RLVRProducer:
 
     def _greedy_baseline(self, prompts: Batch, uids: list[str]) -> torch.Tensor:
         """ReMax's baseline: the reward of each prompt's greedy response, per sample row."""
-        greedy = dataclasses.replace(self.train_sampling, n=1, do_sample=False, temperature=0.0)
+        greedy = dataclasses.replace(
+            self.train_sampling, n=1, do_sample=False, temperature=0.0, routed_experts=False
+        )
         scored, _ = self._score(self.engine.generate(prompts, greedy), prefix="baseline")
         by_uid = dict(zip(scored["uid"], scored["scores"].tolist()))
         return torch.tensor([by_uid[u] for u in uids], dtype=torch.float32)
