@@ -6,9 +6,10 @@ Two mismatches that routing flips cause (``temper.training.router_replay``):
   optimizer step, then scores the same tokens again, as the update's second mini-batch
   does. ``|Δ|`` = ``|log π_update − log π_old|``, with the update forward routing by its own
   top-k (off) or by the recorded experts (R2);
-* **rollout numerics (R3's case)**: a bf16 forward stands for the rollout engine and
-  records its routing; the fp32 trainer scores the tokens routing by its own top-k (off) or
-  by the bf16 forward's experts (replayed, as R3 would with an engine that returns them).
+* **rollout numerics (R3)**: the ``hf`` rollout engine generates in bf16 and returns the
+  routing of its tokens; the fp32 trainer's old-log-prob forward scores them routing by
+  its own top-k (off) or by the rollout's experts (``actor.router_replay: R3``), against
+  the rollout's own log-probs.
 
 Printed per case: max and mean ``|Δ|`` over response tokens, and the share of tokens
 (any MoE layer) whose expert set differs between the two forwards without replay.
@@ -31,6 +32,8 @@ import torch
 from temper.config.schema import ActorConfig, ModelConfig, OptimConfig
 from temper.data.batch import Batch
 from temper.roles.actor import Actor
+from temper.rollout.base import SamplingParams
+from temper.rollout.hf import HFRolloutEngine
 from temper.training.micro_batching import MicroBatching
 from temper.training.registry import build_engine
 from temper.training.router_replay import ROUTED_EXPERTS
@@ -89,19 +92,19 @@ def batch_of(n: int, prompt: int, response: int, seed: int) -> Batch:
     )
 
 
-def actor(path: str, lr: float, dtype: str = "fp32") -> Actor:
+def actor(path: str, lr: float, replay: str = "R2") -> Actor:
     cfg = ActorConfig(
         strategy="torch",
         micro_batch_size_per_device=8,
         optim=OptimConfig(lr=lr, weight_decay=0.0),
-        router_replay="R2",
+        router_replay=replay,
     )
     spec = EngineSpec(
-        model=ModelConfig(path=path, dtype=dtype),  # type: ignore[arg-type]
+        model=ModelConfig(path=path, dtype="fp32"),
         device=torch.device("cpu"),
         train=cfg,
         infer_micro=MicroBatching(size=8),
-        router_replay=True,
+        router_replay=replay != "none",
     )
     return Actor(cfg, build_engine("torch", spec))
 
@@ -151,16 +154,19 @@ def drift(path: str, batch: Batch, lr: float) -> None:
 
 
 def numerics(path: str, batch: Batch) -> None:
-    rollout: Any = actor(path, 0.0, dtype="bf16").engine
-    trainer: Any = actor(path, 0.0).engine
-    low = rollout.forward(batch, routing="record")
-    free = trainer.forward(batch, routing="record")
-    routed = batch.union(Batch.from_dict({ROUTED_EXPERTS: low[ROUTED_EXPERTS]}))
-    replay = trainer.forward(routed, routing="replay")["log_probs"]
-    flips = flipped(free[ROUTED_EXPERTS], low[ROUTED_EXPERTS], batch)
-    title = "fp32 trainer vs bf16 'rollout' log-probs"
-    ref = low["log_probs"]
-    report(title, free["log_probs"], replay, ref, flips, batch["response_mask"], "replay")
+    rollout = HFRolloutEngine.from_pretrained(path, dtype="bf16")
+    prompts = Batch.from_dict({k: batch[k] for k in ("prompt_ids", "prompt_mask")})
+    length = batch["response_ids"].shape[1]
+    params = SamplingParams(max_new_tokens=length, ignore_eos=True, routed_experts=True)
+    torch.manual_seed(0)
+    out = rollout.generate(prompts, params)
+    free = actor(path, 0.0, "none").compute_log_probs(out)["old_log_probs"]
+    replay = actor(path, 0.0, "R3").compute_log_probs(out)["old_log_probs"]
+    own = actor(path, 0.0).engine.forward(out, routing="record")[ROUTED_EXPERTS]
+    flips = flipped(own, out[ROUTED_EXPERTS], out)
+    title = "R3: fp32 trainer vs the bf16 hf rollout's log-probs"
+    ref = out["rollout_log_probs"]
+    report(title, free, replay, ref, flips, out["response_mask"], "R3")
 
 
 def main() -> None:

@@ -12,7 +12,9 @@ SPMD rollout does). The driver sees one :class:`~temper.rollout.base.RolloutEngi
 
 * ``generate`` cuts the prompts into one contiguous slice per engine (prompts, not
   samples, so the ``n`` responses of a prompt stay on one engine and in ``aabb`` order),
-  runs the slices in parallel and concatenates them back in prompt order;
+  runs the slices in parallel and concatenates them back in prompt order, padded to the
+  longest response of any engine (every per-sample tensor travels with its rows: the
+  MoE routing of router replay R3 too);
 * ``load_weights`` takes the trainer's gathered weights as rank 0 of the trainer put them
   into Ray's object store (:class:`StoredWeights`) and every engine copies them from
   there (shared memory on a node): the driver never holds them, and one object serves
@@ -38,6 +40,7 @@ import torch
 from temper.cluster.base import WorkerGroup, WorkerGroupError
 from temper.config.schema import TemperConfig
 from temper.data.batch import Batch
+from temper.data.padded import concat_padded
 from temper.rollout.base import RolloutEngine, SamplingParams, TensorParallelShard
 from temper.rollout.vllm_kv import EngineDemand
 
@@ -84,6 +87,11 @@ class RolloutRank:
     def generate(self, prompts: Batch, params: SamplingParams, seed: int) -> Batch:
         torch.manual_seed(seed + self.engine_index)
         return self.engine.generate(prompts, params)
+
+    def pad_token_id(self) -> int:
+        """The id this rank's engine right-pads responses with."""
+        pad = self.engine.pad_token_id
+        return int(pad) if pad is not None else 0
 
     def load_weights(self, stored: Stored) -> None:
         """Weights as :func:`to_store` wrote them (read from the object store)."""
@@ -233,7 +241,13 @@ class RemoteRollout(RolloutEngine):
         parts = self.group.call_first(
             "generate", [(prompts.slice(*slices[engines[r]]), params, seed) for r in ranks]
         )
-        return Batch.concat([parts[engines.index(e)] for e in range(len(slices))])
+        ordered = [parts[engines.index(e)] for e in range(len(slices))]
+        if len({p["response_ids"].shape[1] for p in ordered}) == 1:
+            return Batch.concat(ordered)
+        # each engine padded its responses (and routing) to its own longest
+        if self.pad_token_id is None:
+            self.pad_token_id = self.group.call_first("pad_token_id", [()])[0]
+        return concat_padded(ordered, self.pad_token_id)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if isinstance(named_tensors, StoredWeights):  # already in the store: pass the ref

@@ -659,7 +659,8 @@ class ActorConfig(TrainEngineConfig):
         "none",
         "MoE router replay: R2 records each token's experts in the old-log-prob forward and "
         "the update's forwards route by them; R3 routes every trainer forward by the "
-        "rollout's experts (none: each forward routes by its own top-k).",
+        "experts the rollout engine chose (rollout.engine hf, or vllm on a GPU; pipeline "
+        "rlvr, one generate call per response) (none: each forward routes by its own top-k).",
         registry="router_replay",
         off="none",
     )

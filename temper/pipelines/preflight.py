@@ -95,17 +95,21 @@ def check_engines(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     from temper.cluster.placement import worker_device
     from temper.rollout.registry import (
         check_rollout_engine,
+        check_routed_experts,
         check_tensor_parallel,
         engine_problem,
     )
     from temper.training.megatron_check import check_megatron
     from temper.training.registry import check_engines as check_training_engines
+    from temper.training.router_replay import from_rollout
 
     if plan.use_rollout:  # a pipeline that generates nothing (SFT) builds no engine
         problem = engine_problem(cfg.rollout.engine)
         if problem is not None:
             raise problem
         check_rollout_engine(cfg.rollout, cfg.model)  # e.g. a VL model this vLLM cannot run
+        if from_rollout(cfg.actor.router_replay):  # R3: the engine returns routing here
+            check_routed_experts(cfg.rollout, cfg.model)
     if cfg.experiment.device == "cuda" and not _cuda():
         # verl's trainer.device defaults to cuda: a GPU config debugged on a laptop
         cfg.experiment.device = "cpu"

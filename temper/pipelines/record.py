@@ -112,6 +112,9 @@ class Pipeline:
     - ``command`` and ``main(cfg)``: a pipeline that is no training loop (``generate``,
       ``eval``) runs whole in ``main`` under its own CLI command (``temper generate``),
       which is the only one that runs it; ``train`` runs the driver's loop (``main`` None);
+    - ``routing``: its producer asks the rollout engine for each token's MoE routing
+      under router replay R3 (``SamplingParams.routed_experts``) and keeps it with the
+      samples, so R3 applies;
     - ``streams``: its producer is a :class:`~temper.pipelines.producer.GroupProducer`
       (its step shape's groups generated a chunk at a time):
       ``async_training.mode: streaming`` applies;
@@ -135,3 +138,4 @@ class Pipeline:
     main: Callable[[TemperConfig], dict[str, Any]] | None = None
     checks: frozenset[str] | None = None
     streams: bool = False
+    routing: bool = False

@@ -40,6 +40,7 @@ from temper.rollout import RolloutEngine
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.rollout.partial import Segments, generate_in_segments
 from temper.rollout.tool_engine import ToolCallingEngine
+from temper.training.router_replay import from_rollout
 
 
 class RLVRProducer:
@@ -70,6 +71,8 @@ class RLVRProducer:
             reward_model=build_reward_model(cfg, ctx.device),
         )
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
+        # R3: the update replays the routing the rollout chose for the trained samples
+        self.train_sampling.routed_experts = from_rollout(cfg.actor.router_replay)
         self.val_sampling = sampling_params(cfg.rollout, validation=True)
         self.shaping = ctx.shaping
         self.greedy_baseline = "baseline_rewards" in estimator_inputs(cfg.algorithm.adv_estimator)
@@ -144,7 +147,9 @@ class RLVRProducer:
 
     def _greedy_baseline(self, prompts: Batch, uids: list[str]) -> torch.Tensor:
         """ReMax's baseline: the reward of each prompt's greedy response, per sample row."""
-        greedy = dataclasses.replace(self.train_sampling, n=1, do_sample=False, temperature=0.0)
+        greedy = dataclasses.replace(
+            self.train_sampling, n=1, do_sample=False, temperature=0.0, routed_experts=False
+        )
         scored, _ = self._score(self.engine.generate(prompts, greedy), prefix="baseline")
         by_uid = dict(zip(scored["uid"], scored["scores"].tolist()))
         return torch.tensor([by_uid[u] for u in uids], dtype=torch.float32)
@@ -251,4 +256,5 @@ PIPELINE = Pipeline(
     provides=frozenset({"baseline_rewards", "reward_components"}),
     sections=frozenset({"distill", "async_training"}),  # distill: teachers score the samples
     streams=True,
+    routing=True,
 )

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from temper.data.batch import Batch
+from temper.data.padded import concat_padded
 from temper.pipelines.ahead import (
     VERSION,
     BusyLog,
@@ -55,7 +56,7 @@ from temper.pipelines.ahead import (
     seed_globals,
     unpack_batch,
 )
-from temper.pipelines.dynamic_sampling import concat_padded, merge_round_metrics
+from temper.pipelines.dynamic_sampling import merge_round_metrics
 from temper.pipelines.producer import GroupProducer, Validation
 from temper.pipelines.stream_filter import StreamFilter
 from temper.pipelines.stream_schedule import Strategy, may_start

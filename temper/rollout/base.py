@@ -36,6 +36,9 @@ class SamplingParams:
     stop: list[str] = dataclasses.field(default_factory=list)
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: bool = True
+    #: also return ``routed_experts`` (B·n, P + R, L, k): the experts each MoE layer chose
+    #: for each token (router replay R3; :mod:`temper.data.routing`)
+    routed_experts: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -83,6 +86,9 @@ class RolloutEngine(abc.ABC):
         ``rollout_log_probs`` (B·n, R) log-probs under the *sampling* distribution
         (after temperature/top-k/top-p), 0 where masked, and object column
         ``truncated`` (bool: the response hit max_new_tokens without EOS/stop).
+        With ``params.routed_experts``, also ``routed_experts`` (B·n, P + R, L, k): each
+        MoE layer's experts for each token of ``prompt ‖ response`` in these columns, -1
+        where no forward of the engine routed one (padding, the last generated token).
         """
 
     @abc.abstractmethod

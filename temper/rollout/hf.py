@@ -18,6 +18,13 @@ a (steps × batch × vocab) tensor (``output_scores``), the engine builds the wh
 processor chain itself with a recorder last, and gathers the drawn token's log-prob
 in a stopping criterion, which ``generate`` calls right after it appends the token.
 
+Routing (``params.routed_experts``, router replay R3). An MoE model's routers are hooked
+(:class:`~temper.utils.router_replay_hf.HFRouterReplay`, the trainer's hook code) while
+``generate`` runs: the prefill routes the prompt's columns, each decoding step the token
+it feeds, so a row gets the routing of every token but the last one it generated — in
+the batch's columns, -1 at padding (:func:`temper.data.routing.mask_columns`). The ``n``
+samples of a prompt are ``n`` rows of one prefill.
+
 Determinism. ``generate`` samples with ``torch.multinomial`` on torch's *global* RNG
 (it takes no ``torch.Generator``): call ``torch.manual_seed(s)`` (which also seeds
 CUDA) before ``generate`` to reproduce a rollout exactly; the driver's seeded,
@@ -46,6 +53,7 @@ from transformers import (
 
 from temper.config.schema import DTYPES, Dtype
 from temper.data.batch import Batch
+from temper.data.routing import ROUTED_EXPERTS, mask_columns, routing_dtype
 from temper.data.vision import (
     MULTI_MODAL_INPUTS,
     has_pixels,
@@ -54,7 +62,8 @@ from temper.data.vision import (
     vision_token_ids,
 )
 from temper.rollout.base import RolloutEngine, SamplingParams
-from temper.rollout.stops import finish_responses, right_pad
+from temper.rollout.stops import FinishedResponses, finish_responses, right_pad
+from temper.utils.router_replay_hf import HFRouterReplay
 
 
 class _LogProbRecorder(LogitsProcessor):
@@ -159,6 +168,7 @@ class HFRolloutEngine(RolloutEngine):
             pad = self.eos_token_ids[0] if self.eos_token_ids else 0
         self.pad_token_id = int(pad)
         self.vision_ids = vision_token_ids(module.config)  # (None, None) for text models
+        self._routers: HFRouterReplay | None = None  # hooked at the first routed call
 
     # ----------------------------------------------------------------- construction
 
@@ -236,10 +246,10 @@ class HFRolloutEngine(RolloutEngine):
         rows = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
         per_call = (self.infer_batch_size or len(prompts)) * params.n
         out_device = rows["prompt_ids"].device
-        ids, masks, logps, truncated = [], [], [], []
+        ids, masks, logps, truncated, routed = [], [], [], [], []
         for start in range(0, len(rows), per_call):
             chunk = rows.slice(start, min(start + per_call, len(rows)))
-            done = self._generate_chunk(
+            done, routing = self._generate_chunk(
                 chunk["prompt_ids"],
                 chunk["prompt_mask"],
                 params,
@@ -249,12 +259,20 @@ class HFRolloutEngine(RolloutEngine):
             masks.append(done.response_mask.to(out_device))
             if done.log_probs is not None:
                 logps.append(done.log_probs.to(out_device))
+            if routing is not None:
+                routed.append(routing)
             truncated.extend(done.truncated)
         rows = Batch(rows.tensors.clone(recurse=False), dict(rows.objects), dict(rows.meta))
         rows["response_ids"] = right_pad(ids, self.pad_token_id)
         rows["response_mask"] = right_pad(masks, 0)
         if logps:
             rows["rollout_log_probs"] = right_pad(logps, 0.0)
+        if routed:
+            width = max(r.shape[1] for r in routed)
+            columns = torch.cat([_widen(r, width) for r in routed])
+            rows[ROUTED_EXPERTS] = mask_columns(
+                columns, rows["prompt_mask"].cpu(), rows["response_mask"].cpu()
+            ).to(out_device)
         rows["truncated"] = truncated
         return rows
 
@@ -304,13 +322,22 @@ class HFRolloutEngine(RolloutEngine):
             return_dict_in_generate=False,
         )
 
+    def _hooks(self) -> HFRouterReplay:
+        """The module's MoE routers, hooked once (their hooks do nothing unless asked)."""
+        if self._routers is None:
+            self._routers = HFRouterReplay(self.module)
+        return self._routers
+
     def _generate_chunk(
         self,
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
         params: SamplingParams,
         mm_inputs: list[dict[str, torch.Tensor]] | None = None,
-    ):
+    ) -> tuple[FinishedResponses, torch.Tensor | None]:
+        """One ``generate`` call: the finished responses, and with
+        ``params.routed_experts`` their routing ``(b, P + G - 1, L, k)`` in the chunk's
+        columns (``G`` generated columns; not yet masked)."""
         # drop the left columns that are padding in every row of this chunk
         present = prompt_mask.bool().any(dim=0).nonzero()
         first = int(present[0]) if present.numel() else 0
@@ -329,7 +356,12 @@ class HFRolloutEngine(RolloutEngine):
         stop_ids = self._stop_token_ids(params)
         config = self._generation_config(params, stop_ids)
         criteria = StoppingCriteriaList([_RecordDrawn(recorder)] if recorder else [])
-        with _generation_mode(self.module, config), torch.no_grad():
+        routing: contextlib.AbstractContextManager[list[torch.Tensor]] = (
+            self._hooks().recording_forwards(self.module)
+            if params.routed_experts
+            else contextlib.nullcontext([])
+        )
+        with _generation_mode(self.module, config), torch.no_grad(), routing as forwards:
             out = self.module.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -341,7 +373,7 @@ class HFRolloutEngine(RolloutEngine):
             )
         response = out[:, input_ids.shape[1] :]
         log_probs = recorder.log_probs(response.shape[1]) if recorder else None
-        return finish_responses(
+        done = finish_responses(
             response,
             log_probs,
             stop_token_ids=stop_ids,
@@ -349,6 +381,23 @@ class HFRolloutEngine(RolloutEngine):
             tokenizer=self.tokenizer,
             pad_token_id=self.pad_token_id,
         )
+        if not params.routed_experts:
+            return done, None
+        return done, self._forward_columns(forwards, len(input_ids), first)
+
+    def _forward_columns(self, forwards: list[torch.Tensor], rows: int, first: int) -> torch.Tensor:
+        """The routing of ``generate``'s forwards (each ``(rows · s, L, k)``, row-major:
+        the prefill's ``s`` trimmed prompt columns, then one column per decoding step) in
+        the batch's columns: the ``first`` prompt columns that were all padding come back
+        as -1."""
+        per_row = [f.reshape(rows, -1, *f.shape[1:]) for f in forwards]
+        routed = torch.cat(per_row, dim=1).to("cpu", routing_dtype(self._hooks().num_experts))
+        return torch.nn.functional.pad(routed, (0, 0, 0, 0, first, 0), value=-1)
+
+
+def _widen(routed: torch.Tensor, width: int) -> torch.Tensor:
+    """``(b, C, L, k)`` right-padded with -1 to ``width`` columns."""
+    return torch.nn.functional.pad(routed, (0, 0, 0, 0, 0, width - routed.shape[1]), value=-1)
 
 
 _EXPERT = re.compile(

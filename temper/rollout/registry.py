@@ -171,6 +171,10 @@ class RolloutEntry:
     #: Whether the builder takes ``demand=`` (:class:`EngineDemand`, what the run's
     #: generation needs; vLLM sizes its CPU KV cache and context by it).
     takes_demand: bool = False
+    #: Whether ``generate`` returns each token's MoE routing (``params.routed_experts``,
+    #: router replay R3): None (it never does), or a function giving the
+    #: ``ConfigError`` that says why not here (None: it does).
+    routed_experts: Callable[[], ConfigError | None] | None = None
 
 
 def _vllm_problem() -> ConfigError | None:
@@ -209,7 +213,7 @@ def _not_in_this_build(name: str, package: str, install: str) -> RolloutEntry:
 
 
 ROLLOUT_ENGINES: Registry[RolloutEntry] = Registry("rollout engine")
-ROLLOUT_ENGINES.add("hf", RolloutEntry(_build_hf))
+ROLLOUT_ENGINES.add("hf", RolloutEntry(_build_hf, routed_experts=_available))
 
 
 def _vllm_tensor_parallel(tp: int, backend: str, standalone: bool) -> str | None:
@@ -230,10 +234,24 @@ def _vllm_tensor_parallel(tp: int, backend: str, standalone: bool) -> str | None
     return None
 
 
+def _vllm_routed_experts() -> ConfigError | None:
+    """vLLM returns routing from its V2 model runner only, which its CPU build lacks."""
+    from temper.rollout.vllm_args import ROUTED_EXPERTS_ON_CPU
+    from temper.rollout.vllm_engine import is_cpu_platform
+
+    if vllm_available() and is_cpu_platform():
+        return ConfigError(*ROUTED_EXPERTS_ON_CPU)
+    return None
+
+
 ROLLOUT_ENGINES.add(
     "vllm",
     RolloutEntry(
-        _build_vllm, _vllm_problem, tensor_parallel=_vllm_tensor_parallel, takes_demand=True
+        _build_vllm,
+        _vllm_problem,
+        tensor_parallel=_vllm_tensor_parallel,
+        takes_demand=True,
+        routed_experts=_vllm_routed_experts,
     ),
 )
 ROLLOUT_ENGINES.add(
@@ -253,6 +271,25 @@ def engine_problem(name: str) -> ConfigError | None:
     an adapter, or None (``auto`` resolves first)."""
     resolved = resolve_engine_name(name)
     return ROLLOUT_ENGINES.get(resolved).problem() if resolved in ROLLOUT_ENGINES else None
+
+
+def check_routed_experts(rollout_cfg: RolloutConfig, model_cfg: ModelConfig) -> None:
+    """Pre-flight of router replay R3: the rollout engine returns each token's MoE
+    routing here, else the ``ConfigError`` (key ``actor.router_replay``) saying why."""
+    name = resolve_engine_name(rollout_cfg.engine, model_cfg)
+    if name not in ROLLOUT_ENGINES:
+        return  # the engine's own check names it
+    entry = ROLLOUT_ENGINES.get(name)
+    if entry.routed_experts is None:
+        raise ConfigError(
+            "actor.router_replay",
+            f"router replay R3 replays the experts the rollout engine chose for each token; "
+            f"the '{name}' rollout engine does not return them",
+            "set rollout.engine=hf or vllm (GPU), or actor.router_replay=R2",
+        )
+    problem = entry.routed_experts()
+    if problem is not None:
+        raise problem
 
 
 def check_tensor_parallel(

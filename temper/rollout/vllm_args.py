@@ -28,8 +28,24 @@ from temper.rollout.vllm_kv import (
     kv_bytes_per_token,
 )
 
-__all__ = ["DEFAULT_CPU_KV_CACHE_BYTES", "OPTION_KEYS", "cpu_block_size", "engine_args"]
+__all__ = [
+    "DEFAULT_CPU_KV_CACHE_BYTES",
+    "OPTION_KEYS",
+    "ROUTED_EXPERTS_ON_CPU",
+    "cpu_block_size",
+    "engine_args",
+]
 _EXTENSION = "temper.rollout.vllm_worker.TemperWorkerExtension"
+
+#: ``(key, reason, fix)`` of router replay R3 with vLLM's CPU build (``temper check``).
+ROUTED_EXPERTS_ON_CPU = (
+    "actor.router_replay",
+    "router replay R3 replays the experts the rollout engine chose for each token; vLLM "
+    "returns them only with enable_return_routed_experts, which needs its V2 model runner, "
+    "which needs Triton: not in the CPU build",
+    "set rollout.engine=hf (it records the routing as it generates), or "
+    "actor.router_replay=R2, or run vLLM on a GPU",
+)
 
 #: vLLM engine argument -> the temper key that sets it (for error messages).
 OPTION_KEYS = {
@@ -50,6 +66,7 @@ OPTION_KEYS = {
     "model": "model.path",
     "tokenizer": "model.tokenizer_path",
     "trust_remote_code": "model.trust_remote_code",
+    "enable_return_routed_experts": "actor.router_replay",
 }
 
 #: Engine arguments of older vLLM releases that verl/ROLL configs still pass, and what
@@ -155,6 +172,10 @@ def engine_args(
             f"rollout.max_model_len is not set: vLLM plans for {demand.context} tokens "
             f"({' + '.join(demand.context_keys)}), not the model's whole context"
         )
+    if demand is not None and demand.routed_experts:
+        if on_cpu:
+            raise ConfigError(*ROUTED_EXPERTS_ON_CPU)
+        kwargs["enable_return_routed_experts"] = True
     spawned = spawns_ranks(rollout_cfg.tensor_parallel_size, spmd, demand)
     if spmd:
         kwargs["tensor_parallel_size"] = rollout_cfg.tensor_parallel_size

@@ -23,6 +23,11 @@ Choices that keep the two engines interchangeable (and RL correct):
   global RNGs and replaces ``torch.set_num_threads``; both are restored afterwards
   (:mod:`temper.rollout.vllm_process`).
 
+Routing (router replay R3, ``demand.routed_experts``): the engine is built with
+``enable_return_routed_experts`` (GPU builds: it needs vLLM's V2 model runner, so the
+CPU build refuses it at ``temper check``) and a call with ``params.routed_experts``
+returns each row's routing in the batch's columns (:mod:`temper.rollout.vllm_routing`).
+
 Weight sync (:meth:`VLLMRolloutEngine.load_weights`): the trainer's Hugging Face named
 tensors are grouped into buckets of ``bucket_bytes``
 (``rollout.update_weights_bucket_megabytes``) and streamed into one in-place update
@@ -57,6 +62,7 @@ import torch
 from temper.config.errors import ConfigError
 from temper.config.schema import ModelConfig, RolloutConfig
 from temper.data.batch import Batch
+from temper.data.routing import ROUTED_EXPERTS
 from temper.data.vision import (
     MULTI_MODAL_DATA,
     MULTI_MODAL_INPUTS,
@@ -76,6 +82,7 @@ from temper.rollout.vllm_process import (
     unlink_cpu_shm_segments,
     use_in_process_engine,
 )
+from temper.rollout.vllm_routing import completion_routing, model_routing_shape
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +150,14 @@ def _text_config(model_cfg: ModelConfig) -> dict[str, Any] | None:
     except Exception:  # an unknown layout: keep the default cache
         return None
     return dict(cfg.get_text_config().to_dict())  # a vision-language model nests it
+
+
+def _routing_shape(model_cfg: ModelConfig) -> tuple[list[int], int]:
+    """The model's MoE layers and experts per layer (router replay R3)."""
+    config = _text_config(model_cfg)
+    if config is None:
+        raise VLLMEngineError(f"router replay R3: cannot read the config of {model_cfg.path}")
+    return model_routing_shape(config)
 
 
 def _as_list(value: Any) -> list[int]:
@@ -256,11 +271,14 @@ class VLLMRolloutEngine(RolloutEngine):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         options: dict[str, Any] | None = None,
         image_tokens: tuple[int, int] | None = None,
+        routing_shape: tuple[list[int], int] | None = None,
     ) -> None:
         """Wrap a started ``vllm.LLM``; prefer :meth:`from_config`.
 
         ``image_tokens`` is ``(image_token_id, spatial_merge_size)`` of a vision-language
-        model (prompts then carry their images as ``multi_modal_data``)."""
+        model (prompts then carry their images as ``multi_modal_data``);
+        ``routing_shape`` (an engine started with ``enable_return_routed_experts``): the
+        model's MoE layers and experts per layer."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.llm = llm
@@ -276,6 +294,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.options = dict(options or {})
         self.last_sync = WeightSyncStats()
         self.image_tokens = image_tokens
+        self.routing_shape = routing_shape
         self._closed = False
 
     # ----------------------------------------------------------------- construction
@@ -333,6 +352,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 MASTER_ADDR=shard.addr,
                 MASTER_PORT=str(shard.port),
             )
+        routed = bool(kwargs.get("enable_return_routed_experts"))
         for note in notes:
             log.info("vllm: %s", note)
         if on_cpu:
@@ -367,6 +387,7 @@ class VLLMRolloutEngine(RolloutEngine):
             bucket_bytes=rollout_cfg.update_weights_bucket_megabytes << 20,
             options=kwargs,
             image_tokens=_image_tokens(kwargs["model"], bool(kwargs["trust_remote_code"])),
+            routing_shape=_routing_shape(model_cfg) if routed else None,
         )
         if kwargs["load_format"] == "dummy":
             log.info("vllm: load_format=dummy: random weights until the first weight sync")
@@ -479,12 +500,15 @@ class VLLMRolloutEngine(RolloutEngine):
             self._check_expanded_prompts(requests, outputs)
         ids_rows: list[torch.Tensor] = []
         logp_rows: list[torch.Tensor] = []
+        routing_rows: list[Any] = []
         for out in outputs:
             for completion in sorted(out.outputs, key=lambda c: c.index):
                 tokens = list(completion.token_ids)
                 ids_rows.append(torch.tensor(tokens, dtype=torch.long).unsqueeze(0))
                 if params.logprobs:
                     logp_rows.append(self._drawn_log_probs(tokens, completion.logprobs))
+                if params.routed_experts:
+                    routing_rows.append(self._routed(completion))
         if len(ids_rows) != len(rows):
             raise VLLMEngineError(
                 f"vLLM returned {len(ids_rows)} responses for {len(rows)} expected rows"
@@ -505,6 +529,11 @@ class VLLMRolloutEngine(RolloutEngine):
         out_rows["response_mask"] = done.response_mask.to(device)
         if done.log_probs is not None:
             out_rows["rollout_log_probs"] = done.log_probs.to(device)
+        if params.routed_experts:
+            assert self.routing_shape is not None  # _routed checked it
+            out_rows[ROUTED_EXPERTS] = completion_routing(
+                routing_rows, *self.routing_shape, rows["prompt_mask"].cpu(), done.response_mask
+            ).to(device)
         out_rows["truncated"] = done.truncated
         if self.options.get("enable_sleep_mode"):
             self.sleep()
@@ -610,6 +639,17 @@ class VLLMRolloutEngine(RolloutEngine):
             logprobs=0 if params.logprobs else None,
             detokenize=bool(params.stop),  # stop strings need text; ids are all we use
         )
+
+    def _routed(self, completion: Any) -> Any:
+        """A completion's ``routed_experts`` array; an engine started without
+        ``enable_return_routed_experts`` has none."""
+        array = completion.routed_experts  # vLLM 0.32's CompletionOutput: None when off
+        if self.routing_shape is None or array is None:
+            raise VLLMEngineError(
+                "vLLM returned no routed experts: the engine was started without "
+                "enable_return_routed_experts (router replay R3 starts it with them)"
+            )
+        return array
 
     @staticmethod
     def _drawn_log_probs(tokens: list[int], logprobs: Any) -> torch.Tensor:

@@ -39,12 +39,14 @@ class EngineDemand:
     the largest generate call)``; ``standalone``: the engine has its process to itself —
     nothing trains beside it and no weights are synced into it (``temper generate``, a
     rollout-only run) — so vLLM may start its tensor-parallel ranks as processes of its
-    own."""
+    own; ``routed_experts``: the run replays the routing of the rollout's tokens (router
+    replay R3), so the engine returns it."""
 
     context: int | None
     context_keys: tuple[str, ...]
     sequences: int
     standalone: bool = False
+    routed_experts: bool = False
 
     def per_engine(self, engines: int) -> EngineDemand:
         """One of ``engines`` data-parallel engines' share: ``⌈sequences / engines⌉``

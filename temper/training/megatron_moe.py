@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from temper.utils.router_replay_hf import moe_layer_indices
+
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 #: MoE architectures with no conversion here, and why (refused when the model is read)
 REFUSED_MOE = {
@@ -76,10 +78,8 @@ def moe_layout(hf_config: Any, model_type: str, num_layers: int) -> MoELayout:
             moe_layers=(True,) * num_layers,
             naming="mixtral",
         )
-    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
-    dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
-    # transformers' rule: an MoE block where the layer is not MLP-only and (i+1) % step == 0
-    layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+    moe = set(moe_layer_indices(hf_config))  # transformers' rule
+    layers = tuple(i in moe for i in range(num_layers))
     shared = int(getattr(hf_config, "shared_expert_intermediate_size", 0) or 0)
     return MoELayout(
         num_experts=int(hf_config.num_experts),

@@ -11,7 +11,13 @@ later forwards use them (the rollout-vs-training mismatch on MoE models):
   its routing; every training forward of the update replays it. At the first update
   step the weights are the old ones, so the replayed forward *is* the recorded one;
 * ``R3`` (rollout routing replay): the rollout engine records the routing of the tokens
-  it generated; the old-log-prob forward and the training forwards replay it.
+  it generated and returns it with each sample (``SamplingParams.routed_experts``: the
+  ``hf`` engine hooks its routers while ``generate`` runs — the prefill routes the
+  prompt, each decoding step the token it feeds; vLLM on a GPU returns it with
+  ``enable_return_routed_experts``); the old-log-prob forward and every training forward
+  replay it, and none records. The trainer then scores each token with the experts that
+  generated it: the rollout's and the trainer's kernels no longer flip routing between
+  them, and the old log-probs need not be recomputed for the replay to hold.
 
 Replayed gates: the router's logits ``s`` of *this* forward, its own score function and
 normalisation, evaluated at the replayed experts ``I`` instead of its top-k. For the
@@ -20,14 +26,15 @@ renormalises its top-k (``norm_topk_prob``, Mixtral always) — the softmax of t
 of ``I``, as verl and ROLL replay — and ``softmax(s)_i`` when it does not (Qwen2-MoE's
 default). Gates stay differentiable in the router weights; only the selection is fixed.
 
-Where routing sits: a batch holds it as ``routed_experts`` ``(B, P + R, L, k)`` (int16),
-the experts of each token of ``prompt_ids ‖ response_ids`` in the batch's own columns, for
-each of the model's ``L`` MoE layers; ``-1`` where nothing was recorded (padding, the
-last generated token, which no rollout forward saw). Rows travel with their sample
-through shuffles, mini- and micro-batch cuts like every other per-sample tensor; a
-micro-batch's forward cuts out its columns (:func:`micro_routing`) and, when packed,
-moves them to the packed row (:func:`to_packed`). A ``-1`` token keeps the router's own
-choice.
+Where routing sits (:mod:`temper.data.routing`): a batch holds it as ``routed_experts``
+``(B, P + R, L, k)`` (int8, int16 beyond 127 experts), the experts of each token of
+``prompt_ids ‖ response_ids`` in the batch's own columns, for each of the model's ``L`` MoE
+layers; ``-1`` where nothing was recorded (padding, the last generated token, which no
+rollout forward saw). Rows travel with their sample through shuffles, rounds of
+generation padded together, mini- and micro-batch cuts like every other per-sample
+tensor; a micro-batch's forward cuts out its columns (:func:`micro_routing`) and, when
+packed, moves them to the packed row (:func:`to_packed`). A ``-1`` token keeps the
+router's own choice.
 """
 
 from __future__ import annotations
@@ -41,16 +48,16 @@ import torch
 
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
+from temper.data.routing import ROUTED_EXPERTS, routing_dtype
 from temper.registry import Registry
 from temper.training.micro_batching import ModelInputs
 from temper.training.packing import PackedInputs
 
-#: Batch key of the recorded routing ``(B, P + R, L, k)``, ``-1`` where none.
-ROUTED_EXPERTS = "routed_experts"
 #: The schema's value that turns replay off.
 OFF = "none"
-#: ``model_type`` values whose routers replay knows, on every engine (HF:
-#: ``router_replay_hf.router_gates``; Megatron converts exactly these MoE models).
+#: ``model_type`` values whose routers replay knows, on every engine and the ``hf``
+#: rollout (HF: ``router_replay_hf.router_gates``; Megatron converts exactly these MoE
+#: models).
 REPLAY_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 #: What a no-grad forward does with the routing (``TrainEngine.forward(routing=...)``).
 RoutingUse = Literal["record", "replay"]
@@ -69,10 +76,17 @@ ROUTER_REPLAY.add("R2", ReplayMode("old_log_prob"))
 ROUTER_REPLAY.add("R3", ReplayMode("rollout"))
 
 
+def from_rollout(mode: str) -> bool:
+    """Whether ``actor.router_replay`` = ``mode`` replays the rollout engine's routing
+    (R3): the rollout then returns ``routed_experts`` with its samples."""
+    return mode != OFF and ROUTER_REPLAY.get(mode).recorded_at == "rollout"
+
+
 class RoutingHooks(Protocol):
-    """One model's MoE routers, recordable and replayable (HF: ``router_replay_hf``,
-    Megatron: ``megatron_router_replay``). Tokens ``N`` are in the order the routers see
-    them (the engine's layout functions map them to batch columns)."""
+    """One model's MoE routers, recordable and replayable (HF:
+    :mod:`temper.utils.router_replay_hf`, Megatron: ``megatron_router_replay``). Tokens
+    ``N`` are in the order the routers see them (the engine's layout functions map them
+    to batch columns)."""
 
     num_layers: int  # L, the model's MoE layers
     top_k: int  # k
@@ -169,11 +183,6 @@ def from_packed(packed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def routing_dtype(num_experts: int) -> torch.dtype:
-    """The smallest signed integer type holding expert indices and the ``-1`` marker."""
-    return torch.int8 if num_experts <= 127 else torch.int16
-
-
 def model_tokens(
     routed: torch.Tensor, inp: ModelInputs, packed: PackedInputs | None
 ) -> torch.Tensor:
@@ -233,6 +242,7 @@ __all__ = [
     "batch_routing",
     "check_replay_model",
     "from_packed",
+    "from_rollout",
     "micro_routing",
     "model_tokens",
     "route",

@@ -18,10 +18,10 @@ from temper.training.base import TrainEngine
 from temper.training.liger import apply_liger
 from temper.training.micro_batching import MicroBatching, split_micro_batches
 from temper.training.router_replay import RoutingHooks
-from temper.training.router_replay_hf import HFRouterReplay
 from temper.training.spec import EngineSpec
 from temper.training.torch_model import load_model, sparse_tied_embedding_grad
 from temper.training.weights import is_peft_model
+from temper.utils.router_replay_hf import HFRouterReplay
 
 
 class OneProcessHooks(TrainEngine):

@@ -23,8 +23,8 @@ from temper.training.router_replay import (
     micro_routing,
     to_packed,
 )
-from temper.training.router_replay_hf import mixtral_gates, qwen_gates
 from temper.training.spec import EngineSpec
+from temper.utils.router_replay_hf import mixtral_gates, qwen_gates
 from temper.utils.tiny import make_tiny_moe_model
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

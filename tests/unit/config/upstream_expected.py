@@ -328,7 +328,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-01-b178a3c/examples/rloo_trainer/run_qwen2-7b.sh": "passes",
     "verl-2026-01-b178a3c/examples/rollout_correction/run_with_rollout_corr.sh": "rollout correction",
     "verl-2026-01-b178a3c/examples/rollout_correction/run_with_rollout_corr_multi_rs.sh": "batch arithmetic",
-    "verl-2026-01-b178a3c/examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": "router replay",
+    "verl-2026-01-b178a3c/examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": "file: no model",
     "verl-2026-01-b178a3c/examples/router_replay/run_qwen30_a3b_megatron_vllm.sh": "file: no model",
     "verl-2026-01-b178a3c/examples/sapo_trainer/run_qwen30b_sapo.sh": "passes",
     "verl-2026-01-b178a3c/examples/sft/gsm8k/run_deepseek_6b7.sh": "passes",

@@ -100,7 +100,7 @@ actor_rollout_ref.actor.checkpoint.async_save true !! asynchronous
 actor_rollout_ref.actor.use_fused_kernels true -actor_rollout_ref.model.use_fused_kernels -> model.use_fused_kernels
 actor_rollout_ref.actor.profiler.enable true noted
 actor_rollout_ref.actor.profiler.discrete true noted
-actor_rollout_ref.actor.router_replay.mode R3 !! router replay
+actor_rollout_ref.actor.router_replay.mode R3 +actor_rollout_ref.rollout.enable_rollout_routing_replay=true -> actor.router_replay
 actor_rollout_ref.actor.router_replay.mode R2 -> actor.router_replay
 actor_rollout_ref.actor.router_replay.record_file /tmp/r.pt !! files
 actor_rollout_ref.ref.router_replay.mode R2 !! only the actor
@@ -267,7 +267,7 @@ actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes 512 
 actor_rollout_ref.rollout.trace.backend mlflow noted
 actor_rollout_ref.rollout.skip_rollout true !! replaying
 actor_rollout_ref.rollout.skip_tokenizer_init false noted
-actor_rollout_ref.rollout.enable_rollout_routing_replay true !! R3 router replay
+actor_rollout_ref.rollout.enable_rollout_routing_replay true !! router_replay.mode is R3
 actor_rollout_ref.rollout.profiler.enable true noted
 actor_rollout_ref.rollout.prometheus.enable true noted
 actor_rollout_ref.rollout.quantization fp8 !! quantization

@@ -7,8 +7,8 @@ import torch
 
 from temper.config.schema import AlgorithmConfig, FilterGroupsConfig
 from temper.data.batch import Batch
+from temper.data.padded import concat_padded
 from temper.pipelines.dynamic_sampling import (
-    concat_padded,
     fill_groups,
     group_keep,
     merge_round_metrics,

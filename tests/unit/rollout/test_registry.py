@@ -9,7 +9,7 @@ from temper.config.errors import ConfigError
 from temper.config.schema import ModelConfig, RolloutConfig, SamplingConfig
 from temper.rollout import ROLLOUT_ENGINES, build_rollout_engine, sampling_params_from_config
 from temper.rollout.hf import HFRolloutEngine
-from temper.rollout.registry import check_tensor_parallel
+from temper.rollout.registry import check_tensor_parallel, vllm_available
 
 
 def test_registry_names():
@@ -144,3 +144,41 @@ def test_auto_resolves_for_the_model_before_tensor_parallelism_is_judged(monkeyp
     rollout = RolloutConfig(engine="auto", tensor_parallel_size=2)
     with pytest.raises(ConfigError, match="'hf' rollout engine generates on one device"):
         check_tensor_parallel(rollout, "ray", devices=2, model_cfg=ModelConfig(path="vl"))
+
+
+def test_r3_needs_an_engine_that_returns_routing_here(monkeypatch):
+    """Router replay R3 at pre-flight: hf records routing anywhere, vLLM on a GPU build
+    only, an engine without the capability never."""
+    import temper.rollout.vllm_engine as vllm_engine
+    from temper.rollout.registry import check_routed_experts
+
+    model = ModelConfig(path="m")
+    check_routed_experts(RolloutConfig(engine="hf"), model)
+    monkeypatch.setattr("temper.rollout.registry.vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: True)
+    with pytest.raises(ConfigError) as err:
+        check_routed_experts(RolloutConfig(engine="vllm"), model)
+    assert err.value.key == "actor.router_replay" and "not in the CPU build" in str(err.value)
+    monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: False)  # a GPU build
+    check_routed_experts(RolloutConfig(engine="vllm"), model)
+    with pytest.raises(ConfigError, match="'sglang' rollout engine does not return them"):
+        check_routed_experts(RolloutConfig(engine="sglang"), model)
+
+
+def test_verl_r3_with_vllm_on_cpu_fails_check_in_one_line(capsys):
+    from pathlib import Path
+
+    from temper.cli.main import main
+    from temper.rollout.vllm_engine import is_cpu_platform
+
+    if not vllm_available() or not is_cpu_platform():
+        pytest.skip("needs vLLM's CPU build")
+    example = Path(__file__).resolve().parents[3] / "examples/verl_gsm8k_ppo.yaml"
+    args = [
+        "actor_rollout_ref.actor.router_replay.mode=R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+        "actor_rollout_ref.rollout.name=vllm",
+    ]
+    assert main(["check", str(example), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Triton" in err and "Fix:" in err, err

@@ -45,16 +45,27 @@ def _off(why: str, fix: str) -> Refuse:
 def _router_replay(role: str) -> dict[str, Rule]:
     """``<worker>.router_replay.mode``: actor_train's is ``actor.router_replay``; another
     worker's must stay ``disable`` (the reference routes by its own top-k; R3's rollout
-    side is refused with R3 itself: temper's rollout engines return no routing)."""
+    side follows from actor_train's R3: the rollout engine returns the routing)."""
     key = f"{role}.router_replay.mode"
     if role == "actor_train":
-        # R3 stays in the table: the native check refuses it, in these keys
         modes = {None: "none", "disable": "none", "R2": "R2", "R3": "R3"}
         return {"router_replay.mode": Map("actor.router_replay", choice(modes, key))}
+    if role == "actor_infer":  # R3's rollout side: it returns routing iff actor_train replays it
+        return {
+            "router_replay.mode": Refuse(
+                "the rollout returns each token's experts exactly when actor_train's "
+                "router_replay.mode is R3",
+                "set router_replay.mode: R3 on both actor_train and actor_infer, or disable",
+                ok=lambda v, ctx: (
+                    v in (None, "disable")
+                    or (v == "R3" and ctx.get("actor_train.router_replay.mode") == "R3")
+                ),
+                why="disable, or R3 with actor_train's R3",
+            )
+        }
     return {
         "router_replay.mode": Refuse(
-            "only actor_train replays MoE routing here (R3's rollout side needs the rollout "
-            "engine to return each token's experts, which temper's engines do not)",
+            "only actor_train replays MoE routing here (the other workers route by their own top-k)",
             "set router_replay.mode: disable",
             ok=lambda v, _ctx: v in (None, "disable"),
             why="off",

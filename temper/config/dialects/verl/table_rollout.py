@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.core.rules import Call, Map, Note, Rule
+from temper.config.dialects.core.rules import Call, Map, Note, Refuse, Rule
 from temper.config.dialects.verl import transforms as r
 from temper.config.dialects.verl.table import (
     ACT,
@@ -18,6 +18,12 @@ from temper.config.dialects.verl.table import (
     _off,
     _profiler,
 )
+
+
+def _r3(ctx: Any) -> bool:
+    """Whether the actor's router replay (either spelling) is R3."""
+    modes = (ctx.get(f"{ACT}.router_replay.mode"), ctx.get(f"{ACT}.megatron.router_replay.mode"))
+    return "R3" in modes
 
 
 def engine_kwargs(value: Any, ctx: Any) -> None:
@@ -135,11 +141,12 @@ def _section_rollout() -> dict[str, Rule]:
                 "replaying dumped rollouts is not supported",
                 "set skip_rollout: false",
             ),
-            f"{RO}.enable_rollout_routing_replay": _off(
-                "the rollout records no MoE routing",
-                "R3 router replay is not supported: temper's rollout engines do not return "
-                "each token's experts",
-                "set it to false; router_replay.mode R2 replays the trainer's own routing",
+            f"{RO}.enable_rollout_routing_replay": Refuse(
+                "the rollout returns each token's experts exactly when the actor's "
+                "router_replay.mode is R3",
+                "set it as the actor's router_replay.mode says (true with R3)",
+                ok=lambda v, ctx: bool(v) == _r3(ctx),
+                why="true with the actor's R3, false otherwise",
             ),
             f"{RO}.checkpoint_engine.backend": Note(
                 "weights sync in buckets over temper's own transport"

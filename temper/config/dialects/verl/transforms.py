@@ -339,16 +339,10 @@ def optimizer(v: Any, ctx: Any) -> Any:
 def router_replay_mode(v: Any, ctx: Any) -> Any:
     """verl's ``router_replay.mode`` → ``actor.router_replay``: ``disabled`` (or null)
     leaves it to the other spelling (``actor.router_replay`` / ``actor.megatron.
-    router_replay``) or off; R2 is temper's R2; R3 is refused (no rollout engine here
-    returns routing)."""
+    router_replay``) or off; R2 and R3 are temper's (R3's rollout engine is checked at
+    pre-flight: ``hf``, or vLLM on a GPU)."""
     if v in (None, "disabled"):
         return None
-    if v == "R3":  # the same refusal as the native actor.router_replay=R3
-        raise ctx.error(
-            "R3 router replay needs the rollout engine to return each token's experts, "
-            "which temper's rollout engines (hf, vllm) do not",
-            "use R2 (the trainer records its own routing in the old-log-prob forward), or disabled",
-        )
-    if v != "R2":
+    if v not in ("R2", "R3"):
         raise ctx.error(f"'{v}' is not a router replay mode", "use disabled, R2 or R3")
     return v

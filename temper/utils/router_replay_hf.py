@@ -1,20 +1,23 @@
-"""Router replay on Hugging Face MoE models (the torch, fsdp2 and deepspeed engines).
+"""Router replay on Hugging Face MoE models: the torch, fsdp2 and deepspeed engines
+replay through it, and the ``hf`` rollout engine records what ``generate`` routes.
 
 The MoE blocks of transformers' Qwen2-MoE, Qwen3-MoE and Mixtral route through a router
 module (``…TopKRouter``: ``hidden (N, H) → (logits (N, E), gates (N, k), experts (N, k))``)
 that the block then hands to its experts. :class:`HFRouterReplay` puts a forward hook on
 every router of a model (their module order is the layer order): while recording it
-keeps the experts each router chose; while replaying it replaces them by the given ones
-and the gates by the router's gate function at those experts (:data:`ROUTER_GATES`,
+keeps the experts each router chose — of one forward, or of each forward of a
+generation; while replaying it replaces them by the given ones and the gates by the
+router's gate function at those experts (:func:`router_gates`,
 :mod:`temper.training.router_replay` states the formula). The hook stays in place through
 the backward, so an activation-checkpointed layer recomputes the same routing.
+:func:`moe_layer_indices` says which decoder layers of a config those routers are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -99,6 +102,15 @@ class HFRouterReplay:
 
         return hook
 
+    def _take(self) -> torch.Tensor:
+        """The routing ``(N, L, k)`` the routers recorded since the last take."""
+        missing = [i for i, r in enumerate(self._recorded) if r is None]
+        if missing:
+            raise RuntimeError(f"router replay: MoE layers {missing} did not run")
+        taken = torch.stack([r for r in self._recorded if r is not None], dim=1)
+        self._recorded = [None] * self.num_layers
+        return taken
+
     @contextlib.contextmanager
     def recording(self) -> Iterator[list[torch.Tensor]]:
         """Record the forward run inside: the yielded list then holds the routing
@@ -110,11 +122,27 @@ class HFRouterReplay:
             yield result
         finally:
             self._recording = False
-        missing = [i for i, r in enumerate(self._recorded) if r is None]
-        if missing:
-            raise RuntimeError(f"router replay: MoE layers {missing} did not run")
-        result.append(torch.stack([r for r in self._recorded if r is not None], dim=1))
+        result.append(self._take())
+
+    @contextlib.contextmanager
+    def recording_forwards(self, model: nn.Module) -> Iterator[list[torch.Tensor]]:
+        """Record each forward of ``model`` run inside — a ``generate``: the prefill, then
+        one forward per decoding step: the yielded list gets each forward's routing
+        ``(N, L, k)`` as that forward ends."""
+        result: list[torch.Tensor] = []
+
+        def ended(module: nn.Module, args: Any, output: Any) -> None:
+            result.append(self._take())
+
         self._recorded = [None] * self.num_layers
+        self._recording = True
+        handle = model.register_forward_hook(ended)
+        try:
+            yield result
+        finally:
+            handle.remove()
+            self._recording = False
+            self._recorded = [None] * self.num_layers
 
     def replay(self, targets: torch.Tensor) -> None:
         """Forwards from now on (and backwards' recomputations) route their ``N`` tokens
@@ -140,4 +168,21 @@ class HFRouterReplay:
             self.stop()
 
 
-__all__ = ["GateFn", "HFRouterReplay", "mixtral_gates", "qwen_gates"]
+def _field(config: Any, name: str) -> Any:
+    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+
+def moe_layer_indices(config: Any) -> list[int]:
+    """The decoder layers of an HF MoE config (a ``PretrainedConfig`` or its config.json
+    dict) that route through experts: every layer for Mixtral; for Qwen2-/Qwen3-MoE
+    transformers' rule, layer ``i`` is an MoE layer when it is not in
+    ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``."""
+    layers = int(_field(config, "num_hidden_layers"))
+    if _field(config, "model_type") == "mixtral":
+        return list(range(layers))
+    step = int(_field(config, "decoder_sparse_step") or 1)
+    dense = set(_field(config, "mlp_only_layers") or [])
+    return [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+
+
+__all__ = ["GateFn", "HFRouterReplay", "mixtral_gates", "moe_layer_indices", "qwen_gates"]
