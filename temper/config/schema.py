@@ -1393,6 +1393,13 @@ class AsyncTrainingConfig:
         "group's episodes); smaller hands groups over sooner, larger batches the engine "
         "better. 0: a quarter of the groups a step trains on (at least 1).",
     )
+    max_ahead_batches: float = doc(
+        0.0,
+        "Streaming: the most groups queued or in flight ahead of the trainer, in batches "
+        "(a step's groups): a chunk starts only when the groups then waiting stay within "
+        "it, unless the trainer's next batch is still short (verl fully-async's (1 + "
+        "staleness_threshold) cycles). 0: no cap but the staleness bound; else >= 1.",
+    )
 
 
 # --------------------------------------------------------------------------- generate, eval

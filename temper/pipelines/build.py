@@ -33,7 +33,7 @@ from temper.pipelines.run import Run, WeightSync, load_tokenizer, output_dir, se
 from temper.pipelines.run_dir import claim_run_dir
 from temper.pipelines.shaping import ShapingSettings, ShapingState
 from temper.pipelines.stream_filter import StreamFilter
-from temper.pipelines.stream_schedule import chunk_size
+from temper.pipelines.stream_schedule import ahead_cap, chunk_size
 from temper.pipelines.streaming import StreamingRollout
 from temper.roles import Roles
 from temper.roles.base import TrainedRole
@@ -224,4 +224,5 @@ def _ahead(
         pad_token_id=tokenizer.pad_token_id or 0,
         segment=at.partial_rollout_segment,
         group_filter=StreamFilter(fg, shaping, groups) if fg.enable else None,
+        max_ahead=ahead_cap(at.max_ahead_batches, groups),
     )

@@ -94,6 +94,7 @@ def _check_streaming(cfg: TemperConfig, per_step: int) -> None:
             "max_off_policy_strategy": (at.max_off_policy_strategy, "wait"),
             "stream_chunk": (at.stream_chunk, 0),
             "partial_rollout_segment": (at.partial_rollout_segment, 0),
+            "max_ahead_batches": (at.max_ahead_batches, 0.0),
         }
         for name, (value, default) in streaming_only.items():
             if value != default:
@@ -116,6 +117,13 @@ def _check_streaming(cfg: TemperConfig, per_step: int) -> None:
             f"the {cfg.pipeline} pipeline produces whole batches only; streaming groups is "
             "built for the rlvr and agentic pipelines",
             "set async_training.mode: fixed (whole batches, the same staleness bound)",
+        )
+    if at.max_ahead_batches and not at.max_ahead_batches >= 1:
+        raise ConfigError(
+            "async_training.max_ahead_batches",
+            f"{at.max_ahead_batches} batches ahead is less than the one batch the trainer "
+            "takes next",
+            "set it to 0 (no cap) or >= 1",
         )
     if at.stream_chunk > per_step:
         raise ConfigError(

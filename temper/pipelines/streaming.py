@@ -123,12 +123,14 @@ class StreamingRollout:
         pad_token_id: int = 0,
         segment: int = 0,
         group_filter: StreamFilter | None = None,
+        max_ahead: int = 0,
     ) -> None:
         if staleness < 1 or not 1 <= chunk <= batch_groups:
             raise ValueError(f"streaming needs staleness >= 1 and 1 <= chunk <= batch ({chunk})")
         self.inner, self.snapshot, self.push = inner, snapshot, push
         self.headline, self.total_steps = inner.headline, inner.total_steps
         self.staleness, self.batch_groups, self.chunk = staleness, batch_groups, chunk
+        self.max_ahead = max_ahead  # groups queued or in flight at most (0: no cap)
         self.strategy, self.wait_timeout, self.seed = strategy, wait_timeout, seed
         self.pad_token_id, self.segment = pad_token_id, segment  # segment 0: no partial rollout
         self.filter = group_filter  # algorithm.filter_groups (stream_filter), under ``cond``
@@ -314,6 +316,7 @@ class StreamingRollout:
             chunk=size,
             batch_groups=self.batch_groups,
             staleness=self.staleness,
+            max_ahead=self.max_ahead,
         )
 
     def _loop(self) -> None:

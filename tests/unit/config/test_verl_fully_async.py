@@ -50,6 +50,7 @@ def test_the_file_runs_streaming_one_push_cycle_a_step_on_its_own_rollout_pool(n
         "staleness": 1,  # ceil(staleness_threshold 0.1)
         "mode": "streaming",
         "max_off_policy_strategy": "wait",
+        "max_ahead_batches": 1.1,  # verl stops at (1 + staleness_threshold) cycles
         "partial_rollout_segment": 128,  # ceil(max_response_length 512 / 4)
     }
     assert out["data"]["train_batch_size"] == 32

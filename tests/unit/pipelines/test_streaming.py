@@ -15,7 +15,7 @@ import torch
 from temper.data.batch import Batch
 from temper.pipelines.ahead import VERSION, RolloutAheadError
 from temper.pipelines.producer import Validation
-from temper.pipelines.stream_schedule import chunk_size, may_start
+from temper.pipelines.stream_schedule import ahead_cap, chunk_size, may_start
 from temper.pipelines.streaming import StreamingRollout, token_versions, unique_uids
 from temper.pipelines.timing import Timer
 
@@ -43,6 +43,17 @@ def test_may_start_drop_bound_is_the_queue():
     ask = dict(strategy="drop", next_step=9, batch_groups=4, staleness=1, version=0)
     assert may_start(queued=6, chunk=2, **ask)  # 8 = (k + 1)·B
     assert not may_start(queued=7, chunk=2, **ask)
+
+
+def test_may_start_ahead_cap_by_hand():
+    """verl fully-async's (1 + t) cycles: B = 4, t = 0.25 -> at most 5 groups waiting, but
+    never fewer than the trainer's next batch needs."""
+    assert ahead_cap(1.25, 4) == 5 and ahead_cap(0.0, 4) == 0
+    ask = dict(strategy="wait", next_step=3, batch_groups=4, staleness=3, version=2, max_ahead=5)
+    assert may_start(queued=4, chunk=1, **ask)  # 5 waiting
+    assert not may_start(queued=4, chunk=2, **ask)  # 6 > 5
+    assert may_start(queued=3, chunk=2, **ask)  # the next batch is short: waived
+    assert may_start(queued=4, chunk=2, **{**ask, "max_ahead": 0})  # no cap
 
 
 def test_unique_uids_renames_a_prompt_drawn_again():
@@ -175,6 +186,23 @@ def test_wait_trains_every_prompt_once_in_order_and_never_past_k(seed):
         assert len(batch) == 4 * N
         assert batch["response_ids"].shape[1] == max(1 + f % 3 for f in firsts)  # the widest
     assert metrics[0]["data/num_prompts"] == 99.0
+
+
+@pytest.mark.parametrize(("cap", "most"), [(0, 8), (5, 1)])
+def test_max_ahead_stops_the_rollout_at_the_cap(cap, most):
+    """A slow trainer, k = 2: uncapped, the rollout fills (k + 1)·B = 12 groups (8 left
+    after a batch is taken); capped at 5 (max_ahead_batches 1.25), at most one."""
+    trainer = Trainer()
+    inner = Prompts(trainer, 4, 6)
+    stream = _stream(trainer, inner, staleness=2, chunk=1, max_ahead=cap)
+    try:
+        _, metrics = _train(stream, trainer, range(1, 7), pause=lambda s: 0.15)
+    finally:
+        stream.close()
+    left = [m["async/ready_groups"] for m in metrics]
+    assert max(left) <= most
+    if cap == 0:
+        assert max(left) > 1  # the cap is what holds it
 
 
 def test_groups_stream_past_a_slow_one_within_the_batch():

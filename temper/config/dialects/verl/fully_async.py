@@ -21,9 +21,10 @@ the rollouter every ``trigger_parameter_sync_step`` local steps. Its parameter v
   ⌈t⌉ pushes after the one whose weights started it. ``async_training.staleness`` k =
   ⌈t⌉ with ``max_off_policy_strategy: wait`` (verl pauses the rollout, it never drops):
   the same version bound, held for every group (verl's bound is on counts, so a long
-  generation overtaken by shorter ones may be older there), while temper's rollout may
-  run up to (k + 1) × C groups ahead where verl stops at (1 + t) × C. t = 0 starts no
-  sample beyond the cycle's: temper's synchronous loop (staleness 0).
+  generation overtaken by shorter ones may be older there), and
+  ``async_training.max_ahead_batches`` 1 + t stops the rollout at (1 + t) × C groups
+  queued or in flight, as verl stops. t = 0 starts no sample beyond the cycle's:
+  temper's synchronous loop (staleness 0).
 - **partial rollout**: verl aborts the requests in flight at a push and resumes them
   under the new weights; here generations run ``partial_rollout_segment`` tokens at a
   time with the newest weights pushed between segments. The segment is a quarter of
@@ -306,12 +307,14 @@ def _staleness(ctx: Any) -> None:
     ctx.write("async_training.staleness", k, key)
     ctx.write("async_training.mode", "streaming", key)
     ctx.write("async_training.max_off_policy_strategy", "wait", key)
+    ctx.write("async_training.max_ahead_batches", 1 + threshold, key)
     ctx.note(
         f"async_training.staleness {k} = ceil(staleness_threshold {threshold:g}), mode "
         "streaming, max_off_policy_strategy wait: verl keeps at most "
         f"{threshold:g} × a cycle's samples past a push, so a sample is trained at most "
-        f"{k} pushes after its weights (temper bounds every group so; its rollout may run "
-        f"up to {k + 1} cycles of groups ahead, verl's {1 + threshold:g})",
+        f"{k} pushes after its weights (temper bounds every group so); "
+        f"async_training.max_ahead_batches {1 + threshold:g}: the rollout runs at most "
+        f"{1 + threshold:g} cycles of groups ahead, as verl's",
         key,
     )
     if not partial:
