@@ -172,26 +172,24 @@ def translate_roll_distill(raw: RawConfig) -> Translation:
         defs = walk_file(table, ctx, raw)
         if vision:
             _vision_rows(ctx)
-        ctx.set("pipeline", "distill", "student")
+        ctx.write("pipeline", "distill", "student")
         _models(ctx)
         derive.data_files(ctx)
         derive.strategies(ctx)
         derive.placement(ctx)
         roll_sft.global_batch(ctx)
         if not ctx.has(roll_sft.EPOCHS):
-            ctx.set("experiment.total_epochs", 3, roll_sft.EPOCHS)
-            ctx.notes.append(
-                f"{roll_sft.EPOCHS}: the Hugging Face default 3 applies (the file omits it)"
-            )
+            ctx.write("experiment.total_epochs", 3, roll_sft.EPOCHS)
+            ctx.remark(f"{roll_sft.EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
         derive.experiment(ctx)
         derive.definitions(ctx, raw, defs)
     except ConfigError as err:
         raise roll_sft.renamed_error(err, _named) from err
     if not vision:
-        ctx.notes.append(
+        ctx.remark(
             "question_key: the user turn is the question alone (ROLL writes '\\n' + question)"
         )
-    ctx.notes.append(
+    ctx.remark(
         "kd_objective: compared where the two models predict the learnt tokens, the NLL's "
         "positions (ROLL masks the divergence by the unshifted labels)"
     )
@@ -210,8 +208,8 @@ def _models(ctx: Ctx) -> None:
         raise ConfigError(
             missing, "offline distillation needs a student and a teacher model", f"set {missing}"
         )
-    ctx.set("model.path", student, "student_pretrain")
-    ctx.set("distill.teachers", {"default": {"model_path": teacher}}, "teacher_pretrain")
+    ctx.write("model.path", student, "student_pretrain")
+    ctx.write("distill.teachers", {"default": {"model_path": teacher}}, "teacher_pretrain")
 
 
 def _is_vision(given: dict[str, Any]) -> bool:
@@ -235,24 +233,24 @@ def _vision_rows(ctx: Ctx) -> None:
                 "family) model",
                 f"use {fix} (or a deepspeed strategy) and drop its megatron strategy_config",
             )
-    ctx.set("data.row_format", "roll_distill_vl", src)
-    ctx.set("data.prompt_key", "problem", src)
-    ctx.set("sft.response_key", "solution", src)
-    ctx.set("data.image_min_pixels", VL_MIN_PIXELS, src)
-    ctx.set("data.image_max_pixels", VL_MAX_PIXELS, src)
+    ctx.write("data.row_format", "roll_distill_vl", src)
+    ctx.write("data.prompt_key", "problem", src)
+    ctx.write("sft.response_key", "solution", src)
+    ctx.write("data.image_min_pixels", VL_MIN_PIXELS, src)
+    ctx.write("data.image_max_pixels", VL_MAX_PIXELS, src)
     if not ctx.has("prompt_length"):
-        ctx.set("sft.max_length", 1024, "prompt_length")
-    ctx.notes.append(
+        ctx.write("sft.max_length", 1024, "prompt_length")
+    ctx.remark(
         f"{_named(src)}: a file of ROLL's VL distillation: rows problem/solution/image "
         f"(data.row_format=roll_distill_vl), images of {VL_MIN_PIXELS} to {VL_MAX_PIXELS} "
         f"pixels, samples cut at prompt_length={ctx.native_get('sft.max_length')}"
     )
-    ctx.notes.append(
+    ctx.remark(
         "distill_on_prompt: image placeholder tokens are context, never learnt (ROLL's VL "
         "labels include them; their positions predict a placeholder the pixels fill)"
     )
     if not ctx.get("distill_on_prompt"):
-        ctx.notes.append(
+        ctx.remark(
             "distill_on_prompt: false learns the response only; ROLL's VL pipeline learns "
             "every token whatever it says"
         )

@@ -118,9 +118,9 @@ def translate_roll_dpo(raw: RawConfig) -> Translation:
     applied = {k: v for k, v in DPO_DEFAULTS.items() if k not in given}
     ctx = Ctx({**applied, **given})
     defs = walk_file(DPO_TABLE, ctx, raw)
-    ctx.set("pipeline", "dpo", "chosen_key")
-    ctx.set("data.prompt_key", PROMPT_COLUMN, "chosen_key")
-    ctx.notes.append(f"the prompt is each row's '{PROMPT_COLUMN}' column, as ROLL's DPO reads it")
+    ctx.write("pipeline", "dpo", "chosen_key")
+    ctx.write("data.prompt_key", PROMPT_COLUMN, "chosen_key")
+    ctx.remark(f"the prompt is each row's '{PROMPT_COLUMN}' column, as ROLL's DPO reads it")
     derive.model(ctx)
     derive.data_files(ctx)
     derive.strategies(ctx)
@@ -134,8 +134,8 @@ def translate_roll_dpo(raw: RawConfig) -> Translation:
             "set max_steps",
         )
     if not ctx.has(EPOCHS):
-        ctx.set("experiment.total_epochs", 3, EPOCHS)
-        ctx.notes.append(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
+        ctx.write("experiment.total_epochs", 3, EPOCHS)
+        ctx.remark(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
     derive.experiment(ctx)
     derive.definitions(ctx, raw, defs)
     return translation(ctx, applied, DPO_TABLE)
@@ -150,4 +150,4 @@ def _pair_micro_batches(ctx: Ctx) -> None:
     ):
         value = ctx.get(src)
         if value:
-            ctx.set(dst, 2 * int(value), src)
+            ctx.write(dst, 2 * int(value), src)

@@ -35,7 +35,7 @@ def tool_wrappers(ctx: Ctx) -> None:
         if not wrapper:
             continue
         key = f"custom_envs.{tag}.tool_wrapper"
-        ctx.set(f"agentic.custom_envs.{tag}.tool_wrapper", _native(ctx, wrapper, key), key)
+        ctx.write(f"agentic.custom_envs.{tag}.tool_wrapper", _native(ctx, wrapper, key), key)
 
 
 def _native(ctx: Ctx, wrapper: Any, key: str) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def _native(ctx: Ctx, wrapper: Any, key: str) -> dict[str, Any]:
                 )
             tool_args["sandbox"] = SANDBOX_TYPES[kind]
             if kind == "none":
-                ctx.notes.append(
+                ctx.remark(
                     f"{where}.tool_args.sandbox_type: none: the python tool's code runs in "
                     "temper's bubblewrap sandbox (no network, a fresh directory, limits) "
                     "rather than GEM's bare subprocess"

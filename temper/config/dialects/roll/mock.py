@@ -44,9 +44,9 @@ def rollout_mock(ctx: Ctx) -> None:
             "rollout_mock.enable: false",
         )
     where = str(ctx.get("rollout_mock.dump_dir") or DEFAULT_DIR)
-    ctx.set("experiment.rollout_data_dir", os.path.join(where, "train"), "rollout_mock.dump_dir")
-    ctx.set("experiment.validation_data_dir", os.path.join(where, "val"), "rollout_mock.dump_dir")
-    ctx.notes.append(
+    ctx.write("experiment.rollout_data_dir", os.path.join(where, "train"), "rollout_mock.dump_dir")
+    ctx.write("experiment.validation_data_dir", os.path.join(where, "val"), "rollout_mock.dump_dir")
+    ctx.remark(
         "rollout_mock: each step's generations go to <dump_dir>/train and <dump_dir>/val as "
         "<step>.jsonl rows (prompt, response, score, reward, advantage), not ROLL's "
         "pickled DataProto"

@@ -193,17 +193,17 @@ def translate_roll_sft(raw: RawConfig) -> Translation:
     ctx = Ctx({**applied, **given})
     try:
         defs = walk_file(SFT_TABLE, ctx, raw)
-        ctx.set("pipeline", "sft", WORKER)
+        ctx.write("pipeline", "sft", WORKER)
         derive.model(ctx)
         derive.data_files(ctx)
         derive.strategies(ctx)
         derive.placement(ctx)
         global_batch(ctx)
-        ctx.set("data.shuffle", False, WORKER)
-        ctx.notes.append(f"{WORKER}: rows in file order, as ROLL's SFT loader reads them")
+        ctx.write("data.shuffle", False, WORKER)
+        ctx.remark(f"{WORKER}: rows in file order, as ROLL's SFT loader reads them")
         if not ctx.has(EPOCHS):
-            ctx.set("experiment.total_epochs", 3, EPOCHS)
-            ctx.notes.append(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
+            ctx.write("experiment.total_epochs", 3, EPOCHS)
+            ctx.remark(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
         derive.experiment(ctx)
         derive.definitions(ctx, raw, defs)
     except ConfigError as err:
@@ -231,14 +231,14 @@ def global_batch(ctx: Ctx) -> None:
         else:
             split = int(ctx.get(f"{AS}.model_args.ulysses_size") or 1)
         dp = max(1, len(devices) // max(1, split))
-        ctx.set(
+        ctx.write(
             "data.train_batch_size",
             (per or 1) * (ga or 1) * dp,
             f"{args}.gradient_accumulation_steps",
         )
     betas = [ctx.get(f"{args}.adam_beta{i}") for i in (1, 2)]
     if any(b is not None for b in betas):
-        ctx.set(
+        ctx.write(
             "actor.optim.betas",
             [b if b is not None else d for b, d in zip(betas, (0.9, 0.999))],
             f"{args}.adam_beta1",
