@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.core import paths
+from temper.config.dialects.core import derivation, paths
 from temper.config.dialects.core.result import Result
 from temper.config.errors import ConfigError
 
@@ -21,9 +21,11 @@ class Context:
         self.out = Result()
 
     def get(self, path: str, default: Any = None) -> Any:
+        derivation.read(path)
         return paths.get(self.data, path, default)
 
     def has(self, path: str) -> bool:
+        derivation.read(path)
         return paths.has(self.data, path)
 
     @property

@@ -123,4 +123,4 @@ def apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None:
         rule.fn(value, ctx)
     elif isinstance(rule, Gated):  # a table's mistake, found by the first test that reads it
         raise TypeError(f"{key}: ROLL tables have no Gated rules (use Refuse)")
-    # Use: read by a derivation in roll_derive.
+    # Use: read by the derivation the row names (rule.by), which runs after the walk

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.errors import ConfigError
 
 KEY = "train_infer_correction"
@@ -89,6 +90,12 @@ def _filters(ctx: Any) -> list[dict[str, Any]]:
     return out
 
 
+@derivation(
+    "train_infer_correction.is_weight.{k}",
+    "train_infer_correction.filters",
+    k=("enabled", "weight_type", "upper_bound"),
+    explains=("enable_old_logprobs_recompute", "entropy_loss_coef"),
+)
 def train_infer_correction(ctx: Any) -> None:
     """Importance weights and rejection filters of ROLL's train/infer correction."""
     weight = f"{KEY}.is_weight"

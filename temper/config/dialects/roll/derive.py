@@ -12,6 +12,7 @@ import math
 import os
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.paths import MISSING
 from temper.config.dialects.roll import correction as roll_correction
 from temper.config.dialects.roll import pg as roll_pg
@@ -32,7 +33,19 @@ from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 from temper.config.schema import MEGATRON_DEGREES, MODEL_PARALLEL_DEGREES
 
+#: The worker sections of a ROLL RL file (a reward domain's, ``rewards.*``, aside).
+ROLES = ("actor_train", "actor_infer", "reference", "critic", "reward")
+#: Sections whose ``system_envs`` reach every worker's environment (the env managers'
+#: too: ROLL starts their workers with them).
+ENV_SECTIONS = (*ROLES, "train_env_manager", "val_env_manager")
 
+
+@derivation(
+    "pretrain",
+    "reward_pretrain",
+    "{role}.model_args.model_name_or_path",
+    role=ROLES,
+)
 def model(ctx: Ctx) -> None:
     path = ctx.get("actor_train.model_args.model_name_or_path") or ctx.get("pretrain")
     if path:
@@ -56,6 +69,15 @@ def model(ctx: Ctx) -> None:
         ctx.write("reward.model.enable", True, "reward.model_args.model_name_or_path")
 
 
+@derivation(
+    "sequence_length",
+    "prompt_length",
+    "response_length",
+    "num_return_sequences_in_group",
+    "actor_infer.generating_args.max_new_tokens",
+    "actor_infer.generating_args.num_return_sequences",
+    "custom_envs.*.max_tokens_per_step",
+)
 def lengths(ctx: Ctx, agentic: bool) -> None:
     gen_key = "actor_infer.generating_args.max_new_tokens"
     seq, prompt = ctx.get("sequence_length"), ctx.get("prompt_length")
@@ -94,9 +116,15 @@ def lengths(ctx: Ctx, agentic: bool) -> None:
         )
 
 
+@derivation("{mgr}.generating_args", mgr=("train_env_manager", "val_env_manager"))
 def env_manager_sampling(ctx: Ctx) -> None:
     """ROLL copies ``actor_infer.generating_args`` to both env managers, or, when the file
     gives only ``train_env_manager.generating_args``, that one to ``actor_infer``."""
+    if ctx.has("val_env_manager.generating_args"):
+        ctx.inert(
+            "ROLL replaces it with actor_infer.generating_args",
+            "val_env_manager.generating_args",
+        )
     mgr = ctx.get("train_env_manager.generating_args")
     if not isinstance(mgr, dict):
         return
@@ -197,6 +225,19 @@ def _estimator(ctx: Ctx) -> None:
         _norm_types(ctx)
 
 
+@derivation(
+    "adv_estimator",
+    "reward_norm",
+    "norm_mean_type",
+    "norm_std_type",
+    "target_kl",
+    "use_topr_loss",
+    "pg_clip",
+    "dual_clip_loss",
+    "use_pg_clip_range",
+    "pg_clip_{side}",
+    side=("low", "high"),
+)
 def algorithm(ctx: Ctx) -> None:
     _estimator(ctx)
     roll_correction.train_infer_correction(ctx)
@@ -224,6 +265,7 @@ def algorithm(ctx: Ctx) -> None:
     experiment(ctx)
 
 
+@derivation("track_with", "tracker_kwargs", "resume_from_checkpoint")
 def experiment(ctx: Ctx) -> None:
     """Trackers, resume and saving (every ROLL pipeline's)."""
     track = ctx.get("track_with")
@@ -252,8 +294,27 @@ def experiment(ctx: Ctx) -> None:
     ctx.write("experiment.save_every_minutes", None, "save_steps")
 
 
+@derivation("actor_train.data_args.eval_file_name", "actor_train.data_args.dataset_dir")
+def eval_files(ctx: Ctx) -> None:
+    """The RL pipelines' validation files from ``actor_train.data_args.eval_file_name``
+    (the offline pipelines validate on ``validation.data_args.file_name`` only)."""
+    key = "actor_train.data_args.eval_file_name"
+    if ctx.get(key) is not None:
+        base = ctx.get("actor_train.data_args.dataset_dir")
+        ctx.write("data.val_files", _joined(base, ctx.get(key)), key)
+
+
+@derivation(
+    "actor_train.data_args.domain_interleave_probs",
+    "actor_train.data_args.prompt",
+    "actor_train.data_args.messages",
+    "rewards.*.tag_included",
+    "validation.generating_args.temperature",
+    "validation.generating_args.do_sample",
+)
 def data(ctx: Ctx) -> None:
     data_files(ctx)
+    eval_files(ctx)
     probs = ctx.get("actor_train.data_args.domain_interleave_probs")
     if probs:
         # The keys are reward domains (rewards.<name>), whose tag_included lists their
@@ -278,36 +339,44 @@ def data(ctx: Ctx) -> None:
             ctx.write("rollout.val.do_sample", temp > 0, "validation.generating_args.temperature")
 
 
+def _joined(base: Any, value: Any) -> list[str]:
+    """ROLL's file list ``value`` with each relative file joined with ``dataset_dir``
+    ``base`` (a file already under it, a ``task:`` name and an absolute path as given)."""
+    out = []
+    for f in listify(value):
+        f = str(f)
+        norm = os.path.normpath(f)
+        if (
+            base
+            and not f.startswith("task:")  # temper's generated data, not a file
+            and not os.path.isabs(f)
+            and not (
+                norm == os.path.normpath(base) or norm.startswith(os.path.normpath(base) + os.sep)
+            )
+        ):
+            f = os.path.join(base, f)
+        out.append(f)
+    return out
+
+
+@derivation(
+    "actor_train.data_args.dataset_dir",
+    "actor_train.data_args.file_name",
+    "actor_train.data_args.template",
+    "validation.data_args.file_name",
+    "global_template",
+    "tag_to_template",
+)
 def data_files(ctx: Ctx) -> None:
     """Training and validation files (joined with ``dataset_dir``) and the chat template
     (every ROLL pipeline's)."""
     base = ctx.get("actor_train.data_args.dataset_dir")
-
-    def files(value: Any) -> list[str]:
-        out = []
-        for f in listify(value):
-            f = str(f)
-            norm = os.path.normpath(f)
-            if (
-                base
-                and not f.startswith("task:")  # temper's generated data, not a file
-                and not os.path.isabs(f)
-                and not (
-                    norm == os.path.normpath(base)
-                    or norm.startswith(os.path.normpath(base) + os.sep)
-                )
-            ):
-                f = os.path.join(base, f)
-            out.append(f)
-        return out
-
     for src, dst in (
         ("actor_train.data_args.file_name", "data.train_files"),
         ("validation.data_args.file_name", "data.val_files"),
-        ("actor_train.data_args.eval_file_name", "data.val_files"),
     ):
         if ctx.get(src) is not None:
-            ctx.write(dst, files(ctx.get(src)), src)
+            ctx.write(dst, _joined(base, ctx.get(src)), src)
     template = ctx.get("actor_train.data_args.template", MISSING)
     if template is MISSING:
         template = ctx.get("global_template", MISSING)
@@ -328,8 +397,14 @@ def data_files(ctx: Ctx) -> None:
             )
 
 
+@derivation(
+    "{role}.strategy_args.strategy_name",
+    "{role}.strategy_args.strategy_config",
+    "actor_infer.num_gpus_per_worker",
+    role=ROLES,
+)
 def strategies(ctx: Ctx) -> None:
-    for role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
+    for role in ROLES:
         ckey = f"{role}.strategy_args.strategy_config"
         if ctx.has(ckey) and not ctx.get(ckey):
             ctx.inert("empty: the engine's defaults apply", ckey)
@@ -490,12 +565,23 @@ def _engine_cfg(ctx: Ctx, engine: str, cfg: dict[str, Any]) -> None:
 ROLL_GPUS_PER_NODE = 8
 
 
+@derivation(
+    "{role}.device_mapping",
+    "{role}.world_size",
+    "{role}.worker_cls",
+    "{env}.system_envs",
+    "actor_infer.num_gpus_per_worker",
+    "num_gpus_per_node",
+    "num_nodes",
+    role=(*ROLES, "rewards.*"),
+    env=(*ENV_SECTIONS, "rewards.*"),
+)
 def placement(ctx: Ctx) -> None:
     used: set[int] = set()
     reward_devices: list[int] = []
     reward_keys: list[str] = []  # the device_mapping keys that placed them
-    roles = ["actor_train", "actor_infer", "reference", "critic", "reward"]
-    roles += [f"rewards.{name}" for name in ctx.get("rewards") or {}]
+    domains = [f"rewards.{name}" for name in ctx.get("rewards") or {}]
+    roles = [*ROLES, *domains]
     for role in roles:
         key = f"{role}.device_mapping"
         devices = parse_device_mapping(ctx.get(key), key)
@@ -539,7 +625,7 @@ def placement(ctx: Ctx) -> None:
             ctx.write("resources.nnodes", nodes, "num_gpus_per_node")
     envs = dict(ctx.native_get("resources.ray.system_envs") or {})
     envs_key = ctx.out.source("resources.ray.system_envs")
-    for role in roles:
+    for role in (*ENV_SECTIONS, *domains):
         for k, v in (ctx.get(f"{role}.system_envs") or {}).items():
             envs_key = envs_key or f"{role}.system_envs"
             if k in envs and envs[k] != str(v):
@@ -556,7 +642,7 @@ def placement(ctx: Ctx) -> None:
                 "system_envs.USE_MODELSCOPE: passed to workers; temper loads models "
                 "with transformers (local dir or Hugging Face id), not ModelScope"
             )
-    for role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
+    for role in ROLES:
         cls = ctx.get(f"{role}.worker_cls")
         if cls is not None and cls not in ROLE_WORKERS[role]:
             raise ConfigError(
@@ -566,6 +652,19 @@ def placement(ctx: Ctx) -> None:
             )
 
 
+@derivation(
+    "{role}.training_args.{arg}",
+    "{role}.device_mapping",
+    "{role}.strategy_args.strategy_name",
+    "{role}.strategy_args.strategy_config",
+    role=("actor_train", "critic"),
+    arg=(
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "adam_beta1",
+        "adam_beta2",
+    ),
+)
 def mini_batch(ctx: Ctx) -> None:
     for role, dst in (("actor_train", "actor"), ("critic", "critic")):
         per = ctx.get(f"{role}.training_args.per_device_train_batch_size")
@@ -603,6 +702,13 @@ def mini_batch(ctx: Ctx) -> None:
 QUERY_FILTERS = {"no_filter": "no_filter", "mean_filter": "mean_filter", "std_filter": "std_filter"}
 
 
+@derivation(
+    "rewards.*.query_filter_config.type",
+    "rewards.*.query_filter_config.filter_args",
+    "is_use_additional_prompts",
+    "max_additional_running_prompts",
+    "rollout_batch_size",
+)
 def dynamic_sampling(ctx: Ctx) -> None:
     """ROLL's query filters → ``algorithm.filter_groups`` (one rule for every domain), and
     ``is_use_additional_prompts`` → ``data.gen_batch_size``: ROLL keeps up to
@@ -663,6 +769,7 @@ def definitions(ctx: Ctx, raw: RawConfig, defs: list[str]) -> None:
 ROLL_ENV_MANAGER = {"num_env_groups": 128, "group_size": 1}
 
 
+@derivation("rollout_batch_size", "val_batch_size")
 def episodes(ctx: Ctx) -> None:
     """ROLL's batch counts trajectories; each env replays batch / envs episodes.
 
@@ -712,6 +819,7 @@ def episodes(ctx: Ctx) -> None:
             )
 
 
+@derivation("async_generation_ratio")
 def async_generation(ctx: Ctx) -> None:
     """``async_generation_ratio`` r → ``async_training.staleness`` r: the rollout runs r
     policy versions ahead of training. ROLL takes whole numbers only (its agentic scheduler

@@ -47,6 +47,7 @@ import re
 from typing import Any
 
 from temper.config.dialects import Translation
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule, Use
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.roll import derive
@@ -87,8 +88,8 @@ def _top() -> dict[str, Rule]:
         "prompt_key", "query_key", "response_key", "system_key", "pretrain"
     )
     rules |= {
-        "student_pretrain": Use("model.path"),
-        "teacher_pretrain": Use("distill.teachers.default.model_path"),
+        "student_pretrain": Use("model.path", models),
+        "teacher_pretrain": Use("distill.teachers.default.model_path", models),
         "question_key": Map("data.prompt_key"),
         "answer_key": Map("sft.response_key"),
         "kd_objective": Map("kd.objective"),
@@ -115,7 +116,7 @@ def _teacher() -> dict[str, Rule]:
         f"{REF}.infer_batch_size": Note(
             "ROLL's teacher forward takes training_args.per_device_train_batch_size rows"
         ),
-        f"{REF}.model_args.model_name_or_path": Use("distill.teachers.default.model_path"),
+        f"{REF}.model_args.model_name_or_path": Use("distill.teachers.default.model_path", models),
     }
     return rules
 
@@ -125,34 +126,13 @@ def _student() -> dict[str, Rule]:
     for key, rule in rules.items():
         if rule == Note(roll_sft.COLUMNS):
             rules[key] = Note(COLUMNS)
+        elif isinstance(rule, Use) and rule.by is derive.model:
+            rules[key] = Use(rule.what, models)  # the student's and teacher's models
     return rules
-
-
-DISTILL_TABLE = KeyTable(
-    {
-        **_top(),
-        **_student(),
-        **_teacher(),
-        **{k: v for k, v in roll_sft.SFT_TABLE.rules.items() if k.startswith("validation.")},
-    }
-)
 
 
 VL_COLUMNS = "ROLL's VL distillation reads a row's problem, solution and image columns"
 #: ROLL's VL distillation pipeline: its own rows and length (module docstring).
-DISTILL_VL_TABLE = KeyTable(
-    {
-        **DISTILL_TABLE.rules,
-        **{
-            key: Refuse(
-                VL_COLUMNS, f"remove {key}; name the columns problem, solution, image", ok=(None,)
-            )
-            for key in ("question_key", "answer_key")
-        },
-        "prompt_length": Map("sft.max_length"),
-        "sequence_length": Note("ROLL's VL distillation cuts a sample at prompt_length"),
-    }
-)
 #: ROLL's VL distillation's image bounds (its processor's min_pixels / max_pixels).
 VL_MIN_PIXELS, VL_MAX_PIXELS = 56 * 56, 1024 * 1024
 
@@ -171,9 +151,9 @@ def translate_roll_distill(raw: RawConfig) -> Translation:
     try:
         defs = walk_file(table, ctx, raw)
         if vision:
-            _vision_rows(ctx)
+            vision_rows(ctx)
         ctx.write("pipeline", "distill", "student")
-        _models(ctx)
+        models(ctx)
         derive.data_files(ctx)
         derive.strategies(ctx)
         derive.placement(ctx)
@@ -196,7 +176,13 @@ def translate_roll_distill(raw: RawConfig) -> Translation:
     return translation(ctx, applied, table, _named)
 
 
-def _models(ctx: Ctx) -> None:
+@derivation(
+    "student_pretrain",
+    "teacher_pretrain",
+    "{role}.model_args.model_name_or_path",
+    role=("actor_train", "reference"),
+)
+def models(ctx: Ctx) -> None:
     """The student's and the teacher's weights: each worker's ``model_name_or_path``, but
     both ``*_pretrain`` when either worker omits its own (ROLL's rule)."""
     student = ctx.get(f"{AS}.model_args.model_name_or_path")
@@ -220,7 +206,13 @@ def _is_vision(given: dict[str, Any]) -> bool:
     return "vl" in template.lower().replace("-", "_").split("_")
 
 
-def _vision_rows(ctx: Ctx) -> None:
+@derivation(
+    "{role}.strategy_args.strategy_name",
+    "prompt_length",
+    "distill_on_prompt",
+    role=("actor_train", "reference"),
+)
+def vision_rows(ctx: Ctx) -> None:
     """ROLL's VL distillation rows, image bounds and length (module docstring)."""
     src = f"{AS}.data_args.template"
     for worker, fix in ((AS, "fsdp2_train"), (REF, "fsdp2_infer")):
@@ -268,3 +260,27 @@ def _named(text: str) -> str:
     """The file's key names: ``student``/``teacher`` where the shared rows say
     ``actor_train``/``reference.<worker key>`` (native ``reference.*`` keys stay)."""
     return _TEACHER.sub(f"{TEACHER}.", _STUDENT.sub(STUDENT, text))
+
+
+DISTILL_TABLE = KeyTable(
+    {
+        **_top(),
+        **_student(),
+        **_teacher(),
+        **{k: v for k, v in roll_sft.SFT_TABLE.rules.items() if k.startswith("validation.")},
+    }
+)
+
+DISTILL_VL_TABLE = KeyTable(
+    {
+        **DISTILL_TABLE.rules,
+        **{
+            key: Refuse(
+                VL_COLUMNS, f"remove {key}; name the columns problem, solution, image", ok=(None,)
+            )
+            for key in ("question_key", "answer_key")
+        },
+        "prompt_length": Map("sft.max_length"),
+        "sequence_length": Note("ROLL's VL distillation cuts a sample at prompt_length"),
+    }
+)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.roll.derive import Ctx
 from temper.config.errors import ConfigError
 
@@ -28,6 +29,7 @@ WRAPPER_ARGS = ("tool_reward", "tool_success_reward", "max_tool_uses")
 SANDBOX_TYPES = {"bwrap": "bwrap", "none": "bwrap"}
 
 
+@derivation("custom_envs.*.tool_wrapper")
 def tool_wrappers(ctx: Ctx) -> None:
     """``custom_envs.*.tool_wrapper`` → ``agentic.custom_envs.*.tool_wrapper``."""
     for tag, spec in (ctx.get("custom_envs") or {}).items():

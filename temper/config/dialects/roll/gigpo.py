@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.paths import MISSING
 from temper.config.dialects.roll.derive import Ctx
 from temper.config.dialects.roll.transforms import listify
@@ -90,6 +91,16 @@ _FIX_NORM = (
 )
 
 
+@derivation(
+    "custom_envs.*.env_manager_cls",
+    "custom_envs.*.history_length",
+    "custom_envs.*.agent_runner_cls",
+    "custom_envs.*.agent_system_template",
+    "custom_envs.*.agent_template",
+    "sequence_length",
+    "{mgr}.tags",
+    mgr=("train_env_manager", "val_env_manager"),
+)
 def env_manager(ctx: Ctx) -> None:
     """``custom_envs.*.env_manager_cls`` → ``agentic.env_manager`` (module docstring)."""
     envs = ctx.get("custom_envs") or {}
@@ -193,6 +204,14 @@ def _agent_runner(tag: str, spec: dict[str, Any]) -> str:
     )
 
 
+@derivation(
+    "adv_estimator",
+    "step_reward_weight",
+    "episode_reward_weight",
+    "step_reward_gamma",
+    "reward_normalization.{k}",
+    k=("grouping", "method", "norm_mean_type", "norm_std_type"),
+)
 def gigpo(ctx: Ctx) -> None:
     """``adv_estimator: gigpo``'s keys and normalization (module docstring)."""
     if ctx.get("adv_estimator") == "step_reinforce":
@@ -244,6 +263,7 @@ def gigpo(ctx: Ctx) -> None:
     )
 
 
+@derivation("step_reward_gamma", "episode_reward_weight", "step_reward_weight")
 def step_reinforce(ctx: Ctx) -> None:
     """``adv_estimator: step_reinforce``: every step sample's score is its episode's
     discounted return from that step on (``step_reward_gamma``), normalized by

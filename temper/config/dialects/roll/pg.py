@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Refuse
 from temper.config.errors import ConfigError
 
@@ -91,6 +92,17 @@ def _param_rule(name: str, default: Any) -> Refuse:
 PARAM_RULES = {name: _param_rule(name, default) for name, default in DEFAULTS.items()}
 
 
+@derivation(
+    "actor_train.pg_variant",
+    "actor_train.worker_cls",
+    "actor_train.topr_{side}_weight",
+    "pg_clip",
+    "dual_clip_loss",
+    "use_pg_clip_range",
+    "pg_clip_low",
+    "pg_clip_high",
+    side=("positive", "negative"),
+)
 def pg_variant(ctx: Any) -> None:
     """Set ``actor.policy_loss`` (and its parameters) from ROLL's PG worker's variant."""
     variant = ctx.get(KEY)

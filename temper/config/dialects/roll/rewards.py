@@ -41,12 +41,14 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects.core import paths
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.roll.transforms import (
     CROSSTHINKQA_REWARD_TYPES,
     DET_IOU_MODES,
     DET_IOU_THRESHOLDS,
     DTYPES,
     FUNCTION_KWARGS,
+    GENERATING_ARGS,
     REWARD_WORKERS,
     ROUTE_KWARGS,
     choice,
@@ -87,6 +89,20 @@ def _worker(spec: Any) -> tuple[Any, str | None]:
     return cls, (str(cls).rsplit(".", 1)[-1] if cls else None)
 
 
+@derivation(
+    "rewards.*.worker_cls",
+    "rewards.*.world_size",
+    "rewards.*.{kwarg}",
+    "rewards.*.{judge}",
+    "rewards.*.model_args.trust_remote_code",
+    "rewards.*.generating_args.{gen}",
+    "rewards.*.system_envs",
+    "system_envs",
+    "actor_train.data_args.tag",
+    kwarg=ROUTE_KWARGS,
+    judge=[k for k in JUDGE_KEYS if k != "generating_args"],
+    gen=GENERATING_ARGS,
+)
 def rewards(ctx: Any) -> None:
     """Routes, judge and sandbox settings of every ``rewards.<domain>`` (module doc)."""
     domains = ctx.get("rewards") or {}
