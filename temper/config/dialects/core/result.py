@@ -46,9 +46,9 @@ class Result:
 
     def __init__(self) -> None:
         self.fields: dict[str, Written] = {}
-        # reason -> keys, and free lines (None's place holds a remark), in first-seen order
-        self._notes: dict[str, list[str]] = {}
-        self._lines: list[tuple[str, bool]] = []  # (reason or remark, is a remark)
+        self._notes: dict[str, list[str]] = {}  # reason -> its keys
+        # the lines in first-seen order: (a reason of _notes, False) or (a remark, True)
+        self._lines: list[tuple[str, bool]] = []
 
     # ------------------------------------------------------------------ native fields
 
