@@ -152,6 +152,8 @@ sft_train.training_args.per_device_train_batch_size 2 -> actor.micro_batch_size_
 sft_train.training_args.per_device_train_batch_size 2 -> data.train_batch_size = 8
 sft_train.training_args.gradient_accumulation_steps 4 -> data.train_batch_size = 16
 sft_train.data_args.file_name [a.json,b.json] -> data.train_files
+sft_train.data_args.eval_file_name [e.json] noted
+sft_train.data_args.eval_file_name [e.json] -> data.val_files = [./data/code_alpaca_500.json]
 sft_train.data_args.template qwen2_5 -> data.chat_template = native
 sft_train.data_args.preprocessing_num_workers 2 noted
 sft_train.data_args.prompt instruction noted

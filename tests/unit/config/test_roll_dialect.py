@@ -357,6 +357,8 @@ MAPPED += [
     ("actor_train.model_update_frequency", 2, "rollout.model_update_frequency", 2, {}),
     ("model_update_buffer_size_mb", 64, "rollout.update_weights_bucket_megabytes", 64, {}),
     ("actor_train.system_envs", {"B": "2"}, "resources.ray.system_envs", {"B": "2"}, {}),
+    # the env managers' workers start with theirs too (their Use row names the placement)
+    ("train_env_manager.system_envs", {"C": 3}, "resources.ray.system_envs", {"C": "3"}, ENVS),
     # actor_infer
     ("actor_infer.model_args.dtype", "bf16", "rollout.dtype", "bf16", {}),
     ("actor_infer.generating_args.max_new_tokens", 123, "rollout.response_length", 123, {}),

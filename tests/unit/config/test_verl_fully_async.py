@@ -124,7 +124,8 @@ def test_total_rollout_steps_counts_prompts_and_null_runs_the_epochs():
     out, text = translated("rollout.total_rollout_steps=null", "trainer.total_training_steps=5")
     assert "max_steps" not in out.get("experiment", {})
     assert (
-        "counts its steps from rollout.total_rollout_steps): trainer.total_training_steps" in text
+        "trainer.total_training_steps: no effect here (verl's fully-async trainer counts its "
+        "steps from rollout.total_rollout_steps)" in text
     )
 
 

@@ -28,7 +28,7 @@ def translate(path: Any, *overrides: str) -> tuple[TemperConfig, list[str]]:
 
 
 def noted_as(notes: list[str], key: str) -> str:
-    return next(n for n in notes if key in n.rsplit(": ", 1)[-1].split(", "))
+    return next(n for n in notes if key in n.split(": ", 1)[0].split(", "))
 
 
 # ------------------------------------------------------------------ SPPO

@@ -1,1 +1,1 @@
-"""The dialect engine every dialect shares: dotted paths, the rule kinds, the walk of a file against a key table, the translation context, the dialect-side error wording."""
+"""The dialect engine every dialect shares: dotted paths, the rule kinds, the walk of a file against a key table, the translation context and its one result writer (native fields, conflicts, notes: ``result``), the dialect-side error wording."""

@@ -1,15 +1,16 @@
 """What every dialect's translation context is: the file's data as the table's keys
 read it (``get``, ``has``), the key being translated (``key``, set as the walk enters
-it), and refusals that name it (``error``). Transforms, predicates and ``Call`` bodies
-see this much of any dialect's context; how each writes native keys and words its notes
-stays its own (verl: weak and strong writes, notes grouped by reason; ROLL: one writer a
-field, a note a key)."""
+it), refusals that name it (``error``), and the one writer of the result (``out``: a
+:class:`result.Result`, whose write, conflict and note policy every dialect shares).
+Transforms, predicates, ``Call`` bodies and derivations see this much of any dialect's
+context."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.core import paths
+from temper.config.dialects.core import derivation, paths
+from temper.config.dialects.core.result import Result
 from temper.config.errors import ConfigError
 
 
@@ -17,11 +18,14 @@ class Context:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
         self.key = ""  # the key being translated, as the user wrote it
+        self.out = Result()
 
     def get(self, path: str, default: Any = None) -> Any:
+        derivation.read(path)
         return paths.get(self.data, path, default)
 
     def has(self, path: str) -> bool:
+        derivation.read(path)
         return paths.has(self.data, path)
 
     @property
@@ -36,3 +40,32 @@ class Context:
         """The walk's (:class:`walk.Walker`): ``path`` is translated next."""
         self.key = path
         return True
+
+    # ------------------------------------------------------------------ the result
+
+    def write(self, native: str, value: Any, key: str | None = None) -> None:
+        """Set native field ``native`` as ``key`` (default: the key being translated)."""
+        self.out.write(native, value, key or self.key)
+
+    def replace(self, native: str, value: Any, key: str) -> None:
+        """Set ``native`` over what another key set, credited to ``key`` (a final pass)."""
+        self.out.replace(native, value, key)
+
+    def native_get(self, native: str, default: Any = None) -> Any:
+        """The value written to native field (or section) ``native``."""
+        return self.out.get(native, default)
+
+    def note(self, reason: str, key: str | None = None) -> None:
+        """Note ``key`` (default: the key being translated) under ``reason``."""
+        self.out.note(reason, key or self.key)
+
+    def inert(self, why: str, key: str | None = None) -> None:
+        """Note that ``key`` is accepted and has no effect here, and why."""
+        self.note(f"no effect here ({why})", key)
+
+    def unnote(self, key: str) -> None:
+        self.out.unnote(key)
+
+    def remark(self, line: str) -> None:
+        """A note line that says what a derivation did, kept as written."""
+        self.out.remark(line)

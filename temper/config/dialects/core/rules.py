@@ -10,7 +10,8 @@ one segment) becomes.
 - :class:`Gated` — a whole section that is inert while its gate key is off (profilers,
   sandboxes, …): every leaf is noted, and switching the gate on is refused;
 - :class:`Call` — custom handling (collects state for the translator's final pass);
-- :class:`Use` — read by a derivation, which reads it together with other keys;
+- :class:`Use` — read by a derivation (``by``: a :func:`derivation.derivation`, which
+  declares the keys it reads), together with other keys;
 - :class:`Same` — must repeat another key's value (one setting temper keeps once).
 
 Transforms and predicates have one signature, ``fn(value, ctx)``: ``ctx`` is the
@@ -23,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from temper.config.dialects.core.derivation import Derivation
 
 Transform = Callable[[Any, Any], Any]
 
@@ -75,7 +78,8 @@ class Call:
 
 @dataclass(frozen=True)
 class Use:
-    what: str
+    what: str  # what the derivation makes of the key (the native keys it sets)
+    by: Derivation[..., Any]  # the derivation that reads it (and declares that it does)
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ def describe(rule: Note | Gated | Call | Use | Same) -> str:
     if isinstance(rule, Gated):
         return f"inert while {rule.gate} is off ({rule.why}); otherwise {rule.reason}"
     if isinstance(rule, Use):
-        return f"read by a derivation: {rule.what}"
+        return f"read by the derivation {rule.by.name}: {rule.what}"
     if isinstance(rule, Same):
         return f"must equal {rule.other}: {rule.why}"
     # a Call's docstring says what it does with the key (its first paragraph)

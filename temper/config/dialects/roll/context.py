@@ -21,31 +21,12 @@ from temper.config.loader import RawConfig
 
 
 class Ctx(Context):
-    """ROLL's context: the native keys written (``set`` refuses two keys that set one
-    field to different values), the notes; the walk's :class:`walk.Walker`."""
+    """ROLL's context: the walk's :class:`walk.Walker` (the result is written by the
+    writer every dialect shares, ``Context.out``)."""
 
     def __init__(self, data: dict[str, Any]) -> None:
         super().__init__(data)
-        self.native: dict[str, Any] = {}
-        self.src: dict[str, str] = {}
-        self.notes: list[str] = []
         self.used: list[Any] = []  # values of keys read by rules (for definition refs)
-
-    def set(self, dst: str, value: Any, src: str) -> None:
-        if dst in self.src and self.native_get(dst) != value:
-            raise ConfigError(
-                src,
-                f"sets {dst} to {value!r}, but {self.src[dst]} set it to {self.native_get(dst)!r}",
-                f"make {src} and {self.src[dst]} agree",
-            )
-        paths.put(self.native, dst, value)
-        self.src[dst] = src
-
-    def native_get(self, dst: str, default: Any = None) -> Any:
-        return paths.get(self.native, dst, default)
-
-    def note(self, why: str, key: str | None = None) -> None:
-        self.notes.append(f"{key or self.key}: accepted, no effect here: {why}")
 
     # ------------------------------------------------------------------ the walk's
 
@@ -53,7 +34,7 @@ class Ctx(Context):
         apply(self, self.key, value, rule, stars)
 
     def null_section(self) -> None:
-        self.note("empty section", self.key)
+        self.inert("empty section", self.key)
 
     def not_a_section(self, parts: tuple[str, ...], siblings: frozenset[str], value: Any) -> None:
         raise unknown(parts, siblings)
@@ -82,14 +63,14 @@ def translation(
     pipeline file whose workers have their own names gives ``named``, which rewrites the
     shared rows' ``actor_train`` …"""
     if applied:
-        ctx.notes.append(
+        ctx.remark(
             "ROLL defaults applied for keys the file omits: "
             + ", ".join(f"{k}={v!r}" for k, v in applied.items())
         )
     return Translation(
-        native=ctx.native,
-        notes=[named(n) for n in ctx.notes],
-        sources={k: named(v) for k, v in ctx.src.items()},
+        native=ctx.out.native(),
+        notes=[named(n) for n in ctx.out.notes()],
+        sources={k: named(v) for k, v in ctx.out.sources().items()},
         table={k: named(v) for k, v in table.reverse.items()},
     )
 
@@ -120,15 +101,15 @@ def apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None:
     if isinstance(rule, Map):
         out = rule.fn(value, ctx) if rule.fn else value
         for dst in rule.natives:
-            ctx.set(dst.format(*stars), out, key)
+            ctx.out.write(dst.format(*stars), out, key, rule.weak)
     elif isinstance(rule, Note):
-        ctx.notes.append(
-            f"{', '.join(paths.leaves(value, key))}: accepted, no effect here: {rule.why}"
-        )
+        for leaf in paths.leaves(value, key):
+            ctx.inert(rule.why, leaf)
     elif isinstance(rule, Refuse):
         if not rule.accepts(value, ctx):
             raise ConfigError(key, f"{value!r} is not supported: {rule.reason}", rule.fix)
-        ctx.note(rule.why or "the value given is the one temper always uses", key)
+        why = rule.why or "the value given is the one temper always uses"
+        ctx.note(f"accepted at its inert value ({why})", key)
     elif isinstance(rule, Same):
         other = ctx.get(rule.other, MISSING)
         if other is not MISSING and other != value:
@@ -137,9 +118,9 @@ def apply(ctx: Ctx, key: str, value: Any, rule: Rule, stars: list[str]) -> None:
                 f"{value!r} differs from {rule.other} ({other!r}); {rule.why}",
                 f"set {key} to {other!r} or remove it",
             )
-        ctx.note(f"same as {rule.other}; {rule.why}", key)
+        ctx.inert(f"same as {rule.other}; {rule.why}", key)
     elif isinstance(rule, Call):
         rule.fn(value, ctx)
     elif isinstance(rule, Gated):  # a table's mistake, found by the first test that reads it
         raise TypeError(f"{key}: ROLL tables have no Gated rules (use Refuse)")
-    # Use: read by a derivation in roll_derive.
+    # Use: read by the derivation the row names (rule.by), which runs after the walk

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.errors import ConfigError
 
 KEY = "train_infer_correction"
@@ -89,12 +90,18 @@ def _filters(ctx: Any) -> list[dict[str, Any]]:
     return out
 
 
+@derivation(
+    "train_infer_correction.is_weight.{k}",
+    "train_infer_correction.filters",
+    k=("enabled", "weight_type", "upper_bound"),
+    explains=("enable_old_logprobs_recompute", "entropy_loss_coef"),
+)
 def train_infer_correction(ctx: Any) -> None:
     """Importance weights and rejection filters of ROLL's train/infer correction."""
     weight = f"{KEY}.is_weight"
     if ctx.get(f"{weight}.enabled"):
         kind = ctx.get(f"{weight}.weight_type", "token")
-        ctx.set("actor.rollout_is", _level(IS_LEVELS, kind, f"{weight}.weight_type"), weight)
+        ctx.write("actor.rollout_is", _level(IS_LEVELS, kind, f"{weight}.weight_type"), weight)
         bound = ctx.get(f"{weight}.upper_bound", 1.2)  # ROLL's default, not temper's 2.0
         if bound is None:
             raise ConfigError(
@@ -102,18 +109,18 @@ def train_infer_correction(ctx: Any) -> None:
                 "untruncated importance weights are not supported",
                 "set an upper bound, e.g. 1.2 (ROLL's default)",
             )
-        ctx.set("actor.rollout_is_threshold", float(bound), f"{weight}.upper_bound")
+        ctx.write("actor.rollout_is_threshold", float(bound), f"{weight}.upper_bound")
     else:
         for name in ("weight_type", "upper_bound"):
             if ctx.has(f"{weight}.{name}"):
-                ctx.note("importance weights are off (enabled: false)", f"{weight}.{name}")
+                ctx.inert("importance weights are off (enabled: false)", f"{weight}.{name}")
     filters = _filters(ctx)
     if filters:
-        ctx.set("actor.rollout_rs", filters, f"{KEY}.filters")
+        ctx.write("actor.rollout_rs", filters, f"{KEY}.filters")
     no_recompute = ctx.get("enable_old_logprobs_recompute") is False
     rlvr = ctx.native_get("pipeline") == "rlvr"
     if filters and no_recompute and rlvr and (ctx.get("entropy_loss_coef") or 0) > 0:
-        ctx.notes.append(
+        ctx.remark(
             f"{KEY}.filters: ROLL's RLVR workers without enable_old_logprobs_recompute "
             "average the entropy bonus over every response token; temper, as ROLL "
             "with it, over the tokens the filters keep"

@@ -12,6 +12,7 @@ import math
 import os
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.paths import MISSING
 from temper.config.dialects.roll import correction as roll_correction
 from temper.config.dialects.roll import pg as roll_pg
@@ -32,11 +33,23 @@ from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 from temper.config.schema import MEGATRON_DEGREES, MODEL_PARALLEL_DEGREES
 
+#: The worker sections of a ROLL RL file (a reward domain's, ``rewards.*``, aside).
+ROLES = ("actor_train", "actor_infer", "reference", "critic", "reward")
+#: Sections whose ``system_envs`` reach every worker's environment (the env managers'
+#: too: ROLL starts their workers with them).
+ENV_SECTIONS = (*ROLES, "train_env_manager", "val_env_manager")
 
+
+@derivation(
+    "pretrain",
+    "reward_pretrain",
+    "{role}.model_args.model_name_or_path",
+    role=ROLES,
+)
 def model(ctx: Ctx) -> None:
     path = ctx.get("actor_train.model_args.model_name_or_path") or ctx.get("pretrain")
     if path:
-        ctx.set("model.path", path, "pretrain")
+        ctx.write("model.path", path, "pretrain")
     for role in ("actor_infer", "reference"):
         key = f"{role}.model_args.model_name_or_path"
         other = ctx.get(key)
@@ -49,31 +62,40 @@ def model(ctx: Ctx) -> None:
             )
     critic = ctx.get("critic.model_args.model_name_or_path") or ctx.get("reward_pretrain")
     if critic and not ctx.native_get("critic.model_path"):
-        ctx.set("critic.model_path", critic, "reward_pretrain")
+        ctx.write("critic.model_path", critic, "reward_pretrain")
     reward_model = ctx.get("reward.model_args.model_name_or_path")
     if reward_model:
-        ctx.set("reward.model.path", reward_model, "reward.model_args.model_name_or_path")
-        ctx.set("reward.model.enable", True, "reward.model_args.model_name_or_path")
+        ctx.write("reward.model.path", reward_model, "reward.model_args.model_name_or_path")
+        ctx.write("reward.model.enable", True, "reward.model_args.model_name_or_path")
 
 
+@derivation(
+    "sequence_length",
+    "prompt_length",
+    "response_length",
+    "num_return_sequences_in_group",
+    "actor_infer.generating_args.max_new_tokens",
+    "actor_infer.generating_args.num_return_sequences",
+    "custom_envs.*.max_tokens_per_step",
+)
 def lengths(ctx: Ctx, agentic: bool) -> None:
     gen_key = "actor_infer.generating_args.max_new_tokens"
     seq, prompt = ctx.get("sequence_length"), ctx.get("prompt_length")
     if seq is not None:
-        ctx.set("rollout.max_model_len", seq, "sequence_length")
+        ctx.write("rollout.max_model_len", seq, "sequence_length")
     if agentic:  # per-turn generation budget
         per_turn = ctx.get(gen_key)
         if per_turn is not None:
-            ctx.set("rollout.response_length", per_turn, gen_key)
+            ctx.write("rollout.response_length", per_turn, gen_key)
         elif ctx.has("response_length"):
-            ctx.set("rollout.response_length", ctx.get("response_length"), "response_length")
+            ctx.write("rollout.response_length", ctx.get("response_length"), "response_length")
         for tag, spec in (ctx.get("custom_envs") or {}).items():
             # ROLL's TrajEnvManager: min(the tag's max_tokens_per_step, max_new_tokens)
             step = (spec or {}).get("max_tokens_per_step") if isinstance(spec, dict) else None
             budget = [v for v in (step, per_turn) if v is not None]
             if budget:
                 src = f"custom_envs.{tag}.max_tokens_per_step" if step is not None else gen_key
-                ctx.set(f"agentic.custom_envs.{tag}.max_tokens_per_turn", min(budget), src)
+                ctx.write(f"agentic.custom_envs.{tag}.max_tokens_per_turn", min(budget), src)
         return
     if ctx.get("response_length") is not None:
         length, src = ctx.get("response_length"), "response_length"
@@ -82,7 +104,7 @@ def lengths(ctx: Ctx, agentic: bool) -> None:
     else:
         length, src = ctx.get(gen_key), gen_key
     if length is not None:
-        ctx.set("rollout.response_length", length, src)
+        ctx.write("rollout.response_length", length, src)
     n_key = "actor_infer.generating_args.num_return_sequences"
     n = ctx.get(n_key)
     if n is not None and n != ctx.get("num_return_sequences_in_group"):
@@ -94,15 +116,21 @@ def lengths(ctx: Ctx, agentic: bool) -> None:
         )
 
 
+@derivation("{mgr}.generating_args", mgr=("train_env_manager", "val_env_manager"))
 def env_manager_sampling(ctx: Ctx) -> None:
     """ROLL copies ``actor_infer.generating_args`` to both env managers, or, when the file
     gives only ``train_env_manager.generating_args``, that one to ``actor_infer``."""
+    if ctx.has("val_env_manager.generating_args"):
+        ctx.inert(
+            "ROLL replaces it with actor_infer.generating_args",
+            "val_env_manager.generating_args",
+        )
     mgr = ctx.get("train_env_manager.generating_args")
     if not isinstance(mgr, dict):
         return
     infer = ctx.data.get("actor_infer")
     if isinstance(infer, dict) and infer.get("generating_args"):
-        ctx.notes.append(
+        ctx.remark(
             "train_env_manager.generating_args: ROLL replaces it with "
             "actor_infer.generating_args, which the file also sets"
         )
@@ -110,7 +138,7 @@ def env_manager_sampling(ctx: Ctx) -> None:
     if not isinstance(infer, dict):
         infer = ctx.data["actor_infer"] = {}
     infer["generating_args"] = dict(mgr)
-    ctx.notes.append(
+    ctx.remark(
         "train_env_manager.generating_args: the rollout engine's sampling "
         "(ROLL copies it to actor_infer.generating_args)"
     )
@@ -127,7 +155,7 @@ def _norm_types(ctx: Ctx) -> None:
                 key, f"'{value}' is not a ROLL norm type", "use batch, group, running or null"
             )
     if mean is None and std is None:
-        ctx.set("algorithm.reward_norm", "none", "norm_mean_type")
+        ctx.write("algorithm.reward_norm", "none", "norm_mean_type")
         return
     if mean is not None and std is not None and mean != std:
         raise ConfigError(
@@ -136,11 +164,11 @@ def _norm_types(ctx: Ctx) -> None:
             "both from one source, or one of them alone)",
             f"set norm_std_type: {mean}, or null (subtract the mean only)",
         )
-    ctx.set("algorithm.reward_norm", mean or std, "norm_mean_type")
+    ctx.write("algorithm.reward_norm", mean or std, "norm_mean_type")
     if std is None:
-        ctx.set("algorithm.reward_shift", True, "norm_std_type")
+        ctx.write("algorithm.reward_shift", True, "norm_std_type")
     elif mean is None:
-        ctx.set("algorithm.reward_scale", True, "norm_mean_type")
+        ctx.write("algorithm.reward_scale", True, "norm_mean_type")
 
 
 def _estimator(ctx: Ctx) -> None:
@@ -161,80 +189,94 @@ def _estimator(ctx: Ctx) -> None:
     if estimator == "step_reinforce":
         return  # a step env manager's scores: roll_gigpo.step_reinforce
     if estimator == "grpo":
-        ctx.set("algorithm.adv_estimator", "reinforce", "adv_estimator")
+        ctx.write("algorithm.adv_estimator", "reinforce", "adv_estimator")
         if "train_env_manager" in ctx.data:
-            ctx.notes.append(
+            ctx.remark(
                 "adv_estimator: grpo: ROLL's agentic grpo is the reinforce return over "
                 "scores normalized by reward_normalization: algorithm.adv_estimator=reinforce"
             )
             if norm is not MISSING:
-                ctx.note("the agentic pipeline uses reward_normalization", "reward_norm")
+                ctx.inert("the agentic pipeline uses reward_normalization", "reward_norm")
             return
-        ctx.set("algorithm.reward_norm", "group", "adv_estimator")
-        ctx.notes.append(
+        ctx.write("algorithm.reward_norm", "group", "adv_estimator")
+        ctx.remark(
             "adv_estimator: grpo: ROLL's grpo is group reward normalization then the "
             "reinforce return: algorithm.reward_norm=group, algorithm.adv_estimator=reinforce"
         )
         if norm not in (MISSING, None, "group"):
-            ctx.note("ROLL normalizes per group whenever adv_estimator is grpo", "reward_norm")
+            ctx.inert("ROLL normalizes per group whenever adv_estimator is grpo", "reward_norm")
         for key in ("norm_mean_type", "norm_std_type"):
             if ctx.has(key):
-                ctx.note("ROLL takes group mean and std whenever adv_estimator is grpo", key)
+                ctx.inert("ROLL takes group mean and std whenever adv_estimator is grpo", key)
         return
-    ctx.set("algorithm.adv_estimator", estimator, "adv_estimator")
+    ctx.write("algorithm.adv_estimator", estimator, "adv_estimator")
     if norm is not MISSING:
-        ctx.set("algorithm.reward_norm", "none" if norm is None else norm, "reward_norm")
+        ctx.write("algorithm.reward_norm", "none" if norm is None else norm, "reward_norm")
     has_types = ctx.has("norm_mean_type") or ctx.has("norm_std_type")
     if has_types and "train_env_manager" in ctx.data:
         for key in ("norm_mean_type", "norm_std_type"):
             if ctx.has(key):
-                ctx.note("the agentic pipeline normalizes with reward_normalization", key)
+                ctx.inert("the agentic pipeline normalizes with reward_normalization", key)
     elif has_types and norm is not MISSING:
         for key in ("norm_mean_type", "norm_std_type"):
             if ctx.has(key):
-                ctx.note("the file's reward_norm (ROLL's older key) decides", key)
+                ctx.inert("the file's reward_norm (ROLL's older key) decides", key)
     elif has_types:
         _norm_types(ctx)
 
 
+@derivation(
+    "adv_estimator",
+    "reward_norm",
+    "norm_mean_type",
+    "norm_std_type",
+    "target_kl",
+    "use_topr_loss",
+    "pg_clip",
+    "dual_clip_loss",
+    "use_pg_clip_range",
+    "pg_clip_{side}",
+    side=("low", "high"),
+)
 def algorithm(ctx: Ctx) -> None:
     _estimator(ctx)
     roll_correction.train_infer_correction(ctx)
     # ROLL's GAE returns raw advantages; whitening is its separate whiten_advantages key.
-    ctx.set("algorithm.gae_whiten", False, "adv_estimator")
+    ctx.write("algorithm.gae_whiten", False, "adv_estimator")
     if ctx.get("target_kl") is not None:
-        ctx.set("algorithm.kl_ctrl.type", "adaptive", "target_kl")
-        ctx.set("algorithm.kl_ctrl.target_kl", ctx.get("target_kl"), "target_kl")
+        ctx.write("algorithm.kl_ctrl.type", "adaptive", "target_kl")
+        ctx.write("algorithm.kl_ctrl.target_kl", ctx.get("target_kl"), "target_kl")
     elif ctx.has("target_kl"):
-        ctx.set("algorithm.kl_ctrl.type", "fixed", "target_kl")
+        ctx.write("algorithm.kl_ctrl.type", "fixed", "target_kl")
     if ctx.get("use_topr_loss"):
-        ctx.set("actor.policy_loss", "topr", "use_topr_loss")
+        ctx.write("actor.policy_loss", "topr", "use_topr_loss")
     pg_clip = ctx.get("pg_clip")
     c = 1.0 + 2.0 * pg_clip if ctx.get("dual_clip_loss") and pg_clip is not None else None
-    ctx.set("actor.clip_ratio_c", c, "dual_clip_loss")
+    ctx.write("actor.clip_ratio_c", c, "dual_clip_loss")
     if ctx.get("use_pg_clip_range"):
         for side in ("low", "high"):
             if ctx.has(f"pg_clip_{side}"):
-                ctx.set(f"actor.clip_ratio_{side}", ctx.get(f"pg_clip_{side}"), f"pg_clip_{side}")
+                ctx.write(f"actor.clip_ratio_{side}", ctx.get(f"pg_clip_{side}"), f"pg_clip_{side}")
     else:
         for side in ("low", "high"):
             if ctx.has(f"pg_clip_{side}"):
-                ctx.note("used only with use_pg_clip_range: true", f"pg_clip_{side}")
+                ctx.inert("used only with use_pg_clip_range: true", f"pg_clip_{side}")
     roll_pg.pg_variant(ctx)
     experiment(ctx)
 
 
+@derivation("track_with", "tracker_kwargs", "resume_from_checkpoint")
 def experiment(ctx: Ctx) -> None:
     """Trackers, resume and saving (every ROLL pipeline's)."""
     track = ctx.get("track_with")
     if ctx.has("track_with"):
         name = choice(TRACKERS, "track_with")(track)
-        ctx.set("experiment.trackers", list(dict.fromkeys([name, "jsonl"])), "track_with")
+        ctx.write("experiment.trackers", list(dict.fromkeys([name, "jsonl"])), "track_with")
         kwargs = ctx.get("tracker_kwargs") or {}
         if name == "swanlab" and not (isinstance(kwargs, dict) and kwargs.get("mode")):
             # ROLL leaves the mode to SwanLab, whose default is its cloud: temper's run
             # needs no account or network unless asked
-            ctx.notes.append(
+            ctx.remark(
                 "track_with: swanlab logs offline (under <output_dir>/swanlog unless "
                 "tracker_kwargs.logdir) unless tracker_kwargs.mode or SWANLAB_MODE is "
                 "online; `swanlab sync <run dir>` uploads an offline run"
@@ -242,18 +284,37 @@ def experiment(ctx: Ctx) -> None:
     resume = ctx.get("resume_from_checkpoint", MISSING)
     if resume is not MISSING:
         if isinstance(resume, str) and resume:
-            ctx.set("experiment.resume_mode", "resume_path", "resume_from_checkpoint")
-            ctx.set("experiment.resume_from_path", resume, "resume_from_checkpoint")
+            ctx.write("experiment.resume_mode", "resume_path", "resume_from_checkpoint")
+            ctx.write("experiment.resume_from_path", resume, "resume_from_checkpoint")
         else:
             mode = "auto" if resume else "disable"
-            ctx.set("experiment.resume_mode", mode, "resume_from_checkpoint")
+            ctx.write("experiment.resume_mode", mode, "resume_from_checkpoint")
     # ROLL saves every save_steps and nothing else: temper's time-based recovery
     # checkpoints (native configs only) stay off, so a ROLL file saves as it does there
-    ctx.set("experiment.save_every_minutes", None, "save_steps")
+    ctx.write("experiment.save_every_minutes", None, "save_steps")
 
 
+@derivation("actor_train.data_args.eval_file_name", "actor_train.data_args.dataset_dir")
+def eval_files(ctx: Ctx) -> None:
+    """The RL pipelines' validation files from ``actor_train.data_args.eval_file_name``
+    (the offline pipelines validate on ``validation.data_args.file_name`` only)."""
+    key = "actor_train.data_args.eval_file_name"
+    if ctx.get(key) is not None:
+        base = ctx.get("actor_train.data_args.dataset_dir")
+        ctx.write("data.val_files", _joined(base, ctx.get(key)), key)
+
+
+@derivation(
+    "actor_train.data_args.domain_interleave_probs",
+    "actor_train.data_args.prompt",
+    "actor_train.data_args.messages",
+    "rewards.*.tag_included",
+    "validation.generating_args.temperature",
+    "validation.generating_args.do_sample",
+)
 def data(ctx: Ctx) -> None:
     data_files(ctx)
+    eval_files(ctx)
     probs = ctx.get("actor_train.data_args.domain_interleave_probs")
     if probs:
         # The keys are reward domains (rewards.<name>), whose tag_included lists their
@@ -263,8 +324,8 @@ def data(ctx: Ctx) -> None:
             str(name): [str(t) for t in listify((spec or {}).get("tag_included"))]
             for name, spec in (ctx.get("rewards") or {}).items()
         }
-        ctx.set("data.source_domains", {d: domains.get(d, []) for d in probs}, key)
-        ctx.set("data.source_default_domain", "math_rule", key)
+        ctx.write("data.source_domains", {d: domains.get(d, []) for d in probs}, key)
+        ctx.write("data.source_default_domain", "math_rule", key)
     if ctx.get("actor_train.data_args.prompt") and ctx.get("actor_train.data_args.messages"):
         raise ConfigError(
             "actor_train.data_args.messages",
@@ -273,41 +334,49 @@ def data(ctx: Ctx) -> None:
         )
     temp = ctx.get("validation.generating_args.temperature")
     if temp is not None:
-        ctx.set("rollout.val.temperature", temp, "validation.generating_args.temperature")
+        ctx.write("rollout.val.temperature", temp, "validation.generating_args.temperature")
         if not ctx.has("validation.generating_args.do_sample"):
-            ctx.set("rollout.val.do_sample", temp > 0, "validation.generating_args.temperature")
+            ctx.write("rollout.val.do_sample", temp > 0, "validation.generating_args.temperature")
 
 
+def _joined(base: Any, value: Any) -> list[str]:
+    """ROLL's file list ``value`` with each relative file joined with ``dataset_dir``
+    ``base`` (a file already under it, a ``task:`` name and an absolute path as given)."""
+    out = []
+    for f in listify(value):
+        f = str(f)
+        norm = os.path.normpath(f)
+        if (
+            base
+            and not f.startswith("task:")  # temper's generated data, not a file
+            and not os.path.isabs(f)
+            and not (
+                norm == os.path.normpath(base) or norm.startswith(os.path.normpath(base) + os.sep)
+            )
+        ):
+            f = os.path.join(base, f)
+        out.append(f)
+    return out
+
+
+@derivation(
+    "actor_train.data_args.dataset_dir",
+    "actor_train.data_args.file_name",
+    "actor_train.data_args.template",
+    "validation.data_args.file_name",
+    "global_template",
+    "tag_to_template",
+)
 def data_files(ctx: Ctx) -> None:
     """Training and validation files (joined with ``dataset_dir``) and the chat template
     (every ROLL pipeline's)."""
     base = ctx.get("actor_train.data_args.dataset_dir")
-
-    def files(value: Any) -> list[str]:
-        out = []
-        for f in listify(value):
-            f = str(f)
-            norm = os.path.normpath(f)
-            if (
-                base
-                and not f.startswith("task:")  # temper's generated data, not a file
-                and not os.path.isabs(f)
-                and not (
-                    norm == os.path.normpath(base)
-                    or norm.startswith(os.path.normpath(base) + os.sep)
-                )
-            ):
-                f = os.path.join(base, f)
-            out.append(f)
-        return out
-
     for src, dst in (
         ("actor_train.data_args.file_name", "data.train_files"),
         ("validation.data_args.file_name", "data.val_files"),
-        ("actor_train.data_args.eval_file_name", "data.val_files"),
     ):
         if ctx.get(src) is not None:
-            ctx.set(dst, files(ctx.get(src)), src)
+            ctx.write(dst, _joined(base, ctx.get(src)), src)
     template = ctx.get("actor_train.data_args.template", MISSING)
     if template is MISSING:
         template = ctx.get("global_template", MISSING)
@@ -320,19 +389,25 @@ def data_files(ctx: Ctx) -> None:
                 "remove tag_to_template, or give every tag the one template",
             )
     if template is not MISSING:
-        ctx.set("data.chat_template", "native", "actor_train.data_args.template")
+        ctx.write("data.chat_template", "native", "actor_train.data_args.template")
         if template not in (None, "native"):
-            ctx.notes.append(
+            ctx.remark(
                 f"actor_train.data_args.template: '{template}' -> native: the "
                 "tokenizer's own chat template is used (apply_chat_template)"
             )
 
 
+@derivation(
+    "{role}.strategy_args.strategy_name",
+    "{role}.strategy_args.strategy_config",
+    "actor_infer.num_gpus_per_worker",
+    role=ROLES,
+)
 def strategies(ctx: Ctx) -> None:
-    for role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
+    for role in ROLES:
         ckey = f"{role}.strategy_args.strategy_config"
         if ctx.has(ckey) and not ctx.get(ckey):
-            ctx.note("empty: the engine's defaults apply", ckey)
+            ctx.inert("empty: the engine's defaults apply", ckey)
         elif ctx.get(ckey) and ctx.get(f"{role}.strategy_args.strategy_name") is None:
             raise ConfigError(
                 ckey,
@@ -351,32 +426,31 @@ def strategies(ctx: Ctx) -> None:
         if name is None:
             continue
         engine = choice(table, key)(name)
-        ctx.set(f"{dst}.strategy", engine, key)
+        ctx.write(f"{dst}.strategy", engine, key)
         cfg = ctx.get(f"{role}.strategy_args.strategy_config") or {}
         ckey = f"{role}.strategy_args.strategy_config"
         if engine == "deepspeed" and role != "reward":
-            ctx.set(f"{dst}.deepspeed", dict(cfg), ckey)
+            ctx.write(f"{dst}.deepspeed", dict(cfg), ckey)
         elif engine == "megatron" and role != "reward":
             _megatron(ctx, cfg, f"{dst}.megatron", ckey)
         elif engine == "fsdp2" and cfg:
             _fsdp2(ctx, cfg, f"{dst}.fsdp", ckey)
         elif cfg:
-            ctx.note(f"{name} takes no strategy_config here", ckey)
+            ctx.inert(f"{name} takes no strategy_config here", ckey)
     key = "actor_infer.strategy_args.strategy_name"
     if ctx.get(key) is not None:
         engine = choice(ROLLOUT_ENGINES, key)(ctx.get(key))
-        ctx.set("rollout.engine", engine, key)
+        ctx.write("rollout.engine", engine, key)
         _engine_cfg(ctx, engine, ctx.get("actor_infer.strategy_args.strategy_config") or {})
     gpus = ctx.get("actor_infer.num_gpus_per_worker")
     tp = ctx.native_get("rollout.tensor_parallel_size")
     if gpus is not None and not tp:
-        ctx.set("rollout.tensor_parallel_size", gpus, "actor_infer.num_gpus_per_worker")
+        ctx.write("rollout.tensor_parallel_size", gpus, "actor_infer.num_gpus_per_worker")
     elif gpus is not None and gpus != tp and ctx.native_get("rollout.engine") == "vllm":
         # ROLL gives a vLLM worker tensor_parallel_size × pipeline_parallel_size GPUs,
         # whatever num_gpus_per_worker says (roll/configs/worker_config.py)
-        ctx.src.pop("resources.devices_per_infer_worker", None)
-        ctx.set("resources.devices_per_infer_worker", tp, "actor_infer.num_gpus_per_worker")
-        ctx.note(
+        ctx.replace("resources.devices_per_infer_worker", tp, "actor_infer.num_gpus_per_worker")
+        ctx.inert(
             f"ROLL replaces {gpus} with the vLLM engine's tensor_parallel_size ({tp})",
             "actor_infer.num_gpus_per_worker",
         )
@@ -434,7 +508,7 @@ def _fsdp2(ctx: Ctx, cfg: dict[str, Any], dst: str, key: str) -> None:
     model_dtype = ctx.native_get("model.dtype")
     for k, v in cfg.items():
         if k in FSDP2_KEYS:
-            ctx.set(f"{dst}.{k}", v, f"{key}.{k}")
+            ctx.write(f"{dst}.{k}", v, f"{key}.{k}")
         elif k == "param_dtype":
             if model_dtype is not None and DTYPES.get(v, v) != model_dtype:
                 raise ConfigError(
@@ -443,15 +517,15 @@ def _fsdp2(ctx: Ctx, cfg: dict[str, Any], dst: str, key: str) -> None:
                     "role in model.dtype",
                     "set them equal",
                 )
-            ctx.note("the compute dtype is model.dtype", f"{key}.{k}")
+            ctx.inert("the compute dtype is model.dtype", f"{key}.{k}")
         elif k == "reduce_dtype":
-            ctx.note(
+            ctx.inert(
                 "gradients are reduced in fp32 here (a lower-precision reduction would only "
                 "be faster)",
                 f"{key}.{k}",
             )
         elif k in FSDP2_PERF:
-            ctx.note(FSDP2_PERF[k], f"{key}.{k}")
+            ctx.inert(FSDP2_PERF[k], f"{key}.{k}")
         else:
             raise ConfigError(
                 f"{key}.{k}",
@@ -467,11 +541,11 @@ def _megatron(ctx: Ctx, cfg: dict[str, Any], dst: str, key: str) -> None:
         if k == "recompute_modules" and isinstance(v, str):  # ROLL files write "moe,layernorm"
             v = [m.strip() for m in v.split(",") if m.strip()]
         if k in MEGATRON_KEYS:
-            ctx.set(f"{dst}.{k}", v, f"{key}.{k}")
+            ctx.write(f"{dst}.{k}", v, f"{key}.{k}")
         else:  # moe_* and other TransformerConfig arguments
             extra[k] = v
     if extra:
-        ctx.set(f"{dst}.extra", extra, key)
+        ctx.write(f"{dst}.extra", extra, key)
 
 
 def _engine_cfg(ctx: Ctx, engine: str, cfg: dict[str, Any]) -> None:
@@ -479,24 +553,35 @@ def _engine_cfg(ctx: Ctx, engine: str, cfg: dict[str, Any]) -> None:
     extra = {}
     for k, v in cfg.items():
         if engine == "vllm" and k in VLLM_KEYS:
-            ctx.set(f"rollout.{k}", v, f"{key}.{k}")
+            ctx.write(f"rollout.{k}", v, f"{key}.{k}")
         elif engine == "sglang" and k in SGLANG_KEYS:
-            ctx.set(f"rollout.{SGLANG_KEYS[k]}", v, f"{key}.{k}")
+            ctx.write(f"rollout.{SGLANG_KEYS[k]}", v, f"{key}.{k}")
         else:
             extra[k] = v
     if extra:
-        ctx.set(f"rollout.engine_kwargs.{engine}", extra, key)
+        ctx.write(f"rollout.engine_kwargs.{engine}", extra, key)
 
 
 ROLL_GPUS_PER_NODE = 8
 
 
+@derivation(
+    "{role}.device_mapping",
+    "{role}.world_size",
+    "{role}.worker_cls",
+    "{env}.system_envs",
+    "actor_infer.num_gpus_per_worker",
+    "num_gpus_per_node",
+    "num_nodes",
+    role=(*ROLES, "rewards.*"),
+    env=(*ENV_SECTIONS, "rewards.*"),
+)
 def placement(ctx: Ctx) -> None:
     used: set[int] = set()
     reward_devices: list[int] = []
     reward_keys: list[str] = []  # the device_mapping keys that placed them
-    roles = ["actor_train", "actor_infer", "reference", "critic", "reward"]
-    roles += [f"rewards.{name}" for name in ctx.get("rewards") or {}]
+    domains = [f"rewards.{name}" for name in ctx.get("rewards") or {}]
+    roles = [*ROLES, *domains]
     for role in roles:
         key = f"{role}.device_mapping"
         devices = parse_device_mapping(ctx.get(key), key)
@@ -516,34 +601,33 @@ def placement(ctx: Ctx) -> None:
             reward_devices += [d for d in devices if d not in reward_devices]
             reward_keys.append(key)
         else:
-            ctx.set(f"resources.{role}", devices, key)
+            ctx.write(f"resources.{role}", devices, key)
     if reward_devices:
         # an error about them names the file's own key when one role placed them
         source = reward_keys[0] if len(reward_keys) == 1 else "rewards.*.device_mapping"
-        ctx.set("resources.reward", reward_devices, source)
-    ctx.set("resources.backend", "ray" if len(used) > 1 else "local", "device_mapping")
+        ctx.write("resources.reward", reward_devices, source)
+    ctx.write("resources.backend", "ray" if len(used) > 1 else "local", "device_mapping")
     per_node = ctx.get("num_gpus_per_node")
     if per_node is None and used and max(used) >= 1:  # ROLL's default: 8 GPUs per node
         per_node = ROLL_GPUS_PER_NODE
-        ctx.set("resources.devices_per_node", per_node, "num_gpus_per_node")
-        ctx.notes.append(
-            f"num_gpus_per_node: ROLL's default {per_node} applies (the file omits it)"
-        )
+        ctx.write("resources.devices_per_node", per_node, "num_gpus_per_node")
+        ctx.remark(f"num_gpus_per_node: ROLL's default {per_node} applies (the file omits it)")
     if used and per_node:  # ROLL derives num_nodes from the ids, over the file's own
         nodes = -(-(max(used) + 1) // per_node)
         given = ctx.get("num_nodes")
         if given is not None and given != nodes:
-            ctx.native.setdefault("resources", {})["nnodes"] = nodes
-            ctx.src["resources.nnodes"] = "num_nodes"
-            ctx.notes.append(
+            ctx.replace("resources.nnodes", nodes, "num_nodes")
+            ctx.remark(
                 f"num_nodes: {nodes}, not the file's {given}: ROLL sets it from the highest "
                 f"device id ({max(used)}) and num_gpus_per_node ({per_node})"
             )
         elif given is None:
-            ctx.set("resources.nnodes", nodes, "num_gpus_per_node")
+            ctx.write("resources.nnodes", nodes, "num_gpus_per_node")
     envs = dict(ctx.native_get("resources.ray.system_envs") or {})
-    for role in roles:
+    envs_key = ctx.out.source("resources.ray.system_envs")
+    for role in (*ENV_SECTIONS, *domains):
         for k, v in (ctx.get(f"{role}.system_envs") or {}).items():
+            envs_key = envs_key or f"{role}.system_envs"
             if k in envs and envs[k] != str(v):
                 raise ConfigError(
                     f"{role}.system_envs.{k}",
@@ -552,13 +636,13 @@ def placement(ctx: Ctx) -> None:
                 )
             envs[k] = str(v)
     if envs:
-        ctx.native.setdefault("resources", {}).setdefault("ray", {})["system_envs"] = envs
+        ctx.replace("resources.ray.system_envs", envs, envs_key)
         if "USE_MODELSCOPE" in envs:
-            ctx.notes.append(
+            ctx.remark(
                 "system_envs.USE_MODELSCOPE: passed to workers; temper loads models "
                 "with transformers (local dir or Hugging Face id), not ModelScope"
             )
-    for role in ("actor_train", "actor_infer", "reference", "critic", "reward"):
+    for role in ROLES:
         cls = ctx.get(f"{role}.worker_cls")
         if cls is not None and cls not in ROLE_WORKERS[role]:
             raise ConfigError(
@@ -568,6 +652,19 @@ def placement(ctx: Ctx) -> None:
             )
 
 
+@derivation(
+    "{role}.training_args.{arg}",
+    "{role}.device_mapping",
+    "{role}.strategy_args.strategy_name",
+    "{role}.strategy_args.strategy_config",
+    role=("actor_train", "critic"),
+    arg=(
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "adam_beta1",
+        "adam_beta2",
+    ),
+)
 def mini_batch(ctx: Ctx) -> None:
     for role, dst in (("actor_train", "actor"), ("critic", "critic")):
         per = ctx.get(f"{role}.training_args.per_device_train_batch_size")
@@ -588,14 +685,14 @@ def mini_batch(ctx: Ctx) -> None:
                     "parallel sizes",
                 )
             dp //= split
-        ctx.set(
+        ctx.write(
             f"{dst}.mini_batch_size",
             per * ga * dp,
             f"{role}.training_args.gradient_accumulation_steps",
         )
         betas = [ctx.get(f"{role}.training_args.adam_beta{i}") for i in (1, 2)]
         if any(b is not None for b in betas):
-            ctx.set(
+            ctx.write(
                 f"{dst}.optim.betas",
                 [b if b is not None else d for b, d in zip(betas, (0.9, 0.999))],
                 f"{role}.training_args.adam_beta1",
@@ -605,6 +702,13 @@ def mini_batch(ctx: Ctx) -> None:
 QUERY_FILTERS = {"no_filter": "no_filter", "mean_filter": "mean_filter", "std_filter": "std_filter"}
 
 
+@derivation(
+    "rewards.*.query_filter_config.type",
+    "rewards.*.query_filter_config.filter_args",
+    "is_use_additional_prompts",
+    "max_additional_running_prompts",
+    "rollout_batch_size",
+)
 def dynamic_sampling(ctx: Ctx) -> None:
     """ROLL's query filters → ``algorithm.filter_groups`` (one rule for every domain), and
     ``is_use_additional_prompts`` → ``data.gen_batch_size``: ROLL keeps up to
@@ -627,24 +731,24 @@ def dynamic_sampling(ctx: Ctx) -> None:
                 "give every domain the same query_filter_config, or none",
             )
         f, args = active[first], active[first].get("filter_args") or {}
-        ctx.set("algorithm.filter_groups.enable", True, key)
+        ctx.write("algorithm.filter_groups.enable", True, key)
         if f["type"] == "mean_filter":  # drops mean <= threshold_down or >= threshold_up
-            ctx.set("algorithm.filter_groups.std_threshold", -1.0, key)
-            ctx.set("algorithm.filter_groups.mean_low", args.get("threshold_down", -1.0), key)
+            ctx.write("algorithm.filter_groups.std_threshold", -1.0, key)
+            ctx.write("algorithm.filter_groups.mean_low", args.get("threshold_down", -1.0), key)
             if args.get("threshold_up") is not None:
-                ctx.set("algorithm.filter_groups.mean_high", args["threshold_up"], key)
+                ctx.write("algorithm.filter_groups.mean_high", args["threshold_up"], key)
         else:  # std_filter: drops std <= std_threshold
-            ctx.set("algorithm.filter_groups.std_threshold", args.get("std_threshold", -1.0), key)
+            ctx.write("algorithm.filter_groups.std_threshold", args.get("std_threshold", -1.0), key)
     if ctx.get("is_use_additional_prompts"):
         if not active:
-            ctx.note(
+            ctx.inert(
                 "extra prompts replace groups a query filter drops, and no domain sets one",
                 "is_use_additional_prompts",
             )
             return
         extra = int(ctx.get("max_additional_running_prompts", 16) or 0)
         batch = int(ctx.get("rollout_batch_size", 128))
-        ctx.set("data.gen_batch_size", batch + extra, "max_additional_running_prompts")
+        ctx.write("data.gen_batch_size", batch + extra, "max_additional_running_prompts")
 
 
 def definitions(ctx: Ctx, raw: RawConfig, defs: list[str]) -> None:
@@ -654,7 +758,7 @@ def definitions(ctx: Ctx, raw: RawConfig, defs: list[str]) -> None:
             continue  # its value arrived through the keys that interpolate it
         if any(value is u or (isinstance(value, dict) and value == u) for u in ctx.used):
             continue  # referenced: its value arrived through the referencing key
-        ctx.notes.append(
+        ctx.remark(
             f"{name}: accepted, no effect here: a definition from a defaults "
             "file that nothing references"
         )
@@ -665,6 +769,7 @@ def definitions(ctx: Ctx, raw: RawConfig, defs: list[str]) -> None:
 ROLL_ENV_MANAGER = {"num_env_groups": 128, "group_size": 1}
 
 
+@derivation("rollout_batch_size", "val_batch_size")
 def episodes(ctx: Ctx) -> None:
     """ROLL's batch counts trajectories; each env replays batch / envs episodes.
 
@@ -680,9 +785,11 @@ def episodes(ctx: Ctx) -> None:
         if not isinstance(dst, dict) or batch is None or batch < 0:
             continue
         missing = {k: v for k, v in ROLL_ENV_MANAGER.items() if k not in dst}
+        for k, v in missing.items():
+            ctx.write(f"agentic.{mgr}.{k}", v, mgr)
         dst.update(missing)
         if missing:
-            ctx.notes.append(
+            ctx.remark(
                 f"{mgr}: ROLL defaults applied for keys the file omits: "
                 + ", ".join(f"{k}={v!r}" for k, v in missing.items())
             )
@@ -699,16 +806,20 @@ def episodes(ctx: Ctx) -> None:
                 f"set {batch_key} to a multiple of {envs}",
             )
         replays = batch // envs
-        dst["num_env_groups"] = groups * replays
+        # each replay is a group of its own (credited to the keys that set them)
+        groups_key = f"agentic.{mgr}.num_env_groups"
+        ctx.replace(groups_key, groups * replays, ctx.out.source(groups_key, batch_key))
         if dst.get("n_groups") is not None:
-            dst["n_groups"] = [n * replays for n in dst["n_groups"]]
+            n_key = f"agentic.{mgr}.n_groups"
+            ctx.replace(n_key, [n * replays for n in dst["n_groups"]], ctx.out.source(n_key))
         if replays > 1:
-            ctx.notes.append(
+            ctx.remark(
                 f"{mgr}: {envs} environments × {replays} episodes each = {batch_key} "
                 f"{batch} -> agentic.{mgr}.num_env_groups = {groups * replays}"
             )
 
 
+@derivation("async_generation_ratio")
 def async_generation(ctx: Ctx) -> None:
     """``async_generation_ratio`` r → ``async_training.staleness`` r: the rollout runs r
     policy versions ahead of training. ROLL takes whole numbers only (its agentic scheduler
@@ -725,8 +836,8 @@ def async_generation(ctx: Ctx) -> None:
             "set async_generation_ratio to 1, 2, … (batches generated ahead), or 0",
         )
     k = int(ratio)
-    ctx.set("async_training.staleness", k, key)
-    ctx.notes.append(
+    ctx.write("async_training.staleness", k, key)
+    ctx.remark(
         f"{key}: the rollout runs {k} polic{'y version' if k == 1 else 'y versions'} ahead of "
         f"training (async_training.staleness={k}): batch s is generated whole with the "
         f"weights after max(0, s - {k + 1}) updates. ROLL streams prompts to training as "

@@ -47,6 +47,7 @@ import re
 from typing import Any
 
 from temper.config.dialects import Translation
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule, Use
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.roll import derive
@@ -87,8 +88,8 @@ def _top() -> dict[str, Rule]:
         "prompt_key", "query_key", "response_key", "system_key", "pretrain"
     )
     rules |= {
-        "student_pretrain": Use("model.path"),
-        "teacher_pretrain": Use("distill.teachers.default.model_path"),
+        "student_pretrain": Use("model.path", models),
+        "teacher_pretrain": Use("distill.teachers.default.model_path", models),
         "question_key": Map("data.prompt_key"),
         "answer_key": Map("sft.response_key"),
         "kd_objective": Map("kd.objective"),
@@ -115,7 +116,7 @@ def _teacher() -> dict[str, Rule]:
         f"{REF}.infer_batch_size": Note(
             "ROLL's teacher forward takes training_args.per_device_train_batch_size rows"
         ),
-        f"{REF}.model_args.model_name_or_path": Use("distill.teachers.default.model_path"),
+        f"{REF}.model_args.model_name_or_path": Use("distill.teachers.default.model_path", models),
     }
     return rules
 
@@ -125,34 +126,13 @@ def _student() -> dict[str, Rule]:
     for key, rule in rules.items():
         if rule == Note(roll_sft.COLUMNS):
             rules[key] = Note(COLUMNS)
+        elif isinstance(rule, Use) and rule.by is derive.model:
+            rules[key] = Use(rule.what, models)  # the student's and teacher's models
     return rules
-
-
-DISTILL_TABLE = KeyTable(
-    {
-        **_top(),
-        **_student(),
-        **_teacher(),
-        **{k: v for k, v in roll_sft.SFT_TABLE.rules.items() if k.startswith("validation.")},
-    }
-)
 
 
 VL_COLUMNS = "ROLL's VL distillation reads a row's problem, solution and image columns"
 #: ROLL's VL distillation pipeline: its own rows and length (module docstring).
-DISTILL_VL_TABLE = KeyTable(
-    {
-        **DISTILL_TABLE.rules,
-        **{
-            key: Refuse(
-                VL_COLUMNS, f"remove {key}; name the columns problem, solution, image", ok=(None,)
-            )
-            for key in ("question_key", "answer_key")
-        },
-        "prompt_length": Map("sft.max_length"),
-        "sequence_length": Note("ROLL's VL distillation cuts a sample at prompt_length"),
-    }
-)
 #: ROLL's VL distillation's image bounds (its processor's min_pixels / max_pixels).
 VL_MIN_PIXELS, VL_MAX_PIXELS = 56 * 56, 1024 * 1024
 
@@ -171,34 +151,38 @@ def translate_roll_distill(raw: RawConfig) -> Translation:
     try:
         defs = walk_file(table, ctx, raw)
         if vision:
-            _vision_rows(ctx)
-        ctx.set("pipeline", "distill", "student")
-        _models(ctx)
+            vision_rows(ctx)
+        ctx.write("pipeline", "distill", "student")
+        models(ctx)
         derive.data_files(ctx)
         derive.strategies(ctx)
         derive.placement(ctx)
         roll_sft.global_batch(ctx)
         if not ctx.has(roll_sft.EPOCHS):
-            ctx.set("experiment.total_epochs", 3, roll_sft.EPOCHS)
-            ctx.notes.append(
-                f"{roll_sft.EPOCHS}: the Hugging Face default 3 applies (the file omits it)"
-            )
+            ctx.write("experiment.total_epochs", 3, roll_sft.EPOCHS)
+            ctx.remark(f"{roll_sft.EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
         derive.experiment(ctx)
         derive.definitions(ctx, raw, defs)
     except ConfigError as err:
         raise roll_sft.renamed_error(err, _named) from err
     if not vision:
-        ctx.notes.append(
+        ctx.remark(
             "question_key: the user turn is the question alone (ROLL writes '\\n' + question)"
         )
-    ctx.notes.append(
+    ctx.remark(
         "kd_objective: compared where the two models predict the learnt tokens, the NLL's "
         "positions (ROLL masks the divergence by the unshifted labels)"
     )
     return translation(ctx, applied, table, _named)
 
 
-def _models(ctx: Ctx) -> None:
+@derivation(
+    "student_pretrain",
+    "teacher_pretrain",
+    "{role}.model_args.model_name_or_path",
+    role=("actor_train", "reference"),
+)
+def models(ctx: Ctx) -> None:
     """The student's and the teacher's weights: each worker's ``model_name_or_path``, but
     both ``*_pretrain`` when either worker omits its own (ROLL's rule)."""
     student = ctx.get(f"{AS}.model_args.model_name_or_path")
@@ -210,8 +194,8 @@ def _models(ctx: Ctx) -> None:
         raise ConfigError(
             missing, "offline distillation needs a student and a teacher model", f"set {missing}"
         )
-    ctx.set("model.path", student, "student_pretrain")
-    ctx.set("distill.teachers", {"default": {"model_path": teacher}}, "teacher_pretrain")
+    ctx.write("model.path", student, "student_pretrain")
+    ctx.write("distill.teachers", {"default": {"model_path": teacher}}, "teacher_pretrain")
 
 
 def _is_vision(given: dict[str, Any]) -> bool:
@@ -222,7 +206,13 @@ def _is_vision(given: dict[str, Any]) -> bool:
     return "vl" in template.lower().replace("-", "_").split("_")
 
 
-def _vision_rows(ctx: Ctx) -> None:
+@derivation(
+    "{role}.strategy_args.strategy_name",
+    "prompt_length",
+    "distill_on_prompt",
+    role=("actor_train", "reference"),
+)
+def vision_rows(ctx: Ctx) -> None:
     """ROLL's VL distillation rows, image bounds and length (module docstring)."""
     src = f"{AS}.data_args.template"
     for worker, fix in ((AS, "fsdp2_train"), (REF, "fsdp2_infer")):
@@ -235,24 +225,24 @@ def _vision_rows(ctx: Ctx) -> None:
                 "family) model",
                 f"use {fix} (or a deepspeed strategy) and drop its megatron strategy_config",
             )
-    ctx.set("data.row_format", "roll_distill_vl", src)
-    ctx.set("data.prompt_key", "problem", src)
-    ctx.set("sft.response_key", "solution", src)
-    ctx.set("data.image_min_pixels", VL_MIN_PIXELS, src)
-    ctx.set("data.image_max_pixels", VL_MAX_PIXELS, src)
+    ctx.write("data.row_format", "roll_distill_vl", src)
+    ctx.write("data.prompt_key", "problem", src)
+    ctx.write("sft.response_key", "solution", src)
+    ctx.write("data.image_min_pixels", VL_MIN_PIXELS, src)
+    ctx.write("data.image_max_pixels", VL_MAX_PIXELS, src)
     if not ctx.has("prompt_length"):
-        ctx.set("sft.max_length", 1024, "prompt_length")
-    ctx.notes.append(
+        ctx.write("sft.max_length", 1024, "prompt_length")
+    ctx.remark(
         f"{_named(src)}: a file of ROLL's VL distillation: rows problem/solution/image "
         f"(data.row_format=roll_distill_vl), images of {VL_MIN_PIXELS} to {VL_MAX_PIXELS} "
         f"pixels, samples cut at prompt_length={ctx.native_get('sft.max_length')}"
     )
-    ctx.notes.append(
+    ctx.remark(
         "distill_on_prompt: image placeholder tokens are context, never learnt (ROLL's VL "
         "labels include them; their positions predict a placeholder the pixels fill)"
     )
     if not ctx.get("distill_on_prompt"):
-        ctx.notes.append(
+        ctx.remark(
             "distill_on_prompt: false learns the response only; ROLL's VL pipeline learns "
             "every token whatever it says"
         )
@@ -270,3 +260,27 @@ def _named(text: str) -> str:
     """The file's key names: ``student``/``teacher`` where the shared rows say
     ``actor_train``/``reference.<worker key>`` (native ``reference.*`` keys stay)."""
     return _TEACHER.sub(f"{TEACHER}.", _STUDENT.sub(STUDENT, text))
+
+
+DISTILL_TABLE = KeyTable(
+    {
+        **_top(),
+        **_student(),
+        **_teacher(),
+        **{k: v for k, v in roll_sft.SFT_TABLE.rules.items() if k.startswith("validation.")},
+    }
+)
+
+DISTILL_VL_TABLE = KeyTable(
+    {
+        **DISTILL_TABLE.rules,
+        **{
+            key: Refuse(
+                VL_COLUMNS, f"remove {key}; name the columns problem, solution, image", ok=(None,)
+            )
+            for key in ("question_key", "answer_key")
+        },
+        "prompt_length": Map("sft.max_length"),
+        "sequence_length": Note("ROLL's VL distillation cuts a sample at prompt_length"),
+    }
+)

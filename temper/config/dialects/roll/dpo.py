@@ -29,6 +29,7 @@ import copy
 from typing import Any
 
 from temper.config.dialects import Translation
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Map, Note, Rule, Same, Use
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.roll import derive
@@ -77,17 +78,21 @@ def _worker(role: str) -> dict[str, Rule]:
     """A worker's RL rows, with what DPO reads (``actor_train`` trains, ``reference``
     scores)."""
     rules = roll_sft.offline_worker(role, NO_GENERATION, COLUMNS)
-    rules[f"{role}.infer_batch_size"] = Use(f"the {role} forward's micro-batch: {PAIRS}")
+    rules[f"{role}.infer_batch_size"] = Use(
+        f"the {role} forward's micro-batch: {PAIRS}", pair_micro_batches
+    )
     if role == AS:
         rules |= {
             EPOCHS: Map("experiment.total_epochs"),
             f"{AS}.training_args.per_device_train_batch_size": Use(
-                f"actor.micro_batch_size_per_device: {PAIRS}"
+                f"actor.micro_batch_size_per_device: {PAIRS}",
+                pair_micro_batches,
             ),
             f"{AS}.training_args.max_steps": Note("ROLL sets it from max_steps"),
             f"{AS}.training_args.gradient_accumulation_steps": Use(
                 "data.train_batch_size = dp × gradient_accumulation_steps × "
-                "per_device_train_batch_size pairs"
+                "per_device_train_batch_size pairs",
+                roll_sft.global_batch,
             ),
             f"{AS}.data_args.eval_file_name": Note(
                 "ROLL's DPO pipeline validates on validation.data_args.file_name"
@@ -102,14 +107,13 @@ def _validation() -> dict[str, Rule]:
         k: Note("held-out pairs are scored by the actor_train and reference workers")
         for k in worker_rules("validation")
     }
-    rules["validation.data_args.file_name"] = Use("data.val_files (joined with dataset_dir)")
+    rules["validation.data_args.file_name"] = Use(
+        "data.val_files (joined with dataset_dir)", derive.data_files
+    )
     rules["validation.data_args.template"] = Same(
         f"{AS}.data_args.template", "validation rows are templated like training rows"
     )
     return rules
-
-
-DPO_TABLE = KeyTable({**_top(), **_worker(AS), **_worker(REF), **_validation()})
 
 
 def translate_roll_dpo(raw: RawConfig) -> Translation:
@@ -118,15 +122,15 @@ def translate_roll_dpo(raw: RawConfig) -> Translation:
     applied = {k: v for k, v in DPO_DEFAULTS.items() if k not in given}
     ctx = Ctx({**applied, **given})
     defs = walk_file(DPO_TABLE, ctx, raw)
-    ctx.set("pipeline", "dpo", "chosen_key")
-    ctx.set("data.prompt_key", PROMPT_COLUMN, "chosen_key")
-    ctx.notes.append(f"the prompt is each row's '{PROMPT_COLUMN}' column, as ROLL's DPO reads it")
+    ctx.write("pipeline", "dpo", "chosen_key")
+    ctx.write("data.prompt_key", PROMPT_COLUMN, "chosen_key")
+    ctx.remark(f"the prompt is each row's '{PROMPT_COLUMN}' column, as ROLL's DPO reads it")
     derive.model(ctx)
     derive.data_files(ctx)
     derive.strategies(ctx)
     derive.placement(ctx)
     roll_sft.global_batch(ctx)
-    _pair_micro_batches(ctx)
+    pair_micro_batches(ctx)
     if not ctx.get("max_steps"):
         raise ConfigError(
             "max_steps",
@@ -134,14 +138,19 @@ def translate_roll_dpo(raw: RawConfig) -> Translation:
             "set max_steps",
         )
     if not ctx.has(EPOCHS):
-        ctx.set("experiment.total_epochs", 3, EPOCHS)
-        ctx.notes.append(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
+        ctx.write("experiment.total_epochs", 3, EPOCHS)
+        ctx.remark(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
     derive.experiment(ctx)
     derive.definitions(ctx, raw, defs)
     return translation(ctx, applied, DPO_TABLE)
 
 
-def _pair_micro_batches(ctx: Ctx) -> None:
+@derivation(
+    "actor_train.training_args.per_device_train_batch_size",
+    "{role}.infer_batch_size",
+    role=("actor_train", "reference"),
+)
+def pair_micro_batches(ctx: Ctx) -> None:
     """ROLL's per-device batches count pairs; temper's micro-batches count sequences."""
     for src, dst in (
         (f"{AS}.training_args.per_device_train_batch_size", "actor.micro_batch_size_per_device"),
@@ -150,4 +159,7 @@ def _pair_micro_batches(ctx: Ctx) -> None:
     ):
         value = ctx.get(src)
         if value:
-            ctx.set(dst, 2 * int(value), src)
+            ctx.write(dst, 2 * int(value), src)
+
+
+DPO_TABLE = KeyTable({**_top(), **_worker(AS), **_worker(REF), **_validation()})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.roll.derive import Ctx
 from temper.config.errors import ConfigError
 
@@ -28,6 +29,7 @@ WRAPPER_ARGS = ("tool_reward", "tool_success_reward", "max_tool_uses")
 SANDBOX_TYPES = {"bwrap": "bwrap", "none": "bwrap"}
 
 
+@derivation("custom_envs.*.tool_wrapper")
 def tool_wrappers(ctx: Ctx) -> None:
     """``custom_envs.*.tool_wrapper`` → ``agentic.custom_envs.*.tool_wrapper``."""
     for tag, spec in (ctx.get("custom_envs") or {}).items():
@@ -35,7 +37,7 @@ def tool_wrappers(ctx: Ctx) -> None:
         if not wrapper:
             continue
         key = f"custom_envs.{tag}.tool_wrapper"
-        ctx.set(f"agentic.custom_envs.{tag}.tool_wrapper", _native(ctx, wrapper, key), key)
+        ctx.write(f"agentic.custom_envs.{tag}.tool_wrapper", _native(ctx, wrapper, key), key)
 
 
 def _native(ctx: Ctx, wrapper: Any, key: str) -> dict[str, Any]:
@@ -73,7 +75,7 @@ def _native(ctx: Ctx, wrapper: Any, key: str) -> dict[str, Any]:
                 )
             tool_args["sandbox"] = SANDBOX_TYPES[kind]
             if kind == "none":
-                ctx.notes.append(
+                ctx.remark(
                     f"{where}.tool_args.sandbox_type: none: the python tool's code runs in "
                     "temper's bubblewrap sandbox (no network, a fresh directory, limits) "
                     "rather than GEM's bare subprocess"

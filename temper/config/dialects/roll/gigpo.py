@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.paths import MISSING
 from temper.config.dialects.roll.derive import Ctx
 from temper.config.dialects.roll.transforms import listify
@@ -90,6 +91,16 @@ _FIX_NORM = (
 )
 
 
+@derivation(
+    "custom_envs.*.env_manager_cls",
+    "custom_envs.*.history_length",
+    "custom_envs.*.agent_runner_cls",
+    "custom_envs.*.agent_system_template",
+    "custom_envs.*.agent_template",
+    "sequence_length",
+    "{mgr}.tags",
+    mgr=("train_env_manager", "val_env_manager"),
+)
 def env_manager(ctx: Ctx) -> None:
     """``custom_envs.*.env_manager_cls`` → ``agentic.env_manager`` (module docstring)."""
     envs = ctx.get("custom_envs") or {}
@@ -139,13 +150,12 @@ def env_manager(ctx: Ctx) -> None:
         t for t in dict.fromkeys(used) if isinstance(envs[t], dict) and "env_manager_cls" in envs[t]
     ]
     if named:
-        ctx.set("agentic.env_manager", kind, f"custom_envs.{named[0]}.env_manager_cls")
+        ctx.write("agentic.env_manager", kind, f"custom_envs.{named[0]}.env_manager_cls")
     seq, response = ctx.get("sequence_length"), ctx.native_get("rollout.response_length")
     if kind in STEP_KINDS and seq is not None and response is not None:
         # a step sample is one prompt and one answer inside sequence_length, as ROLL pads
         # it; ROLL's agentic pipeline reads no prompt_length (its RLVR bound)
-        ctx.native.setdefault("data", {})["max_prompt_length"] = seq - response
-        ctx.src["data.max_prompt_length"] = "sequence_length"
+        ctx.replace("data.max_prompt_length", seq - response, "sequence_length")
     if kind == "agent_native":
         _native_templates(ctx, envs)
     for tag, spec in envs.items():
@@ -153,9 +163,9 @@ def env_manager(ctx: Ctx) -> None:
             continue
         key = f"custom_envs.{tag}.history_length"
         if kind in STEP_KINDS:
-            ctx.set(f"agentic.custom_envs.{tag}.history_length", spec["history_length"], key)
+            ctx.write(f"agentic.custom_envs.{tag}.history_length", spec["history_length"], key)
         else:
-            ctx.note("a window of past steps is read by ROLL's StepEnvManager only", key)
+            ctx.inert("a window of past steps is read by ROLL's StepEnvManager only", key)
 
 
 def _native_templates(ctx: Ctx, envs: dict[str, Any]) -> None:
@@ -169,11 +179,12 @@ def _native_templates(ctx: Ctx, envs: dict[str, Any]) -> None:
             ("agent_system_template", "system_template"),
             ("agent_template", "turn_template"),
         ):
-            if isinstance(spec, dict) and spec.pop(dst, None) is not None:
-                ctx.note(
-                    f"custom_envs.{tag}.{src}",
+            dropped = ctx.out.drop(f"agentic.custom_envs.{tag}.{dst}")
+            if isinstance(spec, dict) and dropped is not None and dropped.value is not None:
+                ctx.inert(
                     "AgentNativeStepEnvManager's env writes the messages (env_config "
                     "system_template / observation_suffix)",
+                    f"custom_envs.{tag}.{src}",
                 )
 
 
@@ -193,6 +204,14 @@ def _agent_runner(tag: str, spec: dict[str, Any]) -> str:
     )
 
 
+@derivation(
+    "adv_estimator",
+    "step_reward_weight",
+    "episode_reward_weight",
+    "step_reward_gamma",
+    "reward_normalization.{k}",
+    k=("grouping", "method", "norm_mean_type", "norm_std_type"),
+)
 def gigpo(ctx: Ctx) -> None:
     """``adv_estimator: gigpo``'s keys and normalization (module docstring)."""
     if ctx.get("adv_estimator") == "step_reinforce":
@@ -201,11 +220,11 @@ def gigpo(ctx: Ctx) -> None:
     if ctx.get("adv_estimator") != "gigpo":
         for key in GIGPO_KEYS:
             if ctx.has(key):
-                ctx.note("read by the gigpo estimator only", key)
+                ctx.inert("read by the gigpo estimator only", key)
         return
     for key, dst in GIGPO_KEYS.items():
         if ctx.has(key):
-            ctx.set(dst, ctx.get(key), key)
+            ctx.write(dst, ctx.get(key), key)
     grouping = ctx.get("reward_normalization.grouping", "batch")
     method = ctx.get("reward_normalization.method", "identity")
     if grouping not in ("traj_group_id", "state"):
@@ -231,27 +250,29 @@ def gigpo(ctx: Ctx) -> None:
             _FIX_NORM,
         )
     by_std = step_types[1] == "group"
-    ctx.set("algorithm.norm_adv_by_std_in_grpo", by_std, "reward_normalization.method")
-    norm: dict[str, Any] = ctx.native_get("agentic.reward_normalization") or {}
-    norm["method"] = "identity"  # the estimator normalizes both levels itself
-    norm.pop("norm_mean_type", None)
-    norm.pop("norm_std_type", None)
-    ctx.notes.append(
+    ctx.write("algorithm.norm_adv_by_std_in_grpo", by_std, "reward_normalization.method")
+    # the estimator normalizes both levels itself
+    method_key = "agentic.reward_normalization.method"
+    ctx.replace(method_key, "identity", ctx.out.source(method_key, "reward_normalization.method"))
+    ctx.out.drop("agentic.reward_normalization.norm_mean_type")
+    ctx.out.drop("agentic.reward_normalization.norm_std_type")
+    ctx.remark(
         f"adv_estimator: gigpo: reward_normalization {method} (grouping {grouping}) is done "
         "by the gigpo estimator at both levels: algorithm.norm_adv_by_std_in_grpo="
         f"{str(by_std).lower()}, agentic.reward_normalization.method=identity"
     )
 
 
+@derivation("step_reward_gamma", "episode_reward_weight", "step_reward_weight")
 def step_reinforce(ctx: Ctx) -> None:
     """``adv_estimator: step_reinforce``: every step sample's score is its episode's
     discounted return from that step on (``step_reward_gamma``), normalized by
     ``reward_normalization`` as ROLL normalizes it, then the reinforce return →
     ``algorithm.adv_estimator: reinforce``, ``agentic.step_score: return_to_go``."""
-    ctx.set("algorithm.adv_estimator", "reinforce", "adv_estimator")
-    ctx.set("agentic.step_score", "return_to_go", "adv_estimator")
+    ctx.write("algorithm.adv_estimator", "reinforce", "adv_estimator")
+    ctx.write("agentic.step_score", "return_to_go", "adv_estimator")
     if ctx.has("step_reward_gamma"):
-        ctx.set("agentic.step_score_gamma", ctx.get("step_reward_gamma"), "step_reward_gamma")
+        ctx.write("agentic.step_score_gamma", ctx.get("step_reward_gamma"), "step_reward_gamma")
     for key in ("episode_reward_weight", "step_reward_weight"):
         if ctx.has(key):
-            ctx.note("read by the gigpo estimator only", key)
+            ctx.inert("read by the gigpo estimator only", key)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Rule, Use
 from temper.config.dialects.roll.derive import Ctx
 from temper.config.errors import ConfigError
@@ -23,13 +24,8 @@ DERIVED = "experiment.rollout_data_dir and validation_data_dir (mode dump)"
 #: ROLL's RolloutMockConfig defaults.
 DEFAULT_MODE, DEFAULT_DIR = "dump", "./rollout_mock_dumps"
 
-RULES: dict[str, Rule] = {
-    "rollout_mock.enable": Use(DERIVED),
-    "rollout_mock.mode": Use(DERIVED),
-    "rollout_mock.dump_dir": Use(DERIVED),
-}
 
-
+@derivation("rollout_mock.enable", "rollout_mock.mode", "rollout_mock.dump_dir")
 def rollout_mock(ctx: Ctx) -> None:
     """The dump directories of an enabled ``rollout_mock`` (module docstring)."""
     if not ctx.get("rollout_mock.enable"):
@@ -44,10 +40,17 @@ def rollout_mock(ctx: Ctx) -> None:
             "rollout_mock.enable: false",
         )
     where = str(ctx.get("rollout_mock.dump_dir") or DEFAULT_DIR)
-    ctx.set("experiment.rollout_data_dir", os.path.join(where, "train"), "rollout_mock.dump_dir")
-    ctx.set("experiment.validation_data_dir", os.path.join(where, "val"), "rollout_mock.dump_dir")
-    ctx.notes.append(
+    ctx.write("experiment.rollout_data_dir", os.path.join(where, "train"), "rollout_mock.dump_dir")
+    ctx.write("experiment.validation_data_dir", os.path.join(where, "val"), "rollout_mock.dump_dir")
+    ctx.remark(
         "rollout_mock: each step's generations go to <dump_dir>/train and <dump_dir>/val as "
         "<step>.jsonl rows (prompt, response, score, reward, advantage), not ROLL's "
         "pickled DataProto"
     )
+
+
+RULES: dict[str, Rule] = {
+    "rollout_mock.enable": Use(DERIVED, rollout_mock),
+    "rollout_mock.mode": Use(DERIVED, rollout_mock),
+    "rollout_mock.dump_dir": Use(DERIVED, rollout_mock),
+}

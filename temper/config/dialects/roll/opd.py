@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from temper.config.dialects.core.context import Context
+from temper.config.dialects.core.derivation import derivation
 from temper.config.errors import ConfigError
 
 #: The teacher's keys that are distillation's, not its worker's (they leave the copy that
@@ -67,17 +69,21 @@ def _named_teachers(teacher: Any) -> dict[str, dict[str, Any]]:
     return named
 
 
+@derivation("is_pure_opd", "use_opd", "student_train", "student_infer", "teacher")
 def rewrite_opd(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """``(ROLL RL data, native distill section, notes)`` for an OPD file (module docstring).
 
     The distill section carries ``renamed``: the RL file's section prefixes and the OPD
     file's that they came from (``actor_train`` → ``student_train``, ``reference`` →
     ``teacher``), so a message names the key the user wrote (:func:`user_key`)."""
+    given = Context(data)  # the file as written (what this derivation reads of it)
+    pure = bool(given.get("is_pure_opd", False)) or given.has("student_train")
+    mixed = bool(given.get("use_opd", False))
     data = copy.deepcopy(data)
+    data.pop("is_pure_opd", None)
+    data.pop("use_opd", None)
     notes: list[str] = []
     renamed: dict[str, str] = {}
-    pure = bool(data.pop("is_pure_opd", False)) or "student_train" in data
-    mixed = bool(data.pop("use_opd", False))
     if pure and mixed:
         raise ConfigError(
             "use_opd",
@@ -87,7 +93,7 @@ def rewrite_opd(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], l
         )
     if pure:
         for student, actor in (("student_train", "actor_train"), ("student_infer", "actor_infer")):
-            if not data.get(student):
+            if not given.get(student):
                 raise ConfigError(
                     student,
                     "pure on-policy distillation needs student_train, student_infer and teacher",
@@ -111,7 +117,8 @@ def rewrite_opd(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], l
             "in ROLL's mixed on-policy distillation (use_opd) the teacher is the reference",
             "remove reference",
         )
-    named = _named_teachers(data.pop("teacher", None))
+    named = _named_teachers(given.get("teacher"))
+    data.pop("teacher", None)
     teachers: dict[str, Any] = {}
     first: dict[str, Any] | None = None
     for name, worker in named.items():

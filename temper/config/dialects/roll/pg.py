@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Refuse
 from temper.config.errors import ConfigError
 
@@ -91,13 +92,24 @@ def _param_rule(name: str, default: Any) -> Refuse:
 PARAM_RULES = {name: _param_rule(name, default) for name, default in DEFAULTS.items()}
 
 
+@derivation(
+    "actor_train.pg_variant",
+    "actor_train.worker_cls",
+    "actor_train.topr_{side}_weight",
+    "pg_clip",
+    "dual_clip_loss",
+    "use_pg_clip_range",
+    "pg_clip_low",
+    "pg_clip_high",
+    side=("positive", "negative"),
+)
 def pg_variant(ctx: Any) -> None:
     """Set ``actor.policy_loss`` (and its parameters) from ROLL's PG worker's variant."""
     variant = ctx.get(KEY)
     cls = ctx.get("actor_train.worker_cls")
     if cls not in PG_WORKERS:
         if variant is not None:
-            ctx.note(
+            ctx.inert(
                 "read by ROLL's policy-gradient workers only (actor_train.worker_cls "
                 "roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker); this file's actor "
                 "runs the PPO loss",
@@ -110,22 +122,22 @@ def pg_variant(ctx: Any) -> None:
         valid = ", ".join(sorted(_LOSSES))
         raise ConfigError(KEY, f"'{variant}' is not one of ROLL's variants", f"use one of: {valid}")
     loss, actor, kwargs = _LOSSES[variant]
-    if ctx.src.get("actor.policy_loss") == "importance_sampling":  # the PPO worker's key
-        del ctx.src["actor.policy_loss"]
-        ctx.note("ROLL's policy-gradient workers do not read it", "importance_sampling")
-    ctx.set("actor.policy_loss", loss, src)
+    if ctx.out.source("actor.policy_loss") == "importance_sampling":  # the PPO worker's key
+        ctx.inert("ROLL's policy-gradient workers do not read it", "importance_sampling")
+        ctx.replace("actor.policy_loss", loss, src)
+    else:
+        ctx.write("actor.policy_loss", loss, src)
     if variant == "ppo":
         return
     for key in _PPO_KEYS:
         if ctx.has(key):
-            ctx.note(f"pg_variant {variant} has no PPO clip", key)
+            ctx.inert(f"pg_variant {variant} has no PPO clip", key)
     for name, value in actor.items():  # the variant's bounds replace PPO's clip range
-        ctx.src.pop(f"actor.{name}", None)
-        ctx.set(f"actor.{name}", value, src)
+        ctx.replace(f"actor.{name}", value, src)
     for name, value in kwargs.items():
-        ctx.set(f"actor.policy_loss_kwargs.{name}", value, src)
+        ctx.write(f"actor.policy_loss_kwargs.{name}", value, src)
     if variant == "topr":  # WorkerConfig fields, read by the PG worker
         for side in ("positive", "negative"):
             key = f"actor_train.topr_{side}_weight"
             weight = ctx.get(key, 1.0)
-            ctx.set(f"actor.policy_loss_kwargs.topr_{side}_weight", float(weight), key)
+            ctx.write(f"actor.policy_loss_kwargs.topr_{side}_weight", float(weight), key)

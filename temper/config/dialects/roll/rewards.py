@@ -41,12 +41,14 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects.core import paths
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.roll.transforms import (
     CROSSTHINKQA_REWARD_TYPES,
     DET_IOU_MODES,
     DET_IOU_THRESHOLDS,
     DTYPES,
     FUNCTION_KWARGS,
+    GENERATING_ARGS,
     REWARD_WORKERS,
     ROUTE_KWARGS,
     choice,
@@ -87,6 +89,20 @@ def _worker(spec: Any) -> tuple[Any, str | None]:
     return cls, (str(cls).rsplit(".", 1)[-1] if cls else None)
 
 
+@derivation(
+    "rewards.*.worker_cls",
+    "rewards.*.world_size",
+    "rewards.*.{kwarg}",
+    "rewards.*.{judge}",
+    "rewards.*.model_args.trust_remote_code",
+    "rewards.*.generating_args.{gen}",
+    "rewards.*.system_envs",
+    "system_envs",
+    "actor_train.data_args.tag",
+    kwarg=ROUTE_KWARGS,
+    judge=[k for k in JUDGE_KEYS if k != "generating_args"],
+    gen=GENERATING_ARGS,
+)
 def rewards(ctx: Any) -> None:
     """Routes, judge and sandbox settings of every ``rewards.<domain>`` (module doc)."""
     domains = ctx.get("rewards") or {}
@@ -104,18 +120,18 @@ def rewards(ctx: Any) -> None:
                 "use one of those workers, or a native config with reward.custom_function",
             )
         function = REWARD_WORKERS[short]
-        ctx.set(f"reward.routes.{name}.function", function, f"{key}.worker_cls")
+        ctx.write(f"reward.routes.{name}.function", function, f"{key}.worker_cls")
         for k in ROUTE_KWARGS:
             if k not in spec:
                 continue
             if k in FUNCTION_KWARGS.get(function, ()):
-                ctx.set(f"reward.routes.{name}.kwargs.{k}", spec[k], f"{key}.{k}")
+                ctx.write(f"reward.routes.{name}.kwargs.{k}", spec[k], f"{key}.{k}")
             elif function == "llm_judge" and k.startswith("judge_"):
                 continue  # read by _judge below
             elif function == "code" and k in ("use_local", "code_url"):
                 continue  # read by _code below
             else:
-                ctx.note(f"{short} does not read it", f"{key}.{k}")
+                ctx.inert(f"{short} does not read it", f"{key}.{k}")
         reward_type = spec.get("reward_type")
         if function == "crossthinkqa" and reward_type not in (None, *CROSSTHINKQA_REWARD_TYPES):
             raise ConfigError(
@@ -144,14 +160,14 @@ def rewards(ctx: Any) -> None:
                     continue  # read by _detection
                 if ctx.has(f"{key}.{path}"):
                     for leaf in paths.leaves(ctx.get(f"{key}.{path}"), f"{key}.{path}"):
-                        ctx.note(RULE_NOTE, leaf)
+                        ctx.inert(RULE_NOTE, leaf)
         if function != "llm_judge":  # a judge's world_size counts its engine ranks
             workers = max(workers, int(spec.get("world_size") or 0))
     if workers:
-        ctx.set("reward.num_workers", workers, "rewards.*.world_size")
+        ctx.write("reward.num_workers", workers, "rewards.*.world_size")
     if domains:  # ROLL rows name no data source; their tag is what metrics and failures name
         tag = ctx.get("actor_train.data_args.tag") or "tag"
-        ctx.set("data.data_source_key", tag, "rewards")
+        ctx.write("data.data_source_key", tag, "rewards")
 
 
 def _tags(spec: Any) -> list[str]:
@@ -163,9 +179,8 @@ def _add_columns(ctx: Any, columns: list[str], src: str) -> None:
     """Add row ``columns`` to ``data.extra_info_columns`` (several domains may each add)."""
     dst = "data.extra_info_columns"
     have = list(ctx.native_get(dst) or [])
-    if have:
-        src = ctx.src.pop(dst)  # the first domain that added columns stays the source
-    ctx.set(dst, [*have, *(c for c in columns if c not in have)], src)
+    # the first domain that added columns stays the source
+    ctx.replace(dst, [*have, *(c for c in columns if c not in have)], ctx.out.source(dst, src))
 
 
 def _code(ctx: Any, key: str, spec: dict[str, Any]) -> None:
@@ -174,7 +189,7 @@ def _code(ctx: Any, key: str, spec: dict[str, Any]) -> None:
     url = spec.get("code_url")
     if use_local:
         if url:
-            ctx.note("use_local is true: the local sandbox runs the code", f"{key}.code_url")
+            ctx.inert("use_local is true: the local sandbox runs the code", f"{key}.code_url")
         return
     if not url:
         raise ConfigError(
@@ -182,8 +197,8 @@ def _code(ctx: Any, key: str, spec: dict[str, Any]) -> None:
             "use_local is false but no code_url names the sandbox service",
             "set use_local: true (temper's bubblewrap sandbox) or code_url",
         )
-    ctx.set("reward.sandbox", "sandbox_fusion", f"{key}.use_local")
-    ctx.set("reward.sandbox_url", str(url), f"{key}.code_url")
+    ctx.write("reward.sandbox", "sandbox_fusion", f"{key}.use_local")
+    ctx.write("reward.sandbox_url", str(url), f"{key}.code_url")
 
 
 def _detection(ctx: Any, name: str, spec: dict[str, Any]) -> None:
@@ -202,7 +217,7 @@ def _detection(ctx: Any, name: str, spec: dict[str, Any]) -> None:
                 "reads the box coordinates' convention (pixels for Qwen2.5) of the policy",
                 f"remove it or set it to '{policy}'",
             )
-        ctx.note("the detection reward reads the policy model's type", f"{key}.{MODEL_PATH}")
+        ctx.inert("the detection reward reads the policy model's type", f"{key}.{MODEL_PATH}")
     found = [
         (src, value)
         for src, value in (
@@ -229,7 +244,7 @@ def _detection(ctx: Any, name: str, spec: dict[str, Any]) -> None:
                 "would log an error and use average)",
                 f"use one of {valid}, or remove it for average",
             )
-    ctx.set(f"reward.routes.{name}.kwargs.iou_threshold", threshold, src)
+    ctx.write(f"reward.routes.{name}.kwargs.iou_threshold", threshold, src)
 
 
 def _judge(ctx: Any, key: str, spec: dict[str, Any]) -> None:
@@ -243,7 +258,7 @@ def _judge(ctx: Any, key: str, spec: dict[str, Any]) -> None:
         )
     for k in ("judge_model_name", "judge_api_url", "judge_api_key"):
         if k in spec:
-            ctx.note("used only by API judges", f"{key}.{k}")
+            ctx.inert("used only by API judges", f"{key}.{k}")
     prompt = spec.get("judge_prompt")
     if prompt is not None:
         if prompt not in JUDGE_PROMPTS:
@@ -254,49 +269,49 @@ def _judge(ctx: Any, key: str, spec: dict[str, Any]) -> None:
             )
         template = JUDGE_PROMPTS[prompt]
         if template is not None:
-            ctx.set("reward.judge.prompt_template", template, f"{key}.judge_prompt")
+            ctx.write("reward.judge.prompt_template", template, f"{key}.judge_prompt")
     model = spec.get("model_args") or {}
     path = model.get("model_name_or_path")
     if path:
-        ctx.set("reward.judge.model_path", path, f"{key}.model_args.model_name_or_path")
+        ctx.write("reward.judge.model_path", path, f"{key}.model_args.model_name_or_path")
     if model.get("dtype") is not None:
         dtype = choice(DTYPES, f"{key}.model_args.dtype")(model["dtype"])
-        ctx.set("reward.judge.dtype", dtype, f"{key}.model_args.dtype")
+        ctx.write("reward.judge.dtype", dtype, f"{key}.model_args.dtype")
     if model.get("trust_remote_code") is not None:
-        ctx.set(
+        ctx.write(
             "reward.judge.trust_remote_code",
             bool(model["trust_remote_code"]),
             f"{key}.model_args.trust_remote_code",
         )
     if model.get("model_type") is not None:
-        ctx.note("the judge loads with AutoModelForCausalLM", f"{key}.model_args.model_type")
+        ctx.inert("the judge loads with AutoModelForCausalLM", f"{key}.model_args.model_type")
     strategy = spec.get("strategy_args") or {}
     engine = strategy.get("strategy_name", "hf_infer")
-    ctx.set(
+    ctx.write(
         "reward.judge.engine",
         choice(JUDGE_ENGINES, f"{key}.strategy_args.strategy_name")(engine),
         f"{key}.strategy_args.strategy_name",
     )
     for k, v in (strategy.get("strategy_config") or {}).items():
         if k == "gpu_memory_utilization":
-            ctx.set("reward.judge.gpu_memory_utilization", v, f"{key}.strategy_args.{k}")
+            ctx.write("reward.judge.gpu_memory_utilization", v, f"{key}.strategy_args.{k}")
         else:
-            ctx.note("judge engine speed/memory", f"{key}.strategy_args.strategy_config.{k}")
+            ctx.inert("judge engine speed/memory", f"{key}.strategy_args.strategy_config.{k}")
     gen = spec.get("generating_args") or {}
     for k, v in gen.items():
         src = f"{key}.generating_args.{k}"
         if k in JUDGE_GENERATION and v is not None:
-            ctx.set(f"reward.judge.{JUDGE_GENERATION[k]}", v, src)
+            ctx.write(f"reward.judge.{JUDGE_GENERATION[k]}", v, src)
         elif k == "do_sample":
             if v is False:
-                ctx.set("reward.judge.temperature", 0.0, src)
+                ctx.write("reward.judge.temperature", 0.0, src)
         elif k in ("num_beams", "num_return_sequences"):
             if v not in (None, 1):
                 raise ConfigError(src, "the judge gives one verdict per sample", f"set {k}: 1")
         else:
-            ctx.note("not a judge sampling setting", src)
+            ctx.inert("not a judge sampling setting", src)
     if spec.get("infer_batch_size"):
-        ctx.set(
+        ctx.write(
             "reward.judge.infer_batch_size",
             int(spec["infer_batch_size"]),
             f"{key}.infer_batch_size",

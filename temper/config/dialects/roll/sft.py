@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from temper.config.dialects import Translation
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Map, Note, Rule, Same, Use
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.roll import derive
@@ -108,7 +109,7 @@ def _top() -> dict[str, Rule]:
         "query_key": Map("sft.query_key"),
         "response_key": Map("sft.response_key"),
         "system_key": Map("sft.system_key"),
-        "global_template": Use("data.chat_template (named templates -> native)"),
+        "global_template": Use("data.chat_template (named templates -> native)", derive.data_files),
     }
     return rules
 
@@ -118,7 +119,10 @@ def offline_worker(role: str, no_generation: str, columns: str) -> dict[str, Rul
     generation keys are noted (``no_generation``), and so are the data keys that name
     columns, which the pipeline's own keys name instead (``columns``)."""
     rules = worker_rows(role)
-    for k in list(rules):
+    for k, rule in list(rules.items()):
+        if isinstance(rule, Use) and rule.by is derive.mini_batch:
+            # the offline pipelines' batch arithmetic reads them (no rollout.n)
+            rules[k] = Use(rule.what, global_batch)
         if k.startswith(f"{role}.generating_args."):
             rules[k] = Note(no_generation)
         elif k.startswith(f"{role}.data_args.") and k.rsplit(".", 1)[-1] not in (
@@ -155,7 +159,8 @@ def _worker() -> dict[str, Rule]:
         EPOCHS: Map("experiment.total_epochs"),
         f"{AS}.training_args.max_steps": Note("ROLL sets it from the epochs (or max_steps)"),
         f"{AS}.training_args.gradient_accumulation_steps": Use(
-            "data.train_batch_size = dp × gradient_accumulation_steps × per_device_train_batch_size"
+            "data.train_batch_size = dp × gradient_accumulation_steps × per_device_train_batch_size",
+            global_batch,
         ),
         f"{AS}.data_args.eval_file_name": Note(
             "ROLL's SFT pipeline validates on validation.data_args.file_name"
@@ -176,14 +181,13 @@ def _validation() -> dict[str, Rule]:
         k: Note("the validation loss is computed by the sft_train worker")
         for k in worker_rules("validation")
     }
-    rules["validation.data_args.file_name"] = Use("data.val_files (joined with dataset_dir)")
+    rules["validation.data_args.file_name"] = Use(
+        "data.val_files (joined with dataset_dir)", derive.data_files
+    )
     rules["validation.data_args.template"] = Same(
         f"{AS}.data_args.template", "validation rows are templated like training rows"
     )
     return rules
-
-
-SFT_TABLE = KeyTable({**_top(), **_worker(), **_validation()})
 
 
 def translate_roll_sft(raw: RawConfig) -> Translation:
@@ -193,17 +197,17 @@ def translate_roll_sft(raw: RawConfig) -> Translation:
     ctx = Ctx({**applied, **given})
     try:
         defs = walk_file(SFT_TABLE, ctx, raw)
-        ctx.set("pipeline", "sft", WORKER)
+        ctx.write("pipeline", "sft", WORKER)
         derive.model(ctx)
         derive.data_files(ctx)
         derive.strategies(ctx)
         derive.placement(ctx)
         global_batch(ctx)
-        ctx.set("data.shuffle", False, WORKER)
-        ctx.notes.append(f"{WORKER}: rows in file order, as ROLL's SFT loader reads them")
+        ctx.write("data.shuffle", False, WORKER)
+        ctx.remark(f"{WORKER}: rows in file order, as ROLL's SFT loader reads them")
         if not ctx.has(EPOCHS):
-            ctx.set("experiment.total_epochs", 3, EPOCHS)
-            ctx.notes.append(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
+            ctx.write("experiment.total_epochs", 3, EPOCHS)
+            ctx.remark(f"{EPOCHS}: the Hugging Face default 3 applies (the file omits it)")
         derive.experiment(ctx)
         derive.definitions(ctx, raw, defs)
     except ConfigError as err:
@@ -216,6 +220,19 @@ def renamed_error(err: ConfigError, named: Callable[[str], str]) -> ConfigError:
     return ConfigError(named(err.key), named(err.reason), named(err.template), bound=err.bound)
 
 
+@derivation(
+    "actor_train.training_args.{arg}",
+    "actor_train.device_mapping",
+    "actor_train.strategy_args.strategy_name",
+    "actor_train.strategy_args.strategy_config",
+    "actor_train.model_args.ulysses_size",
+    arg=(
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "adam_beta1",
+        "adam_beta2",
+    ),
+)
 def global_batch(ctx: Ctx) -> None:
     """A step is ROLL's global batch: ``dp × gradient_accumulation_steps ×
     per_device_train_batch_size`` rows (pairs in ROLL's DPO), one optimizer step (dp: the devices over TP × PP ×
@@ -231,14 +248,14 @@ def global_batch(ctx: Ctx) -> None:
         else:
             split = int(ctx.get(f"{AS}.model_args.ulysses_size") or 1)
         dp = max(1, len(devices) // max(1, split))
-        ctx.set(
+        ctx.write(
             "data.train_batch_size",
             (per or 1) * (ga or 1) * dp,
             f"{args}.gradient_accumulation_steps",
         )
     betas = [ctx.get(f"{args}.adam_beta{i}") for i in (1, 2)]
     if any(b is not None for b in betas):
-        ctx.set(
+        ctx.write(
             "actor.optim.betas",
             [b if b is not None else d for b, d in zip(betas, (0.9, 0.999))],
             f"{args}.adam_beta1",
@@ -251,3 +268,6 @@ _AS = re.compile(rf"\b{AS}\b")
 def _named(text: str) -> str:
     """The user's key names: ``sft_train`` where the shared rows say ``actor_train``."""
     return _AS.sub(WORKER, text)
+
+
+SFT_TABLE = KeyTable({**_top(), **_worker(), **_validation()})

@@ -5,9 +5,10 @@ entry is one rule (:mod:`core.rules`):
 
 - ``Map(native, fn, also=…)``: the value (through ``fn``) is written to ``native`` (and
   the ``also`` fields); ``{0}`` in a native key is the segment the first ``*`` matched.
-- ``Use(what)``: read by a derivation in ``roll.derive`` (or the pipeline modules it
-  calls: ``roll.gigpo``, ``roll.rewards``, …): the value does reach the native config,
-  but through arithmetic or a cross-key rule; ``what`` says where.
+- ``Use(what, by)``: read by the derivation ``by`` (``roll.derive.placement``,
+  ``roll.rewards.rewards``, …: a :func:`core.derivation.derivation`, which declares the
+  keys it reads): the value does reach the native config, but through arithmetic or a
+  cross-key rule; ``what`` says where.
 - ``Note(why)``: accepted; a note in ``Translation.notes`` says why it has no effect.
 - ``Refuse(reason, fix, ok=…, why=…)``: accepted with a note (``why``) when
   ``ok(value, ctx)``, otherwise a ``ConfigError(key, reason, fix)``.
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule, Same, Use
+from temper.config.dialects.roll import derive, gigpo, rewards
 from temper.config.dialects.roll.transforms import (
     GROUPINGS,
     ROLE_WORKERS,
@@ -53,7 +55,9 @@ TOP: dict[str, Rule] = {
     "output_dir": Map("experiment.output_dir"),
     "render_save_dir": Map("experiment.render_save_dir"),
     "system_envs": Map("resources.ray.system_envs", str_values),
-    "track_with": Use("experiment.trackers (stdout -> console; jsonl is always kept)"),
+    "track_with": Use(
+        "experiment.trackers (stdout -> console; jsonl is always kept)", derive.experiment
+    ),
     "tracker_kwargs": Map("experiment.tracker_kwargs"),
     "num_gpus_per_node": Map("resources.devices_per_node"),
     "num_nodes": Map("resources.nnodes"),
@@ -61,7 +65,7 @@ TOP: dict[str, Rule] = {
     "save_steps": Map("experiment.save_freq"),
     "logging_steps": Map("experiment.logging_steps"),
     "eval_steps": Map("experiment.test_freq"),
-    "resume_from_checkpoint": Use("experiment.resume_mode / resume_from_path"),
+    "resume_from_checkpoint": Use("experiment.resume_mode / resume_from_path", derive.experiment),
     "checkpoint_config.type": Refuse(
         "only the file_system checkpoint backend exists here",
         "set checkpoint_config.type: file_system (or remove it)",
@@ -76,8 +80,10 @@ TOP: dict[str, Rule] = {
     "rollout_batch_size": Map("data.train_batch_size"),
     "val_batch_size": Map("data.val_batch_size", negative_none),
     "prompt_length": Map("data.max_prompt_length"),
-    "response_length": Use("rollout.response_length"),
-    "sequence_length": Use("rollout.max_model_len (and response_length when absent)"),
+    "response_length": Use("rollout.response_length", derive.lengths),
+    "sequence_length": Use(
+        "rollout.max_model_len (and response_length when absent)", derive.lengths
+    ),
     "num_return_sequences_in_group": Map("rollout.n"),
     "generate_opt_level": Note(
         "temper's engines always schedule requests continuously; "
@@ -87,9 +93,12 @@ TOP: dict[str, Rule] = {
     "max_running_requests": Map("rollout.max_num_seqs"),
     "is_use_additional_prompts": Use(
         "data.gen_batch_size = rollout_batch_size + max_additional_running_prompts (with a "
-        "query filter: extra prompts replace the filtered groups)"
+        "query filter: extra prompts replace the filtered groups)",
+        derive.dynamic_sampling,
     ),
-    "max_additional_running_prompts": Use("data.gen_batch_size (with is_use_additional_prompts)"),
+    "max_additional_running_prompts": Use(
+        "data.gen_batch_size (with is_use_additional_prompts)", derive.dynamic_sampling
+    ),
     "local_rank": Note("set by the launcher per process; temper's launcher assigns ranks"),
     "ppo_epochs": Map("actor.ppo_epochs", also=("critic.ppo_epochs",)),
     "max_grad_norm": Map("actor.grad_clip", also=("critic.grad_clip",)),
@@ -106,7 +115,7 @@ TOP: dict[str, Rule] = {
     "kl_penalty": Map("algorithm.kl_penalty"),
     "init_kl_coef": Map("algorithm.kl_ctrl.kl_coef"),
     "kl_horizon": Map("algorithm.kl_ctrl.horizon"),
-    "target_kl": Use("algorithm.kl_ctrl.target_kl and type=adaptive"),
+    "target_kl": Use("algorithm.kl_ctrl.target_kl and type=adaptive", derive.algorithm),
     "use_reward_scaling": Map("algorithm.use_reward_scaling"),
     "use_reward_norm": Map("algorithm.use_reward_norm"),
     "add_len_reward": Map("algorithm.add_len_reward"),
@@ -116,8 +125,12 @@ TOP: dict[str, Rule] = {
     "whiten_rewards": Map("algorithm.whiten_rewards"),
     "whiten_advantages": Map("algorithm.whiten_advantages"),
     "advantage_clip": Map("algorithm.advantage_clip"),
-    "adv_estimator": Use("algorithm.adv_estimator (grpo: reinforce after group reward_norm)"),
-    "reward_norm": Use("algorithm.reward_norm (group whenever adv_estimator is grpo)"),
+    "adv_estimator": Use(
+        "algorithm.adv_estimator (grpo: reinforce after group reward_norm)", derive.algorithm
+    ),
+    "reward_norm": Use(
+        "algorithm.reward_norm (group whenever adv_estimator is grpo)", derive.algorithm
+    ),
     "reward_shift": Map("algorithm.reward_shift"),
     "reward_scale": Map("algorithm.reward_scale"),
     "add_token_level_kl": Map("algorithm.use_kl_in_reward"),
@@ -127,15 +140,15 @@ TOP: dict[str, Rule] = {
     "entropy_loss_coef": Map("actor.entropy_coeff"),
     "sft_loss_coef": Map("actor.sft_loss_coef"),
     "postive_loss_coef": Map("actor.sft_loss_coef"),
-    "use_topr_loss": Use("actor.policy_loss = topr"),
+    "use_topr_loss": Use("actor.policy_loss = topr", derive.algorithm),
     "rl_loss_coef": Map("actor.rl_loss_coef"),
-    "dual_clip_loss": Use("actor.clip_ratio_c = 1 + 2*pg_clip (None when off)"),
+    "dual_clip_loss": Use("actor.clip_ratio_c = 1 + 2*pg_clip (None when off)", derive.algorithm),
     "loss_agg_mode": Map("actor.loss_agg_mode"),
     "value_clip": Map("critic.cliprange_value"),
     "pg_clip": Map("actor.clip_ratio"),
-    "use_pg_clip_range": Use("actor.clip_ratio_low/high"),
-    "pg_clip_low": Use("actor.clip_ratio_low (with use_pg_clip_range)"),
-    "pg_clip_high": Use("actor.clip_ratio_high (with use_pg_clip_range)"),
+    "use_pg_clip_range": Use("actor.clip_ratio_low/high", derive.algorithm),
+    "pg_clip_low": Use("actor.clip_ratio_low (with use_pg_clip_range)", derive.algorithm),
+    "pg_clip_high": Use("actor.clip_ratio_high (with use_pg_clip_range)", derive.algorithm),
     "max_len_mask": Map("algorithm.max_len_mask"),
     "difficulty_mask": Map("algorithm.difficulty_mask"),
     "difficulty_low_threshold": Map("algorithm.difficulty_low_threshold"),
@@ -146,8 +159,10 @@ TOP: dict[str, Rule] = {
         ok=lambda v, _ctx: not v,
     ),
     "error_max_len_threshold": Note("used only with error_max_len_clip"),
-    "pretrain": Use("model.path (unless actor_train.model_args.model_name_or_path)"),
-    "reward_pretrain": Use("critic.model_path (unless critic.model_args.model_name_or_path)"),
+    "pretrain": Use("model.path (unless actor_train.model_args.model_name_or_path)", derive.model),
+    "reward_pretrain": Use(
+        "critic.model_path (unless critic.model_args.model_name_or_path)", derive.model
+    ),
     # agentic
     "max_actions_per_traj": Map("agentic.max_actions_per_traj"),
     "use_turn_scores": Map("agentic.use_turn_rewards"),
@@ -173,7 +188,8 @@ TOP: dict[str, Rule] = {
     "custom_envs.*.env_manager_cls": Use(
         "agentic.env_manager (TrajEnvManager: trajectory, StepEnvManager: step, "
         "StepConcatEnvManager: step_concat, VLTrajEnvManager: vl_trajectory, "
-        "ProxyEnvManager with GEMRunner: gem_runner; other classes are refused)"
+        "ProxyEnvManager with GEMRunner: gem_runner; other classes are refused)",
+        gigpo.env_manager,
     ),
 }
 
@@ -216,7 +232,7 @@ for _role in WORKERS:
     TOP.update(worker_rules(_role))
 
 # `reward` (singular) is a reward-model worker.
-TOP["reward.model_args.model_name_or_path"] = Use("reward.model.path (and enable)")
+TOP["reward.model_args.model_name_or_path"] = Use("reward.model.path (and enable)", derive.model)
 TOP["reward.model_args.dtype"] = Note("the reward model is scored in model.dtype")
 
 # `rewards.<name>`: one reward worker per domain -> reward.routes.<name> (roll_rewards).
@@ -228,22 +244,26 @@ for _k in (
     "strategy_args.strategy_name",
     "strategy_args.strategy_config",
 ):
-    _reward[f"rewards.*.{_k}"] = Use(JUDGE_USE)
-_reward["rewards.*.infer_batch_size"] = Use(JUDGE_USE)
+    _reward[f"rewards.*.{_k}"] = Use(JUDGE_USE, rewards.rewards)
+_reward["rewards.*.infer_batch_size"] = Use(JUDGE_USE, rewards.rewards)
 _reward["rewards.*.model_args.attn_implementation"] = Note(
     "the attention kernel does not change a forward-only role's results beyond rounding"
 )
 for _k in ROUTE_KWARGS:
-    _reward[f"rewards.*.{_k}"] = Use("reward.routes.<name>.kwargs, when its function reads it")
+    _reward[f"rewards.*.{_k}"] = Use(
+        "reward.routes.<name>.kwargs, when its function reads it", rewards.rewards
+    )
 _reward["rewards.*.tag_included"] = Map("reward.routes.{0}.tags", listify)
-_reward["rewards.*.worker_cls"] = Use("reward.routes.<name>.function")
+_reward["rewards.*.worker_cls"] = Use("reward.routes.<name>.function", rewards.rewards)
 # query filters: dynamic sampling (roll_derive.dynamic_sampling); ROLL's response filter
 # keeps every response whatever its config (user_defined_rollout_loop.response_filter)
 _reward["rewards.*.query_filter_config.type"] = Use(
-    "algorithm.filter_groups (mean_filter: mean_low/mean_high; std_filter: std_threshold)"
+    "algorithm.filter_groups (mean_filter: mean_low/mean_high; std_filter: std_threshold)",
+    derive.dynamic_sampling,
 )
 _reward["rewards.*.query_filter_config.filter_args"] = Use(
-    "algorithm.filter_groups thresholds (threshold_down/threshold_up, std_threshold)"
+    "algorithm.filter_groups thresholds (threshold_down/threshold_up, std_threshold)",
+    derive.dynamic_sampling,
 )
 _reward["rewards.*.response_filter_config.type"] = Note(
     "ROLL's response filter keeps every response whatever its type"
@@ -269,7 +289,9 @@ for _k, _rule in worker_rules("validation").items():
         TOP[_k] = Note("validation prompts are built like training prompts")
     else:
         TOP[_k] = Note("validation generates with the actor_infer engine")
-TOP["validation.data_args.file_name"] = Use("data.val_files (joined with dataset_dir)")
+TOP["validation.data_args.file_name"] = Use(
+    "data.val_files (joined with dataset_dir)", derive.data_files
+)
 for _k in VISION_KEYS:  # one image policy for training and validation prompts
     TOP[f"validation.data_args.{_k}"] = Same(
         f"actor_train.data_args.{_k}", "validation images are sized like training images"

@@ -171,3 +171,16 @@ def uniform(value: Any, _ctx: Any = None) -> bool:
         return True
     parts = [float(p) for p in str(value).split(",") if p.strip()]
     return len(set(parts)) <= 1
+
+
+#: The keys of a ROLL worker's ``generating_args`` (its HF-style sampling settings).
+GENERATING_ARGS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "num_beams",
+    "num_return_sequences",
+    "do_sample",
+    "repetition_penalty",
+)

@@ -19,7 +19,6 @@ from typing import Any
 
 from temper.config.catalog import Catalog
 from temper.config.dialects import Translation
-from temper.config.dialects.core import paths
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.roll import derive
 from temper.config.dialects.roll import gem as roll_gem
@@ -88,7 +87,7 @@ def _translate(
     defs = walk_file(RL_TABLE, ctx, raw)
     agentic = "train_env_manager" in data
     pipeline = "agentic_rollout" if rollout_only else "agentic" if agentic else "rlvr"
-    ctx.set("pipeline", pipeline, "actor_infer" if rollout_only else "train_env_manager")
+    ctx.write("pipeline", pipeline, "actor_infer" if rollout_only else "train_env_manager")
     derive.model(ctx)
     derive.lengths(ctx, agentic)
     derive.algorithm(ctx)
@@ -107,20 +106,21 @@ def _translate(
         derive.episodes(ctx)
     derive.definitions(ctx, raw, defs)
     if rollout_only:
-        ctx.notes.append(
+        ctx.remark(
             "actor_infer without actor_train: ROLL's agentic rollout pipeline (episodes, no "
             "training), temper's agentic_rollout, run by temper generate; a file that trains "
             "names actor_train"
         )
         drop_training_keys(ctx)
     if distill is not None:
-        ctx.set("distill.teachers", distill["teachers"], "teacher")
+        ctx.write("distill.teachers", distill["teachers"], "teacher")
         kl = ctx.native_get("algorithm.kl_penalty")
         if kl is not None:  # ROLL's OPD estimates each teacher's KL with kl_penalty
-            ctx.set("distill.kl_penalty", kl, "kl_penalty")
+            ctx.write("distill.kl_penalty", kl, "kl_penalty")
         mode = "is_pure_opd" if distill["pure"] else "use_opd"
-        ctx.set("distill.pure", distill["pure"], "student_train" if distill["pure"] else mode)
-        ctx.notes.extend(opd_notes)
+        ctx.write("distill.pure", distill["pure"], "student_train" if distill["pure"] else mode)
+        for line in opd_notes:
+            ctx.remark(line)
     return translation(ctx, applied, RL_TABLE)
 
 
@@ -143,22 +143,21 @@ def drop_training_keys(ctx: Ctx) -> None:
     with a note."""
     unread = {
         dst: src
-        for dst, src in ctx.src.items()
+        for dst, src in ctx.out.sources().items()
         if not dst.startswith(ROLLOUT_READS) or dst.startswith("agentic.val_env_manager")
     }
     for dst in unread:
-        paths.delete(ctx.native, dst)
-        del ctx.src[dst]
+        ctx.out.drop(dst)
     placed = sorted({src for dst, src in unread.items() if dst.startswith("resources.")})
     dropped = sorted(set(unread.values()) - set(placed))
     if placed:
-        ctx.notes.append(
+        ctx.remark(
             f"{', '.join(placed)}: ROLL spreads actor_infer over these devices; temper's "
             "agentic rollout plays every episode with one engine in this process (the same "
             "episodes, at one engine's speed)"
         )
     if dropped:
-        ctx.notes.append(
+        ctx.remark(
             f"{', '.join(dropped)}: accepted, no effect here: ROLL's agentic rollout "
             "pipeline trains, validates and checkpoints nothing"
         )

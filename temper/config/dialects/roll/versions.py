@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule, Same, Use
+from temper.config.dialects.roll import correction, derive, gem, gigpo, opd, pg
 from temper.config.dialects.roll.mock import RULES as ROLLOUT_MOCK
 from temper.config.dialects.roll.pg import PARAM_RULES
 from temper.config.dialects.roll.transforms import ATTN, choice, listify
@@ -169,9 +170,15 @@ def _worker(role: str) -> dict[str, Rule]:
             "use_sequence_packing": Map("model.use_remove_padding"),
             "use_dynamic_batching_in_infer": Map("rollout.log_prob_use_dynamic_bsz"),
             "max_tokens_per_microbatch_in_infer": Map("rollout.log_prob_max_token_len_per_device"),
-            "pg_variant": Use("actor.policy_loss (with a policy-gradient worker_cls)"),
-            "topr_positive_weight": Use("actor.policy_loss_kwargs (pg_variant topr)"),
-            "topr_negative_weight": Use("actor.policy_loss_kwargs (pg_variant topr)"),
+            "pg_variant": Use(
+                "actor.policy_loss (with a policy-gradient worker_cls)", pg.pg_variant
+            ),
+            "topr_positive_weight": Use(
+                "actor.policy_loss_kwargs (pg_variant topr)", pg.pg_variant
+            ),
+            "topr_negative_weight": Use(
+                "actor.policy_loss_kwargs (pg_variant topr)", pg.pg_variant
+            ),
             **PARAM_RULES,
         }
     elif role == "reference":
@@ -222,7 +229,8 @@ def _env_tag() -> dict[str, Rule]:
         f"{e}.max_steps": Map("agentic.custom_envs.{0}.max_turns"),
         f"{e}.max_tokens_per_step": Use(
             "agentic.custom_envs.<tag>.max_tokens_per_turn (the smaller of it and "
-            "actor_infer.generating_args.max_new_tokens, as ROLL's TrajEnvManager takes)"
+            "actor_infer.generating_args.max_new_tokens, as ROLL's TrajEnvManager takes)",
+            derive.lengths,
         ),
         f"{e}.agent_system_template": Map("agentic.custom_envs.{0}.system_template", _text),
         f"{e}.agent_template": Map("agentic.custom_envs.{0}.turn_template", _text),
@@ -232,11 +240,13 @@ def _env_tag() -> dict[str, Rule]:
         f"{e}.max_env_step_concurrent": Note("concurrent env steps: " + PERF),
         f"{e}.history_length": Use(
             "agentic.custom_envs.<tag>.history_length with StepEnvManager (the trajectory "
-            "env manager keeps the whole episode)"
+            "env manager keeps the whole episode)",
+            gigpo.env_manager,
         ),
         f"{e}.agent_runner_cls": Use(
             "agentic.env_manager with env_manager_cls ProxyEnvManager (GEMRunner: gem_runner; "
-            "other runners are refused)"
+            "other runners are refused)",
+            gigpo.env_manager,
         ),
         f"{e}.pre_step_template": Map("agentic.custom_envs.{0}.pre_step_template", _text),
         f"{e}.next_step_template": Map("agentic.custom_envs.{0}.next_step_template", _text),
@@ -259,7 +269,8 @@ def _env_tag() -> dict[str, Rule]:
         f"{e}.grid_vocab": Note("a vision-language env setting (the grid is text here)"),
         f"{e}.tool_wrapper": Use(
             "agentic.custom_envs.<tag>.tool_wrapper (GEM's tool wrapper: wrapper_args and "
-            "the tool_configs by tool_id)"
+            "the tool_configs by tool_id)",
+            gem.tool_wrappers,
         ),
     }
 
@@ -270,9 +281,13 @@ def _text(value: Any, _ctx: Any = None) -> str:
 
 def _env_manager(mgr: str) -> dict[str, Rule]:
     return {
-        f"{mgr}.system_envs": Use("merged into resources.ray.system_envs"),
+        f"{mgr}.system_envs": Use("merged into resources.ray.system_envs", derive.placement),
         f"{mgr}.generating_args": Use(
             "actor_infer.generating_args when the file gives none (ROLL copies one to the other)"
+            if mgr == "train_env_manager"
+            else "replaced by actor_infer.generating_args (ROLL copies that one to both env "
+            "managers)",
+            derive.env_manager_sampling,
         ),
         f"{mgr}.group_filter_cls": Refuse(
             "a custom ROLL group filter cannot run here",
@@ -284,8 +299,8 @@ def _env_manager(mgr: str) -> dict[str, Rule]:
 
 
 ADDITIONS: dict[str, Rule] = {
-    "norm_mean_type": Use("algorithm.reward_norm / reward_shift / reward_scale"),
-    "norm_std_type": Use("algorithm.reward_norm / reward_shift / reward_scale"),
+    "norm_mean_type": Use("algorithm.reward_norm / reward_shift / reward_scale", derive.algorithm),
+    "norm_std_type": Use("algorithm.reward_norm / reward_shift / reward_scale", derive.algorithm),
     "reward_normalization.norm_mean_type": Map(
         "agentic.reward_normalization.norm_mean_type",
         choice(
@@ -308,7 +323,9 @@ ADDITIONS: dict[str, Rule] = {
         "remove it",
         ok=lambda v, _ctx: v in (None, 0, 0.0),
     ),
-    "async_generation_ratio": Use("async_training.staleness (whole numbers of batches ahead)"),
+    "async_generation_ratio": Use(
+        "async_training.staleness (whole numbers of batches ahead)", derive.async_generation
+    ),
     "offload_nccl": Note("frees NCCL buffers between phases: " + PERF),
     "rollout_dump_dir": Map("experiment.rollout_data_dir"),
     "model_download_type": Note(
@@ -323,7 +340,9 @@ ADDITIONS: dict[str, Rule] = {
     "model_update_buffer_size_mb": Map("rollout.update_weights_bucket_megabytes"),
     "is_offload_states": Note("offloads idle roles' states: " + PERF),
     "is_offload_optimizer_states_in_train_step": Note("optimizer-state offload: " + PERF),
-    "global_template": Use("data.chat_template (native; named templates -> native)"),
+    "global_template": Use(
+        "data.chat_template (native; named templates -> native)", derive.data_files
+    ),
     "model_name": Note("a run label of ROLL's rollout pipelines"),
     "batch_adjust_mode": Note(
         "ROLL pads or trims a batch whose trajectory count drifted; temper's agentic batch "
@@ -351,11 +370,14 @@ ADDITIONS: dict[str, Rule] = {
         ok=lambda v, _ctx: v in (None, 0, 0.0, 1, 1.0),
     ),
     "pg_variant": Note("a definition the workers' pg_variant reads"),
-    "step_reward_weight": Use("algorithm.gigpo_step_weight (adv_estimator gigpo)"),
-    "episode_reward_weight": Use("algorithm.gigpo_episode_weight (adv_estimator gigpo)"),
+    "step_reward_weight": Use("algorithm.gigpo_step_weight (adv_estimator gigpo)", gigpo.gigpo),
+    "episode_reward_weight": Use(
+        "algorithm.gigpo_episode_weight (adv_estimator gigpo)", gigpo.gigpo
+    ),
     "step_reward_gamma": Use(
         "algorithm.gigpo_step_gamma (adv_estimator gigpo), agentic.step_score_gamma "
-        "(adv_estimator step_reinforce)"
+        "(adv_estimator step_reinforce)",
+        gigpo.gigpo,
     ),
     "default_history_length": Note("read by ROLL's step-wise env manager only"),
     "env_monitor": Note("ROLL's hung-env watchdog; temper's env steps run in its own process"),
@@ -383,13 +405,19 @@ ADDITIONS: dict[str, Rule] = {
         "set mask_type: loss",
         ok=lambda v, _ctx: v in (None, "loss"),
     ),
-    "train_infer_correction.is_weight.enabled": Use("actor.rollout_is"),
-    "train_infer_correction.is_weight.weight_type": Use("actor.rollout_is"),
-    "train_infer_correction.is_weight.upper_bound": Use("actor.rollout_is_threshold"),
+    "train_infer_correction.is_weight.enabled": Use(
+        "actor.rollout_is", correction.train_infer_correction
+    ),
+    "train_infer_correction.is_weight.weight_type": Use(
+        "actor.rollout_is", correction.train_infer_correction
+    ),
+    "train_infer_correction.is_weight.upper_bound": Use(
+        "actor.rollout_is_threshold", correction.train_infer_correction
+    ),
     "train_infer_correction.is_weight.detach": Note(
         "the importance weight is never differentiated"
     ),
-    "train_infer_correction.filters": Use("actor.rollout_rs"),
+    "train_infer_correction.filters": Use("actor.rollout_rs", correction.train_infer_correction),
     # ---- remaining fields of ROLL's config dataclasses (no example sets them)
     "balance_length": Note("balances lengths over data-parallel ranks: " + PERF),
     "base_dir": Note("temper writes under experiment.output_dir"),
@@ -415,7 +443,9 @@ ADDITIONS: dict[str, Rule] = {
         ok=lambda v, _ctx: not v or not any(vv for vv in (v or {}).values()),
         why="no filter",
     ),
-    "tag_to_template": Use("one chat template for every tag: each must be the file's template"),
+    "tag_to_template": Use(
+        "one chat template for every tag: each must be the file's template", derive.data_files
+    ),
     "use_policy_loss_type": Refuse(
         "only the PPO loss (with the importance ratio) is supported here; PG is "
         "the plain policy gradient",
@@ -459,7 +489,9 @@ ADDITIONS["rewards.*.reward_manager_config"] = Refuse(
     "ROLL's reward-system plugins are not supported", "remove it", ok=lambda v, _ctx: not v
 )
 for _k in ("is_pure_opd", "use_opd", "student_train", "student_infer"):
-    ADDITIONS[_k] = Use("on-policy distillation (roll_opd): its mode and the student's workers")
+    ADDITIONS[_k] = Use(
+        "on-policy distillation (roll_opd): its mode and the student's workers", opd.rewrite_opd
+    )
 ADDITIONS["teacher"] = Refuse(
     "ROLL reads the teacher only in on-policy distillation (student_train and student_infer, "
     "or use_opd)",

@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule, Same, Use
-from temper.config.dialects.roll.transforms import ATTN, DTYPES, LR_SCHEDULERS, choice, uniform
+from temper.config.dialects.roll import derive, rewards
+from temper.config.dialects.roll.transforms import (
+    ATTN,
+    DTYPES,
+    GENERATING_ARGS,
+    LR_SCHEDULERS,
+    choice,
+    uniform,
+)
 from temper.config.dialects.roll.versions import ADDITIONS, OVERRIDES
 from temper.config.errors import ConfigError
 
@@ -22,7 +30,7 @@ RAY_ENV = "merged into resources.ray.system_envs"
 
 
 def _model_args(role: str) -> dict[str, Rule]:
-    path_use = Use("model.path (all policy roles share one model)")
+    path_use = Use("model.path (all policy roles share one model)", derive.model)
     if role == "actor_train":
         return {
             "model_args.dtype": Map("model.dtype", choice(DTYPES, "actor_train.model_args.dtype")),
@@ -100,7 +108,9 @@ def _training_args(role: str) -> dict[str, Rule]:
         "training_args.learning_rate": Map(f"{dst}.optim.lr"),
         "training_args.weight_decay": Map(f"{dst}.optim.weight_decay"),
         "training_args.per_device_train_batch_size": Map(f"{dst}.micro_batch_size_per_device"),
-        "training_args.gradient_accumulation_steps": Use(f"{dst}.mini_batch_size"),
+        "training_args.gradient_accumulation_steps": Use(
+            f"{dst}.mini_batch_size", derive.mini_batch
+        ),
         "training_args.warmup_steps": Map(f"{dst}.optim.warmup_steps"),
         "training_args.warmup_ratio": Map(f"{dst}.optim.warmup_ratio"),
         "training_args.num_train_epochs": Note("ROLL derives the trainer's steps from max_steps"),
@@ -109,8 +119,8 @@ def _training_args(role: str) -> dict[str, Rule]:
             choice(LR_SCHEDULERS, f"{role}.training_args.lr_scheduler_type"),
         ),
         "training_args.max_grad_norm": Map(f"{dst}.grad_clip"),
-        "training_args.adam_beta1": Use(f"{dst}.optim.betas[0]"),
-        "training_args.adam_beta2": Use(f"{dst}.optim.betas[1]"),
+        "training_args.adam_beta1": Use(f"{dst}.optim.betas[0]", derive.mini_batch),
+        "training_args.adam_beta2": Use(f"{dst}.optim.betas[1]", derive.mini_batch),
         "training_args.adam_epsilon": Map(f"{dst}.optim.eps"),
         "training_args.max_steps": Note("ROLL overwrites it from the pipeline max_steps"),
         "training_args.seed": Note("ROLL overwrites it with the pipeline seed"),
@@ -143,10 +153,12 @@ def _data_args(role: str) -> dict[str, Rule]:
         return rules
     return {
         **_vision_data_args(),
-        "data_args.template": Use("data.chat_template (native; named templates -> native)"),
-        "data_args.file_name": Use("data.train_files (joined with dataset_dir)"),
-        "data_args.dataset_dir": Use("data.train_files / data.val_files"),
-        "data_args.eval_file_name": Use("data.val_files"),
+        "data_args.template": Use(
+            "data.chat_template (native; named templates -> native)", derive.data_files
+        ),
+        "data_args.file_name": Use("data.train_files (joined with dataset_dir)", derive.data_files),
+        "data_args.dataset_dir": Use("data.train_files / data.val_files", derive.data_files),
+        "data_args.eval_file_name": Use("data.val_files", derive.eval_files),
         "data_args.prompt": Map("data.prompt_key"),
         "data_args.messages": Map("data.messages_key"),
         "data_args.tag": Map("data.tag_key"),
@@ -242,26 +254,19 @@ def _vision_data_args() -> dict[str, Rule]:
 
 
 def _generating_args(role: str) -> dict[str, Rule]:
-    keys = (
-        "max_new_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "num_beams",
-        "num_return_sequences",
-        "do_sample",
-        "repetition_penalty",
-    )
+    keys = GENERATING_ARGS
     if role == "actor_infer":
         return {
-            "generating_args.max_new_tokens": Use("rollout.response_length"),
+            "generating_args.max_new_tokens": Use("rollout.response_length", derive.lengths),
             "generating_args.temperature": Map("rollout.temperature"),
             "generating_args.top_p": Map("rollout.top_p"),
             "generating_args.top_k": Map("rollout.top_k"),
             "generating_args.do_sample": Map("rollout.do_sample"),
             "generating_args.repetition_penalty": Map("rollout.repetition_penalty"),
             "generating_args.num_beams": _beams(role),
-            "generating_args.num_return_sequences": Use("must equal num_return_sequences_in_group"),
+            "generating_args.num_return_sequences": Use(
+                "must equal num_return_sequences_in_group", derive.lengths
+            ),
         }
     if role == "validation":
         return {
@@ -269,7 +274,7 @@ def _generating_args(role: str) -> dict[str, Rule]:
                 "ROLL recomputes it from the sequence lengths; validation uses "
                 "rollout.response_length"
             ),
-            "generating_args.temperature": Use("rollout.val.temperature / do_sample"),
+            "generating_args.temperature": Use("rollout.val.temperature / do_sample", derive.data),
             "generating_args.top_p": Map("rollout.val.top_p"),
             "generating_args.top_k": Map("rollout.val.top_k"),
             "generating_args.do_sample": Map("rollout.val.do_sample"),
@@ -280,7 +285,7 @@ def _generating_args(role: str) -> dict[str, Rule]:
             ),
         }
     if role == "rewards.*":
-        return {f"generating_args.{k}": Use(JUDGE_USE) for k in keys}
+        return {f"generating_args.{k}": Use(JUDGE_USE, rewards.rewards) for k in keys}
     return {f"generating_args.{k}": Note(GEN_NOTE) for k in keys}
 
 
@@ -301,15 +306,15 @@ def _placement(role: str) -> dict[str, Rule]:
         "reward": "reward",
     }.get(role)
     rules: dict[str, Rule] = {
-        "strategy_args.strategy_name": Use("the role's engine"),
-        "strategy_args.strategy_config": Use("the engine's settings"),
-        "device_mapping": Use(f"resources.{res or 'reward'}"),
-        "world_size": Use("checked against device_mapping"),
+        "strategy_args.strategy_name": Use("the role's engine", derive.strategies),
+        "strategy_args.strategy_config": Use("the engine's settings", derive.strategies),
+        "device_mapping": Use(f"resources.{res or 'reward'}", derive.placement),
+        "world_size": Use("checked against device_mapping", derive.placement),
         "num_gpus_per_worker": Note(ROLL_FORCES_ONE),
         "model_update_frequency": Note("weights sync from actor_train to actor_infer only"),
         "infer_batch_size": Note("forward micro-batch of a role temper does not run separately"),
-        "system_envs": Use(RAY_ENV),
-        "worker_cls": Use("checked: ROLL's own role classes only"),
+        "system_envs": Use(RAY_ENV, derive.placement),
+        "worker_cls": Use("checked: ROLL's own role classes only", derive.placement),
         "name": Note("ROLL's role name; temper names roles itself"),
         "use_dynamic_batching_in_train": Note(TRAIN_NOTE),
         "max_tokens_per_microbatch_in_train": Note(TRAIN_NOTE),
@@ -347,7 +352,7 @@ def _placement(role: str) -> dict[str, Rule]:
         rules.update(
             {
                 "infer_batch_size": Note("rule rewards score one response per call"),
-                "world_size": Use("reward.num_workers"),
+                "world_size": Use("reward.num_workers", rewards.rewards),
             }
         )
     elif role == "validation":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.result import Written
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule
 from temper.config.dialects.verl import transforms as r
 from temper.config.dialects.verl.table import _optim
@@ -118,9 +119,9 @@ def finish(ctx: Any) -> None:
             if value is None:
                 continue
             if leaf in MOVE:
-                ctx.writes[MOVE[leaf]] = (value, source, weak)
+                ctx.writes[MOVE[leaf]] = Written(value, source, weak)
             elif leaf.startswith("fsdp."):
-                ctx.writes[f"prime.prm.{leaf}"] = (value, source, weak)
+                ctx.writes[f"prime.prm.{leaf}"] = Written(value, source, weak)
             else:
                 ctx.unnote(source)
                 ctx.note(PRM if leaf == "enable" else PRM_UNREAD, source)

@@ -144,7 +144,7 @@ def finish(ctx: Any) -> None:
         kwargs = dict(ctx.writes.get(native, ({}, "", False))[0] or {})
         kwargs.setdefault("enable_thinking", bool(thinking))  # the file's own kwargs win
         # one value from two keys: the kwargs the file gives, completed by the default
-        ctx.writes[native] = (kwargs, got["enable_thinking_default"][1], False)
+        ctx.replace(native, kwargs, got["enable_thinking_default"][1])
     if not engine_era and "actor.optim.lr_scheduler" not in ctx.writes:
         # fsdp_sft_trainer decays with a cosine when optim.lr_scheduler is absent
         ctx.write("actor.optim.lr_scheduler", "cosine", key="optim.lr_scheduler")

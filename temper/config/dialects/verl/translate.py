@@ -35,6 +35,7 @@ from temper.config.dialects import Translation
 from temper.config.dialects.core import paths
 from temper.config.dialects.core.context import Context
 from temper.config.dialects.core.paths import MISSING
+from temper.config.dialects.core.result import Written
 from temper.config.dialects.core.rules import Call, Gated, Map, Note, Refuse, Rule, describe
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.verl import asynchronous as verl_async
@@ -154,38 +155,24 @@ class _Translator(Context):
         self.prefix = ""
         self.shown = ""  # the prefix keys are shown with (the wrapper's own keys: none)
         self.path = ""  # the same without the wrapper prefix
-        self.notes: dict[str, list[str]] = {}
-        self.writes: dict[str, tuple[Any, str, bool]] = {}
         self.state: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ context API
+
+    @property
+    def writes(self) -> dict[str, Written]:
+        """The native fields written so far (the result's; final passes read them)."""
+        return self.out.fields
 
     def get(self, path: str, default: Any = None) -> Any:
         node = super().get(path)
         return default if node is None or node == UNSET else node
 
-    def note(self, why: str, key: str | None = None) -> None:
-        keys = self.notes.setdefault(why, [])
-        key = key or self.key
-        if key not in keys:
-            keys.append(key)
-
-    def unnote(self, key: str) -> None:
-        """Take ``key`` out of the notes (a final pass that gives it a meaning after all)."""
-        for why in list(self.notes):
-            self.notes[why] = [k for k in self.notes[why] if k != key]
-            if not self.notes[why]:
-                del self.notes[why]
-
     def write(self, native: str, value: Any, key: str | None = None) -> None:
         """Set native field ``native`` (converted to its type) as verl key ``key`` (default:
         the key being translated); for ``Call`` rules that split one verl value."""
-        saved = self.key
-        self.key = key or self.key
-        try:
-            self._write(native, _convert(value, native_type(native), self.key))
-        finally:
-            self.key = saved
+        key = key or self.key
+        self.out.write(native, _convert(value, native_type(native), key), key)
 
     def error_at(self, key: str, reason: str, fix: str) -> ConfigError:
         """A refusal of verl key ``key`` (a final pass's, which reads several keys)."""
@@ -194,7 +181,7 @@ class _Translator(Context):
     def replace(self, native: str, value: Any, key: str) -> None:
         """Set native field ``native`` over what another key set, as verl key ``key`` (the
         final pass's derivations: a separate rollout pool re-counts the devices)."""
-        self.writes[native] = (_convert(value, native_type(native), key), key, False)
+        self.out.replace(native, _convert(value, native_type(native), key), key)
 
     # ------------------------------------------------------------------ driver
 
@@ -213,11 +200,10 @@ class _Translator(Context):
         self.tables.keys.walk_section(self, self.data, ())
         self.tables.finish(self)
         self._finish()
-        sources = {native: key for native, (_v, key, _weak) in self.writes.items()}
         return Translation(
-            native=self._native(),
-            notes=self._render_notes(),
-            sources=sources,
+            native=self.out.native(),
+            notes=self.out.notes(),
+            sources=self.out.sources(),
             table=self.tables.reverse,
         )
 
@@ -372,25 +358,7 @@ class _Translator(Context):
         self._write(rule.native, out, rule.weak)
 
     def _write(self, native: str, value: Any, weak: bool = False) -> None:
-        old = self.writes.get(native)
-        if old is None or (old[0] is None and value is not None):
-            self.writes[native] = (value, self.key, weak)
-            return
-        old_value, old_key, old_weak = old
-        if value is None or value == old_value:
-            return
-        if weak and not old_weak:
-            self.note(f"overridden by {old_key} (both set {native})")
-            return
-        if old_weak and not weak:
-            self.note(f"overridden by {self.key} (both set {native})", old_key)
-            self.writes[native] = (value, self.key, weak)
-            return
-        raise ConfigError(
-            self.key,
-            f"sets {native} to {value!r} but {old_key} sets it to {old_value!r}",
-            f"give both the same value (temper has one {native})",
-        )
+        self.out.write(native, value, self.key, weak)
 
     # ------------------------------------------------------------------ final pass
 
@@ -497,21 +465,13 @@ class _Translator(Context):
                 budget, key, weak = self.writes.get(native, (None, "", False))
                 if not isinstance(budget, int):
                     continue
-                self.writes[native] = (budget * size, key, weak)
+                self.writes[native] = Written(budget * size, key, weak)
                 self.note(
                     f"verl's token budgets count one sequence-parallel rank's tokens: × "
                     f"{size_source.rsplit('.', 1)[-1]} {size} = {budget * size} tokens of whole "
                     f"samples here ({native})",
                     key,
                 )
-
-    def _native(self) -> dict[str, Any]:
-        return paths.nest(
-            (native, value) for native, (value, _k, _w) in sorted(self.writes.items())
-        )
-
-    def _render_notes(self) -> list[str]:
-        return [f"{why}: {', '.join(keys)}" for why, keys in self.notes.items()]
 
 
 PPO = Tables(TABLE, DEFAULTS, INHERIT, _Translator._finish_ppo)

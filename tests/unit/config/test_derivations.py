@@ -1,0 +1,164 @@
+"""Every ``Use`` row of the ROLL tables names the derivation that reads its key, and the
+derivations' declarations (``core.derivation``) hold on both sides: against the tables,
+and against what each derivation really reads when it translates the upstream files.
+
+- a Use row whose derivation does not declare its key fails;
+- a key a derivation declares that no table has fails (the walk would refuse it as
+  unknown), and so does one that a table whose rows name the derivation calls inert
+  (``Note``, ``Gated``): that table tells the user the key has no effect while the
+  derivation reads it (unless the derivation declares it ``explains``: read only to word a
+  note);
+- a key a derivation reads without declaring it fails, and so does a declared key (each
+  key a template names, every role of it) that the derivation never reads over the ROLL
+  replay rows and :data:`EXTRA` (files that reach the branches no upstream file does).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import pytest
+import upstream_replay  # next to this file
+
+from temper.config.dialects.core.derivation import (
+    DECLARED,
+    Derivation,
+    matches,
+    recording,
+    under,
+)
+from temper.config.dialects.core.rules import Gated, Note, Use
+from temper.config.dialects.core.walk import KeyTable
+from temper.config.dialects.roll.distill import DISTILL_TABLE, DISTILL_VL_TABLE
+from temper.config.dialects.roll.dpo import DPO_TABLE
+from temper.config.dialects.roll.sft import SFT_TABLE
+from temper.config.dialects.roll.translate import RL_TABLE
+
+TABLES: dict[str, KeyTable] = {
+    "rl": RL_TABLE,
+    "sft": SFT_TABLE,
+    "dpo": DPO_TABLE,
+    "distill": DISTILL_TABLE,
+    "distill_vl": DISTILL_VL_TABLE,
+}
+USE_ROWS = [
+    (name, key, rule)
+    for name, table in TABLES.items()
+    for key, rule in table.rules.items()
+    if isinstance(rule, Use)
+]
+DERIVATIONS: dict[str, Derivation[..., Any]] = {
+    name: d for name, d in DECLARED.items() if name.startswith("roll.")
+}
+#: table -> the derivations its rows name (the derivations its pipeline runs)
+NAMED: dict[str, set[str]] = {
+    name: {r.by.name for r in table.rules.values() if isinstance(r, Use)}
+    for name, table in TABLES.items()
+}
+
+
+def _id(row: tuple[str, str, Use]) -> str:
+    return f"{row[0]}:{row[1]}"
+
+
+@pytest.mark.parametrize("row", USE_ROWS, ids=_id)
+def test_a_use_rows_derivation_declares_its_key(row: tuple[str, str, Use]) -> None:
+    _table, key, rule = row
+    assert any(matches(key, p) for p in rule.by.reads), (
+        f"{key} names {rule.by.name}, which does not declare it"
+    )
+
+
+def _honoured(derivation: Derivation[..., Any], key: str) -> list[str]:
+    """What is wrong with a key ``derivation`` declares, per table ([] when nothing)."""
+    found, wrong = False, []
+    for name, table in TABLES.items():
+        rule = table.rule(key)
+        if rule is None:
+            found = found or bool(table.children(tuple(key.split("."))))
+            continue
+        found = True
+        inert = isinstance(rule, Note | Gated) and key not in derivation.explains
+        if inert and derivation.name in NAMED[name]:
+            wrong.append(f"the {name} table calls it inert ({type(rule).__name__})")
+    return wrong if found else ["no table has it"]
+
+
+@pytest.mark.parametrize("name", sorted(DERIVATIONS))
+def test_what_a_derivation_declares_the_tables_honour(name: str) -> None:
+    derivation = DERIVATIONS[name]
+    wrong = {k: _honoured(derivation, k) for k in sorted(derivation.reads)}
+    assert not {k: w for k, w in wrong.items() if w}
+
+
+GRPO = "roll-2026-08-8eb27cc/examples/docs_examples/example_grpo.yaml"
+PPO = "roll-2026-08-8eb27cc/examples/docs_examples/example_ppo.yaml"
+#: Upstream files with overrides that reach what no upstream file does: a rejection
+#: filter without the old-log-prob recompute, an eval file, prompt and messages both
+#: (refused), a query filter with extra prompts.
+EXTRA = [
+    upstream_replay.Row(
+        f"{path} {' '.join(overrides)}", upstream_replay.UPSTREAM / path, tuple(overrides)
+    )
+    for path, overrides in (
+        (
+            PPO,
+            [
+                "critic.strategy_args.strategy_name=megatron_train",
+                "critic.strategy_args.strategy_config={tensor_model_parallel_size: 1}",
+                "reward.device_mapping=[0]",
+                "reward.world_size=1",
+            ],
+        ),
+        (
+            GRPO,
+            [
+                "train_infer_correction.filters=[{enabled: true, agg_type: sequence}]",
+                "enable_old_logprobs_recompute=false",
+                "entropy_loss_coef=0.01",
+                "actor_train.data_args.eval_file_name=[eval.jsonl]",
+            ],
+        ),
+        (GRPO, ["actor_train.data_args.prompt=prompt"]),
+        (
+            GRPO,
+            [
+                "rewards.crossthinkqa.query_filter_config={type: std_filter}",
+                "rewards.ifeval.query_filter_config={type: std_filter}",
+                "rewards.math_rule.query_filter_config={type: std_filter}",
+                "rewards.code_sandbox.query_filter_config={type: std_filter}",
+                "rewards.llm_judge.query_filter_config={type: std_filter}",
+                "is_use_additional_prompts=true",
+            ],
+        ),
+    )
+]
+
+
+@functools.cache
+def _recorded() -> dict[str, set[str]]:
+    """What each derivation read over the ROLL rows of the upstream replay and EXTRA."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with recording() as record:
+            for row in [*upstream_replay.rows(), *EXTRA]:
+                if row.name.startswith("roll"):
+                    upstream_replay.check(row)
+    return record
+
+
+@pytest.mark.parametrize("name", sorted(DERIVATIONS))
+def test_a_derivation_reads_what_it_declares(name: str) -> None:
+    derivation, read = DERIVATIONS[name], _recorded().get(name, set())
+    undeclared = {
+        r for r in read if not any(matches(r, p) or under(r, p) for p in derivation.reads)
+    }
+    assert not undeclared, f"{name} reads keys it does not declare"
+    never = [
+        key
+        for key in sorted(derivation.reads)
+        if not any(matches(r, key) or under(r, key) for r in read)
+    ]
+    assert not never, f"{name} declares keys it never reads over the replay"
