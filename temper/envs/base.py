@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from temper.rewards.judge import JudgeEngine
 
 __all__ = ["EnvSlot", "EnvTurnResult", "TextEnv"]
 
@@ -59,6 +62,14 @@ class TextEnv(abc.ABC):
     #: the modes ``render`` draws: every env renders ``text``; one that also draws its
     #: state as an image (``rgb_array``) says so here (frames, the VL env manager)
     render_modes: ClassVar[tuple[str, ...]] = ("text",)
+    #: the env's observations hold images: its observation text marks each with
+    #: ``<image>`` and :meth:`observation_images` returns them, in order (DeepEyes: the
+    #: question's image, then each zoomed crop); the VL trajectory env manager shows them
+    #: where they are marked instead of a rendered frame of the state
+    image_observations: ClassVar[bool] = False
+    #: the env grades answers with the run's LLM judge (``reward.judge``), which the env
+    #: manager hands it with :meth:`attach_judge` before the first episode
+    uses_judge: ClassVar[bool] = False
 
     @abc.abstractmethod
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
@@ -97,6 +108,20 @@ class TextEnv(abc.ABC):
         sandbox that cannot start, a retriever that does not answer), or None; asked by
         ``temper check``."""
         return None
+
+    def observation_images(self) -> list[Any]:
+        """The current observation's images (PIL), one per ``<image>`` of its text, for an
+        env with :attr:`image_observations`; [] otherwise."""
+        return []
+
+    def system_prompt(self) -> str:
+        """The system message the env's current episode brings (DeepEyes: its row's), ''
+        for none: the tag's ``system_template`` applies."""
+        return ""
+
+    def attach_judge(self, judge: JudgeEngine) -> None:
+        """Hand the env the run's LLM judge (an env with :attr:`uses_judge` keeps it)."""
+        raise TypeError(f"{type(self).__name__} grades with no judge (uses_judge is False)")
 
     def suffix(self) -> str:
         """Text shown after the observation each turn (GEM's task suffix, e.g. "Enter your

@@ -55,6 +55,7 @@ import numpy as np
 
 from temper.config.errors import ConfigError
 from temper.config.schema import AgenticConfig, EnvManagerConfig, EnvTagConfig
+from temper.rewards.judge import JudgeEngine
 
 from .actions import ParsedAction, parse_action
 from .base import EnvSlot, EnvTurnResult, TextEnv
@@ -128,7 +129,10 @@ class EnvManager:
         max_actions_per_traj: int | None = None,
         record_frames: bool = False,
         key: str = "agentic.train_env_manager",
+        judge: JudgeEngine | None = None,
     ) -> None:
+        """``judge``: the run's LLM judge, handed to every env that grades with it
+        (``TextEnv.uses_judge``)."""
         self.cfg, self.mode, self.run_seed = cfg, mode, int(seed)
         self.action_sep, self.enable_think = action_sep, enable_think
         self.max_actions_per_traj = max_actions_per_traj
@@ -155,6 +159,16 @@ class EnvManager:
             for g, tag in enumerate(self.group_tags)
             for _ in range(cfg.group_size)
         ]
+        for st in self._states:
+            if st.env.uses_judge:
+                if judge is None:
+                    raise ConfigError(
+                        "reward.judge.model_path",
+                        f"env type '{st.spec.env_type}' (tag {st.spec.tag}) grades answers "
+                        "with an LLM judge, and this run has none",
+                        "set reward.judge.model_path (ROLL: the reward section's model)",
+                    )
+                st.env.attach_judge(judge)
 
     @classmethod
     def from_agentic(

@@ -11,7 +11,16 @@ max_response_length)]``
 
 with the env instruction put before the first turn's ``pre_step`` text, and the tag's
 ``system_template`` (ROLL ``agent_system_template``) as the system message when it is not
-empty. The model's answers are assistant messages in between; rewards are summed into the
+empty.
+
+An env whose observations hold images itself (``TextEnv.image_observations``: DeepEyes,
+a question about a photo, then each zoomed crop) is shown its own way instead: the
+observation text between the templates, each ``<image>`` it marks replaced by the env's
+image (:func:`observation_content`), zero or more images a turn, only the tag's
+``env_instruction`` before the first, and the env's own system message (its episode's,
+``TextEnv.system_prompt``) over the tag's.
+
+The model's answers are assistant messages in between; rewards are summed into the
 episode's score, as ROLL's ``formulate_rollouts`` scores the last response token.
 
 Tokens: the conversation is rendered with the chat template (an image part renders as the
@@ -58,11 +67,17 @@ from temper.rollout.chat import ChatTokenizer, Message
 from temper.rollout.multiturn import Trajectory, generate_turns
 
 __all__ = [
+    "IMAGE_MARK",
     "VLPlayer",
     "expand_image_ids",
     "frame_image",
+    "image_starts",
+    "observation_content",
+    "pil_image",
     "vl_turn_content",
 ]
+
+IMAGE_MARK = "<image>"  # where an env's observation text places one of its images
 
 
 def vl_turn_content(
@@ -81,6 +96,40 @@ def vl_turn_content(
     return [{"type": "text", "text": pre}, {"type": "image"}, {"type": "text", "text": after}]
 
 
+def observation_content(
+    spec: EnvSpec, text: str, turn_idx: int, actions_left: int, instruction: str = ""
+) -> list[dict[str, Any]]:
+    """One turn's user message content for an env whose observations hold images
+    (``TextEnv.image_observations``): ``instruction + pre_step_template + text +
+    next_step_template`` (ROLL joins an env's text observation so), cut at each
+    ``<image>`` of ``text`` into text parts and image parts, empty text parts dropped."""
+    pre = instruction + fill_template(spec.pre_step_template, {"turn_idx": turn_idx})
+    after = fill_template(
+        spec.next_step_template,
+        {"actions_left": actions_left, "max_response_length": spec.max_tokens_per_turn},
+    )
+    pieces = text.split(IMAGE_MARK)
+    pieces[0], pieces[-1] = pre + pieces[0], pieces[-1] + after
+    content: list[dict[str, Any]] = []
+    for k, piece in enumerate(pieces):
+        if k:
+            content.append({"type": "image"})
+        if piece:
+            content.append({"type": "text", "text": piece})
+    return content
+
+
+def image_starts(ids: Sequence[int], image_id: int, counts: Sequence[int]) -> list[int]:
+    """Where each image's run of ``counts[k]`` placeholder tokens starts in expanded
+    ``ids`` (:func:`expand_image_ids`' output)."""
+    starts, pos = [], 0
+    for count in counts:
+        pos = list(ids).index(image_id, pos)
+        starts.append(pos)
+        pos += count
+    return starts
+
+
 def expand_image_ids(ids: Sequence[int], image_id: int, counts: Sequence[int]) -> list[int]:
     """``ids`` with the k-th ``image_id`` repeated ``counts[k]`` times (one placeholder
     token per image, as the chat template writes it, → one token per image patch group).
@@ -97,6 +146,11 @@ def expand_image_ids(ids: Sequence[int], image_id: int, counts: Sequence[int]) -
     if pending:
         raise ValueError(f"{len(pending)} image(s) without a placeholder")
     return out
+
+
+def pil_image(image: Any, vision: VisionProcessor) -> ImageInput:
+    """An env's observation image (PIL) as a prompt image (:func:`frame_image`)."""
+    return frame_image(np.asarray(image.convert("RGB"), dtype=np.uint8), vision)
 
 
 def frame_image(frame: np.ndarray, vision: VisionProcessor) -> ImageInput:
@@ -236,16 +290,38 @@ class VLPlayer:
             raise TypeError(f"env {env_id} rendered text for rgb_array")
         return frame_image(frame, self.vision)
 
+    def _observation(
+        self, manager: EnvManager, env_id: int, spec: EnvSpec, turn: int, instruction: str = ""
+    ) -> tuple[list[dict[str, Any]], list[ImageInput]]:
+        """A turn's user content and its images: the env's own images where its text marks
+        them (``image_observations``), else the rendered state between the templates."""
+        env = manager.env(env_id)
+        left = spec.max_turns - turn + 1
+        if not env.image_observations:
+            return vl_turn_content(spec, turn, left, instruction), [self._frame(manager, env_id)]
+        images = [pil_image(img, self.vision) for img in env.observation_images()]
+        text = manager.observation(env_id)
+        if text.count(IMAGE_MARK) != len(images):
+            raise ValueError(
+                f"env {env_id} ({spec.env_type}) marks {text.count(IMAGE_MARK)} images in its "
+                f"observation but returns {len(images)}"
+            )
+        return observation_content(spec, text, turn, left, instruction), images
+
     def _start(self, manager: EnvManager, slot: EnvSlot, step: int, round_: int) -> _Episode:
         spec = manager.specs[slot.tag]
-        image = self._frame(manager, slot.env_id)
-        system = spec.system_template
+        env = manager.env(slot.env_id)
+        # an env that brings its own prompt states its own format: only the tag's
+        # env_instruction goes first (ROLL's), not the manager's reply-format line
+        instruction = spec.env_instruction if env.image_observations else slot.instruction
+        content, images = self._observation(manager, slot.env_id, spec, 1, instruction)
+        system = env.system_prompt() or spec.system_template
         messages: list[Message] = [{"role": "system", "content": system}] if system else []
-        content = vl_turn_content(spec, 1, spec.max_turns, slot.instruction)
         messages.append({"role": "user", "content": content})
         ids, text = self.chat.prompt(messages)
-        ids = expand_image_ids(ids, self.vision.image_token_id, [image.tokens])
-        start = ids.index(self.vision.image_token_id)
+        counts = [img.tokens for img in images]
+        ids = expand_image_ids(ids, self.vision.image_token_id, counts)
+        starts = image_starts(ids, self.vision.image_token_id, counts)
         suffix = f"#r{round_}" if round_ else ""
         meta = {
             "uid": f"{step}:{slot.group_id}{suffix}",
@@ -255,7 +331,7 @@ class VLPlayer:
             "env_id": slot.env_id,
         }
         traj = Trajectory(meta, messages, ids)
-        return _Episode(slot, spec, traj, text, [image], [start])
+        return _Episode(slot, spec, traj, text, images, starts)
 
     def _budget(self, e: _Episode) -> int:
         per_turn = e.spec.max_tokens_per_turn
@@ -276,20 +352,21 @@ class VLPlayer:
             # the episode ends with this answer (the trainer's forward handles it)
             t.stop_reason = "vision_token"
             return False
-        image = self._frame(manager, e.slot.env_id)
         turn = t.num_turns + 1
-        content = vl_turn_content(e.spec, turn, e.spec.max_turns - t.num_turns)
+        content, images = self._observation(manager, e.slot.env_id, e.spec, turn)
         new = [{"role": "user", "content": content}]
         delta, text = self.chat.continuation(
             e.rendered, t.messages, ids, t.messages[-1]["content"], new
         )
-        delta = expand_image_ids(delta, self.vision.image_token_id, [image.tokens])
+        counts = [img.tokens for img in images]
+        delta = expand_image_ids(delta, self.vision.image_token_id, counts)
         limit = self.settings.max_model_len
         if limit is not None and len(t) + len(delta) >= limit:
             t.stop_reason = "context"
             return False
-        e.starts.append(len(t) + delta.index(self.vision.image_token_id))
-        e.images.append(image)
+        starts = image_starts(delta, self.vision.image_token_id, counts)
+        e.starts.extend(len(t) + s for s in starts)
+        e.images.extend(images)
         t.append(delta, 0)
         t.messages.extend(new)
         t.user_turns += 1
