@@ -34,14 +34,19 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from temper.rewards.judge import JudgeEngine
+__all__ = ["EnvSlot", "EnvTurnResult", "JudgeRequest", "TextEnv"]
 
-__all__ = ["EnvSlot", "EnvTurnResult", "TextEnv"]
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    """One conversation for the LLM judge, and its chat template's keyword arguments."""
+
+    messages: list[dict[str, str]]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class TextEnv(abc.ABC):
@@ -67,8 +72,10 @@ class TextEnv(abc.ABC):
     #: question's image, then each zoomed crop); the VL trajectory env manager shows them
     #: where they are marked instead of a rendered frame of the state
     image_observations: ClassVar[bool] = False
-    #: the env grades answers with the run's LLM judge (``reward.judge``), which the env
-    #: manager hands it with :meth:`attach_judge` before the first episode
+    #: the env grades an episode's end with the run's LLM judge (``reward.judge``): a step
+    #: that ends the episode leaves a :meth:`judge_request`, the env manager sends every
+    #: request of a turn to the judge in one call and hands each verdict back to
+    #: :meth:`judged`, whose reward is added to that step's
     uses_judge: ClassVar[bool] = False
 
     @abc.abstractmethod
@@ -119,8 +126,13 @@ class TextEnv(abc.ABC):
         for none: the tag's ``system_template`` applies."""
         return ""
 
-    def attach_judge(self, judge: JudgeEngine) -> None:
-        """Hand the env the run's LLM judge (an env with :attr:`uses_judge` keeps it)."""
+    def judge_request(self) -> JudgeRequest | None:
+        """What the judge must answer after the last step (it ended the episode), or None."""
+        return None
+
+    def judged(self, verdict: str | None, error: str = "") -> tuple[float, dict[str, Any]]:
+        """The reward and info of the pending episode end, from the judge's ``verdict``
+        (None, with ``error``, when the judge call failed)."""
         raise TypeError(f"{type(self).__name__} grades with no judge (uses_judge is False)")
 
     def suffix(self) -> str:

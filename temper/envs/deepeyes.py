@@ -22,9 +22,15 @@ The first observation is the user text with the image in place of ``<image>``
 - after ``max_steps`` answers the episode is cut (truncated) and scored as it stands.
 
 The reward, 0 on every step but the last, is :mod:`temper.envs.deepeyes_reward`'s: the
-judge (the run's ``reward.judge`` engine, :meth:`attach_judge`) grades the last answer.
-A judge call that fails scores accuracy 0 and is recorded in the step's ``info``
-(``judge_error``; ROLL marks the sample -999).
+judge (the run's ``reward.judge`` engine) grades the last answer. The step that ends the
+episode leaves its :meth:`judge_request`; the env manager sends the requests of all envs
+that ended in a turn to the judge at once and hands each verdict to :meth:`judged` (so
+the judge sees batches, as ROLL's concurrent env threads give its vLLM server). A judge
+call that fails scores accuracy 0 and is recorded in ``info`` (``judge_error``; ROLL
+marks the sample -999).
+
+``data_args.preprocessing_num_workers`` is ROLL's parallelism for encoding the dataset;
+rows are read here once per process, as they are asked for.
 
 Rows: the reset seed picks the row (``Random(seed)``), so an env group shares its row and
 a resumed run replays the same rows (ROLL walks a shuffled order, handing each new seed the
@@ -48,9 +54,8 @@ import numpy as np
 
 from temper.data.errors import DataError, RowIssue, SkippedRows
 from temper.data.sources import read_rows
-from temper.rewards.judge import JudgeEngine
 
-from .base import TextEnv
+from .base import JudgeRequest, TextEnv
 from .deepeyes_reward import combine, extract_answer, judge_messages, verdict_score
 from .image_zoom import last_tool_call, run_tool_call
 from .registry import register_env
@@ -192,7 +197,7 @@ class DeepEyesEnv(TextEnv):
         self.max_steps = int(max_steps)
         self.weights = (float(acc_weight), float(format_weight), float(tool_weight))
         self.template_kwargs = {"enable_thinking": bool(enable_thinking)}
-        self.judge: JudgeEngine | None = None
+        self.pending: tuple[str, bool] | None = None  # (answer, format error) to grade
         self.row: DeepEyesRow | None = None
         self.original: Any = None  # the row's image (PIL), what the tools work on
         self.shown: Any = None  # the image of the current observation, or None
@@ -210,8 +215,12 @@ class DeepEyesEnv(TextEnv):
     def instructions(self) -> str:
         return ""
 
-    def attach_judge(self, judge: JudgeEngine) -> None:
-        self.judge = judge
+    def judge_request(self) -> JudgeRequest | None:
+        if self.pending is None or self.row is None:
+            return None
+        answer = self.pending[0]
+        messages = judge_messages(self.row.question, self.row.ground_truth, answer)
+        return JudgeRequest(messages, dict(self.template_kwargs))
 
     def problem(self) -> str | None:
         missing = [f for f in self.files if not Path(f).expanduser().exists()]
@@ -244,7 +253,7 @@ class DeepEyesEnv(TextEnv):
         self.original = decode(self.row.image)
         self.shown = self.original
         self.text_obs = self.row.user
-        self.steps, self.tool_failed = 0, False
+        self.steps, self.tool_failed, self.pending = 0, False, None
         return self.text_obs, {"index": index}
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -267,33 +276,29 @@ class DeepEyesEnv(TextEnv):
         truncated = not done and self.steps >= self.max_steps
         if not (done or truncated):
             return self.text_obs, 0.0, False, False, info
-        reward = self._outcome(action_text, info)
+        self.pending = extract_answer(action_text)  # graded by judged()
         self.shown, self.text_obs = None, ""
-        return "", reward, done, truncated, info
+        return "", 0.0, done, truncated, info
 
-    def _outcome(self, response: str, info: dict[str, Any]) -> float:
-        """The episode's reward from its last answer (:mod:`temper.envs.deepeyes_reward`)."""
-        assert self.row is not None
-        if self.judge is None:
-            raise RuntimeError("the deepeyes env scores with an LLM judge; none is attached")
-        answer, format_error = extract_answer(response)
-        acc = 0.0
-        try:
-            (verdict,) = self.judge.complete(
-                [judge_messages(self.row.question, self.row.ground_truth, answer)],
-                self.template_kwargs,
-            )
+    def judged(self, verdict: str | None, error: str = "") -> tuple[float, dict[str, Any]]:
+        """The episode's reward from the judge's verdict on its last answer
+        (:mod:`temper.envs.deepeyes_reward`)."""
+        if self.pending is None:
+            raise ValueError("no episode end is waiting for the judge")
+        answer, format_error = self.pending
+        self.pending = None
+        info: dict[str, Any] = {}
+        score = None
+        if verdict is None:
+            info["judge_error"] = error or "the judge gave no verdict"
+            log.warning("deepeyes judge failed: %s", info["judge_error"])
+        else:
             score = verdict_score(verdict)
             info["judge_verdict"] = verdict[:200]
-            if score is None:
-                info["judge_unreadable"] = True
-            acc = score or 0.0
-        except Exception as err:  # the judge failed: accuracy 0, the failure recorded
-            info["judge_error"] = f"{type(err).__name__}: {err}"[:300]
-            log.warning("deepeyes judge failed: %s", info["judge_error"])
+            info["judge_unreadable"] = score is None
         acc_w, fmt_w, tool_w = self.weights
         out = combine(
-            acc,
+            score or 0.0,
             format_error,
             answer_length=len(answer),
             steps=self.steps,
@@ -308,4 +313,4 @@ class DeepEyesEnv(TextEnv):
             tool_reward=out.tool,
             success=out.acc > 0.5,
         )
-        return out.reward
+        return out.reward, info

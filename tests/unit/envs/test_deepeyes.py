@@ -18,6 +18,7 @@ from temper.envs.deepeyes_reward import (
     judge_messages,
     verdict_score,
 )
+from temper.envs.judging import grade
 
 W = {"acc_weight": 0.8, "format_weight": 0.2, "tool_weight": 1.2}  # the file's weights
 ZOOM = '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 60, 60]}}</tool_call>'
@@ -130,8 +131,19 @@ def rows_file(tmp_path):
 
 def env(path, judge, **kw):
     e = make_env("deepeyes", data_args={"file_name": str(path)}, max_steps=3, **W, **kw)
-    e.attach_judge(judge)
+    e.test_judge = judge
     return e
+
+
+def step(e, text):
+    """``e.step(text)``, then the judge's grading of an episode end, as the env manager
+    runs them (:func:`temper.envs.judging.grade`)."""
+    obs, reward, done, truncated, info = e.step(text)
+    graded = grade([(0, e)], e.test_judge)
+    if 0 in graded:
+        reward += graded[0][0]
+        info = {**info, **graded[0][1]}
+    return obs, reward, done, truncated, info
 
 
 def test_reset_shows_the_rows_prompt_and_image(rows_file):
@@ -151,14 +163,14 @@ def test_zoom_then_answer_earns_the_tool_bonus(rows_file):
     e = env(rows_file, judge, enable_thinking=True)
     e.reset(1)
     truth = e.row.ground_truth
-    obs, reward, done, truncated, info = e.step(f"<think>small</think>{ZOOM}")
+    obs, reward, done, truncated, info = step(e, f"<think>small</think>{ZOOM}")
     assert (reward, done, truncated) == (0.0, False, False)
     assert info["tool_call"] and not info["tool_error"]
     assert obs.startswith("<tool_response><image>") and obs.endswith("</tool_response>")
     (crop,) = e.observation_images()
     assert crop.size == (60, 60)
     assert e.render("rgb_array").shape == (60, 60, 3)  # the image shown now
-    obs, reward, done, truncated, info = e.step(f"<think>it is</think><answer>{truth}</answer>")
+    obs, reward, done, truncated, info = step(e, f"<think>it is</think><answer>{truth}</answer>")
     assert (done, truncated) == (True, False)
     assert reward == pytest.approx(0.8 + 1.2)  # right, after a tool call that ran
     assert info["acc_reward"] == 1.0 and info["success"]
@@ -173,26 +185,35 @@ def test_bad_call_is_an_error_observation_and_loses_the_bonus(rows_file):
     e = env(rows_file, Judge("Judgement: 1"))
     e.reset(2)
     bad = '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 9, 9]}}</tool_call>'
-    obs, reward, done, _, info = e.step(bad)
+    obs, reward, done, _, info = step(e, bad)
     assert obs.startswith("Error: ") and "too small" in obs
     assert e.observation_images() == [] and not done and info["tool_error"]
-    _, reward, done, _, _ = e.step("<answer>red</answer>")
+    _, reward, done, _, _ = step(e, "<answer>red</answer>")
     assert done and reward == pytest.approx(0.8)  # right, but a call failed: no bonus
 
 
 def test_no_tool_call_ends_the_episode_and_the_step_cap_truncates(rows_file):
     e = env(rows_file, Judge("0", "1"))
     e.reset(3)
-    _, reward, done, truncated, info = e.step("I do not know")  # no answer, no call
+    _, reward, done, truncated, info = step(e, "I do not know")  # no answer, no call
     assert (done, truncated) == (True, False)
     assert reward == pytest.approx(0.0) and info["acc_reward"] == 0.0
     e.reset(3)
     for _ in range(2):
-        assert not e.step(ZOOM)[2]
-    _, reward, done, truncated, _ = e.step(ZOOM)  # the third of max_steps 3
+        assert not step(e, ZOOM)[2]
+    _, reward, done, truncated, _ = step(e, ZOOM)  # the third of max_steps 3
     assert (done, truncated) == (False, True)
     # scored as it stands: the judge's 1 on the whole reply (no answer tags), 3 steps
     assert reward == pytest.approx(0.8 + 1.2)
+
+
+def test_no_pending_episode_end_without_a_finished_episode(rows_file):
+    e = env(rows_file, Judge())
+    e.reset(5)
+    step(e, ZOOM)
+    assert e.judge_request() is None  # the episode goes on
+    with pytest.raises(ValueError, match="no episode end is waiting"):
+        e.judged("1")
 
 
 def test_judge_failure_scores_zero_and_is_recorded(rows_file):
@@ -202,7 +223,7 @@ def test_judge_failure_scores_zero_and_is_recorded(rows_file):
 
     e = env(rows_file, Broken())
     e.reset(4)
-    _, reward, done, _, info = e.step("<answer>red</answer>")
+    _, reward, done, _, info = step(e, "<answer>red</answer>")
     assert done and reward == 0.0 and "engine down" in info["judge_error"]
 
 

@@ -26,7 +26,11 @@ BAD = (
 
 
 class Judge:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
     def complete(self, conversations, template_kwargs=None):
+        self.calls.append(len(conversations))
         return ["1" for _ in conversations]
 
     def close(self) -> None:
@@ -97,8 +101,10 @@ def test_scripted_deepeyes_episode(tiny_vlm_dir, data):
     turns = iter([ZOOM, ZOOM, BAD, BAD, "<answer>red</answer>", "<answer>red</answer>"])
     engine = ScriptedEngine(tok, lambda text: next(turns))
     player = VLPlayer(cfg, engine, tok)
-    manager = EnvManager.from_agentic(cfg.agentic, "train", 0, judge=Judge())
+    judge = Judge()
+    manager = EnvManager.from_agentic(cfg.agentic, "train", 0, judge=judge)
     played = player.play_round(manager, 1, SamplingParams())
+    assert judge.calls == [2]  # both episodes ended in one turn: one judge call
     batch = played.batch
     assert batch["num_turns"] == [3, 3]
     log = played.logs[0]
