@@ -59,3 +59,28 @@ def test_judge_engine_outside_roll_choices_is_refused():
 def test_no_judge_model_is_refused_at_load():
     with pytest.raises(ConfigError, match=r"reward\.judge\.model_path .*env tag deepeyes"):
         load_config(FILE, ["~reward.model_args.model_name_or_path"])
+
+
+def test_an_rlvr_files_reward_worker_stays_a_reward_model(tmp_path):
+    """Outside agentic files ``reward`` is a reward model: its infer_batch_size is the
+    scoring micro-batch, its generating_args are noted (it does not generate)."""
+    import yaml
+
+    src = UPSTREAM / "roll-2026-08-8eb27cc/examples/docs_examples/example_ppo.yaml"
+    data = yaml.safe_load(src.read_text())
+    data["reward"] = {
+        "model_args": {"model_name_or_path": "my/rm", "dtype": "bf16"},
+        "infer_batch_size": 4,
+        "generating_args": {"temperature": 0.5},
+        "strategy_args": {"strategy_name": "hf_infer"},
+    }
+    path = tmp_path / "ppo_rm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    loaded = load_config(path, [])
+    cfg = loaded.config
+    assert (cfg.reward.model.enable, cfg.reward.model.path) == (True, "my/rm")
+    assert cfg.reward.model.micro_batch_size_per_device == 4
+    assert cfg.reward.judge.model_path is None
+    notes = "\n".join(loaded.notes)
+    assert "reward.generating_args.temperature" in notes and "does not generate" in notes
+    assert "reward.model_args.dtype" in notes
