@@ -102,6 +102,17 @@ def _messages(prompt: Any) -> tuple[str, str]:
     return "", str(first.get("content") or "")
 
 
+def _field(row: dict[str, Any], column: str, key: str) -> Any:
+    """``row[column][key]``, None when absent; ``ValueError`` when the column is not a
+    mapping."""
+    value = row.get(column)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"column '{column}' is {type(value).__name__}, not an object with '{key}'")
+    return value.get(key)
+
+
 def _row(row: dict[str, Any], base: Path) -> DeepEyesRow:
     """A usable row, or ``ValueError`` saying why not."""
     from PIL import Image
@@ -121,10 +132,10 @@ def _row(row: dict[str, Any], base: Path) -> DeepEyesRow:
             img.size  # noqa: B018 - reads the header: is it an image at all
     except Exception as err:  # PIL raises many types for a broken file
         raise ValueError(f"image 0 cannot be read ({type(err).__name__}: {err})") from err
-    truth = (row.get("reward_model") or {}).get("ground_truth")
+    truth = _field(row, "reward_model", "ground_truth")
     if truth is None or str(truth).strip() == "":
         raise ValueError("no ground truth (reward_model.ground_truth)")
-    question = (row.get("extra_info") or {}).get("question")
+    question = _field(row, "extra_info", "question")
     if question is None:
         raise ValueError("no question (extra_info.question)")
     return DeepEyesRow(system, user, data, str(question), str(truth))

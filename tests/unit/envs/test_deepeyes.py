@@ -257,3 +257,25 @@ def test_config_errors():
         make_env("deepeyes", data_args={"file_name": "x", "cache_dir": "y"})
     missing = make_env("deepeyes", data_args={"file_name": "/nowhere/d.parquet"})
     assert "is not a file on this machine" in missing.problem()
+
+
+def test_jsonl_rows_with_image_paths(tmp_path, caplog):
+    """Any data file format temper reads; an image may be a path (relative to the file)."""
+    import json
+
+    from deepeyes_rows import COLOURS, square_png
+
+    load_rows.cache_clear()
+    (tmp_path / "sq.png").write_bytes(square_png(COLOURS["green"]))
+    good = row(0, "green")
+    good["images"] = ["sq.png"]
+    odd = row(1, "red")
+    odd["images"] = ["sq.png"]
+    odd["reward_model"] = "red"  # not an object
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (good, odd)) + "\n")
+    with caplog.at_level(logging.WARNING, logger="temper.data"):
+        (only,) = load_rows((str(path),))
+    assert only.ground_truth == "green"
+    assert f"{path}:line 2: column 'reward_model' is str" in caplog.text
+    load_rows.cache_clear()
