@@ -279,3 +279,19 @@ def test_jsonl_rows_with_image_paths(tmp_path, caplog):
     assert only.ground_truth == "green"
     assert f"{path}:line 2: column 'reward_model' is str" in caplog.text
     load_rows.cache_clear()
+
+
+def test_grade_batches_by_template_arguments(rows_file):
+    """One judge call per distinct chat-template arguments, envs in order; envs still
+    playing ask nothing."""
+    judge = Judge("1", "0", "1")
+    envs = [env(rows_file, judge, enable_thinking=t) for t in (False, True, False, False)]
+    for k, e in enumerate(envs):
+        e.reset(k)
+        e.step("<answer>red</answer>" if k != 3 else ZOOM)  # env 3 goes on
+    graded = grade(list(enumerate(envs)), judge)
+    assert sorted(graded) == [0, 1, 2]
+    assert judge.kwargs == [{"enable_thinking": False}, {"enable_thinking": True}]
+    assert [len(c) for c in (judge.asked[:2], judge.asked[2:])] == [2, 1]
+    # envs 0 and 2 got "1" and "0" (one call, in order), env 1 the second call's "1"
+    assert [graded[k][1]["acc_reward"] for k in (0, 1, 2)] == [1.0, 1.0, 0.0]
