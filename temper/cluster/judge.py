@@ -20,7 +20,7 @@ instruction survive); greedy unless ``reward.judge.temperature`` > 0.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,9 +36,27 @@ from temper.rollout.base import RolloutEngine, SamplingParams
 
 
 def judge_used(cfg: TemperConfig) -> bool:
-    """Whether any sample can be routed to ``llm_judge``."""
+    """Whether any sample can be routed to ``llm_judge``, or an agentic run plays an env
+    that grades with the judge (``TextEnv.uses_judge``: DeepEyes)."""
     functions = [cfg.reward.function, *(r.function for r in cfg.reward.routes.values())]
-    return JUDGE in functions
+    return JUDGE in functions or bool(judge_env_tags(cfg))
+
+
+def judge_env_tags(cfg: TemperConfig) -> list[str]:
+    """The played env tags of an agentic run whose env type grades with the judge."""
+    if not cfg.pipeline.startswith("agentic"):
+        return []
+    from temper.envs.registry import ENV_TYPES
+
+    agentic = cfg.agentic
+    played = {t for m in (agentic.train_env_manager, agentic.val_env_manager) for t in m.tags}
+    tags = []
+    for tag in sorted(played):
+        spec = agentic.custom_envs.get(tag)
+        env_type = spec.env_type if spec is not None else ""
+        if env_type in ENV_TYPES and ENV_TYPES.get(env_type).uses_judge:
+            tags.append(tag)
+    return tags
 
 
 def judge_engine_configs(cfg: TemperConfig) -> tuple[Any, Any]:
@@ -106,20 +124,29 @@ class EngineJudge:
         engine = build_rollout_engine(rollout, model, tokenizer=tokenizer, device=device)
         return cls(engine, tokenizer, cfg.reward.judge)
 
-    def _ids(self, conversation: list[dict[str, str]]) -> list[int]:
+    def _ids(
+        self, conversation: list[dict[str, str]], template_kwargs: Mapping[str, Any]
+    ) -> list[int]:
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=True, **template_kwargs
+            )
             ids = tok(text, add_special_tokens=False)["input_ids"]
         else:
             ids = tok(conversation[-1]["content"])["input_ids"]
         return _cut_middle(list(ids), self.config.max_prompt_length)
 
-    def complete(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
+    def complete(
+        self,
+        conversations: Sequence[list[dict[str, str]]],
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[str]:
         out: list[str] = []
         size = max(1, self.config.infer_batch_size)
+        kwargs = dict(template_kwargs or {})
         for start in range(0, len(conversations), size):
-            chunk = [self._ids(c) for c in conversations[start : start + size]]
+            chunk = [self._ids(c, kwargs) for c in conversations[start : start + size]]
             ids, mask = left_pad(chunk, self.tokenizer.pad_token_id)
             prompts = Batch.from_dict(
                 {"prompt_ids": ids, "prompt_mask": mask},
@@ -144,8 +171,12 @@ class JudgeRank:
         torch.manual_seed(cfg.experiment.seed + rank)
         self.judge = EngineJudge.from_config(cfg, device)
 
-    def complete(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
-        return self.judge.complete(conversations)
+    def complete(
+        self,
+        conversations: Sequence[list[dict[str, str]]],
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        return self.judge.complete(conversations, template_kwargs)
 
     def close(self) -> None:
         self.judge.close()
@@ -157,11 +188,18 @@ class RemoteJudge:
     def __init__(self, group: WorkerGroup) -> None:
         self.group = group
 
-    def complete(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]:
+    def complete(
+        self,
+        conversations: Sequence[list[dict[str, str]]],
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[str]:
         if not conversations:
             return []
         slices = prompt_slices(len(conversations), self.group.world_size)
-        parts = self.group.call_first("complete", [(list(conversations[a:b]),) for a, b in slices])
+        kwargs = dict(template_kwargs or {})
+        parts = self.group.call_first(
+            "complete", [(list(conversations[a:b]), kwargs) for a, b in slices]
+        )
         return [text for part in parts for text in part]
 
     def close(self) -> None:

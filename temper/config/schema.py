@@ -787,7 +787,8 @@ Output:
 
 @dataclass
 class JudgeConfig:
-    """An LLM that grades responses (ROLL ``llm_judge``, verl generative reward model)."""
+    """An LLM that grades responses (ROLL ``llm_judge``, verl generative reward model), or
+    an agentic env's episode ends (DeepEyes; ROLL: an agentic file's ``reward`` worker)."""
 
     model_path: str | None = doc(None, "Judge model: HF directory, hub id or temper alias.")
     engine: str = doc("hf", "Rollout engine that runs the judge.", registry="rollout_engine")

@@ -141,7 +141,7 @@ def _encode(image: Any) -> bytes:
     return buf.getvalue()
 
 
-def _image_bytes(value: Any, base_dir: Path, where: str) -> bytes:
+def image_bytes(value: Any, base_dir: Path, where: str) -> bytes:
     """The encoded image file of one entry of the image column."""
     from PIL import Image
 
@@ -151,11 +151,11 @@ def _image_bytes(value: Any, base_dir: Path, where: str) -> bytes:
         return _encode(value)
     if isinstance(value, dict):
         if value.get("bytes") is not None:
-            return _image_bytes(value["bytes"], base_dir, where)
+            return image_bytes(value["bytes"], base_dir, where)
         inner = value.get("image", value.get("path"))
         if inner is None:
             raise RowProblem(f"{where} has neither bytes, path nor image")
-        return _image_bytes(inner, base_dir, where)
+        return image_bytes(inner, base_dir, where)
     if isinstance(value, str):
         text = value.removeprefix("file://")
         if text.startswith(("http://", "https://")):
@@ -291,7 +291,7 @@ class VisionProcessor:
         images = []
         for i, item in enumerate(value):
             where = f"image {i} of column '{cfg.image_key}'"
-            data = _image_bytes(item, base_dir, where)
+            data = image_bytes(item, base_dir, where)
             img = _decoded(data, where)
             low = _pixel_limit(item, "min_pixels", self.min_pixels, where)
             high = _pixel_limit(item, "max_pixels", self.max_pixels, where)
@@ -334,7 +334,7 @@ class VisionProcessor:
                 raise RowProblem(f"{where} is an empty list of frames")
             indices = frame_list_indices(len(inner), sampling.max_frames)
             used = sorted(set(indices))
-            data = {j: _image_bytes(inner[j], base_dir, f"frame {j} of {where}") for j in used}
+            data = {j: image_bytes(inner[j], base_dir, f"frame {j} of {where}") for j in used}
             first = _decoded(data[used[0]], f"frame {used[0]} of {where}")
             for j in used[1:]:
                 _decoded(data[j], f"frame {j} of {where}")

@@ -5,11 +5,13 @@ batch-wise ``step``), ``parse_action``, the env registry (``register_env``,
 ``resolve_tag``, ``make_env``), the tool registry (``execute_tool``,
 ``tool_schemas``) and ``save_episode_render``. Built-in env types: ``sokoban``,
 ``frozen_lake``, ``countdown``, ``countdown_tool``, ``bandit``, and GEM's
-``game:GuessTheNumber-v0``, ``rg:letter_counting``, ``roll_math``, ``roll_qa``
+``game:GuessTheNumber-v0``, ``rg:letter_counting``, ``roll_math``, ``roll_qa``, and
+ROLL's ``deepeyes`` (an image question with a zoom-in tool, graded by the LLM judge)
 (imported on first use); ROLL's env tool wrappers in :mod:`temper.envs.tool_wrapper`.
 
-Layer rule: imports of temper only ``temper.config``, and in the GEM envs
-``temper.data`` (dataset rows) and ``temper.rewards`` (math answer check, code sandbox).
+Layer rule: imports of temper only ``temper.config``, and in the GEM and DeepEyes envs
+``temper.data`` (dataset rows, images) and ``temper.rewards`` (math answer check, code
+sandbox, the judge's engine interface).
 """
 
 from .actions import DEFAULT_ACTION_PATTERN, ParsedAction, parse_action

@@ -38,7 +38,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["EnvSlot", "EnvTurnResult", "TextEnv"]
+__all__ = ["EnvSlot", "EnvTurnResult", "JudgeRequest", "TextEnv"]
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    """One conversation for the LLM judge, and its chat template's keyword arguments."""
+
+    messages: list[dict[str, str]]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class TextEnv(abc.ABC):
@@ -59,6 +67,16 @@ class TextEnv(abc.ABC):
     #: the modes ``render`` draws: every env renders ``text``; one that also draws its
     #: state as an image (``rgb_array``) says so here (frames, the VL env manager)
     render_modes: ClassVar[tuple[str, ...]] = ("text",)
+    #: the env's observations hold images: its observation text marks each with
+    #: ``<image>`` and :meth:`observation_images` returns them, in order (DeepEyes: the
+    #: question's image, then each zoomed crop); the VL trajectory env manager shows them
+    #: where they are marked instead of a rendered frame of the state
+    image_observations: ClassVar[bool] = False
+    #: the env grades an episode's end with the run's LLM judge (``reward.judge``): a step
+    #: that ends the episode leaves a :meth:`judge_request`, the env manager sends every
+    #: request of a turn to the judge in one call and hands each verdict back to
+    #: :meth:`judged`, whose reward is added to that step's
+    uses_judge: ClassVar[bool] = False
 
     @abc.abstractmethod
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
@@ -97,6 +115,25 @@ class TextEnv(abc.ABC):
         sandbox that cannot start, a retriever that does not answer), or None; asked by
         ``temper check``."""
         return None
+
+    def observation_images(self) -> list[Any]:
+        """The current observation's images (PIL), one per ``<image>`` of its text, for an
+        env with :attr:`image_observations`; [] otherwise."""
+        return []
+
+    def system_prompt(self) -> str:
+        """The system message the env's current episode brings (DeepEyes: its row's), ''
+        for none: the tag's ``system_template`` applies."""
+        return ""
+
+    def judge_request(self) -> JudgeRequest | None:
+        """What the judge must answer after the last step (it ended the episode), or None."""
+        return None
+
+    def judged(self, verdict: str | None, error: str = "") -> tuple[float, dict[str, Any]]:
+        """The reward and info of the pending episode end, from the judge's ``verdict``
+        (None, with ``error``, when the judge call failed)."""
+        raise TypeError(f"{type(self).__name__} grades with no judge (uses_judge is False)")
 
     def suffix(self) -> str:
         """Text shown after the observation each turn (GEM's task suffix, e.g. "Enter your

@@ -55,9 +55,11 @@ import numpy as np
 
 from temper.config.errors import ConfigError
 from temper.config.schema import AgenticConfig, EnvManagerConfig, EnvTagConfig
+from temper.rewards.judge import JudgeEngine
 
 from .actions import ParsedAction, parse_action
 from .base import EnvSlot, EnvTurnResult, TextEnv
+from .judging import grade
 from .registry import EnvSpec, resolve_tag
 from .steps import StepRecord, fill_template, render_concat_prompt, render_step_prompt
 
@@ -128,7 +130,10 @@ class EnvManager:
         max_actions_per_traj: int | None = None,
         record_frames: bool = False,
         key: str = "agentic.train_env_manager",
+        judge: JudgeEngine | None = None,
     ) -> None:
+        """``judge``: the run's LLM judge, for the envs that grade with it
+        (``TextEnv.uses_judge``; :meth:`step` batches their requests)."""
         self.cfg, self.mode, self.run_seed = cfg, mode, int(seed)
         self.action_sep, self.enable_think = action_sep, enable_think
         self.max_actions_per_traj = max_actions_per_traj
@@ -155,6 +160,15 @@ class EnvManager:
             for g, tag in enumerate(self.group_tags)
             for _ in range(cfg.group_size)
         ]
+        self.judge = judge
+        for spec in specs.values():
+            if spec.cls.uses_judge and judge is None:
+                raise ConfigError(
+                    "reward.judge.model_path",
+                    f"env type '{spec.env_type}' (tag {spec.tag}) grades answers with an LLM "
+                    "judge, and this run has none",
+                    "set reward.judge.model_path (ROLL: the reward section's model)",
+                )
 
     @classmethod
     def from_agentic(
@@ -302,7 +316,23 @@ class EnvManager:
         """Apply one raw model response to each env; see the module docstring."""
         if len(env_ids) != len(responses):
             raise ValueError(f"{len(env_ids)} env ids but {len(responses)} responses")
-        return [self._step_one(int(i), r) for i, r in zip(env_ids, responses)]
+        results = [self._step_one(int(i), r) for i, r in zip(env_ids, responses)]
+        self._judge(results)
+        return results
+
+    def _judge(self, results: Sequence[EnvTurnResult]) -> None:
+        """Grade the episode ends the turn left for the judge (:func:`judging.grade`): each
+        env's reward for its verdict joins its step's reward and its episode's return."""
+        graded = grade([(r.env_id, self._states[r.env_id].env) for r in results], self.judge)
+        for r in results:
+            if r.env_id not in graded:
+                continue
+            reward, info = graded[r.env_id]
+            st = self._states[r.env_id]
+            r.reward += reward
+            st.episode_return += reward
+            r.info.update(info)
+            r.success = st.success = bool(info.get("success", False)) and r.terminated
 
     def _step_one(self, env_id: int, response: str) -> EnvTurnResult:
         st = self._states[env_id]

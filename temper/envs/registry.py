@@ -23,6 +23,10 @@ ROLL ``env_config`` keys accepted (see ``examples`` and ROLL's ``envs.yaml``):
   ``min_words``, ``max_words``; ``roll_math`` / ``roll_qa``: ``dataset_name`` (a local
   file or directory), ``split``, ``question_key``, ``answer_key``, ``seed``,
   ``max_steps`` (and ``roll_qa``'s ``extract_boxed``, ``load_from_cache_file``);
+- deepeyes (ROLL's DeepEyes, :mod:`temper.envs.deepeyes`): ``data_args`` (``file_name``,
+  ``preprocessing_num_workers``), ``max_steps``, ``acc_weight``, ``format_weight``,
+  ``tool_weight``, ``enable_thinking`` (the judge's chat template), ``mode``, ``seed``,
+  ``epoch``, ``idx`` (ROLL's dataset walk: here the reset seed picks the row);
 - every type: ``render_mode`` (ignored: frames are rendered as asked),
   ``action_lookup`` (ignored: the env's own action names are used; ids 1..n work),
   and ``env_instruction`` / ``action_pattern`` / ``format_penalty`` /
@@ -71,6 +75,7 @@ for _name, _path in {
     "rg:letter_counting": "temper.envs.gem_reasoning:LetterCountingEnv",
     "roll_math": "temper.envs.gem_datasets:MathEnv",
     "roll_qa": "temper.envs.gem_datasets:QaEnv",
+    "deepeyes": "temper.envs.deepeyes:DeepEyesEnv",
 }.items():
     ENV_TYPES.add_lazy(_name, _builtin(_path))
 

@@ -58,9 +58,13 @@ class AgenticProducer:
         self.total_steps = cfg.experiment.max_steps
         self.tokenizer = ctx.tokenizer
         seed = cfg.experiment.seed
-        self.train_envs = EnvManager.from_agentic(cfg.agentic, "train", seed)
+        self.train_envs = EnvManager.from_agentic(cfg.agentic, "train", seed, judge=ctx.judge)
         self.val_envs = EnvManager.from_agentic(
-            cfg.agentic, "val", seed, record_frames=bool(cfg.experiment.render_save_dir)
+            cfg.agentic,
+            "val",
+            seed,
+            record_frames=bool(cfg.experiment.render_save_dir),
+            judge=ctx.judge,
         )
         kind = ENV_MANAGERS.get(cfg.agentic.env_manager)
         self.player = kind.player(cfg, ctx.engine, ctx.tokenizer)
@@ -156,6 +160,7 @@ def check(cfg: TemperConfig) -> None:
     are in :mod:`temper.pipelines.checks`)."""
     check_env_managers(cfg.agentic)
     ENV_MANAGERS.get(cfg.agentic.env_manager).check(cfg)
+    check_env_judge(cfg)
     if cfg.rollout.multi_turn.interaction_config_path:
         raise ConfigError(
             "rollout.multi_turn.interaction_config_path",
@@ -224,6 +229,34 @@ def check(cfg: TemperConfig) -> None:
 
 
 MANAGERS = ("train_env_manager", "val_env_manager")
+
+
+def check_env_judge(cfg: TemperConfig) -> None:
+    """Envs that grade with the LLM judge (DeepEyes) need ``reward.judge.model_path``;
+    they write the judge's prompt and read its verdict themselves, so the judge's prompt
+    template and parser (the ``llm_judge`` reward function's) would be read by nothing."""
+    from temper.cluster.judge import judge_env_tags
+    from temper.config.schema import JudgeConfig
+
+    tags = judge_env_tags(cfg)
+    if not tags:
+        return
+    judge, default = cfg.reward.judge, JudgeConfig()
+    if not judge.model_path:
+        raise ConfigError(
+            "reward.judge.model_path",
+            f"env tag {tags[0]} ({cfg.agentic.custom_envs[tags[0]].env_type}) grades answers "
+            "with an LLM judge, and none is set",
+            "set reward.judge.model_path (ROLL: reward.model_args.model_name_or_path)",
+        )
+    for name in ("prompt_template", "parser", "score_scale"):
+        if getattr(judge, name) != getattr(default, name):
+            raise ConfigError(
+                f"reward.judge.{name}",
+                f"env tag {tags[0]} writes its judge's prompt and reads its verdict itself; "
+                f"{name} is the llm_judge reward function's",
+                f"remove reward.judge.{name}",
+            )
 
 
 def check_env_managers(agentic: AgenticConfig, managers: tuple[str, ...] = MANAGERS) -> None:

@@ -11,7 +11,16 @@ max_response_length)]``
 
 with the env instruction put before the first turn's ``pre_step`` text, and the tag's
 ``system_template`` (ROLL ``agent_system_template``) as the system message when it is not
-empty. The model's answers are assistant messages in between; rewards are summed into the
+empty.
+
+An env whose observations hold images itself (``TextEnv.image_observations``: DeepEyes,
+a question about a photo, then each zoomed crop) is shown its own way instead: the
+observation text between the templates, each ``<image>`` it marks replaced by the env's
+image (:func:`observation_content`), zero or more images a turn, only the tag's
+``env_instruction`` before the first, and the env's own system message (its episode's,
+``TextEnv.system_prompt``) over the tag's.
+
+The model's answers are assistant messages in between; rewards are summed into the
 episode's score, as ROLL's ``formulate_rollouts`` scores the last response token.
 
 Tokens: the conversation is rendered with the chat template (an image part renders as the
@@ -32,87 +41,44 @@ processor) could tell it from an image slot.
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from temper.config.schema import TemperConfig
 from temper.data.vision import (
     MULTI_MODAL_DATA,
     MULTI_MODAL_INPUTS,
     ImageInput,
-    VisionProcessor,
     load_vision_processor,
-    smart_resize,
 )
 from temper.envs import EnvManager, EnvSlot
 from temper.envs.registry import EnvSpec
-from temper.envs.steps import fill_template
 from temper.pipelines.agentic_rollout import EnvResponder, EpisodeLog, Played, multi_turn_settings
 from temper.pipelines.agentic_vision_checks import not_vision
 from temper.pipelines.trajectories import trajectory_batch
+from temper.pipelines.vl_turns import (
+    IMAGE_MARK,
+    expand_image_ids,
+    frame_image,
+    image_starts,
+    observation_content,
+    pil_image,
+    vl_turn_content,
+)
 from temper.rollout import RolloutEngine, SamplingParams
 from temper.rollout.chat import ChatTokenizer, Message
 from temper.rollout.multiturn import Trajectory, generate_turns
 
 __all__ = [
+    "IMAGE_MARK",
     "VLPlayer",
     "expand_image_ids",
     "frame_image",
+    "image_starts",
+    "observation_content",
+    "pil_image",
     "vl_turn_content",
 ]
-
-
-def vl_turn_content(
-    spec: EnvSpec, turn_idx: int, actions_left: int, instruction: str = ""
-) -> list[dict[str, Any]]:
-    """One turn's user message content (ROLL ``VLTrajEnvManager.format_messages``):
-    ``[{"type": "text", "text": instruction + pre_step_template.format(turn_idx)},
-    {"type": "image"}, {"type": "text", "text": next_step_template.format(actions_left,
-    max_response_length)}]``; ``instruction`` is given on the first turn only and
-    ``max_response_length`` is the tag's per-turn token budget."""
-    pre = instruction + fill_template(spec.pre_step_template, {"turn_idx": turn_idx})
-    after = fill_template(
-        spec.next_step_template,
-        {"actions_left": actions_left, "max_response_length": spec.max_tokens_per_turn},
-    )
-    return [{"type": "text", "text": pre}, {"type": "image"}, {"type": "text", "text": after}]
-
-
-def expand_image_ids(ids: Sequence[int], image_id: int, counts: Sequence[int]) -> list[int]:
-    """``ids`` with the k-th ``image_id`` repeated ``counts[k]`` times (one placeholder
-    token per image, as the chat template writes it, → one token per image patch group).
-    Raises ``ValueError`` when the placeholders and ``counts`` differ in number."""
-    out: list[int] = []
-    pending = list(counts)
-    for i in ids:
-        if i == image_id:
-            if not pending:
-                raise ValueError(f"more image placeholders than the {len(counts)} image(s)")
-            out.extend([image_id] * pending.pop(0))
-        else:
-            out.append(int(i))
-    if pending:
-        raise ValueError(f"{len(pending)} image(s) without a placeholder")
-    return out
-
-
-def frame_image(frame: np.ndarray, vision: VisionProcessor) -> ImageInput:
-    """An env's ``rgb_array`` frame as a prompt image: PNG-encoded, sized to the model's
-    grid within its pixel limits (``smart_resize``), tokens = ``(h / f) · (w / f)``."""
-    from PIL import Image
-
-    arr = np.ascontiguousarray(np.asarray(frame, dtype=np.uint8))
-    if arr.ndim != 3 or arr.shape[2] != 3:
-        raise ValueError(f"an rgb_array frame is H×W×3, got shape {arr.shape}")
-    buf = io.BytesIO()
-    Image.fromarray(arr, mode="RGB").save(buf, format="PNG")
-    h, w = smart_resize(
-        arr.shape[0], arr.shape[1], vision.factor, vision.min_pixels, vision.max_pixels
-    )
-    return ImageInput(buf.getvalue(), h, w, (h // vision.factor) * (w // vision.factor))
 
 
 @dataclasses.dataclass
@@ -236,16 +202,38 @@ class VLPlayer:
             raise TypeError(f"env {env_id} rendered text for rgb_array")
         return frame_image(frame, self.vision)
 
+    def _observation(
+        self, manager: EnvManager, env_id: int, spec: EnvSpec, turn: int, instruction: str = ""
+    ) -> tuple[list[dict[str, Any]], list[ImageInput]]:
+        """A turn's user content and its images: the env's own images where its text marks
+        them (``image_observations``), else the rendered state between the templates."""
+        env = manager.env(env_id)
+        left = spec.max_turns - turn + 1
+        if not env.image_observations:
+            return vl_turn_content(spec, turn, left, instruction), [self._frame(manager, env_id)]
+        images = [pil_image(img, self.vision) for img in env.observation_images()]
+        text = manager.observation(env_id)
+        if text.count(IMAGE_MARK) != len(images):
+            raise ValueError(
+                f"env {env_id} ({spec.env_type}) marks {text.count(IMAGE_MARK)} images in its "
+                f"observation but returns {len(images)}"
+            )
+        return observation_content(spec, text, turn, left, instruction), images
+
     def _start(self, manager: EnvManager, slot: EnvSlot, step: int, round_: int) -> _Episode:
         spec = manager.specs[slot.tag]
-        image = self._frame(manager, slot.env_id)
-        system = spec.system_template
+        env = manager.env(slot.env_id)
+        # an env that brings its own prompt states its own format: only the tag's
+        # env_instruction goes first (ROLL's), not the manager's reply-format line
+        instruction = spec.env_instruction if env.image_observations else slot.instruction
+        content, images = self._observation(manager, slot.env_id, spec, 1, instruction)
+        system = env.system_prompt() or spec.system_template
         messages: list[Message] = [{"role": "system", "content": system}] if system else []
-        content = vl_turn_content(spec, 1, spec.max_turns, slot.instruction)
         messages.append({"role": "user", "content": content})
         ids, text = self.chat.prompt(messages)
-        ids = expand_image_ids(ids, self.vision.image_token_id, [image.tokens])
-        start = ids.index(self.vision.image_token_id)
+        counts = [img.tokens for img in images]
+        ids = expand_image_ids(ids, self.vision.image_token_id, counts)
+        starts = image_starts(ids, self.vision.image_token_id, counts)
         suffix = f"#r{round_}" if round_ else ""
         meta = {
             "uid": f"{step}:{slot.group_id}{suffix}",
@@ -255,7 +243,7 @@ class VLPlayer:
             "env_id": slot.env_id,
         }
         traj = Trajectory(meta, messages, ids)
-        return _Episode(slot, spec, traj, text, [image], [start])
+        return _Episode(slot, spec, traj, text, images, starts)
 
     def _budget(self, e: _Episode) -> int:
         per_turn = e.spec.max_tokens_per_turn
@@ -276,20 +264,21 @@ class VLPlayer:
             # the episode ends with this answer (the trainer's forward handles it)
             t.stop_reason = "vision_token"
             return False
-        image = self._frame(manager, e.slot.env_id)
         turn = t.num_turns + 1
-        content = vl_turn_content(e.spec, turn, e.spec.max_turns - t.num_turns)
+        content, images = self._observation(manager, e.slot.env_id, e.spec, turn)
         new = [{"role": "user", "content": content}]
         delta, text = self.chat.continuation(
             e.rendered, t.messages, ids, t.messages[-1]["content"], new
         )
-        delta = expand_image_ids(delta, self.vision.image_token_id, [image.tokens])
+        counts = [img.tokens for img in images]
+        delta = expand_image_ids(delta, self.vision.image_token_id, counts)
         limit = self.settings.max_model_len
         if limit is not None and len(t) + len(delta) >= limit:
             t.stop_reason = "context"
             return False
-        e.starts.append(len(t) + delta.index(self.vision.image_token_id))
-        e.images.append(image)
+        starts = image_starts(delta, self.vision.image_token_id, counts)
+        e.starts.extend(len(t) + s for s in starts)
+        e.images.extend(images)
         t.append(delta, 0)
         t.messages.extend(new)
         t.user_turns += 1

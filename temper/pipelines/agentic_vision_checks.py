@@ -82,7 +82,7 @@ def check_vl_trajectory(cfg: TemperConfig) -> None:
 def _check_renders(tag: str, spec: Any, key: str) -> None:
     """A played tag's env must draw its state as an image (its class's ``render_modes``)."""
     env_cls = resolve_tag(tag, spec).cls
-    if "rgb_array" not in env_cls.render_modes:
+    if "rgb_array" not in env_cls.render_modes and not env_cls.image_observations:
         raise ConfigError(
             f"{key}.env_type",
             f"env type '{spec.env_type}' renders no rgb_array image (only "

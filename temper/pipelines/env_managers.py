@@ -37,6 +37,7 @@ from typing import Any
 
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
+from temper.envs.registry import ENV_TYPES
 from temper.pipelines.agentic_gem_runner import GEMRunnerPlayer, check_gem_runner
 from temper.pipelines.agentic_native import NativeStepPlayer, check_agent_native
 from temper.pipelines.agentic_rollout import AgenticPlayer, Player
@@ -87,6 +88,14 @@ def text_observations(check: Callable[[TemperConfig], None]) -> Callable[[Temper
 
     def checked(cfg: TemperConfig) -> None:
         for tag, spec in cfg.agentic.custom_envs.items():
+            if spec.env_type in ENV_TYPES and ENV_TYPES.get(spec.env_type).image_observations:
+                raise ConfigError(
+                    f"agentic.custom_envs.{tag}.env_type",
+                    f"'{spec.env_type}' shows images in its observations, which the "
+                    f"{cfg.agentic.env_manager} env manager would drop (it shows text)",
+                    "set agentic.env_manager: vl_trajectory (ROLL's VLTrajEnvManager) and a "
+                    "vision-language model",
+                )
             for name in ("pre_step_template", "next_step_template"):
                 if getattr(spec, name):
                     raise ConfigError(

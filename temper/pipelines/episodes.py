@@ -88,6 +88,8 @@ def score_metrics(returns: Sequence[float], tags: Sequence[str]) -> dict[str, fl
 def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     """Play ``experiment.max_steps`` steps of episodes (module docstring); the summary."""
     from temper.cluster.generation import build_generation_engine
+    from temper.cluster.judge import build_judge
+    from temper.cluster.placement import worker_device
     from temper.envs import EnvManager
     from temper.pipelines.demand import demand_of
     from temper.pipelines.dumps import dump_generations
@@ -105,7 +107,8 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     import_external_lib(cfg.model.external_lib)
     tokenizer = load_tokenizer(cfg)
     engine = build_generation_engine(cfg, tokenizer, demand_of(cfg))
-    envs = EnvManager.from_agentic(cfg.agentic, "train", exp.seed)
+    judge = build_judge(cfg, worker_device(cfg), None)  # for envs that grade with one
+    envs = EnvManager.from_agentic(cfg.agentic, "train", exp.seed, judge=judge)
     player = ENV_MANAGERS.get(cfg.agentic.env_manager).player(cfg, engine, tokenizer)
     params = sampling_params_from_config(cfg.rollout, validation=False)
     tracker = build_trackers(
@@ -151,6 +154,8 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     finally:
         tracker.close()
         engine.close()
+        if judge is not None:
+            judge.close()
     return {"steps": exp.max_steps, "success_rate": success, "seconds": time.perf_counter() - start}
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from temper.config.errors import ConfigError
@@ -40,9 +40,14 @@ _SCORE = r"score\s*[:：]\s*(-?[0-9]+(?:\.[0-9]+)?)"
 
 
 class JudgeEngine(Protocol):
-    """Generates one reply per conversation (a list of ``{"role", "content"}``)."""
+    """Generates one reply per conversation (a list of ``{"role", "content"}``);
+    ``template_kwargs`` go to the judge tokenizer's chat template (``enable_thinking``)."""
 
-    def complete(self, conversations: Sequence[list[dict[str, str]]]) -> list[str]: ...
+    def complete(
+        self,
+        conversations: Sequence[list[dict[str, str]]],
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[str]: ...
 
     def close(self) -> None:
         """Release the engine (a Ray group is released with the other roles)."""

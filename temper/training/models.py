@@ -471,11 +471,18 @@ def vision_tower_prefixes(model: nn.Module) -> list[str]:
     return found
 
 
+#: mcore_adapter's name of a vision-language model's vision tower (Hugging Face: visual)
+MCORE_VISION = "vision_model"
+
+
 def freeze_modules(model: nn.Module, train: Any, role: str) -> nn.Module:
     """Freeze the vision tower (``freeze_vision_tower``) and every parameter whose name
     starts with one of ``freeze_module_prefix`` (ROLL's rule: ``name.startswith``). Names
     are the Hugging Face model's own (under LoRA, without peft's ``base_model.model.``),
-    e.g. ``model.visual``; a critic's are its backbone's, under ``backbone.``.
+    e.g. ``model.visual``; a critic's are its backbone's, under ``backbone.``. A prefix
+    under ``vision_model`` that names no parameter is mcore_adapter's name of the vision
+    tower (ROLL's megatron files: ``vision_model.blocks``) and freezes the same part of
+    the tower (``model.visual.blocks``).
 
     A setting that freezes nothing is a ``ConfigError``: it would silently train what
     the user meant to freeze.
@@ -495,6 +502,12 @@ def freeze_modules(model: nn.Module, train: Any, role: str) -> nn.Module:
     names = [(n, n.removeprefix(_PEFT_PREFIX), p) for n, p in model.named_parameters()]
     for prefix in prefixes:
         hits = [p for _, short, p in names if short.startswith(prefix)]
+        if not hits and prefix.split(".")[0] == MCORE_VISION:
+            # ROLL's megatron files name the vision tower as mcore_adapter does
+            # (vision_model.blocks): the same parameters under the HF tower's name
+            rest = prefix[len(MCORE_VISION) :]
+            towers = [t + rest for t in vision_tower_prefixes(model)]
+            hits = [p for _, short, p in names if short.startswith(tuple(towers) or prefix)]
         if not hits:
             tops = sorted({short.split(".")[0] for _, short, _ in names})
             raise ConfigError(

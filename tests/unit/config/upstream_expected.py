@@ -16,7 +16,7 @@ EXPECTED: dict[str, str] = {
     "roll-2025-06-70e9c6c/examples/qwen2.5-vl-7B-math/rlvr_math_megatron.yaml": "passes",
     "roll-2025-06-70e9c6c/examples/qwen2.5-vl-7B-math/rlvr_math_zero3.yaml": "passes",
     "roll-2025-06-70e9c6c/examples/qwen3-30BA3B-rlvr_megatron/rlvr_config.yaml": "engine: sglang",
-    "roll-2026-08-8eb27cc/examples/agentic_deepeyes/deepeyes.yaml": "engine: reward cluster",
+    "roll-2026-08-8eb27cc/examples/agentic_deepeyes/deepeyes.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/agentic_demo/agent_rollout_rock_swe.yaml": "env type",
     "roll-2026-08-8eb27cc/examples/agentic_demo/agent_val_frozen_lake_multi_nodes_demo.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/agentic_demo/agent_val_frozen_lake_single_node_demo.yaml": "passes",

@@ -92,8 +92,17 @@ def test_freeze_module_prefix_roll_rule(tiny_vlm_dir):
     engine = actor(tiny_vlm_dir, freeze_module_prefix=["model.visual.blocks.0"])
     frozen = {n for n, p in engine.model.named_parameters() if not p.requires_grad}
     assert frozen and all(n.startswith("model.visual.blocks.0.") for n in frozen)
-    with pytest.raises(ConfigError, match=r"actor\.freeze_module_prefix: 'vision_model' matches"):
-        actor(tiny_vlm_dir, freeze_module_prefix=["vision_model"])
+    with pytest.raises(ConfigError, match=r"actor\.freeze_module_prefix: 'vision_mod' matches"):
+        actor(tiny_vlm_dir, freeze_module_prefix=["vision_mod"])
+
+
+def test_freeze_module_prefix_mcore_vision_name(tiny_vlm_dir):
+    """ROLL's megatron files name the tower as mcore_adapter does: vision_model.blocks
+    freezes the HF tower's blocks (model.visual.blocks), not its merger."""
+    engine = actor(tiny_vlm_dir, freeze_module_prefix=["vision_model.blocks"])
+    frozen = {n for n, p in engine.model.named_parameters() if not p.requires_grad}
+    tower = {n for n, _ in engine.model.named_parameters() if n.startswith("model.visual.blocks.")}
+    assert frozen == tower and tower
 
 
 def test_freeze_vision_tower_of_a_text_model_is_an_error(tiny_model_dir):

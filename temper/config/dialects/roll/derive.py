@@ -18,9 +18,11 @@ from temper.config.dialects.roll import correction as roll_correction
 from temper.config.dialects.roll import pg as roll_pg
 from temper.config.dialects.roll.context import Ctx as Ctx
 from temper.config.dialects.roll.devices import parse_device_mapping
+from temper.config.dialects.roll.rewards import is_agentic
 from temper.config.dialects.roll.rewards import rewards as rewards
 from temper.config.dialects.roll.transforms import (
     DTYPES,
+    GENERATING_ARGS,
     INFER_STRATEGIES,
     ROLE_WORKERS,
     ROLLOUT_ENGINES,
@@ -44,7 +46,11 @@ ENV_SECTIONS = (*ROLES, "train_env_manager", "val_env_manager")
     "pretrain",
     "reward_pretrain",
     "{role}.model_args.model_name_or_path",
+    "reward.model_args.model_name_or_path",
+    "reward.infer_batch_size",
+    explains=("reward.model_args.dtype", "reward.generating_args.{gen}"),
     role=ROLES,
+    gen=GENERATING_ARGS,
 )
 def model(ctx: Ctx) -> None:
     path = ctx.get("actor_train.model_args.model_name_or_path") or ctx.get("pretrain")
@@ -63,10 +69,22 @@ def model(ctx: Ctx) -> None:
     critic = ctx.get("critic.model_args.model_name_or_path") or ctx.get("reward_pretrain")
     if critic and not ctx.native_get("critic.model_path"):
         ctx.write("critic.model_path", critic, "reward_pretrain")
+    if is_agentic(ctx):
+        return  # an agentic file's reward worker is its envs' judge (rewards.agentic_judge)
     reward_model = ctx.get("reward.model_args.model_name_or_path")
     if reward_model:
         ctx.write("reward.model.path", reward_model, "reward.model_args.model_name_or_path")
         ctx.write("reward.model.enable", True, "reward.model_args.model_name_or_path")
+    if ctx.get("reward.infer_batch_size") is not None:
+        ctx.write(
+            "reward.model.micro_batch_size_per_device",
+            ctx.get("reward.infer_batch_size"),
+            "reward.infer_batch_size",
+        )
+    if ctx.has("reward.model_args.dtype"):
+        ctx.note("the reward model is scored in model.dtype", "reward.model_args.dtype")
+    for k in sorted(ctx.get("reward.generating_args") or {}):
+        ctx.note("a reward model does not generate", f"reward.generating_args.{k}")
 
 
 @derivation(
@@ -420,6 +438,8 @@ def strategies(ctx: Ctx) -> None:
         "reference": ("reference", INFER_STRATEGIES),
         "reward": ("reward.model", INFER_STRATEGIES),
     }
+    if is_agentic(ctx):  # the envs' judge engine: rewards.agentic_judge
+        del roles["reward"]
     for role, (dst, table) in roles.items():
         key = f"{role}.strategy_args.strategy_name"
         name = ctx.get(key)

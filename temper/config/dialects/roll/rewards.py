@@ -34,6 +34,12 @@ ROLL worker                          temper function   what else it sets
 Rule workers load only a tokenizer in ROLL, so their ``model_args``,
 ``strategy_args`` and ``generating_args`` are noted. ROLL's API judge
 (``judge_model_type: api``) is refused: temper's judge runs on its own rollout engines.
+
+An agentic file's ``reward`` section (singular; ROLL's ``InferWorker`` by default) is the
+generating cluster its envs ask for verdicts (DeepEyes' LLM judge): it maps onto the same
+``reward.judge`` as an ``LLMJudgeRewardWorker`` (:func:`agentic_judge`), its
+``device_mapping`` onto ``resources.reward``; sampling keys the file omits take ROLL's
+``GeneratingArguments`` defaults, which that worker samples with.
 """
 
 from __future__ import annotations
@@ -82,6 +88,45 @@ JUDGE_GENERATION = {
     "top_p": "top_p",
     "top_k": "top_k",
 }
+
+
+# ROLL's GeneratingArguments defaults (roll/configs/generating_args.py): what an agentic
+# file's reward worker samples with where its generating_args say nothing
+ROLL_GENERATION_DEFAULTS = {"temperature": 0.95, "top_p": 0.7, "top_k": 50, "max_new_tokens": 8192}
+
+
+def is_agentic(ctx: Any) -> bool:
+    """An agentic file (its episodes played by env managers, trained or not)."""
+    return ctx.native_get("pipeline") in ("agentic", "agentic_rollout")
+
+
+@derivation(
+    "reward.{judge}",
+    "reward.generating_args.{gen}",
+    "reward.model_args.trust_remote_code",
+    judge=[k for k in JUDGE_KEYS if k != "generating_args"],
+    gen=GENERATING_ARGS,
+)
+def agentic_judge(ctx: Any) -> None:
+    """An agentic file's ``reward`` worker -> ``reward.judge`` (module doc)."""
+    spec = dict(ctx.get("reward") or {})
+    if not spec:
+        return
+    gen = dict(spec.get("generating_args") or {})
+    given = set(gen)
+    if gen.get("do_sample") is False:
+        given.add("temperature")
+    spec["generating_args"] = {
+        **{k: v for k, v in ROLL_GENERATION_DEFAULTS.items() if k not in given},
+        **gen,
+    }
+    _judge(ctx, "reward", spec)
+    for k in sorted(set(ROLL_GENERATION_DEFAULTS) - given):
+        ctx.note(
+            f"not in the file; ROLL's default {ROLL_GENERATION_DEFAULTS[k]} applies "
+            f"(reward.judge.{JUDGE_GENERATION[k]})",
+            f"reward.generating_args.{k}",
+        )
 
 
 def _worker(spec: Any) -> tuple[Any, str | None]:
@@ -165,6 +210,8 @@ def rewards(ctx: Any) -> None:
             workers = max(workers, int(spec.get("world_size") or 0))
     if workers:
         ctx.write("reward.num_workers", workers, "rewards.*.world_size")
+    if is_agentic(ctx):
+        agentic_judge(ctx)
     if domains:  # ROLL rows name no data source; their tag is what metrics and failures name
         tag = ctx.get("actor_train.data_args.tag") or "tag"
         ctx.write("data.data_source_key", tag, "rewards")

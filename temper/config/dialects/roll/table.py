@@ -231,9 +231,21 @@ WORKERS = ("actor_train", "actor_infer", "reference", "critic", "reward")
 for _role in WORKERS:
     TOP.update(worker_rules(_role))
 
-# `reward` (singular) is a reward-model worker.
-TOP["reward.model_args.model_name_or_path"] = Use("reward.model.path (and enable)", derive.model)
-TOP["reward.model_args.dtype"] = Note("the reward model is scored in model.dtype")
+# `reward` (singular) is a reward-model worker, or in an agentic file the generating
+# worker behind its envs' LLM judge (DeepEyes): roll.rewards.agentic_judge
+REWARD_USE = "reward.model.path (and enable); agentic: reward.judge.* (the envs' LLM judge)"
+TOP["reward.model_args.model_name_or_path"] = Use(REWARD_USE, derive.model)
+TOP["reward.model_args.dtype"] = Use(
+    "agentic: reward.judge.dtype; noted for a reward model (scored in model.dtype)",
+    derive.model,
+)
+TOP["reward.data_args.template"] = Note(
+    "the reward model's or judge's inputs are rendered with its own tokenizer's chat template"
+)
+TOP["reward.infer_batch_size"] = Use(
+    "reward.model.micro_batch_size_per_device; agentic: reward.judge.infer_batch_size",
+    derive.model,
+)
 
 # `rewards.<name>`: one reward worker per domain -> reward.routes.<name> (roll_rewards).
 _reward = worker_rules("rewards.*")

@@ -130,6 +130,7 @@ ROLLOUT_READS = (
     "model.",
     "rollout.",
     "agentic.",
+    "reward.judge.",  # an env's LLM judge (DeepEyes)
     *(f"experiment.{k}" for k in ("seed", "device", "max_steps", "output_dir", "trackers")),
     *(f"experiment.{k}" for k in ("tracker_kwargs", "project_name", "experiment_name")),
     *(f"experiment.{k}" for k in ("logging_steps", "rollout_data_dir")),

@@ -286,6 +286,12 @@ def _generating_args(role: str) -> dict[str, Rule]:
         }
     if role == "rewards.*":
         return {f"generating_args.{k}": Use(JUDGE_USE, rewards.rewards) for k in keys}
+    if role == "reward":  # an agentic file's reward worker generates its envs' verdicts
+        use = Use(
+            "agentic: reward.judge.* (the envs' LLM judge); noted for a reward model",
+            rewards.agentic_judge,
+        )
+        return {f"generating_args.{k}": use for k in keys}
     return {f"generating_args.{k}": Note(GEN_NOTE) for k in keys}
 
 
