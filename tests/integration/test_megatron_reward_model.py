@@ -125,9 +125,11 @@ def test_megatron_scores_equal_the_hf_classifier(classifiers, layout) -> None:
         assert want.std() > 0  # distinct scores, not a constant head
 
 
-def _rl_run(tiny: Path, rm: str, out: Path, strategy: str, **over: dict) -> list[dict]:
+def _rl_run(
+    tiny: Path, rm: str, out: Path, strategy: str, rm_over: dict | None = None, **over: dict
+) -> list[dict]:
     """2 GRPO steps (the local backend unless ``over`` says otherwise) scored by the reward
-    model alone (no rule)."""
+    model alone (no rule); ``rm_over``: more ``reward.model`` keys."""
     from temper.pipelines import run_pipeline
     from temper.pipelines.catalog import build_config
 
@@ -148,6 +150,7 @@ def _rl_run(tiny: Path, rm: str, out: Path, strategy: str, **over: dict) -> list
                 "path": rm,
                 "strategy": strategy,
                 "micro_batch_size_per_device": 3,
+                **(rm_over or {}),
             }
         },
         "experiment": {
@@ -188,34 +191,92 @@ def test_rlvr_run_scored_by_a_megatron_reward_model(
         assert {r["train/score_min"], r["train/score_max"]} - {0.0, 1.0}
 
 
+def _score_on_a_ray_group(path: str, strategy: str, megatron: MegatronConfig) -> tuple:
+    """SEQS scored by a ``reward`` worker group of 2 Ray CPU ranks (one bundle each) of
+    ``strategy``; and the group's data-parallel size."""
+    from temper.cluster.ray import RayWorkerGroup, init_ray, require_ray
+    from temper.cluster.reward import RemoteRewardModel
+    from temper.cluster.roles import placement_group
+    from temper.config.schema import TemperConfig
+
+    cfg = TemperConfig()
+    cfg.model.path, cfg.model.dtype = path, "fp32"
+    cfg.experiment.device = "cpu"
+    cfg.resources.backend, cfg.resources.devices_per_node = "ray", 2
+    cfg.resources.ray.num_cpus = 4
+    cfg.reward.model = RewardModelConfig(
+        enable=True, path=path, strategy=strategy, micro_batch_size_per_device=2, megatron=megatron
+    )
+    init_ray(cfg)
+    ray = require_ray()
+    pg = placement_group(ray, cfg, (0, 1), None, False, ["reward"])
+    group = RayWorkerGroup("reward", cfg, slots=[(pg, 0, 1.0), (pg, 1, 1.0)])
+    try:
+        return RemoteRewardModel.over(group, cfg.reward.model).score_sequences(
+            SEQS
+        ), group.data_size
+    finally:
+        group.shutdown()
+        ray.util.remove_placement_group(pg)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for the module's group tests; stopped at the end."""
+    ray = pytest.importorskip("ray")
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.mark.ray
-def test_rlvr_run_on_ray_scored_by_a_megatron_reward_model_in_the_driver(
-    tmp_path, tiny_model_dir, classifiers, monkeypatch
+@pytest.mark.parametrize(
+    ("strategy", "layout", "dp"),
+    [
+        ("megatron", {"tensor_model_parallel_size": 2}, 1),
+        ("megatron", {}, 2),
+        ("fsdp2", {}, 2),
+    ],
+    ids=["megatron-tp2", "megatron-dp2", "fsdp2-dp2"],
+)
+def test_a_reward_group_on_two_ray_ranks_scores_as_one_process(
+    classifiers, ray_session, strategy, layout, dp
 ) -> None:
-    """On the Ray backend (the actor on two fsdp2 ranks in workers) the reward model
-    scores in the driver process, in a one-rank world of its own, as on the local one."""
+    """The Ray ``reward`` group (temper.cluster.reward): two TP ranks sharing every row,
+    or two data-parallel ranks each scoring its (token-balanced, padded) share, give
+    the one-process classifier's scores, in the batch's order."""
+    path = classifiers["qwen2"]
+    want = RewardModel.from_config(_config(path), dtype=torch.float32).score_sequences(SEQS)
+    got, data_size = _score_on_a_ray_group(path, strategy, MegatronConfig(**layout))
+    assert data_size == dp
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert want.std() > 0
+
+
+@pytest.mark.ray
+def test_rlvr_run_on_ray_scored_by_a_megatron_reward_model_on_its_own_ranks(
+    tmp_path, tiny_model_dir, classifiers, monkeypatch, capsys
+) -> None:
+    """On the Ray backend (the actor on two fsdp2 ranks in workers) a megatron reward
+    model at TP=2 scores on a worker group of its own, colocated with the actor (verl's
+    default placement): 2 GRPO steps whose rewards are its scores."""
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    rm = {"megatron": {"tensor_model_parallel_size": 2}}
+    over = dict(
+        actor={"strategy": "fsdp2"},
+        experiment={"device": "cpu"},
+        resources={"backend": "ray", "devices_per_node": 2, "ray": {"num_cpus": 4}},
+    )
     try:
         got = _rl_run(
-            tiny_model_dir,
-            classifiers["qwen2"],
-            tmp_path / "ray",
-            "megatron",
-            actor={"strategy": "fsdp2"},
-            experiment={"device": "cpu"},
-            resources={"backend": "ray", "devices_per_node": 2, "ray": {"num_cpus": 4}},
+            tiny_model_dir, classifiers["qwen2"], tmp_path / "ray", "megatron", rm, **over
         )
     finally:
-        import torch.distributed as dist
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        if dist.is_initialized():
-            dist.destroy_process_group()
         if ray.is_initialized():
             ray.shutdown()
     assert [r["step"] for r in got] == [1, 2]
     for r in got:
         assert r["train/rm_score_mean"] == pytest.approx(r["train/score_mean"], abs=1e-6)
         assert r["train/score_min"] < r["train/score_max"]
+    assert "ray: reward ranks 0..1 up" in capsys.readouterr().out  # its group, not the driver
