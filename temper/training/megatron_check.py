@@ -107,10 +107,10 @@ def check_reward_model(cfg: TemperConfig, plan: Derived) -> None:
         key, value = next(iter(split.items()))
         raise ConfigError(
             f"reward.model.megatron.{key}",
-            f"{value}: with resources.backend=local the reward model scores in the driver "
-            "process (one rank), so it is not split over devices",
-            "set resources.backend=ray (the reward model then scores on worker ranks of its "
-            f"own, on resources.reward), or reward.model.megatron.{key}: 1",
+            f"{value}: on the local backend (one device) the reward model scores in the "
+            "driver process (one rank), so it is not split over devices",
+            "run on resources.backend=ray (the reward model then scores on worker ranks of "
+            f"its own, resources.reward), or set reward.model.megatron.{key}: 1",
         )
     devices = len(plan.placement["reward"])
     for key, span, what in (

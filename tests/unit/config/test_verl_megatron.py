@@ -285,7 +285,9 @@ def test_check_refuses_a_megatron_reward_model_split_in_the_driver() -> None:
     check_reward_model(cfg, plan(cfg))  # TP = PP = CP = 1 on the local backend
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
         cfg = _rm_config("local", 1, **{key: 2})
-        with pytest.raises(ConfigError, match=f"reward.model.megatron.{key}.*backend=ray"):
+        with pytest.raises(
+            ConfigError, match=f"reward.model.megatron.{key}: 2: on the local backend.*backend=ray"
+        ):
             check_reward_model(cfg, plan(cfg))
     cfg = _rm_config("ray", 2)
     cfg.reward.model.megatron.dist_checkpoint_path = "/m/dist"
