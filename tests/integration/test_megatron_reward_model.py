@@ -26,6 +26,7 @@ from temper.rewards.model import RewardModel
 from temper.roles.reward_model import EngineRewardModel, score_rows
 from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
+from temper.utils.tiny import make_tiny_classifier
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
@@ -34,44 +35,10 @@ pytestmark = pytest.mark.slow
 SEQS = [[5, 9, 12, 40, 41], [7, 3], [100, 101, 102, 103, 104, 105, 106, 107], [8], [30, 31, 32]]
 
 
-def tiny_classifier(out: Path, model_type: str) -> str:
-    """A tiny random ``*ForSequenceClassification`` (num_labels 1) with the shared byte
-    tokenizer: llama (GQA, tied embeddings in its config) or qwen2 (q/k/v biases)."""
-    from transformers import AutoModelForSequenceClassification, LlamaConfig, Qwen2Config
-
-    from temper.utils.tiny import build_tokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out)
-    common = dict(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        num_labels=1,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    kind = LlamaConfig if model_type == "llama" else Qwen2Config
-    config = kind(**common, tie_word_embeddings=model_type == "llama")
-    with torch.random.fork_rng():
-        torch.manual_seed(4)
-        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("_proj.bias"):
-                    p.copy_(torch.randn_like(p) * 0.5)
-    model.save_pretrained(str(out))
-    return str(out)
-
-
 @pytest.fixture(scope="module")
 def classifiers(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("rm-models")
-    return {t: tiny_classifier(root / t, t) for t in ("llama", "qwen2")}
+    return {t: make_tiny_classifier(root / t, t) for t in ("llama", "qwen2")}
 
 
 def _config(path: str) -> RewardModelConfig:
@@ -191,35 +158,6 @@ def test_rlvr_run_scored_by_a_megatron_reward_model(
         assert {r["train/score_min"], r["train/score_max"]} - {0.0, 1.0}
 
 
-def _score_on_a_ray_group(path: str, strategy: str, megatron: MegatronConfig) -> tuple:
-    """SEQS scored by a ``reward`` worker group of 2 Ray CPU ranks (one bundle each) of
-    ``strategy``; and the group's data-parallel size."""
-    from temper.cluster.ray import RayWorkerGroup, init_ray, require_ray
-    from temper.cluster.reward import RemoteRewardModel
-    from temper.cluster.roles import placement_group
-    from temper.config.schema import TemperConfig
-
-    cfg = TemperConfig()
-    cfg.model.path, cfg.model.dtype = path, "fp32"
-    cfg.experiment.device = "cpu"
-    cfg.resources.backend, cfg.resources.devices_per_node = "ray", 2
-    cfg.resources.ray.num_cpus = 4
-    cfg.reward.model = RewardModelConfig(
-        enable=True, path=path, strategy=strategy, micro_batch_size_per_device=2, megatron=megatron
-    )
-    init_ray(cfg)
-    ray = require_ray()
-    pg = placement_group(ray, cfg, (0, 1), None, False, ["reward"])
-    group = RayWorkerGroup("reward", cfg, slots=[(pg, 0, 1.0), (pg, 1, 1.0)])
-    try:
-        return RemoteRewardModel.over(group, cfg.reward.model).score_sequences(
-            SEQS
-        ), group.data_size
-    finally:
-        group.shutdown()
-        ray.util.remove_placement_group(pg)
-
-
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray for the module's group tests; stopped at the end."""
@@ -242,12 +180,14 @@ def ray_session():
 def test_a_reward_group_on_two_ray_ranks_scores_as_one_process(
     classifiers, ray_session, strategy, layout, dp
 ) -> None:
+    from ray_groups import score_on_a_ray_group
+
     """The Ray ``reward`` group (temper.cluster.reward): two TP ranks sharing every row,
     or two data-parallel ranks each scoring its (token-balanced, padded) share, give
     the one-process classifier's scores, in the batch's order."""
     path = classifiers["qwen2"]
     want = RewardModel.from_config(_config(path), dtype=torch.float32).score_sequences(SEQS)
-    got, data_size = _score_on_a_ray_group(path, strategy, MegatronConfig(**layout))
+    got, data_size = score_on_a_ray_group(path, strategy, MegatronConfig(**layout), SEQS)
     assert data_size == dp
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert want.std() > 0
