@@ -9,7 +9,7 @@ devices (colocated roles split each bundle).
 from __future__ import annotations
 
 from temper.config.derive import Derived
-from temper.config.plan import NO_TRAINING
+from temper.config.plan import REWARD_MODEL
 from temper.config.schema import TemperConfig
 from temper.roles.builder import local_engine
 from temper.roles.reward_model import scores_on_workers
@@ -50,7 +50,7 @@ def placed_roles(cfg: TemperConfig, d: Derived) -> dict[str, list[int]]:
     roles = ["actor", *(["rollout"] if d.use_rollout else []), *d.roles[1:]]
     if cfg.model.lora.rank > 0:  # the reference is the actor's base: the actor's ranks
         roles = [role for role in roles if role != "reference"]
-    if scores_on_workers(cfg) and d.use_rollout and NO_TRAINING not in d.uses:
+    if scores_on_workers(cfg) and REWARD_MODEL in d.uses:
         roles.append("reward")
     if judge_used(cfg):
         roles.append("judge")

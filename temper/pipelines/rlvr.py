@@ -27,6 +27,7 @@ import torch
 from temper.algorithms import estimator_inputs
 from temper.cluster.reward import run_reward_model
 from temper.config.errors import ConfigError
+from temper.config.plan import REWARD_MODEL, RL_PARTS
 from temper.config.schema import TemperConfig
 from temper.data import Batch, PromptDataset, build_datasets, build_sampler, next_prompt_batch
 from temper.pipelines.dumps import dump_generations, generation_rows
@@ -251,6 +252,7 @@ def check(cfg: TemperConfig) -> None:
 
 PIPELINE = Pipeline(
     build=RLVRProducer,
+    uses=RL_PARTS | {REWARD_MODEL},  # the producer scores with reward.model
     check=check,
     preflight=check_prompt_data,
     provides=frozenset({"baseline_rewards", "reward_components"}),
