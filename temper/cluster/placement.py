@@ -9,8 +9,10 @@ devices (colocated roles split each bundle).
 from __future__ import annotations
 
 from temper.config.derive import Derived
+from temper.config.plan import REWARD_MODEL
 from temper.config.schema import TemperConfig
 from temper.roles.builder import local_engine
+from temper.roles.reward_model import scores_on_workers
 from temper.rollout.registry import resolve_engine_name
 
 #: The ``resources`` key (and ``Derived.placement`` entry) of each role's device ids.
@@ -22,6 +24,7 @@ PLACEMENT_KEYS = {
     "critic": "critic",
     "prm": "actor_train",  # PRIME's implicit PRM: colocated with the actor, as in verl
     "judge": "reward",
+    "reward": "reward",  # the reward model's group (verl: on the actor's pool by default)
 }
 
 
@@ -39,13 +42,16 @@ def worker_device(cfg: TemperConfig) -> str:
 def placed_roles(cfg: TemperConfig, d: Derived) -> dict[str, list[int]]:
     """The device ids of every role that gets Ray workers, in start order: the actor, the
     rollout engines where the step generates (an SFT run has none), the run's other
-    roles (not a LoRA run's reference: the actor's ranks serve their base), and the LLM
-    judge when a sample goes to it."""
+    roles (not a LoRA run's reference: the actor's ranks serve their base), the reward
+    model's group where it scores on workers (an RL run's producer scores with it), and
+    the LLM judge when a sample goes to it."""
     from temper.cluster.judge import judge_used
 
     roles = ["actor", *(["rollout"] if d.use_rollout else []), *d.roles[1:]]
     if cfg.model.lora.rank > 0:  # the reference is the actor's base: the actor's ranks
         roles = [role for role in roles if role != "reference"]
+    if scores_on_workers(cfg) and REWARD_MODEL in d.uses:
+        roles.append("reward")
     if judge_used(cfg):
         roles.append("judge")
     placed = {role: list(d.placement[PLACEMENT_KEYS[role]]) for role in roles}
@@ -125,13 +131,16 @@ def placement_rows(cfg: TemperConfig, d: Derived) -> list[tuple[str, ...]]:
             strategy = cfg.reward.judge.engine
         elif role == "prm":
             strategy = cfg.prime.prm.strategy
+        elif role == "reward":
+            strategy = cfg.reward.model.strategy
         else:
             strategy = getattr(cfg, engine_of).strategy
         dp = {"actor": d.actor.dp, "critic": d.critic.dp if d.critic else len(ids)}.get(
             role, len(ids)
         )
-        if engine_of == "reference" and strategy == "megatron":  # TP ranks share their samples
-            dp = len(ids) // max(1, cfg.reference.megatron.model_parallel_size)
+        if engine_of in ("reference", "reward") and strategy == "megatron":
+            megatron = (cfg.reference if engine_of == "reference" else cfg.reward.model).megatron
+            dp = len(ids) // max(1, megatron.model_parallel_size)  # TP ranks share samples
         tp = cfg.rollout.tensor_parallel_size if role == "rollout" else 1
         if tp > 1:  # an engine's tensor-parallel ranks share their prompts
             dp, strategy = len(ids) // tp, f"{strategy} TP={tp}"

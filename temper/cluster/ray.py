@@ -182,6 +182,7 @@ class RankWorker:
             build_reference,
             build_teacher,
         )
+        from temper.roles.reward_model import build_reward_scorer
         from temper.training.models import resolve_device
 
         dev = resolve_device(device)
@@ -210,6 +211,7 @@ class RankWorker:
             "reference": build_reference,
             "critic": build_critic,
             "prm": build_prm,
+            "reward": build_reward_scorer,  # the reward model (cluster.reward)
         }
         if self.role_name.startswith(TEACHER):
             self.role = build_teacher(self.cfg, dev, self.role_name.removeprefix(TEACHER))

@@ -30,6 +30,7 @@ from temper.cluster.placement import (
     teacher_role,
     worker_device,
 )
+from temper.cluster.reward import RemoteRewardModel, check_reward_group
 from temper.cluster.rollout import RemoteRollout, StoredWeights
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
@@ -217,6 +218,7 @@ class ClusterRoles(Roles):
 
     rollout: RolloutEngine | None = None  # the actor_infer worker group
     judge: JudgeEngine | None = None  # the LLM judge's worker group (reward.judge)
+    reward_model: RemoteRewardModel | None = None  # the reward model's group (reward.model)
     groups: list[WorkerGroup] = field(default_factory=list)
     placement_groups: list[Any] = field(default_factory=list)
     timeline_json_file: str | None = None
@@ -367,6 +369,8 @@ def build_ray_roles(
     nnodes, rc = cfg.resources.nnodes, cfg.resources.ray
     nodes = ray_node_ids(ray, nnodes, rc.rpc_timeout, wait=bool(rc.address)) if nnodes > 1 else None
     check_capacity(ray, place, "GPU" if device == "cuda" else "CPU")
+    if "reward" in place:  # what the driver can see before any worker loads a model
+        check_reward_group(cfg)
     pgs: list[Any] = []
     groups: dict[str, RayWorkerGroup] = {}
     try:
@@ -398,6 +402,11 @@ def build_ray_roles(
         prm=RemotePRM(groups["prm"], cfg.prime.prm, balance) if "prm" in groups else None,
         rollout=RemoteRollout(groups["rollout"]) if "rollout" in groups else None,
         judge=RemoteJudge(groups["judge"]) if "judge" in groups else None,
+        reward_model=(
+            RemoteRewardModel.over(groups["reward"], cfg.reward.model)
+            if "reward" in groups
+            else None
+        ),
         teachers=_remote_teachers(cfg, groups),
         groups=list(groups.values()),
         placement_groups=pgs,

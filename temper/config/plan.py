@@ -26,6 +26,10 @@ SCORE_HEAD = "score_head"
 #: An implicit process reward model trained alongside the policy (PRIME): its own trained
 #: engine (and frozen reference) on the actor's devices.
 PRM = "prm"
+#: The producer scores samples with ``reward.model`` when it is enabled (RLVR and its
+#: kin; an agentic run's rewards are its environments'): on the Ray backend its own
+#: worker group is placed for it (``temper.cluster.reward``).
+REWARD_MODEL = "reward_model"
 #: What an RL step can use: all of them (RLVR and agentic).
 RL_PARTS = frozenset({ROLLOUT, REFERENCE, CRITIC})
 

@@ -726,8 +726,9 @@ class RewardModelConfig:
     fsdp: FSDPConfig = sub(FSDPConfig, "FSDP2 settings (strategy=fsdp2).")
     megatron: MegatronConfig = sub(
         MegatronConfig,
-        "Megatron settings (strategy=megatron): the reward model scores in the driver "
-        "process, one rank, so its model-parallel degrees stay 1.",
+        "Megatron settings (strategy=megatron): on resources.backend=ray the reward model "
+        "scores on a worker group of its own (resources.reward), split TP × PP × CP; on "
+        "local in the driver process, one rank, so its degrees stay 1.",
     )
 
 
@@ -996,7 +997,9 @@ class ResourcesConfig:
     actor_infer: list[int] | None = doc(None, "Device ids of the rollout engine (None: colocated).")
     reference: list[int] | None = doc(None, "Device ids of the reference (None: with actor).")
     critic: list[int] | None = doc(None, "Device ids of the critic (None: with actor).")
-    reward: list[int] | None = doc(None, "Device ids of the reward model (None: with actor).")
+    reward: list[int] | None = doc(
+        None, "Device ids of the reward model's or the LLM judge's ranks (None: the actor's)."
+    )
     devices_per_infer_worker: int = doc(1, "Devices per rollout engine instance.")
     ray: RayConfig = sub(RayConfig, "Ray settings (backend=ray).")
 

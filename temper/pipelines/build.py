@@ -79,11 +79,22 @@ def _build_run(
         if plan.use_rollout:  # the step generates (RL); SFT builds no engine
             rollout = build_cluster_rollout(cfg, roles, tokenizer, demand)  # or actor_infer
         device = roles.actor.engine.device
-        remote_judge = roles.judge if isinstance(roles, ClusterRoles) else None
+        cluster = roles if isinstance(roles, ClusterRoles) else None
+        remote_judge = cluster.judge if cluster is not None else None
         judge = build_judge(cfg, device, remote_judge)  # LLM judge (function llm_judge), if used
         shaping = pipeline.shaping(cfg)
         producer = pipeline.build(
-            ProducerContext(cfg, tokenizer, rollout, device, out, shaping, judge, roles)
+            ProducerContext(
+                cfg,
+                tokenizer,
+                rollout,
+                device,
+                out,
+                shaping,
+                judge,
+                roles,
+                reward_model=cluster.reward_model if cluster is not None else None,
+            )
         )
         total = producer.total_steps
         roles.actor.set_total_steps(total * plan.actor.optimizer_steps_per_rl_step)

@@ -29,7 +29,7 @@ from temper.roles.actor import policy_loss_params
 from temper.rollout.tools import check_multi_turn
 
 FILTER_METRICS = ("score", "reward")
-#: the engines a reward model scores on (:func:`temper.roles.builder.build_reward_model`)
+#: the engines a reward model scores on (:mod:`temper.roles.reward_model`)
 REWARD_MODEL_STRATEGIES = ("torch", "fsdp2", "megatron")
 
 
@@ -256,8 +256,9 @@ def _check_estimator_inputs(cfg: TemperConfig) -> None:
 
 
 def _check_reward_model_strategy(cfg: TemperConfig) -> None:
-    """The reward model scores in the driver process: as the Hugging Face classifier
-    (torch, or fsdp2, one rank of which is the same) or on a one-rank megatron engine."""
+    """The reward model scores as the Hugging Face classifier (torch; fsdp2 on the local
+    backend, where one rank is the same) or on a ``kind='score'`` engine (megatron; fsdp2
+    and megatron on the Ray backend's ``reward`` group): :mod:`temper.roles.reward_model`."""
     rm = cfg.reward.model
     if rm.enable and rm.strategy not in REWARD_MODEL_STRATEGIES:
         raise ConfigError(

@@ -32,7 +32,7 @@ import torch
 
 from temper.algorithms.prime import accuracy_filter_order, prime_advantages
 from temper.config.errors import ConfigError
-from temper.config.plan import PRM, REFERENCE, ROLLOUT
+from temper.config.plan import PRM, REFERENCE, REWARD_MODEL, ROLLOUT
 from temper.config.schema import TemperConfig
 from temper.data import Batch, build_sampler
 from temper.pipelines.dumps import dump_generations
@@ -241,7 +241,7 @@ def _check_prm_batches(cfg: TemperConfig) -> None:
 PIPELINE = Pipeline(
     build=PrimeProducer,
     step=prime_step,
-    uses=frozenset({ROLLOUT, REFERENCE, PRM}),
+    uses=frozenset({ROLLOUT, REFERENCE, PRM, REWARD_MODEL}),
     check=check,
     preflight=check_prompt_data,
     sections=frozenset({"prime"}),

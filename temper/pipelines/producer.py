@@ -27,6 +27,7 @@ from temper.data.batch import Batch
 from temper.pipelines.shaping import ShapingSettings
 from temper.pipelines.timing import Timer
 from temper.rewards.judge import JudgeEngine
+from temper.rewards.model import RewardModel
 from temper.roles.base import Roles
 from temper.rollout import RolloutEngine
 from temper.rollout.partial import Segments
@@ -46,6 +47,9 @@ class ProducerContext:
     shaping: ShapingSettings  # the run's reward shaping (dynamic sampling reads it)
     judge: JudgeEngine | None = None  # the LLM judge (reward function llm_judge), if used
     roles: Roles | None = None  # the run's roles (SFT validates with the actor's forward)
+    # the reward model's Ray worker group (temper.cluster.reward), where it has one; else
+    # a producer that scores with the reward model builds it in this process
+    reward_model: RewardModel | None = None
 
     @property
     def engine(self) -> RolloutEngine:

@@ -88,8 +88,9 @@ class Pipeline:
       step — produce, log-probs, shaping, updates, weight sync); the driver's one loop
       calls it between resume and checkpoint;
     - ``uses``: the optional parts of a run the step uses (``temper.config.plan``:
-      ``rollout``, ``reference``, ``critic``; default all three): the plan places and the
-      run builds only these — an SFT run has no rollout engine, reference or critic;
+      ``rollout``, ``reference``, ``critic``, default all three; ``reward_model``: the
+      producer scores with ``reward.model``): the plan places and the run builds only
+      these — an SFT run has no rollout engine, reference or critic;
     - ``curve``: the per-step metric that is the run's curve (the summary's first → last
       line): ``train/score_mean`` for RL;
     - ``check(cfg)``: a ``ConfigError`` for a combination the pipeline cannot honour (runs

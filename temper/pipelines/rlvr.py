@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 from temper.algorithms import estimator_inputs
+from temper.cluster.reward import run_reward_model
 from temper.config.errors import ConfigError
+from temper.config.plan import REWARD_MODEL, RL_PARTS
 from temper.config.schema import TemperConfig
 from temper.data import Batch, PromptDataset, build_datasets, build_sampler, next_prompt_batch
 from temper.pipelines.dumps import dump_generations, generation_rows
@@ -35,7 +37,6 @@ from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Pipeline
 from temper.pipelines.timing import Timer
 from temper.rewards.manager import RewardScorer
-from temper.roles.builder import build_reward_model
 from temper.rollout import RolloutEngine
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.rollout.partial import Segments, generate_in_segments
@@ -68,7 +69,7 @@ class RLVRProducer:
             cfg,
             device=ctx.device,
             judge=ctx.judge,
-            reward_model=build_reward_model(cfg, ctx.device),
+            reward_model=run_reward_model(cfg, ctx.device, ctx.reward_model),
         )
         self.train_sampling = sampling_params(cfg.rollout, validation=False)
         # R3: the update replays the routing the rollout chose for the trained samples
@@ -251,6 +252,7 @@ def check(cfg: TemperConfig) -> None:
 
 PIPELINE = Pipeline(
     build=RLVRProducer,
+    uses=RL_PARTS | {REWARD_MODEL},  # the producer scores with reward.model
     check=check,
     preflight=check_prompt_data,
     provides=frozenset({"baseline_rewards", "reward_components"}),

@@ -33,7 +33,7 @@ import torch
 
 from temper.algorithms.preference import PreferenceParams, online_pairs
 from temper.config.errors import ConfigError
-from temper.config.plan import REFERENCE, REFERENCE_ALWAYS, ROLLOUT
+from temper.config.plan import REFERENCE, REFERENCE_ALWAYS, REWARD_MODEL, ROLLOUT
 from temper.config.schema import TemperConfig
 from temper.data import Batch
 from temper.pipelines.dpo import check_preference_loss
@@ -228,7 +228,7 @@ def preflight(cfg: TemperConfig, notes: list[str]) -> None:
 PIPELINE = Pipeline(
     build=SpinProducer,
     step=spin_step,
-    uses=frozenset({ROLLOUT, REFERENCE, REFERENCE_ALWAYS}),
+    uses=frozenset({ROLLOUT, REFERENCE, REFERENCE_ALWAYS, REWARD_MODEL}),
     check=check,
     preflight=preflight,
     sections=frozenset({"spin"}),

@@ -228,8 +228,8 @@ class RewardScorer:
         reward_model: Any | None = None,
     ) -> RewardScorer:
         """The scorer of a run (loads the reward model when ``reward.model.enable``, unless
-        ``reward_model`` — one built on a training engine, ``temper.roles.builder.
-        build_reward_model`` — is given); ``judge``: the engine of the LLM judge
+        ``reward_model`` — one built on a training engine or a worker group,
+        ``temper.cluster.reward.run_reward_model`` — is given); ``judge``: the engine of the LLM judge
         (``temper.cluster.judge.build_judge``)."""
         rm = reward_model
         if rm is None and config.reward.model.enable:

@@ -19,8 +19,6 @@ Inference micro-batching (old log-probs) takes the first of ``actor.log_prob_*``
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -28,7 +26,7 @@ from temper.algorithms.kl import kl_estimator_needs_logits
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.plan import SCORE_HEAD
-from temper.config.schema import LoraConfig, TemperConfig, TrainEngineConfig
+from temper.config.schema import TemperConfig, TrainEngineConfig
 from temper.roles.actor import Actor
 from temper.roles.base import ReferenceRole, Roles
 from temper.roles.critic import Critic
@@ -202,67 +200,6 @@ def build_critic(cfg: TemperConfig, dev: torch.device) -> Critic:
         ),
     )
     return Critic(cfg.critic, engine, seed=cfg.experiment.seed)
-
-
-#: reward-model strategies served by the Hugging Face classifier itself: the reward model
-#: scores in one process (the driver's), where a one-rank FSDP2 shards nothing
-ONE_PROCESS_SCORERS = ("torch", "fsdp2")
-
-
-def build_reward_model(cfg: TemperConfig, dev: torch.device) -> Any:
-    """The scorer of ``reward.model`` (None unless enabled): on ``torch`` / ``fsdp2`` the
-    Hugging Face classifier itself (:class:`temper.rewards.model.RewardModel`), on
-    ``megatron`` its backbone and score head as a frozen ``kind='score'`` engine
-    (:class:`temper.roles.reward_model.EngineRewardModel`) in a one-rank world."""
-    from temper.rewards.model import RewardModel
-    from temper.roles.reward_model import EngineRewardModel, check_one_label
-
-    rm = cfg.reward.model
-    if not rm.enable:
-        return None
-    if rm.strategy in ONE_PROCESS_SCORERS:
-        if rm.strategy != "torch":
-            log.warning(
-                "reward.model.strategy=%s: the reward model scores in the driver process, "
-                "where one FSDP2 rank computes what the torch classifier computes",
-                rm.strategy,
-            )
-        return RewardModel.from_config(replace(rm, strategy="torch"), device=dev)
-    if rm.strategy != "megatron":
-        raise ConfigError(
-            "reward.model.strategy",
-            f"'{rm.strategy}' does not serve a reward model",
-            "use torch, fsdp2 or megatron",
-        )
-    if not rm.path:
-        raise ConfigError(
-            "reward.model.path", "is not set but reward.model.enable is true", "set it"
-        )
-    from transformers import AutoTokenizer
-
-    check_one_label(rm.path)
-    engine = build_engine(
-        "megatron",
-        EngineSpec(
-            model=replace(
-                cfg.model,  # the policy's compute settings; its own architecture and code
-                trust_remote_code=rm.trust_remote_code,
-                override_config={},
-                lora=LoraConfig(),
-            ),
-            device=dev,
-            kind="score",
-            model_path=rm.path,
-            train=None,
-            param_offload=rm.megatron.param_offload,
-            seed=cfg.experiment.seed,
-            role="reward.model",
-            megatron=rm.megatron,
-        ),
-        key="reward.model.strategy",
-    )
-    tokenizer = AutoTokenizer.from_pretrained(rm.path, trust_remote_code=rm.trust_remote_code)
-    return EngineRewardModel(engine, tokenizer, rm)
 
 
 def _temperature(cfg: TemperConfig) -> float:

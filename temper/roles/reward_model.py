@@ -1,6 +1,17 @@
 """The reward model on a training engine: a sequence classifier's backbone and bias-free
-``score`` head loaded as a frozen ``kind='score'`` engine (``reward.model.strategy:
-megatron``), scoring as :class:`temper.rewards.model.RewardModel` does.
+``score`` head loaded as a frozen ``kind='score'`` engine, scoring as
+:class:`temper.rewards.model.RewardModel` does.
+
+Where it scores (:func:`build_reward_model`, :func:`build_reward_scorer`):
+
+- ``reward.model.strategy: torch`` — the Hugging Face classifier in the driver process,
+  on either backend (one process);
+- ``fsdp2`` / ``megatron`` on ``resources.backend: local`` — the driver too (one rank:
+  the classifier for fsdp2, a one-rank megatron world for megatron);
+- ``fsdp2`` / ``megatron`` on ``resources.backend: ray`` — the ``reward`` worker group
+  (``temper.cluster.reward``): each rank an engine of that strategy over the group's
+  process group (FSDP2 data-parallel ranks, Megatron TP × PP × CP model-parallel ones),
+  scoring its data-parallel slice of the rows.
 
 Inputs are :meth:`RewardModel.build_inputs`' token lists. Each becomes one row whose
 "prompt" is the whole sequence and whose "response" is one placeholder token: an engine's
@@ -12,6 +23,8 @@ attention keeps the placeholder out of that output.
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +32,19 @@ import torch
 from torch import Tensor
 
 from temper.config.errors import ConfigError
-from temper.config.schema import RewardModelConfig
+from temper.config.schema import LoraConfig, RewardModelConfig, TemperConfig
 from temper.data.batch import Batch
 from temper.rewards.model import DEFAULT_MICRO_BATCH, RewardModel
 from temper.training.base import TrainEngine
 from temper.training.micro_batching import MicroBatching
+from temper.training.registry import build_engine
+from temper.training.spec import EngineSpec
+
+log = logging.getLogger(__name__)
+
+#: strategies whose reward model is an engine sharded over the ``reward`` worker group
+#: on the Ray backend; ``torch`` is one process, the driver's, on either backend
+WORKER_SCORERS = ("fsdp2", "megatron")
 
 
 def score_rows(seqs: list[list[int]]) -> Batch:
@@ -73,10 +94,14 @@ class EngineRewardModel(RewardModel):
         """``(N,)`` float32 head outputs at each token list's last token."""
         if not seqs:
             return torch.zeros(0)
-        out = self.engine.forward(
-            score_rows(seqs), with_values=True, micro_batching=self.micro_batching()
-        )
-        return out["values"][:, 0].float().cpu()
+        return self.score_batch(score_rows(seqs))["scores"]
+
+    @torch.no_grad()
+    def score_batch(self, rows: Batch) -> Batch:
+        """``scores`` ``(N,)`` float32 of :func:`score_rows`' rows (a worker rank's share
+        of them on the Ray backend: the ranks of a sharded engine call it together)."""
+        out = self.engine.forward(rows, with_values=True, micro_batching=self.micro_batching())
+        return Batch.from_dict({"scores": out["values"][:, 0].float().cpu()})
 
 
 def check_one_label(path: str) -> None:
@@ -89,3 +114,85 @@ def check_one_label(path: str) -> None:
             f"the reward model has num_labels={labels}",
             "use a sequence-classification model with one output (num_labels=1)",
         )
+
+
+def scores_on_workers(cfg: TemperConfig) -> bool:
+    """The reward model scores on the ``reward`` worker group (module doc)."""
+    rm = cfg.reward.model
+    return rm.enable and cfg.resources.backend == "ray" and rm.strategy in WORKER_SCORERS
+
+
+def _require_path(rm: RewardModelConfig) -> str:
+    if not rm.path:
+        raise ConfigError(
+            "reward.model.path", "is not set but reward.model.enable is true", "set it"
+        )
+    return rm.path
+
+
+def score_engine(cfg: TemperConfig, dev: torch.device, strategy: str) -> TrainEngine:
+    """The reward model as a frozen ``kind='score'`` engine of ``strategy`` (a
+    ``megatron`` or ``fsdp2`` one joins this process's process group)."""
+    rm = cfg.reward.model
+    offload = rm.megatron.param_offload if strategy == "megatron" else rm.fsdp.param_offload
+    return build_engine(
+        strategy,
+        EngineSpec(
+            model=replace(
+                cfg.model,  # the policy's compute settings; its own architecture and code
+                trust_remote_code=rm.trust_remote_code,
+                override_config={},
+                lora=LoraConfig(),
+            ),
+            device=dev,
+            kind="score",
+            model_path=_require_path(rm),
+            train=None,
+            param_offload=offload,
+            seed=cfg.experiment.seed,
+            role="reward.model",
+            fsdp=rm.fsdp,
+            megatron=rm.megatron,
+        ),
+        key="reward.model.strategy",
+    )
+
+
+def build_reward_model(cfg: TemperConfig, dev: torch.device) -> Any:
+    """The driver's scorer of ``reward.model`` (None unless enabled; module doc): the
+    Hugging Face classifier itself (:class:`RewardModel`) on ``torch`` / ``fsdp2``, the
+    backbone and score head as a one-rank megatron engine (:class:`EngineRewardModel`)
+    on ``megatron``."""
+    from transformers import AutoTokenizer
+
+    rm = cfg.reward.model
+    if not rm.enable:
+        return None
+    if rm.strategy in ("torch", "fsdp2"):
+        if rm.strategy != "torch":
+            log.warning(
+                "reward.model.strategy=%s: on resources.backend=local the reward model "
+                "scores in the driver process, where one FSDP2 rank computes what the "
+                "torch classifier computes",
+                rm.strategy,
+            )
+        return RewardModel.from_config(replace(rm, strategy="torch"), device=dev)
+    if rm.strategy != "megatron":
+        raise ConfigError(
+            "reward.model.strategy",
+            f"'{rm.strategy}' does not serve a reward model",
+            "use torch, fsdp2 or megatron",
+        )
+    check_one_label(_require_path(rm))
+    engine = score_engine(cfg, dev, "megatron")
+    tokenizer = AutoTokenizer.from_pretrained(rm.path, trust_remote_code=rm.trust_remote_code)
+    return EngineRewardModel(engine, tokenizer, rm)
+
+
+def build_reward_scorer(cfg: TemperConfig, dev: torch.device) -> EngineRewardModel:
+    """One rank of the Ray ``reward`` group: the ``reward.model.strategy`` engine over the
+    group's process group. It scores rows (:meth:`EngineRewardModel.score_batch`); the
+    driver builds the inputs, so the rank holds no tokenizer."""
+    return EngineRewardModel(
+        score_engine(cfg, dev, cfg.reward.model.strategy), None, cfg.reward.model
+    )

@@ -87,10 +87,11 @@ def _roles(cfg: TemperConfig, plan: Derived) -> list[tuple[str, MegatronConfig]]
     return roles
 
 
-def check_reward_model(cfg: TemperConfig) -> None:
-    """A megatron reward model scores in the driver process (the producer's scorer, as
-    the torch reward model does on either backend), in a one-rank world of its own
-    there: it has no worker group to split over."""
+def check_reward_model(cfg: TemperConfig, plan: Derived) -> None:
+    """A megatron reward model scores in the driver on the local backend (a one-rank
+    world: nothing to split over), on the ``reward`` worker group on Ray
+    (``temper.cluster.reward``), whose devices its TP × PP × CP (and expert) span must
+    divide."""
     rm = cfg.reward.model
     if not (rm.enable and rm.strategy == "megatron"):
         return
@@ -102,20 +103,34 @@ def check_reward_model(cfg: TemperConfig) -> None:
             "remove it; reward.model.path is converted",
         )
     split = {k: v for k, v in rm.megatron.degrees().items() if (v or 1) > 1}
-    if split:
+    if split and cfg.resources.backend != "ray":
         key, value = next(iter(split.items()))
         raise ConfigError(
             f"reward.model.megatron.{key}",
-            f"{value}: the reward model scores in one process (one rank), so it is not "
-            "split over devices",
-            f"set reward.model.megatron.{key}: 1",
+            f"{value}: on the local backend (one device) the reward model scores in the "
+            "driver process (one rank), so it is not split over devices",
+            "run on resources.backend=ray (the reward model then scores on worker ranks of "
+            f"its own, resources.reward), or set reward.model.megatron.{key}: 1",
         )
+    devices = len(plan.placement["reward"])
+    for key, span, what in (
+        ("tensor_model_parallel_size", rm.megatron.model_parallel_size, "TP×PP×CP"),
+        ("expert_model_parallel_size", rm.megatron.expert_model_parallel_span, "ETP×EP×PP"),
+    ):
+        if devices % span:
+            raise ConfigError(
+                f"reward.model.megatron.{key}",
+                f"the reward model's {devices} devices (resources.reward, else the actor's) "
+                f"are not divisible by {what} = {span}",
+                "place the reward model on a multiple of that many devices (resources.reward) "
+                "or choose parallel sizes whose product divides its device count",
+            )
 
 
 def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[str]:
     """Raise ``ConfigError`` for what cannot run; return notes on options not applied."""
     notes: list[str] = []
-    check_reward_model(cfg)
+    check_reward_model(cfg, plan)
     for role, m in _roles(cfg, plan):
         ckpt = cfg.model.enable_gradient_checkpointing and role not in FROZEN
         notes += check_section(

@@ -105,6 +105,41 @@ def make_tiny_model(
     return out
 
 
+def make_tiny_classifier(out_dir: str | Path, model_type: str = "qwen2", seed: int = 4) -> str:
+    """Write a tiny random ``*ForSequenceClassification`` reward model (``num_labels`` 1)
+    with the byte tokenizer to ``out_dir``: ``llama`` (GQA, tied embeddings in its
+    config) or ``qwen2`` (q/k/v biases, drawn large so that they matter)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, LlamaConfig, Qwen2Config
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    common: dict[str, Any] = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_labels=1,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    kind = LlamaConfig if model_type == "llama" else Qwen2Config
+    config = kind(**common, tie_word_embeddings=model_type == "llama")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("_proj.bias"):
+                    p.copy_(torch.randn_like(p) * 0.5)
+    model.save_pretrained(str(out))
+    return str(out)
+
+
 def make_tiny_moe_model(out_dir: str | Path, model_type: str, num_layers: int = 2) -> str:
     """A tiny random MoE model with the shared byte tokenizer: ``num_layers`` layers, 4
     experts, top-2, router weights scaled up so that tokens spread unevenly over the

@@ -26,6 +26,7 @@ from temper.rewards.model import RewardModel
 from temper.roles.reward_model import EngineRewardModel, score_rows
 from temper.training.registry import build_engine
 from temper.training.spec import EngineSpec
+from temper.utils.tiny import make_tiny_classifier
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 pytestmark = pytest.mark.slow
@@ -34,44 +35,10 @@ pytestmark = pytest.mark.slow
 SEQS = [[5, 9, 12, 40, 41], [7, 3], [100, 101, 102, 103, 104, 105, 106, 107], [8], [30, 31, 32]]
 
 
-def tiny_classifier(out: Path, model_type: str) -> str:
-    """A tiny random ``*ForSequenceClassification`` (num_labels 1) with the shared byte
-    tokenizer: llama (GQA, tied embeddings in its config) or qwen2 (q/k/v biases)."""
-    from transformers import AutoModelForSequenceClassification, LlamaConfig, Qwen2Config
-
-    from temper.utils.tiny import build_tokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out)
-    common = dict(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        num_labels=1,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    kind = LlamaConfig if model_type == "llama" else Qwen2Config
-    config = kind(**common, tie_word_embeddings=model_type == "llama")
-    with torch.random.fork_rng():
-        torch.manual_seed(4)
-        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("_proj.bias"):
-                    p.copy_(torch.randn_like(p) * 0.5)
-    model.save_pretrained(str(out))
-    return str(out)
-
-
 @pytest.fixture(scope="module")
 def classifiers(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("rm-models")
-    return {t: tiny_classifier(root / t, t) for t in ("llama", "qwen2")}
+    return {t: make_tiny_classifier(root / t, t) for t in ("llama", "qwen2")}
 
 
 def _config(path: str) -> RewardModelConfig:
@@ -125,9 +92,11 @@ def test_megatron_scores_equal_the_hf_classifier(classifiers, layout) -> None:
         assert want.std() > 0  # distinct scores, not a constant head
 
 
-def _rl_run(tiny: Path, rm: str, out: Path, strategy: str, **over: dict) -> list[dict]:
+def _rl_run(
+    tiny: Path, rm: str, out: Path, strategy: str, rm_over: dict | None = None, **over: dict
+) -> list[dict]:
     """2 GRPO steps (the local backend unless ``over`` says otherwise) scored by the reward
-    model alone (no rule)."""
+    model alone (no rule); ``rm_over``: more ``reward.model`` keys."""
     from temper.pipelines import run_pipeline
     from temper.pipelines.catalog import build_config
 
@@ -148,6 +117,7 @@ def _rl_run(tiny: Path, rm: str, out: Path, strategy: str, **over: dict) -> list
                 "path": rm,
                 "strategy": strategy,
                 "micro_batch_size_per_device": 3,
+                **(rm_over or {}),
             }
         },
         "experiment": {
@@ -188,34 +158,65 @@ def test_rlvr_run_scored_by_a_megatron_reward_model(
         assert {r["train/score_min"], r["train/score_max"]} - {0.0, 1.0}
 
 
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for the module's group tests; stopped at the end."""
+    ray = pytest.importorskip("ray")
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.mark.ray
-def test_rlvr_run_on_ray_scored_by_a_megatron_reward_model_in_the_driver(
-    tmp_path, tiny_model_dir, classifiers, monkeypatch
+@pytest.mark.parametrize(
+    ("strategy", "layout", "dp"),
+    [
+        ("megatron", {"tensor_model_parallel_size": 2}, 1),
+        ("megatron", {}, 2),
+        ("fsdp2", {}, 2),
+    ],
+    ids=["megatron-tp2", "megatron-dp2", "fsdp2-dp2"],
+)
+def test_a_reward_group_on_two_ray_ranks_scores_as_one_process(
+    classifiers, ray_session, strategy, layout, dp
 ) -> None:
-    """On the Ray backend (the actor on two fsdp2 ranks in workers) the reward model
-    scores in the driver process, in a one-rank world of its own, as on the local one."""
+    from ray_groups import score_on_a_ray_group
+
+    """The Ray ``reward`` group (temper.cluster.reward): two TP ranks sharing every row,
+    or two data-parallel ranks each scoring its (token-balanced, padded) share, give
+    the one-process classifier's scores, in the batch's order."""
+    path = classifiers["qwen2"]
+    want = RewardModel.from_config(_config(path), dtype=torch.float32).score_sequences(SEQS)
+    got, data_size = score_on_a_ray_group(path, strategy, MegatronConfig(**layout), SEQS)
+    assert data_size == dp
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert want.std() > 0
+
+
+@pytest.mark.ray
+def test_rlvr_run_on_ray_scored_by_a_megatron_reward_model_on_its_own_ranks(
+    tmp_path, tiny_model_dir, classifiers, monkeypatch, capsys
+) -> None:
+    """On the Ray backend (the actor on two fsdp2 ranks in workers) a megatron reward
+    model at TP=2 scores on a worker group of its own, colocated with the actor (verl's
+    default placement): 2 GRPO steps whose rewards are its scores."""
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    rm = {"megatron": {"tensor_model_parallel_size": 2}}
+    over = dict(
+        actor={"strategy": "fsdp2"},
+        experiment={"device": "cpu"},
+        resources={"backend": "ray", "devices_per_node": 2, "ray": {"num_cpus": 4}},
+    )
     try:
         got = _rl_run(
-            tiny_model_dir,
-            classifiers["qwen2"],
-            tmp_path / "ray",
-            "megatron",
-            actor={"strategy": "fsdp2"},
-            experiment={"device": "cpu"},
-            resources={"backend": "ray", "devices_per_node": 2, "ray": {"num_cpus": 4}},
+            tiny_model_dir, classifiers["qwen2"], tmp_path / "ray", "megatron", rm, **over
         )
     finally:
-        import torch.distributed as dist
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        if dist.is_initialized():
-            dist.destroy_process_group()
         if ray.is_initialized():
             ray.shutdown()
     assert [r["step"] for r in got] == [1, 2]
     for r in got:
         assert r["train/rm_score_mean"] == pytest.approx(r["train/score_mean"], abs=1e-6)
         assert r["train/score_min"] < r["train/score_max"]
+    assert "ray: reward ranks 0..1 up" in capsys.readouterr().out  # its group, not the driver

@@ -247,3 +247,19 @@ def test_a_fix_for_a_key_the_dialect_sets_inverted_names_the_opposite_value(tmp_
         "set actor.recompute_old_log_prob=true, or remove actor.rollout_rs",
     )
     assert "bypass_mode=false" in str(loaded.in_dialect(err))
+
+
+def test_a_fix_asking_for_the_ray_backend_asks_a_dialect_for_more_devices():
+    """verl and ROLL pick the backend by device count: ``resources.backend=ray`` in a
+    fix reads as more than one device there, not as the one-device phrase of the key."""
+    from temper.pipelines.catalog import load_config
+
+    err = ConfigError("rollout.tensor_parallel_size", "2 > 1", "run on resources.backend=ray")
+    verl = str(load_config(VERL).in_dialect(err))
+    assert verl.endswith(
+        "Fix: run on more than one device (trainer.nnodes × trainer.n_gpus_per_node > 1: Ray)"
+    ), verl
+    roll = str(load_config(ROLL).in_dialect(err))
+    assert "more than one device in the device_mappings" in roll, roll
+    err = ConfigError("experiment.device", "x", "set resources.backend=local")
+    assert "one device (trainer.nnodes=1" in str(load_config(VERL).in_dialect(err))

@@ -249,27 +249,71 @@ def test_a_megatron_reward_model_maps_onto_reward_model_megatron() -> None:
     assert native(tree, "reward.model.megatron.param_offload") is True
 
 
-def test_check_refuses_a_megatron_reward_model_split_over_ranks() -> None:
-    """It scores in the driver process, one rank: degrees above 1 and a distributed
-    checkpoint are refused naming the key."""
-    from temper.config.schema import TemperConfig
+def _rm_config(backend: str, devices: int, reward: list[int] | None = None, **megatron: int):
+    """A GRPO config scored by a megatron reward model with ``megatron`` degrees."""
+    from temper.pipelines.catalog import build_config
+
+    resources: dict = {"backend": backend, "devices_per_node": devices}
+    if reward is not None:
+        resources["reward"] = reward
+    return build_config(
+        {
+            "model": {"path": "/m/policy"},
+            "data": {"train_files": ["/d/train.parquet"], "train_batch_size": 2 * devices},
+            "actor": {"strategy": "fsdp2", "mini_batch_size": 2 * devices},
+            "reward": {
+                "model": {
+                    "enable": True,
+                    "path": "/m/rm",
+                    "strategy": "megatron",
+                    "megatron": megatron,
+                }
+            },
+            "resources": resources,
+            "experiment": {"device": "cpu"},
+        }
+    )
+
+
+def test_check_refuses_a_megatron_reward_model_split_in_the_driver() -> None:
+    """On the local backend it scores in the driver process, one rank: degrees above 1
+    are refused naming the key and the Ray backend; a distributed checkpoint everywhere."""
+    from temper.pipelines.catalog import plan
     from temper.training.megatron_check import check_reward_model
 
-    cfg = TemperConfig()
-    rm = cfg.reward.model
-    rm.enable, rm.path, rm.strategy = True, "/m/rm", "megatron"
-    check_reward_model(cfg)  # TP = PP = CP = 1 on the local backend
+    cfg = _rm_config("local", 1)
+    check_reward_model(cfg, plan(cfg))  # TP = PP = CP = 1 on the local backend
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
-        setattr(rm.megatron, key, 2)
-        with pytest.raises(ConfigError, match=f"reward.model.megatron.{key}"):
-            check_reward_model(cfg)
-        setattr(rm.megatron, key, 1)
-    rm.megatron.dist_checkpoint_path = "/m/dist"
+        cfg = _rm_config("local", 1, **{key: 2})
+        with pytest.raises(
+            ConfigError, match=f"reward.model.megatron.{key}: 2: on the local backend.*backend=ray"
+        ):
+            check_reward_model(cfg, plan(cfg))
+    cfg = _rm_config("ray", 2)
+    cfg.reward.model.megatron.dist_checkpoint_path = "/m/dist"
     with pytest.raises(ConfigError, match="reward.model.megatron.dist_checkpoint_path"):
-        check_reward_model(cfg)
-    rm.megatron.dist_checkpoint_path = None
-    cfg.resources.backend = "ray"
-    check_reward_model(cfg)  # it scores in the driver there too
+        check_reward_model(cfg, plan(cfg))
+
+
+def test_check_splits_a_megatron_reward_model_over_its_ray_devices() -> None:
+    """On Ray it scores on a group of its own (resources.reward, else the actor's
+    devices): TP=2 over 2 devices passes (one data-parallel replica), over 3 it is refused
+    before any model loads; 2 of the 3 devices placed for it pass."""
+    from temper.cluster.placement import placement_rows
+    from temper.pipelines.catalog import plan
+    from temper.training.megatron_check import check_reward_model
+
+    cfg = _rm_config("ray", 2, tensor_model_parallel_size=2)
+    check_reward_model(cfg, plan(cfg))
+    rows = {row[0]: row for row in placement_rows(cfg, plan(cfg))[1:]}
+    assert rows["reward"][1:6] == ("0,1", "0", "2", "1", "megatron")
+    cfg = _rm_config("ray", 3, tensor_model_parallel_size=2)
+    with pytest.raises(ConfigError, match="3 devices .* not divisible by TP×PP×CP = 2"):
+        check_reward_model(cfg, plan(cfg))
+    cfg = _rm_config("ray", 3, reward=[1, 2], tensor_model_parallel_size=2)
+    check_reward_model(cfg, plan(cfg))
+    cfg = _rm_config("local", 1)  # the driver scores: no group placed
+    assert "reward" not in [row[0] for row in placement_rows(cfg, plan(cfg))[1:]]
 
 
 # ----------------------------------------------------------------------- megatron LoRA

@@ -153,7 +153,7 @@ EXPECTED: dict[str, str] = {
     "verl-2025-06-38d9a88/examples/ppo_trainer/run_deepseek7b_llm_pfppo.sh": "script: broken",
     "verl-2025-06-38d9a88/examples/ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": "passes",
     "verl-2025-06-38d9a88/examples/ppo_trainer/run_deepseek7b_llm_sp2.sh": "passes",
-    "verl-2025-06-38d9a88/examples/ppo_trainer/run_deepseek_full_hh_rlhf.sh": "megatron: reward model split",
+    "verl-2025-06-38d9a88/examples/ppo_trainer/run_deepseek_full_hh_rlhf.sh": "passes",
     "verl-2025-06-38d9a88/examples/ppo_trainer/run_deepseek_math_gsm8k_megatron.sh": "passes",
     "verl-2025-06-38d9a88/examples/ppo_trainer/run_gemma.sh": "passes",
     "verl-2025-06-38d9a88/examples/ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": "file: no model",

@@ -155,7 +155,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("device: npu", r"'npu' is not supported"),
     ("model_engine vs strategy", r"but model_engine sets it"),
     ("reward manager", r"reward_manager(\.name)?: '\w+' is not supported"),
-    ("megatron: reward model split", r"the reward model scores in one process"),
+    ("megatron: reward model split", r"the reward model scores in the\s+driver process"),
     ("dynamic sampling", r"dynamic-sampling|is_use_additional_prompts"),
     ("pipeline: sft", r"SFT (trainer|pipeline)"),
     ("pipeline: dpo", r"DPO pipeline"),

@@ -57,7 +57,8 @@ def test_builtin_records_declare_their_needs():
         and rlvr.step is rl_step
         and agentic.step is rl_step
     )
-    assert rlvr.uses == agentic.uses == frozenset({"rollout", "reference", "critic"})
+    assert agentic.uses == frozenset({"rollout", "reference", "critic"})
+    assert rlvr.uses == agentic.uses | {"reward_model"}  # scores with reward.model
     sft = resolve_pipeline("sft")
     assert sft.step is sft_step and sft.uses == frozenset() and sft.curve == "train/loss"
     assert sft.sections == frozenset({"sft"})
@@ -66,11 +67,11 @@ def test_builtin_records_declare_their_needs():
     assert dpo.sections == frozenset({"dpo"}) and dpo.curve == "train/rewards/margin"
     spin = resolve_pipeline("spin")  # online DPO: generates, scores against a reference
     assert spin.step is spin_step and spin.sections == frozenset({"spin"})
-    assert spin.uses == frozenset({"rollout", "reference", "reference_always"})
+    assert spin.uses == frozenset({"rollout", "reference", "reference_always", "reward_model"})
     assert spin.curve == "train/score_mean"
     prime = resolve_pipeline("prime")  # RL with an implicit PRM trained alongside
     assert prime.step is prime_step and prime.sections == frozenset({"prime"})
-    assert prime.uses == frozenset({"rollout", "reference", "prm"})
+    assert prime.uses == frozenset({"rollout", "reference", "prm", "reward_model"})
     assert prime.curve == "train/score_mean"
     distill = resolve_pipeline("distill")  # offline: SFT rows and the teacher's logits
     assert distill.uses == frozenset() and distill.curve == "train/distill_loss"

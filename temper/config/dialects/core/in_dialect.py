@@ -87,6 +87,11 @@ PHRASES: dict[str, dict[str, str]] = {
         "more devices run on Ray)",
         "roll": "one device in every device_mapping (one process; more devices run on Ray)",
     },
+    # a value's own phrase (``key=value`` in a fix): the dialects pick Ray by device count
+    "resources.backend=ray": {
+        "verl": "more than one device (trainer.nnodes × trainer.n_gpus_per_node > 1: Ray)",
+        "roll": "more than one device in the device_mappings (more devices run on Ray)",
+    },
     "reference.enable": {
         "verl": "actor_rollout_ref.actor.use_kl_loss / algorithm.use_kl_in_reward (a KL term "
         "turns the reference on)",
@@ -193,7 +198,7 @@ def in_dialect(
             if value:
                 value = "=" + spelled.get(value[1:], value[1:])
             return found + value + UNITS.get(native, {}).get(dialect, "")
-        phrase = PHRASES.get(native, {}).get(dialect)
+        phrase = PHRASES.get(native + value, PHRASES.get(native, {})).get(dialect)
         if phrase is not None:  # a phrase says what to write; the native value does not fit it
             return phrase if " " in phrase or not value else phrase + value
         return f"{m.group(0)} (a temper key)"
