@@ -21,6 +21,7 @@ from temper.algorithms.gkd import direct_gradient_estimator_ok
 from temper.config.catalog import REWARD_COMPONENTS
 from temper.config.derive import Derived
 from temper.config.errors import BOUND, Bound, ConfigError
+from temper.config.plan import REWARD_MODEL, ROLLOUT
 from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
 from temper.pipelines.registry import PIPELINES, resolve_pipeline
@@ -260,6 +261,16 @@ def _check_reward_model_strategy(cfg: TemperConfig) -> None:
     backend, where one rank is the same) or on a ``kind='score'`` engine (megatron; fsdp2
     and megatron on the Ray backend's ``reward`` group): :mod:`temper.roles.reward_model`."""
     rm = cfg.reward.model
+    uses = resolve_pipeline(cfg.pipeline).uses
+    if rm.enable and ROLLOUT in uses and REWARD_MODEL not in uses:  # (eval says its own)
+        raise ConfigError(
+            "reward.model.enable",
+            f"pipeline {cfg.pipeline} does not score samples with a reward model (its "
+            "rewards come from elsewhere: environments, preference pairs, a teacher), so "
+            "the model would be read by nothing",
+            "remove reward.model (an agentic env scores its own episodes; reward.judge "
+            "grades them for envs that ask a judge)",
+        )
     if rm.enable and rm.strategy not in REWARD_MODEL_STRATEGIES:
         raise ConfigError(
             "reward.model.strategy",

@@ -169,6 +169,8 @@ REFUSED = [
     (AGENTIC, {"rollout": {"n": 4}}, "rollout.n"),
     (AGENTIC, {"data": {"train_files": ["t.parquet"]}}, "data.train_files"),
     (AGENTIC, {"data": {"gen_batch_size": 8}}, "data.gen_batch_size"),
+    # an agentic run's rewards are its environments': a reward model would score nothing
+    (AGENTIC, {"reward": {"model": {"enable": True, "path": "rm"}}}, "reward.model.enable"),
 ]
 
 
