@@ -38,7 +38,7 @@ from temper.rewards.manager import RewardScorer
 from temper.roles.builder import build_reward_model
 from temper.rollout import RolloutEngine
 from temper.rollout import sampling_params_from_config as sampling_params
-from temper.rollout.partial import Segments, generate_in_segments
+from temper.rollout.partial import Segments
 from temper.rollout.tool_engine import ToolCallingEngine
 from temper.training.router_replay import from_rollout
 
@@ -126,9 +126,7 @@ class RLVRProducer:
                 batch = self.engine.generate(prompts, self.train_sampling)
             else:
                 pad = self.tokenizer.pad_token_id or 0
-                batch = generate_in_segments(
-                    self.engine, prompts, self.train_sampling, segments, pad
-                )
+                batch = self.engine.generate_partial(prompts, self.train_sampling, segments, pad)
         with timer("reward"):
             batch, metrics = self._score(batch)
             if isinstance(self.engine, ToolCallingEngine):  # tool and interaction metrics

@@ -18,7 +18,9 @@ answered by the episode's simulated user instead of ending the episode.
 
 Outputs follow :meth:`RolloutEngine.generate` (rows ``aabb`` by ``n``) plus
 ``attention_mask`` and the object column ``num_turns`` (with interactions also
-``turn_scores``, copied into each row's ``extra_info``).
+``turn_scores``, copied into each row's ``extra_info``). As a partial rollout
+(:meth:`ToolCallingEngine.generate_partial`) each model turn runs through the segment
+loop and each tool result is a weight-push boundary (:mod:`temper.rollout.multiturn`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from temper.rollout.multiturn import (
     MultiTurnSettings,
     trajectory_tensors,
 )
+from temper.rollout.partial import Segments
 from temper.rollout.tools import Executor, ToolLoop, ToolSettings, schema_names, tool_chat
 
 
@@ -80,6 +83,18 @@ class ToolCallingEngine(RolloutEngine):
         return messages
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        return self._play(prompts, params, None)
+
+    def generate_partial(
+        self, prompts: Batch, params: SamplingParams, segments: Segments, pad_token_id: int
+    ) -> Batch:
+        """The exchanges as a partial rollout: every model turn generated in segments
+        through the base engine, the newest weights pushed between segments and before
+        every turn after a tool result; ``response_versions`` holds the version of each
+        model token (0 on tool messages and scaffolding)."""
+        return self._play(prompts, params, segments)
+
+    def _play(self, prompts: Batch, params: SamplingParams, segments: Segments | None) -> Batch:
         if "raw_prompt" not in prompts:
             raise ValueError("multi-turn tool calling needs the 'raw_prompt' chat messages")
         rows = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
@@ -98,7 +113,7 @@ class ToolCallingEngine(RolloutEngine):
             kwargs = [interaction_kwargs(e, g, turns.names) for e, g in zip(extra, truth)]
             turns.begin([spec.messages for spec in specs], kwargs)
             respond = turns.wrap(respond)
-        trajs = self.runner.run(specs, respond, dataclasses.replace(params, n=1))
+        trajs = self.runner.run(specs, respond, dataclasses.replace(params, n=1), segments)
         tensors = trajectory_tensors(trajs, self.runner.pad_token_id)
         if not params.logprobs:
             tensors.pop("rollout_log_probs", None)
