@@ -73,7 +73,10 @@ class ToolCallingEngine(RolloutEngine):
         self.interactions = interactions
         self.metrics: dict[str, float] = {}
 
-    def _messages(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def start_messages(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation a prompt's exchange starts from: ``data.system_prompt`` first
+        (unless the prompt has a system message), the tool instructions before the first
+        user message when the template does not describe tools itself."""
         messages = [dict(m) for m in raw]
         if self.system_prompt and not (messages and messages[0]["role"] == "system"):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -101,7 +104,7 @@ class ToolCallingEngine(RolloutEngine):
         budget = params.max_new_tokens
         specs = []
         for raw in rows["raw_prompt"]:
-            messages = self._messages(raw)
+            messages = self.start_messages(raw)
             prompt_len = len(self.runner.chat.prompt(messages)[0])
             specs.append(EpisodeSpec(messages, max_len=prompt_len + budget))
         self.loop.reset_counters()  # metrics of this call only
