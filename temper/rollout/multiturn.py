@@ -99,7 +99,7 @@ class Trajectory:
     response_mask: list[int] = dataclasses.field(default_factory=list)
     log_probs: list[float] = dataclasses.field(default_factory=list)
     #: the policy version that sampled each response token (0 where not the model's);
-    #: ``versioned``: some turn was a partial rollout's, so the versions are recorded
+    #: ``versioned``: played as a partial rollout, so the versions are recorded
     versions: list[int] = dataclasses.field(default_factory=list)
     versioned: bool = False
     turn_rewards: list[float] = dataclasses.field(default_factory=list)
@@ -205,7 +205,9 @@ class MultiTurnRunner:
         trajs, rendered = [], []
         for spec in episodes:
             ids, text = self.chat.prompt(spec.messages)
-            trajs.append(Trajectory(dict(spec.meta), [dict(m) for m in spec.messages], ids))
+            traj = Trajectory(dict(spec.meta), [dict(m) for m in spec.messages], ids)
+            traj.versioned = segments is not None  # an episode cut before its first turn too
+            trajs.append(traj)
             rendered.append(text)
         live = list(range(len(episodes)))
         generate_calls = 0

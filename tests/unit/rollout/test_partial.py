@@ -259,3 +259,24 @@ def test_tool_calls_in_a_partial_rollout_version_the_model_tokens_only(tiny_toke
     assert not versions[~mask].any()
     text = tiny_tokenizer.decode(out["response_ids"][0][~mask])
     assert "<|im_start|>tool\n42<|im_end|>" in text  # the tool answered between the turns
+
+
+def test_an_episode_with_no_room_for_a_turn_still_has_versions(tiny_tokenizer):
+    """Groups of one stream are concatenated: an episode of a partial rollout that ends
+    before its first turn (no room in its context) still has a ``response_versions`` row."""
+    from doubles import ScriptedEngine
+
+    from temper.rollout.chat import ChatTokenizer
+    from temper.rollout.multiturn import (
+        EpisodeSpec,
+        MultiTurnRunner,
+        MultiTurnSettings,
+        trajectory_tensors,
+    )
+
+    engine = ScriptedEngine(tiny_tokenizer, lambda text: "abcd")
+    runner = MultiTurnRunner(engine, ChatTokenizer(tiny_tokenizer), MultiTurnSettings())
+    spec = EpisodeSpec([{"role": "user", "content": "play"}], max_len=1)
+    (traj,) = runner.run([spec], lambda i, t: [], SamplingParams(), Segments(2, Pushes({}), 0))
+    assert traj.stop_reason == "context" and traj.num_turns == 0 and engine.batch_sizes == []
+    assert trajectory_tensors([traj], 0)[RESPONSE_VERSIONS].tolist() == [[0]]
