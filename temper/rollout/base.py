@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from temper.data.batch import Batch
-from temper.rollout.partial import Segments, generate_in_segments
 
 
 @dataclasses.dataclass
@@ -91,17 +90,6 @@ class RolloutEngine(abc.ABC):
         MoE layer's experts for each token of ``prompt ‖ response`` in these columns, -1
         where no forward of the engine routed one (padding, the last generated token).
         """
-
-    def generate_partial(
-        self, prompts: Batch, params: SamplingParams, segments: Segments, pad_token_id: int
-    ) -> Batch:
-        """:meth:`generate` as a partial rollout: responses generated ``segments.tokens``
-        at a time, newer weights pushed between segments, plus ``response_versions``
-        (B·n, R), the version that sampled each response token
-        (:func:`temper.rollout.partial.generate_in_segments`, the one segment loop). An
-        engine whose response spans several model turns (tool calling) runs each turn
-        through that loop, its turn boundaries pushing weights too."""
-        return generate_in_segments(self, prompts, params, segments, pad_token_id)
 
     @abc.abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
 from temper.data.vision import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
-
-if TYPE_CHECKING:  # the engine interface declares generate_partial, which runs this loop
-    from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.base import RolloutEngine, SamplingParams
 
 #: (B·n, R) long: the policy version that sampled each response token
 RESPONSE_VERSIONS = "response_versions"
@@ -80,6 +77,12 @@ class Segments:
         or an environment observation) pushes newer weights as a segment boundary does,
         and the turn starts with the version the engine then holds."""
         return dataclasses.replace(self, version=self.boundary())
+
+
+#: A partial rollout's generation of whole responses: ``(prompts, params, segments,
+#: pad_token_id) -> batch`` with ``response_versions`` — this module's loop over a token
+#: engine, or a tool-calling engine's (each of its model turns through the loop)
+PartialGeneration = Callable[[Batch, SamplingParams, Segments, int], Batch]
 
 
 def generate_in_segments(

@@ -19,8 +19,10 @@ answered by the episode's simulated user instead of ending the episode.
 Outputs follow :meth:`RolloutEngine.generate` (rows ``aabb`` by ``n``) plus
 ``attention_mask`` and the object column ``num_turns`` (with interactions also
 ``turn_scores``, copied into each row's ``extra_info``). As a partial rollout
-(:meth:`ToolCallingEngine.generate_partial`) each model turn runs through the segment
-loop and each tool result is a weight-push boundary (:mod:`temper.rollout.multiturn`).
+(:meth:`ToolCallingEngine.generate_partial`, a
+:data:`~temper.rollout.partial.PartialGeneration`) each model turn runs through the
+segment loop and each tool result is a weight-push boundary
+(:mod:`temper.rollout.multiturn`).
 """
 
 from __future__ import annotations
