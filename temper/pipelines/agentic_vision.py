@@ -67,8 +67,9 @@ from temper.pipelines.vl_turns import (
 )
 from temper.rollout import RolloutEngine, SamplingParams
 from temper.rollout.chat import ChatTokenizer, Message
-from temper.rollout.multiturn import Trajectory, Turn, generate_turns
+from temper.rollout.multiturn import Trajectory
 from temper.rollout.partial import Segments
+from temper.rollout.turns import Turn, generate_turns
 
 __all__ = [
     "IMAGE_MARK",

@@ -36,14 +36,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from temper.data.batch import Batch
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.chat import ChatTokenizer, Message, SanityResult, TokenizationMismatch
-from temper.rollout.partial import RESPONSE_VERSIONS, Segments, generate_in_segments
+from temper.rollout.partial import RESPONSE_VERSIONS, Segments
+from temper.rollout.turns import Turn, generate_turns
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +75,6 @@ class EpisodeSpec:
     max_turns: int | None = None  # assistant turns (combined with the runner's limit)
     max_tokens_per_turn: int | None = None  # None: the runner's
     max_len: int | None = None  # prompt + response budget of this episode (with the runner's)
-
-
-class Turn(NamedTuple):
-    """One generated model turn of an episode: its ids and sampling log-probs (None when
-    the engine gave none), whether it was cut (the engine's limit or the turn budget),
-    and with a partial rollout the version that sampled each token (None otherwise)."""
-
-    ids: list[int]
-    log_probs: list[float] | None
-    cut: bool
-    versions: list[int] | None = None
 
 
 @dataclasses.dataclass
@@ -401,43 +390,3 @@ def trajectory_tensors(trajs: Sequence[Trajectory], pad_token_id: int) -> dict[s
     if any(t.versioned for t in trajs):
         out[RESPONSE_VERSIONS] = _pad([t.versions for t in trajs], 0, False, torch.long)
     return out
-
-
-def generate_turns(
-    engine: RolloutEngine,
-    rows: list[list[int]],
-    pad_token_id: int,
-    budgets: list[int],
-    params: SamplingParams,
-    objects: dict[str, list[Any]] | None = None,
-    segments: Segments | None = None,
-) -> list[Turn]:
-    """One engine call for the next turn of several episodes: ``rows`` (each episode's
-    ids so far) left-padded into one batch, ``objects`` riding along (a VL episode's
-    images); returns per row the generated ids and log-probs cut to its own budget, and
-    whether the turn was cut (the engine's truncation or the budget). With ``segments``
-    the call is a partial rollout's (the one segment loop, each row continued up to its
-    own budget) and each turn carries its tokens' versions."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for k, r in enumerate(rows):
-        ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[k, width - len(r) :] = 1
-    call = dataclasses.replace(params, n=1, max_new_tokens=max(budgets))
-    batch = Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}, objects)
-    if segments is None:
-        out = engine.generate(batch, call)
-    else:
-        out = generate_in_segments(engine, batch, call, segments, pad_token_id, budgets)
-    lps_all = out.get("rollout_log_probs")
-    versions_all = out.get(RESPONSE_VERSIONS)
-    result = []
-    for k, budget in enumerate(budgets):
-        keep = out["response_mask"][k].bool()
-        gen = out["response_ids"][k][keep].tolist()
-        lps = lps_all[k][keep].tolist()[:budget] if lps_all is not None else None
-        versions = versions_all[k][keep].tolist()[:budget] if versions_all is not None else None
-        cut = bool(out["truncated"][k]) or len(gen) > budget
-        result.append(Turn(gen[:budget], lps, cut, versions))
-    return result
