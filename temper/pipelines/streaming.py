@@ -391,8 +391,9 @@ class StreamingRollout:
         self.busy.add(start, time.monotonic())
 
     def _boundary(self) -> int:
-        """Between two segments of a partial rollout: push the newest published weights,
-        if any; the version the engine then holds."""
+        """Between two segments of a partial rollout, or two turns of its multi-turn
+        episodes: push the newest published weights, if any; the version the engine then
+        holds."""
         with self.cond:
             weights, self.published = self.published, None
         if weights is not None:
