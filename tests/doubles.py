@@ -6,7 +6,9 @@ is on the test path; see tests/conftest.py).
   chat-template deltas and tool loop it drives are the real ones. The reply to each
   prompt is ``policy(prompt_text)``, encoded with the real tokenizer and ended with EOS
   (cut at ``max_new_tokens``); every generated row is recorded in ``generated`` so tests
-  can check masks token by token. Log-probs are the constant ``LOG_PROB``.
+  can check masks token by token. Log-probs are the constant ``LOG_PROB``. A prompt
+  that is an earlier prompt followed by the start of its reply (a partial rollout's
+  continuation) gets the rest of that reply, as a model continuing its prefix would.
 * :func:`teach_tiny_model` makes a random tiny model *do* something specific (write a
   well-formed tool call, then an answer) so an end-to-end test can exercise that path.
 """
@@ -34,13 +36,27 @@ class ScriptedEngine(RolloutEngine):
         self.pad_token_id = tokenizer.pad_token_id
         self.generated: list[list[int]] = []  # every row of every call, in order
         self.batch_sizes: list[int] = []
+        self.replies: dict[tuple[int, ...], list[int]] = {}  # prompt -> its whole reply
+
+    def _reply(self, prompt: list[int]) -> list[int]:
+        """The rest of the reply to ``prompt``: continued where an earlier prompt's reply
+        was cut, else ``policy``'s reply to its text."""
+        for context, reply in self.replies.items():
+            n = len(context)
+            if len(prompt) > n and tuple(prompt[:n]) == context:
+                done = prompt[n:]
+                if reply[: len(done)] == done:
+                    return reply[len(done) :]
+        text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        reply = self.tokenizer(self.policy(text), add_special_tokens=False)["input_ids"]
+        reply = [*reply, self.tokenizer.eos_token_id]
+        self.replies[tuple(prompt)] = reply
+        return reply
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         rows, cuts = [], []
         for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"]):
-            text = self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=False)
-            reply = self.tokenizer(self.policy(text), add_special_tokens=False)["input_ids"]
-            reply = [*reply, self.tokenizer.eos_token_id]
+            reply = self._reply(ids[mask.bool()].tolist())
             cuts.append(len(reply) > params.max_new_tokens)
             rows.append(reply[: params.max_new_tokens])
             self.generated.append(rows[-1])

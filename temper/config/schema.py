@@ -1389,7 +1389,9 @@ class AsyncTrainingConfig:
         "Streaming: partial rollout — generations run this many tokens at a time, and "
         "between segments the newest published weights are pushed, so a response in "
         "flight continues under them (each token records its version: "
-        "response_versions). 0: off (a chunk finishes with the weights it started with).",
+        "response_versions). Multi-turn episodes (tool calls, env turns) generate each "
+        "model turn so, and every turn boundary pushes too. 0: off (a chunk finishes with "
+        "the weights it started with).",
     )
     stream_chunk: int = doc(
         0,

@@ -106,13 +106,17 @@ class AgenticProducer:
     def generate_groups(
         self, prompts: Batch, timer: Timer, segments: Segments | None = None
     ) -> tuple[Batch, dict[str, float]]:
-        """Play the episodes of ``prompts``' groups (one draw), scored."""
-        if segments is not None:  # refused by check(): a turn is one generate call
-            raise ValueError("partial rollout is not built for agentic episodes")
+        """Play the episodes of ``prompts``' groups (one draw), scored; with ``segments``
+        as a partial rollout (every model turn in segments, weights pushed between them
+        and at every env turn, each token's version recorded)."""
         draw = int(prompts["draw"][0])
         with timer("rollout"):
             played = self.player.play_round(
-                self.train_envs, draw, self.train_sampling, groups=prompts["group_id"].tolist()
+                self.train_envs,
+                draw,
+                self.train_sampling,
+                groups=prompts["group_id"].tolist(),
+                segments=segments,
             )
         batch = played.batch
         batch.meta["temperature"] = self.cfg.rollout.temperature
@@ -167,13 +171,6 @@ def check(cfg: TemperConfig) -> None:
             "in the agentic pipeline the environments answer the model's turns; verl "
             "interactions answer dataset prompts (the rlvr pipeline)",
             "remove it, or run the dataset with pipeline: rlvr and rollout.multi_turn.enable",
-        )
-    if cfg.async_training.partial_rollout_segment:
-        raise ConfigError(
-            "async_training.partial_rollout_segment",
-            "an episode's turns are one generate call each, continued by the environment; "
-            "a partial rollout (continuing a turn under new weights) is built for rlvr",
-            "set it to 0 (streaming still hands each env group over as it finishes)",
         )
     if cfg.experiment.max_steps is None:
         raise ConfigError(

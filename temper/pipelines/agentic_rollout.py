@@ -35,6 +35,7 @@ from temper.rollout.multiturn import (
     Responder,
     Trajectory,
 )
+from temper.rollout.partial import Segments
 from temper.rollout.tool_engine import ToolCallingEngine
 from temper.rollout.tools import (
     ToolLoop,
@@ -87,8 +88,11 @@ class Player(Protocol):
         params: SamplingParams,
         round_: int = 0,
         groups: Sequence[int] | None = None,
+        segments: Segments | None = None,
     ) -> Played:
-        """The episodes of every env group (of ``groups``, when given) for ``step``."""
+        """The episodes of every env group (of ``groups``, when given) for ``step``;
+        with ``segments``, as a partial rollout (:mod:`temper.rollout.partial`): each
+        sample's ``response_versions``."""
         ...
 
 
@@ -164,16 +168,17 @@ class AgenticPlayer:
         params: SamplingParams,
         round_: int = 0,
         groups: Sequence[int] | None = None,
+        segments: Segments | None = None,
     ) -> tuple[list[Trajectory], list[EnvSlot], dict[str, float]]:
         """Reset every env of ``manager`` (of ``groups``, when given) for ``step``
         (generation round ``round_`` of dynamic sampling: other seeds) and play the
-        episodes to the end."""
+        episodes to the end (with ``segments``, as a partial rollout)."""
         slots, specs = self.episodes(manager, step, round_, groups)
         respond: Responder = self.responder(manager, slots)
         if self.tools_on:
             self.tool_loop.reset_counters()  # per-step tool metrics
             respond = self.tool_loop.responder(respond, lambda i: self._allowed(manager, slots[i]))
-        trajs = self.runner.run(specs, respond, params)
+        trajs = self.runner.run(specs, respond, params, segments)
         metrics = dict(self.runner.metrics)
         if self.tools_on:
             metrics.update(self.tool_loop.metrics())
@@ -190,9 +195,10 @@ class AgenticPlayer:
         params: SamplingParams,
         round_: int = 0,
         groups: Sequence[int] | None = None,
+        segments: Segments | None = None,
     ) -> Played:
         """:meth:`play` as a :class:`Played` round: one training row per episode."""
-        trajs, slots, metrics = self.play(manager, step, params, round_, groups)
+        trajs, slots, metrics = self.play(manager, step, params, round_, groups, segments)
         batch = trajectory_batch(trajs, self.pad_token_id)
         logs = [
             EpisodeLog(s, t.messages, t.episode_return, t.num_turns, t.stop_reason)

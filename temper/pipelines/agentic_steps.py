@@ -49,6 +49,7 @@ from temper.rollout.multiturn import (
     Trajectory,
     trajectory_tensors,
 )
+from temper.rollout.partial import Segments
 
 #: What a step sample carries for the advantage estimators (``AdvantageInputs`` fields).
 STEP_INPUTS = frozenset({"step_rewards", "episode_index", "step_index", "anchor_index"})
@@ -75,10 +76,12 @@ class StepPlayer:
         params: SamplingParams,
         round_: int = 0,
         groups: Sequence[int] | None = None,
+        segments: Segments | None = None,
     ) -> Played:
         """Reset every env of ``manager`` (of ``groups``, when given) for ``step`` (round
         ``round_`` of dynamic sampling: other seeds) and play the episodes step by step
-        to their ends."""
+        to their ends. With ``segments`` (a partial rollout) an env step is a turn
+        boundary: newer weights are pushed before the next step's answers."""
         slots = manager.reset(step, round_, groups)
         suffix = f"#r{round_}" if round_ else ""
         records: dict[int, list[StepRecord]] = {s.env_id: [] for s in slots}
@@ -99,7 +102,9 @@ class StepPlayer:
             if not live:
                 break
             results: dict[int, EnvTurnResult] = {}
-            trajs = self.runner.run(specs, _Responder(manager, live, results), params)
+            if segments is not None and calls:
+                segments = segments.next_turn()
+            trajs = self.runner.run(specs, _Responder(manager, live, results), params, segments)
             calls += int(self.runner.metrics.get("rollout/generate_calls", 0))
             still = []
             for i, (slot, t) in enumerate(zip(live, trajs)):

@@ -67,7 +67,9 @@ from temper.pipelines.vl_turns import (
 )
 from temper.rollout import RolloutEngine, SamplingParams
 from temper.rollout.chat import ChatTokenizer, Message
-from temper.rollout.multiturn import Trajectory, generate_turns
+from temper.rollout.multiturn import Trajectory
+from temper.rollout.partial import Segments
+from temper.rollout.turns import Turn, generate_turns
 
 __all__ = [
     "IMAGE_MARK",
@@ -126,8 +128,11 @@ class VLPlayer:
         params: SamplingParams,
         round_: int = 0,
         groups: Sequence[int] | None = None,
+        segments: Segments | None = None,
     ) -> Played:
         """Every episode of ``manager`` (of ``groups``) for ``step``, one row each."""
+        if segments is not None:  # refused by check_vl_trajectory
+            raise ValueError("a partial rollout does not carry a VL episode's images")
         episodes = [
             self._start(manager, s, step, round_) for s in manager.reset(step, round_, groups)
         ]
@@ -145,20 +150,17 @@ class VLPlayer:
             outs = self._generate([episodes[i] for i in live], [budgets[i] for i in live], params)
             calls += 1
             texts = []
-            for i, (ids, lps, cut) in zip(live, outs):
+            for i, turn in zip(live, outs):
                 t = episodes[i].traj
-                t.append(ids, 1, lps)
-                t.has_log_probs &= lps is not None
-                t.turn_ends.append(len(t.response_ids) - 1)
-                t.cut_turns += int(cut)
-                content = self.chat.assistant_content(ids, self.stop_ids)
+                t.add_turn(turn)
+                content = self.chat.assistant_content(turn.ids, self.stop_ids)
                 t.messages.append({"role": "assistant", "content": content})
                 texts.append(content)
             feedback = respond(list(live), texts)
             live = [
                 i
-                for i, (ids, _, _), fb in zip(live, outs, feedback)
-                if self._after_turn(manager, episodes[i], ids, fb)
+                for i, turn, fb in zip(live, outs, feedback)
+                if self._after_turn(manager, episodes[i], turn.ids, fb)
             ]
         for e in episodes:
             _finish(e)
@@ -287,7 +289,7 @@ class VLPlayer:
 
     def _generate(
         self, eps: list[_Episode], budgets: list[int], params: SamplingParams
-    ) -> list[tuple[list[int], list[float] | None, bool]]:
+    ) -> list[Turn]:
         """One engine call for the live episodes, each with the pixels of its images."""
         rows = [e.traj.prompt_ids + e.traj.response_ids for e in eps]
         pairs = [self.vision.model_inputs(e.images) for e in eps]
@@ -300,9 +302,7 @@ class VLPlayer:
 
 def _finish(e: _Episode) -> None:
     """Drop the context after the last answer (nobody answered it)."""
-    t = e.traj
-    last = max((k for k, m in enumerate(t.response_mask) if m), default=-1)
-    del t.response_ids[last + 1 :], t.response_mask[last + 1 :], t.log_probs[last + 1 :]
+    e.traj.trim()
 
 
 def _kept_images(e: _Episode) -> list[ImageInput]:

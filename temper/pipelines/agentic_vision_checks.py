@@ -39,7 +39,16 @@ def not_vision(path: str) -> ConfigError:
 
 def check_vl_trajectory(cfg: TemperConfig) -> None:
     """The VL trajectory manager plays one conversation per episode and shows states as
-    images: a window of past steps, step scores and tools are other managers' features."""
+    images: a window of past steps, step scores and tools are other managers' features;
+    a partial rollout continues text-only turns."""
+    if cfg.async_training.partial_rollout_segment:
+        raise ConfigError(
+            "async_training.partial_rollout_segment",
+            "a partial rollout continues a turn by re-sending its prompt and tokens so far as "
+            "token ids; the vl_trajectory env manager's turns also carry each state's image "
+            "pixels, which the continuation does not carry (not built)",
+            "set it to 0 (streaming still hands each env group over as it finishes)",
+        )
     if cfg.agentic.step_score != "episode":
         raise ConfigError(
             "agentic.step_score",

@@ -137,18 +137,12 @@ def _check_streaming(cfg: TemperConfig, per_step: int) -> None:
 
 
 def _check_partial_rollout(cfg: TemperConfig) -> None:
-    """A partial rollout continues single-turn text responses through ``generate``; tool
-    calls between turns, images and stop strings straddling a segment are not built."""
+    """A partial rollout continues text responses (single-turn, multi-turn tool calls, env
+    turns) through ``generate``; stop strings straddling a segment are not built (images:
+    the VL env manager's own check)."""
     if cfg.async_training.partial_rollout_segment == 0:
         return
     key = "async_training.partial_rollout_segment"
-    if cfg.rollout.multi_turn.enable:
-        raise ConfigError(
-            key,
-            "a partial rollout continues single-turn responses; multi-turn tool calls "
-            "resume between turns (not built)",
-            "set it to 0, or disable rollout.multi_turn",
-        )
     if cfg.rollout.stop:
         raise ConfigError(
             key,

@@ -121,5 +121,6 @@ class GroupProducer(Producer, Protocol):
     ) -> tuple[Batch, dict[str, float]]:
         """Some of a drawn batch's prompts → their groups of scored responses (one ``uid``
         per prompt, the prompt's), and the producer's metrics; ``segments``: generate them
-        as a partial rollout (:func:`temper.rollout.partial.generate_in_segments`)."""
+        as a partial rollout (:func:`temper.rollout.partial.generate_in_segments`; in a
+        multi-turn episode every model turn so, its turn boundaries pushing weights too)."""
         ...

@@ -18,6 +18,7 @@ on one task behind gains on another; ``validation_data_dir`` gets every generati
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from typing import Any
 
@@ -39,7 +40,7 @@ from temper.pipelines.timing import Timer
 from temper.rewards.manager import RewardScorer
 from temper.rollout import RolloutEngine
 from temper.rollout import sampling_params_from_config as sampling_params
-from temper.rollout.partial import Segments, generate_in_segments
+from temper.rollout.partial import PartialGeneration, Segments, generate_in_segments
 from temper.rollout.tool_engine import ToolCallingEngine
 from temper.training.router_replay import from_rollout
 
@@ -61,10 +62,15 @@ class RLVRProducer:
             epochs = cfg.experiment.total_epochs * self.sampler.batches_per_epoch
             self.total_steps = cfg.experiment.max_steps or epochs
         self.engine: RolloutEngine = ctx.engine
+        # streaming's partial rollout: the one segment loop over the engine's responses
+        self.generate_partial: PartialGeneration = functools.partial(
+            generate_in_segments, ctx.engine
+        )
         if cfg.rollout.multi_turn.enable:  # verl multi_turn: tool calls inside each response
             from temper.pipelines.agentic_rollout import rlvr_tool_engine
 
-            self.engine = rlvr_tool_engine(ctx.engine, cfg, ctx.tokenizer)
+            tool_engine = rlvr_tool_engine(ctx.engine, cfg, ctx.tokenizer)
+            self.engine, self.generate_partial = tool_engine, tool_engine.generate_partial
         self.scorer = RewardScorer.from_config(
             cfg,
             device=ctx.device,
@@ -127,9 +133,7 @@ class RLVRProducer:
                 batch = self.engine.generate(prompts, self.train_sampling)
             else:
                 pad = self.tokenizer.pad_token_id or 0
-                batch = generate_in_segments(
-                    self.engine, prompts, self.train_sampling, segments, pad
-                )
+                batch = self.generate_partial(prompts, self.train_sampling, segments, pad)
         with timer("reward"):
             batch, metrics = self._score(batch)
             if isinstance(self.engine, ToolCallingEngine):  # tool and interaction metrics

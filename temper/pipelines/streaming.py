@@ -89,14 +89,17 @@ def unique_uids(groups: list[Batch]) -> list[Batch]:
 
 
 def token_versions(batch: Batch, trainer_version: int) -> dict[str, float]:
-    """Partial rollout's token metrics: ``async/token_staleness_mean`` (trainer version −
-    the version that sampled each response token) and ``async/continued_token_fraction``
-    (the tokens sampled by newer weights than their response's first)."""
+    """Partial rollout's token metrics over the model's tokens (``response_mask``; a
+    multi-turn sample's tool and env tokens are not sampled): ``async/token_staleness_mean``
+    (trainer version − the version that sampled each token) and
+    ``async/continued_token_fraction`` (the tokens sampled by newer weights than their
+    response's first model token: later segments, or later turns after a push)."""
     mask = batch["response_mask"].bool()
     versions = batch[RESPONSE_VERSIONS]
     if not bool(mask.any()):
         return {}
-    newer = versions > versions[:, :1]
+    first = versions.gather(1, mask.long().argmax(dim=1, keepdim=True))
+    newer = versions > first
     return {
         "async/token_staleness_mean": float((trainer_version - versions[mask]).float().mean()),
         "async/continued_token_fraction": float(newer[mask].float().mean()),
@@ -388,8 +391,9 @@ class StreamingRollout:
         self.busy.add(start, time.monotonic())
 
     def _boundary(self) -> int:
-        """Between two segments of a partial rollout: push the newest published weights,
-        if any; the version the engine then holds."""
+        """Between two segments of a partial rollout, or two turns of its multi-turn
+        episodes: push the newest published weights, if any; the version the engine then
+        holds."""
         with self.cond:
             weights, self.published = self.published, None
         if weights is not None:

@@ -22,6 +22,13 @@ stepping environments, running tools, or both — the runner does not know. An e
 stops when its feedback says ``done``, at its assistant-turn limit
 (``max_assistant_turns``), at the user/tool-turn limit (``max_user_turns``), or when
 the context budget (``max_model_len``) leaves no room for another turn.
+
+With ``segments`` (a partial rollout, :mod:`temper.rollout.partial`), every turn is
+generated through the one segment loop, newer weights pushed between its segments and
+at every turn boundary (:meth:`~temper.rollout.partial.Segments.next_turn`); each model
+token records the version that sampled it (``Trajectory.versions``, 0 on the tokens the
+model did not generate), which :func:`trajectory_tensors` returns as
+``response_versions``.
 """
 
 from __future__ import annotations
@@ -33,9 +40,10 @@ from typing import Any
 
 import torch
 
-from temper.data.batch import Batch
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.chat import ChatTokenizer, Message, SanityResult, TokenizationMismatch
+from temper.rollout.partial import RESPONSE_VERSIONS, Segments
+from temper.rollout.turns import Turn, generate_turns
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +87,10 @@ class Trajectory:
     response_ids: list[int] = dataclasses.field(default_factory=list)
     response_mask: list[int] = dataclasses.field(default_factory=list)
     log_probs: list[float] = dataclasses.field(default_factory=list)
+    #: the policy version that sampled each response token (0 where not the model's);
+    #: ``versioned``: played as a partial rollout, so the versions are recorded
+    versions: list[int] = dataclasses.field(default_factory=list)
+    versioned: bool = False
     turn_rewards: list[float] = dataclasses.field(default_factory=list)
     turn_ends: list[int] = dataclasses.field(default_factory=list)  # last model token per turn
     infos: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -101,7 +113,11 @@ class Trajectory:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def append(
-        self, ids: Sequence[int], mask: int, log_probs: Sequence[float] | None = None
+        self,
+        ids: Sequence[int],
+        mask: int,
+        log_probs: Sequence[float] | None = None,
+        versions: Sequence[int] | None = None,
     ) -> None:
         self.response_ids.extend(int(i) for i in ids)
         self.response_mask.extend([mask] * len(ids))
@@ -109,6 +125,24 @@ class Trajectory:
             self.log_probs.extend([0.0] * len(ids))
         else:
             self.log_probs.extend(float(x) for x in log_probs)
+        if versions is None:
+            self.versions.extend([0] * len(ids))
+        else:
+            self.versions.extend(int(v) for v in versions)
+            self.versioned = True
+
+    def add_turn(self, turn: Turn) -> None:
+        """Append a generated model turn (mask 1) and its bookkeeping."""
+        self.append(turn.ids, 1, turn.log_probs, turn.versions)
+        self.has_log_probs &= turn.log_probs is not None
+        self.turn_ends.append(len(self.response_ids) - 1)
+        self.cut_turns += int(turn.cut)
+
+    def trim(self) -> None:
+        """Drop the tokens after the last model token (context nobody answered)."""
+        last = max((k for k, m in enumerate(self.response_mask) if m), default=-1)
+        for column in (self.response_ids, self.response_mask, self.log_probs, self.versions):
+            del column[last + 1 :]
 
 
 @dataclasses.dataclass
@@ -148,13 +182,21 @@ class MultiTurnRunner:
     # ------------------------------------------------------------------ the loop
 
     def run(
-        self, episodes: Sequence[EpisodeSpec], respond: Responder, params: SamplingParams
+        self,
+        episodes: Sequence[EpisodeSpec],
+        respond: Responder,
+        params: SamplingParams,
+        segments: Segments | None = None,
     ) -> list[Trajectory]:
-        """Play every episode to its end; trajectories in the order of ``episodes``."""
+        """Play every episode to its end; trajectories in the order of ``episodes``. With
+        ``segments``, a partial rollout (module docstring): the first turn starts with
+        ``segments.version``, every later turn after a weight push."""
         trajs, rendered = [], []
         for spec in episodes:
             ids, text = self.chat.prompt(spec.messages)
-            trajs.append(Trajectory(dict(spec.meta), [dict(m) for m in spec.messages], ids))
+            traj = Trajectory(dict(spec.meta), [dict(m) for m in spec.messages], ids)
+            traj.versioned = segments is not None  # an episode cut before its first turn too
+            trajs.append(traj)
             rendered.append(text)
         live = list(range(len(episodes)))
         generate_calls = 0
@@ -165,24 +207,25 @@ class MultiTurnRunner:
             live = [i for i in live if budgets[i] >= 1]
             if not live:
                 break
-            generated = self._generate([trajs[i] for i in live], [budgets[i] for i in live], params)
+            if segments is not None and generate_calls:
+                segments = segments.next_turn()  # a turn boundary: newer weights, if any
+            generated = self._generate(
+                [trajs[i] for i in live], [budgets[i] for i in live], params, segments
+            )
             generate_calls += 1
             texts = []
-            for i, (ids, lps, cut) in zip(live, generated):
+            for i, turn in zip(live, generated):
                 t = trajs[i]
-                t.append(ids, 1, lps)
-                t.has_log_probs &= lps is not None
-                t.turn_ends.append(len(t.response_ids) - 1)
-                t.cut_turns += int(cut)
-                content = self.chat.assistant_content(ids, self.stop_token_ids)
+                t.add_turn(turn)
+                content = self.chat.assistant_content(turn.ids, self.stop_token_ids)
                 t.messages.append({"role": "assistant", "content": content})
                 texts.append(content)
             feedback = respond(list(live), texts)
             if len(feedback) != len(live):
                 raise ValueError(f"respond() answered {len(feedback)} of {len(live)} turns")
             still = []
-            for i, (ids, _, _), fb in zip(live, generated, feedback):
-                if self._after_turn(trajs[i], episodes[i], ids, fb, rendered, i):
+            for i, turn, fb in zip(live, generated, feedback):
+                if self._after_turn(trajs[i], episodes[i], turn.ids, fb, rendered, i):
                     still.append(i)
             live = still
         for t in trajs:
@@ -236,11 +279,18 @@ class MultiTurnRunner:
         return min(limits) if limits else None
 
     def _generate(
-        self, trajs: list[Trajectory], budgets: list[int], params: SamplingParams
-    ) -> list[tuple[list[int], list[float] | None, bool]]:
-        """One engine call for all live episodes; each row cut to its own budget."""
+        self,
+        trajs: list[Trajectory],
+        budgets: list[int],
+        params: SamplingParams,
+        segments: Segments | None,
+    ) -> list[Turn]:
+        """One engine call (a partial rollout: one segmented call) for all live
+        episodes; each row cut to its own budget."""
         rows = [self._context(t) for t in trajs]
-        return generate_turns(self.engine, rows, self.pad_token_id, budgets, params)
+        return generate_turns(
+            self.engine, rows, self.pad_token_id, budgets, params, segments=segments
+        )
 
     def _context(self, t: Trajectory) -> list[int]:
         """The ids a turn is generated from: the trained sequence, or with
@@ -259,8 +309,7 @@ class MultiTurnRunner:
 
     def _finish(self, t: Trajectory) -> None:
         """Drop trailing non-model tokens (context nobody answered); sanity check."""
-        last = max((k for k, m in enumerate(t.response_mask) if m), default=-1)
-        del t.response_ids[last + 1 :], t.response_mask[last + 1 :], t.log_probs[last + 1 :]
+        t.trim()
         messages = t.messages
         while messages and messages[-1].get("role") != "assistant" and t.num_turns:
             messages = messages[:-1]  # the trimmed tail is not in the ids
@@ -323,7 +372,9 @@ def trajectory_tensors(trajs: Sequence[Trajectory], pad_token_id: int) -> dict[s
 
     ``attention_mask`` (B, P+R) is 1 on every real token — observations and tool output
     are context the model attends to, only ``response_mask`` keeps them out of the loss.
-    ``rollout_log_probs`` is present only when every trajectory has them.
+    ``rollout_log_probs`` is present only when every trajectory has them;
+    ``response_versions`` (the version that sampled each token, 0 where masked) when a
+    partial rollout recorded them.
     """
     prompt_mask = _pad([[1] * len(t.prompt_ids) for t in trajs], 0, True, torch.long)
     present = _pad([[1] * len(t.response_ids) for t in trajs], 0, False, torch.long)
@@ -336,35 +387,6 @@ def trajectory_tensors(trajs: Sequence[Trajectory], pad_token_id: int) -> dict[s
     }
     if all(t.has_log_probs for t in trajs):
         out["rollout_log_probs"] = _pad([t.log_probs for t in trajs], 0.0, False, torch.float32)
+    if any(t.versioned for t in trajs):
+        out[RESPONSE_VERSIONS] = _pad([t.versions for t in trajs], 0, False, torch.long)
     return out
-
-
-def generate_turns(
-    engine: RolloutEngine,
-    rows: list[list[int]],
-    pad_token_id: int,
-    budgets: list[int],
-    params: SamplingParams,
-    objects: dict[str, list[Any]] | None = None,
-) -> list[tuple[list[int], list[float] | None, bool]]:
-    """One engine call for the next turn of several episodes: ``rows`` (each episode's
-    ids so far) left-padded into one batch, ``objects`` riding along (a VL episode's
-    images); returns per row the generated ids and log-probs cut to its own budget, and
-    whether the turn was cut (the engine's truncation or the budget)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for k, r in enumerate(rows):
-        ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[k, width - len(r) :] = 1
-    call = dataclasses.replace(params, n=1, max_new_tokens=max(budgets))
-    out = engine.generate(Batch.from_dict({"prompt_ids": ids, "prompt_mask": mask}, objects), call)
-    lps_all = out.get("rollout_log_probs")
-    result = []
-    for k, budget in enumerate(budgets):
-        keep = out["response_mask"][k].bool()
-        gen = out["response_ids"][k][keep].tolist()
-        lps = lps_all[k][keep].tolist() if lps_all is not None else None
-        cut = bool(out["truncated"][k]) or len(gen) > budget
-        result.append((gen[:budget], lps[:budget] if lps is not None else None, cut))
-    return result

@@ -8,7 +8,14 @@ there are any (the streaming rollout's hook) and returns the version the engine 
 every response still running then continues from its prompt and the tokens it has so far,
 under those weights — what verl's and ROLL's partial rollout do when they abort requests
 for a weight update and resume them (the prefix is prefilled again). A response that
-ended (EOS or a stop token) is not continued.
+ended (EOS or a stop token), or reached its own ``limits`` entry, is not continued.
+
+Multi-turn episodes (tool calls, environment turns: :mod:`temper.rollout.multiturn`)
+generate each model turn through this same loop, and a turn boundary is a segment
+boundary too: :meth:`Segments.next_turn` pushes the newest weights before the next turn
+and starts it with the version the engine then holds, so a turn that spans a push
+continues under the new weights and the tokens of every turn carry their own versions
+(tool and environment tokens are not sampled: version 0, masked).
 
 The result keeps the engine contract (rows grouped per prompt, ``response_ids`` /
 ``response_mask`` / ``rollout_log_probs`` / ``truncated``) and adds ``response_versions``
@@ -23,7 +30,7 @@ could straddle a segment boundary (``temper check`` refuses them together).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -65,6 +72,18 @@ class Segments:
     boundary: Callable[[], int]
     version: int
 
+    def next_turn(self) -> Segments:
+        """The segments of an episode's next model turn: the turn boundary (a tool result
+        or an environment observation) pushes newer weights as a segment boundary does,
+        and the turn starts with the version the engine then holds."""
+        return dataclasses.replace(self, version=self.boundary())
+
+
+#: A partial rollout's generation of whole responses: ``(prompts, params, segments,
+#: pad_token_id) -> batch`` with ``response_versions`` — this module's loop over a token
+#: engine, or a tool-calling engine's (each of its model turns through the loop)
+PartialGeneration = Callable[[Batch, SamplingParams, Segments, int], Batch]
+
 
 def generate_in_segments(
     engine: RolloutEngine,
@@ -72,10 +91,13 @@ def generate_in_segments(
     params: SamplingParams,
     segments: Segments,
     pad_token_id: int,
+    limits: Sequence[int] | None = None,
 ) -> Batch:
     """``params.n`` responses per prompt, generated ``segments.tokens`` at a time with the
     weights ``segments.boundary()`` leaves in the engine before each continuation; see
-    the module docstring."""
+    the module docstring. ``limits`` (one per response row, each at most
+    ``params.max_new_tokens``): a row is not continued past its own limit (a multi-turn
+    episode's turn budget); a row that reached it with no EOS stays ``truncated``."""
     segment, boundary, version = segments.tokens, segments.boundary, segments.version
     if MULTI_MODAL_DATA in prompts.objects or MULTI_MODAL_INPUTS in prompts.objects:
         raise ConfigError(
@@ -87,49 +109,52 @@ def generate_in_segments(
     if segment < 1:
         raise ValueError(f"segment must be >= 1 (got {segment})")
     total = params.max_new_tokens
+    rows = len(prompts) * params.n
+    limit = [min(int(x), total) for x in limits] if limits is not None else [total] * rows
+    if len(limit) != rows:
+        raise ValueError(f"{len(limit)} limits for {rows} response rows")
     first = engine.generate(
         prompts, dataclasses.replace(params, max_new_tokens=min(segment, total))
     )
-    mask = first["response_mask"].bool()
-    ids = [row[m] for row, m in zip(first["response_ids"], mask)]
-    logps = (
-        [row[m] for row, m in zip(first["rollout_log_probs"], mask)]
-        if "rollout_log_probs" in first
-        else None
-    )
-    versions = [torch.full((len(r),), version, dtype=torch.long) for r in ids]
-    truncated = [bool(t) for t in first["truncated"]]  # open: hit the call's limit, no EOS
-    running = [i for i, t in enumerate(truncated) if t and len(ids[i]) < total]
+    ids = [first["response_ids"].new_zeros(0)] * rows
+    has_logps = "rollout_log_probs" in first
+    logps = [first["rollout_log_probs"].new_zeros(0) if has_logps else torch.zeros(0)] * rows
+    versions = [torch.zeros(0, dtype=torch.long)] * rows
+    truncated = [False] * rows
+
+    def take(i: int, out: Batch, j: int, version: int) -> bool:
+        """Append row ``j`` of the call ``out`` to response ``i`` (at most up to its
+        limit); True while it runs on: cut by the call, below its limit."""
+        room = limit[i] - len(ids[i])
+        m = out["response_mask"][j].bool()
+        new = out["response_ids"][j][m][:room]
+        ids[i] = torch.cat([ids[i], new])
+        if has_logps:
+            logps[i] = torch.cat([logps[i], out["rollout_log_probs"][j][m][:room]])
+        versions[i] = torch.cat([versions[i], torch.full((len(new),), version)])
+        truncated[i] = bool(out["truncated"][j]) or int(m.sum()) > room  # no EOS yet
+        return truncated[i] and len(ids[i]) < limit[i]
+
+    running = [i for i in range(rows) if take(i, first, i, version)]
     prompt_rows = [row[m.bool()] for row, m in zip(first["prompt_ids"], first["prompt_mask"])]
     more = dataclasses.replace(params, n=1)
     while running:
         version = boundary()
-        done = max(len(ids[i]) for i in running)  # no row may pass ``total``
+        left = max(limit[i] - len(ids[i]) for i in running)  # rows past theirs are cut
         cont_ids, cont_mask = _left_pad(
             [torch.cat([prompt_rows[i], ids[i]]) for i in running], pad_token_id
         )
         cont = engine.generate(
             Batch.from_dict({"prompt_ids": cont_ids, "prompt_mask": cont_mask}),
-            dataclasses.replace(more, max_new_tokens=min(segment, total - done)),
+            dataclasses.replace(more, max_new_tokens=min(segment, left)),
         )
-        still = []
-        for j, i in enumerate(running):
-            m = cont["response_mask"][j].bool()
-            new = cont["response_ids"][j][m]
-            ids[i] = torch.cat([ids[i], new])
-            if logps is not None:
-                logps[i] = torch.cat([logps[i], cont["rollout_log_probs"][j][m]])
-            versions[i] = torch.cat([versions[i], torch.full((len(new),), version)])
-            truncated[i] = bool(cont["truncated"][j])
-            if truncated[i] and len(ids[i]) < total:
-                still.append(i)
-        running = still
+        running = [i for j, i in enumerate(running) if take(i, cont, j, version)]
     width = max(1, max(len(r) for r in ids))
     out = Batch(first.tensors.clone(recurse=False), dict(first.objects), dict(first.meta))
     out["response_ids"] = _right_pad(ids, width, pad_token_id)
     dtype = first["response_mask"].dtype
     out["response_mask"] = _right_pad([torch.ones(len(r), dtype=dtype) for r in ids], width, 0)
-    if logps is not None:
+    if has_logps:
         out["rollout_log_probs"] = _right_pad(logps, width, 0.0)
     out[RESPONSE_VERSIONS] = _right_pad(versions, width, 0)
     out["truncated"] = truncated

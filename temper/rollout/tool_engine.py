@@ -18,7 +18,11 @@ answered by the episode's simulated user instead of ending the episode.
 
 Outputs follow :meth:`RolloutEngine.generate` (rows ``aabb`` by ``n``) plus
 ``attention_mask`` and the object column ``num_turns`` (with interactions also
-``turn_scores``, copied into each row's ``extra_info``).
+``turn_scores``, copied into each row's ``extra_info``). As a partial rollout
+(:meth:`ToolCallingEngine.generate_partial`, a
+:data:`~temper.rollout.partial.PartialGeneration`) each model turn runs through the
+segment loop and each tool result is a weight-push boundary
+(:mod:`temper.rollout.multiturn`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from temper.rollout.multiturn import (
     MultiTurnSettings,
     trajectory_tensors,
 )
+from temper.rollout.partial import Segments
 from temper.rollout.tools import Executor, ToolLoop, ToolSettings, schema_names, tool_chat
 
 
@@ -70,7 +75,10 @@ class ToolCallingEngine(RolloutEngine):
         self.interactions = interactions
         self.metrics: dict[str, float] = {}
 
-    def _messages(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def start_messages(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation a prompt's exchange starts from: ``data.system_prompt`` first
+        (unless the prompt has a system message), the tool instructions before the first
+        user message when the template does not describe tools itself."""
         messages = [dict(m) for m in raw]
         if self.system_prompt and not (messages and messages[0]["role"] == "system"):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -80,13 +88,25 @@ class ToolCallingEngine(RolloutEngine):
         return messages
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        return self._play(prompts, params, None)
+
+    def generate_partial(
+        self, prompts: Batch, params: SamplingParams, segments: Segments, pad_token_id: int
+    ) -> Batch:
+        """The exchanges as a partial rollout: every model turn generated in segments
+        through the base engine, the newest weights pushed between segments and before
+        every turn after a tool result; ``response_versions`` holds the version of each
+        model token (0 on tool messages and scaffolding)."""
+        return self._play(prompts, params, segments)
+
+    def _play(self, prompts: Batch, params: SamplingParams, segments: Segments | None) -> Batch:
         if "raw_prompt" not in prompts:
             raise ValueError("multi-turn tool calling needs the 'raw_prompt' chat messages")
         rows = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
         budget = params.max_new_tokens
         specs = []
         for raw in rows["raw_prompt"]:
-            messages = self._messages(raw)
+            messages = self.start_messages(raw)
             prompt_len = len(self.runner.chat.prompt(messages)[0])
             specs.append(EpisodeSpec(messages, max_len=prompt_len + budget))
         self.loop.reset_counters()  # metrics of this call only
@@ -98,7 +118,7 @@ class ToolCallingEngine(RolloutEngine):
             kwargs = [interaction_kwargs(e, g, turns.names) for e, g in zip(extra, truth)]
             turns.begin([spec.messages for spec in specs], kwargs)
             respond = turns.wrap(respond)
-        trajs = self.runner.run(specs, respond, dataclasses.replace(params, n=1))
+        trajs = self.runner.run(specs, respond, dataclasses.replace(params, n=1), segments)
         tensors = trajectory_tensors(trajs, self.runner.pad_token_id)
         if not params.logprobs:
             tensors.pop("rollout_log_probs", None)

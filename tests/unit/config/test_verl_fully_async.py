@@ -236,3 +236,21 @@ def test_temper_check_passes_the_fully_async_files(name, tiny_model_dir, tmp_pat
     assert (cfg.async_training.mode, cfg.async_training.staleness) == ("streaming", 1)
     assert cfg.async_training.partial_rollout_segment == 2  # a quarter of 8
     assert main(["check", str(FA / name), *line]) == 0
+
+
+def test_the_multi_turn_tool_line_streams_a_partial_rollout_of_its_tool_turns():
+    """``dapo_7b_async_retool.sh``: verl's fully-async multi-turn tool calling with
+    ``partial_rollout=True`` — no longer refused for its turns. Without its custom dataset
+    class (refused on its own: custom code) the line's config builds, each model turn
+    generated in segments of a quarter of 16384 tokens."""
+    from upstream_scripts import script_commands  # next to this file
+
+    root = UPSTREAM / "verl-2026-08-1dda039"
+    (cmd,) = script_commands(
+        root / "verl/experimental/fully_async_policy/shell/dapo_7b_async_retool.sh", root
+    )
+    overrides = [o for o in cmd.overrides if not o.startswith("data.custom_cls")]
+    cfg = load_config(cmd.config, overrides).config
+    assert cfg.rollout.multi_turn.enable and cfg.rollout.multi_turn.tool_config_path
+    assert (cfg.async_training.mode, cfg.async_training.staleness) == ("streaming", 1)
+    assert cfg.async_training.partial_rollout_segment == 4096

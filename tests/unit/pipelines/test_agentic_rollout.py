@@ -77,6 +77,51 @@ def test_won_episode_with_an_invalid_turn(tiny_dir, tiny_tokenizer, tmp_path):
     assert sum(n.endswith(".png") for n in names) == 5
 
 
+def test_env_turns_in_a_partial_rollout_carry_the_version_that_sampled_them(
+    tiny_dir, tiny_tokenizer
+):
+    """A won FrozenLake episode (Right, Right, Down, Down) as a partial rollout in
+    segments of 8 tokens: "<answer>Right</answer>" + EOS is 23 tokens (segments of 8, 8,
+    7), "<answer>Down</answer>" + EOS 22 (8, 8, 6), so a turn has 2 boundaries and every
+    env turn one more. The trainer publishes version 1 at the 2nd boundary (inside turn
+    1) and version 2 at the 3rd (the first env turn): turn 1 is 0 ×16 then 1 ×7, turns
+    2–4 (23 + 22 + 22 tokens) version 2; env tokens are masked with version 0."""
+    from temper.rollout.partial import RESPONSE_VERSIONS, Segments
+
+    tag = {
+        "env_type": "frozen_lake",
+        "max_turns": 6,
+        "env_config": {"desc": LAKE, "is_slippery": False},
+    }
+    cfg = config(tiny_dir, tag)
+    plan = [PLAN[0], PLAN[0], PLAN[3], PLAN[3]]  # Right, Right, Down, Down: the goal
+    plain_engine = ScriptedEngine(tiny_tokenizer, lambda text: plan[turn_index(text)])
+    plain = AgenticPlayer(cfg, plain_engine, tiny_tokenizer).play_round(
+        EnvManager.from_agentic(cfg.agentic, "train", 0), 1, SamplingParams()
+    )
+    engine = ScriptedEngine(tiny_tokenizer, lambda text: plan[turn_index(text)])
+    player = AgenticPlayer(cfg, engine, tiny_tokenizer)
+    pushes = {2: 1, 3: 2}
+    calls: list[int] = []
+
+    def boundary() -> int:
+        calls.append(pushes.get(len(calls) + 1, calls[-1] if calls else 0))
+        return calls[-1]
+
+    manager = EnvManager.from_agentic(cfg.agentic, "train", 0)
+    played = player.play_round(manager, 1, SamplingParams(), segments=Segments(8, boundary, 0))
+    batch = played.batch
+    assert batch["success"] == [True, True] and batch["num_turns"] == [4, 4]
+    assert len(calls) == 4 * 2 + 3  # 2 inside each turn, 1 at each of 3 env turns
+    assert (batch["response_ids"] == plain.batch["response_ids"]).all()
+    for row in range(2):
+        mask = batch["response_mask"][row].bool()
+        versions = batch[RESPONSE_VERSIONS][row]
+        assert versions[mask].tolist() == [0] * 16 + [1] * 7 + [2] * (23 + 22 + 22)
+        assert not versions[~mask].any()
+    assert RESPONSE_VERSIONS not in plain.batch
+
+
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
 
 

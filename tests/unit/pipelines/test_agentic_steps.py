@@ -125,3 +125,28 @@ def test_step_manager_refuses_turn_rewards_and_needs_gigpo_inputs(tiny_dir):
         config(tiny_dir, env_manager="trajectory")  # gigpo's inputs
     with pytest.raises(ConfigError, match="history_length"):
         config(tiny_dir, "grpo", env_manager="trajectory")  # the tag's window
+
+
+def test_env_steps_in_a_partial_rollout_are_boundaries_that_push_weights(tiny_dir, tiny_tokenizer):
+    """Step samples as a partial rollout, no answer longer than a segment: the only
+    boundaries are the 3 between the 4 env steps; the trainer publishes version 5 at the
+    1st and 6 at the 3rd, so env 0's steps are at 4, 5, 5, 6 and env 1's at 4, 5, 5."""
+    from temper.rollout.partial import RESPONSE_VERSIONS, Segments
+
+    cfg = config(tiny_dir)
+    answers = iter(ANSWERS)
+    engine = ScriptedEngine(tiny_tokenizer, lambda text: next(answers))
+    player = StepPlayer(cfg, engine, tiny_tokenizer)
+    manager = EnvManager.from_agentic(cfg.agentic, "train", 0)
+    pushes, calls = {1: 5, 3: 6}, []
+
+    def boundary() -> int:
+        calls.append(pushes.get(len(calls) + 1, calls[-1] if calls else 4))
+        return calls[-1]
+
+    played = player.play_round(manager, 3, SamplingParams(), segments=Segments(64, boundary, 4))
+    b = played.batch
+    assert len(calls) == 3 and b["step_index"].tolist() == [0, 1, 2, 3, 0, 1, 2]
+    mask = b["response_mask"].bool()
+    per_sample = [sorted(set(v[m].tolist())) for v, m in zip(b[RESPONSE_VERSIONS], mask)]
+    assert per_sample == [[4], [5], [5], [6], [4], [5], [5]]

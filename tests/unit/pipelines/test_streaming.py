@@ -371,7 +371,7 @@ def test_partial_rollout_pushes_new_weights_into_a_chunk_in_flight():
     assert all(m["async/token_staleness_mean"] <= m["async/staleness_max"] <= 1 for m in metrics)
 
 
-def test_agentic_streams_env_groups_but_refuses_a_partial_rollout():
+def test_agentic_streams_env_groups_in_a_partial_rollout_but_not_vl_ones():
     from temper.config.derive import explain
     from temper.config.errors import ConfigError
     from temper.pipelines.catalog import build_config, plan
@@ -395,13 +395,13 @@ def test_agentic_streams_env_groups_but_refuses_a_partial_rollout():
         build_config(
             {**agentic, "async_training": {**agentic["async_training"], "stream_chunk": 4}}
         )
-    with pytest.raises(ConfigError, match="partial_rollout_segment.*built for rlvr"):
-        build_config(
-            {
-                **agentic,
-                "async_training": {**agentic["async_training"], "partial_rollout_segment": 8},
-            }
-        )
+    partial = {**agentic["async_training"], "partial_rollout_segment": 8}
+    cfg = build_config({**agentic, "async_training": partial})
+    assert cfg.async_training.partial_rollout_segment == 8  # env turns continue in segments
+    vl = {**agentic, "agentic": {**agentic["agentic"], "env_manager": "vl_trajectory"}}
+    build_config(vl)
+    with pytest.raises(ConfigError, match="partial_rollout_segment.*image pixels"):
+        build_config({**vl, "async_training": partial})
 
 
 def test_fixed_mode_refuses_the_streaming_keys():

@@ -77,7 +77,7 @@ def test_multi_turn_renders_with_the_template_and_stays_continuous(tiny_dir):
     messages = [
         {
             "role": "user",
-            "content": engine._messages([{"role": "user", "content": "6*7?"}])[0]["content"],
+            "content": engine.start_messages([{"role": "user", "content": "6*7?"}])[0]["content"],
         },
         {"role": "assistant", "content": call},
         {"role": "tool", "content": "42", "name": "calculator"},

@@ -331,7 +331,8 @@ def _staleness(ctx: Any) -> None:
         f"async_training.partial_rollout_segment {segment} (a quarter of "
         f"max_response_length {length}): verl aborts the generations in flight at a weight "
         "push and resumes them under the new weights; temper generates this many tokens at "
-        "a time and pushes the newest weights between segments",
+        "a time and pushes the newest weights between segments (and between the turns of "
+        "a multi-turn exchange)",
         partial_key,
     )
 
