@@ -4,8 +4,8 @@ tables of their dialect, and against what each derivation really reads when it t
 the upstream files.
 
 - a Use row whose derivation does not declare its key fails;
-- a key a derivation declares that no table has fails (the walk would refuse it as
-  unknown), and so does one that a table whose rows name the derivation calls inert
+- a key a derivation declares that no table has (as a row, or under a row that claims
+  its section) fails (the walk would refuse it as unknown), and so does one that a table whose rows name the derivation calls inert
   (``Note``, ``Gated``): that table tells the user the key has no effect while the
   derivation reads it (unless the derivation declares it ``explains``: read only to word a
   note);
@@ -89,7 +89,10 @@ def _honoured(derivation: Derivation[..., Any], key: str) -> list[str]:
             continue
         rule = table.rule(key)
         if rule is None:
-            found = found or bool(table.children(tuple(key.split("."))))
+            parts = key.split(".")
+            # a rule on a section above it claims the key (a Call that reads the section)
+            above = any(table.rule(".".join(parts[:n])) for n in range(1, len(parts)))
+            found = found or above or bool(table.children(tuple(parts)))
             continue
         found = True
         inert = isinstance(rule, Note | Gated) and key not in derivation.explains
@@ -105,11 +108,19 @@ def test_what_a_derivation_declares_the_tables_honour(name: str) -> None:
     assert not {k: w for k, w in wrong.items() if w}
 
 
+VERL_PPO = "verl-2026-08-1dda039/verl/trainer/config/ppo_trainer.yaml"
+#: verl's V1 trainer's async modes, on a rollout pool of their own (separate_async)
+POOL = [
+    "trainer.n_gpus_per_node=6",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=2",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+]
 GRPO = "roll-2026-08-8eb27cc/examples/docs_examples/example_grpo.yaml"
 PPO = "roll-2026-08-8eb27cc/examples/docs_examples/example_ppo.yaml"
 #: Upstream files with overrides that reach what no upstream file does: a rejection
 #: filter without the old-log-prob recompute, an eval file, prompt and messages both
-#: (refused), a query filter with extra prompts.
+#: (refused), a query filter with extra prompts; verl's V1 async modes.
 EXTRA = [
     upstream_replay.Row(
         f"{path} {' '.join(overrides)}", upstream_replay.UPSTREAM / path, tuple(overrides)
@@ -145,6 +156,8 @@ EXTRA = [
                 "is_use_additional_prompts=true",
             ],
         ),
+        (VERL_PPO, ["trainer.v1.trainer_mode=separate_async", *POOL]),
+        (VERL_PPO, ["trainer.v1.trainer_mode=colocate_async"]),
     )
 ]
 
