@@ -14,7 +14,7 @@ The one refusal wording (:func:`refusal`): ``<key>: <reason> (got <value>). Fix:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from temper.config.dialects.core import paths
 from temper.config.dialects.core.paths import MISSING
@@ -31,8 +31,25 @@ from temper.config.dialects.core.rules import (
 )
 from temper.config.errors import ConfigError
 
-if TYPE_CHECKING:  # the context applies rules through this module
-    from temper.config.dialects.core.context import Context
+
+class Applying(Protocol):
+    """What applying a rule reads and writes of a dialect's context
+    (:class:`context.Context`, which applies its table's rules through this module)."""
+
+    key: str
+    UNSET_NOTE: str
+
+    def get(self, path: str, default: Any = None) -> Any: ...
+
+    def note(self, reason: str, key: str | None = None) -> None: ...
+
+    def inert(self, why: str, key: str | None = None) -> None: ...
+
+    def unset(self, value: Any) -> bool: ...
+
+    def unread(self, rule: Rule, value: Any) -> bool: ...
+
+    def put(self, native: str, value: Any, given: Any, weak: bool = False) -> None: ...
 
 
 def shown(value: Any) -> str:
@@ -49,7 +66,7 @@ def refusal(key: str, reason: str, value: Any, fix: str) -> ConfigError:
     return ConfigError(key, f"{reason} (got {shown(value)})", fix)
 
 
-def apply(ctx: Context, rule: Rule, value: Any, stars: Sequence[str] = ()) -> None:
+def apply(ctx: Applying, rule: Rule, value: Any, stars: Sequence[str] = ()) -> None:
     """Apply ``rule`` to the key being translated (``ctx.key``), which holds ``value``;
     ``stars``: the segments the row's ``*`` matched (a :class:`Map`'s ``{0}``)."""
     key = ctx.key
@@ -84,7 +101,7 @@ def apply(ctx: Context, rule: Rule, value: Any, stars: Sequence[str] = ()) -> No
         assert isinstance(rule, Use)
 
 
-def _map(ctx: Context, rule: Map, value: Any, stars: Sequence[str]) -> None:
+def _map(ctx: Applying, rule: Map, value: Any, stars: Sequence[str]) -> None:
     marker = ctx.unset(value)
     if marker and rule.unset is None:
         ctx.note(f"{ctx.UNSET_NOTE}: the temper default applies")
@@ -98,7 +115,7 @@ def _map(ctx: Context, rule: Map, value: Any, stars: Sequence[str]) -> None:
         ctx.put(native.format(*stars), out, value, rule.weak)
 
 
-def _gated(ctx: Context, rule: Gated, value: Any) -> None:
+def _gated(ctx: Applying, rule: Gated, value: Any) -> None:
     if value is None:
         ctx.note(f"accepted at its inert value ({rule.why})")
         return
