@@ -22,14 +22,12 @@ from typing import Any, Union, get_args, get_origin
 
 from temper.config.catalog import Catalog
 from temper.config.dialects.core import rules
-from temper.config.dialects.roll.context import rule_meaning as roll_rule_meaning
 from temper.config.dialects.roll.dpo import DPO_TABLE
 from temper.config.dialects.roll.sft import SFT_TABLE
 from temper.config.dialects.roll.translate import RL_TABLE
 from temper.config.dialects.verl import sft as verl_sft
 from temper.config.dialects.verl.sections import TABLE as VERL_TABLE
 from temper.config.dialects.verl.translate import key_meaning as verl_meaning
-from temper.config.dialects.verl.translate import rule_meaning as verl_rule_meaning
 from temper.config.schema import TemperConfig
 from temper.config.typed import FieldInfo, field_info
 
@@ -144,7 +142,7 @@ def _verl_rows() -> list[str]:
             if isinstance(rule, rules.Map) or key in rows:
                 continue
             meaning = verl_meaning(key) if table is VERL_TABLE else None
-            how = meaning[1] if meaning is not None else verl_rule_meaning(rule)[1]
+            how = meaning[1] if meaning is not None else rules.meaning(rule)[1]
             rows[key] = f"| `{key}` | {_cell(how)} |"
     return [rows[k] for k in sorted(rows)]
 
@@ -156,7 +154,7 @@ def _roll_rows() -> list[str]:
             if isinstance(table.rules[key], rules.Map) or key in rows:
                 continue
             rule = table.rule(key) if "*" not in key else None
-            how = roll_rule_meaning(rule or table.rules[key])[1]
+            how = rules.meaning(rule or table.rules[key])[1]
             rows[key] = f"| `{key}` | {_cell(how)} |"
     return [rows[k] for k in sorted(rows)]
 

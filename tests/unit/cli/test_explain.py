@@ -39,7 +39,8 @@ def test_a_key_accepted_without_effect_says_why(capsys):
     out = explain(capsys, "trainer.default_hdfs_dir")
     assert out.startswith(
         "trainer.default_hdfs_dir (verl key): accepted at its inert value(s) (checkpoints stay "
-        "local); otherwise HDFS is not supported"
+        "local); otherwise refused: HDFS is not supported. Fix: use a local "
+        "trainer.default_local_dir"
     )
 
 

@@ -1,16 +1,18 @@
-"""Every ``Use`` row of the ROLL tables names the derivation that reads its key, and the
-derivations' declarations (``core.derivation``) hold on both sides: against the tables,
-and against what each derivation really reads when it translates the upstream files.
+"""Every ``Use`` row of the ROLL and verl tables names the derivation that reads its key,
+and the derivations' declarations (``core.derivation``) hold on both sides: against the
+tables of their dialect, and against what each derivation really reads when it translates
+the upstream files.
 
 - a Use row whose derivation does not declare its key fails;
-- a key a derivation declares that no table has fails (the walk would refuse it as
-  unknown), and so does one that a table whose rows name the derivation calls inert
+- a key a derivation declares that no table has (as a row, or under a row that claims
+  its section) fails (the walk would refuse it as unknown), and so does one that a table whose rows name the derivation calls inert
   (``Note``, ``Gated``): that table tells the user the key has no effect while the
   derivation reads it (unless the derivation declares it ``explains``: read only to word a
   note);
 - a key a derivation reads without declaring it fails, and so does a declared key (each
-  key a template names, every role of it) that the derivation never reads over the ROLL
-  replay rows and :data:`EXTRA` (files that reach the branches no upstream file does).
+  key a template names, every role of it) that the derivation never reads over the
+  replay rows of its dialect and :data:`EXTRA` (files that reach the branches no upstream
+  file does).
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ from temper.config.dialects.roll.distill import DISTILL_TABLE, DISTILL_VL_TABLE
 from temper.config.dialects.roll.dpo import DPO_TABLE
 from temper.config.dialects.roll.sft import SFT_TABLE
 from temper.config.dialects.roll.translate import RL_TABLE
+from temper.config.dialects.verl import translate as verl
 
+#: every table, by dialect and name (a derivation is held to its own dialect's tables)
 TABLES: dict[str, KeyTable] = {
-    "rl": RL_TABLE,
-    "sft": SFT_TABLE,
-    "dpo": DPO_TABLE,
-    "distill": DISTILL_TABLE,
-    "distill_vl": DISTILL_VL_TABLE,
+    "roll.rl": RL_TABLE,
+    "roll.sft": SFT_TABLE,
+    "roll.dpo": DPO_TABLE,
+    "roll.distill": DISTILL_TABLE,
+    "roll.distill_vl": DISTILL_VL_TABLE,
+    "verl.ppo": verl.PPO.keys,
+    "verl.sft": verl.SFT.keys,
+    "verl.generation": verl.GENERATION.keys,
+    "verl.server": verl.SERVER.keys,
+    "verl.evaluation": verl.EVALUATION.keys,
 }
 USE_ROWS = [
     (name, key, rule)
@@ -50,7 +59,7 @@ USE_ROWS = [
     if isinstance(rule, Use)
 ]
 DERIVATIONS: dict[str, Derivation[..., Any]] = {
-    name: d for name, d in DECLARED.items() if name.startswith("roll.")
+    name: d for name, d in DECLARED.items() if name.startswith(("roll.", "verl."))
 }
 #: table -> the derivations its rows name (the derivations its pipeline runs)
 NAMED: dict[str, set[str]] = {
@@ -74,10 +83,16 @@ def test_a_use_rows_derivation_declares_its_key(row: tuple[str, str, Use]) -> No
 def _honoured(derivation: Derivation[..., Any], key: str) -> list[str]:
     """What is wrong with a key ``derivation`` declares, per table ([] when nothing)."""
     found, wrong = False, []
+    dialect = derivation.name.split(".")[0] + "."
     for name, table in TABLES.items():
+        if not name.startswith(dialect):
+            continue
         rule = table.rule(key)
         if rule is None:
-            found = found or bool(table.children(tuple(key.split("."))))
+            parts = key.split(".")
+            # a rule on a section above it claims the key (a Call that reads the section)
+            above = any(table.rule(".".join(parts[:n])) for n in range(1, len(parts)))
+            found = found or above or bool(table.children(tuple(parts)))
             continue
         found = True
         inert = isinstance(rule, Note | Gated) and key not in derivation.explains
@@ -93,11 +108,19 @@ def test_what_a_derivation_declares_the_tables_honour(name: str) -> None:
     assert not {k: w for k, w in wrong.items() if w}
 
 
+VERL_PPO = "verl-2026-08-1dda039/verl/trainer/config/ppo_trainer.yaml"
+#: verl's V1 trainer's async modes, on a rollout pool of their own (separate_async)
+POOL = [
+    "trainer.n_gpus_per_node=6",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=2",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+]
 GRPO = "roll-2026-08-8eb27cc/examples/docs_examples/example_grpo.yaml"
 PPO = "roll-2026-08-8eb27cc/examples/docs_examples/example_ppo.yaml"
 #: Upstream files with overrides that reach what no upstream file does: a rejection
 #: filter without the old-log-prob recompute, an eval file, prompt and messages both
-#: (refused), a query filter with extra prompts.
+#: (refused), a query filter with extra prompts; verl's V1 async modes.
 EXTRA = [
     upstream_replay.Row(
         f"{path} {' '.join(overrides)}", upstream_replay.UPSTREAM / path, tuple(overrides)
@@ -133,19 +156,20 @@ EXTRA = [
                 "is_use_additional_prompts=true",
             ],
         ),
+        (VERL_PPO, ["trainer.v1.trainer_mode=separate_async", *POOL]),
+        (VERL_PPO, ["trainer.v1.trainer_mode=colocate_async"]),
     )
 ]
 
 
 @functools.cache
 def _recorded() -> dict[str, set[str]]:
-    """What each derivation read over the ROLL rows of the upstream replay and EXTRA."""
+    """What each derivation read over the rows of the upstream replay and EXTRA."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with recording() as record:
             for row in [*upstream_replay.rows(), *EXTRA]:
-                if row.name.startswith("roll"):
-                    upstream_replay.check(row)
+                upstream_replay.check(row)
     return record
 
 

@@ -123,14 +123,15 @@ def test_vision_language_file_reads_rolls_vl_rows():
 @pytest.mark.parametrize(
     "change, start",
     [
-        ({"question_key": "q"}, "question_key: 'q' is not supported: ROLL's VL distillation"),
-        ({"answer_key": "a"}, "answer_key: 'a' is not supported: ROLL's VL distillation"),
+        ({"question_key": "q"}, "question_key: ROLL's VL distillation reads a row's problem"),
+        ({"answer_key": "a"}, "answer_key: ROLL's VL distillation reads a row's problem"),
     ],
 )
 def test_vision_language_file_refuses_other_columns(change, start):
     with pytest.raises(ConfigError) as err:
         build(copy.deepcopy(_base(VL)) | change)
     assert str(err.value).startswith(start), str(err.value)
+    assert f"(got {next(iter(change.values()))!r}). Fix: remove" in str(err.value)
 
 
 def test_vision_language_megatron_file_is_refused_in_one_line():

@@ -445,7 +445,8 @@ def test_critic_model_type_trl():
     cfg = load(path).config
     assert cfg.critic.enable is not False
     msg = refusal(R2508 / "docs_examples/example_ppo.yaml", "critic.model_args.model_type=rm")
-    assert msg.startswith("critic.model_args.model_type: 'rm' is not supported")
+    assert msg.startswith("critic.model_args.model_type: temper's critic is a causal LM")
+    assert "(got 'rm'). Fix: remove critic.model_args.model_type, or set it to trl" in msg
 
 
 # ------------------------------------------------------------------ honoured in code

@@ -3,18 +3,26 @@ read it (``get``, ``has``), the key being translated (``key``, set as the walk e
 it), refusals that name it (``error``), and the one writer of the result (``out``: a
 :class:`result.Result`, whose write, conflict and note policy every dialect shares).
 Transforms, predicates, ``Call`` bodies and derivations see this much of any dialect's
-context."""
+context. It applies the table's rules (:mod:`core.apply`, the same for every dialect); a
+dialect's conventions are what it overrides: its unset marker (:meth:`Context.unset`),
+how a mapped value reaches its native field (:meth:`Context.put`), which rows it leaves
+unread (:meth:`Context.unread`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from temper.config.dialects.core import derivation, paths
+from temper.config.dialects.core import apply, derivation, paths
 from temper.config.dialects.core.result import Result
+from temper.config.dialects.core.rules import Rule
 from temper.config.errors import ConfigError
 
 
 class Context:
+    #: what a note says a key held at the dialect's unset marker (:meth:`unset`)
+    UNSET_NOTE = "unset"
+
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
         self.key = ""  # the key being translated, as the user wrote it
@@ -40,6 +48,26 @@ class Context:
         """The walk's (:class:`walk.Walker`): ``path`` is translated next."""
         self.key = path
         return True
+
+    def apply(self, rule: Rule, value: Any, stars: Sequence[str]) -> None:
+        """The walk's: apply ``rule`` to the key entered (:func:`apply.apply`)."""
+        apply.apply(self, rule, value, stars)
+
+    # ------------------------------------------------------------------ the dialect's
+
+    def unset(self, value: Any) -> bool:
+        """Whether ``value`` is the dialect's unset marker (none by default)."""
+        return False
+
+    def unread(self, rule: Rule, value: Any) -> bool:
+        """Whether the dialect reads nothing of the key entered, which holds ``value`` (its
+        leaves are noted here with why); False by default."""
+        return False
+
+    def put(self, native: str, value: Any, given: Any, weak: bool = False) -> None:
+        """A :class:`rules.Map` row's write of ``value`` (made of the file's ``given``) to
+        native field ``native``, as the key entered."""
+        self.out.write(native, value, self.key, weak)
 
     # ------------------------------------------------------------------ the result
 

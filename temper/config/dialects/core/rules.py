@@ -91,13 +91,34 @@ class Same:
 Rule = Map | Note | Refuse | Gated | Call | Use | Same
 
 
-def describe(rule: Note | Gated | Call | Use | Same) -> str:
-    """What a rule that sets no native field does with its key (``temper check --explain``
-    and the manual; :class:`Map` and :class:`Refuse` are said in each dialect's words)."""
+#: What a :class:`Refuse` row's accepted value notes when the row says no more.
+ALWAYS = "the value given is the one temper always uses"
+
+
+def meaning(rule: Rule) -> tuple[tuple[str, ...], str]:
+    """What a rule does with its key, in every dialect: (native keys it sets, how) —
+    ``temper check --explain`` and the manual."""
+    if isinstance(rule, Map):
+        return rule.natives, "sets " + ", ".join(rule.natives) + (" (converted)" if rule.fn else "")
+    return (), describe(rule)
+
+
+def describe(rule: Rule) -> str:
+    """How :func:`meaning` says what a rule does with its key."""
+    if isinstance(rule, Map):
+        return meaning(rule)[1]
+    if isinstance(rule, Refuse):
+        refused = f"refused: {rule.reason}. Fix: {rule.fix}"
+        if rule.ok == ():
+            return refused
+        return f"accepted at its inert value(s) ({rule.why or ALWAYS}); otherwise {refused}"
     if isinstance(rule, Note):
         return f"accepted, no effect here: {rule.why}"
     if isinstance(rule, Gated):
-        return f"inert while {rule.gate} is off ({rule.why}); otherwise {rule.reason}"
+        return (
+            f"inert while {rule.gate} is off ({rule.why}); otherwise refused: {rule.reason}. "
+            f"Fix: {rule.fix}"
+        )
     if isinstance(rule, Use):
         return f"read by the derivation {rule.by.name}: {rule.what}"
     if isinstance(rule, Same):

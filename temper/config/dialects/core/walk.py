@@ -11,6 +11,7 @@ What each case means in a dialect's words is its context's (:class:`Walker`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from temper.config.dialects.core.rules import Map, Rule
@@ -23,7 +24,7 @@ class Walker(Protocol):
         """``path`` is the key translated next; False skips it (handled already)."""
         ...
 
-    def apply(self, rule: Rule, value: Any, stars: list[str]) -> None: ...
+    def apply(self, rule: Rule, value: Any, stars: Sequence[str]) -> None: ...
 
     def null_section(self) -> None:
         """The key entered is a section the file leaves null."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.apply import refusal
 from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.paths import MISSING
 from temper.config.dialects.roll.derive import Ctx
@@ -112,11 +113,11 @@ def env_manager(ctx: Ctx) -> None:
             kinds[tag] = _agent_runner(tag, spec)
             continue
         if cls is not None and cls not in ENV_MANAGER_CLASSES:
-            raise ConfigError(
+            raise refusal(
                 key,
-                f"{cls!r} is not supported: a custom ROLL env manager class cannot run here "
-                "(temper runs ROLL's TrajEnvManager, StepEnvManager, StepConcatEnvManager and "
-                "VLTrajEnvManager)",
+                "a custom ROLL env manager class cannot run here (temper runs ROLL's "
+                "TrajEnvManager, StepEnvManager, StepConcatEnvManager and VLTrajEnvManager)",
+                cls,
                 f"use {TRAJ}, {STEP} or {CONCAT}, or remove env_manager_cls",
             )
         kinds[tag] = ENV_MANAGER_CLASSES[cls] if cls is not None else "trajectory"
@@ -195,11 +196,12 @@ def _agent_runner(tag: str, spec: dict[str, Any]) -> str:
     runner = spec.get("agent_runner_cls")
     if runner in AGENT_RUNNERS:
         return AGENT_RUNNERS[runner]
-    raise ConfigError(
+    raise refusal(
         f"custom_envs.{tag}.agent_runner_cls",
-        f"{runner!r} is not supported: a custom ROLL agent runner cannot run here; "
-        "ProxyEnvManager runs with ROLL's GEMRunner only (its ROCK agent runners drive "
-        "agents inside sandboxes a ROCK service starts, which temper cannot reach)",
+        "a custom ROLL agent runner cannot run here; ProxyEnvManager runs with ROLL's "
+        "GEMRunner only (its ROCK agent runners drive agents inside sandboxes a ROCK "
+        "service starts, which temper cannot reach)",
+        runner,
         f"use agent_runner_cls: {GEM_RUNNER}, or env_manager_cls {TRAJ}",
     )
 

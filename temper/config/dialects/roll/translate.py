@@ -19,11 +19,12 @@ from typing import Any
 
 from temper.config.catalog import Catalog
 from temper.config.dialects import Translation
+from temper.config.dialects.core.rules import meaning
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.roll import derive
 from temper.config.dialects.roll import gem as roll_gem
 from temper.config.dialects.roll import gigpo as roll_gigpo
-from temper.config.dialects.roll.context import rule_meaning, translation, walk_file
+from temper.config.dialects.roll.context import translation, walk_file
 from temper.config.dialects.roll.derive import Ctx
 from temper.config.dialects.roll.devices import parse_device_mapping
 from temper.config.dialects.roll.distill import DISTILL_TABLE, is_distill, translate_roll_distill
@@ -171,5 +172,5 @@ def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
     for table in (RL_TABLE, SFT_TABLE, DPO_TABLE, DISTILL_TABLE):
         rule = table.rule(key)
         if rule is not None:
-            return rule_meaning(rule)
+            return meaning(rule)
     return None

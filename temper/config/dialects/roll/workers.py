@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.apply import refusal
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule, Same, Use
 from temper.config.dialects.roll import derive, rewards
 from temper.config.dialects.roll.transforms import (
@@ -19,7 +20,6 @@ from temper.config.dialects.roll.transforms import (
     uniform,
 )
 from temper.config.dialects.roll.versions import ADDITIONS, OVERRIDES
-from temper.config.errors import ConfigError
 
 TRAIN_NOTE = "this role does not train"
 GEN_NOTE = "this role does not generate"
@@ -213,11 +213,12 @@ def _data_function(value: Any, _ctx: Any = None) -> str:
         return "none"
     if value in DATA_FUNCTIONS:
         return DATA_FUNCTIONS[value]
-    raise ConfigError(
+    raise refusal(
         "actor_train.data_args.custom_data_kwargs_func",
-        f"'{value}' is not supported: a custom ROLL data function (Python that builds the "
-        "prompts from its own columns, as ROLL's audio_test one does) cannot run here; "
-        f"of them temper reads the rows of {', '.join(DATA_FUNCTIONS)}",
+        "a custom ROLL data function (Python that builds the prompts from its own columns, "
+        "as ROLL's audio_test one does) cannot run here; of them temper reads the rows of "
+        f"{', '.join(DATA_FUNCTIONS)}",
+        value,
         "remove custom_data_kwargs_func and give rows a prompt with <video> (or <image>) "
         "marks and a 'videos' (or 'images') column",
     )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.verl import fully_async as fa
 
 V1 = "trainer.v1"
@@ -136,6 +137,9 @@ def trainer_mode(v: Any, ctx: Any) -> None:
         )
 
 
+@derivation(
+    f"{V1}.{{mode}}.num_warmup_batches", f"{SAMPLER}.max_off_policy_threshold", mode=ASYNC_MODES
+)
 def _staleness(ctx: Any, mode: str) -> None:
     """``async_training.staleness`` of a V1 async mode: min(W, T − 1)."""
     key = f"{V1}.{mode}.num_warmup_batches"
@@ -217,6 +221,11 @@ def parameter_sync_step(v: Any, ctx: Any) -> None:
     )
 
 
+@derivation(
+    f"{V1}.separate_async.parameter_sync_step",
+    "data.train_batch_size",
+    f"{ACT}.ppo_mini_batch_size",
+)
 def _sync_step_fits(ctx: Any) -> None:
     """verl asserts ``train_batch_size = parameter_sync_step × ppo_mini_batch_size``
     (``trainer_separate_async.py``)."""
@@ -322,6 +331,14 @@ def _pool_size(ctx: Any, key: str, default: int, what: str, pool: str) -> int:
     return int(value)
 
 
+@derivation(
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "{pool}.nnodes",
+    "{pool}.n_gpus_per_node",
+    # its callers' pools: the recipes' rollout, V1's rollout, on-policy distillation's teachers
+    pool=("rollout", RO, "distillation"),
+)
 def separate_pool(
     ctx: Any,
     nodes_key: str,
@@ -458,7 +475,10 @@ def finish(ctx: Any) -> None:
             _separate_async(ctx)
 
 
+@derivation(f"{RO}.checkpoint_engine.backend", "reward.reward_model.enable", "reward_model.enable")
 def _separate_async(ctx: Any) -> None:
+    """verl's separate_async trainer: its rollout pool, and what it asserts of the weight
+    sync and the reward model."""
     _sync_step_fits(ctx)
     separate_pool(ctx, f"{RO}.nnodes", f"{RO}.n_gpus_per_node", "separate_async")
     backend = ctx.get(f"{RO}.checkpoint_engine.backend", "naive")
@@ -538,6 +558,7 @@ def loss_type(v: Any, ctx: Any) -> None:
         ctx.note("ppo_clip: the vanilla PPO-clip loss with old log-probs from the rollout")
 
 
+@derivation(f"{RC}.rollout_is", f"{RC}.rollout_is_batch_normalize")
 def _reinforce(ctx: Any) -> None:
     """Bypass mode's REINFORCE loss: ``actor.policy_loss: reinforce_is`` with
     ``rollout_is``'s level and thresholds (verl computes the weights inside the loss, from

@@ -44,7 +44,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from temper.config.dialects.core.rules import Call, Map, Note, Refuse, Rule
+from temper.config.dialects.core.derivation import derivation
+from temper.config.dialects.core.rules import Call, Map, Note, Refuse, Rule, Use
 
 AT = "async_training"
 ACT = "actor_rollout_ref.actor"
@@ -73,44 +74,22 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def staleness_threshold(v: Any, ctx: Any) -> None:
-    """Samples the rollouter may start beyond one cycle's, as a fraction of it:
-    ``async_training.staleness`` ⌈t⌉ (0: synchronous)."""
-    if not _number(v) or v < 0:
-        raise ctx.error(
-            f"must be a number >= 0 (verl asserts it; got {v!r})",
-            "set it to 0 (on-policy) or more (e.g. 0.1: a tenth of a cycle's samples ahead)",
-        )
+def _given(ctx: Any, key: str, default: Any) -> Any:
+    """The file's value of ``key`` (null kept: verl asserts on it), ``default`` without it."""
+    return ctx.get(key) if ctx.has(key) else default
 
 
-def _positive_int(v: Any, ctx: Any) -> None:
+def _positive_int(v: Any, ctx: Any, key: str) -> None:
     if not _int(v) or v < 1:
-        raise ctx.error(
-            f"must be an integer >= 1 (verl asserts it; got {v!r})", "set it to 1 or more"
+        raise ctx.error_at(
+            key, f"must be an integer >= 1 (verl asserts it; got {v!r})", "set it to 1 or more"
         )
 
 
-def _flag(v: Any, ctx: Any) -> None:
+def _flag(v: Any, ctx: Any, key: str | None = None) -> None:
     if not isinstance(v, bool):
-        raise ctx.error(f"must be true or false (got {v!r})", "set it to true or false")
-
-
-def trigger_parameter_sync_step(v: Any, ctx: Any) -> None:
-    """Local trainer steps between two weight pushes: temper's step (one push) trains
-    this × ``require_batches`` mini-batches (``data.train_batch_size``)."""
-    _positive_int(v, ctx)  # the final pass derives the step from it
-
-
-def require_batches(v: Any, ctx: Any) -> None:
-    """Mini-batches (of ``ppo_mini_batch_size`` prompts) one local trainer step takes:
-    a factor of temper's ``data.train_batch_size``."""
-    _positive_int(v, ctx)  # the final pass derives the step from it
-
-
-def partial_rollout(v: Any, ctx: Any) -> None:
-    """Generations in flight at a weight push continue under the new weights:
-    ``async_training.partial_rollout_segment``, a quarter of the response length."""
-    _flag(v, ctx)  # the final pass sets the segment from it and the response length
+        reason, fix = f"must be true or false (got {v!r})", "set it to true or false"
+        raise ctx.error_at(key, reason, fix) if key else ctx.error(reason, fix)
 
 
 def trainer_validates(v: Any, ctx: Any) -> None:
@@ -122,13 +101,6 @@ def trainer_validates(v: Any, ctx: Any) -> None:
         "between generation calls, after pushing the trainer's weights — the same weights "
         "either way)"
     )
-
-
-def total_rollout_steps(v: Any, ctx: Any) -> None:
-    """Prompts the rollouter generates in all: ``experiment.max_steps`` = ⌊v / B⌋ (final
-    pass); null: every prompt, ``total_epochs`` times."""
-    if v is not None and (not _int(v) or v < 1):
-        raise ctx.error(f"must be a positive integer or null (got {v!r})", "set it to 1 or more")
 
 
 def gen_batch_size(v: Any, ctx: Any) -> Any:
@@ -173,55 +145,27 @@ def standalone_memory(v: Any, ctx: Any) -> None:
     # else: the final pass sets rollout.gpu_memory_utilization from it
 
 
-DYNAMIC = "dynamic resource scheduling (the trainer's devices lent to the rollout)"
-
-RULES: dict[str, Rule] = {
-    f"{AT}.staleness_threshold": Call(staleness_threshold),
-    f"{AT}.trigger_parameter_sync_step": Call(trigger_parameter_sync_step),
-    f"{AT}.require_batches": Call(require_batches),
-    f"{AT}.partial_rollout": Call(partial_rollout),
-    f"{AT}.use_trainer_do_validate": Call(trainer_validates),
-    f"{AT}.use_dynamic_resource_scheduling": Refuse(
-        f"{DYNAMIC} is not built",
-        "set use_dynamic_resource_scheduling: false",
-        ok=(False, None),
-        why="the trainer's devices only train",
-    ),
-    **{
-        f"{AT}.dynamic_schedule_{k}": Note(
-            "read with use_dynamic_resource_scheduling only, which must be false here"
-        )
-        for k in ("policy", "deactivate_ratio", "enable_rebalance")
-    },
-    f"{AT}.concurrent_samples_per_replica": Note(
-        "caps the requests each rollout server runs at once (throughput); temper's "
-        "streaming rollout sends async_training.stream_chunk prompts per generation call, "
-        "and the staleness bound does not depend on either"
-    ),
-    "rollout.total_rollout_steps": Call(total_rollout_steps),
-    "rollout.n": Note(
-        "no code of verl reads the top-level rollout.n (the fully-async config declares "
-        "it); actor_rollout_ref.rollout.n sets the responses per prompt"
-    ),
-    "data.gen_batch_size": Map("data.gen_batch_size", gen_batch_size),
-    f"{ACT}.use_rollout_log_probs": Note(
-        "verl's actor config declares it but no code of verl reads it; "
-        "algorithm.rollout_correction.bypass_mode decides whether the old log-probs are "
-        "the rollout's"
-    ),
-    f"{RO}.standalone_gpu_memory_utilization": Call(standalone_memory),
-}
-
-
 # --------------------------------------------------------------------------- final pass
 
 
+@derivation(
+    f"{AT}.trigger_parameter_sync_step",
+    f"{AT}.require_batches",
+    f"{ACT}.ppo_mini_batch_size",
+    f"{RO}.standalone_gpu_memory_utilization",
+    "data.train_batch_size",
+    f"{RO}.calculate_log_probs",
+    "reward.reward_model.enable",
+    "reward_model.enable",
+)
 def finish(ctx: Any) -> None:
     """The fully-async trainer's step, staleness, partial rollout and length (module
     docstring); its rollout pool is placed by the caller (``verl_async.separate_pool``)."""
     _asserts(ctx)
-    trigger = ctx.get(f"{AT}.trigger_parameter_sync_step", TRIGGER_DEFAULT)
-    require = ctx.get(f"{AT}.require_batches", REQUIRE_DEFAULT)
+    trigger = _given(ctx, f"{AT}.trigger_parameter_sync_step", TRIGGER_DEFAULT)
+    require = _given(ctx, f"{AT}.require_batches", REQUIRE_DEFAULT)
+    _positive_int(trigger, ctx, f"{AT}.trigger_parameter_sync_step")
+    _positive_int(require, ctx, f"{AT}.require_batches")
     mini = ctx.get(f"{ACT}.ppo_mini_batch_size")
     if not _int(mini) or mini < 1:
         raise ctx.error_at(
@@ -283,11 +227,23 @@ def _asserts(ctx: Any) -> None:
         )
 
 
+@derivation(f"{AT}.staleness_threshold", f"{AT}.partial_rollout", "data.max_response_length")
 def _staleness(ctx: Any) -> None:
+    """Samples the rollouter may start beyond one cycle's, as a fraction ``t`` of it:
+    ``async_training.staleness`` ⌈t⌉ (0: synchronous); generations in flight at a weight
+    push continue under the new weights: ``async_training.partial_rollout_segment``, a
+    quarter of the response length."""
     key = f"{AT}.staleness_threshold"
-    threshold = ctx.get(key, THRESHOLD_DEFAULT)
+    threshold = _given(ctx, key, THRESHOLD_DEFAULT)
+    if not _number(threshold) or threshold < 0:
+        raise ctx.error_at(
+            key,
+            f"must be a number >= 0 (verl asserts it; got {threshold!r})",
+            "set it to 0 (on-policy) or more (e.g. 0.1: a tenth of a cycle's samples ahead)",
+        )
     partial_key = f"{AT}.partial_rollout"
-    partial = ctx.get(partial_key, True)
+    partial = _given(ctx, partial_key, True)
+    _flag(partial, ctx, partial_key)
     if threshold == 0:
         ctx.write("async_training.staleness", 0, key)
         ctx.note(
@@ -337,9 +293,16 @@ def _staleness(ctx: Any) -> None:
     )
 
 
+@derivation("rollout.total_rollout_steps")
 def _length(ctx: Any, batch: int) -> None:
+    """Prompts the rollouter generates in all: ``experiment.max_steps`` = ⌊total / batch⌋;
+    null: every prompt, ``total_epochs`` times."""
     key = "rollout.total_rollout_steps"
     total = ctx.get(key)
+    if total is not None and (not _int(total) or total < 1):
+        raise ctx.error_at(
+            key, f"must be a positive integer or null (got {total!r})", "set it to 1 or more"
+        )
     steps_key = "trainer.total_training_steps"
     if ctx.writes.get("experiment.max_steps", (None, ""))[1].endswith(steps_key):
         del ctx.writes["experiment.max_steps"]  # verl's fully-async trainer never reads it
@@ -369,3 +332,58 @@ def _length(ctx: Any, batch: int) -> None:
         "first, temper runs max_steps whatever the epochs",
         key,
     )
+
+
+DYNAMIC = "dynamic resource scheduling (the trainer's devices lent to the rollout)"
+
+RULES: dict[str, Rule] = {
+    f"{AT}.staleness_threshold": Use(
+        "async_training.staleness ⌈t⌉ (0: synchronous), mode streaming, max_ahead_batches 1 + t",
+        by=_staleness,
+    ),
+    f"{AT}.trigger_parameter_sync_step": Use(
+        "data.train_batch_size = this × require_batches × ppo_mini_batch_size (one step, one "
+        "weight push)",
+        by=finish,
+    ),
+    f"{AT}.require_batches": Use(
+        "a factor of data.train_batch_size (mini-batches per local trainer step)", by=finish
+    ),
+    f"{AT}.partial_rollout": Use(
+        "async_training.partial_rollout_segment, a quarter of data.max_response_length",
+        by=_staleness,
+    ),
+    f"{AT}.use_trainer_do_validate": Call(trainer_validates),
+    f"{AT}.use_dynamic_resource_scheduling": Refuse(
+        f"{DYNAMIC} is not built",
+        "set use_dynamic_resource_scheduling: false",
+        ok=(False, None),
+        why="the trainer's devices only train",
+    ),
+    **{
+        f"{AT}.dynamic_schedule_{k}": Note(
+            "read with use_dynamic_resource_scheduling only, which must be false here"
+        )
+        for k in ("policy", "deactivate_ratio", "enable_rebalance")
+    },
+    f"{AT}.concurrent_samples_per_replica": Note(
+        "caps the requests each rollout server runs at once (throughput); temper's "
+        "streaming rollout sends async_training.stream_chunk prompts per generation call, "
+        "and the staleness bound does not depend on either"
+    ),
+    "rollout.total_rollout_steps": Use(
+        "experiment.max_steps = ⌊prompts / data.train_batch_size⌋ (null: total_epochs)",
+        by=_length,
+    ),
+    "rollout.n": Note(
+        "no code of verl reads the top-level rollout.n (the fully-async config declares "
+        "it); actor_rollout_ref.rollout.n sets the responses per prompt"
+    ),
+    "data.gen_batch_size": Map("data.gen_batch_size", gen_batch_size),
+    f"{ACT}.use_rollout_log_probs": Note(
+        "verl's actor config declares it but no code of verl reads it; "
+        "algorithm.rollout_correction.bypass_mode decides whether the old log-probs are "
+        "the rollout's"
+    ),
+    f"{RO}.standalone_gpu_memory_utilization": Call(standalone_memory),
+}

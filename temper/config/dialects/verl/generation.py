@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Call, Map, Note, Rule
 from temper.config.dialects.verl.sections import TABLE as RL_TABLE
 from temper.config.dialects.verl.sft import is_sft
@@ -132,6 +133,7 @@ ROLLOUT_KEYS = [
 ]
 
 
+@derivation("trainer.nnodes", "trainer.n_gpus_per_node")
 def finish_devices(ctx: Any) -> None:
     """``resources.backend``: Ray for more than one device (``nnodes × n_gpus_per_node``,
     one engine per tensor-parallel group of them), this process for one — as verl's

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.result import Written
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule
 from temper.config.dialects.verl import transforms as r
@@ -106,6 +107,7 @@ def is_prime(ctx: Any) -> str | None:
     return next((key for key in KEYS if ctx.get(key) is not None), None)
 
 
+@derivation(*KEYS, "data.filter_accuracy")
 def finish(ctx: Any) -> None:
     """A PRIME file runs the prime pipeline; its reward model is the PRM (module doc)."""
     key = is_prime(ctx)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule
 
 ACT = "actor_rollout_ref.actor"
@@ -84,6 +85,7 @@ def is_spin(ctx: Any) -> str | None:
     return next((key for key in KEYS if ctx.get(key) is not None), None)
 
 
+@derivation(*KEYS)
 def finish(ctx: Any) -> None:
     """A SPIN file runs the spin pipeline; what its trainer does not read is noted."""
     key = is_spin(ctx)

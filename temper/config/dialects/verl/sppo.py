@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Map, Rule
 
 ACT = "actor_rollout_ref.actor"
@@ -41,6 +42,7 @@ def is_sppo(ctx: Any) -> str | None:
     return next((key for key in KEYS if ctx.get(key) is not None), None)
 
 
+@derivation(*KEYS, "algorithm.adv_estimator", f"{ACT}.policy_loss.loss_mode")
 def finish(ctx: Any) -> None:
     """An SPPO file's estimator and policy loss are SPPO's, whatever the file names."""
     key = is_sppo(ctx)

@@ -36,7 +36,7 @@ from temper.config.dialects.core import paths
 from temper.config.dialects.core.context import Context
 from temper.config.dialects.core.paths import MISSING
 from temper.config.dialects.core.result import Written
-from temper.config.dialects.core.rules import Call, Gated, Map, Note, Refuse, Rule, describe
+from temper.config.dialects.core.rules import Gated, Note, Refuse, Rule, meaning
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.verl import asynchronous as verl_async
 from temper.config.dialects.verl import distill as verl_distill
@@ -128,15 +128,6 @@ def _strip_optional(tp: Any) -> Any:
 
 def _allows_none(tp: Any) -> bool:
     return tp is Any or (get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp))
-
-
-def _shown(value: Any) -> str:
-    """A refused value as the one-line message shows it: a section by its keys, not its
-    whole contents."""
-    if isinstance(value, dict):
-        return "a section with " + ", ".join(map(str, value)) if value else "{}"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class _Translator(Context):
@@ -257,9 +248,6 @@ class _Translator(Context):
             return False
         return True
 
-    def apply(self, rule: Rule, value: Any, stars: list[str]) -> None:
-        self._apply(rule, value)
-
     def null_section(self) -> None:
         self.note("null section: the temper defaults apply")
 
@@ -298,64 +286,34 @@ class _Translator(Context):
             return False
         return VALUES not in self.catalog.needs("adv_estimator", estimator)
 
-    def _apply(self, rule: Rule, value: Any) -> None:
-        # verl never reads the section of a critic it does not build
+    UNSET_NOTE = "'???' (verl's mandatory-value marker, unset)"
+
+    def unset(self, value: Any) -> bool:
+        return bool(value == UNSET)
+
+    def unread(self, rule: Rule, value: Any) -> bool:
+        """verl never reads the section of a critic it does not build."""
         critic_only = self.path.startswith("critic.") and isinstance(rule, Refuse | Gated)
-        if critic_only and self._critic_unused():
-            for leaf in paths.leaves(value, self.key):
-                self.note("no effect here (no critic: the advantage estimator needs none)", leaf)
-            return
-        if isinstance(rule, Map):
-            self._map(rule, value)
-        elif isinstance(rule, Note):
-            for leaf in paths.leaves(value, self.key):
-                self.note(f"no effect here ({rule.why})", leaf)
-        elif isinstance(rule, Refuse):
-            # verl's mandatory-value marker (unset) is inert wherever the values are listed
-            ok = rule.accepts(value, self) or (not callable(rule.ok) and value == UNSET)
-            if not ok:
-                raise ConfigError(self.key, f"{rule.reason} (got {_shown(value)})", rule.fix)
-            for leaf in paths.leaves(value, self.key):  # a section: each of its leaves
-                self.note(f"accepted at its inert value ({rule.why})", leaf)
-        elif isinstance(rule, Gated):
-            self._gated(rule, value)
-        elif isinstance(rule, Call):
-            rule.fn(value, self)
-        else:  # a table's mistake, found by the first test that reads it
-            raise TypeError(f"{self.key}: verl tables have no {type(rule).__name__} rules")
-
-    def _gated(self, rule: Gated, value: Any) -> None:
-        if value is None:
-            self.note(f"accepted at its inert value ({rule.why})")
-            return
-        if not isinstance(value, dict):
-            raise ConfigError(self.key, f"expected a mapping, got {value!r}", "")
-        gate = value.get(rule.gate, rule.off[0])
-        if gate not in rule.off:
-            raise ConfigError(f"{self.key}.{rule.gate}", f"{rule.reason} (got {gate!r})", rule.fix)
+        if not (critic_only and self._critic_unused()):
+            return False
         for leaf in paths.leaves(value, self.key):
-            self.note(f"accepted at its inert value ({rule.why})", leaf)
+            self.note("no effect here (no critic: the advantage estimator needs none)", leaf)
+        return True
 
-    def _map(self, rule: Map, value: Any) -> None:
-        if value == UNSET and rule.unset is None:
-            self.note("'???' (verl's mandatory-value marker, unset): the temper default applies")
-            return
-        if value == UNSET:  # the value it means here, in native terms
-            self.note(f"'???' (verl's mandatory-value marker, unset): {rule.native}={rule.unset}")
-            out = rule.unset
-        else:
-            out = rule.fn(value, self) if rule.fn else value
-        tp = native_type(rule.native)
-        if out is None and not _allows_none(tp):
+    def put(self, native: str, value: Any, given: Any, weak: bool = False) -> None:
+        """A mapped value, converted to the native field's type; a null the field cannot
+        hold leaves it to the other keys or its default (noted)."""
+        tp = native_type(native)
+        if value is None and not _allows_none(tp):
             self.note(
                 "null (unset): the temper default applies"
-                if value is None
-                else f"{value!r}: leaves {rule.native} to the other keys or its default"
+                if given is None
+                else f"{given!r}: leaves {native} to the other keys or its default"
             )
             return
-        if out is not None:
-            out = _convert(out, tp, self.key)
-        self._write(rule.native, out, rule.weak)
+        if value is not None:
+            value = _convert(value, tp, self.key)
+        self._write(native, value, weak)
 
     def _write(self, native: str, value: Any, weak: bool = False) -> None:
         self.out.write(native, value, self.key, weak)
@@ -502,13 +460,4 @@ def key_meaning(key: str) -> tuple[tuple[str, ...], str] | None:
         ),
         None,
     )
-    return None if rule is None else rule_meaning(rule)
-
-
-def rule_meaning(rule: Rule) -> tuple[tuple[str, ...], str]:
-    """What a verl table's rule does with its key: (native keys it sets, how)."""
-    if isinstance(rule, Map):
-        return (rule.native,), "sets " + rule.native + (" (converted)" if rule.fn else "")
-    if isinstance(rule, Refuse):
-        return (), f"accepted at its inert value(s) ({rule.why}); otherwise {rule.reason}"
-    return (), describe(rule)
+    return None if rule is None else meaning(rule)
