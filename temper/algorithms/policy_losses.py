@@ -71,6 +71,11 @@ class PolicyLossParams:
         reinforce_is_level / reinforce_is_threshold / reinforce_is_threshold_low: the
             importance weights of ``reinforce_is`` (``none``, ``token`` or ``sequence``;
             truncated at the threshold, or zero outside ``[low, threshold]`` with a low).
+        reinforce_is_batch_normalize: divide ``reinforce_is``'s weights by their mean over
+            the whole mini-batch (all micro-batches and data-parallel ranks; verl
+            ``rollout_is_batch_normalize`` in bypass mode). The loss cannot see the other
+            micro-batches, so the actor computes the mean before the mini-batch's update
+            with one extra forward and hands the loss ``1/mean`` as a token weight.
 
     ``dppo_tv`` / ``dppo_kl`` read ``clip_ratio_low`` / ``clip_ratio_high`` as divergence
     thresholds and ``clip_ratio_c`` as the truncation of their importance weight.
@@ -97,6 +102,7 @@ class PolicyLossParams:
     reinforce_is_level: str = "none"
     reinforce_is_threshold: float = 2.0
     reinforce_is_threshold_low: float | None = None
+    reinforce_is_batch_normalize: bool = False
 
     def __post_init__(self) -> None:
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
@@ -332,6 +338,16 @@ def check_policy_loss(name: str, params: PolicyLossParams) -> None:
     with torch's RNG state restored afterwards, so what a loss checks of its parameters
     is found when the config is validated rather than at the first update.
     """
+    if params.reinforce_is_batch_normalize and (
+        name != "reinforce_is" or params.reinforce_is_level == "none"
+    ):
+        raise PolicyLossParamError(
+            "reinforce_is_batch_normalize",
+            "normalizes the importance weights of the reinforce_is loss at a "
+            f"reinforce_is_level; policy loss {name} at level {params.reinforce_is_level} "
+            "has none",
+            "false",
+        )
     log_prob = torch.zeros(1, 2)
     mask = torch.ones(1, 2)
     agg = LossAggregator.from_mask("token-mean", mask)

@@ -90,6 +90,21 @@ ROLLOUT_IS_LEVELS.add("geometric", _sequence_mean)
 ROLLOUT_IS_LEVELS.add("segment", _segment_mean)
 
 
+def weight_mean_parts(weights: Tensor, mask: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """The numerator and denominator of the weights' batch mean, kept apart so that
+    micro-batches and ranks can sum them before dividing.
+
+    Token and segment levels (weights vary within a sequence): ``(Σ w·m, Σ m)`` over valid
+    tokens. Sequence levels (one weight per sequence): ``(Σ_s w̄_s, #s)`` over the sequences
+    with a valid token, ``w̄_s`` the sequence's mean weight over its valid tokens.
+    """
+    m = (mask > 0).to(weights.dtype)
+    if level in ("token", "segment"):
+        return (weights * m).sum(), m.sum()
+    has = (m.sum(dim=-1) > 0).to(m.dtype)
+    return (masked_mean(weights, m, dim=-1) * has).sum(), has.sum()
+
+
 def rollout_is_weights(
     old_log_prob: Tensor,
     rollout_log_prob: Tensor,
@@ -149,11 +164,8 @@ def rollout_is_weights(
             new_mask = response_mask * keep
             weights = weights * keep.to(weights.dtype)
         if batch_normalize and m.sum() > 0:
-            if level in ("token", "segment"):  # segment: weights vary within a sequence
-                mean = masked_mean(weights, m)
-            else:  # one weight per sequence: the mean over the sequences
-                has = (m.sum(dim=-1) > 0).to(m.dtype)
-                mean = (masked_mean(weights, m, dim=-1) * has).sum() / has.sum()
+            total, count = weight_mean_parts(weights, m, level)
+            mean = total / count
             if mean > 1e-8:
                 weights = weights / mean
         metrics = {

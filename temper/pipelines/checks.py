@@ -317,6 +317,14 @@ def _check_rollout_correction(cfg: TemperConfig) -> None:
     log-probs with the rollout engine's; without a recompute they are the engine's own:
     every weight would be 1 and no token would ever be rejected."""
     full_kl = cfg.algorithm.use_kl_in_reward and kl_estimator_needs_logits(cfg.algorithm.kl_penalty)
+    if cfg.actor.rollout_is_batch_normalize and cfg.actor.rollout_is == "none":
+        raise ConfigError(
+            "actor.rollout_is_batch_normalize",
+            "normalizes the rollout IS weights, but actor.rollout_is is none",
+            "set actor.rollout_is (token or sequence), or set it false (the reinforce_is "
+            "loss normalizes its own weights with actor.policy_loss_kwargs."
+            "reinforce_is_batch_normalize)",
+        )
     if cfg.actor.recompute_old_log_prob or full_kl:
         return
     if cfg.actor.rollout_rs:

@@ -56,6 +56,7 @@ from temper.algorithms.rollout_correction import (
     RejectionFilter,
     rollout_is_weights,
     rollout_rejection_mask,
+    weight_mean_parts,
 )
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
@@ -261,11 +262,16 @@ class Actor:
                 cfg.loss_agg_mode, engine.global_normalizers(positives)
             )
 
+        is_scale = self._reinforce_is_scale(mini)
+
         def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
             mask = mb["response_mask"]
             log_prob = out["log_probs"]
             share = float((mask > 0).sum()) / n_tokens  # local means → partial sums
             weights = mb[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in mb else None  # noqa: SIM401
+            if is_scale is not None:  # a constant of the mini-batch, as a token weight
+                scale = torch.tensor(is_scale, dtype=log_prob.dtype)
+                weights = scale if weights is None else weights * scale
             inputs = {"sample_positive": mb[_SCORE_POSITIVE]} if _SCORE_POSITIVE in mb else None
             pg, pg_m = compute_policy_loss(
                 cfg.policy_loss,
@@ -279,6 +285,8 @@ class Actor:
                 inputs,
             )
             metrics: dict[str, Any] = {"pg_loss": pg.detach()}
+            if is_scale is not None:
+                metrics["reinforce_is_batch_mean"] = torch.tensor(share / is_scale)
             for k, v in pg_m.items():
                 if k != "pg_loss":
                     metrics[k] = v.detach() * share
@@ -321,6 +329,38 @@ class Actor:
             return total, metrics
 
         return loss_fn
+
+    def _reinforce_is_scale(self, mini: Batch) -> float | None:
+        """``1/mean`` of the ``reinforce_is`` weights over the whole mini-batch at the
+        current policy (``reinforce_is_batch_normalize``); None when the loss does not
+        normalize.
+
+        The loss sees one micro-batch, so the mean comes from one no-grad forward of the
+        mini-batch before its update, its parts summed over the data-parallel ranks: the
+        update is then the same however the mini-batch is split (verl normalizes within
+        each micro-batch).
+        """
+        p = self.params
+        if not p.reinforce_is_batch_normalize or p.reinforce_is_level == "none":
+            return None
+        out = self.engine.forward(
+            mini, temperature=self._temperature(mini), routing=self._routing(mini)
+        )
+        mask = mini["response_mask"]
+        icepop = p.reinforce_is_threshold_low is not None
+        weights, _, _ = rollout_is_weights(
+            out["log_probs"],
+            mini["old_log_probs"],
+            mask,
+            level=p.reinforce_is_level,
+            threshold=p.reinforce_is_threshold,
+            threshold_low=p.reinforce_is_threshold_low,
+            mode="icepop" if icepop else "truncate",
+        )
+        total, count = weight_mean_parts(weights, mask, p.reinforce_is_level)
+        total_all, count_all = self.engine.global_sum([float(total), float(count)])
+        mean = total_all / count_all if count_all > 0 else 0.0
+        return 1.0 / mean if mean > 1e-8 else 1.0
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches of the step's batch; averaged ``actor/*`` metrics."""

@@ -413,6 +413,32 @@ def test_sequence_level_batch_normalization_averages_over_sequences() -> None:
     torch.testing.assert_close(w, T([[1.6, 1.6, 1.6], [0.4, 0.0, 0.0], [0.0, 0.0, 0.0]]))
 
 
+def test_weight_mean_parts_sum_over_micro_batches_to_the_batch_mean() -> None:
+    """The parts of two halves add up to the whole batch's mean: tokens (Σw·m, Σm), or
+    sequences (Σ per-sequence mean, number of sequences with a token)."""
+    from temper.algorithms.rollout_correction import weight_mean_parts
+
+    w = T([[2.0, 2.0, 2.0], [0.5, 9.0, 9.0], [7.0, 7.0, 7.0]])
+    mask = T([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    total, count = weight_mean_parts(w, mask, "token")
+    assert (total.item(), count.item()) == (6.5, 4.0)
+    total, count = weight_mean_parts(w, mask, "sequence")
+    assert (total.item(), count.item()) == (2.5, 2.0)  # the third row has no token
+    halves = [weight_mean_parts(w[i : i + 1], mask[i : i + 1], "sequence") for i in range(3)]
+    assert sum(t.item() for t, _ in halves) / sum(c.item() for _, c in halves) == 1.25
+
+
+def test_reinforce_is_batch_normalize_needs_reinforce_is_weights() -> None:
+    from temper.algorithms.policy_losses import PolicyLossParamError, check_policy_loss
+
+    params = PolicyLossParams(reinforce_is_batch_normalize=True, reinforce_is_level="token")
+    check_policy_loss("reinforce_is", params)
+    for name, level in (("vanilla", "token"), ("reinforce_is", "none")):
+        bad = PolicyLossParams(reinforce_is_batch_normalize=True, reinforce_is_level=level)
+        with pytest.raises(PolicyLossParamError, match="reinforce_is_level"):
+            check_policy_loss(name, bad)
+
+
 def test_rollout_is_weights_multiply_token_losses() -> None:
     logp = leaf([[-1.0, -3.0]])
     loss, _ = run(

@@ -286,20 +286,13 @@ def test_bypass_mode_trains_on_the_rollouts_log_probs_without_is_weights():
     ("override", "key", "words"),
     [
         (
-            "algorithm.rollout_correction.rollout_is_batch_normalize=true",
-            "algorithm.rollout_correction.rollout_is_batch_normalize",
-            "within each micro-batch",
-        ),
-        (
             "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
             "algorithm.rollout_correction.bypass_mode",
             "replaces policy_loss.loss_mode ('gspo')",
         ),
     ],
 )
-def test_bypass_mode_refuses_a_loss_it_would_replace_or_weights_it_splits_differently(
-    override, key, words
-):
+def test_bypass_mode_refuses_a_loss_it_would_replace(override, key, words):
     data = composed(
         "ppo_trainer.yaml",
         "algorithm.rollout_correction.bypass_mode=true",
@@ -331,6 +324,24 @@ def test_bypass_mode_reinforce_is_the_reinforce_is_loss_with_rollout_is_settings
     assert kwargs["reinforce_is_level"] == "token"
     assert (kwargs["reinforce_is_threshold_low"], kwargs["reinforce_is_threshold"]) == (0.5, 4.0)
     assert "computed in the loss from the current policy" in text
+    assert "reinforce_is_batch_normalize" not in kwargs and not actor["rollout_is_batch_normalize"]
+
+
+def test_bypass_mode_reinforce_normalizes_its_weights_over_the_mini_batch():
+    """rollout_is_batch_normalize in bypass mode (reinforce) is the loss's own option;
+    the actor's pre-loss IS weights stay off, so nothing normalizes them twice."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+    )
+    out, text = translated(data)
+    actor = out["actor"]
+    assert actor["policy_loss_kwargs"]["reinforce_is_batch_normalize"] is True
+    assert (actor["rollout_is"], actor["rollout_is_batch_normalize"]) == ("none", False)
+    assert "over each whole mini-batch" in text
 
 
 def test_the_legacy_trainer_never_reads_trainer_v1():

@@ -464,11 +464,12 @@ algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.b
 algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=token +algorithm.rollout_correction.rollout_is_threshold='0.5_5.0' -> actor.policy_loss_kwargs.reinforce_is_threshold_low = 0.5
 algorithm.rollout_correction.loss_type reinforce +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.rollout_is=token +algorithm.rollout_correction.rollout_is_threshold=3.0 -> actor.policy_loss_kwargs.reinforce_is_threshold = 3.0
 algorithm.rollout_correction.loss_type pg +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true !! ppo_clip or reinforce
-algorithm.rollout_correction.rollout_is_batch_normalize true +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.loss_type=reinforce +algorithm.rollout_correction.rollout_is=token !! micro-batch
+algorithm.rollout_correction.rollout_is_batch_normalize true +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true +algorithm.rollout_correction.loss_type=reinforce +algorithm.rollout_correction.rollout_is=token -> actor.policy_loss_kwargs.reinforce_is_batch_normalize = True
 algorithm.rollout_correction.rollout_is token +algorithm.rollout_correction.bypass_mode=true +actor_rollout_ref.rollout.calculate_log_probs=true -> actor.rollout_is = none
 algorithm.rollout_correction.rollout_is_threshold null noted
 algorithm.rollout_correction.rollout_is_threshold null +algorithm.rollout_correction.rollout_is=token !! no IS weights
-algorithm.rollout_correction.rollout_is_batch_normalize true -> actor.rollout_is_batch_normalize
+algorithm.rollout_correction.rollout_is_batch_normalize true noted
+algorithm.rollout_correction.rollout_is_batch_normalize true +algorithm.rollout_correction.rollout_is=token -> actor.rollout_is_batch_normalize
 algorithm.rollout_correction.rollout_is_threshold '0.5_5.0' -> actor.rollout_is_threshold_low = 0.5
 algorithm.rollout_correction.rollout_is_threshold '0.5_5.0' -> actor.rollout_is_threshold = 5.0
 algorithm.rollout_correction.rollout_is_threshold '3.0' -> actor.rollout_is_threshold = 3.0

@@ -171,6 +171,13 @@ REFUSED = [
     (AGENTIC, {"data": {"gen_batch_size": 8}}, "data.gen_batch_size"),
     # an agentic run's rewards are its environments': a reward model would score nothing
     (AGENTIC, {"reward": {"model": {"enable": True, "path": "rm"}}}, "reward.model.enable"),
+    # IS weights to normalize: none without rollout_is; reinforce_is's own at a level only
+    (RLVR, {"actor": {"rollout_is_batch_normalize": True}}, "actor.rollout_is_batch_normalize"),
+    (
+        RLVR,
+        {"actor": {"policy_loss_kwargs": {"reinforce_is_batch_normalize": True}}},
+        "actor.policy_loss_kwargs.reinforce_is_batch_normalize",
+    ),
 ]
 
 
@@ -211,6 +218,20 @@ ACCEPTED = [
     (RLVR, {"actor": {"policy_loss": "dro", "policy_loss_kwargs": {"dro_beta": 0.1}}}),
     (RLVR, {"actor": {"policy_loss": "dppo_tv", "clip_ratio": 0.15, "clip_ratio_c": 10000.0}}),
     (RLVR, {"actor": {"policy_loss": "dppo_kl", "clip_ratio": 0.05}}),
+    (
+        RLVR,
+        {
+            "actor": {
+                "policy_loss": "reinforce_is",
+                "recompute_old_log_prob": False,
+                "policy_loss_kwargs": {
+                    "reinforce_is_level": "sequence",
+                    "reinforce_is_batch_normalize": True,
+                },
+            },
+            "rollout": {"calculate_log_probs": True},
+        },
+    ),
     (
         RLVR,
         {

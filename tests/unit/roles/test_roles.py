@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -123,6 +124,48 @@ def test_actor_loss_is_micro_batch_invariant(tiny_path: str) -> None:
             assert m[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
         for name, p in w.items():
             torch.testing.assert_close(p, w0[name], atol=1e-8, rtol=0, msg=name)
+
+
+def test_reinforce_is_batch_normalize_uses_the_mini_batch_mean_however_split(
+    tiny_path: str,
+) -> None:
+    """reinforce_is with batch normalization: -sg[w/w̄]·A·log π with w̄ the mean weight of
+    the whole mini-batch at the current policy. With no truncation w/w̄ = exp(log π -
+    (log π_old + log w̄)), so the update equals the unnormalized one from shifted old
+    log-probs; and 1×4 and 4×1 micro-batches agree (verl's per-micro-batch mean would not)."""
+    batch = make_batch(PROMPTS, RESPONSES, seed=2)
+    g = torch.Generator().manual_seed(3)
+
+    def run(micro: int, normalize: bool, shift: float = 0.0) -> tuple[dict, dict]:
+        cfg = make_config(tiny_path)
+        cfg.actor.policy_loss = "reinforce_is"
+        cfg.actor.policy_loss_kwargs = {
+            "reinforce_is_level": "token",
+            "reinforce_is_threshold": 100.0,
+            "reinforce_is_batch_normalize": normalize,
+        }
+        cfg.actor.micro_batch_size_per_device = micro
+        cfg.actor.optim.eps = 1.0  # update linear in the gradient (see engine test)
+        actor = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor
+        b = actor.compute_log_probs(batch)
+        b["old_log_probs"] = (old + shift) * b["response_mask"]
+        metrics = actor.update(b)
+        return metrics, {n: p.detach().clone() for n, p in actor.engine.model.named_parameters()}
+
+    cfg = make_config(tiny_path)
+    current = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor.compute_log_probs(batch)
+    mask = current["response_mask"]
+    old = current["old_log_probs"] + 0.3 * torch.randn(mask.shape, generator=g)
+    mean = float((torch.exp(current["old_log_probs"] - old) * mask).sum() / mask.sum())
+    assert abs(mean - 1.0) > 0.01  # the normalization changes something
+    m4, w4 = run(4, True)
+    m1, w1 = run(1, True)
+    _, shifted = run(4, False, shift=math.log(mean))
+    assert m4["actor/reinforce_is_batch_mean"] == pytest.approx(mean, rel=1e-5)
+    assert m1["actor/pg_loss"] == pytest.approx(m4["actor/pg_loss"], rel=1e-5)
+    for name, p in w4.items():
+        torch.testing.assert_close(p, w1[name], atol=1e-8, rtol=0, msg=name)
+        torch.testing.assert_close(p, shifted[name], atol=1e-7, rtol=0, msg=name)
 
 
 def test_lora_reference_is_the_base_model(tiny_path: str) -> None:

@@ -561,18 +561,12 @@ def loss_type(v: Any, ctx: Any) -> None:
 @derivation(f"{RC}.rollout_is", f"{RC}.rollout_is_batch_normalize")
 def _reinforce(ctx: Any) -> None:
     """Bypass mode's REINFORCE loss: ``actor.policy_loss: reinforce_is`` with
-    ``rollout_is``'s level and thresholds (verl computes the weights inside the loss, from
-    the current log-probs)."""
+    ``rollout_is``'s level, thresholds and batch normalization (verl computes the weights
+    inside the loss, from the current log-probs)."""
     key = f"{RC}.loss_type"
     level = ctx.get(f"{RC}.rollout_is") or "none"
     if level != "none" and ctx.get(f"{RC}.rollout_is_batch_normalize", False):
-        raise ctx.error_at(
-            f"{RC}.rollout_is_batch_normalize",
-            "bypass mode's REINFORCE loss normalizes its IS weights within each micro-batch "
-            "in verl, which depends on how the batch is split; temper's micro-batches are "
-            "its own",
-            "set rollout_is_batch_normalize: false",
-        )
+        ctx.write("actor.policy_loss_kwargs.reinforce_is_batch_normalize", True, key)
     ctx.replace("actor.policy_loss", "reinforce_is", key)
     ctx.write("actor.policy_loss_kwargs.reinforce_is_level", level, key)
     if level != "none":
@@ -581,6 +575,27 @@ def _reinforce(ctx: Any) -> None:
         ctx.write("actor.policy_loss_kwargs.reinforce_is_threshold", high, key)
         if low is not None:
             ctx.write("actor.policy_loss_kwargs.reinforce_is_threshold_low", low, key)
+
+
+def rollout_is_batch_normalize(v: Any, ctx: Any) -> Any:
+    """``rollout_is_batch_normalize``: divide the IS weights by their batch mean. In bypass
+    mode the weights are the loss's own (REINFORCE) or none (ppo_clip)."""
+    if not v:
+        return v
+    if not ctx.get(f"{RC}.rollout_is"):
+        ctx.note("no effect here (rollout_is is null: there are no IS weights to normalize)")
+        return False
+    if not bypass_on(ctx):
+        return v
+    if ctx.get(f"{RC}.loss_type", "ppo_clip") == "reinforce":
+        ctx.note(
+            "normalizes bypass mode's REINFORCE weights (actor.policy_loss_kwargs."
+            "reinforce_is_batch_normalize) over each whole mini-batch, with one extra forward "
+            "per mini-batch; verl normalizes within each micro-batch, which depends on the split"
+        )
+    else:
+        ctx.note("no effect here (bypass mode applies no rollout IS weights to this loss)")
+    return False
 
 
 def rollout_is(v: Any, ctx: Any) -> Any:

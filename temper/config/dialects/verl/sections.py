@@ -255,7 +255,9 @@ def _section_algorithm() -> dict[str, Rule]:
         f"{rc}.rollout_rs_threshold": Call(verl_rs.rollout_rs_threshold),
         f"{rc}.bypass_mode": Call(va.bypass_mode),
         f"{rc}.loss_type": Call(va.loss_type),
-        f"{rc}.rollout_is_batch_normalize": Map("actor.rollout_is_batch_normalize"),
+        f"{rc}.rollout_is_batch_normalize": Map(
+            "actor.rollout_is_batch_normalize", va.rollout_is_batch_normalize
+        ),
         f"{al}.gamma": Map("algorithm.gamma"),
         f"{al}.lam": Map("algorithm.lam"),
         f"{al}.adv_estimator": Map("algorithm.adv_estimator"),
