@@ -103,23 +103,38 @@ def policy_loss_params(cfg: ActorConfig) -> PolicyLossParams:
 
 
 def rollout_correction_weights(
-    cfg: ActorConfig, batch: Batch
+    cfg: ActorConfig,
+    batch: Batch,
+    global_sum: Callable[[list[float]], list[float]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The truncated (or IcePop) rollout IS weights ``(B, T)`` of ``actor.rollout_is`` and
     their metrics, from the batch's old and rollout log-probs (the update's token
-    weights; the optimal-token-baseline estimators read them too)."""
+    weights; the optimal-token-baseline estimators read them too).
+
+    ``rollout_is_batch_normalize`` divides by the weights' mean over the whole batch: with
+    ``global_sum`` (a data-parallel engine's) its parts are summed over the ranks first,
+    so each rank's share is normalized by the same mean as one rank holding all of it.
+    """
     if "rollout_log_probs" not in batch:
         raise KeyError(f"actor.rollout_is={cfg.rollout_is} needs rollout_log_probs")
+    mask = batch["response_mask"]
     weights, _, metrics = rollout_is_weights(
         batch["old_log_probs"],
         batch["rollout_log_probs"],
-        batch["response_mask"],
+        mask,
         level=cfg.rollout_is,
         threshold=cfg.rollout_is_threshold,
         threshold_low=cfg.rollout_is_threshold_low,
         mode="truncate" if cfg.rollout_is_threshold_low is None else "icepop",
-        batch_normalize=cfg.rollout_is_batch_normalize,
     )
+    if cfg.rollout_is_batch_normalize:
+        total, count = weight_mean_parts(weights, mask, cfg.rollout_is)
+        parts = [float(total), float(count)]
+        total_all, count_all = global_sum(parts) if global_sum else parts
+        mean = total_all / count_all if count_all > 0 else 0.0
+        if mean > 1e-8:
+            weights = weights / mean
+            metrics["rollout_is_mean"] = metrics["rollout_is_mean"] / mean
     return weights, metrics
 
 
@@ -207,7 +222,7 @@ class Actor:
         if cfg.use_kl_loss and "ref_log_probs" not in work:
             raise KeyError("actor.use_kl_loss needs ref_log_probs from the reference")
         if cfg.rollout_is != "none":
-            weights, m = rollout_correction_weights(cfg, work)
+            weights, m = rollout_correction_weights(cfg, work, self.engine.global_sum)
             work[_TOKEN_WEIGHTS] = weights
             metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
         if cfg.rollout_rs:  # rejection sampling: the rejected tokens leave every loss term

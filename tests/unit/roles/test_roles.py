@@ -168,6 +168,44 @@ def test_reinforce_is_batch_normalize_uses_the_mini_batch_mean_however_split(
         torch.testing.assert_close(p, shifted[name], atol=1e-7, rtol=0, msg=name)
 
 
+def test_rollout_is_batch_normalize_divides_by_the_mean_over_all_ranks() -> None:
+    """Each data-parallel rank normalizes its share by the whole batch's mean (the
+    engine's global_sum adds the ranks' parts), as one rank holding the whole batch."""
+    from temper.config.schema import ActorConfig
+    from temper.roles.actor import rollout_correction_weights
+
+    g = torch.Generator().manual_seed(5)
+    mask = (torch.rand(4, 5, generator=g) > 0.2).float()
+    batch = Batch.from_dict(
+        {
+            "old_log_probs": 0.4 * torch.randn(4, 5, generator=g) * mask,
+            "rollout_log_probs": torch.zeros(4, 5),
+            "response_mask": mask,
+        }
+    )
+    for level in ("token", "sequence"):
+        cfg = ActorConfig(rollout_is=level, rollout_is_batch_normalize=True)
+        whole, _ = rollout_correction_weights(cfg, batch)
+        halves = [batch.slice(0, 2), batch.slice(2, 4)]
+        local = [rollout_correction_weights(cfg, h)[0] for h in halves]
+        assert not torch.allclose(torch.cat(local), whole)  # local means differ
+
+        total = [sum(p) for p in zip(*[_parts(cfg, h) for h in halves], strict=True)]
+        shared = [rollout_correction_weights(cfg, h, lambda _, t=total: t)[0] for h in halves]
+        torch.testing.assert_close(torch.cat(shared), whole)
+    assert float((whole * mask).sum() / mask.sum()) != pytest.approx(1.0)  # sequence level
+
+
+def _parts(cfg, batch: Batch) -> list[float]:
+    from temper.algorithms.rollout_correction import rollout_is_weights, weight_mean_parts
+
+    w, _, _ = rollout_is_weights(
+        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+        level=cfg.rollout_is, threshold=cfg.rollout_is_threshold,
+    )  # fmt: skip
+    return [float(x) for x in weight_mean_parts(w, batch["response_mask"], cfg.rollout_is)]
+
+
 def test_lora_reference_is_the_base_model(tiny_path: str) -> None:
     cfg = make_config(tiny_path)
     cfg.model.lora = LoraConfig(rank=4, alpha=8)
