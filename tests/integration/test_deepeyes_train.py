@@ -8,7 +8,7 @@ steps on CPU with only model, data, length, device and output overrides.
 - data: a hand-made parquet of DeepEyes rows (``tests/deepeyes_rows.py``), two of them
   broken (skipped and reported);
 - length: 2 steps, short turns and judge verdicts, 2 actions an episode, one mini-batch
-  (the file's 1 × 512 accumulation) of episodes a step, 2 validation episodes;
+  (48 episodes: the file's 1 per device, 48 accumulation steps) a step, 2 validation episodes;
 - device: every ``device_mapping`` on device 0, ``hf_train`` / ``hf_infer`` (the file's
   megatron has no Qwen2.5-VL conversion here, vLLM is tested on its own);
 - outputs: under the test's directory.
@@ -90,11 +90,12 @@ def test_roll_deepeyes_file_trains(tmp_path, monkeypatch):
         "sequence_length=2048",  # the tiny model's context (the file's 16384 is Qwen's)
         "max_actions_per_traj=2",
         "reward.generating_args.max_new_tokens=2",
-        # one mini-batch (1 per device × 512 accumulation) of episodes a step: 64 groups
+        # one mini-batch (1 per device × 48 accumulation) of episodes a step: 6 groups
         # of the file's 8, and 2 validation episodes
-        "rollout_batch_size=512",
-        "train_env_manager.num_env_groups=64",
-        "train_env_manager.num_groups_partition=[64]",
+        "rollout_batch_size=48",
+        "actor_train.training_args.gradient_accumulation_steps=48",
+        "train_env_manager.num_env_groups=6",
+        "train_env_manager.num_groups_partition=[6]",
         "val_batch_size=2",
         "val_env_manager.num_env_groups=2",
         "val_env_manager.num_groups_partition=[2]",
@@ -106,7 +107,7 @@ def test_roll_deepeyes_file_trains(tmp_path, monkeypatch):
         "~actor_infer.strategy_args.strategy_config",
         "reward.strategy_args.strategy_name=hf_infer",
         "~reward.strategy_args.strategy_config",
-        "actor_infer.infer_batch_size=512",
+        "actor_infer.infer_batch_size=48",
         "track_with=stdout",
         f"output_dir={out}",  # outputs
         f"checkpoint_config.output_dir={out / 'ckpt'}",
