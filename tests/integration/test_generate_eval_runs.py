@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from upstream_command import UPSTREAM, script_command  # tests/ is on the path
 
 from temper.cli.main import main
 from temper.pipelines import run_command
@@ -33,19 +33,6 @@ from temper.pipelines.catalog import load_config
 from temper.pipelines.preflight import preflight
 
 pytestmark = pytest.mark.slow
-
-UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
-
-
-def _script(rel: str, index: int = 0, env: dict[str, str] | None = None) -> tuple[Path, list[str]]:
-    """The config and overrides of a verl example script's ``index``-th command (``env``:
-    variables the user sets when running it)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
-    from upstream_scripts import script_commands
-
-    snap, _, path = rel.partition("/")
-    cmd = script_commands(UPSTREAM / snap / path, UPSTREAM / snap, env=env)[index]
-    return cmd.config, list(cmd.overrides)
 
 
 def _prompts(path: Path) -> Path:
@@ -78,7 +65,7 @@ def test_verl_generation_command_line_writes_responses_and_log_probs(
     tmp_path, tiny_model_dir, monkeypatch, caplog, script, index, n, log_probs
 ):
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(script, index)
+    config, overrides = script_command(script, index)
     prompts = _prompts(tmp_path / "prompts.parquet")
     out = tmp_path / "gen" / "responses.parquet"
     overrides += [
@@ -120,7 +107,7 @@ def test_verl_09_generation_server_command_line_writes_n_responses(
     sampled with the file's temperature, top-k and top-p; the output is the server's:
     each input row and its ``responses``, no log-probs."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(SERVER_SCRIPT, env={"N_SAMPLES": "3"})
+    config, overrides = script_command(SERVER_SCRIPT, env={"N_SAMPLES": "3"})
     assert config.name == "ppo_trainer.yaml"
     prompts = _prompts(tmp_path / "prompts.parquet")
     out = tmp_path / "gen" / "responses.parquet"

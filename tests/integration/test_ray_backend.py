@@ -353,9 +353,6 @@ def test_verl_generation_over_two_devices_runs_one_engine_per_device(
     """verl's generation script on ``n_gpus_per_node=2``: the ``actor_infer`` worker group
     of two ``hf`` engines on Ray, each generating half of every call's prompts; greedy, the
     rows equal those of one engine in this process, in the input's order."""
-    import sys
-    from pathlib import Path
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -363,11 +360,11 @@ def test_verl_generation_over_two_devices_runs_one_engine_per_device(
     from temper.pipelines.catalog import load_config
 
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
-    from upstream_scripts import script_commands
+    from upstream_command import script_command
 
-    snap = Path(__file__).resolve().parents[1] / "data" / "upstream" / "verl-2025-06-38d9a88"
-    cmd = script_commands(snap / "examples/generation/run_deepseek_v2_lite_math.sh", snap)[0]
+    config, script = script_command(
+        "verl-2025-06-38d9a88/examples/generation/run_deepseek_v2_lite_math.sh"
+    )
     prompts = tmp_path / "prompts.parquet"
     rows = [{"prompt": [{"role": "user", "content": f"{a} + {a} ="}]} for a in range(6)]
     pq.write_table(pa.Table.from_pylist(rows), prompts)
@@ -375,7 +372,7 @@ def test_verl_generation_over_two_devices_runs_one_engine_per_device(
     for devices in (2, 1):
         out = tmp_path / f"on{devices}.parquet"
         overrides = [
-            *cmd.overrides,
+            *script,
             f"model.path={tiny_model_dir}",  # model
             f"data.path={prompts}",  # data
             "rollout.prompt_length=64",  # length
@@ -388,9 +385,9 @@ def test_verl_generation_over_two_devices_runs_one_engine_per_device(
             f"data.output_path={out}",  # output
             "rollout.temperature=0",  # greedy: the two placements must agree
         ]
-        cfg = load_config(cmd.config, overrides, command="generate").config
+        cfg = load_config(config, overrides, command="generate").config
         assert cfg.resources.backend == ("ray" if devices == 2 else "local")
-        assert main(["generate", str(cmd.config), *overrides]) == 0
+        assert main(["generate", str(config), *overrides]) == 0
         outputs[devices] = pq.read_table(out).to_pylist()
     assert len(outputs[2]) == 6
     assert [r["responses"] for r in outputs[2]] == [r["responses"] for r in outputs[1]]

@@ -481,22 +481,16 @@ def test_verl_generation_line_with_tensor_parallel_two_runs_two_cpu_ranks(
     generate`` has no trainer in its process, so vLLM starts the second rank itself (its
     ``mp`` executor, threads split over this process's CPUs). The file's sampling, same
     seed, at TP=2 and at TP=1: the same responses, log-probs equal to float noise."""
-    import sys
-    from pathlib import Path
-
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from upstream_command import script_command
 
     from temper.cli.main import main
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
-    from upstream_scripts import script_commands
-
-    upstream = Path(__file__).resolve().parents[1] / "data" / "upstream" / "verl-2025-06-38d9a88"
-    cmd = script_commands(upstream / "examples/generation/run_deepseek_v2_lite_math.sh", upstream)[
-        0
-    ]
-    assert "rollout.tensor_model_parallel_size=2" in cmd.overrides
+    config, script = script_command(
+        "verl-2025-06-38d9a88/examples/generation/run_deepseek_v2_lite_math.sh"
+    )
+    assert "rollout.tensor_model_parallel_size=2" in script
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     prompts = tmp_path / "prompts.parquet"
@@ -506,7 +500,7 @@ def test_verl_generation_line_with_tensor_parallel_two_runs_two_cpu_ranks(
     for tp in (2, 1):
         out = tmp_path / f"tp{tp}.parquet"
         overrides = [
-            *cmd.overrides,
+            *script,
             f"model.path={model_dir}",  # model
             f"data.path={prompts}",  # data
             "rollout.prompt_length=64",  # length
@@ -518,7 +512,7 @@ def test_verl_generation_line_with_tensor_parallel_two_runs_two_cpu_ranks(
         ]
         if tp == 1:
             overrides.append("rollout.tensor_model_parallel_size=1")
-        assert main(["generate", str(cmd.config), *overrides]) == 0
+        assert main(["generate", str(config), *overrides]) == 0
         outputs[tp] = pq.read_table(out).to_pylist()
     assert [r["responses"] for r in outputs[2]] == [r["responses"] for r in outputs[1]]
     for two, one in zip(outputs[2], outputs[1], strict=True):
