@@ -19,7 +19,8 @@ import statistics
 import time
 
 from temper.rewards.functions.code import compute_score
-from temper.rewards.sandbox import Limits, get_sandbox
+from temper.rewards.sandbox import get_sandbox
+from temper.rewards.sandbox_api import Limits
 
 SOLUTION = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 

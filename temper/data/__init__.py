@@ -16,8 +16,9 @@ from temper.data.batch import Batch
 from temper.data.collate import PromptExample, collate_prompts, left_pad
 from temper.data.dataset import PromptDataset, build_dataset, build_datasets
 from temper.data.errors import DataError, RowIssue
+from temper.data.row_files import write_rows
 from temper.data.sampler import Draw, PromptSampler, build_sampler, next_prompt_batch
-from temper.data.sources import read_rows, write_rows
+from temper.data.sources import read_rows
 
 __all__ = [
     "Batch",

@@ -1,4 +1,5 @@
-"""Reading (and writing) rows of prompt datasets: parquet, jsonl, json, csv, datasets dirs.
+"""Reading rows of prompt datasets: parquet, jsonl, json, csv, datasets dirs (writing them:
+:mod:`temper.data.row_files`).
 
 Every reader yields :class:`SourceRow` records that carry the file and the position of
 the row, so a bad row can be reported as ``file:line 7`` instead of crashing or being
@@ -27,13 +28,14 @@ import glob
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from temper.data.errors import DataError
+from temper.data.row_files import SUFFIXES
+from temper.data.tasks import resolve_task_uri
 
-SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
 #: UTF-8 that drops a leading byte-order mark (see the module doc).
 TEXT_ENCODING = "utf-8-sig"
 _DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
@@ -58,8 +60,6 @@ def expand_files(files: str | Path | Sequence[str | Path], key: str) -> list[Pat
     out: list[Path] = []
     for item in items:
         if str(item).startswith("task:"):
-            from temper.data.tasks import resolve_task_uri  # tasks imports this module
-
             out.append(resolve_task_uri(str(item)))
             continue
         text = os.path.expandvars(os.path.expanduser(str(item)))
@@ -233,45 +233,3 @@ def _read_datasets_dir(path: Path, key: str) -> Iterator[SourceRow]:
         loaded = next(iter(loaded.values()))
     for index, row in enumerate(loaded):
         yield SourceRow(str(path), f"row {index}", dict(row))
-
-
-# --------------------------------------------------------------------------- writing
-
-
-def write_rows(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
-    """Write rows to ``path`` in the format of its suffix (parquet, jsonl, json, csv).
-
-    csv cells holding lists/dicts are JSON-encoded so :func:`read_rows` gets them back.
-    """
-    out = Path(os.path.expanduser(str(path)))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = list(rows)
-    if out.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        # from_pylist takes the columns of the first row only; give it all of them.
-        columns = list(dict.fromkeys(k for row in rows for k in row))
-        table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
-        pq.write_table(table, out)
-    elif out.suffix == ".jsonl":
-        with out.open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    elif out.suffix == ".json":
-        out.write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
-    elif out.suffix == ".csv":
-        columns = list(dict.fromkeys(k for row in rows for k in row))
-        with out.open("w", encoding="utf-8", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=columns)
-            writer.writeheader()
-            for row in rows:
-                writer.writerow(
-                    {
-                        k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v
-                        for k, v in row.items()
-                    }
-                )
-    else:
-        raise ValueError(f"cannot write '{out.suffix}' files; use one of {', '.join(SUFFIXES)}")
-    return out

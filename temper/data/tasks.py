@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from temper.config.errors import unknown_name
-from temper.data.sources import write_rows
+from temper.data.row_files import write_rows
 
 ARITHMETIC_SUFFIX = "Put the final answer after ####."
 

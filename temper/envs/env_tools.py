@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from temper.registry import Registry
-from temper.rewards.sandbox import Limits, get_sandbox, sandbox_problem
+from temper.rewards.sandbox import get_sandbox, sandbox_problem
+from temper.rewards.sandbox_api import Limits
 
 __all__ = ["ENV_TOOLS", "REFUSED_TOOLS", "EnvTool", "PythonCodeTool", "SearchTool", "ToolOutcome"]
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import dataclasses
 import errno
 import functools
 import os
@@ -54,7 +53,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Protocol, cast
+from typing import IO, cast
+
+from temper.rewards.sandbox_api import ExecResult, Limits, Sandbox, SandboxUnavailable
+from temper.rewards.sandbox_fusion import SandboxFusionRunner
 
 SANDBOXES = ("bwrap", "none", "sandbox_fusion")
 WORKDIR = "/sandbox"  # the program's cwd inside bwrap
@@ -62,62 +64,6 @@ UID_BASE = 1_500_000  # + pid % UID_SPAN: a uid no account uses, one per reward 
 UID_SPAN = 100_000
 _KILL_GRACE_S = 5.0
 _EXIT_GRACE_S = 0.2
-
-
-class SandboxUnavailable(RuntimeError):
-    """The sandbox tool cannot run here (missing, or namespaces are not permitted)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """What one execution may use (``reward.sandbox_limits``)."""
-
-    wall_time_s: float = 5.0
-    cpu_time_s: float = 5.0
-    memory_mb: int = 512
-    max_processes: int = 32
-    max_open_files: int = 64
-    max_output_bytes: int = 1 << 20
-    max_file_bytes: int = 16 << 20
-
-
-@dataclasses.dataclass
-class ExecResult:
-    """How a program ended: ``exit_code`` (negative: killed by that signal)."""
-
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    seconds: float
-    timed_out: bool = False
-    output_exceeded: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.output_exceeded
-
-    def describe(self) -> str:
-        """One phrase for failure records: why the program did not pass."""
-        if self.timed_out:
-            return "time limit exceeded"
-        if self.output_exceeded:
-            return "output limit exceeded"
-        if self.exit_code < 0:
-            return f"killed by {signal.Signals(-self.exit_code).name}"
-        tail = self.stderr.decode("utf-8", "replace").strip().splitlines()
-        return f"exit code {self.exit_code}" + (f": {tail[-1][:200]}" if tail else "")
-
-
-class Sandbox(Protocol):
-    """Runs a program with its files in a fresh working directory (its cwd)."""
-
-    name: str
-
-    def run_program(
-        self, language: str, files: Mapping[str, str], main: str, stdin: bytes, limits: Limits
-    ) -> ExecResult:
-        """Run ``files[main]`` as a ``language`` program (the other files beside it)."""
-        ...
 
 
 # --------------------------------------------------------------------------- shared
@@ -613,8 +559,6 @@ def get_sandbox(name: str, url: str | None = None) -> Sandbox:
     key = (name, url)
     if key not in _SANDBOXES:
         if name == "sandbox_fusion":
-            from temper.rewards.sandbox_fusion import SandboxFusionRunner
-
             if not url:
                 raise SandboxUnavailable("reward.sandbox=sandbox_fusion needs its url")
             _SANDBOXES[key] = SandboxFusionRunner(url)

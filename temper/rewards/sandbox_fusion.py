@@ -17,7 +17,7 @@ import base64
 import time
 from collections.abc import Mapping
 
-from temper.rewards.sandbox import ExecResult, Limits
+from temper.rewards.sandbox_api import ExecResult, Limits
 
 LANGUAGES = {"javascript": "nodejs"}  # temper's language name -> SandboxFusion's
 

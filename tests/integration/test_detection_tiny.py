@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from temper.data.sources import write_rows
+from temper.data.row_files import write_rows
 from temper.data.tasks import visual_color_rows
 from temper.pipelines import run_pipeline
 from temper.pipelines.catalog import build_config

@@ -241,7 +241,7 @@ def test_fsdp2_two_ranks_match_one_process_on_images(tmp_path, tiny_vlm_dir, fre
     from temper.cluster.process_group import spawn_ranks
     from temper.config.schema import DataConfig
     from temper.data import build_dataset
-    from temper.data.sources import write_rows
+    from temper.data.row_files import write_rows
     from temper.data.vision import load_vision_processor
     from temper.rollout.base import SamplingParams
     from temper.rollout.hf import HFRolloutEngine

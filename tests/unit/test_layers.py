@@ -158,22 +158,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 PACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
-# circles through a factory's lazy import of its one implementation, left for now
-LAZY_CIRCLES = {
-    "data": "sources reads task: URIs through tasks, which writes rows through sources",
-    "rewards": "sandbox builds the SandboxFusion runner, which uses sandbox's result types",
-}
 
 
-@pytest.mark.parametrize(
-    "package",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LAZY_CIRCLES[p]))
-        if p in LAZY_CIRCLES
-        else p
-        for p in PACKAGES
-    ],
-)
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle_inside(package):
     """Modules of one package form no circle: a module that needs another's private
     fields (checkpoint code reading the trainer's, engine io reaching into its engine)

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from temper.rewards.sandbox import ExecResult, Limits, Sandbox
+from temper.rewards.sandbox_api import ExecResult, Limits, Sandbox
 
 SCORE_MODES = ("all", "fraction")
 PYTHON_TAGS = ("python", "python3", "py", "")

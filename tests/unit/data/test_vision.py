@@ -14,7 +14,7 @@ from PIL import Image
 
 from temper.config.schema import DataConfig
 from temper.data import DataError, build_dataset
-from temper.data.sources import write_rows
+from temper.data.row_files import write_rows
 from temper.data.vision import (
     MULTI_MODAL_DATA,
     MULTI_MODAL_INPUTS,

@@ -31,11 +31,11 @@ from temper.rewards.functions.code import compute_score
 from temper.rewards.sandbox import (
     UID_BASE,
     UID_SPAN,
-    Limits,
     _proc_uids,
     build_sandbox,
     sandbox_problem,
 )
+from temper.rewards.sandbox_api import Limits
 
 LIMITS = Limits(
     wall_time_s=1.5,

@@ -14,7 +14,7 @@ import torch
 from temper.algorithms.rollout_correction import logprob_diff
 from temper.config.schema import ActorConfig, DataConfig, ModelConfig, RolloutConfig
 from temper.data import build_dataset
-from temper.data.sources import write_rows
+from temper.data.row_files import write_rows
 from temper.data.tasks import make_task_rows
 from temper.data.vision import (
     MULTI_MODAL_INPUTS,

@@ -10,7 +10,7 @@ import torch
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig, CriticConfig, DataConfig, ModelConfig, OptimConfig
 from temper.data import Batch, build_dataset
-from temper.data.sources import write_rows
+from temper.data.row_files import write_rows
 from temper.data.tasks import make_task_rows
 from temper.data.vision import MULTI_MODAL_INPUTS, load_vision_processor
 from temper.rollout.base import SamplingParams
