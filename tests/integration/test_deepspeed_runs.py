@@ -5,19 +5,12 @@ never interrupted."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import yaml
+from killed_runs import kill_at, metric_rows, start_train  # tests/ is on the path
 from safetensors.torch import load_file
 
 from temper.pipelines.catalog import build_config
@@ -70,17 +63,10 @@ def grpo_config(tmp: Path, model_dir: Path, zero: dict[str, Any], **over: Any) -
     return cfg
 
 
-def rows(run: Path) -> list[dict]:
-    out = []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
-            out.append(json.loads(line))
-    return out
-
-
 def comparable(run: Path) -> list[dict]:
     return [
-        {k: v for k, v in r.items() if not k.startswith(("timing/", "perf/"))} for r in rows(run)
+        {k: v for k, v in r.items() if not k.startswith(("timing/", "perf/"))}
+        for r in metric_rows(run)
     ]
 
 
@@ -111,7 +97,7 @@ def test_grpo_on_two_zero3_ranks_syncs_the_trained_weights(tmp_path, tiny_model_
         run_pipeline(cfg)
     finally:
         ray.shutdown()
-    got = rows(tmp_path / "run")
+    got = metric_rows(tmp_path / "run")
     assert [r["step"] for r in got] == [1, 2, 3]
     assert all(r["rollout/logprob_diff"] < 1e-4 for r in got), [
         r["rollout/logprob_diff"] for r in got
@@ -123,14 +109,6 @@ def test_grpo_on_two_zero3_ranks_syncs_the_trained_weights(tmp_path, tiny_model_
     engine = tmp_path / "run" / "checkpoints" / "global_step_2" / "actor_train" / "engine"
     partitions = sorted(p.name for p in (engine / "deepspeed").glob("*optim_states.pt"))
     assert len(partitions) == 2, partitions  # one ZeRO partition per rank
-
-
-def _wait_for(cond, proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
 
 
 def test_sigkill_after_step2_checkpoint_then_resume_equals_uninterrupted(
@@ -153,21 +131,8 @@ def test_sigkill_after_step2_checkpoint_then_resume_equals_uninterrupted(
         return {**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}}
 
     killed = tmp_path / "killed"
-    path = tmp_path / "killed.yaml"
-    path.write_text(yaml.safe_dump(at(killed)))
-    log = tmp_path / "killed.log"
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "temper", "train", str(path)], env=env, stdout=out, stderr=out
-        )
-    try:
-        _wait_for((killed / "checkpoints/global_step_2/manifest.json").is_file, proc, log)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc, log = start_train(at(killed), "killed", tmp_path)
+    kill_at(killed / "checkpoints/global_step_2/manifest.json", proc, log)
     assert not (killed / "final").exists()
 
     full = tmp_path / "full"
@@ -177,7 +142,7 @@ def test_sigkill_after_step2_checkpoint_then_resume_equals_uninterrupted(
     wa = load_file(str(full / "final" / "actor" / "model.safetensors"))
     wb = load_file(str(killed / "final" / "actor" / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert [r["step"] for r in rows(full)] == [1, 2, 3]
+    assert [r["step"] for r in metric_rows(full)] == [1, 2, 3]
     assert comparable(full) == comparable(killed)
 
 
@@ -239,7 +204,7 @@ def test_upstream_roll_agentic_file_trains_two_steps_on_deepspeed(tmp_path, monk
     assert cfg.actor.deepspeed["zero_optimization"]["stage"] == 2
     summary = run_pipeline(cfg)
     assert summary["steps"] == 2
-    train = [r for r in rows(out) if "train/reward_mean" in r]
+    train = [r for r in metric_rows(out) if "train/reward_mean" in r]
     assert [r["step"] for r in train] == [1, 2]
     assert all("actor/pg_loss" in r and "actor/grad_norm" in r for r in train)
     assert (out / "final" / "actor" / "config.json").is_file()

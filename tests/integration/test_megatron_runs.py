@@ -13,19 +13,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import shlex
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from killed_runs import kill_at, metric_rows, start_train  # tests/ is on the path
 
 pytest.importorskip("megatron.core")
 from temper.cluster.placement import placement_rows
@@ -40,19 +34,8 @@ VERL = Path(__file__).resolve().parents[1] / "data" / "upstream" / "verl-2026-01
 VERL_LINE = VERL / "examples/tuning/32b/qwen2_32B_grpo_8_h20_megatron_vllm.sh"
 
 
-def _rows(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
-            rows.append(json.loads(line))
-    return rows
-
-
 def _train_rows(out: Path) -> list[dict]:
-    return [r for r in _rows(out) if "train/reward_mean" in r]
+    return [r for r in metric_rows(out) if "train/reward_mean" in r]
 
 
 def _run(path: Path, overrides: list[str], placement: dict | None = None) -> Path:
@@ -380,13 +363,7 @@ def _engine_state(ckpt: Path) -> dict:
 
 def _start_train(cfg: dict, out: Path, tmp: Path) -> tuple[subprocess.Popen, Path]:
     """``temper train`` on ``cfg`` (output ``out``) in a fresh process, logging to a file."""
-    path = tmp / f"{out.name}.yaml"
-    path.write_text(yaml.safe_dump(_with_out(cfg, out)))
-    log_path = tmp / f"{out.name}.log"
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [sys.executable, "-m", "temper", "train", str(path)]
-    with log_path.open("ab") as log:
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log_path
+    return start_train(_with_out(cfg, out), out.name, tmp)
 
 
 def test_ppo_with_megatron_critic_resumes_after_sigkill(tmp_path, tiny_model_dir, monkeypatch):
@@ -410,14 +387,7 @@ def test_ppo_with_megatron_critic_resumes_after_sigkill(tmp_path, tiny_model_dir
 
     killed = tmp_path / "killed"
     proc, log = _start_train(cfg, killed, tmp_path)
-    marker = killed / "checkpoints" / "global_step_2" / "manifest.json"
-    deadline = time.monotonic() + 600
-    while not marker.is_file():
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_at(killed / "checkpoints" / "global_step_2" / "manifest.json", proc, log, timeout=600)
     assert not (killed / "final").exists()
 
     proc, log = _start_train(cfg, killed, tmp_path)  # resume_mode: auto
@@ -438,4 +408,4 @@ def test_ppo_with_megatron_critic_resumes_after_sigkill(tmp_path, tiny_model_dir
     strip = lambda rs: [  # noqa: E731
         {k: v for k, v in r.items() if not k.startswith(("timing/", "perf/"))} for r in rs
     ]
-    assert strip(_rows(full)) == strip(_rows(killed))
+    assert strip(metric_rows(full)) == strip(metric_rows(killed))

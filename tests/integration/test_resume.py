@@ -18,18 +18,14 @@ a tiny run, and the comparison is the same).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from killed_runs import kill_at, metric_rows, start_train, wait_for  # tests/ is on the path
 from safetensors.torch import load_file
 
 from temper.pipelines.catalog import build_config
@@ -245,15 +241,9 @@ def _config(tmp: Path, model_dir: Path, algo: str) -> dict:
     return cfg
 
 
-def _start(cfg: dict, out: Path, tmp: Path) -> subprocess.Popen:
+def _start(cfg: dict, out: Path, tmp: Path) -> tuple[subprocess.Popen, Path]:
     cfg = {**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}}
-    path = tmp / f"{out.name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TEMPER_CACHE": str(tmp / "cache")}
-    log = (tmp / f"{out.name}.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "temper", "train", str(path)], env=env, stdout=log, stderr=log
-    )
+    return start_train(cfg, out.name, tmp, env={"TEMPER_CACHE": str(tmp / "cache")})
 
 
 def _train(cfg: dict, out: Path) -> dict:
@@ -263,34 +253,15 @@ def _train(cfg: dict, out: Path) -> dict:
     return train(build_config({**cfg, "experiment": {**cfg["experiment"], "output_dir": str(out)}}))
 
 
-def _finish(proc: subprocess.Popen, tmp: Path, out: Path, expect: int = 0) -> None:
+def _finish(proc: subprocess.Popen, log: Path, expect: int = 0) -> None:
     rc = proc.wait(timeout=300)
-    assert rc == expect, (tmp / f"{out.name}.log").read_text()[-3000:]
-
-
-def _wait_for(cond, proc: subprocess.Popen, timeout: float = 240.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, "the run ended before the awaited point"
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
-
-
-def _rows(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
-            rows.append(json.loads(line))
-    return rows
+    assert rc == expect, log.read_text()[-3000:]
 
 
 def _train_curve(out: Path, curve: str) -> list[float]:
     """The run's curve as logged (RL's train/score_mean, DPO's train/rewards/margin, SFT's
     train/loss, …: the summary's ``curve``)."""
-    return [r[curve] for r in _rows(out) if r["step"] > 0]
+    return [r[curve] for r in metric_rows(out) if r["step"] > 0]
 
 
 def _comparable(rows: list[dict]) -> list[dict]:
@@ -320,7 +291,7 @@ def _assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
         for k in sa["state"]:
             for name, value in sa["state"][k].items():
                 assert torch.equal(value, sb["state"][k][name]), (part, k, name)
-    ra, rb = _comparable(_rows(a)), _comparable(_rows(b))
+    ra, rb = _comparable(metric_rows(a)), _comparable(metric_rows(b))
     assert [r["step"] for r in ra] == list(range(1, steps + 1))
     assert ra == rb
 
@@ -357,11 +328,8 @@ def test_sigkill_after_step3_checkpoint_then_resume_is_bit_identical(runs, algo,
     tmp, made = runs
     cfg, full = made[algo]
     out = tmp / f"{algo}-killed"
-    proc = _start(cfg, out, tmp)
-    marker = out / "checkpoints" / "global_step_3" / "manifest.json"
-    _wait_for(marker.is_file, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc, log = _start(cfg, out, tmp)
+    kill_at(out / "checkpoints" / "global_step_3" / "manifest.json", proc, log, timeout=240)
     assert not (out / "final").exists()
     summary = _train(cfg, out)  # resume_mode: auto
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
@@ -384,10 +352,8 @@ def test_bf16_master_weights_resume_bit_identically(runs, capsys):
     final = load_file(str(full / "final" / "actor" / "model.safetensors"))
     assert {w.dtype for w in final.values()} == {torch.bfloat16}
     out = tmp / "sft_bf16-killed"
-    proc = _start(cfg, out, tmp)
-    _wait_for((out / "checkpoints" / "global_step_3" / "manifest.json").is_file, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc, log = _start(cfg, out, tmp)
+    kill_at(out / "checkpoints" / "global_step_3" / "manifest.json", proc, log, timeout=240)
     _train(cfg, out)
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
     _assert_same_run(full, out)
@@ -403,11 +369,8 @@ def test_sigkill_with_time_based_saves_only_resumes_bit_identically(runs, capsys
     exp = {**cfg["experiment"], "save_freq": -1, "save_every_minutes": 1e-9}
     cfg = {**cfg, "experiment": exp}
     out = tmp / "grpo-clock"
-    proc = _start(cfg, out, tmp)
-    marker = out / "checkpoints" / "global_step_3" / "manifest.json"
-    _wait_for(marker.is_file, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc, log = _start(cfg, out, tmp)
+    kill_at(out / "checkpoints" / "global_step_3" / "manifest.json", proc, log, timeout=240)
     assert "recovery: the next checkpoint replaces it" in (tmp / f"{out.name}.log").read_text()
     summary = _train(cfg, out)
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
@@ -421,16 +384,16 @@ def test_sigterm_mid_step_saves_exits_143_and_resumes_identically(runs, algo):
     tmp, made = runs
     cfg, full = made[algo]
     out = tmp / f"{algo}-term"
-    proc = _start(cfg, out, tmp)
-    _wait_for(lambda: any(r.get("step") == 1 for r in _rows(out)), proc)
+    proc, log = _start(cfg, out, tmp)
+    wait_for(lambda: any(r.get("step") == 1 for r in metric_rows(out)), proc, log, timeout=240)
     proc.send_signal(signal.SIGTERM)  # during step 2 (or 3): finish it, save, stop
-    _finish(proc, tmp, out, expect=128 + signal.SIGTERM)
+    _finish(proc, log, expect=128 + signal.SIGTERM)
     log = (tmp / f"{out.name}.log").read_text()
     assert "SIGTERM: finishing this step" in log and "stopped by SIGTERM" in log
     saved = sorted((out / "checkpoints").glob("global_step_*"))
     assert saved and not (out / "final").exists()
     stopped_at = max(int(p.name.rsplit("_", 1)[1]) for p in saved)
-    assert stopped_at < STEPS and _rows(out)[-1]["step"] == stopped_at
+    assert stopped_at < STEPS and metric_rows(out)[-1]["step"] == stopped_at
     _train(cfg, out)
     _assert_same_run(full, out)
 
@@ -587,7 +550,7 @@ def test_run_dumps_generations_and_shows_validation_samples(
     assert val == {"0.jsonl", "2.jsonl"}
     vrows = [json.loads(x) for x in (tmp_path / "val" / "0.jsonl").read_text().splitlines()]
     assert len(vrows) == 4 and all("advantage" not in r for r in vrows)
-    metrics = _rows(tmp_path / "run")
+    metrics = metric_rows(tmp_path / "run")
     assert metrics[0]["step"] == 0 and "val/arithmetic/reward_mean" in metrics[0]
     trace = json.loads((tmp_path / "run" / "profile" / "step_2.json").read_text())
     assert trace["traceEvents"] and not (tmp_path / "run" / "profile" / "step_1.json").exists()

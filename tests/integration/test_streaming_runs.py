@@ -8,15 +8,11 @@ multi-turn with a tool, and agentic env turns, the last killed and resumed too."
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from killed_runs import kill_at, metric_rows, start_train  # tests/ is on the path
 
 from temper.pipelines.catalog import build_config
 
@@ -67,38 +63,20 @@ def _trained_prompts(out: Path, steps_: int = STEPS) -> list[list[str]]:
     return steps
 
 
-def _rows(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-
-
 def test_streaming_kill_resume_trains_every_prompt_once(tmp_path, tiny_model_dir, capsys):
     sync = _config(tmp_path, tiny_model_dir, tmp_path / "sync")
     _train(sync)
 
     out = tmp_path / "streaming"
     cfg = _config(tmp_path, tiny_model_dir, out, staleness=1, mode="streaming", stream_chunk=1)
-    path = tmp_path / "streaming.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    log = tmp_path / "killed.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "temper", "train", str(path)], env=env, stdout=f, stderr=f
-        )
-        marker = out / "checkpoints" / "global_step_3" / "manifest.json"
-        end = time.monotonic() + 240
-        while not marker.is_file():
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < end, "timed out"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    proc, log = start_train(cfg, "streaming", tmp_path)
+    kill_at(out / "checkpoints" / "global_step_3" / "manifest.json", proc, log, timeout=240)
     summary = _train(cfg)  # resume_mode auto
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
     assert summary["steps"] == STEPS
 
     assert _trained_prompts(out) == _trained_prompts(tmp_path / "sync")
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # contiguous metrics
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert all(r["async/dropped_groups"] == 0 for r in rows)
@@ -130,7 +108,7 @@ def test_partial_rollout_continues_generations_under_new_weights(tmp_path, tiny_
     cfg["experiment"]["max_steps"] = 4
     summary = _train(cfg)
     assert summary["steps"] == 4
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert all(0 <= r["async/continued_token_fraction"] <= 1 for r in rows)
     assert all(r["async/token_staleness_mean"] <= r["async/staleness_max"] for r in rows)
@@ -148,7 +126,7 @@ def test_dynamic_sampling_streams_only_groups_with_signal(tmp_path, tiny_model_d
     }
     cfg["experiment"]["max_steps"] = 3
     assert _train(cfg)["steps"] == 3
-    logged = _rows(out)
+    logged = metric_rows(out)
     for s, r in enumerate(logged, start=1):
         rows = [json.loads(x) for x in (out / "dumps" / f"{s}.jsonl").read_text().splitlines()]
         scores: dict[str, set[float]] = {}
@@ -204,7 +182,7 @@ def test_agentic_streaming_trains_the_env_groups_a_synchronous_run_does(tmp_path
     out = tmp_path / "streaming"
     _train(_agentic(tiny_model_dir, out, staleness=2, mode="streaming", stream_chunk=1))
     assert _trained_prompts(out, 4) == _trained_prompts(sync, 4)
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["async/staleness_max"] <= 2 for r in rows)
 
@@ -279,7 +257,7 @@ def test_multi_turn_tool_calls_train_as_a_partial_rollout(tmp_path, tiny_model_d
     cfg["model"]["path"] = str(taught)
     summary = _train(cfg)
     assert summary["steps"] == 2
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert all(r["tools/calls"] > 0 for r in rows)  # the exchanges crossed a tool turn
     dumped = [json.loads(x) for x in (out / "dumps" / "1.jsonl").read_text().splitlines()]
     assert any("</tool_call>" in r["response"] and "####" in r["response"] for r in dumped)
@@ -307,27 +285,13 @@ def test_agentic_partial_rollout_kill_resume_trains_every_env_group_once(
         partial_rollout_segment=4,
     )
     cfg["experiment"]["save_freq"] = 2
-    path = tmp_path / "partial.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    log = tmp_path / "killed.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "temper", "train", str(path)], env=env, stdout=f, stderr=f
-        )
-        marker = out / "checkpoints" / "global_step_2" / "manifest.json"
-        end = time.monotonic() + 300
-        while not marker.is_file():
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < end, "timed out"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    proc, log = start_train(cfg, "partial", tmp_path)
+    kill_at(out / "checkpoints" / "global_step_2" / "manifest.json", proc, log)
     summary = _train(cfg)  # resume_mode auto
     assert f"resumed from {out / 'checkpoints'}" in capsys.readouterr().out
     assert summary["steps"] == 4
     assert _trained_prompts(out, 4) == _trained_prompts(sync, 4)
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # contiguous metrics
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert all(0 <= r["async/continued_token_fraction"] <= 1 for r in rows)
