@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from reference_paths import UPSTREAM  # next to this file
 from upstream_scripts import Command, script_commands
 
 from temper.config import ConfigError
+from temper.config.dialects.core.derivation import recording
 from temper.pipelines.catalog import load_config
 from temper.pipelines.preflight import preflight
 
@@ -247,14 +249,26 @@ def check(row: Row) -> str:
                 os.environ[k] = v
 
 
+@cache
+def replayed() -> tuple[dict[str, str], dict[str, set[str]]]:
+    """Every row's :func:`check` message, and the keys each dialect derivation read over
+    them (``core.derivation.recording``): one replay, shared by the tests that hold the
+    outcomes and the derivations' declarations to it (a replay is the config tests'
+    longest run)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with recording() as record:
+            messages = {row.name: check(row) for row in rows()}
+    return messages, record
+
+
 def write_expected(path: Path) -> dict[str, int]:
     """Rewrite ``upstream_expected.py`` from a run of the replay (review the diff: a row
     that changed for a reason other than a feature landing is a regression)."""
 
     outcomes = {}
-    for row in rows():
-        message = check(row)
-        outcomes[row.name] = "passes" if message == "passes" else classify(message)
+    for name, message in replayed()[0].items():
+        outcomes[name] = "passes" if message == "passes" else classify(message)
     body = "\n".join(f"    {name!r}: {label!r}," for name, label in sorted(outcomes.items()))
     path.write_text(
         '"""Expected outcome of every row of the upstream replay (see ``upstream_replay``).\n\n'
