@@ -76,7 +76,7 @@ from temper.training.megatron_check import (
 from temper.training.megatron_cp import cp_multiple, cp_positions
 from temper.training.megatron_head import ResponseHead, right_align
 from temper.training.megatron_io import MegatronCheckpointer
-from temper.training.megatron_lora import LoraAdapters, attach_lora
+from temper.training.megatron_lora import LoraAdapters, TPSplit, attach_lora
 from temper.training.megatron_lora_targets import check_lora
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_moe import (
@@ -192,14 +192,15 @@ class MegatronEngine(TorchEngine):
         self.lora = None
         lora = self.spec.model.lora
         if lora.rank > 0 and self.trainable:  # base frozen, adapters train (an actor)
-            check_lora(lora, self.spec.role, moe=self.built.layout.moe is not None)
+            check_lora(lora, self.spec.role)
+            p = self.parallel
             self.lora = attach_lora(
                 module,
                 self.built.maps,
                 self.built.layout,
                 lora,
-                tp=self.parallel.tp,
-                tp_rank=self.parallel.tp_rank,
+                tp=TPSplit(p.tp, p.tp_rank),
+                etp=TPSplit(p.etp, p.etp_rank, p.etp_group),
                 seed=self.spec.seed,
             )
         if not self.trainable:
