@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import math
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -104,8 +104,12 @@ class ParallelLora(nn.Module):
         init_key: str,
         seed: int,
         group: Any = None,
+        explicit_comm: bool = False,
     ) -> None:
         super().__init__()
+        # an expert's linear: the token dispatcher gathers its input over the ETP group
+        # and sums its partial outputs there, so the adapters communicate nothing either
+        self.explicit_comm = explicit_comm
         self.split, self.tp, self.tp_rank, self.groups = split, tp, tp_rank, groups
         self.group = group  # the TP group the linear is split over (None: Megatron's TP)
         self.scale = alpha / rank
@@ -151,7 +155,7 @@ class ParallelLora(nn.Module):
         pieces = {}
         for name, a in self.A.items():
             h = x @ a.to(x.dtype).t()
-            if self.tp > 1:
+            if self.tp > 1 and not self.explicit_comm:
                 if self.split == "col":
                     h = copy_to_tensor_model_parallel_region(h, group=self.group)
                 else:
@@ -296,7 +300,8 @@ def attach_lora(
             continue
         assert pm.layer is not None  # decoder-layer linears
         split: Split = "row" if leaf in ROW_PARALLEL else "col"
-        group = (etp or tp) if is_expert_param(mod_name) else tp
+        expert = is_expert_param(mod_name)
+        group = (etp or tp) if expert else tp
         key = pm.global_name.removesuffix(".weight")
         adapter = ParallelLora(
             parts,
@@ -310,6 +315,7 @@ def attach_lora(
             init_key=key,
             seed=seed,
             group=group.group,
+            explicit_comm=expert,
         )
         adapter.to(device=next(linear.parameters()).device)
         linear.lora = adapter
@@ -326,6 +332,8 @@ def attach_lora(
                     dim = 1 if kind == "row" else 0
                     set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
                 set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+                if expert and kind == "rep" and group.size > 1:
+                    param.etp_summed = True  # type: ignore[attr-defined]  # see etp_summed_grads
                 rows.append(
                     AdapterRow(
                         name=f"{mod_name}.lora.{which}.{p.hf}",
@@ -358,6 +366,17 @@ def _sizes(layout: HFLayout, module: str) -> dict[str, tuple[int, int]]:
         "up_proj": (h, f),
         "down_proj": (f, h),
     }
+
+
+def etp_summed_grads(named_params: Iterable[tuple[str, nn.Parameter]]) -> list[torch.Tensor]:
+    """The gradients to sum over the expert-TP group: of an expert's adapter tensors kept
+    whole on every ETP rank (a column-parallel linear's ``A``, a row-parallel one's
+    ``B``). The dispatcher gives each ETP rank the whole input and sums the partial
+    outputs, so each rank's gradient of them is partial: ``∂L/∂A = Σ_t B_tᵀ ∂L/∂y_t · xᵀ``
+    over the ETP shards ``t`` (``∂L/∂B = Σ_t ∂L/∂y · (A_t x_t)ᵀ``)."""
+    return [
+        p.grad for _, p in named_params if p.grad is not None and getattr(p, "etp_summed", False)
+    ]
 
 
 def to_peft(kind: str, shards: list[torch.Tensor]) -> torch.Tensor:

@@ -57,9 +57,11 @@ def moe_models(tmp_path_factory) -> dict[str, str]:
     return out
 
 
-def lora_actor(path: str, strategy: str, ep: int = 1, lora: LoraConfig = LORA) -> Actor:
+def lora_actor(
+    path: str, strategy: str, megatron: MegatronConfig, lora: LoraConfig = LORA
+) -> Actor:
     cfg = actor_config(strategy)
-    cfg.megatron = MegatronConfig(expert_model_parallel_size=ep)
+    cfg.megatron = megatron
     spec = EngineSpec(
         model=ModelConfig(path=path, lora=lora),
         device=torch.device("cpu"),
@@ -92,8 +94,8 @@ def random_adapters(engine: Any) -> None:
 PEFT_DROPS = ("qwen3_moe", "qwen2_moe")
 
 
-def _step_rank(rank: int, world: int, path: str, batch: Batch, ep: int, out: str) -> dict:
-    actor = lora_actor(path, "megatron", ep=ep)
+def _step_rank(rank: int, world: int, path: str, batch: Batch, m: MegatronConfig, out: str) -> dict:
+    actor = lora_actor(path, "megatron", m)
     engine: Any = actor.engine
     mine = shard(batch, engine.dp_rank, engine.dp_size)
     init = actor.compute_log_probs(mine)["old_log_probs"]
@@ -129,11 +131,15 @@ def _step_rank(rank: int, world: int, path: str, batch: Batch, ep: int, out: str
 
 
 def _resume_rank(rank: int, world: int, path: str, batch: Batch, ep: int, out: str) -> dict:
-    actor = lora_actor(path, "megatron", ep=ep)
+    actor = lora_actor(path, "megatron", MegatronConfig(expert_model_parallel_size=ep))
     engine: Any = actor.engine
     engine.load_checkpoint(f"{out}/ckpt")
     actor.update(shard(batch, engine.dp_rank, engine.dp_size))
     return dict(engine.checkpointer.peft_named_weights())
+
+
+def EP(ep: int) -> MegatronConfig:
+    return MegatronConfig(expert_model_parallel_size=ep)
 
 
 def _gather(ranks: list[dict], key: str) -> torch.Tensor:
@@ -161,8 +167,8 @@ def test_moe_lora_trains_exports_and_resumes(moe_models, tmp_path: Path, model: 
 
     path = moe_models[model]
     base = make_actor_batch(path)
-    ep2 = spawn_ranks(_step_rank, 2, path, base, 2, str(tmp_path / "ep2"))
-    ep1 = spawn_ranks(_step_rank, 2, path, base, 1, str(tmp_path / "ep1"))
+    ep2 = spawn_ranks(_step_rank, 2, path, base, EP(2), str(tmp_path / "ep2"))
+    ep1 = spawn_ranks(_step_rank, 2, path, base, EP(1), str(tmp_path / "ep1"))
     for run in (ep1, ep2):
         # B = 0: the base model's log-probs (HF's), and the adapters-off forward's
         torch.testing.assert_close(
@@ -224,3 +230,35 @@ def make_actor_batch(path: str) -> Batch:
     from test_megatron import megatron_actor
 
     return with_log_probs(megatron_actor(path, "torch"), make_batch())
+
+
+@pytest.mark.parametrize(
+    ("tp", "etp", "ep"),
+    [(2, 1, 1), (2, 2, 1), (2, 1, 2)],
+    ids=["tp2-etp1", "tp2-etp2", "tp2-ep2-etp1"],
+)
+def test_moe_lora_under_tensor_parallelism(moe_models, tmp_path: Path, tp, etp, ep) -> None:
+    """TP = 2 (an MoE layer then runs with sequence parallelism; the adapters see the whole
+    sequence) with each expert whole on every TP rank (ETP = 1), split over them (ETP =
+    2), or EP = 2 over the TP pair: the one-rank run's log-probs, metrics, adapters after
+    a step and merged weights (the Qwen2-MoE: attention, experts and shared expert)."""
+    path = moe_models["qwen2_moe"]
+    base = make_actor_batch(path)
+    ref = spawn_ranks(_step_rank, 1, path, base, EP(1), str(tmp_path / "one"))[0]
+    m = MegatronConfig(
+        tensor_model_parallel_size=tp,
+        expert_tensor_parallel_size=etp,
+        expert_model_parallel_size=ep,
+    )
+    for got in spawn_ranks(_step_rank, 2, path, base, m, str(tmp_path / "tp")):
+        torch.testing.assert_close(got["init"], base["old_log_probs"], atol=1e-5, rtol=1e-5)
+        for k in ("lora", "after"):
+            torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5, msg=k)
+        for k in ("actor/pg_loss", "actor/grad_norm"):
+            assert got["metrics"][k] == pytest.approx(ref["metrics"][k], rel=1e-5, abs=1e-6), k
+        assert got["moved"] == got["trainable"]
+        assert got["peft"].keys() == ref["peft"].keys()
+        for k, v in ref["peft"].items():
+            torch.testing.assert_close(got["peft"][k], v, atol=1e-5, rtol=1e-4, msg=k)
+        for k, v in ref["merged"].items():
+            torch.testing.assert_close(got["merged"][k], v, atol=1e-5, rtol=1e-4, msg=k)
