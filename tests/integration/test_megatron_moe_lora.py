@@ -232,24 +232,28 @@ def make_actor_batch(path: str) -> Batch:
     return with_log_probs(megatron_actor(path, "torch"), make_batch())
 
 
-@pytest.mark.parametrize(
-    ("tp", "etp", "ep"),
-    [(2, 1, 1), (2, 2, 1), (2, 1, 2)],
-    ids=["tp2-etp1", "tp2-etp2", "tp2-ep2-etp1"],
-)
-def test_moe_lora_under_tensor_parallelism(moe_models, tmp_path: Path, tp, etp, ep) -> None:
+LAYOUTS = {
+    "tp2-etp1": dict(tensor_model_parallel_size=2, expert_tensor_parallel_size=1),
+    "tp2-etp2": dict(tensor_model_parallel_size=2, expert_tensor_parallel_size=2),
+    "tp2-ep2-etp1": dict(
+        tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1
+    ),
+    "pp2": dict(pipeline_model_parallel_size=2),
+    "cp2": dict(context_parallel_size=2),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_moe_lora_over_two_ranks_equals_one(moe_models, tmp_path: Path, layout: str) -> None:
     """TP = 2 (an MoE layer then runs with sequence parallelism; the adapters see the whole
     sequence) with each expert whole on every TP rank (ETP = 1), split over them (ETP =
-    2), or EP = 2 over the TP pair: the one-rank run's log-probs, metrics, adapters after
-    a step and merged weights (the Qwen2-MoE: attention, experts and shared expert)."""
+    2), or EP = 2 over the TP pair; two pipeline stages; two context-parallel ranks: the
+    one-rank run's log-probs, metrics, adapters after a step and merged weights (the
+    Qwen2-MoE: attention, experts and shared expert)."""
     path = moe_models["qwen2_moe"]
     base = make_actor_batch(path)
     ref = spawn_ranks(_step_rank, 1, path, base, EP(1), str(tmp_path / "one"))[0]
-    m = MegatronConfig(
-        tensor_model_parallel_size=tp,
-        expert_tensor_parallel_size=etp,
-        expert_model_parallel_size=ep,
-    )
+    m = MegatronConfig(**LAYOUTS[layout])
     for got in spawn_ranks(_step_rank, 2, path, base, m, str(tmp_path / "tp")):
         torch.testing.assert_close(got["init"], base["old_log_probs"], atol=1e-5, rtol=1e-5)
         for k in ("lora", "after"):
