@@ -23,7 +23,11 @@ Mixture-of-experts models: every expert's ``linear_fc1`` / ``linear_fc2`` (Megat
 own, named after the HF expert (``mlp.experts.N.gate_proj``, Mixtral's
 ``block_sparse_moe.experts.N.w1``) by its global index: under expert parallelism an EP
 rank holds its experts' adapters, which checkpoints and exports name as the whole model
-does. An expert's adapters are split over its expert-TP group (ETP) as its weights are.
+does. An expert's adapters are split over its expert-TP group (ETP) as its weights are,
+and communicate nothing: the token dispatcher gives each ETP rank the whole input and
+sums the partial outputs, so the adapter tensors kept whole there (a column-parallel
+``A``, a row-parallel ``B``) get partial gradients, summed over ETP by the engine
+(:func:`etp_summed_grads`).
 
 The adapters hang on the linear modules (``….linear_qkv.lora.A.q``) and a forward hook
 adds their output, so the base weights keep their names (checkpoint and export maps).
