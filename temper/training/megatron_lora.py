@@ -337,7 +337,7 @@ def attach_lora(
                     set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
                 set_defaults_if_not_set_tensor_model_parallel_attributes(param)
                 if expert and kind == "rep" and group.size > 1:
-                    param.etp_summed = True  # type: ignore[attr-defined]  # see etp_summed_grads
+                    param.etp_summed = True  # see etp_summed_grads
                 rows.append(
                     AdapterRow(
                         name=f"{mod_name}.lora.{which}.{p.hf}",
