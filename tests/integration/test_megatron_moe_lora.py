@@ -103,6 +103,8 @@ def _step_rank(rank: int, world: int, path: str, batch: Batch, m: MegatronConfig
         base = actor.compute_log_probs(mine)["old_log_probs"]
     random_adapters(engine)
     lora = actor.compute_log_probs(mine)["old_log_probs"]
+    with engine.adapters_disabled():  # the reference policy: the base model
+        off = actor.compute_log_probs(mine)["old_log_probs"]
     frozen = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
     metrics = actor.update(mine)
@@ -119,6 +121,7 @@ def _step_rank(rank: int, world: int, path: str, batch: Batch, m: MegatronConfig
         "init": init,
         "base": base,
         "lora": lora,
+        "off": off,
         "after": after,
         "metrics": metrics,
         "trainable": trainable,
@@ -176,6 +179,7 @@ def test_moe_lora_trains_exports_and_resumes(moe_models, tmp_path: Path, model: 
         )
         assert torch.equal(_gather(run, "init"), _gather(run, "base"))
         assert not torch.allclose(_gather(run, "lora"), _gather(run, "init"), atol=1e-3)
+        assert torch.equal(_gather(run, "off"), _gather(run, "init"))  # adapters off: the base
         for r in run:
             assert r["trainable"] and all(".lora." in n for n in r["trainable"])
             assert r["moved"] == r["trainable"]
