@@ -631,7 +631,9 @@ class MegatronEngine(TorchEngine):
         split = self.parallel.expert_split
 
         def once(p: nn.Parameter) -> bool:
-            if split and id(p.grad) in experts:  # a whole tensor of an ETP group
+            # an expert's tensor: each ETP shard once, a tensor whole on its ETP ranks
+            # (an expert's LoRA A or B) on ETP rank 0 (its TP rank may be another)
+            if split and id(p.grad) in experts:
                 return (
                     bool(getattr(p, "tensor_model_parallel", False)) or self.parallel.etp_rank == 0
                 )
