@@ -155,7 +155,12 @@ class LoraConfig:
     rank: int = doc(0, "LoRA rank; 0 trains all weights.")
     alpha: int = doc(16, "LoRA alpha (scaling = alpha / rank).")
     dropout: float = doc(0.0, "Dropout on the LoRA branch.")
-    target_modules: list[str] | str = doc("all-linear", "Modules to adapt (peft names).")
+    target_modules: list[str] | str = doc(
+        "all-linear",
+        "Modules to adapt (peft names; on the megatron engine also Megatron's linear_qkv, "
+        "linear_proj, linear_fc1, linear_fc2: on an MoE model every expert and the shared "
+        "expert, never the router).",
+    )
     exclude_modules: list[str] | str | None = doc(
         None,
         "Modules never adapted: a regex full-matched against module names, or a list of "
@@ -463,7 +468,8 @@ class MegatronConfig:
     sequence_parallel: bool = doc(
         False,
         "Sequence parallelism at TP > 1: each TP rank holds a share of every sequence "
-        "between the TP layers (always on for an MoE model at TP > 1; not with LoRA).",
+        "between the TP layers (always on for an MoE model at TP > 1; not with LoRA on a "
+        "dense model).",
     )
     use_distributed_optimizer: bool = doc(True, "Shard optimizer state over DP (CUDA).")
     overlap_grad_reduce: bool = doc(False, "Overlap grad reduce-scatter with backward (CUDA).")

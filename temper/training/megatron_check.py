@@ -28,12 +28,13 @@ What runs where:
   sequence parallelism, each expert split over ``expert_tensor_parallel_size`` ranks
   (ETP; TP by default, 1 the common layout: whole experts on every TP rank); EP on a
   dense model is refused when the model's config is read;
-* LoRA (``model.lora``) on a dense actor (:mod:`megatron_lora`);
+* LoRA (``model.lora``) on an actor, dense or mixture-of-experts (each expert and the
+  shared expert adapted; the router not), under TP, PP, CP, EP and ETP (:mod:`megatron_lora`);
 * context parallelism (``context_parallel_size``, :mod:`megatron_cp`) with TP, PP (and
   virtual stages), DP, sequence parallelism, LoRA and MoE models (EP): on CPU temper's
   attention gathers keys and values over the CP group; on CUDA with TransformerEngine,
   TE's attention does CP itself (``extra.cp_comm_type``); router replay at any PP and CP;
-* not in this build: LoRA on a critic or on an MoE model, LoRA dropout — errors naming
+* not in this build: LoRA on a critic or on an MoE router, LoRA dropout — errors naming
   the key.
 """
 
@@ -148,7 +149,7 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         if layout is not None:  # how TP, PP × VPP and EP split this model
             check_divisible(layout, m, role)
             if role not in FROZEN:
-                check_lora(cfg.model.lora, role, moe=layout.moe is not None)
+                check_lora(cfg.model.lora, role)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role not in FROZEN else 1
         if sp > 1:
             raise ConfigError(
@@ -333,10 +334,7 @@ def check_section(
             INSTALL,
         )
     if lora is not None and role != "reference":  # a reference is the frozen base
-        # expert parallelism or Megatron's MoE options mean an MoE model before its
-        # config is read (a hub id at check)
-        moe = m.expert_model_parallel_size > 1 or any(k.startswith("moe_") for k in m.extra)
-        check_lora(lora, role, moe=moe)
+        check_lora(lora, role)
     for name, value in m.degrees().items():
         if value is not None and value < 1:
             raise ConfigError(f"{key}.{name}", "must be ≥ 1", "set it to 1 or more")

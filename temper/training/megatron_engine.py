@@ -76,7 +76,7 @@ from temper.training.megatron_check import (
 from temper.training.megatron_cp import cp_multiple, cp_positions
 from temper.training.megatron_head import ResponseHead, right_align
 from temper.training.megatron_io import MegatronCheckpointer
-from temper.training.megatron_lora import LoraAdapters, attach_lora
+from temper.training.megatron_lora import LoraAdapters, TPSplit, attach_lora, etp_summed_grads
 from temper.training.megatron_lora_targets import check_lora
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_moe import (
@@ -192,14 +192,15 @@ class MegatronEngine(TorchEngine):
         self.lora = None
         lora = self.spec.model.lora
         if lora.rank > 0 and self.trainable:  # base frozen, adapters train (an actor)
-            check_lora(lora, self.spec.role, moe=self.built.layout.moe is not None)
+            check_lora(lora, self.spec.role)
+            p = self.parallel
             self.lora = attach_lora(
                 module,
                 self.built.maps,
                 self.built.layout,
                 lora,
-                tp=self.parallel.tp,
-                tp_rank=self.parallel.tp_rank,
+                tp=TPSplit(p.tp, p.tp_rank),
+                etp=TPSplit(p.etp, p.etp_rank, p.etp_group),
                 seed=self.spec.seed,
             )
         if not self.trainable:
@@ -587,7 +588,11 @@ class MegatronEngine(TorchEngine):
         """Sum the partial gradients of TP-replicated weights over the TP group (as
         Megatron's ``finalize_model_grads``: see :func:`megatron_sp.tp_summed_grads`),
         then every gradient over the DP group, then a tied embedding's over its two copies
-        (pipeline parallel)."""
+        (pipeline parallel). An expert's LoRA tensors kept whole on its ETP ranks are
+        summed over them first (:func:`megatron_lora.etp_summed_grads`)."""
+        if self.lora is not None and self.parallel.etp > 1:
+            p = self.parallel
+            all_reduce_flat(etp_summed_grads(self.model.named_parameters()), p.etp_group, p.etp)
         if self.parallel.tp > 1:
             grads = tp_summed_grads(
                 self.model.named_parameters(),
@@ -615,19 +620,26 @@ class MegatronEngine(TorchEngine):
         all_reduce_flat(experts, p.expert_dp_group, p.expert_dp)
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
-        """Global L2 norm over the model-parallel shards (TP duplicates counted once),
-        then ``torch.nn.utils.clip_grad_norm_``'s scaling: ``× min(1, clip/(norm+1e-6))``."""
+        """Global L2 norm over the model-parallel shards (TP duplicates counted once, and
+        an expert's ETP duplicates once when experts are laid out otherwise), then
+        ``torch.nn.utils.clip_grad_norm_``'s scaling: ``× min(1, clip/(norm+1e-6))``."""
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
         grads = [p.grad for p in params if p.grad is not None]
         copy = self._tied_param if self.parallel.last_stage else None
-        counted = [
-            p.grad
-            for p in params
-            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not copy
-        ]
         experts = {id(p.grad) for n, p in self.model.named_parameters() if is_expert_param(n)}
         split = self.parallel.expert_split
+
+        def once(p: nn.Parameter) -> bool:
+            # an expert's tensor: each ETP shard once, a tensor whole on its ETP ranks
+            # (an expert's LoRA A or B) on ETP rank 0 (its TP rank may be another)
+            if split and id(p.grad) in experts:
+                return (
+                    bool(getattr(p, "tensor_model_parallel", False)) or self.parallel.etp_rank == 0
+                )
+            return param_is_not_tensor_parallel_duplicate(p)
+
+        counted = [p.grad for p in params if p.grad is not None and once(p) and p is not copy]
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         sq_experts = torch.zeros((), dtype=torch.float64, device=self.device)
         for g in counted:

@@ -150,6 +150,8 @@ class MegatronCheckpointer:
             return
         out.mkdir(parents=True, exist_ok=True)
         config = lora_config(self.spec.model.lora)
+        if self.adapters is not None:  # HF module names (the section may use Megatron's)
+            config.target_modules = self.adapters.hf_targets()
         config.base_model_name_or_path = self.spec.model_path
         config.save_pretrained(str(out))
         save_file(tensors, str(out / "adapter_model.safetensors"))

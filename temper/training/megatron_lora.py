@@ -18,8 +18,22 @@ Sharding follows the base weight, so no adapter tensor is ever gathered in a for
   ``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity backward)
   — the all-reduce Megatron does for the weight's partial outputs.
 
+Mixture-of-experts models: every expert's ``linear_fc1`` / ``linear_fc2`` (Megatron's
+``SequentialMLP``: a module per local expert) and the shared expert's get pairs of their
+own, named after the HF expert (``mlp.experts.N.gate_proj``, Mixtral's
+``block_sparse_moe.experts.N.w1``) by its global index: under expert parallelism an EP
+rank holds its experts' adapters, which checkpoints and exports name as the whole model
+does. An expert's adapters are split over its expert-TP group (ETP) as its weights are,
+and communicate nothing: the token dispatcher gives each ETP rank the whole input and
+sums the partial outputs, so the adapter tensors kept whole there (a column-parallel
+``A``, a row-parallel ``B``) get partial gradients, summed over ETP by the engine
+(:func:`etp_summed_grads`).
+
 The adapters hang on the linear modules (``….linear_qkv.lora.A.q``) and a forward hook
 adds their output, so the base weights keep their names (checkpoint and export maps).
+The hook runs before any other hook on the linear: under sequence parallelism temper's
+host collectives (:mod:`megatron_sp`) split a row-parallel linear's whole output after
+it, so the adapters add to the whole output as they read the whole input.
 TransformerEngine's linear layers fuse the preceding norm into ``linear_qkv`` /
 ``linear_fc1`` (their input is the un-normed hidden state): a LoRA model is built on
 Megatron's local layer spec, whose linears take the normed input.
@@ -30,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import math
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,10 +53,11 @@ from torch import nn
 
 from temper.config.schema import LoraConfig
 from temper.training.megatron_convert import HFLayout, ParamMap
-from temper.training.megatron_lora_targets import PARTS, PROJECTIONS, lora_projections
+from temper.training.megatron_lora_targets import PARTS, lora_projections
+from temper.training.megatron_moe import is_expert_param
 
-ROW_PARALLEL = ("self_attention.linear_proj", "mlp.linear_fc2")
-PEFT_PREFIX = "base_model.model.model.layers."
+ROW_PARALLEL = ("linear_proj", "linear_fc2")
+PEFT_PREFIX = "base_model.model.model."
 
 Split = Literal["col", "row"]
 
@@ -92,12 +107,18 @@ class ParallelLora(nn.Module):
         groups: int,
         init_key: str,
         seed: int,
+        group: Any = None,
+        explicit_comm: bool = False,
     ) -> None:
         super().__init__()
+        # an expert's linear: the token dispatcher gathers its input over the ETP group
+        # and sums its partial outputs there, so the adapters communicate nothing either
+        self.explicit_comm = explicit_comm
         self.split, self.tp, self.tp_rank, self.groups = split, tp, tp_rank, groups
+        self.group = group  # the TP group the linear is split over (None: Megatron's TP)
         self.scale = alpha / rank
         self.local_rows = local_rows  # every part of the module, adapted or not
-        self.fused_qkv = tuple(local_rows) == PARTS["self_attention.linear_qkv"]
+        self.fused_qkv = tuple(local_rows) == PARTS["linear_qkv"]
         self.enabled = True
         self.A = nn.ParameterDict()
         self.B = nn.ParameterDict()
@@ -138,11 +159,11 @@ class ParallelLora(nn.Module):
         pieces = {}
         for name, a in self.A.items():
             h = x @ a.to(x.dtype).t()
-            if self.tp > 1:
+            if self.tp > 1 and not self.explicit_comm:
                 if self.split == "col":
-                    h = copy_to_tensor_model_parallel_region(h)
+                    h = copy_to_tensor_model_parallel_region(h, group=self.group)
                 else:
-                    h = reduce_from_tensor_model_parallel_region(h)
+                    h = reduce_from_tensor_model_parallel_region(h, group=self.group)
             pieces[name] = (h @ self.B[name].to(x.dtype).t()) * self.scale
         return self._assemble(pieces, pieces[next(iter(pieces))])
 
@@ -167,13 +188,16 @@ class ParallelLora(nn.Module):
 @dataclass
 class AdapterRow:
     """One adapter tensor: its parameter name here, its name in the whole model
-    (checkpoints), its peft name (export), and how it is split over TP."""
+    (checkpoints), its peft name (export), and how it is split over its linear's TP
+    group (TP, or an expert's ETP group) of ``tp`` ranks, this rank being ``tp_rank``."""
 
     name: str
     key: str
     peft: str
     kind: Literal["col", "row", "rep"]
     layer: int
+    tp: int = 1
+    tp_rank: int = 0
 
 
 class LoraAdapters:
@@ -185,18 +209,15 @@ class LoraAdapters:
         root: nn.Module,
         modules: dict[str, ParallelLora],
         rows: list[AdapterRow],
-        *,
-        tp: int,
-        tp_rank: int,
     ) -> None:
         self.root = root  # the rank's model (its chunks), whose parameters rows name
         self.modules = modules  # by the base weight's parameter name
         self.rows = rows
-        self.tp, self.tp_rank = tp, tp_rank
 
     def load_peft(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Set the adapters from peft-named whole tensors (``get_peft_model_state_dict``
-        of the same model, or an ``adapter_model.safetensors``), each rank its shard."""
+        of the same model, or an ``adapter_model.safetensors``), each rank its shard
+        (of its own experts)."""
         params = dict(self.root.named_parameters())
         missing = [r.peft for r in self.rows if r.peft not in tensors]
         if missing:
@@ -204,7 +225,7 @@ class LoraAdapters:
         with torch.no_grad():
             for r in self.rows:
                 full = tensors[r.peft]
-                params[r.name].copy_(from_peft(r.kind, full, self.tp, self.tp_rank))
+                params[r.name].copy_(from_peft(r.kind, full, r.tp, r.tp_rank))
 
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:
@@ -225,10 +246,26 @@ class LoraAdapters:
         with torch.no_grad():
             return weight + lora.delta(weight)
 
+    def hf_targets(self) -> list[str]:
+        """The HF module names adapted (peft's ``target_modules``: ``q_proj`` …, an
+        expert's ``gate_proj`` or Mixtral's ``w1`` …); never the router."""
+        leaves = {r.peft.removesuffix(".weight").rsplit(".", 2)[-2] for r in self.rows}
+        return sorted(leaves)
+
     def maps(self) -> list[ParamMap]:
         """The adapter tensors as parameter maps (kind, global key, layer) for the
         checkpointer; their HF name is peft's."""
         return [ParamMap(r.name, (r.peft,), r.kind, r.layer, r.key) for r in self.rows]
+
+
+@dataclass(frozen=True)
+class TPSplit:
+    """A TP group a linear is split over: its size, this rank's index, the group (None:
+    Megatron's TP group)."""
+
+    size: int = 1
+    rank: int = 0
+    group: Any = None
 
 
 def attach_lora(
@@ -237,12 +274,14 @@ def attach_lora(
     layout: HFLayout,
     lora: LoraConfig,
     *,
-    tp: int,
-    tp_rank: int,
+    tp: TPSplit,
+    etp: TPSplit | None = None,
     seed: int,
 ) -> LoraAdapters:
-    """Adapters on every targeted linear of ``module`` (this rank's chunks), base
-    weights frozen; only the adapters train."""
+    """Adapters on every targeted linear of ``module`` (this rank's chunks: attention,
+    dense MLPs, each local expert and the shared expert), base weights frozen; only the
+    adapters train. ``tp``: the dense layers' TP split, ``etp``: the experts' (TP's by
+    default)."""
     from megatron.core.tensor_parallel.layers import (
         set_defaults_if_not_set_tensor_model_parallel_attributes,
         set_tensor_model_parallel_attributes,
@@ -251,38 +290,44 @@ def attach_lora(
     targets = lora_projections(lora.target_modules)
     module.requires_grad_(False)
     by_name = {pm.megatron: pm for pm in maps}
-    sizes = _sizes(layout)
     modules: dict[str, ParallelLora] = {}
     rows: list[AdapterRow] = []
     for mod_name, linear in module.named_modules():
-        suffix = next((s for s in PARTS if mod_name.endswith(f".{s}")), None)
-        if suffix is None:
+        leaf = mod_name.rsplit(".", 1)[-1]
+        pm = by_name.get(f"{mod_name}.weight")
+        if leaf not in PARTS or pm is None:
             continue
-        parts = [Part(p, *sizes[p]) for p in PARTS[suffix] if p in targets]
+        sizes = _sizes(layout, mod_name)
+        hf_of = dict(zip(PARTS[leaf], pm.hf))  # each part's HF tensor name
+        parts = [Part(p, *sizes[p]) for p in PARTS[leaf] if p in targets]
         if not parts:
             continue
-        pm = by_name[f"{mod_name}.weight"]
         assert pm.layer is not None  # decoder-layer linears
-        split: Split = "row" if suffix in ROW_PARALLEL else "col"
+        split: Split = "row" if leaf in ROW_PARALLEL else "col"
+        expert = is_expert_param(mod_name)
+        group = (etp or tp) if expert else tp
         key = pm.global_name.removesuffix(".weight")
         adapter = ParallelLora(
             parts,
-            {p: sizes[p][1] // (tp if split == "col" else 1) for p in PARTS[suffix]},
+            {p: sizes[p][1] // (group.size if split == "col" else 1) for p in PARTS[leaf]},
             split,
             rank=lora.rank,
             alpha=lora.alpha,
-            tp=tp,
-            tp_rank=tp_rank,
+            tp=group.size,
+            tp_rank=group.rank,
             groups=layout.num_kv_heads,
             init_key=key,
             seed=seed,
+            group=group.group,
+            explicit_comm=expert,
         )
         adapter.to(device=next(linear.parameters()).device)
         linear.lora = adapter
-        linear.register_forward_hook(adapter.hook)
+        # first among the linear's hooks: it adds to the linear's own output (module doc)
+        linear.register_forward_hook(adapter.hook, prepend=True)
         modules[pm.megatron] = adapter
         for p in parts:
-            peft = f"{PEFT_PREFIX}{pm.layer}.{PROJECTIONS[p.hf][1]}"
+            peft = PEFT_PREFIX + hf_of[p.hf].removesuffix(".weight")
             a_kind: Literal["col", "row", "rep"] = "row" if split == "row" else "rep"
             b_kind: Literal["col", "row", "rep"] = "col" if split == "col" else "rep"
             for which, kind in (("A", a_kind), ("B", b_kind)):
@@ -291,6 +336,8 @@ def attach_lora(
                     dim = 1 if kind == "row" else 0
                     set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
                 set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+                if expert and kind == "rep" and group.size > 1:
+                    param.etp_summed = True  # see etp_summed_grads
                 rows.append(
                     AdapterRow(
                         name=f"{mod_name}.lora.{which}.{p.hf}",
@@ -298,15 +345,22 @@ def attach_lora(
                         peft=f"{peft}.lora_{which}.weight",
                         kind=kind,
                         layer=pm.layer,
+                        tp=group.size,
+                        tp_rank=group.rank,
                     )
                 )
-    return LoraAdapters(module, modules, rows, tp=tp, tp_rank=tp_rank)
+    return LoraAdapters(module, modules, rows)
 
 
-def _sizes(layout: HFLayout) -> dict[str, tuple[int, int]]:
-    """``(in, out)`` of each HF projection."""
+def _sizes(layout: HFLayout, module: str) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` of each HF projection of the linear named ``module``: its MLP's
+    FFN size is an expert's, the shared expert's or the dense MLP's."""
     h, d = layout.hidden_size, layout.head_dim
     f = layout.ffn_hidden_size
+    if layout.moe is not None and ".mlp.experts." in module:
+        f = layout.moe.ffn_hidden_size
+    elif layout.moe is not None and ".mlp.shared_experts." in module:
+        f = layout.moe.shared_ffn_hidden_size
     return {
         "q_proj": (h, layout.num_heads * d),
         "k_proj": (h, layout.num_kv_heads * d),
@@ -316,6 +370,17 @@ def _sizes(layout: HFLayout) -> dict[str, tuple[int, int]]:
         "up_proj": (h, f),
         "down_proj": (f, h),
     }
+
+
+def etp_summed_grads(named_params: Iterable[tuple[str, nn.Parameter]]) -> list[torch.Tensor]:
+    """The gradients to sum over the expert-TP group: of an expert's adapter tensors kept
+    whole on every ETP rank (a column-parallel linear's ``A``, a row-parallel one's
+    ``B``). The dispatcher gives each ETP rank the whole input and sums the partial
+    outputs, so each rank's gradient of them is partial: ``∂L/∂A = Σ_t B_tᵀ ∂L/∂y_t · xᵀ``
+    over the ETP shards ``t`` (``∂L/∂B = Σ_t ∂L/∂y · (A_t x_t)ᵀ``)."""
+    return [
+        p.grad for _, p in named_params if p.grad is not None and getattr(p, "etp_summed", False)
+    ]
 
 
 def to_peft(kind: str, shards: list[torch.Tensor]) -> torch.Tensor:

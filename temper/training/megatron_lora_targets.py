@@ -5,6 +5,12 @@ cannot run — read at ``temper check`` without torch or Megatron-Core.
 Megatron's modules (verl's megatron ``lora.target_modules``: ``linear_qkv`` … and
 Megatron-Bridge's canonical-LoRA names ``linear_q`` …); both come down to the HF
 projections, each of which gets its own adapter pair (:mod:`megatron_lora`).
+
+On a mixture-of-experts model the MLP names reach every MLP of a layer, as
+Megatron-Bridge's name matching does: ``linear_fc1`` / ``linear_fc2`` (``gate_proj`` …,
+Mixtral's ``w1``/``w3``/``w2``) adapt each expert (a pair of its own per expert) and the
+shared expert; the router is never adapted (Megatron-Bridge and verl leave it out unless
+``router`` is named, ROLL's ``all-linear`` takes linear layers only): naming it is refused.
 """
 
 from __future__ import annotations
@@ -35,13 +41,18 @@ MEGATRON_NAMES: dict[str, tuple[str, ...]] = {
     "linear_fc1_up": ("up_proj",),
     "linear_fc2": ("down_proj",),
 }
-#: The parts of each fused module, in the order of its rows.
+#: Mixtral's names of an expert's projections (peft's target names on Mixtral)
+MIXTRAL_NAMES: dict[str, str] = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+#: The parts of each (fused) Megatron linear, by its module name, in the order of its
+#: rows: the attention's, and a dense MLP's, an expert's or the shared expert's
 PARTS: dict[str, tuple[str, ...]] = {
-    "self_attention.linear_qkv": ("q_proj", "k_proj", "v_proj"),
-    "self_attention.linear_proj": ("o_proj",),
-    "mlp.linear_fc1": ("gate_proj", "up_proj"),
-    "mlp.linear_fc2": ("down_proj",),
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",),
 }
+#: names of an MoE router (HF ``gate``, Megatron ``router``): not adapted here
+ROUTER_NAMES = ("router", "gate")
 
 
 def lora_projections(target_modules: list[str] | str) -> tuple[str, ...]:
@@ -57,19 +68,28 @@ def lora_projections(target_modules: list[str] | str) -> tuple[str, ...]:
             found = (name,)
         elif name in MEGATRON_NAMES:
             found = MEGATRON_NAMES[name]
+        elif name in MIXTRAL_NAMES:
+            found = (MIXTRAL_NAMES[name],)
+        elif name in ROUTER_NAMES:
+            raise ConfigError(
+                "model.lora.target_modules",
+                f"'{name}': LoRA on a mixture-of-experts router is not in the megatron engine",
+                f"remove '{name}' (the experts, shared expert and attention are adapted)",
+            )
         else:
             raise ConfigError(
                 "model.lora.target_modules",
                 f"'{name}' is no linear layer the megatron engine can adapt",
-                f"use all-linear, or names among {', '.join([*PROJECTIONS, *MEGATRON_NAMES])}",
+                "use all-linear, or names among "
+                f"{', '.join([*PROJECTIONS, *MEGATRON_NAMES, *MIXTRAL_NAMES])}",
             )
         out += [p for p in found if p not in out]
     return tuple(p for p in PROJECTIONS if p in out)
 
 
-def check_lora(lora: LoraConfig, role: str, *, moe: bool = False) -> None:
+def check_lora(lora: LoraConfig, role: str) -> None:
     """Raise ``ConfigError`` for a ``model.lora`` section this engine cannot run for
-    ``role`` (``moe``: the model is a mixture of experts)."""
+    ``role`` (a dense or mixture-of-experts model alike)."""
     if lora.rank == 0:
         return
     for field, what in (
@@ -88,13 +108,6 @@ def check_lora(lora: LoraConfig, role: str, *, moe: bool = False) -> None:
             "model.lora.rank",
             "LoRA on a megatron critic (value model) is not in this build",
             "set critic.strategy: fsdp2 for a LoRA critic, or model.lora.rank: 0",
-        )
-    if moe:
-        raise ConfigError(
-            "model.lora.rank",
-            "LoRA on a mixture-of-experts model's experts is not in this build of the "
-            f"megatron engine ({role}.strategy: megatron)",
-            f"set {role}.strategy: fsdp2, or model.lora.rank: 0",
         )
     if lora.dropout > 0:
         # a dropout mask must match over the TP ranks that share an input; not done here

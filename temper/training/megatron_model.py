@@ -46,6 +46,7 @@ from temper.training.megatron_moe import (
 )
 from temper.training.megatron_parallel import Parallel, megatron_degrees
 from temper.training.megatron_sp import (
+    host_sequence_parallel,
     use_host_sequence_parallel,
     uses_sequence_parallel,
     with_sequence_parallel_norms,
@@ -264,7 +265,15 @@ def build_model(
     chunks, maps = [], []
     for c in range(parallel.vp):
         chunk, chunk_maps = _build_chunk(
-            config, layout, source, parallel, device, chunk=c, value=value, use_te=use_te
+            config,
+            layout,
+            source,
+            parallel,
+            device,
+            chunk=c,
+            value=value,
+            use_te=use_te,
+            lora=spec.model.lora.rank > 0,
         )
         if parallel.vp > 1:  # the chunk's names in the ModuleList; its global names kept
             chunk_maps = [
@@ -310,9 +319,11 @@ def _build_chunk(
     chunk: int,
     value: bool,
     use_te: bool,
+    lora: bool = False,
 ) -> tuple[Any, list[ParamMap]]:
     """This rank's ``GPTModel`` of virtual stage ``chunk`` (Megatron's ``vp_stage``: it
-    picks the chunk's layers, see :mod:`megatron_chunks`) and its parameter maps."""
+    picks the chunk's layers, see :mod:`megatron_chunks`) and its parameter maps
+    (``lora``: the model will carry LoRA adapters)."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     from temper.training.megatron_layers import (
@@ -358,7 +369,7 @@ def _build_chunk(
         # Megatron's all-gather dispatcher needs CUDA and equal token counts on every
         # rank; temper's ranks run micro-batches of their own lengths (megatron_layers)
         use_host_dispatchers(module)
-    if config.sequence_parallel and device.type != "cuda":
+    if config.sequence_parallel and host_sequence_parallel(device.type, lora=lora):
         use_host_sequence_parallel(module, parallel.tp_group)
     if value and last:
         group = parallel.tp_group if config.sequence_parallel else None

@@ -50,11 +50,22 @@ from temper.config.schema import MegatronConfig
 def uses_sequence_parallel(m: MegatronConfig, *, moe: bool, lora: bool) -> bool:
     """Sequence parallelism runs at TP > 1 when the section asks for it, and always for
     an MoE model (Megatron's MoE layer trains under TP only with it); at TP = 1 there is
-    nothing to split (Megatron refuses it there). Not under LoRA (a dense model: LoRA on
-    an MoE model is refused): the adapters read their linear's whole input and add to
-    its whole output (megatron_lora), which sequence parallelism splits; memory only,
-    so the option is noted as not applied (megatron_check)."""
+    nothing to split (Megatron refuses it there). Not asked for under LoRA on a dense
+    model: the adapters read their linear's whole input and add to its whole output
+    (megatron_lora), which sequence parallelism splits; memory only, so the option is
+    noted as not applied (megatron_check). An MoE model under LoRA runs it with temper's
+    host collectives, which give the linears (and their adapters) the whole sequence
+    (:func:`host_sequence_parallel`)."""
     return m.tensor_model_parallel_size > 1 and (moe or (m.sequence_parallel and not lora))
+
+
+def host_sequence_parallel(device_type: str, *, lora: bool) -> bool:
+    """Whether sequence parallelism runs with temper's collectives around the TP layers
+    (:func:`use_host_sequence_parallel`) rather than Megatron's inside them: off CUDA
+    (Megatron's allocate on CUDA), and under LoRA (the adapters read a column-parallel
+    linear's input and add to a row-parallel one's output, which Megatron's keep split
+    over the sequence)."""
+    return device_type != "cuda" or lora
 
 
 def padded_length(length: int, tp: int) -> int:

@@ -140,10 +140,12 @@ def make_tiny_classifier(out_dir: str | Path, model_type: str = "qwen2", seed: i
     return str(out)
 
 
-def make_tiny_moe_model(out_dir: str | Path, model_type: str, num_layers: int = 2) -> str:
+def make_tiny_moe_model(
+    out_dir: str | Path, model_type: str, num_layers: int = 2, *, dense_first: bool = True
+) -> str:
     """A tiny random MoE model with the shared byte tokenizer: ``num_layers`` layers, 4
     experts, top-2, router weights scaled up so that tokens spread unevenly over the
-    experts."""
+    experts. A Qwen3-MoE's first layer has a dense MLP unless ``dense_first`` is off."""
     import torch
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
@@ -171,7 +173,9 @@ def make_tiny_moe_model(out_dir: str | Path, model_type: str, num_layers: int = 
         )
     elif model_type == "qwen3_moe":
         # head_dim is a config field the class's typed signature leaves out
-        qwen3: dict[str, Any] = dict(head_dim=32, mlp_only_layers=[0], norm_topk_prob=True)
+        qwen3: dict[str, Any] = dict(
+            head_dim=32, mlp_only_layers=[0] if dense_first else [], norm_topk_prob=True
+        )
         config = Qwen3MoeConfig(**common, num_experts=4, moe_intermediate_size=32, **qwen3)
     else:
         config = MixtralConfig(**common, num_local_experts=4)

@@ -151,7 +151,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("megatron: expert FFN over TP", r"does not divide the model's \d+ (shared-)?expert FFN"),
     ("megatron: MoE option needs CUDA", r"Megatron keeps its (buffers|token counts) on CUDA"),
     ("megatron: dist-checkpoint unset", r"distributed checkpoint to start from is not given"),
-    ("megatron: MoE lora", r"LoRA on a mixture-of-experts model's experts"),
+    ("megatron: MoE router lora", r"LoRA on a mixture-of-experts router"),
     ("megatron: fsdp", r"Megatron-FSDP"),
     ("engine: fsdp_turbo", r"fsdp_turbo engine"),
     ("device: npu", r"'npu' is not supported"),

@@ -154,10 +154,13 @@ def test_expert_parallelism_passes_the_section_check_and_gpu_moe_options_are_not
     m = MegatronConfig(expert_model_parallel_size=2, extra=extra)
     notes = check_section("actor", m, device_type="cpu")
     assert any("moe_grouped_gemm" in n and "allgather" in n for n in notes)
-    # expert parallelism means an MoE model, whose LoRA is refused before its config is read
-    with pytest.raises(ConfigError, match="mixture-of-experts") as err:
-        check_section("actor", m, device_type="cpu", lora=LoraConfig(rank=8))
-    assert err.value.key == "model.lora.rank"
+    # LoRA on an MoE model (its experts, shared expert and attention) passes; its router
+    # is not adapted, and naming it is refused
+    assert check_section("actor", m, device_type="cpu", lora=LoraConfig(rank=8)) == notes
+    with pytest.raises(ConfigError, match="mixture-of-experts router") as err:
+        lora = LoraConfig(rank=8, target_modules=["linear_qkv", "router"])
+        check_section("actor", m, device_type="cpu", lora=lora)
+    assert err.value.key == "model.lora.target_modules"
     assert unavailable_moe_options(extra, "cpu") == [
         "moe_grouped_gemm",
         "moe_permute_fusion",

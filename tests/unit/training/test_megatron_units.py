@@ -284,25 +284,29 @@ def test_every_degree_is_a_megatron_core_keyword() -> None:
 
 
 @pytest.mark.parametrize(
-    ("lora", "role", "moe", "key", "words"),
+    ("lora", "role", "key", "words"),
     [
-        (LoraConfig(rank=8), "critic", False, "model.lora.rank", "critic"),
-        (LoraConfig(rank=8), "actor", True, "model.lora.rank", "mixture-of-experts"),
-        (LoraConfig(rank=8, dropout=0.1), "actor", False, "model.lora.dropout", "dropout"),
+        (LoraConfig(rank=8), "critic", "model.lora.rank", "critic"),
+        (LoraConfig(rank=8, dropout=0.1), "actor", "model.lora.dropout", "dropout"),
         (
             LoraConfig(rank=8, target_modules=["q_proj", "lm_head"]),
             "actor",
-            False,
             "model.lora.target_modules",
             "'lm_head'",
         ),
+        (
+            LoraConfig(rank=8, target_modules=["linear_qkv", "router"]),
+            "actor",
+            "model.lora.target_modules",
+            "router",
+        ),
     ],
 )
-def test_what_megatron_lora_cannot_run_names_its_key(lora, role, moe, key, words) -> None:
+def test_what_megatron_lora_cannot_run_names_its_key(lora, role, key, words) -> None:
     from temper.training.megatron_lora_targets import check_lora
 
     with pytest.raises(ConfigError) as err:
-        check_lora(lora, role, moe=moe)
+        check_lora(lora, role)
     assert err.value.key == key and words in err.value.reason and err.value.fix
 
 
@@ -314,6 +318,8 @@ def test_lora_targets_map_onto_the_fused_modules() -> None:
     assert lora_projections(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]) == every
     assert lora_projections(["v_proj", "linear_q"]) == ("q_proj", "v_proj")
     assert lora_projections(["linear_fc1_up"]) == ("up_proj",)
+    # Mixtral's expert names
+    assert lora_projections(["w1", "w2", "w3"]) == ("gate_proj", "up_proj", "down_proj")
     _check(lora=LoraConfig(rank=8))  # a dense actor's LoRA passes the check
 
 
@@ -587,6 +593,13 @@ def test_sequence_parallel_pads_to_a_multiple_of_tp_and_picks_the_tp_summed_grad
         replace(sp, tensor_model_parallel_size=1), moe=True, lora=False
     )
     assert uses_sequence_parallel(replace(sp, sequence_parallel=False), moe=True, lora=False)
+    # an MoE model under LoRA keeps it (Megatron's MoE layer needs it under TP), with
+    # temper's collectives around the TP layers, so the adapters see the whole sequence
+    assert uses_sequence_parallel(replace(sp, sequence_parallel=False), moe=True, lora=True)
+    from temper.training.megatron_sp import host_sequence_parallel
+
+    assert host_sequence_parallel("cpu", lora=False) and host_sequence_parallel("cuda", lora=True)
+    assert not host_sequence_parallel("cuda", lora=False)
 
 
 def test_a_frozen_role_gets_no_notes_on_optimizer_or_gradient_options() -> None:
