@@ -116,7 +116,10 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
 
 
 def sandbox_processes() -> list[int]:
-    return [p for p, uid in _proc_uids() if UID_BASE <= uid < UID_BASE + UID_SPAN]
+    """The live processes of this test process's sandbox uid (another process's sandbox
+    — a concurrent test run's — has a uid of its own)."""
+    own = UID_BASE + os.getpid() % UID_SPAN
+    return [p for p, uid in _proc_uids() if uid == own]
 
 
 def score(program: str) -> dict[str, Any]:
