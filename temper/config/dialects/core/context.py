@@ -91,6 +91,8 @@ class Context:
         section above it, nor a key inside it) in this run is noted with its ``idle``
         reason — it has no effect here."""
         for key, path, rule in self.uses:
+            if not rule.idle:
+                continue  # a row that gives no idle reason is read whenever its derivation runs
             read = self.derived.get(rule.by.name, set())
             hit = any(
                 derivation.matches(path, r)
@@ -98,7 +100,7 @@ class Context:
                 or derivation.under(path, r)
                 for r in read
             )
-            if rule.idle and not hit:
+            if not hit:
                 self.inert(rule.idle, key)
 
     # ------------------------------------------------------------------ the result

@@ -160,7 +160,9 @@ class _Translator(Context):
 
     @property
     def writes(self) -> dict[str, Written]:
-        """The native fields written so far (the result's; final passes read them)."""
+        """The native fields written so far (the result's): final passes that move or
+        rescale a field write here; what they read they read through ``out.written`` or
+        ``out.section``, which their recording sees."""
         return self.out.fields
 
     def get(self, path: str, default: Any = None) -> Any:
