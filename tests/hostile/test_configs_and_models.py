@@ -146,7 +146,7 @@ def test_unknown_tracker_in_verl_terms(capsys, no_run):
     """A verl file cannot name temper's trackers; its logger list is checked by its own
     table, in its own key."""
     msg = refused([VERL, "trainer.logger=[console,clearml]"], capsys)
-    assert msg.startswith("trainer.logger: logger 'clearml' is not supported")
+    assert msg.startswith("trainer.logger: this logger is not supported (got 'clearml')")
 
 
 def test_nan_lr_in_verl_terms(capsys, no_run):

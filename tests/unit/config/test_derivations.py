@@ -12,7 +12,13 @@ the upstream files.
 - a key a derivation reads without declaring it fails, and so does a declared key (each
   key a template names, every role of it) that the derivation never reads over the
   replay rows of its dialect and :data:`EXTRA` (files that reach the branches no upstream
-  file does).
+  file does);
+- the same for the native fields of the result a derivation reads (what other keys
+  already wrote: a final pass's), which must be fields (or sections) of the schema.
+
+A table's derivations are those its Use rows name, its pipeline's final pass (verl's
+trainers: :attr:`Tables.finish` and the pass every trainer runs), and every derivation
+they call over the replay.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import upstream_replay  # next to this file
 from temper.config.dialects.core.derivation import (
     DECLARED,
     Derivation,
+    Record,
     matches,
     recording,
     under,
@@ -61,10 +68,13 @@ USE_ROWS = [
 DERIVATIONS: dict[str, Derivation[..., Any]] = {
     name: d for name, d in DECLARED.items() if name.startswith(("roll.", "verl."))
 }
-#: table -> the derivations its rows name (the derivations its pipeline runs)
-NAMED: dict[str, set[str]] = {
-    name: {r.by.name for r in table.rules.values() if isinstance(r, Use)}
-    for name, table in TABLES.items()
+#: verl table -> its final pass (a derivation that calls the trainer's others)
+FINISH: dict[str, list[Derivation[..., Any]]] = {
+    "verl.ppo": [verl.PPO.finish, verl._finish],  # type: ignore[list-item]
+    "verl.sft": [verl.SFT.finish, verl._finish],  # type: ignore[list-item]
+    "verl.generation": [verl.GENERATION.finish],  # type: ignore[list-item]
+    "verl.server": [verl.SERVER.finish],  # type: ignore[list-item]
+    "verl.evaluation": [verl.EVALUATION.finish],  # type: ignore[list-item]
 }
 
 
@@ -96,9 +106,33 @@ def _honoured(derivation: Derivation[..., Any], key: str) -> list[str]:
             continue
         found = True
         inert = isinstance(rule, Note | Gated) and key not in derivation.explains
-        if inert and derivation.name in NAMED[name]:
+        if inert and derivation.name in _named()[name]:
             wrong.append(f"the {name} table calls it inert ({type(rule).__name__})")
     return wrong if found else ["no table has it"]
+
+
+@functools.cache
+def _named() -> dict[str, set[str]]:
+    """Table -> the derivations its pipeline runs: those its Use rows name, its final
+    pass, and what they call over the replay."""
+    calls = _recorded().calls
+    named = {}
+    for name, table in TABLES.items():
+        todo = {r.by.name for r in table.rules.values() if isinstance(r, Use)}
+        todo |= {d.name for d in FINISH.get(name, [])}
+        seen: set[str] = set()
+        while todo:
+            d = todo.pop()
+            seen.add(d)
+            todo |= calls.get(d, set()) - seen
+        named[name] = seen
+    return named
+
+
+def test_every_final_pass_is_declared() -> None:
+    for finish in FINISH.values():
+        for d in finish:
+            assert d.name in DECLARED, d
 
 
 @pytest.mark.parametrize("name", sorted(DERIVATIONS))
@@ -109,6 +143,7 @@ def test_what_a_derivation_declares_the_tables_honour(name: str) -> None:
 
 
 VERL_PPO = "verl-2026-08-1dda039/verl/trainer/config/ppo_trainer.yaml"
+VERL_SFT = "verl-2026-08-1dda039/verl/trainer/config/sft_trainer_engine.yaml"
 #: verl's V1 trainer's async modes, on a rollout pool of their own (separate_async)
 POOL = [
     "trainer.n_gpus_per_node=6",
@@ -120,7 +155,8 @@ GRPO = "roll-2026-08-8eb27cc/examples/docs_examples/example_grpo.yaml"
 PPO = "roll-2026-08-8eb27cc/examples/docs_examples/example_ppo.yaml"
 #: Upstream files with overrides that reach what no upstream file does: a rejection
 #: filter without the old-log-prob recompute, an eval file, prompt and messages both
-#: (refused), a query filter with extra prompts; verl's V1 async modes.
+#: (refused), a query filter with extra prompts; verl's V1 async modes, bypass mode's
+#: REINFORCE loss, an SFT file's thinking default.
 EXTRA = [
     upstream_replay.Row(
         f"{path} {' '.join(overrides)}", upstream_replay.UPSTREAM / path, tuple(overrides)
@@ -158,12 +194,21 @@ EXTRA = [
         ),
         (VERL_PPO, ["trainer.v1.trainer_mode=separate_async", *POOL]),
         (VERL_PPO, ["trainer.v1.trainer_mode=colocate_async"]),
+        (
+            VERL_PPO,
+            [
+                "algorithm.rollout_correction.bypass_mode=true",
+                "algorithm.rollout_correction.loss_type=reinforce",
+                "algorithm.rollout_correction.rollout_is=token",
+            ],
+        ),
+        (VERL_SFT, ["data.enable_thinking_default=true"]),
     )
 ]
 
 
 @functools.cache
-def _recorded() -> dict[str, set[str]]:
+def _recorded() -> Record:
     """What each derivation read over the rows of the upstream replay and EXTRA."""
     record = {name: set(keys) for name, keys in upstream_replay.replayed()[1].items()}
     with warnings.catch_warnings():
@@ -178,7 +223,7 @@ def _recorded() -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("name", sorted(DERIVATIONS))
 def test_a_derivation_reads_what_it_declares(name: str) -> None:
-    derivation, read = DERIVATIONS[name], _recorded().get(name, set())
+    derivation, read = DERIVATIONS[name], _recorded().keys.get(name, set())
     undeclared = {
         r for r in read if not any(matches(r, p) or under(r, p) for p in derivation.reads)
     }
@@ -189,3 +234,19 @@ def test_a_derivation_reads_what_it_declares(name: str) -> None:
         if not any(matches(r, key) or under(r, key) for r in read)
     ]
     assert not never, f"{name} declares keys it never reads over the replay"
+
+
+@pytest.mark.parametrize("name", sorted(DERIVATIONS))
+def test_a_derivation_reads_the_fields_it_declares(name: str) -> None:
+    derivation, read = DERIVATIONS[name], _recorded().fields.get(name, set())
+    unknown = []
+    for native in sorted(derivation.fields):
+        try:
+            verl.native_type(native)
+        except KeyError:
+            unknown.append(native)
+    assert not unknown, f"{name} declares fields the schema lacks"
+    undeclared = {r for r in read if not any(r == f or under(f, r) for f in derivation.fields)}
+    assert not undeclared, f"{name} reads result fields it does not declare"
+    never = [f for f in sorted(derivation.fields) if not any(r == f or under(f, r) for r in read)]
+    assert not never, f"{name} declares fields it never reads over the replay"

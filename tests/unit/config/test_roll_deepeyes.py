@@ -51,7 +51,9 @@ def test_file_passes_check():
 
 def test_judge_engine_outside_roll_choices_is_refused():
     with pytest.raises(
-        ConfigError, match=r"reward\.strategy_args\.strategy_name: 'megatron_infer'"
+        ConfigError,
+        match=r"reward\.strategy_args\.strategy_name: this value is not supported "
+        r"\(got 'megatron_infer'\)",
     ):
         load_config(FILE, ["reward.strategy_args.strategy_name=megatron_infer"])
 

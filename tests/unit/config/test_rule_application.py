@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from temper.config.dialects.core.apply import shown
-from temper.config.dialects.core.rules import Gated, Map, Note, Refuse, Rule, Same, meaning
+from temper.config.dialects.core.apply import shown, unsupported
+from temper.config.dialects.core.derivation import derivation
+from temper.config.dialects.core.rules import Gated, Map, Note, Refuse, Rule, Same, Use, meaning
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.roll.context import Ctx
 from temper.config.dialects.verl.translate import _Translator
@@ -118,3 +119,47 @@ def test_one_meaning_for_every_rule() -> None:
         "Fix: remove it",
     )
     assert meaning(TABLE["trainer.seed"]) == (("experiment.seed",), "sets experiment.seed")
+
+
+@derivation("trainer.mode", "trainer.backend")
+def _backend(ctx: Any) -> None:
+    """Reads trainer.backend in the 'split' mode only."""
+    if ctx.get("trainer.mode") == "split":
+        ctx.write("rollout.engine", ctx.get("trainer.backend"), "trainer.backend")
+
+
+USE = {
+    "trainer.mode": Use("the mode", _backend),
+    "trainer.backend": Use("rollout.engine in split mode", _backend, idle="read in split mode"),
+}
+
+
+@pytest.mark.parametrize("dialect", ["verl", "roll"])
+@pytest.mark.parametrize("mode", ["split", "joint"])
+def test_a_use_row_its_derivation_did_not_read_is_noted(dialect: str, mode: str) -> None:
+    """A Use row with an ``idle`` reason is noted 'no effect here' in a run whose
+    derivation did not read its key, in either dialect, and nothing otherwise."""
+    data = {"trainer": {"mode": mode, "backend": "vllm"}}
+    ctx = _contexts(data)[dialect == "roll"]
+    ctx.data = data
+    KeyTable(USE).walk_section(ctx, data, ())
+    _backend(ctx)
+    ctx.settle()
+    if mode == "split":
+        assert ctx.out.native() == {"rollout": {"engine": "vllm"}}
+        assert ctx.out.notes() == []
+    else:
+        assert ctx.out.native() == {}
+        assert ctx.out.notes() == ["trainer.backend: no effect here (read in split mode)"]
+    assert meaning(USE["trainer.backend"])[1] == (
+        f"read by the derivation {_backend.name}: rollout.engine in split mode; where it "
+        "does not read it, no effect (read in split mode)"
+    )
+
+
+def test_a_value_outside_a_closed_list_is_refused_in_the_one_wording() -> None:
+    err = unsupported("trainer.device", "cudaa", ("cpu", "cuda"))
+    assert str(err) == (
+        "trainer.device: this value is not supported (got 'cudaa'). "
+        "Fix: use one of: cpu, cuda (did you mean 'cuda'?)"
+    )

@@ -224,6 +224,19 @@ def test_separate_async_refuses_what_verl_asserts_or_temper_lacks(overrides, key
     assert text.startswith(f"{key}: ") and words in text and "\n" not in text
 
 
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_the_weight_sync_backend_is_read_by_separate_async_only(mode):
+    """A Use row that its derivation reads in one mode: separate_async checks the backend
+    (no note on it); any other mode notes it has no effect."""
+    pool = POOL if mode == "separate_async" else POOL[2:]  # the others have no pool
+    data = composed("ppo_trainer.yaml", f"trainer.v1.trainer_mode={mode}", *pool)
+    _, text = translated(data)
+    key = "actor_rollout_ref.rollout.checkpoint_engine.backend"
+    idle = f"{key}: no effect here (weights sync in buckets over temper's own transport)"
+    assert (idle in text.splitlines()) == (mode != "separate_async")
+    assert (key in text) == (mode != "separate_async")
+
+
 def test_an_async_modes_options_are_noted_when_another_mode_runs():
     _, text = translated(composed("ppo_trainer.yaml", "trainer.v1.trainer_mode=colocate_async"))
     line = next(n for n in text.splitlines() if "separate_async.num_warmup_batches" in n)

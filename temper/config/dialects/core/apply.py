@@ -8,7 +8,9 @@ a mapped value reaches its native field (verl's are converted to the field's typ
 which sections a dialect does not read at all (verl's critic without a critic).
 
 The one refusal wording (:func:`refusal`): ``<key>: <reason> (got <value>). Fix: <fix>``
-— the key, the reason, the value the file gave (a section by its keys), the fix.
+— the key, the reason, the value the file gave (a section by its keys), the fix; a value
+outside a closed list of names (a choice transform's, a logger's) is refused in it too
+(:func:`unsupported`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from temper.config.dialects.core.rules import (
     Same,
     Use,
 )
-from temper.config.errors import ConfigError
+from temper.config.errors import ConfigError, did_you_mean
 
 
 class Applying(Protocol):
@@ -51,6 +53,8 @@ class Applying(Protocol):
 
     def put(self, native: str, value: Any, given: Any, weak: bool = False) -> None: ...
 
+    def use(self, rule: Use) -> None: ...
+
 
 def shown(value: Any) -> str:
     """A value as a one-line message shows it: a section by its keys, not its contents,
@@ -64,6 +68,17 @@ def shown(value: Any) -> str:
 def refusal(key: str, reason: str, value: Any, fix: str) -> ConfigError:
     """The refusal of ``key`` at ``value`` (the module docstring's wording)."""
     return ConfigError(key, f"{reason} (got {shown(value)})", fix)
+
+
+def unsupported(key: str, value: Any, valid: Sequence[str], what: str = "value") -> ConfigError:
+    """The refusal of ``value`` at ``key``, which takes one of the names ``valid``
+    (``what``: what they name, a logger's)."""
+    return refusal(
+        key,
+        f"this {what} is not supported",
+        value,
+        f"use one of: {', '.join(valid)}{did_you_mean(str(value), valid)}",
+    )
 
 
 def apply(ctx: Applying, rule: Rule, value: Any, stars: Sequence[str] = ()) -> None:
@@ -99,6 +114,7 @@ def apply(ctx: Applying, rule: Rule, value: Any, stars: Sequence[str] = ()) -> N
         rule.fn(value, ctx)
     else:  # Use: read by the derivation the row names (rule.by), which runs after the walk
         assert isinstance(rule, Use)
+        ctx.use(rule)
 
 
 def _map(ctx: Applying, rule: Map, value: Any, stars: Sequence[str]) -> None:

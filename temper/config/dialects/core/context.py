@@ -6,7 +6,12 @@ Transforms, predicates, ``Call`` bodies and derivations see this much of any dia
 context. It applies the table's rules (:mod:`core.apply`, the same for every dialect); a
 dialect's conventions are what it overrides: its unset marker (:meth:`Context.unset`),
 how a mapped value reaches its native field (:meth:`Context.put`), which rows it leaves
-unread (:meth:`Context.unread`)."""
+unread (:meth:`Context.unread`).
+
+It keeps what each derivation read in this run (:attr:`Context.derived`), so that a
+:class:`rules.Use` row whose derivation did not read its key here is noted with the row's
+``idle`` reason (:meth:`Context.settle`, which the dialect's driver calls after its final
+pass)."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from typing import Any
 
 from temper.config.dialects.core import apply, derivation, paths
 from temper.config.dialects.core.result import Result
-from temper.config.dialects.core.rules import Rule
+from temper.config.dialects.core.rules import Rule, Use
 from temper.config.errors import ConfigError
 
 
@@ -26,15 +31,23 @@ class Context:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
         self.key = ""  # the key being translated, as the user wrote it
+        self.path = ""  # the same as the data's keys read it (a dialect may show a prefix)
         self.out = Result()
+        self.derived: dict[str, set[str]] = {}  # derivation -> the keys it read in this run
+        self.uses: list[tuple[str, str, Use]] = []  # (key, path, rule): Use rows applied
 
     def get(self, path: str, default: Any = None) -> Any:
-        derivation.read(path)
+        self._read(path)
         return paths.get(self.data, path, default)
 
     def has(self, path: str) -> bool:
-        derivation.read(path)
+        self._read(path)
         return paths.has(self.data, path)
+
+    def _read(self, path: str) -> None:
+        name = derivation.read(path)
+        if name is not None:
+            self.derived.setdefault(name, set()).add(path)
 
     @property
     def leaf(self) -> str:
@@ -46,7 +59,7 @@ class Context:
 
     def enter(self, path: str) -> bool:
         """The walk's (:class:`walk.Walker`): ``path`` is translated next."""
-        self.key = path
+        self.key = self.path = path
         return True
 
     def apply(self, rule: Rule, value: Any, stars: Sequence[str]) -> None:
@@ -68,6 +81,27 @@ class Context:
         """A :class:`rules.Map` row's write of ``value`` (made of the file's ``given``) to
         native field ``native``, as the key entered."""
         self.out.write(native, value, self.key, weak)
+
+    def use(self, rule: Use) -> None:
+        """The key entered is read by ``rule.by`` (checked in :meth:`settle`)."""
+        self.uses.append((self.key, self.path, rule))
+
+    def settle(self) -> None:
+        """After the final pass: a Use row whose derivation did not read its key (nor a
+        section above it, nor a key inside it) in this run is noted with its ``idle``
+        reason — it has no effect here."""
+        for key, path, rule in self.uses:
+            if not rule.idle:
+                continue  # a row that gives no idle reason is read whenever its derivation runs
+            read = self.derived.get(rule.by.name, set())
+            hit = any(
+                derivation.matches(path, r)
+                or derivation.under(r, path)
+                or derivation.under(path, r)
+                for r in read
+            )
+            if not hit:
+                self.inert(rule.idle, key)
 
     # ------------------------------------------------------------------ the result
 

@@ -16,7 +16,9 @@ The write policy (:meth:`Result.write`), the same for verl and ROLL:
 
 A final pass that derives a field from the whole file (a re-count of devices, a loss's
 pinned aggregation) overwrites with :meth:`Result.replace` instead, naming the key it
-credits.
+credits. What it reads of the result it reads through :meth:`Result.get`,
+:meth:`Result.written` or :meth:`Result.section`, which a derivation's recording sees
+(``core.derivation``: a derivation declares the fields it reads).
 
 The notes policy: a note is a reason and the keys it is about, one line per reason with
 every key it covers, keys first (``"key1, key2: <reason>"``: every line ``temper check``
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from temper.config.dialects.core import paths
+from temper.config.dialects.core import derivation, paths
 from temper.config.errors import ConfigError
 
 
@@ -81,9 +83,23 @@ class Result:
         """Unset ``native`` (what was written there, if anything)."""
         return self.fields.pop(native, None)
 
+    def written(self, native: str, default: Any = None) -> Written:
+        """What was written to ``native`` (value, key, weak), or ``default`` set by no key."""
+        derivation.read_field(native)
+        return self.fields.get(native) or Written(default, "")
+
+    def section(self, *prefixes: str) -> list[tuple[str, Written]]:
+        """Every field written under the sections ``prefixes``, in writing order."""
+        for prefix in prefixes:
+            derivation.read_field(prefix)
+        return [
+            (k, w) for k, w in self.fields.items() if k.startswith(tuple(p + "." for p in prefixes))
+        ]
+
     def get(self, native: str, default: Any = None) -> Any:
         """The value written to ``native`` — a section's, nested, when only keys under it
         were written — or ``default``."""
+        derivation.read_field(native)
         if native in self.fields:
             return self.fields[native].value
         prefix = native + "."
@@ -94,6 +110,7 @@ class Result:
 
     def source(self, native: str, default: str = "") -> str:
         """The key that set ``native``."""
+        derivation.read_field(native)
         written = self.fields.get(native)
         return default if written is None else written.key
 

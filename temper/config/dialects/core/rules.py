@@ -11,7 +11,9 @@ one segment) becomes.
   sandboxes, …): every leaf is noted, and switching the gate on is refused;
 - :class:`Call` — custom handling (collects state for the translator's final pass);
 - :class:`Use` — read by a derivation (``by``: a :func:`derivation.derivation`, which
-  declares the keys it reads), together with other keys;
+  declares the keys it reads), together with other keys; where the derivation reads it in
+  some modes only, ``idle`` says why it has no effect in the others (noted when the
+  derivation did not read it in the run);
 - :class:`Same` — must repeat another key's value (one setting temper keeps once).
 
 Transforms and predicates have one signature, ``fn(value, ctx)``: ``ctx`` is the
@@ -80,6 +82,9 @@ class Call:
 class Use:
     what: str  # what the derivation makes of the key (the native keys it sets)
     by: Derivation[..., Any]  # the derivation that reads it (and declares that it does)
+    # why the key has no effect in a run whose derivation did not read it (a mode that
+    # does not read it): noted "no effect here (<idle>)"; "": the derivation always reads it
+    idle: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,8 @@ def describe(rule: Rule) -> str:
             f"Fix: {rule.fix}"
         )
     if isinstance(rule, Use):
-        return f"read by the derivation {rule.by.name}: {rule.what}"
+        idle = f"; where it does not read it, no effect ({rule.idle})" if rule.idle else ""
+        return f"read by the derivation {rule.by.name}: {rule.what}{idle}"
     if isinstance(rule, Same):
         return f"must equal {rule.other}: {rule.why}"
     # a Call's docstring says what it does with the key (its first paragraph)

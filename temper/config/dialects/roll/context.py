@@ -61,6 +61,7 @@ def translation(
     """The translation ``ctx`` holds, the ROLL defaults it took (``applied``) noted; a
     pipeline file whose workers have their own names gives ``named``, which rewrites the
     shared rows' ``actor_train`` …"""
+    ctx.settle()
     if applied:
         ctx.remark(
             "ROLL defaults applied for keys the file omits: "

@@ -95,6 +95,7 @@ def _filters(ctx: Any) -> list[dict[str, Any]]:
     "train_infer_correction.filters",
     k=("enabled", "weight_type", "upper_bound"),
     explains=("enable_old_logprobs_recompute", "entropy_loss_coef"),
+    fields=("pipeline",),
 )
 def train_infer_correction(ctx: Any) -> None:
     """Importance weights and rejection filters of ROLL's train/infer correction."""

@@ -51,6 +51,10 @@ ENV_SECTIONS = (*ROLES, "train_env_manager", "val_env_manager")
     explains=("reward.model_args.dtype", "reward.generating_args.{gen}"),
     role=ROLES,
     gen=GENERATING_ARGS,
+    fields=(
+        "critic.model_path",
+        "pipeline",
+    ),
 )
 def model(ctx: Ctx) -> None:
     path = ctx.get("actor_train.model_args.model_name_or_path") or ctx.get("pretrain")
@@ -420,6 +424,12 @@ def data_files(ctx: Ctx) -> None:
     "{role}.strategy_args.strategy_config",
     "actor_infer.num_gpus_per_worker",
     role=ROLES,
+    fields=(
+        "model.dtype",
+        "pipeline",
+        "rollout.engine",
+        "rollout.tensor_parallel_size",
+    ),
 )
 def strategies(ctx: Ctx) -> None:
     for role in ROLES:
@@ -595,6 +605,7 @@ ROLL_GPUS_PER_NODE = 8
     "num_nodes",
     role=(*ROLES, "rewards.*"),
     env=(*ENV_SECTIONS, "rewards.*"),
+    fields=("resources.ray.system_envs",),
 )
 def placement(ctx: Ctx) -> None:
     used: set[int] = set()
@@ -789,7 +800,11 @@ def definitions(ctx: Ctx, raw: RawConfig, defs: list[str]) -> None:
 ROLL_ENV_MANAGER = {"num_env_groups": 128, "group_size": 1}
 
 
-@derivation("rollout_batch_size", "val_batch_size")
+@derivation(
+    "rollout_batch_size",
+    "val_batch_size",
+    fields=("agentic.train_env_manager", "agentic.val_env_manager"),
+)
 def episodes(ctx: Ctx) -> None:
     """ROLL's batch counts trajectories; each env replays batch / envs episodes.
 

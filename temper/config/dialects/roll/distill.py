@@ -211,6 +211,7 @@ def _is_vision(given: dict[str, Any]) -> bool:
     "prompt_length",
     "distill_on_prompt",
     role=("actor_train", "reference"),
+    fields=("sft.max_length",),
 )
 def vision_rows(ctx: Ctx) -> None:
     """ROLL's VL distillation rows, image bounds and length (module docstring)."""

@@ -101,6 +101,10 @@ _FIX_NORM = (
     "sequence_length",
     "{mgr}.tags",
     mgr=("train_env_manager", "val_env_manager"),
+    fields=(
+        "agentic.custom_envs",
+        "rollout.response_length",
+    ),
 )
 def env_manager(ctx: Ctx) -> None:
     """``custom_envs.*.env_manager_cls`` → ``agentic.env_manager`` (module docstring)."""
@@ -213,6 +217,7 @@ def _agent_runner(tag: str, spec: dict[str, Any]) -> str:
     "step_reward_gamma",
     "reward_normalization.{k}",
     k=("grouping", "method", "norm_mean_type", "norm_std_type"),
+    fields=("agentic.reward_normalization.method",),
 )
 def gigpo(ctx: Ctx) -> None:
     """``adv_estimator: gigpo``'s keys and normalization (module docstring)."""

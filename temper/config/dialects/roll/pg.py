@@ -102,6 +102,7 @@ PARAM_RULES = {name: _param_rule(name, default) for name, default in DEFAULTS.it
     "pg_clip_low",
     "pg_clip_high",
     side=("positive", "negative"),
+    fields=("actor.policy_loss",),
 )
 def pg_variant(ctx: Any) -> None:
     """Set ``actor.policy_loss`` (and its parameters) from ROLL's PG worker's variant."""

@@ -147,6 +147,11 @@ def _worker(spec: Any) -> tuple[Any, str | None]:
     kwarg=ROUTE_KWARGS,
     judge=[k for k in JUDGE_KEYS if k != "generating_args"],
     gen=GENERATING_ARGS,
+    fields=(
+        "data.extra_info_columns",
+        "model.path",
+        "pipeline",
+    ),
 )
 def rewards(ctx: Any) -> None:
     """Routes, judge and sandbox settings of every ``rewards.<domain>`` (module doc)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from temper.config.errors import ConfigError
+from temper.config.dialects.core.apply import unsupported
 
 # --------------------------------------------------------------------------- value transforms
 
@@ -140,8 +140,7 @@ def choice(table: Mapping[Any, str | None], key: str) -> Callable[..., Any]:
     def fn(value: Any, _ctx: Any = None) -> Any:
         if value in table:
             return table[value]
-        valid = ", ".join(sorted(str(k) for k in table if k is not None))
-        raise ConfigError(key, f"'{value}' is not supported here", f"use one of: {valid}")
+        raise unsupported(key, value, sorted(str(k) for k in table if k is not None))
 
     return fn
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.apply import unsupported
 from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.verl import fully_async as fa
 
@@ -121,13 +122,7 @@ def trainer_mode(v: Any, ctx: Any) -> None:
         ctx.note("verl's V1 sync trainer: temper's loop runs the same synchronous step")
         return
     if v not in ASYNC_MODES:
-        from temper.config.errors import did_you_mean
-
-        valid = ("sync", *ASYNC_MODES)
-        raise ctx.error(
-            f"'{v}' is not supported{did_you_mean(str(v), valid)}",
-            f"use one of: {', '.join(valid)}",
-        )
+        raise unsupported(ctx.key, v, ("sync", *ASYNC_MODES))
     ctx.note(f"verl's {v} trainer runs as async_training.staleness (see its num_warmup_batches)")
     ctx.note(f"{v}: {DIFFERS}")
     if v == "colocate_async":
@@ -450,6 +445,14 @@ def hybrid_engine(v: Any, ctx: Any) -> None:
     )
 
 
+@derivation(
+    "rollout",
+    "async_training",
+    "trainer.use_v1",
+    f"{V1}.trainer_mode",
+    f"{RC}.bypass_mode",
+    f"{RC}.loss_type",
+)
 def finish(ctx: Any) -> None:
     """The final pass: the staleness and placement of an asynchronous trainer (the
     fully-async trainer's: :func:`verl_fully_async.finish`); bypass mode's REINFORCE
@@ -558,7 +561,11 @@ def loss_type(v: Any, ctx: Any) -> None:
         ctx.note("ppo_clip: the vanilla PPO-clip loss with old log-probs from the rollout")
 
 
-@derivation(f"{RC}.rollout_is", f"{RC}.rollout_is_batch_normalize")
+@derivation(
+    f"{RC}.rollout_is",
+    f"{RC}.rollout_is_batch_normalize",
+    fields=("actor.rollout_is_threshold", "actor.rollout_is_threshold_low"),
+)
 def _reinforce(ctx: Any) -> None:
     """Bypass mode's REINFORCE loss: ``actor.policy_loss: reinforce_is`` with
     ``rollout_is``'s level, thresholds and batch normalization (verl computes the weights
@@ -570,8 +577,8 @@ def _reinforce(ctx: Any) -> None:
     ctx.replace("actor.policy_loss", "reinforce_is", key)
     ctx.write("actor.policy_loss_kwargs.reinforce_is_level", level, key)
     if level != "none":
-        high = ctx.writes.get("actor.rollout_is_threshold", (2.0,))[0]
-        low = ctx.writes.get("actor.rollout_is_threshold_low", (None,))[0]
+        high = ctx.out.written("actor.rollout_is_threshold", 2.0).value
+        low = ctx.out.written("actor.rollout_is_threshold_low").value
         ctx.write("actor.policy_loss_kwargs.reinforce_is_threshold", high, key)
         if low is not None:
             ctx.write("actor.policy_loss_kwargs.reinforce_is_threshold_low", low, key)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Call, Rule
 from temper.config.errors import ConfigError
 
@@ -280,6 +281,7 @@ def distillation(section: Any, ctx: Any) -> None:
     ctx.write("data.tag_key", section.get("teacher_key", "data_source"), f"{SECTION}.teacher_key")
 
 
+@derivation(f"{SECTION}.enabled", f"{SECTION}.nnodes")
 def finish(ctx: Any) -> None:
     """The final pass: the teachers' own pool (``distillation.nnodes`` > 0) beside the
     trainer's, as ``resources.reference`` (temper places teachers on the reference's

@@ -293,7 +293,7 @@ def _staleness(ctx: Any) -> None:
     )
 
 
-@derivation("rollout.total_rollout_steps")
+@derivation("rollout.total_rollout_steps", fields=("experiment.max_steps",))
 def _length(ctx: Any, batch: int) -> None:
     """Prompts the rollouter generates in all: ``experiment.max_steps`` = ⌊total / batch⌋;
     null: every prompt, ``total_epochs`` times."""
@@ -304,8 +304,8 @@ def _length(ctx: Any, batch: int) -> None:
             key, f"must be a positive integer or null (got {total!r})", "set it to 1 or more"
         )
     steps_key = "trainer.total_training_steps"
-    if ctx.writes.get("experiment.max_steps", (None, ""))[1].endswith(steps_key):
-        del ctx.writes["experiment.max_steps"]  # verl's fully-async trainer never reads it
+    if ctx.out.written("experiment.max_steps").key.endswith(steps_key):
+        ctx.out.drop("experiment.max_steps")  # verl's fully-async trainer never reads it
         ctx.note(
             f"no effect here (verl's fully-async trainer counts its steps from {key})",
             steps_key,

@@ -37,6 +37,7 @@ from temper.config.dialects.core.rules import Call, Map, Note, Rule
 from temper.config.dialects.verl.sections import TABLE as RL_TABLE
 from temper.config.dialects.verl.sft import is_sft
 from temper.config.dialects.verl.table import PERF, RO
+from temper.config.dialects.verl.table_rollout import finish_engine_kwargs
 
 MOD = "actor_rollout_ref.model"
 
@@ -268,16 +269,18 @@ SERVER: dict[str, Rule] = {
 }
 
 
+@derivation()
 def finish_server(ctx: Any) -> None:
     """``pipeline: generate``, the server's output (rows and responses, no log-probs:
     with any verl version's default of ``calculate_log_probs``), and the chosen engine's
     ``engine_kwargs`` as the PPO trainer's translation passes them."""
     ctx.write("pipeline", "generate", key="data.train_files")
     ctx.write("rollout.calculate_log_probs", False, key=f"{RO}.calculate_log_probs")
-    ctx.finish_engine_kwargs()
+    finish_engine_kwargs(ctx)
     finish_devices(ctx)
 
 
+@derivation()
 def finish_generation(ctx: Any) -> None:
     """``pipeline: generate``; prompts are cut as verl's ``apply_chat_template(...,
     truncation=True)`` cuts them, keeping the start (the tokenizer's default side)."""
@@ -315,10 +318,11 @@ EVALUATION: dict[str, Rule] = {
 }
 
 
+@derivation(fields=("reward.custom_function.path",))
 def finish_evaluation(ctx: Any) -> None:
     """``pipeline: eval``; a custom function file scores every response (the PPO
     trainer's rule: its path selects ``reward.function: custom``)."""
     ctx.write("pipeline", "eval", key="data.response_key")
-    path, key, _weak = ctx.writes.get("reward.custom_function.path", (None, "", False))
+    path, key, _weak = ctx.out.written("reward.custom_function.path")
     if path:
         ctx.write("reward.function", "custom", key=key)

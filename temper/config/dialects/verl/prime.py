@@ -107,14 +107,25 @@ def is_prime(ctx: Any) -> str | None:
     return next((key for key in KEYS if ctx.get(key) is not None), None)
 
 
-@derivation(*KEYS, "data.filter_accuracy")
+@derivation(
+    *KEYS,
+    "data.filter_accuracy",
+    fields=(
+        "reward.model",
+        "algorithm",
+        "critic",
+        "prime.accuracy_lower_bound",
+        "prime.accuracy_upper_bound",
+        "reward.reward_manager",
+    ),
+)
 def finish(ctx: Any) -> None:
     """A PRIME file runs the prime pipeline; its reward model is the PRM (module doc)."""
     key = is_prime(ctx)
     if key is None:
         return
     ctx.write("pipeline", "prime", key=ctx.prefix + key)
-    for native, (value, source, weak) in list(ctx.writes.items()):
+    for native, (value, source, weak) in ctx.out.section("reward.model", "algorithm", "critic"):
         if native.startswith("reward.model."):
             del ctx.writes[native]
             leaf = native[len("reward.model.") :]
@@ -132,12 +143,12 @@ def finish(ctx: Any) -> None:
             ctx.unnote(source)
             if value is not None:
                 ctx.note(NOT_READ, source)
-    if not ctx.get("data.filter_accuracy", False):  # verl reads the bounds under it only
-        for bound in ("accuracy_lower_bound", "accuracy_upper_bound"):
-            _, source, _ = ctx.writes.pop(f"prime.{bound}", (None, "", False))
-            if source:
-                ctx.note("no effect here (bounds of data.filter_accuracy, which is off)", source)
-    manager, source, _ = ctx.writes.get("reward.reward_manager", (None, "", False))
+    filtered = ctx.get("data.filter_accuracy", False)
+    for bound in ("accuracy_lower_bound", "accuracy_upper_bound"):
+        source = ctx.out.written(f"prime.{bound}").key
+        if not filtered and ctx.out.drop(f"prime.{bound}"):  # verl reads them under it only
+            ctx.note("no effect here (bounds of data.filter_accuracy, which is off)", source)
+    manager, source, _ = ctx.out.written("reward.reward_manager")
     if manager == "prime":
         ctx.note(
             "verl's prime reward manager scores each response by rule, as naive does, in a "

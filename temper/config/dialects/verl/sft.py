@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.core.rules import Call, Gated, Map, Note, Refuse, Rule
+from temper.config.dialects.core.derivation import derivation
+from temper.config.dialects.core.rules import Call, Gated, Map, Note, Refuse, Rule, Use
 from temper.config.dialects.verl import transforms as r
 from temper.config.dialects.verl.megatron import _engine as megatron_engine
 from temper.config.dialects.verl.sections import TABLE as RL_TABLE
@@ -65,14 +66,45 @@ def _model_rows() -> dict[str, Rule]:
 
 # ----------------------------------------------------------------- data: what a row is
 
+#: What :func:`finish` makes of each of :data:`COLUMNS` (``--explain``, the manual).
+USES = {
+    "prompt_key": "data.prompt_key (with prompt_dict_keys), single-turn rows",
+    "response_key": "sft.response_key (with response_dict_keys), single-turn rows",
+    "prompt_dict_keys": "data.prompt_key: the prompt column's nested keys, single-turn rows",
+    "response_dict_keys": "sft.response_key: the response column's nested keys, single-turn rows",
+    "multiturn.enable": "multi-turn rows (data.messages_key) or single-turn ones",
+    "multiturn.messages_key": "data.messages_key, multi-turn rows",
+    "messages_key": "data.messages_key",
+    "tools_key": "sft.tools_key, multi-turn rows",
+    "thinking": "sft.enable_thinking_key, multi-turn rows",
+    "enable_thinking_default": "data.apply_chat_template_kwargs.enable_thinking",
+}
 
-def _remember(name: str) -> Call:
-    """A key read with others in :func:`finish` (the columns that make a sample)."""
 
-    def fn(value: Any, ctx: Any) -> None:
-        ctx.state.setdefault("sft", {})[name] = (value, ctx.key)
+#: The keys :func:`finish` reads together (the columns that make a sample), by the name
+#: it reads them as: verl's legacy trainer's key, then verl 0.9's (a file has one of them).
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "prompt_key": ("data.prompt_key",),
+    "response_key": ("data.response_key",),
+    "prompt_dict_keys": ("data.prompt_dict_keys",),
+    "response_dict_keys": ("data.response_dict_keys",),
+    "multiturn.enable": ("data.multiturn.enable",),
+    "multiturn.messages_key": ("data.multiturn.messages_key",),
+    "messages_key": ("data.messages_key",),
+    "tools_key": ("data.multiturn.tools_key", "data.tools_key"),
+    "thinking": ("data.multiturn.enable_thinking_key", "data.enable_thinking_key"),
+    "enable_thinking_default": ("data.enable_thinking_default",),
+}
 
-    return Call(fn)
+
+def _columns(ctx: Any) -> dict[str, tuple[Any, str]]:
+    """Each :data:`COLUMNS` name the file sets: (its value, the key that set it)."""
+    got = {}
+    for name, keys in COLUMNS.items():
+        for key in keys:
+            if ctx.has(key):
+                got[name] = (ctx.get(key), ctx.prefix + key)
+    return got
 
 
 def _dotted(column: Any, keys: Any, ctx: Any, key: str) -> str:
@@ -91,10 +123,14 @@ def _dotted(column: Any, keys: Any, ctx: Any, key: str) -> str:
     return ".".join(parts)
 
 
+@derivation(
+    *(key for keys in COLUMNS.values() for key in keys),
+    fields=("data.apply_chat_template_kwargs", "actor.optim.lr_scheduler"),
+)
 def finish(ctx: Any) -> None:
     """``pipeline: sft``, and a row's columns: a conversation (verl 0.9's trainer always;
     the legacy one with ``data.multiturn.enable``), or a prompt and a response."""
-    got: dict[str, tuple[Any, str]] = ctx.state.get("sft", {})
+    got = _columns(ctx)
 
     def value(name: str, default: Any = None) -> Any:
         return got[name][0] if name in got and got[name][0] is not None else default
@@ -141,11 +177,11 @@ def finish(ctx: Any) -> None:
     thinking = value("enable_thinking_default")
     if thinking not in (None, "none", "None"):
         native = "data.apply_chat_template_kwargs"
-        kwargs = dict(ctx.writes.get(native, ({}, "", False))[0] or {})
+        kwargs = dict(ctx.out.written(native).value or {})
         kwargs.setdefault("enable_thinking", bool(thinking))  # the file's own kwargs win
         # one value from two keys: the kwargs the file gives, completed by the default
         ctx.replace(native, kwargs, got["enable_thinking_default"][1])
-    if not engine_era and "actor.optim.lr_scheduler" not in ctx.writes:
+    if not engine_era and not ctx.out.written("actor.optim.lr_scheduler").key:
         # fsdp_sft_trainer decays with a cosine when optim.lr_scheduler is absent
         ctx.write("actor.optim.lr_scheduler", "cosine", key="optim.lr_scheduler")
         ctx.note("verl default applied (the file does not set it)", "optim.lr_scheduler=cosine")
@@ -189,18 +225,7 @@ def _data_rows() -> dict[str, Rule]:
             "turns follow is reported and skipped (verl with true trains on the turn-by-turn "
             "tokens instead)"
         ),
-        f"{d}.prompt_key": _remember("prompt_key"),
-        f"{d}.response_key": _remember("response_key"),
-        f"{d}.prompt_dict_keys": _remember("prompt_dict_keys"),
-        f"{d}.response_dict_keys": _remember("response_dict_keys"),
-        f"{d}.multiturn.enable": _remember("multiturn.enable"),
-        f"{d}.multiturn.messages_key": _remember("multiturn.messages_key"),
-        f"{d}.multiturn.tools_key": _remember("tools_key"),
-        f"{d}.multiturn.enable_thinking_key": _remember("thinking"),
-        f"{d}.messages_key": _remember("messages_key"),
-        f"{d}.tools_key": _remember("tools_key"),
-        f"{d}.enable_thinking_key": _remember("thinking"),
-        f"{d}.enable_thinking_default": _remember("enable_thinking_default"),
+        **{key: Use(USES[name], finish) for name, keys in COLUMNS.items() for key in keys},
     }
 
 

@@ -85,27 +85,29 @@ def is_spin(ctx: Any) -> str | None:
     return next((key for key in KEYS if ctx.get(key) is not None), None)
 
 
-@derivation(*KEYS)
+@derivation(
+    *KEYS, fields=("algorithm", "critic", "actor", "actor.mini_batch_size", "actor.ppo_epochs")
+)
 def finish(ctx: Any) -> None:
     """A SPIN file runs the spin pipeline; what its trainer does not read is noted."""
     key = is_spin(ctx)
     if key is None:
         return
     ctx.write("pipeline", "spin", key=ctx.prefix + key)
-    for native, (value, source, _weak) in list(ctx.writes.items()):
-        if native.startswith(("algorithm.", "critic.")) and native not in REFUSED:
+    for native, (value, source, _weak) in ctx.out.section("algorithm", "critic"):
+        if native not in REFUSED:
             del ctx.writes[native]
             ctx.unnote(source)
             if value is not None:
                 ctx.note(NOT_READ, source)
-    for native, (value, source, _weak) in list(ctx.writes.items()):
+    for native, (value, source, _weak) in ctx.out.section("actor"):
         if native in RL_LOSS or native.startswith(tuple(k + "." for k in RL_LOSS)):
             del ctx.writes[native]
             ctx.unnote(source)
             if value is not None:
                 ctx.note(DPO_LOSS, source)
     for native, value in (("actor.mini_batch_size", None), ("actor.ppo_epochs", 1)):
-        _, source, _ = ctx.writes.get(native, (None, "", False))
+        source = ctx.out.written(native).key
         if source:
             ctx.note(ONE_STEP, source)
             ctx.replace(native, value, source)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.config.dialects.core.rules import Call, Map, Note, Refuse, Rule
+from temper.config.dialects.core.derivation import derivation
+from temper.config.dialects.core.rules import Call, Map, Note, Refuse, Rule, Use
+from temper.config.dialects.verl import asynchronous as verl_async
 from temper.config.dialects.verl import transforms as r
 from temper.config.dialects.verl.table import (
     ACT,
@@ -18,6 +20,7 @@ from temper.config.dialects.verl.table import (
     _off,
     _profiler,
 )
+from temper.config.schema import RolloutConfig
 
 
 def _r3(ctx: Any) -> bool:
@@ -42,6 +45,22 @@ def engine_kwargs(value: Any, ctx: Any) -> None:
         ctx.state.setdefault("engine_kwargs_keys", {}).setdefault(name, []).extend(
             f"{ctx.key}.{name}.{arg}" for arg in kwargs
         )
+
+
+@derivation(fields=("rollout.engine",))
+def finish_engine_kwargs(ctx: Any) -> None:
+    """The final pass of the ``engine_kwargs`` rows: the chosen engine's kwargs (the
+    engine ``rollout.name`` wrote) become ``rollout.engine_kwargs``; the others' are
+    noted."""
+    ctx.key = ctx.prefix + f"{RO}.engine_kwargs"
+    chosen = ctx.out.written("rollout.engine", RolloutConfig.engine).value
+    kwargs = ctx.state.get("engine_kwargs", {})
+    for name, keys in ctx.state.get("engine_kwargs_keys", {}).items():
+        if name != chosen and kwargs.get(name):
+            for key in keys:
+                ctx.note(f"no effect here (used only when rollout.name is {name})", key)
+    if kwargs.get(chosen):
+        ctx.write("rollout.engine_kwargs", kwargs[chosen])
 
 
 def _section_rollout() -> dict[str, Rule]:
@@ -148,8 +167,10 @@ def _section_rollout() -> dict[str, Rule]:
                 ok=lambda v, ctx: bool(v) == _r3(ctx),
                 why="true with the actor's R3, false otherwise",
             ),
-            f"{RO}.checkpoint_engine.backend": Note(
-                "weights sync in buckets over temper's own transport"
+            f"{RO}.checkpoint_engine.backend": Use(
+                "checked: verl's separate_async trainer asserts a backend other than naive",
+                verl_async._separate_async,
+                idle="weights sync in buckets over temper's own transport",
             ),
             f"{RO}.checkpoint_engine.update_weights_bucket_megabytes": Map(
                 "rollout.update_weights_bucket_megabytes"

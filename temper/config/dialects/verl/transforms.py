@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from temper.config.dialects.core.apply import unsupported
 from temper.config.dialects.core.rules import Transform
 
 UNSET = "???"  # Hydra's mandatory-value marker, left unresolved by verl's default config
@@ -185,12 +186,7 @@ def choice(*valid: str, aliases: dict[str, str] | None = None) -> Transform:
     def fn(v: Any, ctx: Any) -> Any:
         v = (aliases or {}).get(v, v)
         if v is not None and v not in valid:
-            from temper.config.errors import did_you_mean
-
-            raise ctx.error(
-                f"'{v}' is not supported{did_you_mean(str(v), valid)}",
-                f"use one of: {', '.join(valid)}",
-            )
+            raise unsupported(ctx.key, v, valid)
         return v
 
     return fn
@@ -273,10 +269,7 @@ def trackers(v: Any, ctx: Any) -> Any:
                 f"write the list unquoted: trainer.logger={name}",
             )
         if name not in _LOGGERS:
-            raise ctx.error(
-                f"logger '{name}' is not supported",
-                "use console, wandb (tracking), tensorboard, mlflow, swanlab or trackio",
-            )
+            raise unsupported(ctx.key, name, list(_LOGGERS), "logger")
         if _LOGGERS[name] not in out:
             out.append(_LOGGERS[name])
     if "jsonl" not in out:

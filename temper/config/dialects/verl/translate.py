@@ -34,6 +34,7 @@ from temper.config.catalog import VALUES, Catalog
 from temper.config.dialects import Translation
 from temper.config.dialects.core import paths
 from temper.config.dialects.core.context import Context
+from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.paths import MISSING
 from temper.config.dialects.core.result import Written
 from temper.config.dialects.core.rules import Gated, Note, Refuse, Rule, meaning
@@ -45,16 +46,23 @@ from temper.config.dialects.verl import prime as verl_prime
 from temper.config.dialects.verl import sft as verl_sft
 from temper.config.dialects.verl import spin as verl_spin
 from temper.config.dialects.verl import sppo as verl_sppo
+from temper.config.dialects.verl import table_rollout as verl_rollout
 from temper.config.dialects.verl.sections import DEFAULTS, INHERIT, TABLE, WRAPPER
 from temper.config.dialects.verl.transforms import UNSET
 from temper.config.dialects.verl.v09 import MODEL_ENGINE_STRATEGY
 from temper.config.errors import ConfigError, did_you_mean
 from temper.config.loader import RawConfig
-from temper.config.schema import RolloutConfig, TemperConfig
+from temper.config.schema import TemperConfig
 from temper.config.typed import _convert
 
 # verl policy losses that always aggregate with seq-mean-token-mean.
 SEQUENCE_MEAN_LOSSES = ("gspo", "sapo")
+#: each role's token budgets, which verl counts per sequence-parallel rank
+BUDGETS = {
+    "actor": ("actor.max_token_len_per_device", "rollout.log_prob_max_token_len_per_device"),
+    "reference": ("reference.log_prob_max_token_len_per_device",),
+    "critic": ("critic.max_token_len_per_device", "critic.log_prob_max_token_len_per_device"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +160,9 @@ class _Translator(Context):
 
     @property
     def writes(self) -> dict[str, Written]:
-        """The native fields written so far (the result's; final passes read them)."""
+        """The native fields written so far (the result's): final passes that move or
+        rescale a field write here; what they read they read through ``out.written`` or
+        ``out.section``, which their recording sees."""
         return self.out.fields
 
     def get(self, path: str, default: Any = None) -> Any:
@@ -190,7 +200,8 @@ class _Translator(Context):
         self.shown = self.prefix
         self.tables.keys.walk_section(self, self.data, ())
         self.tables.finish(self)
-        self._finish()
+        _finish(self)
+        self.settle()
         return Translation(
             native=self.out.native(),
             notes=self.out.notes(),
@@ -318,121 +329,116 @@ class _Translator(Context):
     def _write(self, native: str, value: Any, weak: bool = False) -> None:
         self.out.write(native, value, self.key, weak)
 
-    # ------------------------------------------------------------------ final pass
 
-    def _finish_ppo(self) -> None:
-        """The PPO trainer's part of the final pass: the SPIN recipe's pipeline, the SPPO
-        recipe's estimator and loss,
-        sequence-level losses, the chosen engine's kwargs, a custom reward function."""
-        verl_spin.finish(self)  # a SPIN file's algorithm keys are read by nothing
-        verl_prime.finish(self)  # a PRIME file's reward model is its PRM
-        verl_sppo.finish(self)  # first of the rest: it chooses the policy loss they read
-        self._sequence_level_losses()
-        self._sequence_parallel_budgets()
-        verl_async.finish(self)
-        verl_distill.finish(self)
-        self.finish_engine_kwargs()
-        path, path_key, _ = self.writes.get("reward.custom_function.path", (None, "", False))
-        if path:
-            self.key = path_key  # custom_reward_function.path, or verl 0.9's reward.…
-            self._write("reward.function", "custom")
+# --------------------------------------------------------------------------- final passes
 
-    def finish_engine_kwargs(self) -> None:
-        """The chosen engine's ``rollout.engine_kwargs`` (the others' are noted)."""
-        self.key = self.prefix + "actor_rollout_ref.rollout.engine_kwargs"
-        chosen = self.writes.get("rollout.engine", (RolloutConfig.engine, "", False))[0]
-        kwargs = self.state.get("engine_kwargs", {})
-        for name, keys in self.state.get("engine_kwargs_keys", {}).items():
-            if name != chosen and kwargs.get(name):
-                for key in keys:
-                    self.note(f"no effect here (used only when rollout.name is {name})", key)
-        if kwargs.get(chosen):
-            self._write("rollout.engine_kwargs", _convert(kwargs[chosen], dict[str, Any], self.key))
 
-    def _finish(self) -> None:
-        """Every verl trainer's part of the final pass: saving cadence and backend."""
-        if not self.tables.trains:
-            return
-        # verl saves every trainer.save_freq steps and nothing else: temper's time-based
-        # recovery checkpoints (native configs only) stay off, so a verl file saves as
-        # it does there
-        self.key = self.prefix + "trainer.save_freq"
-        self._write("experiment.save_every_minutes", None)
-        nnodes = self.writes.get("resources.nnodes", (1,))[0]
-        per_node = self.writes.get("resources.devices_per_node", (1,))[0]
-        self.key = self.prefix + "trainer.n_gpus_per_node"
-        self._write("resources.backend", "ray" if nnodes * per_node > 1 else "local")
-        self.note(
-            "verl runs through Ray (its SFT trainers under torchrun); temper uses the local "
-            "backend for one device and Ray for more",
+@derivation(fields=("reward.custom_function.path",))
+def _finish_ppo(ctx: _Translator) -> None:
+    """The PPO trainer's part of the final pass: the SPIN recipe's pipeline, the SPPO
+    recipe's estimator and loss,
+    sequence-level losses, the chosen engine's kwargs, a custom reward function."""
+    verl_spin.finish(ctx)  # a SPIN file's algorithm keys are read by nothing
+    verl_prime.finish(ctx)  # a PRIME file's reward model is its PRM
+    verl_sppo.finish(ctx)  # first of the rest: it chooses the policy loss they read
+    _sequence_level_losses(ctx)
+    _sequence_parallel_budgets(ctx)
+    verl_async.finish(ctx)
+    verl_distill.finish(ctx)
+    verl_rollout.finish_engine_kwargs(ctx)
+    path, path_key, _ = ctx.out.written("reward.custom_function.path")
+    if path:
+        ctx.key = path_key  # custom_reward_function.path, or verl 0.9's reward.…
+        ctx._write("reward.function", "custom")
+
+
+@derivation(fields=("resources.nnodes", "resources.devices_per_node"))
+def _finish(ctx: _Translator) -> None:
+    """Every verl trainer's part of the final pass: saving cadence and backend."""
+    if not ctx.tables.trains:
+        return
+    # verl saves every trainer.save_freq steps and nothing else: temper's time-based
+    # recovery checkpoints (native configs only) stay off, so a verl file saves as
+    # it does there
+    ctx.key = ctx.prefix + "trainer.save_freq"
+    ctx._write("experiment.save_every_minutes", None)
+    nnodes = ctx.out.written("resources.nnodes", 1).value
+    per_node = ctx.out.written("resources.devices_per_node", 1).value
+    ctx.key = ctx.prefix + "trainer.n_gpus_per_node"
+    ctx._write("resources.backend", "ray" if nnodes * per_node > 1 else "local")
+    ctx.note(
+        "verl runs through Ray (its SFT trainers under torchrun); temper uses the local "
+        "backend for one device and Ray for more",
+    )
+
+
+@derivation(fields=("actor.policy_loss", "actor.loss_agg_mode"))
+def _sequence_level_losses(ctx: _Translator) -> None:
+    """verl's ``gspo`` and ``sapo`` policy losses call ``agg_loss`` with
+    ``loss_agg_mode="seq-mean-token-mean"`` hard-coded (core_algos.py), whatever
+    ``actor.loss_agg_mode`` says; the value loss and entropy still use the setting.
+    temper's losses honour ``loss_agg_mode``, so the translation pins the policy
+    loss's aggregation with ``PolicyLossParams.loss_agg_mode_override``."""
+    loss, key, _ = ctx.out.written("actor.policy_loss")
+    if loss not in SEQUENCE_MEAN_LOSSES:
+        return
+    ctx.key = key
+    ctx._write("actor.policy_loss_kwargs.loss_agg_mode_override", "seq-mean-token-mean")
+    mode, mode_key, _ = ctx.out.written("actor.loss_agg_mode")
+    if mode not in (None, "seq-mean-token-mean"):
+        ctx.note(
+            f"verl's {loss} policy loss aggregates with seq-mean-token-mean whatever it "
+            "says (it still applies to the other loss terms); "
+            "actor.policy_loss_kwargs.loss_agg_mode_override does the same here",
+            mode_key,
         )
 
-    def _sequence_level_losses(self) -> None:
-        """verl's ``gspo`` and ``sapo`` policy losses call ``agg_loss`` with
-        ``loss_agg_mode="seq-mean-token-mean"`` hard-coded (core_algos.py), whatever
-        ``actor.loss_agg_mode`` says; the value loss and entropy still use the setting.
-        temper's losses honour ``loss_agg_mode``, so the translation pins the policy
-        loss's aggregation with ``PolicyLossParams.loss_agg_mode_override``."""
-        loss, key, _ = self.writes.get("actor.policy_loss", (None, "", False))
-        if loss not in SEQUENCE_MEAN_LOSSES:
-            return
-        self.key = key
-        self._write("actor.policy_loss_kwargs.loss_agg_mode_override", "seq-mean-token-mean")
-        mode, mode_key, _ = self.writes.get("actor.loss_agg_mode", (None, "", False))
-        if mode not in (None, "seq-mean-token-mean"):
-            self.note(
-                f"verl's {loss} policy loss aggregates with seq-mean-token-mean whatever it "
-                "says (it still applies to the other loss terms); "
-                "actor.policy_loss_kwargs.loss_agg_mode_override does the same here",
-                mode_key,
-            )
 
-    def _sequence_parallel_budgets(self) -> None:
-        """verl's token budgets (``*_max_token_len_per_gpu``) count the tokens one rank of a
-        sequence-parallel group holds: its micro-batching packs ``budget × sp_size`` tokens
-        of whole samples (``dp_actor.py``, ``dp_critic.py``; 0.9's engines:
-        ``prepare_micro_batches``), where ``sp_size`` is the Ulysses size of an FSDP role
-        and the context-parallel size of a Megatron one. temper's budgets count the tokens
-        of whole samples, so the translation multiplies them: verl's configs that fill a
-        sequence-parallel group with one long sample hold it here too."""
-        budgets = {
-            "actor": (
-                "actor.max_token_len_per_device",
-                "rollout.log_prob_max_token_len_per_device",
-            ),
-            "reference": ("reference.log_prob_max_token_len_per_device",),
-            "critic": (
-                "critic.max_token_len_per_device",
-                "critic.log_prob_max_token_len_per_device",
-            ),
-        }
-        for role, natives in budgets.items():
-            strategy = self.writes.get(f"{role}.strategy", (None,))[0]
-            # the reference runs with the actor's sequence parallelism (verl's ref config
-            # interpolates the actor's size; this table refuses another one)
-            sp_role = "actor" if role == "reference" else role
-            size_key = (
-                f"{role}.megatron.context_parallel_size"
-                if strategy == "megatron"
-                else f"{sp_role}.ulysses_sequence_parallel_size"
-            )
-            size, size_source, _ = self.writes.get(size_key, (1, "", False))
-            if not isinstance(size, int) or size <= 1:
+@derivation(
+    fields=(
+        "{role}.strategy",
+        "{role}.megatron.context_parallel_size",
+        "{sp}.ulysses_sequence_parallel_size",
+        *(native for natives in BUDGETS.values() for native in natives),
+    ),
+    role=BUDGETS,
+    sp=("actor", "critic"),
+)
+def _sequence_parallel_budgets(ctx: _Translator) -> None:
+    """verl's token budgets (``*_max_token_len_per_gpu``) count the tokens one rank of a
+    sequence-parallel group holds: its micro-batching packs ``budget × sp_size`` tokens
+    of whole samples (``dp_actor.py``, ``dp_critic.py``; 0.9's engines:
+    ``prepare_micro_batches``), where ``sp_size`` is the Ulysses size of an FSDP role
+    and the context-parallel size of a Megatron one. temper's budgets count the tokens
+    of whole samples, so the translation multiplies them: verl's configs that fill a
+    sequence-parallel group with one long sample hold it here too."""
+    for role, natives in BUDGETS.items():
+        strategy = ctx.out.written(f"{role}.strategy").value
+        # the reference runs with the actor's sequence parallelism (verl's ref config
+        # interpolates the actor's size; this table refuses another one)
+        sp_role = "actor" if role == "reference" else role
+        size_key = (
+            f"{role}.megatron.context_parallel_size"
+            if strategy == "megatron"
+            else f"{sp_role}.ulysses_sequence_parallel_size"
+        )
+        size, size_source, _ = ctx.out.written(size_key, 1)
+        budgets = [(native, ctx.out.written(native)) for native in natives]
+        if not isinstance(size, int) or size <= 1:
+            continue
+        for native, (budget, key, weak) in budgets:
+            if not isinstance(budget, int):
                 continue
-            for native in natives:
-                budget, key, weak = self.writes.get(native, (None, "", False))
-                if not isinstance(budget, int):
-                    continue
-                self.writes[native] = Written(budget * size, key, weak)
-                self.note(
-                    f"verl's token budgets count one sequence-parallel rank's tokens: × "
-                    f"{size_source.rsplit('.', 1)[-1]} {size} = {budget * size} tokens of whole "
-                    f"samples here ({native})",
-                    key,
-                )
+            ctx.writes[native] = Written(budget * size, key, weak)
+            ctx.note(
+                f"verl's token budgets count one sequence-parallel rank's tokens: × "
+                f"{size_source.rsplit('.', 1)[-1]} {size} = {budget * size} tokens of whole "
+                f"samples here ({native})",
+                key,
+            )
 
 
-PPO = Tables(TABLE, DEFAULTS, INHERIT, _Translator._finish_ppo)
+PPO = Tables(TABLE, DEFAULTS, INHERIT, _finish_ppo)
 SFT = Tables(verl_sft.TABLE, {}, [], verl_sft.finish)
 GENERATION = Tables(
     verl_generation.GENERATION, {}, [], verl_generation.finish_generation, trains=False
