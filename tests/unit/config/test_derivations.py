@@ -210,14 +210,20 @@ EXTRA = [
 @functools.cache
 def _recorded() -> Record:
     """What each derivation read over the rows of the upstream replay and EXTRA."""
-    record = {name: set(keys) for name, keys in upstream_replay.replayed()[1].items()}
+    record = Record()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with recording() as extra:
             for row in EXTRA:
                 upstream_replay.check(row)
-    for name, keys in extra.items():
-        record.setdefault(name, set()).update(keys)
+    for part in (upstream_replay.replayed()[1], extra):
+        for mine, theirs in (
+            (record.keys, part.keys),
+            (record.fields, part.fields),
+            (record.calls, part.calls),
+        ):
+            for name, read in theirs.items():
+                mine.setdefault(name, set()).update(read)
     return record
 
 

@@ -34,7 +34,7 @@ from reference_paths import UPSTREAM  # next to this file
 from upstream_scripts import Command, script_commands
 
 from temper.config import ConfigError
-from temper.config.dialects.core.derivation import recording
+from temper.config.dialects.core.derivation import Record, recording
 from temper.pipelines.catalog import load_config
 from temper.pipelines.preflight import preflight
 
@@ -253,7 +253,7 @@ def check(row: Row) -> str:
 
 
 @cache
-def replayed() -> tuple[dict[str, str], dict[str, set[str]]]:
+def replayed() -> tuple[dict[str, str], Record]:
     """Every row's :func:`check` message, and the keys each dialect derivation read over
     them (``core.derivation.recording``): one replay, shared by the tests that hold the
     outcomes and the derivations' declarations to it (a replay is the config tests'
