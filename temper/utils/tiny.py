@@ -105,39 +105,63 @@ def make_tiny_model(
     return out
 
 
+def tiny_fields(tok: Any, **over: Any) -> dict[str, Any]:
+    """The config fields the tiny test models share — 64 wide, 2 layers, 4 heads over 2
+    KV heads (GQA), 256 positions — with the byte tokenizer's size and ids; ``over``
+    replaces or adds fields."""
+    return {
+        "vocab_size": len(tok),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+        **over,
+    }
+
+
+def save_seeded(
+    config: Any,
+    out: Path,
+    seed: int,
+    drawn: tuple[str, ...] = (),
+    head: Any = None,
+) -> str:
+    """Build a model of ``config`` under ``seed`` (torch's RNG restored afterwards) and
+    save it to ``out``. Parameters whose names end in ``drawn`` are drawn from N(0, 0.5²)
+    (norm scales from N(1, 0.5²)) instead of their init — q/k/v biases and qk-norms that
+    HF initialises to 0 and 1, or routers, so that they matter in a test. ``head``: the
+    Auto class (a causal LM by default)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = (head or AutoModelForCausalLM).from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if drawn and name.endswith(drawn):
+                    p.copy_(torch.randn_like(p) * 0.5 + (1.0 if "norm" in name else 0.0))
+    model.save_pretrained(str(out))
+    return str(out)
+
+
 def make_tiny_classifier(out_dir: str | Path, model_type: str = "qwen2", seed: int = 4) -> str:
     """Write a tiny random ``*ForSequenceClassification`` reward model (``num_labels`` 1)
     with the byte tokenizer to ``out_dir``: ``llama`` (GQA, tied embeddings in its
     config) or ``qwen2`` (q/k/v biases, drawn large so that they matter)."""
-    import torch
     from transformers import AutoModelForSequenceClassification, LlamaConfig, Qwen2Config
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out)
-    common: dict[str, Any] = dict(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        num_labels=1,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
     kind = LlamaConfig if model_type == "llama" else Qwen2Config
-    config = kind(**common, tie_word_embeddings=model_type == "llama")
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("_proj.bias"):
-                    p.copy_(torch.randn_like(p) * 0.5)
-    model.save_pretrained(str(out))
-    return str(out)
+    config = kind(**tiny_fields(tok, num_labels=1, tie_word_embeddings=model_type == "llama"))
+    head = AutoModelForSequenceClassification
+    return save_seeded(config, out, seed, drawn=("_proj.bias",), head=head)
 
 
 def make_tiny_moe_model(
@@ -146,26 +170,19 @@ def make_tiny_moe_model(
     """A tiny random MoE model with the shared byte tokenizer: ``num_layers`` layers, 4
     experts, top-2, router weights scaled up so that tokens spread unevenly over the
     experts. A Qwen3-MoE's first layer has a dense MLP unless ``dense_first`` is off."""
-    import torch
-    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     out = Path(out_dir)
     if (out / "config.json").is_file():
         return str(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out)
-    common: dict[str, Any] = dict(
-        vocab_size=len(tok),
-        hidden_size=64,
+    common = tiny_fields(
+        tok,
         intermediate_size=96,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
         num_experts_per_tok=2,
         tie_word_embeddings=False,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
     )
     if model_type == "qwen2_moe":
         config: Any = Qwen2MoeConfig(
@@ -179,15 +196,8 @@ def make_tiny_moe_model(
         config = Qwen3MoeConfig(**common, num_experts=4, moe_intermediate_size=32, **qwen3)
     else:
         config = MixtralConfig(**common, num_local_experts=4)
-    with torch.random.fork_rng():
-        torch.manual_seed(3)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("gate.weight"):  # the router and the shared expert's gate
-                    p.normal_(0.0, 0.5)
-    model.save_pretrained(str(out))
-    return str(out)
+    # the router and the shared expert's gate
+    return save_seeded(config, out, seed=3, drawn=("gate.weight",))
 
 
 def main() -> None:

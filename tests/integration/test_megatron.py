@@ -57,25 +57,14 @@ def _tiny(out: Path, model_type: str) -> str:
     not HF's zero init), untied. qwen3: qk-norm (random scales), head_dim 32 ≠ 64/4,
     untied, rope_theta 1e6.
     """
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    from temper.utils.tiny import build_tokenizer
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
 
     if (out / "config.json").is_file():
         return str(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out)
-    common = dict(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    common = tiny_fields(build_tokenizer(out))
     if model_type == "llama":
         rope = {
             "rope_type": "llama3",
@@ -95,15 +84,7 @@ def _tiny(out: Path, model_type: str) -> str:
             tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         )
-    with torch.random.fork_rng():
-        torch.manual_seed(3)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(("_proj.bias", "q_norm.weight", "k_norm.weight")):
-                    p.copy_(torch.randn_like(p) * 0.5 + (1.0 if "norm" in name else 0.0))
-    model.save_pretrained(str(out))
-    return str(out)
+    return save_seeded(config, out, seed=3, drawn=("_proj.bias", "q_norm.weight", "k_norm.weight"))
 
 
 @pytest.fixture(scope="module")

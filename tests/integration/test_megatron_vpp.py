@@ -51,33 +51,13 @@ def four_layers(tmp_path_factory) -> str:
 
 def _qwen2(out: Path, seed: int) -> str:
     """A 4-layer Qwen2 (untied, random q/k/v biases) with the shared byte tokenizer."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import Qwen2Config
 
-    from temper.utils.tiny import build_tokenizer
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
 
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out)
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("_proj.bias"):
-                    p.copy_(torch.randn_like(p) * 0.5)
-    model.save_pretrained(str(out))
-    return str(out)
+    fields = tiny_fields(build_tokenizer(out), num_hidden_layers=4, tie_word_embeddings=False)
+    return save_seeded(Qwen2Config(**fields), out, seed, drawn=("_proj.bias",))
 
 
 @pytest.fixture(scope="module")
