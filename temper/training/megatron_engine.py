@@ -204,6 +204,11 @@ class MegatronEngine(TorchEngine):
             )
         if not self.trainable:
             module.requires_grad_(False)
+        elif self.spec.train is not None:  # freeze_vision_tower / freeze_module_prefix
+            from temper.training.megatron_vision import freeze
+
+            vision = self.built.layout.vision
+            freeze(module, self.built.maps, vision, self.spec.train, self.spec.role)
         return module
 
     @property
@@ -254,7 +259,8 @@ class MegatronEngine(TorchEngine):
             set_stage_input(module, received)
         if self._router_stats is None:
             with self._autocast():
-                out: torch.Tensor = module(ids, positions, None)
+                rope, extra = self._vision_args(module, mb, inp, ids, positions)
+                out: torch.Tensor = module(ids, rope, None, **extra)
             return out
         self._router_stats.begin(index)  # router losses, counts: trailing padding out
         real = inp.attention_mask.sum(dim=1, keepdim=True)  # positions: global under CP
@@ -262,6 +268,24 @@ class MegatronEngine(TorchEngine):
         with self._autocast():
             out = module(ids, positions, None, padding_mask=padding)
         return out
+
+    def _vision_args(
+        self,
+        module: nn.Module,
+        mb: Batch,
+        inp: ModelInputs,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``(positions, extra forward kwargs)``: a vision-language model's M-RoPE
+        positions and decoder input (:func:`megatron_vision.forward_args`); a text
+        model's own positions and none."""
+        rope = self.built.rope_index
+        if rope is None:
+            return positions, {}
+        from temper.training.megatron_vision import forward_args
+
+        return forward_args(rope, self.built.hf_config, module, mb, inp, ids, positions)
 
     def _model_ids(self, inp: ModelInputs) -> torch.Tensor:
         """The right-aligned ids of the whole sequence; under sequence parallelism padded
@@ -377,7 +401,8 @@ class MegatronEngine(TorchEngine):
         inp = model_inputs(mb, self.device)
         ids, positions = self._local_ids(self._model_ids(inp))
         with self._autocast():
-            hidden = self.model(ids, positions, None)
+            rope, extra = self._vision_args(self.model, mb, inp, ids, positions)
+            hidden = self.model(ids, rope, None, **extra)
         return self.head.top_logits(mb, inp, hidden, k, scale, vocab, log_probs)
 
     def _run(

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from temper.training.hf_export import load_tokenizer
+from temper.training.hf_export import load_tokenizer, save_processor_files
 from temper.training.megatron_convert import Kind, ParamMap
 from temper.training.megatron_export import MegatronExport
 from temper.training.megatron_lora import LoraAdapters
@@ -69,6 +69,8 @@ def _causal_architecture(config: Any) -> str:
         "qwen2_moe": "Qwen2MoeForCausalLM",
         "qwen3_moe": "Qwen3MoeForCausalLM",
         "mixtral": "MixtralForCausalLM",
+        "qwen2_vl": "Qwen2VLForConditionalGeneration",
+        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     }[config.model_type]
 
 
@@ -201,6 +203,8 @@ class MegatronCheckpointer:
                 tok.save_pretrained(str(out))
             except (OSError, ValueError) as err:
                 log.warning("no tokenizer saved with %s: %s", out, err)
+            if not spec.value_head:
+                save_processor_files(spec.model, out, spec.model_path)  # VL models
         dist.barrier()
 
     # ----------------------------------------------------------------------- checkpoints
