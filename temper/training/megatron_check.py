@@ -147,6 +147,8 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         layout = local_layout(cfg.model, path or cfg.model.path)
         if layout is not None:  # how TP, PP × VPP and EP split this model
             check_divisible(layout, m, role)
+            value = role in ("critic", "reward.model")
+            check_vision(layout, m, role, value=value, lora=cfg.model.lora.rank > 0)
             if role not in FROZEN:
                 check_lora(cfg.model.lora, role, moe=layout.moe is not None)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role not in FROZEN else 1
@@ -257,6 +259,36 @@ def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
                 f"{role}.megatron.tensor_model_parallel_size",
                 f"{tp} does not divide the model's {n} {what}",
                 f"use a tensor-parallel size that divides {n}",
+            )
+
+
+def check_vision(
+    layout: HFLayout, m: MegatronConfig, role: str, *, value: bool, lora: bool
+) -> None:
+    """What a vision-language model (:mod:`megatron_vision`) runs with on this engine:
+    tensor, pipeline and data parallelism; no context or sequence parallelism (the
+    decoder input is whole sequences on every TP rank), no LoRA, and an actor or
+    reference (no value head)."""
+    if not layout.vision:
+        return
+    key = f"{role}.megatron"
+    refused = [
+        (
+            m.context_parallel_size > 1,
+            f"{key}.context_parallel_size",
+            "set it to 1 (tensor, pipeline and data parallelism run VL models)",
+        ),
+        (m.sequence_parallel, f"{key}.sequence_parallel", "set it to false"),
+        (lora, "model.lora.rank", f"set it to 0, or use {role}.strategy: fsdp2 for LoRA"),
+        (value, f"{role}.strategy", "use fsdp2 (or torch) for a value model of a VL model"),
+    ]
+    for bad, name, fix in refused:
+        if bad:
+            raise ConfigError(
+                name,
+                f"the megatron engine runs a vision-language model ({layout.model_type}) "
+                "without context/sequence parallelism, LoRA or a value head in this build",
+                fix,
             )
 
 

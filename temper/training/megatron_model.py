@@ -30,7 +30,7 @@ import torch
 from temper.config.errors import ConfigError
 from temper.config.schema import MEGATRON_DEGREES, MegatronConfig
 from temper.training.hf_reader import HFCheckpoint
-from temper.training.megatron_check import check_divisible, unavailable_fusions
+from temper.training.megatron_check import check_divisible, check_vision, unavailable_fusions
 from temper.training.megatron_convert import (
     HFLayout,
     ParamMap,
@@ -245,6 +245,9 @@ def read_model_source(spec: EngineSpec) -> ModelSource:
             "model.path", f"{src}: {err}", f"use {role}.strategy: fsdp2 for this model"
         ) from err
     check_divisible(layout, spec.megatron_config, role)
+    check_vision(
+        layout, spec.megatron_config, role, value=spec.value_head, lora=spec.model.lora.rank > 0
+    )
     return ModelSource(src, hf_config, layout, inv_freq)
 
 

@@ -1,6 +1,6 @@
 """Vision-language models (tiny Qwen2-VL / Qwen2.5-VL) on the megatron engine against the
 torch engine, on image rows: per-token log-probs at TP=1 and TP=2; one actor update at
-TP=2 (vision tower trained, or frozen and unchanged) and at TP=1 × DP=2; the exported
+TP=2 (vision tower trained, or frozen and unchanged), at DP=2 and at PP=2; the exported
 HF names and tensors are the torch engine's, and the saved directory loads in
 transformers.
 
@@ -43,14 +43,14 @@ def vlms(tmp_path_factory) -> dict[str, str]:
     return {f: str(make_tiny_vlm(root / f, num_kv_heads=2, family=f)) for f in FAMILIES}
 
 
-def vl_actor(path: str, strategy: str, tp: int = 1, freeze: bool = False) -> Actor:
+def vl_actor(path: str, strategy: str, tp: int = 1, freeze: bool = False, pp: int = 1) -> Actor:
     cfg = ActorConfig(
         strategy=strategy,
         use_dynamic_bsz=True,  # token budgets: ranks run different micro-batch counts
         max_token_len_per_device=90,
         freeze_vision_tower=freeze,
         grad_clip=1.0,
-        megatron=MegatronConfig(tensor_model_parallel_size=tp),
+        megatron=MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
         # a large eps keeps Adam's first step linear in the gradient (fp32 round-off
         # on tiny gradients summed in another order would move a weight by O(lr))
         optim=OptimConfig(lr=0.1, eps=1.0, weight_decay=0.0),
@@ -109,12 +109,12 @@ def test_log_probs_on_images_equal_the_torch_engine_at_tp1_and_tp2(vlms, tmp_pat
 
 
 def _step_rank(
-    rank: int, world: int, path: str, batch: Batch, tp: int, freeze: bool, out: str
+    rank: int, world: int, path: str, batch: Batch, tp: int, pp: int, freeze: bool, out: str
 ) -> dict[str, Any] | None:
-    actor = vl_actor(path, "megatron", tp=tp, freeze=freeze)
-    dp = world // tp
+    actor = vl_actor(path, "megatron", tp=tp, freeze=freeze, pp=pp)
+    dp = world // (tp * pp)
     n = len(batch) // dp
-    d = rank // tp  # Megatron's order: TP ranks adjacent
+    d = (rank // tp) % dp  # Megatron's order: TP ranks adjacent, then DP
     actor.update(batch.slice(d * n, (d + 1) * n))
     full = {k: v.detach().clone() for k, v in actor.engine.named_weights()}  # collective
     actor.engine.save_hf(out)
@@ -122,12 +122,14 @@ def _step_rank(
 
 
 @pytest.mark.parametrize(
-    ("tp", "freeze"), [(2, False), (2, True), (1, False)], ids=["tp2", "tp2-frozen", "dp2"]
+    ("tp", "pp", "freeze"),
+    [(2, 1, False), (2, 1, True), (1, 1, False), (1, 2, False)],
+    ids=["tp2", "tp2-frozen", "dp2", "pp2"],
 )
-def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, tp, freeze):
-    """One update at TP=2 (tower trained or frozen) or at DP=2 gives the torch engine's
-    parameters, vision tower included; the saved directory loads in transformers with
-    the same weights."""
+def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, tp, pp, freeze):
+    """One update at TP=2 (tower trained or frozen), at DP=2 or over two pipeline stages
+    (the tower on the first) gives the torch engine's parameters, vision tower included;
+    the saved directory loads in transformers with the same weights."""
     from transformers import AutoModelForImageTextToText
 
     path = vlms["qwen2_vl"]
@@ -137,7 +139,7 @@ def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, tp, freeze):
     single.update(batch)
     ref = {k: v.clone() for k, v in single.engine.named_weights()}
     out = tmp_path / "hf"
-    got = spawn_ranks(_step_rank, 2, path, batch, tp, freeze, str(out))[0]
+    got = spawn_ranks(_step_rank, 2, path, batch, tp, pp, freeze, str(out))[0]
     assert got.keys() == ref.keys()
     for k in ref:
         torch.testing.assert_close(
