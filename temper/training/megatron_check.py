@@ -33,6 +33,12 @@ What runs where:
   virtual stages), DP, sequence parallelism, LoRA and MoE models (EP): on CPU temper's
   attention gathers keys and values over the CP group; on CUDA with TransformerEngine,
   TE's attention does CP itself (``extra.cp_comm_type``); router replay at any PP and CP;
+* vision-language models of the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL;
+  :mod:`megatron_vision`): the language model as a ``GPTModel`` with M-RoPE, Hugging
+  Face's vision tower on the first stage feeding the decoder input, at TP, PP and DP,
+  for an actor, reference or distillation teacher, ``freeze_vision_tower`` /
+  ``freeze_module_prefix`` honoured; with context or sequence parallelism, LoRA or a
+  value head (critic, reward model) refused by :func:`check_vision`;
 * not in this build: LoRA on a critic or on an MoE model, LoRA dropout — errors naming
   the key.
 """

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -127,7 +127,8 @@ def decoder_input(
     """``(L, B, H)``: the word embeddings of ``ids (B, L)`` with the image (video)
     placeholders of ``types`` (1, 2) replaced by the tower's features, in order."""
     tower = getattr(gpt, TOWER)
-    emb = gpt.embedding(input_ids=ids, position_ids=None).transpose(0, 1)  # (B, L, H)
+    embedding = cast(nn.Module, gpt.embedding)  # Megatron's LanguageModelEmbedding
+    emb = embedding(input_ids=ids, position_ids=None).transpose(0, 1)  # (B, L, H)
     for kind, pixels, grid in (
         (1, "pixel_values", "image_grid_thw"),
         (2, "pixel_values_videos", "video_grid_thw"),
