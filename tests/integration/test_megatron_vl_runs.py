@@ -5,7 +5,6 @@ overrides; a GRPO run whose megatron actor is a tiny Qwen2-VL trains on image pr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
