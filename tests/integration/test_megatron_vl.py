@@ -153,3 +153,36 @@ def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, tp, pp, freeze
     for k in ref:
         torch.testing.assert_close(loaded[k], got[k], atol=0, rtol=0, msg=k)
     assert (out / "preprocessor_config.json").is_file()
+
+
+def _checkpoint_rank(
+    rank: int, world: int, path: str, batch: Batch, ckpt: str, tp: int, mode: str
+) -> dict[str, Any] | None:
+    actor = vl_actor(path, "megatron", tp=tp)
+    engine = actor.engine
+    first, second = batch.slice(0, 2), batch.slice(2, 4)
+    out: dict[str, Any] = {}
+    if mode == "train":
+        actor.update(first)
+        engine.save_checkpoint(f"{ckpt}/a")
+    else:
+        engine.load_checkpoint(f"{ckpt}/a")
+    out["w1"] = {k: v.detach().clone() for k, v in engine.named_weights()}
+    actor.update(second)
+    out["w2"] = {k: v.detach().clone() for k, v in engine.named_weights()}
+    return out if rank == 0 else None
+
+
+def test_checkpoint_with_the_tower_resumes_at_another_tensor_parallel_size(vlms, tmp_path):
+    """TP=2: step, save, step. TP=1: load, step: the same weights, vision tower and its
+    AdamW moments included (the second step moves them again)."""
+    path = vlms["qwen2_vl"]
+    batch, _ = image_batch(path, tmp_path)
+    ckpt = str(tmp_path / "ckpt")
+    trained = spawn_ranks(_checkpoint_rank, 2, path, batch, ckpt, 2, "train")[0]
+    resumed = spawn_ranks(_checkpoint_rank, 1, path, batch, ckpt, 1, "load")[0]
+    for k in trained["w1"]:
+        torch.testing.assert_close(resumed["w1"][k], trained["w1"][k], atol=0, rtol=0, msg=k)
+        torch.testing.assert_close(resumed["w2"][k], trained["w2"][k], atol=1e-6, rtol=1e-5, msg=k)
+    tower = "model.visual.merger.mlp.2.weight"
+    assert not torch.equal(trained["w1"][tower], trained["w2"][tower])
