@@ -277,15 +277,18 @@ class MegatronEngine(TorchEngine):
         ids: torch.Tensor,
         positions: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """``(positions, extra forward kwargs)``: a vision-language model's M-RoPE
-        positions and decoder input (:func:`megatron_vision.forward_args`); a text
-        model's own positions and none."""
+        """``(positions, extra forward kwargs)`` for this rank's ``ids`` at
+        ``positions`` (:meth:`_local_ids`): a vision-language model's M-RoPE positions
+        and decoder input (:func:`megatron_vision.forward_args`); a text model's own
+        positions and none."""
         rope = self.built.rope_index
         if rope is None:
             return positions, {}
         from temper.training.megatron_vision import forward_args
 
-        return forward_args(rope, self.built.hf_config, module, mb, inp, ids, positions)
+        # the whole sequence's ids, and the columns this rank runs (its CP share)
+        whole, cols = self._model_ids(inp), positions[0]
+        return forward_args(rope, self.built.hf_config, module, mb, inp, whole, cols)
 
     def _model_ids(self, inp: ModelInputs) -> torch.Tensor:
         """The right-aligned ids of the whole sequence; under sequence parallelism padded

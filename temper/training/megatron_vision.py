@@ -13,7 +13,9 @@ tower is Hugging Face's own module, a child ``vision`` of the first pipeline sta
 * the 3-D M-RoPE positions are HF's ``get_rope_index`` over the left-padded rows
   (time, height, width on image tokens; the same index thrice on text), right-aligned as
   the ids are (:func:`megatron_head.right_align`); a micro-batch without images has the
-  1-D positions thrice, which is plain RoPE.
+  1-D positions thrice, which is plain RoPE;
+* under context parallelism each CP rank takes its columns of both (the tower runs on
+  every CP rank; its partial gradients are summed with the DP ranks').
 
 Gradients: the decoder input's gradient is whole on every tensor-parallel rank (the
 first TP linear all-reduces its input gradient), so each TP rank's tower gets the same
@@ -152,26 +154,38 @@ def forward_args(
     gpt: nn.Module,
     mb: Batch,
     inp: ModelInputs,
-    ids: torch.Tensor,
-    positions: torch.Tensor,
+    whole: torch.Tensor,
+    cols: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """``(positions, extra GPTModel kwargs)`` of a vision-language model's micro-batch:
-    the right-aligned ids' M-RoPE positions ``(3, B, L)`` and, on the first stage, the
-    ``decoder_input`` (module doc); the 1-D ``positions`` thrice when no row has images."""
+    the M-RoPE positions ``(3, B, len(cols))`` and, on the first stage, the
+    ``decoder_input`` (module doc) of columns ``cols`` of the right-aligned (and padded)
+    ids ``whole (B, W)`` — all of them, or a context-parallel rank's share. Without
+    images, the 1-D positions ``cols`` thrice."""
+    b = whole.shape[0]
     vt = vision_tokens(config, mb, inp)
     if vt is None:
-        return positions.expand(3, -1, -1), {}
+        return cols.expand(3, b, -1), {}
     grids = {k: v for k, v in vt.inputs.items() if not k.startswith("pixel_values")}
     pos, _ = rope(
         inp.input_ids, mm_token_type_ids=vt.types, attention_mask=inp.attention_mask, **grids
     )
     mask = inp.attention_mask
-    pos3 = aligned(pos, mask)[..., : ids.shape[1]]
+    width = whole.shape[1]
+    pos3 = _pad_to(aligned(pos, mask), width).index_select(-1, cols)
     extra: dict[str, Any] = {}
     if hasattr(gpt, TOWER):
-        types = aligned(vt.types, mask)[:, : ids.shape[1]]
-        extra["decoder_input"] = decoder_input(gpt, ids, types, vt.inputs)
+        types = _pad_to(aligned(vt.types, mask), width)
+        extra["decoder_input"] = decoder_input(gpt, whole, types, vt.inputs).index_select(0, cols)
     return pos3, extra
+
+
+def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x (..., W')`` cut or zero-padded at its end to ``width`` columns (padding past
+    every row's end: causal attention keeps it out of the real tokens)."""
+    if x.shape[-1] >= width:
+        return x[..., :width]
+    return torch.nn.functional.pad(x, (0, width - x.shape[-1]))
 
 
 def hf_state_name(hf: str, vision: bool) -> str:

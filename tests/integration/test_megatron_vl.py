@@ -1,6 +1,6 @@
 """Vision-language models (tiny Qwen2-VL / Qwen2.5-VL) on the megatron engine against the
 torch engine, on image rows: per-token log-probs at TP=1 and TP=2; one actor update at
-TP=2 (vision tower trained, or frozen and unchanged), at DP=2 and at PP=2; the exported
+TP=2 (vision tower trained, or frozen and unchanged), at DP=2, PP=2 and CP=2; the exported
 HF names and tensors are the torch engine's, and the saved directory loads in
 transformers.
 
@@ -43,14 +43,20 @@ def vlms(tmp_path_factory) -> dict[str, str]:
     return {f: str(make_tiny_vlm(root / f, num_kv_heads=2, family=f)) for f in FAMILIES}
 
 
-def vl_actor(path: str, strategy: str, tp: int = 1, freeze: bool = False, pp: int = 1) -> Actor:
+def vl_actor(
+    path: str, strategy: str, tp: int = 1, freeze: bool = False, pp: int = 1, cp: int = 1
+) -> Actor:
     cfg = ActorConfig(
         strategy=strategy,
         use_dynamic_bsz=True,  # token budgets: ranks run different micro-batch counts
         max_token_len_per_device=90,
         freeze_vision_tower=freeze,
         grad_clip=1.0,
-        megatron=MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
+        megatron=MegatronConfig(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+        ),
         # a large eps keeps Adam's first step linear in the gradient (fp32 round-off
         # on tiny gradients summed in another order would move a weight by O(lr))
         optim=OptimConfig(lr=0.1, eps=1.0, weight_decay=0.0),
@@ -109,12 +115,19 @@ def test_log_probs_on_images_equal_the_torch_engine_at_tp1_and_tp2(vlms, tmp_pat
 
 
 def _step_rank(
-    rank: int, world: int, path: str, batch: Batch, tp: int, pp: int, freeze: bool, out: str
+    rank: int,
+    world: int,
+    path: str,
+    batch: Batch,
+    split: tuple[int, int, int],
+    freeze: bool,
+    out: str,
 ) -> dict[str, Any] | None:
-    actor = vl_actor(path, "megatron", tp=tp, freeze=freeze, pp=pp)
-    dp = world // (tp * pp)
+    tp, pp, cp = split
+    actor = vl_actor(path, "megatron", tp=tp, freeze=freeze, pp=pp, cp=cp)
+    dp = world // (tp * pp * cp)
     n = len(batch) // dp
-    d = (rank // tp) % dp  # Megatron's order: TP ranks adjacent, then DP
+    d = (rank // (tp * cp)) % dp  # Megatron's order: TP, CP, DP
     actor.update(batch.slice(d * n, (d + 1) * n))
     full = {k: v.detach().clone() for k, v in actor.engine.named_weights()}  # collective
     actor.engine.save_hf(out)
@@ -122,14 +135,22 @@ def _step_rank(
 
 
 @pytest.mark.parametrize(
-    ("tp", "pp", "freeze"),
-    [(2, 1, False), (2, 1, True), (1, 1, False), (1, 2, False)],
-    ids=["tp2", "tp2-frozen", "dp2", "pp2"],
+    ("split", "freeze"),
+    [
+        ((2, 1, 1), False),
+        ((2, 1, 1), True),
+        ((1, 1, 1), False),
+        ((1, 2, 1), False),
+        ((1, 1, 2), False),
+    ],
+    ids=["tp2", "tp2-frozen", "dp2", "pp2", "cp2"],
 )
-def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, tp, pp, freeze):
-    """One update at TP=2 (tower trained or frozen), at DP=2 or over two pipeline stages
-    (the tower on the first) gives the torch engine's parameters, vision tower included;
-    the saved directory loads in transformers with the same weights."""
+def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, split, freeze):
+    """One update at TP=2 (tower trained or frozen), at DP=2, over two pipeline stages
+    (the tower on the first) or at CP=2 (each CP rank runs its share of the decoder
+    input; the tower's partial gradients summed over CP) gives the torch engine's
+    parameters, vision tower included; the saved directory loads in transformers with
+    the same weights."""
     from transformers import AutoModelForImageTextToText
 
     path = vlms["qwen2_vl"]
@@ -139,7 +160,7 @@ def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, tp, pp, freeze
     single.update(batch)
     ref = {k: v.clone() for k, v in single.engine.named_weights()}
     out = tmp_path / "hf"
-    got = spawn_ranks(_step_rank, 2, path, batch, tp, pp, freeze, str(out))[0]
+    got = spawn_ranks(_step_rank, 2, path, batch, split, freeze, str(out))[0]
     assert got.keys() == ref.keys()
     for k in ref:
         torch.testing.assert_close(
