@@ -207,3 +207,41 @@ def test_checkpoint_with_the_tower_resumes_at_another_tensor_parallel_size(vlms,
         torch.testing.assert_close(resumed["w2"][k], trained["w2"][k], atol=1e-6, rtol=1e-5, msg=k)
     tower = "model.visual.merger.mlp.2.weight"
     assert not torch.equal(trained["w1"][tower], trained["w2"][tower])
+
+
+def _prefix_rank(rank: int, world: int, path: str, batch: Batch, prefix: str) -> dict[str, Any]:
+    from temper.config.errors import ConfigError
+
+    cfg = ActorConfig(
+        strategy="megatron",
+        freeze_module_prefix=[prefix],
+        optim=OptimConfig(lr=0.1, eps=1.0, weight_decay=0.0),
+    )
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        train=cfg,
+        infer_micro=MicroBatching(size=2),
+    )
+    try:
+        actor = Actor(cfg, build_engine("megatron", spec))
+    except ConfigError as err:
+        return {"error": str(err)}
+    before = {k: v.detach().clone() for k, v in actor.engine.named_weights()}
+    actor.update(batch)
+    after = {k: v.detach().clone() for k, v in actor.engine.named_weights()}
+    return {"moved": sorted(k for k in before if not torch.equal(before[k], after[k]))}
+
+
+def test_freeze_module_prefix_names_the_tower_as_hf_or_mcore_adapter_does(vlms, tmp_path):
+    """ROLL's ``freeze_module_prefix``: ``vision_model.blocks`` (mcore_adapter's name)
+    freezes the tower's blocks (``model.visual.blocks``), the merger still trains; a
+    prefix of no parameter is a ConfigError naming the key."""
+    path = vlms["qwen2_vl"]
+    batch, _ = image_batch(path, tmp_path)
+    moved = spawn_ranks(_prefix_rank, 1, path, batch, "vision_model.blocks")[0]["moved"]
+    assert not any(k.startswith("model.visual.blocks.") for k in moved)
+    assert any(k.startswith("model.visual.merger.") for k in moved)
+    assert any(k.startswith("model.language_model.layers.") for k in moved)
+    said = spawn_ranks(_prefix_rank, 1, path, batch, "model.vision")[0]["error"]
+    assert said.startswith("actor.freeze_module_prefix: 'model.vision' matches no parameter")
