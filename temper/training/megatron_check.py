@@ -36,8 +36,8 @@ What runs where:
 * vision-language models of the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL;
   :mod:`megatron_vision`): the language model as a ``GPTModel`` with M-RoPE, Hugging
   Face's vision tower on the first stage feeding the decoder input, at TP, PP, CP and
-  DP, for an actor, reference or distillation teacher, ``freeze_vision_tower`` /
-  ``freeze_module_prefix`` honoured; with sequence parallelism, LoRA or a value head
+  DP (sequence parallelism too), for an actor, reference or distillation teacher,
+  ``freeze_vision_tower`` / ``freeze_module_prefix`` honoured; with LoRA or a value head
   (critic, reward model) refused by :func:`check_vision`;
 * not in this build: LoRA on a critic or on an MoE model, LoRA dropout — errors naming
   the key.
@@ -272,14 +272,12 @@ def check_vision(
     layout: HFLayout, m: MegatronConfig, role: str, *, value: bool, lora: bool
 ) -> None:
     """What a vision-language model (:mod:`megatron_vision`) runs with on this engine:
-    tensor, pipeline, context and data parallelism; no sequence parallelism (the decoder
-    input is whole sequences on every TP rank), no LoRA, and an actor or reference (no
-    value head)."""
+    tensor (with sequence parallelism), pipeline, context and data parallelism, as an
+    actor or reference; not with LoRA (the adapters are the text layers'; the tower's
+    freezing and training are the role's) or a value head (critic, reward model)."""
     if not layout.vision:
         return
-    key = f"{role}.megatron"
     refused = [
-        (m.sequence_parallel, f"{key}.sequence_parallel", "set it to false"),
         (lora, "model.lora.rank", f"set it to 0, or use {role}.strategy: fsdp2 for LoRA"),
         (value, f"{role}.strategy", "use fsdp2 (or torch) for a value model of a VL model"),
     ]
@@ -288,7 +286,7 @@ def check_vision(
             raise ConfigError(
                 name,
                 f"the megatron engine runs a vision-language model ({layout.model_type}) "
-                "without sequence parallelism, LoRA or a value head in this build",
+                "without LoRA or a value head in this build",
                 fix,
             )
 

@@ -288,7 +288,8 @@ class MegatronEngine(TorchEngine):
 
         # the whole sequence's ids, and the columns this rank runs (its CP share)
         whole, cols = self._model_ids(inp), positions[0]
-        return forward_args(rope, self.built.hf_config, module, mb, inp, whole, cols)
+        group = self.parallel.tp_group if self.built.sequence_parallel else None
+        return forward_args(rope, self.built.hf_config, module, mb, inp, whole, cols, group)
 
     def _model_ids(self, inp: ModelInputs) -> torch.Tensor:
         """The right-aligned ids of the whole sequence; under sequence parallelism padded

@@ -15,7 +15,9 @@ tower is Hugging Face's own module, a child ``vision`` of the first pipeline sta
   the ids are (:func:`megatron_head.right_align`); a micro-batch without images has the
   1-D positions thrice, which is plain RoPE;
 * under context parallelism each CP rank takes its columns of both (the tower runs on
-  every CP rank; its partial gradients are summed with the DP ranks').
+  every CP rank; its partial gradients are summed with the DP ranks'); under sequence
+  parallelism the embedding's share is gathered before the features go in and the
+  decoder input split over TP after, as Megatron's embedding would split it.
 
 Gradients: the decoder input's gradient is whole on every tensor-parallel rank (the
 first TP linear all-reduces its input gradient), so each TP rank's tower gets the same
@@ -124,13 +126,24 @@ def aligned(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def decoder_input(
-    gpt: nn.Module, ids: torch.Tensor, types: torch.Tensor, inputs: dict[str, torch.Tensor]
+    gpt: nn.Module,
+    ids: torch.Tensor,
+    types: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+    sequence_group: Any = None,
 ) -> torch.Tensor:
     """``(L, B, H)``: the word embeddings of ``ids (B, L)`` with the image (video)
-    placeholders of ``types`` (1, 2) replaced by the tower's features, in order."""
+    placeholders of ``types`` (1, 2) replaced by the tower's features, in order. Under
+    sequence parallelism (``sequence_group``: the TP group) the embedding's output, a
+    share of the positions, is gathered first."""
+    from temper.training.megatron_sp import gather_sequence
+
     tower = getattr(gpt, TOWER)
     embedding = cast(nn.Module, gpt.embedding)  # Megatron's LanguageModelEmbedding
-    emb = embedding(input_ids=ids, position_ids=None).transpose(0, 1)  # (B, L, H)
+    emb = embedding(input_ids=ids, position_ids=None)
+    if sequence_group is not None:
+        emb = gather_sequence(emb, sequence_group)
+    emb = emb.transpose(0, 1)  # (B, L, H)
     for kind, pixels, grid in (
         (1, "pixel_values", "image_grid_thw"),
         (2, "pixel_values_videos", "video_grid_thw"),
@@ -156,12 +169,15 @@ def forward_args(
     inp: ModelInputs,
     whole: torch.Tensor,
     cols: torch.Tensor,
+    sequence_group: Any = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """``(positions, extra GPTModel kwargs)`` of a vision-language model's micro-batch:
     the M-RoPE positions ``(3, B, len(cols))`` and, on the first stage, the
     ``decoder_input`` (module doc) of columns ``cols`` of the right-aligned (and padded)
-    ids ``whole (B, W)`` — all of them, or a context-parallel rank's share. Without
-    images, the 1-D positions ``cols`` thrice."""
+    ids ``whole (B, W)`` — all of them, or a context-parallel rank's share; under
+    sequence parallelism (``sequence_group``: the TP group) the decoder input is this TP
+    rank's share of those, as Megatron's embedding scatters it. Without images, the 1-D
+    positions ``cols`` thrice."""
     b = whole.shape[0]
     vt = vision_tokens(config, mb, inp)
     if vt is None:
@@ -176,7 +192,13 @@ def forward_args(
     extra: dict[str, Any] = {}
     if hasattr(gpt, TOWER):
         types = _pad_to(aligned(vt.types, mask), width)
-        extra["decoder_input"] = decoder_input(gpt, whole, types, vt.inputs).index_select(0, cols)
+        full = decoder_input(gpt, whole, types, vt.inputs, sequence_group)
+        mine = full.index_select(0, cols)
+        if sequence_group is not None:
+            from temper.training.megatron_sp import split_sequence
+
+            mine = split_sequence(mine, sequence_group)
+        extra["decoder_input"] = mine
     return pos3, extra
 
 

@@ -1,6 +1,7 @@
 """Vision-language models (tiny Qwen2-VL / Qwen2.5-VL) on the megatron engine against the
 torch engine, on image rows: per-token log-probs at TP=1 and TP=2; one actor update at
-TP=2 (vision tower trained, or frozen and unchanged), at DP=2, PP=2 and CP=2; the exported
+TP=2 (vision tower trained, or frozen and unchanged; with sequence parallelism), at DP=2,
+PP=2 and CP=2; the exported
 HF names and tensors are the torch engine's, and the saved directory loads in
 transformers.
 
@@ -43,20 +44,16 @@ def vlms(tmp_path_factory) -> dict[str, str]:
     return {f: str(make_tiny_vlm(root / f, num_kv_heads=2, family=f)) for f in FAMILIES}
 
 
-def vl_actor(
-    path: str, strategy: str, tp: int = 1, freeze: bool = False, pp: int = 1, cp: int = 1
-) -> Actor:
+def vl_actor(path: str, strategy: str, tp: int = 1, freeze: bool = False, **split: Any) -> Actor:
+    """A VL actor; ``split``: more MegatronConfig degrees (pipeline, context, sequence
+    parallelism)."""
     cfg = ActorConfig(
         strategy=strategy,
         use_dynamic_bsz=True,  # token budgets: ranks run different micro-batch counts
         max_token_len_per_device=90,
         freeze_vision_tower=freeze,
         grad_clip=1.0,
-        megatron=MegatronConfig(
-            tensor_model_parallel_size=tp,
-            pipeline_model_parallel_size=pp,
-            context_parallel_size=cp,
-        ),
+        megatron=MegatronConfig(tensor_model_parallel_size=tp, **split),
         # a large eps keeps Adam's first step linear in the gradient (fp32 round-off
         # on tiny gradients summed in another order would move a weight by O(lr))
         optim=OptimConfig(lr=0.1, eps=1.0, weight_decay=0.0),
@@ -119,13 +116,14 @@ def _step_rank(
     world: int,
     path: str,
     batch: Batch,
-    split: tuple[int, int, int],
+    split: dict[str, Any],
     freeze: bool,
     out: str,
 ) -> dict[str, Any] | None:
-    tp, pp, cp = split
-    actor = vl_actor(path, "megatron", tp=tp, freeze=freeze, pp=pp, cp=cp)
-    dp = world // (tp * pp * cp)
+    actor = vl_actor(path, "megatron", freeze=freeze, **split)
+    tp = split.get("tp", 1)
+    cp = split.get("context_parallel_size", 1)
+    dp = world // (tp * split.get("pipeline_model_parallel_size", 1) * cp)
     n = len(batch) // dp
     d = (rank // (tp * cp)) % dp  # Megatron's order: TP, CP, DP
     actor.update(batch.slice(d * n, (d + 1) * n))
@@ -134,23 +132,27 @@ def _step_rank(
     return full if rank == 0 else None
 
 
+TP2 = {"tp": 2}
+SPLITS = [
+    (TP2, False),
+    (TP2, True),
+    ({"tp": 2, "sequence_parallel": True}, False),
+    ({}, False),
+    ({"pipeline_model_parallel_size": 2}, False),
+    ({"context_parallel_size": 2}, False),
+]
+
+
 @pytest.mark.parametrize(
-    ("split", "freeze"),
-    [
-        ((2, 1, 1), False),
-        ((2, 1, 1), True),
-        ((1, 1, 1), False),
-        ((1, 2, 1), False),
-        ((1, 1, 2), False),
-    ],
-    ids=["tp2", "tp2-frozen", "dp2", "pp2", "cp2"],
+    ("split", "freeze"), SPLITS, ids=["tp2", "tp2-frozen", "tp2-sp", "dp2", "pp2", "cp2"]
 )
 def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, split, freeze):
-    """One update at TP=2 (tower trained or frozen), at DP=2, over two pipeline stages
-    (the tower on the first) or at CP=2 (each CP rank runs its share of the decoder
-    input; the tower's partial gradients summed over CP) gives the torch engine's
-    parameters, vision tower included; the saved directory loads in transformers with
-    the same weights."""
+    """One update at TP=2 (tower trained or frozen; with sequence parallelism: the
+    decoder input split over TP as Megatron's embedding splits it), at DP=2, over two
+    pipeline stages (the tower on the first) or at CP=2 (each CP rank runs its share of
+    the decoder input; the tower's partial gradients summed over CP) gives the torch
+    engine's parameters, vision tower included; the saved directory loads in
+    transformers with the same weights."""
     from transformers import AutoModelForImageTextToText
 
     path = vlms["qwen2_vl"]
