@@ -16,7 +16,10 @@ and the collectives:
   row by row so that its real tokens start at position 0: RoPE positions are then the
   sequence positions, exactly Hugging Face's ``cumsum(mask) - 1``, and causal attention
   alone masks the trailing padding. Log-probs and entropy come from the vocabulary-
-  parallel logits without gathering them (:mod:`megatron_vocab`).
+  parallel logits without gathering them (:mod:`megatron_vocab`). A vision-language
+  model's micro-batch enters as a decoder input (word embeddings with the vision
+  tower's features at the image placeholders) with 3-D M-RoPE positions
+  (:mod:`megatron_vision`).
 * **Pipeline.** With PP > 1 the micro-batches go through the stages on temper's own
   schedule (:mod:`megatron_pipeline`: all forwards, then all backwards); the last stage
   computes outputs and losses, and its log-probs, values and metric sums are broadcast
