@@ -85,6 +85,17 @@ def _base_architecture(config: Any) -> str:
     }[config.model_type]
 
 
+def _checkpoint_name(name: str) -> str:
+    """A tensor's name in a saved HF directory: a vision-language model's state-dict
+    names (``model.language_model.*``, ``model.visual.*``) in the checkpoint layout that
+    ``save_pretrained`` writes and the source model has (``model.*``, ``visual.*``)."""
+    if name.startswith("model.language_model."):
+        return "model." + name.removeprefix("model.language_model.")
+    if name.startswith("model.visual."):
+        return name.removeprefix("model.")
+    return name
+
+
 def _copy_generation_config(spec: EngineSpec, out: Path) -> None:
     from transformers import GenerationConfig
 
@@ -180,7 +191,7 @@ class MegatronCheckpointer:
             if name.startswith("value_head."):
                 head[name.removeprefix("value_head.")] = t
             else:
-                state[name] = t
+                state[_checkpoint_name(name)] = t
         if rank0:
             out.mkdir(parents=True, exist_ok=True)
             config = self.built.hf_config

@@ -176,6 +176,14 @@ def test_update_on_images_equals_the_torch_engine(vlms, tmp_path, split, freeze)
     for k in ref:
         torch.testing.assert_close(loaded[k], got[k], atol=0, rtol=0, msg=k)
     assert (out / "preprocessor_config.json").is_file()
+    # the source checkpoint's layout (model.*, visual.*), as save_pretrained writes it
+    from safetensors import safe_open
+
+    with (
+        safe_open(str(Path(path) / "model.safetensors"), "pt") as f,
+        safe_open(str(out / "model.safetensors"), "pt") as g,
+    ):
+        assert set(g.keys()) == set(f.keys())
 
 
 def _checkpoint_rank(

@@ -88,3 +88,60 @@ def test_grpo_with_a_megatron_vl_actor_trains(tmp_path, tiny_vlm_dir, monkeypatc
     assert (saved / "preprocessor_config.json").is_file()
     config = json.loads((saved / "config.json").read_text())
     assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
+
+
+def test_video_grpo_with_a_megatron_qwen2_5_vl_actor_moves_the_tower(tmp_path, monkeypatch):
+    """Video rows (``pixel_values_videos``, ``video_grid_thw``, Qwen2.5-VL's
+    ``second_per_grid_ts`` in its M-RoPE positions) on a megatron actor and reference:
+    2 steps, and the saved actor's vision tower and language model both moved."""
+    from test_vl_video_tiny import LETTERS, moved_parameters, train_rows, video_rows
+
+    from temper.pipelines import run_pipeline
+    from temper.pipelines.catalog import build_config
+    from temper.utils.tiny_vlm import make_tiny_vlm
+
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    model = make_tiny_vlm(tmp_path / "qwen2_5_vl", family="qwen2_5_vl")
+    reward = tmp_path / "letters.py"
+    reward.write_text(LETTERS)
+    cfg = build_config(
+        {
+            "experiment": {
+                "output_dir": str(tmp_path / "run"),
+                "max_steps": 2,
+                "seed": 1,
+                "trackers": ["jsonl"],
+                "save_freq": -1,
+            },
+            "model": {"path": str(model)},
+            "data": {
+                "train_files": [str(video_rows(tmp_path / "data"))],
+                "train_batch_size": 2,
+                "max_prompt_length": 128,
+                "video_max_frames": 4,
+                "video_min_pixels": 4 * 32 * 32,
+                "video_max_pixels": 4 * 32 * 32,
+            },
+            "rollout": {"n": 4, "response_length": 3, "engine": "hf"},
+            "actor": {
+                "strategy": "megatron",
+                "mini_batch_size": 8,
+                "micro_batch_size_per_device": 4,
+                "use_kl_loss": True,
+                "optim": {"lr": 1e-2, "weight_decay": 0.0},
+            },
+            "reference": {"strategy": "megatron"},
+            "algorithm": {"adv_estimator": "grpo"},
+            "reward": {
+                "function": "custom",
+                "custom_function": {"path": str(reward)},
+                "num_workers": 0,
+                "timeout_s": None,
+            },
+        }
+    )
+    run_pipeline(cfg)
+    assert [r["step"] for r in train_rows(tmp_path / "run")] == [1, 2]
+    moved = moved_parameters(model, tmp_path / "run" / "final" / "actor")
+    tower = [k for k in moved if "visual" in k]
+    assert tower and len(moved) > len(tower), moved
