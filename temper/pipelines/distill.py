@@ -172,9 +172,8 @@ VISION_FIELDS = ("patch_size", "spatial_merge_size", "temporal_patch_size")
 
 def check_distill_data(cfg: TemperConfig, notes: list[str]) -> None:
     """``temper check``: the SFT data's files and columns; for a vision-language student,
-    engines that take images (not megatron) and a teacher that reads the images of its
-    rows (a vision tower with the student's image token and patch grid). Models that
-    cannot be read here are the model checks'."""
+    a teacher that reads the images of its rows (a vision tower with the student's image
+    token and patch grid). Models that cannot be read here are the model checks'."""
     check_sft_data(cfg, notes)
     from transformers import AutoConfig
 
@@ -188,14 +187,6 @@ def check_distill_data(cfg: TemperConfig, notes: list[str]) -> None:
     vision = getattr(student_cfg, "vision_config", None)
     if vision is None:
         return
-    for role in ("actor", "reference"):  # the reference section is the teacher's engine
-        if getattr(cfg, role).strategy == "megatron":
-            raise ConfigError(
-                f"{role}.strategy",
-                f"the megatron engine converts no vision-language model ({cfg.model.path} "
-                f"is one: {student_cfg.model_type})",
-                "use fsdp2, deepspeed or torch",
-            )
     key = f"distill.teachers.{name}.model_path"
     fix = "distill a vision-language student from a teacher of its family (same processor)"
     theirs = getattr(teacher_cfg, "vision_config", None)

@@ -19,7 +19,9 @@ class HFCheckpoint:
 
     Names are given without the causal LM's ``model.`` prefix (a value-model backbone
     has none); ``lm_head.weight``, ``value_head.*`` and ``score.weight`` are looked up as
-    they are.
+    they are. A vision-language checkpoint names its language model ``model.*`` (the
+    original layout) or ``model.language_model.*`` (the layout of transformers' state
+    dict), and its vision tower ``visual.*`` or ``model.visual.*``: both are read.
     """
 
     def __init__(self, path: str) -> None:
@@ -40,7 +42,10 @@ class HFCheckpoint:
                 f"{self.path} has no safetensors weights (model.safetensors or an index); "
                 "the megatron engine reads safetensors checkpoints"
             )
-        self.prefix = "model." if "model.embed_tokens.weight" in self._files else ""
+        if "model.language_model.embed_tokens.weight" in self._files:
+            self.prefix = "model.language_model."
+        else:
+            self.prefix = "model." if "model.embed_tokens.weight" in self._files else ""
         self._value_head: dict[str, torch.Tensor] = {}
         if is_value_model_dir(self.path):
             from safetensors.torch import load_file
@@ -54,6 +59,8 @@ class HFCheckpoint:
         return name in self._value_head or self._key(name) in self._files
 
     def _key(self, name: str) -> str:
+        if name.startswith("visual."):
+            return name if name in self._files else "model." + name
         # a sequence classifier's ``score.weight`` sits beside its ``model.`` backbone
         return name if name.startswith(("lm_head.", "score.")) else self.prefix + name
 

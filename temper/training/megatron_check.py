@@ -34,6 +34,12 @@ What runs where:
   virtual stages), DP, sequence parallelism, LoRA and MoE models (EP): on CPU temper's
   attention gathers keys and values over the CP group; on CUDA with TransformerEngine,
   TE's attention does CP itself (``extra.cp_comm_type``); router replay at any PP and CP;
+* vision-language models of the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL;
+  :mod:`megatron_vision`): the language model as a ``GPTModel`` with M-RoPE, Hugging
+  Face's vision tower on the first stage feeding the decoder input, at TP, PP, CP and
+  DP (sequence parallelism too), for an actor, reference or distillation teacher,
+  ``freeze_vision_tower`` / ``freeze_module_prefix`` honoured; with LoRA or a value head
+  (critic, reward model) refused by :func:`check_vision`;
 * not in this build: LoRA on a critic or on an MoE router, LoRA dropout — errors naming
   the key.
 """
@@ -148,6 +154,8 @@ def check_megatron(cfg: TemperConfig, plan: Derived, device_type: str) -> list[s
         layout = local_layout(cfg.model, path or cfg.model.path)
         if layout is not None:  # how TP, PP × VPP and EP split this model
             check_divisible(layout, m, role)
+            value = role in ("critic", "reward.model")
+            check_vision(layout, m, role, value=value, lora=cfg.model.lora.rank > 0)
             if role not in FROZEN:
                 check_lora(cfg.model.lora, role)
         sp = getattr(cfg, role).ulysses_sequence_parallel_size if role not in FROZEN else 1
@@ -258,6 +266,29 @@ def check_divisible(layout: HFLayout, m: MegatronConfig, role: str) -> None:
                 f"{role}.megatron.tensor_model_parallel_size",
                 f"{tp} does not divide the model's {n} {what}",
                 f"use a tensor-parallel size that divides {n}",
+            )
+
+
+def check_vision(
+    layout: HFLayout, m: MegatronConfig, role: str, *, value: bool, lora: bool
+) -> None:
+    """What a vision-language model (:mod:`megatron_vision`) runs with on this engine:
+    tensor (with sequence parallelism), pipeline, context and data parallelism, as an
+    actor or reference; not with LoRA (the adapters are the text layers'; the tower's
+    freezing and training are the role's) or a value head (critic, reward model)."""
+    if not layout.vision:
+        return
+    refused = [
+        (lora, "model.lora.rank", f"set it to 0, or use {role}.strategy: fsdp2 for LoRA"),
+        (value, f"{role}.strategy", "use fsdp2 (or torch) for a value model of a VL model"),
+    ]
+    for bad, name, fix in refused:
+        if bad:
+            raise ConfigError(
+                name,
+                f"the megatron engine runs a vision-language model ({layout.model_type}) "
+                "without LoRA or a value head in this build",
+                fix,
             )
 
 

@@ -44,7 +44,10 @@ from temper.training.megatron_moe import (
 
 Kind = Literal["qkv", "glu", "col", "row", "rep"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", *MOE_MODEL_TYPES)
+#: vision-language models whose language model converts as Qwen2 (q/k/v biases) with
+#: M-RoPE; the vision tower stays Hugging Face's module (:mod:`megatron_vision`)
+VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", *MOE_MODEL_TYPES, *VL_MODEL_TYPES)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 VOCAB_MULTIPLE = 128
 
@@ -66,6 +69,7 @@ class HFLayout:
     qk_norm: bool
     norm_eps: float
     moe: MoELayout | None = None  # the experts of a mixture-of-experts model
+    vision: bool = False  # a vision-language model (VL_MODEL_TYPES): HF's tower + M-RoPE
 
     @property
     def heads_per_group(self) -> int:
@@ -77,10 +81,23 @@ class HFLayout:
         return -(-self.vocab_size // multiple) * multiple
 
 
+def text_config(hf_config: Any) -> Any:
+    """The language model's config: a vision-language config's ``text_config``, else
+    the config itself."""
+    if str(getattr(hf_config, "model_type", "")) in VL_MODEL_TYPES:
+        return hf_config.text_config
+    return hf_config
+
+
 def hf_layout(hf_config: Any) -> HFLayout:
-    """The layout of a Llama / Qwen2 / Qwen3 config, or of the mixture-of-experts
-    Qwen2-MoE / Qwen3-MoE / Mixtral; ``ValueError`` otherwise."""
+    """The layout of a Llama / Qwen2 / Qwen3 config, of the mixture-of-experts
+    Qwen2-MoE / Qwen3-MoE / Mixtral, or of the language model of a Qwen2-VL /
+    Qwen2.5-VL; ``ValueError`` otherwise."""
     model_type = str(getattr(hf_config, "model_type", ""))
+    vision = model_type in VL_MODEL_TYPES
+    # tie_word_embeddings sits on a VL model's top-level config
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    hf_config = text_config(hf_config)
     if model_type in REFUSED_MOE:
         raise ValueError(f"model_type '{model_type}': {REFUSED_MOE[model_type]}")
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -97,7 +114,7 @@ def hf_layout(hf_config: Any) -> HFLayout:
     heads = int(hf_config.num_attention_heads)
     kv = int(getattr(hf_config, "num_key_value_heads", None) or heads)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    if model_type in ("qwen2", "qwen2_moe"):
+    if model_type in ("qwen2", "qwen2_moe", *VL_MODEL_TYPES):
         qkv_bias = True  # Qwen2 always has q/k/v biases (and none on o_proj)
     else:
         qkv_bias = bool(getattr(hf_config, "attention_bias", False))
@@ -112,11 +129,12 @@ def hf_layout(hf_config: Any) -> HFLayout:
         head_dim=int(head_dim),
         ffn_hidden_size=int(hf_config.intermediate_size),
         vocab_size=int(hf_config.vocab_size),
-        tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        tied_embeddings=tied,
         qkv_bias=qkv_bias,
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
         norm_eps=float(hf_config.rms_norm_eps),
         moe=moe,
+        vision=vision,
     )
 
 
@@ -246,6 +264,7 @@ def hf_inv_freq(hf_config: Any) -> torch.Tensor:
     """
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    hf_config = text_config(hf_config)
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -362,6 +381,10 @@ def hf_tensors(
     exist at a time. ``lm_head.weight`` and the value head keep their names; the rest get
     ``prefix``. ``maps`` hold no tied copy (see :class:`ParamMap`).
 
+    A vision-language model's vision tower (``visual.*``) is named ``model.visual.*``,
+    its language model's tensors get ``prefix`` (``model.language_model.``), as the HF
+    model's ``state_dict`` names them.
+
     ``tied_head``: a tied model's embedding is also yielded as ``lm_head.weight``, as a
     Hugging Face ``state_dict`` has it — vLLM's layer-wise reload restores any layer that
     received no tensor, and its LM head shares storage with the embedding."""
@@ -370,6 +393,9 @@ def hf_tensors(
         shards = gather(pm, shard) if pm.kind != "rep" else [shard]
         for name, tensor in to_hf(pm, shards, layout):
             top = name.startswith(("lm_head.", "value_head."))
+            if name.startswith("visual."):
+                yield "model." + name, tensor
+                continue
             yield (name if top else prefix + name), tensor
             if tied_head and name == "embed_tokens.weight":
                 yield "lm_head.weight", tensor

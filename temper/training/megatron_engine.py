@@ -16,7 +16,10 @@ and the collectives:
   row by row so that its real tokens start at position 0: RoPE positions are then the
   sequence positions, exactly Hugging Face's ``cumsum(mask) - 1``, and causal attention
   alone masks the trailing padding. Log-probs and entropy come from the vocabulary-
-  parallel logits without gathering them (:mod:`megatron_vocab`).
+  parallel logits without gathering them (:mod:`megatron_vocab`). A vision-language
+  model's micro-batch enters as a decoder input (word embeddings with the vision
+  tower's features at the image placeholders) with 3-D M-RoPE positions
+  (:mod:`megatron_vision`).
 * **Pipeline.** With PP > 1 the micro-batches go through the stages on temper's own
   schedule (:mod:`megatron_pipeline`: all forwards, then all backwards); the last stage
   computes outputs and losses, and its log-probs, values and metric sums are broadcast
@@ -205,6 +208,11 @@ class MegatronEngine(TorchEngine):
             )
         if not self.trainable:
             module.requires_grad_(False)
+        elif self.spec.train is not None:  # freeze_vision_tower / freeze_module_prefix
+            from temper.training.megatron_vision import freeze
+
+            vision = self.built.layout.vision
+            freeze(module, self.built.maps, vision, self.spec.train, self.spec.role)
         return module
 
     @property
@@ -255,7 +263,8 @@ class MegatronEngine(TorchEngine):
             set_stage_input(module, received)
         if self._router_stats is None:
             with self._autocast():
-                out: torch.Tensor = module(ids, positions, None)
+                rope, extra = self._vision_args(module, mb, inp, ids, positions)
+                out: torch.Tensor = module(ids, rope, None, **extra)
             return out
         self._router_stats.begin(index)  # router losses, counts: trailing padding out
         real = inp.attention_mask.sum(dim=1, keepdim=True)  # positions: global under CP
@@ -263,6 +272,28 @@ class MegatronEngine(TorchEngine):
         with self._autocast():
             out = module(ids, positions, None, padding_mask=padding)
         return out
+
+    def _vision_args(
+        self,
+        module: nn.Module,
+        mb: Batch,
+        inp: ModelInputs,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``(positions, extra forward kwargs)`` for this rank's ``ids`` at
+        ``positions`` (:meth:`_local_ids`): a vision-language model's M-RoPE positions
+        and decoder input (:func:`megatron_vision.forward_args`); a text model's own
+        positions and none."""
+        rope = self.built.rope_index
+        if rope is None:
+            return positions, {}
+        from temper.training.megatron_vision import forward_args
+
+        # the whole sequence's ids, and the columns this rank runs (its CP share)
+        whole, cols = self._model_ids(inp), positions[0]
+        group = self.parallel.tp_group if self.built.sequence_parallel else None
+        return forward_args(rope, self.built.hf_config, module, mb, inp, whole, cols, group)
 
     def _model_ids(self, inp: ModelInputs) -> torch.Tensor:
         """The right-aligned ids of the whole sequence; under sequence parallelism padded
@@ -378,7 +409,8 @@ class MegatronEngine(TorchEngine):
         inp = model_inputs(mb, self.device)
         ids, positions = self._local_ids(self._model_ids(inp))
         with self._autocast():
-            hidden = self.model(ids, positions, None)
+            rope, extra = self._vision_args(self.model, mb, inp, ids, positions)
+            hidden = self.model(ids, rope, None, **extra)
         return self.head.top_logits(mb, inp, hidden, k, scale, vocab, log_probs)
 
     def _run(

@@ -159,7 +159,7 @@ class MegatronExport:
             built.layout,
             self._gather_tp(),
             self._fetch(self._owners),
-            prefix="" if value else "model.",
+            prefix="" if value else ("model.language_model." if built.layout.vision else "model."),
             tied_head=built.layout.tied_embeddings and not value,
         )
 

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from temper.training.hf_export import load_tokenizer
+from temper.training.hf_export import load_tokenizer, save_processor_files
 from temper.training.megatron_convert import Kind, ParamMap
 from temper.training.megatron_export import MegatronExport
 from temper.training.megatron_lora import LoraAdapters
@@ -69,6 +69,8 @@ def _causal_architecture(config: Any) -> str:
         "qwen2_moe": "Qwen2MoeForCausalLM",
         "qwen3_moe": "Qwen3MoeForCausalLM",
         "mixtral": "MixtralForCausalLM",
+        "qwen2_vl": "Qwen2VLForConditionalGeneration",
+        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     }[config.model_type]
 
 
@@ -81,6 +83,17 @@ def _base_architecture(config: Any) -> str:
         "qwen3_moe": "Qwen3MoeModel",
         "mixtral": "MixtralModel",
     }[config.model_type]
+
+
+def _checkpoint_name(name: str) -> str:
+    """A tensor's name in a saved HF directory: a vision-language model's state-dict
+    names (``model.language_model.*``, ``model.visual.*``) in the checkpoint layout that
+    ``save_pretrained`` writes and the source model has (``model.*``, ``visual.*``)."""
+    if name.startswith("model.language_model."):
+        return "model." + name.removeprefix("model.language_model.")
+    if name.startswith("model.visual."):
+        return name.removeprefix("model.")
+    return name
 
 
 def _copy_generation_config(spec: EngineSpec, out: Path) -> None:
@@ -180,7 +193,7 @@ class MegatronCheckpointer:
             if name.startswith("value_head."):
                 head[name.removeprefix("value_head.")] = t
             else:
-                state[name] = t
+                state[_checkpoint_name(name)] = t
         if rank0:
             out.mkdir(parents=True, exist_ok=True)
             config = self.built.hf_config
@@ -203,6 +216,8 @@ class MegatronCheckpointer:
                 tok.save_pretrained(str(out))
             except (OSError, ValueError) as err:
                 log.warning("no tokenizer saved with %s: %s", out, err)
+            if not spec.value_head:
+                save_processor_files(spec.model, out, spec.model_path)  # VL models
         dist.barrier()
 
     # ----------------------------------------------------------------------- checkpoints

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,14 @@ import torch
 from temper.config.errors import ConfigError
 from temper.config.schema import MEGATRON_DEGREES, MegatronConfig
 from temper.training.hf_reader import HFCheckpoint
-from temper.training.megatron_check import check_divisible, unavailable_fusions
+from temper.training.megatron_check import check_divisible, check_vision, unavailable_fusions
 from temper.training.megatron_convert import (
     HFLayout,
     ParamMap,
     hf_inv_freq,
     hf_layout,
     param_maps,
+    text_config,
     to_megatron_shard,
 )
 from temper.training.megatron_moe import (
@@ -86,6 +88,7 @@ _OWNED_FIELDS = frozenset(
         "recompute_num_layers",
         "recompute_modules",
         *OWNED_MOE_FIELDS,
+        "mrope_section",
     }
 )
 
@@ -106,6 +109,8 @@ class MegatronModel:
     use_te: bool
     chunks: list[Any] = dataclasses.field(default_factory=list)
     sequence_parallel: bool = False  # Megatron's, on: sequences split over TP (megatron_sp)
+    # a vision-language model's M-RoPE positions (megatron_vision.rope_index); else None
+    rope_index: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def name_of(self, hf: str, *, tied_copy: bool = False) -> str | None:
         """The module name of the parameter made of HF tensor ``hf`` on this rank (the
@@ -176,6 +181,10 @@ def transformer_config(
         # schedule sends each activation's dtype with it (megatron_pipeline)
         pipeline_dtype=torch.float32,
     )
+    if layout.vision:  # Megatron's multimodal RoPE (megatron_vision)
+        from temper.training.megatron_vision import mrope_section
+
+        kwargs["mrope_section"] = mrope_section(hf_config)
     if cuda:
         # activation recompute saves CUDA RNG states, so it runs on CUDA only (see
         # megatron_check.unapplied_options); model.enable_gradient_checkpointing asks
@@ -237,6 +246,9 @@ def read_model_source(spec: EngineSpec) -> ModelSource:
             "model.path", f"{src}: {err}", f"use {role}.strategy: fsdp2 for this model"
         ) from err
     check_divisible(layout, spec.megatron_config, role)
+    check_vision(
+        layout, spec.megatron_config, role, value=spec.value_head, lora=spec.model.lora.rank > 0
+    )
     return ModelSource(src, hf_config, layout, inv_freq)
 
 
@@ -274,6 +286,7 @@ def build_model(
             value=value,
             use_te=use_te,
             lora=spec.model.lora.rank > 0,
+            attn=spec.model.attn_implementation,
         )
         if parallel.vp > 1:  # the chunk's names in the ModuleList; its global names kept
             chunk_maps = [
@@ -304,8 +317,21 @@ def build_model(
         )
     tp_group = parallel.tp_group if parallel.tp > 1 else None
     vocab = VocabShard.of(parallel.tp_rank, parallel.tp, padded, layout.vocab_size, tp_group)
+    rope_index = None
+    if layout.vision:
+        from temper.training.megatron_vision import rope_index as vl_rope_index
+
+        rope_index = vl_rope_index(hf_config)
     return MegatronModel(
-        module, layout, hf_config, maps, vocab, use_te, chunks, config.sequence_parallel
+        module,
+        layout,
+        hf_config,
+        maps,
+        vocab,
+        use_te,
+        chunks,
+        config.sequence_parallel,
+        rope_index,
     )
 
 
@@ -320,10 +346,13 @@ def _build_chunk(
     value: bool,
     use_te: bool,
     lora: bool = False,
+    attn: str = "auto",
 ) -> tuple[Any, list[ParamMap]]:
     """This rank's ``GPTModel`` of virtual stage ``chunk`` (Megatron's ``vp_stage``: it
     picks the chunk's layers, see :mod:`megatron_chunks`) and its parameter maps
-    (``lora``: the model will carry LoRA adapters)."""
+    (``lora``: the model will carry LoRA adapters); a vision-language model's first
+    stage holds the vision tower (``attn``: its attention implementation, the model
+    section's), and every stage M-RoPE."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     from temper.training.megatron_layers import (
@@ -346,7 +375,9 @@ def _build_chunk(
         config,
         spec_,
         vocab_size=layout.padded_vocab(parallel.tp),
-        max_sequence_length=int(getattr(source.hf_config, "max_position_embeddings", 4096)),
+        max_sequence_length=int(
+            getattr(text_config(source.hf_config), "max_position_embeddings", 4096)
+        ),
         position_embedding_type="rope",
         # over several stages a tied model's last stage holds a copy of the embedding,
         # which the engine keeps equal (megatron_pipeline.sync_tied_grads): Megatron's
@@ -359,12 +390,31 @@ def _build_chunk(
         post_process=last,
         vp_stage=vp_stage,
     )
-    # Hugging Face's RoPE frequencies, on the model's device (see megatron_layers)
-    rope = HFRotaryEmbedding(
-        source.inv_freq, cp_group=getattr(module.rotary_pos_emb, "cp_group", None)
-    )
-    rope.to_device(device)
-    module.rotary_pos_emb = rope
+    tower_maps: list[ParamMap] = []
+    if layout.vision:
+        from temper.training.megatron_vision import TOWER, MRopeEmbedding, build_tower
+        from temper.training.megatron_vision import tower_maps as vision_maps
+
+        # Megatron's mrope path, with HF's frequencies on any device (its own module
+        # builds them on CUDA at construction, so the model is built as "rope")
+        mrope = MRopeEmbedding(source.inv_freq)
+        mrope.to_device(device)
+        module.rotary_pos_emb = mrope
+        module.position_embedding_type = "mrope"
+        module.mrope_section = config.mrope_section
+        if first:
+            from temper.training.models import resolve_attn_implementation
+
+            tower = build_tower(source.hf_config, resolve_attn_implementation(attn), device)
+            module.add_module(TOWER, tower)
+            tower_maps = vision_maps(tower)
+    else:
+        # Hugging Face's RoPE frequencies, on the model's device (see megatron_layers)
+        rope = HFRotaryEmbedding(
+            source.inv_freq, cp_group=getattr(module.rotary_pos_emb, "cp_group", None)
+        )
+        rope.to_device(device)
+        module.rotary_pos_emb = rope
     if layout.moe is not None:
         # Megatron's all-gather dispatcher needs CUDA and equal token counts on every
         # rank; temper's ranks run micro-batches of their own lengths (megatron_layers)
@@ -375,7 +425,7 @@ def _build_chunk(
         group = parallel.tp_group if config.sequence_parallel else None
         module.output_layer = ValueHead(layout.hidden_size, torch.float32, device, group)
     module.to(device)
-    names = {n for n, _ in module.named_parameters()}
+    names = {n for n, _ in module.named_parameters()} - {pm.megatron for pm in tower_maps}
     # Megatron numbers a chunk's layers from 0 in names, and from its offset in
     # ``layer_number`` (1-based): the global index of each
     layers = [int(layer.layer_number) - 1 for layer in module.decoder.layers]
@@ -389,7 +439,7 @@ def _build_chunk(
         ep=parallel.ep,
         ep_rank=parallel.ep_rank,
     )
-    return module, maps
+    return module, tower_maps + maps
 
 
 def _mark_tensor_parallel(module: torch.nn.Module, maps: list[ParamMap]) -> None:

@@ -204,6 +204,14 @@ def gather_sequence(hidden: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
+def split_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """This rank's rows ``(L/TP, …)`` of ``x (L, …)``, whole on every rank of ``group``;
+    backward: every rank's rows of the gradient gathered (Megatron's
+    ``scatter_to_sequence_parallel_region``, on any device)."""
+    out: torch.Tensor = _SplitSequence.apply(x, group)
+    return out
+
+
 def stage_padding_mask(padding: torch.Tensor, module: Any, group: Any) -> torch.Tensor:
     """An MoE router's padding mask ``(b, L)`` for the model chunk ``module``: Megatron's
     ``GPTModel`` splits it to this TP rank's positions ``(b, L/TP)`` under sequence

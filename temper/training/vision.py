@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,25 +48,36 @@ from temper.data.vision import (
 from temper.training.micro_batching import ModelInputs
 
 
-def vision_forward_inputs(
-    model: nn.Module, mb: Batch, inp: ModelInputs
-) -> tuple[dict[str, Any], contextlib.AbstractContextManager[None]]:
-    """Keyword arguments that replace/extend the text forward's, and a context to run
-    the forward in; ``({}, nullcontext())`` when no row of ``mb`` has images."""
+@dataclass(frozen=True)
+class VisionTokens:
+    """A VL micro-batch's vision side: ``inputs`` the rows' pixel inputs and grids
+    (concatenated in row order), ``types`` the ``mm_token_type_ids`` (B, L) of the
+    context's placeholders (module doc), ``in_response`` (B, L) the sampled tokens that
+    are vision placeholders (plain tokens, no image slot)."""
+
+    inputs: dict[str, torch.Tensor]
+    types: torch.Tensor
+    in_response: torch.Tensor
+
+
+def vision_tokens(config: Any, mb: Batch, inp: ModelInputs) -> VisionTokens | None:
+    """The :class:`VisionTokens` of ``mb`` for a model of HF ``config``; None when no
+    row has images (engines share it: the torch engine's HF forward, the megatron
+    engine's decoder input)."""
     rows = mb.objects.get(MULTI_MODAL_INPUTS)
     if rows is None or not has_pixels(rows):
-        return {}, contextlib.nullcontext()
+        return None
     device = inp.input_ids.device
-    image_id, video_id = vision_token_ids(model.config)
+    image_id, video_id = vision_token_ids(config)
     prompt_len = inp.input_ids.shape[1] - inp.response_len
-    kwargs: dict[str, Any] = {k: v.to(device) for k, v in stack_inputs(rows).items()}
+    inputs = {k: v.to(device) for k, v in stack_inputs(rows).items()}
     # sampled: the response's generated tokens; its other tokens (a multi-turn episode's
     # observations, with their images) are context like the prompt
     sampled = torch.zeros_like(inp.input_ids, dtype=torch.bool)
     sampled[:, prompt_len:] = True
     if "response_mask" in mb and image_id is not None:
         # only rows whose images are not all in the prompt have images in the response
-        vision_cfg = getattr(model.config, "vision_config", None)
+        vision_cfg = getattr(config, "vision_config", None)
         merge = int(getattr(vision_cfg, "spatial_merge_size", 2))
         expected = torch.tensor([sum(image_token_counts(r, merge)) for r in rows], device=device)
         in_prompt = (inp.input_ids[:, :prompt_len] == image_id).sum(dim=1)
@@ -74,17 +86,30 @@ def vision_forward_inputs(
         sampled[:, prompt_len:] = generated | ~later
     types = token_type_ids(inp.input_ids, inp.input_ids.shape[1], image_id, video_id)
     types[sampled] = 0
-    kwargs["mm_token_type_ids"] = types
-    kwargs["position_ids"] = None  # the model's M-RoPE positions (module doc)
     special = [i for i in (image_id, video_id) if i is not None]
     in_response = sampled & torch.isin(inp.input_ids, torch.tensor(special, device=device))
-    if not bool(in_response.any()):
+    return VisionTokens(inputs, types, in_response)
+
+
+def vision_forward_inputs(
+    model: nn.Module, mb: Batch, inp: ModelInputs
+) -> tuple[dict[str, Any], contextlib.AbstractContextManager[None]]:
+    """Keyword arguments that replace/extend the text forward's, and a context to run
+    the forward in; ``({}, nullcontext())`` when no row of ``mb`` has images."""
+    vt = vision_tokens(model.config, mb, inp)
+    if vt is None:
+        return {}, contextlib.nullcontext()
+    kwargs: dict[str, Any] = dict(vt.inputs)
+    kwargs["mm_token_type_ids"] = vt.types
+    kwargs["position_ids"] = None  # the model's M-RoPE positions (module doc)
+    if not bool(vt.in_response.any()):
         return kwargs, contextlib.nullcontext()
+    special = [i for i in vision_token_ids(model.config) if i is not None]
     neutral = _neutral_id(model, special)
     ids = inp.input_ids.clone()
-    ids[in_response] = neutral
+    ids[vt.in_response] = neutral
     kwargs["input_ids"] = ids
-    return kwargs, _restore_embeddings(model, in_response, inp.input_ids[in_response])
+    return kwargs, _restore_embeddings(model, vt.in_response, inp.input_ids[vt.in_response])
 
 
 def _neutral_id(model: nn.Module, special: list[int]) -> int:

@@ -236,17 +236,18 @@ def test_check_refuses_a_teacher_that_reads_other_image_inputs(tmp_path, models,
     )
 
 
-def test_check_refuses_megatron_for_a_vision_language_student(tmp_path, models, capsys):
-    """temper's megatron engine converts no Qwen2-VL model: ``temper check`` says so
-    before any weight loads."""
+def test_check_refuses_lora_for_a_megatron_vl_student(tmp_path, models, capsys):
+    """The megatron engine runs the Qwen2-VL family without LoRA: ``temper check`` says
+    so, naming the key, before any weight loads."""
     student, teacher = models
     cfg = native(tmp_path, student, teacher, image_rows(tmp_path))
-    cfg["reference"] = {"strategy": "megatron"}
+    cfg["actor"] = {**cfg.get("actor", {}), "strategy": "megatron"}
+    cfg["model"] = {**cfg["model"], "lora": {"rank": 4, "alpha": 8}}
     path = tmp_path / "distill.yaml"
     path.write_text(json.dumps(cfg))
     assert main(["check", str(path)]) != 0
     said = capsys.readouterr()
-    assert "reference.strategy: the megatron engine converts no vision-language model" in (
+    assert "model.lora.rank: the megatron engine runs a vision-language model" in (
         said.out + said.err
     )
 

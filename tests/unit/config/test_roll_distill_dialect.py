@@ -134,15 +134,16 @@ def test_vision_language_file_refuses_other_columns(change, start):
     assert f"(got {next(iter(change.values()))!r}). Fix: remove" in str(err.value)
 
 
-def test_vision_language_megatron_file_is_refused_in_one_line():
-    """temper's megatron engine converts no Qwen2-VL model: the file's student strategy
-    is named with the fix."""
-    with pytest.raises(ConfigError) as err:
-        load_config(VL_MEGATRON)
-    msg = str(err.value)
-    assert "\n" not in msg
-    assert msg.startswith("student.strategy_args.strategy_name: megatron_train: temper's megatron")
-    assert "use fsdp2_train" in msg
+def test_vision_language_megatron_file_runs_on_the_megatron_engine():
+    """ROLL's megatron VL distillation file: student and teacher on the megatron engine
+    with the file's TP=2 × PP=2 (the Qwen2-VL family converts, megatron_vision), its
+    rows ROLL's VL columns."""
+    cfg = load_config(VL_MEGATRON).config
+    for section in (cfg.actor, cfg.reference):
+        assert section.strategy == "megatron"
+        assert section.megatron.tensor_model_parallel_size == 2
+        assert section.megatron.pipeline_model_parallel_size == 2
+    assert cfg.data.row_format == "roll_distill_vl"
 
 
 def test_every_key_of_the_files_is_explained():

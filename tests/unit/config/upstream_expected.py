@@ -75,7 +75,7 @@ EXPECTED: dict[str, str] = {
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-sft_megatron/sft_config.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-distill/distill_vl_fsdp2.yaml": "passes",
-    "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-distill/distill_vl_megatron.yaml": "vision-language",
+    "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-distill/distill_vl_megatron.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-rlvr/rlvr_async.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-vl-7B-rlvr/rlvr_megatron.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2_5-vl-3B-rlvr_fsdp2/rlvr_fsdp2_offload.yaml": "passes",

@@ -35,9 +35,9 @@ distillation pipeline (``distill_vlm_pipeline``), which differs in its rows and 
 - images are resized within ROLL's bounds of that pipeline, 56·56 to 1024·1024 pixels;
 - a sample is cut at ``prompt_length`` (default 1024), not ``sequence_length``.
 
-Student and teacher both see the images (the trainer's VL forward); temper's megatron
-engine converts no Qwen2-VL model, so a ``megatron_train``/``megatron_infer`` worker is
-refused (use fsdp2 or deepspeed strategies).
+Student and teacher both see the images (the trainer's VL forward), on any engine: a
+``megatron_train``/``megatron_infer`` worker runs the Qwen2-VL family on the megatron
+engine (:mod:`temper.training.megatron_vision`).
 """
 
 from __future__ import annotations
@@ -206,26 +206,10 @@ def _is_vision(given: dict[str, Any]) -> bool:
     return "vl" in template.lower().replace("-", "_").split("_")
 
 
-@derivation(
-    "{role}.strategy_args.strategy_name",
-    "prompt_length",
-    "distill_on_prompt",
-    role=("actor_train", "reference"),
-    fields=("sft.max_length",),
-)
+@derivation("prompt_length", "distill_on_prompt", fields=("sft.max_length",))
 def vision_rows(ctx: Ctx) -> None:
     """ROLL's VL distillation rows, image bounds and length (module docstring)."""
     src = f"{AS}.data_args.template"
-    for worker, fix in ((AS, "fsdp2_train"), (REF, "fsdp2_infer")):
-        key = f"{worker}.strategy_args.strategy_name"
-        name = str(ctx.get(key) or "")
-        if name.startswith("megatron"):
-            raise ConfigError(
-                key,
-                f"{name}: temper's megatron engine converts no vision-language (Qwen2-VL "
-                "family) model",
-                f"use {fix} (or a deepspeed strategy) and drop its megatron strategy_config",
-            )
     ctx.write("data.row_format", "roll_distill_vl", src)
     ctx.write("data.prompt_key", "problem", src)
     ctx.write("sft.response_key", "solution", src)
