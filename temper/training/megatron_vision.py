@@ -35,7 +35,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from temper.config.schema import TrainEngineConfig
 from temper.data.batch import Batch
+from temper.training.freezing import freeze_prefixes, frozen
 from temper.training.megatron_convert import ParamMap
 from temper.training.micro_batching import ModelInputs
 from temper.training.vision import vision_tokens
@@ -220,37 +222,20 @@ def hf_state_name(hf: str, vision: bool) -> str:
     return ("model.language_model." if vision else "model.") + hf
 
 
-def freeze(module: nn.Module, maps: list[ParamMap], vision: bool, train: Any, role: str) -> None:
+def freeze(
+    module: nn.Module, maps: list[ParamMap], vision: bool, train: TrainEngineConfig, role: str
+) -> None:
     """Freeze the vision tower (``freeze_vision_tower``) and every parameter whose HF
-    name starts with one of ``freeze_module_prefix`` (ROLL's rule, on the names of the
-    torch engine's model: ``model.visual.blocks``; mcore_adapter's ``vision_model.*``
-    names the tower too). A setting that freezes nothing is a ``ConfigError``."""
-    from temper.config.errors import ConfigError
-    from temper.training.models import MCORE_VISION
-
-    prefixes = list(getattr(train, "freeze_module_prefix", None) or [])
-    if getattr(train, "freeze_vision_tower", False):
-        if not vision:
-            raise ConfigError(
-                f"{role}.freeze_vision_tower",
-                "the model has no vision tower (not a vision-language model)",
-                "set it to false",
-            )
-        prefixes.append("model.visual")
+    name starts with one of ``freeze_module_prefix`` (:mod:`temper.training.freezing`, on
+    the names of the torch engine's model: ``model.visual.blocks``)."""
+    towers = ["model.visual"] if vision else []
+    prefixes = freeze_prefixes(train, role, towers)
+    if not prefixes:
+        return
     params = dict(module.named_parameters())
-    names = [(pm, [hf_state_name(h, vision) for h in pm.hf]) for pm in maps if not pm.tied_copy]
-    for prefix in prefixes:
-        wanted = prefix
-        if prefix.split(".")[0] == MCORE_VISION:
-            wanted = "model.visual" + prefix[len(MCORE_VISION) :]
-        hits = [pm.megatron for pm, hf in names if any(h.startswith(wanted) for h in hf)]
-        if not hits:
-            tops = sorted({hf[0].split(".")[0] + "." + hf[0].split(".")[1] for _, hf in names})
-            raise ConfigError(
-                f"{role}.freeze_module_prefix",
-                f"'{prefix}' matches no parameter of the model (names start with: "
-                f"{', '.join(tops)})",
-                "use a prefix of the model's parameter names, e.g. model.visual",
-            )
-        for name in hits:
-            params[name].requires_grad_(False)
+    # each converted tensor as its HF state-dict names (a fused one has several)
+    owned = [
+        (pm.megatron, hf_state_name(h, vision)) for pm in maps if not pm.tied_copy for h in pm.hf
+    ]
+    for i in frozen(prefixes, [name for _, name in owned], towers, role):
+        params[owned[i][0]].requires_grad_(False)

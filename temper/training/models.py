@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 from temper.config.errors import ConfigError
-from temper.config.schema import DTYPES, LoraConfig, ModelConfig, Precision
+from temper.config.schema import DTYPES, LoraConfig, ModelConfig, Precision, TrainEngineConfig
 from temper.training import segment_attention
+from temper.training.freezing import freeze_prefixes, frozen
 from temper.utils.hf_auto import causal_lm_class, text_hidden_size
 from temper.utils.model_path import resolve_model_path
 
@@ -471,51 +472,17 @@ def vision_tower_prefixes(model: nn.Module) -> list[str]:
     return found
 
 
-#: mcore_adapter's name of a vision-language model's vision tower (Hugging Face: visual)
-MCORE_VISION = "vision_model"
-
-
-def freeze_modules(model: nn.Module, train: Any, role: str) -> nn.Module:
+def freeze_modules(model: nn.Module, train: TrainEngineConfig, role: str) -> nn.Module:
     """Freeze the vision tower (``freeze_vision_tower``) and every parameter whose name
-    starts with one of ``freeze_module_prefix`` (ROLL's rule: ``name.startswith``). Names
+    starts with one of ``freeze_module_prefix`` (:mod:`temper.training.freezing`). Names
     are the Hugging Face model's own (under LoRA, without peft's ``base_model.model.``),
-    e.g. ``model.visual``; a critic's are its backbone's, under ``backbone.``. A prefix
-    under ``vision_model`` that names no parameter is mcore_adapter's name of the vision
-    tower (ROLL's megatron files: ``vision_model.blocks``) and freezes the same part of
-    the tower (``model.visual.blocks``).
-
-    A setting that freezes nothing is a ``ConfigError``: it would silently train what
-    the user meant to freeze.
-    """
-    prefixes = list(getattr(train, "freeze_module_prefix", None) or [])
-    if getattr(train, "freeze_vision_tower", False):
-        tower = vision_tower_prefixes(model)
-        if not tower:
-            raise ConfigError(
-                f"{role}.freeze_vision_tower",
-                f"{type(model).__name__} has no vision tower (not a vision-language model)",
-                "set it to false",
-            )
-        prefixes += tower
+    e.g. ``model.visual``; a critic's are its backbone's, under ``backbone.``."""
+    towers = vision_tower_prefixes(model)
+    prefixes = freeze_prefixes(train, role, towers)
     if not prefixes:
         return model
-    names = [(n, n.removeprefix(_PEFT_PREFIX), p) for n, p in model.named_parameters()]
-    for prefix in prefixes:
-        hits = [p for _, short, p in names if short.startswith(prefix)]
-        if not hits and prefix.split(".")[0] == MCORE_VISION:
-            # ROLL's megatron files name the vision tower as mcore_adapter does
-            # (vision_model.blocks): the same parameters under the HF tower's name
-            rest = prefix[len(MCORE_VISION) :]
-            towers = [t + rest for t in vision_tower_prefixes(model)]
-            hits = [p for _, short, p in names if short.startswith(tuple(towers) or prefix)]
-        if not hits:
-            tops = sorted({short.split(".")[0] for _, short, _ in names})
-            raise ConfigError(
-                f"{role}.freeze_module_prefix",
-                f"'{prefix}' matches no parameter of the model (names start with: "
-                f"{', '.join(tops)})",
-                "use a prefix of the model's parameter names, e.g. model.visual",
-            )
-        for param in hits:
-            param.requires_grad_(False)
+    params = list(model.named_parameters())
+    names = [n.removeprefix(_PEFT_PREFIX) for n, _ in params]
+    for i in frozen(prefixes, names, towers, role):
+        params[i][1].requires_grad_(False)
     return model

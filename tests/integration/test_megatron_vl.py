@@ -73,7 +73,7 @@ def image_batch(path: str, tmp: Path) -> tuple[Batch, Actor]:
     from transformers import AutoTokenizer
 
     from temper.data import build_dataset
-    from temper.data.sources import write_rows
+    from temper.data.row_files import write_rows
     from temper.data.tasks import make_task_rows
     from temper.data.vision import load_vision_processor
     from temper.rollout.base import SamplingParams
