@@ -193,6 +193,10 @@ def train_arithmetic(
                     f"mini-batch are not divisible by {group}",
                     f"use a divisor of {per_group}, e.g. {nearest_divisor(per_group, group)}",
                 )
+        elif micro > per_rank:
+            # one micro-batch holds the rank's whole share (as verl's split of a rank's
+            # mini-batch into micro-batches of this size gives it)
+            micro = per_rank
         elif per_rank % micro:
             raise ConfigError(
                 f"{key}.micro_batch_size_per_device",

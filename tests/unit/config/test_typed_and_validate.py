@@ -228,9 +228,14 @@ def test_a_sequence_parallel_groups_micro_batch_is_split_over_its_ranks():
     d = plan(build_config({**base, "actor": {**actor, "ulysses_sequence_parallel_size": 2}}))
     assert (d.actor.dp, d.actor.per_rank_mini_batch, d.actor.micro_batch_size) == (8, 32, 32)
     assert d.actor.grad_accum == 1
-    with pytest.raises(ConfigError) as err:  # without SP, 64 per device do not fit in 32
-        build_config({**base, "actor": actor})
-    assert "32 samples each rank gets per mini-batch are not divisible by 64" in one_line(err)
+    # without SP a rank's 32 samples are one micro-batch of at most 64: all 32 (verl splits
+    # a rank's mini-batch into chunks of 64, which gives one)
+    d = plan(build_config({**base, "actor": actor}))
+    assert (d.actor.per_rank_mini_batch, d.actor.micro_batch_size, d.actor.grad_accum) == (
+        32,
+        32,
+        1,
+    )
     bad = {**actor, "micro_batch_size_per_device": 48, "ulysses_sequence_parallel_size": 2}
     with pytest.raises(ConfigError) as err:
         build_config({**base, "actor": bad})

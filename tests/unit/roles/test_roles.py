@@ -84,11 +84,12 @@ def test_actor_update_moves_every_parameter(tiny_path: str) -> None:
 
 
 def test_actor_loss_is_micro_batch_invariant(tiny_path: str) -> None:
-    """Every loss term uses mini-batch normalizers: 1×4, 4×1 and token budgets agree."""
+    """Every loss term uses mini-batch normalizers: 1×4, 4×1 and token budgets agree, and
+    a micro-batch size above the rank's 4 samples is one micro-batch of 4."""
     batch = make_batch(PROMPTS, RESPONSES, seed=1)
     g = torch.Generator().manual_seed(0)
     results = []
-    for micro, budget in ((4, None), (1, None), (1, 11)):
+    for micro, budget in ((4, None), (1, None), (1, 11), (8, None)):
         cfg = make_config(tiny_path)
         cfg.actor.loss_agg_mode = "seq-mean-token-mean"
         cfg.actor.use_kl_loss = True
