@@ -86,6 +86,8 @@ EXPERIMENT_READS = (
     "log_val_generations",
 )
 RESOURCE_READS = ("backend", "nnodes", "devices_per_node", "actor_infer", "ray")
+#: The ROLL defaults (``roll.table.ROLL_DEFAULTS``) of keys the rollout reads.
+DEFAULTS_READ = ("prompt_length", "val_batch_size")
 #: ROLL logs this many generate examples of the rollout.
 EXAMPLES = 10
 
@@ -159,11 +161,13 @@ def drop_training_keys(ctx: Ctx) -> None:
             ctx.out.drop(native)
             dropped.setdefault(src, why)
     for src, why in dropped.items():
-        if src not in kept:  # a key that also set something the rollout reads has effect
+        # a key that also set something the rollout reads has effect; a derivation's
+        # own default (a key the file lacks) is no key of the user's to note
+        if src not in kept and ctx.has(src):
             ctx.inert(why, src)
     ctx.write("experiment.log_val_generations", EXAMPLES, "validation")
     ctx.remark(
         "temper eval on an RLVR file: ROLL's RLVR rollout pipeline (generate over the "
         "validation set, score, report val_correct per tag; no training), temper's "
-        "rlvr_rollout; temper train trains with the same file"
+        "rlvr_rollout pipeline"
     )

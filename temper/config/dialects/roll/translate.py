@@ -84,6 +84,8 @@ def _translate(
     if validation_rollout:
         rlvr_rollout.roll_assertions(given)
     defaults = {"max_steps": ROLL_DEFAULTS["max_steps"]} if rollout_only else ROLL_DEFAULTS
+    if validation_rollout:  # only the defaults of what the rollout reads
+        defaults = {k: ROLL_DEFAULTS[k] for k in rlvr_rollout.DEFAULTS_READ}
     applied = {k: v for k, v in defaults.items() if k not in given}
     if isinstance(given.get("validation"), dict) and "eval_steps" in given["validation"]:
         applied.pop("eval_steps", None)
