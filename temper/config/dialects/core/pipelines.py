@@ -29,7 +29,8 @@ from temper.config.errors import ConfigError
 
 RUNS = (
     "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, spin (online DPO), prime, distill "
-    "and reward_model pipelines, and generate, agentic_rollout (episodes, no training) and eval"
+    "and reward_model pipelines, and generate, agentic_rollout (episodes, no training), eval "
+    "and rlvr_rollout (a validation rollout, no training)"
 )
 
 
