@@ -274,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "eval",
         "score a file of responses with temper's rewards: mean@n and pass@k per data "
-        "source (verl main_eval)",
+        "source (verl main_eval); on a ROLL RLVR file, generate over its validation set and "
+        "score it: val_correct per tag (ROLL's RLVR rollout pipeline)",
     )
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser(

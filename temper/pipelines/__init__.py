@@ -1,7 +1,7 @@
 """Pipelines: the one training loop (``driver``) and, per ``pipeline`` name, a record
 (:class:`Pipeline`: producer, step, checks, pre-flight, step shape) registered in
-:data:`PIPELINES` (``rlvr``, ``agentic``, ``sft``, ``dpo``; ``generate`` and ``eval``,
-which run under their own commands) — or the user's own, named by path."""
+:data:`PIPELINES` (``rlvr``, ``agentic``, ``sft``, ``dpo``; ``generate``, ``eval`` and
+``rlvr_rollout``, which run under their own commands) — or the user's own, named by path."""
 
 from __future__ import annotations
 

@@ -63,10 +63,14 @@ class ProducerContext:
 
 @dataclasses.dataclass
 class Validation:
-    """A validation's metrics (``val/…``) and a few samples as text, for the log."""
+    """A validation's metrics (``val/…``), a few samples as text, for the log, and
+    (where the producer scores samples) every scored sample as a row
+    (:func:`temper.pipelines.dumps.generation_rows`: prompt, response, data source, score)
+    — what ``validation_data_dir`` and the RLVR rollout write."""
 
     metrics: dict[str, float]
     samples: list[str] = dataclasses.field(default_factory=list)
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class Producer(Protocol):

@@ -49,6 +49,7 @@ PIPELINES.add_lazy("spin", _builtin("temper.pipelines.spin"))
 PIPELINES.add_lazy("prime", _builtin("temper.pipelines.prime"))
 PIPELINES.add_lazy("generate", _builtin("temper.pipelines.generate"))
 PIPELINES.add_lazy("eval", _builtin("temper.pipelines.evaluate"))
+PIPELINES.add_lazy("rlvr_rollout", _builtin("temper.pipelines.rlvr_rollout"))
 PIPELINES.add_lazy("reward_model", _builtin("temper.pipelines.reward_model"))
 PIPELINES.add_lazy("distill", _builtin("temper.pipelines.distill"))
 

@@ -184,8 +184,7 @@ class RLVRProducer:
                     f"prompt: {batch['prompt_text'][i]!r}\nresponse: "
                     f"{batch['response_text'][i]!r}\nscore: {float(batch['scores'][i]):.3f}"
                 )
-            if cfg.experiment.validation_data_dir:
-                rows.extend(generation_rows(batch, step))
+            rows.extend(generation_rows(batch, step))
         if cfg.experiment.validation_data_dir:
             dump_generations(cfg.experiment.validation_data_dir, step, rows)
         metrics = {
@@ -194,7 +193,7 @@ class RLVRProducer:
         }
         for source, values in sorted(by_source.items()):
             metrics[f"val/{source}/reward_mean"] = float(np.mean(values))
-        return Validation(metrics, samples)
+        return Validation(metrics, samples, rows)
 
     def dump_rows(self, batch: Batch, step: int) -> list[dict[str, Any]]:
         return generation_rows(batch, step)

@@ -112,7 +112,7 @@ def translate(raw: RawConfig, dialect: str, catalog: Catalog) -> tuple[str, Tran
         )
     from temper.config.dialects.core.pipelines import refuse_other_pipelines
 
-    refuse_other_pipelines(raw.data, name)
+    refuse_other_pipelines(raw.data, name, raw.command)
     translation = DIALECTS.get(name)(raw, catalog)
     translation.notes[:0] = raw.notes  # the loader's (hydra.searchpath, runtime settings)
     return name, translation

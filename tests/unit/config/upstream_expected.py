@@ -60,6 +60,7 @@ EXPECTED: dict[str, str] = {
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr-offpolicy/rlvr_config.yaml": "engine: sglang",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config_8gpus.yaml": "passes",
+    "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config_8gpus.yaml#rollout": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config_8gpus_llm_as_judge.yaml": "passes",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config_8gpus_llm_as_judge_server.yaml": "rewards: served reward model",
     "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config_amd.yaml": "passes",

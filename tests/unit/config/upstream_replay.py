@@ -42,11 +42,18 @@ VERL = ("verl-2025-06-38d9a88", "verl-2026-01-b178a3c", "verl-2026-08-1dda039")
 ROLL = ("roll-v0", "roll-2025-06-70e9c6c", "roll-2026-08-8eb27cc")
 #: Environment the rows see: a secret some ROLL files interpolate (${oc.env:...}).
 ENV = {"WANDB_API_KEY": "dummy-key"}
+#: ROLL files its rollout scripts run (``run_rlvr_rollout_pipeline.sh`` ->
+#: ``start_rlvr_rollout_pipeline.py``, from 2025-08), and the temper command that does.
+ROLL_ROLLOUTS = {
+    "roll-2026-08-8eb27cc/examples/qwen2.5-7B-rlvr_megatron/rlvr_config_8gpus.yaml": "eval",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    name: str  # snapshot-relative path, "#n" for a script's n-th trainer command
+    # snapshot-relative path, "#n" for a script's n-th trainer command, "#rollout" for a
+    # ROLL file as its rollout script reads it (ROLL_ROLLOUTS)
+    name: str
     config: Path
     overrides: tuple[str, ...] = ()
     command: str = "train"  # the temper command that reads it (upstream_scripts.Command)
@@ -104,6 +111,8 @@ def rows() -> tuple[Row, ...]:
         for path in sorted((UPSTREAM / snap).rglob("*.yaml")):
             if path.parent.name != "config":
                 out.append(Row(_rel(path), path))
+            if _rel(path) in ROLL_ROLLOUTS:
+                out.append(Row(f"{_rel(path)}#rollout", path, (), ROLL_ROLLOUTS[_rel(path)]))
     return tuple(out)
 
 

@@ -45,6 +45,7 @@ def test_builtin_records_declare_their_needs():
         "prime",
         "generate",
         "eval",
+        "rlvr_rollout",
         "reward_model",
         "distill",
     ]

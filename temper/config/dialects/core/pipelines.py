@@ -9,8 +9,10 @@ generation and evaluation entry points (``generate``, ``eval``), which the diale
 translate, verl's SPPO recipe (an RLVR run with the ``sppo`` estimator and loss:
 :mod:`verl.sppo`), its SPIN recipe (``spin``: online DPO, :mod:`verl.spin`) and its PRIME
 recipe (``prime``: RL on an implicit PRM, :mod:`verl.prime`); ROLL's agentic rollout runs
-are temper's ``agentic_rollout`` pipeline (:mod:`temper.pipelines.episodes`). ROLL ships
-other trainers too — its RLVR rollout-only runs and Reward-FL. Their configs reuse many RL keys, so a
+are temper's ``agentic_rollout`` pipeline (:mod:`temper.pipelines.episodes`), its RLVR
+rollout runs ``temper eval``'s ``rlvr_rollout`` (:mod:`roll.rlvr_rollout`), refused under
+the other commands with the command that runs them. ROLL ships other trainers too —
+Reward-FL. Their configs reuse many RL keys, so a
 key-by-key translation would fail on some key deep inside with "unknown key, did you mean
 …", which sends the user after a typo that is not there. Instead such a file is recognised by the
 keys only that pipeline has, and refused in one line that names the pipeline.
@@ -27,7 +29,8 @@ from temper.config.errors import ConfigError
 
 RUNS = (
     "temper runs the rlvr (PPO, GRPO, …), agentic, sft, dpo, spin (online DPO), prime, distill "
-    "and reward_model pipelines, and generate, agentic_rollout (episodes, no training) and eval"
+    "and reward_model pipelines, and generate, agentic_rollout (episodes, no training), eval "
+    "and rlvr_rollout (a validation rollout, no training)"
 )
 
 
@@ -39,6 +42,7 @@ class Shape:
     what: str  # what it trains
     matches: Callable[[dict[str, Any]], str | None]  # -> the key that identifies it
     lacks: str = ""  # what temper lacks of it, where a near pipeline could mislead
+    command: str = ""  # the temper command that runs such a file ("" none)
 
 
 def _any_key(*keys: str, truthy: bool = False) -> Callable[[dict[str, Any]], str | None]:
@@ -58,7 +62,8 @@ def _any_key(*keys: str, truthy: bool = False) -> Callable[[dict[str, Any]], str
 def _rollout_only(data: dict[str, Any]) -> str | None:
     """ROLL's rollout pipelines generate (and dump) without training: no actor_train (a
     ``rollout_mock`` dump file trains, and is an RL file: :mod:`roll.mock`). The agentic one
-    (env managers) is temper's ``agentic_rollout`` pipeline; the RLVR one is not."""
+    (env managers) is temper's ``agentic_rollout`` pipeline; the RLVR one is ``temper eval``'s
+    ``rlvr_rollout``."""
     if "actor_infer" in data and "actor_train" not in data and "train_env_manager" not in data:
         return "actor_infer"
     return None
@@ -74,20 +79,29 @@ ROLL_SHAPES = (
     Shape("ROLL Reward-FL pipeline", "a diffusion model by reward feedback learning", _diffusion),
     Shape(
         "ROLL RLVR rollout pipeline",
-        "generation (and dumps of it) without training",
+        "generation and scoring of the validation set without training",
         _rollout_only,
-        "temper generate writes the responses of prompt files (a verl main_generation "
-        "config), and temper's agentic_rollout pipeline plays ROLL's agentic rollout files",
+        command="eval",
     ),
 )
 VERL_SHAPES: tuple[Shape, ...] = ()
 SHAPES = {"roll": ROLL_SHAPES, "verl": VERL_SHAPES}
 
 
-def refuse_other_pipelines(data: dict[str, Any], dialect: str) -> None:
-    """``ConfigError`` naming the pipeline when ``data`` is a config of one temper lacks."""
+def refuse_other_pipelines(data: dict[str, Any], dialect: str, command: str = "train") -> None:
+    """``ConfigError`` naming the pipeline when ``data`` is a config of one temper lacks,
+    or (read by another ``command``) of one that another temper command runs."""
     for shape in SHAPES.get(dialect, ()):
         key = shape.matches(data)
+        if key is not None and shape.command == command:
+            continue
+        if key is not None and shape.command:
+            raise ConfigError(
+                key,
+                f"this is a {shape.name} config ({shape.what}), which temper {shape.command} "
+                f"runs, not temper {command}",
+                f"temper {shape.command} CONFIG",
+            )
         if key is not None:
             raise ConfigError(
                 key,

@@ -21,7 +21,7 @@ from temper.config.catalog import Catalog
 from temper.config.dialects import Translation
 from temper.config.dialects.core.rules import meaning
 from temper.config.dialects.core.walk import KeyTable
-from temper.config.dialects.roll import derive
+from temper.config.dialects.roll import derive, rlvr_rollout
 from temper.config.dialects.roll import gem as roll_gem
 from temper.config.dialects.roll import gigpo as roll_gigpo
 from temper.config.dialects.roll.context import translation, walk_file
@@ -55,7 +55,7 @@ def translate_roll(raw: RawConfig, catalog: Catalog | None = None) -> Translatio
     if is_distill(raw.data) and not is_opd(raw.data):
         return translate_roll_distill(raw)
     if not is_opd(raw.data):
-        return _translate(raw, dict(raw.data))
+        return _translate(raw, dict(raw.data), command=raw.command)
     given, distill, notes = rewrite_opd(raw.data)
     renamed = distill.pop("renamed")
     try:
@@ -73,12 +73,19 @@ def _translate(
     given: dict[str, Any],
     distill: dict[str, Any] | None = None,
     opd_notes: Sequence[str] = (),
+    command: str = "train",
 ) -> Translation:
     """An RLVR or agentic file ``given`` (with ``distill``'s teachers: an OPD file
-    rewritten by :func:`rewrite_opd`)."""
+    rewritten by :func:`rewrite_opd`); an RLVR file read by ``temper eval``
+    (``command``) is ROLL's RLVR rollout pipeline (:mod:`roll.rlvr_rollout`)."""
     # ROLL's agentic rollout pipeline: the env managers and actor_infer, no actor_train
     rollout_only = {"train_env_manager", "actor_infer"} <= set(given) and "actor_train" not in given
+    validation_rollout = rlvr_rollout.is_rlvr_rollout(command, given)
+    if validation_rollout:
+        rlvr_rollout.roll_assertions(given)
     defaults = {"max_steps": ROLL_DEFAULTS["max_steps"]} if rollout_only else ROLL_DEFAULTS
+    if validation_rollout:  # only the defaults of what the rollout reads
+        defaults = {k: ROLL_DEFAULTS[k] for k in rlvr_rollout.DEFAULTS_READ}
     applied = {k: v for k, v in defaults.items() if k not in given}
     if isinstance(given.get("validation"), dict) and "eval_steps" in given["validation"]:
         applied.pop("eval_steps", None)
@@ -88,6 +95,8 @@ def _translate(
     defs = walk_file(RL_TABLE, ctx, raw)
     agentic = "train_env_manager" in data
     pipeline = "agentic_rollout" if rollout_only else "agentic" if agentic else "rlvr"
+    if validation_rollout:
+        pipeline = rlvr_rollout.PIPELINE
     ctx.write("pipeline", pipeline, "actor_infer" if rollout_only else "train_env_manager")
     derive.model(ctx)
     derive.lengths(ctx, agentic)
@@ -113,6 +122,8 @@ def _translate(
             "names actor_train"
         )
         drop_training_keys(ctx)
+    if validation_rollout:
+        rlvr_rollout.drop_training_keys(ctx)
     if distill is not None:
         ctx.write("distill.teachers", distill["teachers"], "teacher")
         kl = ctx.native_get("algorithm.kl_penalty")
