@@ -313,9 +313,10 @@ def _check_policy_loss(cfg: TemperConfig) -> None:
 
 
 def _check_rollout_correction(cfg: TemperConfig) -> None:
-    """Rollout correction (IS weights, rejection sampling) compares the trainer's old
-    log-probs with the rollout engine's; without a recompute they are the engine's own:
-    every weight would be 1 and no token would ever be rejected."""
+    """Rollout IS weights compare the trainer's old log-probs with the rollout engine's;
+    without a recompute they are the engine's own: every weight would be 1. (Rejection
+    sampling then compares the current policy with the rollout's before each
+    mini-batch's update, as verl's bypass mode does: :class:`temper.roles.actor.Actor`.)"""
     full_kl = cfg.algorithm.use_kl_in_reward and kl_estimator_needs_logits(cfg.algorithm.kl_penalty)
     if cfg.actor.rollout_is_batch_normalize and cfg.actor.rollout_is == "none":
         raise ConfigError(
@@ -327,13 +328,6 @@ def _check_rollout_correction(cfg: TemperConfig) -> None:
         )
     if cfg.actor.recompute_old_log_prob or full_kl:
         return
-    if cfg.actor.rollout_rs:
-        raise ConfigError(
-            "actor.rollout_rs",
-            "with actor.recompute_old_log_prob false the old log-probs are the rollout "
-            "engine's, so no token would ever be rejected",
-            "set actor.recompute_old_log_prob=true, or remove actor.rollout_rs",
-        )
     if cfg.actor.rollout_is != "none":
         raise ConfigError(
             "actor.rollout_is",

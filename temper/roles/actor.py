@@ -225,7 +225,7 @@ class Actor:
             weights, m = rollout_correction_weights(cfg, work, self.engine.global_sum)
             work[_TOKEN_WEIGHTS] = weights
             metrics.update({f"actor/{k}": float(v) for k, v in m.items()})
-        if cfg.rollout_rs:  # rejection sampling: the rejected tokens leave every loss term
+        if cfg.rollout_rs and not self._bypass_rs:  # the rejected tokens leave every term
             if "rollout_log_probs" not in work:
                 raise KeyError("actor.rollout_rs needs rollout_log_probs")
             keep, m = rollout_rejection_mask(
@@ -253,7 +253,7 @@ class Actor:
             work[_SCORE_POSITIVE] = (work["scores"].float() > 0).float()
         return work, metrics
 
-    def _loss_fn(self, mini: Batch) -> LossFn:
+    def _loss_fn(self, mini: Batch, is_scale: float | None = None) -> LossFn:
         """The loss of one mini-batch's micro-batches, with the mini-batch's normalizers.
 
         Under data parallelism ``mini`` is this rank's share and the normalizers are
@@ -276,8 +276,6 @@ class Actor:
             sft_agg = LossAggregator.from_normalizers(
                 cfg.loss_agg_mode, engine.global_normalizers(positives)
             )
-
-        is_scale = self._reinforce_is_scale(mini)
 
         def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
             mask = mb["response_mask"]
@@ -345,37 +343,60 @@ class Actor:
 
         return loss_fn
 
-    def _reinforce_is_scale(self, mini: Batch) -> float | None:
-        """``1/mean`` of the ``reinforce_is`` weights over the whole mini-batch at the
-        current policy (``reinforce_is_batch_normalize``); None when the loss does not
-        normalize.
+    @property
+    def _bypass_rs(self) -> bool:
+        """``rollout_rs`` without recomputed old log-probs (verl's bypass mode): the old
+        log-probs are the rollout's, so rejection compares the current policy with the
+        rollout's, before each mini-batch's update."""
+        return bool(self.cfg.rollout_rs) and not self.cfg.recompute_old_log_prob
 
-        The loss sees one micro-batch, so the mean comes from one no-grad forward of the
-        mini-batch before its update, its parts summed over the data-parallel ranks: the
-        update is then the same however the mini-batch is split (verl normalizes within
-        each micro-batch).
-        """
+    def _against_current_policy(
+        self, mini: Batch
+    ) -> tuple[Batch, float | None, dict[str, torch.Tensor]]:
+        """What compares the current policy with the rollout's over the whole mini-batch
+        (the loss sees one micro-batch): with ``rollout_rs`` in bypass mode, the mini-batch
+        with the rejected tokens out of its mask; with ``reinforce_is_batch_normalize``,
+        ``1/mean`` of the ``reinforce_is`` weights (over the whole mini-batch, its parts
+        summed over the data-parallel ranks); and the rejection's metrics. One no-grad
+        forward of the mini-batch, the update's own policy: the update is then the same
+        however the mini-batch is split (verl computes both within each micro-batch).
+        Nothing (no forward) when neither is on."""
         p = self.params
-        if not p.reinforce_is_batch_normalize or p.reinforce_is_level == "none":
-            return None
+        normalize = p.reinforce_is_batch_normalize and p.reinforce_is_level != "none"
+        if not (normalize or self._bypass_rs):
+            return mini, None, {}
         out = self.engine.forward(
             mini, temperature=self._temperature(mini), routing=self._routing(mini)
         )
-        mask = mini["response_mask"]
-        icepop = p.reinforce_is_threshold_low is not None
-        weights, _, _ = rollout_is_weights(
-            out["log_probs"],
-            mini["old_log_probs"],
-            mask,
-            level=p.reinforce_is_level,
-            threshold=p.reinforce_is_threshold,
-            threshold_low=p.reinforce_is_threshold_low,
-            mode="icepop" if icepop else "truncate",
-        )
-        total, count = weight_mean_parts(weights, mask, p.reinforce_is_level)
-        total_all, count_all = self.engine.global_sum([float(total), float(count)])
-        mean = total_all / count_all if count_all > 0 else 0.0
-        return 1.0 / mean if mean > 1e-8 else 1.0
+        current, mask = out["log_probs"], mini["response_mask"]
+        metrics: dict[str, torch.Tensor] = {}
+        scale = None
+        if normalize:
+            weights, _, _ = rollout_is_weights(
+                current,
+                mini["old_log_probs"],
+                mask,
+                level=p.reinforce_is_level,
+                threshold=p.reinforce_is_threshold,
+                threshold_low=p.reinforce_is_threshold_low,
+                mode="truncate" if p.reinforce_is_threshold_low is None else "icepop",
+            )
+            total, count = weight_mean_parts(weights, mask, p.reinforce_is_level)
+            total_all, count_all = self.engine.global_sum([float(total), float(count)])
+            mean = total_all / count_all if count_all > 0 else 0.0
+            scale = 1.0 / mean if mean > 1e-8 else 1.0
+        if self._bypass_rs:
+            if "rollout_log_probs" not in mini:
+                raise KeyError("actor.rollout_rs needs rollout_log_probs")
+            keep, metrics = rollout_rejection_mask(
+                current,
+                mini["rollout_log_probs"],
+                mask,
+                [RejectionFilter(f.stat, f.level, f.low, f.high) for f in self.cfg.rollout_rs],
+            )
+            mini = Batch(mini.tensors.clone(recurse=False), dict(mini.objects), dict(mini.meta))
+            mini["response_mask"] = mask * keep
+        return mini, scale, metrics
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches of the step's batch; averaged ``actor/*`` metrics."""
@@ -385,16 +406,21 @@ class Actor:
         steps = StepMetrics()
         seed = self.seed * 1_000_003 + self.updates
         size = per_rank_mini_batch(cfg.mini_batch_size, self.engine.dp_size)
+        rejected: list[dict[str, float]] = []
         for mini in mini_batches(work, size, cfg.ppo_epochs, shuffle=cfg.shuffle, seed=seed):
+            mini, is_scale, rs = self._against_current_policy(mini)
+            rejected.append({f"actor/{k}": float(v) for k, v in rs.items()})
             steps.add(
                 self.engine.train_mini_batch(
                     mini,
-                    self._loss_fn(mini),
+                    self._loss_fn(mini, is_scale),
                     temperature=temperature,
                     with_entropy=bool(cfg.entropy_coeff),
                 )
             )
         self.updates += 1
+        for key in rejected[0] if rejected else ():  # this rank's mean over its mini-batches
+            extra[key] = sum(r[key] for r in rejected) / len(rejected)
         return {**steps.result("actor"), **extra}
 
     def sft_update(self, batch: Batch) -> dict[str, float]:

@@ -169,6 +169,50 @@ def test_reinforce_is_batch_normalize_uses_the_mini_batch_mean_however_split(
         torch.testing.assert_close(p, shifted[name], atol=1e-7, rtol=0, msg=name)
 
 
+def test_bypass_rejection_compares_the_current_policy_with_the_rollout(tiny_path: str) -> None:
+    """verl's bypass mode with rollout_rs: the old log-probs are the rollout's, so the
+    filter compares the current policy with them, before each mini-batch's update — the
+    update equals one whose mask had the rejected tokens removed by hand, however the
+    mini-batch is split."""
+    from temper.algorithms.rollout_correction import RejectionFilter, rollout_rejection_mask
+    from temper.config.schema import RolloutFilter
+
+    batch = make_batch(PROMPTS, RESPONSES, seed=4)
+    cfg = make_config(tiny_path)
+    current = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor.compute_log_probs(batch)
+    mask = current["response_mask"]
+    g = torch.Generator().manual_seed(6)
+    rollout = (current["old_log_probs"] + 0.4 * torch.randn(mask.shape, generator=g)) * mask
+    keep, _ = rollout_rejection_mask(
+        current["old_log_probs"], rollout, mask, [RejectionFilter("ratio", "token", 0.7, 1.4)]
+    )
+    assert 0 < int(((1 - keep) * mask).sum()) < int(mask.sum())  # some tokens go, not all
+
+    def run(micro: int, rs: bool, mask_by_hand: bool = False) -> tuple[dict, dict]:
+        cfg = make_config(tiny_path)
+        cfg.actor.recompute_old_log_prob = False
+        cfg.rollout.calculate_log_probs = True
+        cfg.actor.rollout_rs = [RolloutFilter("ratio", "token", 0.7, 1.4)] if rs else []
+        cfg.actor.micro_batch_size_per_device = micro
+        cfg.actor.optim.eps = 1.0  # update linear in the gradient (see engine test)
+        actor = build_roles(cfg, validate(cfg, CATALOG), "cpu").actor
+        b = Batch(batch.tensors.clone(recurse=False), dict(batch.objects), dict(batch.meta))
+        b["rollout_log_probs"] = rollout
+        if mask_by_hand:
+            b["response_mask"] = mask * keep
+        metrics = actor.update(b)
+        return metrics, {n: p.detach().clone() for n, p in actor.engine.model.named_parameters()}
+
+    m4, w4 = run(4, rs=True)
+    _, w1 = run(1, rs=True)
+    _, by_hand = run(4, rs=False, mask_by_hand=True)
+    rejected = float(((1 - keep) * mask).sum() / mask.sum())
+    assert m4["actor/rollout_rs_masked_fraction"] == pytest.approx(rejected, rel=1e-6)
+    for name, p in w4.items():
+        torch.testing.assert_close(p, w1[name], atol=1e-8, rtol=0, msg=name)
+        torch.testing.assert_close(p, by_hand[name], atol=1e-8, rtol=0, msg=name)
+
+
 def test_rollout_is_batch_normalize_divides_by_the_mean_over_all_ranks() -> None:
     """Each data-parallel rank normalizes its share by the whole batch's mean (the
     engine's global_sum adds the ranks' parts), as one rank holding the whole batch."""

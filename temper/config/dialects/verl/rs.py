@@ -106,6 +106,12 @@ def rollout_rs(v: Any, ctx: Any) -> None:
         raise ctx.error("rejection sampling needs rollout_rs_threshold", "set it, e.g. 2.0")
     specs = _threshold_specs(options, spec, ctx)
     ctx._write("actor.rollout_rs", [_filter(o, s, ctx) for o, s in zip(options, specs)])
+    if ctx.get(f"{RC}.bypass_mode", False) is True:
+        ctx.note(
+            "bypass mode: the old log-probs are the rollout's, so the filters compare the "
+            "current policy with the rollout's, before each mini-batch's update (one extra "
+            "forward; verl computes them within each micro-batch's loss)"
+        )
 
 
 def rollout_rs_threshold(v: Any, ctx: Any) -> None:
