@@ -340,6 +340,24 @@ def test_bypass_mode_reinforce_is_the_reinforce_is_loss_with_rollout_is_settings
     assert "reinforce_is_batch_normalize" not in kwargs and not actor["rollout_is_batch_normalize"]
 
 
+def test_bypass_mode_rejects_against_the_current_policy_for_any_estimator():
+    """In bypass mode verl rejects inside the loss, after the advantages (as temper
+    always does): any estimator, and the note says what the filters compare."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "algorithm.adv_estimator=gae",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.rollout_rs=token_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=2.0",
+    )
+    out, text = translated(data)
+    assert out["actor"]["recompute_old_log_prob"] is False
+    assert out["actor"]["rollout_rs"] == [
+        {"stat": "ratio", "level": "token", "low": 0.5, "high": 2.0}
+    ]
+    assert "compare the current policy with the rollout's" in text
+
+
 def test_bypass_mode_reinforce_normalizes_its_weights_over_the_mini_batch():
     """rollout_is_batch_normalize in bypass mode (reinforce) is the loss's own option;
     the actor's pre-loss IS weights stay off, so nothing normalizes them twice."""

@@ -82,7 +82,8 @@ def _filter(option: str, spec: str, ctx: Any) -> dict[str, Any]:
 def rollout_rs(v: Any, ctx: Any) -> None:
     """Rejection modes with ``rollout_rs_threshold`` -> ``actor.rollout_rs`` filters (k1:
     ratio bounds ``[1/hi, 1/lo]``; k2, k3: upper bounds); with adv_estimator grpo or rloo
-    only (verl rejects before the advantages, temper after)."""
+    only (verl rejects before the advantages, temper after), except in bypass mode, where
+    verl rejects inside the loss too."""
     if v is None:
         ctx.note("accepted at its inert value (no rejection sampling)")
         return
@@ -95,7 +96,8 @@ def rollout_rs(v: Any, ctx: Any) -> None:
     if not options:
         raise ctx.error("no rejection mode given", f"use: {', '.join(MODES)}, or null")
     estimator = ctx.get("algorithm.adv_estimator", "gae")
-    if estimator not in ESTIMATORS:
+    bypass = ctx.get(f"{RC}.bypass_mode", False) is True  # verl rejects in the loss then
+    if estimator not in ESTIMATORS and not bypass:
         raise ctx.error(
             f"verl rejects tokens before computing advantages, temper after; with "
             f"adv_estimator {estimator} the kept tokens' advantages would differ",
@@ -106,7 +108,7 @@ def rollout_rs(v: Any, ctx: Any) -> None:
         raise ctx.error("rejection sampling needs rollout_rs_threshold", "set it, e.g. 2.0")
     specs = _threshold_specs(options, spec, ctx)
     ctx._write("actor.rollout_rs", [_filter(o, s, ctx) for o, s in zip(options, specs)])
-    if ctx.get(f"{RC}.bypass_mode", False) is True:
+    if bypass:
         ctx.note(
             "bypass mode: the old log-probs are the rollout's, so the filters compare the "
             "current policy with the rollout's, before each mini-batch's update (one extra "
