@@ -32,25 +32,13 @@ import json
 from pathlib import Path
 
 import pytest
+from upstream_command import UPSTREAM, script_command  # tests/ is on the path
 
 from temper.cli.main import main
 from temper.pipelines.catalog import load_config
 
-UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
 TRAIN = "task:arithmetic?n=256&seed=5"
 VAL = "task:arithmetic?n=8&seed=6&split=test"
-
-
-def _script(rel: str) -> tuple[Path, list[str]]:
-    """The config and overrides of a verl example script's trainer command."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
-    from upstream_scripts import script_commands
-
-    snap, _, path = rel.partition("/")
-    (cmd,) = script_commands(UPSTREAM / snap / path, UPSTREAM / snap)
-    return cmd.config, list(cmd.overrides)
 
 
 def _train(config: Path, overrides: list[str], out: Path) -> list[dict]:
@@ -84,7 +72,7 @@ def _verl(tiny: Path, out: Path) -> list[str]:
 def test_verl_grpo_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
     """verl's GRPO example (2026-01) with a KL loss: 32 prompts × 4 responses a step."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(
+    config, overrides = script_command(
         "verl-2026-01-b178a3c/examples/grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh"
     )
     out = tmp_path / "verl-grpo"
@@ -96,7 +84,7 @@ def test_verl_grpo_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
 def test_verl_ppo_with_critic_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
     """verl's PPO example (2026-01, GAE with a critic): 512 prompts a step."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script("verl-2026-01-b178a3c/examples/ppo_trainer/run_gemma.sh")
+    config, overrides = script_command("verl-2026-01-b178a3c/examples/ppo_trainer/run_gemma.sh")
     out = tmp_path / "verl-ppo"
     data = ["data.train_batch_size=128"]  # one mini-batch (ppo_mini_batch_size=128) a step
     train = _train(config, overrides + _verl(tiny_model_dir, out) + data, out)
@@ -117,13 +105,31 @@ def test_verl_optimal_token_baseline_scripts_train(script, tmp_path, tiny_model_
     128 prompts × 8 a step, one mini-batch): the actor's log-prob pass returns Σπ², the
     estimator reads it, the policy trains."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(script)
+    config, overrides = script_command(script)
     out = tmp_path / "verl-otb"
     cfg = load_config(config, overrides + _verl(tiny_model_dir, out)).config
     assert cfg.algorithm.adv_estimator == "optimal_token_baseline"
     assert cfg.actor.calculate_sum_pi_squared is True
     train = _train(config, overrides + _verl(tiny_model_dir, out), out)
     assert all("actor/pg_loss" in r and "train/advantage_mean" in r for r in train)
+
+
+@pytest.mark.slow
+def test_verl_bypass_rejection_sampling_script_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl 2026-08's multi_rs example (bypass mode: the rollout's log-probs as the old
+    ones, rejection sampling on top): the filters compare the current policy with the
+    rollout's before each mini-batch's update, and the run trains."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = script_command(
+        "verl-2026-08-1dda039/examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh"
+    )
+    out = tmp_path / "verl-rs"
+    cfg = load_config(config, overrides + _verl(tiny_model_dir, out)).config
+    assert cfg.actor.recompute_old_log_prob is False and cfg.actor.rollout_rs
+    train = _train(config, overrides + _verl(tiny_model_dir, out), out)
+    for r in train:
+        assert 0 <= r["actor/rollout_rs_masked_fraction"] <= 1
+        assert "actor/pg_loss" in r
 
 
 def _roll(tiny: Path, out: Path, roles: list[str]) -> list[str]:
@@ -280,7 +286,7 @@ def test_verl_09_grpo_command_line_trains(tmp_path, tiny_model_dir, monkeypatch)
     """verl 0.9's GRPO example: the V1 sync trainer, the new ``reward`` section and
     ``model_engine: dp`` (all the 2026-08 defaults), 256 prompts × 5 responses a step."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(f"{V0_9}/examples/grpo_trainer/run_qwen3_4b_fsdp.sh")
+    config, overrides = script_command(f"{V0_9}/examples/grpo_trainer/run_qwen3_4b_fsdp.sh")
     out = tmp_path / "verl09-grpo"
     data = ["data.train_batch_size=256"]  # one mini-batch (ppo_mini_batch_size=256) a step
     train = _train(config, overrides + _verl(tiny_model_dir, out) + data, out)
@@ -292,7 +298,7 @@ def test_verl_09_megatron_command_line_trains(tmp_path, tiny_model_dir, monkeypa
     """verl 0.9's ``model_engine=megatron`` GRPO example on one device (TP = PP = 1 for
     actor and reference), 256 prompts × 5 responses a step."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(f"{V0_9}/examples/grpo_trainer/run_qwen3_8b_megatron.sh")
+    config, overrides = script_command(f"{V0_9}/examples/grpo_trainer/run_qwen3_8b_megatron.sh")
     out = tmp_path / "verl09-megatron"
     device = [
         f"actor_rollout_ref.{role}.megatron.{degree}_model_parallel_size=1"
@@ -321,7 +327,7 @@ def test_verl_09_separate_async_command_line_trains(tmp_path, tiny_model_dir, mo
     a weight-sync backend — and its rollout on a pool of its own: one device beside the
     trainer's (Ray)."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(f"{V0_9}/examples/grpo_trainer/run_qwen3_4b_fsdp.sh")
+    config, overrides = script_command(f"{V0_9}/examples/grpo_trainer/run_qwen3_4b_fsdp.sh")
     out = tmp_path / "verl09-separate-async"
     data = ["data.train_batch_size=256"]  # one mini-batch (ppo_mini_batch_size=256) a step
     mode = [
@@ -343,7 +349,7 @@ def test_verl_one_step_off_script_trains(tmp_path, tiny_model_dir, monkeypatch):
     """verl's one-step-off recipe (GRPO, 2 rollout devices beside 6 trainer devices in
     the script; one beside one here), 192 prompts × 5 responses a step."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(
+    config, overrides = script_command(
         f"{V0_9}/verl/experimental/one_step_off_policy/shell/grpo_0.6b_gsm8k_fsdp2_2_6.sh"
     )
     out = tmp_path / "verl-one-step-off"
