@@ -186,10 +186,11 @@ def test_verl_distillation_command_line_trains(tmp_path, tiny_model_dir, teacher
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_upstream_train import _script, _verl
+    from test_upstream_train import _verl
+    from upstream_command import script_command
 
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(
+    config, overrides = script_command(
         "verl-2026-01-b178a3c/examples/grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh"
     )
     out = tmp_path / "verl-opd"

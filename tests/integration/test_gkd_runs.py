@@ -131,12 +131,13 @@ def test_verl_gkd_command_line_trains(tmp_path, tiny_model_dir, teacher_dir, mon
     ``run_qwen3_8b_megatron.sh``: forward_kl_topk as a direct gradient without task
     rewards, clamps; top-8 here; the example's KL loss off, as verl drops it without
     task rewards): 2 steps on CPU, the term is the whole loss."""
-    from test_upstream_train import _script, _verl
+    from test_upstream_train import _verl
+    from upstream_command import script_command
 
     from temper.cli.main import main
 
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(
+    config, overrides = script_command(
         "verl-2026-01-b178a3c/examples/grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh"
     )
     out = tmp_path / "verl-gkd"

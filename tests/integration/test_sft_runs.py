@@ -18,12 +18,12 @@ and the two stages of ``examples/sft_then_grpo`` (GRPO from the SFT run's ``fina
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from upstream_command import script_command  # tests/ is on the path
 
 from temper.cli.main import main
 from temper.data.tasks import make_task_rows
@@ -117,16 +117,6 @@ def test_lora_sft_trains_the_adapters_only(tmp_path, tiny_model_dir, monkeypatch
 # ------------------------------------------------------------------ upstream files
 
 
-def _script(rel: str) -> tuple[Path, list[str]]:
-    """The config and overrides of a verl example script's trainer command."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "config"))
-    from upstream_scripts import script_commands
-
-    snap, _, path = rel.partition("/")
-    (cmd,) = script_commands(UPSTREAM / snap / path, UPSTREAM / snap)
-    return cmd.config, list(cmd.overrides)
-
-
 def _train(config: Path, overrides: list[str], out: Path) -> list[dict]:
     assert main(["train", str(config), *overrides]) == 0
     train = [r for r in _rows(out) if "train/loss" in r]
@@ -139,7 +129,7 @@ def test_verl_fsdp_sft_trainer_command_line_trains(tmp_path, tiny_model_dir, mon
     """verl's char_count SFT recipe (2025-06, fsdp_sft_trainer): 256 samples a step in
     micro-batches of 8, prompt and response columns."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script("verl-2025-06-38d9a88/recipe/char_count/train_sft.sh")
+    config, overrides = script_command("verl-2025-06-38d9a88/recipe/char_count/train_sft.sh")
     out = tmp_path / "verl-sft"
     overrides += [
         f"model.partial_pretrain={tiny_model_dir}",  # model
@@ -174,7 +164,7 @@ def test_verl_engine_sft_trainer_command_line_trains(tmp_path, tiny_model_dir, m
     """verl 0.9's multi-turn SFT example (sft_trainer, engine=fsdp): conversations, every
     assistant turn learnt, token-budget micro-batches."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    config, overrides = _script(
+    config, overrides = script_command(
         "verl-2026-08-1dda039/examples/sft/multiturn/run_qwen2_5_0_5b_fsdp.sh"
     )
     data = _conversations(tmp_path / "conversations.jsonl")
