@@ -105,6 +105,25 @@ def weight_mean_parts(weights: Tensor, mask: Tensor, level: str) -> tuple[Tensor
     return (masked_mean(weights, m, dim=-1) * has).sum(), has.sum()
 
 
+def batch_normalized(
+    weights: Tensor,
+    mask: Tensor,
+    level: str,
+    sum_parts: Callable[[list[float]], list[float]] | None = None,
+) -> tuple[Tensor, float]:
+    """``(weights / mean, mean)``: the weights divided by their batch mean
+    (:func:`weight_mean_parts`; ``sum_parts`` sums the parts over data-parallel ranks, so
+    each rank's share is divided by the whole batch's mean), unchanged (mean 1) when that
+    mean is ≤ 1e-8 or there is no valid token."""
+    total, count = weight_mean_parts(weights, mask, level)
+    parts = [float(total), float(count)]
+    total_all, count_all = sum_parts(parts) if sum_parts else parts
+    mean = total_all / count_all if count_all > 0 else 0.0
+    if mean <= 1e-8:
+        return weights, 1.0
+    return weights / mean, mean
+
+
 def rollout_is_weights(
     old_log_prob: Tensor,
     rollout_log_prob: Tensor,
@@ -114,7 +133,6 @@ def rollout_is_weights(
     threshold: float = 2.0,
     threshold_low: float | None = None,
     mode: str = "truncate",
-    batch_normalize: bool = False,
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """Rollout-correction weights and mask.
 
@@ -127,9 +145,8 @@ def rollout_is_weights(
     * ``mode="icepop"``: ``w = ρ·1[threshold_low ≤ ρ ≤ threshold]``; mask unchanged
       (``threshold_low`` required).
 
-    ``batch_normalize`` (verl ``rollout_is_batch_normalize``) divides the weights by their
-    mean — over valid tokens at the token and segment levels, over sequences (one weight each, the
-    sequences with a valid token) at a sequence level — unless that mean is ≤ 1e-8.
+    :func:`batch_normalized` divides them by their batch mean (verl
+    ``rollout_is_batch_normalize``).
     Weights are 0 on masked tokens and detached.
     Metrics: ``rollout_is_mean``, ``rollout_is_clipfrac`` (fraction of valid tokens whose
     ratio was truncated or masked), ``rollout_log_ratio_mean`` (k1 KL(π_rollout‖π_old)).
@@ -163,11 +180,6 @@ def rollout_is_weights(
             keep = (~outside).to(response_mask.dtype)
             new_mask = response_mask * keep
             weights = weights * keep.to(weights.dtype)
-        if batch_normalize and m.sum() > 0:
-            total, count = weight_mean_parts(weights, m, level)
-            mean = total / count
-            if mean > 1e-8:
-                weights = weights / mean
         metrics = {
             "rollout_is_mean": masked_mean(weights, m),
             "rollout_is_clipfrac": masked_mean(outside.to(m.dtype), m),

@@ -54,9 +54,9 @@ from temper.algorithms.reward_model import (
 )
 from temper.algorithms.rollout_correction import (
     RejectionFilter,
+    batch_normalized,
     rollout_is_weights,
     rollout_rejection_mask,
-    weight_mean_parts,
 )
 from temper.config.errors import ConfigError
 from temper.config.schema import ActorConfig
@@ -128,13 +128,8 @@ def rollout_correction_weights(
         mode="truncate" if cfg.rollout_is_threshold_low is None else "icepop",
     )
     if cfg.rollout_is_batch_normalize:
-        total, count = weight_mean_parts(weights, mask, cfg.rollout_is)
-        parts = [float(total), float(count)]
-        total_all, count_all = global_sum(parts) if global_sum else parts
-        mean = total_all / count_all if count_all > 0 else 0.0
-        if mean > 1e-8:
-            weights = weights / mean
-            metrics["rollout_is_mean"] = metrics["rollout_is_mean"] / mean
+        weights, mean = batch_normalized(weights, mask, cfg.rollout_is, global_sum)
+        metrics["rollout_is_mean"] = metrics["rollout_is_mean"] / mean
     return weights, metrics
 
 
@@ -381,10 +376,8 @@ class Actor:
                 threshold_low=p.reinforce_is_threshold_low,
                 mode="truncate" if p.reinforce_is_threshold_low is None else "icepop",
             )
-            total, count = weight_mean_parts(weights, mask, p.reinforce_is_level)
-            total_all, count_all = self.engine.global_sum([float(total), float(count)])
-            mean = total_all / count_all if count_all > 0 else 0.0
-            scale = 1.0 / mean if mean > 1e-8 else 1.0
+            _, mean = batch_normalized(weights, mask, p.reinforce_is_level, self.engine.global_sum)
+            scale = 1.0 / mean
         if self._bypass_rs:
             if "rollout_log_probs" not in mini:
                 raise KeyError("actor.rollout_rs needs rollout_log_probs")

@@ -15,6 +15,7 @@ from temper.algorithms import (
     roll_dual_clip_constant,
     rollout_is_weights,
 )
+from temper.algorithms.rollout_correction import batch_normalized
 
 T = torch.tensor
 ln = math.log
@@ -384,8 +385,10 @@ def test_rollout_is_weights_levels_and_modes() -> None:
     # MIS: keep ratios in [1/2, 2]: 3 dropped, 0.5 kept
     torch.testing.assert_close(new_mask, T([[0.0, 1.0]]))
     torch.testing.assert_close(w, T([[0.0, 1.0]]))
-    w, _, _ = rollout_is_weights(old, rollout, mask, threshold=2.0, batch_normalize=True)
+    w, _, _ = rollout_is_weights(old, rollout, mask, threshold=2.0)
+    w, mean = batch_normalized(w, mask, "token")
     torch.testing.assert_close(w, T([[2.0, 0.5]]) / 1.25)  # mean of [2, 0.5] is 1.25
+    assert mean == pytest.approx(1.25)
 
 
 def test_icepop_zeroes_weights_outside_its_band_and_keeps_the_mask() -> None:
@@ -407,9 +410,8 @@ def test_sequence_level_batch_normalization_averages_over_sequences() -> None:
     (the token mean would be 1.625); a sequence without tokens does not count."""
     old = T([[ln(2.0) / 3] * 3, [ln(0.5), 0.0, 0.0], [0.0, 0.0, 0.0]])
     mask = T([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    w, _, _ = rollout_is_weights(
-        old, torch.zeros(3, 3), mask, level="sequence", threshold=5.0, batch_normalize=True
-    )
+    w, _, _ = rollout_is_weights(old, torch.zeros(3, 3), mask, level="sequence", threshold=5.0)
+    w, _ = batch_normalized(w, mask, "sequence")
     torch.testing.assert_close(w, T([[1.6, 1.6, 1.6], [0.4, 0.0, 0.0], [0.0, 0.0, 0.0]]))
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from temper.algorithms import RejectionFilter, rollout_rejection_mask
+from temper.algorithms.rollout_correction import batch_normalized
 
 T = torch.tensor
 ln = math.log
@@ -146,7 +147,5 @@ def test_segment_importance_weights_are_per_turn() -> None:
     torch.testing.assert_close(w, T([[1.0, 1.0, 0.0, 1.2]]))
     assert m["rollout_is_clipfrac"].item() == pytest.approx(1 / 3)
     # batch normalize divides by the token mean (1 + 1 + 1.2)/3
-    w, _, _ = rollout_is_weights(
-        old, rollout, mask, level="segment", threshold=1.2, batch_normalize=True
-    )
+    w, _ = batch_normalized(w, mask, "segment")
     torch.testing.assert_close(w, T([[1.0, 1.0, 0.0, 1.2]]) / (3.2 / 3))
