@@ -27,11 +27,10 @@ from temper.config.typed import to_dict
 from temper.pipelines.registry import PIPELINES, resolve_pipeline
 from temper.pipelines.router_replay_check import check_router_replay
 from temper.roles.actor import policy_loss_params
+from temper.roles.reward_model import REWARD_MODEL_STRATEGIES
 from temper.rollout.tools import check_multi_turn
 
 FILTER_METRICS = ("score", "reward")
-#: the engines a reward model scores on (:mod:`temper.roles.reward_model`)
-REWARD_MODEL_STRATEGIES = ("torch", "fsdp2", "megatron")
 
 
 def check_run(cfg: TemperConfig, plan: Derived) -> None:
@@ -251,9 +250,8 @@ def _check_estimator_inputs(cfg: TemperConfig) -> None:
 
 
 def _check_reward_model_strategy(cfg: TemperConfig) -> None:
-    """The reward model scores as the Hugging Face classifier (torch; fsdp2 on the local
-    backend, where one rank is the same) or on a ``kind='score'`` engine (megatron; fsdp2
-    and megatron on the Ray backend's ``reward`` group): :mod:`temper.roles.reward_model`."""
+    """The reward model scores on one of the strategies that serve one: in the driver on
+    the local backend, on the Ray backend's ``reward`` group (:mod:`temper.roles.reward_model`)."""
     rm = cfg.reward.model
     uses = resolve_pipeline(cfg.pipeline).uses
     if rm.enable and ROLLOUT in uses and REWARD_MODEL not in uses:  # (eval says its own)

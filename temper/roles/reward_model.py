@@ -4,14 +4,13 @@
 
 Where it scores (:func:`build_reward_model`, :func:`build_reward_scorer`):
 
-- ``reward.model.strategy: torch`` — the Hugging Face classifier in the driver process,
-  on either backend (one process);
-- ``fsdp2`` / ``megatron`` on ``resources.backend: local`` — the driver too (one rank:
-  the classifier for fsdp2, a one-rank megatron world for megatron);
-- ``fsdp2`` / ``megatron`` on ``resources.backend: ray`` — the ``reward`` worker group
-  (``temper.cluster.reward``): each rank an engine of that strategy over the group's
-  process group (FSDP2 data-parallel ranks, Megatron TP × PP × CP model-parallel ones),
-  scoring its data-parallel slice of the rows.
+- ``resources.backend: local`` — the driver process: the Hugging Face classifier for
+  ``torch`` and ``fsdp2`` (one rank computes what the classifier computes), a one-rank
+  megatron world for ``megatron``;
+- ``resources.backend: ray`` — the ``reward`` worker group on ``resources.reward``
+  (``temper.cluster.reward``): each rank an engine of the strategy over the group's
+  process group (a whole ``torch`` replica per rank, FSDP2 data-parallel ranks, Megatron
+  TP × PP × CP model-parallel ones), scoring its data-parallel slice of the rows.
 
 Inputs are :meth:`RewardModel.build_inputs`' token lists. Each becomes one row whose
 "prompt" is the whole sequence and whose "response" is one placeholder token: an engine's
@@ -42,9 +41,9 @@ from temper.training.spec import EngineSpec
 
 log = logging.getLogger(__name__)
 
-#: strategies whose reward model is an engine sharded over the ``reward`` worker group
-#: on the Ray backend; ``torch`` is one process, the driver's, on either backend
-WORKER_SCORERS = ("fsdp2", "megatron")
+#: the strategies that serve a reward model; on the Ray backend each is an engine over the
+#: ``reward`` worker group, on the devices resources.reward names
+REWARD_MODEL_STRATEGIES = ("torch", "fsdp2", "megatron")
 
 
 def score_rows(seqs: list[list[int]]) -> Batch:
@@ -119,7 +118,7 @@ def check_one_label(path: str) -> None:
 def scores_on_workers(cfg: TemperConfig) -> bool:
     """The reward model scores on the ``reward`` worker group (module doc)."""
     rm = cfg.reward.model
-    return rm.enable and cfg.resources.backend == "ray" and rm.strategy in WORKER_SCORERS
+    return rm.enable and cfg.resources.backend == "ray" and rm.strategy in REWARD_MODEL_STRATEGIES
 
 
 def _require_path(rm: RewardModelConfig) -> str:

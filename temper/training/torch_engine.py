@@ -125,6 +125,15 @@ class TorchEngine(PackedLogits):
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.requires_grad)
 
+    @property
+    def dp_size(self) -> int:
+        """1 for a trained engine (it trains in one process); a frozen one that joined a
+        process group (a Ray reference, teacher or reward group) is one whole replica per
+        rank, so the group's ranks are data-parallel: each scores its share of the rows."""
+        if self.trainable or not torch.distributed.is_initialized():
+            return 1
+        return torch.distributed.get_world_size()
+
     def set_total_steps(self, total_steps: int) -> None:
         if self.schedule is not None:
             self.schedule.set_total_steps(total_steps)

@@ -174,8 +174,9 @@ def ray_session():
         ("megatron", {"tensor_model_parallel_size": 2}, 1),
         ("megatron", {}, 2),
         ("fsdp2", {}, 2),
+        ("torch", {}, 2),
     ],
-    ids=["megatron-tp2", "megatron-dp2", "fsdp2-dp2"],
+    ids=["megatron-tp2", "megatron-dp2", "fsdp2-dp2", "torch-dp2"],
 )
 def test_a_reward_group_on_two_ray_ranks_scores_as_one_process(
     classifiers, ray_session, strategy, layout, dp
@@ -183,7 +184,8 @@ def test_a_reward_group_on_two_ray_ranks_scores_as_one_process(
     from ray_groups import score_on_a_ray_group
 
     """The Ray ``reward`` group (temper.cluster.reward): two TP ranks sharing every row,
-    or two data-parallel ranks each scoring its (token-balanced, padded) share, give
+    or two data-parallel ranks (FSDP2 shards, or whole torch replicas) each scoring its
+    (token-balanced, padded) share, give
     the one-process classifier's scores, in the batch's order."""
     path = classifiers["qwen2"]
     want = RewardModel.from_config(_config(path), dtype=torch.float32).score_sequences(SEQS)
@@ -194,24 +196,27 @@ def test_a_reward_group_on_two_ray_ranks_scores_as_one_process(
 
 
 @pytest.mark.ray
-def test_rlvr_run_on_ray_scored_by_a_megatron_reward_model_on_its_own_ranks(
-    tmp_path, tiny_model_dir, classifiers, monkeypatch, capsys
+@pytest.mark.parametrize(
+    ("strategy", "rm"),
+    [("megatron", {"megatron": {"tensor_model_parallel_size": 2}}), ("torch", {})],
+    ids=["megatron-tp2", "torch-replicas"],
+)
+def test_rlvr_run_on_ray_scored_by_a_reward_model_on_its_own_ranks(
+    tmp_path, tiny_model_dir, classifiers, monkeypatch, capsys, strategy, rm
 ) -> None:
-    """On the Ray backend (the actor on two fsdp2 ranks in workers) a megatron reward
-    model at TP=2 scores on a worker group of its own, colocated with the actor (verl's
-    default placement): 2 GRPO steps whose rewards are its scores."""
+    """On the Ray backend (the actor on two fsdp2 ranks in workers) the reward model
+    scores on a worker group of its own, colocated with the actor (verl's default
+    placement) — a megatron one at TP=2, or a torch replica per device, each scoring
+    its share: 2 GRPO steps whose rewards are its scores."""
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
-    rm = {"megatron": {"tensor_model_parallel_size": 2}}
     over = dict(
         actor={"strategy": "fsdp2"},
         experiment={"device": "cpu"},
         resources={"backend": "ray", "devices_per_node": 2, "ray": {"num_cpus": 4}},
     )
     try:
-        got = _rl_run(
-            tiny_model_dir, classifiers["qwen2"], tmp_path / "ray", "megatron", rm, **over
-        )
+        got = _rl_run(tiny_model_dir, classifiers["qwen2"], tmp_path / "ray", strategy, rm, **over)
     finally:
         if ray.is_initialized():
             ray.shutdown()

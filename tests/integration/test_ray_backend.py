@@ -78,22 +78,27 @@ def ray_session():
         ray.shutdown()
 
 
+@pytest.mark.parametrize("reference", ["fsdp2", "torch"])
 def test_grpo_on_two_fsdp2_ranks_with_a_reference(
-    tmp_path, tiny_model_dir, monkeypatch, ray_session
+    tmp_path, tiny_model_dir, monkeypatch, ray_session, capsys, reference
 ) -> None:
+    """The reference is a worker group colocated with the actor (half a bundle each):
+    two FSDP2 ranks, or a whole torch replica per device, each on its share of the rows.
+    One mini-batch a step, so the first step's KL is to the policy itself: 0."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from transformers import AutoModelForCausalLM
 
     from temper.pipelines import run_pipeline as train
 
     before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    # KL loss: a reference worker group colocated with the actor (half a bundle each)
-    over = {"actor": {"use_kl_loss": True}, "reference": {"strategy": "fsdp2"}}
+    over = {"actor": {"use_kl_loss": True}, "reference": {"strategy": reference}}
     train(ray_config(tmp_path, tiny_model_dir, **over))
+    assert "ray: reference ranks 0..1 up" in capsys.readouterr().out
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["actor/grad_norm"] > 0 for r in rows)
-    assert all("actor/kl_loss" in r for r in rows)
+    assert rows[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[1]["actor/kl_loss"] > 1e-6
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "actor")
     after = final.state_dict()
     assert config_arch(tmp_path / "run" / "final" / "actor") == ["LlamaForCausalLM"]
