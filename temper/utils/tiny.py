@@ -29,18 +29,29 @@ CHATML_TEMPLATE = (
 
 def build_tokenizer(out_dir: str | Path):
     """Byte-level tokenizer (256 byte tokens, no merges) + ChatML special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    return byte_tokenizer(out_dir, SPECIAL_TOKENS, CHATML_TEMPLATE)
+
+
+def byte_tokenizer(
+    out_dir: str | Path, specials: list[str], chat_template: str, words: tuple[str, ...] = ()
+):
+    """A byte-level tokenizer (256 byte tokens, no merges), ``specials`` after them, then
+    ``words`` as whole-word tokens, saved to ``out_dir`` with ``chat_template``; its
+    ``eos`` is ``<|im_end|>`` and its pad ``<|pad|>`` (both among ``specials``)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     byte_chars = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
-    for tok in SPECIAL_TOKENS:
+    for tok in specials:
         vocab[tok] = len(vocab)
     model = models.BPE(vocab=vocab, merges=[], unk_token=None)
     backend = Tokenizer(model)
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(SPECIAL_TOKENS)
+    backend.add_special_tokens(specials)
+    if words:
+        backend.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in words])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
@@ -48,7 +59,7 @@ def build_tokenizer(out_dir: str | Path):
         bos_token=None,
         unk_token=None,
     )
-    fast.chat_template = CHATML_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(str(out_dir))
     return fast
 

@@ -62,28 +62,9 @@ MAX_PIXELS = 64 * 28 * 28
 def build_vl_tokenizer(out_dir: str | Path) -> Any:
     """Byte-level tokenizer (256 byte tokens, no merges) + Qwen2-VL special tokens +
     :data:`WORD_TOKENS`."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from temper.utils.tiny import byte_tokenizer
 
-    byte_chars = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
-    for special in SPECIAL_TOKENS:
-        vocab[special] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in WORD_TOKENS])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|pad|>",
-        bos_token=None,
-        unk_token=None,
-    )
-    fast.chat_template = QWEN2_VL_TEMPLATE
-    fast.save_pretrained(str(out_dir))
-    return fast
+    return byte_tokenizer(out_dir, SPECIAL_TOKENS, QWEN2_VL_TEMPLATE, tuple(WORD_TOKENS))
 
 
 def make_tiny_vlm(

@@ -30,14 +30,13 @@ from typing import Any
 
 from temper.config.dialects import Translation
 from temper.config.dialects.core.derivation import derivation
-from temper.config.dialects.core.rules import Map, Note, Rule, Same, Use
+from temper.config.dialects.core.rules import Map, Note, Rule, Use
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.dialects.roll import derive
 from temper.config.dialects.roll import sft as roll_sft
 from temper.config.dialects.roll.context import translation, walk_file
 from temper.config.dialects.roll.derive import Ctx
 from temper.config.dialects.roll.transforms import nonpositive_none
-from temper.config.dialects.roll.workers import worker_rules
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig
 
@@ -102,20 +101,6 @@ def _worker(role: str) -> dict[str, Rule]:
     return rules
 
 
-def _validation() -> dict[str, Rule]:
-    rules: dict[str, Rule] = {
-        k: Note("held-out pairs are scored by the actor_train and reference workers")
-        for k in worker_rules("validation")
-    }
-    rules["validation.data_args.file_name"] = Use(
-        "data.val_files (joined with dataset_dir)", derive.data_files
-    )
-    rules["validation.data_args.template"] = Same(
-        f"{AS}.data_args.template", "validation rows are templated like training rows"
-    )
-    return rules
-
-
 def translate_roll_dpo(raw: RawConfig) -> Translation:
     """Translate a ROLL DPO config (module docstring)."""
     given = copy.deepcopy(raw.data)
@@ -162,4 +147,13 @@ def pair_micro_batches(ctx: Ctx) -> None:
             ctx.write(dst, 2 * int(value), src)
 
 
-DPO_TABLE = KeyTable({**_top(), **_worker(AS), **_worker(REF), **_validation()})
+DPO_TABLE = KeyTable(
+    {
+        **_top(),
+        **_worker(AS),
+        **_worker(REF),
+        **roll_sft.validation_rules(
+            "held-out pairs are scored by the actor_train and reference workers"
+        ),
+    }
+)

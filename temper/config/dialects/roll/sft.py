@@ -176,11 +176,10 @@ def _worker() -> dict[str, Rule]:
     return rules
 
 
-def _validation() -> dict[str, Rule]:
-    rules: dict[str, Rule] = {
-        k: Note("the validation loss is computed by the sft_train worker")
-        for k in worker_rules("validation")
-    }
+def validation_rules(by: str) -> dict[str, Rule]:
+    """The ``validation`` worker of an offline pipeline: its rows' file and template are
+    the training ones'; the rest is noted, the validation being computed ``by`` others."""
+    rules: dict[str, Rule] = {k: Note(by) for k in worker_rules("validation")}
     rules["validation.data_args.file_name"] = Use(
         "data.val_files (joined with dataset_dir)", derive.data_files
     )
@@ -270,4 +269,10 @@ def _named(text: str) -> str:
     return _AS.sub(WORKER, text)
 
 
-SFT_TABLE = KeyTable({**_top(), **_worker(), **_validation()})
+SFT_TABLE = KeyTable(
+    {
+        **_top(),
+        **_worker(),
+        **validation_rules("the validation loss is computed by the sft_train worker"),
+    }
+)
