@@ -77,24 +77,23 @@ from temper.training.megatron_check import (
     unapplied_options,
 )
 from temper.training.megatron_cp import cp_multiple, cp_positions
+from temper.training.megatron_grads import clip_grad_norm, reduce_grads
 from temper.training.megatron_head import ResponseHead, right_align
 from temper.training.megatron_io import MegatronCheckpointer
-from temper.training.megatron_lora import LoraAdapters, TPSplit, attach_lora, etp_summed_grads
+from temper.training.megatron_lora import LoraAdapters, TPSplit, attach_lora
 from temper.training.megatron_lora_targets import check_lora
 from temper.training.megatron_model import MegatronModel, build_model, read_model_source
 from temper.training.megatron_moe import (
     RouterStats,
-    is_expert_param,
     load_imbalance,
     router_loss_scales,
     set_router_loss_scale,
 )
-from temper.training.megatron_parallel import all_reduce_flat, init_parallel
+from temper.training.megatron_parallel import init_parallel
 from temper.training.megatron_pipeline import (
     StageLink,
     forward_only,
     set_stage_input,
-    sync_tied_grads,
     train_forward_backward,
 )
 from temper.training.megatron_router_replay import (
@@ -103,7 +102,7 @@ from temper.training.megatron_router_replay import (
     model_tokens,
     token_columns,
 )
-from temper.training.megatron_sp import pad_sequence, stage_padding_mask, tp_summed_grads
+from temper.training.megatron_sp import pad_sequence, stage_padding_mask
 from temper.training.micro_batching import (
     MicroBatching,
     ModelInputs,
@@ -617,81 +616,28 @@ class MegatronEngine(TorchEngine):
         return ok > 0
 
     def _reduce_grads(self) -> None:
-        """Sum the partial gradients of TP-replicated weights over the TP group (as
-        Megatron's ``finalize_model_grads``: see :func:`megatron_sp.tp_summed_grads`),
-        then every gradient over the DP group, then a tied embedding's over its two copies
-        (pipeline parallel). An expert's LoRA tensors kept whole on its ETP ranks are
-        summed over them first (:func:`megatron_lora.etp_summed_grads`)."""
-        if self.lora is not None and self.parallel.etp > 1:
-            p = self.parallel
-            all_reduce_flat(etp_summed_grads(self.model.named_parameters()), p.etp_group, p.etp)
-        if self.parallel.tp > 1:
-            grads = tp_summed_grads(
-                self.model.named_parameters(),
-                sequence_parallel=self.built.sequence_parallel,
-                qk_layernorm=self.built.layout.qk_norm,
-            )
-            all_reduce_flat(grads, self.parallel.tp_group, self.parallel.tp)
-        self._reduce_dp_grads()
-        sync_tied_grads(self.link, self._tied_param)
-
-    def _reduce_dp_grads(self) -> None:
-        """Sum gradients over the DP × CP group, in flat buckets (one all-reduce per dtype); an
-        MoE model's expert weights, if laid out otherwise, over the expert-data-parallel
-        group (the ranks holding the same expert shard; at ETP = 1 the TP ranks too)."""
-        p = self.parallel
-        dense: list[torch.Tensor] = []
-        experts: list[torch.Tensor] = []
-        for name, param in self.model.named_parameters():
-            if param.grad is None or not param.requires_grad:
-                continue
-            (experts if p.expert_split and is_expert_param(name) else dense).append(param.grad)
-        # CP ranks hold the same weights and other positions of the same samples: their
-        # partial gradients are summed with DP's (Megatron's with_context_parallel group)
-        all_reduce_flat(dense, p.dp_cp_group, p.dp * p.cp)
-        all_reduce_flat(experts, p.expert_dp_group, p.expert_dp)
+        """Gradients summed over the groups holding partial ones (:mod:`megatron_grads`)."""
+        reduce_grads(
+            self.model,
+            self.parallel,
+            link=self.link,
+            tied=self._tied_param,
+            sequence_parallel=self.built.sequence_parallel,
+            qk_norm=self.built.layout.qk_norm,
+            lora=self.lora is not None,
+        )
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
-        """Global L2 norm over the model-parallel shards (TP duplicates counted once, and
-        an expert's ETP duplicates once when experts are laid out otherwise), then
-        ``torch.nn.utils.clip_grad_norm_``'s scaling: ``× min(1, clip/(norm+1e-6))``."""
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
-        grads = [p.grad for p in params if p.grad is not None]
-        copy = self._tied_param if self.parallel.last_stage else None
-        experts = {id(p.grad) for n, p in self.model.named_parameters() if is_expert_param(n)}
-        split = self.parallel.expert_split
-
-        def once(p: nn.Parameter) -> bool:
-            # an expert's tensor: each ETP shard once, a tensor whole on its ETP ranks
-            # (an expert's LoRA A or B) on ETP rank 0 (its TP rank may be another)
-            if split and id(p.grad) in experts:
-                return (
-                    bool(getattr(p, "tensor_model_parallel", False)) or self.parallel.etp_rank == 0
-                )
-            return param_is_not_tensor_parallel_duplicate(p)
-
-        counted = [p.grad for p in params if p.grad is not None and once(p) and p is not copy]
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        sq_experts = torch.zeros((), dtype=torch.float64, device=self.device)
-        for g in counted:
-            if split and id(g) in experts:
-                sq_experts += g.detach().double().pow(2).sum()
-            else:
-                sq += g.detach().double().pow(2).sum()
-        if self.parallel.tp > 1 or self.parallel.pp > 1:
-            sq = sq.to(self._comm_device)
-            dist.all_reduce(sq, group=self.parallel.model_parallel_group)
-        if split:  # each shard of each expert once: squares summed over ETP × EP × PP
-            sq_experts = sq_experts.to(self._comm_device)
-            dist.all_reduce(sq_experts, group=self.parallel.expert_model_group)
-            sq = sq.to(self._comm_device) + sq_experts
-        norm = float(sq.sqrt())
-        coef = clip / (norm + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
-        return norm
+        """Clipped by the global norm over the model-parallel shards (:mod:`megatron_grads`)."""
+        return clip_grad_norm(
+            self.model,
+            params,
+            clip,
+            self.parallel,
+            tied_copy=self._tied_param if self.parallel.last_stage else None,
+            device=self.device,
+            comm_device=self._comm_device,
+        )
 
     # ------------------------------------------------------------------ weights and state
 
