@@ -166,6 +166,19 @@ def train_arithmetic(
             f"set {key}.mini_batch_size to {BOUND}",
             bound=Bound("divisor_of", samples, mini),
         )
+    sp = engine.ulysses_sequence_parallel_size
+    if mini % dp and sp > 1 and mini % (dp // sp) == 0:
+        # whole samples per group, but not per rank: upstream splits each sequence over
+        # the group, temper gives each rank of the group whole ones
+        raise ConfigError(
+            f"{key}.ulysses_sequence_parallel_size",
+            f"the {mini} samples of a mini-batch fill the {dp // sp} sequence-parallel "
+            f"groups, but temper runs a group's {sp} ranks as data-parallel ranks (Ulysses "
+            f"attention, which splits each sequence over them, is not built), so they need "
+            f"a multiple of {dp} samples",
+            f"set {key}.ulysses_sequence_parallel_size=1, or make a mini-batch a multiple "
+            f"of {dp} samples",
+        )
     if mini % dp:
         raise ConfigError(
             f"{key}.mini_batch_size",

@@ -169,7 +169,12 @@ def test_the_whole_files_load_as_sft(path, overrides):
 def test_sequence_parallel_ranks_are_data_parallel_ranks_and_check_says_so():
     with pytest.raises(ConfigError) as err:
         load_config(ROLL_FILE)
-    assert "4 samples cannot be split evenly over 8 data-parallel ranks" in str(err.value)
+    # the refusal names the file's own key and the two ways out
+    assert str(err.value).startswith("sft_train.model_args.ulysses_size (temper: ")
+    assert "the 4 samples of a mini-batch fill the 4 sequence-parallel groups" in str(err.value)
+    assert "Fix: set sft_train.model_args.ulysses_size=1, or make a mini-batch a multiple of 8" in (
+        str(err.value)
+    )
     loaded = load_config(ROLL_FILE, ["sft_train.training_args.gradient_accumulation_steps=2"])
     rows = {name: (value, how) for name, value, how in explain(loaded.config, loaded.plan)}
     assert loaded.plan.actor.dp == 8

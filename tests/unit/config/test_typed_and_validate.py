@@ -241,6 +241,15 @@ def test_a_sequence_parallel_groups_micro_batch_is_split_over_its_ranks():
     with pytest.raises(ConfigError) as err:
         build_config({**base, "actor": bad})
     assert "64 samples each sequence-parallel group gets per mini-batch" in one_line(err)
+    # 4 samples fill the 4 SP groups (one sequence each, split upstream), but not 8 ranks:
+    # the refusal names the SP size, not the mini-batch
+    four = {**actor, "mini_batch_size": 4, "micro_batch_size_per_device": 1}
+    small = cfg(data={"train_batch_size": 4}, resources={"backend": "ray", "devices_per_node": 8})
+    with pytest.raises(ConfigError) as err:
+        build_config({**small, "actor": {**four, "ulysses_sequence_parallel_size": 2}})
+    assert err.value.key == "actor.ulysses_sequence_parallel_size"
+    assert "fill the 4 sequence-parallel groups" in err.value.reason
+    assert "a multiple of 8 samples" in err.value.fix
 
 
 def test_registry_names_checked():
