@@ -30,7 +30,7 @@ from temper.algorithms.kd import KD_OBJECTIVES, KDParams
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.pipelines import sft
-from temper.pipelines.preflight import check_sft_data
+from temper.pipelines.preflight_data import check_sft_data
 from temper.pipelines.record import Pipeline
 from temper.pipelines.run import Run
 from temper.pipelines.timing import Timer, throughput

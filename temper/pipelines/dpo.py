@@ -35,7 +35,7 @@ from temper.config.schema import TemperConfig
 from temper.data import Batch
 from temper.data.preference import PairDataset, build_pair_datasets
 from temper.pipelines import sft
-from temper.pipelines.preflight import check_dpo_data
+from temper.pipelines.preflight_data import check_dpo_data
 from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Context, Pipeline
 from temper.pipelines.run import Run

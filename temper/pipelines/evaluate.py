@@ -28,7 +28,7 @@ from temper.algorithms.pass_at_k import default_ks, mean_at_n, mean_pass_at_k
 from temper.config.errors import ConfigError
 from temper.config.plan import NO_POLICY, NO_TRAINING, StepShape
 from temper.config.schema import TemperConfig
-from temper.pipelines.preflight import check_eval_data
+from temper.pipelines.preflight_data import check_eval_data
 from temper.pipelines.record import Context, Pipeline, no_producer
 from temper.pipelines.unread import refuse_run_keys, refuse_unread
 

@@ -31,7 +31,8 @@ from temper.data.batch import Batch
 from temper.data.collate import PromptExample
 from temper.data.row_files import write_rows
 from temper.data.sources import read_rows
-from temper.pipelines.preflight import check_columns, writable
+from temper.pipelines.preflight import writable
+from temper.pipelines.preflight_data import check_columns
 from temper.pipelines.record import Pipeline, no_producer
 from temper.pipelines.unread import refuse_run_keys, refuse_unread
 

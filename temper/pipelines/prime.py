@@ -36,7 +36,7 @@ from temper.config.plan import PRM, REFERENCE, REWARD_MODEL, ROLLOUT
 from temper.config.schema import TemperConfig
 from temper.data import Batch, build_sampler
 from temper.pipelines.dumps import dump_generations
-from temper.pipelines.preflight import check_prompt_data
+from temper.pipelines.preflight_data import check_prompt_data
 from temper.pipelines.producer import ProducerContext
 from temper.pipelines.record import Pipeline
 from temper.pipelines.rl_step import needs_actor_forward, response_metrics, rollout_mismatch

@@ -39,7 +39,8 @@ from temper.config.schema import TemperConfig
 from temper.data import Batch
 from temper.data.preference import PairColumns, PairDataset, build_pair_datasets, scored_pairs
 from temper.pipelines import dpo, sft
-from temper.pipelines.preflight import check_model_path, check_rm_data
+from temper.pipelines.preflight_data import check_rm_data
+from temper.pipelines.preflight_models import check_model_path
 from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Context, Pipeline
 from temper.pipelines.run import Run
@@ -207,7 +208,7 @@ def check(cfg: TemperConfig) -> None:
 
 
 def preflight(cfg: TemperConfig, notes: list[str]) -> None:
-    """The pairs' columns (:func:`~temper.pipelines.preflight.check_rm_data`), and a model
+    """The pairs' columns (:func:`~temper.pipelines.preflight_data.check_rm_data`), and a model
     whose architecture ``transformers`` has a sequence-classification class for (the
     form the trained model is saved in) — read from its ``config.json``, not loaded."""
     from transformers.models.auto.modeling_auto import (

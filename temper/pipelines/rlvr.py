@@ -33,7 +33,7 @@ from temper.config.schema import TemperConfig
 from temper.data import Batch, PromptDataset, build_datasets, build_sampler, next_prompt_batch
 from temper.pipelines.dumps import dump_generations, generation_rows
 from temper.pipelines.dynamic_sampling import fill_groups
-from temper.pipelines.preflight import check_prompt_data
+from temper.pipelines.preflight_data import check_prompt_data
 from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Pipeline
 from temper.pipelines.timing import Timer

@@ -32,7 +32,8 @@ from temper.config.dialects.roll.rlvr_rollout import (
 from temper.config.errors import ConfigError
 from temper.config.plan import NO_TRAINING, REWARD_MODEL, ROLLOUT, StepShape
 from temper.config.schema import TemperConfig
-from temper.pipelines.preflight import check_prompt_data, writable
+from temper.pipelines.preflight import writable
+from temper.pipelines.preflight_data import check_prompt_data
 from temper.pipelines.record import Pipeline, no_producer
 from temper.pipelines.unread import refuse_run_keys, refuse_unread
 

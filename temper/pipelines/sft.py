@@ -23,7 +23,7 @@ from temper.config.plan import StepShape
 from temper.config.schema import TemperConfig
 from temper.data import Batch, build_sampler
 from temper.data.sft import SFTDataset, build_sft_datasets
-from temper.pipelines.preflight import check_sft_data
+from temper.pipelines.preflight_data import check_sft_data
 from temper.pipelines.producer import ProducerContext, Validation
 from temper.pipelines.record import Context, Pipeline
 from temper.pipelines.run import Run

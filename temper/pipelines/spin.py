@@ -38,7 +38,7 @@ from temper.config.schema import TemperConfig
 from temper.data import Batch
 from temper.pipelines.dpo import check_preference_loss
 from temper.pipelines.dumps import dump_generations
-from temper.pipelines.preflight import check_prompt_data
+from temper.pipelines.preflight_data import check_prompt_data
 from temper.pipelines.producer import ProducerContext
 from temper.pipelines.record import Pipeline
 from temper.pipelines.rl_step import response_metrics

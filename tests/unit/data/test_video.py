@@ -217,7 +217,7 @@ def test_video_rows_become_video_tokens_and_pixel_inputs(clip, tiny_vlm_dir, tmp
 
 def test_vllm_rollout_of_video_prompts_is_refused_at_check(tmp_path):
     from temper.pipelines.catalog import build_config
-    from temper.pipelines.preflight import check_prompt_data
+    from temper.pipelines.preflight_data import check_prompt_data
 
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(_video_row(["clip.mp4"])) + "\n")
