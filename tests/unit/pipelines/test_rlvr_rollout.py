@@ -86,6 +86,26 @@ def test_hf_engine_has_no_load_format_assertion():
     assert cfg.pipeline == "rlvr_rollout" and cfg.rollout.engine == "hf"
 
 
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("actor_train.model_args.dtype=fp32", "reference.model_args.dtype"),  # Same
+        ("reference.model_args.model_type=value", "reference.model_args.model_type"),  # Refuse
+    ],
+)
+def test_eval_checks_nothing_of_the_workers_it_does_not_build(override, key):
+    """The rollout builds actor_infer and the reward workers only: a reference whose dtype
+    differs from actor_train's, or that names a model_type, refuses the file for
+    training, not for eval, which notes the key as having no effect."""
+    with pytest.raises(ConfigError) as err:
+        load_config(RLVR_8GPUS, [override])
+    assert str(err.value).startswith(key)
+    loaded = load_config(RLVR_8GPUS, [override], command="eval")
+    assert loaded.config.pipeline == "rlvr_rollout"
+    (note,) = [n for n in loaded.notes if "builds actor_infer and the reward workers" in n]
+    assert key in note.split(": no effect here")[0].split(", ")
+
+
 def test_a_rollout_only_roll_file_runs_under_eval_and_is_sent_there(tmp_path):
     path = tmp_path / "rollout.yaml"
     path.write_text(

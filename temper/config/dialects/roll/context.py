@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from temper.config.dialects import Translation
+from temper.config.dialects.core import paths
 from temper.config.dialects.core.context import Context
-from temper.config.dialects.core.rules import Rule
+from temper.config.dialects.core.rules import Gated, Refuse, Rule, Same
 from temper.config.dialects.core.walk import KeyTable
 from temper.config.errors import ConfigError, did_you_mean
 from temper.config.loader import RawConfig
@@ -20,11 +21,24 @@ from temper.config.loader import RawConfig
 
 class Ctx(Context):
     """ROLL's context: the walk's :class:`walk.Walker` (the result is written by the
-    writer every dialect shares, ``Context.out``)."""
+    writer every dialect shares, ``Context.out``). ``unbuilt``: the workers (top-level
+    sections) a pipeline builds none of, with why; their keys are not checked."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], unbuilt: dict[str, str] | None = None) -> None:
         super().__init__(data)
         self.used: list[Any] = []  # values of keys read by rules (for definition refs)
+        self.unbuilt = unbuilt or {}
+
+    def unread(self, rule: Rule, value: Any) -> bool:
+        """A worker the pipeline does not build checks nothing: its refusals, gates and
+        agreements with other workers are noted as having no effect (what it maps is still
+        written, for the pipeline's own drop to note)."""
+        why = self.unbuilt.get(self.path.split(".", 1)[0])
+        if why is None or not isinstance(rule, Refuse | Gated | Same):
+            return False
+        for leaf in paths.leaves(value, self.key):
+            self.inert(why, leaf)
+        return True
 
     # ------------------------------------------------------------------ the walk's
 

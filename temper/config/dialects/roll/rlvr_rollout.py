@@ -5,8 +5,9 @@ ROLL runs it on the ordinary RLVR file (its shell example names ``rlvr_config_8g
 it builds ``actor_infer`` and the reward workers only, generates once over
 ``validation.data_args.file_name`` with ``validation.generating_args`` and scores with the
 file's rewards. So the same file, read for ``temper eval``, is translated as for training
-(every key mapped, noted or refused as there), then what only training reads is dropped,
-each with a note saying why (:func:`drop_training_keys`). ROLL's own assertions are kept,
+(every key mapped, noted or refused as there, but for the workers it does not build:
+``UNBUILT``, whose refusals and agreements with other workers are not checked), then what
+only training reads is dropped, each with a note saying why (:func:`drop_training_keys`). ROLL's own assertions are kept,
 one refusal each (:func:`roll_assertions`): validation data set, a vLLM or SGLang engine
 that loads the weights (``load_format`` not ``dummy``, ROLL's default when absent), vLLM's
 ``sleep_level`` 1.
@@ -33,6 +34,12 @@ SECTIONS = {
     "generate": "the rollout's prompts are the validation set",
     "evaluate": "the rollout generates its responses; it reads none from files",
     "agentic": "an RLVR rollout scores prompts; environments are the agentic rollout's",
+}
+#: ROLL's workers the rollout builds none of: their keys are checked against nothing
+#: (``Ctx.unread``), as a worker that never starts reads none of them.
+UNBUILT = {
+    worker: f"{TRAINS_NOTHING}: it builds actor_infer and the reward workers only"
+    for worker in ("actor_train", "reference", "critic")
 }
 _TRAIN_DATA = "the rollout generates over validation.data_args.file_name only"
 _SAMPLING = "the training prompts' sampling; the rollout generates each validation prompt once"

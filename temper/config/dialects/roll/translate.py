@@ -90,7 +90,7 @@ def _translate(
     if isinstance(given.get("validation"), dict) and "eval_steps" in given["validation"]:
         applied.pop("eval_steps", None)
     data = {**applied, **given}
-    ctx = Ctx(data)
+    ctx = Ctx(data, rlvr_rollout.UNBUILT if validation_rollout else None)
     derive.env_manager_sampling(ctx)
     defs = walk_file(RL_TABLE, ctx, raw)
     agentic = "train_env_manager" in data
