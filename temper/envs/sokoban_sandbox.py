@@ -150,6 +150,8 @@ class SokobanSandboxEnv(SokobanEnv):
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
         self.game, self.error = None, ""
+        self.fixed = np.zeros((self.rows, self.cols), dtype=np.int8)  # nothing to show yet
+        self.state = self.fixed.copy()
         try:
             reply = self._run({"op": "reset", "seed": int(seed)})
         except BadRun as err:
