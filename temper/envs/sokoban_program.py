@@ -287,7 +287,11 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     name = lookup(request["action"])
     if name is None:
         out = (0.0, False, False, False)
-        info = {"action_is_valid": False, "action_is_effective": False, "success": False}
+        info: dict[str, Any] = {
+            "action_is_valid": False,
+            "action_is_effective": False,
+            "success": False,
+        }
     else:
         steps += 1
         out = move(fixed, cells, name, steps, int(cfg["max_steps"]))

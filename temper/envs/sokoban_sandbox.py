@@ -124,7 +124,7 @@ class SokobanSandboxEnv(SokobanEnv):
 
     def _adopt(self, reply: Any, op: str) -> None:
         """Take the reply's state as the env's, after checking its shape."""
-        keys = {"observation": str, "info": dict, "state": dict}
+        keys: dict[str, type | tuple[type, ...]] = {"observation": str, "info": dict, "state": dict}
         if op == "step":
             keys.update(reward=(int, float), terminated=bool, truncated=bool)
         if not isinstance(reply, dict) or any(

@@ -179,7 +179,7 @@ def env_manager(ctx: Ctx) -> None:
 def _rock_service(ctx: Ctx, envs: dict[str, Any]) -> None:
     """The ROCK service keys of the tags temper plays in its own sandbox: noted, dropped."""
     for tag, spec in envs.items():
-        keys = ROCK_KEYS.get(spec.get("env_type")) if isinstance(spec, dict) else None
+        keys = ROCK_KEYS.get(str(spec.get("env_type"))) if isinstance(spec, dict) else None
         native = f"agentic.custom_envs.{tag}.env_config"
         config = dict(ctx.native_get(native) or {})
         if not keys or not set(keys) & set(config):
