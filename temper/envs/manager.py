@@ -170,9 +170,16 @@ class EnvManager:
             for g, tag in enumerate(self.group_tags)
             for _ in range(cfg.group_size)
         ]
+        choice = sandbox or SandboxChoice()
         for st in self._states:
             if st.spec.cls.uses_sandbox:
-                st.env.use_sandbox(sandbox or SandboxChoice())
+                st.env.use_sandbox(choice)
+        boxed = sorted({s.tag for s in specs.values() if s.cls.uses_sandbox})
+        if boxed and choice.name == "none":
+            logger.warning(
+                "reward.sandbox: none: the envs of %s run their programs with NO isolation",
+                ", ".join(boxed),
+            )
         self.judge = judge
         for spec in specs.values():
             if spec.cls.uses_judge and judge is None:

@@ -162,6 +162,7 @@ def test_a_failed_step_ends_the_episode_and_the_manager_counts_it(caplog) -> Non
     assert manager.episode_stats(1)["env_errors"] == 1
     assert manager.episode_stats(0)["env_errors"] == 0
     assert "failed, its episode ends" in caplog.text
+    assert "reward.sandbox: none: the envs of S run their programs with NO isolation" in caplog.text
 
 
 def _run_config(**reward: Any) -> TemperConfig:
