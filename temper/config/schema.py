@@ -849,8 +849,9 @@ class RewardConfig:
     model: RewardModelConfig = sub(RewardModelConfig, "Reward model.")
     sandbox: Literal["bwrap", "none", "sandbox_fusion"] = doc(
         "bwrap",
-        "Where the code reward runs programs: bwrap (bubblewrap sandbox), sandbox_fusion "
-        "(a SandboxFusion service at sandbox_url) or none (NO isolation; see README).",
+        "Where the code reward (and the sandboxed envs: sokoban_sandbox) runs programs: "
+        "bwrap (bubblewrap sandbox), sandbox_fusion (a SandboxFusion service at "
+        "sandbox_url) or none (NO isolation; see README).",
     )
     sandbox_url: str | None = doc(None, "SandboxFusion service URL (sandbox=sandbox_fusion).")
     sandbox_limits: SandboxLimitsConfig = sub(SandboxLimitsConfig, "Limits per execution.")

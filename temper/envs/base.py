@@ -38,6 +38,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from temper.rewards.sandbox_api import SandboxChoice
+
 __all__ = ["EnvSlot", "EnvTurnResult", "JudgeRequest", "TextEnv"]
 
 
@@ -77,6 +79,10 @@ class TextEnv(abc.ABC):
     #: request of a turn to the judge in one call and hands each verdict back to
     #: :meth:`judged`, whose reward is added to that step's
     uses_judge: ClassVar[bool] = False
+    #: the env plays its game in the run's sandbox (``reward.sandbox``): whoever builds it
+    #: for a run hands it the run's choice with :meth:`use_sandbox` before the first reset
+    #: (and before :meth:`problem`)
+    uses_sandbox: ClassVar[bool] = False
 
     @abc.abstractmethod
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
@@ -134,6 +140,10 @@ class TextEnv(abc.ABC):
         """The reward and info of the pending episode end, from the judge's ``verdict``
         (None, with ``error``, when the judge call failed)."""
         raise TypeError(f"{type(self).__name__} grades with no judge (uses_judge is False)")
+
+    def use_sandbox(self, choice: SandboxChoice) -> None:
+        """Play in the sandbox ``choice`` names (for an env with :attr:`uses_sandbox`)."""
+        raise TypeError(f"{type(self).__name__} runs in no sandbox (uses_sandbox is False)")
 
     def suffix(self) -> str:
         """Text shown after the observation each turn (GEM's task suffix, e.g. "Enter your

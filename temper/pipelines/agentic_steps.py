@@ -245,6 +245,7 @@ class StepPlayer:
             "truncated": [stops.get(s.env_id) == "context" for s in slots],
             "tool_calls": [manager.episode_stats(s.env_id)["tool_calls"] for s in slots],
             "tool_successes": [manager.episode_stats(s.env_id)["tool_successes"] for s in slots],
+            "env_errors": [manager.episode_stats(s.env_id)["env_errors"] for s in slots],
         }
         episodes = Batch.from_dict({"scores": torch.tensor(returns)}, objects)
         logs = [

@@ -96,6 +96,7 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     from temper.pipelines.env_managers import ENV_MANAGERS
     from temper.pipelines.run import load_tokenizer, seed_everything
     from temper.pipelines.trajectories import episode_metrics, trajectory_rows
+    from temper.rewards.preflight import sandbox_choice
     from temper.rollout import sampling_params_from_config
     from temper.tracking import build_trackers
     from temper.training.models import import_external_lib
@@ -108,7 +109,8 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg)
     engine = build_generation_engine(cfg, tokenizer, demand_of(cfg))
     judge = build_judge(cfg, worker_device(cfg), None)  # for envs that grade with one
-    envs = EnvManager.from_agentic(cfg.agentic, "train", exp.seed, judge=judge)
+    box = sandbox_choice(cfg.reward)  # for the envs that play in the run's sandbox
+    envs = EnvManager.from_agentic(cfg.agentic, "train", exp.seed, judge=judge, sandbox=box)
     player = ENV_MANAGERS.get(cfg.agentic.env_manager).player(cfg, engine, tokenizer)
     params = sampling_params_from_config(cfg.rollout, validation=False)
     tracker = build_trackers(
@@ -161,7 +163,7 @@ def play_episodes(cfg: TemperConfig) -> dict[str, Any]:
 
 def preflight(cfg: TemperConfig, notes: list[str]) -> None:
     """The train env manager's environments resolve and can run here."""
-    check_env_tags(cfg, TRAIN_ONLY)
+    check_env_tags(cfg, TRAIN_ONLY, notes)
 
 
 def check(cfg: TemperConfig) -> None:

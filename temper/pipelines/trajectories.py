@@ -35,6 +35,7 @@ def trajectory_batch(trajs: Sequence[Trajectory], pad_token_id: int) -> Batch:
             sum(bool(i.get("tool_call")) and not i.get("tool_error") for i in t.infos)
             for t in trajs
         ],
+        "env_errors": [sum(bool(i.get("env_error")) for i in t.infos) for t in trajs],
         "stop_reason": [t.stop_reason for t in trajs],
         "turn_rewards": [list(t.turn_rewards) for t in trajs],
         "turn_ends": [list(t.turn_ends) for t in trajs],
@@ -49,7 +50,8 @@ def episode_metrics(batch: Batch, prefix: str) -> dict[str, float]:
 
     ``prefix`` ``train``: ``train/reward_mean`` (the mean return), ``train/success_rate``,
     ``env/<tag>/success_rate``, ``env/num_turns_mean``, ``env/invalid_action_rate``,
-    ``env/tool_calls_mean`` and ``env/tool_success_rate`` (the share of calls that ran);
+    ``env/tool_calls_mean`` and ``env/tool_success_rate`` (the share of calls that ran),
+    ``env/env_errors`` (episodes a failed env run ended);
     ``val``: the same under ``val/`` (``val/env/<tag>/…``). In a training step the
     shaping phase's ``train/score_mean`` (the same mean return) and ``train/reward_mean``
     (after normalization and KL) take the place of the first.
@@ -69,6 +71,8 @@ def episode_metrics(batch: Batch, prefix: str) -> dict[str, float]:
         calls = sum(batch["tool_calls"])
         out[f"{env}/tool_calls_mean"] = calls / n
         out[f"{env}/tool_success_rate"] = sum(batch["tool_successes"]) / max(calls, 1)
+    if "env_errors" in batch:  # sandboxed envs' failed runs (temper.envs.sokoban_sandbox)
+        out[f"{env}/env_errors"] = float(sum(batch["env_errors"]))
     for tag in sorted(set(batch["tag"])):
         rows = [k for k, t in enumerate(batch["tag"]) if t == tag]
         out[f"{env}/{tag}/success_rate"] = sum(batch["success"][k] for k in rows) / len(rows)

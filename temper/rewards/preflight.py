@@ -19,6 +19,7 @@ from temper.config.schema import RewardConfig
 from temper.rewards.judge import check_judge_config
 from temper.rewards.registry import JUDGE, REWARD_FUNCTIONS, check_reward_kwargs
 from temper.rewards.sandbox import sandbox_problem
+from temper.rewards.sandbox_api import Limits, SandboxChoice
 
 # Share of reward.timeout_s a code sample may spend on its tests: the reward returns a
 # score for the tests it ran before the executor's timeout would kill the worker.
@@ -36,6 +37,14 @@ def sandbox_settings(config: RewardConfig) -> dict[str, Any]:
         if config.timeout_s is None
         else SAMPLE_SHARE * config.timeout_s,
     }
+
+
+def sandbox_choice(config: RewardConfig) -> SandboxChoice:
+    """The run's sandbox (``reward.sandbox``, ``sandbox_url``, ``sandbox_limits``), as the
+    sandboxed envs receive it."""
+    return SandboxChoice(
+        config.sandbox, config.sandbox_url, Limits(**dataclasses.asdict(config.sandbox_limits))
+    )
 
 
 def kwargs_key(function_key: str) -> str:

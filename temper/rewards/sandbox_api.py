@@ -30,6 +30,17 @@ class Limits:
     max_file_bytes: int = 16 << 20
 
 
+@dataclasses.dataclass(frozen=True)
+class SandboxChoice:
+    """Which sandbox runs a program, where, and within what limits: ``reward.sandbox``,
+    ``reward.sandbox_url`` and ``reward.sandbox_limits`` (the code reward's, and the
+    sandboxed envs' of the agentic pipeline)."""
+
+    name: str = "bwrap"
+    url: str | None = None
+    limits: Limits = Limits()
+
+
 @dataclasses.dataclass
 class ExecResult:
     """How a program ended: ``exit_code`` (negative: killed by that signal)."""

@@ -4,11 +4,11 @@ One verl GRPO command line, one verl PPO command line with a critic, two verl 0.
 lines (GRPO on `model_engine: dp` and on `model_engine: megatron`), two asynchronous verl
 runs (the GRPO line as ``trainer_mode=separate_async``, and a one-step-off recipe
 script), two verl multi-turn configs (Search-R1's ``format: qwen``, geo3k's
-``custom_chat_template``), one ROLL RLVR file (PPO with a critic), one ROLL agentic file, ROLL's GiGPO
-Sokoban file (step-wise env manager), its VL Sokoban file (a tiny Qwen2-VL; states as
-images), agent-runner and agent-native Sokoban files, and ROLL's asynchronous RLVR and
-agentic files
-(one-step-off), each with only these overrides:
+``custom_chat_template``), one ROLL RLVR file (PPO with a critic), one ROLL agentic
+file, ROLL's SokobanSandbox file (the game in temper's sandbox), ROLL's GiGPO Sokoban
+file (step-wise env manager), its VL Sokoban file (a tiny Qwen2-VL; states as images),
+agent-runner and agent-native Sokoban files, and ROLL's asynchronous RLVR and agentic
+files (one-step-off), each with only these overrides:
 
 - model: the tiny test model in place of the author's;
 - data: ``task:`` data (and, for ROLL, the column that holds its prompts); for the two
@@ -221,6 +221,34 @@ def test_roll_agentic_file_trains(tmp_path, tiny_model_dir, monkeypatch):
     ]
     train = _train(config, overrides, out)
     assert all("actor/pg_loss" in r for r in train)
+
+
+@pytest.mark.slow
+def test_roll_sokoban_sandbox_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's SokobanSandbox demo (2026-08): its training tag plays Sokoban in temper's
+    bubblewrap sandbox (one sandboxed run per reset and step; the file's ROCK service url
+    is noted), 32 episodes a step; validation plays the in-process Sokoban tags."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = UPSTREAM / "roll-2026-08-8eb27cc/examples/agentic_demo/agent_val_sokoban_sandbox.yaml"
+    out = tmp_path / "roll-sokoban-sandbox"
+    overrides = [
+        *_roll(tiny_model_dir, out, ["actor_train", "actor_infer", "reference"]),
+        "max_actions_per_traj=2",  # length
+        "max_tokens_per_step=16",
+        "sequence_length=1024",  # the tiny model's context (the file's 4096 is Qwen's)
+        "actor_infer.generating_args.max_new_tokens=16",
+        "val_batch_size=2",  # data: 2 validation episodes (32 in the file)
+        "actor_infer.infer_batch_size=32",  # device: generate the 32 episodes at once
+        f"render_save_dir={out / 'render'}",
+    ]
+    loaded = load_config(config, overrides).config
+    tag = loaded.agentic.custom_envs["SokobanSandbox"]
+    assert (tag.env_type, tag.env_config, loaded.reward.sandbox) == ("sokoban_sandbox", {}, "bwrap")
+    train = _train(config, overrides, out)
+    for r in train:
+        assert r["env/env_errors"] == 0  # every sandboxed run replied
+        assert "env/SokobanSandbox/success_rate" in r
+        assert "actor/pg_loss" in r
 
 
 @pytest.mark.slow

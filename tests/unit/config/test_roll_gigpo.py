@@ -130,3 +130,23 @@ def test_refusals_name_the_key(change: dict[str, Any], key: str, words: str) -> 
         run(agentic(**change))
     assert err.value.key == key and words in str(err.value), str(err.value)
     assert err.value.fix
+
+
+def test_sokoban_sandbox_plays_here_and_its_rock_service_url_is_noted() -> None:
+    """ROLL's SokobanSandbox runs in temper's own sandbox: the ROCK service keys leave
+    the env_config with one note line; the game's own keys stay."""
+    envs = {
+        "A": {
+            "env_type": "sokoban_sandbox",
+            "env_config": {"base_url": "http://localhost:8080", "max_steps": 7},
+        },
+        "B": {"env_type": "sokoban_sandbox"},  # the ROLL default url: nothing to note
+    }
+    cfg, notes = run(
+        agentic(custom_envs=envs, adv_estimator="grpo", reward_normalization={"method": "mean"})
+    )
+    assert cfg.agentic.custom_envs["A"].env_type == "sokoban_sandbox"
+    assert cfg.agentic.custom_envs["A"].env_config == {"max_steps": 7}
+    assert cfg.agentic.custom_envs["B"].env_config == {}
+    lines = [n for n in notes if "base_url" in n]
+    assert len(lines) == 1 and "temper's own sandbox (reward.sandbox)" in lines[0], notes

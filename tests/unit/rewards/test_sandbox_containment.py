@@ -1,6 +1,8 @@
 """Containment: hostile "solutions" scored by the code reward in the bubblewrap sandbox,
-and the same programs run by the GEM python tool (:class:`temper.envs.env_tools.
-PythonCodeTool`, what a ``tool_wrapper``'s ``python_code`` runs).
+the same programs run by the GEM python tool (:class:`temper.envs.env_tools.
+PythonCodeTool`, what a ``tool_wrapper``'s ``python_code`` runs), and as the game program
+of the sandboxed Sokoban env (:class:`temper.envs.sokoban_sandbox.SokobanSandboxEnv`:
+a program that attacks, then replies as the game would).
 
 Every program attacks first and only then prints the right answer (2 + 3), so it scores
 1 only if its attack got through (for the tool: the call succeeded and printed 5). Each case asserts that it scored 0 *and* what the
@@ -27,6 +29,7 @@ from typing import Any
 import pytest
 
 from temper.envs.env_tools import PythonCodeTool
+from temper.envs.sokoban_sandbox import SokobanSandboxEnv
 from temper.rewards.functions.code import compute_score
 from temper.rewards.sandbox import (
     UID_BASE,
@@ -35,7 +38,7 @@ from temper.rewards.sandbox import (
     build_sandbox,
     sandbox_problem,
 )
-from temper.rewards.sandbox_api import Limits
+from temper.rewards.sandbox_api import Limits, SandboxChoice
 
 LIMITS = Limits(
     wall_time_s=1.5,
@@ -137,7 +140,28 @@ def tool_score(program: str) -> dict[str, Any]:
     return {"score": 1.0 if ok else 0.0, "format_ok": out.parsed}
 
 
-SCORERS = {"code_reward": score, "python_tool": tool_score}
+#: what the game program prints after the attack: a reset's reply (a 6x6 room, the env's
+#: default) whose observation is the answer, 5
+_GAME_REPLY = (
+    "import json, sys\nsys.stdin.read()\n"
+    "grid = [[0] * 6 for _ in range(6)]\ngrid[1][1] = 5\n"
+    "print(json.dumps({'observation': '5', 'info': {}, "
+    "'state': {'fixed': grid, 'cells': grid, 'steps': 0}}))\n"
+)
+
+
+def env_score(program: str) -> dict[str, Any]:
+    """The sandboxed env's reset run by a game program that attacks first: 1 when the
+    reset got the program's reply (observation 5) rather than a failed run."""
+    env = SokobanSandboxEnv()
+    env.use_sandbox(SandboxChoice("bwrap", limits=LIMITS))
+    env.program = f"{textwrap.dedent(program)}\n{_GAME_REPLY}"
+    obs, info = env.reset(0)
+    ok = obs == "5" and "env_error" not in info
+    return {"score": 1.0 if ok else 0.0, "format_ok": True}
+
+
+SCORERS = {"code_reward": score, "python_tool": tool_score, "sandboxed_env": env_score}
 
 
 # (name, attack, host check after the run)

@@ -13,8 +13,10 @@
   ``sequence_length``: ``data.max_prompt_length`` = ``sequence_length`` − the per-turn
   ``max_new_tokens`` bounds each step's prompt;
 - ROLL env types that cannot run here are refused by name with the reason:
-  ``webshop``, ``sokoban_sandbox``, ``rock_tb_native_env``, ``openreward_env``
-  (:data:`UNAVAILABLE_ENVS`);
+  ``webshop``, ``rock_tb_native_env``, ``openreward_env`` (:data:`UNAVAILABLE_ENVS`);
+- ``sokoban_sandbox`` plays in temper's own sandbox (``reward.sandbox``,
+  :mod:`temper.envs.sokoban_sandbox`): its ``env_config`` keys for ROLL's ROCK service
+  (``base_url``, ``server_start_timeout``) are noted and dropped (:data:`ROCK_KEYS`);
 - ``custom_envs.<tag>.history_length``: the step-wise manager's window →
   ``agentic.custom_envs.<tag>.history_length``; the trajectory manager keeps the whole
   episode and reads no window (noted).
@@ -77,10 +79,10 @@ UNAVAILABLE_ENVS = {
     "openreward_env": "ROLL's OpenRewardEnv plays the tasks of the OpenReward service "
     "through its SDK and API (remote sessions and tools); the service is not reachable "
     "from temper",
-    "sokoban_sandbox": "ROLL's SokobanSandbox plays a Sokoban game server inside a container "
-    "that a ROCK sandbox service (env_config.base_url) starts from ROLL's registry image; "
-    "neither the service nor the image is reachable from temper",
 }
+#: env types ROLL plays through a ROCK sandbox service and temper in its own sandbox ->
+#: their env_config keys that address the service
+ROCK_KEYS = {"sokoban_sandbox": ("base_url", "server_start_timeout")}
 _NORMALIZES = {
     "mean": ("group", None),
     "mean_std": ("group", "group"),
@@ -141,6 +143,7 @@ def env_manager(ctx: Ctx) -> None:
                 "frozen_lake, countdown, bandit, the GEM ones), or register your own with "
                 "temper.envs.register_env",
             )
+    _rock_service(ctx, envs)
     chosen = {kinds[t] for t in used}
     if len(chosen) > 1:
         which = ", ".join(f"{t}: {kinds[t]}" for t in dict.fromkeys(used))
@@ -171,6 +174,24 @@ def env_manager(ctx: Ctx) -> None:
             ctx.write(f"agentic.custom_envs.{tag}.history_length", spec["history_length"], key)
         else:
             ctx.inert("a window of past steps is read by ROLL's StepEnvManager only", key)
+
+
+def _rock_service(ctx: Ctx, envs: dict[str, Any]) -> None:
+    """The ROCK service keys of the tags temper plays in its own sandbox: noted, dropped."""
+    for tag, spec in envs.items():
+        keys = ROCK_KEYS.get(str(spec.get("env_type"))) if isinstance(spec, dict) else None
+        native = f"agentic.custom_envs.{tag}.env_config"
+        config = dict(ctx.native_get(native) or {})
+        if not keys or not set(keys) & set(config):
+            continue
+        for name in keys:
+            if config.pop(name, None) is not None:
+                ctx.inert(
+                    f"{spec['env_type']} plays in temper's own sandbox (reward.sandbox), not "
+                    "in a ROCK service",
+                    f"custom_envs.{tag}.env_config.{name}",
+                )
+        ctx.replace(native, config, f"custom_envs.{tag}.env_config")
 
 
 def _native_templates(ctx: Ctx, envs: dict[str, Any]) -> None:
