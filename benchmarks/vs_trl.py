@@ -81,6 +81,12 @@ Run (temper's environment; ``--trl-python`` defaults to ``.venv-trl/bin/python``
     python benchmarks/vs_trl.py --length 128 --grad-ckpt      # memory with checkpointing
     python benchmarks/vs_trl.py --systems temper-vllm --temper-set rollout.block_size=128
     python benchmarks/vs_trl.py --to-accuracy --steps 40 --systems temper-vllm,trl
+    python benchmarks/vs_trl.py --to-accuracy --steps 40 \
+        --systems temper-vllm,temper-vllm-async,trl
+
+``temper-vllm-async`` is one-step-off training (``async_training.staleness: 1``): vLLM on
+one CPU slot and the trainer on the other (Ray), one thread each — the two cores the
+other systems' two threads use.
 """
 
 from __future__ import annotations
@@ -102,7 +108,30 @@ from typing import Any
 
 from rss import PhasePeaks, TreeSampler  # benchmarks/rss.py, beside this script
 
-SYSTEMS = ("temper-hf", "temper-vllm", "trl")
+#: temper's systems: the rollout engine, and temper keys that make the system what it is
+#: besides the shared settings (``temper-vllm-async``: one-step-off, issue 23 — vLLM on one
+#: CPU slot and the trainer on the other, Ray, one thread each: the same two cores)
+TEMPER_SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "temper-hf": ("hf", {}),
+    "temper-vllm": ("vllm", {}),
+    "temper-vllm-async": (
+        "vllm",
+        {
+            "async_training": {"staleness": 1},
+            "resources": {
+                "backend": "ray",
+                "devices_per_node": 2,
+                "actor_train": [0],
+                "actor_infer": [1],
+                "ray": {"num_cpus": 2},
+            },
+        },
+    ),
+}
+#: threads per process where a system runs in more than one (its Ray workers)
+SPLIT_THREADS = {"temper-vllm-async": 1}
+SYSTEMS = (*TEMPER_SYSTEMS, "trl")
+DEFAULT_SYSTEMS = ("temper-hf", "temper-vllm", "trl")
 SYSTEM_PROMPT = "You are a concise assistant."
 PROMPTS_PER_STEP, GROUP, MICRO = 8, 4, 8
 #: (row label, phase key); the keys are temper's timing names, TRL's are mapped onto them.
@@ -227,6 +256,8 @@ def temper_worker(spec: dict[str, Any]) -> None:
         "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
         "reward": {"function": "arithmetic", "num_workers": 1},
     }
+    for section, values in spec["system"].items():  # what makes the system (TEMPER_SYSTEMS)
+        settings.setdefault(section, {}).update(values)
     for key, value in spec["temper_set"]:  # --temper-set: one dotted key
         *parents, leaf = key.split(".")
         node = settings
@@ -489,8 +520,9 @@ def run_system(
         "length": args.length,
         "mode": args.mode,
         "temperature": args.temperature,
-        "threads": args.threads,
-        "engine": system.removeprefix("temper-"),
+        "threads": SPLIT_THREADS.get(system, args.threads),
+        "engine": TEMPER_SYSTEMS[system][0] if system in TEMPER_SYSTEMS else system,
+        "system": TEMPER_SYSTEMS[system][1] if system in TEMPER_SYSTEMS else {},
         "prompts_per_step": args.prompts_per_step,
         "group": args.group,
         "val_data": str(val_data) if val_data else "",
@@ -501,7 +533,8 @@ def run_system(
         ],
     }
     (out / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE"}
+    threads = str(spec["threads"])
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE"}
     if system == "trl":
         python = args.trl_python
         env.pop("PYTHONPATH", None)  # nothing of temper's in TRL's process
@@ -671,7 +704,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=16, help="(max) new tokens")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--mode", choices=("fixed", "free"), default="fixed")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=", ".join(SYSTEMS))
     parser.add_argument("--temperature", type=float, help="default 1.0; --to-accuracy 0.7")
     parser.add_argument("--to-accuracy", action="store_true", help="accuracy vs time")
     parser.add_argument("--eval-every", type=int, default=5, help="--to-accuracy")
