@@ -14,6 +14,9 @@ code reward), and the trainer holds the whole game state, so nothing is lost whe
 fails. The sandboxed interpreter sees only its standard library (no numpy), hence the
 program's own numpy-exact random generator: a seed gives the same room as ``sokoban``.
 
+A seed's room is the same every time, so a reset that ran is not run again: the envs of
+a group (one seed) take the first one's reply (:data:`_RESETS`).
+
 The trainer side holds only what the program returned (the grids, the step count) and
 draws its observations from them; rules, rewards and the legend are ``sokoban``'s
 (:mod:`temper.envs.sokoban`), and so are the constructor's parameters. A run that fails
@@ -27,6 +30,7 @@ the reason, which the env manager counts and logs. Each run gets
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,6 +48,11 @@ __all__ = ["PROGRAM", "SokobanSandboxEnv"]
 #: the program each run executes (its source, shipped as the run's file)
 PROGRAM = Path(sokoban_program.__file__).read_text(encoding="utf-8")
 _MAIN = "sokoban_game.py"
+#: replies of resets that ran, by request: a seed's room is the same every time, so the
+#: envs of a group (one seed) and a seed played again run the sandbox once (the oldest
+#: replies go past :data:`RESETS_KEPT`)
+_RESETS: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
+RESETS_KEPT = 4096
 
 
 class BadRun(RuntimeError):
@@ -152,10 +161,19 @@ class SokobanSandboxEnv(SokobanEnv):
         self.game, self.error = None, ""
         self.fixed = np.zeros((self.rows, self.cols), dtype=np.int8)  # nothing to show yet
         self.state = self.fixed.copy()
-        try:
-            reply = self._run({"op": "reset", "seed": int(seed)})
-        except BadRun as err:
-            return self._failed(str(err)), {"seed": int(seed), "env_error": self.error}
+        request = {"op": "reset", "seed": int(seed)}
+        key = (json.dumps([request, self._config()]), self.choice.name, self.program)
+        reply = _RESETS.get(key)
+        if reply is not None:  # this room was dealt before: the same reply
+            self._adopt(reply, "reset")
+        else:
+            try:
+                reply = self._run(request)
+            except BadRun as err:
+                return self._failed(str(err)), {"seed": int(seed), "env_error": self.error}
+            _RESETS[key] = reply
+            while len(_RESETS) > RESETS_KEPT:
+                _RESETS.popitem(last=False)
         return reply["observation"], {**reply["info"], "seed": int(seed)}
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:

@@ -192,3 +192,30 @@ def test_temper_check_plays_in_reward_sandbox_and_warns_without_one() -> None:
     with pytest.raises(ConfigError) as err:
         check_env_tags(_run_config(sandbox="sandbox_fusion"), MANAGERS, notes)
     assert err.value.key == "reward.sandbox_url" and "sokoban_sandbox" in str(err.value)
+
+
+def test_the_resets_of_one_room_run_the_sandbox_once(monkeypatch) -> None:
+    """A group's envs share their seed: the first reset runs the game, the others take its
+    reply (a seed's room is the same every time); each env then plays on its own."""
+    runs: list[str] = []
+    real = SokobanSandboxEnv._run
+
+    def counted(self: SokobanSandboxEnv, request: dict) -> dict:
+        runs.append(request["op"])
+        return real(self, request)
+
+    monkeypatch.setattr(SokobanSandboxEnv, "_run", counted)
+    envs = [SokobanSandboxEnv() for _ in range(3)]
+    for env in envs:
+        env.use_sandbox(SandboxChoice("none", limits=FAST))
+    seed = 918_273  # a seed no other test resets
+    dealt = [env.reset(seed) for env in envs]
+    assert runs == ["reset"] and dealt[1] == dealt[0] == dealt[2]
+    assert all(np.array_equal(env.state, envs[0].state) for env in envs)
+    envs[1].step("Up")
+    assert runs == ["reset", "step"]
+    assert np.array_equal(envs[2].state, envs[0].state)  # the others' rooms untouched
+    other = SokobanSandboxEnv(dim_x=7, dim_y=7)  # another room, another run
+    other.use_sandbox(SandboxChoice("none", limits=FAST))
+    other.reset(seed)
+    assert runs == ["reset", "step", "reset"]
