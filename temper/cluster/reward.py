@@ -1,16 +1,16 @@
 """Where the reward model scores: the ``reward`` worker group on Ray, else the driver.
 
-With ``resources.backend: ray`` and ``reward.model.strategy`` fsdp2 or megatron
-(:func:`temper.roles.reward_model.scores_on_workers`) the reward model is a worker group
+With ``resources.backend: ray`` (any ``reward.model.strategy``: torch, fsdp2 or megatron;
+:func:`temper.roles.reward_model.scores_on_workers`) the reward model is a worker group
 of its own, as verl's reward-model workers are: role ``reward``, placed on
 ``resources.reward`` (the actor's devices when unset; colocated roles share each
 device's bundle), each rank a frozen ``kind='score'`` engine over the group's process
 group (:func:`temper.roles.reward_model.build_reward_scorer`). The driver keeps what is
 cheap and order-bound — the reward model's tokenizer and the inputs it builds
 (:meth:`RewardModel.build_inputs`) — and the group scores: the rows are cut into one
-equal, token-balanced share per data-parallel rank (Megatron's model-parallel ranks of
-one replica get the same share), and the scores come back in the batch's order
-(:meth:`temper.cluster.base.WorkerGroup.dispatch`).
+equal, token-balanced share per data-parallel rank (a torch rank is a whole replica;
+Megatron's model-parallel ranks of one replica get the same share), and the scores come
+back in the batch's order (:meth:`temper.cluster.base.WorkerGroup.dispatch`).
 """
 
 from __future__ import annotations
