@@ -9,15 +9,14 @@ The arithmetic (samples = responses, or episodes):
     samples_per_step   = the pipeline's step shape: data.train_batch_size × rollout.n
                          (rlvr), num_env_groups × group_size (agentic)
     dp(role)           = devices(role) / (TP × PP × CP)     (megatron)
-                       = devices(role)                        (fsdp2, deepspeed)
+                       = devices(role) / sp                   (fsdp2, deepspeed)
                        = 1                                    (torch: one process)
 
-``ulysses_sequence_parallel_size`` > 1 on fsdp2/deepspeed: Ulysses attention (sequences
-split over a group's ranks) is not built, so a group's ranks are data-parallel ranks —
-the same updates (the gradient is the whole batch's either way), but each rank holds
-whole sequences; ``temper check`` says so. ``micro_batch_size_per_device`` counts a
-group's samples there (verl's and ROLL's meaning), so a rank takes ``micro / sp`` of them:
-the same tokens per device, the same accumulation steps as verl's.
+``ulysses_sequence_parallel_size`` = sp > 1 on fsdp2/deepspeed: groups of sp ranks split
+every sequence's columns (Ulysses attention, :mod:`temper.training.ulysses`), so a group
+is one data-parallel rank: dp = devices / sp. ``micro_batch_size_per_device`` counts a
+group's samples (verl's and ROLL's meaning) and a token budget a device's share of them
+(the group's budget is sp times it, as verl multiplies it).
     mini_batch_size    = actor.mini_batch_size or samples_per_step
     per_rank_mini      = mini_batch_size / dp
     grad_accum         = per_rank_mini / micro_batch_size_per_device
@@ -131,7 +130,7 @@ def _dp_size(engine: TrainEngineConfig, devices: int, key: str, catalog: Catalog
             f"{devices} devices are not divisible by the sequence-parallel size {sp}",
             "choose a size that divides the role's device count",
         )
-    return devices
+    return devices // sp
 
 
 def train_arithmetic(
@@ -166,19 +165,6 @@ def train_arithmetic(
             f"set {key}.mini_batch_size to {BOUND}",
             bound=Bound("divisor_of", samples, mini),
         )
-    sp = engine.ulysses_sequence_parallel_size
-    if mini % dp and sp > 1 and mini % (dp // sp) == 0:
-        # whole samples per group, but not per rank: upstream splits each sequence over
-        # the group, temper gives each rank of the group whole ones
-        raise ConfigError(
-            f"{key}.ulysses_sequence_parallel_size",
-            f"the {mini} samples of a mini-batch fill the {dp // sp} sequence-parallel "
-            f"groups, but temper runs a group's {sp} ranks as data-parallel ranks (Ulysses "
-            f"attention, which splits each sequence over them, is not built), so they need "
-            f"a multiple of {dp} samples",
-            f"set {key}.ulysses_sequence_parallel_size=1, or make a mini-batch a multiple "
-            f"of {dp} samples",
-        )
     if mini % dp:
         raise ConfigError(
             f"{key}.mini_batch_size",
@@ -195,18 +181,7 @@ def train_arithmetic(
             raise ConfigError(
                 f"{key}.micro_batch_size_per_device", "must be positive", "set it to 1 or more"
             )
-        sp = engine.ulysses_sequence_parallel_size
-        if sp > 1:  # a sequence-parallel group's micro-batch, split over its ranks
-            group, per_group = micro, per_rank * sp
-            micro = engine.rank_micro_batch_size()
-            if per_rank % micro:
-                raise ConfigError(
-                    f"{key}.micro_batch_size_per_device",
-                    f"the {per_group} samples each sequence-parallel group gets per "
-                    f"mini-batch are not divisible by {group}",
-                    f"use a divisor of {per_group}, e.g. {nearest_divisor(per_group, group)}",
-                )
-        elif micro > per_rank:
+        if micro > per_rank:
             # one micro-batch holds the rank's whole share (as verl's split of a rank's
             # mini-batch into micro-batches of this size gives it)
             micro = per_rank
@@ -330,22 +305,23 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
         if arith is None:
             continue
         engine = getattr(cfg, key)
+        sp = engine.ulysses_sequence_parallel_size
         rows.append(
             (
                 f"{key} data-parallel size",
                 str(arith.dp),
-                f"{arith.devices} devices, strategy {engine.strategy}",
+                f"{arith.devices} devices, strategy {engine.strategy}"
+                + (f", / sequence-parallel size {sp}" if sp > 1 else ""),
             )
         )
-        sp = engine.ulysses_sequence_parallel_size
         if sp > 1:
             rows.append(
                 (
                     f"{key} sequence parallelism",
-                    f"{sp} → data parallel",
-                    "Ulysses attention is not built: each group's ranks train as data-parallel "
-                    "ranks (same updates; a rank holds whole sequences, not 1/"
-                    f"{sp} of each, and 1/{sp} of the group's micro-batch)",
+                    f"{sp} ranks per sequence",
+                    "Ulysses: each of a group's ranks runs 1/"
+                    f"{sp} of every sequence's tokens (the padded layout); a group is one "
+                    "data-parallel rank",
                 )
             )
         rows.append(
@@ -361,11 +337,7 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                     f"{key} gradient accumulation",
                     str(arith.grad_accum),
                     f"mini-batch / dp ({arith.dp}) / micro_batch_size_per_device "
-                    + (
-                        f"÷ sp ({arith.micro_batch_size} per rank)"
-                        if engine.ulysses_sequence_parallel_size > 1
-                        else f"({arith.micro_batch_size})"
-                    ),
+                    f"({arith.micro_batch_size})",
                 )
             )
         else:

@@ -545,7 +545,11 @@ class TrainEngineConfig:
         "when ulysses_sequence_parallel_size > 1, as verl and ROLL count it).",
     )
     use_dynamic_bsz: bool = doc(False, "Micro-batches by token budget instead of sample count.")
-    max_token_len_per_device: int = doc(16384, "Token budget per micro-batch (use_dynamic_bsz).")
+    max_token_len_per_device: int = doc(
+        16384,
+        "Token budget per micro-batch (use_dynamic_bsz), counting whole samples: a Ulysses "
+        "group's ranks split its tokens (verl's per-GPU budgets are translated by × sp).",
+    )
     ppo_epochs: int = doc(1, "Passes over the step's batch.")
     shuffle: bool = doc(False, "Shuffle samples between mini-batches (seeded).")
     grad_clip: float | None = doc(1.0, "Clip the global grad norm (None: no clipping).")
@@ -566,7 +570,12 @@ class TrainEngineConfig:
         "temper fills batch sizes, clipping and precision ('auto').",
     )
     use_torch_compile: bool = doc(False, "torch.compile the model forward.")
-    ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence parallel degree.")
+    ulysses_sequence_parallel_size: int = doc(
+        1,
+        "Ulysses sequence parallelism (fsdp2, deepspeed): groups of this many ranks split "
+        "every sequence's tokens, all-to-all around attention; a group is one "
+        "data-parallel rank.",
+    )
     log_prob_micro_batch_size_per_device: int | None = doc(None, "Micro-batch for inference.")
     log_prob_max_token_len_per_device: int | None = doc(None, "Token budget for inference.")
     checkpoint_contents: list[str] = doc(
@@ -578,16 +587,6 @@ class TrainEngineConfig:
     freeze_module_prefix: list[str] = doc(
         [], "Freeze parameters whose names start with one of these (ROLL freeze_module_prefix)."
     )
-
-    def rank_micro_batch_size(self, size: int | None = None) -> int:
-        """Samples one rank takes per forward pass out of ``size`` (default
-        ``micro_batch_size_per_device``): ``size`` counts a Ulysses sequence-parallel
-        group's samples (verl's and ROLL's ``*_micro_batch_size_per_gpu`` with SP: each of
-        the group's ranks holds 1/sp of every sequence); the group's ranks train as
-        data-parallel ranks here (Ulysses attention is not built), so each takes
-        ``max(1, size // sp)`` whole sequences — the same tokens per device."""
-        size = self.micro_batch_size_per_device if size is None else size
-        return max(1, size // max(1, self.ulysses_sequence_parallel_size))
 
 
 @dataclass

@@ -26,6 +26,7 @@ from temper.config.schema import TemperConfig
 from temper.config.typed import to_dict
 from temper.pipelines.registry import PIPELINES, resolve_pipeline
 from temper.pipelines.router_replay_check import check_router_replay
+from temper.pipelines.ulysses_check import check_ulysses
 from temper.roles.actor import policy_loss_params
 from temper.roles.reward_model import REWARD_MODEL_STRATEGIES
 from temper.rollout.tools import check_multi_turn
@@ -49,6 +50,7 @@ def check_run(cfg: TemperConfig, plan: Derived) -> None:
     _check_policy_loss(cfg)
     _check_rollout_correction(cfg)
     check_router_replay(cfg)
+    check_ulysses(cfg, plan)
     _check_distill(cfg, plan)
     _check_async(cfg, plan)
     _check_reward_model_strategy(cfg)

@@ -124,6 +124,13 @@ def check(cfg: TemperConfig) -> None:
     limits; one teacher; the ``kd`` section's values."""
     refuse_unread(cfg, "distill", UNREAD_SECTIONS, RL_ONLY)
     sft.check_data(cfg)
+    if cfg.actor.ulysses_sequence_parallel_size > 1:
+        raise ConfigError(
+            "actor.ulysses_sequence_parallel_size",
+            "offline distillation compares the student's logits with the teacher's top-k "
+            "logits of whole sequences, which Ulysses does not split",
+            "set it to 1",
+        )
     teachers = cfg.distill.teachers
     if len(teachers) != 1:
         raise ConfigError(

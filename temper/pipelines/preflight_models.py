@@ -17,7 +17,8 @@ from typing import Any
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.lora_adapter import check_adapter_dir
-from temper.config.schema import TemperConfig
+from temper.config.schema import TemperConfig, TrainEngineConfig
+from temper.pipelines.ulysses_check import check_ulysses_model, splits_sequences
 
 # --------------------------------------------------------------------------- models
 
@@ -251,6 +252,17 @@ def model_uses(cfg: TemperConfig, plan: Derived, notes: list[str]) -> list[Model
     return uses
 
 
+def _splitting_roles(cfg: TemperConfig, key: str) -> list[tuple[str, TrainEngineConfig]]:
+    """The trained roles that run the model at ``key`` on an engine that splits its
+    sequences (Ulysses)."""
+    roles: list[tuple[str, TrainEngineConfig]] = []
+    if key == "model.path":
+        roles.append(("actor", cfg.actor))
+    if key == ("critic.model_path" if cfg.critic.model_path else "model.path"):
+        roles.append(("critic", cfg.critic))
+    return [(role, engine) for role, engine in roles if splits_sequences(engine.strategy)]
+
+
 def check_model_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> None:
     """Each model the run loads (:func:`model_uses`): its weight files present and
     readable, an architecture this transformers knows, a tokenizer whose ids its
@@ -279,6 +291,8 @@ def check_model_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> Non
         files.check_architecture(config, directory, use.key, use.trust_key, use.trust)
         if use.key == "model.path" and cfg.actor.router_replay != REPLAY_OFF:
             check_replay_model(config.get("model_type"), cfg.actor.router_replay, use.key)
+        for role, engine in _splitting_roles(cfg, use.key):
+            check_ulysses_model(config, role, engine.ulysses_sequence_parallel_size)
         if use.tokenizer is not None:
             tok_path, tok_key = use.tokenizer
             tok_dir = _local_model_dir(tok_path)

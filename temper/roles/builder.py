@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 def infer_micro_batching(cfg: TemperConfig, engine: TrainEngineConfig) -> MicroBatching:
     """No-grad micro-batching of a trained role (actor old log-probs, critic values)."""
     ro = cfg.rollout
-    size = engine.rank_micro_batch_size(  # a sequence-parallel group's, split over its ranks
+    size = (  # a sequence-parallel group's samples
         engine.log_prob_micro_batch_size_per_device
         or ro.log_prob_micro_batch_size_per_device
         or engine.micro_batch_size_per_device
@@ -129,12 +129,20 @@ def build_reference(cfg: TemperConfig, dev: torch.device, actor: Actor | None = 
         return Reference(
             actor.engine, disable_adapters=True, micro_batching=ref_micro, temperature=temperature
         )
-    return _frozen(cfg, dev, None, "reference")
+    # the reference splits sequences as the actor does (verl's rule)
+    return _frozen(cfg, dev, None, "reference", cfg.actor.ulysses_sequence_parallel_size)
 
 
-def _frozen(cfg: TemperConfig, dev: torch.device, model_path: str | None, role: str) -> Reference:
+def _frozen(
+    cfg: TemperConfig,
+    dev: torch.device,
+    model_path: str | None,
+    role: str,
+    sequence_parallel: int = 1,
+) -> Reference:
     """A forward-only policy on its own engine ``reference.strategy``, with the reference's
-    micro-batching: the reference (``model_path`` None: the policy's weights) or a teacher."""
+    micro-batching: the reference (``model_path`` None: the policy's weights) or a teacher
+    (whose top-k logits are of whole sequences: ``sequence_parallel`` 1)."""
     ref_micro = reference_micro_batching(cfg, infer_micro_batching(cfg, cfg.actor))
 
     def engine_from(path: str | None) -> TrainEngine:
@@ -152,6 +160,7 @@ def _frozen(cfg: TemperConfig, dev: torch.device, model_path: str | None, role: 
                 fsdp=cfg.reference.fsdp,
                 megatron=cfg.reference.megatron,
                 deepspeed=cfg.reference.deepspeed,
+                sequence_parallel=sequence_parallel,
             ),
         )
 

@@ -153,9 +153,7 @@ def build_prm(cfg: TemperConfig, device: torch.device, strategy: str) -> Implici
     ``prime.prm.ref_path`` (the PRM's first weights by default)."""
     prm = cfg.prime.prm
     micro = MicroBatching(
-        size=prm.rank_micro_batch_size(
-            prm.log_prob_micro_batch_size_per_device or prm.micro_batch_size_per_device
-        ),
+        size=prm.log_prob_micro_batch_size_per_device or prm.micro_batch_size_per_device,
         max_tokens=(prm.log_prob_max_token_len_per_device or prm.max_token_len_per_device)
         if prm.use_dynamic_bsz
         else None,

@@ -16,6 +16,14 @@ single-process gradient:
   count (all-reduce max) and a rank with fewer runs padding micro-batches whose loss is
   multiplied by 0;
 * a non-finite loss on any rank stops every rank before its backward (all-reduce min).
+
+With ``ulysses_sequence_parallel_size`` = ``sp`` > 1 the ranks form sequence-parallel
+groups of ``sp`` (:mod:`temper.training.ulysses`): a group is one data-parallel rank whose
+``sp`` members take the same samples, each running ``1/sp`` of every sequence's columns.
+Counts and metrics are then summed over the data-parallel ranks only (one member per
+group), and the loss scale is the world size, not the data-parallel size: the group's
+members each hold their columns' share of the gradient of the same loss, which FSDP and
+ZeRO average over every rank.
 """
 
 from __future__ import annotations
@@ -29,9 +37,24 @@ import torch.distributed as dist
 
 from temper.config.errors import ConfigError
 from temper.data.batch import Batch
-from temper.training.micro_batching import MicroBatching
+from temper.training.micro_batching import (
+    KD_INDICES,
+    MicroBatching,
+    masked_outputs,
+    model_inputs,
+)
+from temper.training.packing import scored_positions, unpack
 from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
+from temper.training.torch_logits import token_outputs
+from temper.training.ulysses import (
+    CONTEXT_KWARG,
+    SequenceGroup,
+    gather_columns,
+    sequence_groups,
+    shard_columns,
+    use_ulysses,
+)
 
 
 def require_process_group(role: str, strategy: str = "fsdp2") -> None:
@@ -59,13 +82,16 @@ class DataParallelEngine(TorchEngine):
     """:class:`TorchEngine` whose ranks split every mini-batch (the collectives above).
 
     Subclasses call :meth:`_join_group` first in ``__init__`` and implement ``_backward``
-    (scaled by :attr:`dp_size`) and their sharding hooks.
+    (scaled by :attr:`world`) and their sharding hooks.
     """
 
     strategy: ClassVar[str] = "data-parallel"
+    one_process: ClassVar[bool] = False
     rank: int = 0
     world: int = 1
     _comm_device: torch.device = torch.device("cpu")
+    #: this rank's Ulysses group (None: ``ulysses_sequence_parallel_size`` 1)
+    sequence: SequenceGroup | None = None
 
     def _join_group(self, spec: EngineSpec) -> EngineSpec:
         """Rank, world size and device of this process in the default process group;
@@ -76,18 +102,36 @@ class DataParallelEngine(TorchEngine):
         device = rank_device(spec.device)
         # a collective's tensors live where the backend wants them (gloo: CPU)
         self._comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        sp = spec.ulysses_size
+        self.sequence = sequence_groups(sp) if sp > 1 else None
         return spec if spec.device == device else replace(spec, device=device)
 
     @property
+    def _sp(self) -> int:
+        return self.sequence.size if self.sequence is not None else 1
+
+    @property
     def dp_size(self) -> int:
-        return self.world
+        return self.world // self._sp
+
+    @property
+    def dp_rank(self) -> int:
+        """A sequence-parallel group's members share one data-parallel index."""
+        return self.rank // self._sp
+
+    def _load_model(self) -> torch.nn.Module:
+        model = super()._load_model()
+        if self.sequence is not None:
+            use_ulysses(model, self.spec, self.sequence.size)
+        return model
 
     def _sparse_tied_embedding_grad(self) -> None:
         """Sharded or reduced gradients stay dense (FSDP2 and ZeRO shard dense tensors)."""
 
     def _all_reduce(self, values: list[float], op: Any) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
-        dist.all_reduce(t, op=op)
+        # a sequence-parallel group's members hold the same samples: count one of them
+        dist.all_reduce(t, op=op, group=self.sequence.data if self.sequence else None)
         return [float(v) for v in t.tolist()]
 
     def global_sum(self, values: list[float]) -> list[float]:
@@ -112,3 +156,89 @@ class DataParallelEngine(TorchEngine):
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         keys = sorted(sums)
         return dict(zip(keys, self.global_sum([sums[k] for k in keys])))
+
+    # ------------------------------------------------------------------ Ulysses
+
+    def _run(
+        self,
+        mb: Batch,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = True,
+        with_sum_pi_squared: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        if self.sequence is None:
+            return super()._run(
+                mb,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                with_sum_pi_squared=with_sum_pi_squared,
+            )
+        return self._run_columns(
+            mb,
+            self.sequence,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            with_sum_pi_squared=with_sum_pi_squared,
+        )
+
+    def _run_columns(
+        self,
+        mb: Batch,
+        group: SequenceGroup,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+        with_sum_pi_squared: bool,
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`TorchEngine._run` on this rank's columns of every sequence (the padded
+        layout): the outputs of the response tokens among them, gathered over the group.
+
+        Every rank's outputs depend on its whole forward even when none of its columns
+        scores a response token, so that every rank runs the backward through every
+        layer (the all-to-alls there are collectives)."""
+        if KD_INDICES in mb or self.kl_reference is not None:
+            raise ConfigError(
+                f"{self.spec.role}.ulysses_sequence_parallel_size",
+                "the exact KL and offline distillation compare whole sequences' logits, "
+                "which Ulysses does not split",
+                "set it to 1",
+            )
+        inp = model_inputs(mb, self.device)
+        r = inp.response_len
+        self.layouts["padded"] += 1  # packing's layouts are whole rows, never split
+        shard = shard_columns(inp, group)
+        model_in = {**shard.model_inputs, CONTEXT_KWARG: shard.context}
+        local: dict[str, torch.Tensor] = {}
+        with self._autocast():
+            if self.spec.value_head:
+                local["values"] = self._module()(**model_in, attention_mask=None)
+            else:
+                valid = scored_positions(inp)[:, shard.responses]  # (b, n)
+                kwargs: dict[str, Any] = {**model_in, "use_cache": False}
+                if self._logits_to_keep:
+                    kwargs["logits_to_keep"] = shard.keep
+                logits = self._module()(**kwargs).logits
+                if not self._logits_to_keep:
+                    logits = logits[:, shard.keep]
+                out = token_outputs(
+                    logits[valid],
+                    inp.response_ids[:, shard.responses][valid],
+                    self._log_probs_and_entropy if with_entropy else None,
+                    temperature=temperature,
+                    entropy_grad=entropy_grad,
+                    with_sum_pi_squared=with_sum_pi_squared,
+                    chunk_size=self.spec.entropy_chunk_size,
+                )
+                link = logits.sum() * 0.0  # this rank's graph, whatever it scores
+                for key, value in out.items():
+                    columns = value.new_zeros(valid.shape[0], shard.width)
+                    columns[:, shard.keep] = unpack(value, valid)
+                    local[key] = columns + link if value.requires_grad else columns
+        first = shard.first
+        whole = {k: gather_columns(v, group)[:, first : first + r] for k, v in local.items()}
+        return masked_outputs(whole, mb, inp)

@@ -117,7 +117,7 @@ def batch_fill(train: TrainEngineConfig | None, infer_micro: int, world: int) ->
     """
     if train is None:
         return infer_micro, 1
-    micro = train.rank_micro_batch_size()
+    micro = train.micro_batch_size_per_device
     if train.mini_batch_size is None:
         return micro, 1
     return micro, max(1, max(1, train.mini_batch_size // world) // micro)

@@ -255,10 +255,10 @@ class DeepSpeedEngine(DataParallelEngine):
         self.ds.zero_grad()
 
     def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
-        # DeepSpeed averages gradients over the ranks and would divide by its
+        # DeepSpeed averages gradients over all ranks and would divide by its
         # accumulation count; the loss is already a partial sum of the mini-batch's
         self.ds.set_gradient_accumulation_boundary(last)
-        self.ds.backward(loss * self.dp_size, scale_wrt_gas=False)
+        self.ds.backward(loss * self.world, scale_wrt_gas=False)
 
     def _apply_gradients(self) -> tuple[float, float]:
         assert self.optimizer is not None and self.schedule is not None

@@ -175,8 +175,9 @@ class FSDP2Engine(DataParallelEngine):
     # ------------------------------------------------------------------ collectives
 
     def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
-        # FSDP averages gradients over the data-parallel ranks; the loss is a partial sum
-        (loss * self.dp_size).backward()
+        # FSDP averages gradients over all ranks; the loss is a partial sum (of the
+        # data-parallel rank's share; a sequence-parallel member holds its columns' part)
+        (loss * self.world).backward()
 
     def _clip_grad_norm(self, params: list[nn.Parameter], clip: float) -> float:
         norm = torch.nn.utils.clip_grad_norm_(params, clip)

@@ -138,11 +138,11 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
     from temper.training.models import resolve_device, role_compute_dtype
 
     roles: list[tuple[str, str, TrainEngineConfig | None, dict[str, Any], int]] = [
-        ("actor", cfg.actor.strategy, cfg.actor, cfg.actor.deepspeed, plan.actor.dp)
+        ("actor", cfg.actor.strategy, cfg.actor, cfg.actor.deepspeed, plan.actor.devices)
     ]
     if plan.critic is not None:
         roles.append(
-            ("critic", cfg.critic.strategy, cfg.critic, cfg.critic.deepspeed, plan.critic.dp)
+            ("critic", cfg.critic.strategy, cfg.critic, cfg.critic.deepspeed, plan.critic.devices)
         )
     # the reference's own engine, and the teachers', which are built as it is
     if (plan.use_reference and cfg.model.lora.rank == 0) or cfg.distill.teachers:
@@ -151,7 +151,7 @@ def check_engines(cfg: TemperConfig, plan: Derived) -> None:
         roles.append(("reference", ref.strategy, None, ref.deepspeed, ranks))
     if plan.use_prm:  # PRIME's implicit PRM: a trained role of its own, on the actor's ranks
         prm = cfg.prime.prm
-        roles.append(("prime.prm", prm.strategy, prm, prm.deepspeed, plan.actor.dp))
+        roles.append(("prime.prm", prm.strategy, prm, prm.deepspeed, plan.actor.devices))
     device = resolve_device(cfg.experiment.device)
     for role, strategy, train, section, world in roles:
         engine = local_engine(cfg, strategy)

@@ -51,6 +51,9 @@ class EngineSpec:
         deepspeed: DeepSpeed config of a frozen role (trained roles use ``train.deepspeed``).
         router_replay: the model's MoE routing can be recorded and replayed
             (:mod:`temper.training.router_replay`; the actor under ``actor.router_replay``).
+        sequence_parallel: Ulysses group size of a frozen role (the reference runs with
+            the actor's, as verl's does); trained roles use
+            ``train.ulysses_sequence_parallel_size``.
     """
 
     model: ModelConfig
@@ -68,6 +71,14 @@ class EngineSpec:
     megatron: MegatronConfig | None = None
     deepspeed: dict[str, Any] | None = None
     router_replay: bool = False
+    sequence_parallel: int = 1
+
+    @property
+    def ulysses_size(self) -> int:
+        """Ranks per Ulysses sequence-parallel group (:mod:`temper.training.ulysses`)."""
+        if self.train is not None:
+            return self.train.ulysses_sequence_parallel_size
+        return self.sequence_parallel
 
     @property
     def value_head(self) -> bool:
@@ -107,4 +118,4 @@ class EngineSpec:
         if t is None:
             return self.infer_micro
         budget = t.max_token_len_per_device if t.use_dynamic_bsz else None
-        return MicroBatching(size=t.rank_micro_batch_size(), max_tokens=budget)
+        return MicroBatching(size=t.micro_batch_size_per_device, max_tokens=budget)

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -72,10 +72,10 @@ def check_one_process(role: str, sequence_parallel: int) -> None:
         )
 
 
-def _check_supported(spec: EngineSpec) -> None:
+def _check_supported(spec: EngineSpec, one_process: bool) -> None:
     """Fail early on settings that would change results and that this engine lacks."""
     t = spec.train
-    if t is not None:
+    if t is not None and one_process:
         check_one_process(spec.role, t.ulysses_sequence_parallel_size)
     if spec.model.use_fused_kernels:
         log.warning("model.use_fused_kernels is a GPU speed option the torch engine ignores")
@@ -85,9 +85,11 @@ class TorchEngine(PackedLogits):
     """Causal LM or value model, micro-batched forward/backward, AdamW, LR schedule."""
 
     supports_full_kl = True
+    #: trains in this one process (the data-parallel engines subclass it)
+    one_process: ClassVar[bool] = True
 
     def __init__(self, spec: EngineSpec) -> None:
-        _check_supported(spec)
+        _check_supported(spec, self.one_process)
         self.spec = spec
         self.device = spec.device
         master = spec.train.master_dtype if spec.train is not None else None

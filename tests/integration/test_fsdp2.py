@@ -48,10 +48,11 @@ def make_batch(seed: int = 0) -> Batch:
     )
 
 
-def actor_config(**fsdp: Any) -> ActorConfig:
+def actor_config(ulysses: int = 1, **fsdp: Any) -> ActorConfig:
     """Token-budget micro-batches (12 tokens): rank 0 gets 2, rank 1 gets 1 micro-batch,
     so the padding micro-batch path runs; a small grad_clip makes clipping bite."""
     return ActorConfig(
+        ulysses_sequence_parallel_size=ulysses,
         strategy="fsdp2",
         use_dynamic_bsz=True,
         max_token_len_per_device=12,
@@ -67,8 +68,10 @@ def actor_config(**fsdp: Any) -> ActorConfig:
     )
 
 
-def make_actor(path: str, strategy: str, model: ModelConfig | None = None, **fsdp: Any) -> Actor:
-    cfg = actor_config(**fsdp)
+def make_actor(
+    path: str, strategy: str, model: ModelConfig | None = None, ulysses: int = 1, **fsdp: Any
+) -> Actor:
+    cfg = actor_config(ulysses, **fsdp)
     spec = EngineSpec(
         model=model or ModelConfig(path=path),
         device=torch.device("cpu"),

@@ -78,20 +78,29 @@ def ray_session():
         ray.shutdown()
 
 
-@pytest.mark.parametrize("reference", ["fsdp2", "torch"])
+@pytest.mark.parametrize(
+    ("reference", "ulysses"),
+    [("fsdp2", 1), ("torch", 1), ("fsdp2", 2)],
+    ids=["fsdp2", "torch", "fsdp2-ulysses"],
+)
 def test_grpo_on_two_fsdp2_ranks_with_a_reference(
-    tmp_path, tiny_model_dir, monkeypatch, ray_session, capsys, reference
+    tmp_path, tiny_model_dir, monkeypatch, ray_session, capsys, reference, ulysses
 ) -> None:
     """The reference is a worker group colocated with the actor (half a bundle each):
-    two FSDP2 ranks, or a whole torch replica per device, each on its share of the rows.
-    One mini-batch a step, so the first step's KL is to the policy itself: 0."""
+    two FSDP2 ranks, or a whole torch replica per device, each on its share of the rows,
+    or (ulysses 2) one Ulysses group of two, actor and reference each splitting every
+    sequence over both ranks. One mini-batch a step, so the first step's KL is to the
+    policy itself: 0."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from transformers import AutoModelForCausalLM
 
     from temper.pipelines import run_pipeline as train
 
     before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    over = {"actor": {"use_kl_loss": True}, "reference": {"strategy": reference}}
+    over = {
+        "actor": {"use_kl_loss": True, "ulysses_sequence_parallel_size": ulysses},
+        "reference": {"strategy": reference},
+    }
     train(ray_config(tmp_path, tiny_model_dir, **over))
     assert "ray: reference ranks 0..1 up" in capsys.readouterr().out
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -185,12 +185,9 @@ def test_verl_engine_sft_trainer_command_line_trains(tmp_path, tiny_model_dir, m
     assert all(r["perf/samples"] == 16 for r in train)
 
 
-def test_roll_sft_file_trains(tmp_path, tiny_model_dir, monkeypatch):
-    """ROLL's fsdp2 SFT example (2026-08): instruction/input/output columns, one optimizer
-    step per global batch."""
-    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+def _roll_sft(tmp_path: Path, tiny_model_dir: Path, name: str, devices: list[str]) -> list[dict]:
     config = UPSTREAM / "roll-2026-08-8eb27cc/examples/qwen3-30BA3B-sft_fsdp2/sft_config.yaml"
-    out = tmp_path / "roll-sft"
+    out = tmp_path / name
     overrides = [
         f"pretrain={tiny_model_dir}",  # model
         f"sft_train.data_args.file_name=[{TRAIN}]",  # data
@@ -199,14 +196,43 @@ def test_roll_sft_file_trains(tmp_path, tiny_model_dir, monkeypatch):
         "response_key=response",
         "sequence_length=128",  # length
         "max_steps=2",
-        "num_gpus_per_node=1",  # device
-        "sft_train.device_mapping=list(range(0,1))",
-        "sft_train.model_args.ulysses_size=1",
-        "sft_train.strategy_args.strategy_config.fsdp_size=1",
+        *devices,
         f"output_dir={out}",  # outputs
     ]
-    train = _train(config, overrides, out)
-    assert all(r["perf/samples"] == 1 for r in train)  # 1 device × 1 × 1 per device
+    return _train(config, overrides, out)
+
+
+def test_roll_sft_file_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """ROLL's fsdp2 SFT example (2026-08): instruction/input/output columns, one optimizer
+    step per global batch; on one device, and on two as the file's one Ulysses group of
+    2 (each rank runs half of every sequence): the same batch, the same losses (to the
+    file's bf16 compute)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    one = _roll_sft(
+        tmp_path,
+        tiny_model_dir,
+        "roll-sft",
+        [
+            "num_gpus_per_node=1",  # device
+            "sft_train.device_mapping=list(range(0,1))",
+            "sft_train.model_args.ulysses_size=1",
+            "sft_train.strategy_args.strategy_config.fsdp_size=1",
+        ],
+    )
+    assert all(r["perf/samples"] == 1 for r in one)  # 1 device × 1 × 1 per device
+    group = _roll_sft(
+        tmp_path,
+        tiny_model_dir,
+        "roll-sft-ulysses",
+        [
+            "num_gpus_per_node=2",  # device: the file's ulysses_size 2 kept
+            "sft_train.device_mapping=list(range(0,2))",
+            "sft_train.strategy_args.strategy_config.fsdp_size=2",
+        ],
+    )
+    assert all(r["perf/samples"] == 1 for r in group)  # one group: 1 data-parallel rank
+    for a, b in zip(one, group, strict=True):  # the file computes in bf16
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=2e-4), a["step"]
 
 
 # ------------------------------------------------------------------ examples/

@@ -166,20 +166,19 @@ def test_the_whole_files_load_as_sft(path, overrides):
     assert loaded.plan.roles == ("actor",) and not loaded.plan.use_rollout
 
 
-def test_sequence_parallel_ranks_are_data_parallel_ranks_and_check_says_so():
-    with pytest.raises(ConfigError) as err:
-        load_config(ROLL_FILE)
-    # the refusal names the file's own key and the two ways out
-    assert str(err.value).startswith("sft_train.model_args.ulysses_size (temper: ")
-    assert "the 4 samples of a mini-batch fill the 4 sequence-parallel groups" in str(err.value)
-    assert "Fix: set sft_train.model_args.ulysses_size=1, or make a mini-batch a multiple of 8" in (
-        str(err.value)
-    )
-    loaded = load_config(ROLL_FILE, ["sft_train.training_args.gradient_accumulation_steps=2"])
+def test_sequence_parallel_groups_are_data_parallel_ranks_and_check_says_so():
+    """ROLL's file: 8 devices, ulysses_size 2 -> 4 groups of 2 ranks, each a data-parallel
+    rank taking 1 sample per micro-batch, ROLL's global batch of 4 rows."""
+    loaded = load_config(ROLL_FILE)
     rows = {name: (value, how) for name, value, how in explain(loaded.config, loaded.plan)}
-    assert loaded.plan.actor.dp == 8
+    assert loaded.plan.actor.dp == 4 and loaded.config.data.train_batch_size == 4
+    assert loaded.plan.actor.micro_batch_size == 1
     value, how = rows["actor sequence parallelism"]
-    assert value == "2 → data parallel" and "Ulysses attention is not built" in how
+    assert value == "2 ranks per sequence" and "Ulysses" in how
+    assert rows["actor data-parallel size"] == (
+        "4",
+        "8 devices, strategy fsdp2, / sequence-parallel size 2",
+    )
 
 
 def test_legacy_file_in_native_terms():

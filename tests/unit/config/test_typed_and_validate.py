@@ -220,14 +220,14 @@ def test_megatron_expert_groups_must_divide_the_devices():
     assert d.actor.dp == 2
 
 
-def test_a_sequence_parallel_groups_micro_batch_is_split_over_its_ranks():
+def test_a_sequence_parallel_group_is_one_data_parallel_rank():
     """verl's run_deepseek7b_llm_sp2: 8 devices, Ulysses SP 2, a mini-batch of 256, micro
-    64 per SP group — verl runs 4 groups × 64 samples, one micro-step each; trained as 8
-    data-parallel ranks here, each takes 32 whole sequences, also in one micro-step."""
+    64 per SP group — 4 groups (data-parallel ranks) × 64 samples, one micro-step each,
+    as verl runs it."""
     actor = {"strategy": "fsdp2", "mini_batch_size": 256, "micro_batch_size_per_device": 64}
     base = cfg(data={"train_batch_size": 256}, resources={"backend": "ray", "devices_per_node": 8})
     d = plan(build_config({**base, "actor": {**actor, "ulysses_sequence_parallel_size": 2}}))
-    assert (d.actor.dp, d.actor.per_rank_mini_batch, d.actor.micro_batch_size) == (8, 32, 32)
+    assert (d.actor.dp, d.actor.per_rank_mini_batch, d.actor.micro_batch_size) == (4, 64, 64)
     assert d.actor.grad_accum == 1
     # without SP a rank's 32 samples are one micro-batch of at most 64: all 32 (verl splits
     # a rank's mini-batch into chunks of 64, which gives one)
@@ -240,16 +240,16 @@ def test_a_sequence_parallel_groups_micro_batch_is_split_over_its_ranks():
     bad = {**actor, "micro_batch_size_per_device": 48, "ulysses_sequence_parallel_size": 2}
     with pytest.raises(ConfigError) as err:
         build_config({**base, "actor": bad})
-    assert "64 samples each sequence-parallel group gets per mini-batch" in one_line(err)
-    # 4 samples fill the 4 SP groups (one sequence each, split upstream), but not 8 ranks:
-    # the refusal names the SP size, not the mini-batch
+    assert "64 samples each rank gets per mini-batch are not divisible by 48" in one_line(err)
+    # 4 samples fill the 4 SP groups, one sequence each
     four = {**actor, "mini_batch_size": 4, "micro_batch_size_per_device": 1}
     small = cfg(data={"train_batch_size": 4}, resources={"backend": "ray", "devices_per_node": 8})
+    d = plan(build_config({**small, "actor": {**four, "ulysses_sequence_parallel_size": 2}}))
+    assert (d.actor.dp, d.actor.per_rank_mini_batch, d.actor.grad_accum) == (4, 1, 1)
     with pytest.raises(ConfigError) as err:
-        build_config({**small, "actor": {**four, "ulysses_sequence_parallel_size": 2}})
+        build_config({**small, "actor": {**four, "ulysses_sequence_parallel_size": 3}})
     assert err.value.key == "actor.ulysses_sequence_parallel_size"
-    assert "fill the 4 sequence-parallel groups" in err.value.reason
-    assert "a multiple of 8 samples" in err.value.fix
+    assert "not divisible by the sequence-parallel size 3" in err.value.reason
 
 
 def test_registry_names_checked():
@@ -289,7 +289,7 @@ def test_bound_in_units():
     assert Bound("at_least", 10, 4).in_units(4).text() == "≥ 3"
 
 
-def test_engines_take_a_ranks_share_of_a_sequence_parallel_micro_batch():
+def test_engines_take_a_sequence_parallel_groups_whole_micro_batch():
     import torch
 
     from temper.roles.builder import infer_micro_batching
@@ -308,8 +308,9 @@ def test_engines_take_a_ranks_share_of_a_sequence_parallel_micro_batch():
         )
     )
     spec = EngineSpec(model=c.model, device=torch.device("cpu"), train=c.actor)
-    assert spec.train_micro.size == 32
-    assert infer_micro_batching(c, c.actor).size == 8
+    # every rank of a group takes the group's samples (and runs 1/2 of their tokens)
+    assert spec.train_micro.size == 64 and spec.ulysses_size == 2
+    assert infer_micro_batching(c, c.actor).size == 16
 
 
 def test_an_engine_spans_its_tensor_parallel_ranks():

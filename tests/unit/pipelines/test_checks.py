@@ -33,7 +33,34 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 TEACHER = {"distill": {"teachers": {"big": {"model_path": "teacher"}}}}
+# one Ulysses group of 2 ranks
+SP = {
+    "actor": {"strategy": "fsdp2", "ulysses_sequence_parallel_size": 2},
+    "resources": {"backend": "ray", "devices_per_node": 2},
+}
+SP_RLVR = merged(RLVR, SP)
 REFUSED = [
+    # what compares whole sequences' logits or routing, and a reference of odd devices
+    (
+        SP_RLVR,
+        {"distill": {**TEACHER["distill"], "direct_gradient": True, "kl_penalty": "low_var_kl"}},
+        "actor.ulysses_sequence_parallel_size",
+    ),
+    (SP_RLVR, {"actor": {"router_replay": "R2"}}, "actor.ulysses_sequence_parallel_size"),
+    (
+        SP_RLVR,
+        {
+            "actor": {"use_kl_loss": True},
+            "reference": {"strategy": "fsdp2"},
+            "resources": {"devices_per_node": 4, "actor_train": [0, 1], "reference": [1, 2, 3]},
+        },
+        "actor.ulysses_sequence_parallel_size",
+    ),
+    (
+        merged({**RLVR, "pipeline": "distill"}, SP),
+        {"distill": {"teachers": {"default": {"model_path": "t"}}}},
+        "actor.ulysses_sequence_parallel_size",
+    ),
     (RLVR, {"distill": {**TEACHER["distill"], "kl_penalty": "full"}}, "distill.kl_penalty"),
     (RLVR, {**TEACHER, "algorithm": {"adv_estimator": "gae"}}, "distill.pure"),
     # direct gradient (GKD): k1's gradient does not see the teacher; top-k only so
@@ -189,6 +216,8 @@ def test_refused_with_the_key(base, over, key):
 
 
 ACCEPTED = [
+    (SP_RLVR, {}),
+    (SP_RLVR, {"actor": {"use_kl_loss": True}, "reference": {"strategy": "fsdp2"}}),
     (RLVR, {"algorithm": {"use_reward_scaling": True, "use_reward_norm": True}}),
     (RLVR, {"data": {"gen_batch_size": 12}, "algorithm": {"filter_groups": {"enable": True}}}),
     (RLVR, {"algorithm": {"use_kl_in_reward": True, "kl_penalty": "full"}}),

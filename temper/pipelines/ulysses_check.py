@@ -1,0 +1,84 @@
+"""What ``ulysses_sequence_parallel_size`` > 1 needs of the rest of the run (checked at
+load; the model's heads and kind at pre-flight, :func:`check_ulysses_model`).
+
+Ulysses (:mod:`temper.training.ulysses`) splits each sequence's tokens over a group of
+ranks and gathers the per-token outputs; what compares whole sequences' logits inside
+the training forward — on-policy distillation's direct gradient over the teachers'
+top-k tokens, offline distillation's teacher logits (the distill pipeline's own check),
+router replay's per-sequence routing — is refused with it. The reference splits its
+sequences as the actor does, so its data-parallel devices must form whole groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temper.config.catalog import MEGATRON_PARALLEL, ONE_PROCESS
+from temper.config.derive import Derived
+from temper.config.errors import ConfigError
+from temper.config.schema import TemperConfig
+from temper.training.registry import ENGINES
+from temper.training.router_replay import OFF
+from temper.training.ulysses import check_heads
+
+KEY = "actor.ulysses_sequence_parallel_size"
+
+
+def splits_sequences(strategy: str) -> bool:
+    """Whether engine ``strategy`` runs Ulysses: a data-parallel engine (neither one
+    process nor Megatron's own model parallelism)."""
+    return strategy in ENGINES and not ENGINES.get(strategy).needs & {
+        ONE_PROCESS,
+        MEGATRON_PARALLEL,
+    }
+
+
+def check_ulysses(cfg: TemperConfig, plan: Derived) -> None:
+    sp = cfg.actor.ulysses_sequence_parallel_size
+    if sp <= 1:
+        return
+    if cfg.distill.teachers and cfg.distill.direct_gradient:
+        raise ConfigError(
+            KEY,
+            "on-policy distillation's direct gradient compares the student's logits at the "
+            "teachers' top-k tokens of whole sequences, which Ulysses does not split",
+            "set it to 1, or distill.direct_gradient: false",
+        )
+    if cfg.actor.router_replay != OFF:
+        raise ConfigError(
+            KEY,
+            "router replay records and replays the MoE routing of whole sequences",
+            "set it to 1, or actor.router_replay: off",
+        )
+    ranks = plan.placement.get("reference", [])
+    if (
+        plan.use_reference
+        and cfg.model.lora.rank == 0
+        and cfg.resources.backend == "ray"
+        and splits_sequences(cfg.reference.strategy)
+        and len(ranks) % sp
+    ):
+        raise ConfigError(
+            KEY,
+            f"the reference splits its sequences as the actor does, and its {len(ranks)} "
+            f"devices are not divisible by {sp}",
+            f"place the reference on a multiple of {sp} devices (resources.reference)",
+        )
+
+
+def check_ulysses_model(config: dict[str, Any], role: str, size: int) -> None:
+    """A model's ``config.json`` against a Ulysses group of ``size``: a text model whose
+    heads split over the group (what :func:`temper.training.ulysses.use_ulysses` checks
+    of the loaded model)."""
+    if size <= 1:
+        return
+    if "vision_config" in config:
+        raise ConfigError(
+            f"{role}.ulysses_sequence_parallel_size",
+            "Ulysses sequence parallelism is built for text models; a vision-language "
+            "model computes its M-RoPE positions and image tokens from whole sequences",
+            "set it to 1",
+        )
+    heads = int(config.get("num_attention_heads") or 0)
+    if heads:
+        check_heads(role, heads, int(config.get("num_key_value_heads") or heads), size)

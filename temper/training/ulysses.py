@@ -1,0 +1,301 @@
+"""Ulysses sequence parallelism: each sequence split over a group of ranks.
+
+With ``ulysses_sequence_parallel_size`` = ``sp`` > 1, a data-parallel engine's ranks form
+groups of ``sp`` consecutive ranks (verl's and ROLL's layout: a rank's data-parallel index
+is ``rank // sp``). A group's ranks take the same micro-batches; each runs the model on
+``1/sp`` of every sequence's columns, so activations per device shrink ``sp`` times. Every
+layer but attention is per token. Attention needs all of a sequence's keys, so around it
+one all-to-all trades the sequence split for a split of the heads (each rank then
+attends over the whole sequence with ``H/sp`` heads) and a second one trades it back
+(:func:`ulysses_attention`; DeepSpeed-Ulysses, Jacobs et al. 2023).
+
+The per-token outputs (log-probs, entropy, values) of a rank's columns are gathered over
+the group (:func:`gather_columns`), so each rank computes the same loss from the same
+whole-sequence outputs and the roles above are unchanged. The gather's backward keeps a
+rank's own columns of that gradient: the group's ranks all hold the same loss, and a
+rank's parameters saw only its own columns, so the sum of the group's parameter
+gradients is the gradient of the group's loss — FSDP and ZeRO then average over every
+rank, which the engine's loss scale accounts for.
+
+Registered with transformers' attention interface as :data:`ULYSSES_KERNEL` and not with
+its mask interface, so transformers builds no mask from a rank's columns: the kernel
+builds the whole sequence's causal padding mask from :class:`UlyssesContext`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from temper.config.errors import ConfigError
+from temper.training.micro_batching import ModelInputs
+from temper.training.spec import EngineSpec
+
+ULYSSES_KERNEL = "temper_ulysses"
+#: the forward keyword that carries a micro-batch's :class:`UlyssesContext` to the kernel
+CONTEXT_KWARG = "temper_ulysses_context"
+
+
+@dataclass(frozen=True)
+class SequenceGroup:
+    """This rank's sequence-parallel group: ``size`` ranks, this one ``rank`` among them;
+    ``data`` is the group of ranks that share this one's place in their groups (the
+    data-parallel ranks that hold different samples)."""
+
+    size: int
+    rank: int
+    group: dist.ProcessGroup
+    data: dist.ProcessGroup
+
+
+def sequence_groups(size: int) -> SequenceGroup:
+    """Split the default process group into groups of ``size`` consecutive ranks (a
+    collective: every rank calls it)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % size:
+        raise ConfigError(
+            "ulysses_sequence_parallel_size",
+            f"{world} ranks are not divisible by the sequence-parallel size {size}",
+            "choose a size that divides the role's device count",
+        )
+    mine: dist.ProcessGroup | None = None
+    data: dist.ProcessGroup | None = None
+    # every rank creates every group, in the same order (new_group is a collective)
+    for first in range(0, world, size):
+        g = dist.new_group(list(range(first, first + size)))
+        if first <= rank < first + size:
+            mine = g
+    for offset in range(size):
+        g = dist.new_group(list(range(offset, world, size)))
+        if rank % size == offset:
+            data = g
+    assert mine is not None and data is not None
+    return SequenceGroup(size=size, rank=rank % size, group=mine, data=data)
+
+
+def check_heads(role: str, heads: int, kv_heads: int, size: int) -> None:
+    """The attention heads must split evenly over the group (key/value heads are repeated
+    to the query heads when they do not)."""
+    if heads % size:
+        raise ConfigError(
+            f"{role}.ulysses_sequence_parallel_size",
+            f"the model's {heads} attention heads cannot be split over {size} ranks "
+            "(Ulysses attention gives each rank of a group the same number of heads)",
+            f"use a size that divides {heads}",
+        )
+    if heads % max(kv_heads, 1):
+        raise ConfigError(
+            f"{role}.ulysses_sequence_parallel_size",
+            f"the model's {kv_heads} key/value heads do not divide its {heads} heads",
+            "use a model with grouped-query attention of whole groups",
+        )
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+class _AllToAll(torch.autograd.Function):
+    """``x`` ``(size, …)``: chunk ``j`` goes to rank ``j``, the result's chunk ``j`` came
+    from rank ``j``. Its own adjoint: the backward sends each gradient chunk back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, group: dist.ProcessGroup) -> Tensor:
+        ctx.group = group
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
+def _exchange(x: Tensor, group: SequenceGroup, split: int, join: int) -> Tensor:
+    """Split ``x`` into ``size`` chunks along ``split``, send chunk ``j`` to rank ``j``,
+    and concatenate what arrives along ``join`` in rank order."""
+    chunks = torch.stack(x.chunk(group.size, dim=split))
+    return torch.cat(_AllToAll.apply(chunks, group.group).unbind(0), dim=join)
+
+
+class _GatherColumns(torch.autograd.Function):
+    """``x`` ``(b, w, …)`` of every rank, concatenated along dim 1 in rank order; the
+    backward keeps this rank's columns (every rank differentiates the same loss)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, group: SequenceGroup) -> Tensor:
+        ctx.rank, ctx.width = group.rank, x.shape[1]
+        parts = [torch.empty_like(x) for _ in range(group.size)]
+        dist.all_gather(parts, x.contiguous(), group=group.group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        start = ctx.rank * ctx.width
+        return grad[:, start : start + ctx.width].contiguous(), None
+
+
+def gather_columns(x: Tensor, group: SequenceGroup) -> Tensor:
+    """The group's ``(b, w, …)`` column blocks as one ``(b, size·w, …)`` tensor."""
+    return _GatherColumns.apply(x, group)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@dataclass(frozen=True)
+class UlyssesContext:
+    """What the kernel needs besides the rank's columns: the group, and the whole
+    sequences' mask ``(b, 1, L, L)`` (True = attend: causal, real keys; a padded query
+    attends to itself so that no row is empty — its output is never used)."""
+
+    group: SequenceGroup
+    mask: Tensor
+
+
+def sequence_mask(attention_mask: Tensor) -> Tensor:
+    """``(b, L)`` 0/1 attention mask -> the ``(b, 1, L, L)`` boolean mask of
+    :class:`UlyssesContext`."""
+    L = attention_mask.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=attention_mask.device).tril()
+    eye = torch.eye(L, dtype=torch.bool, device=attention_mask.device)
+    return ((causal[None] & (attention_mask[:, None, :] > 0)) | eye[None])[:, None]
+
+
+@dataclass(frozen=True)
+class ColumnShard:
+    """A rank's columns of a padded micro-batch (right-padded to ``size · width``).
+
+    The logits at column ``first + j`` score response token ``j``; of this rank's
+    columns, ``keep`` (local indices) score the response tokens ``responses``."""
+
+    model_inputs: dict[str, Tensor]  # input_ids, position_ids of the rank's columns
+    context: UlyssesContext
+    width: int
+    first: int
+    keep: Tensor
+    responses: slice
+
+
+def shard_columns(inp: ModelInputs, group: SequenceGroup) -> ColumnShard:
+    """This rank's ``width = ⌈L / size⌉`` columns of ``inp`` (positions stay the whole
+    sequence's, so rotary embeddings see the same positions as an unsplit forward)."""
+    L = inp.input_ids.shape[1]
+    width = -(-L // group.size)
+    pad = (0, width * group.size - L)
+    ids, mask, pos = (F.pad(x, pad) for x in (inp.input_ids, inp.attention_mask, inp.position_ids))
+    start = group.rank * width
+    first = L - inp.response_len - 1
+    lo = max(start, first)
+    hi = max(lo, min(start + width, L - 1))
+    cols = slice(start, start + width)
+    return ColumnShard(
+        model_inputs={"input_ids": ids[:, cols], "position_ids": pos[:, cols]},
+        context=UlyssesContext(group=group, mask=sequence_mask(mask)),
+        width=width,
+        first=first,
+        keep=torch.arange(lo - start, hi - start, device=ids.device),
+        responses=slice(lo - first, hi - first),
+    )
+
+
+def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> None:
+    """Run ``model``'s attention as :func:`ulysses_attention` (checks that its heads split
+    over ``size`` ranks, and that the engine has nothing Ulysses does not split)."""
+    from transformers import PreTrainedModel
+
+    top = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+    key = f"{spec.role}.ulysses_sequence_parallel_size"
+    if top is None:
+        raise ConfigError(key, "the model is not a transformers model", "set it to 1")
+    config = top.config
+    if config.get_text_config() is not config:
+        raise ConfigError(
+            key,
+            "Ulysses sequence parallelism is built for text models; a vision-language "
+            "model computes its M-RoPE positions and image tokens from whole sequences",
+            "set it to 1 (the role's ranks are then data-parallel)",
+        )
+    if spec.router_replay:
+        raise ConfigError(
+            key,
+            "MoE router replay records and replays whole sequences' routing",
+            "set it to 1, or turn router replay off",
+        )
+    heads = int(config.num_attention_heads)
+    check_heads(spec.role, heads, int(config.num_key_value_heads or heads), size)
+    register()
+    top.set_attn_implementation(ULYSSES_KERNEL)
+
+
+def ulysses_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function signature on a rank's columns: ``query``
+    ``(b, H, w, D)``, ``key``/``value`` ``(b, H_kv, w, D)`` -> ``(b, w, H, D)``.
+
+    heads-split all-to-all -> SDPA over the whole sequence with ``H/sp`` heads ->
+    sequence-split all-to-all. ``attention_mask`` is None (no mask interface is
+    registered); the mask is the context's."""
+    ctx: UlyssesContext | None = kwargs.pop(CONTEXT_KWARG, None)
+    if ctx is None:
+        raise RuntimeError(
+            "a model set up for Ulysses sequence parallelism ran a forward without its "
+            "context; every forward of such an engine goes through its sequence-parallel path"
+        )
+    group = ctx.group
+    if key.shape[1] % group.size:  # fewer key/value heads than ranks: repeat them
+        repeat = query.shape[1] // key.shape[1]
+        key = key.repeat_interleave(repeat, dim=1)
+        value = value.repeat_interleave(repeat, dim=1)
+    # (b, H, w, D) -> (b, H/sp, L, D): send head block j to rank j, receive columns
+    q, k, v = (_exchange(x, group, split=1, join=2) for x in (query, key, value))
+    out = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=ctx.mask,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    # (b, H/sp, L, D) -> (b, H, w, D): send column block j to rank j, receive heads
+    out = _exchange(out, group, split=2, join=1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make :data:`ULYSSES_KERNEL` a transformers attention implementation. Idempotent."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ULYSSES_KERNEL, ulysses_attention)
+
+
+__all__ = [
+    "CONTEXT_KWARG",
+    "ULYSSES_KERNEL",
+    "ColumnShard",
+    "SequenceGroup",
+    "UlyssesContext",
+    "check_heads",
+    "gather_columns",
+    "register",
+    "sequence_groups",
+    "sequence_mask",
+    "shard_columns",
+    "ulysses_attention",
+    "use_ulysses",
+]

@@ -1,0 +1,106 @@
+"""Ulysses sequence parallelism computes what one process computes.
+
+Two gloo ranks form one sequence-parallel group (``ulysses_sequence_parallel_size`` 2):
+both take the whole batch, each runs half of every sequence's columns, and the
+log-probs, entropy, values, metrics and updated weights equal the single-process torch
+engine's. Four ranks (two groups of two) split the batch as well.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from temper.cluster.process_group import spawn_ranks
+from temper.config.schema import ModelConfig
+from temper.data.batch import Batch
+from temper.training.registry import build_engine
+from temper.training.spec import EngineSpec
+from temper.training.ulysses import ULYSSES_KERNEL
+from tests.integration.test_fsdp2 import (
+    actor_config,
+    assert_weights_close,
+    make_actor,
+    make_batch,
+    shard,
+    weights,
+    with_log_probs,
+)
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+pytestmark = pytest.mark.slow
+
+
+def _sp_rank(rank: int, world: int, path: str, batch: Batch, sp: int, strategy: str) -> dict:
+    actor = make_actor(path, strategy, ulysses=sp)
+    mine = shard(batch, rank // sp, world // sp)
+    old = actor.compute_log_probs(mine, with_sum_pi_squared=True)
+    metrics = actor.update(mine)
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        kind="value",
+        train=actor_config(ulysses=sp),
+        seed=5,
+    )
+    values = build_engine(strategy, spec).forward(mine, with_values=True)["values"]
+    config: Any = actor.engine.model.config  # type: ignore[attr-defined]
+    return {
+        "kernel": config._attn_implementation,
+        "data_rank": actor.engine.dp_rank,
+        "dp": actor.engine.dp_size,
+        "old": old["old_log_probs"],
+        "spq": old["sum_pi_squared"],
+        "values": values,
+        "metrics": metrics,
+        "weights": weights(actor),
+    }
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world"),
+    [("fsdp2", 2), ("fsdp2", 4), ("deepspeed", 2)],
+    ids=["fsdp2-one-group", "fsdp2-two-groups", "deepspeed-one-group"],
+)
+def test_sequence_parallel_ranks_match_single_process(
+    tiny_path: str, strategy: str, world: int
+) -> None:
+    single = make_actor(tiny_path, "torch")
+    batch = with_log_probs(single, make_batch())
+    spq = single.compute_log_probs(batch, with_sum_pi_squared=True)["sum_pi_squared"]
+    before = weights(single)
+    ref_metrics = single.update(batch)
+    ref_weights = weights(single)
+    spec = EngineSpec(
+        model=ModelConfig(path=tiny_path),
+        device=torch.device("cpu"),
+        kind="value",
+        train=actor_config(),
+        seed=5,
+    )
+    ref_values = build_engine("torch", spec).forward(batch, with_values=True)["values"]
+
+    ranks = spawn_ranks(_sp_rank, world, tiny_path, batch, 2, strategy)
+
+    groups = world // 2
+    assert {r["kernel"] for r in ranks} == {ULYSSES_KERNEL}
+    assert [r["data_rank"] for r in ranks] == [i // 2 for i in range(world)]
+    assert {r["dp"] for r in ranks} == {groups}
+    for name, ref in [("old", batch["old_log_probs"]), ("spq", spq), ("values", ref_values)]:
+        for member in range(2):  # each member of a group holds its group's outputs
+            got = torch.cat([ranks[g * 2 + member][name] for g in range(groups)])
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=name)
+    got = ranks[0]["metrics"]
+    assert got.keys() == ref_metrics.keys()
+    for k, v in ref_metrics.items():
+        if k == "actor/packed_fraction":  # Ulysses runs the padded layout
+            assert got[k] == 0.0
+            continue
+        assert got[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    assert ref_metrics["actor/grad_norm"] > 0.05  # clipping was active
+    for r in ranks:
+        assert_weights_close(r["weights"], ref_weights)
+    assert all(not torch.equal(before[k], ref_weights[k]) for k in before)
