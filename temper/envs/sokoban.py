@@ -27,7 +27,7 @@ Conventions follow gym-sokoban (Schrader 2018), which ROLL/RAGEN wrap:
 - **Size**: ``dim_x`` rows × ``dim_y`` columns including the outer wall (ROLL/
   gym-sokoban ``dim_room = (dim_x, dim_y)`` is the array shape).
 
-Generation (deterministic per seed, ``numpy.random.default_rng(seed)``):
+Generation (deterministic per seed: the draws of ``numpy.random.default_rng(seed)``):
 1. carve a floor by a random walk inside the outer wall;
 2. put ``num_boxes`` targets and the player on random floor cells, each box on
    its target (a solved state);
@@ -36,6 +36,11 @@ Generation (deterministic per seed, ``numpy.random.default_rng(seed)``):
    such walks are played and the state with the most boxes off their targets
    (then the largest total box displacement) is kept. Playing the reverse
    moves forward solves the level, hence every level is solvable.
+
+The rules above — moves, pushes, rewards, termination, generation, the text of a grid —
+are written once, in :mod:`temper.envs.sokoban_program` (standard library only, as
+``sokoban_sandbox`` runs it in the sandbox); this env holds the game as numpy grids and
+plays it with that module's functions.
 """
 
 from __future__ import annotations
@@ -44,13 +49,23 @@ from typing import Any
 
 import numpy as np
 
+from . import sokoban_program as rules
 from .base import TextEnv
 from .registry import register_env
 from .render import render_tiles
+from .sokoban_program import (
+    ACTIONS,
+    BOX,
+    BOX_ON_TARGET,
+    FLOOR,
+    PLAYER,
+    PLAYER_ON_TARGET,
+    TARGET,
+    WALL,
+)
 
-__all__ = ["ACTIONS", "DEFAULT_GRID_LOOKUP", "SokobanEnv", "generate_room", "parse_grid"]
+__all__ = ["ACTIONS", "DEFAULT_GRID_LOOKUP", "SokobanEnv", "parse_grid"]
 
-WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
 DEFAULT_GRID_LOOKUP: dict[int, str] = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
 DEFAULT_GRID_VOCAB: dict[str, str] = {
     "#": "wall",
@@ -61,8 +76,6 @@ DEFAULT_GRID_VOCAB: dict[str, str] = {
     "P": "player",
     "S": "player on target",
 }
-ACTIONS = ["Up", "Down", "Left", "Right"]
-_DELTAS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 _COLORS = {  # RGB tile colors for render("rgb_array")
     WALL: (70, 70, 70),
     FLOOR: (225, 225, 215),
@@ -72,71 +85,6 @@ _COLORS = {  # RGB tile colors for render("rgb_array")
     PLAYER: (60, 90, 220),
     PLAYER_ON_TARGET: (150, 80, 220),
 }
-
-
-def _carve(rng: np.random.Generator, rows: int, cols: int, need: int) -> np.ndarray:
-    """Floor (1) carved by a random walk inside walls (0), at least ``need`` cells."""
-    fixed = np.zeros((rows, cols), dtype=np.int8)
-    inner = (rows - 2) * (cols - 2)
-    target_cells = min(inner, max(need, int(0.7 * inner)))
-    r, c = int(rng.integers(1, rows - 1)), int(rng.integers(1, cols - 1))
-    d = _DELTAS[ACTIONS[int(rng.integers(4))]]
-    fixed[r, c] = FLOOR
-    for _ in range(50 * inner):
-        if int((fixed == FLOOR).sum()) >= target_cells:
-            break
-        if rng.random() < 0.35:
-            d = _DELTAS[ACTIONS[int(rng.integers(4))]]
-        nr, nc = r + d[0], c + d[1]
-        if 1 <= nr < rows - 1 and 1 <= nc < cols - 1:
-            r, c = nr, nc
-            fixed[r, c] = FLOOR
-    return fixed
-
-
-def _score(boxes: list[tuple[int, int]], targets: list[tuple[int, int]]) -> tuple[int, int]:
-    off = sum(b not in targets for b in boxes)
-    dist = sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, targets))
-    return off, dist
-
-
-def generate_room(
-    rng: np.random.Generator, rows: int, cols: int, num_boxes: int, search_depth: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """A solvable level: ``(fixed, state)`` arrays (fixed: walls/floor/targets only)."""
-    for _ in range(100):
-        fixed = _carve(rng, rows, cols, num_boxes + 2)
-        cells = [tuple(int(v) for v in p) for p in np.argwhere(fixed == FLOOR)]
-        if len(cells) < num_boxes + 2:
-            continue
-        pick = rng.permutation(len(cells))
-        targets = [cells[i] for i in pick[:num_boxes]]
-        start_player = cells[int(pick[num_boxes])]
-        for t in targets:
-            fixed[t] = TARGET
-        best, best_score = None, (0, 0)
-        for _walk in range(8):
-            boxes, player = list(targets), start_player
-            for _ in range(max(1, search_depth)):
-                dr, dc = _DELTAS[ACTIONS[int(rng.integers(4))]]
-                nxt = (player[0] + dr, player[1] + dc)
-                if fixed[nxt] == WALL or nxt in boxes:
-                    continue
-                behind = (player[0] - dr, player[1] - dc)
-                if behind in boxes:  # pull the box into the player's old cell
-                    boxes[boxes.index(behind)] = player
-                player = nxt
-                score = _score(boxes, targets)
-                if score[0] >= 1 and score > best_score:
-                    best, best_score = (list(boxes), player), score
-        if best is None:
-            continue
-        state = fixed.copy()
-        for b in best[0]:
-            state[b] = BOX_ON_TARGET if fixed[b] == TARGET else BOX
-        state[best[1]] = PLAYER_ON_TARGET if fixed[best[1]] == TARGET else PLAYER
-        return fixed, state
-    raise RuntimeError(f"could not generate a {rows}x{cols} room with {num_boxes} boxes")
 
 
 def parse_grid(text: str, grid_lookup: dict[int, str] | None = None) -> np.ndarray:
@@ -184,6 +132,7 @@ class SokobanEnv(TextEnv):
             self.grid_lookup[i]: DEFAULT_GRID_VOCAB[DEFAULT_GRID_LOOKUP[i]] for i in range(7)
         }
         self.grid_vocab = {str(k): str(v) for k, v in vocab.items()}
+        self.symbols = [self.grid_lookup[i] for i in range(7)]  # by cell id
         self.fixed = np.zeros((self.rows, self.cols), dtype=np.int8)
         self.state = self.fixed.copy()
         self.steps = 0
@@ -207,10 +156,10 @@ class SokobanEnv(TextEnv):
         )
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
-        rng = np.random.default_rng(int(seed))
-        self.fixed, self.state = generate_room(
-            rng, self.rows, self.cols, self.num_boxes, self.search_depth
+        fixed, cells = rules.generate(
+            int(seed), self.rows, self.cols, self.num_boxes, self.search_depth
         )
+        self.fixed, self.state = np.array(fixed, np.int8), np.array(cells, np.int8)
         self.steps = 0
         return self.text(), {"seed": int(seed), "boxes_on_target": self.boxes_on_target}
 
@@ -223,63 +172,17 @@ class SokobanEnv(TextEnv):
     def boxes_on_target(self) -> int:
         return int((self.state == BOX_ON_TARGET).sum())
 
-    def _floor_of(self, pos: tuple[int, int]) -> int:
-        return TARGET if self.fixed[pos] == TARGET else FLOOR
-
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        name = _lookup(action_text)
-        if name is None:
-            info: dict[str, Any] = {
-                "action_is_valid": False,
-                "action_is_effective": False,
-                "success": False,
-            }
-            return self.text(), 0.0, False, False, info
-        self.steps += 1
-        reward = -0.1
-        dr, dc = _DELTAS[name]
-        pr, pc = self.player
-        nxt, beyond = (pr + dr, pc + dc), (pr + 2 * dr, pc + 2 * dc)
-        moved = False
-        if self.state[nxt] in (BOX, BOX_ON_TARGET):
-            if self._in(beyond) and self.state[beyond] in (FLOOR, TARGET):
-                was_on, now_on = self.fixed[nxt] == TARGET, self.fixed[beyond] == TARGET
-                self.state[beyond] = BOX_ON_TARGET if now_on else BOX
-                reward += (1.0 if now_on else 0.0) - (1.0 if was_on else 0.0)
-                moved = True
-        elif self.state[nxt] in (FLOOR, TARGET):
-            moved = True
-        if moved:
-            self.state[pr, pc] = self._floor_of((pr, pc))
-            self.state[nxt] = PLAYER_ON_TARGET if self.fixed[nxt] == TARGET else PLAYER
-        success = not bool((self.state == BOX).any())
-        if success:
-            reward += 10.0
-        truncated = not success and self.steps >= self.max_steps
-        info = {
-            "action_is_valid": True,
-            "action_is_effective": moved,
-            "success": success,
-            "boxes_on_target": self.boxes_on_target,
-        }
-        return self.text(), reward, success, truncated, info
-
-    def _in(self, pos: tuple[int, int]) -> bool:
-        return 0 <= pos[0] < self.rows and 0 <= pos[1] < self.cols
+        cells = self.state.tolist()
+        self.steps, reward, terminated, truncated, info = rules.play(
+            self.fixed.tolist(), cells, self.steps, action_text, self.max_steps
+        )
+        self.state[...] = cells
+        return self.text(), reward, terminated, truncated, info
 
     def render(self, mode: str = "text") -> str | np.ndarray:
         if mode == "text":
-            sym = [self.grid_lookup[i] for i in range(7)]
-            sep = "" if all(len(s) == 1 for s in sym) else " "
-            return "\n".join(sep.join(sym[int(v)] for v in row) for row in self.state)
+            return rules.render(self.state.tolist(), self.symbols)
         if mode == "rgb_array":
             return render_tiles(self.state, _COLORS)
         raise ValueError(f"unknown render mode '{mode}' (use 'text' or 'rgb_array')")
-
-
-def _lookup(action_text: str) -> str | None:
-    s = " ".join(str(action_text).split()).lower()
-    for i, a in enumerate(ACTIONS):
-        if s in (a.lower(), str(i + 1)):
-            return a
-    return None

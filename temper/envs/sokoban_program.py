@@ -15,12 +15,15 @@ prints one JSON reply on stdout:
 two grids as lists of rows) and ``steps``. The program keeps nothing between runs: the
 caller hands the state back with each step.
 
-The rules, rewards and level generation are those of :mod:`temper.envs.sokoban`, so a
-seed gives the same room and the same actions the same observations and rewards. The
-generator draws from :class:`Pcg64`, a re-implementation of the draws numpy's
-``default_rng(seed)`` makes (SeedSequence seeding, PCG64 XSL-RR, ``integers`` by
-Lemire's method on 32-bit words, ``random`` from the top 53 bits, ``permutation`` by
-Fisher-Yates with masked rejection): the same numbers, without numpy.
+This module is where the game's rules are written — moves and pushes, rewards,
+termination, level generation, the text of a grid — and :mod:`temper.envs.sokoban` (the
+in-process env, whose docstring states the rules) imports them, so the two cannot drift
+apart: a seed gives the same room and the same actions the same observations and rewards
+in process and in the sandbox. The generator draws from :class:`Pcg64`, a
+re-implementation of the draws numpy's ``default_rng(seed)`` makes (SeedSequence seeding,
+PCG64 XSL-RR, ``integers`` by Lemire's method on 32-bit words, ``random`` from the top 53
+bits, ``permutation`` by Fisher-Yates with masked rejection): the same numbers without
+numpy, so the rooms are those numpy's generator deals.
 """
 
 from __future__ import annotations
@@ -174,13 +177,16 @@ def carve(rng: Pcg64, rows: int, cols: int, need: int) -> Grid:
 
 
 def score(boxes: list[Cell], targets: list[Cell]) -> tuple[int, int]:
+    """How far a reverse walk took the level from solved: boxes off their targets, then
+    their total distance to them (the walk's best state is the level dealt)."""
     off = sum(b not in targets for b in boxes)
     dist = sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, targets))
     return off, dist
 
 
 def generate(seed: int, rows: int, cols: int, num_boxes: int, depth: int) -> tuple[Grid, Grid]:
-    """A solvable level ``(fixed, cells)`` by reverse play (see :mod:`temper.envs.sokoban`)."""
+    """A solvable level ``(fixed, cells)`` by reverse play (see :mod:`temper.envs.sokoban`);
+    ``fixed`` holds walls, floor and targets only."""
     rng = Pcg64(seed)
     for _ in range(100):
         fixed = carve(rng, rows, cols, num_boxes + 2)
@@ -223,15 +229,18 @@ def generate(seed: int, rows: int, cols: int, num_boxes: int, depth: int) -> tup
 
 
 def render(cells: Grid, symbols: list[str]) -> str:
+    """One symbol per cell, rows on lines; symbols of several characters are spaced."""
     sep = "" if all(len(s) == 1 for s in symbols) else " "
     return "\n".join(sep.join(symbols[v] for v in row) for row in cells)
 
 
 def on_target(cells: Grid) -> int:
+    """How many boxes are on targets."""
     return sum(v == BOX_ON_TARGET for row in cells for v in row)
 
 
 def lookup(action: str) -> str | None:
+    """The action an answer names (case and spaces aside, or its id 1-4); None if none."""
     s = " ".join(str(action).split()).lower()
     for i, a in enumerate(ACTIONS):
         if s in (a.lower(), str(i + 1)):
@@ -246,7 +255,12 @@ def move(
     rows, cols = len(cells), len(cells[0])
     reward = -0.1
     dr, dc = DELTAS[name]
-    pr, pc = next((r, c) for r in range(rows) for c in range(cols) if cells[r][c] in (5, 6))
+    pr, pc = next(
+        (r, c)
+        for r in range(rows)
+        for c in range(cols)
+        if cells[r][c] in (PLAYER, PLAYER_ON_TARGET)
+    )
     nr, nc, br, bc = pr + dr, pc + dc, pr + 2 * dr, pc + 2 * dc
     moved = False
     if cells[nr][nc] in (BOX, BOX_ON_TARGET):
@@ -266,6 +280,31 @@ def move(
     return reward, moved, success, not success and steps >= max_steps
 
 
+def play(
+    fixed: Grid, cells: Grid, steps: int, action: str, max_steps: int
+) -> tuple[int, float, bool, bool, dict[str, Any]]:
+    """One step on ``cells`` in place: ``(steps, reward, terminated, truncated, info)``,
+    ``steps`` counting valid actions. An answer naming no action changes nothing, costs
+    nothing and is not counted, so a model's malformed reply does not use up the episode."""
+    name = lookup(action)
+    if name is None:
+        info: dict[str, Any] = {
+            "action_is_valid": False,
+            "action_is_effective": False,
+            "success": False,
+        }
+        return steps, 0.0, False, False, info
+    steps += 1
+    reward, moved, success, truncated = move(fixed, cells, name, steps, max_steps)
+    info = {
+        "action_is_valid": True,
+        "action_is_effective": moved,
+        "success": success,
+        "boxes_on_target": on_target(cells),
+    }
+    return steps, reward, success, truncated, info
+
+
 def handle(request: dict[str, Any]) -> dict[str, Any]:
     """One request → its reply (module docstring)."""
     cfg = request["config"]
@@ -283,29 +322,15 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     if request["op"] != "step":
         raise ValueError(f"unknown op {request['op']!r}")
     state = request["state"]
-    fixed, cells, steps = state["fixed"], state["cells"], int(state["steps"])
-    name = lookup(request["action"])
-    if name is None:
-        out = (0.0, False, False, False)
-        info: dict[str, Any] = {
-            "action_is_valid": False,
-            "action_is_effective": False,
-            "success": False,
-        }
-    else:
-        steps += 1
-        out = move(fixed, cells, name, steps, int(cfg["max_steps"]))
-        info = {
-            "action_is_valid": True,
-            "action_is_effective": out[1],
-            "success": out[2],
-            "boxes_on_target": on_target(cells),
-        }
+    fixed, cells = state["fixed"], state["cells"]
+    steps, reward, terminated, truncated, info = play(
+        fixed, cells, int(state["steps"]), str(request["action"]), int(cfg["max_steps"])
+    )
     return {
         "observation": render(cells, symbols),
-        "reward": out[0],
-        "terminated": out[2],
-        "truncated": out[3],
+        "reward": reward,
+        "terminated": terminated,
+        "truncated": truncated,
         "info": info,
         "state": {"fixed": fixed, "cells": cells, "steps": steps},
     }

@@ -18,13 +18,13 @@ A seed's room is the same every time, so a reset that ran is not run again: the 
 a group (one seed) take the first one's reply (:data:`_RESETS`).
 
 The trainer side holds only what the program returned (the grids, the step count) and
-draws its observations from them; rules, rewards and the legend are ``sokoban``'s
-(:mod:`temper.envs.sokoban`), and so are the constructor's parameters. A run that fails
-— time or output limit, a crash, a reply that is not the JSON asked for, a sandbox that
-cannot start — ends the episode: the step (or the first step after a failed reset)
-returns an error observation, reward 0, ``terminated``, and ``info["env_error"]`` with
-the reason, which the env manager counts and logs. Each run gets
-``reward.sandbox_limits``.
+draws its observations from them; the rules and rewards are the program's, which
+``sokoban`` (:mod:`temper.envs.sokoban`) plays by too, and the legend and the constructor
+with its parameters are ``sokoban``'s. A run that fails — time or output limit, a crash,
+a reply that is not the JSON asked for, a sandbox that cannot start — ends the episode:
+the step (or the first step after a failed reset) returns an error observation, reward
+0, ``terminated``, and ``info["env_error"]`` with the reason, which the env manager
+counts and logs. Each run gets ``reward.sandbox_limits``.
 """
 
 from __future__ import annotations
@@ -65,33 +65,13 @@ class SokobanSandboxEnv(SokobanEnv):
 
     uses_sandbox: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        *,
-        dim_x: int = 6,
-        dim_y: int = 6,
-        dim_room: list[int] | tuple[int, int] | None = None,
-        num_boxes: int = 1,
-        max_steps: int = 100,
-        search_depth: int = 30,
-        grid_lookup: dict[int, str] | None = None,
-        grid_vocab: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(
-            dim_x=dim_x,
-            dim_y=dim_y,
-            dim_room=dim_room,
-            num_boxes=num_boxes,
-            max_steps=max_steps,
-            search_depth=search_depth,
-            grid_lookup=grid_lookup,
-            grid_vocab=grid_vocab,
-        )
-        self.choice = SandboxChoice()
-        self.program = PROGRAM  # what each run executes
-        self.game: dict[str, Any] | None = None  # the state the last run returned
-        self.error = ""  # why the last run failed ('' when it did not)
-        self.errors = 0  # failed runs of this env
+    # The constructor is ``SokobanEnv``'s (its parameters are this env's); what the
+    # sandbox adds starts as these class defaults, each replaced per instance when set.
+    choice: SandboxChoice = SandboxChoice()  # where each run goes (use_sandbox)
+    program: str = PROGRAM  # what each run executes
+    game: dict[str, Any] | None = None  # the state the last run returned
+    error: str = ""  # why the last run failed ('' when it did not)
+    errors: int = 0  # failed runs of this env
 
     def use_sandbox(self, choice: SandboxChoice) -> None:
         self.choice = choice
@@ -106,7 +86,7 @@ class SokobanSandboxEnv(SokobanEnv):
             "num_boxes": self.num_boxes,
             "max_steps": self.max_steps,
             "search_depth": self.search_depth,
-            "symbols": [self.grid_lookup[i] for i in range(7)],
+            "symbols": self.symbols,
         }
 
     def _run(self, request: dict[str, Any]) -> dict[str, Any]:
