@@ -40,19 +40,30 @@ from temper.data.batch import Batch
 from temper.training.micro_batching import (
     KD_INDICES,
     MicroBatching,
+    ModelInputs,
     masked_outputs,
     model_inputs,
 )
-from temper.training.packing import scored_positions, unpack
+from temper.training.packing import (
+    PackedInputs,
+    choose_layout,
+    pack,
+    plan_packing,
+    scored_positions,
+    unpack,
+)
 from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 from temper.training.torch_logits import token_outputs
 from temper.training.ulysses import (
     CONTEXT_KWARG,
+    MASKED_KERNEL,
     SequenceGroup,
-    gather_columns,
+    packed_rows,
+    padded_rows,
     sequence_groups,
     shard_columns,
+    sum_owned,
     use_ulysses,
 )
 
@@ -195,12 +206,14 @@ class DataParallelEngine(TorchEngine):
         entropy_grad: bool,
         with_sum_pi_squared: bool,
     ) -> dict[str, torch.Tensor]:
-        """:meth:`TorchEngine._run` on this rank's columns of every sequence (the padded
-        layout): the outputs of the response tokens among them, gathered over the group.
+        """:meth:`TorchEngine._run` on this rank's columns of the micro-batch's rows
+        (padded, or packed by :meth:`_pack_for_columns`): each response token scored by
+        the rank that holds the column of its logits, the outputs summed over the group,
+        ``(b, r)``.
 
         Every rank's outputs depend on its whole forward even when none of its columns
-        scores a response token, so that every rank runs the backward through every
-        layer (the all-to-alls there are collectives)."""
+        scores a token, so that every rank runs the backward through every layer (the
+        all-to-alls there are collectives)."""
         if KD_INDICES in mb or self.kl_reference is not None:
             raise ConfigError(
                 f"{self.spec.role}.ulysses_sequence_parallel_size",
@@ -209,25 +222,27 @@ class DataParallelEngine(TorchEngine):
                 "set it to 1",
             )
         inp = model_inputs(mb, self.device)
-        r = inp.response_len
-        self.layouts["padded"] += 1  # packing's layouts are whole rows, never split
-        shard = shard_columns(inp, group)
+        valid = scored_positions(inp)  # (b, r)
+        packed = self._pack_for_columns(inp)
+        rows = padded_rows(inp, valid) if packed is None else packed_rows(inp, packed)
+        shard = shard_columns(rows, group)
         model_in = {**shard.model_inputs, CONTEXT_KWARG: shard.context}
-        local: dict[str, torch.Tensor] = {}
+        mine: dict[str, torch.Tensor] = {}
         with self._autocast():
             if self.spec.value_head:
-                local["values"] = self._module()(**model_in, attention_mask=None)
+                values = self._module()(**model_in, attention_mask=None)  # (R, width)
+                mine["values"] = values[shard.row, shard.keep[shard.at]]
+                link = values.sum() * 0.0
             else:
-                valid = scored_positions(inp)[:, shard.responses]  # (b, n)
                 kwargs: dict[str, Any] = {**model_in, "use_cache": False}
                 if self._logits_to_keep:
                     kwargs["logits_to_keep"] = shard.keep
                 logits = self._module()(**kwargs).logits
                 if not self._logits_to_keep:
                     logits = logits[:, shard.keep]
-                out = token_outputs(
-                    logits[valid],
-                    inp.response_ids[:, shard.responses][valid],
+                mine = token_outputs(
+                    logits[shard.row, shard.at],
+                    shard.label,
                     self._log_probs_and_entropy if with_entropy else None,
                     temperature=temperature,
                     entropy_grad=entropy_grad,
@@ -235,10 +250,26 @@ class DataParallelEngine(TorchEngine):
                     chunk_size=self.spec.entropy_chunk_size,
                 )
                 link = logits.sum() * 0.0  # this rank's graph, whatever it scores
-                for key, value in out.items():
-                    columns = value.new_zeros(valid.shape[0], shard.width)
-                    columns[:, shard.keep] = unpack(value, valid)
-                    local[key] = columns + link if value.requires_grad else columns
-        first = shard.first
-        whole = {k: gather_columns(v, group)[:, first : first + r] for k, v in local.items()}
-        return masked_outputs(whole, mb, inp)
+        result: dict[str, torch.Tensor] = {}
+        for key, value in mine.items():
+            owned = value.new_zeros(shard.owned.shape).index_put((shard.owned,), value)
+            if value.requires_grad:
+                owned = owned + link
+            result[key] = unpack(sum_owned(owned, group), valid)  # (K,) -> (b, r)
+        return masked_outputs(result, mb, inp)
+
+    def _pack_for_columns(self, inp: ModelInputs) -> PackedInputs | None:
+        """The micro-batch packed into one row for Ulysses (``model.use_remove_padding``
+        and cheaper by the cost model of a masked kernel: the kernel runs the packed
+        row's whole mask after its all-to-all), or None (the padded layout)."""
+        if not self.spec.model.use_remove_padding:
+            self.layouts["padded"] += 1
+            return None
+        plan = plan_packing(inp, share_prompts=True)
+        lengths = inp.attention_mask.sum(dim=1).tolist()
+        # the model's kernel is Ulysses': the cost model of a dense masked one
+        layout = choose_layout(lengths, inp.input_ids.shape[1], self._layout_cost(), plan.tokens)
+        self.layouts[layout] += 1
+        if layout == "padded":
+            return None
+        return pack(inp, MASKED_KERNEL, self.compute_dtype, plan)

@@ -9,17 +9,21 @@ one all-to-all trades the sequence split for a split of the heads (each rank the
 attends over the whole sequence with ``H/sp`` heads) and a second one trades it back
 (:func:`ulysses_attention`; DeepSpeed-Ulysses, Jacobs et al. 2023).
 
-The per-token outputs (log-probs, entropy, values) of a rank's columns are gathered over
-the group (:func:`gather_columns`), so each rank computes the same loss from the same
-whole-sequence outputs and the roles above are unchanged. The gather's backward keeps a
-rank's own columns of that gradient: the group's ranks all hold the same loss, and a
-rank's parameters saw only its own columns, so the sum of the group's parameter
-gradients is the gradient of the group's loss — FSDP and ZeRO then average over every
-rank, which the engine's loss scale accounts for.
+A micro-batch runs padded (a row per sample) or packed (one row, :mod:`temper.training.
+packing`, a shared prompt once) as the layout's cost model picks; either way its rows are
+split. Each response token is scored by the rank that holds the column of its logits,
+and the per-token outputs (log-probs, entropy, values) are summed over the group
+(:func:`sum_owned`), so each rank computes the same loss from the same whole outputs and
+the roles above are unchanged. The sum's backward passes the gradient to the entries a
+rank owns: the group's ranks all hold the same loss, and a rank's parameters saw only
+its own columns, so the sum of the group's parameter gradients is the gradient of the
+group's loss — FSDP and ZeRO then average over every rank, which the engine's loss scale
+accounts for.
 
 Registered with transformers' attention interface as :data:`ULYSSES_KERNEL` and not with
 its mask interface, so transformers builds no mask from a rank's columns: the kernel
-builds the whole sequence's causal padding mask from :class:`UlyssesContext`.
+takes the whole rows' mask (causal over real keys, or a packed row's prefix tree) from
+:class:`UlyssesContext`.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ from torch import Tensor
 
 from temper.config.errors import ConfigError
 from temper.training.micro_batching import ModelInputs
+from temper.training.packing import PackedInputs
 from temper.training.spec import EngineSpec
 
 ULYSSES_KERNEL = "temper_ulysses"
+#: the kernel whose packed rows Ulysses runs: one boolean ``(T, T)`` mask per row
+MASKED_KERNEL = "sdpa"
 #: the forward keyword that carries a micro-batch's :class:`UlyssesContext` to the kernel
 CONTEXT_KWARG = "temper_ulysses_context"
 
@@ -124,26 +131,25 @@ def _exchange(x: Tensor, group: SequenceGroup, split: int, join: int) -> Tensor:
     return torch.cat(_AllToAll.apply(chunks, group.group).unbind(0), dim=join)
 
 
-class _GatherColumns(torch.autograd.Function):
-    """``x`` ``(b, w, …)`` of every rank, concatenated along dim 1 in rank order; the
-    backward keeps this rank's columns (every rank differentiates the same loss)."""
+class _SumOwned(torch.autograd.Function):
+    """The sum of every rank's ``x`` (each entry is one rank's, zeros elsewhere); the
+    backward passes the gradient through: every rank differentiates the same loss, and
+    a rank's graph holds only the entries it owns."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, group: SequenceGroup) -> Tensor:
-        ctx.rank, ctx.width = group.rank, x.shape[1]
-        parts = [torch.empty_like(x) for _ in range(group.size)]
-        dist.all_gather(parts, x.contiguous(), group=group.group)
-        return torch.cat(parts, dim=1)
+        out = x.clone()
+        dist.all_reduce(out, group=group.group)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        start = ctx.rank * ctx.width
-        return grad[:, start : start + ctx.width].contiguous(), None
+        return grad, None
 
 
-def gather_columns(x: Tensor, group: SequenceGroup) -> Tensor:
-    """The group's ``(b, w, …)`` column blocks as one ``(b, size·w, …)`` tensor."""
-    return _GatherColumns.apply(x, group)
+def sum_owned(x: Tensor, group: SequenceGroup) -> Tensor:
+    """The group's outputs, each rank having filled in the entries it owns."""
+    return _SumOwned.apply(x, group)
 
 
 # --------------------------------------------------------------------------- attention
@@ -151,57 +157,106 @@ def gather_columns(x: Tensor, group: SequenceGroup) -> Tensor:
 
 @dataclass(frozen=True)
 class UlyssesContext:
-    """What the kernel needs besides the rank's columns: the group, and the whole
-    sequences' mask ``(b, 1, L, L)`` (True = attend: causal, real keys; a padded query
-    attends to itself so that no row is empty — its output is never used)."""
+    """What the kernel needs besides the rank's columns: the group, and the whole rows'
+    mask ``(R, 1, L, L)`` (True = attend; every token attends to itself, so that no row
+    is empty — a padding token's output is never used)."""
 
     group: SequenceGroup
     mask: Tensor
 
 
 def sequence_mask(attention_mask: Tensor) -> Tensor:
-    """``(b, L)`` 0/1 attention mask -> the ``(b, 1, L, L)`` boolean mask of
-    :class:`UlyssesContext`."""
+    """``(b, L)`` 0/1 attention mask of padded rows -> their ``(b, 1, L, L)`` boolean
+    mask: causal, over real keys."""
     L = attention_mask.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool, device=attention_mask.device).tril()
-    eye = torch.eye(L, dtype=torch.bool, device=attention_mask.device)
-    return ((causal[None] & (attention_mask[:, None, :] > 0)) | eye[None])[:, None]
+    return (causal[None] & (attention_mask[:, None, :] > 0))[:, None]
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A micro-batch as the model sees it, whole: ``R`` rows of ``L`` columns (the padded
+    layout: one row per sample; packed: one row) and their ``(R, 1, L, L)`` boolean
+    ``mask``; the ``K`` scored response tokens (``valid``'s, row-major) each scored by
+    the logits at ``(row, column)`` — a shared prompt's last column scores the first
+    token of every response that shares it."""
+
+    input_ids: Tensor
+    position_ids: Tensor
+    mask: Tensor
+    row: Tensor  # (K,)
+    column: Tensor  # (K,)
+    label: Tensor  # (K,)
+
+
+def padded_rows(inp: ModelInputs, valid: Tensor) -> Rows:
+    """The padded layout: column ``L - r - 1 + k`` of row ``i`` scores response token
+    ``k`` where ``valid`` ``(b, r)``."""
+    L, r = inp.input_ids.shape[1], inp.response_len
+    row, k = valid.nonzero(as_tuple=True)
+    return Rows(
+        inp.input_ids,
+        inp.position_ids,
+        sequence_mask(inp.attention_mask),
+        row=row,
+        column=k + (L - r - 1),
+        label=inp.response_ids[valid],
+    )
+
+
+def packed_rows(inp: ModelInputs, packed: PackedInputs) -> Rows:
+    """A packed row (:mod:`temper.training.packing`, built for a masked kernel): the
+    positions ``packed.keep`` score the response tokens ``packed.valid``."""
+    assert packed.attention_mask is not None and packed.attention_mask.dtype == torch.bool
+    return Rows(
+        packed.input_ids,
+        packed.position_ids,
+        packed.attention_mask,
+        row=torch.zeros_like(packed.keep),
+        column=packed.keep,
+        label=inp.response_ids[packed.valid],
+    )
 
 
 @dataclass(frozen=True)
 class ColumnShard:
-    """A rank's columns of a padded micro-batch (right-padded to ``size · width``).
-
-    The logits at column ``first + j`` score response token ``j``; of this rank's
-    columns, ``keep`` (local indices) score the response tokens ``responses``."""
+    """A rank's ``width = ⌈L / size⌉`` columns of :class:`Rows` (right-padded to
+    ``size · width``). ``keep``: the local columns whose logits score a token; the
+    scored tokens this rank owns (``owned`` of the ``K``) at ``(row, keep[at])``."""
 
     model_inputs: dict[str, Tensor]  # input_ids, position_ids of the rank's columns
     context: UlyssesContext
     width: int
-    first: int
     keep: Tensor
-    responses: slice
+    owned: Tensor  # (K,) bool
+    row: Tensor  # (owned,)
+    at: Tensor  # (owned,) index into keep
+    label: Tensor  # (owned,)
 
 
-def shard_columns(inp: ModelInputs, group: SequenceGroup) -> ColumnShard:
-    """This rank's ``width = ⌈L / size⌉`` columns of ``inp`` (positions stay the whole
-    sequence's, so rotary embeddings see the same positions as an unsplit forward)."""
-    L = inp.input_ids.shape[1]
+def shard_columns(rows: Rows, group: SequenceGroup) -> ColumnShard:
+    """This rank's columns of ``rows`` (positions stay the whole rows', so rotary
+    embeddings see what an unsplit forward sees)."""
+    L = rows.input_ids.shape[1]
     width = -(-L // group.size)
-    pad = (0, width * group.size - L)
-    ids, mask, pos = (F.pad(x, pad) for x in (inp.input_ids, inp.attention_mask, inp.position_ids))
+    total = width * group.size
+    pad = (0, total - L)
+    ids, pos = F.pad(rows.input_ids, pad), F.pad(rows.position_ids, pad)
+    eye = torch.eye(total, dtype=torch.bool, device=ids.device)
+    mask = F.pad(rows.mask, (0, total - L, 0, total - L)) | eye
     start = group.rank * width
-    first = L - inp.response_len - 1
-    lo = max(start, first)
-    hi = max(lo, min(start + width, L - 1))
+    owned = (rows.column >= start) & (rows.column < start + width)
+    keep, at = torch.unique(rows.column[owned] - start, return_inverse=True)
     cols = slice(start, start + width)
     return ColumnShard(
         model_inputs={"input_ids": ids[:, cols], "position_ids": pos[:, cols]},
-        context=UlyssesContext(group=group, mask=sequence_mask(mask)),
+        context=UlyssesContext(group=group, mask=mask),
         width=width,
-        first=first,
-        keep=torch.arange(lo - start, hi - start, device=ids.device),
-        responses=slice(lo - first, hi - first),
+        keep=keep,
+        owned=owned,
+        row=rows.row[owned],
+        at=at,
+        label=rows.label[owned],
     )
 
 
@@ -286,16 +341,20 @@ def register() -> None:
 
 __all__ = [
     "CONTEXT_KWARG",
+    "MASKED_KERNEL",
     "ULYSSES_KERNEL",
     "ColumnShard",
+    "Rows",
     "SequenceGroup",
     "UlyssesContext",
     "check_heads",
-    "gather_columns",
+    "packed_rows",
+    "padded_rows",
     "register",
     "sequence_groups",
     "sequence_mask",
     "shard_columns",
+    "sum_owned",
     "ulysses_attention",
     "use_ulysses",
 ]

@@ -175,14 +175,6 @@ def test_roll_distill_file_trains(tmp_path, tiny_model_dir, teacher_dir, monkeyp
     assert not _moved(tiny_model_dir, out), "parameters that did not move"
 
 
-@pytest.fixture
-def ray_session():
-    ray = pytest.importorskip("ray")
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 @pytest.mark.ray
 def test_roll_distill_file_trains_over_two_pipeline_stages(
     tmp_path, tiny_model_dir, teacher_dir, monkeypatch, ray_session

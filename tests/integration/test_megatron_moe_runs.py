@@ -61,14 +61,6 @@ def test_check_refuses_expert_parallelism_on_a_dense_model(tiny_path: str, moe_m
 # ----------------------------------------------------------------------- a whole run
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 @pytest.mark.ray
 def test_roll_megatron_example_trains_an_moe_model_with_expert_parallelism(
     tmp_path, moe_models, monkeypatch, ray_session

@@ -158,15 +158,6 @@ def test_rlvr_run_scored_by_a_megatron_reward_model(
         assert {r["train/score_min"], r["train/score_max"]} - {0.0, 1.0}
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    """One local Ray for the module's group tests; stopped at the end."""
-    ray = pytest.importorskip("ray")
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 @pytest.mark.ray
 @pytest.mark.parametrize(
     ("strategy", "layout", "dp"),

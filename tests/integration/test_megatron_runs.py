@@ -47,14 +47,6 @@ def _run(path: Path, overrides: list[str], placement: dict | None = None) -> Pat
     return Path(loaded.config.experiment.output_dir)
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 # ----------------------------------------------------------------------- Ray, TP=2
 
 

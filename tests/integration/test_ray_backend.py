@@ -70,14 +70,6 @@ def ray_config_dict(tmp_path, model_dir, **over) -> dict:
     return cfg
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    """One local Ray for the module (its start costs ~15 s here); stopped at the end."""
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 @pytest.mark.parametrize(
     ("reference", "ulysses"),
     [("fsdp2", 1), ("torch", 1), ("fsdp2", 2)],

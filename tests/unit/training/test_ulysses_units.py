@@ -11,8 +11,14 @@ import torch
 from temper.config.errors import ConfigError
 from temper.pipelines.ulysses_check import check_ulysses_model, splits_sequences
 from temper.training.micro_batching import ModelInputs
-from temper.training.packing import scored_positions
-from temper.training.ulysses import SequenceGroup, sequence_mask, shard_columns
+from temper.training.packing import pack, plan_packing, scored_positions
+from temper.training.ulysses import (
+    SequenceGroup,
+    packed_rows,
+    padded_rows,
+    sequence_mask,
+    shard_columns,
+)
 
 
 def group(size: int, rank: int) -> SequenceGroup:
@@ -37,36 +43,61 @@ def inputs(prompt: list[int], response: list[int]) -> ModelInputs:
     )
 
 
-def test_the_mask_is_causal_over_real_keys_and_never_empty() -> None:
-    got = sequence_mask(torch.tensor([[0, 1, 1]]))[0, 0]
-    want = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
+def test_the_mask_is_causal_over_real_keys_and_a_shard_never_empty() -> None:
+    mask = torch.tensor([[0, 1, 1]])
+    got = sequence_mask(mask)[0, 0]
+    want = torch.tensor([[0, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
     assert torch.equal(got, want)
+    inp = ModelInputs(
+        input_ids=torch.tensor([[5, 6, 7]]),
+        attention_mask=mask,
+        position_ids=torch.tensor([[0, 0, 1]]),
+        response_ids=torch.tensor([[7]]),
+        response_len=1,
+        full_response_len=1,
+    )
+    rows = padded_rows(inp, scored_positions(inp))
+    shard = shard_columns(rows, group(2, 0))  # 3 columns padded to 4
+    full = shard.context.mask[0, 0]
+    assert torch.equal(full[:3, :3], want | torch.eye(3, dtype=torch.bool))
+    assert torch.equal(full[3], torch.tensor([False, False, False, True]))
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_the_ranks_columns_score_every_response_token_once(size: int) -> None:
-    inp = inputs([3, 1, 2], [4, 2, 1])  # L = 7 columns, r = 4
-    L, r = inp.input_ids.shape[1], inp.response_len
-    shards = [shard_columns(inp, group(size, rank)) for rank in range(size)]
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_every_scored_token_is_owned_by_the_rank_holding_its_logits(size: int, layout: str) -> None:
+    """Rows 0 and 2 share a prompt: packed, its last token scores both first response
+    tokens (one column, two owned tokens)."""
+    inp = inputs([3, 1, 3], [4, 2, 1])  # L = 7 columns, r = 4
+    inp.input_ids[2, :3] = inp.input_ids[0, :3]
+    valid = scored_positions(inp)
+    if layout == "padded":
+        rows = padded_rows(inp, valid)
+    else:
+        plan = plan_packing(inp, share_prompts=True)
+        rows = packed_rows(inp, pack(inp, "sdpa", torch.float32, plan))
+        assert plan.tokens == int(inp.attention_mask.sum()) - 3  # the prompt once
+        assert rows.column.unique().numel() == rows.column.numel() - 1
+    L = rows.input_ids.shape[1]
+    shards = [shard_columns(rows, group(size, rank)) for rank in range(size)]
     width = shards[0].width
     assert width * size >= L > width * (size - 1)
-    scored: list[int] = []
+    owners = torch.stack([sh.owned for sh in shards]).long().sum(dim=0)
+    assert torch.equal(owners, torch.ones_like(owners))  # each token by one rank
+    assert rows.label.numel() == int(valid.sum())
     for rank, shard in enumerate(shards):
-        assert shard.first == L - r - 1
-        # the rank's columns, right-padded, with the whole sequence's positions
+        # the rank's columns, right-padded, with the whole rows' positions
         ids = shard.model_inputs["input_ids"]
-        assert ids.shape == (3, width)
+        assert ids.shape == (rows.input_ids.shape[0], width)
         real = slice(rank * width, min(L, (rank + 1) * width))
         n = real.stop - real.start
-        assert torch.equal(ids[:, :n], inp.input_ids[:, real])
-        assert torch.equal(shard.model_inputs["position_ids"][:, :n], inp.position_ids[:, real])
-        # keep: local columns whose logits score the response tokens ``responses``
-        cols = shard.keep + rank * width
-        assert torch.equal(cols - shard.first, torch.arange(r)[shard.responses])
-        scored += (cols - shard.first).tolist()
-        assert shard.context.mask.shape == (3, 1, width * size, width * size)
-    assert scored == list(range(r))
-    assert scored_positions(inp).shape == (3, r)
+        assert torch.equal(ids[:, :n], rows.input_ids[:, real])
+        assert torch.equal(shard.model_inputs["position_ids"][:, :n], rows.position_ids[:, real])
+        # the owned tokens: scored at (row, keep[at]) with their labels
+        assert torch.equal(shard.keep[shard.at] + rank * width, rows.column[shard.owned])
+        assert torch.equal(shard.row, rows.row[shard.owned])
+        assert torch.equal(shard.label, rows.label[shard.owned])
+        assert shard.context.mask.shape == (rows.input_ids.shape[0], 1, width * size, width * size)
 
 
 def test_preflight_refuses_a_model_ulysses_cannot_split() -> None:
