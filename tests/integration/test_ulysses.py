@@ -22,7 +22,6 @@ from temper.training.spec import EngineSpec
 from temper.training.ulysses import ULYSSES_KERNEL
 from tests.integration.test_fsdp2 import (
     actor_config,
-    assert_weights_close,
     make_actor,
     make_batch,
     shard,
@@ -127,7 +126,10 @@ def test_sequence_parallel_ranks_match_single_process(
             continue
         assert got[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
     assert ref_metrics["actor/grad_norm"] > 0.05  # clipping was active
+    # Adam's first step moves an element by about ±lr (1e-3) whatever its gradient's
+    # size, so summation-order noise in a near-zero gradient shows: 1e-5 is 1% of a step
     for r in ranks:
-        assert_weights_close(r["weights"], ref_weights)
+        for k, w in r["weights"].items():
+            torch.testing.assert_close(w, ref_weights[k], atol=1e-5, rtol=1e-5, msg=k)
     moved = [k for k in before if not torch.equal(before[k], ref_weights[k])]
     assert moved and (len(moved) == len(before) or "lora" in model)
