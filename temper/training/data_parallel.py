@@ -47,6 +47,7 @@ from temper.training.micro_batching import (
 from temper.training.packing import (
     PackedInputs,
     choose_layout,
+    model_cost,
     pack,
     plan_packing,
     scored_positions,
@@ -57,7 +58,7 @@ from temper.training.torch_engine import TorchEngine
 from temper.training.torch_logits import token_outputs
 from temper.training.ulysses import (
     CONTEXT_KWARG,
-    MASKED_KERNEL,
+    PACKED_KERNEL,
     SequenceGroup,
     packed_rows,
     padded_rows,
@@ -260,16 +261,17 @@ class DataParallelEngine(TorchEngine):
 
     def _pack_for_columns(self, inp: ModelInputs) -> PackedInputs | None:
         """The micro-batch packed into one row for Ulysses (``model.use_remove_padding``
-        and cheaper by the cost model of a masked kernel: the kernel runs the packed
-        row's whole mask after its all-to-all), or None (the padded layout)."""
+        and fewer tokens; its kernel runs the packed row segment by segment after its
+        all-to-all, so packing never costs more), or None (the padded layout)."""
         if not self.spec.model.use_remove_padding:
             self.layouts["padded"] += 1
             return None
+        if self._cost is None:  # the segment kernel's cost (the model's is Ulysses')
+            self._cost = model_cost(self.model.config, varlen=True)
         plan = plan_packing(inp, share_prompts=True)
         lengths = inp.attention_mask.sum(dim=1).tolist()
-        # the model's kernel is Ulysses': the cost model of a dense masked one
-        layout = choose_layout(lengths, inp.input_ids.shape[1], self._layout_cost(), plan.tokens)
+        layout = choose_layout(lengths, inp.input_ids.shape[1], self._cost, plan.tokens)
         self.layouts[layout] += 1
         if layout == "padded":
             return None
-        return pack(inp, MASKED_KERNEL, self.compute_dtype, plan)
+        return pack(inp, PACKED_KERNEL, self.compute_dtype, plan)

@@ -22,8 +22,9 @@ accounts for.
 
 Registered with transformers' attention interface as :data:`ULYSSES_KERNEL` and not with
 its mask interface, so transformers builds no mask from a rank's columns: the kernel
-takes the whole rows' mask (causal over real keys, or a packed row's prefix tree) from
-:class:`UlyssesContext`.
+attends as :class:`UlyssesContext` says — causally over padded rows rotated so that their
+padding comes last (no ``L × L`` mask, which SDPA would keep for the backward in every
+layer), or a packed row segment by segment (the segment kernel's layout).
 """
 
 from __future__ import annotations
@@ -39,11 +40,17 @@ from torch import Tensor
 from temper.config.errors import ConfigError
 from temper.training.micro_batching import ModelInputs
 from temper.training.packing import PackedInputs
+from temper.training.segment_attention import (
+    LAYOUT_KWARG,
+    SEGMENT_KERNEL,
+    SegmentLayout,
+    segment_attention,
+)
 from temper.training.spec import EngineSpec
 
 ULYSSES_KERNEL = "temper_ulysses"
-#: the kernel whose packed rows Ulysses runs: one boolean ``(T, T)`` mask per row
-MASKED_KERNEL = "sdpa"
+#: the kernel whose packed rows Ulysses runs after its all-to-all: segment by segment
+PACKED_KERNEL = SEGMENT_KERNEL
 #: the forward keyword that carries a micro-batch's :class:`UlyssesContext` to the kernel
 CONTEXT_KWARG = "temper_ulysses_context"
 
@@ -157,64 +164,77 @@ def sum_owned(x: Tensor, group: SequenceGroup) -> Tensor:
 
 @dataclass(frozen=True)
 class UlyssesContext:
-    """What the kernel needs besides the rank's columns: the group, and the whole rows'
-    mask ``(R, 1, L, L)`` (True = attend; every token attends to itself, so that no row
-    is empty — a padding token's output is never used)."""
+    """What the kernel needs besides the rank's columns: the group and how the whole
+    rows attend — a packed row's segment ``layout`` (the segment kernel's), or an
+    explicit ``(R, 1, L, L)`` boolean ``mask`` (True = attend), or neither: causal
+    (rows whose padding follows their tokens)."""
 
     group: SequenceGroup
-    mask: Tensor
+    mask: Tensor | None = None
+    layout: SegmentLayout | None = None
 
 
 def sequence_mask(attention_mask: Tensor) -> Tensor:
     """``(b, L)`` 0/1 attention mask of padded rows -> their ``(b, 1, L, L)`` boolean
-    mask: causal, over real keys."""
+    mask: causal over real keys, and every token attends to itself (no row is empty; a
+    padding token's output is never used)."""
     L = attention_mask.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool, device=attention_mask.device).tril()
-    return (causal[None] & (attention_mask[:, None, :] > 0))[:, None]
+    eye = torch.eye(L, dtype=torch.bool, device=attention_mask.device)
+    return ((causal[None] & (attention_mask[:, None, :] > 0)) | eye)[:, None]
 
 
 @dataclass(frozen=True)
 class Rows:
     """A micro-batch as the model sees it, whole: ``R`` rows of ``L`` columns (the padded
-    layout: one row per sample; packed: one row) and their ``(R, 1, L, L)`` boolean
-    ``mask``; the ``K`` scored response tokens (``valid``'s, row-major) each scored by
-    the logits at ``(row, column)`` — a shared prompt's last column scores the first
-    token of every response that shares it."""
+    layout: one row per sample; packed: one row), how they attend (the fields of
+    :class:`UlyssesContext`), and the ``K`` scored response tokens (``valid``'s,
+    row-major), each scored by the logits at ``(row, column)`` — a shared prompt's last
+    column scores the first token of every response that shares it."""
 
     input_ids: Tensor
     position_ids: Tensor
-    mask: Tensor
     row: Tensor  # (K,)
     column: Tensor  # (K,)
     label: Tensor  # (K,)
+    mask: Tensor | None = None
+    layout: SegmentLayout | None = None
 
 
 def padded_rows(inp: ModelInputs, valid: Tensor) -> Rows:
-    """The padded layout: column ``L - r - 1 + k`` of row ``i`` scores response token
-    ``k`` where ``valid`` ``(b, r)``."""
+    """The padded layout, each row rotated so that its left padding follows its tokens:
+    then causal attention alone keeps every real token off the padding, with no
+    ``L × L`` mask (kept only if a row has a gap inside). Positions are the row's own,
+    so the rotation changes nothing the model computes. Response token ``k`` of row
+    ``i`` is scored at column ``L - r - 1 + k - pad_i``."""
     L, r = inp.input_ids.shape[1], inp.response_len
+    real = inp.attention_mask > 0
+    lead = real.long().cumsum(dim=1).eq(0).sum(dim=1)  # (b,) left padding per row
+    cols = (torch.arange(L, device=real.device)[None] + lead[:, None]) % L
+    attend = real.gather(1, cols)
+    solid = torch.equal(attend, torch.arange(L, device=real.device)[None] < attend.sum(1, True))
     row, k = valid.nonzero(as_tuple=True)
     return Rows(
-        inp.input_ids,
-        inp.position_ids,
-        sequence_mask(inp.attention_mask),
+        inp.input_ids.gather(1, cols),
+        inp.position_ids.gather(1, cols),
         row=row,
-        column=k + (L - r - 1),
+        column=k + (L - r - 1) - lead[row],
         label=inp.response_ids[valid],
+        mask=None if solid else sequence_mask(attend.long()),
     )
 
 
 def packed_rows(inp: ModelInputs, packed: PackedInputs) -> Rows:
-    """A packed row (:mod:`temper.training.packing`, built for a masked kernel): the
+    """A packed row built for the segment kernel (:mod:`temper.training.packing`): the
     positions ``packed.keep`` score the response tokens ``packed.valid``."""
-    assert packed.attention_mask is not None and packed.attention_mask.dtype == torch.bool
+    assert packed.segments is not None
     return Rows(
         packed.input_ids,
         packed.position_ids,
-        packed.attention_mask,
         row=torch.zeros_like(packed.keep),
         column=packed.keep,
         label=inp.response_ids[packed.valid],
+        layout=packed.segments,
     )
 
 
@@ -236,21 +256,24 @@ class ColumnShard:
 
 def shard_columns(rows: Rows, group: SequenceGroup) -> ColumnShard:
     """This rank's columns of ``rows`` (positions stay the whole rows', so rotary
-    embeddings see what an unsplit forward sees)."""
+    embeddings see what an unsplit forward sees). The padding columns come last: no
+    real token attends to them (causal, or masked out, or outside every segment)."""
     L = rows.input_ids.shape[1]
     width = -(-L // group.size)
     total = width * group.size
     pad = (0, total - L)
     ids, pos = F.pad(rows.input_ids, pad), F.pad(rows.position_ids, pad)
-    eye = torch.eye(total, dtype=torch.bool, device=ids.device)
-    mask = F.pad(rows.mask, (0, total - L, 0, total - L)) | eye
+    mask = rows.mask
+    if mask is not None:
+        eye = torch.eye(total, dtype=torch.bool, device=ids.device)
+        mask = F.pad(mask, (0, total - L, 0, total - L)) | eye
     start = group.rank * width
     owned = (rows.column >= start) & (rows.column < start + width)
     keep, at = torch.unique(rows.column[owned] - start, return_inverse=True)
     cols = slice(start, start + width)
     return ColumnShard(
         model_inputs={"input_ids": ids[:, cols], "position_ids": pos[:, cols]},
-        context=UlyssesContext(group=group, mask=mask),
+        context=UlyssesContext(group=group, mask=mask, layout=rows.layout),
         width=width,
         keep=keep,
         owned=owned,
@@ -318,15 +341,22 @@ def ulysses_attention(
         value = value.repeat_interleave(repeat, dim=1)
     # (b, H, w, D) -> (b, H/sp, L, D): send head block j to rank j, receive columns
     q, k, v = (_exchange(x, group, split=1, join=2) for x in (query, key, value))
-    out = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=ctx.mask,
-        dropout_p=dropout,
-        scale=scaling,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
+    if ctx.layout is not None:  # a packed row, segment by segment: (1, L, H/sp, D)
+        out, _ = segment_attention(
+            module, q, k, v, None, dropout, scaling, **{LAYOUT_KWARG: ctx.layout}
+        )
+        out = out.transpose(1, 2)
+    else:
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=ctx.mask,
+            dropout_p=dropout,
+            is_causal=ctx.mask is None,
+            scale=scaling,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
     # (b, H/sp, L, D) -> (b, H, w, D): send column block j to rank j, receive heads
     out = _exchange(out, group, split=2, join=1)
     return out.transpose(1, 2).contiguous(), None
@@ -341,7 +371,7 @@ def register() -> None:
 
 __all__ = [
     "CONTEXT_KWARG",
-    "MASKED_KERNEL",
+    "PACKED_KERNEL",
     "ULYSSES_KERNEL",
     "ColumnShard",
     "Rows",

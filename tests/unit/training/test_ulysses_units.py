@@ -13,6 +13,7 @@ from temper.pipelines.ulysses_check import check_ulysses_model, splits_sequences
 from temper.training.micro_batching import ModelInputs
 from temper.training.packing import pack, plan_packing, scored_positions
 from temper.training.ulysses import (
+    PACKED_KERNEL,
     SequenceGroup,
     packed_rows,
     padded_rows,
@@ -43,24 +44,31 @@ def inputs(prompt: list[int], response: list[int]) -> ModelInputs:
     )
 
 
-def test_the_mask_is_causal_over_real_keys_and_a_shard_never_empty() -> None:
-    mask = torch.tensor([[0, 1, 1]])
-    got = sequence_mask(mask)[0, 0]
-    want = torch.tensor([[0, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
+def test_padded_rows_rotate_their_padding_last_and_attend_causally() -> None:
+    inp = inputs([3, 1, 2], [4, 2, 1])  # L = 7 columns, r = 4
+    valid = scored_positions(inp)
+    rows = padded_rows(inp, valid)
+    assert rows.mask is None  # every row's tokens are contiguous once rotated
+    lengths = inp.attention_mask.sum(dim=1)
+    for i in range(3):
+        real = inp.input_ids[i][inp.attention_mask[i] > 0]
+        assert torch.equal(rows.input_ids[i, : len(real)], real)
+        assert torch.equal(rows.position_ids[i, : len(real)], torch.arange(int(lengths[i])))
+    # the logits at a scored column predict the token in the next one
+    assert torch.equal(rows.input_ids[rows.row, rows.column + 1], rows.label)
+    assert torch.equal(rows.label, inp.response_ids[valid])
+    # a gap inside a row keeps an explicit mask: causal over real keys, never empty
+    inp.attention_mask[1, 3] = 0  # row 1: prompt at column 2, response at 3 (now a gap), 4
+    gap = padded_rows(inp, scored_positions(inp))
+    assert gap.mask is not None and gap.mask.shape == (3, 1, 7, 7)
+    rotated = gap.mask[1, 0]  # rotated by the 2 padding columns: the gap is column 1
+    assert bool(rotated[2, 0]) and not bool(rotated[2, 1]) and bool(rotated[1, 1])
+
+
+def test_the_explicit_mask_is_causal_over_real_keys_and_never_empty() -> None:
+    got = sequence_mask(torch.tensor([[0, 1, 1]]))[0, 0]
+    want = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
     assert torch.equal(got, want)
-    inp = ModelInputs(
-        input_ids=torch.tensor([[5, 6, 7]]),
-        attention_mask=mask,
-        position_ids=torch.tensor([[0, 0, 1]]),
-        response_ids=torch.tensor([[7]]),
-        response_len=1,
-        full_response_len=1,
-    )
-    rows = padded_rows(inp, scored_positions(inp))
-    shard = shard_columns(rows, group(2, 0))  # 3 columns padded to 4
-    full = shard.context.mask[0, 0]
-    assert torch.equal(full[:3, :3], want | torch.eye(3, dtype=torch.bool))
-    assert torch.equal(full[3], torch.tensor([False, False, False, True]))
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
@@ -75,7 +83,7 @@ def test_every_scored_token_is_owned_by_the_rank_holding_its_logits(size: int, l
         rows = padded_rows(inp, valid)
     else:
         plan = plan_packing(inp, share_prompts=True)
-        rows = packed_rows(inp, pack(inp, "sdpa", torch.float32, plan))
+        rows = packed_rows(inp, pack(inp, PACKED_KERNEL, torch.float32, plan))
         assert plan.tokens == int(inp.attention_mask.sum()) - 3  # the prompt once
         assert rows.column.unique().numel() == rows.column.numel() - 1
     L = rows.input_ids.shape[1]
@@ -97,7 +105,8 @@ def test_every_scored_token_is_owned_by_the_rank_holding_its_logits(size: int, l
         assert torch.equal(shard.keep[shard.at] + rank * width, rows.column[shard.owned])
         assert torch.equal(shard.row, rows.row[shard.owned])
         assert torch.equal(shard.label, rows.label[shard.owned])
-        assert shard.context.mask.shape == (rows.input_ids.shape[0], 1, width * size, width * size)
+        assert shard.context.mask is None  # causal rows, or a packed row's segments
+        assert (shard.context.layout is None) == (layout == "padded")
 
 
 def test_preflight_refuses_a_model_ulysses_cannot_split() -> None:
