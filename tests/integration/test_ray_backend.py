@@ -198,6 +198,43 @@ def test_separate_roles_train_then_resume_on_another_dp_size(
     assert all(not torch.equal(at3[k], final[k]) for k in at3)  # step 4 moved every weight
 
 
+def test_ppo_with_a_sequence_parallel_actor_and_critic_resumes_data_parallel(
+    tmp_path, tiny_model_dir, monkeypatch, capsys, ray_session
+) -> None:
+    """PPO (GAE) with the actor and the critic each one Ulysses group over both ranks:
+    2 steps, saved; the run resumes with sp 1 (2 data-parallel ranks: the sharded
+    checkpoint does not depend on the split) and trains step 3."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    from temper.pipelines import run_pipeline as train
+
+    def ppo(sp: int, steps: int) -> dict:
+        engine = {"strategy": "fsdp2", "ulysses_sequence_parallel_size": sp}
+        return ray_config_dict(
+            tmp_path,
+            tiny_model_dir,
+            actor=engine,
+            critic={**engine, "mini_batch_size": 4, "micro_batch_size_per_device": 2},
+            algorithm={"adv_estimator": "gae", "lam": 0.95},
+            experiment={"max_steps": steps, "save_freq": 2},
+        )
+
+    from temper.pipelines.catalog import plan
+
+    cfg = build_config(ppo(2, 2))
+    assert (plan(cfg).actor.dp, plan(cfg).critic.dp) == (1, 1)
+    train(cfg)
+    rows = metrics_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["actor/grad_norm"] > 0 and r["critic/grad_norm"] > 0 for r in rows)
+    step2 = tmp_path / "run" / "checkpoints" / "global_step_2"
+    capsys.readouterr()
+    train(build_config(ppo(1, 3)))
+    assert f"resumed from {step2} at step 2" in capsys.readouterr().out
+    rows = metrics_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[2]["critic/grad_norm"] > 0
+
+
 def config_arch(path) -> list[str]:
     return json.loads((path / "config.json").read_text())["architectures"]
 
