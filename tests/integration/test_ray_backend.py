@@ -268,10 +268,14 @@ def test_a_late_or_killed_worker_stops_the_run_naming_role_and_rank(
         roles.shutdown()
 
 
-def test_dpo_on_two_fsdp2_ranks(tmp_path, tiny_model_dir, monkeypatch, ray_session) -> None:
+@pytest.mark.parametrize("ulysses", [1, 2], ids=["dp2", "ulysses2"])
+def test_dpo_on_two_fsdp2_ranks(
+    tmp_path, tiny_model_dir, monkeypatch, ray_session, ulysses
+) -> None:
     """DPO on the Ray backend: each of 2 FSDP2 ranks takes whole pairs (contiguous
-    shares), the reference is its own worker group; the ranks' loss is the pairs' mean
-    (log 2 at the first step, where the policy is the reference) and every weight moves."""
+    shares), or (ulysses 2) one Ulysses group splits every sequence over both; the
+    reference is its own worker group; the ranks' loss is the pairs' mean (log 2 at the
+    first step, where the policy is the reference) and every weight moves."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     from transformers import AutoModelForCausalLM
 
@@ -287,7 +291,11 @@ def test_dpo_on_two_fsdp2_ranks(tmp_path, tiny_model_dir, monkeypatch, ray_sessi
         "train_batch_size": 4,
     }
     cfg["dpo"] = {"max_length": 128, "beta": 0.5}
-    cfg["actor"] = {**cfg["actor"], "mini_batch_size": 8}
+    cfg["actor"] = {
+        **cfg["actor"],
+        "mini_batch_size": 8,
+        "ulysses_sequence_parallel_size": ulysses,
+    }
     cfg["reference"] = {"strategy": "fsdp2"}
     cfg["experiment"]["test_freq"] = 2
     before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
