@@ -18,7 +18,8 @@ from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.lora_adapter import check_adapter_dir
 from temper.config.schema import TemperConfig, TrainEngineConfig
-from temper.pipelines.ulysses_check import check_ulysses_model, splits_sequences
+from temper.pipelines.ulysses_check import splits_sequences
+from temper.training.ulysses import check_model as check_ulysses_model
 
 # --------------------------------------------------------------------------- models
 

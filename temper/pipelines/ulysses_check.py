@@ -1,5 +1,5 @@
 """What ``ulysses_sequence_parallel_size`` > 1 needs of the rest of the run (checked at
-load; the model's heads and kind at pre-flight, :func:`check_ulysses_model`).
+load; the model's heads and kind at pre-flight, :func:`temper.training.ulysses.check_model`).
 
 Ulysses (:mod:`temper.training.ulysses`) splits each sequence's tokens over a group of
 ranks and gathers the per-token outputs; what compares whole sequences' logits inside
@@ -11,15 +11,12 @@ sequences as the actor does, so its data-parallel devices must form whole groups
 
 from __future__ import annotations
 
-from typing import Any
-
 from temper.config.catalog import MEGATRON_PARALLEL, ONE_PROCESS
 from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.training.registry import ENGINES
 from temper.training.router_replay import OFF
-from temper.training.ulysses import check_heads
 
 KEY = "actor.ulysses_sequence_parallel_size"
 
@@ -64,21 +61,3 @@ def check_ulysses(cfg: TemperConfig, plan: Derived) -> None:
             f"devices are not divisible by {sp}",
             f"place the reference on a multiple of {sp} devices (resources.reference)",
         )
-
-
-def check_ulysses_model(config: dict[str, Any], role: str, size: int) -> None:
-    """A model's ``config.json`` against a Ulysses group of ``size``: a text model whose
-    heads split over the group (what :func:`temper.training.ulysses.use_ulysses` checks
-    of the loaded model)."""
-    if size <= 1:
-        return
-    if "vision_config" in config:
-        raise ConfigError(
-            f"{role}.ulysses_sequence_parallel_size",
-            "Ulysses sequence parallelism is built for text models; a vision-language "
-            "model computes its M-RoPE positions and image tokens from whole sequences",
-            "set it to 1",
-        )
-    heads = int(config.get("num_attention_heads") or 0)
-    if heads:
-        check_heads(role, heads, int(config.get("num_key_value_heads") or heads), size)

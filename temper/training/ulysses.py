@@ -110,6 +110,24 @@ def check_heads(role: str, heads: int, kv_heads: int, size: int) -> None:
         )
 
 
+def check_model(config: dict[str, Any], role: str, size: int) -> None:
+    """A model's config (``config.json``'s keys) against a Ulysses group of ``size``: a
+    text model whose heads split over the group (pre-flight reads the file; the engine
+    checks the loaded model)."""
+    if size <= 1:
+        return
+    if "vision_config" in config:
+        raise ConfigError(
+            f"{role}.ulysses_sequence_parallel_size",
+            "Ulysses sequence parallelism is built for text models; a vision-language "
+            "model computes its M-RoPE positions and image tokens from whole sequences",
+            "set it to 1",
+        )
+    heads = int(config.get("num_attention_heads") or 0)
+    if heads:
+        check_heads(role, heads, int(config.get("num_key_value_heads") or heads), size)
+
+
 # --------------------------------------------------------------------------- collectives
 
 
@@ -246,7 +264,6 @@ class ColumnShard:
 
     model_inputs: dict[str, Tensor]  # input_ids, position_ids of the rank's columns
     context: UlyssesContext
-    width: int
     keep: Tensor
     owned: Tensor  # (K,) bool
     row: Tensor  # (owned,)
@@ -274,7 +291,6 @@ def shard_columns(rows: Rows, group: SequenceGroup) -> ColumnShard:
     return ColumnShard(
         model_inputs={"input_ids": ids[:, cols], "position_ids": pos[:, cols]},
         context=UlyssesContext(group=group, mask=mask, layout=rows.layout),
-        width=width,
         keep=keep,
         owned=owned,
         row=rows.row[owned],
@@ -292,22 +308,13 @@ def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> None:
     key = f"{spec.role}.ulysses_sequence_parallel_size"
     if top is None:
         raise ConfigError(key, "the model is not a transformers model", "set it to 1")
-    config = top.config
-    if config.get_text_config() is not config:
-        raise ConfigError(
-            key,
-            "Ulysses sequence parallelism is built for text models; a vision-language "
-            "model computes its M-RoPE positions and image tokens from whole sequences",
-            "set it to 1 (the role's ranks are then data-parallel)",
-        )
+    check_model(top.config.to_dict(), spec.role, size)
     if spec.router_replay:
         raise ConfigError(
             key,
             "MoE router replay records and replays whole sequences' routing",
             "set it to 1, or turn router replay off",
         )
-    heads = int(config.num_attention_heads)
-    check_heads(spec.role, heads, int(config.num_key_value_heads or heads), size)
     register()
     top.set_attn_implementation(ULYSSES_KERNEL)
 
@@ -378,6 +385,7 @@ __all__ = [
     "SequenceGroup",
     "UlyssesContext",
     "check_heads",
+    "check_model",
     "packed_rows",
     "padded_rows",
     "register",

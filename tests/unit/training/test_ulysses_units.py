@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from temper.config.errors import ConfigError
-from temper.pipelines.ulysses_check import check_ulysses_model, splits_sequences
+from temper.pipelines.ulysses_check import splits_sequences
 from temper.training.micro_batching import ModelInputs
 from temper.training.packing import pack, plan_packing, scored_positions
 from temper.training.ulysses import (
     PACKED_KERNEL,
     SequenceGroup,
+    check_model,
     packed_rows,
     padded_rows,
     sequence_mask,
@@ -88,7 +89,7 @@ def test_every_scored_token_is_owned_by_the_rank_holding_its_logits(size: int, l
         assert rows.column.unique().numel() == rows.column.numel() - 1
     L = rows.input_ids.shape[1]
     shards = [shard_columns(rows, group(size, rank)) for rank in range(size)]
-    width = shards[0].width
+    width = -(-L // size)
     assert width * size >= L > width * (size - 1)
     owners = torch.stack([sh.owned for sh in shards]).long().sum(dim=0)
     assert torch.equal(owners, torch.ones_like(owners))  # each token by one rank
@@ -111,15 +112,15 @@ def test_every_scored_token_is_owned_by_the_rank_holding_its_logits(size: int, l
 
 def test_preflight_refuses_a_model_ulysses_cannot_split() -> None:
     llama = {"num_attention_heads": 4, "num_key_value_heads": 2}
-    check_ulysses_model(llama, "actor", 2)
-    check_ulysses_model(llama, "actor", 4)  # key/value heads repeated to 4
+    check_model(llama, "actor", 2)
+    check_model(llama, "actor", 4)  # key/value heads repeated to 4
     with pytest.raises(ConfigError) as err:
-        check_ulysses_model(llama, "actor", 3)
+        check_model(llama, "actor", 3)
     assert err.value.key == "actor.ulysses_sequence_parallel_size"
     assert "4 attention heads cannot be split over 3 ranks" in err.value.reason
     with pytest.raises(ConfigError, match="vision-language"):
-        check_ulysses_model({**llama, "vision_config": {}}, "critic", 2)
-    check_ulysses_model({**llama, "vision_config": {}}, "critic", 1)
+        check_model({**llama, "vision_config": {}}, "critic", 2)
+    check_model({**llama, "vision_config": {}}, "critic", 1)
 
 
 def test_data_parallel_engines_split_sequences() -> None:
