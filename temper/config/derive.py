@@ -320,7 +320,7 @@ def explain(cfg: TemperConfig, d: Derived) -> list[tuple[str, str, str]]:
                     f"{key} sequence parallelism",
                     f"{sp} ranks per sequence",
                     "Ulysses: each of a group's ranks runs 1/"
-                    f"{sp} of every sequence's tokens (the padded layout); a group is one "
+                    f"{sp} of every sequence's tokens; a group is one "
                     "data-parallel rank",
                 )
             )
