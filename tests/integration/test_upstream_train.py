@@ -662,3 +662,21 @@ def test_verl_geo3k_multiturn_config_trains_with_its_chat_template(
     row = json.loads((out / "rollouts" / "1.jsonl").read_text().splitlines()[0])
     # the tiny model's own template writes no system message; the file's template does
     assert row["prompt"].startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+
+
+@pytest.mark.slow
+def test_verl_09_veomni_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl 0.9's ``model_engine=veomni`` GRPO example (VeOmni: FSDP2, parameters and
+    optimizer offloaded, actor and reference), 16 prompts × 4 responses a step; it runs
+    on temper's fsdp2 engine."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = script_command(f"{V0_9}/examples/grpo_trainer/run_qwen3_30b_veomni.sh")
+    out = tmp_path / "verl09-veomni"
+    length = ["actor_rollout_ref.rollout.max_model_len=104"]  # the script's is 10240
+    line = overrides + _verl(tiny_model_dir, out) + length
+    resolved = load_config(config, line).config
+    assert (resolved.actor.strategy, resolved.reference.strategy) == ("fsdp2", "fsdp2")
+    assert resolved.actor.fsdp.param_offload and resolved.actor.fsdp.optimizer_offload
+    assert resolved.actor.optim.lr_scheduler == "cosine"  # optim/veomni.yaml's schedule
+    train = _train(config, line, out)
+    assert all("actor/kl_loss" in r for r in train)

@@ -10,15 +10,19 @@ test reads the sections it is about through the real composition.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
+import torch
 from reference_paths import UPSTREAM  # next to this file
 
 from temper.config.dialects.verl.translate import PPO, TABLE, translate_verl
 from temper.config.errors import ConfigError
 from temper.config.loader import RawConfig, load_yaml
+from temper.config.schema import OptimConfig
 from temper.pipelines.catalog import CATALOG, load_config
+from temper.training.schedule import LRSchedule
 
 V2608 = UPSTREAM / "verl-2026-08-1dda039"
 CONFIG = V2608 / "verl/trainer/config"
@@ -71,7 +75,55 @@ def test_model_engine_megatron_composes_the_megatron_role_files(name, overrides)
     assert strategies(data) == ("megatron", "megatron", "megatron")
 
 
-@pytest.mark.parametrize(("engine", "name"), [("veomni", "VeOmni"), ("torchtitan", "TorchTitan")])
+def test_model_engine_veomni_composes_its_role_files_and_runs_fsdp2():
+    """VeOmni's engine is FSDP2 with Ulysses: its ``veomni`` sections and its optimizer
+    (cosine to ``lr_min``) translate onto temper's fsdp2 engine."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "model_engine=veomni",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.optim.lr_min=1e-7",
+        "actor_rollout_ref.actor.veomni.param_offload=true",
+        "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2",
+    )
+    assert "veomni" in data["actor_rollout_ref"]["actor"]  # veomni_actor.yaml's section
+    assert "fsdp_config" not in data["actor_rollout_ref"]["actor"]
+    assert strategies(data) == ("fsdp2", "fsdp2", "fsdp2")
+    actor = native(data)["actor"]
+    assert actor["fsdp"]["param_offload"] is True
+    assert actor["ulysses_sequence_parallel_size"] == 2
+    assert actor["optim"]["lr_scheduler"] == "cosine"  # optim/veomni.yaml's default
+    assert actor["optim"]["min_lr_ratio"] == pytest.approx(0.1)
+
+
+def test_veomni_schedule_is_temper_schedule_step_for_step():
+    """VeOmni's cosine schedule (``veomni.optim.lr_scheduler``), written out by hand: ``W =
+    int(T · warmup_ratio)`` steps of ``lr · s / W`` (``lr_start`` 0), then ``lr_min + (lr -
+    lr_min) · ½(1 + cos(π (s - W) / (T - W)))``, counted from step 0. The translated
+    optimizer gives the same learning rate at every step."""
+    lr, lr_min, total, ratio = 1e-6, 1e-7, 10, 0.2
+    data = composed(
+        "ppo_trainer.yaml",
+        "model_engine=veomni",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        f"actor_rollout_ref.actor.optim.lr_min={lr_min}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio={ratio}",
+        f"actor_rollout_ref.actor.optim.total_training_steps={total}",
+    )
+    optim = OptimConfig(**native(data)["actor"]["optim"])
+    schedule = LRSchedule(torch.optim.SGD([torch.zeros(1)], lr=lr), optim)
+    warmup = int(total * ratio)
+    for step in range(total + 1):
+        if step < warmup:
+            want = lr * step / warmup
+        else:
+            cosine = 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+            want = lr_min + (lr - lr_min) * cosine
+        assert schedule.apply() == pytest.approx(want, rel=1e-9, abs=1e-15), step
+        schedule.step()
+
+
+@pytest.mark.parametrize(("engine", "name"), [("torchtitan", "TorchTitan")])
 def test_other_training_engines_are_refused_by_name_before_their_files_keys(engine, name):
     raw = load_yaml(CONFIG / "ppo_trainer.yaml", [f"model_engine={engine}"])
     with pytest.raises(ConfigError) as err:  # the whole file: its keys come after
@@ -89,7 +141,7 @@ def test_a_short_file_naming_only_the_group_gets_its_strategy():
 def test_a_strategy_that_contradicts_model_engine_is_refused():
     data = composed("ppo_trainer.yaml")  # model_engine: dp
     data["actor_rollout_ref"]["actor"]["strategy"] = "megatron"
-    with pytest.raises(ConfigError, match="sets actor.strategy"):
+    with pytest.raises(ConfigError, match="role files"):
         native(data)
 
 

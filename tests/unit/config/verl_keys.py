@@ -558,12 +558,50 @@ ray_init.timeline_json_file /tmp/t.json -> resources.ray.timeline_json_file
 # veomni}.yaml; the role files it picks set strategy fsdp / megatron / torchtitan / veomni
 model_engine dp -> actor.strategy = fsdp2
 model_engine megatron +actor_rollout_ref.actor.strategy=megatron -> actor.strategy = megatron
-model_engine megatron !! sets actor.strategy
-model_engine veomni !! VeOmni
+model_engine megatron !! role files (strategy megatron)
+model_engine veomni +actor_rollout_ref.actor.strategy=veomni -> actor.strategy = fsdp2
+model_engine veomni !! role files (strategy veomni)
 model_engine torchtitan !! TorchTitan
 model_engine fsdp !! not supported
-actor_rollout_ref.actor.strategy veomni !! VeOmni
+actor_rollout_ref.actor.strategy veomni -> actor.strategy = fsdp2
+critic.strategy veomni -> critic.strategy = fsdp2
 critic.strategy torchtitan !! TorchTitan
+# verl 0.9's VeOmni engine (engine/veomni.yaml: VeOmniEngineConfig; optim/veomni.yaml):
+# FSDP2 with Ulysses, whose schedule is veomni.optim.lr_scheduler's
+actor_rollout_ref.actor.veomni.param_offload true +actor_rollout_ref.actor.strategy=veomni -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.param_offload
+actor_rollout_ref.actor.veomni.optimizer_offload true +actor_rollout_ref.actor.strategy=veomni -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.optimizer_offload
+actor_rollout_ref.actor.veomni.fsdp_size 4 +actor_rollout_ref.actor.strategy=veomni -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.fsdp_size
+actor_rollout_ref.actor.veomni.enable_full_shard false +actor_rollout_ref.actor.strategy=veomni -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.reshard_after_forward
+actor_rollout_ref.actor.veomni.enable_fsdp_offload true +actor_rollout_ref.actor.strategy=veomni -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.offload_policy
+actor_rollout_ref.actor.veomni.ulysses_parallel_size 2 -> actor.ulysses_sequence_parallel_size
+actor_rollout_ref.actor.veomni.mixed_precision false +actor_rollout_ref.actor.strategy=veomni -actor_rollout_ref.actor.fsdp_config -> actor.master_dtype = bf16
+actor_rollout_ref.actor.veomni.mixed_precision true noted
+actor_rollout_ref.actor.veomni.seed 7 +actor_rollout_ref.actor.strategy=veomni -actor_rollout_ref.actor.fsdp_config +actor_rollout_ref.ref.fsdp_config.seed=7 +critic.model.fsdp_config.seed=7 +actor_rollout_ref.actor.data_loader_seed=7 +critic.data_loader_seed=7 -> experiment.seed
+actor_rollout_ref.actor.veomni.full_determinism true -> experiment.deterministic
+actor_rollout_ref.actor.veomni.expert_parallel_size 1 noted
+actor_rollout_ref.actor.veomni.expert_parallel_size 8 !! expert parallelism
+actor_rollout_ref.actor.veomni.attn_implementation flash_attention_2 noted
+actor_rollout_ref.actor.veomni.attn_implementation veomni_flash_attention_2_with_sp noted
+actor_rollout_ref.actor.veomni.attn_implementation native-sparse !! exact attention
+actor_rollout_ref.actor.veomni.moe_implementation fused_triton noted
+actor_rollout_ref.actor.veomni.rms_norm_implementation triton noted
+actor_rollout_ref.actor.veomni.ckpt_manager dcp noted
+actor_rollout_ref.actor.veomni.load_checkpoint_path /ckpt !! VeOmni checkpoint
+actor_rollout_ref.actor.veomni.router_replay.mode R2 -> actor.router_replay = R2
+actor_rollout_ref.ref.veomni.param_offload true -actor_rollout_ref.ref.fsdp_config -> reference.param_offload
+actor_rollout_ref.ref.veomni.ulysses_parallel_size 2 !! actor's sequence parallelism
+actor_rollout_ref.ref.veomni.ulysses_parallel_size 2 +actor_rollout_ref.actor.veomni.ulysses_parallel_size=2 noted
+actor_rollout_ref.ref.veomni.router_replay.mode R2 !! only the actor
+critic.veomni.fsdp_size 4 +critic.strategy=veomni -critic.model.fsdp_config -> critic.fsdp.fsdp_size
+critic.veomni.mixed_precision false +critic.strategy=veomni -critic.model.fsdp_config -> critic.master_dtype = bf16
+actor_rollout_ref.actor.optim.lr_min 0.25 +actor_rollout_ref.actor.strategy=veomni +actor_rollout_ref.actor.optim.lr=0.5 +actor_rollout_ref.actor.optim.lr_scheduler_type=cosine -actor_rollout_ref.actor.optim.min_lr_ratio -> actor.optim.min_lr_ratio = 0.5
+actor_rollout_ref.actor.optim.lr_min 0.25 +actor_rollout_ref.actor.strategy=veomni +actor_rollout_ref.actor.optim.lr=0.5 +actor_rollout_ref.actor.optim.lr_scheduler_type=linear !! floors at lr_min
+actor_rollout_ref.actor.optim.lr_min 1e-7 !! VeOmni engine only
+actor_rollout_ref.actor.optim.lr_start 1e-7 +actor_rollout_ref.actor.strategy=veomni !! warmup starts at 0
+actor_rollout_ref.actor.optim.lr_start 0.0 +actor_rollout_ref.actor.strategy=veomni noted
+actor_rollout_ref.actor.optim.lr_decay_ratio 0.5 +actor_rollout_ref.actor.strategy=veomni !! last optimizer step
+actor_rollout_ref.actor.optim.lr_warmup_steps 10 +actor_rollout_ref.actor.strategy=veomni -> actor.optim.warmup_steps = -1
+actor_rollout_ref.actor.optim.lr_warmup_steps 10 -> actor.optim.warmup_steps = 10
 # trainer.use_v1 (default true) and trainer.v1: ppo_trainer.yaml's trainer section; the
 # async modes' options are read for the chosen trainer_mode only (trainer_base.py), and
 # sync sampling ignores the off-policy bound (replay_buffer.py)

@@ -89,7 +89,7 @@ def _optim(prefix: str, role: str) -> dict[str, Rule]:
         ),
         f"{prefix}.lr": Map(f"{o}.lr"),
         f"{prefix}.lr_warmup_steps_ratio": Map(f"{o}.warmup_ratio"),
-        f"{prefix}.lr_warmup_steps": Map(f"{o}.warmup_steps", lambda v, _c: -1 if v is None else v),
+        f"{prefix}.lr_warmup_steps": Map(f"{o}.warmup_steps", r.warmup_steps),
         f"{prefix}.total_training_steps": Map(f"{o}.total_training_steps", r.none_if_negative),
         f"{prefix}.weight_decay": Map(f"{o}.weight_decay"),
         f"{prefix}.betas": Map(f"{o}.betas"),

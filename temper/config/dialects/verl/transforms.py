@@ -88,7 +88,6 @@ def per_device(sp_key: str | None) -> Transform:
 #: and the ``strategy`` their role files set), with their names.
 OTHER_TRAINING_ENGINES = {
     "torchtitan": "TorchTitan",
-    "veomni": "VeOmni",
     "automodel": "NeMo AutoModel",
 }
 
@@ -104,9 +103,14 @@ def refuse_other_engine(v: Any, ctx: Any) -> None:
 
 def strategy(v: Any, ctx: Any) -> Any:
     refuse_other_engine(v, ctx)
-    if v in ("fsdp", "fsdp2"):
+    if v in ("fsdp", "fsdp2", "veomni"):
         if v == "fsdp":
             ctx.note("strategy fsdp (FSDP1) runs as fsdp2 (per-layer fully_shard)")
+        if v == "veomni":
+            ctx.note(
+                "verl's VeOmni engine trains with FSDP2 (per-block fully_shard, Ulysses); "
+                "it runs as temper's fsdp2"
+            )
         return "fsdp2"
     if v == "megatron":
         return v
@@ -201,6 +205,18 @@ def role_sp(v: Any, ctx: Any) -> Any:
     its default 1 leaves the size to that key."""
     legacy = ctx.get("trainer.use_legacy_worker_impl") in ("auto", "enable")
     return None if v == 1 and not legacy else v
+
+
+def warmup_steps(v: Any, ctx: Any) -> Any:
+    """``lr_warmup_steps`` (null or -1: ``lr_warmup_steps_ratio`` decides). verl's VeOmni
+    engine passes only the ratio to its schedule, so there the steps have no effect."""
+    if v is None:
+        return -1
+    role = ctx.path.rsplit(".optim.", 1)[0]
+    if isinstance(v, int) and v > 0 and ctx.get(f"{role}.strategy") == "veomni":
+        ctx.note("no effect: verl's VeOmni engine warms up by lr_warmup_steps_ratio only")
+        return -1
+    return v
 
 
 def none_if_negative(v: Any, _ctx: Any) -> Any:

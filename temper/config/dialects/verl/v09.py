@@ -27,22 +27,43 @@ from temper.config.dialects.verl import asynchronous as va
 from temper.config.dialects.verl import fully_async as fa
 from temper.config.dialects.verl import transforms as r
 from temper.config.dialects.verl.table import _fsdp, _router_replay
+from temper.config.dialects.verl.veomni import veomni_engine, veomni_optim
 from temper.config.dialects.verl.versions import reward_kwargs, reward_model_server
 
 #: verl's ``model_engine`` options temper runs -> the actor ``strategy`` their files set
-#: (``actor/dp_actor.yaml``: fsdp; ``actor/megatron_actor.yaml``: megatron).
-MODEL_ENGINE_STRATEGY = {"dp": "fsdp", "megatron": "megatron"}
+#: (``actor/dp_actor.yaml``: fsdp; ``actor/megatron_actor.yaml``: megatron;
+#: ``actor/veomni_actor.yaml``: veomni, an FSDP2 engine: :mod:`verl.veomni`).
+MODEL_ENGINE_STRATEGY = {"dp": "fsdp", "megatron": "megatron", "veomni": "veomni"}
+
+
+#: The actor strategies verl's workers accept with each ``model_engine`` option's files.
+ENGINE_STRATEGIES = {
+    "dp": ("fsdp", "fsdp2", "fsdp_turbo"),
+    "megatron": ("megatron",),
+    "veomni": ("veomni",),
+}
 
 
 def _model_engine(v: Any, ctx: Any) -> Any:
     r.refuse_other_engine(v, ctx)
     r.choice(*MODEL_ENGINE_STRATEGY)(v, ctx)
+    strategy = ctx.get("actor_rollout_ref.actor.strategy")
+    if strategy is not None and strategy not in ENGINE_STRATEGIES[v]:
+        # dp and veomni both run as fsdp2 here, but verl's workers would run the engine
+        # the strategy names over the other engine's config sections
+        raise ctx.error(
+            f"'{v}' composes verl's {v} role files (strategy {MODEL_ENGINE_STRATEGY[v]}) but "
+            f"actor_rollout_ref.actor.strategy is {strategy!r}: verl would run that engine "
+            "over another engine's config sections",
+            "make actor_rollout_ref.actor.strategy and model_engine agree",
+        )
     ctx.note(
         "model_engine picks verl's per-role config files; it sets actor.strategy as the "
         "actor's strategy key does (dp: fsdp2)"
     )
-    # dp is verl's FSDP engine, which temper runs as FSDP2 (as strategy: fsdp does)
-    return "fsdp2" if v == "dp" else v
+    # dp is verl's FSDP engine and veomni its VeOmni one (FSDP2), which temper runs as
+    # fsdp2 (as their strategy keys do)
+    return "fsdp2" if v in ("dp", "veomni") else v
 
 
 V1 = "trainer.v1"
@@ -266,7 +287,6 @@ MUON = (
     "scalar_optimizer",
 )
 TORCHTITAN_OPTIM = ("name", "decay_type", "min_lr_factor")
-VEOMNI_OPTIM = ("lr_min", "lr_start", "lr_decay_ratio")
 
 
 def _optim_v09(role_prefix: str, role: str) -> dict[str, Rule]:
@@ -304,18 +324,14 @@ def _optim_v09(role_prefix: str, role: str) -> dict[str, Rule]:
             ok=not_muon,
             why="read by the Muon optimizer only, which is not selected",
         )
-    for keys, engine, title in (
-        (TORCHTITAN_OPTIM, "torchtitan", "TorchTitan"),
-        (VEOMNI_OPTIM, "veomni", "VeOmni"),
-    ):
-        for k in keys:
-            rules[f"{o}.{k}"] = Refuse(
-                f"verl's {title} training engine is not one temper has",
-                "set strategy: fsdp2 (or megatron) and use its optimizer keys",
-                ok=_strategy_is_not(role_prefix, engine),
-                why=f"read by verl's {title} engine only",
-            )
-    return rules
+    for k in TORCHTITAN_OPTIM:
+        rules[f"{o}.{k}"] = Refuse(
+            "verl's TorchTitan training engine is not one temper has",
+            "set strategy: fsdp2 (or megatron) and use its optimizer keys",
+            ok=_strategy_is_not(role_prefix, "torchtitan"),
+            why="read by verl's TorchTitan engine only",
+        )
+    return rules | veomni_optim(role_prefix, role)
 
 
 def _critic_model_v09() -> dict[str, Rule]:
@@ -377,12 +393,9 @@ def _engines_v09() -> dict[str, Rule]:
             ok=_strategy_is_not(ACT, "torchtitan"),
             why="read by verl's TorchTitan engine only",
         ),
-        f"{ACT}.veomni": Refuse(
-            "verl's VeOmni training engine is not one temper has",
-            "set strategy: fsdp2 (or megatron)",
-            ok=_strategy_is_not(ACT, "veomni"),
-            why="read by verl's VeOmni engine only",
-        ),
+        **veomni_engine(f"{ACT}.veomni", "actor"),
+        **veomni_engine(f"{REF}.veomni", "reference"),
+        **veomni_engine(f"{CR}.veomni", "critic"),
         f"{ACT}.checkpoint.strict": Note(
             "temper loads checkpoints strictly: a resume whose checkpoint lacks a tensor "
             "stops with an error instead of skipping it, so a run that loads loads the same"
