@@ -4,8 +4,9 @@ load; the model's heads and kind at pre-flight, :func:`temper.training.ulysses.c
 Ulysses (:mod:`temper.training.ulysses`) splits each sequence's tokens over a group of
 ranks and gathers the per-token outputs; what compares whole sequences' logits inside
 the training forward — on-policy distillation's direct gradient over the teachers'
-top-k tokens, offline distillation's teacher logits (the distill pipeline's own check),
-router replay's per-sequence routing — is refused with it. The reference splits its
+top-k tokens, offline distillation's teacher logits (the distill pipeline's own check)
+— is refused with it. (MoE router replay splits its routing as the columns:
+:func:`temper.training.ulysses.shard_routing`.) The reference splits its
 sequences as the actor does, so its data-parallel devices must form whole groups.
 """
 
@@ -16,7 +17,6 @@ from temper.config.derive import Derived
 from temper.config.errors import ConfigError
 from temper.config.schema import TemperConfig
 from temper.training.registry import ENGINES
-from temper.training.router_replay import OFF
 
 KEY = "actor.ulysses_sequence_parallel_size"
 
@@ -40,12 +40,6 @@ def check_ulysses(cfg: TemperConfig, plan: Derived) -> None:
             "on-policy distillation's direct gradient compares the student's logits at the "
             "teachers' top-k tokens of whole sequences, which Ulysses does not split",
             "set it to 1, or distill.direct_gradient: false",
-        )
-    if cfg.actor.router_replay != OFF:
-        raise ConfigError(
-            KEY,
-            "router replay records and replays the MoE routing of whole sequences",
-            "set it to 1, or actor.router_replay: off",
         )
     ranks = plan.placement.get("reference", [])
     if (

@@ -53,6 +53,7 @@ from temper.training.packing import (
     scored_positions,
     unpack,
 )
+from temper.training.router_replay import ROUTED_EXPERTS, Recording
 from temper.training.spec import EngineSpec
 from temper.training.torch_engine import TorchEngine
 from temper.training.torch_logits import token_outputs
@@ -60,10 +61,14 @@ from temper.training.ulysses import (
     CONTEXT_KWARG,
     PACKED_KERNEL,
     SequenceGroup,
+    gather_routing,
     packed_rows,
     padded_rows,
+    routing_columns,
+    rows_routing,
     sequence_groups,
     shard_columns,
+    shard_routing,
     sum_owned,
     use_ulysses,
 )
@@ -229,7 +234,17 @@ class DataParallelEngine(TorchEngine):
         shard = shard_columns(rows, group)
         model_in = {**shard.model_inputs, CONTEXT_KWARG: shard.context}
         mine: dict[str, torch.Tensor] = {}
-        with self._autocast():
+        # MoE routing of the rank's columns; a recording gathers the group's (collective)
+        record = self._route(
+            mb,
+            inp,
+            packed,
+            to_model=lambda routed: shard_routing(rows_routing(routed, rows, packed), group),
+            to_columns=lambda tokens: routing_columns(
+                gather_routing(tokens, rows, group), inp, rows, packed
+            ),
+        )
+        with record, self._autocast():
             if self.spec.value_head:
                 values = self._module()(**model_in, attention_mask=None)  # (R, width)
                 mine["values"] = values[shard.row, shard.keep[shard.at]]
@@ -257,7 +272,10 @@ class DataParallelEngine(TorchEngine):
             if value.requires_grad:
                 owned = owned + link
             result[key] = unpack(sum_owned(owned, group), valid)  # (K,) -> (b, r)
-        return masked_outputs(result, mb, inp)
+        result = masked_outputs(result, mb, inp)
+        if isinstance(record, Recording):
+            result[ROUTED_EXPERTS] = record.columns()
+        return result
 
     def _pack_for_columns(self, inp: ModelInputs) -> PackedInputs | None:
         """The micro-batch packed into one row for Ulysses (``model.use_remove_padding``

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -220,9 +220,17 @@ class TorchEngine(PackedLogits):
         return result
 
     def _route(
-        self, mb: Batch, inp: ModelInputs, packed: PackedInputs | None
+        self,
+        mb: Batch,
+        inp: ModelInputs,
+        packed: PackedInputs | None,
+        *,
+        to_model: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        to_columns: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> contextlib.AbstractContextManager[Any]:
-        """Routing of micro-batch ``mb``'s forward (:func:`route`); none without hooks."""
+        """Routing of micro-batch ``mb``'s forward (:func:`route`); none without hooks.
+        ``to_model`` / ``to_columns``: a layout other than :meth:`_model_tokens`' (a
+        Ulysses rank's columns)."""
         if self.router_replay is None:
             return contextlib.nullcontext()
         return route(
@@ -231,8 +239,8 @@ class TorchEngine(PackedLogits):
             mb,
             inp,
             self.device,
-            to_model=lambda routed: self._model_tokens(routed, inp, packed),
-            to_columns=lambda tokens: self._token_columns(tokens, inp, packed),
+            to_model=to_model or (lambda routed: self._model_tokens(routed, inp, packed)),
+            to_columns=to_columns or (lambda tokens: self._token_columns(tokens, inp, packed)),
         )
 
     def _model_tokens(

@@ -40,6 +40,7 @@ from torch import Tensor
 from temper.config.errors import ConfigError
 from temper.training.micro_batching import ModelInputs
 from temper.training.packing import PackedInputs
+from temper.training.router_replay import from_packed, to_packed
 from temper.training.segment_attention import (
     LAYOUT_KWARG,
     SEGMENT_KERNEL,
@@ -126,6 +127,53 @@ def check_model(config: dict[str, Any], role: str, size: int) -> None:
     heads = int(config.get("num_attention_heads") or 0)
     if heads:
         check_heads(role, heads, int(config.get("num_key_value_heads") or heads), size)
+
+
+# --------------------------------------------------------------------------- MoE routing
+
+
+def rows_routing(routed: Tensor, rows: Rows, packed: PackedInputs | None) -> Tensor:
+    """A micro-batch's routing ``(b, W, n, k)`` (:func:`~temper.training.router_replay.
+    micro_routing`) laid out as ``rows``: ``(R, L, n, k)``."""
+    if packed is not None:
+        return to_packed(routed, packed.token_index, packed.input_ids.shape[1])[None]
+    assert rows.rotation is not None
+    index = rows.rotation[..., None, None].expand(-1, -1, *routed.shape[2:])
+    return routed.gather(1, index)
+
+
+def routing_columns(
+    per_row: Tensor, inp: ModelInputs, rows: Rows, packed: PackedInputs | None
+) -> Tensor:
+    """Inverse of :func:`rows_routing`: ``(R, L, n, k)`` -> ``(b, W, n, k)``, ``-1`` at
+    padding."""
+    if packed is not None:
+        return from_packed(per_row[0], packed.token_index)
+    assert rows.rotation is not None
+    index = rows.rotation[..., None, None].expand(-1, -1, *per_row.shape[2:])
+    out = torch.empty_like(per_row).scatter_(1, index, per_row)
+    return out.masked_fill(~(inp.attention_mask > 0)[..., None, None], -1)
+
+
+def shard_routing(per_row: Tensor, group: SequenceGroup) -> Tensor:
+    """This rank's columns of ``(R, L, n, k)`` routing, in the order its routers see
+    them: ``(R · width, n, k)``, row-major (``-1`` in the padding columns)."""
+    R, L = per_row.shape[:2]
+    width = -(-L // group.size)
+    full = per_row.new_full((R, width * group.size, *per_row.shape[2:]), -1)
+    full[:, :L] = per_row
+    return full[:, group.rank * width : (group.rank + 1) * width].reshape(-1, *per_row.shape[2:])
+
+
+def gather_routing(tokens: Tensor, rows: Rows, group: SequenceGroup) -> Tensor:
+    """Inverse of :func:`shard_routing` over the group: each rank's recorded ``(R ·
+    width, n, k)`` -> the whole rows' ``(R, L, n, k)`` (a collective)."""
+    R, L = rows.input_ids.shape
+    # int32 on the wire: gloo gathers no int16 (models with more than 127 experts)
+    mine = tokens.reshape(R, -1, *tokens.shape[1:]).to(torch.int32).contiguous()
+    parts = [torch.empty_like(mine) for _ in range(group.size)]
+    dist.all_gather(parts, mine, group=group.group)
+    return torch.cat(parts, dim=1)[:, :L].to(tokens.dtype)
 
 
 # --------------------------------------------------------------------------- collectives
@@ -217,6 +265,8 @@ class Rows:
     label: Tensor  # (K,)
     mask: Tensor | None = None
     layout: SegmentLayout | None = None
+    # padded rows: row i's column j is the micro-batch's column ``rotation[i, j]``
+    rotation: Tensor | None = None
 
 
 def padded_rows(inp: ModelInputs, valid: Tensor) -> Rows:
@@ -239,6 +289,7 @@ def padded_rows(inp: ModelInputs, valid: Tensor) -> Rows:
         column=k + (L - r - 1) - lead[row],
         label=inp.response_ids[valid],
         mask=None if solid else sequence_mask(attend.long()),
+        rotation=cols,
     )
 
 
@@ -309,12 +360,6 @@ def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> None:
     if top is None:
         raise ConfigError(key, "the model is not a transformers model", "set it to 1")
     check_model(top.config.to_dict(), spec.role, size)
-    if spec.router_replay:
-        raise ConfigError(
-            key,
-            "MoE router replay records and replays whole sequences' routing",
-            "set it to 1, or turn router replay off",
-        )
     register()
     top.set_attn_implementation(ULYSSES_KERNEL)
 
@@ -386,12 +431,16 @@ __all__ = [
     "UlyssesContext",
     "check_heads",
     "check_model",
+    "gather_routing",
     "packed_rows",
     "padded_rows",
     "register",
+    "routing_columns",
+    "rows_routing",
     "sequence_groups",
     "sequence_mask",
     "shard_columns",
+    "shard_routing",
     "sum_owned",
     "ulysses_attention",
     "use_ulysses",

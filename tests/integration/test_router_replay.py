@@ -60,9 +60,11 @@ def engine(
     micro: MicroBatching | None = None,
     strategy: str = "torch",
     checkpointing: bool = False,
+    ulysses: int = 1,
 ) -> Any:
     cfg = ActorConfig(
         strategy=strategy,
+        ulysses_sequence_parallel_size=ulysses,
         grad_clip=None,
         use_dynamic_bsz=micro is not None and micro.max_tokens is not None,
         max_token_len_per_device=(micro.max_tokens or 1) if micro is not None else 1,
@@ -365,4 +367,35 @@ def test_fsdp2_replays_like_the_torch_engine(moe_path: str) -> None:
     torch.testing.assert_close(got, forced, atol=2e-5, rtol=0)
     assert torch.equal(torch.cat([r["record"] for r in ranks]), own)
     for r in ranks:  # the gradient of the whole batch, summed over ranks
+        assert r["grad_norm"] == pytest.approx(norm, rel=1e-4)
+
+
+def _ulysses_rank(rank: int, world: int, path: str, batch: Batch, packing: bool) -> dict:
+    eng = engine(path, strategy="fsdp2", packing=packing, checkpointing=True, ulysses=2)
+    forced = eng.forward(batch, routing="replay")["log_probs"]  # both ranks: every sample
+    rec = eng.forward(batch.select([0, 1, 2, 3]), routing="record")
+    metrics = eng.train_mini_batch(batch, _sum_loss)
+    return {"forced": forced, "record": rec[ROUTED_EXPERTS], "grad_norm": metrics["grad_norm"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
+def test_ulysses_ranks_replay_and_record_like_the_torch_engine(moe_path: str, packing: bool):
+    """One Ulysses group of two FSDP2 ranks, each routing its half of every sequence's
+    columns (packed: of the one row; padded: of each rotated row): replaying a designed
+    routing gives the torch engine's log-probs and gradient (activation checkpointing:
+    the recomputed layers replay too), and recording gathers the torch engine's routing
+    of the whole sequences, -1 at padding."""
+    from temper.cluster.process_group import spawn_ranks
+
+    batch = make_batch()
+    ref = engine(moe_path)
+    own = ref.forward(batch, routing="record")[ROUTED_EXPERTS]
+    batch[ROUTED_EXPERTS] = designed_routing(batch)
+    forced = ref.forward(batch, routing="replay")["log_probs"]
+    norm = engine(moe_path).train_mini_batch(batch, _sum_loss)["grad_norm"]
+    ranks = spawn_ranks(_ulysses_rank, 2, moe_path, batch, packing)
+    for r in ranks:
+        torch.testing.assert_close(r["forced"], forced, atol=2e-5, rtol=0)
+        assert torch.equal(r["record"], own)
         assert r["grad_norm"] == pytest.approx(norm, rel=1e-4)

@@ -40,13 +40,12 @@ SP = {
 }
 SP_RLVR = merged(RLVR, SP)
 REFUSED = [
-    # what compares whole sequences' logits or routing, and a reference of odd devices
+    # what compares whole sequences' logits, and a reference of odd devices
     (
         SP_RLVR,
         {"distill": {**TEACHER["distill"], "direct_gradient": True, "kl_penalty": "low_var_kl"}},
         "actor.ulysses_sequence_parallel_size",
     ),
-    (SP_RLVR, {"actor": {"router_replay": "R2"}}, "actor.ulysses_sequence_parallel_size"),
     (
         SP_RLVR,
         {
@@ -217,6 +216,7 @@ def test_refused_with_the_key(base, over, key):
 
 ACCEPTED = [
     (SP_RLVR, {}),
+    (SP_RLVR, {"actor": {"router_replay": "R2"}}),  # routing splits as the columns do
     (SP_RLVR, {"actor": {"use_kl_loss": True}, "reference": {"strategy": "fsdp2"}}),
     (RLVR, {"algorithm": {"use_reward_scaling": True, "use_reward_norm": True}}),
     (RLVR, {"data": {"gen_batch_size": 12}, "algorithm": {"filter_groups": {"enable": True}}}),
