@@ -203,6 +203,29 @@ def test_engine_file_reads_conversations():
     assert cfg.experiment.val_after_train  # sft_trainer validates after its last step
 
 
+def test_engine_file_on_veomni_runs_fsdp2():
+    """``engine=veomni optim=veomni``: VeOmni's engine is FSDP2 with Ulysses; its keys and
+    its cosine schedule to ``lr_min`` translate onto temper's fsdp2 engine."""
+    overrides = [
+        "engine=veomni",
+        "optim=veomni",
+        "optim.lr=1e-5",
+        "optim.lr_min=1e-6",
+        "engine.param_offload=true",
+        "engine.enable_full_shard=false",
+        "engine.mixed_precision=false",
+        "trainer.n_gpus_per_node=2",
+    ]
+    cfg = load_config(ENGINE, overrides).config
+    actor = cfg.actor
+    assert actor.strategy == "fsdp2" and actor.master_dtype == "bf16"
+    assert actor.fsdp.param_offload and not actor.fsdp.reshard_after_forward
+    assert actor.optim.lr_scheduler == "cosine"
+    assert actor.optim.min_lr_ratio == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="expert parallelism over FSDP"):
+        load_config(ENGINE, [*overrides, "engine.expert_parallel_size=2"])
+
+
 def test_roll_file_in_native_terms():
     cfg = load_config(ROLL_FILE, ["sft_train.training_args.gradient_accumulation_steps=2"]).config
     assert (cfg.data.prompt_key, cfg.sft.query_key, cfg.sft.response_key) == (

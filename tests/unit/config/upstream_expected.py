@@ -474,7 +474,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-08-1dda039/examples/rollout_correction/run_qwen2_5_7b_fsdp.sh": "passes",
     "verl-2026-08-1dda039/examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": "passes",
     "verl-2026-08-1dda039/examples/router_replay/run_qwen3_30b_a3b_megatron.sh": "model_engine vs strategy",
-    "verl-2026-08-1dda039/examples/router_replay/run_qwen3_5_35b_a3b_veomni.sh": "router replay",
+    "verl-2026-08-1dda039/examples/router_replay/run_qwen3_5_35b_a3b_veomni.sh": "engine: sglang",
     "verl-2026-08-1dda039/examples/sapo_trainer/run_qwen3_30b_a3b_fsdp.sh": "script: broken",
     "verl-2026-08-1dda039/examples/sapo_trainer/run_qwen3_8b_fsdp.sh": "script: broken",
     "verl-2026-08-1dda039/examples/sft/gsm8k/run_deepseek_coder_6_7b_fsdp.sh": "passes",

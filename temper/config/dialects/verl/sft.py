@@ -30,6 +30,7 @@ from temper.config.dialects.verl.megatron import _engine as megatron_engine
 from temper.config.dialects.verl.sections import TABLE as RL_TABLE
 from temper.config.dialects.verl.table import MOD, PERF, PROFILE_OFF, _fsdp, _inert, _optim
 from temper.config.dialects.verl.v09 import fsdp_v09, megatron_v09
+from temper.config.dialects.verl.veomni import veomni_engine, veomni_optim
 from temper.config.dialects.verl.versions import SHM, _megatron_optim
 
 SINGLE_TURN = "used only by verl's multi-turn SFT dataset (data.multiturn.enable)"
@@ -261,22 +262,28 @@ MEGATRON_ENGINE: dict[str, Rule] = {
 }
 
 
+#: ``engine`` = verl's ``VeOmniEngineConfig`` (``engine/veomni.yaml``): FSDP2, as fsdp2
+VEOMNI_ENGINE = veomni_engine("engine", "actor")
+
+
 def _engine(value: Any, ctx: Any) -> None:
-    """verl 0.9's ``engine`` group: fsdp or megatron by its config class (``_target_``)."""
+    """verl 0.9's ``engine`` group: fsdp, veomni or megatron by its config class
+    (``_target_``)."""
     if not isinstance(value, dict):
         raise ctx.error(f"expected a mapping, got {value!r}", "")
     target = str(value.get("_target_", ""))
     megatron = "Mcore" in target or value.get("strategy") == "megatron"
+    veomni = "VeOmni" in target or value.get("strategy") == "veomni"
     if megatron:
         ctx.write("actor.strategy", "megatron")
-    elif target and "FSDP" not in target:
+    elif target and "FSDP" not in target and not veomni:
         name = value.get("strategy") or target.rsplit(".", 1)[-1]
         raise ctx.error(
             f"verl's {name} training engine ({target.rsplit('.', 1)[-1]}) is not an engine "
             "temper has",
-            "use engine=fsdp or engine=megatron",
+            "use engine=fsdp, engine=veomni or engine=megatron",
         )
-    table = MEGATRON_ENGINE if megatron else FSDP_ENGINE
+    table = MEGATRON_ENGINE if megatron else VEOMNI_ENGINE if veomni else FSDP_ENGINE
     ctx.walk_section(value, "engine", table)
 
 
@@ -288,6 +295,7 @@ def _optim_rows() -> dict[str, Rule]:
         "optim.optimizer": Map(f"{o}.optimizer", _optimizer),
         "optim.warmup_steps_ratio": Map(f"{o}.warmup_ratio"),  # verl < 0.5's name
         "optim.lr_scheduler": Map(f"{o}.lr_scheduler", _scheduler),
+        **veomni_optim("optim", "actor", "engine.strategy"),
     }
 
 

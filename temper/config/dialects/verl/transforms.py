@@ -212,8 +212,9 @@ def warmup_steps(v: Any, ctx: Any) -> Any:
     engine passes only the ratio to its schedule, so there the steps have no effect."""
     if v is None:
         return -1
-    role = ctx.path.rsplit(".optim.", 1)[0]
-    if isinstance(v, int) and v > 0 and ctx.get(f"{role}.strategy") == "veomni":
+    role = ctx.path.rsplit("optim.", 1)[0]  # "<role>." (PPO) or "" (SFT: engine.strategy)
+    strategy = ctx.get(f"{role}strategy") if role else ctx.get("engine.strategy")
+    if isinstance(v, int) and v > 0 and strategy == "veomni":
         ctx.note("no effect: verl's VeOmni engine warms up by lr_warmup_steps_ratio only")
         return -1
     return v

@@ -331,7 +331,7 @@ def _optim_v09(role_prefix: str, role: str) -> dict[str, Rule]:
             ok=_strategy_is_not(role_prefix, "torchtitan"),
             why="read by verl's TorchTitan engine only",
         )
-    return rules | veomni_optim(role_prefix, role)
+    return rules | veomni_optim(o, role, f"{role_prefix}.strategy")
 
 
 def _critic_model_v09() -> dict[str, Rule]:

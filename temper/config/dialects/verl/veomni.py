@@ -148,18 +148,18 @@ def veomni_engine(prefix: str, role: str) -> dict[str, Rule]:
     return rules
 
 
-def _lr_min(role_prefix: str) -> Any:
+def _lr_min(o: str, strategy: str) -> Any:
     def fn(v: Any, ctx: Any) -> Any:
-        lr = ctx.get(f"{role_prefix}.optim.lr", 0.0)
+        lr = ctx.get(f"{o}.lr", 0.0)
         if not v:
             return None
-        if ctx.get(f"{role_prefix}.strategy") != "veomni":
+        if ctx.get(strategy) != "veomni":
             raise ctx.error(
                 "read by verl's VeOmni engine only", "set min_lr_ratio (a fraction of lr)"
             )
         if not lr:
             raise ctx.error("lr_min needs a positive lr to be a fraction of", "set optim.lr")
-        if ctx.get(f"{role_prefix}.optim.lr_scheduler_type") == "linear":
+        if ctx.get(f"{o}.lr_scheduler_type") == "linear":
             raise ctx.error(
                 "VeOmni's linear schedule floors at lr_min (max(lr_min, decay)) where "
                 "temper's decays onto it (lr_min + (lr - lr_min)·decay)",
@@ -170,12 +170,12 @@ def _lr_min(role_prefix: str) -> Any:
     return fn
 
 
-def veomni_optim(role_prefix: str, role: str) -> dict[str, Rule]:
-    """``VeOmniOptimizerConfig``'s keys beyond verl's shared optimizer keys."""
-    o = f"{role_prefix}.optim"
-    other = lambda _v, ctx: ctx.get(f"{role_prefix}.strategy") != "veomni"  # noqa: E731
+def veomni_optim(o: str, role: str, strategy: str) -> dict[str, Rule]:
+    """``VeOmniOptimizerConfig``'s keys (section ``o``) beyond verl's shared optimizer
+    keys; ``strategy`` is the key that names the role's engine."""
+    other = lambda _v, ctx: ctx.get(strategy) != "veomni"  # noqa: E731
     return {
-        f"{o}.lr_min": Map(f"{role}.optim.min_lr_ratio", _lr_min(role_prefix)),
+        f"{o}.lr_min": Map(f"{role}.optim.min_lr_ratio", _lr_min(o, strategy)),
         f"{o}.lr_start": Refuse(
             "temper's warmup starts at 0",
             "set lr_start: 0",
