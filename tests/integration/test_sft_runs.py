@@ -28,7 +28,7 @@ from upstream_command import script_command  # tests/ is on the path
 from temper.cli.main import main
 from temper.data.tasks import make_task_rows
 from temper.pipelines import run_pipeline
-from temper.pipelines.catalog import build_config
+from temper.pipelines.catalog import build_config, load_config
 
 pytestmark = pytest.mark.slow
 
@@ -181,6 +181,36 @@ def test_verl_engine_sft_trainer_command_line_trains(tmp_path, tiny_model_dir, m
         f"trainer.default_local_dir={out}",  # outputs
         "trainer.logger=[console]",
     ]
+    train = _train(config, overrides, out)
+    assert all(r["perf/samples"] == 16 for r in train)
+
+
+def test_verl_automodel_sft_command_line_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl 0.9's SFT example on NeMo AutoModel's engine (``engine=automodel``, FSDP2,
+    ``optim=automodel``: a cosine schedule from 0 to 0.1 × lr after a 20% warmup) runs on
+    temper's fsdp2."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config, overrides = script_command(
+        "verl-2026-08-1dda039/examples/sft/gsm8k/run_qwen2_5_0_5b_automodel.sh"
+    )
+    data = _conversations(tmp_path / "conversations.jsonl")
+    out = tmp_path / "verl-automodel-sft"
+    overrides += [
+        f"model.path={tiny_model_dir}",  # model
+        f"data.train_files={data}",  # data
+        f"data.val_files={data}",
+        "data.train_batch_size=16",
+        "data.max_length=256",  # length
+        "data.max_token_len_per_gpu=512",
+        "trainer.total_training_steps=2",
+        "trainer.n_gpus_per_node=1",  # device
+        "trainer.device=cpu",
+        f"trainer.default_local_dir={out}",  # outputs
+        "trainer.logger=[console]",
+    ]
+    cfg = load_config(config, overrides).config
+    assert cfg.actor.strategy == "fsdp2" and cfg.actor.optim.lr_scheduler == "cosine"
+    assert (cfg.actor.optim.warmup_ratio, cfg.actor.optim.min_lr_ratio) == (0.2, 0.1)
     train = _train(config, overrides, out)
     assert all(r["perf/samples"] == 16 for r in train)
 

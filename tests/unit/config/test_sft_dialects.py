@@ -6,12 +6,14 @@ validate, and errors name the user's keys (``sft_train``, not the shared rows'
 from __future__ import annotations
 
 import copy
+import math
 import re
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from reference_paths import UPSTREAM  # next to this file
 from sft_keys import ROLL, VERL_ENGINE, VERL_LEGACY  # the table next to this file
@@ -25,6 +27,7 @@ from temper.config.schema import TemperConfig
 from temper.config.typed import from_dict
 from temper.config.validate import check_names
 from temper.pipelines.catalog import CATALOG, load_config
+from temper.training.schedule import LRSchedule
 
 LEGACY = UPSTREAM / "verl-2026-01-b178a3c/verl/trainer/config/sft_trainer.yaml"
 ENGINE = UPSTREAM / "verl-2026-08-1dda039/verl/trainer/config/sft_trainer_engine.yaml"
@@ -224,6 +227,60 @@ def test_engine_file_on_veomni_runs_fsdp2():
     assert actor.optim.min_lr_ratio == pytest.approx(0.1)
     with pytest.raises(ConfigError, match="expert parallelism over FSDP"):
         load_config(ENGINE, [*overrides, "engine.expert_parallel_size=2"])
+
+
+AUTOMODEL = ["engine=automodel", "optim=automodel", "trainer.n_gpus_per_node=4"]
+
+
+def test_engine_file_on_automodel_runs_fsdp2():
+    """``engine=automodel optim=automodel``: NeMo AutoModel's engine is FSDP2 (HSDP with
+    ``dp_replicate_size``); its kernels are noted, its parallelism beyond data refused."""
+    cfg = load_config(
+        ENGINE, [*AUTOMODEL, "engine.dp_replicate_size=2", "engine.model_dtype=bf16"]
+    ).config
+    actor = cfg.actor
+    assert actor.strategy == "fsdp2" and actor.fsdp.fsdp_size == 2  # 4 devices / 2 replicas
+    assert actor.master_dtype == "bf16"
+    assert (actor.optim.lr_scheduler, actor.optim.min_lr_ratio) == ("cosine", 0.01)
+    for override, words in [
+        ("engine.tp_size=2", "tensor parallelism"),
+        ("engine.ep_size=8", "expert parallelism"),
+        ("engine.distributed_strategy=megatron_fsdp", "megatron_fsdp"),
+        ("engine.model_dtype=auto", "checkpoint's dtype"),
+        ("engine.backend_config.fake_balanced_gate=true", "ignores the router"),
+        ("optim.lr_warmup_steps_ratio=0.1", "warmup starts at 0"),  # init_lr_ratio 0.1
+        ("optim.wd_incr_style=linear", "weight-decay schedule"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            load_config(ENGINE, [*AUTOMODEL, override])
+
+
+def test_automodel_schedule_is_temper_schedule_step_for_step():
+    """NeMo AutoModel's ``OptimizerParamScheduler`` (Megatron's), written out by hand:
+    ``W`` warmup steps of ``init + (lr - init) · s / W`` with ``init = lr ·
+    init_lr_ratio``, then ``min + (lr - min) · ½(1 + cos(π (s - W) / (T - W)))`` with
+    ``min = lr · min_lr_ratio``, counted from step 0. With init_lr_ratio 0 the translated
+    optimizer gives the same learning rate at every step."""
+    lr, total = 1e-5, 10
+    overrides = [
+        *AUTOMODEL,
+        f"optim.lr={lr}",
+        "optim.lr_warmup_steps_ratio=0.2",
+        "optim.init_lr_ratio=0",
+        "optim.min_lr_ratio=0.1",
+        f"optim.total_training_steps={total}",
+    ]
+    optim = load_config(ENGINE, overrides).config.actor.optim
+    schedule = LRSchedule(torch.optim.SGD([torch.zeros(1)], lr=lr), optim)
+    warmup, floor = int(0.2 * total), 0.1 * lr
+    for step in range(total + 1):
+        if step <= warmup:
+            want = lr * step / warmup
+        else:
+            cosine = 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+            want = floor + (lr - floor) * cosine
+        assert schedule.apply() == pytest.approx(want, rel=1e-9, abs=1e-15), step
+        schedule.step()
 
 
 def test_roll_file_in_native_terms():

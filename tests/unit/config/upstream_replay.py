@@ -165,7 +165,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("engine: fsdp_turbo", r"fsdp_turbo engine"),
     ("device: npu", r"is not supported \(got 'npu'\)"),
     ("model_engine vs strategy", r"but model_engine sets it|role files \(strategy"),
-    ("expert parallel on FSDP", r"expert parallelism over FSDP ranks"),
+    ("expert parallel on FSDP", r"expert parallelism (over FSDP ranks|in the AutoModel)"),
     ("reward manager", r"reward_manager(\.name)?: this value is not supported"),
     ("megatron: reward model split", r"the reward model scores in the\s+driver process"),
     ("dynamic sampling", r"dynamic-sampling|is_use_additional_prompts"),

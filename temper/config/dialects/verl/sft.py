@@ -26,6 +26,7 @@ from typing import Any
 from temper.config.dialects.core.derivation import derivation
 from temper.config.dialects.core.rules import Call, Gated, Map, Note, Refuse, Rule, Use
 from temper.config.dialects.verl import transforms as r
+from temper.config.dialects.verl.automodel import automodel_engine, automodel_optim
 from temper.config.dialects.verl.megatron import _engine as megatron_engine
 from temper.config.dialects.verl.sections import TABLE as RL_TABLE
 from temper.config.dialects.verl.table import MOD, PERF, PROFILE_OFF, _fsdp, _inert, _optim
@@ -262,8 +263,9 @@ MEGATRON_ENGINE: dict[str, Rule] = {
 }
 
 
-#: ``engine`` = verl's ``VeOmniEngineConfig`` (``engine/veomni.yaml``): FSDP2, as fsdp2
+#: ``engine`` = verl's ``VeOmniEngineConfig`` / ``AutomodelEngineConfig``: FSDP2, as fsdp2
 VEOMNI_ENGINE = veomni_engine("engine", "actor")
+AUTOMODEL_ENGINE = automodel_engine("engine", "actor")
 
 
 def _engine(value: Any, ctx: Any) -> None:
@@ -272,18 +274,20 @@ def _engine(value: Any, ctx: Any) -> None:
     if not isinstance(value, dict):
         raise ctx.error(f"expected a mapping, got {value!r}", "")
     target = str(value.get("_target_", ""))
-    megatron = "Mcore" in target or value.get("strategy") == "megatron"
-    veomni = "VeOmni" in target or value.get("strategy") == "veomni"
+    strategy = str(value.get("strategy"))
+    megatron = "Mcore" in target or strategy == "megatron"
+    table = {"veomni": VEOMNI_ENGINE, "automodel": AUTOMODEL_ENGINE}.get(
+        strategy, MEGATRON_ENGINE if megatron else FSDP_ENGINE
+    )
     if megatron:
         ctx.write("actor.strategy", "megatron")
-    elif target and "FSDP" not in target and not veomni:
+    elif target and "FSDP" not in target and table is FSDP_ENGINE:
         name = value.get("strategy") or target.rsplit(".", 1)[-1]
         raise ctx.error(
             f"verl's {name} training engine ({target.rsplit('.', 1)[-1]}) is not an engine "
             "temper has",
-            "use engine=fsdp, engine=veomni or engine=megatron",
+            "use engine=fsdp, engine=veomni, engine=automodel or engine=megatron",
         )
-    table = MEGATRON_ENGINE if megatron else VEOMNI_ENGINE if veomni else FSDP_ENGINE
     ctx.walk_section(value, "engine", table)
 
 
@@ -295,7 +299,9 @@ def _optim_rows() -> dict[str, Rule]:
         "optim.optimizer": Map(f"{o}.optimizer", _optimizer),
         "optim.warmup_steps_ratio": Map(f"{o}.warmup_ratio"),  # verl < 0.5's name
         "optim.lr_scheduler": Map(f"{o}.lr_scheduler", _scheduler),
+        "optim.eps": Map(f"{o}.eps"),  # optim/automodel.yaml's (and torchtitan's)
         **veomni_optim("optim", "actor", "engine.strategy"),
+        **automodel_optim("optim", "engine.strategy"),
     }
 
 
