@@ -95,7 +95,7 @@ def _optim(prefix: str, role: str) -> dict[str, Rule]:
         f"{prefix}.betas": Map(f"{o}.betas"),
         f"{prefix}.clip_grad": Map(f"{role}.grad_clip", weak=True),  # new-engine copy of grad_clip
         f"{prefix}.min_lr_ratio": Map(f"{o}.min_lr_ratio", r.zero_if_none),
-        f"{prefix}.num_cycles": Map(f"{o}.num_cycles"),
+        f"{prefix}.num_cycles": Map(f"{o}.num_cycles", r.automodel_ignores),
         # verl: a non-null (deprecated) warmup_style overrides lr_scheduler_type
         f"{prefix}.lr_scheduler_type": Map(
             f"{o}.lr_scheduler", r.choice("constant", "cosine", "linear"), weak=True
@@ -119,7 +119,7 @@ def _zero_indexed(prefix: str) -> Transform:
     warmup counts from 0 whatever this says)."""
 
     def fn(v: Any, ctx: Any) -> Any:
-        if v is not False:  # verl's default, temper's count
+        if v is not False or r.automodel_ignores(v, ctx) is None:  # verl's default, ours
             return None
         style = ctx.get(f"{prefix}.warmup_style") or ctx.get(
             f"{prefix}.lr_scheduler_type", ctx.get(f"{prefix}.lr_scheduler", "constant")

@@ -207,14 +207,28 @@ def role_sp(v: Any, ctx: Any) -> Any:
     return None if v == 1 and not legacy else v
 
 
+def optim_strategy(ctx: Any) -> Any:
+    """The engine of the role whose ``optim`` key ``ctx`` translates (the SFT trainer's:
+    ``engine.strategy``)."""
+    role = ctx.path.rsplit("optim.", 1)[0]  # "<role>." (PPO) or "" (SFT)
+    return ctx.get(f"{role}strategy") if role else ctx.get("engine.strategy")
+
+
+def automodel_ignores(v: Any, ctx: Any) -> Any:
+    """``num_cycles`` / ``zero_indexed_step``, which verl's AutoModel optimizer config keeps
+    for compatibility and its schedule never reads (one cosine half-period, from step 0)."""
+    if optim_strategy(ctx) == "automodel":
+        ctx.note("no effect: NeMo AutoModel's schedule has one half-period, counted from 0")
+        return None
+    return v
+
+
 def warmup_steps(v: Any, ctx: Any) -> Any:
     """``lr_warmup_steps`` (null or -1: ``lr_warmup_steps_ratio`` decides). verl's VeOmni
     engine passes only the ratio to its schedule, so there the steps have no effect."""
     if v is None:
         return -1
-    role = ctx.path.rsplit("optim.", 1)[0]  # "<role>." (PPO) or "" (SFT: engine.strategy)
-    strategy = ctx.get(f"{role}strategy") if role else ctx.get("engine.strategy")
-    if isinstance(v, int) and v > 0 and strategy == "veomni":
+    if isinstance(v, int) and v > 0 and optim_strategy(ctx) == "veomni":
         ctx.note("no effect: verl's VeOmni engine warms up by lr_warmup_steps_ratio only")
         return -1
     return v
