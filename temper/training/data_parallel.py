@@ -28,6 +28,7 @@ ZeRO average over every rank.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -62,6 +63,7 @@ from temper.training.ulysses import (
     PACKED_KERNEL,
     SequenceGroup,
     gather_routing,
+    language_model,
     packed_rows,
     padded_rows,
     routing_columns,
@@ -69,9 +71,11 @@ from temper.training.ulysses import (
     sequence_groups,
     shard_columns,
     shard_routing,
+    split_language_model,
     sum_owned,
     use_ulysses,
 )
+from temper.training.vision import vision_forward_inputs
 
 
 def require_process_group(role: str, strategy: str = "fsdp2") -> None:
@@ -229,10 +233,24 @@ class DataParallelEngine(TorchEngine):
             )
         inp = model_inputs(mb, self.device)
         valid = scored_positions(inp)  # (b, r)
-        packed = self._pack_for_columns(inp)
+        # vision-language rows: the model's top forward runs on the whole padded rows (its
+        # vision tower and M-RoPE positions see whole sequences) and its text decoder on
+        # the rank's columns (split_language_model)
+        extra, vision_context = vision_forward_inputs(self.model, mb, inp)
+        packed = self._pack_for_columns(inp) if not extra else None
+        if extra:
+            self.layouts["padded"] += 1
         rows = padded_rows(inp, valid) if packed is None else packed_rows(inp, packed)
         shard = shard_columns(rows, group)
-        model_in = {**shard.model_inputs, CONTEXT_KWARG: shard.context}
+        split: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        model_in: dict[str, Any] = {**shard.model_inputs, "attention_mask": None}
+        if extra:
+            decoder = language_model(self._module())
+            assert decoder is not None  # use_ulysses checked the model
+            model_in = {"input_ids": inp.input_ids, "attention_mask": inp.attention_mask}
+            model_in |= extra
+            split = split_language_model(decoder, rows, group)
+        model_in[CONTEXT_KWARG] = shard.context
         mine: dict[str, torch.Tensor] = {}
         # MoE routing of the rank's columns; a recording gathers the group's (collective)
         record = self._route(
@@ -244,9 +262,9 @@ class DataParallelEngine(TorchEngine):
                 gather_routing(tokens, rows, group), inp, rows, packed
             ),
         )
-        with record, self._autocast():
+        with record, self._autocast(), vision_context, split:
             if self.spec.value_head:
-                values = self._module()(**model_in, attention_mask=None)  # (R, width)
+                values = self._module()(**model_in)  # (R, width)
                 mine["values"] = values[shard.row, shard.keep[shard.at]]
                 link = values.sum() * 0.0
             else:

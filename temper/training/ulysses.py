@@ -29,6 +29,8 @@ layer), or a packed row segment by segment (the segment kernel's layout).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,22 +113,31 @@ def check_heads(role: str, heads: int, kv_heads: int, size: int) -> None:
         )
 
 
+#: Vision-language families whose top forward merges the vision features into the
+#: embeddings of whole rows and hands them, with their M-RoPE positions, to a
+#: ``language_model`` (what :func:`split_language_model` splits).
+VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+
+
 def check_model(config: dict[str, Any], role: str, size: int) -> None:
     """A model's config (``config.json``'s keys) against a Ulysses group of ``size``: a
-    text model whose heads split over the group (pre-flight reads the file; the engine
-    checks the loaded model)."""
+    text model, or a vision-language family of :data:`VL_MODEL_TYPES`, whose (text) heads
+    split over the group (pre-flight reads the file; the engine checks the loaded
+    model)."""
     if size <= 1:
         return
-    if "vision_config" in config:
+    if "vision_config" in config and config.get("model_type") not in VL_MODEL_TYPES:
         raise ConfigError(
             f"{role}.ulysses_sequence_parallel_size",
-            "Ulysses sequence parallelism is built for text models; a vision-language "
-            "model computes its M-RoPE positions and image tokens from whole sequences",
+            f"Ulysses sequence parallelism splits the text decoder of the vision-language "
+            f"families {', '.join(VL_MODEL_TYPES)}; model_type "
+            f"{config.get('model_type')!r} is not one of them",
             "set it to 1",
         )
-    heads = int(config.get("num_attention_heads") or 0)
+    text = config.get("text_config") or config
+    heads = int(text.get("num_attention_heads") or 0)
     if heads:
-        check_heads(role, heads, int(config.get("num_key_value_heads") or heads), size)
+        check_heads(role, heads, int(text.get("num_key_value_heads") or heads), size)
 
 
 # --------------------------------------------------------------------------- MoE routing
@@ -361,7 +372,66 @@ def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> None:
         raise ConfigError(key, "the model is not a transformers model", "set it to 1")
     check_model(top.config.to_dict(), spec.role, size)
     register()
-    top.set_attn_implementation(ULYSSES_KERNEL)
+    # a vision-language model: its text decoder only (the vision tower attends per image)
+    decoder = language_model(model)
+    target = decoder if isinstance(decoder, PreTrainedModel) else top
+    target.set_attn_implementation(ULYSSES_KERNEL)
+
+
+def language_model(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The text decoder of a vision-language model (its ``language_model`` submodule);
+    None for a text model."""
+    return next((m for n, m in model.named_modules() if n.endswith("language_model")), None)
+
+
+def rank_columns(x: Tensor, rows: Rows, group: SequenceGroup, fill: float = 0) -> Tensor:
+    """This rank's columns of ``x`` ``(R, L, …)``, a tensor over the micro-batch's whole
+    padded rows: rotated as :func:`padded_rows` rotates them, right-padded with ``fill``
+    to ``size · width`` columns, and cut to the rank's ``width``."""
+    R, L = x.shape[:2]
+    if rows.rotation is not None:
+        index = rows.rotation.view(R, L, *[1] * (x.dim() - 2)).expand_as(x)
+        x = x.gather(1, index)
+    width = -(-L // group.size)
+    full = x.new_full((R, width * group.size, *x.shape[2:]), fill)
+    full[:, :L] = x
+    return full[:, group.rank * width : (group.rank + 1) * width]
+
+
+@contextlib.contextmanager
+def split_language_model(
+    decoder: torch.nn.Module, rows: Rows, group: SequenceGroup
+) -> Iterator[None]:
+    """While active, the vision-language model's text ``decoder`` runs on this rank's
+    columns: its top forward has merged the vision features into the embeddings of the
+    whole rows and computed their M-RoPE positions (as an unsplit forward does), and this
+    hook cuts both — and Qwen3-VL's deepstack features, the ones of the rank's vision
+    tokens, in order — to the rank's columns. The attention mask stays with the
+    Ulysses context."""
+
+    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple:
+        embeds = kwargs["inputs_embeds"]  # (R, L, H)
+        kwargs["inputs_embeds"] = rank_columns(embeds, rows, group)
+        pos = kwargs.get("position_ids")  # (k, R, L): M-RoPE's (and the text positions)
+        if pos is not None:
+            kwargs["position_ids"] = rank_columns(pos.movedim(0, -1), rows, group).movedim(-1, 0)
+        kwargs["attention_mask"] = None
+        mask = kwargs.get("visual_pos_masks")
+        if mask is not None:  # Qwen3-VL's deepstack: features of the vision tokens
+            order = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
+            order[mask] = torch.arange(int(mask.sum()), device=mask.device)
+            mine = rank_columns(order, rows, group, fill=-1)
+            kwargs["visual_pos_masks"] = mine >= 0
+            kwargs["deepstack_visual_embeds"] = [
+                e[mine[mine >= 0]] for e in kwargs["deepstack_visual_embeds"]
+            ]
+        return args, kwargs
+
+    handle = decoder.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def ulysses_attention(
@@ -425,6 +495,7 @@ __all__ = [
     "CONTEXT_KWARG",
     "PACKED_KERNEL",
     "ULYSSES_KERNEL",
+    "VL_MODEL_TYPES",
     "ColumnShard",
     "Rows",
     "SequenceGroup",
@@ -432,8 +503,10 @@ __all__ = [
     "check_heads",
     "check_model",
     "gather_routing",
+    "language_model",
     "packed_rows",
     "padded_rows",
+    "rank_columns",
     "register",
     "routing_columns",
     "rows_routing",
@@ -441,6 +514,7 @@ __all__ = [
     "sequence_mask",
     "shard_columns",
     "shard_routing",
+    "split_language_model",
     "sum_owned",
     "ulysses_attention",
     "use_ulysses",

@@ -321,3 +321,38 @@ def test_qwen3_vl_trains_on_image_rows(tmp_path, monkeypatch):
     moved = [k for k in a if not torch.equal(a[k], b[k])]
     tower = [k for k in moved if "visual" in k]
     assert tower and len(moved) > len(tower), moved
+
+
+def test_verl_vl_example_trains_with_ulysses_on_ray(tmp_path, tiny_vlm_dir, monkeypatch):
+    """The geo3k example on two Ray ranks as one Ulysses group
+    (``ulysses_sequence_parallel_size=2``): actor and reference split every image row's
+    text decoder over both ranks; both steps train and validate."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    overrides = [
+        f"actor_rollout_ref.model.path={tiny_vlm_dir}",
+        f"data.train_files={TASK}",
+        f"data.val_files={TASK}",
+        "data.max_prompt_length=64",
+        "data.max_response_length=4",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={tmp_path / 'verl-sp'}",
+    ]
+    cfg = load_config(EXAMPLES / "verl_geo3k_vl_grpo.yaml", overrides).config
+    assert (cfg.resources.backend, cfg.actor.strategy, cfg.reference.strategy) == (
+        "ray",
+        "fsdp2",
+        "fsdp2",
+    )
+    assert cfg.actor.ulysses_sequence_parallel_size == 2
+    metrics = run_example("verl_geo3k_vl_grpo.yaml", overrides)
+    train_rows = [r for r in metrics if "train/reward_mean" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    assert all("actor/kl" in r and r["actor/grad_norm"] > 0 for r in train_rows)
+    assert any("val/reward_mean" in r for r in metrics)

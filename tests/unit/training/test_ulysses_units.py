@@ -18,8 +18,10 @@ from temper.training.ulysses import (
     check_model,
     packed_rows,
     padded_rows,
+    rank_columns,
     sequence_mask,
     shard_columns,
+    split_language_model,
 )
 
 
@@ -118,9 +120,55 @@ def test_preflight_refuses_a_model_ulysses_cannot_split() -> None:
         check_model(llama, "actor", 3)
     assert err.value.key == "actor.ulysses_sequence_parallel_size"
     assert "4 attention heads cannot be split over 3 ranks" in err.value.reason
-    with pytest.raises(ConfigError, match="vision-language"):
-        check_model({**llama, "vision_config": {}}, "critic", 2)
-    check_model({**llama, "vision_config": {}}, "critic", 1)
+    with pytest.raises(ConfigError, match="vision-language families"):
+        check_model({**llama, "vision_config": {}, "model_type": "llava"}, "critic", 2)
+    check_model({**llama, "vision_config": {}, "model_type": "llava"}, "critic", 1)
+    # a Qwen-VL family splits its text decoder: the text config's heads count
+    qwen_vl = {"model_type": "qwen2_5_vl", "vision_config": {}, "text_config": llama}
+    check_model(qwen_vl, "actor", 2)
+    with pytest.raises(ConfigError, match="4 attention heads"):
+        check_model(qwen_vl, "actor", 3)
+
+
+def test_the_text_decoder_of_a_vl_model_gets_the_rank_columns_of_whole_rows() -> None:
+    """What :func:`split_language_model` hands a VL model's text decoder: the rank's
+    columns of the whole rows' embeddings and M-RoPE positions (rotated as the padded
+    rows), and — Qwen3-VL's deepstack — the features of exactly the vision tokens in
+    those columns, in order: over the group, each once."""
+    inp = inputs([3, 1, 2], [4, 2, 1])  # L = 7, rows rotated by their left padding
+    rows = padded_rows(inp, scored_positions(inp))
+    R, L = inp.input_ids.shape
+    embeds = inp.input_ids.float()[..., None].expand(R, L, 2)
+    positions = torch.stack([inp.input_ids * k for k in (1, 10, 100)])  # (3, R, L)
+    visual = torch.zeros(R, L, dtype=torch.bool)
+    visual[0, 2:6] = visual[2, 4:6] = True  # vision tokens on both sides of the split
+    n = int(visual.sum())
+    deepstack = [torch.arange(n).float()[:, None] * s for s in (1.0, -1.0)]
+    seen: list[torch.Tensor] = []
+    for rank in range(2):
+        got: dict[str, Any] = {}
+        decoder = torch.nn.Module()
+        decoder.forward = lambda got=got, **kw: got.update(kw)  # type: ignore[method-assign]
+        with split_language_model(decoder, rows, group(2, rank)):
+            decoder(
+                inputs_embeds=embeds,
+                position_ids=positions,
+                attention_mask=inp.attention_mask,
+                visual_pos_masks=visual,
+                deepstack_visual_embeds=deepstack,
+            )
+        ids = rank_columns(inp.input_ids, rows, group(2, rank), fill=-1)
+        shard = shard_columns(rows, group(2, rank))  # the text path's columns
+        assert torch.equal(ids.clamp(min=0), shard.model_inputs["input_ids"])
+        assert torch.equal(got["inputs_embeds"][..., 0], ids.clamp(min=0).float())
+        assert torch.equal(got["position_ids"][1], ids.clamp(min=0) * 10)
+        assert got["attention_mask"] is None
+        mine = got["deepstack_visual_embeds"]
+        assert len(mine[0]) == int(got["visual_pos_masks"].sum())
+        assert torch.equal(mine[1], -mine[0])
+        seen.append(mine[0][:, 0])
+    assert seen[0].numel() and seen[1].numel()  # the split falls inside the vision tokens
+    assert sorted(torch.cat(seen).tolist()) == list(range(n))
 
 
 def test_data_parallel_engines_split_sequences() -> None:
