@@ -323,7 +323,9 @@ def test_qwen3_vl_trains_on_image_rows(tmp_path, monkeypatch):
     assert tower and len(moved) > len(tower), moved
 
 
-def test_verl_vl_example_trains_with_ulysses_on_ray(tmp_path, tiny_vlm_dir, monkeypatch):
+def test_verl_vl_example_trains_with_ulysses_on_ray(
+    tmp_path, tiny_vlm_dir, monkeypatch, ray_session
+):
     """The geo3k example on two Ray ranks as one Ulysses group
     (``ulysses_sequence_parallel_size=2``): actor and reference split every image row's
     text decoder over both ranks; both steps train and validate."""
