@@ -97,7 +97,7 @@ def refuse_other_engine(v: Any, ctx: Any) -> None:
     if v in OTHER_TRAINING_ENGINES:
         raise ctx.error(
             f"verl's {OTHER_TRAINING_ENGINES[v]} training engine ('{v}') is not one temper has",
-            "use model_engine: dp (FSDP2) or model_engine: megatron (Megatron-Core)",
+            "use model_engine: dp or veomni (FSDP2), or model_engine: megatron (Megatron-Core)",
         )
 
 

@@ -59,7 +59,7 @@ def _model_engine(v: Any, ctx: Any) -> Any:
         )
     ctx.note(
         "model_engine picks verl's per-role config files; it sets actor.strategy as the "
-        "actor's strategy key does (dp: fsdp2)"
+        "actor's strategy key does (dp and veomni: fsdp2)"
     )
     # dp is verl's FSDP engine and veomni its VeOmni one (FSDP2), which temper runs as
     # fsdp2 (as their strategy keys do)
