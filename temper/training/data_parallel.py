@@ -63,11 +63,9 @@ from temper.training.ulysses import (
     PACKED_KERNEL,
     SequenceGroup,
     gather_routing,
-    language_model,
     packed_rows,
     padded_rows,
     routing_columns,
-    rows_routing,
     sequence_groups,
     shard_columns,
     shard_routing,
@@ -113,6 +111,8 @@ class DataParallelEngine(TorchEngine):
     _comm_device: torch.device = torch.device("cpu")
     #: this rank's Ulysses group (None: ``ulysses_sequence_parallel_size`` 1)
     sequence: SequenceGroup | None = None
+    #: a vision-language model's text decoder, which Ulysses splits (None: a text model)
+    _decoder: torch.nn.Module | None = None
 
     def _join_group(self, spec: EngineSpec) -> EngineSpec:
         """Rank, world size and device of this process in the default process group;
@@ -143,7 +143,7 @@ class DataParallelEngine(TorchEngine):
     def _load_model(self) -> torch.nn.Module:
         model = super()._load_model()
         if self.sequence is not None:
-            use_ulysses(model, self.spec, self.sequence.size)
+            self._decoder = use_ulysses(model, self.spec, self.sequence.size)
         return model
 
     def _sparse_tied_embedding_grad(self) -> None:
@@ -245,11 +245,10 @@ class DataParallelEngine(TorchEngine):
         split: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         model_in: dict[str, Any] = {**shard.model_inputs, "attention_mask": None}
         if extra:
-            decoder = language_model(self._module())
-            assert decoder is not None  # use_ulysses checked the model
+            assert self._decoder is not None  # use_ulysses checked the model's family
             model_in = {"input_ids": inp.input_ids, "attention_mask": inp.attention_mask}
             model_in |= extra
-            split = split_language_model(decoder, rows, group)
+            split = split_language_model(self._decoder, rows, group)
         model_in[CONTEXT_KWARG] = shard.context
         mine: dict[str, torch.Tensor] = {}
         # MoE routing of the rank's columns; a recording gathers the group's (collective)
@@ -257,7 +256,7 @@ class DataParallelEngine(TorchEngine):
             mb,
             inp,
             packed,
-            to_model=lambda routed: shard_routing(rows_routing(routed, rows, packed), group),
+            to_model=lambda routed: shard_routing(routed, rows, packed, group),
             to_columns=lambda tokens: routing_columns(
                 gather_routing(tokens, rows, group), inp, rows, packed
             ),

@@ -143,21 +143,11 @@ def check_model(config: dict[str, Any], role: str, size: int) -> None:
 # --------------------------------------------------------------------------- MoE routing
 
 
-def rows_routing(routed: Tensor, rows: Rows, packed: PackedInputs | None) -> Tensor:
-    """A micro-batch's routing ``(b, W, n, k)`` (:func:`~temper.training.router_replay.
-    micro_routing`) laid out as ``rows``: ``(R, L, n, k)``."""
-    if packed is not None:
-        return to_packed(routed, packed.token_index, packed.input_ids.shape[1])[None]
-    assert rows.rotation is not None
-    index = rows.rotation[..., None, None].expand(-1, -1, *routed.shape[2:])
-    return routed.gather(1, index)
-
-
 def routing_columns(
     per_row: Tensor, inp: ModelInputs, rows: Rows, packed: PackedInputs | None
 ) -> Tensor:
-    """Inverse of :func:`rows_routing`: ``(R, L, n, k)`` -> ``(b, W, n, k)``, ``-1`` at
-    padding."""
+    """The whole rows' routing ``(R, L, n, k)`` -> the micro-batch's ``(b, W, n, k)``,
+    ``-1`` at padding (inverse of the layout :func:`shard_routing` cuts from)."""
     if packed is not None:
         return from_packed(per_row[0], packed.token_index)
     assert rows.rotation is not None
@@ -166,14 +156,18 @@ def routing_columns(
     return out.masked_fill(~(inp.attention_mask > 0)[..., None, None], -1)
 
 
-def shard_routing(per_row: Tensor, group: SequenceGroup) -> Tensor:
-    """This rank's columns of ``(R, L, n, k)`` routing, in the order its routers see
+def shard_routing(
+    routed: Tensor, rows: Rows, packed: PackedInputs | None, group: SequenceGroup
+) -> Tensor:
+    """A micro-batch's routing ``(b, W, n, k)`` (:func:`~temper.training.router_replay.
+    micro_routing`) cut to this rank's columns of ``rows``, in the order its routers see
     them: ``(R · width, n, k)``, row-major (``-1`` in the padding columns)."""
-    R, L = per_row.shape[:2]
-    width = -(-L // group.size)
-    full = per_row.new_full((R, width * group.size, *per_row.shape[2:]), -1)
-    full[:, :L] = per_row
-    return full[:, group.rank * width : (group.rank + 1) * width].reshape(-1, *per_row.shape[2:])
+    per_row = (
+        routed
+        if packed is None
+        else to_packed(routed, packed.token_index, rows.input_ids.shape[1])[None]
+    )
+    return rank_columns(per_row, rows, group, fill=-1).reshape(-1, *routed.shape[2:])
 
 
 def gather_routing(tokens: Tensor, rows: Rows, group: SequenceGroup) -> Tensor:
@@ -361,7 +355,7 @@ def shard_columns(rows: Rows, group: SequenceGroup) -> ColumnShard:
     )
 
 
-def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> None:
+def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> torch.nn.Module | None:
     """Run ``model``'s attention as :func:`ulysses_attention` (checks that its heads split
     over ``size`` ranks, and that the engine has nothing Ulysses does not split)."""
     from transformers import PreTrainedModel
@@ -376,6 +370,7 @@ def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> None:
     decoder = language_model(model)
     target = decoder if isinstance(decoder, PreTrainedModel) else top
     target.set_attn_implementation(ULYSSES_KERNEL)
+    return decoder
 
 
 def language_model(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -509,7 +504,6 @@ __all__ = [
     "rank_columns",
     "register",
     "routing_columns",
-    "rows_routing",
     "sequence_groups",
     "sequence_mask",
     "shard_columns",
