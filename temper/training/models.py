@@ -267,7 +267,10 @@ class ValueModel(nn.Module):
             hidden = hidden[:, -keep_last:]
         if keep_index is not None:
             hidden = hidden[:, keep_index]
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        # a copy, not a view: FSDP2 hooks its backward on the output, and warns that an
+        # in-place edit of a view output would skip that hook
+        return values.to(torch.float32, copy=True)
 
     def save_pretrained(
         self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None

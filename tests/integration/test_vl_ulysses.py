@@ -98,3 +98,58 @@ def test_vl_sequence_parallel_ranks_match_single_process(tmp_path, family):
             torch.testing.assert_close(w, ref[k], atol=2e-6, rtol=1e-5, msg=k)
     visual = [k for k in before if ".visual." in f".{k}"]
     assert visual and all(not torch.equal(before[k], ref[k]) for k in visual)
+
+
+def _sp_critic(path: str, strategy: str, sp: int):
+    from temper.config.schema import CriticConfig, ModelConfig, OptimConfig
+    from temper.roles.critic import Critic
+    from temper.training.micro_batching import MicroBatching
+    from temper.training.registry import build_engine
+    from temper.training.spec import EngineSpec
+
+    cfg = CriticConfig(
+        strategy=strategy,
+        use_dynamic_bsz=True,
+        max_token_len_per_device=90,
+        optim=OptimConfig(lr=0.1, eps=1.0, weight_decay=0.0),
+        ulysses_sequence_parallel_size=sp,
+    )
+    spec = EngineSpec(
+        model=ModelConfig(path=path),
+        device=torch.device("cpu"),
+        kind="value",
+        train=cfg,
+        infer_micro=MicroBatching(size=2),
+        role="critic",
+    )
+    return Critic(cfg, build_engine(strategy, spec))
+
+
+def _critic_rank(rank: int, world: int, path: str, batch: Batch) -> dict:
+    critic = _sp_critic(path, "fsdp2", 2)
+    values = critic.compute_values(batch)["values"]
+    critic.update(batch)
+    full = {k: v.detach().clone() for k, v in critic.engine.named_weights()}  # collective
+    return {"values": values, "weights": full}
+
+
+def test_vl_value_model_under_ulysses_matches_single_process(tmp_path):
+    """A VL critic (``critic.ulysses_sequence_parallel_size`` 2): values over images and the
+    weights after a value update, vision tower included, equal one process's."""
+    from temper.utils.tiny_vlm import make_tiny_vlm
+
+    path = str(make_tiny_vlm(tmp_path / "m", family="qwen2_vl"))
+    batch = _image_batch(path, tmp_path, _vl_actor(path, "torch", False))
+    single = _sp_critic(path, "torch", 1)
+    batch = single.compute_values(batch)
+    batch["returns"] = batch["values"] + 0.5 * batch["response_mask"].float()
+    before = {k: v.clone() for k, v in single.engine.named_weights()}
+    single.update(batch)
+    ref = {k: v.clone() for k, v in single.engine.named_weights()}
+
+    for r in spawn_ranks(_critic_rank, 2, path, batch):
+        torch.testing.assert_close(r["values"], batch["values"], atol=1e-5, rtol=1e-5)
+        for k, w in r["weights"].items():
+            torch.testing.assert_close(w, ref[k], atol=2e-6, rtol=1e-5, msg=k)
+    visual = [k for k in before if ".visual." in f".{k}"]
+    assert visual and all(not torch.equal(before[k], ref[k]) for k in visual)
