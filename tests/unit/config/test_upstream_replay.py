@@ -88,6 +88,15 @@ def test_shell_defaults_arithmetic_and_field_splitting():
     assert words(text, env)[-1] == ["run", "x=1", "y=2", "z=4100", "p=/h/p", "q=dflt", "r=cmdsubst"]
 
 
+def test_shell_empty_expansion_assigns_the_empty_string():
+    """``X=${UNSET:-}`` makes X empty (not a space), so a later ``${X:-2}`` takes its
+    default — verl 0.9's scripts derive their defaults this way."""
+    env: dict[str, str] = {}
+    cmds = _Lexer("tp=${TP:-}\ntp=${tp:-2}\nrun a=${tp} $UNSET b\n", env).commands()
+    assert cmds[-1] == ["run", "a=2", "b"]
+    assert env["tp"] == "2"
+
+
 def test_shell_comment_after_escaped_space_ends_the_command():
     """bash: ``a \\  # note`` is the word ' ', then a comment that ends the command —
     verl's run_deepseek7b_llm_pfppo.sh is broken this way upstream."""

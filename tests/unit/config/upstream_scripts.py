@@ -233,7 +233,7 @@ class _Lexer:
                 buf.append(self._double_quoted())
             elif c == "$":
                 assignment = assignment or bool(_ASSIGN.match("".join(buf)))
-                buf.append(_SPLIT.join(self._dollar().split()) or _SPLIT)
+                buf.append(_SPLIT.join(self._dollar().split()))
             else:
                 buf.append(c)
                 self.i += 1
