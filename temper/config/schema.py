@@ -413,7 +413,9 @@ class OptimConfig:
     betas: list[float] = doc([0.9, 0.999], "Adam betas.")
     eps: float = doc(1e-8, "Adam epsilon.")
     lr_scheduler: str = doc(
-        "constant", "Schedule after warmup (constant, linear, cosine).", registry="lr_scheduler"
+        "constant",
+        "Schedule after warmup (constant, linear, cosine, sqrt).",
+        registry="lr_scheduler",
     )
     warmup_steps: int = doc(0, "Linear warmup optimizer steps; -1 uses warmup_ratio.")
     warmup_ratio: float = doc(0.0, "Warmup as a fraction of total optimizer steps.")
@@ -421,7 +423,12 @@ class OptimConfig:
     num_cycles: float = doc(0.5, "Cosine cycles over the decay.")
     total_training_steps: int | None = doc(None, "Optimizer steps of the schedule; None derives.")
     zero_indexed_step: bool = doc(
-        True, "Schedule counts optimizer steps from 0; false from 1 (torchtitan's count)."
+        True, "Schedule counts optimizer steps from 0; false from 1 (warmup and decay alike)."
+    )
+    warmup_from_one: bool = doc(
+        False,
+        "Warmup counts the update being taken ((s+1)/W at update s, from 0) while the decay "
+        "counts completed updates, as torchtitan's schedule does.",
     )
 
 

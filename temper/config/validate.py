@@ -128,6 +128,13 @@ def _check_optim(key: str, optim: OptimConfig) -> None:
             f"moments), each in [0, 1); got {betas}",
             f"set {key}.betas to two numbers in [0, 1), e.g. [0.9, 0.999]",
         )
+    if optim.warmup_from_one and not optim.zero_indexed_step:
+        raise ConfigError(
+            f"{key}.warmup_from_one",
+            "zero_indexed_step: false already counts every step from 1; with both, the "
+            "warmup would count the update being taken twice",
+            f"set {key}.zero_indexed_step: true, or warmup_from_one: false",
+        )
 
 
 #: numpy's legacy seeding takes 0 ≤ seed < 2**32 (torch and random take any int).

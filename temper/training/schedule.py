@@ -6,13 +6,16 @@ is often known only once the pipeline has sized the dataset, so :class:`LRSchedu
 takes it late (``set_total_steps``) and asks for it only when a schedule needs it.
 
 Conventions follow verl / Hugging Face: at step ``s`` (the count of completed optimizer
-steps, plus 1 with ``optim.zero_indexed_step: false``, torchtitan's count that starts
-the first update one step into the warmup) with ``W`` warmup steps and ``T`` total steps,
+steps, plus 1 with ``optim.zero_indexed_step: false``) with ``W`` warmup steps and ``T``
+total steps,
 
-* warmup (``s < W``): ``s / W``;
+* warmup (``s < W``): ``s / W``, or ``(s + 1) / W`` with ``optim.warmup_from_one``
+  (torchtitan's ``LambdaLR``: the first update already one step into the warmup, the
+  decay still counted from completed updates);
 * ``constant``: 1;
 * ``linear``: ``m + (1 - m)·max(0, 1 - p)``;
 * ``cosine``: ``m + (1 - m)·½(1 + cos(2π·c·p))``;
+* ``sqrt``: ``m + (1 - m)·(1 - √p)`` (torchtitan's ``sqrt`` decay);
 
 with ``p = (s - W) / max(1, T - W)``, ``m = min_lr_ratio``, ``c = num_cycles``
 (0.5 = one half-period, decaying to ``m`` at ``T``).
@@ -45,12 +48,18 @@ def _cosine(progress: float, num_cycles: float) -> float:
     return 0.5 * (1.0 + math.cos(2.0 * math.pi * num_cycles * progress))
 
 
+def _sqrt(progress: float, _num_cycles: float) -> float:
+    """``1 - √p``."""
+    return 1.0 - math.sqrt(progress)
+
+
 #: The decay after warmup, by ``optim.lr_scheduler``: ``decay(p, c)`` in [0, 1] (the
 #: multiplier is then ``m + (1 - m)·decay``); ``constant`` alone needs no total steps.
 SCHEDULES: Registry[Callable[[float, float], float]] = Registry("lr schedule")
 SCHEDULES.add("constant", _constant)
 SCHEDULES.add("linear", _linear)
 SCHEDULES.add("cosine", _cosine)
+SCHEDULES.add("sqrt", _sqrt)
 
 
 def resolve_warmup_steps(warmup_steps: int, warmup_ratio: float, total_steps: int | None) -> int:
@@ -72,11 +81,12 @@ def lr_multiplier(
     warmup_steps: int = 0,
     min_lr_ratio: float = 0.0,
     num_cycles: float = 0.5,
+    warmup_from_one: bool = False,
 ) -> float:
     """Factor applied to the peak lr at optimizer step ``step`` (see module doc)."""
     decay = SCHEDULES.get(schedule)  # validation names the key for an unknown one
     if step < warmup_steps:
-        return step / max(1, warmup_steps)
+        return (step + warmup_from_one) / max(1, warmup_steps)
     if schedule == "constant":
         return 1.0
     if total_steps is None:
@@ -114,6 +124,7 @@ class LRSchedule:
             warmup_steps=warmup,
             min_lr_ratio=self.cfg.min_lr_ratio,
             num_cycles=self.cfg.num_cycles,
+            warmup_from_one=self.cfg.warmup_from_one,
         )
 
     def apply(self) -> float:

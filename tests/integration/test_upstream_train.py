@@ -680,3 +680,31 @@ def test_verl_09_veomni_command_line_trains(tmp_path, tiny_model_dir, monkeypatc
     assert resolved.actor.optim.lr_scheduler == "cosine"  # optim/veomni.yaml's schedule
     train = _train(config, line, out)
     assert all("actor/kl_loss" in r for r in train)
+
+
+@pytest.mark.slow
+def test_verl_09_torchtitan_config_trains(tmp_path, tiny_model_dir, monkeypatch):
+    """verl 0.9's composed ``model_engine=torchtitan`` config (GRPO: TorchTitan has no value
+    model), 16 prompts × 4 responses a step on temper's fsdp2 engine, with torchtitan's
+    schedule (warmup counted from the update being taken, decay over its 10000 steps)."""
+    monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    config = UPSTREAM / V0_9 / "verl/trainer/config/_generated_ppo_torchtitan_trainer.yaml"
+    out = tmp_path / "verl09-torchtitan"
+    line = [
+        *_verl(tiny_model_dir, out),
+        "algorithm.adv_estimator=grpo",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
+        "actor_rollout_ref.actor.optim.decay_type=cosine",
+    ]
+    resolved = load_config(config, line).config
+    assert (resolved.actor.strategy, resolved.reference.strategy) == ("fsdp2", "fsdp2")
+    assert resolved.actor.optim.warmup_from_one and resolved.actor.grad_clip == 1.0
+    train = _train(config, line, out)
+    assert [r["actor/lr"] for r in train] == pytest.approx([0.5e-6, 1e-6])

@@ -229,6 +229,32 @@ def test_engine_file_on_veomni_runs_fsdp2():
         load_config(ENGINE, [*overrides, "engine.expert_parallel_size=2"])
 
 
+def test_engine_file_on_torchtitan_runs_fsdp2():
+    """``engine=torchtitan optim=torchtitan``: verl's TorchTitan engine is FSDP2 over its
+    shard × replicate mesh, with torchtitan's schedule (decay over its own 10000 steps)
+    and its clip; parallelism beyond data is refused."""
+    overrides = [
+        "engine=torchtitan",
+        "optim=torchtitan",
+        "trainer.n_gpus_per_node=2",
+        "engine.data_parallel_shard_size=2",
+        "optim.lr_warmup_steps=10",
+        "optim.decay_type=sqrt",
+    ]
+    actor = load_config(ENGINE, overrides).config.actor
+    assert actor.strategy == "fsdp2" and actor.fsdp.fsdp_size == -1  # one group: all ranks
+    assert (actor.optim.lr_scheduler, actor.optim.total_training_steps) == ("sqrt", 10000)
+    assert actor.optim.warmup_from_one and actor.grad_clip == 1.0
+    for override, words in [
+        ("engine.data_parallel_shard_size=1", "must cover them"),
+        ("engine.tensor_parallel_size=2", "tensor parallelism"),
+        ("optim.lr_warmup_steps_ratio=0.1", "lr_warmup_steps"),  # with steps unset
+    ]:
+        extra = ["optim.lr_warmup_steps=-1"] if "ratio" in override else []
+        with pytest.raises(ConfigError, match=words):
+            load_config(ENGINE, [*overrides, *extra, override])
+
+
 AUTOMODEL = ["engine=automodel", "optim=automodel", "trainer.n_gpus_per_node=4"]
 
 

@@ -119,6 +119,15 @@ def test_an_icepop_band_needs_a_positive_low_below_the_threshold():
     assert ok.actor.rollout_is_threshold_low == 0.5
 
 
+def test_warmup_from_one_is_refused_with_a_schedule_already_counted_from_one():
+    optim = {"warmup_from_one": True, "zero_indexed_step": False}
+    with pytest.raises(ConfigError) as err:
+        build_config(cfg(actor={"optim": optim}))
+    assert one_line(err).startswith("actor.optim.warmup_from_one: zero_indexed_step: false")
+    ok = build_config(cfg(actor={"optim": {"warmup_from_one": True}}))
+    assert ok.actor.optim.warmup_from_one
+
+
 def test_is_weights_need_a_recompute_else_each_would_be_one():
     with pytest.raises(ConfigError) as err:
         build_config(cfg(actor={"rollout_is": "token", "recompute_old_log_prob": False}))

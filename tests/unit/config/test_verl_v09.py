@@ -123,14 +123,75 @@ def test_veomni_schedule_is_temper_schedule_step_for_step():
         schedule.step()
 
 
-@pytest.mark.parametrize(("engine", "name"), [("torchtitan", "TorchTitan")])
-def test_other_training_engines_are_refused_by_name_before_their_files_keys(engine, name):
-    raw = load_yaml(CONFIG / "ppo_trainer.yaml", [f"model_engine={engine}"])
-    with pytest.raises(ConfigError) as err:  # the whole file: its keys come after
-        translate_verl(raw, CATALOG)
-    text = str(err.value)
-    assert text.startswith("model_engine: ") and name in text and "\n" not in text
-    assert "model_engine: dp" in text  # the fix
+def test_model_engine_torchtitan_composes_its_role_files_and_runs_fsdp2():
+    """TorchTitan's engine is FSDP2 over ``shard × replicate`` ranks: its ``torchtitan``
+    sections (HSDP here) and its optimizer translate onto temper's fsdp2 engine, with
+    what verl's engine takes from torchtitan's defaults (the schedule's total, the clip)."""
+    data = composed(
+        "ppo_trainer.yaml",
+        "model_engine=torchtitan",
+        "algorithm.adv_estimator=grpo",  # verl's TorchTitan engine has no value model
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.actor.torchtitan.data_parallel_shard_size=2",
+        "actor_rollout_ref.actor.torchtitan.data_parallel_replicate_size=2",
+        "actor_rollout_ref.actor.torchtitan.param_offload=true",
+        "actor_rollout_ref.actor.optim.clip_grad=0.5",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=5",
+    )
+    assert "torchtitan" in data["actor_rollout_ref"]["actor"]  # torchtitan_actor.yaml's
+    assert strategies(data) == ("fsdp2", "fsdp2", "fsdp2")
+    actor = native(data)["actor"]
+    assert actor["fsdp"]["fsdp_size"] == 2 and actor["fsdp"]["param_offload"] is True
+    assert actor["grad_clip"] == 1.0  # torchtitan's training.max_norm, not clip_grad
+    optim = actor["optim"]
+    assert optim["lr_scheduler"] == "linear" and optim["total_training_steps"] == 10000
+    assert optim["warmup_steps"] == 5 and optim["warmup_from_one"] is True
+
+
+def test_torchtitan_critic_is_refused_where_verl_builds_one():
+    data = composed("ppo_trainer.yaml", "model_engine=torchtitan", "trainer.n_gpus_per_node=1")
+    with pytest.raises(ConfigError) as err:  # ppo_trainer.yaml's gae builds a critic
+        native(data)
+    assert str(err.value).startswith("critic.torchtitan.strategy: ")
+    assert "language models only" in str(err.value)
+
+
+@pytest.mark.parametrize("decay", ["linear", "sqrt", "cosine"])
+def test_torchtitan_schedule_is_temper_schedule_step_for_step(decay):
+    """torchtitan's ``LambdaLR`` (``linear_warmup_stable_decay``) written out by hand for
+    verl's engine, which leaves ``training.steps`` at T = 10000 and ``decay_ratio`` unset:
+    at update ``s`` (from 0), ``(s + 1) / W`` while ``s < W``, 1 at ``s = W`` (its one
+    stable step), then ``m + (1 - m)·f((s - W) / (T - W))`` with ``f`` linear ``1 - p``,
+    sqrt ``1 - √p`` or cosine ``½(1 + cos πp)``. The translated optimizer gives the same
+    learning rate at every update (early ones, and the last ones of the decay)."""
+    lr, warmup, floor, total = 1e-6, 4, 0.1, 10000
+    data = composed(
+        "ppo_trainer.yaml",
+        "model_engine=torchtitan",
+        "algorithm.adv_estimator=grpo",
+        "trainer.n_gpus_per_node=1",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps={warmup}",
+        f"actor_rollout_ref.actor.optim.decay_type={decay}",
+        f"actor_rollout_ref.actor.optim.min_lr_factor={floor}",
+    )
+    optim = OptimConfig(**native(data)["actor"]["optim"])
+    schedule = LRSchedule(torch.optim.SGD([torch.zeros(1)], lr=lr), optim)
+    shapes = {
+        "linear": lambda p: 1 - p,
+        "sqrt": lambda p: 1 - math.sqrt(p),
+        "cosine": lambda p: 0.5 * (1 + math.cos(math.pi * p)),
+    }
+    for step in [*range(12), 5000, 9998, 9999, 10000]:
+        if step < warmup:
+            factor = (step + 1) / warmup
+        elif step == warmup:
+            factor = 1.0
+        else:
+            p = (step + 1 - (warmup + 1)) / (total - warmup)
+            factor = floor + (1 - floor) * shapes[decay](p)
+        schedule.step_count = step
+        assert schedule.apply() == pytest.approx(lr * factor, rel=1e-9, abs=1e-15), step
 
 
 def test_a_short_file_naming_only_the_group_gets_its_strategy():

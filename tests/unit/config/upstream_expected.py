@@ -536,7 +536,7 @@ EXPECTED: dict[str, str] = {
     "verl-2026-08-1dda039/verl/experimental/one_step_off_policy/shell/grpo_3b_gsm8k_fsdp2_2_6.sh": "passes",
     "verl-2026-08-1dda039/verl/experimental/one_step_off_policy/shell/grpo_qwen3_8b_gsm8k_fsdp2_8_8_npu.sh": "passes",
     "verl-2026-08-1dda039/verl/trainer/config/_generated_ppo_megatron_trainer.yaml": "passes",
-    "verl-2026-08-1dda039/verl/trainer/config/_generated_ppo_torchtitan_trainer.yaml": "engine: veomni/torchtitan",
+    "verl-2026-08-1dda039/verl/trainer/config/_generated_ppo_torchtitan_trainer.yaml": "torchtitan: mesh",
     "verl-2026-08-1dda039/verl/trainer/config/_generated_ppo_trainer.yaml": "passes",
     "verl-2026-08-1dda039/verl/trainer/config/_generated_ppo_veomni_trainer.yaml": "passes",
     "verl-2026-08-1dda039/verl/trainer/config/evaluation.yaml": "passes",

@@ -177,7 +177,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("pipeline: prime", r"verl PRIME recipe"),
     ("engine: sglang", r"'sglang'"),
     ("engine: trtllm", r"TensorRT-LLM"),
-    ("engine: veomni/torchtitan", r"(VeOmni|TorchTitan|NeMo AutoModel) training engine"),
+    ("torchtitan: mesh", r"torchtitan's mesh must cover"),
     ("env manager", r"custom ROLL env manager class"),
     ("agent runner", r"custom ROLL agent runner"),
     (
@@ -214,7 +214,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("checkpoint contents", r"checkpoints without (model|optimizer|extra)"),
     ("file: no model", r"no policy model given"),
     ("multi-token prediction", r"multi-token prediction is not supported"),
-    ("engine: automodel", r"automodel training engine"),
+    ("engine: automodel", r"(automodel|NeMo AutoModel) training engine"),
     (
         "batch arithmetic",
         r"mini-batch|contiguous|outside the \d+ devices|cannot be split evenly"

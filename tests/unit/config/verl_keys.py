@@ -561,11 +561,49 @@ model_engine megatron +actor_rollout_ref.actor.strategy=megatron -> actor.strate
 model_engine megatron !! role files (strategy megatron)
 model_engine veomni +actor_rollout_ref.actor.strategy=veomni -> actor.strategy = fsdp2
 model_engine veomni !! role files (strategy veomni)
-model_engine torchtitan !! TorchTitan
+model_engine torchtitan +actor_rollout_ref.actor.strategy=torchtitan -> actor.strategy = fsdp2
+model_engine torchtitan !! role files (strategy torchtitan)
+model_engine automodel !! NeMo AutoModel
 model_engine fsdp !! not supported
 actor_rollout_ref.actor.strategy veomni -> actor.strategy = fsdp2
 critic.strategy veomni -> critic.strategy = fsdp2
-critic.strategy torchtitan !! TorchTitan
+actor_rollout_ref.actor.strategy torchtitan -> actor.strategy = fsdp2
+critic.strategy torchtitan -> critic.strategy = fsdp2
+# verl 0.9's TorchTitan engine (engine/torchtitan.yaml: TorchtitanEngineConfig; optim/
+# torchtitan.yaml): FSDP2 over shard × replicate ranks; torchtitan's LambdaLR over its own
+# 10000 training steps, clipped at its max_norm (verl passes neither)
+actor_rollout_ref.actor.torchtitan.param_offload true +actor_rollout_ref.actor.strategy=torchtitan -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.param_offload
+actor_rollout_ref.actor.torchtitan.optimizer_offload true +actor_rollout_ref.actor.strategy=torchtitan -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.optimizer_offload
+actor_rollout_ref.actor.torchtitan.reshard_after_forward never +actor_rollout_ref.actor.strategy=torchtitan -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.reshard_after_forward = false
+actor_rollout_ref.actor.torchtitan.reshard_after_forward sometimes +actor_rollout_ref.actor.strategy=torchtitan -actor_rollout_ref.actor.fsdp_config !! not supported
+actor_rollout_ref.actor.torchtitan.data_parallel_shard_size 8 +actor_rollout_ref.actor.strategy=torchtitan -actor_rollout_ref.actor.fsdp_config noted
+actor_rollout_ref.actor.torchtitan.data_parallel_shard_size 4 +actor_rollout_ref.actor.strategy=torchtitan -actor_rollout_ref.actor.fsdp_config +actor_rollout_ref.actor.torchtitan.data_parallel_replicate_size=2 -> actor.fsdp.fsdp_size = 4
+actor_rollout_ref.actor.torchtitan.data_parallel_shard_size 1 +actor_rollout_ref.actor.strategy=torchtitan -actor_rollout_ref.actor.fsdp_config !! must cover them
+actor_rollout_ref.actor.torchtitan.data_parallel_shard_size -1 +actor_rollout_ref.actor.strategy=torchtitan -actor_rollout_ref.actor.fsdp_config !! shard × replicate
+actor_rollout_ref.actor.torchtitan.tensor_parallel_size 2 +actor_rollout_ref.actor.strategy=torchtitan !! tensor parallelism
+actor_rollout_ref.actor.torchtitan.expert_parallel_size 1 +actor_rollout_ref.actor.strategy=torchtitan noted
+actor_rollout_ref.actor.torchtitan.attn_type flex noted
+actor_rollout_ref.actor.torchtitan.activation_checkpoint full noted
+actor_rollout_ref.actor.torchtitan.mixed_precision false noted
+actor_rollout_ref.actor.torchtitan.full_determinism true -> experiment.deterministic
+actor_rollout_ref.ref.torchtitan.param_offload true -actor_rollout_ref.ref.fsdp_config -> reference.param_offload
+actor_rollout_ref.ref.optim.lr 0.1 noted
+critic.torchtitan.strategy torchtitan +critic.strategy=torchtitan !! language models only
+critic.torchtitan.strategy torchtitan +critic.strategy=torchtitan +algorithm.adv_estimator=grpo noted
+critic.torchtitan.strategy torchtitan noted
+actor_rollout_ref.actor.optim.decay_type sqrt +actor_rollout_ref.actor.strategy=torchtitan -> actor.optim.lr_scheduler = sqrt
+actor_rollout_ref.actor.optim.decay_type cosine +actor_rollout_ref.actor.strategy=torchtitan -> actor.optim.warmup_from_one = true
+actor_rollout_ref.actor.optim.decay_type cosine +actor_rollout_ref.actor.strategy=torchtitan +actor_rollout_ref.actor.optim.min_lr_factor=0.1 -actor_rollout_ref.actor.optim.min_lr_ratio -> actor.optim.min_lr_ratio = 0.1
+actor_rollout_ref.actor.optim.decay_type step +actor_rollout_ref.actor.strategy=torchtitan !! not supported
+actor_rollout_ref.actor.optim.decay_type cosine noted
+actor_rollout_ref.actor.optim.total_training_steps -1 +actor_rollout_ref.actor.strategy=torchtitan -> actor.optim.total_training_steps = 10000
+actor_rollout_ref.actor.optim.lr_warmup_steps_ratio 0.1 +actor_rollout_ref.actor.strategy=torchtitan !! lr_warmup_steps
+actor_rollout_ref.actor.optim.lr_warmup_steps_ratio 0.1 +actor_rollout_ref.actor.strategy=torchtitan +actor_rollout_ref.actor.optim.lr_warmup_steps=5 -> actor.optim.warmup_steps = 5
+actor_rollout_ref.actor.optim.clip_grad 0.5 +actor_rollout_ref.actor.strategy=torchtitan -> actor.grad_clip = 1.0
+actor_rollout_ref.actor.grad_clip 0.5 +actor_rollout_ref.actor.strategy=torchtitan -> actor.grad_clip = 1.0
+actor_rollout_ref.actor.optim.name AdamW +actor_rollout_ref.actor.strategy=torchtitan noted
+actor_rollout_ref.actor.optim.name Adam +actor_rollout_ref.actor.strategy=torchtitan !! not AdamW
+actor_rollout_ref.actor.optim.name Adam +actor_rollout_ref.actor.strategy=torchtitan +actor_rollout_ref.actor.optim.weight_decay=0 noted
 # verl 0.9's VeOmni engine (engine/veomni.yaml: VeOmniEngineConfig; optim/veomni.yaml):
 # FSDP2 with Ulysses, whose schedule is veomni.optim.lr_scheduler's
 actor_rollout_ref.actor.veomni.param_offload true +actor_rollout_ref.actor.strategy=veomni -actor_rollout_ref.actor.fsdp_config -> actor.fsdp.param_offload

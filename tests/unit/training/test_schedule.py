@@ -61,3 +61,23 @@ def test_a_schedule_counted_from_one_starts_one_step_in() -> None:
         sched.step()
     c = math.cos(math.pi / 4)
     assert lrs == pytest.approx([0.5, 1.0, 0.5 * (1 + c), 0.5, 0.5 * (1 - c), 0.0])
+
+
+def test_warmup_from_one_counts_the_update_being_taken() -> None:
+    """``warmup_from_one`` (torchtitan's LambdaLR): W=2, T=6 linear, updates 0..6 —
+    warmup [½, 1] at updates 0 and 1, then the decay from completed updates
+    (s − W)/(T − W): [1, ¾, ½, ¼, 0]."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    cfg = OptimConfig(lr=1.0, lr_scheduler="linear", warmup_steps=2, warmup_from_one=True)
+    sched = LRSchedule(opt, cfg, total_steps=6)
+    lrs = []
+    for _ in range(7):
+        lrs.append(sched.apply())
+        sched.step()
+    assert lrs == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def test_sqrt_decay() -> None:
+    # W=0, T=4, floor 0.2: 0.2 + 0.8·(1 − √(s/4))
+    got = [lr_multiplier(s, schedule="sqrt", total_steps=4, min_lr_ratio=0.2) for s in (0, 1, 4)]
+    assert got == pytest.approx([1.0, 0.2 + 0.8 * 0.5, 0.2])

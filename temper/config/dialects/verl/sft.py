@@ -30,6 +30,7 @@ from temper.config.dialects.verl.automodel import automodel_engine, automodel_op
 from temper.config.dialects.verl.megatron import _engine as megatron_engine
 from temper.config.dialects.verl.sections import TABLE as RL_TABLE
 from temper.config.dialects.verl.table import MOD, PERF, PROFILE_OFF, _fsdp, _inert, _optim
+from temper.config.dialects.verl.torchtitan import torchtitan_engine, torchtitan_optim
 from temper.config.dialects.verl.v09 import fsdp_v09, megatron_v09
 from temper.config.dialects.verl.veomni import veomni_engine, veomni_optim
 from temper.config.dialects.verl.versions import SHM, _megatron_optim
@@ -263,22 +264,26 @@ MEGATRON_ENGINE: dict[str, Rule] = {
 }
 
 
-#: ``engine`` = verl's ``VeOmniEngineConfig`` / ``AutomodelEngineConfig``: FSDP2, as fsdp2
+#: ``engine`` = verl's ``VeOmniEngineConfig`` / ``AutomodelEngineConfig`` /
+#: ``TorchtitanEngineConfig``: FSDP2, as fsdp2
 VEOMNI_ENGINE = veomni_engine("engine", "actor")
 AUTOMODEL_ENGINE = automodel_engine("engine", "actor")
+TORCHTITAN_ENGINE = torchtitan_engine("engine", "actor")
 
 
 def _engine(value: Any, ctx: Any) -> None:
-    """verl 0.9's ``engine`` group: fsdp, veomni or megatron by its config class
-    (``_target_``)."""
+    """verl 0.9's ``engine`` group: fsdp, veomni, automodel, torchtitan or megatron by its
+    config class (``_target_``)."""
     if not isinstance(value, dict):
         raise ctx.error(f"expected a mapping, got {value!r}", "")
     target = str(value.get("_target_", ""))
     strategy = str(value.get("strategy"))
     megatron = "Mcore" in target or strategy == "megatron"
-    table = {"veomni": VEOMNI_ENGINE, "automodel": AUTOMODEL_ENGINE}.get(
-        strategy, MEGATRON_ENGINE if megatron else FSDP_ENGINE
-    )
+    table = {
+        "veomni": VEOMNI_ENGINE,
+        "automodel": AUTOMODEL_ENGINE,
+        "torchtitan": TORCHTITAN_ENGINE,
+    }.get(strategy, MEGATRON_ENGINE if megatron else FSDP_ENGINE)
     if megatron:
         ctx.write("actor.strategy", "megatron")
     elif target and "FSDP" not in target and table is FSDP_ENGINE:
@@ -286,7 +291,7 @@ def _engine(value: Any, ctx: Any) -> None:
         raise ctx.error(
             f"verl's {name} training engine ({target.rsplit('.', 1)[-1]}) is not an engine "
             "temper has",
-            "use engine=fsdp, engine=veomni, engine=automodel or engine=megatron",
+            "use engine=fsdp, veomni, automodel, torchtitan (FSDP2) or megatron",
         )
     ctx.walk_section(value, "engine", table)
 
@@ -302,6 +307,7 @@ def _optim_rows() -> dict[str, Rule]:
         "optim.eps": Map(f"{o}.eps"),  # optim/automodel.yaml's (and torchtitan's)
         **veomni_optim("optim", "actor", "engine.strategy"),
         **automodel_optim("optim", "engine.strategy"),
+        **torchtitan_optim("optim", "actor", "engine.strategy"),
     }
 
 

@@ -88,12 +88,14 @@ def _optim(prefix: str, role: str) -> dict[str, Rule]:
             "set optimizer_impl: torch.optim",
         ),
         f"{prefix}.lr": Map(f"{o}.lr"),
-        f"{prefix}.lr_warmup_steps_ratio": Map(f"{o}.warmup_ratio"),
+        f"{prefix}.lr_warmup_steps_ratio": Map(f"{o}.warmup_ratio", r.titan_warmup_ratio),
         f"{prefix}.lr_warmup_steps": Map(f"{o}.warmup_steps", r.warmup_steps),
-        f"{prefix}.total_training_steps": Map(f"{o}.total_training_steps", r.none_if_negative),
+        f"{prefix}.total_training_steps": Map(f"{o}.total_training_steps", r.titan_total),
         f"{prefix}.weight_decay": Map(f"{o}.weight_decay"),
         f"{prefix}.betas": Map(f"{o}.betas"),
-        f"{prefix}.clip_grad": Map(f"{role}.grad_clip", weak=True),  # new-engine copy of grad_clip
+        f"{prefix}.clip_grad": Map(
+            f"{role}.grad_clip", r.titan_clip, weak=True
+        ),  # grad_clip's copy
         f"{prefix}.min_lr_ratio": Map(f"{o}.min_lr_ratio", r.zero_if_none),
         f"{prefix}.num_cycles": Map(f"{o}.num_cycles", r.automodel_ignores),
         # verl: a non-null (deprecated) warmup_style overrides lr_scheduler_type
@@ -377,7 +379,7 @@ def _section_actor() -> dict[str, Rule]:
             f"{ACT}.shuffle": Map("actor.shuffle"),
             f"{ACT}.data_loader_seed": Map("experiment.seed", weak=True),
             f"{ACT}.use_fused_kernels": Map("model.use_fused_kernels"),
-            f"{ACT}.grad_clip": Map("actor.grad_clip"),
+            f"{ACT}.grad_clip": Map("actor.grad_clip", r.titan_role_clip(f"{ACT}.strategy")),
             f"{ACT}.ulysses_sequence_parallel_size": Map(
                 "actor.ulysses_sequence_parallel_size", r.role_sp
             ),

@@ -87,7 +87,6 @@ def per_device(sp_key: str | None) -> Transform:
 #: verl training engines temper has no counterpart of (``model_engine`` options of verl 0.9
 #: and the ``strategy`` their role files set), with their names.
 OTHER_TRAINING_ENGINES = {
-    "torchtitan": "TorchTitan",
     "automodel": "NeMo AutoModel",
 }
 
@@ -97,19 +96,25 @@ def refuse_other_engine(v: Any, ctx: Any) -> None:
     if v in OTHER_TRAINING_ENGINES:
         raise ctx.error(
             f"verl's {OTHER_TRAINING_ENGINES[v]} training engine ('{v}') is not one temper has",
-            "use model_engine: dp or veomni (FSDP2), or model_engine: megatron (Megatron-Core)",
+            "use model_engine: dp, veomni or torchtitan (FSDP2), or model_engine: megatron "
+            "(Megatron-Core)",
         )
 
 
 def strategy(v: Any, ctx: Any) -> Any:
     refuse_other_engine(v, ctx)
-    if v in ("fsdp", "fsdp2", "veomni"):
+    if v in ("fsdp", "fsdp2", "veomni", "torchtitan"):
         if v == "fsdp":
             ctx.note("strategy fsdp (FSDP1) runs as fsdp2 (per-layer fully_shard)")
         if v == "veomni":
             ctx.note(
                 "verl's VeOmni engine trains with FSDP2 (per-block fully_shard, Ulysses); "
                 "it runs as temper's fsdp2"
+            )
+        if v == "torchtitan":
+            ctx.note(
+                "verl's TorchTitan engine trains torchtitan's implementation of the model "
+                "with FSDP2; it runs as temper's fsdp2 on the Hugging Face model"
             )
         return "fsdp2"
     if v == "megatron":
@@ -232,6 +237,63 @@ def warmup_steps(v: Any, ctx: Any) -> Any:
         ctx.note("no effect: verl's VeOmni engine warms up by lr_warmup_steps_ratio only")
         return -1
     return v
+
+
+#: torchtitan's ``TrainingConfig.steps`` default: the total of its schedule in verl's
+#: TorchTitan engine (verl passes its own total only to the warmup ratio).
+TITAN_STEPS = 10000
+#: torchtitan's ``TrainingConfig.max_norm`` default: verl's TorchTitan engine clips at it.
+TITAN_MAX_NORM = 1.0
+
+
+def titan_total(v: Any, ctx: Any) -> Any:
+    """``total_training_steps``: under TorchTitan the schedule's total is torchtitan's."""
+    if optim_strategy(ctx) != "torchtitan":
+        return none_if_negative(v, ctx)
+    ctx.note(
+        f"verl's TorchTitan engine decays over torchtitan's training.steps ({TITAN_STEPS}), "
+        "not over the run's steps"
+    )
+    return TITAN_STEPS
+
+
+def titan_warmup_ratio(v: Any, ctx: Any) -> Any:
+    """``lr_warmup_steps_ratio``: verl sizes it from the run's steps, which under TorchTitan
+    are not the schedule's total, so only ``lr_warmup_steps`` is taken there."""
+    if optim_strategy(ctx) != "torchtitan" or not v:
+        return v
+    o = ctx.path.rsplit(".", 1)[0]
+    steps = ctx.get(f"{o}.lr_warmup_steps")
+    if isinstance(steps, int) and steps > 0:
+        return v  # lr_warmup_steps wins, as in verl
+    raise ctx.error(
+        f"verl's TorchTitan engine warms up for ratio × the run's steps but decays over "
+        f"torchtitan's {TITAN_STEPS}; temper's schedule has one total",
+        "set lr_warmup_steps (a number of updates) instead",
+    )
+
+
+def _clip(v: Any, ctx: Any, strategy: Any) -> Any:
+    if strategy != "torchtitan":
+        return v
+    if v != TITAN_MAX_NORM:
+        ctx.note(
+            f"no effect: verl's TorchTitan engine clips gradients at torchtitan's "
+            f"training.max_norm ({TITAN_MAX_NORM})"
+        )
+    return TITAN_MAX_NORM
+
+
+def titan_clip(v: Any, ctx: Any) -> Any:
+    """``optim.clip_grad``: verl's TorchTitan engine clips at torchtitan's
+    ``training.max_norm``."""
+    return _clip(v, ctx, optim_strategy(ctx))
+
+
+def titan_role_clip(strategy_key: str) -> Any:
+    """A role's ``grad_clip``, under the engine ``strategy_key`` names (as
+    :func:`titan_clip`)."""
+    return lambda v, ctx: _clip(v, ctx, ctx.get(strategy_key))
 
 
 def none_if_negative(v: Any, _ctx: Any) -> Any:

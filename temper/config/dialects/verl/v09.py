@@ -27,13 +27,24 @@ from temper.config.dialects.verl import asynchronous as va
 from temper.config.dialects.verl import fully_async as fa
 from temper.config.dialects.verl import transforms as r
 from temper.config.dialects.verl.table import _fsdp, _router_replay
+from temper.config.dialects.verl.torchtitan import (
+    torchtitan_critic,
+    torchtitan_engine,
+    torchtitan_optim,
+)
 from temper.config.dialects.verl.veomni import veomni_engine, veomni_optim
 from temper.config.dialects.verl.versions import reward_kwargs, reward_model_server
 
 #: verl's ``model_engine`` options temper runs -> the actor ``strategy`` their files set
 #: (``actor/dp_actor.yaml``: fsdp; ``actor/megatron_actor.yaml``: megatron;
-#: ``actor/veomni_actor.yaml``: veomni, an FSDP2 engine: :mod:`verl.veomni`).
-MODEL_ENGINE_STRATEGY = {"dp": "fsdp", "megatron": "megatron", "veomni": "veomni"}
+#: ``actor/veomni_actor.yaml``: veomni, an FSDP2 engine: :mod:`verl.veomni`;
+#: ``actor/torchtitan_actor.yaml``: torchtitan, FSDP2 as well: :mod:`verl.torchtitan`).
+MODEL_ENGINE_STRATEGY = {
+    "dp": "fsdp",
+    "megatron": "megatron",
+    "veomni": "veomni",
+    "torchtitan": "torchtitan",
+}
 
 
 #: The actor strategies verl's workers accept with each ``model_engine`` option's files.
@@ -41,6 +52,7 @@ ENGINE_STRATEGIES = {
     "dp": ("fsdp", "fsdp2", "fsdp_turbo"),
     "megatron": ("megatron",),
     "veomni": ("veomni",),
+    "torchtitan": ("torchtitan",),
 }
 
 
@@ -49,7 +61,7 @@ def _model_engine(v: Any, ctx: Any) -> Any:
     r.choice(*MODEL_ENGINE_STRATEGY)(v, ctx)
     strategy = ctx.get("actor_rollout_ref.actor.strategy")
     if strategy is not None and strategy not in ENGINE_STRATEGIES[v]:
-        # dp and veomni both run as fsdp2 here, but verl's workers would run the engine
+        # dp, veomni and torchtitan all run as fsdp2 here, but verl's workers would run the engine
         # the strategy names over the other engine's config sections
         raise ctx.error(
             f"'{v}' composes verl's {v} role files (strategy {MODEL_ENGINE_STRATEGY[v]}) but "
@@ -59,11 +71,11 @@ def _model_engine(v: Any, ctx: Any) -> Any:
         )
     ctx.note(
         "model_engine picks verl's per-role config files; it sets actor.strategy as the "
-        "actor's strategy key does (dp and veomni: fsdp2)"
+        "actor's strategy key does (dp, veomni and torchtitan: fsdp2)"
     )
-    # dp is verl's FSDP engine and veomni its VeOmni one (FSDP2), which temper runs as
-    # fsdp2 (as their strategy keys do)
-    return "fsdp2" if v in ("dp", "veomni") else v
+    # dp is verl's FSDP engine, veomni and torchtitan its VeOmni and TorchTitan ones (all
+    # FSDP2), which temper runs as fsdp2 (as their strategy keys do)
+    return "fsdp2" if v in ("dp", "veomni", "torchtitan") else v
 
 
 V1 = "trainer.v1"
@@ -286,7 +298,6 @@ MUON = (
     "match_adamw_update_rms",
     "scalar_optimizer",
 )
-TORCHTITAN_OPTIM = ("name", "decay_type", "min_lr_factor")
 
 
 def _optim_v09(role_prefix: str, role: str) -> dict[str, Rule]:
@@ -324,14 +335,11 @@ def _optim_v09(role_prefix: str, role: str) -> dict[str, Rule]:
             ok=not_muon,
             why="read by the Muon optimizer only, which is not selected",
         )
-    for k in TORCHTITAN_OPTIM:
-        rules[f"{o}.{k}"] = Refuse(
-            "verl's TorchTitan training engine is not one temper has",
-            "set strategy: fsdp2 (or megatron) and use its optimizer keys",
-            ok=_strategy_is_not(role_prefix, "torchtitan"),
-            why="read by verl's TorchTitan engine only",
-        )
-    return rules | veomni_optim(o, role, f"{role_prefix}.strategy")
+    return (
+        rules
+        | veomni_optim(o, role, f"{role_prefix}.strategy")
+        | torchtitan_optim(o, role, f"{role_prefix}.strategy")
+    )
 
 
 def _critic_model_v09() -> dict[str, Rule]:
@@ -387,12 +395,11 @@ def _engines_v09() -> dict[str, Rule]:
         f"{ACT}.pad_to_length": Note(PERF),
         f"{REF}.pad_to_length": Note(PERF),
         f"{ACT}.qat": _qat(),
-        f"{ACT}.torchtitan": Refuse(
-            "verl's TorchTitan training engine is not one temper has",
-            "set strategy: fsdp2 (or megatron)",
-            ok=_strategy_is_not(ACT, "torchtitan"),
-            why="read by verl's TorchTitan engine only",
-        ),
+        **torchtitan_engine(f"{ACT}.torchtitan", "actor"),
+        **torchtitan_engine(f"{REF}.torchtitan", "reference"),
+        # torchtitan_ref.yaml composes the engine's optimizer too; the reference trains nothing
+        f"{REF}.optim": Note("the reference is not trained: it has no optimizer"),
+        **torchtitan_critic(f"{CR}.torchtitan"),
         **veomni_engine(f"{ACT}.veomni", "actor"),
         **veomni_engine(f"{REF}.veomni", "reference"),
         **veomni_engine(f"{CR}.veomni", "critic"),
