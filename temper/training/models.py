@@ -26,6 +26,7 @@ from torch import nn
 from temper.config.errors import ConfigError
 from temper.config.schema import DTYPES, LoraConfig, ModelConfig, Precision, TrainEngineConfig
 from temper.training import segment_attention
+from temper.training.attention_kind import attention_limit
 from temper.training.freezing import freeze_prefixes, frozen
 from temper.utils.hf_auto import causal_lm_class, text_hidden_size
 from temper.utils.model_path import resolve_model_path
@@ -122,8 +123,17 @@ def _from_pretrained(
     if auto_cls is None:
         auto_cls = causal_lm_class(config)
     attn = resolve_attn_implementation(cfg.attn_implementation)
+    if attn == "sdpa" and not _supports_sdpa(auto_cls, config):
+        if cfg.attn_implementation != "auto":
+            raise ConfigError(
+                "model.attn_implementation",
+                f"{config.model_type} does not run transformers' SDPA attention",
+                "set model.attn_implementation: eager (or auto, which picks it here)",
+            )
+        attn = "eager"  # e.g. gpt-oss, whose sinks SDPA cannot add
     text_only = getattr(config, "vision_config", None) is None  # VL rows are never packed
-    if attn == "sdpa" and cfg.use_remove_padding and text_only and device.type == "cpu":
+    plain = attention_limit(config.to_dict()) is None  # else packed rows stay padded
+    if attn == "sdpa" and cfg.use_remove_padding and text_only and plain and device.type == "cpu":
         # packed rows run segment by segment; every unpacked forward is sdpa's own
         # (training.segment_attention). On CUDA a packed row keeps the dense mask: there
         # the segment kernel has not beaten padding yet (benchmarks/packing.py --device
@@ -137,6 +147,17 @@ def _from_pretrained(
         attn_implementation=attn,
         trust_remote_code=cfg.trust_remote_code,
     )
+
+
+def _supports_sdpa(auto_cls: Any, config: Any) -> bool:
+    """Whether the class ``auto_cls`` builds for ``config`` runs transformers' SDPA
+    attention (True when the class is not known here: remote code decides itself)."""
+    mapping = getattr(auto_cls, "_model_mapping", None)
+    try:
+        model_cls = mapping[type(config)] if mapping is not None else None
+    except KeyError:
+        model_cls = None
+    return bool(getattr(model_cls, "_supports_sdpa", True)) if model_cls is not None else True
 
 
 def enable_gradient_checkpointing(model: nn.Module, *, offload: bool = False) -> None:

@@ -48,8 +48,10 @@ that saving out, so it errs towards padding.
 
 Not packed, by choice: vision-language rows (Qwen2-VL's 3-D M-RoPE positions are computed
 by the model from the padded 2-D mask and the image grids; see
-:mod:`temper.training.vision`), and the Megatron engine (its own model and forward,
-:mod:`temper.training.megatron_engine`).
+:mod:`temper.training.vision`), the Megatron engine (its own model and forward,
+:mod:`temper.training.megatron_engine`), and, unless a varlen kernel runs them, models
+whose attention is not the plain causal softmax the masks here encode (a sliding window,
+sinks, soft-capping, non-attention layers: :mod:`temper.training.attention_kind`).
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ class TorchEngine(PackedLogits):
         self._log_probs_and_entropy = fused_fn(spec, self.device)
         self.layouts: Counter[str] = Counter()  # declared on PackedLogits
         self._cost: LayoutCost | None = None
+        self._plain: bool | None = None  # plain causal attention (PackedLogits)
         self.optimizer: torch.optim.Optimizer | None = None
         self.schedule: LRSchedule | None = None
         if spec.optim is not None:

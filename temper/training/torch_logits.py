@@ -18,6 +18,7 @@ from temper.algorithms.logprobs import (
     sum_pi_squared_from_logits,
 )
 from temper.data.batch import Batch
+from temper.training.attention_kind import attention_limit
 from temper.training.micro_batching import (
     MicroBatching,
     ModelInputs,
@@ -84,6 +85,7 @@ class PackedLogits(OneProcessHooks):
     #: micro-batches run per layout (packing: ``model.use_remove_padding``)
     layouts: Counter[str]
     _cost: LayoutCost | None  # packing's cost model (_layout_cost)
+    _plain: bool | None  # the model's attention is what packed masks compute (_plain_attention)
     _logits_to_keep: bool  # the model's forward takes ``logits_to_keep``
 
     def _logits(
@@ -108,6 +110,12 @@ class PackedLogits(OneProcessHooks):
         """The attention kernel the loaded model runs (``sdpa``, ``eager``, ``flash_…``)."""
         return str(getattr(self.model.config, "_attn_implementation", None) or "sdpa")
 
+    def _plain_attention(self) -> bool:
+        """Whether the model attends as a packed row's masks do (plain causal softmax)."""
+        if self._plain is None:
+            self._plain = attention_limit(self.model.config.to_dict()) is None
+        return self._plain
+
     def _layout_cost(self) -> LayoutCost:
         """The packing cost model of this model (from its config: deterministic, so every
         rank and a resumed run choose the same layouts)."""
@@ -124,6 +132,11 @@ class PackedLogits(OneProcessHooks):
         if extra or getattr(self.model.config, "vision_config", None) is not None:
             # vision-language models stay padded: the model computes its 3-D M-RoPE
             # positions from the padded 2-D mask and image grids (training.vision)
+            self.layouts["padded"] += 1
+            return None
+        if self._attn_impl() not in VARLEN_KERNELS and not self._plain_attention():
+            # a packed row's masks are plain causal attention (training.attention_kind);
+            # transformers' own attention runs the padded rows (a varlen kernel, its own)
             self.layouts["padded"] += 1
             return None
         cost = self._layout_cost()

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from temper.config.errors import ConfigError
+from temper.training.attention_kind import attention_limit
 from temper.training.micro_batching import ModelInputs
 from temper.training.packing import PackedInputs
 from temper.training.router_replay import from_packed, to_packed
@@ -122,8 +123,9 @@ VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 def check_model(config: dict[str, Any], role: str, size: int) -> None:
     """A model's config (``config.json``'s keys) against a Ulysses group of ``size``: a
     text model, or a vision-language family of :data:`VL_MODEL_TYPES`, whose (text) heads
-    split over the group (pre-flight reads the file; the engine checks the loaded
-    model)."""
+    split over the group and attend as Ulysses' kernel does (plain causal softmax,
+    :mod:`temper.training.attention_kind`; pre-flight reads the file; the engine checks
+    the loaded model)."""
     if size <= 1:
         return
     if "vision_config" in config and config.get("model_type") not in VL_MODEL_TYPES:
@@ -132,6 +134,14 @@ def check_model(config: dict[str, Any], role: str, size: int) -> None:
             f"Ulysses sequence parallelism splits the text decoder of the vision-language "
             f"families {', '.join(VL_MODEL_TYPES)}; model_type "
             f"{config.get('model_type')!r} is not one of them",
+            "set it to 1",
+        )
+    limit = attention_limit(config)
+    if limit is not None:
+        raise ConfigError(
+            f"{role}.ulysses_sequence_parallel_size",
+            f"Ulysses' kernel computes plain causal softmax attention over whole sequences, "
+            f"and {limit}",
             "set it to 1",
         )
     text = config.get("text_config") or config

@@ -1,0 +1,67 @@
+"""Whether a model's sequence mixing is plain causal softmax attention.
+
+temper's own attention paths compute exactly that: the block-causal and prefix-tree masks
+of a packed row (:mod:`temper.training.packing`), the segment kernel
+(:mod:`temper.training.segment_attention`) and Ulysses' all-to-all kernel
+(:mod:`temper.training.ulysses`) each attend every earlier token of a sequence with an
+unmodified softmax. A model whose layers do something else would be computed wrongly by
+them, silently: a sliding window (Mistral, Gemma 2/3, gpt-oss, OLMo 3), attention sinks
+(gpt-oss's per-head ``sinks`` in the softmax), logit soft-capping (Gemma 2), or a
+layer that is not attention at all (linear attention, state-space or convolution layers:
+Qwen3-Next, Qwen3.5, LFM2, Mamba hybrids). Such a model runs its forwards in the padded
+layout, where transformers builds its masks and runs its own attention functions, and
+refuses Ulysses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: ``layer_types`` values that are softmax attention over the causal past (a window is
+#: checked separately)
+ATTENTION_LAYERS = ("full_attention", "sliding_attention")
+#: families whose attention adds learned sinks to the softmax's denominator
+SINK_MODELS = ("gpt_oss",)
+#: state-space / recurrent families that declare no ``layer_types``
+RECURRENT_MODELS = (
+    "mamba",
+    "mamba2",
+    "falcon_mamba",
+    "jamba",
+    "zamba",
+    "zamba2",
+    "bamba",
+    "falcon_h1",
+    "granitemoehybrid",
+    "nemotron_h",
+    "rwkv",
+    "recurrent_gemma",
+    "xlstm",
+)
+
+
+def attention_limit(config: Mapping[str, Any]) -> str | None:
+    """Why the model of ``config`` (``config.json``'s keys; a vision-language model's text
+    config is read) is not plain causal softmax attention over whole sequences, or None
+    when it is."""
+    text = config.get("text_config") or config
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    layer_types = list(text.get("layer_types") or [])
+    other = sorted({t for t in layer_types if t not in ATTENTION_LAYERS})
+    if other or model_type in RECURRENT_MODELS:
+        kinds = ", ".join(other) if other else "state-space / recurrent"
+        return f"{model_type} has sequence-mixing layers that are not attention ({kinds})"
+    if model_type in SINK_MODELS:
+        return f"{model_type}'s attention adds learned sinks to the softmax"
+    if text.get("attn_logit_softcapping") is not None:
+        return f"{model_type} soft-caps its attention logits"
+    window = text.get("sliding_window")
+    sliding = (
+        "sliding_attention" in layer_types
+        if layer_types
+        else window is not None and text.get("use_sliding_window", True) is not False
+    )
+    if sliding and window is not None:
+        return f"{model_type} attends within a sliding window of {window} tokens"
+    return None
