@@ -113,7 +113,8 @@ class PackedLogits(OneProcessHooks):
     def _plain_attention(self) -> bool:
         """Whether the model attends as a packed row's masks do (plain causal softmax)."""
         if self._plain is None:
-            self._plain = attention_limit(self.model.config.to_dict()) is None
+            config: Any = self.model.config  # a transformers PretrainedConfig
+            self._plain = attention_limit(config.to_dict()) is None
         return self._plain
 
     def _layout_cost(self) -> LayoutCost:
