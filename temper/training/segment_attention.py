@@ -22,7 +22,7 @@ loaded with this kernel computes exactly what ``sdpa`` computes when it is not p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -56,6 +56,10 @@ class SegmentLayout:
     prompt_dest: Tensor
     response_slots: Tensor
     response_dest: Tensor
+    # attention calls that ran this layout (one per layer when the model hands its forward
+    # keywords down to attention; a decoder layer that drops them, like StableLM's, would
+    # leave sdpa attending across the packed row: the engine checks, and pads instead)
+    uses: list[int] = field(default_factory=lambda: [0], compare=False)
 
 
 def _runs(positions: Tensor, key: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -139,8 +143,10 @@ def segment_layout(
     )
     if device is None:
         return layout
-    moved = {k: v.to(device, non_blocking=True) for k, v in vars(layout).items()}
-    return SegmentLayout(**moved)
+    moved: dict[str, Any] = {
+        k: v.to(device, non_blocking=True) for k, v in vars(layout).items() if isinstance(v, Tensor)
+    }
+    return replace(layout, **moved)
 
 
 def _heads_first(x: Tensor, index: Tensor) -> Tensor:
@@ -170,6 +176,7 @@ def segment_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    layout.uses[0] += 1
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
     gqa = q.shape[1] != k.shape[1]
     kp, vp = _heads_first(k, layout.prompt_index), _heads_first(v, layout.prompt_index)

@@ -107,3 +107,28 @@ def test_sdpa_asked_of_a_model_without_it_is_refused_by_key(tmp_path):
     path = _tiny(tmp_path, "gpt_oss")
     with pytest.raises(ConfigError, match="model.attn_implementation: gpt_oss does not run"):
         _engine(path, packed=True, micro=5, train=False, model_kw={"attn_implementation": "sdpa"})
+
+
+def test_a_model_that_drops_the_packed_layout_runs_padded(tmp_path, caplog):
+    """StableLM's decoder layers do not hand their forward keywords to attention, so the
+    segment kernel never sees a packed row's layout and SDPA would attend across the whole
+    row: the engine sees the layout unused, discards that forward and runs padded."""
+    from transformers import StableLmConfig
+
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
+
+    path = save_seeded(StableLmConfig(**tiny_fields(build_tokenizer(tmp_path))), tmp_path, 0)
+    kw = {"micro": 5, "train": False}
+    padded, packable = _engine(path, packed=False, **kw), _engine(path, packed=True, **kw)
+    assert packable.model.config._attn_implementation == "temper_segments"
+    batch = _batch(2)
+    a = padded.forward(batch, temperature=0.7)["log_probs"]
+    with caplog.at_level("WARNING"):
+        b = packable.forward(batch, temperature=0.7)["log_probs"]
+    torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6)
+    assert "hands the packed row's layout to 0 of its 2 attention layers" in caplog.text
+    assert packable.layouts["padded"] == 1  # the discarded packed try is counted too
+    mb = batch.select([0, 1, 3])  # the reference's side runs padded from now on
+    mask = mb["response_mask"] > 0
+    ref_a, ref_b = padded.response_logits(mb), packable.response_logits(mb)
+    torch.testing.assert_close(ref_b[mask[:, : ref_a.shape[1]]], ref_a[mask[:, : ref_a.shape[1]]])
