@@ -52,6 +52,9 @@ def attention_limit(config: Mapping[str, Any]) -> str | None:
     if other or model_type in RECURRENT_MODELS:
         kinds = ", ".join(other) if other else "state-space / recurrent"
         return f"{model_type} has sequence-mixing layers that are not attention ({kinds})"
+    attn_config = text.get("attn_config") or {}
+    if model_type == "bloom" or text.get("alibi") or attn_config.get("alibi"):
+        return f"{model_type} adds ALiBi position biases to its attention"
     if model_type in SINK_MODELS:
         return f"{model_type}'s attention adds learned sinks to the softmax"
     if text.get("attn_logit_softcapping") is not None:

@@ -123,7 +123,7 @@ def _from_pretrained(
     if auto_cls is None:
         auto_cls = causal_lm_class(config)
     attn = resolve_attn_implementation(cfg.attn_implementation)
-    if attn == "sdpa" and not _supports_sdpa(auto_cls, config):
+    if attn == "sdpa" and not _supports(auto_cls, config, "_supports_sdpa"):
         if cfg.attn_implementation != "auto":
             raise ConfigError(
                 "model.attn_implementation",
@@ -132,7 +132,10 @@ def _from_pretrained(
             )
         attn = "eager"  # e.g. gpt-oss, whose sinks SDPA cannot add
     text_only = getattr(config, "vision_config", None) is None  # VL rows are never packed
-    plain = attention_limit(config.to_dict()) is None  # else packed rows stay padded
+    # the segment kernel needs plain attention (else packed rows stay padded), reached
+    # through transformers' attention interface with the forward keywords
+    plain = attention_limit(config.to_dict()) is None
+    plain = plain and _supports(auto_cls, config, "_supports_attention_backend")
     if attn == "sdpa" and cfg.use_remove_padding and text_only and plain and device.type == "cpu":
         # packed rows run segment by segment; every unpacked forward is sdpa's own
         # (training.segment_attention). On CUDA a packed row keeps the dense mask: there
@@ -149,15 +152,17 @@ def _from_pretrained(
     )
 
 
-def _supports_sdpa(auto_cls: Any, config: Any) -> bool:
-    """Whether the class ``auto_cls`` builds for ``config`` runs transformers' SDPA
-    attention (True when the class is not known here: remote code decides itself)."""
+def _supports(auto_cls: Any, config: Any, flag: str) -> bool:
+    """Whether the class ``auto_cls`` builds for ``config`` declares transformers' ``flag``
+    (``_supports_sdpa``: it runs SDPA attention; ``_supports_attention_backend``: its
+    layers call a registered attention function with their forward keywords). True when
+    the class is not known here: remote code decides itself."""
     mapping = getattr(auto_cls, "_model_mapping", None)
     try:
         model_cls = mapping[type(config)] if mapping is not None else None
     except KeyError:
         model_cls = None
-    return bool(getattr(model_cls, "_supports_sdpa", True)) if model_cls is not None else True
+    return bool(getattr(model_cls, flag, True)) if model_cls is not None else True
 
 
 def enable_gradient_checkpointing(model: nn.Module, *, offload: bool = False) -> None:

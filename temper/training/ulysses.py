@@ -375,6 +375,14 @@ def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> torch.nn
     if top is None:
         raise ConfigError(key, "the model is not a transformers model", "set it to 1")
     check_model(top.config.to_dict(), spec.role, size)
+    if not getattr(top, "_supports_attention_backend", False):
+        # its layers would attend over their own columns only, never calling the kernel
+        raise ConfigError(
+            key,
+            f"{top.config.model_type}'s attention does not go through transformers' "
+            "attention interface, where Ulysses' kernel runs",
+            "set it to 1",
+        )
     register()
     # a vision-language model: its text decoder only (the vision tower attends per image)
     decoder = language_model(model)

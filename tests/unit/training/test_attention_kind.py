@@ -44,6 +44,10 @@ from .test_packing import _batch, _engine
             "not attention (linear_attention)",
         ),
         ({"model_type": "mamba2"}, "state-space"),
+        ({"model_type": "bloom"}, "ALiBi"),
+        ({"model_type": "falcon", "alibi": True}, "ALiBi"),
+        ({"model_type": "falcon", "alibi": False}, None),
+        ({"model_type": "mpt", "attn_config": {"alibi": True}}, "ALiBi"),
         (
             {
                 "model_type": "qwen3_5",
@@ -110,14 +114,16 @@ def test_sdpa_asked_of_a_model_without_it_is_refused_by_key(tmp_path):
 
 
 def test_a_model_that_drops_the_packed_layout_runs_padded(tmp_path, caplog):
-    """StableLM's decoder layers do not hand their forward keywords to attention, so the
-    segment kernel never sees a packed row's layout and SDPA would attend across the whole
-    row: the engine sees the layout unused, discards that forward and runs padded."""
-    from transformers import StableLmConfig
+    """Nemotron's decoder layers do not hand their forward keywords to attention (though
+    it declares transformers' attention backend), so the segment kernel never sees a
+    packed row's layout and SDPA would attend across the whole row: the engine sees the
+    layout unused, discards that forward and runs padded."""
+    from transformers import NemotronConfig
 
     from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
 
-    path = save_seeded(StableLmConfig(**tiny_fields(build_tokenizer(tmp_path))), tmp_path, 0)
+    config = NemotronConfig(**tiny_fields(build_tokenizer(tmp_path), head_dim=16))
+    path = save_seeded(config, tmp_path, 0)
     kw = {"micro": 5, "train": False}
     padded, packable = _engine(path, packed=False, **kw), _engine(path, packed=True, **kw)
     assert packable.model.config._attn_implementation == "temper_segments"
@@ -129,6 +135,45 @@ def test_a_model_that_drops_the_packed_layout_runs_padded(tmp_path, caplog):
     assert "hands the packed row's layout to 0 of its 2 attention layers" in caplog.text
     assert packable.layouts["padded"] == 1  # the discarded packed try is counted too
     mb = batch.select([0, 1, 3])  # the reference's side runs padded from now on
-    mask = mb["response_mask"] > 0
+    cut = (mb["response_mask"] > 0)[:, : mb["response_mask"].shape[1]]
     ref_a, ref_b = padded.response_logits(mb), packable.response_logits(mb)
-    torch.testing.assert_close(ref_b[mask[:, : ref_a.shape[1]]], ref_a[mask[:, : ref_a.shape[1]]])
+    torch.testing.assert_close(ref_b[cut[:, : ref_a.shape[1]]], ref_a[cut[:, : ref_a.shape[1]]])
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+def test_a_model_outside_the_attention_interface_packs_with_masks(tmp_path, alibi):
+    """Falcon attends through its own classes, not transformers' attention interface: it
+    keeps SDPA and packs with the block mask (correct), except with ALiBi, whose biases
+    it builds from a 2-D padding mask: then it stays padded."""
+    from transformers import FalconConfig
+
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
+
+    fields = tiny_fields(build_tokenizer(tmp_path), alibi=alibi)
+    path = save_seeded(FalconConfig(**fields), tmp_path, 0)
+    kw = {"micro": 5, "train": False}
+    padded, packable = _engine(path, packed=False, **kw), _engine(path, packed=True, **kw)
+    assert packable.model.config._attn_implementation == "sdpa"
+    batch = _batch(2)
+    a = padded.forward(batch, temperature=0.7)["log_probs"]
+    b = packable.forward(batch, temperature=0.7)["log_probs"]
+    assert packable.layouts["packed" if not alibi else "padded"] == 1
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_ulysses_refuses_a_model_outside_the_attention_interface(tmp_path):
+    """Falcon's layers never call a registered attention function, so Ulysses' kernel
+    would not run and each rank would attend over its own columns only."""
+    from transformers import AutoModelForCausalLM, FalconConfig
+
+    from temper.config.schema import ModelConfig
+    from temper.training.spec import EngineSpec
+    from temper.training.ulysses import use_ulysses
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
+
+    path = save_seeded(FalconConfig(**tiny_fields(build_tokenizer(tmp_path))), tmp_path, 0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    spec = EngineSpec(model=ModelConfig(path=path), device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match="attention interface") as err:
+        use_ulysses(model, spec, 2)
+    assert str(err.value).startswith("actor.ulysses_sequence_parallel_size: ")
