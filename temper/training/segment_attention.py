@@ -190,7 +190,8 @@ def segment_attention(
         enable_gqa=gqa,
     ).transpose(1, 2)  # (S, P, H, D)
     # SDPA's output dtype, which autocast may make lower than the inputs'
-    out = prompts.new_zeros(q.shape).index_copy(
+    # (T, H, Dv): the values' head size, which MLA (DeepSeek-V3) makes differ from q's
+    out = prompts.new_zeros((*q.shape[:2], v.shape[-1])).index_copy(
         0, layout.prompt_dest, prompts.flatten(0, 1).index_select(0, layout.prompt_slots)
     )
     if layout.response_dest.numel():

@@ -378,3 +378,36 @@ def test_train_step_reports_the_packed_fraction(tiny_path: str) -> None:
     assert "packed_fraction" not in _engine(tiny_path, packed=False, micro=2).train_mini_batch(
         batch, loss_fn
     )
+
+
+def test_packed_forward_equals_padded_with_a_value_head_size_of_its_own(tmp_path) -> None:
+    """DeepSeek-V3's multi-head latent attention: queries and keys of 24 dims (16 without
+    position, 8 rotary), values of 8 — the segment kernel's output takes the values'."""
+    from transformers import DeepseekV3Config
+
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
+
+    fields = tiny_fields(
+        build_tokenizer(tmp_path),
+        num_key_value_heads=4,
+        moe_intermediate_size=32,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=8,
+    )
+    path = save_seeded(DeepseekV3Config(**fields), tmp_path, 0)
+    kw = {"micro": 5, "train": False}
+    padded, packed = _engine(path, packed=False, **kw), _engine(path, packed=True, **kw)
+    batch = _batch(2)
+    a = padded.forward(batch, temperature=0.7)["log_probs"]
+    b = packed.forward(batch, temperature=0.7)["log_probs"]
+    assert packed.model.config._attn_implementation == "temper_segments"
+    assert packed.layouts["packed"] == 1
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
