@@ -693,7 +693,7 @@ REJECTED = [
     ("error_max_len_clip", True, "not implemented", {}),
     ("enable_response_mask", False, "environment observation tokens", {}),
     ("track_with", "mlflow", "not supported", {}),  # ROLL has no mlflow tracker
-    ("track_with", "ml_tracker", "not supported", {}),  # ROLL's in-house tracker
+    ("track_with", "ml_tracker", "in-house experiment tracker", {}),
     ("actor_infer.generating_args.num_beams", 4, "beam search", {}),
     ("validation.generating_args.num_beams", 2, "beam search", {}),
     ("actor_infer.generating_args.num_return_sequences", 3, "differs", {}),

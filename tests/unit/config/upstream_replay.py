@@ -209,7 +209,10 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("lora adapters", r"LoRA adapter|excluding LoRA modules|excluding modules from LoRA"),
     ("file: no adapter", r"no adapter directory given"),  # the script's unset variable
     ("precision", r"master weights|reduced in fp32"),
-    ("logger", r"this logger is not supported|track_with: this value is not supported"),
+    (
+        "logger",
+        r"this logger is not supported|track_with: (this value is not supported|ml_tracker)",
+    ),
     ("tool-call format", r"tool-call format '\w+' is not supported"),
     ("checkpoint contents", r"checkpoints without (model|optimizer|extra)"),
     ("file: no model", r"no policy model given"),
@@ -225,7 +228,8 @@ FEATURES: tuple[tuple[str, str], ...] = (
     (
         "script: broken",
         r"not an override|adds a key, but|expected (bool|int|float)|unknown verl key.*Hydra would refuse"
-        r"|its config conversion stops on it|quotes around the brackets make it one",
+        r"|its config conversion stops on it|quotes around the brackets make it one"
+        r"|verl's Hydra refuses this override",
     ),
     ("verl 0.9 vocabulary", r": unknown verl key"),  # keys of verl >= 2026-04: issue 27
 )

@@ -565,6 +565,7 @@ model_engine torchtitan +actor_rollout_ref.actor.strategy=torchtitan -> actor.st
 model_engine torchtitan !! role files (strategy torchtitan)
 model_engine automodel !! NeMo AutoModel
 model_engine fsdp !! not supported
+actor_rollout_ref.actor.model_engine megatron +model_engine=megatron +actor_rollout_ref.actor.strategy=megatron !! hydra
 actor_rollout_ref.actor.strategy veomni -> actor.strategy = fsdp2
 critic.strategy veomni -> critic.strategy = fsdp2
 actor_rollout_ref.actor.strategy torchtitan -> actor.strategy = fsdp2

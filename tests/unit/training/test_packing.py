@@ -411,3 +411,35 @@ def test_packed_forward_equals_padded_with_a_value_head_size_of_its_own(tmp_path
     assert packed.model.config._attn_implementation == "temper_segments"
     assert packed.layouts["packed"] == 1
     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("family", "extra"),
+    [
+        ("qwen3", {}),  # per-head q/k norms
+        ("gemma", {}),  # scaled embeddings, query_pre_attn_scalar
+        ("granite", {}),  # embedding, attention and logit multipliers
+        ("phi3", {}),  # fused qkv
+        ("olmo2", {}),  # q/k norms over all heads
+        ("gpt2", {}),  # learned absolute positions
+        ("opt", {"ffn_dim": 128, "word_embed_proj_dim": 64}),  # positions from the mask
+    ],
+)
+def test_packed_forward_equals_padded_across_families(tmp_path, family: str, extra) -> None:
+    """Each family's own attention quirks (norms, multipliers, position schemes) survive
+    the packed row: log-probs equal the padded layout's."""
+    from transformers import AutoConfig
+
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
+
+    fields = tiny_fields(build_tokenizer(tmp_path), head_dim=16, **extra)
+    if family == "gpt2":
+        fields |= {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}
+    path = save_seeded(AutoConfig.for_model(family, **fields), tmp_path, 0)
+    kw = {"micro": 5, "train": False}
+    padded, packed = _engine(path, packed=False, **kw), _engine(path, packed=True, **kw)
+    batch = _batch(2)
+    a = padded.forward(batch, temperature=0.7)["log_probs"]
+    b = packed.forward(batch, temperature=0.7)["log_probs"]
+    assert packed.layouts["packed"] == 1
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)

@@ -292,6 +292,13 @@ def experiment(ctx: Ctx) -> None:
     """Trackers, resume and saving (every ROLL pipeline's)."""
     track = ctx.get("track_with")
     if ctx.has("track_with"):
+        if track == "ml_tracker":
+            raise ConfigError(
+                "track_with",
+                "ml_tracker is Alibaba's in-house experiment tracker, not a public package "
+                "temper can log to",
+                "set track_with to wandb, tensorboard, swanlab, trackio or stdout",
+            )
         name = choice(TRACKERS, "track_with")(track)
         ctx.write("experiment.trackers", list(dict.fromkeys([name, "jsonl"])), "track_with")
         kwargs = ctx.get("tracker_kwargs") or {}

@@ -34,6 +34,7 @@ from temper.config.dialects.verl.torchtitan import (
 )
 from temper.config.dialects.verl.veomni import veomni_engine, veomni_optim
 from temper.config.dialects.verl.versions import reward_kwargs, reward_model_server
+from temper.config.errors import ConfigError
 
 #: verl's ``model_engine`` options temper runs -> the actor ``strategy`` their files set
 #: (``actor/dp_actor.yaml``: fsdp; ``actor/megatron_actor.yaml``: megatron;
@@ -60,6 +61,15 @@ def _model_engine(v: Any, ctx: Any) -> Any:
     r.refuse_other_engine(v, ctx)
     r.choice(*MODEL_ENGINE_STRATEGY)(v, ctx)
     strategy = ctx.get("actor_rollout_ref.actor.strategy")
+    misplaced = ctx.get("actor_rollout_ref.actor.model_engine")
+    if misplaced is not None:
+        # a few verl 0.9 example scripts write it there; verl's Hydra refuses the key
+        raise ConfigError(
+            "actor_rollout_ref.actor.model_engine",
+            "not a verl key: model_engine is the top-level defaults group that picks the "
+            "role files (verl's Hydra refuses this override too)",
+            f"write model_engine={misplaced} at the top level",
+        )
     if strategy is not None and strategy not in ENGINE_STRATEGIES[v]:
         # dp, veomni and torchtitan all run as fsdp2 here, but verl's workers would run the engine
         # the strategy names over the other engine's config sections
