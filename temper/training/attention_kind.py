@@ -10,7 +10,8 @@ them, silently: a sliding window (Mistral, Gemma 2/3, gpt-oss, OLMo 3), attentio
 layer that is not attention at all (linear attention, state-space or convolution layers:
 Qwen3-Next, Qwen3.5, LFM2, Mamba hybrids). Such a model runs its forwards in the padded
 layout, where transformers builds its masks and runs its own attention functions, and
-refuses Ulysses.
+refuses Ulysses — except a sliding window alone, which the segment kernel applies (each
+attention layer hands it its window).
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ RECURRENT_MODELS = (
 )
 
 
-def attention_limit(config: Mapping[str, Any]) -> str | None:
+def attention_limit(config: Mapping[str, Any], *, windows: bool = False) -> str | None:
     """Why the model of ``config`` (``config.json``'s keys; a vision-language model's text
     config is read) is not plain causal softmax attention over whole sequences, or None
-    when it is."""
+    when it is; ``windows``: a sliding window is fine (the segment kernel applies the
+    window its attention layers pass)."""
     text = config.get("text_config") or config
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     layer_types = list(text.get("layer_types") or [])
@@ -65,6 +67,6 @@ def attention_limit(config: Mapping[str, Any]) -> str | None:
         if layer_types
         else window is not None and text.get("use_sliding_window", True) is not False
     )
-    if sliding and window is not None:
+    if sliding and window is not None and not windows:
         return f"{model_type} attends within a sliding window of {window} tokens"
     return None

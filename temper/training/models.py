@@ -132,9 +132,9 @@ def _from_pretrained(
             )
         attn = "eager"  # e.g. gpt-oss, whose sinks SDPA cannot add
     text_only = getattr(config, "vision_config", None) is None  # VL rows are never packed
-    # the segment kernel needs plain attention (else packed rows stay padded), reached
-    # through transformers' attention interface with the forward keywords
-    plain = attention_limit(config.to_dict()) is None
+    # the segment kernel needs plain attention, a sliding window aside (else packed rows
+    # stay padded), reached through transformers' attention interface with the keywords
+    plain = attention_limit(config.to_dict(), windows=True) is None
     plain = plain and _supports(auto_cls, config, "_supports_attention_backend")
     if attn == "sdpa" and cfg.use_remove_padding and text_only and plain and device.type == "cpu":
         # packed rows run segment by segment; every unpacked forward is sdpa's own

@@ -60,6 +60,30 @@ class SegmentLayout:
     # keywords down to attention; a decoder layer that drops them, like StableLM's, would
     # leave sdpa attending across the packed row: the engine checks, and pads instead)
     uses: list[int] = field(default_factory=lambda: [0], compare=False)
+    # the masks of a sliding window, by window (built at the first layer that asks)
+    windowed: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict, compare=False)
+
+    def masks(self, window: int | None) -> tuple[Tensor, Tensor]:
+        """The prompt and response masks, within a sliding ``window`` when one is given:
+        a query at position ``q`` attends keys at ``k > q - window`` (transformers'
+        convention). Prompts start at position 0, a response goes on from its prompt's
+        last token; padded queries keep their key (:func:`_never_empty`)."""
+        if window is None:
+            return self.prompt_mask, self.response_mask
+        if window not in self.windowed:
+            P, R = self.prompt_mask.shape[-1], self.response_index.shape[1]
+            slots = torch.arange(max(P, R), device=self.prompt_mask.device)
+            p, r = slots[:P], slots[:R]
+            in_prompt = (p[:, None] - p[None, :]) < window  # (P, P)
+            start = self.prompt_real.sum(1)[self.response_segment]  # (N,) prompt lengths
+            to_prompt = (start[:, None, None] + r[None, :, None] - p[None, None, :]) < window
+            to_own = ((r[:, None] - r[None, :]) < window).expand(len(start), -1, -1)
+            near = torch.cat([to_prompt, to_own], dim=-1)  # (N, R, P + R)
+            self.windowed[window] = (
+                self.prompt_mask & (in_prompt | ~self.prompt_real[:, None, :, None]),
+                self.response_mask & (near[:, None] | ~self.response_real[:, None, :, None]),
+            )
+        return self.windowed[window]
 
 
 def _runs(positions: Tensor, key: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -177,6 +201,8 @@ def segment_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     layout.uses[0] += 1
+    # a sliding-window layer (Mistral, Gemma 3, OLMo 3, …) passes its window
+    prompt_mask, response_mask = layout.masks(kwargs.get("sliding_window"))
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
     gqa = q.shape[1] != k.shape[1]
     kp, vp = _heads_first(k, layout.prompt_index), _heads_first(v, layout.prompt_index)
@@ -184,7 +210,7 @@ def segment_attention(
         _heads_first(q, layout.prompt_index),
         kp,
         vp,
-        attn_mask=layout.prompt_mask,
+        attn_mask=prompt_mask,
         dropout_p=dropout,
         scale=scaling,
         enable_gqa=gqa,
@@ -200,7 +226,7 @@ def segment_attention(
             _heads_first(q, layout.response_index),
             torch.cat([kp[seg], _heads_first(k, layout.response_index)], dim=2),
             torch.cat([vp[seg], _heads_first(v, layout.response_index)], dim=2),
-            attn_mask=layout.response_mask,
+            attn_mask=response_mask,
             dropout_p=dropout,
             scale=scaling,
             enable_gqa=gqa,

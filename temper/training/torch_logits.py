@@ -117,7 +117,8 @@ class PackedLogits(OneProcessHooks):
         """Whether the model attends as a packed row's masks do (plain causal softmax)."""
         if self._plain is None:
             config: Any = self.model.config  # a transformers PretrainedConfig
-            self._plain = attention_limit(config.to_dict()) is None
+            windows = self._attn_impl() in SEGMENT_KERNELS  # it applies a layer's window
+            self._plain = attention_limit(config.to_dict(), windows=windows) is None
         return self._plain
 
     def _layout_reached(self, packed: PackedInputs | None) -> bool:

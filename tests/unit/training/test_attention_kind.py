@@ -25,6 +25,7 @@ from .test_packing import _batch, _engine
         ({"model_type": "qwen3", "layer_types": ["full_attention"] * 2}, None),
         ({"model_type": "phi3", "sliding_window": None}, None),
         ({"model_type": "mistral", "sliding_window": 4096}, "sliding window of 4096"),
+        ({"model_type": "gemma2", "sliding_window": 8, "attn_logit_softcapping": 5.0}, "soft"),
         (
             {"model_type": "qwen2", "sliding_window": 64, "use_sliding_window": True},
             "sliding window of 64",
@@ -63,6 +64,9 @@ from .test_packing import _batch, _engine
 def test_attention_limit(config, words):
     limit = attention_limit(config)
     assert (limit is None) if words is None else (words in limit)
+    # a window alone is fine for the segment kernel, nothing else is
+    windowed = attention_limit(config, windows=True)
+    assert windowed == (None if words is None or "sliding window" in words else limit)
 
 
 def test_ulysses_refuses_a_model_that_is_not_plain_attention():
@@ -74,35 +78,88 @@ def test_ulysses_refuses_a_model_that_is_not_plain_attention():
 
 
 def _tiny(tmp_path: Path, family: str) -> str:
-    from transformers import Gemma2Config, GptOssConfig, MistralConfig
+    from transformers import (
+        Gemma2Config,
+        Gemma3TextConfig,
+        GptOssConfig,
+        MistralConfig,
+        Qwen2Config,
+    )
 
     from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
 
     tok = build_tokenizer(tmp_path)
     fields = tiny_fields(tok, sliding_window=4, head_dim=16)
-    if family == "mistral":
-        return save_seeded(MistralConfig(**fields), tmp_path, 0)
-    if family == "gemma2":
-        return save_seeded(Gemma2Config(**fields, attn_logit_softcapping=5.0), tmp_path, 0)
     layers = ["sliding_attention", "full_attention"]
-    config = GptOssConfig(**fields, num_local_experts=4, num_experts_per_tok=2, layer_types=layers)
-    return save_seeded(config, tmp_path, 0, drawn=("sinks",))
+    config = {
+        "mistral": lambda: MistralConfig(**fields),
+        "gemma2": lambda: Gemma2Config(**fields, attn_logit_softcapping=5.0),
+        "gemma3_text": lambda: Gemma3TextConfig(**fields, layer_types=layers),
+        # Qwen2's window from layer max_window_layers on: layer 0 full, layer 1 windowed
+        "qwen2": lambda: Qwen2Config(**fields, use_sliding_window=True, max_window_layers=1),
+        "gpt_oss": lambda: GptOssConfig(
+            **fields, num_local_experts=4, num_experts_per_tok=2, layer_types=layers
+        ),
+    }[family]()
+    return save_seeded(config, tmp_path, 0, drawn=("sinks",) if family == "gpt_oss" else ())
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2", "gpt_oss"])
-def test_a_model_with_a_window_sinks_or_softcap_stays_padded(tmp_path, family):
-    """A sliding window of 4 tokens (and Gemma 2's soft-cap, gpt-oss's sinks) over rows of
-    up to 22: a packed row's masks would attend past the window (log-probs off by tenths
-    of a nat), so the engine that would pack runs them padded and computes what the
-    padded engine does."""
-    path = _tiny(tmp_path, family)
-    kw = {"micro": 5, "train": False}  # attn_implementation auto: gpt-oss takes eager
+def _packed_vs_padded(path: str, **model_kw):
+    kw = {"micro": 5, "train": False, "model_kw": model_kw}
     padded, packable = _engine(path, packed=False, **kw), _engine(path, packed=True, **kw)
     batch = _batch(2)
     a = padded.forward(batch, temperature=0.7)["log_probs"]
     b = packable.forward(batch, temperature=0.7)["log_probs"]
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    return packable
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text", "qwen2"])
+def test_sliding_window_layers_pack_with_the_segment_kernel(tmp_path, family):
+    """A window of 4 tokens over rows of up to 22 (all layers, alternating, or from
+    ``max_window_layers`` on): each layer hands the segment kernel its window, and the
+    packed row computes what the padded layout does. The dense masked row (eager) has no
+    window: it stays padded."""
+    path = _tiny(tmp_path, family)
+    packable = _packed_vs_padded(path)
+    assert packable.model.config._attn_implementation == "temper_segments"
+    assert packable.layouts["packed"] == 1
+    eager = _packed_vs_padded(path, attn_implementation="eager")
+    assert eager.layouts["padded"] == 1
+
+
+def test_a_windowed_prefix_tree_trains_as_padded(tmp_path):
+    """GRPO groups (a prompt shared by its responses, once in the packed row) under
+    Gemma 3's alternating window of 4: log-probs, the loss and every gradient are the
+    padded layout's (a response's positions go on from its prompt's end)."""
+    from .test_packing import _grouped_batch
+
+    path = _tiny(tmp_path, "gemma3_text")
+    batch = _grouped_batch(7)
+    runs = []
+    for packed in (False, True):
+        engine = _engine(path, packed=packed, micro=6)
+        engine.model.train()
+        out = engine._run(batch, temperature=0.8, with_entropy=False)
+        mask = batch["response_mask"]
+        loss = (-batch["advantages"] * out["log_probs"] * mask).sum() / mask.sum()
+        loss.backward()
+        runs.append((out["log_probs"], {n: p.grad for n, p in engine.model.named_parameters()}))
+        assert engine.layouts["packed"] == int(packed)
+    (lp_a, ga), (lp_b, gb) = runs
+    torch.testing.assert_close(lp_b, lp_a, atol=1e-5, rtol=1e-5)
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_a_model_with_sinks_or_softcap_stays_padded(tmp_path, family):
+    """Gemma 2's soft-capped logits and gpt-oss's sinks are not SDPA's softmax: a packed
+    row would drop them (log-probs off by tenths of a nat), so the engine that would pack
+    runs them padded and computes what the padded engine does."""
+    path = _tiny(tmp_path, family)
+    packable = _packed_vs_padded(path)  # attn_implementation auto: gpt-oss takes eager
     assert packable.layouts["packed"] == 0 and packable.layouts["padded"] == 1
-    torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6)
     kernel = packable.model.config._attn_implementation
     assert kernel == ("eager" if family == "gpt_oss" else "sdpa")  # not temper's segments
 
