@@ -21,19 +21,14 @@ from typing import Any
 
 from temper.config.dialects.core.rules import Call, Map, Note, Refuse, Rule
 from temper.config.dialects.verl import transforms as r
+from temper.config.dialects.verl.fsdp_family import MEGATRON, no_parallelism
 from temper.config.dialects.verl.table import INTERNAL, PERF
 
 KERNEL = "a kernel choice: the same operation, computed by temper's model code"
-MEGATRON = "temper's tensor, pipeline, context and expert parallelism are its Megatron engine's"
 
 
 def _one(what: str) -> Refuse:
-    return Refuse(
-        f"{what} in the AutoModel engine is not supported: {MEGATRON}",
-        "set it to 1, or engine=megatron",
-        ok=(1, None),
-        why="no such parallelism",
-    )
+    return no_parallelism(what, "AutoModel", "engine=megatron")
 
 
 def strategy(v: Any, ctx: Any) -> Any:

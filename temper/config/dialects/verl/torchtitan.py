@@ -28,19 +28,18 @@ from typing import Any
 
 from temper.config.dialects.core.rules import Call, Map, Note, Refuse, Rule
 from temper.config.dialects.verl import transforms as r
+from temper.config.dialects.verl.fsdp_family import (
+    compile_and_entropy,
+    no_parallelism,
+    strategy_and_offload,
+)
 from temper.config.dialects.verl.table import INTERNAL, PERF
 
-MEGATRON = "temper's tensor, pipeline, context and expert parallelism are its Megatron engine's"
 UNREAD = "not read by verl's TorchTitan engine"
 
 
 def _one(what: str) -> Refuse:
-    return Refuse(
-        f"{what} in the TorchTitan engine is not supported: {MEGATRON}",
-        "set it to 1, or model_engine: megatron",
-        ok=(1, None),
-        why="no such parallelism",
-    )
+    return no_parallelism(what, "TorchTitan", "model_engine: megatron")
 
 
 def _reshard(v: Any, ctx: Any) -> Any:
@@ -86,13 +85,7 @@ def torchtitan_engine(prefix: str, role: str) -> dict[str, Rule]:
     f = f"{role}.fsdp"
     trained = role != "reference"
     rules: dict[str, Rule] = {
-        f"{prefix}.strategy": Map(f"{role}.strategy", r.strategy, weak=True),
-        f"{prefix}.param_offload": Map(
-            f"{f}.param_offload" if trained else "reference.param_offload"
-        ),
-        f"{prefix}.optimizer_offload": (
-            Map(f"{f}.optimizer_offload") if trained else Note("the reference has no optimizer")
-        ),
+        **strategy_and_offload(prefix, role),
         f"{prefix}.offload_policy": (
             Map(f"{f}.offload_policy") if trained else Note("the reference is offloaded whole")
         ),
@@ -142,21 +135,7 @@ def torchtitan_engine(prefix: str, role: str) -> dict[str, Rule]:
             )
         },
     }
-    if trained:
-        rules |= {
-            f"{prefix}.use_torch_compile": Map(f"{role}.use_torch_compile", weak=True),
-            f"{prefix}.entropy_from_logits_with_chunking": (
-                Map("actor.entropy_chunk_size", r.entropy_chunk, weak=True)
-                if role == "actor"
-                else Note("this role computes no entropy")
-            ),
-        }
-    else:
-        rules |= {
-            f"{prefix}.use_torch_compile": Note(PERF),
-            f"{prefix}.entropy_from_logits_with_chunking": Note("this role computes no entropy"),
-        }
-    return rules
+    return rules | compile_and_entropy(prefix, role)
 
 
 def torchtitan_critic(prefix: str) -> dict[str, Rule]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from temper.config.dialects.core.rules import Map, Note, Refuse, Rule
 from temper.config.dialects.verl import transforms as r
+from temper.config.dialects.verl.fsdp_family import compile_and_entropy, strategy_and_offload
 from temper.config.dialects.verl.table import INTERNAL, PERF, _router_replay
 
 #: Attention kernels that compute exact softmax attention over the whole row, as the
@@ -68,13 +69,7 @@ def veomni_engine(prefix: str, role: str) -> dict[str, Rule]:
     trained = role != "reference"
     sp = f"{role}.ulysses_sequence_parallel_size"
     rules: dict[str, Rule] = {
-        f"{prefix}.strategy": Map(f"{role}.strategy", r.strategy, weak=True),
-        f"{prefix}.param_offload": Map(
-            f"{f}.param_offload" if trained else "reference.param_offload"
-        ),
-        f"{prefix}.optimizer_offload": (
-            Map(f"{f}.optimizer_offload") if trained else Note("the reference has no optimizer")
-        ),
+        **strategy_and_offload(prefix, role),
         f"{prefix}.fsdp_size": Map(f"{f}.fsdp_size"),
         f"{prefix}.enable_full_shard": Map(f"{f}.reshard_after_forward"),
         f"{prefix}.enable_fsdp_offload": Map(f"{f}.offload_policy"),
@@ -124,12 +119,6 @@ def veomni_engine(prefix: str, role: str) -> dict[str, Rule]:
         rules |= {
             f"{prefix}.mixed_precision": Map(f"{role}.master_dtype", mixed_precision),
             f"{prefix}.ulysses_parallel_size": Map(sp),
-            f"{prefix}.use_torch_compile": Map(f"{role}.use_torch_compile", weak=True),
-            f"{prefix}.entropy_from_logits_with_chunking": (
-                Map("actor.entropy_chunk_size", r.entropy_chunk, weak=True)
-                if role == "actor"
-                else Note("this role computes no entropy")
-            ),
         }
     else:
         rules |= {
@@ -142,10 +131,8 @@ def veomni_engine(prefix: str, role: str) -> dict[str, Rule]:
                 ok=r.equals("actor_rollout_ref.actor.veomni.ulysses_parallel_size", 1),
                 why="the reference uses the actor's sequence parallelism",
             ),
-            f"{prefix}.use_torch_compile": Note(PERF),
-            f"{prefix}.entropy_from_logits_with_chunking": Note("this role computes no entropy"),
         }
-    return rules
+    return rules | compile_and_entropy(prefix, role)
 
 
 def _lr_min(o: str, strategy: str) -> Any:
