@@ -337,3 +337,17 @@ def check_attention(name: str, key: str = "model.attn_implementation") -> None:
     if "/" in name and importlib.util.find_spec("kernels") is not None:
         return  # a hub kernel: transformers fetches it through the kernels package
     raise unknown_name(key, name, valid)
+
+
+def check_sdpa(config: Mapping[str, Any], name: str) -> None:
+    """``sdpa`` asked of a model whose transformers class has no SDPA attention (gpt-oss:
+    SDPA cannot add its sinks) is refused here, as loading it would be; ``auto`` picks
+    eager for it."""
+    from temper.training.attention_kind import declares
+
+    if name == "sdpa" and not declares(config, "_supports_sdpa"):
+        raise ConfigError(
+            "model.attn_implementation",
+            f"{config.get('model_type')} does not run transformers' SDPA attention",
+            "set model.attn_implementation: eager (or auto, which picks it here)",
+        )

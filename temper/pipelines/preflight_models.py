@@ -294,6 +294,8 @@ def check_model_files(cfg: TemperConfig, plan: Derived, notes: list[str]) -> Non
             check_replay_model(config.get("model_type"), cfg.actor.router_replay, use.key)
         for role, engine in _splitting_roles(cfg, use.key):
             check_ulysses_model(config, role, engine.ulysses_sequence_parallel_size)
+        if use.key in ("model.path", "critic.model_path"):
+            files.check_sdpa(config, cfg.model.attn_implementation)
         if use.tokenizer is not None:
             tok_path, tok_key = use.tokenizer
             tok_dir = _local_model_dir(tok_path)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from temper.config.errors import ConfigError
-from temper.training.attention_kind import attention_limit
+from temper.training.attention_kind import attention_limit, declares
 from temper.training.micro_batching import ModelInputs
 from temper.training.packing import PackedInputs
 from temper.training.router_replay import from_packed, to_packed
@@ -134,6 +134,14 @@ def check_model(config: dict[str, Any], role: str, size: int) -> None:
             f"Ulysses sequence parallelism splits the text decoder of the vision-language "
             f"families {', '.join(VL_MODEL_TYPES)}; model_type "
             f"{config.get('model_type')!r} is not one of them",
+            "set it to 1",
+        )
+    if not declares(config, "_supports_attention_backend"):
+        # its layers would attend over their own columns only, never calling the kernel
+        raise ConfigError(
+            f"{role}.ulysses_sequence_parallel_size",
+            f"{config.get('model_type')}'s attention does not go through transformers' "
+            "attention interface, where Ulysses' kernel runs",
             "set it to 1",
         )
     limit = attention_limit(config)
@@ -375,8 +383,7 @@ def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> torch.nn
     if top is None:
         raise ConfigError(key, "the model is not a transformers model", "set it to 1")
     check_model(top.config.to_dict(), spec.role, size)
-    if not getattr(top, "_supports_attention_backend", False):
-        # its layers would attend over their own columns only, never calling the kernel
+    if not getattr(top, "_supports_attention_backend", False):  # remote code, loaded
         raise ConfigError(
             key,
             f"{top.config.model_type}'s attention does not go through transformers' "

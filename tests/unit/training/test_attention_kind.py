@@ -234,3 +234,17 @@ def test_ulysses_refuses_a_model_outside_the_attention_interface(tmp_path):
     with pytest.raises(ConfigError, match="attention interface") as err:
         use_ulysses(model, spec, 2)
     assert str(err.value).startswith("actor.ulysses_sequence_parallel_size: ")
+
+
+def test_check_refuses_what_loading_would():
+    """Pre-flight reads config.json: SDPA asked of gpt-oss, and Ulysses on a family outside
+    the attention interface, are refused at ``temper check``, before any load."""
+    from temper.pipelines.model_files import check_sdpa
+
+    with pytest.raises(ConfigError, match="model.attn_implementation: gpt_oss does not run"):
+        check_sdpa({"model_type": "gpt_oss"}, "sdpa")
+    check_sdpa({"model_type": "gpt_oss"}, "auto")  # auto picks eager
+    check_sdpa({"model_type": "llama"}, "sdpa")
+    check_sdpa({"model_type": "remote_thing"}, "sdpa")  # remote code decides when it loads
+    with pytest.raises(ConfigError, match="attention interface"):
+        check_model({"model_type": "falcon", "num_attention_heads": 4}, "critic", 2)
