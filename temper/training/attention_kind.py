@@ -10,8 +10,8 @@ them, silently: a sliding window (Mistral, Gemma 2/3, gpt-oss, OLMo 3), attentio
 layer that is not attention at all (linear attention, state-space or convolution layers:
 Qwen3-Next, Qwen3.5, LFM2, Mamba hybrids). Such a model runs its forwards in the padded
 layout, where transformers builds its masks and runs its own attention functions, and
-refuses Ulysses — except a sliding window alone, which the segment kernel applies (each
-attention layer hands it its window).
+refuses Ulysses — except a sliding window alone, which the segment kernel and Ulysses'
+kernel apply (each attention layer hands them its window).
 """
 
 from __future__ import annotations

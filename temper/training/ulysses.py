@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -144,7 +144,7 @@ def check_model(config: dict[str, Any], role: str, size: int) -> None:
             "attention interface, where Ulysses' kernel runs",
             "set it to 1",
         )
-    limit = attention_limit(config)
+    limit = attention_limit(config, windows=True)  # the kernel applies a layer's window
     if limit is not None:
         raise ConfigError(
             f"{role}.ulysses_sequence_parallel_size",
@@ -261,6 +261,24 @@ class UlyssesContext:
     group: SequenceGroup
     mask: Tensor | None = None
     layout: SegmentLayout | None = None
+    # the whole rows' positions (R, L): a sliding window's distances
+    positions: Tensor | None = None
+    windowed: dict[int, Tensor] = field(default_factory=dict, compare=False)
+
+    def window_mask(self, window: int) -> Tensor:
+        """The rows' mask within a sliding ``window`` (a query at position ``q`` attends
+        keys at ``k > q - window``, transformers' convention); every token keeps itself
+        (no row is empty). Built at the first layer that asks."""
+        if window not in self.windowed:
+            assert self.positions is not None
+            pos = self.positions
+            L = pos.shape[1]
+            causal = torch.ones(L, L, dtype=torch.bool, device=pos.device).tril()[None, None]
+            base = self.mask if self.mask is not None else causal
+            near = (pos[:, :, None] - pos[:, None, :]) < window  # (R, L, L)
+            eye = torch.eye(L, dtype=torch.bool, device=pos.device)
+            self.windowed[window] = (base & near[:, None]) | eye
+        return self.windowed[window]
 
 
 def sequence_mask(attention_mask: Tensor) -> Tensor:
@@ -364,7 +382,7 @@ def shard_columns(rows: Rows, group: SequenceGroup) -> ColumnShard:
     cols = slice(start, start + width)
     return ColumnShard(
         model_inputs={"input_ids": ids[:, cols], "position_ids": pos[:, cols]},
-        context=UlyssesContext(group=group, mask=mask, layout=rows.layout),
+        context=UlyssesContext(group=group, mask=mask, layout=rows.layout, positions=pos),
         keep=keep,
         owned=owned,
         row=rows.row[owned],
@@ -483,19 +501,28 @@ def ulysses_attention(
         value = value.repeat_interleave(repeat, dim=1)
     # (b, H, w, D) -> (b, H/sp, L, D): send head block j to rank j, receive columns
     q, k, v = (_exchange(x, group, split=1, join=2) for x in (query, key, value))
+    window = kwargs.get("sliding_window")  # a sliding-window layer's (Mistral, Gemma 3, …)
     if ctx.layout is not None:  # a packed row, segment by segment: (1, L, H/sp, D)
         out, _ = segment_attention(
-            module, q, k, v, None, dropout, scaling, **{LAYOUT_KWARG: ctx.layout}
+            module,
+            q,
+            k,
+            v,
+            None,
+            dropout,
+            scaling,
+            **{LAYOUT_KWARG: ctx.layout, "sliding_window": window},
         )
         out = out.transpose(1, 2)
     else:
+        mask = ctx.mask if window is None else ctx.window_mask(window)
         out = F.scaled_dot_product_attention(
             q,
             k,
             v,
-            attn_mask=ctx.mask,
+            attn_mask=mask,
             dropout_p=dropout,
-            is_causal=ctx.mask is None,
+            is_causal=mask is None,
             scale=scaling,
             enable_gqa=q.shape[1] != k.shape[1],
         )

@@ -133,3 +133,35 @@ def test_sequence_parallel_ranks_match_single_process(
             torch.testing.assert_close(w, ref_weights[k], atol=1e-5, rtol=1e-5, msg=k)
     moved = [k for k in before if not torch.equal(before[k], ref_weights[k])]
     assert moved and (len(moved) == len(before) or "lora" in model)
+
+
+def _window_rank(rank: int, world: int, path: str, batch: Batch, model: ModelConfig) -> dict:
+    actor = make_actor(path, "fsdp2", model=model, ulysses=2)
+    old = actor.compute_log_probs(batch)["old_log_probs"]
+    actor.update(batch)
+    return {"old": old, "weights": weights(actor), "layouts": dict(actor.engine.layouts)}
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_sliding_window_layers_split_like_one_process(tmp_path, packed: bool) -> None:
+    """Gemma 3's alternating sliding window of 4 tokens over rows of up to 13: Ulysses'
+    kernel applies each layer's window (a packed row's segments, or the padded rows'
+    positions), and log-probs and the updated weights equal one process's."""
+    from transformers import Gemma3TextConfig
+
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
+
+    layers = ["sliding_attention", "full_attention"]
+    fields = tiny_fields(build_tokenizer(tmp_path), sliding_window=4, head_dim=16)
+    path = save_seeded(Gemma3TextConfig(**fields, layer_types=layers), tmp_path, 0)
+    model = ModelConfig(path=path, use_remove_padding=packed)
+    single = make_actor(path, "torch", model=model)
+    batch = with_log_probs(single, make_batch())
+    single.update(batch)
+    ref = weights(single)
+
+    for r in spawn_ranks(_window_rank, 2, path, batch, model):
+        assert r["layouts"]["packed" if packed else "padded"] > 0
+        torch.testing.assert_close(r["old"], batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+        for k, w in r["weights"].items():
+            torch.testing.assert_close(w, ref[k], atol=1e-5, rtol=1e-5, msg=k)

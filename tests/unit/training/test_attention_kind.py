@@ -70,11 +70,15 @@ def test_attention_limit(config, words):
 
 
 def test_ulysses_refuses_a_model_that_is_not_plain_attention():
-    cfg = {"model_type": "mistral", "sliding_window": 8, "num_attention_heads": 4}
-    with pytest.raises(ConfigError, match="sliding window of 8") as err:
+    """A sliding window is Ulysses' kernel's to apply; soft-capped logits are not."""
+    cfg = {"model_type": "gemma2", "attn_logit_softcapping": 50.0, "num_attention_heads": 4}
+    with pytest.raises(ConfigError, match="soft-caps") as err:
         check_model(cfg, "actor", 2)
     assert str(err.value).startswith("actor.ulysses_sequence_parallel_size: ")
     check_model(cfg, "actor", 1)  # no group: nothing to split
+    check_model(
+        {"model_type": "mistral", "sliding_window": 8, "num_attention_heads": 4}, "actor", 2
+    )
 
 
 def _tiny(tmp_path: Path, family: str) -> str:
