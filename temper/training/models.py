@@ -143,13 +143,23 @@ def _from_pretrained(
         # cuda), and flash-attn's varlen kernel is the GPU's packed path.
         segment_attention.register()
         attn = segment_attention.SEGMENT_KERNEL
-    return auto_cls.from_pretrained(
+    model = auto_cls.from_pretrained(
         path,
         config=config,
         dtype=dtype,
         attn_implementation=attn,
         trust_remote_code=cfg.trust_remote_code,
     )
+    if attn == segment_attention.SEGMENT_KERNEL and not segment_attention.reaches_every_layer(
+        model
+    ):
+        log.warning(
+            "%s's layers do not hand their forward keywords to attention: its packed rows "
+            "use the dense mask (sdpa) instead of the segment kernel",
+            config.model_type,
+        )
+        model.set_attn_implementation("sdpa")
+    return model
 
 
 def _supports(auto_cls: Any, config: Any, flag: str) -> bool:

@@ -56,9 +56,7 @@ class SegmentLayout:
     prompt_dest: Tensor
     response_slots: Tensor
     response_dest: Tensor
-    # attention calls that ran this layout (one per layer when the model hands its forward
-    # keywords down to attention; a decoder layer that drops them, like StableLM's, would
-    # leave sdpa attending across the packed row: the engine checks, and pads instead)
+    # attention calls that ran this layout (:func:`reaches_every_layer`'s count)
     uses: list[int] = field(default_factory=lambda: [0], compare=False)
     # the masks of a sliding window, by window (built at the first layer that asks)
     windowed: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict, compare=False)
@@ -234,6 +232,29 @@ def segment_attention(
         picked = responses.flatten(0, 1).index_select(0, layout.response_slots)
         out = out.index_copy(0, layout.response_dest, picked.to(out.dtype))
     return out[None], None
+
+
+def reaches_every_layer(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s layers hand a packed row's layout to every attention call: one
+    tiny packed forward (two 2-token segments), on the loaded model before any sharding,
+    so every rank decides alike. A decoder layer that drops its forward keywords
+    (Nemotron's) never passes the layout on, and the kernel would run transformers' SDPA
+    across the whole packed row."""
+    layout = segment_layout(torch.tensor([0, 0, 1, 1]), torch.full((4,), -1))
+    config: Any = model.config
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model(
+            input_ids=torch.zeros(1, 4, dtype=torch.long, device=device),
+            position_ids=torch.tensor([[0, 1, 0, 1]], device=device),
+            use_cache=False,
+            **{LAYOUT_KWARG: replace(layout, **_on(layout, device))},
+        )
+    return layout.uses[0] == int(config.get_text_config().num_hidden_layers)
+
+
+def _on(layout: SegmentLayout, device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device) for k, v in vars(layout).items() if isinstance(v, Tensor)}
 
 
 def register() -> None:

@@ -213,14 +213,6 @@ class TorchEngine(PackedLogits):
                         temperature=temperature,
                         chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
                     )
-        if not self._layout_reached(packed):  # the model dropped the packed row's layout
-            return self._run(
-                mb,
-                temperature=temperature,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-                with_sum_pi_squared=with_sum_pi_squared,
-            )
         if packed is not None or not self.spec.value_head:  # (K, …) -> (b, r, …)
             out = {k: unpack(v, valid) for k, v in out.items()}
         result = masked_outputs(out, mb, inp)

@@ -5,7 +5,6 @@ distillation and of the exact KL (``response_logits``, ``top_logits``)."""
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,8 +39,6 @@ from temper.training.packing import (
 )
 from temper.training.torch_hooks import OneProcessHooks
 from temper.training.vision import vision_forward_inputs
-
-log = logging.getLogger(__name__)
 
 
 def token_outputs(
@@ -121,28 +118,6 @@ class PackedLogits(OneProcessHooks):
             self._plain = attention_limit(config.to_dict(), windows=windows) is None
         return self._plain
 
-    def _layout_reached(self, packed: PackedInputs | None) -> bool:
-        """Whether a packed forward's segment layout reached every attention layer. A model
-        whose decoder layers drop their forward keywords (StableLM's) never hands it on,
-        and transformers' SDPA then attends across the whole packed row: the forward is
-        discarded and the model runs padded from then on (every rank alike: they run the
-        same model)."""
-        if packed is None or packed.segments is None:
-            return True
-        config: Any = self.model.config
-        layers = int(config.get_text_config().num_hidden_layers)
-        if packed.segments.uses[0] == layers:
-            return True
-        log.warning(
-            "%s hands the packed row's layout to %d of its %d attention layers: its forwards "
-            "run padded",
-            config.model_type,
-            packed.segments.uses[0],
-            layers,
-        )
-        self._plain = False
-        return False
-
     def _layout_cost(self) -> LayoutCost:
         """The packing cost model of this model (from its config: deterministic, so every
         rank and a resumed run choose the same layouts)."""
@@ -197,10 +172,7 @@ class PackedLogits(OneProcessHooks):
                     "position_ids": inp.position_ids,
                 }
                 return self._logits(model_in, r + 1, extra)[:, :r]
-            logits = self._logits(packed.model_inputs(), packed.keep)
-        if not self._layout_reached(packed):
-            return self.response_logits(batch)  # padded now
-        return unpack(logits, packed.valid)
+            return unpack(self._logits(packed.model_inputs(), packed.keep), packed.valid)
 
     @torch.no_grad()
     def top_logits(

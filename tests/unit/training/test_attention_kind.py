@@ -174,11 +174,12 @@ def test_sdpa_asked_of_a_model_without_it_is_refused_by_key(tmp_path):
         _engine(path, packed=True, micro=5, train=False, model_kw={"attn_implementation": "sdpa"})
 
 
-def test_a_model_that_drops_the_packed_layout_runs_padded(tmp_path, caplog):
+def test_a_model_that_drops_the_packed_layout_packs_with_the_dense_mask(tmp_path, caplog):
     """Nemotron's decoder layers do not hand their forward keywords to attention (though
-    it declares transformers' attention backend), so the segment kernel never sees a
-    packed row's layout and SDPA would attend across the whole row: the engine sees the
-    layout unused, discards that forward and runs padded."""
+    it declares transformers' attention backend), so the segment kernel would never see a
+    packed row's layout and SDPA would attend across the whole row. A tiny packed forward
+    at load sees that (on every rank alike, before any sharding): the model keeps SDPA,
+    packs with the block mask, and computes what the padded layout does."""
     from transformers import NemotronConfig
 
     from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
@@ -186,19 +187,26 @@ def test_a_model_that_drops_the_packed_layout_runs_padded(tmp_path, caplog):
     config = NemotronConfig(**tiny_fields(build_tokenizer(tmp_path), head_dim=16))
     path = save_seeded(config, tmp_path, 0)
     kw = {"micro": 5, "train": False}
-    padded, packable = _engine(path, packed=False, **kw), _engine(path, packed=True, **kw)
-    assert packable.model.config._attn_implementation == "temper_segments"
+    with caplog.at_level("WARNING"):
+        packable = _engine(path, packed=True, **kw)
+    assert "nemotron's layers do not hand their forward keywords" in caplog.text
+    assert packable.model.config._attn_implementation == "sdpa"
+    padded = _engine(path, packed=False, **kw)
     batch = _batch(2)
     a = padded.forward(batch, temperature=0.7)["log_probs"]
-    with caplog.at_level("WARNING"):
-        b = packable.forward(batch, temperature=0.7)["log_probs"]
-    torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6)
-    assert "hands the packed row's layout to 0 of its 2 attention layers" in caplog.text
-    assert packable.layouts["padded"] == 1  # the discarded packed try is counted too
-    mb = batch.select([0, 1, 3])  # the reference's side runs padded from now on
-    cut = (mb["response_mask"] > 0)[:, : mb["response_mask"].shape[1]]
-    ref_a, ref_b = padded.response_logits(mb), packable.response_logits(mb)
-    torch.testing.assert_close(ref_b[cut[:, : ref_a.shape[1]]], ref_a[cut[:, : ref_a.shape[1]]])
+    b = packable.forward(batch, temperature=0.7)["log_probs"]
+    assert packable.layouts["packed"] == 1
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_the_probe_sees_a_model_that_hands_the_layout_on(tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    from temper.training.segment_attention import SEGMENT_KERNEL, reaches_every_layer, register
+
+    register()
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, attn_implementation=SEGMENT_KERNEL)
+    assert reaches_every_layer(model)
 
 
 @pytest.mark.parametrize("alibi", [False, True])
