@@ -150,15 +150,19 @@ def _from_pretrained(
         attn_implementation=attn,
         trust_remote_code=cfg.trust_remote_code,
     )
-    if attn == segment_attention.SEGMENT_KERNEL and not segment_attention.reaches_every_layer(
-        model
-    ):
-        log.warning(
-            "%s's layers do not hand their forward keywords to attention: its packed rows "
-            "use the dense mask (sdpa) instead of the segment kernel",
-            config.model_type,
-        )
-        model.set_attn_implementation("sdpa")
+    if attn == segment_attention.SEGMENT_KERNEL:
+        # ZeRO-3 loads its parameters partitioned (and a meta init has none): no probe can
+        # run there, and the dense mask is right for every model
+        whole = all(p.numel() and p.device.type != "meta" for p in model.parameters())
+        if not whole:
+            model.set_attn_implementation("sdpa")
+        elif not segment_attention.reaches_every_layer(model):
+            log.warning(
+                "%s's layers do not hand their forward keywords to attention: its packed "
+                "rows use the dense mask (sdpa) instead of the segment kernel",
+                config.model_type,
+            )
+            model.set_attn_implementation("sdpa")
     return model
 
 
