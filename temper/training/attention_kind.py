@@ -72,12 +72,12 @@ def attention_limit(config: Mapping[str, Any], *, windows: bool = False) -> str 
     return None
 
 
-def declares(config: Mapping[str, Any], flag: str) -> bool:
-    """Whether transformers' model class for ``config``'s ``model_type`` (its causal LM,
-    else its image-text-to-text model) sets class flag ``flag`` — ``_supports_sdpa``, or
-    ``_supports_attention_backend`` (its layers call a registered attention function with
-    their forward keywords). True for a type this transformers does not know (remote code
-    decides when it loads)."""
+def declares(config: Mapping[str, Any], flag: str, autos: tuple[Any, ...] = ()) -> bool:
+    """Whether transformers' model class for ``config``'s ``model_type`` (built by the
+    auto classes ``autos``; by default its causal LM, else its image-text-to-text model)
+    sets class flag ``flag`` — ``_supports_sdpa``, or ``_supports_attention_backend``
+    (its layers call a registered attention function with their forward keywords). True
+    for a type this transformers does not know (remote code decides when it loads)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -85,7 +85,7 @@ def declares(config: Mapping[str, Any], flag: str) -> bool:
     if model_type not in CONFIG_MAPPING:
         return True
     config_class = CONFIG_MAPPING[model_type]
-    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+    for auto in autos or (AutoModelForCausalLM, AutoModelForImageTextToText):
         if config_class in auto._model_mapping:
             return bool(getattr(auto._model_mapping[config_class], flag, True))
     return True

@@ -26,7 +26,7 @@ from torch import nn
 from temper.config.errors import ConfigError
 from temper.config.schema import DTYPES, LoraConfig, ModelConfig, Precision, TrainEngineConfig
 from temper.training import segment_attention
-from temper.training.attention_kind import attention_limit
+from temper.training.attention_kind import attention_limit, declares
 from temper.training.freezing import freeze_prefixes, frozen
 from temper.utils.hf_auto import causal_lm_class, text_hidden_size
 from temper.utils.model_path import resolve_model_path
@@ -123,7 +123,7 @@ def _from_pretrained(
     if auto_cls is None:
         auto_cls = causal_lm_class(config)
     attn = resolve_attn_implementation(cfg.attn_implementation)
-    if attn == "sdpa" and not _supports(auto_cls, config, "_supports_sdpa"):
+    if attn == "sdpa" and not declares(config.to_dict(), "_supports_sdpa", (auto_cls,)):
         if cfg.attn_implementation != "auto":
             raise ConfigError(
                 "model.attn_implementation",
@@ -135,7 +135,7 @@ def _from_pretrained(
     # the segment kernel needs plain attention, a sliding window aside (else packed rows
     # stay padded), reached through transformers' attention interface with the keywords
     plain = attention_limit(config.to_dict(), windows=True) is None
-    plain = plain and _supports(auto_cls, config, "_supports_attention_backend")
+    plain = plain and declares(config.to_dict(), "_supports_attention_backend", (auto_cls,))
     if attn == "sdpa" and cfg.use_remove_padding and text_only and plain and device.type == "cpu":
         # packed rows run segment by segment; every unpacked forward is sdpa's own
         # (training.segment_attention). On CUDA a packed row keeps the dense mask: there
@@ -164,19 +164,6 @@ def _from_pretrained(
             )
             model.set_attn_implementation("sdpa")
     return model
-
-
-def _supports(auto_cls: Any, config: Any, flag: str) -> bool:
-    """Whether the class ``auto_cls`` builds for ``config`` declares transformers' ``flag``
-    (``_supports_sdpa``: it runs SDPA attention; ``_supports_attention_backend``: its
-    layers call a registered attention function with their forward keywords). True when
-    the class is not known here: remote code decides itself."""
-    mapping = getattr(auto_cls, "_model_mapping", None)
-    try:
-        model_cls = mapping[type(config)] if mapping is not None else None
-    except KeyError:
-        model_cls = None
-    return bool(getattr(model_cls, flag, True)) if model_cls is not None else True
 
 
 def enable_gradient_checkpointing(model: nn.Module, *, offload: bool = False) -> None:

@@ -240,21 +240,17 @@ def reaches_every_layer(model: torch.nn.Module) -> bool:
     so every rank decides alike. A decoder layer that drops its forward keywords
     (Nemotron's) never passes the layout on, and the kernel would run transformers' SDPA
     across the whole packed row."""
-    layout = segment_layout(torch.tensor([0, 0, 1, 1]), torch.full((4,), -1))
     config: Any = model.config
     device = next(model.parameters()).device
+    layout = segment_layout(torch.tensor([0, 0, 1, 1]), torch.full((4,), -1), device=device)
     with torch.no_grad():
         model(
             input_ids=torch.zeros(1, 4, dtype=torch.long, device=device),
             position_ids=torch.tensor([[0, 1, 0, 1]], device=device),
             use_cache=False,
-            **{LAYOUT_KWARG: replace(layout, **_on(layout, device))},
+            **{LAYOUT_KWARG: layout},
         )
     return layout.uses[0] == int(config.get_text_config().num_hidden_layers)
-
-
-def _on(layout: SegmentLayout, device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device) for k, v in vars(layout).items() if isinstance(v, Tensor)}
 
 
 def register() -> None:
