@@ -190,9 +190,10 @@ class TorchEngine(PackedLogits):
             else:
                 # logits at position p predict token p+1: the r+1 last positions minus the
                 # final one score the r response tokens (packed: the positions ``keep``)
-                logits = self._logits(model_in, keep, extra)
-                if packed is None:  # (b, r, V) -> (K, V): padding costs no softmax
-                    logits = logits[:, :r][valid]
+                # (K, V): padding costs no LM head and no softmax
+                logits = self._logits(
+                    model_in, keep, extra, scored=None if packed is not None else valid
+                )
                 out = token_outputs(
                     logits,
                     labels,

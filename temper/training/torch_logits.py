@@ -5,11 +5,13 @@ distillation and of the exact KL (``response_logits``, ``top_logits``)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
 from temper.algorithms.kd import teacher_top_logits
 from temper.algorithms.logprobs import (
@@ -77,6 +79,37 @@ def token_outputs(
     return out
 
 
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The LM head of the transformers model in ``model`` (a peft or engine wrapper, or
+    the model itself), or None (no transformers model, or no output embeddings)."""
+    from transformers import PreTrainedModel
+
+    top = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+    head = top.get_output_embeddings() if top is not None else None
+    return head if isinstance(head, nn.Module) else None
+
+
+@contextlib.contextmanager
+def head_on_positions(head: nn.Module, scored: torch.Tensor, keep: int) -> Iterator[None]:
+    """While open, ``head`` maps only the hidden states of the ``scored`` positions: its
+    input ``(b, W, d)`` (``W ≥ keep``: the last ``keep`` are the kept positions) becomes
+    ``(1, K, d)``, ``h[:, W-keep : W-keep+r][scored]`` for ``scored`` ``(b, r)`` — so the
+    model's logits are ``(1, K, V)``. A padded micro-batch then computes, and keeps for
+    backward, no logits of padding (what packing does by construction); what the model
+    does after its head (soft-capping, scaling) is elementwise and sees the same rows."""
+
+    def gather(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden, *rest = args
+        start = hidden.shape[1] - keep
+        return (hidden[:, start : start + scored.shape[1]][scored][None], *rest)
+
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class PackedLogits(OneProcessHooks):
     """Logits of response positions, packed or padded (the engine's ``__init__`` sets the
     attributes below)."""
@@ -93,15 +126,25 @@ class PackedLogits(OneProcessHooks):
         inputs: dict[str, Any],
         keep: int | torch.Tensor,
         extra: dict[str, Any] | None = None,
+        *,
+        scored: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits of the last ``keep`` positions ``(b, keep, V)``, or of the positions
-        ``keep`` (a tensor: a packed row's response positions) ``(K, V)``."""
+        ``keep`` (a tensor: a packed row's response positions) ``(K, V)``; with
+        ``scored`` (a bool ``(b, keep - 1)``: a padded row's scored positions among the
+        kept ones) only those, ``(K, V)``, the LM head run on their hidden states alone."""
         kwargs: dict[str, Any] = {**inputs, "use_cache": False}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = keep
+        head = output_head(self.model) if scored is not None else None
+        if head is not None and isinstance(keep, int):
+            assert scored is not None
+            with head_on_positions(head, scored, keep):
+                return self._module()(**{**kwargs, **(extra or {})}).logits[0]
         logits = self._module()(**{**kwargs, **(extra or {})}).logits
         if isinstance(keep, int):
-            return logits[:, -keep:]
+            logits = logits[:, -keep:]
+            return logits if scored is None else logits[:, : scored.shape[1]][scored]
         return logits[0] if self._logits_to_keep else logits[0, keep]
 
     # ------------------------------------------------------------------ packing

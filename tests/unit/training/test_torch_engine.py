@@ -53,6 +53,53 @@ def test_forward_matches_manual_full_forward(tiny_path: str) -> None:
     assert (got[batch["response_mask"] == 0] == 0).all()
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_padded_forward_runs_the_lm_head_on_scored_positions_only(
+    tiny_path: str, tmp_path, family: str
+) -> None:
+    """A padded micro-batch maps only its scored positions through the LM head (no logits
+    of padding are computed or kept for backward); log-probs and the gradient of a loss
+    equal the one-sample-at-a-time forward's, also where the model transforms its logits
+    after the head (Gemma 2's final soft-cap)."""
+    from transformers import AutoConfig
+
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
+
+    path = tiny_path
+    if family == "gemma2":
+        fields = tiny_fields(build_tokenizer(tmp_path), head_dim=16)
+        fields |= {"final_logit_softcapping": 2.0, "attn_logit_softcapping": None}
+        path = save_seeded(AutoConfig.for_model("gemma2", **fields), tmp_path, 0)
+    model = ModelConfig(path=path, use_remove_padding=False)
+    engine = make_engine(path, micro=4, train=False, model=model)
+    batch = make_batch(PROMPTS, RESPONSES, seed=2)
+    rows: list[int] = []
+    head = engine.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[:-1]))
+    got = engine.forward(batch)["log_probs"]
+    handle.remove()
+    assert rows == [torch.Size([1, sum(RESPONSES)])]  # K scored rows, not 4 × (r + 1)
+    torch.testing.assert_close(got, manual_log_probs(engine.model, batch), atol=1e-5, rtol=1e-5)
+    # the gradient through the gathered hidden states: the full logits' gradient
+    engine = make_engine(path, micro=4, model=model)
+    out = engine._run(batch, temperature=1.0, with_entropy=True)
+    loss = (out["log_probs"] * batch["advantages"]).sum() + out["entropy"].sum()
+    got_grads = torch.autograd.grad(loss, list(engine.model.parameters()))
+    dense, mask = torch.zeros_like(out["log_probs"]), batch["response_mask"] > 0
+    entropy = torch.zeros_like(dense)
+    for i in range(len(batch)):
+        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i] > 0]
+        resp = batch["response_ids"][i][mask[i]]
+        logits = engine.model(input_ids=torch.cat([prompt, resp])[None]).logits[0]
+        logp = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        dense[i, mask[i]] = logp.gather(-1, resp[:, None])[:, 0]
+        entropy[i, mask[i]] = -(logp.exp() * logp).sum(-1)
+    want = (dense * batch["advantages"]).sum() + entropy.sum()
+    want_grads = torch.autograd.grad(want, list(engine.model.parameters()))
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
 def test_micro_dynamic_and_single_batches_agree(tiny_path: str) -> None:
     """Packed equals padded: every micro-batching, run padded and really packed (one
     row, block-diagonal mask), gives the log-probs and entropy of one sample at a time."""
