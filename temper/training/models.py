@@ -151,17 +151,16 @@ def _from_pretrained(
         trust_remote_code=cfg.trust_remote_code,
     )
     if attn == segment_attention.SEGMENT_KERNEL:
-        # ZeRO-3 loads its parameters partitioned (and a meta init has none): no probe can
-        # run there, and the dense mask is right for every model
-        whole = all(p.numel() and p.device.type != "meta" for p in model.parameters())
-        if not whole:
-            model.set_attn_implementation("sdpa")
-        elif not segment_attention.reaches_every_layer(model):
+        reaches = segment_attention.hands_keywords_to_attention(model)
+        if reaches is False:
             log.warning(
                 "%s's layers do not hand their forward keywords to attention: its packed "
                 "rows use the dense mask (sdpa) instead of the segment kernel",
                 config.model_type,
             )
+        if not reaches:
+            # no probe (ZeRO-3 partitions the parameters at load): the dense mask is right
+            # for every model
             model.set_attn_implementation("sdpa")
     return model
 

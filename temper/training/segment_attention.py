@@ -253,6 +253,24 @@ def reaches_every_layer(model: torch.nn.Module) -> bool:
     return layout.uses[0] == int(config.get_text_config().num_hidden_layers)
 
 
+def hands_keywords_to_attention(model: torch.nn.Module) -> bool | None:
+    """Whether ``model``'s layers pass their forward keywords on to every attention call
+    (what a kernel that takes its layout as a keyword — this one, Ulysses' — needs):
+    :func:`reaches_every_layer` with the segment kernel set for the probe and the
+    model's own implementation restored after it. None where no probe can run: its
+    parameters are not whole (ZeRO-3 partitions them at load; a meta init has none)."""
+    if not all(p.numel() and p.device.type != "meta" for p in model.parameters()):
+        return None
+    config: Any = model.config
+    before = config._attn_implementation
+    register()
+    model.set_attn_implementation(SEGMENT_KERNEL)  # type: ignore[operator]
+    try:
+        return reaches_every_layer(model)
+    finally:
+        model.set_attn_implementation(before)  # type: ignore[operator]
+
+
 def register() -> None:
     """Make :data:`SEGMENT_KERNEL` a transformers attention implementation (its masks, for
     unpacked forwards, are ``sdpa``'s). Idempotent."""
@@ -267,6 +285,7 @@ __all__ = [
     "LAYOUT_KWARG",
     "SEGMENT_KERNEL",
     "SegmentLayout",
+    "hands_keywords_to_attention",
     "register",
     "segment_attention",
     "segment_layout",

@@ -48,6 +48,7 @@ from temper.training.segment_attention import (
     LAYOUT_KWARG,
     SEGMENT_KERNEL,
     SegmentLayout,
+    hands_keywords_to_attention,
     segment_attention,
 )
 from temper.training.spec import EngineSpec
@@ -406,6 +407,13 @@ def use_ulysses(model: torch.nn.Module, spec: EngineSpec, size: int) -> torch.nn
             key,
             f"{top.config.model_type}'s attention does not go through transformers' "
             "attention interface, where Ulysses' kernel runs",
+            "set it to 1",
+        )
+    if hands_keywords_to_attention(top) is False:  # Nemotron: its layers drop them
+        raise ConfigError(
+            key,
+            f"{top.config.model_type}'s decoder layers do not pass their forward keywords "
+            "on to attention, so Ulysses' kernel would never get its sequence layout",
             "set it to 1",
         )
     register()

@@ -14,6 +14,7 @@ from temper.training.micro_batching import ModelInputs
 from temper.training.packing import pack, plan_packing, scored_positions
 from temper.training.ulysses import (
     PACKED_KERNEL,
+    ULYSSES_KERNEL,
     SequenceGroup,
     check_model,
     packed_rows,
@@ -22,6 +23,7 @@ from temper.training.ulysses import (
     sequence_mask,
     shard_columns,
     split_language_model,
+    use_ulysses,
 )
 
 
@@ -128,6 +130,31 @@ def test_preflight_refuses_a_model_ulysses_cannot_split() -> None:
     check_model(qwen_vl, "actor", 2)
     with pytest.raises(ConfigError, match="4 attention heads"):
         check_model(qwen_vl, "actor", 3)
+
+
+def test_a_model_whose_layers_drop_their_keywords_is_refused_at_load(tmp_path, tiny_path) -> None:
+    """Nemotron declares transformers' attention backend, but its decoder layers do not
+    pass their forward keywords on: Ulysses' kernel would never get its context. The
+    engine's load refuses it by key (one line, no traceback at the first forward); a
+    model that passes them on gets the kernel, and its probe leaves no trace."""
+    from transformers import AutoModelForCausalLM, NemotronConfig
+
+    from temper.config.schema import ModelConfig
+    from temper.training.spec import EngineSpec
+    from temper.utils.tiny import build_tokenizer, save_seeded, tiny_fields
+
+    config = NemotronConfig(**tiny_fields(build_tokenizer(tmp_path), head_dim=16))
+    path = save_seeded(config, tmp_path, 0)
+    spec = EngineSpec(model=ModelConfig(path=path), device=torch.device("cpu"))
+    nemotron = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    with pytest.raises(ConfigError) as err:
+        use_ulysses(nemotron, spec, 2)
+    assert err.value.key == "actor.ulysses_sequence_parallel_size"
+    assert "nemotron's decoder layers do not pass their forward keywords" in err.value.reason
+    assert nemotron.config._attn_implementation == "sdpa"
+    llama = AutoModelForCausalLM.from_pretrained(tiny_path, attn_implementation="sdpa")
+    use_ulysses(llama, spec, 2)
+    assert llama.config._attn_implementation == ULYSSES_KERNEL
 
 
 def test_the_text_decoder_of_a_vl_model_gets_the_rank_columns_of_whole_rows() -> None:
