@@ -328,10 +328,19 @@ def test_verl_vl_example_trains_with_ulysses_on_ray(
 ):
     """The geo3k example on two Ray ranks as one Ulysses group
     (``ulysses_sequence_parallel_size=2``): actor and reference split every image row's
-    text decoder over both ranks; both steps train and validate."""
+    text decoder over both ranks; both steps train and validate. The reward has spread
+    (the letters in a response: the colour task's exact answers are luck for a random
+    model, and all-zero rewards give no gradient), so both steps have one."""
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
+    reward = tmp_path / "letters.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return sum(c.isalpha() for c in solution_str) / max(len(solution_str), 1)\n"
+    )
     overrides = [
         f"actor_rollout_ref.model.path={tiny_vlm_dir}",
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.name=compute_score",
         f"data.train_files={TASK}",
         f"data.val_files={TASK}",
         "data.max_prompt_length=64",
