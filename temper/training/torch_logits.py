@@ -37,6 +37,7 @@ from temper.training.packing import (
     model_cost,
     pack,
     plan_packing,
+    scored_positions,
     unpack,
 )
 from temper.training.torch_hooks import OneProcessHooks
@@ -200,8 +201,8 @@ class PackedLogits(OneProcessHooks):
     def response_logits(self, batch: Batch) -> torch.Tensor:
         """No-grad logits ``(b, r, V)`` of the response tokens of a micro-batch (the
         reference's side of the exact KL; the model's train/eval mode is left as it is —
-        under LoRA it is the actor's own module). Zero where a packed forward had no
-        response token to score."""
+        under LoRA it is the actor's own module). Zero where no response token is scored
+        (padding): neither layout runs the LM head there."""
         inp = model_inputs(batch, self.device)
         r = inp.response_len
         extra, vision_context = vision_forward_inputs(self.model, batch, inp)
@@ -214,7 +215,8 @@ class PackedLogits(OneProcessHooks):
                     "attention_mask": inp.attention_mask,
                     "position_ids": inp.position_ids,
                 }
-                return self._logits(model_in, r + 1, extra)[:, :r]
+                scored = scored_positions(inp)
+                return unpack(self._logits(model_in, r + 1, extra, scored=scored), scored)
             return unpack(self._logits(packed.model_inputs(), packed.keep), packed.valid)
 
     @torch.no_grad()
