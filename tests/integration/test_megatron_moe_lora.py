@@ -197,15 +197,18 @@ def test_moe_lora_trains_exports_and_resumes(moe_models, tmp_path: Path, model: 
     # EP = 2 equals EP = 1
     torch.testing.assert_close(_gather(ep2, "lora"), _gather(ep1, "lora"), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(_gather(ep2, "after"), _gather(ep1, "after"), atol=1e-6, rtol=1e-6)
+    # the weights after one AdamW step (lr 1e-3): m/sqrt(v) turns the fp32 reduction-order
+    # difference of a near-zero gradient entry into a visible one (2e-6 on some CPUs, 0.2%
+    # of a step), so they compare to 1% of a step; the log-probs above to 1e-6
     for a, b in zip(ep2, ep1):
         for k in ("actor/pg_loss", "actor/grad_norm"):
             assert a["metrics"][k] == pytest.approx(b["metrics"][k], rel=1e-5, abs=1e-7), k
         assert a["peft"].keys() == b["peft"].keys()
         for k, v in a["peft"].items():
-            torch.testing.assert_close(v, b["peft"][k], atol=1e-6, rtol=1e-5, msg=k)
+            torch.testing.assert_close(v, b["peft"][k], atol=1e-5, rtol=1e-5, msg=k)
         assert a["merged"].keys() == b["merged"].keys()
         for k, v in a["merged"].items():
-            torch.testing.assert_close(v, b["merged"][k], atol=1e-6, rtol=1e-5, msg=k)
+            torch.testing.assert_close(v, b["merged"][k], atol=1e-5, rtol=1e-5, msg=k)
     # the merged HF export, and peft's adapter directory on the base model, give the
     # megatron engine's log-probs after the step
     for ep, run in ((2, ep2), (1, ep1)):
