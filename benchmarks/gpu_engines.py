@@ -16,7 +16,10 @@ parameters, ``T`` tokens, ``L`` layers of width ``d`` and sequence length ``S`` 
 attention: half of the ``12·L·d·S`` of full attention), the log-prob pass a third of it.
 The engine ``torch+liger`` is the torch engine with ``model.use_liger`` (needs
 liger-kernel). ``--profile`` prints the update's heaviest CUDA kernels (torch.profiler) for the first
-engine named.
+engine named; ``--host`` prints, for the first engine, where one update waits for the GPU (each
+source line that made a synchronising CUDA call, from ``torch.cuda.set_sync_debug_mode``, and how
+often) and its heaviest Python functions (cProfile): on a small model the host, not the GPU, sets
+the update's time.
 
     python benchmarks/gpu_engines.py                               # 8 layers × 1024
     python benchmarks/gpu_engines.py --layers 16 --hidden 2048 --samples 32 --seq 1024
@@ -102,8 +105,43 @@ def make_actor(path: str, engine: str, micro: int):
     return Actor(cfg, build_engine(strategy, spec))
 
 
+def host_report(update: Callable[[], object]) -> None:
+    """Where one ``update()`` blocks on the GPU (synchronising calls by source line) and
+    its 15 heaviest Python functions by cumulative time."""
+    import collections
+    import cProfile
+    import pstats
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            update()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = collections.Counter(
+        f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+    )
+    print(f"synchronising CUDA calls in one update: {sum(syncs.values())}")
+    for where, n in syncs.most_common(25):
+        print(f"  {n:5d}  {where}")
+    prof = cProfile.Profile()
+    prof.enable()
+    update()
+    torch.cuda.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+
+
 def bench(
-    path: str, strategy: str, batch, micro: int, steps: int, profile: bool = False
+    path: str,
+    strategy: str,
+    batch,
+    micro: int,
+    steps: int,
+    profile: bool = False,
+    host: bool = False,
 ) -> tuple[float, float, int]:
     """Print one engine's line; return its (log-prob, update) median seconds and its
     parameter count."""
@@ -125,6 +163,8 @@ def bench(
             actor.update(train)
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15))
+    if host:
+        host_report(lambda: actor.update(train))
     spec = ""
     if strategy == "megatron":
         engine: Any = actor.engine  # the megatron engine's build says which layer spec
@@ -148,6 +188,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--engines", nargs="*", default=["torch", "megatron"])
     p.add_argument("--profile", action="store_true", help="top CUDA kernels of one update")
+    p.add_argument("--host", action="store_true", help="one update's GPU waits and Python time")
     args = p.parse_args()
     from temper.utils.tiny import make_tiny_model
 
@@ -171,7 +212,16 @@ def main() -> None:
     print(f"bf16 matmul (8192³): {peak:.0f} TFLOP/s")
     results: dict[str, tuple[float, float]] = {}
     for i, strategy in enumerate(args.engines):
-        fwd, upd, n = bench(path, strategy, batch, args.micro, args.steps, args.profile and i == 0)
+        first = i == 0
+        fwd, upd, n = bench(
+            path,
+            strategy,
+            batch,
+            args.micro,
+            args.steps,
+            profile=args.profile and first,
+            host=args.host and first,
+        )
         flops = model_flops(n, tokens, args.layers, args.hidden, args.seq)
         print(
             f"{strategy}: MFU update {flops / upd / 1e12 / peak:.1%}, "
