@@ -275,7 +275,8 @@ class Actor:
         def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
             mask = mb["response_mask"]
             log_prob = out["log_probs"]
-            share = float((mask > 0).sum()) / n_tokens  # local means → partial sums
+            # local means → partial sums (a device scalar: no wait for the device here)
+            share = (mask > 0).sum() / n_tokens
             weights = mb[_TOKEN_WEIGHTS] if _TOKEN_WEIGHTS in mb else None  # noqa: SIM401
             if is_scale is not None:  # a constant of the mini-batch, as a token weight
                 scale = torch.tensor(is_scale, dtype=log_prob.dtype)
@@ -294,7 +295,7 @@ class Actor:
             )
             metrics: dict[str, Any] = {"pg_loss": pg.detach()}
             if is_scale is not None:
-                metrics["reinforce_is_batch_mean"] = torch.tensor(share / is_scale)
+                metrics["reinforce_is_batch_mean"] = share / is_scale
             for k, v in pg_m.items():
                 if k != "pg_loss":
                     metrics[k] = v.detach() * share

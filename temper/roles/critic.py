@@ -46,7 +46,7 @@ class Critic:
         def loss_fn(mb: Batch, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
             mask = mb["response_mask"]
             loss, m = value_loss(out["values"], mb["returns"], mb["values"], mask, agg, clip)
-            share = float((mask > 0).sum()) / n_tokens
+            share = (mask > 0).sum() / n_tokens  # a device scalar: no wait for the device
             return loss, {
                 "value_loss": loss.detach(),
                 "vf_clipfrac": m["vf_clipfrac"] * share,

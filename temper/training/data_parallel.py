@@ -52,7 +52,6 @@ from temper.training.packing import (
     pack,
     plan_packing,
     scored_positions,
-    unpack,
 )
 from temper.training.router_replay import ROUTED_EXPERTS, Recording
 from temper.training.spec import EngineSpec
@@ -288,7 +287,7 @@ class DataParallelEngine(TorchEngine):
             owned = value.new_zeros(shard.owned.shape).index_put((shard.owned,), value)
             if value.requires_grad:
                 owned = owned + link
-            result[key] = unpack(sum_owned(owned, group), valid)  # (K,) -> (b, r)
+            result[key] = valid.put(sum_owned(owned, group))  # (K,) -> (b, r)
         result = masked_outputs(result, mb, inp)
         if isinstance(record, Recording):
             result[ROUTED_EXPERTS] = record.columns()
@@ -304,7 +303,7 @@ class DataParallelEngine(TorchEngine):
         if self._cost is None:  # the segment kernel's cost (the model's is Ulysses')
             self._cost = model_cost(self.model.config, varlen=True)
         plan = plan_packing(inp, share_prompts=True)
-        lengths = inp.attention_mask.sum(dim=1).tolist()
+        lengths = inp.host.attention_mask.sum(dim=1).tolist()
         layout = choose_layout(lengths, inp.input_ids.shape[1], self._cost, plan.tokens)
         self.layouts[layout] += 1
         if layout == "padded":

@@ -54,6 +54,7 @@ import torch.distributed as dist
 from temper.data.batch import Batch
 from temper.training.base import NonFiniteError
 from temper.training.megatron_parallel import Parallel
+from temper.training.step_sums import LOSS_SUM, StepSums
 
 #: ``(model chunk, micro-batch index, micro-batch, activation received or None on the
 #: pipeline's first chunk) -> the chunk's output`` (hidden states to send on; the last
@@ -63,7 +64,6 @@ Stage = Callable[[int, int, Batch, "torch.Tensor | None"], torch.Tensor]
 Head = Callable[[Batch, torch.Tensor], dict[str, torch.Tensor]]
 #: A micro-batch's loss (a partial sum of the mini-batch's) and metric sums
 MicroLoss = Callable[[Batch, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
-LOSS_SUM = "__loss_sum__"  # the loss beside the metric sums a last stage broadcasts
 
 #: Activation dtypes by the code sent in the header
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -229,7 +229,7 @@ def train_forward_backward(
     non-finite one leaves no gradient anywhere. ``before_backward(i)``: a hook before
     micro-batch ``i``'s backward (in every chunk)."""
     last = link.p.last_stage
-    sums: dict[str, float] = {}
+    sums = StepSums()  # on the last stage: the loss under LOSS_SUM, then the metrics
 
     def step(c: int, i: int, received: torch.Tensor | None) -> torch.Tensor:
         mb = micro[i]
@@ -239,9 +239,7 @@ def train_forward_backward(
         value, metrics = loss(mb, head(mb, hidden))
         if not groups[i]:  # padding micro-batch: same transfers, no contribution
             return value * 0.0
-        sums[LOSS_SUM] = sums.get(LOSS_SUM, 0.0) + float(value.detach())
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
+        sums.add({LOSS_SUM: value, **metrics})
         return value
 
     saved = run_forwards(link, len(micro), step, grad=True)
@@ -255,8 +253,8 @@ def train_forward_backward(
             "weights unchanged"
         )
     run_backwards(link, saved, before_backward)
-    sums = broadcast_sums(link.p, sums)
-    return sums.pop(LOSS_SUM, 0.0), sums
+    result = broadcast_sums(link.p, sums.floats())
+    return result.pop(LOSS_SUM, 0.0), result
 
 
 def broadcast_outputs(

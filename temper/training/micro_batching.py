@@ -143,13 +143,31 @@ class ModelInputs:
     response_ids: torch.Tensor
     response_len: int
     full_response_len: int
+    #: the same inputs on the host (None when these are): what is planned from them
+    #: (scored positions, packing) is then read without waiting for the device
+    on_host: ModelInputs | None = None
+
+    @property
+    def host(self) -> ModelInputs:
+        """These inputs on the host, or themselves where no host copy is kept."""
+        return self.on_host if self.on_host is not None else self
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device`` without the host waiting for the device: to a GPU from pinned
+    memory, asynchronously (a copy from pageable memory first waits for the stream's
+    queued work — the previous micro-batch's backward — to finish)."""
+    if device.type != "cuda" or x.device.type != "cpu":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def model_inputs(batch: Batch, device: torch.device) -> ModelInputs:
     """Concatenate, trim to the micro-batch's real extent, and derive position ids.
 
     Position ids count real tokens only (``cumsum(mask) - 1``), so a left-padded row sees
-    the same positions as it would alone: batch-of-1 equals batch-of-N.
+    the same positions as it would alone: batch-of-1 equals batch-of-N. Built on the
+    host; the host copy is kept (``on_host``) when ``device`` is another.
     """
     prompt_mask = batch["prompt_mask"].to(torch.long)
     resp_attn = response_attention(batch)
@@ -163,13 +181,24 @@ def model_inputs(batch: Batch, device: torch.device) -> ModelInputs:
     ids = torch.cat([batch["prompt_ids"][:, p_start:], batch["response_ids"][:, :r_len]], dim=1)
     mask = torch.cat([prompt_mask[:, p_start:], resp_attn[:, :r_len]], dim=1)
     pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    return ModelInputs(
-        input_ids=ids.to(device, torch.long),
-        attention_mask=mask.to(device),
-        position_ids=pos.to(device),
-        response_ids=batch["response_ids"][:, :r_len].to(device, torch.long),
+    host = ModelInputs(
+        input_ids=ids.to(dtype=torch.long),
+        attention_mask=mask,
+        position_ids=pos,
+        response_ids=batch["response_ids"][:, :r_len].to(dtype=torch.long),
         response_len=r_len,
         full_response_len=R,
+    )
+    if host.input_ids.device == torch.device(device):
+        return host
+    return ModelInputs(
+        input_ids=to_device(host.input_ids, device),
+        attention_mask=to_device(host.attention_mask, device),
+        position_ids=to_device(host.position_ids, device),
+        response_ids=to_device(host.response_ids, device),
+        response_len=r_len,
+        full_response_len=R,
+        on_host=host,
     )
 
 
@@ -192,7 +221,7 @@ def masked_outputs(
 ) -> dict[str, torch.Tensor]:
     """A micro-batch's per-response-token outputs ``(b, r, …)`` (floats as float32), zero where
     ``response_mask`` is 0, right-padded to the batch's response length ``(b, R, …)``."""
-    mask = mb["response_mask"][:, : inp.response_len].to(inp.input_ids.device) > 0
+    mask = to_device(mb["response_mask"][:, : inp.response_len] > 0, inp.input_ids.device)
     result = {}
     for k, v in out.items():
         m = mask.reshape(mask.shape + (1,) * (v.dim() - 2))
@@ -216,4 +245,5 @@ __all__ = [
     "response_attention",
     "shared_prompt_runs",
     "split_micro_batches",
+    "to_device",
 ]

@@ -64,7 +64,7 @@ from typing import Any, Literal
 
 import torch
 
-from temper.training.micro_batching import ModelInputs
+from temper.training.micro_batching import ModelInputs, to_device
 from temper.training.segment_attention import (
     LAYOUT_KWARG,
     SEGMENT_KERNEL,
@@ -253,9 +253,10 @@ class PackPlan:
 def plan_packing(inp: ModelInputs, *, share_prompts: bool) -> PackPlan:
     """The packed layout of ``inp``; with ``share_prompts``, rows whose real prompt tokens
     are identical form one segment that carries the prompt once (module doc)."""
-    real = (inp.attention_mask > 0).cpu()
+    host = inp.host  # planned on the host: no waits for the device
+    real = (host.attention_mask > 0).cpu()
     p_cols = real.shape[1] - inp.response_len
-    ids = inp.input_ids.cpu()
+    ids = host.input_ids.cpu()
     members: dict[tuple[int, ...], list[int]] = {}
     for i in range(real.shape[0]):
         prompt = ids[i, :p_cols][real[i, :p_cols]]
@@ -279,11 +280,12 @@ def plan_packing(inp: ModelInputs, *, share_prompts: bool) -> PackPlan:
             owner.append(torch.full((m,), i))
             cursor += m
     seg = torch.cat(segment)
+    device = inp.input_ids.device
     return PackPlan(
-        where=where.to(inp.input_ids.device),
-        segment=seg.to(inp.input_ids.device),
-        owner=torch.cat(owner).to(inp.input_ids.device),
-        lengths=torch.bincount(seg, minlength=len(members)).to(inp.input_ids.device),
+        where=to_device(where, device),
+        segment=to_device(seg, device),
+        owner=to_device(torch.cat(owner), device),
+        lengths=to_device(torch.bincount(seg, minlength=len(members)), device),
     )
 
 
@@ -291,8 +293,8 @@ def plan_packing(inp: ModelInputs, *, share_prompts: bool) -> PackPlan:
 class PackedInputs:
     """A micro-batch as one row, and where its response scores sit in it.
 
-    ``keep`` are the packed positions whose outputs score the response tokens marked in
-    ``valid`` ``(B, r)`` (row-major), so ``outputs[keep]`` unpacks with :func:`unpack`."""
+    ``keep`` are the packed positions whose outputs score the response tokens ``valid``
+    (row-major), so ``outputs[keep]`` unpacks with ``valid.put``."""
 
     input_ids: torch.Tensor  # (1, T)
     position_ids: torch.Tensor  # (1, T), restarting at 0 per segment (responses go on
@@ -300,7 +302,7 @@ class PackedInputs:
     attention_mask: torch.Tensor | None  # (1, 1, T, T) or None (kernel derives it)
     lengths: torch.Tensor  # (S,) tokens per segment
     keep: torch.Tensor  # (K,)
-    valid: torch.Tensor  # (B, r) bool
+    valid: Scored  # the (B, r) response tokens scored
     token_index: torch.Tensor  # (B, L) packed position of each padded token, -1 at padding
     segments: SegmentLayout | None = None  # the segment kernel's layout
 
@@ -317,13 +319,42 @@ class PackedInputs:
         return out
 
 
-def scored_positions(inp: ModelInputs) -> torch.Tensor:
-    """``(B, r)`` bool: the response tokens a forward scores — real, and after a real token
-    (the logits at padded column ``L-r-1+k`` score response token ``k``). Both layouts
-    compute log-probs and entropy on these positions only, never on padding."""
-    real = inp.attention_mask > 0
-    L, r = real.shape[1], inp.response_len
-    return real[:, L - r :] & real[:, L - r - 1 : L - 1]
+@dataclass(frozen=True)
+class Scored:
+    """The response positions ``(B, r)`` a forward scores, on the model's device: ``mask``
+    (bool) and their row-major coordinates ``rows``, ``cols`` ``(K,)``.
+
+    Selecting by coordinates needs no count from the device; a boolean mask's selection
+    (and its backward) reads one back, a wait for the device at every use on a GPU."""
+
+    mask: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """``x[mask]``: the scored entries ``(K, …)`` of ``x`` ``(B, ≥r, …)``
+        (differentiable)."""
+        return x[self.rows, self.cols]
+
+    def put(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-scored-position ``x`` ``(K, …)`` back to ``(B, r, …)``, zeros elsewhere
+        (differentiable)."""
+        out = x.new_zeros(tuple(self.mask.shape) + tuple(x.shape[1:]))
+        return out.index_put((self.rows, self.cols), x)
+
+
+def scored_positions(inp: ModelInputs) -> Scored:
+    """The response tokens a forward scores — real, and after a real token (the logits at
+    padded column ``L-r-1+k`` score response token ``k``). Both layouts compute log-probs
+    and entropy on these positions only, never on padding. Found on the host's copy of
+    the mask when ``inp`` keeps one."""
+    host = inp.host
+    real = host.attention_mask > 0
+    L, r = real.shape[1], host.response_len
+    mask = real[:, L - r :] & real[:, L - r - 1 : L - 1]
+    rows, cols = mask.nonzero(as_tuple=True)
+    device = inp.attention_mask.device
+    return Scored(to_device(mask, device), to_device(rows, device), to_device(cols, device))
 
 
 def pack(
@@ -341,7 +372,7 @@ def pack(
     real = inp.attention_mask > 0
     L, r = real.shape[1], inp.response_len
     plan = plan if plan is not None else plan_packing(inp, share_prompts=False)
-    shared = plan.tokens < int(real.sum())
+    shared = plan.tokens < int((inp.host.attention_mask > 0).sum())
     if shared and attn_implementation not in PREFIX_TREE_KERNELS:
         raise ValueError(
             f"shared prompts need a masked or segment attention kernel, not {attn_implementation}"
@@ -367,18 +398,11 @@ def pack(
         position_ids=positions[None],
         attention_mask=mask,
         lengths=plan.lengths,
-        keep=plan.where[:, L - r - 1 : L - 1][valid],
+        keep=valid.take(plan.where[:, L - r - 1 : L - 1]),
         valid=valid,
         token_index=plan.where,
         segments=segments,
     )
-
-
-def unpack(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Per-kept-position ``x`` ``(K, …)`` back to ``(B, r, …)``, zeros where not ``valid``
-    (differentiable)."""
-    out = x.new_zeros(tuple(valid.shape) + tuple(x.shape[1:]))
-    return out.index_put((valid,), x)
 
 
 __all__ = [
@@ -390,6 +414,7 @@ __all__ = [
     "LayoutCost",
     "PackPlan",
     "PackedInputs",
+    "Scored",
     "block_causal_mask",
     "choose_layout",
     "fit_layout_cost",
@@ -400,5 +425,4 @@ __all__ = [
     "plan_packing",
     "prefix_tree_mask",
     "scored_positions",
-    "unpack",
 ]

@@ -41,7 +41,7 @@ from temper.training.micro_batching import (
     model_inputs,
 )
 from temper.training.models import role_compute_dtype
-from temper.training.packing import LayoutCost, PackedInputs, scored_positions, unpack
+from temper.training.packing import LayoutCost, PackedInputs, Scored, scored_positions
 from temper.training.router_replay import (
     ROUTED_EXPERTS,
     Recording,
@@ -52,6 +52,7 @@ from temper.training.router_replay import (
 )
 from temper.training.schedule import LRSchedule
 from temper.training.spec import EngineSpec
+from temper.training.step_sums import LOSS_SUM, StepSums
 from temper.training.torch_logits import PackedLogits, token_outputs
 from temper.training.torch_model import accepts_logits_to_keep, fused_fn
 from temper.training.torch_state import load_trainable_state, trainable_state
@@ -173,12 +174,12 @@ class TorchEngine(PackedLogits):
                 "position_ids": inp.position_ids,
             }
             keep: int | torch.Tensor = r + 1
-            valid = scored_positions(inp)
+            valid: Scored = scored_positions(inp)
         else:
             model_in = packed.model_inputs()
             keep = packed.keep
             valid = packed.valid
-        labels = inp.response_ids[valid]  # (K,): log-probs and entropy only where scored
+        labels = valid.take(inp.response_ids)  # (K,): log-probs and entropy only where scored
         out: dict[str, torch.Tensor] = {}
         record = self._route(mb, inp, packed)
         with record, self._autocast(), vision_context:
@@ -204,18 +205,18 @@ class TorchEngine(PackedLogits):
                     chunk_size=self.spec.entropy_chunk_size,
                 )
                 if KD_INDICES in mb:  # offline distillation: the teacher's top-k token ids
-                    ids = mb[KD_INDICES][:, :r].to(self.device)[valid]
+                    ids = valid.take(mb[KD_INDICES][:, :r].to(self.device))
                     out[KD_LOGITS] = logits.gather(-1, ids)
                 if self.kl_reference is not None and not self._adapters_off:  # the exact KL
                     ref = self.kl_reference.response_logits(mb)
                     out["full_kl"] = full_kl_from_logits(
                         logits,
-                        ref[valid],
+                        valid.take(ref),
                         temperature=temperature,
                         chunk_size=self.spec.entropy_chunk_size or DEFAULT_CHUNK,
                     )
         if packed is not None or not self.spec.value_head:  # (K, …) -> (b, r, …)
-            out = {k: unpack(v, valid) for k, v in out.items()}
+            out = {k: valid.put(v) for k, v in out.items()}
         result = masked_outputs(out, mb, inp)
         if isinstance(record, Recording):
             result[ROUTED_EXPERTS] = record.columns()
@@ -388,9 +389,9 @@ class TorchEngine(PackedLogits):
         with_entropy: bool,
     ) -> tuple[float, dict[str, float]]:
         """Forward, loss and backward of every micro-batch, gradients accumulated: this
-        rank's ``(loss sum, metric sums)`` (padding micro-batches contribute nothing)."""
-        total = 0.0
-        sums: dict[str, float] = {}
+        rank's ``(loss sum, metric sums)`` (padding micro-batches contribute nothing).
+        The sums stay on the device until the last micro-batch (:mod:`step_sums`)."""
+        sums = StepSums()  # the loss under LOSS_SUM, then the metrics
         for i, (mb, rows) in enumerate(zip(micro, groups)):
             out = self._run(
                 mb, temperature=temperature, with_entropy=True, entropy_grad=with_entropy
@@ -407,10 +408,9 @@ class TorchEngine(PackedLogits):
             self._backward(loss, last=i == len(micro) - 1)
             if not rows:
                 continue
-            total += float(loss.detach())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-        return total, sums
+            sums.add({LOSS_SUM: loss, **metrics})
+        result = sums.floats()
+        return result.pop(LOSS_SUM, 0.0), result
 
     def _apply_gradients(self) -> tuple[float, float]:
         """Clip, check, step and clear the accumulated gradients: ``(grad_norm before

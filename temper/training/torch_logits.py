@@ -33,12 +33,12 @@ from temper.training.packing import (
     VARLEN_KERNELS,
     LayoutCost,
     PackedInputs,
+    Scored,
     choose_layout,
     model_cost,
     pack,
     plan_packing,
     scored_positions,
-    unpack,
 )
 from temper.training.torch_hooks import OneProcessHooks
 from temper.training.vision import vision_forward_inputs
@@ -91,7 +91,7 @@ def output_head(model: nn.Module) -> nn.Module | None:
 
 
 @contextlib.contextmanager
-def head_on_positions(head: nn.Module, scored: torch.Tensor, keep: int) -> Iterator[None]:
+def head_on_positions(head: nn.Module, scored: Scored, keep: int) -> Iterator[None]:
     """While open, ``head`` maps only the hidden states of the ``scored`` positions: its
     input ``(b, W, d)`` (``W ≥ keep``: the last ``keep`` are the kept positions) becomes
     ``(1, K, d)``, ``h[:, W-keep : W-keep+r][scored]`` for ``scored`` ``(b, r)`` — so the
@@ -101,8 +101,7 @@ def head_on_positions(head: nn.Module, scored: torch.Tensor, keep: int) -> Itera
 
     def gather(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden, *rest = args
-        start = hidden.shape[1] - keep
-        return (hidden[:, start : start + scored.shape[1]][scored][None], *rest)
+        return (scored.take(hidden[:, hidden.shape[1] - keep :])[None], *rest)
 
     handle = head.register_forward_pre_hook(gather)
     try:
@@ -128,12 +127,12 @@ class PackedLogits(OneProcessHooks):
         keep: int | torch.Tensor,
         extra: dict[str, Any] | None = None,
         *,
-        scored: torch.Tensor | None = None,
+        scored: Scored | None = None,
     ) -> torch.Tensor:
         """Logits of the last ``keep`` positions ``(b, keep, V)``, or of the positions
         ``keep`` (a tensor: a packed row's response positions) ``(K, V)``; with
-        ``scored`` (a bool ``(b, keep - 1)``: a padded row's scored positions among the
-        kept ones) only those, ``(K, V)``, the LM head run on their hidden states alone."""
+        ``scored`` (a padded row's scored positions ``(b, keep - 1)`` among the kept
+        ones) only those, ``(K, V)``, the LM head run on their hidden states alone."""
         kwargs: dict[str, Any] = {**inputs, "use_cache": False}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = keep
@@ -145,7 +144,7 @@ class PackedLogits(OneProcessHooks):
         logits = self._module()(**{**kwargs, **(extra or {})}).logits
         if isinstance(keep, int):
             logits = logits[:, -keep:]
-            return logits if scored is None else logits[:, : scored.shape[1]][scored]
+            return logits if scored is None else scored.take(logits)
         return logits[0] if self._logits_to_keep else logits[0, keep]
 
     # ------------------------------------------------------------------ packing
@@ -186,7 +185,7 @@ class PackedLogits(OneProcessHooks):
             self.layouts["padded"] += 1
             return None
         cost = self._layout_cost()
-        lengths = inp.attention_mask.sum(dim=1).tolist()
+        lengths = inp.host.attention_mask.sum(dim=1).tolist()
         # a prompt shared by a group is packed once (prefix-tree mask: masked kernels only)
         plan = plan_packing(inp, share_prompts=self._attn_impl() in PREFIX_TREE_KERNELS)
         layout = choose_layout(lengths, inp.input_ids.shape[1], cost, plan.tokens)
@@ -216,8 +215,8 @@ class PackedLogits(OneProcessHooks):
                     "position_ids": inp.position_ids,
                 }
                 scored = scored_positions(inp)
-                return unpack(self._logits(model_in, r + 1, extra, scored=scored), scored)
-            return unpack(self._logits(packed.model_inputs(), packed.keep), packed.valid)
+                return scored.put(self._logits(model_in, r + 1, extra, scored=scored))
+            return packed.valid.put(self._logits(packed.model_inputs(), packed.keep))
 
     @torch.no_grad()
     def top_logits(

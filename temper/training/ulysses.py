@@ -42,7 +42,7 @@ from torch import Tensor
 from temper.config.errors import ConfigError
 from temper.training.attention_kind import attention_limit, declares
 from temper.training.micro_batching import ModelInputs
-from temper.training.packing import PackedInputs
+from temper.training.packing import PackedInputs, Scored
 from temper.training.router_replay import from_packed, to_packed
 from temper.training.segment_attention import (
     LAYOUT_KWARG,
@@ -311,7 +311,7 @@ class Rows:
     rotation: Tensor | None = None
 
 
-def padded_rows(inp: ModelInputs, valid: Tensor) -> Rows:
+def padded_rows(inp: ModelInputs, valid: Scored) -> Rows:
     """The padded layout, each row rotated so that its left padding follows its tokens:
     then causal attention alone keeps every real token off the padding, with no
     ``L × L`` mask (kept only if a row has a gap inside). Positions are the row's own,
@@ -323,13 +323,13 @@ def padded_rows(inp: ModelInputs, valid: Tensor) -> Rows:
     cols = (torch.arange(L, device=real.device)[None] + lead[:, None]) % L
     attend = real.gather(1, cols)
     solid = torch.equal(attend, torch.arange(L, device=real.device)[None] < attend.sum(1, True))
-    row, k = valid.nonzero(as_tuple=True)
+    row, k = valid.rows, valid.cols
     return Rows(
         inp.input_ids.gather(1, cols),
         inp.position_ids.gather(1, cols),
         row=row,
         column=k + (L - r - 1) - lead[row],
-        label=inp.response_ids[valid],
+        label=valid.take(inp.response_ids),
         mask=None if solid else sequence_mask(attend.long()),
         rotation=cols,
     )
@@ -344,7 +344,7 @@ def packed_rows(inp: ModelInputs, packed: PackedInputs) -> Rows:
         packed.position_ids,
         row=torch.zeros_like(packed.keep),
         column=packed.keep,
-        label=inp.response_ids[packed.valid],
+        label=packed.valid.take(inp.response_ids),
         layout=packed.segments,
     )
 

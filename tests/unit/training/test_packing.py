@@ -20,7 +20,6 @@ from temper.training.packing import (
     pack,
     plan_packing,
     prefix_tree_mask,
-    unpack,
 )
 from temper.training.torch_engine import TorchEngine
 
@@ -74,11 +73,15 @@ def test_pack_concatenates_real_tokens_with_restarting_positions() -> None:
         assert torch.equal(row[:pl], batch["prompt_ids"][i, -pl:])
         assert torch.equal(row[pl:], batch["response_ids"][i, :rl])
     # ``keep`` holds the position before each response token: its logits score it
-    assert p.valid.sum(dim=1).tolist() == RESPONSES
+    valid = p.valid.mask
+    assert valid.sum(dim=1).tolist() == RESPONSES
+    assert torch.equal(torch.stack([p.valid.rows, p.valid.cols], 1), valid.nonzero())
     before = p.input_ids[0, p.keep + 1]
-    assert torch.equal(before, inp.response_ids[p.valid])
-    back = unpack(torch.arange(p.keep.numel()), p.valid)
-    assert back.shape == p.valid.shape and (back[~p.valid] == 0).all()
+    assert torch.equal(before, inp.response_ids[valid])
+    assert torch.equal(p.valid.take(inp.response_ids), inp.response_ids[valid])
+    back = p.valid.put(torch.arange(p.keep.numel()))
+    assert back.shape == valid.shape and (back[~valid] == 0).all()
+    assert back[valid].tolist() == list(range(p.keep.numel()))
 
 
 def test_shared_prompts_are_packed_once() -> None:
@@ -99,11 +102,12 @@ def test_shared_prompts_are_packed_once() -> None:
     assert torch.equal(p.input_ids[0, :5], batch["prompt_ids"][0, -5:])
     assert torch.equal(p.input_ids[0, 9:10], batch["response_ids"][1, :1])
     before = p.input_ids[0, p.keep + 1]  # the token after each scoring position ...
-    first = torch.zeros_like(p.valid)
+    valid = p.valid.mask
+    first = torch.zeros_like(valid)
     first[:, 0] = True
     # ... is the response token it scores, except at a shared prompt's last token
-    assert torch.equal(before[~first[p.valid]], inp.response_ids[p.valid & ~first])
-    assert p.keep[first[p.valid]].tolist() == [4, 4, 4, 24, 24, 35]
+    assert torch.equal(before[~first[valid]], inp.response_ids[valid & ~first])
+    assert p.keep[first[valid]].tolist() == [4, 4, 4, 24, 24, 35]
     # nothing shared: one segment per row, as long as the real tokens
     alone = plan_packing(inp, share_prompts=False)
     assert alone.tokens == sum(GROUP_PROMPTS) + sum(GROUP_RESPONSES)

@@ -61,7 +61,7 @@ def test_padded_rows_rotate_their_padding_last_and_attend_causally() -> None:
         assert torch.equal(rows.position_ids[i, : len(real)], torch.arange(int(lengths[i])))
     # the logits at a scored column predict the token in the next one
     assert torch.equal(rows.input_ids[rows.row, rows.column + 1], rows.label)
-    assert torch.equal(rows.label, inp.response_ids[valid])
+    assert torch.equal(rows.label, inp.response_ids[valid.mask])
     # a gap inside a row keeps an explicit mask: causal over real keys, never empty
     inp.attention_mask[1, 3] = 0  # row 1: prompt at column 2, response at 3 (now a gap), 4
     gap = padded_rows(inp, scored_positions(inp))
@@ -97,7 +97,7 @@ def test_every_scored_token_is_owned_by_the_rank_holding_its_logits(size: int, l
     assert width * size >= L > width * (size - 1)
     owners = torch.stack([sh.owned for sh in shards]).long().sum(dim=0)
     assert torch.equal(owners, torch.ones_like(owners))  # each token by one rank
-    assert rows.label.numel() == int(valid.sum())
+    assert rows.label.numel() == int(valid.mask.sum())
     for rank, shard in enumerate(shards):
         # the rank's columns, right-padded, with the whole rows' positions
         ids = shard.model_inputs["input_ids"]
