@@ -20,6 +20,7 @@ from temper.training.packing import (
     pack,
     plan_packing,
     prefix_tree_mask,
+    scored_positions,
 )
 from temper.training.torch_engine import TorchEngine
 
@@ -82,6 +83,25 @@ def test_pack_concatenates_real_tokens_with_restarting_positions() -> None:
     back = p.valid.put(torch.arange(p.keep.numel()))
     assert back.shape == valid.shape and (back[~valid] == 0).all()
     assert back[valid].tolist() == list(range(p.keep.numel()))
+
+
+def test_scored_positions_and_the_plan_come_from_the_host_copy() -> None:
+    """Inputs on another device keep their host copy, and what is planned from them (the
+    scored coordinates, the packing plan) is read from it, never from the device: on the
+    meta device, which holds no values, reading would raise."""
+    batch = _grouped_batch()
+    host = model_inputs(batch, torch.device("cpu"))
+    assert host.on_host is None and host.host is host
+    inp = model_inputs(batch, torch.device("meta"))
+    assert inp.input_ids.is_meta and inp.on_host is not None
+    assert torch.equal(inp.host.input_ids, host.input_ids)
+    scored, expected = scored_positions(inp), scored_positions(host)
+    assert scored.rows.is_meta and scored.rows.shape == expected.rows.shape
+    plan, expected_plan = (
+        plan_packing(inp, share_prompts=True),
+        plan_packing(host, share_prompts=True),
+    )
+    assert plan.where.is_meta and plan.tokens == expected_plan.tokens
 
 
 def test_shared_prompts_are_packed_once() -> None:
