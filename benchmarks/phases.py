@@ -2,6 +2,7 @@
 
     python benchmarks/phases.py [--model tiny|smollm2] [--length 16|128] [--prompts 8]
                                 [--n 4] [--micro 8] [--reps 3] [--no-vllm]
+                                [--only train|hf|vllm ...]
 
 =============  ==========================================  ===================================
 phase          temper                                      raw call (same inputs)
@@ -450,7 +451,14 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=8, help="samples per training micro-batch")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM rows")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=("train", "hf", "vllm"),
+        help="run only these rows (repeatable): train/*, rollout/hf + sync/hf, the vLLM rows",
+    )
     args = p.parse_args()
+    groups = set(args.only or ("train", "hf", "vllm")) - ({"vllm"} if args.no_vllm else set())
     path = model_path(args.model)
     from transformers import AutoTokenizer
 
@@ -464,9 +472,12 @@ def main() -> None:
         f"tokens) × n={args.n}, {args.length} new tokens; median of {args.reps}; "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start"
     )
-    rows, _ = bench_train(path, train_batch(prompts, args.n, args.length, vocab, pad), args)
-    rows += bench_hf(path, prompts, args)
-    if not args.no_vllm:
+    rows: list[Row] = []
+    if "train" in groups:
+        rows += bench_train(path, train_batch(prompts, args.n, args.length, vocab, pad), args)[0]
+    if "hf" in groups:
+        rows += bench_hf(path, prompts, args)
+    if "vllm" in groups:
         try:
             import vllm  # noqa: F401
         except ImportError:
