@@ -15,9 +15,11 @@ never more than the padded layout's ``B·L²``, and builds no ``T²`` mask; so a
 never costs more attention than padding, and the layout choice can follow the tokens.
 
 Registered with transformers' attention interface as :data:`SEGMENT_KERNEL`; a forward
-that passes no :class:`SegmentLayout` (the padded layout, generation) runs transformers'
-own ``sdpa`` function, and its masks are built by ``sdpa``'s mask function, so a model
-loaded with this kernel computes exactly what ``sdpa`` computes when it is not packed.
+that passes no :class:`SegmentLayout` (the padded layout, generation) runs SDPA as
+transformers' own ``sdpa`` function does (:func:`unpacked_attention`: grouped-query heads
+are not copied per query head under a mask), and its masks are built by ``sdpa``'s mask
+function, so a model loaded with this kernel computes what ``sdpa`` computes when it is
+not packed.
 """
 
 from __future__ import annotations
@@ -193,9 +195,7 @@ def segment_attention(
     transformers' ``sdpa`` function computes it."""
     layout: SegmentLayout | None = kwargs.pop(LAYOUT_KWARG, None)
     if layout is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(
+        return unpacked_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     layout.uses[0] += 1
@@ -232,6 +232,46 @@ def segment_attention(
         picked = responses.flatten(0, 1).index_select(0, layout.response_slots)
         out = out.index_copy(0, layout.response_dest, picked.to(out.dtype))
     return out[None], None
+
+
+def unpacked_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """A forward without a layout (a padded row, a generation step): transformers' ``sdpa``
+    function, except that grouped-query heads stay grouped under a mask.
+
+    transformers repeats each key/value head for its query heads whenever a mask is given
+    (CUDA's fused kernels take no mask with grouped heads), which in generation copies the
+    whole KV cache at every layer of every decoding step. This kernel runs on CPU, where
+    SDPA's ``enable_gqa`` takes the mask: the same sums, without the copies
+    (``benchmarks/gqa_attention.py``).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    # transformers' own test for grouped heads: the attention module's group count
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    plain = not any(kwargs.get(k) is not None for k in ("position_bias", "cache"))
+    if attention_mask is None or groups == 1 or not plain or query.device.type != "cpu":
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).contiguous(), None
 
 
 def reaches_every_layer(model: torch.nn.Module) -> bool:
@@ -289,4 +329,5 @@ __all__ = [
     "register",
     "segment_attention",
     "segment_layout",
+    "unpacked_attention",
 ]
