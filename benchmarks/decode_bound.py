@@ -37,21 +37,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch
 import yaml
+from chat_prompts import chat_prompt_batch  # benchmarks/chat_prompts.py, beside this script
 
 from temper.config.schema import ModelConfig, RolloutConfig
-from temper.data.batch import Batch
 from temper.rollout.base import SamplingParams
-
-QUESTIONS = [
-    "What is 2+3?",
-    "Name a prime number larger than 10.",
-    "Write a haiku about autumn.",
-    "What is the capital of France?",
-    "Explain gravity in one sentence.",
-    "List three colors.",
-    "What is 12 times 7?",
-    "Say hello in Spanish.",
-]
 
 
 def best(fn, repeats: int) -> float:
@@ -124,18 +113,7 @@ def main() -> None:
             params = sum(p.numel() for p in meta.parameters())
             del meta
         tok = engine.tokenizer
-        texts = [
-            tok.apply_chat_template(
-                [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for i in range(args.prompts)
-        ]
-        enc = tok(texts, padding=True, padding_side="left", return_tensors="pt")
-        batch = Batch.from_dict(
-            {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
-        )
+        batch = chat_prompt_batch(tok, args.prompts)
 
         def rollout_of(tokens: int, engine=engine, batch=batch):
             sampling = SamplingParams(n=args.n, max_new_tokens=tokens, ignore_eos=True)

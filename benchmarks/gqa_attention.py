@@ -32,24 +32,13 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
+from chat_prompts import chat_prompt_batch  # benchmarks/chat_prompts.py, beside this script
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from temper.data.batch import Batch
 from temper.rollout.base import SamplingParams
 from temper.rollout.hf import HFRolloutEngine
 from temper.training import segment_attention
 from temper.utils.model_path import resolve_model_path
-
-QUESTIONS = [
-    "What is 2+3?",
-    "Name a prime number larger than 10.",
-    "Write a haiku about autumn.",
-    "What is the capital of France?",
-    "Explain gravity in one sentence.",
-    "List three colors.",
-    "What is 12 times 7?",
-    "Say hello in Spanish.",
-]
 
 
 def _median_ms(fn: Callable[[], object], reps: int) -> float:
@@ -115,18 +104,7 @@ def bench_generate(path: str, args: argparse.Namespace) -> None:
         path, dtype=torch.float32, attn_implementation="sdpa"
     )
     tok = AutoTokenizer.from_pretrained(path)
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(args.prompts)
-    ]
-    enc = tok(texts, padding=True, padding_side="left", return_tensors="pt")
-    prompts = Batch.from_dict(
-        {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
-    )
+    prompts = chat_prompt_batch(tok, args.prompts)
     engine = HFRolloutEngine(model, tok)
     params = SamplingParams(n=args.n, max_new_tokens=args.new_tokens, ignore_eos=True)
     times: dict[str, list[float]] = {"sdpa": [], segment_attention.SEGMENT_KERNEL: []}

@@ -18,21 +18,10 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
+from chat_prompts import chat_prompt_batch  # benchmarks/chat_prompts.py, beside this script
 
-from temper.data.batch import Batch
 from temper.rollout.base import SamplingParams
 from temper.rollout.hf import HFRolloutEngine
-
-QUESTIONS = [
-    "What is 2+3?",
-    "Name a prime number larger than 10.",
-    "Write a haiku about autumn.",
-    "What is the capital of France?",
-    "Explain gravity in one sentence.",
-    "List three colors.",
-    "What is 12 times 7?",
-    "Say hello in Spanish.",
-]
 
 
 def main() -> None:
@@ -48,16 +37,7 @@ def main() -> None:
 
     engine = HFRolloutEngine.from_pretrained(args.model, dtype=args.dtype, device=args.device)
     tok = engine.tokenizer
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(args.prompts)
-    ]
-    enc = tok(texts, padding=True, padding_side="left", return_tensors="pt")
-    batch = Batch.from_dict({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]})
+    batch = chat_prompt_batch(tok, args.prompts)
     params = SamplingParams(
         max_new_tokens=args.new_tokens, temperature=args.temperature, ignore_eos=True
     )
@@ -73,7 +53,7 @@ def main() -> None:
     print(
         f"model={args.model} device={args.device} dtype={next(engine.module.parameters()).dtype} "
         f"threads={torch.get_num_threads()} prompts={args.prompts} new_tokens={args.new_tokens} "
-        f"prompt_len={enc['input_ids'].shape[1]}"
+        f"prompt_len={batch['prompt_ids'].shape[1]}"
     )
     print(f"generated {tokens} tokens in {best:.2f}s: {tokens / best:.1f} tokens/s")
 

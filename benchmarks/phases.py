@@ -57,6 +57,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch
+from chat_prompts import chat_prompt_batch  # benchmarks/chat_prompts.py, beside this script
 
 from temper.config.schema import ActorConfig, ModelConfig, OptimConfig, RolloutConfig
 from temper.data.batch import Batch
@@ -118,16 +119,7 @@ def median_pair(
 
 
 def prompt_batch(tokenizer: Any, prompts: int) -> Batch:
-    texts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(prompts)
-    ]
-    enc = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt")
-    return Batch.from_dict({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]})
+    return chat_prompt_batch(tokenizer, prompts, QUESTIONS)
 
 
 def train_batch(prompts: Batch, n: int, length: int, vocab: int, pad: int) -> Batch:

@@ -23,22 +23,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch
+from chat_prompts import chat_prompt_batch  # benchmarks/chat_prompts.py, beside this script
 
 from temper.config.schema import ModelConfig, RolloutConfig
 from temper.data.batch import Batch
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.hf import HFRolloutEngine
-
-QUESTIONS = [
-    "What is 2+3?",
-    "Name a prime number larger than 10.",
-    "Write a haiku about autumn.",
-    "What is the capital of France?",
-    "Explain gravity in one sentence.",
-    "List three colors.",
-    "What is 12 times 7?",
-    "Say hello in Spanish.",
-]
 
 
 def time_engine(
@@ -73,30 +63,21 @@ def main() -> None:
     path = resolve_model_path(args.model)
     hf = HFRolloutEngine.from_pretrained(path, dtype="fp32", device="cpu")
     tok = hf.tokenizer
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(args.prompts)
-    ]
-    enc = tok(texts, padding=True, padding_side="left", return_tensors="pt")
-    batch = Batch.from_dict({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]})
+    batch = chat_prompt_batch(tok, args.prompts)
     params = SamplingParams(
         n=args.n, max_new_tokens=args.new_tokens, temperature=args.temperature, ignore_eos=True
     )
     print(
         f"model={args.model} dtype=fp32 threads={torch.get_num_threads()} "
         f"prompts={args.prompts} n={args.n} new_tokens={args.new_tokens} "
-        f"prompt_len={enc['input_ids'].shape[1]} temperature={args.temperature}"
+        f"prompt_len={batch['prompt_ids'].shape[1]} temperature={args.temperature}"
     )
     hf_s, hf_tokens = time_engine(hf, batch, params, args.repeats)
     print(f"hf    {hf_tokens} tokens in {hf_s:.2f}s: {hf_tokens / hf_s:.1f} tokens/s")
 
     start = time.perf_counter()
     vllm = VLLMRolloutEngine.from_config(
-        RolloutConfig(engine="vllm", max_model_len=enc["input_ids"].shape[1] + args.new_tokens),
+        RolloutConfig(engine="vllm", max_model_len=batch["prompt_ids"].shape[1] + args.new_tokens),
         ModelConfig(path=path, dtype="fp32"),
         seed=0,
     )

@@ -12,15 +12,16 @@ Hugging Face causal LM's training step (``--micro-batches`` forward + backward p
    threads resident),
 3. after that engine generated 32 × 128 tokens,
 
-and each row prints the median step, the process's thread count and the CPU seconds of
-every thread busy during the last step (a thread of vLLM's competing with the trainer
-would show there). fp32, this process's torch threads.
+and each row prints the median step, the minor page faults per step (memory the step
+maps afresh), the process's thread count and the CPU seconds of every thread busy during
+the last step (a thread of vLLM's competing with the trainer would show there). fp32, this process's torch threads.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import time
 
@@ -65,6 +66,7 @@ def main() -> None:
 
     def timed(label: str) -> None:
         times = []
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(args.reps):
             before = thread_cpu_seconds()
             start = time.perf_counter()
@@ -74,6 +76,7 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - start)
             after = thread_cpu_seconds()
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.reps
         busy = {
             ("main" if tid == os.getpid() else tid): round(cpu - before.get(tid, 0.0), 2)
             for tid, cpu in after.items()
@@ -81,7 +84,8 @@ def main() -> None:
         }
         print(
             f"{label:24} step {statistics.median(times):6.2f} s (median of {args.reps})  "
-            f"threads {len(after):3d}  busy CPU s in the last step {busy}",
+            f"page faults/step {faults:9.0f}  threads {len(after):3d}  "
+            f"busy CPU s in the last step {busy}",
             flush=True,
         )
 
