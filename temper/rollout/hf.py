@@ -15,7 +15,7 @@ then log-softmax (filtered tokens are -inf, the drawn one never is). Greedy deco
 (``do_sample=False`` or temperature 0) reports log-softmax of the (penalized) raw
 logits, i.e. temperature 1, like vLLM's raw log-probs. To get them without keeping
 a (steps × batch × vocab) tensor (``output_scores``), the engine builds the whole
-processor chain itself with a recorder last, and gathers the drawn token's log-prob
+processor chain itself with a recorder after the warpers, and gathers the drawn token's log-prob
 in a stopping criterion, which ``generate`` calls right after it appends the token.
 
 Routing (``params.routed_experts``, router replay R3). An MoE model's routers are hooked
@@ -25,10 +25,15 @@ it feeds, so a row gets the routing of every token but the last one it generated
 the batch's columns, -1 at padding (:func:`temper.data.routing.mask_columns`). The ``n``
 samples of a prompt are ``n`` rows of one prefill.
 
-Determinism. ``generate`` samples with ``torch.multinomial`` on torch's *global* RNG
-(it takes no ``torch.Generator``): call ``torch.manual_seed(s)`` (which also seeds
-CUDA) before ``generate`` to reproduce a rollout exactly; the driver's seeded,
-checkpointed RNG state makes resumed runs continue the same stream.
+Sampling. The engine draws each token itself, the last processor of its chain
+(:func:`temper.rollout.sampling.inverse_cdf_sample`: one uniform variate per row, where
+``torch.multinomial`` draws one per vocabulary entry), and leaves only that token finite;
+``generate`` runs greedy and takes it.
+
+Determinism. The draw uses torch's *global* RNG of the model's device: call
+``torch.manual_seed(s)`` (which also seeds CUDA) before ``generate`` to reproduce a
+rollout exactly; the driver's seeded, checkpointed RNG state makes resumed runs continue
+the same stream.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from temper.data.vision import (
     vision_token_ids,
 )
 from temper.rollout.base import RolloutEngine, SamplingParams
+from temper.rollout.sampling import inverse_cdf_sample
 from temper.rollout.stops import FinishedResponses, finish_responses, right_pad
 from temper.utils.router_replay_hf import HFRouterReplay
 
@@ -104,6 +110,21 @@ class _RecordDrawn(StoppingCriteria):
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         self.recorder.record_drawn(input_ids)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+class _DrawToken(LogitsProcessor):
+    """Last processor when sampling: draws each row's token from the processed scores
+    (:func:`temper.rollout.sampling.inverse_cdf_sample`) and leaves only that token
+    finite, so ``generate``'s greedy step (``argmax``) picks it — ``generate`` then runs
+    greedy, with no warpers or ``torch.multinomial`` of its own.
+
+    The scores are overwritten in place: the recorder before this keeps its own
+    log-softmax, and ``generate`` keeps no scores (``output_scores`` is off).
+    """
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        drawn = inverse_cdf_sample(scores)
+        return scores.fill_(float("-inf")).scatter_(1, drawn, 0.0)
 
 
 def _as_list(value: int | list[int] | None) -> list[int]:
@@ -303,16 +324,16 @@ class HFRolloutEngine(RolloutEngine):
                 chain.append(TopPLogitsWarper(top_p=params.top_p))
         if recorder is not None:
             chain.append(recorder)
+        if not params.greedy:
+            chain.append(_DrawToken())
         return LogitsProcessorList(chain)
 
     def _generation_config(self, params: SamplingParams, stop_ids: list[int]) -> GenerationConfig:
-        # Warpers are ours (see _processors): generate must add none of its own.
-        # Greedy leaves them unset: generate would only warn that they are unused.
-        warpers = {} if params.greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        # The warpers and the draw are ours (see _processors): generate runs greedy, which
+        # adds no processor of its own and takes the one token _DrawToken leaves finite.
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            do_sample=not params.greedy,
-            **warpers,
+            do_sample=False,
             repetition_penalty=1.0,
             num_beams=1,
             eos_token_id=stop_ids,  # [] (ignore_eos, no stop ids) is "never stop"

@@ -32,6 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TASK = "task:arithmetic?n=64&seed=5"
 VERL = Path(__file__).resolve().parents[1] / "data" / "upstream" / "verl-2026-01-b178a3c"
 VERL_LINE = VERL / "examples/tuning/32b/qwen2_32B_grpo_8_h20_megatron_vllm.sh"
+# A tiny random model's 12-token answers almost never solve an arithmetic row, so the math
+# rule scores whole groups 0 and GRPO's advantages give no gradient: whether a 2-step run
+# moves every tensor would hang on the seed's luck. The ROLL runs add an entropy bonus
+# (ROLL's own key: a gradient for every tensor whatever the rewards); the verl runs score
+# with verl's custom_reward_function, the fraction of digits (REWARD, dense).
+ENTROPY = "entropy_loss_coef=0.01"
 
 
 def _train_rows(out: Path) -> list[dict]:
@@ -78,6 +84,7 @@ def test_roll_megatron_example_grpo_with_tp2_actor_and_reference(
         "actor_train.model_args.dtype=fp32",
         "actor_infer.strategy_args.strategy_name=hf_infer",
         "~actor_infer.strategy_args.strategy_config",
+        ENTROPY,
     ]
     placement = {
         "actor": ("0,1", "2", "1", "megatron"),
@@ -89,9 +96,7 @@ def test_roll_megatron_example_grpo_with_tp2_actor_and_reference(
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rollout/logprob_diff"] < 1e-4 for r in rows)
     assert all("actor/kl" in r for r in rows)
-    # the math rule scores a random model's answers 0 in most groups; GRPO's zero
-    # advantages then give no gradient (this seed: step 1 has one), AdamW's momentum goes on
-    assert any(r["actor/grad_norm"] > 0 for r in rows)
+    assert all(r["actor/grad_norm"] > 0 for r in rows)
     before = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     after = load_file(str(out / "final" / "actor" / "model.safetensors"))
     assert set(after) == set(before) - {"lm_head.weight"}  # tied: HF ties it on load
@@ -131,6 +136,7 @@ def test_roll_megatron_example_trains_with_two_pipeline_stages_or_cp_ranks(
         "actor_train.model_args.dtype=fp32",
         "actor_infer.strategy_args.strategy_name=hf_infer",
         "~actor_infer.strategy_args.strategy_config",
+        ENTROPY,
         *(f"actor_train.strategy_args.strategy_config.{k}={v}" for k, v in pp.items()),
         *(f"reference.strategy_args.strategy_config.{k}={v}" for k, v in pp.items()),
     ]
@@ -174,6 +180,8 @@ def test_upstream_verl_megatron_command_line_trains_two_steps(
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     name, args = verl_command_line(VERL_LINE)
     out = tmp_path / "verl"
+    reward = tmp_path / "digits.py"
+    reward.write_text(REWARD)
     overrides = [
         *args,
         f"actor_rollout_ref.model.path={tiny_model_dir}",
@@ -191,6 +199,8 @@ def test_upstream_verl_megatron_command_line_trains_two_steps(
         "trainer.total_training_steps=2",
         "trainer.test_freq=2",
         f"trainer.default_local_dir={out}",
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.name=compute_score",
     ]
     placement = {
         "actor": ("0", "1", "1", "megatron (in process)"),
@@ -200,7 +210,7 @@ def test_upstream_verl_megatron_command_line_trains_two_steps(
     _run(VERL / "verl" / "trainer" / "config" / name, overrides, placement)
     rows = _train_rows(out)
     assert [r["step"] for r in rows] == [1, 2]
-    assert all("actor/kl_loss" in r and r["actor/grad_norm"] > 0 for r in rows[:1])
+    assert all("actor/kl_loss" in r and r["actor/grad_norm"] > 0 for r in rows)
 
 
 def test_verl_megatron_lora_trains_with_the_base_model_as_reference(
@@ -216,6 +226,8 @@ def test_verl_megatron_lora_trains_with_the_base_model_as_reference(
 
     name, args = verl_command_line(VERL_LINE)
     out = tmp_path / "verl-lora"
+    reward = tmp_path / "digits.py"
+    reward.write_text(REWARD)
     overrides = [
         *args,
         f"actor_rollout_ref.model.path={tiny_model_dir}",
@@ -237,6 +249,8 @@ def test_verl_megatron_lora_trains_with_the_base_model_as_reference(
         "trainer.total_training_steps=2",
         "trainer.test_freq=2",
         f"trainer.default_local_dir={out}",
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.name=compute_score",
     ]
     placement = {
         "actor": ("0", "1", "1", "megatron (in process)"),
