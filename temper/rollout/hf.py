@@ -30,6 +30,12 @@ Sampling. The engine draws each token itself, the last processor of its chain
 ``torch.multinomial`` draws one per vocabulary entry), and leaves only that token finite;
 ``generate`` runs greedy and takes it.
 
+Linears. On CPU the model's plain float32 linears run on oneDNN-packed copies of their
+weights for the length of each ``generate`` call of at least
+:data:`temper.rollout.packed_linear.MIN_NEW_TOKENS` tokens (:mod:`temper.rollout.packed_linear`:
+the same products, in less time at decoding's few rows; ``pack_linears = False`` turns
+it off).
+
 Determinism. The draw uses torch's *global* RNG of the model's device: call
 ``torch.manual_seed(s)`` (which also seeds CUDA) before ``generate`` to reproduce a
 rollout exactly; the driver's seeded, checkpointed RNG state makes resumed runs continue
@@ -66,6 +72,7 @@ from temper.data.vision import (
     token_type_ids,
     vision_token_ids,
 )
+from temper.rollout import packed_linear
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.sampling import inverse_cdf_sample
 from temper.rollout.stops import FinishedResponses, finish_responses, right_pad
@@ -178,6 +185,8 @@ class HFRolloutEngine(RolloutEngine):
         self.tokenizer = tokenizer
         self.shared = shared
         self.infer_batch_size = infer_batch_size
+        # CPU: linears on oneDNN-packed weights while generating (rollout.packed_linear)
+        self.pack_linears = True
         gen = getattr(module, "generation_config", None)
         # EOS = the tokenizer's plus the model's (Llama-3 style models list several)
         self.eos_token_ids = sorted(
@@ -382,7 +391,19 @@ class HFRolloutEngine(RolloutEngine):
             if params.routed_experts
             else contextlib.nullcontext([])
         )
-        with _generation_mode(self.module, config), torch.no_grad(), routing as forwards:
+        packed: contextlib.AbstractContextManager[int] = (
+            packed_linear.packed_linears(self.module, len(input_ids))
+            if self.pack_linears
+            and params.max_new_tokens >= packed_linear.MIN_NEW_TOKENS
+            and packed_linear.available(device)
+            else contextlib.nullcontext(0)
+        )
+        with (
+            _generation_mode(self.module, config),
+            torch.no_grad(),
+            routing as forwards,
+            packed,
+        ):
             out = self.module.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
