@@ -99,20 +99,24 @@ def test_packing_loads_the_kernel_and_exports_a_plain_model(tiny_path: str, tmp_
 def test_unpacked_grouped_heads_under_a_mask_equal_sdpa_without_copying_them(
     monkeypatch,
 ) -> None:
-    """A padded forward or a decoding step (a mask, grouped key/value heads): the same
-    output and gradients as transformers' sdpa function, which copies each key/value head
-    per query head; here they are never copied."""
+    """A padded forward or a decoding step (a mask, grouped key/value heads), also with
+    query rows that see no key: the same output and gradients as transformers' sdpa
+    function, which copies each key/value head per query head; here they are never
+    copied."""
     from transformers.integrations import sdpa_attention
 
     g = torch.Generator().manual_seed(2)
     B, H, Hkv, D = 3, 4, 2, 8
-    for q_len, kv_len in ((5, 5), (1, 7)):  # a padded forward, a decoding step
+    # a padded forward, a decoding step, and a padded forward whose padding queries see
+    # no key at all (left padding under a causal mask): no NaN, the same zeros as sdpa's
+    for q_len, kv_len, empty in ((5, 5, False), (1, 7, False), (5, 5, True)):
         q = torch.randn(B, H, q_len, D, generator=g, dtype=torch.float64, requires_grad=True)
         k = torch.randn(B, Hkv, kv_len, D, generator=g, dtype=torch.float64, requires_grad=True)
         v = torch.randn(B, Hkv, kv_len, D, generator=g, dtype=torch.float64, requires_grad=True)
         mask = torch.ones(B, 1, q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
         mask[0, :, :, :2] = False  # row 0 is left-padded
-        mask[0, :, :, -1] = True  # and no query row is empty
+        if not empty:
+            mask[0, :, :, -1] = True  # no query row is empty
         w = torch.randn(B, q_len, H, D, generator=g, dtype=torch.float64)
         want, _ = sdpa_attention.sdpa_attention_forward(_Attention(), q, k, v, mask, scaling=0.3)
         want_grads = torch.autograd.grad((want * w).sum(), (q, k, v))
@@ -120,6 +124,10 @@ def test_unpacked_grouped_heads_under_a_mask_equal_sdpa_without_copying_them(
             m.setattr(sdpa_attention, "repeat_kv", None)  # called: a TypeError
             got, _ = segment_attention(_Attention(), q, k, v, mask, scaling=0.3)
             grads = torch.autograd.grad((got * w).sum(), (q, k, v))
+        if empty:
+            assert not mask[0, 0, :2].any()
+            assert torch.equal(got[0, :2], torch.zeros_like(got[0, :2]))
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
         for a, b in zip(grads, want_grads, strict=True):
+            assert not a.isnan().any()
             torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
