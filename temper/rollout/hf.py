@@ -7,7 +7,11 @@ Two ways to hold the model:
   second copy and no weight sync: ``load_weights`` is a no-op, because the trainer's
   optimizer step already changed the very tensors generation reads.
 * **owned** (``HFRolloutEngine.from_pretrained(path)``): the engine loads its own copy
-  and ``load_weights`` copies the trainer's tensors in by (Hugging Face) name.
+  and ``load_weights`` copies the trainer's tensors in by (Hugging Face) name. On CPU,
+  where it would run ``sdpa``, it loads with temper's segment kernel, whose forwards
+  outside packed training are ``sdpa``'s without the per-query-head copies of the KV
+  cache (:func:`temper.training.segment_attention.suits_generation`), as the trainer's
+  model does.
 
 Log-probs. ``rollout_log_probs`` are log-probs under the distribution the token was
 actually drawn from: raw logits → repetition penalty → temperature → top-k → top-p,
@@ -76,6 +80,7 @@ from temper.rollout import packed_linear
 from temper.rollout.base import RolloutEngine, SamplingParams
 from temper.rollout.sampling import inverse_cdf_sample
 from temper.rollout.stops import FinishedResponses, finish_responses, right_pad
+from temper.training import segment_attention
 from temper.utils.router_replay_hf import HFRouterReplay
 
 
@@ -231,6 +236,14 @@ class HFRolloutEngine(RolloutEngine):
             kwargs["attn_implementation"] = attn_implementation
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         auto_cls = causal_lm_class(config)  # vision-language models: image-text-to-text
+        if (
+            device.type == "cpu"
+            and attn_implementation in (None, "auto", "sdpa")
+            and segment_attention.suits_generation(config, auto_cls)
+        ):
+            # sdpa's sums without copying grouped key/value heads at every decoding step
+            segment_attention.register()
+            kwargs["attn_implementation"] = segment_attention.SEGMENT_KERNEL
         module: Any = auto_cls.from_pretrained(model_path, **kwargs).to(device)
         tok_path = resolve_model_path(tokenizer_path) if tokenizer_path else model_path
         tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=trust_remote_code)

@@ -311,6 +311,27 @@ def hands_keywords_to_attention(model: torch.nn.Module) -> bool | None:
         model.set_attn_implementation(before)  # type: ignore[operator]
 
 
+def suits_generation(config: Any, auto_cls: Any) -> bool:
+    """Whether a model loaded only to generate (no packed rows) on CPU may take this
+    kernel where it would run ``sdpa``: its unpacked forwards are ``sdpa``'s sums without
+    copying grouped key/value heads (:func:`unpacked_attention`). Only for a text model
+    that transformers itself implements (remote code may not call the attention
+    interface), with SDPA support, layers that call the attention interface, and plain
+    softmax attention (a sliding window is fine: ``sdpa``'s mask carries it)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from temper.training.attention_kind import attention_limit, declares
+
+    keys = config.to_dict()
+    return (
+        keys.get("model_type") in CONFIG_MAPPING
+        and getattr(config, "vision_config", None) is None
+        and attention_limit(keys, windows=True) is None
+        and declares(keys, "_supports_sdpa", (auto_cls,))
+        and declares(keys, "_supports_attention_backend", (auto_cls,))
+    )
+
+
 def register() -> None:
     """Make :data:`SEGMENT_KERNEL` a transformers attention implementation (its masks, for
     unpacked forwards, are ``sdpa``'s). Idempotent."""
@@ -329,5 +350,6 @@ __all__ = [
     "register",
     "segment_attention",
     "segment_layout",
+    "suits_generation",
     "unpacked_attention",
 ]

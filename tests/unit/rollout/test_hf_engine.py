@@ -230,3 +230,24 @@ def test_load_weights_owned_and_shared(tiny_dir, tiny_model, tiny_tokenizer):
     before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     shared.load_weights(new.items())  # no-op: the module is the trainer's
     assert all(torch.equal(v, tiny_model.state_dict()[k]) for k, v in before.items())
+
+
+def test_owned_engine_on_cpu_generates_with_grouped_heads_uncopied(tiny_dir, prompts):
+    """An owned CPU engine that would run sdpa loads with the segment kernel (sdpa's sums,
+    grouped key/value heads not copied per query head); greedy tokens and log-probs equal
+    an eager-attention engine's. An explicit other implementation is kept."""
+    from temper.training.segment_attention import SEGMENT_KERNEL
+
+    owned = HFRolloutEngine.from_pretrained(str(tiny_dir), device="cpu")
+    eager = HFRolloutEngine.from_pretrained(
+        str(tiny_dir), device="cpu", attn_implementation="eager"
+    )
+    assert owned.module.config._attn_implementation == SEGMENT_KERNEL
+    assert eager.module.config._attn_implementation == "eager"
+    assert owned.module.config.num_key_value_heads < owned.module.config.num_attention_heads
+    params = SamplingParams(n=2, max_new_tokens=10, temperature=0.0)
+    got, want = owned.generate(prompts, params), eager.generate(prompts, params)
+    assert torch.equal(got["response_ids"], want["response_ids"])
+    torch.testing.assert_close(
+        got["rollout_log_probs"], want["rollout_log_probs"], atol=1e-5, rtol=0
+    )
