@@ -290,21 +290,29 @@ class HFRolloutEngine(RolloutEngine):
         per_call = (self.infer_batch_size or len(prompts)) * params.n
         out_device = rows["prompt_ids"].device
         ids, masks, logps, truncated, routed = [], [], [], [], []
-        for start in range(0, len(rows), per_call):
-            chunk = rows.slice(start, min(start + per_call, len(rows)))
-            done, routing = self._generate_chunk(
-                chunk["prompt_ids"],
-                chunk["prompt_mask"],
-                params,
-                chunk.objects.get(MULTI_MODAL_INPUTS),
-            )
-            ids.append(done.response_ids.to(out_device))
-            masks.append(done.response_mask.to(out_device))
-            if done.log_probs is not None:
-                logps.append(done.log_probs.to(out_device))
-            if routing is not None:
-                routed.append(routing)
-            truncated.extend(done.truncated)
+        packed: contextlib.AbstractContextManager[int] = (
+            packed_linear.packed_linears(self.module, min(per_call, len(rows)))
+            if self.pack_linears
+            and params.max_new_tokens >= packed_linear.MIN_NEW_TOKENS
+            and packed_linear.available(self.device)
+            else contextlib.nullcontext(0)
+        )
+        with packed:  # once for every chunk of this call
+            for start in range(0, len(rows), per_call):
+                chunk = rows.slice(start, min(start + per_call, len(rows)))
+                done, routing = self._generate_chunk(
+                    chunk["prompt_ids"],
+                    chunk["prompt_mask"],
+                    params,
+                    chunk.objects.get(MULTI_MODAL_INPUTS),
+                )
+                ids.append(done.response_ids.to(out_device))
+                masks.append(done.response_mask.to(out_device))
+                if done.log_probs is not None:
+                    logps.append(done.log_probs.to(out_device))
+                if routing is not None:
+                    routed.append(routing)
+                truncated.extend(done.truncated)
         rows = Batch(rows.tensors.clone(recurse=False), dict(rows.objects), dict(rows.meta))
         rows["response_ids"] = right_pad(ids, self.pad_token_id)
         rows["response_mask"] = right_pad(masks, 0)
@@ -404,19 +412,7 @@ class HFRolloutEngine(RolloutEngine):
             if params.routed_experts
             else contextlib.nullcontext([])
         )
-        packed: contextlib.AbstractContextManager[int] = (
-            packed_linear.packed_linears(self.module, len(input_ids))
-            if self.pack_linears
-            and params.max_new_tokens >= packed_linear.MIN_NEW_TOKENS
-            and packed_linear.available(device)
-            else contextlib.nullcontext(0)
-        )
-        with (
-            _generation_mode(self.module, config),
-            torch.no_grad(),
-            routing as forwards,
-            packed,
-        ):
+        with _generation_mode(self.module, config), torch.no_grad(), routing as forwards:
             out = self.module.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

@@ -68,8 +68,9 @@ def test_only_plain_float32_linears_with_their_own_forward_are_packed():
 def test_hf_engine_generates_the_same_tokens_with_packed_linears(
     tiny_model, tiny_tokenizer, prompts, monkeypatch
 ):
-    """Greedy decoding of 12 tokens: same tokens and log-probs (to float32 summation
-    order) with and without packing, and the model's linears are plain again after."""
+    """Greedy decoding of 12 tokens, one prompt per ``generate`` call: the weights packed
+    once for the engine call, same tokens and log-probs (to float32 summation order) with
+    and without packing, and the model's linears are plain again after."""
     packed_layers = []
     real = packed_linear.packed_linears
 
@@ -80,8 +81,8 @@ def test_hf_engine_generates_the_same_tokens_with_packed_linears(
 
     monkeypatch.setattr(packed_linear, "packed_linears", contextlib.contextmanager(counting))
     params = SamplingParams(n=2, max_new_tokens=12, temperature=0.0)
-    engine = HFRolloutEngine(tiny_model, tiny_tokenizer)
-    packed = engine.generate(prompts, params)
+    engine = HFRolloutEngine(tiny_model, tiny_tokenizer, infer_batch_size=1)
+    packed = engine.generate(prompts, params)  # two generate calls, packed once
     linears = sum(type(m) is nn.Linear for m in tiny_model.modules())
     assert packed_layers == [linears]
     engine.pack_linears = False
