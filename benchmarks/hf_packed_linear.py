@@ -22,27 +22,17 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 from chat_prompts import chat_prompt_batch  # benchmarks/chat_prompts.py, beside this script
+from decode_bound import best  # best-of-N timing, benchmarks/decode_bound.py
 
 from temper.rollout import packed_linear
 from temper.rollout.base import SamplingParams
 from temper.rollout.hf import HFRolloutEngine
 from temper.training import segment_attention
-
-
-def best(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    out = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        out = min(out, time.perf_counter() - start)
-    return out
 
 
 def time_shape(out_f: int, in_f: int, count: int, rows: int) -> tuple[float, float, float]:
