@@ -11,6 +11,7 @@ import datetime
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-#: Tries of :func:`spawn_ranks` when the rendezvous port was taken before rank 0 bound it.
-PORT_TRIES = 3
+#: The address :func:`spawn_ranks`' ranks meet on.
+LOOPBACK = "127.0.0.1"
+
+#: How long a rank of :func:`spawn_ranks` waits for the others to join.
+RENDEZVOUS_TIMEOUT_S = 1800.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -87,17 +91,40 @@ def init_process_group(
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
+def _meet(rank: int, world: int, out_dir: Path, timeout_s: float) -> None:
+    """Join the group of :func:`spawn_ranks`: rank 0 serves its store on a port the OS
+    picks (:func:`group_store`, so no other process can take it first) and writes the
+    port to ``out_dir/port``; the other ranks read it from there."""
+    published = out_dir / "port"
+    if rank == 0:
+        store = group_store(LOOPBACK, world, timeout_s)
+        staged = out_dir / "port.tmp"
+        staged.write_text(str(store.port))
+        staged.replace(published)  # whole: a reader never sees half a number
+        init_process_group(0, world, addr=LOOPBACK, port=int(store.port), store=store)
+        return
+    deadline = time.monotonic() + timeout_s
+    while not published.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"rank {rank}: rank 0 published no rendezvous port in {timeout_s:.0f} s"
+            )
+        time.sleep(0.01)
+    init_process_group(
+        rank, world, addr=LOOPBACK, port=int(published.read_text()), timeout_s=timeout_s
+    )
+
+
 def _rank_entry(
     rank: int,
     world: int,
-    port: int,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     out_dir: str,
     threads: int,
 ) -> None:
     torch.set_num_threads(threads)
-    init_process_group(rank, world, addr="127.0.0.1", port=port, backend="gloo")
+    _meet(rank, world, Path(out_dir), RENDEZVOUS_TIMEOUT_S)
     try:
         result = fn(rank, world, *args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
@@ -131,22 +158,12 @@ def spawn_ranks(
         group_live = dist.is_available() and dist.is_initialized()
         fork_safe = sys.platform == "linux" and not cuda_live and not group_live
         start_method = "fork" if fork_safe else "spawn"
-    for attempt in range(PORT_TRIES):
-        with tempfile.TemporaryDirectory(prefix="temper-ranks-") as out:
-            try:
-                mp.start_processes(
-                    _rank_entry,
-                    args=(world, free_port(), fn, args, out, threads),
-                    nprocs=world,
-                    join=True,
-                    start_method=start_method,
-                )
-            except mp.ProcessRaisedException as err:
-                # the port free_port found can be taken before rank 0 listens on it (any
-                # process's outgoing connection may get it as its ephemeral port): the
-                # group never formed and no rank ran fn, so a new port is a clean retry
-                if "EADDRINUSE" not in str(err) or attempt == PORT_TRIES - 1:
-                    raise
-                continue
-            return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
-    raise AssertionError("unreachable: the last try returns or raises")
+    with tempfile.TemporaryDirectory(prefix="temper-ranks-") as out:
+        mp.start_processes(
+            _rank_entry,
+            args=(world, fn, args, out, threads),
+            nprocs=world,
+            join=True,
+            start_method=start_method,
+        )
+        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]

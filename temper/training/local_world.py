@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
 
 import torch
@@ -33,12 +32,6 @@ LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT
 #: the launcher variables as they were before this module made the world (None: it made
 #: none that is still alive)
 _MADE: list[dict[str, str | None] | None] = [None]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOCAL_ADDR, 0))
-        return int(s.getsockname()[1])
 
 
 def rank_env(device: torch.device) -> dict[str, str]:
@@ -61,12 +54,14 @@ def ensure_local_world(device: torch.device) -> bool:
             for name, value in rank_env(device).items():
                 os.environ.setdefault(name, value)
         return False
-    port = _free_port()
+    # a store bound to port 0 holds its port from the start: a port asked for first and
+    # bound later can be taken in between by another process of the host
+    store = dist.TCPStore(LOCAL_ADDR, 0, 1, is_master=True, timeout=LOCAL_TIMEOUT)
     _MADE[0] = {name: os.environ.get(name) for name in LAUNCHER_VARS}
-    os.environ.update(rank_env(device), MASTER_ADDR=LOCAL_ADDR, MASTER_PORT=str(port))
+    os.environ.update(rank_env(device), MASTER_ADDR=LOCAL_ADDR, MASTER_PORT=str(store.port))
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
-        init_method=f"tcp://{LOCAL_ADDR}:{port}",
+        store=store,
         rank=0,
         world_size=1,
         timeout=LOCAL_TIMEOUT,

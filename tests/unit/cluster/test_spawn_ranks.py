@@ -1,4 +1,4 @@
-"""spawn_ranks: a rendezvous port taken before rank 0 listens is a retry, not a failure."""
+"""spawn_ranks and the group store: ranks meet on a port nothing else can take."""
 
 from __future__ import annotations
 
@@ -14,29 +14,34 @@ def _world_size(rank: int, world: int) -> tuple[int, int]:
     return rank, dist.get_world_size()
 
 
-def test_a_taken_rendezvous_port_is_retried_with_another(monkeypatch):
-    """The first port handed out is held by a listening socket (as another process's
-    connection may take it between free_port and rank 0's bind): the ranks meet on the
-    next one."""
-    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    held.bind(("127.0.0.1", 0))
-    held.listen()
-    taken = held.getsockname()[1]
-    ports = iter([taken])
-    real = process_group.free_port
-    handed: list[int] = []
+def test_ranks_meet_on_a_port_rank_0_holds_not_on_one_asked_for_earlier(monkeypatch):
+    """A port asked for in advance can be taken by any process before rank 0 binds it
+    (EADDRINUSE, and torch's failing store constructor can even abort the rank): rank 0
+    binds port 0 itself, so spawn_ranks never asks for a free port."""
 
-    def free_port(host: str = "127.0.0.1") -> int:
-        port = next(ports, None) or real(host)
-        handed.append(port)
-        return port
+    def no_free_port(host: str = "127.0.0.1") -> int:
+        raise AssertionError("spawn_ranks asked for a free port")
 
-    monkeypatch.setattr(process_group, "free_port", free_port)
-    try:
-        assert process_group.spawn_ranks(_world_size, 2) == [(0, 2), (1, 2)]
-    finally:
-        held.close()
-    assert handed[0] == taken and len(handed) == 2
+    monkeypatch.setattr(process_group, "free_port", no_free_port)
+    assert process_group.spawn_ranks(_world_size, 2) == [(0, 2), (1, 2)]
+    assert process_group.spawn_ranks(_world_size, 3, start_method="spawn") == [
+        (0, 3),
+        (1, 3),
+        (2, 3),
+    ]
+
+
+def _fails_on_rank_1(rank: int, world: int) -> int:
+    if rank == 1:
+        raise ValueError("rank 1 broke")
+    return rank
+
+
+def test_a_failing_rank_raises_in_the_caller_with_its_traceback():
+    import torch.multiprocessing as mp
+
+    with pytest.raises(mp.ProcessRaisedException, match="rank 1 broke"):
+        process_group.spawn_ranks(_fails_on_rank_1, 2)
 
 
 def _join_served_group(rank: int, world: int, port: int) -> int:
