@@ -97,6 +97,9 @@ def main() -> None:
     labels = torch.randint(0, args.vocab, (args.tokens,), generator=g).to(args.device)
     if args.no_head:  # the logits themselves are the leaf
         hidden, head = (hidden @ weight).detach(), None
+    from temper.algorithms.logprobs import fused_chunk_rows
+
+    default = fused_chunk_rows(args.vocab, torch.device(args.device))
     print(f"{args.tokens} tokens × {args.vocab} vocab, {args.dtype} on {args.device}")
     for chunk in args.chunk:
         runs: dict[str, list[tuple[float, float]]] = {"split": [], "fused": []}
@@ -111,7 +114,7 @@ def main() -> None:
         mem = f"; {what} {new_mem / 2**30:.2f} vs {base_mem / 2**30:.2f} GiB"
         mem += f" ({new_mem / base_mem:.2f}×)"
         print(
-            f"chunk {chunk or 'all'}: fused {new * 1e3:.0f} ms, split {base * 1e3:.0f} ms "
+            f"chunk {chunk or f'default ({default} rows)'}: fused {new * 1e3:.0f} ms, split {base * 1e3:.0f} ms "
             f"({new / base:.2f}×){mem}",
             flush=True,
         )

@@ -138,15 +138,20 @@ def sum_pi_squared_from_logits(
     return res.reshape(logits.shape[:-1])
 
 
-# Elements of one fp32 chunk of the fused pass: small enough on a CPU to stay in cache,
-# large enough on a GPU that kernel launches do not dominate.
-FUSED_CHUNK_ELEMENTS = {"cpu": 8 * 2**20, "cuda": 64 * 2**20}
+# Elements of one fp32 chunk of the fused pass, and the fewest rows a chunk takes. On a
+# CPU a chunk's temporaries should stay well below glibc's largest heap-served block (32 MiB:
+# a larger one is a fresh mmap, page-faulted again on every chunk), while its row
+# reductions (logsumexp, the entropy's dot product) slow down below a few dozen rows. On a
+# GPU chunks are large enough that kernel launches do not dominate.
+FUSED_CHUNK_ELEMENTS = {"cpu": 3 * 2**20, "cuda": 64 * 2**20}
+FUSED_CHUNK_MIN_ROWS = {"cpu": 32, "cuda": 1}
 
 
 def fused_chunk_rows(vocab: int, device: torch.device) -> int:
     """Rows per chunk of :func:`logprobs_and_entropy` when the config leaves it open."""
     budget = FUSED_CHUNK_ELEMENTS.get(device.type, FUSED_CHUNK_ELEMENTS["cuda"])
-    return max(1, budget // max(1, vocab))
+    least = FUSED_CHUNK_MIN_ROWS.get(device.type, FUSED_CHUNK_MIN_ROWS["cuda"])
+    return max(least, budget // max(1, vocab))
 
 
 def logprobs_and_entropy(

@@ -201,7 +201,8 @@ def segment_attention(
     layout.uses[0] += 1
     # a sliding-window layer (Mistral, Gemma 3, OLMo 3, …) passes its window
     prompt_mask, response_mask = layout.masks(kwargs.get("sliding_window"))
-    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    # squeeze, not [0]: a select's backward zero-fills a gradient and copies into it
+    q, k, v = (x.squeeze(0).transpose(0, 1) for x in (query, key, value))  # (T, H, D)
     gqa = q.shape[1] != k.shape[1]
     kp, vp = _heads_first(k, layout.prompt_index), _heads_first(v, layout.prompt_index)
     prompts = F.scaled_dot_product_attention(

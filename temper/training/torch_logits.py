@@ -140,12 +140,14 @@ class PackedLogits(OneProcessHooks):
         if head is not None and isinstance(keep, int):
             assert scored is not None
             with head_on_positions(head, scored, keep):
-                return self._module()(**{**kwargs, **(extra or {})}).logits[0]
+                # squeeze, not [0]: a select's backward zero-fills and copies (b, K, V)
+                return self._module()(**{**kwargs, **(extra or {})}).logits.squeeze(0)
         logits = self._module()(**{**kwargs, **(extra or {})}).logits
         if isinstance(keep, int):
             logits = logits[:, -keep:]
             return logits if scored is None else scored.take(logits)
-        return logits[0] if self._logits_to_keep else logits[0, keep]
+        row = logits.squeeze(0)  # the packed row (a view: its backward copies nothing)
+        return row if self._logits_to_keep else row[keep]
 
     # ------------------------------------------------------------------ packing
 
