@@ -381,6 +381,41 @@ def test_train_forward_reports_entropy_without_a_graph_or_a_gradient_change(
     assert grads == [True, True]
 
 
+def _graph_ops(root: torch.Tensor) -> set[str]:
+    """Names of every autograd node ``root`` was computed through."""
+    seen, names, todo = set(), set(), [root.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo.extend(next_fn for next_fn, _ in node.next_functions)
+    return names
+
+
+def test_a_packed_training_forward_selects_nothing_whose_gradient_is_copied(
+    tiny_path: str,
+) -> None:
+    """The packed row's batch dimension is squeezed, never indexed (logits, q/k/v): a
+    select's backward zero-fills a tensor of the input's size and copies the gradient into
+    it — for the logits a (1, K, V) buffer per micro-batch."""
+    batch = make_batch(PROMPTS, RESPONSES, seed=5)
+    engine = make_engine(tiny_path, micro=4)
+    engine._layout_cost = lambda: ALWAYS_PACK  # type: ignore[method-assign]
+    seen: list[set[str]] = []
+    pg = _pg_loss_fn(batch)
+
+    def recording(mb: Batch, out: dict[str, torch.Tensor]):
+        seen.append(_graph_ops(out["log_probs"]))
+        return pg(mb, out)
+
+    engine.train_mini_batch(batch, recording)
+    assert engine.layouts["packed"] >= 1 and seen
+    assert all("SelectBackward0" not in ops for ops in seen)
+    assert all("SqueezeBackward1" in ops or "SqueezeBackward0" in ops for ops in seen)
+
+
 def test_tied_embedding_gradient_is_the_dense_one(tiny_path: str) -> None:
     """Tied input/output embeddings: the input embedding's backward is sparse (its touched
     rows, added into the LM head's dense gradient); the summed gradient — and so the
