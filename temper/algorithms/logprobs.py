@@ -139,10 +139,10 @@ def sum_pi_squared_from_logits(
 
 
 # Elements of one fp32 chunk of the fused pass, and the fewest rows a chunk takes. On a
-# CPU a chunk's temporaries should stay well below glibc's largest heap-served block (32 MiB:
-# a larger one is a fresh mmap, page-faulted again on every chunk), while its row
-# reductions (logsumexp, the entropy's dot product) slow down below a few dozen rows. On a
-# GPU chunks are large enough that kernel launches do not dominate.
+# CPU, chunks of a few MB ran faster than chunks of tens of MB (every temporary of a chunk
+# is memory the allocator hands out afresh), while the row reductions (logsumexp, the
+# entropy's dot product) slow down below a few dozen rows (benchmarks/logprob_entropy.py
+# --chunk). On a GPU chunks are large enough that kernel launches do not dominate.
 FUSED_CHUNK_ELEMENTS = {"cpu": 3 * 2**20, "cuda": 64 * 2**20}
 FUSED_CHUNK_MIN_ROWS = {"cpu": 32, "cuda": 1}
 

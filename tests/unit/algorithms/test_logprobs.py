@@ -233,3 +233,13 @@ def test_sum_pi_squared_matches_softmax_chunked_and_in_bf16() -> None:
     grad = sum_pi_squared_from_logits(logits.requires_grad_(), temperature=0.6)
     assert not grad.requires_grad
     assert sum_pi_squared_from_logits(torch.zeros(0, 5)).shape == (0,)
+
+
+def test_fused_chunks_on_a_cpu_are_a_few_mb_of_at_least_32_rows() -> None:
+    from temper.algorithms.logprobs import fused_chunk_rows
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert fused_chunk_rows(49152, cpu) == 64  # SmolLM2: 12 MB of fp32 per chunk
+    assert fused_chunk_rows(151936, cpu) == 32  # Qwen: the row floor, not 20 rows
+    assert fused_chunk_rows(151936, cuda) == 64 * 2**20 // 151936
+    assert fused_chunk_rows(0, cpu) == 3 * 2**20  # no vocabulary: no division by zero
